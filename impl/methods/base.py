@@ -7,7 +7,10 @@ change is on the :class:`TrainContext` it is handed.
 Event order for one run::
 
     setup(ctx)                      model built and on its device, optimizer not yet built
-    [load_state_dict(state)]        only when resuming
+    [load_state_dict(state, ctx)]   only when resuming: restores the method's state and any
+                                    structural change it made to ctx.model (pruned shapes,
+                                    replaced modules) so that the saved weights fit
+    (model weights loaded, optimizer built, optimizer state loaded when resuming)
     for epoch:
         on_epoch_start(ctx)
         for batch:
@@ -129,8 +132,13 @@ class Method:
         """Everything needed to continue the method after a resume (tensors and plain data)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (called after ``setup``)."""
+    def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Called after ``setup`` and before the saved model weights are loaded and the optimizer
+        is built, so a method that changed the model's structure (smaller layers, replaced
+        modules) must redo that change on ``ctx.model`` here.
+        """
 
     def config_dict(self) -> dict[str, Any]:
         """The method's config as plain data."""

@@ -1,0 +1,227 @@
+"""Residual networks with torchvision's module naming.
+
+One :class:`ResNet` class builds both families used by the papers:
+
+* the CIFAR ResNets of He et al. (2016, Sec. 4.2): ResNet-20/32/56, three stages of 16/32/64
+  channels with ``n = (depth - 2) / 6`` basic blocks each. Where a block changes shape, its
+  shortcut is a 1x1 projection (convolution + BatchNorm, "option B") rather than the paper's
+  zero-padding identity ("option A"), so that every path holds plain ``nn.Conv2d`` layers that
+  channel pruning can slice;
+* the ImageNet ResNets (He et al. 2016, Table 1): ResNet-18/34 (basic blocks) and
+  ResNet-50/101 (bottleneck blocks, stride on the 3x3 convolution as in torchvision's "v1.5"),
+  with either the ImageNet stem (7x7 stride-2 convolution + 3x3 stride-2 max-pool) or a CIFAR
+  stem (3x3 stride-1 convolution, no max-pool), as in PruneTrain's CIFAR ResNet-50.
+
+Module names follow torchvision exactly (``conv1 bn1 relu maxpool layer1.. avgpool fc``; blocks
+``conv1 bn1 conv2 bn2 [conv3 bn3] downsample``), so that a state_dict of an ImageNet-stem model
+has the same keys and shapes as torchvision's. Differences that do not change parameters:
+ReLUs are not in-place (hooks that keep activations stay valid), and the CIFAR stem's
+``maxpool`` is an ``nn.Identity``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+STEMS = ("cifar", "imagenet")
+
+
+def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
+    """3x3 convolution with padding 1 and no bias (a BatchNorm follows)."""
+    return nn.Conv2d(in_planes, out_planes, 3, stride=stride, padding=1, bias=False)
+
+
+def conv1x1(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
+    """1x1 convolution without bias (a BatchNorm follows)."""
+    return nn.Conv2d(in_planes, out_planes, 1, stride=stride, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a shortcut (He et al. 2016, Fig. 2 left).
+
+    Children: ``conv1 bn1 relu conv2 bn2 downsample``; ``downsample`` is
+    ``nn.Sequential(conv1x1, BatchNorm2d)`` where the block changes shape, else ``None``.
+    """
+
+    expansion = 1
+
+    def __init__(
+        self,
+        inplanes: int,
+        planes: int,
+        stride: int = 1,
+        downsample: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.conv1 = conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU()
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    """1x1 - 3x3 - 1x1 bottleneck block (He et al. 2016, Fig. 5 right), stride on the 3x3.
+
+    Children: ``conv1 bn1 conv2 bn2 conv3 bn3 relu downsample``; output channels are
+    ``planes * 4``.
+    """
+
+    expansion = 4
+
+    def __init__(
+        self,
+        inplanes: int,
+        planes: int,
+        stride: int = 1,
+        downsample: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.conv1 = conv1x1(inplanes, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU()
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    """A residual network: stem, ``len(layers)`` stages, global average pool, linear classifier.
+
+    Args:
+        block: ``BasicBlock`` or ``Bottleneck``.
+        layers: number of blocks per stage.
+        widths: base channels per stage (the first stage has stride 1, the others stride 2).
+        num_classes: classifier outputs.
+        in_channels: input image channels.
+        stem: ``"cifar"`` (3x3 stride-1 convolution to ``widths[0]`` channels, no max-pool) or
+            ``"imagenet"`` (7x7 stride-2 convolution, 3x3 stride-2 max-pool).
+    """
+
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        layers: list[int],
+        widths: list[int],
+        num_classes: int = 10,
+        in_channels: int = 3,
+        stem: str = "cifar",
+    ) -> None:
+        super().__init__()
+        if stem not in STEMS:
+            raise ValueError(f"unknown stem {stem!r}; valid stems: {', '.join(STEMS)}")
+        if len(layers) != len(widths):
+            raise ValueError(f"layers {layers} and widths {widths} differ in length")
+        self.inplanes = widths[0]
+        if stem == "imagenet":
+            self.conv1 = nn.Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False)
+        else:
+            self.conv1 = conv3x3(in_channels, widths[0])
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU()
+        if stem == "imagenet":
+            self.maxpool: nn.Module = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        else:
+            self.maxpool = nn.Identity()
+        self.num_stages = len(layers)
+        for i, (blocks, width) in enumerate(zip(layers, widths, strict=True)):
+            stage = self._make_layer(block, width, blocks, stride=1 if i == 0 else 2)
+            self.add_module(f"layer{i + 1}", stage)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(widths[-1] * block.expansion, num_classes)
+        init_weights(self)
+
+    def _make_layer(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        planes: int,
+        blocks: int,
+        stride: int,
+    ) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, planes * block.expansion, stride),
+                nn.BatchNorm2d(planes * block.expansion),
+            )
+        stage = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        stage += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*stage)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for i in range(self.num_stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.fc(x)
+
+
+def init_weights(model: nn.Module) -> None:
+    """Kaiming-normal (fan_out, ReLU) convolutions, BatchNorm weight 1 and bias 0.
+
+    He et al. (2015), "Delving deep into rectifiers", Eq. (10); linear layers keep torch's
+    default initialisation (as torchvision's ResNet does).
+    """
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d | nn.GroupNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def cifar_resnet(depth: int, num_classes: int = 10, in_channels: int = 3) -> ResNet:
+    """CIFAR ResNet of He et al. (2016, Sec. 4.2): depth 6n+2, stages of 16/32/64 channels.
+
+    Only the CIFAR stem exists for this family. Shortcuts that change shape are 1x1
+    projections (convolution + BatchNorm).
+    """
+    if depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1, got {depth}")
+    n = (depth - 2) // 6
+    return ResNet(BasicBlock, [n, n, n], [16, 32, 64], num_classes, in_channels, "cifar")
+
+
+IMAGENET_RESNETS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], list[int]]] = {
+    "resnet18": (BasicBlock, [2, 2, 2, 2]),
+    "resnet34": (BasicBlock, [3, 4, 6, 3]),
+    "resnet50": (Bottleneck, [3, 4, 6, 3]),
+    "resnet101": (Bottleneck, [3, 4, 23, 3]),
+}
+
+
+def imagenet_resnet(
+    name: str, num_classes: int = 10, in_channels: int = 3, stem: str = "cifar"
+) -> ResNet:
+    """ResNet-18/34/50/101 (He et al. 2016, Table 1), stages of 64/128/256/512 base channels.
+
+    ``stem="imagenet"`` reproduces torchvision's architecture (same parameter names and shapes);
+    ``stem="cifar"`` replaces the 7x7 stride-2 convolution and max-pool by one 3x3 stride-1
+    convolution, for 32x32 inputs.
+    """
+    if name not in IMAGENET_RESNETS:
+        raise ValueError(f"unknown ResNet {name!r}; valid: {', '.join(IMAGENET_RESNETS)}")
+    block, layers = IMAGENET_RESNETS[name]
+    return ResNet(block, layers, [64, 128, 256, 512], num_classes, in_channels, stem)

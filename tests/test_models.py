@@ -1,0 +1,266 @@
+"""Model zoo: names, stems, parameter counts against torchvision's published figures, shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from impl.models import MODELS, STEMS, create
+from impl.models.resnet import BasicBlock, Bottleneck
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_meta(name: str, **kw) -> nn.Module:
+    # Parameter counts need no memory nor initialisation: build on the meta device.
+    with torch.device("meta"):
+        return create(name, **kw)
+
+
+# torchvision's figures for its ImageNet models (1000 classes), from its model documentation
+# (resnet18 ... vgg16_bn "num_params").
+TORCHVISION_PARAMS = {
+    "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
+    "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
+    "vgg11": 132_868_840,
+    "vgg13": 133_053_736,
+    "vgg16": 138_365_992,
+}
+
+
+@pytest.mark.parametrize("name", list(TORCHVISION_PARAMS), ids=list(TORCHVISION_PARAMS))
+def test_imagenet_param_counts_equal_torchvision(name: str) -> None:
+    model = build_meta(name, num_classes=1000, stem="imagenet")
+    assert n_params(model) == TORCHVISION_PARAMS[name]
+
+
+def test_resnet20_param_count_by_hand() -> None:
+    # CIFAR ResNet-20, 10 classes, 1x1 projection shortcuts (conv weights c_in*c_out*k*k, BN 2*c):
+    #   stem   conv 3*16*9 = 432, bn 32                                            ->     464
+    #   layer1 3 blocks x (2 * 16*16*9 + 2 * 32) = 3 * 4_672                       ->  14_016
+    #   layer2 block0: 16*32*9 + 32*32*9 + 2*64 + proj 16*32 + 64 = 14_528
+    #          blocks 1-2: 2 * (2 * 32*32*9 + 2*64) = 37_120                       ->  51_648
+    #   layer3 block0: 32*64*9 + 64*64*9 + 2*128 + proj 32*64 + 128 = 57_728
+    #          blocks 1-2: 2 * (2 * 64*64*9 + 2*128) = 147_968                     -> 205_696
+    #   fc     64*10 + 10                                                          ->     650
+    # total 272_474; the paper's 0.27M (He et al. 2016, Table 6) is option A (zero-padding
+    # shortcuts), i.e. 272_474 - (512 + 64 + 2_048 + 128) = 269_722.
+    model = create("resnet20")
+    assert n_params(model) == 272_474
+    projections = sum(
+        n_params(m.downsample)
+        for m in model.modules()
+        if isinstance(m, BasicBlock) and m.downsample
+    )
+    assert n_params(model) - projections == 269_722
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("resnet32", 466_906), ("resnet56", 855_770), ("resnet9", 6_573_120)],
+    ids=["resnet32", "resnet56", "resnet9"],
+)
+def test_cifar_param_counts(name: str, expected: int) -> None:
+    # resnet32 (n=5) / resnet56 (n=9): the resnet20 count (n=3) plus 2 (resp. 6) identity
+    # blocks per stage, each 2 * (c*c*9 + 2c) for c = 16, 32, 64: 4_672 + 18_560 + 73_984
+    # = 97_216 per triple of blocks.
+    per_triple = sum(2 * (c * c * 9 + 2 * c) for c in (16, 32, 64))
+    if name == "resnet32":
+        assert expected == 272_474 + 2 * per_triple
+    elif name == "resnet56":
+        assert expected == 272_474 + 6 * per_triple
+    else:
+        # ResNet-9: convs 3*64, 64*128, 2*128*128, 128*256, 256*512, 2*512*512 (x9), BNs 2c,
+        # classifier 512*10 without bias.
+        convs = [(3, 64), (64, 128), (128, 128), (128, 128), (128, 256), (256, 512)]
+        convs += [(512, 512), (512, 512)]
+        assert expected == sum(9 * a * b + 2 * b for a, b in convs) + 512 * 10
+    assert n_params(create(name)) == expected
+
+
+@pytest.mark.parametrize("name", MODELS, ids=MODELS)
+def test_forward_shape_cifar(name: str) -> None:
+    model = create(name, num_classes=10).eval()
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "in_channels", "num_classes", "size"),
+    [("resnet20", 1, 7, 33), ("resnet9", 1, 100, 32), ("vgg11", 2, 3, 47), ("resnet18", 5, 13, 17)],
+    ids=[
+        "resnet20-1ch-7cls-33px",
+        "resnet9-1ch-100cls",
+        "vgg11-2ch-3cls-47px",
+        "resnet18-5ch-17px",
+    ],
+)
+def test_forward_shape_odd_sizes(name: str, in_channels: int, num_classes: int, size: int) -> None:
+    model = create(name, num_classes=num_classes, in_channels=in_channels).eval()
+    with torch.no_grad():
+        out = model(torch.randn(3, in_channels, size, size))
+    assert out.shape == (3, num_classes)
+    assert torch.isfinite(out).all()
+
+
+IMAGENET_FORWARD = [
+    ("resnet18", 224),
+    ("resnet34", 64),
+    ("resnet50", 64),
+    ("resnet101", 64),
+    ("vgg11", 64),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "size"), IMAGENET_FORWARD, ids=[f"{n}-{s}px" for n, s in IMAGENET_FORWARD]
+)
+def test_forward_shape_imagenet(name: str, size: int) -> None:
+    model = create(name, num_classes=1000, stem="imagenet").eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, size, size)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize("name", ["vgg13", "vgg16"], ids=["vgg13", "vgg16"])
+def test_vgg_imagenet_head_shapes(name: str) -> None:
+    # The 138M-parameter head is built on the meta device: shapes propagate without weights.
+    model = build_meta(name, num_classes=1000, stem="imagenet")
+    out = model(torch.empty(1, 3, 64, 64, device="meta"))
+    assert out.shape == (1, 1000)
+    assert [type(m) for m in model.classifier] == [
+        nn.Linear, nn.ReLU, nn.Dropout, nn.Linear, nn.ReLU, nn.Dropout, nn.Linear,
+    ]  # fmt: skip
+    assert model.classifier[0].in_features == 512 * 7 * 7
+
+
+def test_vgg_cifar_head() -> None:
+    model = create("vgg16", num_classes=10)
+    assert isinstance(model.features, nn.Sequential)
+    assert len(model.classifier) == 1
+    assert (model.classifier[0].in_features, model.classifier[0].out_features) == (512, 10)
+    convs = [m for m in model.features if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 13
+
+
+def test_resnet_naming_and_projection_shortcuts() -> None:
+    r20 = create("resnet20")
+    names = [n for n, _ in r20.named_children()]
+    assert names == [
+        "conv1",
+        "bn1",
+        "relu",
+        "maxpool",
+        "layer1",
+        "layer2",
+        "layer3",
+        "avgpool",
+        "fc",
+    ]
+    assert isinstance(r20.maxpool, nn.Identity)
+    assert r20.conv1.kernel_size == (3, 3) and r20.conv1.stride == (1, 1)
+    blocks = [m for m in r20.modules() if isinstance(m, BasicBlock)]
+    assert len(blocks) == 9
+    with_proj = [n for n, m in r20.named_modules() if isinstance(m, BasicBlock) and m.downsample]
+    assert with_proj == ["layer2.0", "layer3.0"]
+    assert r20.layer2[0].downsample[0].weight.shape == (32, 16, 1, 1)
+    assert r20.layer3[0].downsample[0].stride == (2, 2)
+    assert all(not m.bias for m in r20.modules() if isinstance(m, nn.Conv2d))
+
+    r50 = build_meta("resnet50", stem="imagenet")
+    assert isinstance(r50.layer1[0], Bottleneck)
+    assert r50.layer1[0].downsample[0].weight.shape == (256, 64, 1, 1)
+    assert r50.layer2[0].conv2.stride == (2, 2) and r50.layer2[0].conv1.stride == (1, 1)
+    assert isinstance(r50.maxpool, nn.MaxPool2d)
+    assert r50.conv1.weight.shape == (64, 3, 7, 7) and r50.conv1.stride == (2, 2)
+    keys = set(r50.state_dict())
+    assert {"layer4.2.bn3.running_var", "layer3.5.conv3.weight", "fc.bias"} <= keys
+
+
+def test_resnet_cifar_stem_for_imagenet_resnets() -> None:
+    model = build_meta("resnet18", stem="cifar", in_channels=1)
+    assert model.conv1.weight.shape == (64, 1, 3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, nn.Identity)
+    out = model(torch.empty(2, 1, 32, 32, device="meta"))
+    assert out.shape == (2, 10)
+
+
+def test_resnet9_scaled_classifier() -> None:
+    model = create("resnet9").eval()
+    assert model.fc.bias is None and model.fc.in_features == 512
+    seen = {}
+    model.fc.register_forward_hook(lambda m, i, o: seen.setdefault("fc", o))
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 32, 32))
+    torch.testing.assert_close(out, 0.2 * seen["fc"])
+    assert isinstance(model.pool, nn.AdaptiveMaxPool2d)
+
+
+@pytest.mark.parametrize(
+    "name", ["resnet20", "vgg11", "resnet9"], ids=["resnet20", "vgg11", "resnet9"]
+)
+def test_init_kaiming_and_batchnorm(name: str) -> None:
+    model = create(name)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert torch.equal(m.weight, torch.ones_like(m.weight))
+            assert torch.equal(m.bias, torch.zeros_like(m.bias))
+    # Kaiming normal, fan_out, ReLU gain: std = sqrt(2 / (out_channels * k * k)).
+    big = max(
+        (m for m in model.modules() if isinstance(m, nn.Conv2d)), key=lambda m: m.weight.numel()
+    )
+    fan_out = big.weight.shape[0] * big.weight.shape[2] * big.weight.shape[3]
+    assert big.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.05)
+
+
+def test_models_and_stems_listed() -> None:
+    assert set(MODELS) == {
+        "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50", "resnet101",
+        "vgg11", "vgg13", "vgg16", "resnet9",
+    }  # fmt: skip
+    assert STEMS["resnet20"] == ("cifar",) and STEMS["resnet9"] == ("cifar",)
+    assert STEMS["resnet50"] == ("cifar", "imagenet") and STEMS["vgg16"] == ("cifar", "imagenet")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "resnet19"}, "valid models: resnet20"),
+        ({"name": "resnet20", "stem": "imagenet"}, "valid stems for it: cifar"),
+        ({"name": "resnet9", "stem": "imagenet"}, "valid stems for it: cifar"),
+        ({"name": "resnet18", "stem": "tiny"}, "cifar, imagenet"),
+        ({"name": "vgg11", "num_classes": 0}, ">= 1"),
+        ({"name": "resnet20", "in_channels": 0}, ">= 1"),
+    ],
+    ids=[
+        "bad-name",
+        "cifar-resnet-imagenet-stem",
+        "resnet9-imagenet-stem",
+        "bad-stem",
+        "0-classes",
+        "0-channels",
+    ],
+)
+def test_bad_arguments_raise(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        create(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(TORCHVISION_PARAMS), ids=list(TORCHVISION_PARAMS))
+def test_state_dict_matches_torchvision(name: str) -> None:
+    # torchvision does not import on the CPU-only torch of the development machine; where it
+    # does (the GPU machines), the ImageNet-stem models must have its exact keys and shapes.
+    tv_models = pytest.importorskip("torchvision.models")
+    tv_name = name if name.startswith("resnet") else f"{name}_bn"
+    with torch.device("meta"):
+        theirs = getattr(tv_models, tv_name)(weights=None, num_classes=1000)
+    ours = build_meta(name, num_classes=1000, stem="imagenet")
+    assert n_params(ours) == n_params(theirs)
+    ours_sd = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    theirs_sd = {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    assert ours_sd == theirs_sd

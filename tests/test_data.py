@@ -1,0 +1,401 @@
+"""Tests of impl.data: embedded datasets, fixed splits, reproducible epochs, CIFAR reading."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from impl.data import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    DATASETS,
+    CropFlip,
+    DatasetMissingError,
+    TensorLoader,
+    make_loaders,
+    stratified_split,
+)
+
+
+def _all(loader) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*loader, strict=True)
+    return torch.cat(xs), torch.cat(ys)
+
+
+# ----------------------------------------------------------------------------- embedded
+
+
+@pytest.mark.parametrize(
+    ("name", "train_size", "test_size"),
+    [("digits", 1437, 360), ("mnist5k", 4000, 1000)],
+    ids=["digits", "mnist5k"],
+)
+def test_embedded_shapes_dtypes_classes(name: str, train_size: int, test_size: int) -> None:
+    train, test, spec = make_loaders(name, 97, seed=3)
+    assert (spec.name, spec.num_classes, spec.in_channels, spec.image_size) == (name, 10, 1, 32)
+    assert (spec.train_size, spec.test_size) == (train_size, test_size)
+    assert not spec.synthetic
+    x, y = next(iter(train))
+    assert x.shape == (97, 1, 32, 32) and x.dtype == torch.float32
+    assert y.shape == (97,) and y.dtype == torch.int64
+    xt, yt = _all(test)
+    assert xt.shape == (test_size, 1, 32, 32)
+    # Stratified: every class present, counts within one of each other's share.
+    counts = torch.bincount(yt, minlength=10)
+    assert counts.min() >= test_size // 10 - 2 and counts.max() <= test_size // 10 + 2
+    # Normalised with train statistics: the test set is close to zero mean, unit std.
+    assert abs(float(xt.mean())) < 0.1 and abs(float(xt.std()) - 1.0) < 0.1
+    # Last training batch holds the remainder (drop_last off by default).
+    assert len(train) == -(-train_size // 97)
+    *_, (x_last, _) = train
+    assert x_last.shape[0] == train_size - 97 * (len(train) - 1)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k"], ids=["digits", "mnist5k"])
+def test_split_is_fixed_and_disjoint(name: str) -> None:
+    _, test_a, spec_a = make_loaders(name, 64, seed=0)
+    _, test_b, spec_b = make_loaders(name, 64, seed=12345)
+    xa, ya = _all(test_a)
+    xb, yb = _all(test_b)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert spec_a.test_fingerprint == spec_b.test_fingerprint != ""
+    train, _, _ = make_loaders(name, 4096, seed=0, augment=False)
+    xtr, _ = _all(train)
+    # No test image appears in the training set (compare exact rows).
+    train_rows = {row.numpy().tobytes() for row in xtr.flatten(1)}
+    assert not any(row.numpy().tobytes() in train_rows for row in xa.flatten(1))
+
+
+@pytest.mark.parametrize(
+    ("n_per_class", "fraction"),
+    [((50, 51, 49), 0.2), ((7, 13, 1, 2), 0.3), ((500,) * 10, 0.2)],
+    ids=["near-even", "odd-primes", "mnist5k-like"],
+)
+def test_stratified_split_sizes(n_per_class: tuple[int, ...], fraction: float) -> None:
+    labels = np.concatenate([np.full(n, c) for c, n in enumerate(n_per_class)])
+    np.random.default_rng(1).shuffle(labels)
+    train, test = stratified_split(labels, fraction)
+    assert len(test) == int(np.ceil(fraction * len(labels)))
+    assert len(np.intersect1d(train, test)) == 0 and len(train) + len(test) == len(labels)
+    for c, n in enumerate(n_per_class):
+        assert abs((labels[test] == c).sum() - fraction * n) < 1.0 + 1e-9
+    again = stratified_split(labels, fraction)
+    assert np.array_equal(test, again[1])
+    assert not np.array_equal(test, stratified_split(labels, fraction, seed=7)[1])
+
+
+def test_stratified_split_rejects_bad_fraction() -> None:
+    with pytest.raises(ValueError, match="test_fraction"):
+        stratified_split(np.zeros(10), 1.0)
+
+
+def test_set_epoch_reproducible_and_changes_order() -> None:
+    train, _, _ = make_loaders("digits", 128, seed=5)
+    train.set_epoch(2)
+    xa, ya = _all(train)
+    train.set_epoch(2)
+    xb, yb = _all(train)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    train.set_epoch(3)
+    xc, yc = _all(train)
+    assert not torch.equal(ya, yc)
+    # Same multiset of labels: an epoch is a permutation of the training set.
+    assert torch.equal(torch.sort(ya).values, torch.sort(yc).values)
+    # Another loader with the same seed gives the same epoch; another seed does not.
+    other, _, _ = make_loaders("digits", 128, seed=5)
+    other.set_epoch(2)
+    assert torch.equal(_all(other)[0], xa)
+    third, _, _ = make_loaders("digits", 128, seed=6)
+    third.set_epoch(2)
+    assert not torch.equal(_all(third)[1], ya)
+    with pytest.raises(ValueError, match="epoch"):
+        train.set_epoch(-1)
+
+
+def test_augmentation_independent_of_batch_size() -> None:
+    a, _, _ = make_loaders("digits", 128, seed=1)
+    b, _, _ = make_loaders("digits", 53, seed=1)
+    a.set_epoch(4)
+    b.set_epoch(4)
+    assert torch.equal(_all(a)[0], _all(b)[0])
+
+
+@pytest.mark.parametrize("batch_size", [1, 97, 128, 1437, 2000], ids=str)
+def test_batch_size_changes_len(batch_size: int) -> None:
+    train, _, _ = make_loaders("digits", 64)
+    assert len(train) == 23  # ceil(1437 / 64)
+    train.batch_size = batch_size
+    assert len(train) == -(-1437 // batch_size)
+    sizes = [x.shape[0] for x, _ in train]
+    assert len(sizes) == len(train) and sum(sizes) == 1437
+    train.drop_last = True
+    assert len(train) == 1437 // batch_size
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True], ids=["zero", "negative", "float", "bool"])
+def test_batch_size_rejects_bad_values(bad) -> None:
+    train, _, _ = make_loaders("digits", 64)
+    with pytest.raises(ValueError, match="batch_size"):
+        train.batch_size = bad
+    with pytest.raises(ValueError, match="batch_size"):
+        make_loaders("digits", bad)
+
+
+def test_augmentation_keeps_shape_and_can_be_turned_off() -> None:
+    aug, test, spec = make_loaders("digits", 2000, seed=0, augment=True)
+    plain, _, spec_plain = make_loaders("digits", 2000, seed=0, augment=False)
+    aug.set_epoch(1)
+    plain.set_epoch(1)
+    xa, ya = next(iter(aug))
+    xp, yp = next(iter(plain))
+    assert xa.shape == xp.shape == (1437, 1, 32, 32)
+    assert torch.equal(ya, yp)  # same shuffle: augmentation draws from its own stream
+    assert not torch.equal(xa, xp)
+    assert spec_plain.augmentation == "none" and "crop" in spec.augmentation
+    # Without augmentation two epochs hold the same images (only the order differs).
+    plain.set_epoch(2)
+    x2, _ = next(iter(plain))
+    assert torch.equal(
+        torch.sort(xp.flatten(1).sum(1)).values, torch.sort(x2.flatten(1).sum(1)).values
+    )
+    # The test loader is neither shuffled nor augmented: two passes are identical.
+    test.set_epoch(7)
+    assert torch.equal(_all(test)[0], _all(test)[0])
+
+
+@pytest.mark.parametrize(
+    ("pad", "flip"), [(2, False), (4, True), (1, True)], ids=["pad2", "pad4-flip", "pad1-flip"]
+)
+def test_crop_flip_is_a_shifted_window(pad: int, flip: bool) -> None:
+    x = torch.randn(5, 3, 7, 11)
+    crop = CropFlip(pad=pad, flip=flip)
+    dy, dx, fl = crop.draw(5, torch.Generator().manual_seed(0))
+    out = crop.apply(x, dy, dx, fl)
+    assert out.shape == x.shape
+    padded = torch.nn.functional.pad(x, (pad,) * 4)
+    for i in range(5):
+        want = padded[i, :, dy[i] : dy[i] + 7, dx[i] : dx[i] + 11]
+        if fl[i]:
+            want = want.flip(2)
+        assert torch.equal(out[i], want)
+    # Zero offset at the centre (dy = dx = pad), no flip: the identity.
+    centre = torch.full((5,), pad)
+    assert torch.equal(crop.apply(x, centre, centre, torch.zeros(5, dtype=torch.bool)), x)
+    if not flip:
+        assert not fl.any()
+
+
+def test_tensor_loader_validates_shapes() -> None:
+    with pytest.raises(ValueError, match="labels shape"):
+        TensorLoader(
+            torch.zeros(4, 1, 2, 2),
+            torch.zeros(3, dtype=torch.int64),
+            2,
+            mean=(0.0,),
+            std=(1.0,),
+            shuffle=False,
+            augment=None,
+            seed=0,
+        )
+
+
+# ----------------------------------------------------------------------------- CIFAR
+
+
+def _write_batch(path: Path, data: np.ndarray, labels: list[int], key: bytes) -> None:
+    # Protocol 2 with byte keys, as the official (Python 2) files; the reference to numpy's
+    # array reconstructor is renamed to numpy.core.multiarray, the name those files carry.
+    obj = {b"batch_label": b"fake", key: labels, b"data": data, b"filenames": [b"x"] * len(labels)}
+    payload = pickle.dumps(obj, protocol=2)
+    payload = payload.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+    path.write_bytes(payload)
+
+
+def _fake_cifar(root: Path, name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Write a tiny dataset in the official layout; return the raw train/test arrays."""
+    if name == "cifar10":
+        folder, train_files, test_file, meta, key, names_key, k = (
+            "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)],
+            "test_batch",
+            "batches.meta",
+            b"labels",
+            b"label_names",
+            10,
+        )
+    else:
+        folder, train_files, test_file, meta, key, names_key, k = (
+            "cifar-100-python",
+            ["train"],
+            "test",
+            "meta",
+            b"fine_labels",
+            b"fine_label_names",
+            100,
+        )
+    d = root / folder
+    d.mkdir(parents=True)
+    train_x, train_y = [], []
+    for i, f in enumerate(train_files):
+        n = 3 + i  # uneven batch sizes
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        labels = rng.integers(0, k, n).tolist()
+        _write_batch(d / f, data, labels, key)
+        train_x.append(data)
+        train_y += labels
+    test_data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+    test_labels = rng.integers(0, k, 4).tolist()
+    _write_batch(d / test_file, test_data, test_labels, key)
+    names = [f"class{i}".encode() for i in range(k)]
+    (d / meta).write_bytes(pickle.dumps({names_key: names}, protocol=2))
+    return {
+        "train_x": np.concatenate(train_x).reshape(-1, 3, 32, 32),
+        "train_y": np.array(train_y),
+        "test_x": test_data.reshape(-1, 3, 32, 32),
+        "test_y": np.array(test_labels),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "mean", "std", "classes"),
+    [("cifar10", CIFAR10_MEAN, CIFAR10_STD, 10), ("cifar100", CIFAR100_MEAN, CIFAR100_STD, 100)],
+    ids=["cifar10", "cifar100"],
+)
+@pytest.mark.parametrize("use_parent", [False, True], ids=["dir", "parent"])
+def test_cifar_round_trip(tmp_path: Path, name, mean, std, classes, use_parent: bool) -> None:
+    raw = _fake_cifar(tmp_path, name, np.random.default_rng(0))
+    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+    data_dir = tmp_path if use_parent else tmp_path / folder
+    train, test, spec = make_loaders(name, 5, data_dir=data_dir, augment=False)
+    n_train = len(raw["train_y"])
+    assert (spec.num_classes, spec.in_channels, spec.image_size) == (classes, 3, 32)
+    assert (spec.train_size, spec.test_size) == (n_train, 4)
+    assert spec.class_names[:2] == ("class0", "class1") and len(spec.class_names) == classes
+    m = torch.tensor(mean).view(1, 3, 1, 1)
+    s = torch.tensor(std).view(1, 3, 1, 1)
+    xt, yt = _all(test)
+    # Unshuffled test set: pixel values come back exactly (up to float rounding).
+    want = (torch.from_numpy(raw["test_x"]).float() / 255 - m) / s
+    torch.testing.assert_close(xt, want, rtol=0, atol=1e-5)
+    assert torch.equal(yt, torch.from_numpy(raw["test_y"]))
+    # Train set: shuffled, so compare as sets of (image, label) by raw bytes.
+    x, y = _all(train)
+    pixels = torch.round((x * s + m) * 255).to(torch.uint8)
+    got = sorted((p.numpy().tobytes(), int(label)) for p, label in zip(pixels, y, strict=True))
+    expected = sorted(
+        (p.tobytes(), int(label)) for p, label in zip(raw["train_x"], raw["train_y"], strict=True)
+    )
+    assert got == expected
+
+
+def test_cifar_augmentation_crop_flip(tmp_path: Path) -> None:
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(1))
+    train, _, spec = make_loaders("cifar10", 32, data_dir=tmp_path, seed=2)
+    assert "flip" in spec.augmentation and "4-pixel" in spec.augmentation
+    x, _ = next(iter(train))
+    assert x.shape == (25, 3, 32, 32)
+    # Padded pixels are raw 0, i.e. -mean/std after normalisation; some crops show them.
+    floor = (-torch.tensor(CIFAR10_MEAN) / torch.tensor(CIFAR10_STD)).view(1, 3, 1, 1)
+    assert torch.isclose(x, floor.expand_as(x), atol=1e-5).any()
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"], ids=["cifar10", "cifar100"])
+def test_cifar_missing_directory_names_it(tmp_path: Path, name: str) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DatasetMissingError, match="nowhere") as err:
+        make_loaders(name, 8, data_dir=missing)
+    assert "cs.toronto.edu" in str(err.value)
+    assert isinstance(err.value, FileNotFoundError)
+    with pytest.raises(DatasetMissingError, match="no data_dir"):
+        make_loaders(name, 8)
+
+
+def test_cifar_missing_file_is_named(tmp_path: Path) -> None:
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(2))
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
+    with pytest.raises(DatasetMissingError, match="data_batch_3"):
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+
+
+def test_cifar_unextracted_tarball_hint(tmp_path: Path) -> None:
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"")
+    with pytest.raises(DatasetMissingError, match="not extracted"):
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+
+
+def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(3))
+    evil = {b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Path("p")}
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps(evil))
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+
+
+# ----------------------------------------------------------------------------- others
+
+
+def test_imagenet_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(DatasetMissingError, match="train"):
+        make_loaders("imagenet", 8, data_dir=tmp_path)
+    with pytest.raises(DatasetMissingError, match="no data_dir"):
+        make_loaders("imagenet", 8)
+
+
+def test_unknown_dataset_lists_names() -> None:
+    with pytest.raises(ValueError, match="unknown dataset") as err:
+        make_loaders("cifar11", 8)
+    for name in DATASETS:
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("size", "channels", "classes", "n_train"),
+    [(32, 3, 10, 64), (13, 1, 7, 31), (28, 2, 1000, 5)],
+    ids=["cifar-like", "odd", "many-classes"],
+)
+def test_synthetic_spec_and_shapes(size: int, channels: int, classes: int, n_train: int) -> None:
+    train, test, spec = make_loaders(
+        "synthetic",
+        16,
+        image_size=size,
+        in_channels=channels,
+        num_classes=classes,
+        train_size=n_train,
+        test_size=9,
+    )
+    assert spec.synthetic and "synthetic" in spec.source and "timing" in spec.source
+    assert (spec.image_size, spec.in_channels, spec.num_classes) == (size, channels, classes)
+    assert (spec.train_size, spec.test_size) == (n_train, 9)
+    x, y = _all(train)
+    assert x.shape == (n_train, channels, size, size) and x.dtype == torch.float32
+    assert int(y.min()) >= 0 and int(y.max()) < classes
+    assert _all(test)[0].shape == (9, channels, size, size)
+
+
+def test_synthetic_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="num_classes"):
+        make_loaders("synthetic", 8, num_classes=1)
+
+
+def test_spec_to_dict_is_plain() -> None:
+    _, _, spec = make_loaders("digits", 8)
+    d = spec.to_dict()
+    assert d["name"] == "digits" and d["train_size"] == 1437 and d["synthetic"] is False
+
+
+@pytest.mark.gpu
+def test_gpu_batches_match_cpu() -> None:
+    cpu, _, _ = make_loaders("digits", 100, seed=4)
+    gpu, _, _ = make_loaders("digits", 100, seed=4, device="cuda")
+    cpu.set_epoch(3)
+    gpu.set_epoch(3)
+    (xc, yc), (xg, yg) = next(iter(cpu)), next(iter(gpu))
+    assert xg.device.type == "cuda" and yg.device.type == "cuda"
+    torch.testing.assert_close(xg.cpu(), xc)
+    assert torch.equal(yg.cpu(), yc)

@@ -1,0 +1,270 @@
+"""Command line: ``pdtbench train | env | demo | eval-fgsm``.
+
+A thin layer over typed functions: it parses, builds a :class:`impl.config.TrainConfig`, and
+calls the library. Usage errors (unknown model, method, dataset, bad option) print one line
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+# -- method flags from the method's Config dataclass ----------------------------------------------
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _str2bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> list[str]:
+    """Add one flag per field of ``config_cls``; return the field names added."""
+    hints = typing.get_type_hints(config_cls)
+    group = parser.add_argument_group(f"options of {config_cls.__name__}")
+    names = []
+    for f in dataclasses.fields(config_cls):
+        tp, _ = _unwrap_optional(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f"(default: {default})"
+        kwargs: dict[str, Any] = {"dest": f"method__{f.name}", "default": None, "help": help_text}
+        origin = typing.get_origin(tp)
+        if tp is bool:
+            kwargs.update(type=_str2bool, metavar="BOOL")
+        elif origin in (tuple, list):
+            inner = [a for a in typing.get_args(tp) if a is not Ellipsis]
+            kwargs.update(nargs="+", type=inner[0] if inner else str)
+        elif tp in (int, float, str):
+            kwargs.update(type=tp)
+        else:
+            kwargs.update(type=str)
+        group.add_argument(_flag(f.name), **kwargs)
+        names.append(f.name)
+    return names
+
+
+# -- train ---------------------------------------------------------------------------------------
+def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
+    from impl.config import SCALES, SCHEDULES
+
+    p = argparse.ArgumentParser(
+        prog="pdtbench train",
+        description="Train one model with one method into a run directory.",
+    )
+    p.add_argument("--resume", metavar="DIR", help="continue the killed run in DIR")
+    p.add_argument(
+        "--method", default="dense", help="dense, clicktrain, prunetrain, sdgp, campfire"
+    )
+    p.add_argument("--model", help="model name (default from --scale: resnet20)")
+    p.add_argument("--stem", choices=["cifar", "imagenet"])
+    p.add_argument("--data", help="dataset (default from --scale: digits)")
+    p.add_argument("--data-dir", help="directory of a local dataset (CIFAR, ImageNet)")
+    p.add_argument("--scale", default="cpu", choices=SCALES)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--momentum", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--schedule", choices=SCHEDULES)
+    p.add_argument("--milestones", type=int, nargs="+")
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--no-augment", action="store_true")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--max-steps-per-epoch", type=int)
+    p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if method_config is not None:
+        add_method_arguments(p, method_config)
+    return p
+
+
+def cmd_train(argv: list[str]) -> int:
+    """``pdtbench train``: parse, resolve the config, train, print where the results are."""
+    from impl import models
+    from impl.config import resolve
+    from impl.data import DATASETS
+    from impl.methods import METHODS, method_class
+    from impl.train import resume, train
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--method", default="dense")
+    known, _ = pre.parse_known_args(argv)
+    if known.method not in METHODS:
+        raise UsageError(f"unknown method {known.method!r}; valid methods: {', '.join(METHODS)}")
+    try:
+        config_cls = method_class(known.method).Config
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    args = _train_parser(config_cls).parse_args(argv)
+    progress = not args.no_progress
+
+    if args.resume:
+        summary = resume(args.resume, progress=progress)
+        _print_result(Path(args.resume), summary)
+        return 0
+
+    if args.model is not None and args.model not in models.MODELS:
+        raise UsageError(f"unknown model {args.model!r}; valid models: {', '.join(models.MODELS)}")
+    if args.data is not None and args.data not in DATASETS:
+        raise UsageError(f"unknown dataset {args.data!r}; valid datasets: {', '.join(DATASETS)}")
+    options = {
+        k.removeprefix("method__"): v
+        for k, v in vars(args).items()
+        if k.startswith("method__") and v is not None
+    }
+    cfg = resolve(
+        args.scale,
+        method=args.method,
+        method_options=options,
+        model=args.model,
+        stem=args.stem,
+        data=args.data,
+        data_dir=args.data_dir,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        schedule=args.schedule,
+        milestones=args.milestones,
+        label_smoothing=args.label_smoothing,
+        augment=False if args.no_augment else None,
+        seed=args.seed,
+        device=args.device,
+        bf16=True if args.bf16 else None,
+        threads=args.threads,
+        max_steps_per_epoch=args.max_steps_per_epoch,
+        out=args.out,
+    )
+    if cfg.out is None:
+        cfg.out = cfg.default_out()
+    summary = train(cfg, progress=progress)
+    _print_result(Path(cfg.out), summary)
+    return 0
+
+
+def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
+    top1 = summary.get("top1")
+    print(
+        f"{summary.get('method')} {summary.get('model')} on {summary.get('data')} "
+        f"[{summary.get('scale')}]: top-1 {top1:.2f}%, compression "
+        f"{summary.get('compression_ratio', 1.0):.2f}x, "
+        f"fwd {summary.get('fwd_ms', float('nan')):.1f} ms, "
+        f"bwd {summary.get('bwd_ms', float('nan')):.1f} ms per iteration, "
+        f"{summary.get('wall_seconds', float('nan')):.1f} s"
+    )
+    print(f"results: {run_dir}/summary.json (metrics.jsonl, config.json, checkpoint.pt)")
+
+
+# -- env -------------------------------------------------------------------------------------------
+def cmd_env(argv: list[str]) -> int:
+    """``pdtbench env``: print what this machine is (versions, CPU, GPU, clocks)."""
+    import json
+
+    from impl.env import collect, format_env
+
+    p = argparse.ArgumentParser(prog="pdtbench env", description="Describe this machine.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    info = collect()
+    print(json.dumps(info, indent=2, default=str) if args.json else format_env(info))
+    return 0
+
+
+# -- eval-fgsm -------------------------------------------------------------------------------------
+def cmd_eval_fgsm(argv: list[str]) -> int:
+    """``pdtbench eval-fgsm RUN_DIR --eps ...``: top-1 under FGSM (Campfire Table 6)."""
+    from impl.robustness import eval_fgsm_run
+
+    p = argparse.ArgumentParser(
+        prog="pdtbench eval-fgsm", description="Top-1 on FGSM adversarial examples."
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--eps", type=float, nargs="+", default=[0.0, 0.05, 0.1])
+    args = p.parse_args(argv)
+    for run_dir in args.run_dirs:
+        rows = eval_fgsm_run(run_dir, args.eps)
+        for row in rows:
+            print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")
+    return 0
+
+
+# -- demo ------------------------------------------------------------------------------------------
+def cmd_demo(argv: list[str]) -> int:
+    """``pdtbench demo``: the main job on the embedded default data."""
+    from impl.demo import run_demo
+
+    p = argparse.ArgumentParser(prog="pdtbench demo", description="The main job.")
+    p.add_argument("--scale", default="cpu", choices=["smoke", "cpu"])
+    p.add_argument("--out", default="runs/demo")
+    args = p.parse_args(argv)
+    run_demo(scale=args.scale, out=args.out)
+    return 0
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "env": cmd_env,
+    "demo": cmd_demo,
+    "eval-fgsm": cmd_eval_fgsm,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pdtbench`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: pdtbench {" + ",".join(COMMANDS) + "} ...")
+        print("  train       train one model with one method (--resume DIR continues a run)")
+        print("  demo        the main job on the embedded default data")
+        print("  env         describe this machine")
+        print("  eval-fgsm   top-1 under FGSM attacks for finished runs")
+        return 0 if argv else EXIT_USAGE
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(
+            f"pdtbench: unknown command {command!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr
+        )
+        return EXIT_USAGE
+    from impl.rundir import CheckpointError
+    from impl.train import RunExistsError
+
+    try:
+        return COMMANDS[command](rest)
+    except (UsageError, ValueError, RunExistsError, CheckpointError, FileNotFoundError) as err:
+        print(f"pdtbench {command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""Typed run configuration, scale presets, and their JSON form.
+
+A config is data: it is written as JSON and read back field by field, never evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
+SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
+
+
+@dataclass
+class TrainConfig:
+    """One training run.
+
+    Args:
+        method: registered method name (``impl.methods.METHODS``).
+        method_options: the method's config fields, as plain data.
+        model: model name (``impl.models.MODELS``).
+        stem: "cifar" or "imagenet" for the models that have both.
+        data: dataset name (``impl.data.DATASETS``).
+        data_dir: directory of a local dataset (CIFAR, ImageNet); unused by embedded data.
+        epochs: number of training epochs.
+        batch_size: training batch size (samples per iteration, per process).
+        eval_batch_size: batch size for evaluation.
+        lr: peak learning rate (one-cycle, cosine) or initial learning rate (step, constant),
+            for ``batch_size``; scaled linearly if a method changes the batch size.
+        momentum: SGD momentum.
+        nesterov: Nesterov momentum.
+        weight_decay: L2 weight decay (coupled, as torch.optim.SGD).
+        schedule: "onecycle" (linear warm-up then linear decay to 0), "cosine", "step"
+            (multiply by ``gamma`` at each of ``milestones``), or "constant".
+        warmup_fraction: fraction of training spent warming up (one-cycle only).
+        milestones: epochs at which the step schedule multiplies the rate by ``gamma``.
+        gamma: the step schedule's factor.
+        label_smoothing: cross-entropy label smoothing.
+        augment: random training-set augmentation (per dataset; see ``impl.data``).
+        seed: seed of everything random in the run (init, shuffling, augmentation, methods).
+        scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
+        device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
+        bf16: bfloat16 autocast for forward and backward on a GPU (ignored on CPU).
+        threads: torch intra-op threads on CPU (None: torch's default).
+        max_steps_per_epoch: stop each epoch after this many iterations (smoke runs only).
+        out: the run directory.
+    """
+
+    method: str = "dense"
+    method_options: dict[str, Any] = field(default_factory=dict)
+    model: str = "resnet20"
+    stem: str = "cifar"
+    data: str = "digits"
+    data_dir: str | None = None
+    epochs: int = 15
+    batch_size: int = 128
+    eval_batch_size: int = 512
+    lr: float = 0.2
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    schedule: str = "onecycle"
+    warmup_fraction: float = 0.2
+    milestones: list[int] = field(default_factory=list)
+    gamma: float = 0.1
+    label_smoothing: float = 0.0
+    augment: bool = True
+    seed: int = 0
+    scale: str = "cpu"
+    device: str = "auto"
+    bf16: bool = False
+    threads: int | None = None
+    max_steps_per_epoch: int | None = None
+    out: str | None = None
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on values no run can use (before anything is written)."""
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}; valid schedules: {', '.join(SCHEDULES)}"
+            )
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Read a config back from plain data; unknown keys are an error, not ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}")
+        return cls(**data)
+
+    def digest(self) -> str:
+        """A short hash of everything that defines the run's result (not where it is written)."""
+        data = self.to_dict()
+        data.pop("out", None)
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def default_out(self, root: str | Path = "runs") -> str:
+        """The run directory named by method, model, data, scale and the config hash."""
+        return str(
+            Path(root) / f"{self.method}-{self.model}-{self.data}-{self.scale}-{self.digest()}"
+        )
+
+
+# Per-scale defaults for the fields a user did not set. The "cpu" preset is the embedded
+# default (digits, ResNet-20); "paper" follows the CIFAR recipes the papers share (batch 128,
+# lr 0.1 decayed 10x at 50% and 75% of 182 epochs, as PruneTrain's CIFAR recipe, p. 7).
+SCALE_PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {"epochs": 2, "batch_size": 32, "max_steps_per_epoch": 3, "eval_batch_size": 256},
+    "cpu": {"epochs": 15, "batch_size": 128},
+    "gpu": {"epochs": 30, "batch_size": 128},
+    "paper": {
+        "data": "cifar10",
+        "epochs": 182,
+        "batch_size": 128,
+        "lr": 0.1,
+        "schedule": "step",
+        "milestones": [91, 136],
+        "nesterov": False,
+    },
+}
+
+
+def resolve(scale: str, **overrides: Any) -> TrainConfig:
+    """Build a config from a scale preset, then the caller's explicit values (None = unset)."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid scales: {', '.join(SCALES)}")
+    values: dict[str, Any] = dict(SCALE_PRESETS[scale])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    values["scale"] = scale
+    cfg = TrainConfig.from_dict(values)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,125 @@
+"""Run directories: config first, metrics flushed per epoch, atomic checkpoints, summary last.
+
+Layout (shared/DESIGN.md, "Run directories and reliability")::
+
+    config.json      written first
+    metrics.jsonl    one JSON line per finished epoch, flushed and fsynced
+    checkpoint.pt    the latest end-of-epoch state, written to a temporary file and renamed
+    summary.json     written last, with "status": "complete"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_FORMAT = "pdtbench-checkpoint-v1"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"
+SUMMARY_FILE = "summary.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is corrupt, truncated, or belongs to another run."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically write ``data`` as indented JSON."""
+    atomic_write_bytes(Path(path), (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object from ``path``."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
+    """Append one epoch's metrics as a JSON line, flushed and fsynced."""
+    with open(Path(run_dir) / METRICS_FILE, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """All complete metric lines of a run (a torn last line, from a kill, is dropped)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def truncate_metrics(run_dir: Path, epochs_done: int) -> None:
+    """Keep only the metric lines of epochs before ``epochs_done`` (used on resume)."""
+    rows = [r for r in read_metrics(run_dir) if r.get("epoch", -1) < epochs_done]
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    atomic_write_bytes(Path(run_dir) / METRICS_FILE, data.encode())
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any], config_digest: str) -> None:
+    """Atomically save ``state`` (tensors and plain data only) as the run's checkpoint."""
+    state = dict(state, format=CHECKPOINT_FORMAT, config_digest=config_digest)
+    path = Path(run_dir) / CHECKPOINT_FILE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str, Any] | None:
+    """Load the run's checkpoint with ``weights_only=True``; ``None`` if there is none.
+
+    Raises :class:`CheckpointError` when the file is corrupt or not a pdtbench checkpoint, or
+    when ``config_digest`` is given and the checkpoint belongs to a run of another config.
+    """
+    path = Path(run_dir) / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a damaged file
+        raise CheckpointError(f"{path}: cannot be read as a checkpoint ({err})") from err
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not a pdtbench checkpoint (expected {CHECKPOINT_FORMAT})")
+    if config_digest is not None and state.get("config_digest") != config_digest:
+        raise CheckpointError(
+            f"{path}: belongs to another run (config {state.get('config_digest')}, "
+            f"this run {config_digest})"
+        )
+    return state

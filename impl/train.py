@@ -1,0 +1,429 @@
+"""The one Trainer: data, model and method in, a complete run directory out.
+
+It knows no method by name: a method changes training only through the hooks of
+:class:`impl.methods.base.Method` (see that module for the event order).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl import rundir
+from impl.config import TrainConfig
+from impl.methods import Method, TrainContext, create_method
+from impl.schedules import lr_multiplier
+from impl.timing import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+
+class RunExistsError(FileExistsError):
+    """The output directory already holds a run (resume it, or choose another directory)."""
+
+
+def pick_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; anything else as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every GPU) from one integer."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 (seeds third-party global-state users)
+    torch.manual_seed(seed)
+
+
+def conv_weight_counts(model: nn.Module) -> tuple[int, int]:
+    """(total, nonzero) weights over the model's convolutions."""
+    total = nonzero = 0
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            total += m.weight.numel()
+            nonzero += int(torch.count_nonzero(m.weight.detach()))
+    return total, nonzero
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients a data-parallel step all-reduces for a dense model."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Any, device: torch.device) -> tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy in %) of ``model`` over ``loader``."""
+    was_training = model.training
+    model.eval()
+    loss_sum = 0.0
+    correct = count = 0
+    for x, y in loader:
+        out = model(x)
+        loss_sum += float(F.cross_entropy(out.float(), y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+        count += y.numel()
+    model.train(was_training)
+    return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
+
+
+class Trainer:
+    """Trains one config into one run directory, resumably."""
+
+    def __init__(self, cfg: TrainConfig, *, progress: bool = True) -> None:
+        cfg.validate()
+        if cfg.out is None:
+            cfg.out = cfg.default_out()
+        self.cfg = cfg
+        self.run_dir = Path(cfg.out)
+        self.progress = progress
+        self.device = pick_device(cfg.device)
+
+    # ------------------------------------------------------------------------------------------
+    def _build(self) -> tuple[TrainContext, Method, Any, Any, Any]:
+        from impl.data import make_loaders
+        from impl.models import create
+
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        method = create_method(cfg.method, cfg.method_options)
+        method.validate(cfg)
+        train_loader, test_loader, spec = make_loaders(
+            cfg.data,
+            cfg.batch_size,
+            data_dir=cfg.data_dir,
+            seed=cfg.seed,
+            augment=cfg.augment,
+            device=self.device,
+            eval_batch_size=cfg.eval_batch_size,
+        )
+        model = create(
+            cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels, stem=cfg.stem
+        ).to(self.device)
+        ctx = TrainContext(
+            model=model,
+            optimizer=None,
+            config=cfg,
+            device=self.device,
+            batch_size=cfg.batch_size,
+            input_shape=(spec.in_channels, spec.image_size, spec.image_size),
+        )
+        ctx.extra["seed"] = cfg.seed
+        return ctx, method, train_loader, test_loader, spec
+
+    def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov and cfg.momentum > 0,
+            weight_decay=cfg.weight_decay,
+        )
+
+    def _set_lr(self, ctx: TrainContext, epoch_progress: float) -> float:
+        cfg = self.cfg
+        mult = lr_multiplier(
+            cfg.schedule,
+            epoch_progress,
+            cfg.epochs,
+            warmup_fraction=cfg.warmup_fraction,
+            milestones=cfg.milestones,
+            gamma=cfg.gamma,
+        )
+        # Linear scaling with the batch when a method (dynamic mini-batch) changes it.
+        lr = cfg.lr * mult * ctx.batch_size / cfg.batch_size
+        assert ctx.optimizer is not None
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    # ------------------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        """Train to the end (or continue a killed run when ``resume``) and return the summary."""
+        cfg = self.cfg
+        run_dir = self.run_dir
+        config_path = run_dir / rundir.CONFIG_FILE
+        if resume:
+            saved = TrainConfig.from_dict(rundir.read_json(config_path))
+            if saved.digest() != cfg.digest():
+                raise rundir.CheckpointError(f"{config_path} does not match the run's config")
+        else:
+            if config_path.exists():
+                raise RunExistsError(
+                    f"{run_dir} already holds a run; continue it with "
+                    f"`pdtbench train --resume {run_dir}` or choose another --out"
+                )
+            run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_json(config_path, cfg.to_dict())
+
+        ctx, method, train_loader, test_loader, spec = self._build()
+        method.setup(ctx)
+        dense_conv_total, _ = conv_weight_counts(ctx.model)
+        start_epoch = 0
+        state = rundir.load_checkpoint(run_dir, cfg.digest()) if resume else None
+        if state is not None:
+            method.load_state_dict(state["method"], ctx)
+            ctx.model.load_state_dict(state["model"])
+        ctx.optimizer = self._optimizer(ctx.model)
+        wall_before = 0.0
+        if state is not None:
+            ctx.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng_cpu"])
+            if torch.cuda.is_available() and state.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
+            start_epoch = int(state["epoch"])
+            ctx.step = int(state["step"])
+            ctx.batch_size = int(state["batch_size"])
+            ctx.extra.update(state.get("ctx_extra", {}))
+            wall_before = float(state["wall_seconds"])
+            dense_conv_total = int(state["dense_conv_total"])
+        if resume:
+            rundir.truncate_metrics(run_dir, start_epoch)
+
+        wall = wall_before
+        last_row: dict[str, Any] = {}
+        for epoch in range(start_epoch, cfg.epochs):
+            t_epoch = time.perf_counter()
+            row = self._train_epoch(ctx, method, train_loader, epoch)
+            test_loss, top1 = evaluate(ctx.model, test_loader, self.device)
+            epoch_seconds = time.perf_counter() - t_epoch
+            wall += epoch_seconds
+            row.update(
+                epoch=epoch,
+                test_loss=test_loss,
+                test_top1=top1,
+                epoch_seconds=epoch_seconds,
+                wall_seconds=wall,
+            )
+            row.update(method.epoch_metrics(ctx))
+            rundir.append_metrics(run_dir, row)
+            last_row = row
+            rundir.save_checkpoint(
+                run_dir,
+                {
+                    "epoch": epoch + 1,
+                    "step": ctx.step,
+                    "batch_size": ctx.batch_size,
+                    "model": ctx.model.state_dict(),
+                    "optimizer": ctx.optimizer.state_dict(),
+                    "method": method.state_dict(),
+                    "rng_cpu": torch.get_rng_state(),
+                    "rng_cuda": torch.cuda.get_rng_state_all()
+                    if torch.cuda.is_available()
+                    else None,
+                    "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
+                    "wall_seconds": wall,
+                    "dense_conv_total": dense_conv_total,
+                },
+                cfg.digest(),
+            )
+        if not last_row:
+            rows = rundir.read_metrics(run_dir)
+            last_row = rows[-1] if rows else {}
+        summary = self._summary(ctx, method, spec, last_row, wall, dense_conv_total)
+        rundir.write_json(run_dir / rundir.SUMMARY_FILE, summary)
+        return summary
+
+    def _train_epoch(
+        self, ctx: TrainContext, method: Method, loader: Any, epoch: int
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        ctx.epoch = epoch
+        if getattr(loader, "batch_size", ctx.batch_size) != ctx.batch_size:
+            loader.batch_size = ctx.batch_size
+        loader.set_epoch(epoch)
+        steps = len(loader)
+        if cfg.max_steps_per_epoch:
+            steps = min(steps, cfg.max_steps_per_epoch)
+        ctx.steps_per_epoch = steps
+        method.on_epoch_start(ctx)
+        model = ctx.model
+        model.train()
+        timer = PhaseTimer(self.device)
+        use_bf16 = cfg.bf16 and self.device.type == "cuda"
+        losses: list[torch.Tensor] = []
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        seen = 0
+        lr = float("nan")
+        bar = _progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", self.progress)
+        t0 = time.perf_counter()
+        for i, (x, y) in enumerate(loader):
+            if i >= steps:
+                break
+            lr = self._set_lr(ctx, epoch + i / steps)
+            timer.start("fwd")
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                out = model(x)
+                loss = F.cross_entropy(out.float(), y, label_smoothing=cfg.label_smoothing)
+                total = method.loss(ctx, loss, out, y)
+            timer.stop("fwd")
+            ctx.optimizer.zero_grad(set_to_none=True)
+            timer.start("bwd")
+            total.backward()
+            timer.stop("bwd")
+            method.after_backward(ctx)
+            ctx.optimizer.step()
+            method.after_step(ctx)
+            ctx.step += 1
+            losses.append(loss.detach())
+            correct += (out.detach().argmax(1) == y).sum()
+            seen += y.numel()
+            if bar is not None and (i % 5 == 0 or i == steps - 1):
+                ctx.last_loss = float(loss)
+                rate = seen / max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(loss=f"{ctx.last_loss:.3f}", img_s=f"{rate:.0f}")
+            if bar is not None:
+                bar.update(1)
+            model = ctx.model  # a method may have replaced it
+        train_seconds = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+        train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+        ctx.last_loss = train_loss
+        fwd = timer.times("fwd")
+        bwd = timer.times("bwd")
+        ctx.extra["epoch_fwd_ms"] = _median(fwd)
+        ctx.extra["epoch_bwd_ms"] = _median(bwd)
+        ctx.extra["epoch_train_loss"] = train_loss
+        method.on_epoch_end(ctx)
+        return {
+            "train_loss": train_loss,
+            "train_top1": 100.0 * int(correct) / max(seen, 1),
+            "lr": lr,
+            "batch_size": ctx.batch_size,
+            "iterations": len(fwd),
+            "fwd_ms": _median(fwd),
+            "bwd_ms": _median(bwd),
+            "train_seconds": train_seconds,
+            "samples_per_second": seen / max(train_seconds, 1e-9),
+        }
+
+    def _summary(
+        self,
+        ctx: TrainContext,
+        method: Method,
+        spec: Any,
+        last_row: dict[str, Any],
+        wall: float,
+        dense_conv_total: int,
+    ) -> dict[str, Any]:
+        from impl.env import collect
+        from impl.flops import training_flops
+
+        cfg = self.cfg
+        model = ctx.model
+        _, nonzero = conv_weight_counts(model)
+        flops = training_flops(model, ctx.input_shape, density=method.cost(model))
+        metrics = rundir.read_metrics(self.run_dir)
+        summary: dict[str, Any] = {
+            "status": "complete",
+            "method": cfg.method,
+            "method_options": method.config_dict(),
+            "model": cfg.model,
+            "data": cfg.data,
+            "data_synthetic": bool(getattr(spec, "synthetic", False)),
+            "scale": cfg.scale,
+            "seed": cfg.seed,
+            "epochs": cfg.epochs,
+            "top1": last_row.get("test_top1"),
+            "best_top1": max((r["test_top1"] for r in metrics), default=None),
+            "compression_ratio": dense_conv_total / max(nonzero, 1),
+            "conv_weights_dense": dense_conv_total,
+            "conv_weights_nonzero": nonzero,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "inference_flops": flops.forward,
+            "train_flops_nominal": flops.total,
+            "train_flops_executed": flops.executed.total,
+            "fwd_ms": last_row.get("fwd_ms"),
+            "bwd_ms": last_row.get("bwd_ms"),
+            "batch_size": ctx.batch_size,
+            "comm_bytes_per_iter": gradient_bytes(model),
+            "wall_seconds": wall,
+            "device": str(self.device),
+            "environment": collect(),
+        }
+        summary.update(method.summary(ctx))
+        return summary
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=0.5)
+
+
+def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Run ``cfg`` into ``cfg.out`` and return its summary (see shared/DESIGN.md)."""
+    return Trainer(cfg, progress=progress).run(resume=False)
+
+
+def resume(run_dir: str | os.PathLike, *, progress: bool = True) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its last checkpoint; a complete run is returned as is.
+
+    The result equals that of an uninterrupted run (same weights and metrics on the CPU).
+    """
+    run_dir = Path(run_dir)
+    config_path = run_dir / rundir.CONFIG_FILE
+    if not config_path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
+    summary_path = run_dir / rundir.SUMMARY_FILE
+    if summary_path.exists():
+        summary = rundir.read_json(summary_path)
+        if summary.get("status") == "complete":
+            return summary
+    cfg = TrainConfig.from_dict(rundir.read_json(config_path))
+    cfg.out = str(run_dir)
+    return Trainer(cfg, progress=progress).run(resume=True)
+
+
+def load_trained_model(
+    run_dir: str | os.PathLike, device: str = "cpu"
+) -> tuple[nn.Module, TrainConfig]:
+    """Rebuild a run's model from its config and last checkpoint, in eval mode."""
+    run_dir = Path(run_dir)
+    cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
+    cfg.device = device
+    trainer = Trainer(cfg, progress=False)
+    ctx, method, _, _, _ = trainer._build()
+    method.setup(ctx)
+    state = rundir.load_checkpoint(run_dir, cfg.digest())
+    if state is None:
+        raise rundir.CheckpointError(f"{run_dir} has no checkpoint")
+    method.load_state_dict(state["method"], ctx)
+    ctx.model.load_state_dict(state["model"])
+    ctx.model.eval()
+    return ctx.model, cfg
+
+
+__all__ = [
+    "RunExistsError",
+    "Trainer",
+    "conv_weight_counts",
+    "evaluate",
+    "load_trained_model",
+    "resume",
+    "train",
+]

@@ -1,0 +1,57 @@
+"""The command line: usage errors are one line and exit status 2; method flags exist."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from impl import cli
+from impl.methods.base import MethodConfig
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--model", "resnet999"], "valid models: resnet20"),
+        (["train", "--method", "magic"], "valid methods: dense"),
+        (["train", "--data", "mnist60k"], "valid datasets: digits"),
+        (["frobnicate"], "valid: train"),
+    ],
+    ids=["model", "method", "data", "command"],
+)
+def test_unknown_name_is_one_line_listing_valid_names_exit_2(argv, needle, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err
+    assert len(err.splitlines()) == 1
+
+
+def test_resume_of_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
+    assert cli.main(["train", "--resume", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_method_config_fields_become_flags():
+    @dataclasses.dataclass
+    class Cfg(MethodConfig):
+        penalty_ratio: float = 0.2
+        reconfig_interval: int = 10
+        dynamic_batch: bool = False
+        mask: str = "combined"
+        fixed_epoch: int | None = None
+        sizes: tuple[int, ...] = (4, 8)
+
+    parser = argparse.ArgumentParser()
+    names = cli.add_method_arguments(parser, Cfg)
+    assert names == [f.name for f in dataclasses.fields(Cfg)]
+    args = parser.parse_args(
+        ["--penalty-ratio", "0.3", "--dynamic-batch", "true", "--fixed-epoch", "7",
+         "--sizes", "4", "12"]
+    )  # fmt: skip
+    assert args.method__penalty_ratio == 0.3
+    assert args.method__dynamic_batch is True
+    assert args.method__fixed_epoch == 7
+    assert args.method__sizes == [4, 12]
+    assert args.method__mask is None  # unset flags leave the method's default in force

@@ -1,0 +1,59 @@
+"""Configs: presets, JSON round trip, validation, and the learning-rate schedules."""
+
+from __future__ import annotations
+
+import pytest
+
+from impl.config import TrainConfig, resolve
+from impl.schedules import lr_multiplier
+
+
+def test_resolve_applies_preset_then_explicit_values():
+    cfg = resolve("smoke", epochs=5, model="resnet32")
+    assert cfg.epochs == 5 and cfg.model == "resnet32"
+    assert cfg.max_steps_per_epoch == 3  # from the smoke preset
+    assert cfg.scale == "smoke"
+    assert resolve("paper").data == "cifar10"
+
+
+def test_config_round_trips_and_unknown_keys_are_errors():
+    cfg = resolve("cpu", method="sdgp", method_options={"n": 2, "m": 8})
+    again = TrainConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.digest() == cfg.digest()
+    with pytest.raises(ValueError, match="unknown config keys"):
+        TrainConfig.from_dict({**cfg.to_dict(), "evil": "__import__('os')"})
+
+
+def test_digest_ignores_output_directory_but_not_seed():
+    a = resolve("cpu", out="x")
+    assert a.digest() == resolve("cpu", out="y").digest()
+    assert a.digest() != resolve("cpu", seed=1).digest()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [({"epochs": 0}, "epochs"), ({"schedule": "zigzag"}, "schedule"), ({"lr": -1.0}, "lr")],
+    ids=["epochs", "schedule", "lr"],
+)
+def test_bad_values_are_rejected(kw, match):
+    with pytest.raises(ValueError, match=match):
+        resolve("cpu", **kw)
+    with pytest.raises(ValueError, match="scale"):
+        resolve("huge")
+
+
+def test_onecycle_rises_then_falls_to_zero():
+    values = [lr_multiplier("onecycle", e, 10, warmup_fraction=0.2) for e in range(11)]
+    assert values[0] == pytest.approx(0.04)
+    assert values[2] == pytest.approx(1.0)
+    assert values[-1] == pytest.approx(0.0)
+    assert all(a <= b for a, b in zip(values[:3], values[1:3]))
+    assert all(a >= b for a, b in zip(values[2:], values[3:]))
+
+
+def test_step_and_cosine_schedules():
+    assert lr_multiplier("step", 90.9, 182, milestones=[91, 136]) == 1.0
+    assert lr_multiplier("step", 91, 182, milestones=[91, 136]) == pytest.approx(0.1)
+    assert lr_multiplier("step", 140, 182, milestones=[91, 136]) == pytest.approx(0.01)
+    assert lr_multiplier("cosine", 5, 10) == pytest.approx(0.5)
+    assert lr_multiplier("constant", 3, 10) == 1.0

@@ -1,0 +1,250 @@
+"""What ran where: commit, library versions, CPU, GPU (through NVML), clocks, TF32 flags.
+
+``collect()`` returns a flat, JSON-serialisable dict recorded with every run and benchmark;
+``format_env(info)`` renders it as a two-column table (``pdtbench env``). Nothing here
+touches the GPU at import; ``collect()`` reads the GPU through NVML (no CUDA context) and
+never raises: a field it cannot fill is None, with the reason in ``nvml_error`` (GPU) or
+left as None (versions of packages that are not installed).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REPO_ROOT", "collect", "format_env", "git_state", "gpu_info"]
+
+#: The checkout this package was imported from (its parent of ``impl/``).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_GPU_FIELDS = (
+    "gpu_name",
+    "gpu_driver",
+    "gpu_memory_mib",
+    "gpu_sm_clock_mhz",
+    "gpu_mem_clock_mhz",
+    "gpu_sm_clock_max_mhz",
+    "gpu_mem_clock_max_mhz",
+    "gpu_power_limit_w",
+)
+
+
+def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout at ``root``; (None, None) outside a checkout.
+
+    ``commit`` is the 40-hex SHA of HEAD; ``dirty`` is True when tracked files differ from
+    HEAD (untracked files do not count).
+    """
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, (None if status is None else bool(status))
+
+
+def _version(*dists: str) -> str | None:
+    """Installed version of the first of ``dists`` found, from package metadata (no import)."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _cupy_version() -> str | None:
+    # CuPy ships as cupy-cudaXXx wheels; read the metadata rather than importing it (an
+    # import can be slow or fail on a mismatched CUDA).
+    try:
+        names = sorted(
+            d.metadata["Name"]
+            for d in metadata.distributions()
+            if (d.metadata["Name"] or "").lower().startswith("cupy")
+        )
+    except Exception:  # a broken environment must not break a run
+        names = []
+    return _version(*names) if names else None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _visible_gpu_selector() -> str:
+    """The first entry of CUDA_VISIBLE_DEVICES (an index or a UUID), or "0"."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return value or "0"
+
+
+def _decode(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU fields of ``collect()`` read through NVML, for the first visible GPU.
+
+    Keys: ``gpu_name``, ``gpu_driver``, ``gpu_memory_mib`` (total, MiB),
+    ``gpu_sm_clock_mhz`` / ``gpu_mem_clock_mhz`` (current clocks, MHz),
+    ``gpu_sm_clock_max_mhz`` / ``gpu_mem_clock_max_mhz`` (maximum clocks, MHz),
+    ``gpu_power_limit_w`` (enforced power limit, W), ``gpu_count`` (all GPUs NVML sees),
+    ``gpus`` (a name per GPU) and ``nvml_error`` (None, or why the fields are None).
+    """
+    info: dict[str, Any] = dict.fromkeys(_GPU_FIELDS)
+    info.update(gpu_count=None, gpus=None, nvml_error=None)
+    try:
+        import pynvml
+    except ImportError as exc:
+        info["nvml_error"] = f"pynvml (nvidia-ml-py) not importable: {exc}"
+        return info
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError subclasses, OSError from the loader
+        info["nvml_error"] = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        return info
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        info["gpu_count"] = count
+        info["gpus"] = [
+            _decode(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(count)
+        ]
+        info["gpu_driver"] = _decode(pynvml.nvmlSystemGetDriverVersion())
+        if count == 0:
+            info["nvml_error"] = "NVML sees no GPU"
+            return info
+        selector = _visible_gpu_selector()
+        if selector.isdigit():
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(selector))
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(selector.encode())
+        info["gpu_name"] = _decode(pynvml.nvmlDeviceGetName(handle))
+        info["gpu_memory_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20
+        for key, query, clock in (
+            ("gpu_sm_clock_mhz", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM),
+            ("gpu_mem_clock_mhz", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM),
+            ("gpu_sm_clock_max_mhz", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
+            ("gpu_mem_clock_max_mhz", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_MEM),
+        ):
+            try:
+                info[key] = int(query(handle, clock))
+            except Exception:  # some GPUs (MIG, vGPU) refuse clock queries
+                info[key] = None
+        try:
+            info["gpu_power_limit_w"] = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+        except Exception:
+            info["gpu_power_limit_w"] = None
+    except Exception as exc:  # report, never crash a run over metadata
+        info["nvml_error"] = f"NVML query failed: {type(exc).__name__}: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return info
+
+
+def _torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as exc:
+        return {"torch": None, "torch_error": str(exc)}
+    cudnn = None
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except Exception:
+        cudnn = None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "torch_threads": torch.get_num_threads(),
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def collect() -> dict[str, Any]:
+    """The environment of this process, as a flat JSON-serialisable dict.
+
+    Keys: ``commit`` (40-hex HEAD SHA or None), ``dirty`` (bool, None outside a checkout),
+    ``date`` (UTC, ISO 8601), ``python``, ``torch``, ``cuda`` (``torch.version.cuda``),
+    ``cudnn`` (int, e.g. 90100, or None), ``cupy``, ``numpy`` (versions or None),
+    ``platform``, ``cpu_model``, ``cpu_count`` (logical cores), ``cpu_affinity`` (cores this
+    process may use), ``torch_threads``, ``tf32_matmul`` / ``tf32_cudnn`` (the
+    ``allow_tf32`` flags), ``float32_matmul_precision``, the GPU fields of ``gpu_info()``,
+    and ``env_vars`` (the thread and device variables that change timings).
+    """
+    commit, dirty = git_state()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    info: dict[str, Any] = {
+        "commit": commit,
+        "dirty": dirty,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+    }
+    info.update(_torch_info())
+    info.update(
+        {
+            "cupy": _cupy_version(),
+            "numpy": _version("numpy"),
+            "platform": platform.platform(),
+            "cpu_model": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "cpu_affinity": affinity,
+        }
+    )
+    info.update(gpu_info())
+    info["env_vars"] = {
+        k: os.environ[k]
+        for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        if k in os.environ
+    }
+    return info
+
+
+def format_env(info: dict[str, Any]) -> str:
+    """A two-column, human-readable table of ``info`` (as returned by ``collect()``)."""
+    rows: list[tuple[str, str]] = []
+    for key, value in info.items():
+        if isinstance(value, dict):
+            text = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        elif isinstance(value, (list, tuple)):
+            text = "; ".join(str(v) for v in value) or "-"
+        elif value is None:
+            text = "-"
+        else:
+            text = str(value)
+        rows.append((key, text))
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,170 @@
+"""Tests of impl.env: environment capture never crashes and records what ran where."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from impl import env
+
+EXPECTED_KEYS = {
+    "commit",
+    "dirty",
+    "date",
+    "python",
+    "torch",
+    "cuda",
+    "cudnn",
+    "cupy",
+    "numpy",
+    "platform",
+    "cpu_model",
+    "cpu_count",
+    "torch_threads",
+    "tf32_matmul",
+    "tf32_cudnn",
+    "gpu_name",
+    "gpu_driver",
+    "gpu_memory_mib",
+    "gpu_sm_clock_mhz",
+    "gpu_mem_clock_mhz",
+    "nvml_error",
+}
+
+
+def test_collect_keys_and_types() -> None:
+    info = env.collect()
+    assert EXPECTED_KEYS <= set(info)
+    assert re.fullmatch(r"[0-9a-f]{40}", info["commit"])  # the tests run inside the checkout
+    assert isinstance(info["dirty"], bool)
+    assert info["date"].endswith("+00:00") and info["date"][:2] == "20"
+    assert info["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert info["torch"] == torch.__version__
+    assert info["cuda"] == torch.version.cuda
+    assert info["numpy"] is not None
+    assert isinstance(info["cpu_count"], int) and info["cpu_count"] >= 1
+    assert info["torch_threads"] == torch.get_num_threads()
+    assert info["tf32_matmul"] is torch.backends.cuda.matmul.allow_tf32
+    assert info["tf32_cudnn"] is torch.backends.cudnn.allow_tf32
+    # GPU fields: filled together, or all None with a reason.
+    if info["gpu_name"] is None:
+        assert isinstance(info["nvml_error"], str) and info["nvml_error"]
+    else:
+        assert isinstance(info["gpu_memory_mib"], int) and info["gpu_memory_mib"] > 0
+    json.dumps(info)  # recorded in summary.json: must serialise
+
+
+def test_commit_matches_git() -> None:
+    def head() -> str:
+        return subprocess.run(
+            ["git", "-C", str(env.REPO_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    # HEAD may move while the suite runs in a shared tree: retry until it stood still.
+    for _ in range(5):
+        before, got, after = head(), env.git_state()[0], head()
+        if before == after:
+            assert got == before
+            break
+    else:
+        pytest.fail("HEAD kept moving")
+
+
+def test_git_state_outside_checkout(tmp_path: Path) -> None:
+    assert env.git_state(tmp_path) == (None, None)
+
+
+def test_git_state_dirty_flag(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    commit, dirty = env.git_state(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", commit) and dirty is False
+    (tmp_path / "untracked.txt").write_text("b")
+    assert env.git_state(tmp_path)[1] is False  # untracked files do not count
+    (tmp_path / "f.txt").write_text("changed")
+    assert env.git_state(tmp_path) == (commit, True)
+
+
+def test_nvml_missing_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    info = env.collect()
+    assert info["gpu_name"] is None and info["gpu_sm_clock_mhz"] is None
+    assert "pynvml" in info["nvml_error"]
+    assert "pynvml" in env.format_env(info)
+
+
+def test_nvml_init_failure_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+
+    def boom() -> None:
+        raise RuntimeError("driver not loaded")
+
+    fake.nvmlInit = boom
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    info = env.gpu_info()
+    assert info["gpu_name"] is None and "driver not loaded" in info["nvml_error"]
+
+
+def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+    fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
+    fake.nvmlInit = lambda: None
+    fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 2
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetName = lambda h: f"Fake GPU {h}".encode()
+    fake.nvmlSystemGetDriverVersion = lambda: "999.01"
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=81559 * 2**20)
+    fake.nvmlDeviceGetClockInfo = lambda h, c: {1: 1755, 2: 2619}[c]
+    fake.nvmlDeviceGetMaxClockInfo = lambda h, c: {1: 1980, 2: 2619}[c]
+
+    def no_power(h):
+        raise RuntimeError("not supported")
+
+    fake.nvmlDeviceGetEnforcedPowerLimit = no_power
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    info = env.gpu_info()
+    assert info["gpu_name"] == "Fake GPU 1"  # the first visible device, not index 0
+    assert info["gpus"] == ["Fake GPU 0", "Fake GPU 1"] and info["gpu_count"] == 2
+    assert info["gpu_driver"] == "999.01" and info["gpu_memory_mib"] == 81559
+    assert (info["gpu_sm_clock_mhz"], info["gpu_mem_clock_mhz"]) == (1755, 2619)
+    assert info["gpu_sm_clock_max_mhz"] == 1980
+    assert info["gpu_power_limit_w"] is None and info["nvml_error"] is None
+
+
+def test_format_env_mentions_versions() -> None:
+    info = env.collect()
+    text = env.format_env(info)
+    assert torch.__version__ in text
+    assert info["commit"] in text
+    lines = text.splitlines()
+    assert len(lines) == len(info)
+    # Aligned: every value starts at the same column.
+    col = len(max(info, key=len)) + 2
+    assert all(line[col - 2 : col] == "  " for line in lines)
+
+
+def test_format_env_renders_none_lists_and_dicts() -> None:
+    text = env.format_env({"a": None, "bb": ["x", "y"], "c": {"K": "v"}})
+    assert text.splitlines() == ["a   -", "bb  x; y", "c   K=v"]
+
+
+def test_import_does_not_touch_gpu() -> None:
+    code = "import impl.env, impl.data, torch, sys; sys.exit(int(torch.cuda.is_initialized()))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

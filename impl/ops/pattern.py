@@ -1,0 +1,423 @@
+"""Pattern-sparse operations of ClickTrain (Sec. 5.1 and 5.2): reference (torch) implementations.
+
+After ClickTrain finalizes a pattern for every kernel and removes unimportant kernels, the
+positions of the nonzero weights never change again. The paper therefore builds the CSR
+structure (``rowPtr``, ``colInd``) of each layer's filter matrix once (Sec. 5.1) and before
+every convolution only gathers the current weight values at those positions ("dense to CSR
+with predefined positions", ``Convert2CSR``), then runs a sparse-times-dense product (SpMM,
+Sec. 5.2) on the im2col matrix of the input.
+
+The filter matrix of a conv with weight ``[F, C, R, S]`` is ``F x (C*R*S)`` in im2col order
+(row ``f``, column ``c*R*S + r*S + s``), the order of ``weight.reshape(F, -1)`` and of
+``torch.nn.functional.unfold``.
+
+Every op takes ``impl``: ``"auto"`` (the default) picks the CUDA kernels when the tensors are
+on a GPU and the kernels load, the reference otherwise; ``"ref"`` forces the reference;
+``"cuda"`` forces the kernels. The CUDA kernels are not built yet, so ``"cuda"`` raises a
+``RuntimeError`` and ``"auto"`` always runs the reference. The reference multiplies with
+torch's own sparse CSR routines (MKL on CPU, cuSPARSE on GPU), which only ever touch the
+nonzero positions: its executed work is the sparse work.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+
+# dtypes torch's CPU sparse CSR routines accept; others are computed in float32 and cast back.
+_CPU_SPARSE_DTYPES = (torch.float32, torch.float64)
+
+
+def has_cuda_kernels() -> bool:
+    """Whether the CUDA pattern kernels are available (not yet: a later issue adds them)."""
+    return False
+
+
+def _resolve_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "cuda":
+        raise RuntimeError(
+            "CUDA kernels not available: the pattern ops' CUDA path is not built yet; "
+            "use impl='ref' or impl='auto'"
+        )
+    return "ref"
+
+
+# -- CSR structure ---------------------------------------------------------------------------
+
+
+def pattern_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR structure ``(row_ptr, col_ind)`` of the nonzero positions of a finalized mask.
+
+    Built once per layer after pattern finalization (Sec. 5.1): ``mask`` is ``[F, C, R, S]``
+    (a conv weight's shape) or ``[F, K]``, nonzero where a weight is kept. Rows are filters,
+    columns im2col positions ``c*R*S + r*S + s``; ``row_ptr`` has ``F + 1`` int64 entries,
+    ``col_ind`` one int64 column per kept weight, sorted within each row.
+    """
+    if mask.dim() < 2:
+        raise ValueError(f"mask must be [F, K] or [F, C, R, S], got {mask.dim()} dims")
+    flat = mask.reshape(mask.shape[0], -1) != 0
+    counts = flat.sum(dim=1)
+    row_ptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int64, device=mask.device)
+    row_ptr[1:] = torch.cumsum(counts, dim=0)
+    col_ind = flat.nonzero(as_tuple=True)[1].to(torch.int64)
+    return row_ptr, col_ind
+
+
+def csr_rows(row_ptr: torch.Tensor) -> torch.Tensor:
+    """Row index of every stored entry of a CSR matrix (the COO rows), int64."""
+    n_rows = row_ptr.numel() - 1
+    rows = torch.arange(n_rows, device=row_ptr.device, dtype=torch.int64)
+    return torch.repeat_interleave(rows, row_ptr.diff())
+
+
+def csr_transpose(
+    row_ptr: torch.Tensor, col_ind: torch.Tensor, n_cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CSR structure of the transposed matrix: ``(row_ptr_t, col_ind_t, perm)``.
+
+    ``values_t = values[perm]`` are the transposed matrix's values in its CSR order. The
+    backward pass multiplies by the transposed filter matrix (Sec. 5.2, backward phase).
+    """
+    n_rows = row_ptr.numel() - 1
+    rows = csr_rows(row_ptr)
+    key = col_ind * max(n_rows, 1) + rows
+    perm = torch.argsort(key, stable=True)
+    counts = torch.bincount(col_ind, minlength=n_cols)
+    row_ptr_t = torch.zeros(n_cols + 1, dtype=torch.int64, device=row_ptr.device)
+    row_ptr_t[1:] = torch.cumsum(counts, dim=0)
+    return row_ptr_t, rows[perm], perm
+
+
+class PatternIndex(NamedTuple):
+    """CSR structure of one layer's filter matrix and of its transpose, built once.
+
+    Args:
+        row_ptr: ``[F + 1]`` int64 row pointers of the ``F x K`` filter matrix.
+        col_ind: ``[nnz]`` int64 column of each kept weight.
+        t_row_ptr: ``[K + 1]`` row pointers of the transposed ``K x F`` matrix.
+        t_col_ind: ``[nnz]`` columns of the transposed matrix.
+        t_perm: ``[nnz]`` positions of the transposed matrix's values among ``values``.
+        shape: ``(F, K)``.
+    """
+
+    row_ptr: torch.Tensor
+    col_ind: torch.Tensor
+    t_row_ptr: torch.Tensor
+    t_col_ind: torch.Tensor
+    t_perm: torch.Tensor
+    shape: tuple[int, int]
+
+
+def pattern_index(mask: torch.Tensor) -> PatternIndex:
+    """The :class:`PatternIndex` of a finalized mask (``[F, C, R, S]`` or ``[F, K]``)."""
+    row_ptr, col_ind = pattern_positions(mask)
+    n_rows, n_cols = mask.shape[0], math.prod(mask.shape[1:])
+    t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+    return PatternIndex(row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (n_rows, n_cols))
+
+
+def _check_csr(row_ptr: torch.Tensor, col_ind: torch.Tensor, n_rows: int | None = None) -> None:
+    if row_ptr.dim() != 1 or col_ind.dim() != 1:
+        raise ValueError("row_ptr and col_ind must be 1-D")
+    if n_rows is not None and row_ptr.numel() != n_rows + 1:
+        raise ValueError(f"row_ptr must have {n_rows + 1} entries, got {row_ptr.numel()}")
+    if row_ptr.numel() and int(row_ptr[-1]) != col_ind.numel():
+        raise ValueError(
+            f"row_ptr[-1] = {int(row_ptr[-1])} must equal the number of columns in col_ind "
+            f"({col_ind.numel()})"
+        )
+
+
+# -- conversion -------------------------------------------------------------------------------
+
+
+def pattern_csr(
+    dense: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, impl: str = "auto"
+) -> torch.Tensor:
+    """CSR values of ``dense`` at predefined positions (Sec. 5.1, ``Convert2CSR``).
+
+    ``dense`` is ``[F, K]`` or a conv weight ``[F, C, R, S]`` (read as ``F x C*R*S``);
+    returns the ``[nnz]`` values ``dense[f, col_ind[j]]`` for ``row_ptr[f] <= j <
+    row_ptr[f + 1]``, in CSR order. Differentiable: the gradient flows back to the
+    positions read, and is zero elsewhere.
+    """
+    _resolve_impl(impl)
+    if dense.dim() < 2:
+        raise ValueError(f"dense must have at least 2 dims, got {dense.dim()}")
+    _check_csr(row_ptr, col_ind, dense.shape[0])
+    flat = dense.reshape(dense.shape[0], -1)
+    if col_ind.numel() and int(col_ind.max()) >= flat.shape[1]:
+        raise ValueError(f"col_ind has a column >= {flat.shape[1]} (the matrix's width)")
+    return flat[csr_rows(row_ptr), col_ind]
+
+
+# -- SpMM -------------------------------------------------------------------------------------
+
+
+def _csr(values: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, shape) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # torch marks sparse CSR as beta; the ops used here are stable since torch 2.0.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(row_ptr, col_ind, values, size=shape)
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.device.type == "cpu" and t.dtype not in _CPU_SPARSE_DTYPES:
+        return torch.float32
+    return t.dtype
+
+
+def _spmm_2d(values, row_ptr, col_ind, shape, b: torch.Tensor) -> torch.Tensor:
+    """``A @ b`` for CSR ``A`` of ``shape`` and dense ``[K, N]`` ``b``."""
+    dtype = _compute_dtype(b)
+    a = _csr(values.to(dtype), row_ptr, col_ind, shape)
+    return torch.sparse.mm(a, b.to(dtype)).to(b.dtype)
+
+
+def _sddmm_2d(row_ptr, col_ind, shape, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``(left @ right)`` sampled at the CSR positions: ``[nnz]`` values (SDDMM)."""
+    dtype = _compute_dtype(left)
+    zeros = torch.zeros(col_ind.numel(), dtype=dtype, device=left.device)
+    pattern = _csr(zeros, row_ptr, col_ind, shape)
+    out = torch.sparse.sampled_addmm(pattern, left.to(dtype), right.to(dtype), beta=0.0)
+    return out.values().to(left.dtype)
+
+
+def _to_2d(b: torch.Tensor) -> torch.Tensor:
+    """``[B, K, N] -> [K, B*N]`` (batch folded into the columns)."""
+    return b.permute(1, 0, 2).reshape(b.shape[1], -1)
+
+
+def _from_2d(c: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[F, B*N] -> [B, F, N]``."""
+    return c.reshape(c.shape[0], batch, -1).permute(1, 0, 2)
+
+
+class _PatternSpMM(torch.autograd.Function):
+    """``out = A @ B`` for CSR ``A`` with fixed positions; gradients only at those positions."""
+
+    @staticmethod
+    def forward(ctx, values, b, index: PatternIndex):  # type: ignore[override]
+        batched = b.dim() == 3
+        b2 = _to_2d(b) if batched else b
+        out = _spmm_2d(values, index.row_ptr, index.col_ind, index.shape, b2)
+        ctx.index = index
+        ctx.batch = b.shape[0] if batched else None
+        ctx.save_for_backward(values, b2)
+        return _from_2d(out, b.shape[0]) if batched else out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        values, b2 = ctx.saved_tensors
+        index: PatternIndex = ctx.index
+        g2 = _to_2d(grad_out) if ctx.batch is not None else grad_out
+        grad_values = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # SDDMM: dL/dA = grad_out @ B^T, only at the stored positions.
+            grad_values = _sddmm_2d(index.row_ptr, index.col_ind, index.shape, g2, b2.t())
+        if ctx.needs_input_grad[1]:
+            # dL/dB = A^T @ grad_out, with A^T in CSR from the precomputed transpose.
+            shape_t = (index.shape[1], index.shape[0])
+            values_t = values[index.t_perm]
+            gb = _spmm_2d(values_t, index.t_row_ptr, index.t_col_ind, shape_t, g2)
+            grad_b = _from_2d(gb, ctx.batch) if ctx.batch is not None else gb
+        return grad_values, grad_b, None
+
+
+def pattern_spmm(
+    values: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    dense_b: torch.Tensor,
+    impl: str = "auto",
+    *,
+    index: PatternIndex | None = None,
+) -> torch.Tensor:
+    """Sparse (CSR, predefined positions) times dense matrix product (Sec. 5.2).
+
+    ``A`` is the ``F x K`` CSR matrix ``(values, row_ptr, col_ind)`` with ``K =
+    dense_b.shape[-2]``; ``dense_b`` is ``[K, N]`` or batched ``[B, K, N]``; returns ``A @
+    dense_b``: ``[F, N]`` or ``[B, F, N]``. Differentiable in ``values`` (gradient at the
+    stored positions only, an SDDMM) and in ``dense_b`` (``A^T @ grad``). ``index`` may pass
+    a precomputed :class:`PatternIndex` with the transposed structure, saving its
+    construction on every call.
+    """
+    _resolve_impl(impl)
+    if dense_b.dim() not in (2, 3):
+        raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
+    _check_csr(row_ptr, col_ind)
+    if values.shape != col_ind.shape:
+        raise ValueError(f"values {tuple(values.shape)} must match col_ind {tuple(col_ind.shape)}")
+    n_cols = dense_b.shape[-2]
+    if col_ind.numel() and int(col_ind.max()) >= n_cols:
+        raise ValueError(f"col_ind has a column >= {n_cols} (rows of dense_b)")
+    if index is None:
+        t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+        index = PatternIndex(
+            row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (row_ptr.numel() - 1, n_cols)
+        )
+    return _PatternSpMM.apply(values, dense_b, index)
+
+
+# -- convolution ------------------------------------------------------------------------------
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def pattern_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    pattern: PatternIndex | torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """2-D convolution with a pattern-sparse weight, as SpMM on the im2col matrix (Sec. 5.2).
+
+    ``x`` is ``[B, C, H, W]``, ``weight`` the dense-shaped ``[F, C, R, S]`` parameter and
+    ``pattern`` its kept positions: a :class:`PatternIndex` (built once with
+    :func:`pattern_index`) or a mask of ``weight``'s shape. Forward: the weight's values at
+    the kept positions (:func:`pattern_csr`) times ``unfold(x)``. Backward: the input
+    gradient is the transposed sparse filter matrix times the output gradient, folded back
+    (col2im); the weight gradient is computed only at the kept positions (SDDMM) and is
+    exactly zero elsewhere. Equals ``conv2d(x, weight * mask, ...)``. Groups are not
+    supported.
+    """
+    if x.dim() != 4 or weight.dim() != 4:
+        raise ValueError(
+            f"x must be [B, C, H, W] and weight [F, C, R, S]; got {tuple(x.shape)}, "
+            f"{tuple(weight.shape)}"
+        )
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"x has {x.shape[1]} channels but weight expects {weight.shape[1]} (groups unsupported)"
+        )
+    index = pattern if isinstance(pattern, PatternIndex) else pattern_index(pattern)
+    f_out, k = weight.shape[0], weight[0].numel()
+    if index.shape != (f_out, k):
+        raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    r, s = weight.shape[2], weight.shape[3]
+    h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)  # [B, K, L]
+    values = pattern_csr(weight, index.row_ptr, index.col_ind, impl=impl)
+    out = pattern_spmm(values, index.row_ptr, index.col_ind, cols, impl=impl, index=index)
+    out = out.reshape(x.shape[0], f_out, h_out, w_out)
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    return out
+
+
+class PatternConv2d(nn.Module):
+    """A conv whose weight keeps only fixed positions, run as pattern SpMM (Sec. 5.2, stage 5).
+
+    The weight stays a dense-shaped ``[F, C, R, S]`` parameter (zero outside the mask), so a
+    model's state dict keeps its keys and the optimizer its parameter; the CSR structure is
+    built once from the mask and stored as buffers.
+
+    Args:
+        weight: the dense-shaped weight parameter (shared, not copied).
+        mask: kept positions, ``weight``'s shape.
+        bias: optional bias parameter.
+        stride, padding, dilation: as for :class:`torch.nn.Conv2d`.
+        impl: ``"auto"``, ``"ref"`` or ``"cuda"`` (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        weight: nn.Parameter,
+        mask: torch.Tensor,
+        bias: nn.Parameter | None = None,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if mask.shape != weight.shape:
+            raise ValueError(f"mask {tuple(mask.shape)} must match weight {tuple(weight.shape)}")
+        _resolve_impl(impl)
+        self.weight = weight
+        self.bias = bias
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.impl = impl
+        self.in_channels, self.out_channels = weight.shape[1], weight.shape[0]
+        self.kernel_size = (weight.shape[2], weight.shape[3])
+        idx = pattern_index(mask.to(weight.device))
+        self.register_buffer("mask", (mask != 0).to(weight.device))
+        self.register_buffer("row_ptr", idx.row_ptr)
+        self.register_buffer("col_ind", idx.col_ind)
+        self.register_buffer("t_row_ptr", idx.t_row_ptr)
+        self.register_buffer("t_col_ind", idx.t_col_ind)
+        self.register_buffer("t_perm", idx.t_perm)
+        with torch.no_grad():
+            self.weight.mul_(self.mask)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, mask: torch.Tensor, impl: str = "auto") -> PatternConv2d:
+        """Wrap ``conv``'s parameters (shared) with the kept positions ``mask``."""
+        if conv.groups != 1:
+            raise ValueError(f"PatternConv2d supports groups=1 only, got groups={conv.groups}")
+        if conv.padding_mode != "zeros":
+            raise ValueError(f"PatternConv2d needs padding_mode='zeros', got {conv.padding_mode}")
+        if isinstance(conv.padding, str):
+            raise ValueError("PatternConv2d needs numeric padding, not 'same'/'valid'")
+        return cls(
+            conv.weight, mask, conv.bias, conv.stride, conv.padding, conv.dilation, impl=impl
+        )
+
+    def index(self) -> PatternIndex:
+        """The layer's :class:`PatternIndex` (from its buffers)."""
+        k = self.weight[0].numel()
+        return PatternIndex(
+            self.row_ptr,
+            self.col_ind,
+            self.t_row_ptr,
+            self.t_col_ind,
+            self.t_perm,
+            (self.weight.shape[0], k),
+        )
+
+    def nnz(self) -> int:
+        """Number of kept weights."""
+        return int(self.col_ind.numel())
+
+    def executed_density(self) -> float:
+        """Fraction of the dense conv's multiply-adds this layer executes, in [0, 1].
+
+        The same for the forward pass, the input gradient and the weight gradient: each
+        touches only the ``nnz`` kept weights (SpMM, transposed SpMM, SDDMM).
+        """
+        return self.nnz() / max(self.weight.numel(), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return pattern_conv2d(
+            x,
+            self.weight,
+            self.index(),
+            self.bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            impl=self.impl,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, density={self.executed_density():.3f}"
+        )

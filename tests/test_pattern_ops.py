@@ -1,0 +1,265 @@
+"""Reference pattern ops (impl.ops.pattern) against dense torch computations, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.ops import (
+    PatternConv2d,
+    csr_transpose,
+    pattern_conv2d,
+    pattern_csr,
+    pattern_index,
+    pattern_positions,
+    pattern_spmm,
+)
+
+F64 = torch.float64
+
+
+def _random_mask(shape, density: float, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(shape, generator=gen, dtype=F64) < density
+
+
+def _csr_to_dense(values, row_ptr, col_ind, n_cols):
+    dense = torch.zeros(row_ptr.numel() - 1, n_cols, dtype=values.dtype)
+    for f in range(row_ptr.numel() - 1):
+        for j in range(int(row_ptr[f]), int(row_ptr[f + 1])):
+            dense[f, int(col_ind[j])] = values[j]
+    return dense
+
+
+def test_pattern_positions_small_known_mask():
+    mask = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    row_ptr, col_ind = pattern_positions(mask)
+    assert row_ptr.tolist() == [0, 2, 2, 5]
+    assert col_ind.tolist() == [1, 3, 0, 1, 2]
+    assert row_ptr.dtype == torch.int64 and col_ind.dtype == torch.int64
+
+
+def test_pattern_positions_conv_shape_uses_im2col_order():
+    mask = torch.zeros(2, 3, 3, 3, dtype=torch.bool)
+    mask[0, 1, 2, 0] = True  # column 1*9 + 2*3 + 0 = 15
+    mask[1, 2, 0, 1] = True  # column 2*9 + 0*3 + 1 = 19
+    row_ptr, col_ind = pattern_positions(mask)
+    assert row_ptr.tolist() == [0, 1, 2]
+    assert col_ind.tolist() == [15, 19]
+
+
+SHAPES = [(1, 1), (5, 7), (13, 29), (16, 144)]
+SHAPE_IDS = ["1x1", "5x7", "13x29", "16x144"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pattern_csr_gathers_values_in_row_order(shape):
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(shape, generator=gen, dtype=F64)
+    mask = _random_mask(shape, 0.4, gen)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = pattern_csr(dense, row_ptr, col_ind)
+    assert torch.equal(values, dense[mask])
+    assert torch.equal(_csr_to_dense(values, row_ptr, col_ind, shape[1]), dense * mask)
+
+
+def test_pattern_csr_gradient_only_at_positions():
+    gen = torch.Generator().manual_seed(2)
+    dense = torch.randn(7, 11, generator=gen, dtype=F64, requires_grad=True)
+    mask = _random_mask((7, 11), 0.3, gen)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = pattern_csr(dense, row_ptr, col_ind)
+    weights = torch.randn(values.shape, generator=gen, dtype=F64)
+    (values * weights).sum().backward()
+    expected = torch.zeros(7, 11, dtype=F64)
+    expected[mask] = weights
+    assert torch.equal(dense.grad, expected)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (13, 29), (16, 144)], ids=["5x7", "13x29", "16x144"])
+def test_csr_transpose_matches_dense_transpose(shape):
+    gen = torch.Generator().manual_seed(3)
+    dense = torch.randn(shape, generator=gen, dtype=F64) * _random_mask(shape, 0.35, gen)
+    row_ptr, col_ind = pattern_positions(dense)
+    values = pattern_csr(dense, row_ptr, col_ind)
+    row_ptr_t, col_ind_t, perm = csr_transpose(row_ptr, col_ind, shape[1])
+    rebuilt = _csr_to_dense(values[perm], row_ptr_t, col_ind_t, shape[0])
+    assert torch.equal(rebuilt, dense.t())
+
+
+SPMM_CASES = [
+    (1, 1, 1, None),
+    (5, 7, 3, None),
+    (13, 29, 31, None),
+    (17, 9, 23, 3),
+    (16, 144, 64, 2),
+]
+SPMM_IDS = ["1x1x1", "5x7x3", "13x29x31", "17x9x23_b3", "16x144x64_b2"]
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "batch"), SPMM_CASES, ids=SPMM_IDS)
+def test_pattern_spmm_matches_dense_matmul(rows, k, n, batch):
+    gen = torch.Generator().manual_seed(4)
+    mask = _random_mask((rows, k), 0.3, gen)
+    mask[0] = False  # an empty row
+    dense = torch.randn(rows, k, generator=gen, dtype=F64) * mask
+    shape_b = (k, n) if batch is None else (batch, k, n)
+    b = torch.randn(shape_b, generator=gen, dtype=F64)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = pattern_csr(dense, row_ptr, col_ind)
+    out = pattern_spmm(values, row_ptr, col_ind, b)
+    torch.testing.assert_close(out, dense @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_pattern_spmm_all_zero_matrix():
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = torch.zeros(0, dtype=F64)
+    out = pattern_spmm(values, row_ptr, col_ind, torch.randn(6, 5, dtype=F64))
+    assert out.shape == (4, 5) and torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["2d", "batched"])
+def test_pattern_spmm_gradients_match_dense(batch):
+    gen = torch.Generator().manual_seed(5)
+    mask = _random_mask((7, 13), 0.4, gen)
+    dense = torch.randn(7, 13, generator=gen, dtype=F64) * mask
+    shape_b = (13, 11) if batch is None else (batch, 13, 11)
+    b = torch.randn(shape_b, generator=gen, dtype=F64)
+    grad_out = torch.randn((7, 11) if batch is None else (batch, 7, 11), generator=gen, dtype=F64)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = pattern_csr(dense, row_ptr, col_ind).requires_grad_(True)
+    b1 = b.clone().requires_grad_(True)
+    pattern_spmm(values, row_ptr, col_ind, b1).backward(grad_out)
+    dense2 = dense.clone().requires_grad_(True)
+    b2 = b.clone().requires_grad_(True)
+    (dense2 @ b2).backward(grad_out)
+    torch.testing.assert_close(b1.grad, b2.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(values.grad, dense2.grad[mask], rtol=1e-12, atol=1e-12)
+
+
+def test_pattern_spmm_gradcheck():
+    gen = torch.Generator().manual_seed(6)
+    mask = _random_mask((5, 7), 0.5, gen)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = torch.randn(col_ind.numel(), generator=gen, dtype=F64, requires_grad=True)
+    b = torch.randn(2, 7, 3, generator=gen, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v, x: pattern_spmm(v, row_ptr, col_ind, x), (values, b))
+
+
+CONV_CASES = [
+    # batch, c_in, c_out, h, w, kernel, stride, padding, dilation, bias
+    (1, 1, 1, 5, 5, (3, 3), 1, 1, 1, False),
+    (3, 5, 7, 11, 13, (3, 3), 1, 1, 1, True),
+    (2, 3, 4, 9, 7, (3, 3), 2, 1, 1, False),
+    (2, 4, 3, 10, 10, (3, 3), 1, 0, 2, True),
+    (2, 3, 5, 8, 9, (1, 3), (1, 2), (0, 1), 1, False),
+    (2, 16, 16, 8, 8, (3, 3), 1, 1, 1, False),
+]
+CONV_IDS = ["tiny", "odd_bias", "stride2", "dil2_nopad", "1x3_mixed", "resnet_block"]
+
+
+@pytest.mark.parametrize(
+    ("batch", "c_in", "c_out", "h", "w", "kernel", "stride", "padding", "dilation", "bias"),
+    CONV_CASES,
+    ids=CONV_IDS,
+)
+def test_pattern_conv2d_matches_masked_dense_conv(
+    batch, c_in, c_out, h, w, kernel, stride, padding, dilation, bias
+):
+    gen = torch.Generator().manual_seed(7)
+    wshape = (c_out, c_in, *kernel)
+    mask = _random_mask(wshape, 0.4, gen)
+    weight = torch.randn(wshape, generator=gen, dtype=F64)
+    x = torch.randn(batch, c_in, h, w, generator=gen, dtype=F64)
+    b = torch.randn(c_out, generator=gen, dtype=F64) if bias else None
+    kwargs = {"stride": stride, "padding": padding, "dilation": dilation}
+
+    x1, w1 = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    out1 = pattern_conv2d(x1, w1, pattern_index(mask), b, **kwargs)
+    x2, w2 = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    out2 = F.conv2d(x2, w2 * mask, b, **kwargs)
+    torch.testing.assert_close(out1, out2, rtol=1e-12, atol=1e-12)
+
+    grad_out = torch.randn(out2.shape, generator=gen, dtype=F64)
+    out1.backward(grad_out)
+    out2.backward(grad_out)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(w1.grad[mask], w2.grad[mask], rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(w1.grad[~mask]) == 0
+
+
+def test_pattern_conv2d_accepts_mask_directly():
+    gen = torch.Generator().manual_seed(8)
+    mask = _random_mask((4, 3, 3, 3), 0.5, gen)
+    weight = torch.randn(4, 3, 3, 3, generator=gen, dtype=F64)
+    x = torch.randn(2, 3, 6, 6, generator=gen, dtype=F64)
+    out = pattern_conv2d(x, weight, mask, padding=1)
+    torch.testing.assert_close(out, F.conv2d(x, weight * mask, padding=1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_pattern_conv2d_low_precision_close_to_float64(dtype):
+    gen = torch.Generator().manual_seed(9)
+    mask = _random_mask((8, 5, 3, 3), 0.4, gen)
+    weight = torch.randn(8, 5, 3, 3, generator=gen, dtype=F64)
+    x = torch.randn(2, 5, 7, 7, generator=gen, dtype=F64)
+    ref = F.conv2d(x, weight * mask, padding=1)
+    out = pattern_conv2d(x.to(dtype), weight.to(dtype), pattern_index(mask), padding=1)
+    assert out.dtype == dtype
+    # judged against the same-precision dense conv's own error
+    base = F.conv2d(x.to(dtype), (weight * mask).to(dtype), padding=1)
+    err = (out.double() - ref).abs().max()
+    base_err = (base.double() - ref).abs().max()
+    assert err <= 4 * base_err + 1e-6
+
+
+def test_pattern_conv2d_module_from_conv():
+    gen = torch.Generator().manual_seed(10)
+    conv = nn.Conv2d(5, 6, 3, stride=2, padding=1, bias=True).double()
+    mask = _random_mask(conv.weight.shape, 0.3, gen)
+    dense_masked = conv.weight.detach() * mask
+    module = PatternConv2d.from_conv(conv, mask)
+    assert module.weight is conv.weight  # shared, so an optimizer's state stays valid
+    assert torch.equal(module.weight.detach(), dense_masked)  # zero outside the mask
+    x = torch.randn(3, 5, 9, 9, generator=gen, dtype=F64)
+    expected = F.conv2d(x, dense_masked, conv.bias, stride=2, padding=1)
+    torch.testing.assert_close(module(x), expected, rtol=1e-12, atol=1e-12)
+    assert module.executed_density() == pytest.approx(int(mask.sum()) / mask.numel())
+    assert module.nnz() == int(mask.sum())
+    assert {"weight", "bias", "mask", "row_ptr", "col_ind"} <= set(module.state_dict())
+
+
+def test_pattern_conv2d_module_rejects_groups():
+    conv = nn.Conv2d(4, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="groups"):
+        PatternConv2d.from_conv(conv, torch.ones_like(conv.weight, dtype=torch.bool))
+
+
+def test_impl_cuda_raises_clear_error_and_unknown_impl_is_valueerror():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    row_ptr, col_ind = pattern_positions(mask)
+    dense = torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match="CUDA kernels not available"):
+        pattern_csr(dense, row_ptr, col_ind, impl="cuda")
+    with pytest.raises(RuntimeError, match="CUDA kernels not available"):
+        pattern_spmm(torch.ones(6), row_ptr, col_ind, torch.randn(3, 2), impl="cuda")
+    with pytest.raises(ValueError, match="auto, ref, cuda"):
+        pattern_csr(dense, row_ptr, col_ind, impl="fast")
+    assert torch.equal(pattern_csr(dense, row_ptr, col_ind, impl="ref"), dense.flatten())
+
+
+def test_bad_csr_inputs_raise_valueerror():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    row_ptr, col_ind = pattern_positions(mask)
+    with pytest.raises(ValueError, match="entries"):
+        pattern_csr(torch.randn(3, 3), row_ptr, col_ind)
+    with pytest.raises(ValueError, match="row_ptr"):
+        pattern_csr(torch.randn(2, 3), row_ptr, col_ind[:-1])
+    with pytest.raises(ValueError, match="width"):
+        pattern_csr(torch.randn(2, 2), row_ptr, col_ind)
+    with pytest.raises(ValueError, match="rows of dense_b"):
+        pattern_spmm(torch.ones(6), row_ptr, col_ind, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="channels"):
+        pattern_conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 3, 3, 3), torch.ones(2, 3, 3, 3))

@@ -405,11 +405,12 @@ def load_trained_model(
     """Rebuild a run's model from its config and last checkpoint, in eval mode."""
     run_dir = Path(run_dir)
     cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
+    digest = cfg.digest()  # of the run as trained, before the device is changed for loading
     cfg.device = device
     trainer = Trainer(cfg, progress=False)
     ctx, method, _, _, _ = trainer._build()
     method.setup(ctx)
-    state = rundir.load_checkpoint(run_dir, cfg.digest())
+    state = rundir.load_checkpoint(run_dir, digest)
     if state is None:
         raise rundir.CheckpointError(f"{run_dir} has no checkpoint")
     method.load_state_dict(state["method"], ctx)

@@ -1,0 +1,180 @@
+"""The Trainer: run directories, summary keys, resume after SIGKILL, checkpoint errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from impl import rundir
+from impl.config import resolve
+from impl.train import RunExistsError, conv_weight_counts, load_trained_model, resume, train
+
+SUMMARY_KEYS = {
+    "status",
+    "method",
+    "model",
+    "data",
+    "scale",
+    "epochs",
+    "top1",
+    "compression_ratio",
+    "inference_flops",
+    "train_flops_nominal",
+    "train_flops_executed",
+    "fwd_ms",
+    "bwd_ms",
+    "comm_bytes_per_iter",
+    "wall_seconds",
+    "environment",
+}
+TIMING_KEYS = {
+    "fwd_ms",
+    "bwd_ms",
+    "epoch_seconds",
+    "wall_seconds",
+    "train_seconds",
+    "samples_per_second",
+}
+
+
+def _smoke_cfg(out: Path, **kw):
+    values = dict(method="dense", model="resnet20", data="digits", out=str(out), threads=1)
+    values.update(kw)
+    return resolve("smoke", **values)
+
+
+def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_path):
+    cfg = _smoke_cfg(tmp_path / "run", epochs=2)
+    summary = train(cfg, progress=False)
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["model"] == "resnet20"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1]
+    assert (run / "checkpoint.pt").exists()
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["status"] == "complete"
+    assert SUMMARY_KEYS <= set(on_disk)
+    assert summary["top1"] == on_disk["top1"]
+    assert 0.0 <= summary["top1"] <= 100.0
+    assert summary["fwd_ms"] > 0 and summary["bwd_ms"] > 0
+    assert summary["compression_ratio"] == pytest.approx(1.0)
+    assert summary["inference_flops"] > 0
+    assert summary["train_flops_nominal"] > summary["inference_flops"]
+    # No temporary files are left behind by the atomic writes.
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_existing_run_is_never_overwritten(tmp_path):
+    cfg = _smoke_cfg(tmp_path / "run", epochs=1)
+    train(cfg, progress=False)
+    before = (tmp_path / "run" / "summary.json").read_bytes()
+    with pytest.raises(RunExistsError, match="--resume"):
+        train(_smoke_cfg(tmp_path / "run", epochs=1), progress=False)
+    assert (tmp_path / "run" / "summary.json").read_bytes() == before
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path):
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=2)
+    train(cfg, progress=False)
+    (run / "summary.json").unlink()  # make it look killed
+    (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    metrics_before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(rundir.CheckpointError, match="cannot be read"):
+        resume(run, progress=False)
+    assert (run / "checkpoint.pt").read_bytes() == b"not a checkpoint"
+    assert (run / "metrics.jsonl").read_bytes() == metrics_before
+
+
+def test_foreign_checkpoint_is_rejected(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(_smoke_cfg(a, epochs=1), progress=False)
+    train(_smoke_cfg(b, epochs=1, seed=1), progress=False)
+    (b / "summary.json").unlink()
+    (b / "checkpoint.pt").write_bytes((a / "checkpoint.pt").read_bytes())
+    with pytest.raises(rundir.CheckpointError, match="another run"):
+        resume(b, progress=False)
+
+
+def test_load_trained_model_gives_the_run_weights(tmp_path):
+    run = tmp_path / "run"
+    train(_smoke_cfg(run, epochs=1), progress=False)
+    model, cfg = load_trained_model(run)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    assert cfg.model == "resnet20" and not model.training
+
+
+def test_conv_weight_counts_counts_zeros():
+    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+    with torch.no_grad():
+        conv.weight[:2].zero_()
+    assert conv_weight_counts(torch.nn.Sequential(conv)) == (108, 54)
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from impl.methods.dense import Dense
+    from impl import cli
+
+    KILL_AT = int(os.environ["KILL_AT_STEP"])
+
+    def after_step(self, ctx):
+        if ctx.step == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    Dense.after_step = after_step
+    sys.exit(cli.main(sys.argv[1:]))
+    """
+)
+
+
+def _cli(args, env_extra=None, code=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "impl.cli"]
+    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_mid_epoch_equals_uninterrupted_run(tmp_path):
+    common = [
+        "train", "--method", "dense", "--model", "resnet20", "--data", "digits",
+        "--scale", "smoke", "--epochs", "3", "--max-steps-per-epoch", "4",
+        "--threads", "1", "--no-progress",
+    ]  # fmt: skip
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = _cli(common + ["--out", str(whole)])
+    assert done.returncode == 0, done.stderr
+
+    # Killed by SIGKILL at step 6: in the middle of the second epoch (4 steps per epoch).
+    dead = _cli(common + ["--out", str(killed)], {"KILL_AT_STEP": "6"}, code=KILLER)
+    assert dead.returncode == -9
+    assert not (killed / "summary.json").exists()
+    assert len(rundir.read_metrics(killed)) == 1
+    assert torch.load(killed / "checkpoint.pt", weights_only=True)["epoch"] == 1
+
+    again = _cli(["train", "--resume", str(killed), "--no-progress"])
+    assert again.returncode == 0, again.stderr
+    assert json.loads((killed / "summary.json").read_text())["status"] == "complete"
+
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
+    b = torch.load(killed / "checkpoint.pt", weights_only=True)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(pa["momentum_buffer"], pb["momentum_buffer"])
+    ma, mb = rundir.read_metrics(whole), rundir.read_metrics(killed)
+    assert len(ma) == len(mb) == 3
+    for ra, rb in zip(ma, mb):
+        assert {k: v for k, v in ra.items() if k not in TIMING_KEYS} == {
+            k: v for k, v in rb.items() if k not in TIMING_KEYS
+        }

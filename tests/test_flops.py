@@ -1,0 +1,295 @@
+"""FLOPs accounting: hand counts, torch's FlopCounterMode, densities, PruneTrain's analytic cost."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from impl.flops import (
+    BN_DATA_GRAD_FLOPS,
+    BN_FORWARD_FLOPS,
+    BN_WEIGHT_GRAD_FLOPS,
+    FlopCounts,
+    LayerDensity,
+    paper_training_cost,
+    training_flops,
+)
+from impl.models import MODELS, STEMS, create
+
+
+def torch_counted(report) -> float:
+    """Our conv + linear multiply-add FLOPs of forward, data and weight gradient, without bias.
+
+    FlopCounterMode counts only matmuls and convolutions (bias additions are not counted), so
+    this is the part of our count it can check.
+    """
+    return sum(
+        2 * layer.macs * (1 + (layer.dense.data_grad > 0) + (layer.dense.weight_grad > 0))
+        for layer in report.layers
+        if layer.kind != "bn"
+    )
+
+
+def tiny_model() -> nn.Sequential:
+    # conv 3->5 (3x3, stride 2, pad 1, bias) on 7x7 -> 4x4; BN; flatten 80 -> linear 11.
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=True),
+        nn.BatchNorm2d(5),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(80, 11),
+    )
+
+
+def test_hand_count_conv_and_linear() -> None:
+    report = training_flops(tiny_model(), (3, 7, 7))
+    conv, bn, fc = report.layers
+    # conv: output 5x4x4 = 80 elements, each 3*3*3 = 27 multiply-adds -> 2_160 MACs.
+    assert (conv.name, conv.kind, conv.macs) == ("0", "conv", 2_160)
+    assert conv.out_shape == (5, 4, 4) and conv.in_shape == (3, 7, 7)
+    # forward 2*2_160 + 80 bias adds; no data gradient (the network input needs none);
+    # weight gradient 2*2_160 + 80 (bias gradient: a sum over the 16 positions per channel).
+    assert conv.dense == FlopCounts(4_400, 0, 4_400)
+    # BatchNorm: 80 elements at 5 / 6 / 3 FLOPs each.
+    assert bn.dense == FlopCounts(80 * 5, 80 * 6, 80 * 3)
+    # linear 80 -> 11: 880 MACs; forward 1_760 + 11 bias, data gradient 1_760, weight 1_760 + 11.
+    assert (fc.name, fc.macs) == ("4", 880)
+    assert fc.dense == FlopCounts(1_771, 1_760, 1_771)
+    assert report.dense.total == 4_400 * 2 + 80 * 14 + 1_771 * 2 + 1_760
+    # Dense weights (no zero) and dense kernels: the three counts agree.
+    assert report.nominal == report.executed == report.dense
+    assert report.forward == report.inference_flops == 4_400 + 400 + 1_771
+
+
+def test_hand_count_grouped_dilated_conv() -> None:
+    # groups 2, dilation 2, padding 2 on 9x9: output 4x9x9, each 3*3*3 MACs (6/2 channels).
+    conv = nn.Conv2d(6, 4, 3, groups=2, dilation=2, padding=2, bias=False)
+    report = training_flops(nn.Sequential(nn.Identity(), conv), (6, 9, 9))
+    (layer,) = report.layers
+    assert layer.macs == 4 * 81 * 27 == 8_748
+    assert layer.dense == FlopCounts(2 * 8_748, 0, 2 * 8_748)
+
+
+def test_input_layer_and_frozen_prefix_have_no_data_gradient() -> None:
+    model = create("resnet20")
+    report = training_flops(model, (3, 32, 32))
+    by_name = {layer.name: layer for layer in report.layers}
+    assert by_name["conv1"].dense.data_grad == 0 and by_name["conv1"].dense.weight_grad > 0
+    assert by_name["bn1"].dense.data_grad > 0
+    assert all(layer.dense.data_grad > 0 for layer in report.layers if layer.name != "conv1")
+
+    # Freeze the stem: no weight gradient there, and nothing before layer1 needs a data gradient.
+    for p in [*model.conv1.parameters(), *model.bn1.parameters()]:
+        p.requires_grad_(False)
+    frozen = {layer.name: layer for layer in training_flops(model, (3, 32, 32)).layers}
+    assert frozen["conv1"].dense == FlopCounts(by_name["conv1"].dense.forward, 0, 0)
+    assert frozen["bn1"].dense.data_grad == 0 and frozen["bn1"].dense.weight_grad == 0
+    assert frozen["layer1.0.conv1"].dense.data_grad == 0
+    assert frozen["layer1.0.conv2"].dense == by_name["layer1.0.conv2"].dense
+
+
+def test_nonzero_default_and_density_override() -> None:
+    model = tiny_model()
+    dense = training_flops(model, (3, 7, 7))
+    with torch.no_grad():
+        model[0].weight[:, :, :2] = 0  # zero rows 0-1 of every 3x3 kernel: 1/3 nonzero
+        model[4].weight[:, :20] = 0  # 60 of 80 inputs left: 3/4 nonzero
+    sparse = training_flops(model, (3, 7, 7))
+    conv, bn, fc = sparse.layers
+    assert conv.density == LayerDensity.uniform(1 / 3)
+    # Multiply-add terms scaled by 1/3; the 80 bias additions stay.
+    assert conv.nominal.forward == pytest.approx(2 * 2_160 / 3 + 80)
+    assert conv.nominal.weight_grad == pytest.approx(2 * 2_160 / 3 + 80)
+    assert fc.nominal == FlopCounts(1_320 + 11, 1_320, 1_320 + 11)
+    assert bn.nominal == bn.dense
+    # Dense kernels still execute everything.
+    assert sparse.executed == dense.dense
+    saved = (2 * 2_160 * 2 / 3) * 2 + (1_760 - 1_320) * 3
+    assert dense.total - sparse.total == pytest.approx(saved)
+
+    # An explicit density replaces the nonzero default, per kind of work.
+    override = {"4": LayerDensity(forward=0.25, data_grad=0.5, weight_grad=1.0)}
+    report = training_flops(model, (3, 7, 7), density=override)
+    fc = report.layers[2]
+    assert fc.density == override["4"]
+    assert fc.nominal == FlopCounts(440 + 11, 880, 1_760 + 11)
+    assert report.layers[0].nominal == conv.nominal  # the conv keeps its nonzero default
+    assert report.total - sparse.total == pytest.approx((451 - 1_331) + (880 - 1_320) + 440)
+
+
+class ThirdConv(nn.Conv2d):
+    """A convolution that claims to execute a fixed fraction of its work."""
+
+    def executed_density(self) -> LayerDensity:
+        return LayerDensity(0.3, 0.4, 0.5)
+
+
+def test_executed_density_of_a_sparse_module() -> None:
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1, bias=False), ThirdConv(4, 4, 1, bias=False))
+    report = training_flops(model, (2, 5, 5))
+    second = report.layers[1]
+    macs = 4 * 25 * 4
+    assert second.macs == macs
+    assert second.executed == FlopCounts(0.3 * 2 * macs, 0.4 * 2 * macs, 0.5 * 2 * macs)
+    assert second.nominal == second.dense == FlopCounts(2 * macs, 2 * macs, 2 * macs)
+    assert report.executed.total == report.dense.total - (0.7 + 0.6 + 0.5) * 2 * macs
+
+
+class Wrapper(nn.Module):
+    """A non-Conv2d sparse conv holding an inner nn.Conv2d (counted once, as the wrapper)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.weight = self.inner.weight
+
+    def executed_density(self) -> LayerDensity:
+        return LayerDensity.uniform(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_sparse_wrapper_counted_once_and_shared_module_summed() -> None:
+    wrapper = Wrapper()
+    shared = nn.Conv2d(3, 3, 1, bias=False)
+    model = nn.Sequential(wrapper, shared, shared)
+    report = training_flops(model, (3, 4, 4))
+    assert [(layer.name, layer.kind, layer.calls) for layer in report.layers] == [
+        ("0", "conv", 1),
+        ("1", "conv", 2),
+    ]
+    assert report.layers[0].executed.forward == 0.5 * 2 * 27 * 48
+    assert report.layers[1].macs == 2 * 48 * 3
+
+
+def test_bad_arguments_raise() -> None:
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"valid names: 0, 4"):
+        training_flops(model, (3, 7, 7), density={"1": LayerDensity()})
+    with pytest.raises(ValueError, match="positive ints"):
+        training_flops(model, (3, 0, 7))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        LayerDensity(forward=1.5)
+    with pytest.raises(ValueError, match="batch"):
+        paper_training_cost(model, (3, 7, 7), batch=0)
+
+
+def test_no_side_effects_on_the_model() -> None:
+    model = create("resnet20").train()
+    model.layer2.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    training_flops(model, (3, 32, 32))
+    paper_training_cost(model, (3, 32, 32), batch=8)
+    assert model.training and not model.layer2.training and model.layer3.training
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_to_rows_dataframe() -> None:
+    report = training_flops(create("resnet9"), (3, 32, 32))
+    df = pd.DataFrame(report.to_rows())
+    assert len(df) == len(report.layers) == 8 + 8 + 1  # convs, BNs, classifier
+    assert df["nominal_total"].sum() == pytest.approx(report.total)
+    assert df["executed_forward"].sum() == pytest.approx(report.executed.forward)
+    assert set(df["kind"]) == {"conv", "bn", "linear"}
+    assert {"density_forward", "executed_density_weight_grad", "in_shape", "macs"} <= set(df)
+
+
+def test_bn_constants() -> None:
+    # The documented per-element rule (module docstring) is what the counts use.
+    assert (BN_FORWARD_FLOPS, BN_DATA_GRAD_FLOPS, BN_WEIGHT_GRAD_FLOPS) == (5, 6, 3)
+
+
+CASES = [(name, "cifar", 32) for name in MODELS]
+CASES += [(name, "imagenet", 64) for name in MODELS if "imagenet" in STEMS[name]]
+
+
+@pytest.mark.parametrize(
+    ("name", "stem", "size"), CASES, ids=[f"{n}-{s}-{px}" for n, s, px in CASES]
+)
+def test_forward_matches_torch_flop_counter(name: str, stem: str, size: int) -> None:
+    # FlopCounterMode counts only matmuls and convolutions, without bias additions: compare it
+    # with our conv + linear forward FLOPs (within 1%, biases included), and exactly with
+    # their multiply-add part. Models are built on the meta device: shapes without weights.
+    with torch.device("meta"):
+        model = create(name, stem=stem).eval()
+    report = training_flops(model, (3, size, size))
+    with FlopCounterMode(display=False) as counter:
+        model(torch.empty(1, 3, size, size, device="meta"))
+    theirs = counter.get_total_flops()
+    ours = sum(layer.dense.forward for layer in report.layers if layer.kind != "bn")
+    assert ours == pytest.approx(theirs, rel=0.01)
+    assert sum(2 * layer.macs for layer in report.layers if layer.kind != "bn") == theirs
+
+
+@pytest.mark.parametrize(
+    "name", ["resnet20", "vgg11", "resnet9"], ids=["resnet20", "vgg11", "resnet9"]
+)
+def test_training_step_matches_torch_flop_counter(name: str) -> None:
+    # Forward + backward of a real model with an input that needs no gradient: torch skips the
+    # first convolution's input gradient, as our count does.
+    model = create(name).eval()
+    report = training_flops(model, (3, 32, 32))
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, 3, 32, 32)).sum().backward()
+    assert torch_counted(report) == counter.get_total_flops()
+
+
+def test_resnet20_known_figure() -> None:
+    # CIFAR ResNet-20 with projection shortcuts: 40.81M multiply-adds per image (the commonly
+    # cited ~41M MACs / 0.04 GMACs); forward conv + linear FLOPs are twice that.
+    report = training_flops(create("resnet20"), (3, 32, 32))
+    macs = sum(layer.macs for layer in report.layers)
+    assert macs == 40_813_184
+    # Data gradient: everything but the stem conv (432 * 1024 MACs).
+    conv_dg = sum(layer.dense.data_grad for layer in report.layers if layer.kind != "bn")
+    assert conv_dg == 2 * (macs - 432 * 32 * 32)
+
+
+def test_paper_cost_hand_count() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
+    cost = paper_training_cost(model, (3, 8, 8), batch=16)
+    # conv: CRS*K*PQ = 27*8*64 = 13_824; data gradient (8+2)^2 * KRS*C = 100*72*3 = 21_600.
+    conv, bn, fc = cost.layers
+    assert conv["inference_macs"] == 13_824
+    assert conv["train_macs"] == 16 * (2 * 13_824 + 21_600)
+    assert bn["bn_accesses"] == 8 * 16 * 8 * 64
+    assert fc["train_macs"] == 3 * 16 * 8 * 4
+    assert cost.train_macs == 16 * 49_248 + 1_536
+    assert cost.train_flops == 2 * cost.train_macs
+    assert cost.inference_flops == 2 * (13_824 + 32)
+    assert cost.bn_accesses == 65_536
+
+
+def test_paper_cost_agrees_with_training_flops_on_inference() -> None:
+    model = create("resnet32")
+    cost = paper_training_cost(model, (3, 32, 32), batch=128)
+    report = training_flops(model, (3, 32, 32))
+    assert cost.inference_macs == sum(layer.macs for layer in report.layers)
+    ours = {layer.name: layer for layer in report.layers}
+    checked = 0
+    for row in cost.layers:
+        if row["type"] != "Conv2d" or row["R"] != 3 or row["H"] != row["P"]:
+            continue
+        # A 3x3 stride-1 conv: the paper's data gradient runs over the padded (H+2)^2 extent,
+        # i.e. (H+2)^2 / H^2 times the forward multiply-adds (our count: exactly 1x).
+        forward_macs = ours[row["name"]].macs
+        data_grad = row["train_macs"] / 128 - 2 * forward_macs
+        assert data_grad == forward_macs * (row["H"] + 2) ** 2 / row["H"] ** 2
+        checked += 1
+    assert checked == 1 + 3 * 2 * 5 - 2  # stem + 2 convs x 5 blocks x 3 stages - 2 strided
+    # Overall: forward + weight gradient (2x) + a data gradient inflated by 13% at 32x32 up
+    # to 56% at 8x8, and 4x for the strided convs (input extent): 3.44x the forward here.
+    assert cost.train_macs / 128 / cost.inference_macs == pytest.approx(3.44, abs=0.01)

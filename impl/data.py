@@ -279,16 +279,16 @@ class TensorLoader(Loader):
         params = None
         if self.augment is not None:
             # Drawn per image index (not per position), so independent of order and batch size.
-            params = self.augment.draw(n, _generator(self.seed, self.epoch, _AUGMENT))
+            drawn = self.augment.draw(n, _generator(self.seed, self.epoch, _AUGMENT))
+            params = tuple(p.to(self.device) for p in drawn)  # one copy per epoch
         order_dev = order.to(self.device)
         for i in range(len(self)):
-            idx_cpu = order[i * bs : (i + 1) * bs]
             idx = order_dev[i * bs : (i + 1) * bs]
             x = self.images[idx].to(torch.float32)
             if self._scale != 1.0:
                 x = x * self._scale
             if params is not None:
-                dy, dx, flip = (p[idx_cpu].to(self.device) for p in params)
+                dy, dx, flip = (p[idx] for p in params)
                 x = self.augment.apply(x, dy, dx, flip)
             x = (x - self._mean) * self._inv_std
             yield x.contiguous(), self.labels[idx]

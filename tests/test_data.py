@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -345,6 +348,103 @@ def test_imagenet_missing_directory(tmp_path: Path) -> None:
         make_loaders("imagenet", 8, data_dir=tmp_path)
     with pytest.raises(DatasetMissingError, match="no data_dir"):
         make_loaders("imagenet", 8)
+
+
+def _fake_torchvision(calls: list[str]) -> types.ModuleType:
+    """A stand-in for torchvision: ImageFolder over a directory of class folders, whose
+    items are a small random image per file and whose transforms record their names."""
+
+    class Step:
+        def __init__(self, name: str, *args) -> None:
+            self.name, self.args = name, args
+
+        def __call__(self, x):
+            return x
+
+    class Compose:
+        def __init__(self, steps) -> None:
+            self.steps = steps
+            calls.append(" ".join(f"{s.name}{s.args}" for s in steps))
+
+        def __call__(self, x):
+            for step in self.steps:
+                x = step(x)
+            return x
+
+    class ImageFolder:
+        def __init__(self, root: str, transform) -> None:
+            self.classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+            self.samples = [
+                (f, i)
+                for i, c in enumerate(self.classes)
+                for f in sorted((Path(root) / c).iterdir())
+            ]
+            self.targets = [t for _, t in self.samples]
+            self.transform = transform
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, i: int):
+            g = torch.Generator().manual_seed(i)
+            return self.transform(torch.rand(3, 8, 8, generator=g)), self.samples[i][1]
+
+    tv = types.ModuleType("torchvision")
+    tv.datasets = types.SimpleNamespace(ImageFolder=ImageFolder)
+    names = ("RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize", "Resize")
+    steps = {n: functools.partial(Step, n) for n in (*names, "CenterCrop")}
+    tv.transforms = types.SimpleNamespace(Compose=Compose, **steps)
+    return tv
+
+
+def _image_tree(root: Path, counts: dict[str, tuple[int, int]]) -> None:
+    for cls, (n_train, n_val) in counts.items():
+        for split, n in (("train", n_train), ("val", n_val)):
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                (root / split / cls / f"{i}.JPEG").write_bytes(b"")
+
+
+def test_imagenet_wraps_imagefolder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision(calls))
+    _image_tree(tmp_path, {"n01": (7, 2), "n02": (4, 3), "n03": (2, 1)})
+    train, test, spec = make_loaders("imagenet", 5, data_dir=tmp_path, seed=3, num_workers=0)
+    assert (spec.num_classes, spec.train_size, spec.test_size, spec.image_size) == (3, 13, 6, 224)
+    assert spec.class_names == ("n01", "n02", "n03") and not spec.synthetic
+    assert calls[0].startswith("RandomResizedCrop(224,) RandomHorizontalFlip")
+    assert calls[1].startswith("Resize(256,) CenterCrop(224,)")
+    assert len(train) == 3 and len(test) == 1
+    train.set_epoch(1)
+    _, ya = _all(train)
+    train.set_epoch(1)
+    _, yb = _all(train)
+    train.set_epoch(2)
+    _, yc = _all(train)
+    assert torch.equal(ya, yb) and not torch.equal(ya, yc)
+    assert torch.equal(torch.sort(ya).values, torch.tensor([0] * 7 + [1] * 4 + [2] * 2))
+    train.batch_size = 4
+    assert len(train) == 4 and [len(y) for _, y in train] == [4, 4, 4, 1]
+    _, yt = _all(test)
+    assert yt.tolist() == [0, 0, 1, 1, 1, 2]  # unshuffled
+    calls.clear()
+    make_loaders("imagenet", 5, data_dir=tmp_path, augment=False, num_workers=0)
+    assert calls[0].startswith("Resize(256,) CenterCrop(224,)")
+
+
+def test_imagenet_class_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (2, 1), "n02": (2, 0)})
+    (tmp_path / "val" / "n02").rmdir()
+    with pytest.raises(ValueError, match="class folders must match"):
+        make_loaders("imagenet", 5, data_dir=tmp_path, num_workers=0)
+
+
+def test_imagenet_without_torchvision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    _image_tree(tmp_path, {"n01": (1, 1)})
+    with pytest.raises(ImportError, match="pip install torchvision"):
+        make_loaders("imagenet", 5, data_dir=tmp_path)
 
 
 def test_unknown_dataset_lists_names() -> None:

@@ -1,0 +1,367 @@
+"""Tests of ``impl.methods.sdgp.nm_prune`` against a plainly written reference (Python loops)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from impl.methods.sdgp import (
+    data_grad_density,
+    nm_keep_mask,
+    nm_prune,
+    nm_prune_ref,
+)
+
+EPS = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# the independent reference: loops over every group, no vectorisation, no torch.sort
+# ---------------------------------------------------------------------------------------------
+def loop_keep(x: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """Mask of NCHW ``x``: in every run of m channels at one (b, h, w) keep the n largest |x|.
+
+    Ties go to the lower channel; a partial last group of r channels keeps min(n, r).
+    """
+    vals = x.tolist()
+    nb, nc, nh, nw = x.shape
+    keep = [[[[False] * nw for _ in range(nh)] for _ in range(nc)] for _ in range(nb)]
+    for b in range(nb):
+        for h in range(nh):
+            for w in range(nw):
+                for start in range(0, nc, m):
+                    chans = list(range(start, min(start + m, nc)))
+                    ranked = sorted(chans, key=lambda c: (-abs(vals[b][c][h][w]), c))  # noqa: B023
+                    for c in ranked[:n]:
+                        keep[b][c][h][w] = True
+    return torch.tensor(keep)
+
+
+def loop_rescale(x: torch.Tensor, y: torch.Tensor, rule: str, eps: float = EPS) -> torch.Tensor:
+    """Rescale the pruned NCHW ``y`` so its L1 norm matches x's, per plane or per channel."""
+    out = y.clone()
+    nb, nc = x.shape[:2]
+    if rule == "plane":
+        for b in range(nb):
+            for c in range(nc):
+                sx = sum(abs(v) for v in x[b, c].flatten().tolist())
+                sy = sum(abs(v) for v in y[b, c].flatten().tolist())
+                out[b, c] = y[b, c] * (sx / (sy + eps))
+    else:
+        for c in range(nc):
+            sx = sum(abs(v) for v in x[:, c].flatten().tolist())
+            sy = sum(abs(v) for v in y[:, c].flatten().tolist())
+            out[:, c] = y[:, c] * (sx / (sy + eps))
+    return out
+
+
+def loop_prune(x: torch.Tensor, n: int, m: int, method: str, rescale: str = "plane"):
+    y = torch.where(loop_keep(x, n, m), x, torch.zeros((), dtype=x.dtype))
+    if method == "rescaled":
+        y = loop_rescale(x, y, rescale)
+    return y
+
+
+SHAPE_CASES = [
+    ((3, 12, 5, 7), 2, 4),
+    ((3, 12, 5, 7), 2, 6),
+    ((3, 12, 5, 7), 3, 6),
+    ((2, 16, 3, 5), 2, 8),
+    ((2, 32, 3, 3), 4, 32),
+    ((2, 16, 3, 5), 1, 16),
+    ((2, 13, 3, 5), 2, 4),  # partial last group of 1 channel: keeps min(2, 1) = 1
+    ((2, 10, 3, 5), 3, 4),  # partial last group of 2 channels: keeps 2
+    ((1, 7, 2, 3), 1, 4),
+    ((2, 5, 2, 2), 2, 32),  # one partial group only
+]
+SHAPE_IDS = [f"{'x'.join(map(str, s))}-{n}of{m}" for s, n, m in SHAPE_CASES]
+
+
+@pytest.mark.parametrize(("shape", "n", "m"), SHAPE_CASES, ids=SHAPE_IDS)
+def test_magnitude_kept_set_matches_loop_reference(shape, n, m):
+    x = torch.randn(shape)
+    got = nm_prune(x, n, m, "magnitude")
+    want = loop_prune(x, n, m, "magnitude")
+    assert torch.equal(got, want)
+    # at most n nonzeros in every group of m channels
+    nc = shape[1]
+    for start in range(0, nc, m):
+        count = (got[:, start : start + m] != 0).sum(dim=1)
+        assert int(count.max()) == min(n, min(start + m, nc) - start)
+
+
+@pytest.mark.parametrize(("shape", "n", "m"), SHAPE_CASES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("rule", ["plane", "channel"], ids=["plane", "channel"])
+def test_rescaled_matches_loop_reference(shape, n, m, rule):
+    x = torch.randn(shape, dtype=torch.float64)
+    got = nm_prune(x, n, m, "rescaled", rescale=rule)
+    want = loop_prune(x, n, m, "rescaled", rule)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    # the float32 path agrees with the float64 loop to float32 accuracy
+    got32 = nm_prune(x.float(), n, m, "rescaled", rescale=rule)
+    torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("n", "m"),
+    [(2, 4), (2, 8), (4, 32), (1, 16), (3, 6)],
+    ids=["2of4", "2of8", "4of32", "1of16", "3of6"],
+)
+def test_plane_rescale_l1_identity(n, m):
+    # Authors' rule: per (sample, channel) plane, sum|y| = sum|x| * S / (S + 1e-4), S = the
+    # magnitude-pruned plane's L1; with eps = 0 the L1 norm is preserved exactly.
+    x = torch.randn(3, 32, 5, 7, dtype=torch.float64)
+    mag = nm_prune(x, n, m, "magnitude")
+    s = mag.abs().sum(dim=(2, 3))
+    y = nm_prune(x, n, m, "rescaled", rescale="plane")
+    lhs = y.abs().sum(dim=(2, 3))
+    torch.testing.assert_close(lhs, x.abs().sum(dim=(2, 3)) * s / (s + EPS), rtol=1e-12, atol=0)
+    y0 = nm_prune(x, n, m, "rescaled", rescale="plane", eps=0.0)
+    # (a plane where nothing was kept stays zero rather than 0/0)
+    want0 = torch.where(s > 0, x.abs().sum(dim=(2, 3)), torch.zeros(()).double())
+    torch.testing.assert_close(y0.abs().sum(dim=(2, 3)), want0)
+    assert not torch.isnan(y0).any()
+    # kept positions are exactly those of magnitude pruning
+    assert torch.equal(y != 0, mag != 0)
+
+
+@pytest.mark.parametrize(
+    ("n", "m"), [(2, 4), (2, 8), (4, 32), (1, 16)], ids=["2of4", "2of8", "4of32", "1of16"]
+)
+def test_channel_rescale_l1_identity(n, m):
+    # Paper text: per channel over batch and spatial dims.
+    x = torch.randn(3, 32, 5, 7, dtype=torch.float64)
+    mag = nm_prune(x, n, m, "magnitude")
+    s = mag.abs().sum(dim=(0, 2, 3))
+    y = nm_prune(x, n, m, "rescaled", rescale="channel")
+    want = x.abs().sum(dim=(0, 2, 3)) * s / (s + EPS)
+    torch.testing.assert_close(y.abs().sum(dim=(0, 2, 3)), want, rtol=1e-12, atol=0)
+    # and the per-plane L1 is NOT preserved by the channel rule (the two rules differ)
+    assert not torch.allclose(y.abs().sum(dim=(2, 3)), x.abs().sum(dim=(2, 3)), rtol=1e-3)
+
+
+def test_paper_example_group():
+    # Sec. III-B: [1, 7, -3, 2] with n=2 becomes [0, 7, -3, 0].
+    x = torch.tensor([[1.0, 7.0, -3.0, 2.0]])
+    assert torch.equal(nm_prune(x, 2, 4, "magnitude", dim=1), torch.tensor([[0.0, 7.0, -3.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    ("values", "n", "kept"),
+    [
+        ([1.0, 1.0, 1.0, 1.0], 2, [0, 1]),
+        ([1.0, 2.0, -2.0, 1.0], 1, [1]),
+        ([-3.0, 3.0, 3.0, -3.0], 3, [0, 1, 2]),
+        ([0.5, 2.0, 0.5, 0.5], 2, [1, 0]),
+        ([0.0, -0.0, 0.0, 0.0], 2, [0, 1]),
+    ],
+    ids=["all-equal", "pair-tie", "sign-tie", "tie-after-max", "zeros"],
+)
+def test_ties_keep_lowest_index(values, n, kept):
+    x = torch.tensor(values)
+    mask = nm_keep_mask(x.abs(), n, 4, dim=0)
+    assert sorted(torch.nonzero(mask).flatten().tolist()) == sorted(kept)
+    y = nm_prune(x, n, 4, "magnitude", dim=0)
+    assert torch.equal(y != 0, mask & (x != 0))
+
+
+@pytest.mark.parametrize(
+    "method", ["random", "magnitude", "rescaled"], ids=["random", "magnitude", "rescaled"]
+)
+@pytest.mark.parametrize("rule", ["plane", "channel"], ids=["plane", "channel"])
+def test_channels_last_equals_nchw(method, rule):
+    x = torch.randn(3, 24, 5, 7)
+    xl = x.contiguous(memory_format=torch.channels_last)
+    g1 = torch.Generator().manual_seed(11)
+    g2 = torch.Generator().manual_seed(11)
+    y = nm_prune(x, 2, 8, method, rescale=rule, generator=g1)
+    yl = nm_prune(xl, 2, 8, method, rescale=rule, generator=g2)
+    assert yl.is_contiguous(memory_format=torch.channels_last)
+    assert y.is_contiguous()
+    if method == "rescaled":  # reduction order may differ with the layout
+        torch.testing.assert_close(yl, y, rtol=1e-6, atol=0)
+        assert torch.equal(yl != 0, y != 0)
+    else:
+        assert torch.equal(yl, y)
+
+
+@pytest.mark.parametrize(
+    "method", ["random", "magnitude", "rescaled"], ids=["random", "magnitude", "rescaled"]
+)
+def test_input_never_modified_and_shape_dtype_kept(method):
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        x = torch.randn(2, 12, 3, 5).to(dtype).contiguous(memory_format=torch.channels_last)
+        before = x.clone()
+        y = nm_prune(x, 2, 4, method, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(x, before)
+        assert y.shape == x.shape and y.dtype == dtype and y.data_ptr() != x.data_ptr()
+        assert int((y != 0).sum()) <= x.numel() // 2
+
+
+def test_other_dims_and_ranks():
+    # dim=-1 of a 2-D tensor (rows = batch): groups run along the last axis only
+    x = torch.randn(5, 12)
+    y = nm_prune(x, 1, 4, "magnitude", dim=-1)
+    want = loop_prune(x.T.reshape(1, 12, 5, 1), 1, 4, "magnitude").reshape(12, 5).T
+    assert torch.equal(y, want)
+    # groups never span another axis: moving the grouped axis moves the result with it
+    x4 = torch.randn(2, 3, 8, 5)
+    y4 = nm_prune(x4, 2, 4, "magnitude", dim=2)
+    assert torch.equal(y4.movedim(2, 1), nm_prune(x4.movedim(2, 1), 2, 4, "magnitude", dim=1))
+
+
+def test_empty_tensor():
+    x = torch.randn(0, 8, 3, 3)
+    assert nm_prune(x, 2, 4).shape == x.shape
+
+
+def test_n_equal_m_keeps_everything():
+    x = torch.randn(2, 8, 3, 3)
+    assert torch.equal(nm_prune(x, 4, 4, "magnitude"), x)
+    assert torch.equal(nm_prune(x, 4, 4, "random"), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# random pruning
+# ---------------------------------------------------------------------------------------------
+CHI2_5DOF_P001 = 20.515  # chi-square critical value, 5 degrees of freedom, p = 0.001
+
+
+def _chi2(counts: np.ndarray) -> float:
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def _subset_counts(masks: torch.Tensor) -> np.ndarray:
+    subsets = list(itertools.combinations(range(4), 2))
+    code = (masks.long() * torch.tensor([1, 2, 4, 8])).sum(dim=1)
+    return np.array([int((code == (1 << a) + (1 << b)).sum()) for a, b in subsets])
+
+
+def _authors_shuffle_kept(draws: int, rng: np.random.Generator) -> torch.Tensor:
+    """Kept masks of the authors' kernel: for pos in 0..m-1 swap idx[pos] with idx[floor(u*m)].
+
+    This naive swap-with-any-position shuffle has m**m equally likely paths onto m! orders, so
+    it is biased: for 2 of 4 the kept pair {1, 2} has probability 48/256 and {0, 3} 37/256
+    instead of 1/6 each.
+    """
+    idx = np.tile(np.arange(4), (draws, 1))
+    rows = np.arange(draws)
+    for pos in range(4):
+        r = np.minimum((rng.random(draws) * 4).astype(int), 3)
+        a, b = idx[rows, pos].copy(), idx[rows, r].copy()
+        idx[rows, pos], idx[rows, r] = b, a
+    keep = np.zeros((draws, 4), dtype=bool)
+    keep[rows, idx[:, 0]] = True
+    keep[rows, idx[:, 1]] = True
+    return torch.from_numpy(keep)
+
+
+def test_random_is_unbiased_chi_square():
+    # Every 2-subset of a group of 4 must be equally likely. 24,000 draws of one group: the
+    # authors' biased shuffle gives an expected statistic of ~210 against the threshold of
+    # 20.5 (p = 0.001); checked below on the same number of draws.
+    draws = 24_000
+    x = torch.randn(1, 4).expand(draws, 4).contiguous()  # the same group, drawn many times
+    y = nm_prune(x, 2, 4, "random", dim=1, generator=torch.Generator().manual_seed(1234))
+    counts = _subset_counts(y != 0)
+    assert counts.sum() == draws
+    assert _chi2(counts) < CHI2_5DOF_P001, counts
+    biased = _subset_counts(_authors_shuffle_kept(draws, np.random.default_rng(1234)))
+    assert _chi2(biased) > CHI2_5DOF_P001, biased
+
+
+def test_random_unbiased_for_large_group():
+    # 4 of 32: each position kept with probability 1/8 (chi-square over 32 positions, 31 dof,
+    # p = 0.001 critical value 61.1), and each group keeps exactly 4.
+    draws = 8_000
+    x = torch.randn(draws, 32)
+    y = nm_prune(x, 4, 32, "random", dim=1, generator=torch.Generator().manual_seed(7))
+    kept = (y != 0).sum(dim=0).numpy()
+    assert int((y != 0).sum(dim=1).max()) == 4 and int((y != 0).sum(dim=1).min()) == 4
+    assert _chi2(kept) < 61.1, kept
+    # values are copied unchanged where kept (no rescale for random)
+    assert torch.equal(y[y != 0], x[y != 0])
+
+
+def test_random_reproducible_from_generator():
+    x = torch.randn(4, 16, 5, 5)
+    a = nm_prune(x, 2, 4, "random", generator=torch.Generator().manual_seed(3))
+    b = nm_prune(x, 2, 4, "random", generator=torch.Generator().manual_seed(3))
+    c = nm_prune(x, 2, 4, "random", generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    g = torch.Generator().manual_seed(3)
+    first = nm_prune(x, 2, 4, "random", generator=g)
+    second = nm_prune(x, 2, 4, "random", generator=g)  # the generator advanced
+    assert torch.equal(first, a) and not torch.equal(second, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# implementations and errors
+# ---------------------------------------------------------------------------------------------
+def test_auto_uses_reference_on_cpu_and_cuda_raises():
+    x = torch.randn(2, 8, 3, 3)
+    assert torch.equal(nm_prune(x, 2, 4, impl="auto"), nm_prune_ref(x, 2, 4))
+    assert torch.equal(nm_prune(x, 2, 4, impl="ref"), nm_prune_ref(x, 2, 4))
+    with pytest.raises(RuntimeError, match="CUDA kernel of nm_prune is not available"):
+        nm_prune(x, 2, 4, impl="cuda")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n": 5, "m": 4}, r"1 <= n <= m <= 32"),
+        ({"n": 2, "m": 33}, r"1 <= n <= m <= 32"),
+        ({"n": 0, "m": 4}, r"1 <= n <= m <= 32"),
+        ({"n": -1, "m": 4}, r"1 <= n <= m <= 32"),
+        ({"n": 2.0, "m": 4}, r"1 <= n <= m <= 32"),
+        ({"n": 2, "m": 4, "method": "topk"}, r"valid: random, magnitude, rescaled"),
+        ({"n": 2, "m": 4, "rescale": "batch"}, r"valid: plane, channel"),
+        ({"n": 2, "m": 4, "impl": "triton"}, r"valid: auto, ref, cuda"),
+        ({"n": 2, "m": 4, "dim": 4}, r"dim must be an int in \[-4, 3\]"),
+    ],
+    ids=["n>m", "m>32", "n=0", "n<0", "float-n", "method", "rescale", "impl", "dim"],
+)
+def test_bad_arguments_raise_value_error(kwargs, match):
+    x = torch.randn(2, 8, 3, 3)
+    with pytest.raises(ValueError, match=match):
+        nm_prune(x, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.bool], ids=["int64", "int32", "bool"]
+)
+def test_non_floating_tensor_raises(dtype):
+    x = torch.ones(2, 8, 3, 3, dtype=dtype)
+    with pytest.raises(ValueError, match="floating-point"):
+        nm_prune(x, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("channels", "n", "m", "density"),
+    [(16, 2, 4, 0.5), (10, 2, 4, 0.6), (16, 4, 32, 0.25), (13, 1, 16, 1 / 13), (64, 4, 32, 0.125)],
+    ids=["16-2of4", "10-2of4", "16-4of32", "13-1of16", "64-4of32"],
+)
+def test_data_grad_density(channels, n, m, density):
+    assert math.isclose(data_grad_density(channels, n, m), density)
+    x = torch.randn(1, channels, 1, 1) + 10.0  # no zeros: count what is kept
+    kept = int((nm_prune(x, n, m, "magnitude") != 0).sum())
+    assert math.isclose(kept / channels, density)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["magnitude", "rescaled"], ids=["magnitude", "rescaled"])
+def test_cuda_tensor_matches_cpu(method):
+    x = torch.randn(4, 32, 7, 9)
+    want = nm_prune(x, 2, 4, method)
+    got = nm_prune(x.cuda(), 2, 4, method).cpu()
+    assert torch.equal(got != 0, want != 0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    yr = nm_prune(x.cuda(), 2, 4, "random", generator=g)
+    assert int((yr != 0).sum()) == x.numel() // 2

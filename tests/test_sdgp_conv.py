@@ -1,0 +1,343 @@
+"""Tests of the SDGP convolution, ``sdgp_convert`` and the ``SDGP`` method's hooks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_sdgp import loop_prune  # the loop reference (tests/ is on sys.path)
+from torch import nn
+
+import impl.models
+from impl.methods import create_method
+from impl.methods.base import TrainContext
+from impl.methods.sdgp import (
+    SDGP,
+    SDGPConfig,
+    SDGPConv2d,
+    nm_prune,
+    sdgp_convert,
+    sdgp_modules,
+    sdgp_plan,
+)
+
+
+def explicit_grad_input(g: torch.Tensor, conv: nn.Conv2d, in_shape: torch.Size) -> torch.Tensor:
+    """dL/dD = conv_transpose2d(dL/dO, W), written out with the output padding made explicit."""
+    pad = conv.padding
+    out_pad = []
+    for i in range(2):
+        size = (g.shape[2 + i] - 1) * conv.stride[i] - 2 * pad[i]
+        size += conv.dilation[i] * (conv.kernel_size[i] - 1) + 1
+        out_pad.append(in_shape[2 + i] - size)
+    return F.conv_transpose2d(
+        g,
+        conv.weight.detach(),
+        None,
+        conv.stride,
+        pad,
+        tuple(out_pad),
+        conv.groups,
+        conv.dilation,
+    )
+
+
+def _grads(module: nn.Module, x: torch.Tensor, g: torch.Tensor):
+    module.zero_grad(set_to_none=True)
+    xi = x.clone().requires_grad_(True)
+    out = module(xi)
+    out.backward(g)
+    bias = None if module.bias is None else module.bias.grad.clone()
+    return out.detach(), xi.grad, module.weight.grad.clone(), bias
+
+
+CONV_CASES = [
+    (2, 4, 32, 1, (9, 7)),
+    (2, 8, 32, 2, (9, 7)),
+    (4, 32, 32, 2, (8, 8)),
+    (1, 16, 32, 1, (5, 11)),
+    (2, 8, 12, 2, (7, 9)),  # 12 channels, m = 8: padded partial group
+]
+CONV_IDS = ["2of4", "2of8-s2", "4of32-s2", "1of16", "2of8-partial"]
+
+
+@pytest.mark.parametrize(("n", "m", "cout", "stride", "hw"), CONV_CASES, ids=CONV_IDS)
+@pytest.mark.parametrize("method", ["magnitude", "rescaled"], ids=["magnitude", "rescaled"])
+def test_sdgp_conv_gradients(n, m, cout, stride, hw, method):
+    conv = nn.Conv2d(5, cout, 3, stride=stride, padding=1, bias=True).double()
+    x = torch.randn(3, 5, *hw, dtype=torch.float64)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    out_dense, gx_dense, gw_dense, gb_dense = _grads(conv, x, g)
+
+    sd = SDGPConv2d.from_conv(conv, n, m, method)
+    assert sd.weight is conv.weight and sd.bias is conv.bias  # same Parameter objects
+    out, gx, gw, gb = _grads(sd, x, g)
+
+    assert torch.equal(out, out_dense)  # forward bit-identical
+    torch.testing.assert_close(gw, gw_dense, rtol=1e-13, atol=1e-13)  # dense dL/dO for dL/dW
+    torch.testing.assert_close(gb, gb_dense, rtol=1e-13, atol=1e-13)
+    pruned = loop_prune(g, n, m, method, "plane")  # the loop reference
+    torch.testing.assert_close(
+        gx, explicit_grad_input(pruned, conv, x.shape), rtol=1e-10, atol=1e-12
+    )
+    # and it really differs from the dense input gradient
+    assert not torch.allclose(gx, gx_dense, rtol=1e-3, atol=1e-6)
+
+
+def test_sdgp_conv_random_uses_generator():
+    conv = nn.Conv2d(6, 16, 3, padding=1, bias=False)
+    x = torch.randn(2, 6, 7, 7)
+    g = torch.randn(2, 16, 7, 7)
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "random", generator=torch.Generator().manual_seed(9))
+    _, gx, _, _ = _grads(sd, x, g)
+    pruned = nm_prune(g, 2, 4, "random", generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(gx, explicit_grad_input(pruned, conv, x.shape), rtol=1e-5, atol=1e-6)
+    assert 0.0 < sd.l1_ratio() < 1.0
+
+
+def test_sdgp_conv_float32_weight_grad_exact_and_channels_last():
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=True)
+    x = torch.randn(4, 8, 9, 9)
+    g = torch.randn(4, 16, 9, 9)
+    _, _, gw_dense, gb_dense = _grads(conv, x, g)
+    sd = SDGPConv2d.from_conv(conv, 2, 4)
+    out, gx, gw, gb = _grads(sd, x, g)
+    torch.testing.assert_close(gw, gw_dense, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gb, gb_dense, rtol=1e-6, atol=1e-6)
+    # channels-last activations and gradients: the same input gradient
+    xl = x.contiguous(memory_format=torch.channels_last)
+    gl = g.contiguous(memory_format=torch.channels_last)
+    outl, gxl, gwl, _ = _grads(sd, xl, gl)
+    torch.testing.assert_close(outl, out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gxl, gx, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gwl, gw, rtol=1e-4, atol=1e-5)
+
+
+def test_sdgp_conv_reflect_padding_and_no_grad_forward():
+    conv = nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect", bias=False).double()
+    x = torch.randn(2, 4, 6, 5, dtype=torch.float64)
+    g = torch.randn(2, 8, 6, 5, dtype=torch.float64)
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    out, gx, _, _ = _grads(sd, x, g)
+    assert torch.equal(out, conv(x))
+    with torch.no_grad():
+        assert torch.equal(sd(x), conv(x))
+    # reference: autograd through the pad of (conv with the pruned gradient)
+    xi = x.clone().requires_grad_(True)
+    xp = F.pad(xi, (1, 1, 1, 1), mode="reflect")
+    gi = F.conv_transpose2d(loop_prune(g, 2, 4, "magnitude"), conv.weight.detach(), None, 1, 0)
+    xp.backward(gi)
+    torch.testing.assert_close(gx, xi.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_sdgp_conv_bf16_autocast_backward_runs():
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    sd = SDGPConv2d.from_conv(conv, 2, 4)
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sd(x)
+        with torch.no_grad():
+            ref = conv(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    out.float().square().sum().backward()
+    assert x.grad.dtype == torch.float32 and conv.weight.grad.dtype == torch.float32
+    assert torch.isfinite(x.grad).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion of a whole model
+# ---------------------------------------------------------------------------------------------
+def test_convert_resnet20_keeps_parameters_and_forward():
+    torch.manual_seed(0)
+    model = impl.models.create("resnet20", num_classes=10, in_channels=3)
+    params_before = {name: p for name, p in model.named_parameters()}
+    state_before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 32, 32)
+    model.train()
+    out_before = model(x)
+    for k, v in state_before.items():  # restore BN statistics the forward changed
+        model.state_dict()[k].copy_(v)
+    sdgp_convert(model, 2, 4, "rescaled")
+    assert torch.equal(model(x), out_before)
+    params_after = dict(model.named_parameters())
+    assert params_after.keys() == params_before.keys()
+    assert all(params_after[k] is params_before[k] for k in params_before)
+    assert model.state_dict().keys() == state_before.keys()
+    convs = {k: v for k, v in model.named_modules() if isinstance(v, nn.Conv2d)}
+    sparse = sdgp_modules(model)
+    assert set(convs) - set(sparse) == {"conv1"}  # only the 3-channel stem stays dense
+    assert all(v.in_channels > 3 for v in sparse.values())
+    plan = {p.name: p for p in sdgp_plan(model, 2, 4)}
+    assert not plan["conv1"].sparse and "<= 3" in plan["conv1"].reason
+    # a second conversion reconfigures, it does not wrap twice
+    sdgp_convert(model, 1, 8, "magnitude")
+    assert all(
+        v.n == 1 and v.m == 8 and type(v) is SDGPConv2d for v in sdgp_modules(model).values()
+    )
+
+
+def _tiny(cout: int = 10) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, cout, 3, padding=1, stride=2, bias=False),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(cout, 4),
+    )
+
+
+@pytest.mark.parametrize("rule", ["pad", "dense"], ids=["pad", "dense"])
+def test_nondivisible_rule(rule):
+    model = _tiny(cout=10)  # 10 output channels, m = 4
+    sdgp_convert(model, 2, 4, nondivisible=rule)
+    plan = {p.name: p for p in sdgp_plan(model, 2, 4, rule)}
+    assert plan["3"].sparse and plan["3"].data_grad_density == 0.5
+    if rule == "pad":
+        assert isinstance(model[6], SDGPConv2d)
+        assert plan["6"].sparse and plan["6"].data_grad_density == pytest.approx(0.6)
+    else:
+        assert type(model[6]) is nn.Conv2d
+        assert not plan["6"].sparse and "not a multiple of m=4" in plan["6"].reason
+    with pytest.raises(ValueError, match="valid: pad, dense"):
+        sdgp_plan(model, 2, 4, "crop")
+
+
+def test_convert_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="1 <= n <= m <= 32"):
+        sdgp_convert(_tiny(), 3, 2)
+    with pytest.raises(ValueError, match="valid: random, magnitude, rescaled"):
+        sdgp_convert(_tiny(), 2, 4, "largest")
+    with pytest.raises(ValueError, match="valid: plane, channel"):
+        sdgp_convert(_tiny(), 2, 4, "rescaled", "sample")
+
+
+# ---------------------------------------------------------------------------------------------
+# the method's hooks
+# ---------------------------------------------------------------------------------------------
+def _ctx(model: nn.Module, seed: int = 5) -> TrainContext:
+    return TrainContext(
+        model=model,
+        optimizer=None,
+        config=SimpleNamespace(seed=seed),
+        device=torch.device("cpu"),
+        batch_size=4,
+        input_shape=(1, 12, 12),
+    )
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 1, 12, 12, generator=gen)
+    y = torch.randint(0, 4, (4,), generator=gen)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def test_method_registry_setup_train_and_summary():
+    method = create_method("sdgp", {"n": 2, "m": 4, "prune_method": "random", "profile_repeats": 1})
+    assert isinstance(method, SDGP) and method.name == "sdgp"
+    model = _tiny(cout=12)
+    ctx = _ctx(model)
+    method.setup(ctx)
+    assert len(sdgp_modules(model)) == 2
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    method.on_epoch_start(ctx)
+    for i in range(2):
+        _step(model, opt, i)
+    metrics = method.epoch_metrics(ctx)
+    assert 0.0 < metrics["sdgp_l1_ratio_mean"] < 1.0
+    summary = method.summary(ctx)
+    assert summary["sdgp_prune_method"] == "random" and summary["sdgp_rescale"] is None
+    assert summary["sdgp_sparse_layers"] == ["3", "6"]
+    assert list(summary["sdgp_dense_layers"]) == ["0"]
+    t = summary["sdgp_time"]
+    assert len(t["layers"]) == 3 and t["iteration_ms_measured"] > 0
+    assert t["est_saved_ms"] == pytest.approx(
+        sum(r["dgrad_ms"] * 0.5 for r in t["layers"] if r["sparse"])
+    )
+
+
+def test_method_summary_names_the_rescale_rule():
+    method = SDGP(SDGPConfig(rescale="channel", profile=False))
+    model = _tiny()
+    ctx = _ctx(model)
+    method.setup(ctx)
+    s = method.summary(ctx)
+    assert s["sdgp_rescale"] == "channel" and "paper" in s["sdgp_rescale_rule"]
+    assert "sdgp_time" not in s
+    assert s["sdgp_nondivisible"] == "pad" and "6" in s["sdgp_sparse_layers"]
+
+
+def test_method_resume_restores_generator():
+    cfg = SDGPConfig(prune_method="random", profile=False)
+    a = SDGP(cfg)
+    model_a = _tiny(cout=12)
+    a.setup(_ctx(model_a, seed=21))
+    opt = torch.optim.SGD(model_a.parameters(), lr=0.1)
+    _step(model_a, opt, 0)
+    state = a.state_dict()
+    weights = {k: v.clone() for k, v in model_a.state_dict().items()}
+    _step(model_a, opt, 1)
+    grads_a = [p.grad.clone() for p in model_a.parameters()]
+
+    b = SDGP(cfg)
+    model_b = _tiny(cout=12)
+    ctx_b = _ctx(model_b, seed=21)
+    b.setup(ctx_b)
+    b.load_state_dict(state, ctx_b)
+    model_b.load_state_dict(weights)
+    _step(model_b, torch.optim.SGD(model_b.parameters(), lr=0.1), 1)
+    for ga, p in zip(grads_a, model_b.parameters(), strict=True):
+        assert torch.equal(ga, p.grad)
+    # a fresh generator (no resume) would have drawn differently
+    c = SDGP(cfg)
+    model_c = _tiny(cout=12)
+    c.setup(_ctx(model_c, seed=21))
+    model_c.load_state_dict(weights)
+    _step(model_c, torch.optim.SGD(model_c.parameters(), lr=0.1), 1)
+    assert not torch.equal(grads_a[3], list(model_c.parameters())[3].grad)
+
+
+def test_method_load_state_converts_an_unconverted_model():
+    method = SDGP(SDGPConfig(profile=False))
+    model = _tiny()
+    method.load_state_dict({}, _ctx(model))
+    assert len(sdgp_modules(model)) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"n": 3, "m": 2}, "1 <= n <= m <= 32"),
+        ({"m": 64}, "1 <= n <= m <= 32"),
+        ({"prune_method": "l2"}, "valid: random, magnitude, rescaled"),
+        ({"rescale": "batch"}, "valid: plane, channel"),
+        ({"nondivisible": "skip"}, "valid: pad, dense"),
+        ({"profile_repeats": 0}, "profile_repeats must be >= 1"),
+    ],
+    ids=["n>m", "m>32", "method", "rescale", "nondivisible", "repeats"],
+)
+def test_method_validate(options, match):
+    method = create_method("sdgp", options)
+    with pytest.raises(ValueError, match=match):
+        method.validate(SimpleNamespace(seed=0))
+
+
+def test_method_cost_densities():
+    from impl.flops import LayerDensity
+
+    method = SDGP(SDGPConfig(n=1, m=8, profile=False))
+    cost = method.cost(_tiny(cout=12))
+    assert set(cost) == {"3", "6"}
+    assert cost["3"] == LayerDensity(forward=1.0, data_grad=1 / 8, weight_grad=1.0)
+    assert cost["6"].data_grad == pytest.approx(2 / 12)  # 12 channels: 8 + a padded 4

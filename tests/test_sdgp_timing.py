@@ -1,0 +1,98 @@
+"""Tests of SDGP's time accounting (per-conv forward / data-gradient / weight-gradient times)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from impl.methods.sdgp import sdgp_convert
+from impl.methods.sdgp_timing import (
+    capture_conv_shapes,
+    profile_conv_layers,
+    time_accounting,
+    time_ms,
+)
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1, stride=2, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 12, 1, bias=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(12, 5),
+    )
+
+
+def test_capture_conv_shapes_changes_no_state():
+    model = _model().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    shapes = capture_conv_shapes(model, (3, 11, 13), 2)
+    assert shapes["0"] == {
+        "input_shape": [2, 3, 11, 13],
+        "output_shape": [2, 8, 11, 13],
+        "data_grad_needed": False,
+    }
+    assert shapes["3"]["output_shape"] == [2, 16, 6, 7] and shapes["3"]["data_grad_needed"]
+    assert shapes["6"]["input_shape"] == [2, 16, 6, 7]
+    assert model.training
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(("n", "m"), [(2, 4), (1, 8)], ids=["2of4", "1of8"])
+def test_profile_conv_layers_rows(n, m):
+    model = sdgp_convert(_model(), n, m)
+    rows = profile_conv_layers(model, (3, 11, 13), 2, n, m, repeats=1)
+    assert [r["name"] for r in rows] == ["0", "3", "6"]
+    stem, mid, last = rows
+    for r in rows:
+        assert r["fwd_ms"] > 0 and r["dgrad_ms"] > 0 and r["wgrad_ms"] > 0
+    assert not stem["sparse"] and stem["prune_ms"] == 0.0 and stem["est_saved_ms"] == 0.0
+    assert mid["sparse"] and mid["prune_ms"] > 0
+    assert mid["est_saved_ms"] == pytest.approx(mid["dgrad_ms"] * (1 - n / m))
+    # 12 channels: m = 4 divides, m = 8 pads the last group of 4 (keeps min(1, 4) = 1)
+    density = {4: n / m, 8: 2 / 12}[m]
+    assert last["data_grad_density"] == pytest.approx(density)
+    assert last["est_saved_ms"] == pytest.approx(last["dgrad_ms"] * (1 - density))
+
+
+def test_time_accounting_totals_and_estimate():
+    model = sdgp_convert(_model(), 2, 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    acc = time_accounting(model, (3, 11, 13), 2, 2, 4, repeats=1, iteration_ms=12.5)
+    rows = acc["layers"]
+    assert acc["fwd_ms"] == pytest.approx(sum(r["fwd_ms"] for r in rows))
+    # the stem's data gradient is never computed in training: not counted
+    assert acc["dgrad_ms"] == pytest.approx(sum(r["dgrad_ms"] for r in rows[1:]))
+    assert acc["conv_total_ms"] == pytest.approx(acc["fwd_ms"] + acc["dgrad_ms"] + acc["wgrad_ms"])
+    # Sec. IV-C: 2:4 halves the data-gradient time of every pruned layer
+    assert acc["est_saved_ms"] == pytest.approx(acc["dgrad_ms"] / 2)
+    assert acc["est_saved_net_ms"] == pytest.approx(acc["est_saved_ms"] - acc["prune_ms"])
+    assert acc["iteration_ms_measured"] > 0 and acc["iteration_ms_trainer"] == 12.5
+    assert acc["est_saved_fraction_of_iteration"] == pytest.approx(
+        acc["est_saved_ms"] / acc["iteration_ms_measured"]
+    )
+    after = model.state_dict()  # the timed iteration ran on a copy
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_time_ms_median_and_errors():
+    calls = []
+    assert time_ms(lambda: calls.append(1), torch.device("cpu"), repeats=3, warmup=2) >= 0.0
+    assert len(calls) == 5
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        time_ms(lambda: None, torch.device("cpu"), repeats=0)
+
+
+@pytest.mark.gpu
+def test_profile_on_gpu_uses_cuda_events():
+    model = sdgp_convert(_model().cuda(), 2, 4)
+    rows = profile_conv_layers(model, (3, 32, 32), 8, 2, 4, repeats=2)
+    assert all(r["fwd_ms"] > 0 and r["dgrad_ms"] > 0 for r in rows)

@@ -27,6 +27,8 @@ class TrainConfig:
         stem: "cifar" or "imagenet" for the models that have both.
         data: dataset name (``impl.data.DATASETS``).
         data_dir: directory of a local dataset (CIFAR, ImageNet); unused by embedded data.
+        data_options: extra keyword arguments of :func:`impl.data.make_loaders` (e.g. the
+            shape of ``synthetic`` data: image_size, in_channels, num_classes, train_size).
         epochs: number of training epochs.
         batch_size: training batch size (samples per iteration, per process).
         eval_batch_size: batch size for evaluation.
@@ -57,6 +59,7 @@ class TrainConfig:
     stem: str = "cifar"
     data: str = "digits"
     data_dir: str | None = None
+    data_options: dict[str, Any] = field(default_factory=dict)
     epochs: int = 15
     batch_size: int = 128
     eval_batch_size: int = 512

@@ -108,6 +108,7 @@ class Trainer:
             augment=cfg.augment,
             device=self.device,
             eval_batch_size=cfg.eval_batch_size,
+            **cfg.data_options,
         )
         model = create(
             cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels, stem=cfg.stem
@@ -335,6 +336,7 @@ class Trainer:
             "model": cfg.model,
             "data": cfg.data,
             "data_synthetic": bool(getattr(spec, "synthetic", False)),
+            "data_spec": spec.to_dict(),
             "scale": cfg.scale,
             "seed": cfg.seed,
             "epochs": cfg.epochs,

@@ -590,7 +590,7 @@ class SDGPConfig(MethodConfig):
         nondivisible: for convs whose output channels are not a multiple of ``m``: ``pad``
             (the last group keeps min(n, r) of its r channels) or ``dense`` (layer unpruned).
         rescale_eps: additive constant in the rescale denominator (authors: 1e-4).
-        seed: seed of the random-pruning generator; ``None`` uses the run's seed.
+        prune_seed: seed of the random-pruning generator; ``None`` uses the run's seed.
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.
         profile_repeats: timed repeats per measurement (median; one warm-up before).
@@ -602,7 +602,7 @@ class SDGPConfig(MethodConfig):
     rescale: str = "plane"
     nondivisible: str = "pad"
     rescale_eps: float = RESCALE_EPS
-    seed: int | None = None
+    prune_seed: int | None = None
     profile: bool = True
     profile_repeats: int = 3
 
@@ -640,8 +640,8 @@ class SDGP(Method):
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
 
     def _seed(self, ctx: TrainContext) -> int:
-        if self.config.seed is not None:
-            return int(self.config.seed)
+        if self.config.prune_seed is not None:
+            return int(self.config.prune_seed)
         return int(getattr(ctx.config, "seed", 0) or 0)
 
     def setup(self, ctx: TrainContext) -> None:

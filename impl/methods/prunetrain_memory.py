@@ -1,0 +1,137 @@
+"""Memory of one training iteration, and PruneTrain's dynamic mini-batch rule.
+
+Lym et al., SC 2019, Sec. 4.3 and Sec. 5.3 (Fig. 9): after each reconfiguration the
+mini-batch grows in steps of 32 samples while one training iteration still fits the memory
+budget, and the learning rate grows by the same ratio (the Trainer rescales it when a method
+sets ``ctx.batch_size``). For CIFAR the paper keeps "similar device memory capacity
+utilization" as at the start (128 -> 320 over training, Fig. 9b); for ImageNet the budget is
+the device's capacity (Fig. 9a). Both are :func:`choose_batch` with a different budget.
+
+Two ways to know the memory of an iteration at batch ``B``:
+
+* analytic (any device): ``3 * parameter bytes`` (weights, gradients, SGD momentum) plus
+  ``B *`` the bytes autograd saves for backward per sample, counted exactly by running
+  batches of 1 and 2 under ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages,
+  parameters excluded). Workspace and transient gradients are not in it.
+* measured (CUDA): the peak allocated bytes of one forward + backward on a copy of the model,
+  plus resident weights and momentum.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _num_outputs(model: nn.Module, x: torch.Tensor) -> int:
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        n = model(x[:1]).shape[1]
+        model.train(was)
+    return int(n)
+
+
+def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr not in params and ptr != 0:
+            storages[ptr] = max(storages.get(ptr, 0), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+        y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        F.cross_entropy(out.float(), y)
+    return sum(storages.values())
+
+
+def activation_bytes_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Bytes autograd keeps for backward per training sample (the analytic estimate above).
+
+    Runs on a copy of ``model`` in training mode (the model's BatchNorm statistics are not
+    touched), on the model's device and dtype, with zero inputs of shape ``(B, *input_shape)``
+    for B = 1 and 2; the difference is the per-sample cost.
+    """
+    probe = copy.deepcopy(model).train()
+    p = next(probe.parameters())
+    x1 = torch.zeros((1, *input_shape), device=p.device, dtype=p.dtype)
+    x2 = torch.zeros((2, *input_shape), device=p.device, dtype=p.dtype)
+    return max(_saved_bytes(probe, x2) - _saved_bytes(probe, x1), 0)
+
+
+def estimate_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], batch: int) -> int:
+    """Analytic memory of one SGD-with-momentum iteration at ``batch``, in bytes."""
+    return 3 * _param_bytes(model) + batch * activation_bytes_per_sample(model, input_shape)
+
+
+def measure_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], batch: int) -> int:
+    """Measured memory of one iteration on CUDA at ``batch``, in bytes (see the module doc).
+
+    Runs one forward + backward of random data through a copy of ``model`` (which must be on
+    a CUDA device) and reads ``torch.cuda.max_memory_allocated``.
+    """
+    p = next(model.parameters())
+    if p.device.type != "cuda":
+        raise ValueError(f"measured memory needs a model on a CUDA device, not {p.device}")
+    probe = copy.deepcopy(model).train()
+    x = torch.randn((batch, *input_shape), device=p.device, dtype=p.dtype)
+    y = torch.randint(0, _num_outputs(probe, x), (batch,), device=p.device)
+    torch.cuda.synchronize(p.device)
+    base = torch.cuda.memory_allocated(p.device)
+    torch.cuda.reset_peak_memory_stats(p.device)
+    F.cross_entropy(probe(x).float(), y).backward()
+    torch.cuda.synchronize(p.device)
+    peak = torch.cuda.max_memory_allocated(p.device) - base
+    del probe, x, y
+    # resident weights (probe's copy was in ``base``) and the momentum buffers
+    return int(peak + 2 * _param_bytes(model))
+
+
+def choose_batch(
+    current: int,
+    initial: int,
+    budget: float,
+    memory: Callable[[int], float],
+    step: int = 32,
+    max_batch: int = 512,
+) -> int:
+    """The largest batch ``initial + k * step`` (k >= 0) with ``memory(batch) <= budget``.
+
+    Never below ``current`` (the batch only grows) nor above ``max(max_batch, current)``.
+    ``memory(batch)`` is the bytes of one iteration at ``batch`` (analytic or measured); the
+    search stops at the first candidate over the budget (memory grows with the batch).
+    """
+    if step < 1 or initial < 1 or current < 1:
+        raise ValueError(
+            f"step, initial and current must be >= 1, got {step}, {initial}, {current}"
+        )
+    best = current
+    candidate = initial
+    while candidate <= max_batch:
+        if candidate > best:
+            if memory(candidate) > budget:
+                break
+            best = candidate
+        candidate += step
+    return best
+
+
+__all__ = [
+    "activation_bytes_per_sample",
+    "choose_batch",
+    "estimate_iteration_bytes",
+    "measure_iteration_bytes",
+]

@@ -1,0 +1,145 @@
+"""Binary weight masks that keep pruned weights exactly zero through training.
+
+A pruning-during-training method that fixes a mask must make sure a pruned weight never comes
+back: not through its gradient, not through the optimizer's momentum (or Adam moments), and
+not through weight decay. :class:`MaskSet` holds one boolean mask per parameter (``True`` =
+kept) keyed by the parameter's qualified name (``"layer1.0.conv1.weight"``), and zeroes the
+pruned entries of:
+
+- the parameter itself (:meth:`MaskSet.apply_to_weights`),
+- its gradient (:meth:`MaskSet.apply_to_grads`), called after ``backward`` and before the
+  optimizer step,
+- every optimizer state tensor shaped like the parameter (SGD ``momentum_buffer``; Adam
+  ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) (:meth:`MaskSet.apply_to_optimizer`).
+
+Why that is enough: with the weight, its gradient and its state all zero at a pruned position,
+coupled weight decay adds ``wd * 0``, the momentum update gives ``mu * 0 + 0`` (Nesterov too),
+decoupled decay multiplies 0, and Adam divides a zero first moment by ``sqrt(0) + eps``; so the
+step leaves the weight exactly ``0.0``. :meth:`MaskSet.enforce` re-zeroes weights and state after
+the step as well, which costs one masked fill per layer and also covers optimizers the argument
+above does not (for instance ones with noise).
+
+Usage from a method's hooks::
+
+    masks = MaskSet()
+    masks.set("conv.weight", keep)            # bool tensor shaped like the weight
+    masks.enforce(model, optimizer)           # once, when the mask changes
+    ...
+    masks.apply_to_grads(model)               # after_backward
+    masks.enforce(model, optimizer)           # after_step
+
+Parameters are looked up by name on the model passed to each call (``model.get_parameter``),
+so a method that replaces modules only has to keep names stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class MaskSet:
+    """Boolean keep-masks for named parameters (``True`` keeps a weight, ``False`` prunes it)."""
+
+    def __init__(self, masks: dict[str, torch.Tensor] | None = None) -> None:
+        self._masks: dict[str, torch.Tensor] = {}
+        for name, mask in (masks or {}).items():
+            self.set(name, mask)
+
+    # -- container ---------------------------------------------------------------------------
+    def set(self, name: str, mask: torch.Tensor) -> None:
+        """Set the keep-mask of parameter ``name`` (any dtype; nonzero means kept)."""
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(f"mask for {name!r} must be a tensor, got {type(mask).__name__}")
+        self._masks[name] = mask.detach().to(torch.bool)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._masks[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._masks
+
+    def __len__(self) -> int:
+        return len(self._masks)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._masks)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, keep-mask)`` pairs in insertion order."""
+        return iter(self._masks.items())
+
+    # -- enforcement -------------------------------------------------------------------------
+    def _pruned(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        mask = self._masks[name]
+        if mask.shape != like.shape:
+            raise ValueError(
+                f"mask for {name!r} has shape {tuple(mask.shape)}, parameter {tuple(like.shape)}"
+            )
+        if mask.device != like.device:
+            mask = mask.to(like.device)
+            self._masks[name] = mask
+        return ~mask
+
+    @torch.no_grad()
+    def apply_to_weights(self, model: nn.Module) -> None:
+        """Set every pruned weight of ``model`` to exactly 0 (in place)."""
+        for name in self._masks:
+            p = model.get_parameter(name)
+            p.masked_fill_(self._pruned(name, p), 0.0)
+
+    @torch.no_grad()
+    def apply_to_grads(self, model: nn.Module) -> None:
+        """Set the gradient of every pruned weight to exactly 0 (parameters without a grad skip)."""
+        for name in self._masks:
+            p = model.get_parameter(name)
+            if p.grad is not None:
+                p.grad.masked_fill_(self._pruned(name, p), 0.0)
+
+    @torch.no_grad()
+    def apply_to_optimizer(self, optimizer: torch.optim.Optimizer | None, model: nn.Module) -> None:
+        """Zero the pruned entries of every optimizer state tensor shaped like its parameter."""
+        if optimizer is None:
+            return
+        for name in self._masks:
+            p = model.get_parameter(name)
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            pruned = self._pruned(name, p)
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                    value.masked_fill_(pruned, 0.0)
+
+    def enforce(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Zero pruned weights and their optimizer state (call after each step and mask change)."""
+        self.apply_to_weights(model)
+        self.apply_to_optimizer(optimizer, model)
+
+    # -- accounting --------------------------------------------------------------------------
+    def mask_sparsity(self) -> dict[str, float]:
+        """Fraction of entries each mask prunes (0 = dense, 1 = all pruned)."""
+        return {n: 1.0 - float(m.float().mean()) for n, m in self._masks.items() if m.numel()}
+
+    # -- persistence -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{name: bool tensor on CPU}``: loadable with ``torch.load(weights_only=True)``."""
+        return {name: mask.cpu().clone() for name, mask in self._masks.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace all masks by those of :meth:`state_dict`."""
+        self._masks = {}
+        for name, mask in state.items():
+            self.set(name, mask)
+
+
+def true_sparsity(tensor: torch.Tensor) -> float:
+    """Fraction of entries of ``tensor`` that are exactly zero (0 for an empty tensor)."""
+    n = tensor.numel()
+    return 0.0 if n == 0 else float((tensor == 0).sum()) / n
+
+
+__all__ = ["MaskSet", "true_sparsity"]

@@ -1,0 +1,174 @@
+"""Adversarial robustness under FGSM, as Campfire's Table 6 (Sec. 3.2 and 4.2).
+
+The Fast Gradient Sign Method (Goodfellow et al., 2014) perturbs every pixel by ``eps`` in the
+direction that increases the loss of the model being attacked ("to generate its own
+adversarial examples", Campfire Sec. 3.2): ``x_adv = clip(x + eps * sign(grad_x L(f(x), y)))``.
+Campfire used the PyTorch FGSM tutorial, which attacks images in ``[0, 1]`` with ``eps`` of
+0.05 to 0.3 and clips to ``[0, 1]``.
+
+Units: ``eps`` is in *pixel units*, on the ``[0, 1]`` scale of the raw images, before the
+dataset's normalisation (the loaders deliver ``(pixel - mean) / std``). The attack therefore
+un-normalises the batch, steps by ``eps * sign(grad)`` and clips in pixel space, then
+normalises again. The sign of the gradient is the same in both spaces because ``std > 0``
+(``d/d pixel = (d/d normalised) / std``). So ``eps = 0.1`` moves every pixel by a tenth of the
+full intensity range, whatever the dataset's statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FGSM_FILE = "fgsm.json"
+PIXEL_RANGE = (0.0, 1.0)
+
+
+def _stats(
+    mean: Sequence[float] | None, std: Sequence[float] | None, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    channels = x.shape[1]
+    shape = (1, channels) + (1,) * (x.dim() - 2)
+    m = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float32)
+    s = torch.ones(channels) if std is None else torch.as_tensor(std, dtype=torch.float32)
+    if m.numel() != channels or s.numel() != channels:
+        raise ValueError(f"mean/std need {channels} values, got {list(m)} / {list(s)}")
+    if not bool((s > 0).all()):
+        raise ValueError(f"std must be > 0, got {list(s)}")
+    return m.to(x.device, x.dtype).view(shape), s.to(x.device, x.dtype).view(shape)
+
+
+def fgsm_attack(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    *,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    pixel_range: tuple[float, float] = PIXEL_RANGE,
+) -> torch.Tensor:
+    """FGSM adversarial examples of the batch ``(x, y)`` against ``model`` itself.
+
+    Args:
+        model: the classifier attacked; run in eval mode during the attack (its training
+            flags are restored afterwards) and its parameter gradients are not touched.
+        x: normalised images ``(pixel - mean) / std``, ``[N, C, H, W]``.
+        y: integer labels ``[N]``.
+        eps: perturbation per pixel in pixel units on ``pixel_range`` (see the module
+            docstring), >= 0.
+        mean, std: the per-channel normalisation of ``x`` (None: ``x`` is in pixel units).
+        pixel_range: the valid pixel interval the adversarial image is clipped to.
+
+    Returns:
+        Normalised adversarial images shaped like ``x``: the clipped pixel image
+        ``clip(pixel + eps * sign(grad_pixel CE(model(x), y)), *pixel_range)`` normalised again.
+        ``eps = 0`` returns ``x`` unchanged.
+    """
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0 (pixel units), got {eps!r}")
+    if eps == 0:
+        return x.detach().clone()
+    m, s = _stats(mean, std, x)
+    modes = {mod: mod.training for mod in model.modules()}
+    model.eval()
+    try:
+        with torch.enable_grad():
+            xa = x.detach().clone().requires_grad_(True)
+            loss = F.cross_entropy(model(xa), y)
+            (grad,) = torch.autograd.grad(loss, xa)
+    finally:
+        for mod, mode in modes.items():
+            mod.training = mode
+    pixel = x.detach() * s + m
+    adv = (pixel + eps * grad.sign()).clamp(pixel_range[0], pixel_range[1])
+    return (adv - m) / s
+
+
+def fgsm_accuracy(
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    eps: float,
+    *,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    pixel_range: tuple[float, float] = PIXEL_RANGE,
+) -> float:
+    """Top-1 accuracy in % on FGSM examples of every batch of ``loader`` (Campfire Table 6)."""
+    correct = 0
+    seen = 0
+    modes = {mod: mod.training for mod in model.modules()}
+    model.eval()
+    try:
+        for x, y in loader:
+            adv = fgsm_attack(model, x, y, eps, mean=mean, std=std, pixel_range=pixel_range)
+            with torch.no_grad():
+                correct += int((model(adv).argmax(dim=1) == y).sum())
+            seen += int(y.numel())
+    finally:
+        for mod, mode in modes.items():
+            mod.training = mode
+    if seen == 0:
+        raise ValueError("the loader yielded no samples")
+    return 100.0 * correct / seen
+
+
+def eval_fgsm_run(
+    run_dir: str | os.PathLike, eps_list: Sequence[float], device: str = "cpu"
+) -> list[dict[str, Any]]:
+    """FGSM top-1 of a finished run's model on its test set, for each ``eps`` (pixel units).
+
+    Loads the model with :func:`impl.train.load_trained_model`, rebuilds the test loader with
+    :func:`impl.data.make_loaders` from the run's config (no augmentation), and writes
+    ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how).
+
+    Returns:
+        One ``{"eps": float, "top1": float}`` per entry of ``eps_list``, in order.
+    """
+    from impl.data import make_loaders
+    from impl.rundir import write_json
+    from impl.train import load_trained_model
+
+    eps_values = [float(e) for e in eps_list]
+    bad = [e for e in eps_values if not e >= 0]
+    if not eps_values or bad:
+        raise ValueError(f"eps_list needs values >= 0, got {list(eps_list)}")
+    run_dir = Path(run_dir)
+    model, cfg = load_trained_model(run_dir, device=device)
+    _, test_loader, spec = make_loaders(
+        cfg.data,
+        cfg.batch_size,
+        data_dir=cfg.data_dir,
+        seed=cfg.seed,
+        augment=False,
+        device=device,
+        eval_batch_size=cfg.eval_batch_size,
+    )
+    mean = spec.mean or None
+    std = spec.std or None
+    rows = [
+        {"eps": e, "top1": fgsm_accuracy(model, test_loader, e, mean=mean, std=std)}
+        for e in eps_values
+    ]
+    record = {
+        "attack": "FGSM against the model itself (Goodfellow et al. 2014; Campfire Sec. 3.2)",
+        "eps_units": "pixel intensity on [0, 1], before normalisation; clipped to [0, 1]",
+        "run_dir": str(run_dir),
+        "method": cfg.method,
+        "method_options": cfg.method_options,
+        "model": cfg.model,
+        "data": cfg.data,
+        "scale": cfg.scale,
+        "test_size": spec.test_size,
+        "rows": rows,
+    }
+    write_json(run_dir / FGSM_FILE, record)
+    return rows
+
+
+__all__ = ["FGSM_FILE", "eval_fgsm_run", "fgsm_accuracy", "fgsm_attack"]

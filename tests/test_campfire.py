@@ -1,0 +1,370 @@
+"""Campfire as a method: schedule, validation, the per-step masking loop, fixed masks, resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.config import TrainConfig, resolve
+from impl.flops import LayerDensity
+from impl.methods import TrainContext, create_method
+from impl.methods.campfire import (
+    Campfire,
+    CampfireConfig,
+    pruned_layers,
+    resolve_era,
+    sparsity_at,
+)
+
+
+# -- schedule ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("start", "era", "final"),
+    [(30, 20, 0.7), (0, 10, 0.6), (5, 3, 0.9), (2.5, 1.5, 0.4), (7, 1, 0.0)],
+    ids=["paper-30-50", "from-0", "cpu-5-8", "fractional", "zero-final"],
+)
+def test_schedule_ends_and_monotone(start, era, final) -> None:
+    assert sparsity_at(0.0, start, era, final) == 0.0
+    assert sparsity_at(start, start, era, final) == 0.0
+    assert sparsity_at(start + era, start, era, final) == pytest.approx(final)
+    assert sparsity_at(start + era + 10, start, era, final) == pytest.approx(final)
+    grid = [start - 1 + i * (era + 2) / 997 for i in range(998)]
+    values = [sparsity_at(max(e, 0.0), start, era, final) for e in grid]
+    assert all(b >= a for a, b in zip(values, values[1:], strict=False))
+    assert all(0.0 <= v <= final for v in values)
+
+
+def test_schedule_is_the_cubic_ramp() -> None:
+    # s_f + (0 - s_f)(1 - t)^3 at t = 1/2: 0.7 * (1 - 1/8)
+    assert sparsity_at(40, 30, 20, 0.7) == pytest.approx(0.7 * 7 / 8)
+    assert sparsity_at(40, 30, 20, 0.7, r=1) == pytest.approx(0.35)
+    # the paper's printed form s_f - (s_i + s_f)(1 - t)^r agrees for s_i = 0
+    t = 0.3
+    assert sparsity_at(30 + t * 20, 30, 20, 0.7) == pytest.approx(0.7 - 0.7 * (1 - t) ** 3)
+
+
+def test_schedule_era_zero_prunes_at_once() -> None:
+    assert sparsity_at(4.999, 5, 0, 0.5) == 0.0
+    assert sparsity_at(5, 5, 0, 0.5) == 0.5
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(final=1.0), dict(final=-0.1), dict(era=-1), dict(start=-2), dict(r=0)],
+    ids=["final-1", "final-neg", "era-neg", "start-neg", "r-0"],
+)
+def test_schedule_rejects_bad_arguments(kwargs) -> None:
+    args = dict(epoch=1.0, start=0, era=2, final=0.5, r=3)
+    args.update(kwargs)
+    with pytest.raises(ValueError):
+        sparsity_at(**args)
+
+
+# -- config and validation ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("epochs", "expected"),
+    [(90, (30, 20)), (15, (5, 3)), (2, (1, 1)), (1, (0, 1)), (7, (2, 2))],
+    ids=["e90", "e15", "e2", "e1", "e7"],
+)
+def test_default_era(epochs, expected) -> None:
+    start, era = resolve_era(CampfireConfig(), epochs)
+    assert (start, era) == expected
+    assert start + era <= epochs
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (dict(final_sparsity=1.0), "final_sparsity"),
+        (dict(final_sparsity=-0.01), "final_sparsity"),
+        (dict(start_epoch=8, era_epochs=5), "ends after training"),
+        (dict(start_epoch=13), "ends after training"),
+        (dict(mask="filter"), "unknown mask"),
+        (dict(fc_block=5), "fc_block"),
+        (dict(window_fraction=1.5), "window_fraction"),
+        (dict(window_rounding="global"), "window_rounding"),
+        (dict(ck_scope="filter"), "ck_scope"),
+        (dict(era_epochs=-1), "era_epochs"),
+        (dict(r=0.0), "r must"),
+    ],
+    ids=[
+        "final-1",
+        "final-neg",
+        "era-past-end",
+        "start-past-end",
+        "mask",
+        "fc-block",
+        "window-fraction",
+        "rounding",
+        "scope",
+        "era-neg",
+        "r",
+    ],
+)
+def test_validate_rejects_bad_config(options, match) -> None:
+    method = create_method("campfire", options)
+    with pytest.raises(ValueError, match=match):
+        method.validate(TrainConfig(method="campfire", epochs=12))
+
+
+@pytest.mark.parametrize("mask", ["combined", "window", "ck"], ids=["combined", "window", "ck"])
+def test_validate_accepts_good_config(mask) -> None:
+    method = create_method("campfire", dict(mask=mask, start_epoch=7, era_epochs=5))
+    method.validate(TrainConfig(method="campfire", epochs=12))  # era ends exactly at the end
+    assert isinstance(method, Campfire) and method.name == "campfire"
+
+
+def test_unknown_option_is_rejected_by_registry() -> None:
+    with pytest.raises(ValueError, match="unknown option"):
+        create_method("campfire", {"sparsity": 0.5})
+
+
+# -- which layers are pruned -------------------------------------------------------------------
+class Tiny(nn.Module):
+    """stem conv, a 3x3 conv, a 1x1 conv, global pool, linear: every kind Campfire handles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 6, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(6)
+        self.conv = nn.Conv2d(6, 10, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(10)
+        self.point = nn.Conv2d(10, 12, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(12)
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn0(self.stem(x)))
+        x = F.relu(self.bn1(self.conv(x)))
+        x = F.relu(self.bn2(self.point(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_pruned_layers_kinds_and_stem() -> None:
+    layers = pruned_layers(Tiny(), prune_fc=True, prune_stem=False)
+    assert [(x.module, x.kind) for x in layers] == [
+        ("conv", "conv"),
+        ("point", "pointwise"),
+        ("fc", "fc"),
+    ]
+    layers = pruned_layers(Tiny(), prune_fc=False, prune_stem=True)
+    assert [x.param for x in layers] == ["stem.weight", "conv.weight", "point.weight"]
+
+
+def test_pruned_layers_of_resnet20() -> None:
+    from impl.models import create
+
+    layers = pruned_layers(create("resnet20", in_channels=1), prune_fc=True, prune_stem=False)
+    kinds = {x.module: x.kind for x in layers}
+    assert "conv1" not in kinds
+    assert kinds["layer2.0.downsample.0"] == "pointwise"
+    assert kinds["fc"] == "fc"
+    assert sum(k == "conv" for k in kinds.values()) == 18
+
+
+# -- the training loop through the hooks -------------------------------------------------------
+START, ERA, EPOCHS, STEPS = 1, 2, 9, 10  # 60 steps after the era
+
+
+def _loop(method: Campfire, model: nn.Module, epochs: int, steps: int, seed: int = 0):
+    """Call the hooks as the Trainer does; yield (epoch, step index, ctx) after every step."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    ctx = TrainContext(model, None, TrainConfig(method="campfire", epochs=epochs), "cpu")
+    method.validate(ctx.config)
+    method.setup(ctx)
+    ctx.optimizer = opt
+    for epoch in range(epochs):
+        ctx.epoch = epoch
+        ctx.steps_per_epoch = steps
+        method.on_epoch_start(ctx)
+        for i in range(steps):
+            x = torch.randn(8, 1, 6, 6, generator=g)
+            y = torch.randint(0, 5, (8,), generator=g)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            method.after_backward(ctx)
+            opt.step()
+            method.after_step(ctx)
+            ctx.step += 1
+            yield epoch, i, ctx
+
+
+def _run(method: Campfire, model: nn.Module, epochs: int, steps: int) -> TrainContext:
+    """Run the whole loop; return the context."""
+    *_, (_, _, ctx) = _loop(method, model, epochs, steps)
+    return ctx
+
+
+def _zeros(model: nn.Module, method: Campfire) -> dict[str, torch.Tensor]:
+    return {x.param: model.get_parameter(x.param).detach() == 0 for x in method.layers}
+
+
+@pytest.mark.parametrize("mask", ["window", "ck", "combined"], ids=["window", "ck", "combined"])
+def test_loop_schedule_monotone_zeros_and_fixed_masks(mask) -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.7, mask=mask, start_epoch=START,
+                                     era_epochs=ERA))  # fmt: skip
+    prev = None
+    fixed_zeros = None
+    steps_after = 0
+    for epoch, i, ctx in _loop(method, model, EPOCHS, STEPS):
+        e = epoch + (i + 1) / STEPS
+        zeros = _zeros(model, method)
+        if e <= START + ERA:
+            expected = sparsity_at(e, START, ERA, 0.7)
+            assert method.target == pytest.approx(expected)
+            assert method.fixed == (e >= START + ERA)
+        if prev is not None:  # once zero, zero for the rest of training
+            for name in zeros:
+                assert bool((zeros[name] >= prev[name]).all()), (name, epoch, i)
+        prev = zeros
+        if method.fixed:
+            if fixed_zeros is None:
+                fixed_zeros = zeros
+                report = method.sparsity_report(model)
+                for layer in method.layers:
+                    w = model.get_parameter(layer.param)
+                    unit = 9 if layer.kind == "conv" else 4 if layer.kind == "fc" else 1
+                    got = report["layer_sparsity"][layer.module]
+                    assert got * w.numel() >= math.floor(0.7 * w.numel() + 0.5) - 1e-6
+                    assert got * w.numel() <= 0.7 * w.numel() + unit, layer.module
+            else:
+                steps_after += 1
+                for name in zeros:  # no drift: exactly the same zeros, step after step
+                    assert torch.equal(zeros[name], fixed_zeros[name]), name
+                for name, m in method.masks.items():
+                    p = model.get_parameter(name)
+                    assert bool((p[~m] == 0).all())
+                    buf = ctx.optimizer.state[p]["momentum_buffer"]
+                    assert bool((buf[~m] == 0).all())
+    assert steps_after >= 50
+    assert bool((model.stem.weight != 0).all())  # the stem stays dense
+    fc_rows = (model.fc.weight != 0).sum(dim=1)
+    assert bool((fc_rows >= 1).all())
+
+
+def test_window_loop_respects_per_kernel_cap() -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.7, mask="window", start_epoch=0,
+                                     era_epochs=1))  # fmt: skip
+    _run(method, model, 2, 5)
+    nz = (model.conv.weight != 0).reshape(60, 9).sum(dim=1)
+    assert int(nz.max()) <= math.ceil(0.3 * 9)
+    assert method.sparsity_report(model)["max_kernel_nonzeros"] == int(nz.max())
+
+
+def test_no_pruning_before_the_era() -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(start_epoch=2, era_epochs=1))
+    for epoch, i, _ in _loop(method, model, 3, 4):
+        if epoch == 2:  # the first step of the era prunes
+            assert i == 0 and len(method.masks) == 3
+            assert method.target == pytest.approx(sparsity_at(2.25, 2, 1, 0.7))
+            break
+        assert len(method.masks) == 0
+        assert method.sparsity_report(model)["sparsity"] == 0.0
+
+
+def test_metrics_summary_and_cost() -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", start_epoch=0, era_epochs=1))
+    ctx = _run(method, model, 1, 4)
+    ctx.input_shape = (1, 6, 6)
+    row = method.epoch_metrics(ctx)
+    json.dumps(row)
+    assert row["masks_fixed"] is True and row["target_sparsity"] == pytest.approx(0.5)
+    assert row["sparsity"] == pytest.approx(0.5, abs=9 / 372)
+    assert set(row["layer_sparsity"]) == {"conv", "point", "fc"}
+    assert 0 < row["conv_sparsity"] < row["sparsity"]  # the dense stem dilutes it
+    assert row["train_flops_nominal"] < row["train_flops_executed"]
+    cost = method.cost(model)
+    for name, density in cost.items():
+        assert isinstance(density, LayerDensity)
+        w = model.get_submodule(name).weight
+        assert density.forward == pytest.approx(float((w != 0).float().mean()))
+    summary = method.summary(ctx)
+    json.dumps(summary)
+    assert summary["pruning_era"] == [0, 1] and summary["mask"] == "ck"
+
+
+def test_state_dict_round_trip_restores_masks() -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(mask="combined", start_epoch=0, era_epochs=1))
+    ctx = _run(method, model, 2, 3)
+    buf = io.BytesIO()
+    torch.save(method.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    other = Campfire(CampfireConfig(mask="combined", start_epoch=0, era_epochs=1))
+    other.setup(ctx)
+    other.load_state_dict(state, ctx)
+    assert other.fixed and other.target == pytest.approx(method.target)
+    for name, m in method.masks.items():
+        assert torch.equal(other.masks[name], m)
+    bad = {"masks": {"nope.weight": torch.ones(2, dtype=torch.bool)}}
+    with pytest.raises(ValueError, match="does not prune"):
+        other.load_state_dict(bad, ctx)
+
+
+class Plain(nn.Module):
+    """conv -> BN -> ReLU -> pool -> linear, the chain where removed filters silence inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv = nn.Conv2d(4, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.conv(F.relu(self.stem(x)))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+@torch.no_grad()
+def test_fc_inputs_of_removed_filters_are_pruned() -> None:
+    model = Plain()
+    model.conv.weight[:2] = 0.0  # filters 0 and 1 removed (e.g. by CK)
+    model.conv.bias[:2] = 0.0
+    model.bn.bias[:2] = -0.1
+    method = Campfire(CampfireConfig(final_sparsity=0.2, mask="ck", fc_block=1))
+    ctx = TrainContext(model, None, TrainConfig(method="campfire", epochs=3), "cpu")
+    method.setup(ctx)
+    assert [f.linear for f in method.feeds] == ["fc"]
+    method.update_masks(model, 0.2)
+    assert bool((model.fc.weight[:, :2] == 0).all())  # pruned unscored: more than 20%
+    assert bool((model.fc.weight[:, 2:] != 0).all())
+
+
+# -- through the Trainer -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_smoke_run_through_trainer(tmp_path) -> None:
+    from impl.train import load_trained_model, train
+
+    cfg = resolve(
+        "smoke",
+        method="campfire",
+        method_options={"mask": "combined", "final_sparsity": 0.6},
+        model="resnet20",
+        data="digits",
+        out=str(tmp_path / "run"),
+        threads=1,
+    )
+    summary = train(cfg, progress=False)
+    assert summary["status"] == "complete"
+    assert summary["pruning_era"] == [1, 2]
+    assert summary["final_sparsity"] == pytest.approx(0.6, abs=0.01)
+    assert summary["train_flops_nominal"] < summary["train_flops_executed"]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert rows[0]["target_sparsity"] == 0.0 and rows[-1]["masks_fixed"] is True
+    model, _ = load_trained_model(tmp_path / "run")
+    w = model.get_parameter("layer1.0.conv1.weight")
+    assert float((w == 0).float().mean()) == pytest.approx(0.6, abs=9 / w.numel() + 1e-6)

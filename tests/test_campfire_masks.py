@@ -1,0 +1,330 @@
+"""Campfire's masks: window, CK, combined (convolutions), block/fine FC, dead classifier inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from impl.methods.campfire_masks import (
+    ck_mask,
+    classifier_feeds,
+    combined_mask,
+    count_at,
+    dead_inputs,
+    fc_mask,
+    kernel_scores,
+    window_mask,
+)
+
+# Conv shapes: real (ResNet-20 stages, 1x1 downsample) mixed with primes and odd sizes.
+SHAPES = [(16, 16, 3, 3), (64, 32, 3, 3), (7, 5, 3, 3), (13, 1, 3, 3), (1, 1, 3, 3), (3, 11, 5, 5)]
+SHAPE_IDS = ["16x16x3x3", "64x32x3x3", "7x5x3x3", "13x1x3x3", "1x1x3x3", "3x11x5x5"]
+SPARSITIES = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99]
+SPARSITY_IDS = [f"s{s}" for s in SPARSITIES]
+
+
+def _w(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g)
+
+
+def _nonzeros_per_kernel(mask: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(mask.shape[0] * mask.shape[1], -1).sum(dim=1)
+
+
+def test_count_at_rounds_half_up() -> None:
+    assert count_at(0.7, 10) == 7  # 7.000000000000001 in binary floating point
+    assert count_at(0.25, 2) == 1  # 0.5 rounds up
+    assert count_at(0.7, 2304) == 1613  # 1612.8
+    assert count_at(0.0, 5) == 0 and count_at(1.0, 5) == 5
+
+
+# -- window ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("s", SPARSITIES, ids=SPARSITY_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_window_mask_hits_target_and_per_kernel_cap(shape, s) -> None:
+    w = _w(shape)
+    mask = window_mask(w, s)
+    n = w.numel()
+    assert int((~mask).sum()) == count_at(s, n)  # exact layer sparsity
+    m = math.prod(shape[2:])
+    n_keep = n - count_at(s, n)
+    cap = math.ceil(n_keep / (shape[0] * shape[1]))
+    per_kernel = _nonzeros_per_kernel(mask)
+    assert int(per_kernel.max()) <= cap <= m
+    assert int(per_kernel.min()) >= n_keep // (shape[0] * shape[1])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_window_mask_keeps_the_largest_of_each_kernel(shape) -> None:
+    w = _w(shape, seed=1)
+    mask = window_mask(w, 0.6)
+    a = w.abs().reshape(shape[0] * shape[1], -1)
+    k = mask.reshape_as(a)
+    kept_min = a.masked_fill(~k, float("inf")).amin(dim=1)
+    pruned_max = a.masked_fill(k, -1.0).amax(dim=1)
+    assert bool((kept_min >= pruned_max).all())
+
+
+@pytest.mark.parametrize("s", [0.1, 0.5, 0.7, 0.75], ids=["s0.1", "s0.5", "s0.7", "s0.75"])
+def test_window_kernel_rounding_gives_every_kernel_the_same_count(s) -> None:
+    w = _w((11, 7, 3, 3))
+    mask = window_mask(w, s, rounding="kernel")
+    k = math.floor((1 - s) * 9 + 0.5)
+    assert bool((_nonzeros_per_kernel(mask) == k).all())
+
+
+def test_window_max_nonzero_caps_each_kernel() -> None:
+    w = _w((8, 8, 3, 3))
+    mask = window_mask(w, 0.2, max_nonzero=4)  # Fig. 2a: at most 4 of 9 kept
+    assert int(_nonzeros_per_kernel(mask).max()) == 4
+    assert float((~mask).float().mean()) == pytest.approx(5 / 9)
+
+
+def test_window_mask_ranks_zeros_last() -> None:
+    w = _w((4, 4, 3, 3)).abs() + 0.1
+    w[0, 0, 1:] = 0.0  # a kernel with two nonzero weights, at (0, 0) and (0, 2)
+    w[0, 0, 0, 1] = 0.0
+    w[0, 0, 0, 2] = 0.05
+    mask = window_mask(w, 0.5)  # every kernel keeps 4 or 5 slots
+    assert bool(mask[0, 0, 0, 0]) and bool(mask[0, 0, 0, 2])
+    assert int(mask[0, 0].sum()) in (4, 5)
+
+
+# -- CK ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("s", SPARSITIES, ids=SPARSITY_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_ck_mask_removes_whole_kernels_by_max(shape, s) -> None:
+    w = _w(shape, seed=2)
+    mask = ck_mask(w, s)
+    per_kernel = _nonzeros_per_kernel(mask)
+    m = math.prod(shape[2:])
+    assert bool(((per_kernel == 0) | (per_kernel == m)).all())  # whole kernels only
+    n_kernels = shape[0] * shape[1]
+    assert int((per_kernel == 0).sum()) == count_at(s, n_kernels)
+    # within one kernel of the target weight count
+    assert abs(int((~mask).sum()) - s * w.numel()) <= m
+    score = kernel_scores(w).reshape(-1)
+    removed = per_kernel == 0
+    if bool(removed.any()) and bool((~removed).any()):
+        assert float(score[removed].max()) <= float(score[~removed].min())
+
+
+def test_kernel_scores_are_max_abs() -> None:
+    w = torch.zeros(2, 1, 3, 3)
+    w[0, 0, 1, 2] = -3.0
+    w[1, 0, 0, 0] = 0.5
+    assert kernel_scores(w).flatten().tolist() == [3.0, 0.5]
+
+
+@pytest.mark.parametrize("s", [0.3, 0.7], ids=["s0.3", "s0.7"])
+def test_ck_mask_input_channel_scope(s) -> None:
+    w = _w((13, 6, 3, 3), seed=3)
+    mask = ck_mask(w, s, scope="input_channel")
+    kept = mask[:, :, 0, 0]
+    removed_per_channel = (~kept).sum(dim=0)
+    assert bool((removed_per_channel == count_at(s, 13)).all())
+    score = kernel_scores(w)
+    for c in range(6):
+        r = ~kept[:, c]
+        assert float(score[r, c].max()) <= float(score[~r, c].min())
+
+
+@pytest.mark.parametrize("s", [0.2, 0.7], ids=["s0.2", "s0.7"])
+def test_ck_on_1x1_is_magnitude_pruning(s) -> None:
+    w = _w((17, 5, 1, 1), seed=4)
+    mask = ck_mask(w, s)
+    n = count_at(s, w.numel())
+    expected = torch.ones(w.numel(), dtype=torch.bool)
+    expected[torch.argsort(w.abs().flatten(), stable=True)[:n]] = False
+    assert torch.equal(mask.flatten(), expected)
+
+
+# -- combined ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("s", SPARSITIES, ids=SPARSITY_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_combined_mask_reaches_target_within_one_kernel(shape, s) -> None:
+    w = _w(shape, seed=5)
+    mask = combined_mask(w, s, 0.8)
+    target = count_at(s, w.numel())
+    pruned = int((~mask).sum())
+    m = math.prod(shape[2:])
+    assert target <= pruned < target + m
+    # the window phase's per-kernel cap still holds, and CK removed whole kernels on top of it
+    window = window_mask(w, 0.8 * s)
+    assert bool((mask <= window).all())
+    per_kernel = _nonzeros_per_kernel(mask)
+    window_kernel = _nonzeros_per_kernel(window)
+    assert bool(((per_kernel == 0) | (per_kernel == window_kernel)).all())
+
+
+def test_combined_extremes() -> None:
+    w = _w((9, 7, 3, 3), seed=6)
+    assert torch.equal(combined_mask(w, 0.6, 1.0), window_mask(w, 0.6))
+    only_ck = combined_mask(w, 0.6, 0.0)
+    per_kernel = _nonzeros_per_kernel(only_ck)
+    assert bool(((per_kernel == 0) | (per_kernel == 9)).all())
+    assert int((per_kernel == 0).sum()) == math.ceil(count_at(0.6, w.numel()) / 9)
+
+
+@pytest.mark.parametrize(
+    "fn", [window_mask, ck_mask, combined_mask], ids=["window", "ck", "combined"]
+)
+def test_conv_masks_reject_bad_input(fn) -> None:
+    w = _w((4, 4, 3, 3))
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="sparsity"):
+            fn(w, bad)
+    with pytest.raises(ValueError, match="dims"):
+        fn(torch.randn(5), 0.5)
+
+
+def test_mask_options_reject_unknown_names() -> None:
+    w = _w((4, 4, 3, 3))
+    with pytest.raises(ValueError, match="rounding"):
+        window_mask(w, 0.5, rounding="global")
+    with pytest.raises(ValueError, match="scope"):
+        ck_mask(w, 0.5, scope="filter")
+    with pytest.raises(ValueError, match="window_fraction"):
+        combined_mask(w, 0.5, 1.2)
+    with pytest.raises(ValueError, match="max_nonzero"):
+        window_mask(w, 0.5, max_nonzero=-1)
+
+
+def test_masks_do_not_modify_the_weight() -> None:
+    w = _w((5, 3, 3, 3))
+    before = w.clone()
+    window_mask(w, 0.5)
+    ck_mask(w, 0.5)
+    combined_mask(w, 0.5)
+    assert torch.equal(w, before)
+
+
+# -- FC ----------------------------------------------------------------------------------------
+FC_SHAPES = [(10, 64), (10, 512), (7, 13), (1, 5), (3, 1)]
+FC_IDS = ["10x64", "10x512", "7x13", "1x5", "3x1"]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 4], ids=["fine", "block2", "block3", "block4"])
+@pytest.mark.parametrize("s", [0.3, 0.7, 0.95, 0.999], ids=["s0.3", "s0.7", "s0.95", "s0.999"])
+@pytest.mark.parametrize("shape", FC_SHAPES, ids=FC_IDS)
+def test_fc_mask_keeps_one_per_output_and_hits_target(shape, s, block) -> None:
+    w = _w(shape, seed=7)
+    mask = fc_mask(w, s, block=block, block_fraction=0.5)
+    assert bool((mask.sum(dim=1) >= 1).all())
+    out_f, n = shape[0], w.numel()
+    target = min(count_at(s, n), n - out_f)  # at most all but one per output
+    pruned = int((~mask).sum())
+    assert target <= pruned <= target + block * block
+
+
+def test_fc_fine_pruning_is_magnitude_with_row_max_protected() -> None:
+    w = _w((6, 20), seed=8)
+    mask = fc_mask(w, 0.5, block=1)
+    protected = torch.zeros_like(mask)
+    protected[torch.arange(6), w.abs().argmax(dim=1)] = True
+    a = w.abs().masked_fill(protected, float("inf")).flatten()
+    expected = torch.ones(w.numel(), dtype=torch.bool)
+    expected[torch.argsort(a, stable=True)[: count_at(0.5, w.numel())]] = False
+    assert torch.equal(mask.flatten(), expected)
+
+
+def test_fc_block_pruning_removes_smallest_blocks() -> None:
+    w = torch.ones(4, 8)
+    w[0:2, 2:4] = 0.01  # the weakest 2x2 block
+    w[2:4, 6:8] = 0.02  # the next weakest
+    mask = fc_mask(w, 8 / 32, block=2, block_fraction=1.0)
+    expected = torch.ones(4, 8, dtype=torch.bool)
+    expected[0:2, 2:4] = False
+    expected[2:4, 6:8] = False
+    assert torch.equal(mask, expected)
+
+
+def test_fc_block_keeps_a_protected_weight() -> None:
+    w = torch.full((2, 4), 0.01)
+    w[0, 0] = 1.0
+    w[1, 2:] = 5.0
+    mask = fc_mask(w, 0.25, block=2, block_fraction=1.0)  # prunes 2: the weak left block's rest
+    assert bool(mask[0, 0])  # row 0's largest weight survives its block's removal
+    assert not bool(mask[0, 1]) and not bool(mask[1, 0]) and not bool(mask[1, 1])
+    assert bool(mask.sum(dim=1).min() >= 1)
+
+
+def test_fc_dead_inputs_pruned_first_and_counted() -> None:
+    w = _w((5, 12), seed=9)
+    dead = torch.zeros(12, dtype=torch.bool)
+    dead[[1, 4, 7]] = True
+    mask = fc_mask(w, 0.1, block=1, dead_inputs=dead)  # target 6 < 15 dead weights
+    assert not bool(mask[:, dead].any())
+    assert bool(mask[:, ~dead].all())
+    mask = fc_mask(w, 0.6, block=2, dead_inputs=dead)
+    assert not bool(mask[:, dead].any())
+    assert int((~mask).sum()) >= count_at(0.6, 60)
+    assert bool((mask.sum(dim=1) >= 1).all())
+
+
+def test_fc_mask_rejects_bad_input() -> None:
+    w = _w((4, 6))
+    with pytest.raises(ValueError, match="block"):
+        fc_mask(w, 0.5, block=5)
+    with pytest.raises(ValueError, match="block"):
+        fc_mask(w, 0.5, block=0)
+    with pytest.raises(ValueError, match="2-D"):
+        fc_mask(_w((4, 6, 1)), 0.5)
+    with pytest.raises(ValueError, match="dead_inputs"):
+        fc_mask(w, 0.5, dead_inputs=torch.zeros(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="block_fraction"):
+        fc_mask(w, 0.5, block_fraction=-0.5)
+
+
+# -- dead classifier inputs --------------------------------------------------------------------
+class PlainNet(nn.Module):
+    """conv -> BN -> ReLU -> pool (2x2 kept) -> flatten -> linear: VGG's classifier path."""
+
+    def __init__(self, bias: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 5, 3, padding=1, bias=bias)
+        self.bn = nn.BatchNorm2d(5)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(5 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class ResidualNet(PlainNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)) + x.mean(1, keepdim=True))
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+def test_classifier_feeds_follow_plain_chains_only() -> None:
+    feeds = classifier_feeds(PlainNet())
+    assert len(feeds) == 1
+    assert (feeds[0].linear, feeds[0].conv) == ("fc", "conv")
+    assert feeds[0].steps == (("bn", "bn"), ("relu", ""))
+    assert classifier_feeds(ResidualNet()) == []  # a residual addition silences nothing
+
+
+@torch.no_grad()
+def test_dead_inputs_need_zero_filter_and_nonpositive_constant() -> None:
+    net = PlainNet()
+    feed = classifier_feeds(net)[0]
+    net.conv.weight[:3] = 0.0
+    net.conv.bias.zero_()
+    net.bn.bias.copy_(torch.tensor([0.0, -0.2, 0.3, 0.0, -1.0]))
+    dead = dead_inputs(net, feed)
+    per_channel = dead.reshape(5, 4)
+    assert bool((per_channel == per_channel[:, :1]).all())  # 4 inputs per channel, contiguous
+    # channel 0: zero filter, beta 0; 1: beta < 0; 2: beta > 0 (alive); 3, 4: filters nonzero
+    assert per_channel[:, 0].tolist() == [True, True, False, False, False]
+    # a positive bias reaching the eval-mode BN output keeps the channel alive
+    net.conv.bias[0] = 1.0
+    assert not bool(dead_inputs(net, feed)[0])
+    # the same in the real model that has such a classifier
+    out = net(torch.randn(2, 2, 6, 6))
+    assert out.shape == (2, 3)

@@ -1,0 +1,129 @@
+"""FGSM: exact direction on a linear model, pixel-unit eps with normalisation, monotone accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.robustness import FGSM_FILE, eval_fgsm_run, fgsm_accuracy, fgsm_attack
+
+MEAN, STD = (0.3, 0.6), (0.2, 0.45)
+
+
+def _normalise(pixel: torch.Tensor) -> torch.Tensor:
+    m = torch.tensor(MEAN).view(1, 2, 1, 1)
+    s = torch.tensor(STD).view(1, 2, 1, 1)
+    return (pixel - m) / s
+
+
+def _pixel(x: torch.Tensor) -> torch.Tensor:
+    m = torch.tensor(MEAN).view(1, 2, 1, 1)
+    s = torch.tensor(STD).view(1, 2, 1, 1)
+    return x * s + m
+
+
+def _linear(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(2 * 5 * 3, 2))  # odd image size 5x3
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.1, 0.3], ids=["eps0.05", "eps0.1", "eps0.3"])
+def test_fgsm_direction_is_exact_on_a_linear_model(eps) -> None:
+    """For 2 classes, d CE / d x = (1 - p_y) (w_other - w_y): the step is eps * sign of that."""
+    model = _linear()
+    g = torch.Generator().manual_seed(1)
+    pixel = torch.rand(7, 2, 5, 3, generator=g)
+    y = torch.randint(0, 2, (7,), generator=g)
+    adv = fgsm_attack(model, _normalise(pixel), y, eps, mean=MEAN, std=STD)
+    w = model[1].weight.detach()
+    direction = (w[1 - y] - w[y]).sign().view(7, 2, 5, 3)
+    expected = (pixel + eps * direction).clamp(0, 1)
+    assert torch.allclose(_pixel(adv), expected, atol=1e-6)
+    moved = (_pixel(adv) - pixel).abs()
+    assert float(moved.max()) <= eps + 1e-6  # the budget is in pixel units on [0, 1]
+    assert float(_pixel(adv).min()) >= -1e-6 and float(_pixel(adv).max()) <= 1 + 1e-6
+
+
+def test_fgsm_eps_zero_returns_the_input_and_clean_accuracy() -> None:
+    model = _linear()
+    pixel = torch.rand(9, 2, 5, 3)
+    y = torch.randint(0, 2, (9,))
+    x = _normalise(pixel)
+    assert torch.equal(fgsm_attack(model, x, y, 0.0, mean=MEAN, std=STD), x)
+    loader = [(x[:4], y[:4]), (x[4:], y[4:])]
+    clean = 100.0 * float((model(x).argmax(1) == y).float().mean())
+    assert fgsm_accuracy(model, loader, 0.0, mean=MEAN, std=STD) == pytest.approx(clean)
+
+
+def test_fgsm_leaves_model_mode_and_parameter_grads_alone() -> None:
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(27, 2))
+    model.train()
+    running = model[1].running_mean.clone()
+    x = torch.randn(4, 2, 5, 5)
+    fgsm_attack(model, x, torch.tensor([0, 1, 0, 1]), 0.1, mean=MEAN, std=STD)
+    assert model.training and model[1].training
+    assert torch.equal(model[1].running_mean, running)  # attacked in eval mode
+    assert all(p.grad is None for p in model.parameters())
+
+
+def _separable(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    pixel = 0.5 + 0.15 * torch.randn(n, 2, 5, 3, generator=g)
+    pixel[:, 0] += torch.where(y == 1, 0.12, -0.12).view(n, 1, 1)
+    return _normalise(pixel.clamp(0, 1)), y
+
+
+def test_fgsm_accuracy_does_not_increase_with_eps_on_a_trained_model() -> None:
+    """For a binary linear classifier the margin falls monotonically with eps (clipping too)."""
+    model = _linear(seed=2)
+    x, y = _separable(256, seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(200):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    xt, yt = _separable(200, seed=4)
+    loader = [(xt[i : i + 64], yt[i : i + 64]) for i in range(0, 200, 64)]
+    eps = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2]
+    acc = [fgsm_accuracy(model, loader, e, mean=MEAN, std=STD) for e in eps]
+    assert acc[0] > 90.0  # it did learn
+    assert all(b <= a for a, b in zip(acc, acc[1:], strict=False)), acc
+    assert acc[-1] < acc[0] - 20.0  # and the attack does bite
+
+
+def test_fgsm_rejects_bad_input() -> None:
+    model = _linear()
+    x, y = torch.randn(2, 2, 5, 3), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="eps"):
+        fgsm_attack(model, x, y, -0.1)
+    with pytest.raises(ValueError, match="mean/std"):
+        fgsm_attack(model, x, y, 0.1, mean=(0.5,), std=(0.2,))
+    with pytest.raises(ValueError, match="std"):
+        fgsm_attack(model, x, y, 0.1, mean=(0.5, 0.5), std=(0.2, 0.0))
+    with pytest.raises(ValueError, match="no samples"):
+        fgsm_accuracy(model, [], 0.1)
+
+
+@pytest.mark.slow
+def test_eval_fgsm_run_on_a_finished_run(tmp_path) -> None:
+    from impl.config import resolve
+    from impl.train import train
+
+    run = tmp_path / "run"
+    cfg = resolve("smoke", method="dense", model="resnet20", data="digits", out=str(run), threads=1)
+    summary = train(cfg, progress=False)
+    rows = eval_fgsm_run(run, [0.0, 0.1])
+    assert [r["eps"] for r in rows] == [0.0, 0.1]
+    # eps = 0 is the clean test accuracy the Trainer measured: same loader, same normalisation
+    assert rows[0]["top1"] == pytest.approx(summary["top1"])
+    assert rows[1]["top1"] <= rows[0]["top1"]
+    record = json.loads((run / FGSM_FILE).read_text())
+    assert record["rows"] == rows and record["method"] == "dense"
+    assert "pixel" in record["eps_units"]
+    with pytest.raises(ValueError, match="eps_list"):
+        eval_fgsm_run(run, [-1.0])

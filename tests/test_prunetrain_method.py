@@ -1,0 +1,309 @@
+"""PruneTrain as a Trainer method: hooks in the documented order, resume, dynamic batch."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import impl.models as M
+from impl.flops import training_flops
+from impl.methods import TrainContext, create_method
+from impl.methods.channel_graph import ShortcutOnly, build_graph, zero_channels
+from impl.methods.prunetrain import PruneTrain, PruneTrainConfig, group_lasso, lasso_coefficient
+from impl.methods.prunetrain_memory import (
+    activation_bytes_per_sample,
+    choose_batch,
+    estimate_iteration_bytes,
+    measure_iteration_bytes,
+)
+
+
+def make_ctx(model: nn.Module, epochs: int, batch: int = 16) -> TrainContext:
+    cfg = SimpleNamespace(epochs=epochs, model="resnet20", stem="cifar")
+    return TrainContext(
+        model=model,
+        optimizer=None,
+        config=cfg,
+        device=torch.device("cpu"),
+        batch_size=batch,
+        input_shape=(1, 32, 32),
+    )
+
+
+def batches(n: int, batch: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(batch, 1, 32, 32, generator=gen),
+            torch.randint(0, 10, (batch,), generator=gen),
+        )
+        for _ in range(n)
+    ]
+
+
+def optimizer(model: nn.Module) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def run_epoch(method: PruneTrain, ctx: TrainContext, data: list, epoch: int) -> dict:
+    """One epoch in the Trainer's hook order (impl/methods/base.py)."""
+    ctx.epoch = epoch
+    method.on_epoch_start(ctx)
+    ctx.model.train()
+    for x, y in data:
+        out = ctx.model(x)
+        loss = F.cross_entropy(out, y)
+        total = method.loss(ctx, loss, out, y)
+        ctx.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        method.after_backward(ctx)
+        ctx.optimizer.step()
+        method.after_step(ctx)
+        ctx.step += 1
+    ctx.extra["epoch_fwd_ms"] = 10.0 - epoch  # stand-ins for the Trainer's medians
+    ctx.extra["epoch_bwd_ms"] = 20.0 - epoch
+    method.on_epoch_end(ctx)
+    return method.epoch_metrics(ctx)
+
+
+def prezeroed_resnet20(seed: int = 0) -> nn.Module:
+    """ResNet-20 (1 input channel) with 40% of every space and one whole path zeroed,
+    BatchNorms included: training keeps those weights exactly zero."""
+    torch.manual_seed(seed)
+    model = M.create("resnet20", in_channels=1)
+    graph = build_graph(model)
+    gen = torch.Generator().manual_seed(seed)
+    for name, space in graph.spaces.items():
+        if space.path == "layer2.1":
+            idx = torch.arange(space.size)
+        else:
+            idx = torch.randperm(space.size, generator=gen)[: int(0.4 * space.size)]
+        zero_channels(model, graph, name, idx)
+    return model
+
+
+def test_registered_and_configurable() -> None:
+    method = create_method("prunetrain", {"penalty_ratio": 0.25, "reconfig_interval": 3})
+    assert isinstance(method, PruneTrain) and method.config.penalty_ratio == 0.25
+    assert method.config_dict()["reconfig_interval"] == 3
+
+
+def test_lambda_set_at_first_iteration_and_kept() -> None:
+    model = M.create("resnet20", in_channels=1)
+    ctx = make_ctx(model, epochs=1)
+    method = PruneTrain(PruneTrainConfig(penalty_ratio=0.2))
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    (x, y), *rest = batches(3, 8, seed=1)
+    out = model(x)
+    ce = F.cross_entropy(out, y)
+    gl = group_lasso(model)
+    total = method.loss(ctx, ce, out, y)
+    expected_lam = lasso_coefficient(ce.item(), gl.item(), 0.2)
+    assert method.lam == pytest.approx(expected_lam, rel=1e-6)
+    assert total.item() == pytest.approx(ce.item() + expected_lam * gl.item(), rel=1e-6)
+    assert (expected_lam * gl.item()) / total.item() == pytest.approx(0.2, rel=1e-5)
+    ctx.optimizer.zero_grad()
+    total.backward()
+    ctx.optimizer.step()
+    for x, y in rest:
+        out = model(x)
+        method.loss(ctx, F.cross_entropy(out, y), out, y)
+    assert method.lam == pytest.approx(expected_lam, rel=1e-6)
+
+
+def test_reconfigures_on_interval_and_at_the_end() -> None:
+    model = prezeroed_resnet20()
+    ctx = make_ctx(model, epochs=3)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=2))
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    data = batches(2, 8, seed=2)
+    rows = [run_epoch(method, ctx, data, e) for e in range(3)]
+    assert [r["reconfigured"] for r in rows] == [False, True, True]
+    assert [h["epoch"] for h in method.history] == [1, 2]
+    first = method.history[0]
+    assert first["removed_paths"] == ["layer2.1"]
+    assert first["inference_flops_after"] < 0.6 * first["inference_flops_before"]
+    assert rows[1]["params"] < rows[0]["params"]
+    assert rows[1]["inference_flops"] < rows[0]["inference_flops"]
+    assert rows[2]["train_flops_run"] > rows[1]["train_flops_run"] > rows[0]["train_flops_run"]
+    # the epoch trained on the pruned model costs less than one on the dense model
+    assert rows[2]["train_flops_epoch"] < rows[0]["train_flops_epoch"]
+    assert isinstance(model.layer2[1], ShortcutOnly)
+    json.dumps(rows)  # metrics.jsonl lines are JSON
+    summary = method.summary(ctx)
+    json.dumps(summary)
+    assert summary["inference_flops_reduction"] > 0.4
+    assert [s["stage"] for s in summary["stage_timing"]] == [0, 1]
+    # medians of (10, 9) and (20, 19)
+    assert summary["stage_timing"][0]["iter_ms"] == pytest.approx(9.5 + 19.5)
+    assert summary["stage_timing"][1]["epochs"] == [2]
+    assert summary["layers_removed"] == ["layer2.1"]
+    # FLOPs agree with impl.flops on the final model
+    flops = training_flops(model, ctx.input_shape)
+    assert summary["inference_flops_final"] == pytest.approx(flops.forward)
+
+
+def test_no_reconfiguration_at_the_end_when_disabled() -> None:
+    model = prezeroed_resnet20()
+    ctx = make_ctx(model, epochs=1)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=5, reconfig_at_end=False))
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    run_epoch(method, ctx, batches(1, 4, seed=3), 0)
+    assert method.history == []
+
+
+def test_state_dict_round_trip_recreates_the_smaller_model() -> None:
+    model = prezeroed_resnet20(seed=4)
+    ctx = make_ctx(model, epochs=4)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=1))
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    data = batches(2, 8, seed=5)
+    run_epoch(method, ctx, data, 0)
+    assert method.history[0]["removed_paths"] == ["layer2.1"]
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "method": method.state_dict(),
+            "model": model.state_dict(),
+            "optimizer": ctx.optimizer.state_dict(),
+        },
+        buf,
+    )
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)  # the Trainer's checkpoints load this way
+
+    torch.manual_seed(123)  # a different initialisation: everything must come from the state
+    fresh = M.create("resnet20", in_channels=1)
+    ctx2 = make_ctx(fresh, epochs=4)
+    method2 = PruneTrain(PruneTrainConfig(reconfig_interval=1))
+    method2.setup(ctx2)
+    method2.load_state_dict(state["method"], ctx2)
+    fresh.load_state_dict(state["model"])  # strict
+    ctx2.optimizer = optimizer(fresh)
+    ctx2.optimizer.load_state_dict(state["optimizer"])
+    assert method2.lam == method.lam and method2.history == method.history
+    assert isinstance(fresh.layer2[1], ShortcutOnly)
+    x = data[0][0]
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), model(x))
+    # training continues identically (momentum buffers restored with the right shapes)
+    for c in (ctx, ctx2):
+        c.step = 2
+    ctx2.extra = dict(ctx.extra)
+    run_epoch(method, ctx, data, 1)
+    run_epoch(method2, ctx2, data, 1)
+    for (n, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=n)
+    assert method2.summary(ctx2)["train_flops_run"] == method.summary(ctx)["train_flops_run"]
+
+
+def test_setup_refuses_an_unsupported_model() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="unsupported layer type"):
+        PruneTrain().setup(make_ctx(model, epochs=1))
+
+
+@pytest.mark.parametrize("name,stem", [("resnet50", "imagenet"), ("resnet9", "cifar")],
+                         ids=["resnet50-imagenet", "resnet9"])  # fmt: skip
+def test_validate_checks_the_model_without_building_weights(name: str, stem: str) -> None:
+    PruneTrain().validate(SimpleNamespace(model=name, stem=stem))
+
+
+def test_validate_rejects_an_unknown_model() -> None:
+    with pytest.raises(ValueError, match="unknown model"):
+        PruneTrain().validate(SimpleNamespace(model="resnet7", stem="cifar"))
+
+
+# -- dynamic mini-batch ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "current,initial,budget,max_batch,expected",
+    [
+        (32, 32, 10_000, 512, 96),  # 32, 64, 96 fit (100 bytes/sample), 128 does not
+        (128, 32, 10_000, 512, 128),  # never shrinks
+        (32, 32, 10_000, 64, 64),  # capped by max_batch
+        (17, 17, 4_999, 512, 49),  # odd start: 17, 49 fit; 81 does not
+        (32, 32, 3_100, 512, 32),  # nothing larger fits
+    ],
+    ids=["grow", "no-shrink", "cap", "odd", "none"],
+)
+def test_choose_batch(current, initial, budget, max_batch, expected) -> None:
+    calls = []
+
+    def memory(b: int) -> float:
+        calls.append(b)
+        return 100.0 * b
+
+    assert choose_batch(current, initial, budget, memory, 32, max_batch) == expected
+    assert all((b - initial) % 32 == 0 for b in calls)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "vgg11", "resnet9"], ids=str)
+def test_activation_bytes_count_saved_feature_maps(name: str) -> None:
+    """Lower bound: the input, every conv output (saved by its BN) and ReLU output (saved by
+    the ReLU and the next conv, stored once); max-pool indices add up to ~30%."""
+    model = M.create(name)
+    sizes = [3 * 32 * 32 * 4]
+    hooks = [
+        m.register_forward_hook(lambda mod, a, o: sizes.append(o.numel() * o.element_size()))
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d | nn.ReLU)
+    ]
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    got = activation_bytes_per_sample(model, (3, 32, 32))
+    assert sum(sizes) <= got <= 1.35 * sum(sizes)
+    running = model.get_submodule(
+        "bn1" if hasattr(model, "bn1") else ("features.1" if name == "vgg11" else "prep.bn")
+    ).running_mean
+    assert torch.count_nonzero(running) == 0  # the model's statistics were not touched
+
+
+def test_dynamic_batch_grows_after_pruning_within_the_budget() -> None:
+    model = prezeroed_resnet20(seed=6)
+    ctx = make_ctx(model, epochs=3, batch=128)  # the paper's CIFAR start (Fig. 9b)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=1, dynamic_batch=True, max_batch=512))
+    method.setup(ctx)
+    budget = method.budget
+    assert budget == estimate_iteration_bytes(model, ctx.input_shape, 128)
+    ctx.optimizer = optimizer(model)
+    row = run_epoch(method, ctx, batches(1, 4, seed=7), 0)
+    new = ctx.batch_size
+    assert new > 128 and (new - 128) % 32 == 0
+    assert estimate_iteration_bytes(model, ctx.input_shape, new) <= budget
+    assert estimate_iteration_bytes(model, ctx.input_shape, new + 32) > budget
+    assert row["next_batch_size"] == new and method.history[0]["batch_size_after"] == new
+    # the last epoch does not change the batch
+    run_epoch(method, ctx, batches(1, 4, seed=8), 1)
+    before_last = ctx.batch_size
+    run_epoch(method, ctx, batches(1, 4, seed=9), 2)
+    assert ctx.batch_size == before_last
+
+
+@pytest.mark.gpu
+def test_analytic_activation_memory_matches_measured_peak_on_gpu() -> None:
+    """Per-sample slope of the measured CUDA peak against the analytic estimate."""
+    device = torch.device("cuda")
+    for name in ("resnet20", "resnet50", "vgg11"):
+        model = M.create(name).to(device)
+        analytic = activation_bytes_per_sample(model, (3, 32, 32))
+        b1, b2 = 64, 128
+        m1 = measure_iteration_bytes(model, (3, 32, 32), b1)
+        m2 = measure_iteration_bytes(model, (3, 32, 32), b2)
+        slope = (m2 - m1) / (b2 - b1)
+        assert 0.8 * analytic <= slope <= 1.6 * analytic, (name, slope, analytic)
+        assert math.isfinite(slope)

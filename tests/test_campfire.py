@@ -270,7 +270,7 @@ def test_no_pruning_before_the_era() -> None:
             assert method.target == pytest.approx(sparsity_at(2.25, 2, 1, 0.7))
             break
         assert len(method.masks) == 0
-        assert method.sparsity_report(model)["sparsity"] == 0.0
+        assert method.sparsity_report(model)["true_sparsity"] == 0.0
 
 
 def test_metrics_summary_and_cost() -> None:
@@ -281,9 +281,9 @@ def test_metrics_summary_and_cost() -> None:
     row = method.epoch_metrics(ctx)
     json.dumps(row)
     assert row["masks_fixed"] is True and row["target_sparsity"] == pytest.approx(0.5)
-    assert row["sparsity"] == pytest.approx(0.5, abs=9 / 372)
+    assert row["true_sparsity"] == pytest.approx(0.5, abs=9 / 372)
     assert set(row["layer_sparsity"]) == {"conv", "point", "fc"}
-    assert 0 < row["conv_sparsity"] < row["sparsity"]  # the dense stem dilutes it
+    assert 0 < row["true_conv_sparsity"] < row["true_sparsity"]  # the dense stem dilutes it
     assert row["train_flops_nominal"] < row["train_flops_executed"]
     cost = method.cost(model)
     for name, density in cost.items():
@@ -361,7 +361,7 @@ def test_smoke_run_through_trainer(tmp_path) -> None:
     summary = train(cfg, progress=False)
     assert summary["status"] == "complete"
     assert summary["pruning_era"] == [1, 2]
-    assert summary["final_sparsity"] == pytest.approx(0.6, abs=0.01)
+    assert summary["true_sparsity"] == pytest.approx(0.6, abs=0.01)
     assert summary["train_flops_nominal"] < summary["train_flops_executed"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert rows[0]["target_sparsity"] == 0.0 and rows[-1]["masks_fixed"] is True

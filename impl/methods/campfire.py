@@ -335,8 +335,8 @@ class Campfire(Method):
                 conv_total += module.weight.numel()
         return {
             "target_sparsity": self.target,
-            "sparsity": zeros / max(total, 1),
-            "conv_sparsity": conv_zeros / max(conv_total, 1),
+            "true_sparsity": zeros / max(total, 1),
+            "true_conv_sparsity": conv_zeros / max(conv_total, 1),
             "layer_sparsity": per_layer,
             "max_kernel_nonzeros": max_nz,
             "masks_fixed": self.fixed,
@@ -359,9 +359,9 @@ class Campfire(Method):
         """Final true sparsity, the era, and the options that shaped the masks."""
         report = self.sparsity_report(ctx.model)
         return {
-            "final_sparsity": report["sparsity"],
-            "final_conv_sparsity": report["conv_sparsity"],
-            "final_layer_sparsity": report["layer_sparsity"],
+            "true_sparsity": report["true_sparsity"],
+            "true_conv_sparsity": report["true_conv_sparsity"],
+            "layer_sparsity": report["layer_sparsity"],
             "max_kernel_nonzeros": report["max_kernel_nonzeros"],
             "pruning_era": [self.start, self.start + self.era],
             "mask": self.config.mask,

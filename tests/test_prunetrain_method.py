@@ -307,3 +307,23 @@ def test_analytic_activation_memory_matches_measured_peak_on_gpu() -> None:
         slope = (m2 - m1) / (b2 - b1)
         assert 0.8 * analytic <= slope <= 1.6 * analytic, (name, slope, analytic)
         assert math.isfinite(slope)
+
+
+def test_probe_times_each_stage_without_touching_the_model() -> None:
+    model = prezeroed_resnet20(seed=8)
+    ctx = make_ctx(model, epochs=2, batch=8)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=1, probe_repeats=1))
+    method.setup(ctx)
+    assert torch.count_nonzero(model.bn1.running_mean) == 0  # probing ran on a copy
+    ctx.optimizer = optimizer(model)
+    data = batches(1, 4, seed=10)
+    for epoch in range(2):
+        run_epoch(method, ctx, data, epoch)
+    timing = method.summary(ctx)["stage_timing"]
+    assert [t["stage"] for t in timing] == [0, 1]
+    assert [p["stage"] for p in method.probes] == [0, 1]  # none after the last epoch
+    for t in timing:
+        assert t["probe_iter_ms"] == pytest.approx(t["probe_fwd_ms"] + t["probe_bwd_ms"])
+        assert 0 < t["probe_fwd_ms"] < 60_000 and t["probe_batch_size"] == 8
+    with pytest.raises(ValueError, match="probe_repeats"):
+        PruneTrainConfig(probe_repeats=-1)

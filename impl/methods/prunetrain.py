@@ -38,6 +38,7 @@ from impl.methods.prunetrain_memory import (
     choose_batch,
     estimate_iteration_bytes,
     measure_iteration_bytes,
+    probe_iteration_ms,
 )
 from impl.methods.prunetrain_reconfig import (
     LayerChange,
@@ -123,6 +124,9 @@ class PruneTrainConfig(MethodConfig):
         max_batch: upper limit of the dynamic batch, >= 1.
         memory_budget_mb: memory budget of one iteration in MiB; 0 keeps the first
             iteration's memory (the paper's CIFAR rule).
+        probe_repeats: when > 0, time one iteration of the model at the start and after each
+            reconfiguration (minimum of this many repetitions on random data; a figure less
+            disturbed by other processes than the Trainer's per-epoch medians); 0: off.
     """
 
     penalty_ratio: float = 0.2
@@ -133,6 +137,7 @@ class PruneTrainConfig(MethodConfig):
     batch_step: int = 32
     max_batch: int = 512
     memory_budget_mb: float = 0.0
+    probe_repeats: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.penalty_ratio < 1.0:
@@ -145,6 +150,8 @@ class PruneTrainConfig(MethodConfig):
             raise ValueError(
                 f"batch_step and max_batch must be >= 1, got {self.batch_step}, {self.max_batch}"
             )
+        if self.probe_repeats < 0:
+            raise ValueError(f"probe_repeats must be >= 0, got {self.probe_repeats}")
         if not self.memory_budget_mb >= 0:
             raise ValueError(f"memory_budget_mb must be >= 0, got {self.memory_budget_mb}")
 
@@ -173,6 +180,7 @@ class PruneTrain(Method):
         self._lasso_steps = 0
         self._last_report: ReconfigReport | None = None
         self._arch: dict[str, Any] | None = None  # the model's structure, for resume
+        self.probes: list[dict[str, Any]] = []  # per stage: probed fwd / bwd ms
 
     # -- validation and setup ---------------------------------------------------------------
     def validate(self, train_config: Any) -> None:
@@ -203,6 +211,8 @@ class PruneTrain(Method):
                 self.budget = self.config.memory_budget_mb * 2**20
             else:
                 self.budget = float(self._memory(ctx, ctx.batch_size))
+        if self.config.probe_repeats and not self.probes:
+            self._probe(ctx)
 
     # -- training events --------------------------------------------------------------------
     def on_epoch_start(self, ctx: TrainContext) -> None:
@@ -269,6 +279,8 @@ class PruneTrain(Method):
             ctx.batch_size = self._grow_batch(ctx)
         entry["batch_size_after"] = ctx.batch_size
         self.history.append(entry)
+        if self.config.probe_repeats and not last:
+            self._probe(ctx)
 
     # -- reporting --------------------------------------------------------------------------
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
@@ -331,6 +343,7 @@ class PruneTrain(Method):
         stages: dict[int, list[dict[str, Any]]] = {}
         for row in self.epoch_log:
             stages.setdefault(row["stage"], []).append(row)
+        probes = {p["stage"]: p for p in self.probes}
         out = []
         for stage, rows in sorted(stages.items()):
             fwd = [r["fwd_ms"] for r in rows if r["fwd_ms"] is not None]
@@ -348,6 +361,11 @@ class PruneTrain(Method):
                     "iter_ms": f + b if f is not None and b is not None else None,
                 }
             )
+            if stage in probes:
+                out[-1]["probe_fwd_ms"] = probes[stage]["fwd_ms"]
+                out[-1]["probe_bwd_ms"] = probes[stage]["bwd_ms"]
+                out[-1]["probe_iter_ms"] = probes[stage]["fwd_ms"] + probes[stage]["bwd_ms"]
+                out[-1]["probe_batch_size"] = probes[stage]["batch_size"]
         return out
 
     def cost(self, model: nn.Module) -> dict[str, Any]:
@@ -370,6 +388,7 @@ class PruneTrain(Method):
             "initial": self.initial,
             "budget": self.budget,
             "initial_batch": self.initial_batch,
+            "probes": self.probes,
             "architecture": self._arch,
         }
 
@@ -384,6 +403,7 @@ class PruneTrain(Method):
         self.initial = dict(state["initial"])
         self.budget = state["budget"]
         self.initial_batch = state["initial_batch"]
+        self.probes = list(state.get("probes", []))
         if state.get("architecture") is not None:
             apply_architecture(ctx.model, state["architecture"])
         self._arch = architecture(ctx.model)
@@ -413,6 +433,14 @@ class PruneTrain(Method):
         if next(ctx.model.parameters()).device.type == "cuda":
             return measure_iteration_bytes(ctx.model, ctx.input_shape, batch)
         return estimate_iteration_bytes(ctx.model, ctx.input_shape, batch)
+
+    def _probe(self, ctx: TrainContext) -> None:
+        fwd, bwd = probe_iteration_ms(
+            ctx.model, ctx.input_shape, ctx.batch_size, self.config.probe_repeats
+        )
+        self.probes.append(
+            {"stage": self.stage, "batch_size": ctx.batch_size, "fwd_ms": fwd, "bwd_ms": bwd}
+        )
 
     def _grow_batch(self, ctx: TrainContext) -> int:
         assert self.budget is not None and self.initial_batch is not None

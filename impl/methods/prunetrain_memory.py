@@ -1,4 +1,4 @@
-"""Memory of one training iteration, and PruneTrain's dynamic mini-batch rule.
+"""Memory and time of one training iteration, and PruneTrain's dynamic mini-batch rule.
 
 Lym et al., SC 2019, Sec. 4.3 and Sec. 5.3 (Fig. 9): after each reconfiguration the
 mini-batch grows in steps of 32 samples while one training iteration still fits the memory
@@ -15,11 +15,16 @@ Two ways to know the memory of an iteration at batch ``B``:
   parameters excluded). Workspace and transient gradients are not in it.
 * measured (CUDA): the peak allocated bytes of one forward + backward on a copy of the model,
   plus resident weights and momentum.
+
+:func:`probe_iteration_ms` times one forward and one backward of the current model as the
+minimum over repetitions: on a shared CPU, where other processes inflate per-epoch medians,
+the minimum is the figure least disturbed by them.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 
 import torch
@@ -129,9 +134,45 @@ def choose_batch(
     return best
 
 
+def probe_iteration_ms(
+    model: nn.Module, input_shape: tuple[int, ...], batch: int, repeats: int = 3
+) -> tuple[float, float]:
+    """(forward ms, backward ms) of one training iteration at ``batch``: minimum over
+    ``repeats`` after one warm-up, on a copy of ``model`` in training mode with random data
+    (the model itself and its BatchNorm statistics are untouched)."""
+    if repeats < 1 or batch < 1:
+        raise ValueError(f"repeats and batch must be >= 1, got {repeats}, {batch}")
+    p = next(model.parameters())
+    probe = copy.deepcopy(model).train()
+    gen = torch.Generator(device=p.device).manual_seed(0)
+    x = torch.randn((batch, *input_shape), device=p.device, dtype=p.dtype, generator=gen)
+    y = torch.randint(0, _num_outputs(probe, x), (batch,), device=p.device, generator=gen)
+
+    def sync() -> None:
+        if p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        probe.zero_grad(set_to_none=True)
+        sync()
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(probe(x).float(), y)
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        if i:  # the first run warms up allocators and caches
+            fwd.append((t1 - t0) * 1e3)
+            bwd.append((t2 - t1) * 1e3)
+    return min(fwd), min(bwd)
+
+
 __all__ = [
     "activation_bytes_per_sample",
     "choose_batch",
     "estimate_iteration_bytes",
     "measure_iteration_bytes",
+    "probe_iteration_ms",
 ]

@@ -222,11 +222,18 @@ def test_pattern_conv2d_module_from_conv():
     dense_masked = conv.weight.detach() * mask
     module = PatternConv2d.from_conv(conv, mask)
     assert module.weight is conv.weight  # shared, so an optimizer's state stays valid
+    assert isinstance(module, nn.Conv2d)  # still found by code that counts convolutions
+    assert [n for n, _ in module.named_parameters()] == ["weight", "bias"]
     assert torch.equal(module.weight.detach(), dense_masked)  # zero outside the mask
     x = torch.randn(3, 5, 9, 9, generator=gen, dtype=F64)
     expected = F.conv2d(x, dense_masked, conv.bias, stride=2, padding=1)
     torch.testing.assert_close(module(x), expected, rtol=1e-12, atol=1e-12)
-    assert module.executed_density() == pytest.approx(int(mask.sum()) / mask.numel())
+    density = int(mask.sum()) / mask.numel()
+    assert module.density() == pytest.approx(density)
+    executed = module.executed_density()
+    assert (executed.forward, executed.data_grad, executed.weight_grad) == pytest.approx(
+        (density, density, density)
+    )
     assert module.nnz() == int(mask.sum())
     assert {"weight", "bias", "mask", "row_ptr", "col_ind"} <= set(module.state_dict())
 

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from impl.flops import LayerDensity
 
 IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
 
@@ -275,6 +278,61 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
+class _Im2Col(torch.autograd.Function):
+    """im2col into the ``[C*R*S, B*P*Q]`` layout the SpMM reads (rows in im2col order).
+
+    Same values as ``F.unfold`` (permuted so the batch joins the columns), built with one
+    strided copy; the backward pass (col2im) adds the ``R*S`` shifted slices back.
+    """
+
+    @staticmethod
+    def forward(ctx, x, kernel, stride, padding, dilation, out_hw):  # type: ignore[override]
+        (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = kernel, stride, padding, dilation, out_hw
+        b, c = x.shape[0], x.shape[1]
+        xt = F.pad(x, (pw, pw, ph, ph)).transpose(0, 1).contiguous()  # [C, B, Hp, Wp]
+        st_c, st_b, st_h, st_w = xt.stride()
+        view = xt.as_strided(
+            (c, r, s, b, ho, wo), (st_c, st_h * dh, st_w * dw, st_b, st_h * sh, st_w * sw)
+        )
+        ctx.geometry = (x.shape, kernel, stride, padding, dilation, out_hw)
+        return view.reshape(c * r * s, b * ho * wo)
+
+    @staticmethod
+    def backward(ctx, grad_cols):  # type: ignore[override]
+        shape, (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = ctx.geometry
+        b, c, h, w = shape
+        g = grad_cols.reshape(c, r, s, b, ho, wo)
+        grad = grad_cols.new_zeros(c, b, h + 2 * ph, w + 2 * pw)
+        for i in range(r):
+            for j in range(s):
+                rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+                cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+                grad[:, :, rows, cols] += g[:, i, j]
+        grad = grad[:, :, ph : ph + h, pw : pw + w]
+        return grad.transpose(0, 1), None, None, None, None, None
+
+
+def im2col(
+    x: torch.Tensor,
+    kernel: tuple[int, int],
+    stride: tuple[int, int] = (1, 1),
+    padding: tuple[int, int] = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+) -> torch.Tensor:
+    """The ``[C*R*S, B*P*Q]`` im2col matrix of ``x`` ``[B, C, H, W]`` (autograd-aware).
+
+    Row ``c*R*S + r*S + s``, column ``b*P*Q + p*Q + q`` holds the input under kernel
+    position ``(r, s)`` of output pixel ``(p, q)`` of sample ``b``: ``F.unfold(x)`` with the
+    batch moved into the columns.
+    """
+    kernel, stride, padding, dilation = (_pair(v) for v in (kernel, stride, padding, dilation))
+    ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    if ho < 1 or wo < 1:
+        raise ValueError(f"input {tuple(x.shape)} is smaller than the kernel {kernel}")
+    return _Im2Col.apply(x, kernel, stride, padding, dilation, (ho, wo))
+
+
 def pattern_conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -290,7 +348,7 @@ def pattern_conv2d(
     ``x`` is ``[B, C, H, W]``, ``weight`` the dense-shaped ``[F, C, R, S]`` parameter and
     ``pattern`` its kept positions: a :class:`PatternIndex` (built once with
     :func:`pattern_index`) or a mask of ``weight``'s shape. Forward: the weight's values at
-    the kept positions (:func:`pattern_csr`) times ``unfold(x)``. Backward: the input
+    the kept positions (:func:`pattern_csr`) times :func:`im2col` of ``x``. Backward: the input
     gradient is the transposed sparse filter matrix times the output gradient, folded back
     (col2im); the weight gradient is computed only at the kept positions (SDDMM) and is
     exactly zero elsewhere. Equals ``conv2d(x, weight * mask, ...)``. Groups are not
@@ -313,26 +371,29 @@ def pattern_conv2d(
     r, s = weight.shape[2], weight.shape[3]
     h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
     w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
-    cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)  # [B, K, L]
+    cols = im2col(x, (r, s), stride, padding, dilation)  # [C*R*S, B*P*Q]
     values = pattern_csr(weight, index.row_ptr, index.col_ind, impl=impl)
     out = pattern_spmm(values, index.row_ptr, index.col_ind, cols, impl=impl, index=index)
-    out = out.reshape(x.shape[0], f_out, h_out, w_out)
+    # [F, B*P*Q] -> [B, F, P, Q]
+    out = out.reshape(f_out, x.shape[0], h_out, w_out).transpose(0, 1).contiguous()
     if bias is not None:
         out = out + bias.view(1, -1, 1, 1)
     return out
 
 
-class PatternConv2d(nn.Module):
+class PatternConv2d(nn.Conv2d):
     """A conv whose weight keeps only fixed positions, run as pattern SpMM (Sec. 5.2, stage 5).
 
-    The weight stays a dense-shaped ``[F, C, R, S]`` parameter (zero outside the mask), so a
-    model's state dict keeps its keys and the optimizer its parameter; the CSR structure is
-    built once from the mask and stored as buffers.
+    A subclass of :class:`torch.nn.Conv2d`, so code that looks for convolutions (weight
+    counts, FLOPs) still finds it. The weight stays a dense-shaped ``[F, C, R, S]``
+    parameter (zero outside the mask), so a model's state dict keeps its keys and the
+    optimizer its parameter; the CSR structure is built once from the mask and stored as
+    buffers.
 
     Args:
         weight: the dense-shaped weight parameter (shared, not copied).
         mask: kept positions, ``weight``'s shape.
-        bias: optional bias parameter.
+        bias: optional bias parameter (shared).
         stride, padding, dilation: as for :class:`torch.nn.Conv2d`.
         impl: ``"auto"``, ``"ref"`` or ``"cuda"`` (see the module docstring).
     """
@@ -347,16 +408,27 @@ class PatternConv2d(nn.Module):
         dilation: int | tuple[int, int] = 1,
         impl: str = "auto",
     ) -> None:
-        super().__init__()
+        if weight.dim() != 4:
+            raise ValueError(f"weight must be [F, C, R, S], got {tuple(weight.shape)}")
         if mask.shape != weight.shape:
             raise ValueError(f"mask {tuple(mask.shape)} must match weight {tuple(weight.shape)}")
         _resolve_impl(impl)
+        f_out, c_in, r, s = weight.shape
+        # Built on the meta device: no memory, the real parameters are assigned right after.
+        super().__init__(
+            c_in,
+            f_out,
+            (r, s),
+            stride=_pair(stride),
+            padding=_pair(padding),
+            dilation=_pair(dilation),
+            bias=bias is not None,
+            device="meta",
+            dtype=weight.dtype,
+        )
         self.weight = weight
         self.bias = bias
-        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
         self.impl = impl
-        self.in_channels, self.out_channels = weight.shape[1], weight.shape[0]
-        self.kernel_size = (weight.shape[2], weight.shape[3])
         idx = pattern_index(mask.to(weight.device))
         self.register_buffer("mask", (mask != 0).to(weight.device))
         self.register_buffer("row_ptr", idx.row_ptr)
@@ -396,13 +468,19 @@ class PatternConv2d(nn.Module):
         """Number of kept weights."""
         return int(self.col_ind.numel())
 
-    def executed_density(self) -> float:
-        """Fraction of the dense conv's multiply-adds this layer executes, in [0, 1].
+    def density(self) -> float:
+        """Fraction of the weight's positions that are kept, in [0, 1]."""
+        return self.nnz() / max(self.weight.numel(), 1)
+
+    def executed_density(self) -> LayerDensity:
+        """Fractions of the dense conv's multiply-adds this layer executes (:mod:`impl.flops`).
 
         The same for the forward pass, the input gradient and the weight gradient: each
         touches only the ``nnz`` kept weights (SpMM, transposed SpMM, SDDMM).
         """
-        return self.nnz() / max(self.weight.numel(), 1)
+        from impl.flops import LayerDensity
+
+        return LayerDensity.uniform(self.density())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return pattern_conv2d(
@@ -417,7 +495,4 @@ class PatternConv2d(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, padding={self.padding}, density={self.executed_density():.3f}"
-        )
+        return f"{super().extra_repr()}, density={self.density():.3f}"

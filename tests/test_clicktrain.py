@@ -1,0 +1,369 @@
+"""ClickTrain's functions: Eq. (1) and (2), the pattern pool, finalization, lasso, schedule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from impl.config import TrainConfig
+from impl.methods.clicktrain import (
+    ClickTrain,
+    ClickTrainConfig,
+    PatternPool,
+    kernel_scores,
+    pattern_scores,
+    resolve_schedule,
+)
+from impl.methods.clicktrain_patterns import (
+    N_PATTERNS,
+    LayerFinalizer,
+    all_patterns,
+    best_candidate_patterns,
+    candidate_positions,
+    kernel_keep_mask,
+    loss_rose,
+    modified_group_lasso,
+    rank_for_removal,
+    removal_count,
+)
+
+F64 = torch.float64
+ODD_SHAPES = [(1, 1), (5, 3), (7, 11), (16, 16)]
+ODD_IDS = ["1x1", "5x3", "7x11", "16x16"]
+
+
+def _pair(shape, seed=0, dtype=F64):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(*shape, 3, 3, generator=gen, dtype=dtype)
+    g = torch.randn(*shape, 3, 3, generator=gen, dtype=dtype)
+    return w, g
+
+
+# -- Eq. (1) and Eq. (2) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=ODD_IDS)
+@pytest.mark.parametrize("n_patterns", [1, 5, 126], ids=["P1", "P5", "P126"])
+def test_pattern_scores_match_plain_loop(shape, n_patterns):
+    w, g = _pair(shape, seed=n_patterns)
+    patterns = all_patterns()[torch.randperm(N_PATTERNS)[:n_patterns]]
+    scores = pattern_scores(w, g, patterns)
+    assert scores.shape == (*shape, n_patterns)
+    wl, gl, pl, sl = w.tolist(), g.tolist(), patterns.double().tolist(), scores.tolist()
+    for f, c, p in itertools.product(range(shape[0]), range(shape[1]), range(n_patterns)):
+        expected = 0.0
+        for r, s in itertools.product(range(3), range(3)):
+            t = gl[f][c][r][s] * wl[f][c][r][s] * pl[p][r][s]
+            expected += t * t
+        assert sl[f][c][p] == pytest.approx(expected, rel=1e-12, abs=1e-300)
+
+
+def test_pattern_scores_real_valued_pattern_enters_squared():
+    w, g = _pair((2, 3), seed=3)
+    p = torch.rand(4, 3, 3, dtype=F64)
+    expected = ((g * w).unsqueeze(2) * p).square().sum(dim=(-2, -1))
+    torch.testing.assert_close(pattern_scores(w, g, p), expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=ODD_IDS)
+def test_kernel_scores_match_plain_loop(shape):
+    w, g = _pair(shape, seed=11)
+    scores = kernel_scores(w, g)
+    assert scores.shape == shape
+    wl, gl, sl = w.tolist(), g.tolist(), scores.tolist()
+    for f, c in itertools.product(range(shape[0]), range(shape[1])):
+        expected = sum(
+            (gl[f][c][r][s] * wl[f][c][r][s]) ** 2 for r, s in itertools.product(range(3), range(3))
+        )
+        assert sl[f][c] == pytest.approx(expected, rel=1e-12)
+
+
+def test_scores_reject_bad_shapes():
+    w, g = _pair((2, 3))
+    with pytest.raises(ValueError, match="must match"):
+        kernel_scores(w, g[:1])
+    with pytest.raises(ValueError, match="patterns must be"):
+        pattern_scores(w, g, torch.ones(4, 2, 2))
+    with pytest.raises(ValueError, match=r"\[F, C, R, S\]"):
+        kernel_scores(w[0], g[0])
+
+
+# -- patterns and candidates (Sec. 4.2) -------------------------------------------------------
+
+
+def test_all_patterns_are_126_distinct_and_keep_4_of_9():
+    p = all_patterns()
+    assert p.shape == (126, 3, 3) and p.dtype == torch.bool
+    assert bool((p.flatten(1).sum(1) == 4).all())
+    assert len({tuple(x.flatten().tolist()) for x in p}) == 126
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [(4, 1, [0, 2, 3, 5, 7]), (0, 1, [2, 3, 4]), (0, 4, [1, 3, 5, 7]), (8, 4, [1, 3, 5, 7])],
+    ids=["center_top", "corner_edge", "corner_center", "corner_diag"],
+)
+def test_candidate_positions_are_4_neighbours_of_the_first_two(first, second, expected):
+    assert candidate_positions(first, second) == expected
+
+
+def _plain_candidates(imp):
+    """Steps 1-4 of Sec. 4.2 for one kernel's 9 importances, as a plain loop."""
+    first = max(range(9), key=lambda p: (imp[p], -p))
+    nb8 = [
+        q
+        for q in range(9)
+        if q != first and abs(q // 3 - first // 3) <= 1 and abs(q % 3 - first % 3) <= 1
+    ]
+    second = max(nb8, key=lambda p: (imp[p], -p))
+
+    def nb4(a):
+        return {q for q in range(9) if abs(q // 3 - a // 3) + abs(q % 3 - a % 3) == 1}
+
+    cands = sorted((nb4(first) | nb4(second)) - {first, second})
+    best, best_score = None, -1.0
+    combos = list(itertools.combinations(range(9), 4))
+    for extra in itertools.combinations(cands, 2):
+        combo = tuple(sorted((first, second, *extra)))
+        score = sum(imp[p] for p in combo)
+        pid = combos.index(combo)
+        if score > best_score or (score == best_score and pid < best):
+            best, best_score = pid, score
+    return best, {first, second, *cands}
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (7, 2), (1, 13)], ids=["3x5", "7x2", "1x13"])
+def test_best_candidate_patterns_match_plain_steps(shape):
+    w, g = _pair(shape, seed=5)
+    ids, reachable = best_candidate_patterns(w, g)
+    imp = (w * g).square().flatten(2)
+    for f, c in itertools.product(range(shape[0]), range(shape[1])):
+        pid, reach = _plain_candidates(imp[f, c].tolist())
+        assert int(ids[f, c]) == pid
+        assert set(reachable[f, c].flatten().nonzero().flatten().tolist()) == reach
+
+
+def test_best_candidate_pattern_on_a_crafted_kernel():
+    imp = torch.tensor([0.0, 5.0, 0.0, 1.0, 9.0, 3.0, 0.5, 2.0, 8.0], dtype=F64)
+    w = imp.sqrt().view(1, 1, 3, 3)
+    g = torch.ones_like(w)
+    ids, reachable = best_candidate_patterns(w, g)
+    # first 4 (centre), second 8 (diagonal neighbour, 8.0 > 5.0), candidates 1 3 5 7:
+    # the best two of them are 1 (5.0) and 5 (3.0)
+    assert all_patterns()[ids[0, 0]].flatten().nonzero().flatten().tolist() == [1, 4, 5, 8]
+    assert reachable[0, 0].flatten().nonzero().flatten().tolist() == [1, 3, 4, 5, 7, 8]
+
+
+@pytest.mark.parametrize("size", [0, 127, -1], ids=["zero", "127", "negative"])
+def test_pattern_pool_rejects_sizes_outside_1_to_126(size):
+    with pytest.raises(ValueError, match="1..126"):
+        PatternPool(size)
+
+
+@pytest.mark.parametrize("size", [1, 4, 8, 12, 126], ids=["N1", "N4", "N8", "N12", "N126"])
+def test_pattern_pool_keeps_top_n_distinct_4_of_9(size):
+    pool = PatternPool(size)
+    for seed in range(4):
+        w, g = _pair((16, 16), seed=seed)
+        pool.update(w, g)
+    assert float(pool.scores.sum()) == 4 * 16 * 16  # one vote per kernel per update
+    patterns = pool.finalize()
+    n_distinct = int((pool.scores > 0).sum())
+    assert patterns.shape[0] == min(size, n_distinct)
+    assert bool((patterns.flatten(1).sum(1) == 4).all())
+    assert len({tuple(p.flatten().tolist()) for p in patterns}) == patterns.shape[0]
+    kept = pool.scores[pool.pattern_ids]
+    dropped = pool.scores[[i for i in range(126) if i not in set(pool.pattern_ids.tolist())]]
+    assert float(kept.min()) >= float(dropped.max())
+    assert bool((kept[:-1] >= kept[1:]).all())  # by decreasing competitive score
+
+
+def test_pattern_pool_with_fewer_candidates_than_size_and_resume():
+    imp = torch.tensor([0.0, 5.0, 0.0, 1.0, 9.0, 3.0, 0.5, 2.0, 8.0], dtype=F64)
+    w = imp.sqrt().view(1, 1, 3, 3).expand(3, 2, 3, 3).contiguous()
+    pool = PatternPool(12)
+    with pytest.raises(RuntimeError, match="empty"):
+        pool.finalize()
+    pool.update(w, torch.ones_like(w))
+    assert pool.finalize().shape[0] == 1  # every kernel chose the same pattern
+    restored = PatternPool(4)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.size == 12 and torch.equal(restored.patterns(), pool.patterns())
+
+
+# -- finalization (Sec. 4.3) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "fraction", "expected"),
+    [(16, 0.75, 12), (13, 0.72, 9), (4, 0.99, 3), (7, 0.0, 0), (1, 0.5, 0)],
+    ids=["16_075", "13_072", "cap_keep_one", "none", "single"],
+)
+def test_removal_count(n, fraction, expected):
+    assert removal_count(n, fraction) == expected
+
+
+def test_removal_count_rejects_fraction_one():
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        removal_count(8, 1.0)
+
+
+@pytest.mark.parametrize("shape", [(7, 13), (16, 16), (3, 64)], ids=["7x13", "16x16", "3x64"])
+def test_balanced_ranking_gives_equal_row_lengths(shape):
+    scores = torch.rand(shape, dtype=F64)
+    removed = rank_for_removal(scores, None, 0.72, balanced=True)
+    kept = (~removed).sum(dim=1)
+    assert bool((kept == shape[1] - removal_count(shape[1], 0.72)).all())
+    # the removed ones are the lowest of their row
+    for f in range(shape[0]):
+        assert float(scores[f][removed[f]].max()) <= float(scores[f][~removed[f]].min())
+
+
+def test_layer_wide_ranking_removes_the_lowest_of_the_layer():
+    scores = torch.rand(7, 13, dtype=F64)
+    removed = rank_for_removal(scores, None, 0.5, balanced=False)
+    assert int(removed.sum()) == removal_count(7 * 13, 0.5)
+    assert float(scores[removed].max()) <= float(scores[~removed].min())
+
+
+def test_ranking_ties_go_to_the_secondary_key():
+    primary = torch.zeros(1, 4, dtype=F64)
+    secondary = torch.tensor([[3.0, 1.0, 2.0, 0.5]], dtype=F64)
+    removed = rank_for_removal(primary, secondary, 0.5, balanced=True)
+    assert removed.tolist() == [[False, True, False, True]]
+
+
+def test_loss_rose_margin():
+    assert not loss_rose(None, 5.0, 0.0018)
+    assert not loss_rose(1.0, 1.0018, 0.0018)
+    assert loss_rose(1.0, 1.0019, 0.0018)
+    assert not loss_rose(1.0, 0.5, 0.0018)
+
+
+def test_layer_finalizer_counts_only_counted_batches():
+    pool = all_patterns()[:5]
+    fin = LayerFinalizer((3, 4), 5, 0.5, balanced=True)
+    w, g = _pair((3, 4), seed=1)
+    fin.update(w, g, pool, count=True)
+    w2, g2 = _pair((3, 4), seed=2)
+    fin.update(w2, g2, pool, count=False)
+    assert fin.batches == 2 and fin.counted == 1
+    assert int(fin.pattern_counts.sum()) == 12
+    best = pattern_scores(w, g, pool).argmax(-1)
+    assert torch.equal(fin.final_patterns(), best)
+    assert bool((fin.kernel_votes.sum(dim=1) == 2).all())  # 2 of 4 kernels per filter voted
+    removed = fin.removed_kernels()
+    assert bool(((~removed).sum(1) == 2).all())
+    expected = rank_for_removal(kernel_scores(w, g), None, 0.5, True)
+    assert torch.equal(removed, expected)
+
+
+def test_final_kernels_are_all_zero_or_exactly_one_pool_pattern():
+    pool = all_patterns()[[3, 40, 77, 101]]
+    chosen = torch.randint(0, 4, (6, 5))
+    removed = rank_for_removal(torch.rand(6, 5), None, 0.6, True)
+    keep = kernel_keep_mask(pool, chosen, removed)
+    for f, c in itertools.product(range(6), range(5)):
+        k = keep[f, c]
+        matches = [i for i in range(4) if torch.equal(k, pool[i])]
+        assert (not k.any()) if removed[f, c] else matches == [int(chosen[f, c])]
+
+
+# -- modified group lasso (Sec. 4.4) ----------------------------------------------------------
+
+
+def test_modified_group_lasso_matches_loop_and_spares_kept_weights():
+    w, _ = _pair((3, 4), seed=9)
+    w.requires_grad_(True)
+    pool = all_patterns()[[0, 50, 100]]
+    chosen = torch.randint(0, 3, (3, 4))
+    keep = pool[chosen]
+    removed = torch.zeros(3, 4, dtype=torch.bool)
+    removed[1, 2] = removed[2, 0] = True
+    value = modified_group_lasso(w, keep, removed)
+    expected = 0.0
+    for f, c in itertools.product(range(3), range(4)):
+        outside = float((w[f, c] * ~keep[f, c]).square().sum().detach())
+        expected += (outside + 1e-8) ** 0.5
+        if removed[f, c]:
+            expected += (float(w[f, c].square().sum().detach()) + 1e-8) ** 0.5
+    assert value.item() == pytest.approx(expected, rel=1e-12)
+    value.backward()
+    protected = keep & ~removed.unsqueeze(-1).unsqueeze(-1)
+    assert torch.count_nonzero(w.grad[protected]) == 0
+    assert bool((w.grad[~keep] != 0).all())
+
+
+# -- schedule and validation ------------------------------------------------------------------
+
+
+def test_default_schedule_for_30_and_190_epochs():
+    s30 = resolve_schedule(ClickTrainConfig(), 30)
+    assert (s30.max_dense_epochs, s30.pool_epochs, s30.finalize_epochs) == (8, 2, 2)
+    assert s30.hard_prune_epoch == 15
+    s190 = resolve_schedule(ClickTrainConfig(), 190)
+    assert (s190.pool_epochs, s190.finalize_epochs, s190.hard_prune_epoch) == (10, 10, 95)
+    s3 = resolve_schedule(ClickTrainConfig(), 3)
+    assert (s3.max_dense_epochs, s3.pool_epochs, s3.finalize_epochs, s3.hard_prune_epoch) == (
+        1,
+        1,
+        1,
+        3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "epochs", "match"),
+    [
+        ({"hard_prune_epoch": 5, "dense_epochs": 3, "pool_epochs": 2}, 30, "after finalization"),
+        ({"hard_prune_epoch": 31}, 30, "after the end of training"),
+        ({}, 2, "does not fit"),
+        ({"pool_epochs": 0}, 30, "pool_epochs must be >= 1"),
+        ({"dense_epochs": -1}, 30, "dense_epochs must be >= 0"),
+    ],
+    ids=["prune_before_finalize", "prune_after_end", "too_short", "zero_pool", "negative_dense"],
+)
+def test_inconsistent_schedule_raises(options, epochs, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_schedule(ClickTrainConfig(**options), epochs)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"pool_size": 0}, "pool_size"),
+        ({"pool_size": 127}, "pool_size"),
+        ({"connectivity": 1.0}, "connectivity"),
+        ({"kernel_ranking": "global"}, "kernel_ranking"),
+        ({"sparse_impl": "triton"}, "sparse_impl"),
+        ({"loss_margin": -0.1}, "loss_margin"),
+        ({"penalty": float("nan")}, "penalty"),
+        ({"loss_derivative_threshold": 0.0}, "loss_derivative_threshold"),
+        ({"sparse_threshold": 1.5}, "sparse_threshold"),
+        ({"hard_prune_epoch": 2, "dense_epochs": 2}, "hard pruning must come after"),
+    ],
+    ids=[
+        "pool0",
+        "pool127",
+        "conn1",
+        "ranking",
+        "impl",
+        "margin",
+        "penalty_nan",
+        "threshold",
+        "sparse_threshold",
+        "schedule",
+    ],
+)
+def test_validate_rejects_bad_options(options, match):
+    method = ClickTrain(ClickTrainConfig(**options))
+    with pytest.raises(ValueError, match=match):
+        method.validate(TrainConfig(model="resnet20", epochs=30))
+
+
+@pytest.mark.parametrize("model", ["resnet20", "vgg11", "resnet50"], ids=["r20", "vgg11", "r50"])
+def test_validate_accepts_real_models_and_pool_bounds(model):
+    for size in (1, 126):
+        ClickTrain(ClickTrainConfig(pool_size=size)).validate(TrainConfig(model=model, epochs=30))

@@ -1,0 +1,306 @@
+"""ClickTrain as a method: stages driven through its hooks by a small loop (as the Trainer does)."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.methods.base import TrainContext
+from impl.methods.clicktrain import ClickTrain, ClickTrainConfig, prunable_layers
+from impl.ops import PatternConv2d
+
+
+class TinyNet(nn.Module):
+    """Stem conv (never pruned), two prunable 3x3 convs, a 1x1 conv, a classifier."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.block_a = nn.Conv2d(channels, 12, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(12)
+        self.block_b = nn.Conv2d(12, 12, 3, stride=2, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(12)
+        self.shortcut = nn.Conv2d(channels, 12, 1, stride=2, bias=False)
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.block_a(x)))
+        y = self.bn3(self.block_b(y)) + self.shortcut(x)
+        return self.fc(F.relu(y).mean(dim=(2, 3)))
+
+
+class OneByOneNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x)).mean(dim=(2, 3))
+
+
+def _data(n_batches: int = 3, batch: int = 16, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    xs = torch.randn(n_batches, batch, 1, 9, 9, generator=gen)
+    ys = torch.randint(0, 4, (n_batches, batch), generator=gen)
+    xs[:, :, :, :3, :3] += ys.view(n_batches, batch, 1, 1, 1).float()  # learnable signal
+    return list(zip(xs, ys, strict=True))
+
+
+def _context(model: nn.Module, epochs: int) -> TrainContext:
+    return TrainContext(
+        model=model,
+        optimizer=None,
+        config=SimpleNamespace(epochs=epochs, model=None),
+        device=torch.device("cpu"),
+        input_shape=(1, 9, 9),
+    )
+
+
+def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-3
+    )
+
+
+def _run_epochs(method: ClickTrain, ctx: TrainContext, epochs: range, data, on_step=None):
+    for epoch in epochs:
+        ctx.epoch = epoch
+        method.on_epoch_start(ctx)
+        ctx.model.train()
+        for x, y in data:
+            out = ctx.model(x)
+            loss = F.cross_entropy(out, y)
+            total = method.loss(ctx, loss, out, y)
+            ctx.optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            method.after_backward(ctx)
+            ctx.optimizer.step()
+            method.after_step(ctx)
+            ctx.step += 1
+            if on_step is not None:
+                on_step(method, ctx)
+        method.on_epoch_end(ctx)
+        method.epoch_metrics(ctx)
+
+
+def _train(options: dict, epochs: int = 5, seed: int = 0, on_step=None, n_batches: int = 3):
+    torch.manual_seed(seed)
+    method = ClickTrain(ClickTrainConfig(**options))
+    ctx = _context(TinyNet(), epochs)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    _run_epochs(method, ctx, range(epochs), _data(n_batches), on_step)
+    return method, ctx
+
+
+FAST = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1, "hard_prune_epoch": 3}
+
+
+def test_prunable_layers_skip_stem_and_1x1():
+    assert prunable_layers(TinyNet()) == ["block_a", "block_b"]
+
+
+def test_setup_rejects_a_model_without_3x3_convs():
+    method = ClickTrain()
+    with pytest.raises(ValueError, match="3x3"):
+        method.setup(_context(OneByOneNet(), 30))
+
+
+def test_stages_run_in_order_and_final_kernels_match_one_pool_pattern():
+    method, ctx = _train({**FAST, "connectivity": 0.5}, epochs=5)
+    assert method.stage_start == {
+        "dense": 0,
+        "pool": 1,
+        "finalize": 2,
+        "regularize": 3,
+        "sparse": 3,
+    }
+    pool = method.pool.patterns()
+    assert bool((pool.flatten(1).sum(1) == 4).all())
+    assert len({tuple(p.flatten().tolist()) for p in pool}) == pool.shape[0]
+    for name in method.layers:
+        keep = method.masks[f"{name}.weight"]
+        w = ctx.model.get_submodule(name).weight.detach()
+        assert torch.count_nonzero(w[~keep]) == 0
+        for f in range(keep.shape[0]):
+            for c in range(keep.shape[1]):
+                matches = sum(torch.equal(keep[f, c], p) for p in pool)
+                assert (not keep[f, c].any()) or matches == 1
+
+
+@pytest.mark.parametrize("sparse_impl", ["none", "auto"], ids=["masked_dense", "pattern_conv"])
+def test_pruned_weights_stay_exactly_zero_for_50_steps(sparse_impl):
+    checked = []
+
+    def check(method: ClickTrain, ctx: TrainContext) -> None:
+        if method.stage != "sparse":
+            return
+        for name in method.layers:
+            p = ctx.model.get_submodule(name).weight
+            pruned = ~method.masks[f"{name}.weight"]
+            assert torch.count_nonzero(p.detach()[pruned]) == 0
+            buf = ctx.optimizer.state[p]["momentum_buffer"]
+            assert torch.count_nonzero(buf[pruned]) == 0
+        checked.append(ctx.step)
+
+    # hard pruning at the start of epoch 3; epochs 3 to 12 x 5 batches = 50 steps after it
+    options = {**FAST, "connectivity": 0.6, "sparse_impl": sparse_impl}
+    method, ctx = _train(options, epochs=13, on_step=check, n_batches=5)
+    assert len(checked) == 50
+    is_pattern = [isinstance(ctx.model.get_submodule(n), PatternConv2d) for n in method.layers]
+    assert all(is_pattern) == (sparse_impl == "auto")
+    for name in method.layers:  # the optimizer kept updating the kept weights
+        p = ctx.model.get_submodule(name).weight
+        keep = method.masks[f"{name}.weight"]
+        assert bool((~keep).any()) and bool((p.detach()[keep] != 0).all())
+        assert torch.count_nonzero(ctx.optimizer.state[p]["momentum_buffer"][keep]) > 0
+
+
+def test_sparse_conv_only_above_threshold_and_decision_recorded():
+    method, ctx = _train({**FAST, "connectivity": 0.0}, epochs=4)
+    for name in method.layers:  # 5/9 = 0.556 sparsity: below 0.65, stays dense
+        assert not isinstance(ctx.model.get_submodule(name), PatternConv2d)
+        assert method.sparse_layers[name]["sparsity"] == pytest.approx(5 / 9)
+        assert method.sparse_layers[name]["pattern_conv"] is False
+    method, ctx = _train({**FAST, "connectivity": 0.5}, epochs=4)
+    for name in method.layers:
+        assert isinstance(ctx.model.get_submodule(name), PatternConv2d)
+        assert method.sparse_layers[name]["pattern_conv"] is True
+
+
+def test_balanced_connectivity_gives_equal_row_lengths():
+    method, ctx = _train({**FAST, "connectivity": 0.6}, epochs=4)
+    for name in method.layers:
+        module = ctx.model.get_submodule(name)
+        assert isinstance(module, PatternConv2d)
+        lengths = module.row_ptr.diff()
+        assert bool((lengths == lengths[0]).all())
+        c = module.weight.shape[1]
+        assert int(lengths[0]) == 4 * (c - round(0.6 * c))
+
+
+def test_layer_wide_ranking_removes_the_layer_fraction():
+    method, _ = _train({**FAST, "connectivity": 0.6, "kernel_ranking": "layer"}, epochs=4)
+    for name in method.layers:
+        removed = method.removed[name]
+        assert int(removed.sum()) == round(0.6 * removed.numel())
+
+
+def _feed_epoch_losses(method: ClickTrain, ctx: TrainContext, losses):
+    for epoch, value in enumerate(losses):
+        ctx.epoch = epoch
+        method.on_epoch_start(ctx)
+        method.loss(ctx, torch.tensor(value), None, None)
+        method.on_epoch_end(ctx)
+
+
+def test_stage_one_ends_when_loss_derivative_falls_below_threshold():
+    method = ClickTrain(ClickTrainConfig())
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    _feed_epoch_losses(method, ctx, [2.0, 1.5, 1.4])  # derivatives 0.5, then 0.1 < 0.27
+    assert method.stage_start["pool"] == 3
+    assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
+
+
+def test_stage_one_is_capped_by_max_dense_epochs():
+    method = ClickTrain(ClickTrainConfig(max_dense_epochs=3))
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    _feed_epoch_losses(method, ctx, [3.0, 2.0, 1.0])  # derivatives stay at 1.0
+    assert method.stage == "pool" and method.stage_start["pool"] == 3
+
+
+def test_loss_margin_skips_batches_where_loss_rose():
+    method = ClickTrain(ClickTrainConfig(**FAST))
+    ctx = _context(TinyNet(), 5)
+    method.setup(ctx)
+    method._enter("finalize", 0)
+    method.pool.scores[[0, 5]] = 1.0
+    method.pool.finalize()
+    method._finish_pool(ctx)
+    model = ctx.model
+    x, y = _data(1)[0]
+    for value in (1.0, 2.0, 1.5, 1.5):  # counted (first), skipped (rose), counted, counted
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        method.loss(ctx, torch.tensor(value), out, y)
+        model.zero_grad()
+        loss.backward()
+        method.after_backward(ctx)
+    fin = method.finalizers["block_a"]
+    assert (fin.batches, fin.counted) == (4, 3)
+
+
+@pytest.mark.parametrize("stop", [2, 4], ids=["in_finalize", "after_hard_prune"])
+def test_resume_gives_the_same_result(stop):
+    epochs = 6
+    options = {**FAST, "connectivity": 0.5}
+    reference, ref_ctx = _train(options, epochs=epochs)
+
+    torch.manual_seed(0)
+    method = ClickTrain(ClickTrainConfig(**options))
+    ctx = _context(TinyNet(), epochs)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    data = _data()
+    _run_epochs(method, ctx, range(stop), data)
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "method": method.state_dict(),
+            "model": ctx.model.state_dict(),
+            "opt": ctx.optimizer.state_dict(),
+        },
+        buffer,
+    )
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+
+    torch.manual_seed(123)  # a different init: everything must come from the checkpoint
+    resumed = ClickTrain(ClickTrainConfig(**options))
+    ctx2 = _context(TinyNet(), epochs)
+    resumed.setup(ctx2)
+    resumed.load_state_dict(state["method"], ctx2)
+    ctx2.model.load_state_dict(state["model"])
+    ctx2.optimizer = _optimizer(ctx2.model)
+    ctx2.optimizer.load_state_dict(state["opt"])
+    ctx2.step = ctx.step
+    _run_epochs(resumed, ctx2, range(stop, epochs), data)
+
+    assert resumed.stage_start == reference.stage_start
+    assert torch.equal(resumed.pool.pattern_ids, reference.pool.pattern_ids)
+    for name in reference.layers:
+        assert type(ctx2.model.get_submodule(name)) is type(ref_ctx.model.get_submodule(name))
+        torch.testing.assert_close(
+            ctx2.model.get_submodule(name).weight, ref_ctx.model.get_submodule(name).weight
+        )
+
+
+def test_summary_and_cost_report_the_pruned_model():
+    method, ctx = _train({**FAST, "connectivity": 0.5}, epochs=4)
+    summary = method.summary(ctx)["clicktrain"]
+    total = sum(m.weight.numel() for m in ctx.model.modules() if isinstance(m, nn.Conv2d))
+    nonzero = sum(
+        int(torch.count_nonzero(m.weight)) for m in ctx.model.modules() if isinstance(m, nn.Conv2d)
+    )
+    assert summary["compression_ratio"] == pytest.approx(total / nonzero)
+    kernels = sum(summary["layers"][n]["kernels"] for n in method.layers)
+    usage = summary["pattern_usage"]
+    assert sum(usage["kept_kernels_per_pattern"]) + usage["removed_kernels"] == kernels
+    assert len(summary["pool"]) == len(usage["kept_kernels_per_pattern"])
+    assert summary["layers"]["block_a"]["pattern_conv"] is True
+    flops = summary["flops"]
+    assert 0 < flops["inference_flops_saved_nominal"] < 1
+    assert flops["train_flops_saved_nominal"] < flops["inference_flops_saved_nominal"]
+    cost = method.cost(ctx.model)
+    assert set(cost) == set(method.layers)
+    assert cost["block_a"].forward == pytest.approx(1 - summary["layers"]["block_a"]["sparsity"])

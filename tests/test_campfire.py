@@ -172,19 +172,35 @@ def test_pruned_layers_of_resnet20() -> None:
 START, ERA, EPOCHS, STEPS = 1, 2, 9, 10  # 60 steps after the era
 
 
-def _loop(method: Campfire, model: nn.Module, epochs: int, steps: int, seed: int = 0):
-    """Call the hooks as the Trainer does; yield (epoch, step index, ctx) after every step."""
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+def _loop(
+    method: Campfire,
+    model: nn.Module,
+    epochs: int,
+    steps: int,
+    *,
+    first: int = 0,
+    last: int | None = None,
+    state: dict | None = None,
+):
+    """Call the hooks as the Trainer does (epochs ``first`` to ``last``, resuming from ``state``
+    when given); yield (epoch, step index, ctx) after every step. Batches depend on (epoch, i)."""
     ctx = TrainContext(model, None, TrainConfig(method="campfire", epochs=epochs), "cpu")
     method.validate(ctx.config)
     method.setup(ctx)
+    if state is not None:
+        method.load_state_dict(state["method"], ctx)
+        model.load_state_dict(state["model"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        ctx.step = state["step"]
     ctx.optimizer = opt
-    for epoch in range(epochs):
+    for epoch in range(first, epochs if last is None else last):
         ctx.epoch = epoch
         ctx.steps_per_epoch = steps
         method.on_epoch_start(ctx)
         for i in range(steps):
+            g = torch.Generator().manual_seed(1000 * epoch + i)
             x = torch.randn(8, 1, 6, 6, generator=g)
             y = torch.randint(0, 5, (8,), generator=g)
             loss = F.cross_entropy(model(x), y)
@@ -197,9 +213,9 @@ def _loop(method: Campfire, model: nn.Module, epochs: int, steps: int, seed: int
             yield epoch, i, ctx
 
 
-def _run(method: Campfire, model: nn.Module, epochs: int, steps: int) -> TrainContext:
+def _run(method: Campfire, model: nn.Module, epochs: int, steps: int, **kw) -> TrainContext:
     """Run the whole loop; return the context."""
-    *_, (_, _, ctx) = _loop(method, model, epochs, steps)
+    *_, (_, _, ctx) = _loop(method, model, epochs, steps, **kw)
     return ctx
 
 
@@ -312,6 +328,34 @@ def test_state_dict_round_trip_restores_masks() -> None:
     bad = {"masks": {"nope.weight": torch.ones(2, dtype=torch.bool)}}
     with pytest.raises(ValueError, match="does not prune"):
         other.load_state_dict(bad, ctx)
+
+
+@pytest.mark.parametrize("stop", [2, 3], ids=["mid-era", "after-era"])
+def test_resume_equals_uninterrupted(stop) -> None:
+    """Stop after epoch ``stop``, save through weights_only, resume: the same weights at the end."""
+    cfg = dict(mask="combined", start_epoch=1, era_epochs=2, final_sparsity=0.6)
+    whole = Tiny()
+    init = {k: v.clone() for k, v in whole.state_dict().items()}
+    _run(Campfire(CampfireConfig(**cfg)), whole, 5, 4)
+
+    part = Tiny()
+    part.load_state_dict(init)
+    method = Campfire(CampfireConfig(**cfg))
+    ctx = _run(method, part, 5, 4, last=stop)
+    buf = io.BytesIO()
+    saved = {
+        "method": method.state_dict(),
+        "model": part.state_dict(),
+        "optimizer": ctx.optimizer.state_dict(),
+        "step": ctx.step,
+    }
+    torch.save(saved, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    resumed = Tiny()
+    _run(Campfire(CampfireConfig(**cfg)), resumed, 5, 4, first=stop, state=state)
+    for name, value in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
 
 
 class Plain(nn.Module):

@@ -211,6 +211,15 @@ def test_stage_one_ends_when_loss_derivative_falls_below_threshold():
     assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
 
 
+def test_stage_one_does_not_end_on_a_rising_loss():
+    method = ClickTrain(ClickTrainConfig())
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    _feed_epoch_losses(method, ctx, [2.0, 0.3, 0.8, 0.5, 0.4])  # -0.5 and 0.3 do not count
+    assert method.stage_start["pool"] == 5
+    assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
+
+
 def test_stage_one_is_capped_by_max_dense_epochs():
     method = ClickTrain(ClickTrainConfig(max_dense_epochs=3))
     ctx = _context(TinyNet(), 30)
@@ -304,3 +313,21 @@ def test_summary_and_cost_report_the_pruned_model():
     cost = method.cost(ctx.model)
     assert set(cost) == set(method.layers)
     assert cost["block_a"].forward == pytest.approx(1 - summary["layers"]["block_a"]["sparsity"])
+
+
+@pytest.mark.gpu
+def test_stages_run_on_gpu():
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    method = ClickTrain(ClickTrainConfig(**FAST, connectivity=0.5))
+    ctx = _context(TinyNet().to(device), 4)
+    ctx.device = device
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    data = [(x.to(device), y.to(device)) for x, y in _data()]
+    _run_epochs(method, ctx, range(4), data)
+    assert method.stage == "sparse"
+    for name in method.layers:
+        module = ctx.model.get_submodule(name)
+        assert isinstance(module, PatternConv2d)
+        assert torch.count_nonzero(module.weight[~method.masks[f"{name}.weight"]]) == 0

@@ -270,3 +270,19 @@ def test_bad_csr_inputs_raise_valueerror():
         pattern_spmm(torch.ones(6), row_ptr, col_ind, torch.randn(2, 4))
     with pytest.raises(ValueError, match="channels"):
         pattern_conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 3, 3, 3), torch.ones(2, 3, 3, 3))
+
+
+@pytest.mark.gpu
+def test_pattern_conv2d_reference_on_gpu_matches_dense():
+    gen = torch.Generator().manual_seed(11)
+    mask = _random_mask((8, 5, 3, 3), 0.4, gen)
+    weight = torch.randn(8, 5, 3, 3, generator=gen, dtype=F64)
+    x = torch.randn(2, 5, 7, 7, generator=gen, dtype=F64)
+    w1 = weight.cuda().requires_grad_(True)
+    out = pattern_conv2d(x.cuda(), w1, pattern_index(mask.cuda()), padding=1)
+    out.sum().backward()
+    w2 = weight.clone().requires_grad_(True)
+    ref = F.conv2d(x, w2 * mask, padding=1)
+    ref.sum().backward()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(w1.grad.cpu(), w2.grad * mask, rtol=1e-10, atol=1e-10)

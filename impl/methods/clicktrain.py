@@ -67,8 +67,9 @@ class ClickTrainConfig(MethodConfig):
         dense_epochs: fixed length of stage 1 in epochs; None (default) ends stage 1 by the
             loss-derivative rule, at the latest after ``max_dense_epochs``.
         loss_derivative_threshold: stage 1 ends after the first epoch ``e >= 1`` with
-            ``L[e-1] - L[e] < threshold``, where ``L[e]`` is the mean training cross-entropy
-            over epoch ``e``'s batches (paper: 0.27).
+            ``|L[e-1] - L[e]| < threshold``, where ``L[e]`` is the mean training
+            cross-entropy over epoch ``e``'s batches (paper: 0.27); a rising loss does not
+            end it.
         max_dense_epochs: latest end of stage 1 by the derivative rule; None: 25% of the
             epochs, shortened if needed so that pool generation and finalization end by
             ``hard_prune_epoch``.
@@ -402,9 +403,10 @@ class ClickTrain(Method):
             if s.dense_epochs is not None:
                 done = nxt >= s.dense_epochs
             else:
+                # |dL/de|: a loss that jumps up is not a loss that has settled.
                 below = (
                     self._last_derivative is not None
-                    and self._last_derivative < self.cfg.loss_derivative_threshold
+                    and abs(self._last_derivative) < self.cfg.loss_derivative_threshold
                 )
                 done = below or nxt >= s.max_dense_epochs
             if done:

@@ -396,7 +396,8 @@ def kernel_keep_mask(
     pool: torch.Tensor, chosen: torch.Tensor, removed: torch.Tensor
 ) -> torch.Tensor:
     """Final keep-mask ``[F, C, 3, 3]`` bool: each kernel's pool pattern, all-zero if removed."""
-    mask = pool.to(chosen.device)[chosen]  # [F, C, 3, 3]
+    device = removed.device
+    mask = pool.to(device)[chosen.to(device)]  # [F, C, 3, 3]
     return mask & ~removed.unsqueeze(-1).unsqueeze(-1)
 
 

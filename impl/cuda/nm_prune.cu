@@ -1,0 +1,266 @@
+// N:M pruning of SDGP (McDanel et al. 2022, Sec. III-A/B): of every m consecutive elements
+// along one dimension keep n, by magnitude (ties to the lowest index), at random, or by
+// magnitude followed by an L1-preserving rescale.
+//
+// The host views the tensor as x[O, C, I] with element strides (so, sc, si): C is the
+// grouping dimension, O the product of the dimensions before it, I of those after it (NCHW
+// with dim=1: O=N, I=H*W, sc=H*W, si=1; channels-last: sc=1, si=C). The output y has the same
+// strides. Groups are g = 0 .. G-1, G = ceil(C / m); group g holds channels [g*m, g*m + r),
+// r = min(m, C - g*m): a partial last group keeps min(n, r) of its r elements, as the
+// reference does (it pads with scores of -inf, which are never kept).
+//
+// Element types: float32, float64, and float16 / bfloat16 handled as raw 16-bit words.
+// Scores and sums use A = float (float64 for float64 inputs), as the torch reference does.
+// NaN magnitudes rank above every number (torch's sort puts NaN first when descending);
+// equal scores keep the lowest index (torch's stable sort).
+#include "pdt_common.cuh"
+
+#define PDT_NM_MAGNITUDE 0
+#define PDT_NM_RANDOM 1
+#define PDT_NM_RESCALED 2
+
+__device__ __forceinline__ float pdt_abs(float a) {
+  return __uint_as_float(__float_as_uint(a) & 0x7fffffffu);
+}
+__device__ __forceinline__ double pdt_abs(double a) {
+  return __longlong_as_double(__double_as_longlong(a) & 0x7fffffffffffffffLL);
+}
+
+// a ranks strictly before b in a descending sort (NaN above everything, NaNs equal)
+__device__ __forceinline__ bool pdt_gt(float a, float b) { return a > b || (a != a && b == b); }
+__device__ __forceinline__ bool pdt_gt(double a, double b) { return a > b || (a != a && b == b); }
+__device__ __forceinline__ bool pdt_gt(u32 a, u32 b) { return a > b; }
+
+// Rank of this lane's score among the r valid lanes of its W-lane sub-warp: the number of
+// lanes that sort before it (greater score, or equal score and lower index). Every lane of
+// the warp must call it (shuffles); lanes k >= r take no part in the ranking.
+template <int W, typename S>
+__device__ __forceinline__ int pdt_nm_rank(S s, int k, int r) {
+  int rank = 0;
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const S sj = __shfl_sync(PDT_FULL_MASK, s, j, W);
+    if (j < r && j != k) rank += (pdt_gt(sj, s) || (j < k && !pdt_gt(s, sj))) ? 1 : 0;
+  }
+  return rank;
+}
+
+// (o, g, i) of group t: g fastest when a group is contiguous (ch_contig), else i fastest.
+__device__ __forceinline__ void pdt_nm_decode(u32 t, u32 G, u32 I, int ch_contig, u32& o,
+                                              u32& g, u32& i) {
+  if (ch_contig) {
+    g = t % G;
+    const u32 rem = t / G;
+    i = rem % I;
+    o = rem / I;
+  } else {
+    i = t % I;
+    const u32 rem = t / I;
+    g = rem % G;
+    o = rem / G;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Selection: y = x where kept, 0 elsewhere; with mode RESCALED the kept values are
+// multiplied by ratio[(o / o2) * C + c] (from pdt_nm_ratio_*).
+//    x       [O, C, I] global, strides (so, sc, si); read once
+//    y       [O, C, I] global, same strides; written in full
+//    seed    [2] int64 global (mode RANDOM only): Philox key and stream, drawn by the host
+//            from the caller's torch.Generator so that the draw is reproducible
+//    ratio   [(O / o2) * C] A global (mode RESCALED only)
+//    grid:   1-D, grid-stride over the O * G * I groups (the host checks < 2^31), 32 / W
+//            groups per warp, one W-lane sub-warp per group (W = the power of two >= m),
+//            lane k holding element k of its group; when ch_contig, g varies fastest (a
+//            group is contiguous), otherwise i does (coalesced along the spatial dims of
+//            NCHW tensors).
+//    RANDOM draws one 32-bit Philox uniform per element, counter = (logical group index
+//    (o * I + i) * G + g, k / 4, stream), word k % 4: the draw does not depend on the layout.
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restrict__ x,
+                                                   typename Tr::T* __restrict__ y, int O, int C,
+                                                   int I, i64 so, i64 sc, i64 si, int n, int m,
+                                                   int mode, const i64* __restrict__ seed,
+                                                   const typename Tr::A* __restrict__ ratio,
+                                                   int o2, int ch_contig) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  constexpr int GPW = 32 / W;  // groups per warp
+  const u32 G = (u32)((C + m - 1) / m);
+  const u32 total = (u32)O * G * (u32)I;
+  const int lane = threadIdx.x & 31;
+  const int k = lane & (W - 1);
+  const u32 sub = (u32)(lane / W);
+  u32 k0 = 0u, k1 = 0u, stream = 0u;
+  if (mode == PDT_NM_RANDOM) {
+    const u64 s0 = (u64)seed[0];
+    k0 = (u32)s0;
+    k1 = (u32)(s0 >> 32);
+    stream = (u32)(u64)seed[1];
+  }
+  const u32 warp_id = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
+  for (u32 t0 = warp_id * GPW; t0 < total; t0 += nwarps * GPW) {  // warp-uniform loop
+    const u32 t = t0 + sub;
+    u32 o = 0u, g = 0u, i = 0u;
+    int r = 0;
+    if (t < total) {
+      pdt_nm_decode(t, G, (u32)I, ch_contig, o, g, i);
+      r = min(m, C - (int)g * m);
+    }
+    const bool mine = k < r;
+    const int c = (int)g * m + k;
+    const i64 at = (i64)o * so + (i64)c * sc + (i64)i * si;
+    const T v = mine ? x[at] : T(0);
+    int rank;
+    if (mode == PDT_NM_RANDOM) {
+      const u64 gid = ((u64)o * (u64)I + i) * (u64)G + g;
+      PdtU4 ctr;
+      ctr.x = (u32)gid;
+      ctr.y = (u32)(gid >> 32);
+      ctr.z = (u32)(k >> 2);
+      ctr.w = stream;
+      const PdtU4 q = pdt_philox(ctr, k0, k1);
+      const int w = k & 3;
+      const u32 s = w == 0 ? q.x : (w == 1 ? q.y : (w == 2 ? q.z : q.w));
+      rank = pdt_nm_rank<W, u32>(s, k, r);
+    } else {
+      rank = pdt_nm_rank<W, A>(pdt_abs(Tr::to_a(v)), k, r);
+    }
+    const bool keep = rank < n;
+    if (mine) {
+      if (mode == PDT_NM_RESCALED) {
+        const A rt = ratio[(i64)(o / (u32)o2) * C + c];
+        y[at] = Tr::from_a((keep ? Tr::to_a(v) : A(0)) * rt);
+      } else {
+        y[at] = keep ? v : T(0);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics of the rescale: sx[o, c] = sum_i |x[o, c, i]|, sy[o, c] = the same over the
+// elements kept by magnitude, accumulated in A.
+//    x       [O, C, I] global, strides (so, sc, si)
+//    sx, sy  [O, C] A global, written in full
+//    red_x, red_y [PDT_NM_BLOCK] A shared: the fixed-order tree reduction
+//    grid:   (O, ceil(G / GT)); block: PDT_NM_BLOCK threads. Thread tid is lane
+//            k = tid % W of group blockIdx.y * GT + (tid / W) % GT and handles positions
+//            i = tid / (W * GT) + q * (BLOCK / (W * GT)). GT = 2^gt_log2: 1 for NCHW, up to
+//            32 / W when a group is contiguous (a warp then reads 32 neighbouring channels).
+// The sums are deterministic (fixed order) but not in torch's order: they may differ from
+// the reference's sums in the last bits (see docs/kernels.md).
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restrict__ x, int O,
+                                                  int C, int I, i64 so, i64 sc, i64 si, int n,
+                                                  int m, int gt_log2,
+                                                  typename Tr::A* __restrict__ sx,
+                                                  typename Tr::A* __restrict__ sy) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  __shared__ A red_x[PDT_NM_BLOCK];
+  __shared__ A red_y[PDT_NM_BLOCK];
+  const int tid = threadIdx.x;
+  const int GT = 1 << gt_log2;
+  const int row = W * GT;  // threads per position i
+  const int ith = PDT_NM_BLOCK / row;
+  const int k = tid & (W - 1);
+  const int gl = (tid / W) & (GT - 1);
+  const int ii = tid / row;
+  const int G = (C + m - 1) / m;
+  const int o = blockIdx.x;
+  const int g = blockIdx.y * GT + gl;
+  const int c = g * m + k;
+  const int r = g < G ? min(m, C - g * m) : 0;
+  const bool mine = k < r;
+  A ax = A(0), ay = A(0);
+  const i64 base = (i64)o * so + (i64)c * sc;
+  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
+    const int i = i0 + ii;
+    const int ri = i < I ? r : 0;
+    const bool act = k < ri;
+    const T v = act ? x[base + (i64)i * si] : T(0);
+    const A a = pdt_abs(Tr::to_a(v));
+    const int rank = pdt_nm_rank<W, A>(a, k, ri);
+    if (act) {
+      ax += a;
+      if (rank < n) ay += a;
+    }
+  }
+  red_x[tid] = ax;
+  red_y[tid] = ay;
+  __syncthreads();
+  for (int s = ith >> 1; s > 0; s >>= 1) {
+    if (ii < s) {
+      red_x[tid] += red_x[tid + s * row];
+      red_y[tid] += red_y[tid + s * row];
+    }
+    __syncthreads();
+  }
+  if (ii == 0 && mine) {
+    sx[(i64)o * C + c] = red_x[tid];
+    sy[(i64)o * C + c] = red_y[tid];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rescale ratios: ratio[b, c] = (sum_{q < o2} sx[b*o2 + q, c]) / ((sum_q sy[...]) + eps),
+// summed in increasing q. Plane rule (authors' code): o2 = the dims between the batch and
+// the grouping dim (1 for NCHW); channel rule (paper text): one b, o2 = O.
+//    sx, sy  [O, C] A global; ratio [(O / o2) * C] A global, written in full
+//    grid:   1-D over (O / o2) * C threads.
+// ---------------------------------------------------------------------------------------
+template <typename A>
+__device__ __forceinline__ void pdt_nm_ratio_body(const A* __restrict__ sx,
+                                                  const A* __restrict__ sy, A* __restrict__ ratio,
+                                                  int nb, int o2, int C, double eps) {
+  const i64 total = (i64)nb * C;
+  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < total;
+       t += (i64)gridDim.x * blockDim.x) {
+    const i64 b = t / C, c = t - (t / C) * C;
+    A ax = A(0), ay = A(0);
+    for (int q = 0; q < o2; ++q) {
+      ax += sx[(b * o2 + q) * C + c];
+      ay += sy[(b * o2 + q) * C + c];
+    }
+    ratio[t] = ax / (ay + (A)eps);
+  }
+}
+
+#define PDT_NM_KERNELS(SUF, TR, W)                                                          \
+  extern "C" __global__ void pdt_nm_select_##SUF##_w##W(                                    \
+      const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
+      int mode, const i64* seed, const TR::A* ratio, int o2, int ch_contig) {                  \
+    pdt_nm_select_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,       \
+                                 ch_contig);                                                   \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_stats_##SUF##_w##W(     \
+      const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int gt_log2,  \
+      TR::A* sx, TR::A* sy) {                                                                  \
+    pdt_nm_stats_body<TR, W>(x, O, C, I, so, sc, si, n, m, gt_log2, sx, sy);                \
+  }
+
+#define PDT_NM_ALL_M(SUF, TR) \
+  PDT_NM_KERNELS(SUF, TR, 1)  \
+  PDT_NM_KERNELS(SUF, TR, 2)  \
+  PDT_NM_KERNELS(SUF, TR, 4)  \
+  PDT_NM_KERNELS(SUF, TR, 8)  \
+  PDT_NM_KERNELS(SUF, TR, 16) \
+  PDT_NM_KERNELS(SUF, TR, 32)
+
+PDT_NM_ALL_M(f32, TraitF32)
+PDT_NM_ALL_M(f64, TraitF64)
+PDT_NM_ALL_M(f16, TraitF16)
+PDT_NM_ALL_M(bf16, TraitBF16)
+
+extern "C" __global__ void pdt_nm_ratio_f32(const float* sx, const float* sy, float* ratio,
+                                            int nb, int o2, int C, double eps) {
+  pdt_nm_ratio_body<float>(sx, sy, ratio, nb, o2, C, eps);
+}
+extern "C" __global__ void pdt_nm_ratio_f64(const double* sx, const double* sy, double* ratio,
+                                            int nb, int o2, int C, double eps) {
+  pdt_nm_ratio_body<double>(sx, sy, ratio, nb, o2, C, eps);
+}

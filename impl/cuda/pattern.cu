@@ -1,0 +1,354 @@
+// Pattern-sparse kernels of ClickTrain (Sec. 5.1 and 5.2) and their training support.
+//
+// Conventions (every kernel):
+//   * A layer's filter matrix is F x K with K = C*R*S in im2col order (column c*R*S + r*S + s),
+//     row-major: element (f, k) at f * ld + k.
+//   * Its kept positions are a CSR structure built once (impl.ops.pattern.pattern_positions):
+//     row_ptr [F + 1] int64 and col_ind [nnz] int64, in GPU global memory; the columns of
+//     each row are sorted ascending and unique (a mask's nonzeros, row-major).
+//   * values [nnz] (global) hold the weights at those positions, in CSR order.
+//   * Dense operands are row-major with a row stride (ld*) and, when batched, a batch
+//     stride (s*), both in elements; the batch index is blockIdx.z.
+//   * All sizes are in elements. No kernel allocates memory; outputs are written in full
+//     unless stated (the host poisons outputs in the tests to check that).
+#include "pdt_common.cuh"
+
+// ---------------------------------------------------------------------------------------
+// 1. Convert2CSR with predefined positions (Sec. 5.1): gather the values of a dense filter
+//    matrix at the kept positions.
+//    dense   [F x ld] global, read at (f, col_ind[j]) only
+//    row_ptr [F + 1], col_ind [nnz] global
+//    val     [nnz] global, written in full
+//    grid: one block per row (grid-stride over rows), any block size.
+// ---------------------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void pdt_csr_gather_body(const T* __restrict__ dense, i64 ld,
+                                                    const i64* __restrict__ row_ptr,
+                                                    const i64* __restrict__ col_ind,
+                                                    T* __restrict__ val, i64 n_rows) {
+  for (i64 f = blockIdx.x; f < n_rows; f += gridDim.x) {
+    const i64 b = row_ptr[f], e = row_ptr[f + 1];
+    const T* __restrict__ row = dense + f * ld;
+    for (i64 j = b + threadIdx.x; j < e; j += blockDim.x) val[j] = row[col_ind[j]];
+  }
+}
+
+// The adjoint of the gather (the gradient of pattern_csr): dense[f, col_ind[j]] = val[j].
+//    val     [nnz] global
+//    dense   [F x ld] global; only the kept positions are written (the host zero-fills it)
+template <typename T>
+__device__ __forceinline__ void pdt_csr_scatter_body(const T* __restrict__ val, i64 ld,
+                                                     const i64* __restrict__ row_ptr,
+                                                     const i64* __restrict__ col_ind,
+                                                     T* __restrict__ dense, i64 n_rows) {
+  for (i64 f = blockIdx.x; f < n_rows; f += gridDim.x) {
+    const i64 b = row_ptr[f], e = row_ptr[f + 1];
+    T* __restrict__ row = dense + f * ld;
+    for (i64 j = b + threadIdx.x; j < e; j += blockDim.x) row[col_ind[j]] = val[j];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Pattern SpMM (Sec. 5.2): C[z] = A * B[z], A sparse F x K (CSR), B[z] dense K x N.
+//    values  [nnz], row_ptr [F + 1], col_ind [nnz]  global
+//    B       [batch][K x N] global, row stride ldb, batch stride sb; read once per block
+//    C       [batch][F x N] global, row stride ldc, batch stride sc; written in full
+//    tile    [TK x TN] shared: the rows of B's current K-step that some row of the block uses
+//    used    [1] shared: bit k set when row k0 + k of B is needed by the block
+//    grid:   (ceil(F / WARPS), ceil(N / TN), batch); block: 32 * WARPS threads.
+//    One warp per output row, one block per 1-D tile of TN columns of WARPS rows. A K-step
+//    of TK = 32 columns of A holds at most 32 nonzeros of a row (sorted, unique), so each
+//    warp reads its row's next 32 (col, value) pairs with one coalesced load and keeps them
+//    in registers (broadcast by shuffles). VEC = 16 / sizeof(T) uses 16-byte loads and
+//    stores (the host picks it only when N, ldb, sb, ldc, sc are multiples of VEC and the
+//    pointers are 16-byte aligned); VEC = 1 is the scalar fallback for any size.
+// ---------------------------------------------------------------------------------------
+template <typename T, int VEC, int CPT>
+__device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
+                                              const i64* __restrict__ row_ptr,
+                                              const i64* __restrict__ col_ind,
+                                              const T* __restrict__ B, T* __restrict__ C,
+                                              int F, int K, int N, i64 ldb, i64 sb, i64 ldc,
+                                              i64 sc) {
+  constexpr int TK = PDT_SPMM_TK;
+  constexpr int TN = 32 * VEC * CPT;
+  constexpr int NV = TN / VEC;  // vectors per tile row
+  __shared__ __align__(16) T tile[TK * TN];
+  __shared__ u32 used;
+  const int lane = threadIdx.x & 31;
+  const int f = blockIdx.x * PDT_SPMM_WARPS + (threadIdx.x >> 5);
+  const int n0 = blockIdx.y * TN;
+  const T* __restrict__ Bz = B + (i64)blockIdx.z * sb;
+  i64 p = 0, pend = 0;
+  if (f < F) {
+    p = row_ptr[f];
+    pend = row_ptr[f + 1];
+  }
+  T acc[CPT][VEC];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[i][j] = T(0);
+
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    if (threadIdx.x == 0) used = 0u;
+    __syncthreads();
+    // Phase 1: the row's nonzeros in columns [k0, k0 + TK) are the first `cnt` of the next 32.
+    int c = 0x7fffffff;
+    T v = T(0);
+    if (p + lane < pend) {
+      c = (int)col_ind[p + lane];
+      v = values[p + lane];
+    }
+    const bool in = c < k0 + TK;
+    const int cnt = __popc(__ballot_sync(PDT_FULL_MASK, in));
+    if (in) atomicOr(&used, 1u << (c - k0));
+    __syncthreads();
+    const u32 u = used;
+    if (u == 0u) continue;  // block-uniform: no row of this block has a nonzero here
+    // Phase 2: stage the used rows of B's K-step tile in shared memory (coalesced).
+    for (int t = threadIdx.x; t < TK * NV; t += blockDim.x) {
+      const int kk = t / NV;
+      const int cv = t - kk * NV;
+      if ((u >> kk) & 1u) {
+        const int n = n0 + cv * VEC;
+        T r[VEC];
+        if (n < N) {
+          pdt_load_vec<T, VEC>(Bz + (i64)(k0 + kk) * ldb + n, r);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) r[j] = T(0);
+        }
+        pdt_store_vec<T, VEC>(tile + kk * TN + cv * VEC, r);
+      }
+    }
+    __syncthreads();
+    // Phase 3: multiply-accumulate from shared memory.
+    for (int e = 0; e < cnt; ++e) {
+      const int ce = __shfl_sync(PDT_FULL_MASK, c, e) - k0;
+      const T ve = __shfl_sync(PDT_FULL_MASK, v, e);
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        T r[VEC];
+        pdt_load_vec<T, VEC>(tile + ce * TN + (i * 32 + lane) * VEC, r);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[i][j] += ve * r[j];
+      }
+    }
+    p += cnt;
+  }
+  if (f < F) {
+    T* __restrict__ Cr = C + (i64)blockIdx.z * sc + (i64)f * ldc;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int n = n0 + (i * 32 + lane) * VEC;
+      if (n < N) pdt_store_vec<T, VEC>(Cr + n, acc[i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3a. SDDMM for the weight gradient: partial[s, j] = sum over (z, n) in split s of
+//     G[z][f, n] * Bm[z][col_ind[j], n] for every nonzero j of row f (only kept positions).
+//    row_ptr [F + 1], col_ind [nnz]  global
+//    G       [batch][F x N] global (the output gradient), row stride ldg, batch stride sg
+//    Bm      [batch][K x N] global (the im2col matrix), row stride ldb, batch stride sb
+//    partial [gridDim.z * gridDim.y][nnz] global; every entry of a block's row is written;
+//            the host sums the splits in a fixed order (deterministic)
+//    gseg    [SEG] shared: a segment of G's row f, reused by every nonzero of the row
+//    accs    [EB] shared: running sums of up to EB nonzeros of the row
+//    grid:   (F, ceil(N / n_chunk), ceil(batch / b_group)); block: any multiple of 32.
+//    A warp per nonzero; its lanes stride the segment (VEC-wide when aligned) and reduce
+//    with shuffles in a fixed order.
+// ---------------------------------------------------------------------------------------
+template <typename T, int VEC>
+__device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
+                                               const i64* __restrict__ col_ind,
+                                               const T* __restrict__ G, const T* __restrict__ Bm,
+                                               T* __restrict__ partial, int N, int batch,
+                                               i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk,
+                                               int b_group, i64 nnz) {
+  constexpr int SEG = PDT_SDDMM_SEG;
+  constexpr int EB = PDT_SDDMM_EB;
+  __shared__ __align__(16) T gseg[SEG];
+  __shared__ T accs[EB];
+  const int f = blockIdx.x;
+  const i64 rb = row_ptr[f], re = row_ptr[f + 1];
+  const int nlo = blockIdx.y * n_chunk;
+  const int nhi = min(N, nlo + n_chunk);
+  const int blo = blockIdx.z * b_group;
+  const int bhi = min(batch, blo + b_group);
+  T* __restrict__ out = partial + ((i64)blockIdx.z * gridDim.y + blockIdx.y) * nnz;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (i64 eb = rb; eb < re; eb += EB) {
+    const int ne = (int)min((i64)EB, re - eb);
+    for (int e = threadIdx.x; e < ne; e += blockDim.x) accs[e] = T(0);
+    for (int z = blo; z < bhi; ++z) {
+      for (int s0 = nlo; s0 < nhi; s0 += SEG) {
+        const int len = min(SEG, nhi - s0);
+        __syncthreads();  // earlier readers of gseg are done; accs reset is visible
+        const T* __restrict__ Gr = G + (i64)z * sg + (i64)f * ldg + s0;
+        for (int t = threadIdx.x * VEC; t < len; t += blockDim.x * VEC) {
+          T r[VEC];
+          pdt_load_vec<T, VEC>(Gr + t, r);
+          pdt_store_vec<T, VEC>(gseg + t, r);
+        }
+        __syncthreads();
+        for (int e = warp; e < ne; e += nwarps) {
+          const i64 k = col_ind[eb + e];
+          const T* __restrict__ Br = Bm + (i64)z * sb + k * ldb + s0;
+          T sum = T(0);
+          for (int t = lane * VEC; t < len; t += 32 * VEC) {
+            T a[VEC], b[VEC];
+            pdt_load_vec<T, VEC>(gseg + t, a);
+            pdt_load_vec<T, VEC>(Br + t, b);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sum += a[j] * b[j];
+          }
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(PDT_FULL_MASK, sum, o);
+          if (lane == 0) accs[e] += sum;
+        }
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ne; e += blockDim.x) out[eb + e] = accs[e];
+    __syncthreads();  // before the next group of nonzeros resets accs
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3b. Implicit-im2col pattern convolution (forward): never materialises the im2col matrix.
+//     out[z, f, p, q] = bias[f] + sum_j values[j] * x[z, c_j, p*sh - ph + r_j*dh,
+//                                                    q*sw - pw + s_j*dw]
+//     over the nonzeros j of row f, col_ind[j] = c_j*R*S + r_j*S + s_j; out-of-image reads
+//     are zero (zero padding).
+//    x       [Bt, C, H, W] global, contiguous NCHW
+//    values  [nnz], row_ptr [F + 1], col_ind [nnz] global
+//    bias    [F] global, read only when has_bias
+//    out     [Bt, F, Ho, Wo] global, contiguous, written in full
+//    grid:   (ceil(F / WARPS), tiles, 1), block: 32 * WARPS threads; block (bx, by) computes
+//            position tile tile0 + by (the host launches chunks of at most 65535 tiles).
+//    One warp per filter; lane i of the warp owns output positions n0 + i + 32*t (t < CPT),
+//    so neighbouring lanes read neighbouring input pixels (coalesced when sw == 1).
+// ---------------------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void pdt_conv_implicit_body(
+    const T* __restrict__ x, const T* __restrict__ values, const i64* __restrict__ row_ptr,
+    const i64* __restrict__ col_ind, const T* __restrict__ bias, T* __restrict__ out, int Bt,
+    int C, int H, int W, int F, int R, int S, int Ho, int Wo, int sh, int sw, int ph, int pw,
+    int dh, int dw, int has_bias, i64 tile0) {
+  constexpr int CPT = PDT_CONV_CPT;
+  const int lane = threadIdx.x & 31;
+  const int f = blockIdx.x * PDT_SPMM_WARPS + (threadIdx.x >> 5);
+  if (f >= F) return;  // warp-uniform; no block-wide barrier below
+  const i64 L = (i64)Ho * Wo;
+  const i64 total = (i64)Bt * L;
+  const i64 n0 = (tile0 + blockIdx.y) * (32 * CPT);
+  const i64 chw = (i64)C * H * W;
+  i64 xb[CPT];
+  int ih0[CPT], iw0[CPT];
+  bool ok[CPT];
+#pragma unroll
+  for (int t = 0; t < CPT; ++t) {
+    const i64 n = n0 + t * 32 + lane;
+    ok[t] = n < total;
+    const i64 z = ok[t] ? n / L : 0;
+    const int l = ok[t] ? (int)(n - z * L) : 0;
+    const int pp = l / Wo, qq = l - (l / Wo) * Wo;
+    ih0[t] = pp * sh - ph;
+    iw0[t] = qq * sw - pw;
+    xb[t] = z * chw + (i64)ih0[t] * W + iw0[t];
+  }
+  T acc[CPT];
+#pragma unroll
+  for (int t = 0; t < CPT; ++t) acc[t] = T(0);
+  const int RS = R * S;
+  const i64 pend = row_ptr[f + 1];
+  for (i64 p = row_ptr[f]; p < pend; p += 32) {
+    const int cnt = (int)min((i64)32, pend - p);
+    int off = 0, dr = 0, ds = 0;
+    T v = T(0);
+    if (lane < cnt) {
+      const int col = (int)col_ind[p + lane];
+      const int c = col / RS;
+      const int rs = col - c * RS;
+      const int r = rs / S;
+      const int s = rs - r * S;
+      dr = r * dh;
+      ds = s * dw;
+      off = c * H * W + dr * W + ds;
+      v = values[p + lane];
+    }
+    for (int e = 0; e < cnt; ++e) {
+      const int oe = __shfl_sync(PDT_FULL_MASK, off, e);
+      const int dre = __shfl_sync(PDT_FULL_MASK, dr, e);
+      const int dse = __shfl_sync(PDT_FULL_MASK, ds, e);
+      const T ve = __shfl_sync(PDT_FULL_MASK, v, e);
+#pragma unroll
+      for (int t = 0; t < CPT; ++t) {
+        const int ih = ih0[t] + dre, iw = iw0[t] + dse;
+        if (ok[t] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
+          acc[t] += ve * x[xb[t] + oe];
+      }
+    }
+  }
+  const T bf = has_bias ? bias[f] : T(0);
+#pragma unroll
+  for (int t = 0; t < CPT; ++t) {
+    if (!ok[t]) continue;
+    const i64 n = n0 + t * 32 + lane;
+    const i64 z = n / L;
+    out[(z * F + f) * L + (n - z * L)] = acc[t] + bf;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// extern "C" entry points, one per dtype (and per vector width where it applies)
+// ---------------------------------------------------------------------------------------
+#define PDT_PATTERN_KERNELS(SUF, T, VEC, TN)                                                  \
+  extern "C" __global__ void pdt_csr_gather_##SUF(const T* dense, i64 ld, const i64* row_ptr, \
+                                                  const i64* col_ind, T* val, i64 n_rows) {   \
+    pdt_csr_gather_body<T>(dense, ld, row_ptr, col_ind, val, n_rows);                         \
+  }                                                                                           \
+  extern "C" __global__ void pdt_csr_scatter_##SUF(const T* val, i64 ld, const i64* row_ptr,  \
+                                                   const i64* col_ind, T* dense,              \
+                                                   i64 n_rows) {                              \
+    pdt_csr_scatter_body<T>(val, ld, row_ptr, col_ind, dense, n_rows);                        \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS)                           \
+      pdt_spmm_##SUF##_vec(const T* values, const i64* row_ptr, const i64* col_ind,           \
+                           const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb, i64 ldc,   \
+                           i64 sc) {                                                          \
+    pdt_spmm_body<T, VEC, (TN) / (32 * VEC)>(values, row_ptr, col_ind, B, C, F, K, N, ldb,    \
+                                             sb, ldc, sc);                                    \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS)                           \
+      pdt_spmm_##SUF##_scalar(const T* values, const i64* row_ptr, const i64* col_ind,        \
+                              const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,         \
+                              i64 ldc, i64 sc) {                                              \
+    pdt_spmm_body<T, 1, (TN) / 32>(values, row_ptr, col_ind, B, C, F, K, N, ldb, sb, ldc,     \
+                                   sc);                                                       \
+  }                                                                                           \
+  extern "C" __global__ void pdt_sddmm_##SUF##_vec(                                           \
+      const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int N,     \
+      int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group, i64 nnz) {       \
+    pdt_sddmm_body<T, VEC>(row_ptr, col_ind, G, Bm, partial, N, batch, ldg, sg, ldb, sb,      \
+                           n_chunk, b_group, nnz);                                            \
+  }                                                                                           \
+  extern "C" __global__ void pdt_sddmm_##SUF##_scalar(                                        \
+      const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int N,     \
+      int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group, i64 nnz) {       \
+    pdt_sddmm_body<T, 1>(row_ptr, col_ind, G, Bm, partial, N, batch, ldg, sg, ldb, sb,        \
+                         n_chunk, b_group, nnz);                                              \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS) pdt_conv_implicit_##SUF(  \
+      const T* x, const T* values, const i64* row_ptr, const i64* col_ind, const T* bias,     \
+      T* out, int Bt, int C, int H, int W, int F, int R, int S, int Ho, int Wo, int sh,       \
+      int sw, int ph, int pw, int dh, int dw, int has_bias, i64 tile0) {                      \
+    pdt_conv_implicit_body<T>(x, values, row_ptr, col_ind, bias, out, Bt, C, H, W, F, R, S,   \
+                              Ho, Wo, sh, sw, ph, pw, dh, dw, has_bias, tile0);               \
+  }
+
+PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32)
+PDT_PATTERN_KERNELS(f64, double, 2, PDT_SPMM_TN_F64)

@@ -1,0 +1,145 @@
+// Shared device helpers of the pdtbench kernels: integer types, 16-bit float conversions,
+// 16-byte vector types, and the Philox-4x32-10 counter-based random generator.
+//
+// Everything here compiles under NVRTC without any system or CUDA header (the loader
+// pastes this file into each source before handing it to NVRTC), and under nvcc.
+#pragma once
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// Tunables shared with the host (impl/cuda/loader.py passes the same -D values to NVRTC and
+// to the nvcc compile check; the host computes its grids from the same numbers).
+#ifndef PDT_SPMM_WARPS
+#define PDT_SPMM_WARPS 8  // rows (warps) of one SpMM / implicit-conv thread block
+#endif
+#ifndef PDT_SPMM_TK
+#define PDT_SPMM_TK 32  // rows of the dense operand staged in shared memory per step
+#endif
+#ifndef PDT_SPMM_TN_F32
+#define PDT_SPMM_TN_F32 256  // output columns of one SpMM block, float32
+#endif
+#ifndef PDT_SPMM_TN_F64
+#define PDT_SPMM_TN_F64 128  // output columns of one SpMM block, float64
+#endif
+#ifndef PDT_CONV_CPT
+#define PDT_CONV_CPT 4  // output positions per thread of the implicit-im2col conv
+#endif
+#ifndef PDT_SDDMM_SEG
+#define PDT_SDDMM_SEG 1024  // columns of the output gradient staged in shared memory
+#endif
+#ifndef PDT_SDDMM_EB
+#define PDT_SDDMM_EB 1024  // nonzeros of one row accumulated in shared memory at a time
+#endif
+#ifndef PDT_NM_BLOCK
+#define PDT_NM_BLOCK 256  // threads of the N:M statistics kernel (a power of two)
+#endif
+
+#define PDT_FULL_MASK 0xffffffffu
+
+// -- 16-bit floats, handled as raw bits so that no cuda_fp16.h / cuda_bf16.h is needed -----
+__device__ __forceinline__ float pdt_half_to_float(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 pdt_float_to_half(float f) {  // round to nearest even
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float pdt_bf16_to_float(u16 b) {
+  return __uint_as_float(((u32)b) << 16);
+}
+__device__ __forceinline__ u16 pdt_float_to_bf16(float f) {  // round to nearest even (as torch)
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+
+// -- element traits: storage type T, score/accumulation type A, conversions ------------------
+// A is float for float32/float16/bfloat16 and double for float64, as in the torch reference.
+struct TraitF32 {
+  typedef float T;
+  typedef float A;
+  static __device__ __forceinline__ float to_a(float x) { return x; }
+  static __device__ __forceinline__ float from_a(float x) { return x; }
+};
+struct TraitF64 {
+  typedef double T;
+  typedef double A;
+  static __device__ __forceinline__ double to_a(double x) { return x; }
+  static __device__ __forceinline__ double from_a(double x) { return x; }
+};
+struct TraitF16 {
+  typedef u16 T;
+  typedef float A;
+  static __device__ __forceinline__ float to_a(u16 x) { return pdt_half_to_float(x); }
+  static __device__ __forceinline__ u16 from_a(float x) { return pdt_float_to_half(x); }
+};
+struct TraitBF16 {
+  typedef u16 T;
+  typedef float A;
+  static __device__ __forceinline__ float to_a(u16 x) { return pdt_bf16_to_float(x); }
+  static __device__ __forceinline__ u16 from_a(float x) { return pdt_float_to_bf16(x); }
+};
+
+// -- 16-byte vectors -----------------------------------------------------------------------
+template <typename T, int VEC>
+struct VecT;
+template <typename T>
+struct VecT<T, 1> {
+  typedef T type;
+};
+template <>
+struct VecT<float, 4> {
+  typedef float4 type;
+};
+template <>
+struct VecT<double, 2> {
+  typedef double2 type;
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void pdt_load_vec(const T* __restrict__ p, T (&r)[VEC]) {
+  typedef typename VecT<T, VEC>::type V;
+  V v = *reinterpret_cast<const V*>(p);
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) r[i] = e[i];
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void pdt_store_vec(T* __restrict__ p, const T (&r)[VEC]) {
+  typedef typename VecT<T, VEC>::type V;
+  V v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) e[i] = r[i];
+  *reinterpret_cast<V*>(p) = v;
+}
+
+// -- Philox-4x32-10 (Salmon et al., SC'11), the generator of cuRAND and torch --------------
+struct PdtU4 {
+  u32 x, y, z, w;
+};
+
+__device__ __forceinline__ PdtU4 pdt_philox(PdtU4 c, u32 k0, u32 k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const u32 hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const u32 hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    PdtU4 n;
+    n.x = hi1 ^ c.y ^ k0;
+    n.y = lo1;
+    n.z = hi0 ^ c.w ^ k1;
+    n.w = lo0;
+    c = n;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}

@@ -1,0 +1,319 @@
+"""CUDA path of SDGP's N:M pruning (``impl.methods.sdgp.nm_prune``), as a torch custom op.
+
+The kernels live in ``impl/cuda/nm_prune.cu``. :func:`nm_prune_cuda` takes the arguments of
+:func:`impl.methods.sdgp.nm_prune_ref` (which defines the op) and returns what it returns:
+
+* ``magnitude``: the same tensor, bit for bit (same tie rule: among equal magnitudes the
+  lowest index is kept; NaN ranks above every number, as in torch's descending sort);
+* ``rescaled``: the same kept positions bit for bit; the rescale factors ``sum|x| /
+  (sum|y| + eps)`` are summed in the same precision (float32, float64 for float64) but in
+  the kernel's fixed order, not torch's, so values may differ in the last bits (the GPU
+  tests bound the difference by the reference's own error against float64);
+* ``random``: a uniformly random n-subset of every group, drawn in the kernel (Philox) from
+  a seed taken from ``generator``: reproducible from the generator's state and independent
+  of the memory layout, but not the reference's draw (which sorts float64 uniforms).
+
+Any ``1 <= n <= m <= 32``, any ``dim``, NCHW and channels-last (any layout whose dims
+before and after ``dim`` each merge into one stride; other layouts are copied), float32,
+float64, float16 and bfloat16. The output keeps the input's memory format.
+
+Nothing here touches the GPU or CuPy at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from impl.cuda import loader
+
+_SRC = "nm_prune.cu"
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
+METHODS: dict[str, int] = {"magnitude": 0, "random": 1, "rescaled": 2}  # kernel modes
+RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
+WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
+NM_BLOCK: int = loader.DEFINES["PDT_NM_BLOCK"]
+_MAX_U31 = 2**31 - 1
+
+
+def _kernel_names() -> tuple[str, ...]:
+    names = []
+    for suf in _SUFFIX.values():
+        for w in WIDTHS:
+            names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_stats_{suf}_w{w}"]
+    return (*names, "pdt_nm_ratio_f32", "pdt_nm_ratio_f64")
+
+
+KERNELS: tuple[str, ...] = _kernel_names()  # every kernel this module may launch
+
+
+def is_available() -> bool:
+    """Whether the N:M kernels load on the current GPU (``False`` without GPU or CuPy)."""
+    return loader.has_cuda_kernels(sources=(_SRC,))
+
+
+# -- launch planning (pure functions of shapes; tested without a GPU) -------------------------
+
+
+class NMView(NamedTuple):
+    """A tensor seen as ``[O, C, I]`` around the grouping dim (sizes and element strides).
+
+    Args:
+        O: product of the sizes before ``dim``; C: the size of ``dim``; I: after ``dim``.
+        so, sc, si: the element strides of the three merged dims.
+        nb: the batch count of the rescale (``shape[0]`` for the plane rule, else 1).
+        o2: how many consecutive ``o`` share one rescale factor (``O // nb``).
+    """
+
+    O: int
+    C: int
+    I: int
+    so: int
+    sc: int
+    si: int
+    nb: int
+    o2: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _merge(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
+    """(size, stride) of dims that merge into one strided dim, or ``None``."""
+    dims = [(n, s) for n, s in zip(sizes, strides) if n != 1]
+    size = math.prod(sizes)
+    if not dims:
+        return size, 1
+    for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
+        if s_outer != n_inner * s_inner:
+            return None
+    return size, dims[-1][1]
+
+
+def nm_view(
+    shape: Sequence[int], strides: Sequence[int], dim: int, rescale: str = "plane"
+) -> NMView | None:
+    """The ``[O, C, I]`` view of a tensor for grouping along ``dim``, or ``None`` when the
+    dims before or after ``dim`` do not merge into one stride (the caller then copies).
+
+    The rescale batch follows :func:`impl.methods.sdgp.nm_prune_ref`: the plane rule sums
+    per (``shape[0]`` index, channel) when ``dim > 0`` and the tensor has more than one dim;
+    otherwise (and for the channel rule) per channel over everything else.
+    """
+    nd = len(shape)
+    before = _merge(shape[:dim], strides[:dim])
+    after = _merge(shape[dim + 1 :], strides[dim + 1 :])
+    if before is None or after is None:
+        return None
+    (o, so), (i, si) = before, after
+    c, sc = shape[dim], strides[dim]
+    if rescale == "plane" and dim != 0 and nd > 1:
+        nb = shape[0]
+    else:
+        nb = 1
+    o2 = o // nb if nb else 0
+    return NMView(o, c, i, so, sc, si, nb, o2)
+
+
+def sub_warp_width(m: int) -> int:
+    """The kernel's sub-warp width for group size ``m``: the smallest power of two >= m."""
+    if not 1 <= m <= 32:
+        raise ValueError(f"need 1 <= m <= 32, got {m}")
+    return 1 << (m - 1).bit_length()
+
+
+def stats_groups_per_block(view: NMView, m: int) -> int:
+    """Groups per block of the statistics kernel (a power of two): 1 when a group is strided
+    (NCHW), enough to cover 32 neighbouring channels when a group is contiguous."""
+    if view.sc != 1 or view.C == 1:
+        return 1
+    w = sub_warp_width(m)
+    groups = _cdiv(view.C, m)
+    gt = 1
+    while gt * 2 * w <= 32 and gt < groups:
+        gt *= 2
+    return gt
+
+
+def _check_args(x: torch.Tensor, n: int, m: int, method: str, dim: int, rescale: str) -> int:
+    for name, v in (("n", n), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int with 1 <= n <= m <= 32; got {v!r}")
+    if not 1 <= n <= m <= 32:
+        raise ValueError(f"need 1 <= n <= m <= 32; got n={n}, m={m}")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+    if rescale not in RESCALE_RULES:
+        raise ValueError(f"unknown rescale {rescale!r}; valid: {', '.join(RESCALE_RULES)}")
+    if x.dtype not in _SUFFIX:
+        raise ValueError(
+            f"x must be float32, float64, float16 or bfloat16 for the CUDA kernel; got {x.dtype}"
+        )
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension to group along")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}]; got {dim}")
+    return dim % x.dim()
+
+
+# -- the kernels ------------------------------------------------------------------------------
+
+
+def _nm_launch(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    mode: int,
+    dim: int,
+    rescale: str,
+    seed: torch.Tensor | None,
+    eps: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the kernels; ``out`` (tests poison it) must be ``torch.empty_like(x)``-shaped."""
+    op = "nm_prune"
+    tensors = [x] + ([seed] if seed is not None else [])
+    dev = loader.require_cuda(op, *tensors, sources=(_SRC,))
+    if out is None:
+        out = torch.empty_like(x)  # preserve_format: NCHW stays NCHW, channels-last stays so
+    if x.numel() == 0:
+        return out
+    view = nm_view(x.shape, x.stride(), dim, rescale)
+    src, dst = x, out
+    if view is None or out.stride() != x.stride():  # a layout the [O, C, I] view cannot take
+        src = x.contiguous()
+        dst = torch.empty_like(src)
+        view = nm_view(src.shape, src.stride(), dim, rescale)
+        assert view is not None
+    groups = view.O * _cdiv(view.C, m) * view.I
+    if max(groups, view.O, view.C, view.I) > _MAX_U31 or _cdiv(view.C, m) > 65535:
+        raise ValueError(f"{op}: {groups} groups of {view.C} channels exceed one launch")
+    suf = _SUFFIX[x.dtype]
+    w = sub_warp_width(m)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    ratio = None
+    if mode == METHODS["rescaled"]:
+        sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
+        sy = torch.empty_like(sx)
+        gt = stats_groups_per_block(view, m)
+        loader.launch(
+            _SRC,
+            f"pdt_nm_stats_{suf}_w{w}",
+            (view.O, _cdiv(_cdiv(view.C, m), gt), 1),
+            (NM_BLOCK, 1, 1),
+            [
+                src,
+                *(np.int32(v) for v in (view.O, view.C, view.I)),
+                *(np.int64(v) for v in (view.so, view.sc, view.si)),
+                np.int32(n),
+                np.int32(m),
+                np.int32(gt.bit_length() - 1),
+                sx,
+                sy,
+            ],
+            dev,
+        )
+        ratio = torch.empty(view.nb, view.C, dtype=acc, device=x.device)
+        loader.launch(
+            _SRC,
+            f"pdt_nm_ratio_{'f64' if acc == torch.float64 else 'f32'}",
+            (max(1, min(_cdiv(view.nb * view.C, 256), 65535)), 1, 1),
+            (256, 1, 1),
+            [sx, sy, ratio, *(np.int32(v) for v in (view.nb, view.o2, view.C)), np.float64(eps)],
+            dev,
+        )
+    warps = _cdiv(groups, 32 // w)
+    blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
+    loader.launch(
+        _SRC,
+        f"pdt_nm_select_{suf}_w{w}",
+        (blocks, 1, 1),
+        (256, 1, 1),
+        [
+            src,
+            dst,
+            *(np.int32(v) for v in (view.O, view.C, view.I)),
+            *(np.int64(v) for v in (view.so, view.sc, view.si)),
+            np.int32(n),
+            np.int32(m),
+            np.int32(mode),
+            seed,
+            ratio,
+            np.int32(max(view.o2, 1)),
+            np.int32(view.sc == 1 and view.C > 1),
+        ],
+        dev,
+    )
+    if dst is not out:
+        out.copy_(dst)
+    return out
+
+
+@torch.library.custom_op("pdtbench::nm_prune", mutates_args=())
+def _nm_prune_op(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    mode: int,
+    dim: int,
+    channel_rule: bool,
+    seed: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    return _nm_launch(x, n, m, mode, dim, "channel" if channel_rule else "plane", seed, eps)
+
+
+@_nm_prune_op.register_fake
+def _(x, n, m, mode, dim, channel_rule, seed, eps):
+    return torch.empty_like(x)
+
+
+def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Two int64 words for the kernel's Philox (key, stream), drawn from ``generator`` (torch's
+    default generator of ``device`` when ``None``) on the device, without a host sync."""
+    gen_device = generator.device if generator is not None else device
+    seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, generator=generator, device=gen_device)
+    return seed.to(device, non_blocking=True)
+
+
+def nm_prune_cuda(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    method: str = "rescaled",
+    dim: int = 1,
+    rescale: str = "plane",
+    generator: torch.Generator | None = None,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """N:M-prune ``x`` along ``dim`` on the GPU (SDGP Sec. III-A/B; see the module docstring).
+
+    The arguments and result of :func:`impl.methods.sdgp.nm_prune_ref`: of every ``m``
+    consecutive elements along ``dim`` keep ``n`` (a partial last group of ``r`` keeps
+    ``min(n, r)``); ``method`` ``"magnitude"``, ``"random"`` or ``"rescaled"``; ``rescale``
+    ``"plane"`` (per sample and channel) or ``"channel"`` (per channel); ``eps`` the
+    constant of the rescale denominator. Returns a new tensor of ``x``'s shape, dtype and
+    memory format. Not differentiable (SDGP applies it to gradients).
+    """
+    dim = _check_args(x, n, m, method, dim, rescale)
+    mode = METHODS[method]
+    seed = draw_seed(generator, x.device) if mode == METHODS["random"] else None
+    return torch.ops.pdtbench.nm_prune(x, n, m, mode, dim, rescale == "channel", seed, float(eps))
+
+
+__all__ = [
+    "KERNELS",
+    "METHODS",
+    "NMView",
+    "draw_seed",
+    "is_available",
+    "nm_prune_cuda",
+    "nm_view",
+    "stats_groups_per_block",
+    "sub_warp_width",
+]

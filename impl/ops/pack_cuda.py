@@ -1,0 +1,193 @@
+"""Gradient pack and unpack for sparse communication (ClickTrain Sec. 5.3), reference and CUDA.
+
+Once the pruned weights stay zero their gradients need not be sent: before the Allreduce a
+worker gathers the gradients at the mask's nonzero positions into one contiguous buffer
+(:func:`grad_pack`), and after it scatters the reduced buffer back (:func:`grad_unpack`,
+zero elsewhere). The positions are flat indices into the (flattened) gradient, built once
+from the mask with :func:`mask_index`.
+
+Each op has a torch reference (``*_ref``, which defines it) and a CUDA path
+(``impl/cuda/pack.cu``, element-size generic: 1, 2, 4 or 8 bytes, int32 or int64 indices)
+exposed as a ``torch.library.custom_op`` with a fake implementation; ``impl="auto"`` picks
+CUDA when the tensors are on a GPU and the kernels load. Nothing here touches the GPU or
+CuPy at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from impl.cuda import loader
+
+_SRC = "pack.cu"
+IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+_INDEX_SUFFIX = {torch.int32: "i32", torch.int64: "i64"}
+_BLOCK = 256
+
+
+def _kernel_names() -> tuple[str, ...]:
+    return tuple(
+        f"pdt_{kind}_b{size}_{isuf}"
+        for kind in ("pack", "unpack")
+        for size in (1, 2, 4, 8)
+        for isuf in _INDEX_SUFFIX.values()
+    )
+
+
+KERNELS: tuple[str, ...] = _kernel_names()  # every kernel this module may launch
+
+
+def mask_index(mask: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Flat positions (row-major) of ``mask``'s nonzeros, sorted: int32 when ``mask`` has
+    fewer than 2^31 elements (half the index bytes to read), else int64; or ``dtype``."""
+    if dtype is None:
+        dtype = torch.int32 if mask.numel() < 2**31 else torch.int64
+    if dtype not in _INDEX_SUFFIX:
+        raise ValueError(f"index dtype must be int32 or int64, got {dtype}")
+    if dtype == torch.int32 and mask.numel() >= 2**31:
+        raise ValueError(f"{mask.numel()} elements need int64 indices")
+    return torch.flatten(mask != 0).nonzero().flatten().to(dtype)
+
+
+def _check(index: torch.Tensor) -> None:
+    if index.dtype not in _INDEX_SUFFIX or index.dim() != 1:
+        raise ValueError(
+            f"index must be a 1-D int32 or int64 tensor, got {index.dtype} {tuple(index.shape)}"
+        )
+
+
+def grad_pack_ref(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The reference of :func:`grad_pack`: ``grad.flatten()[index]`` (``[nnz]``)."""
+    _check(index)
+    return grad.reshape(-1)[index.to(torch.int64)]
+
+
+def grad_unpack_ref(
+    buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]
+) -> torch.Tensor:
+    """The reference of :func:`grad_unpack`: a zero tensor of ``shape`` holding ``buffer`` at
+    the flat positions ``index`` (unique)."""
+    _check(index)
+    out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
+    out.view(-1)[index.to(torch.int64)] = buffer
+    return out
+
+
+def _element_bits(dtype: torch.dtype) -> tuple[int, torch.dtype]:
+    size = torch.empty((), dtype=dtype).element_size()
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(size)
+    if view is None:
+        raise ValueError(f"pack/unpack move 1, 2, 4 or 8-byte elements; {dtype} has {size}")
+    return size, view
+
+
+def _grid(n: int, device: int) -> tuple[int, int, int]:
+    return (max(1, min(-(-n // _BLOCK), loader.multiprocessor_count(device) * 16)), 1, 1)
+
+
+def _pack(grad: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    _check(index)
+    dev = loader.require_cuda("grad_pack", grad, index, sources=(_SRC,))
+    size, view = _element_bits(grad.dtype)
+    src = grad.contiguous().view(-1)
+    if out is None:
+        out = torch.empty(index.numel(), dtype=grad.dtype, device=grad.device)
+    if out.numel():
+        loader.launch(
+            _SRC,
+            f"pdt_pack_b{size}_{_INDEX_SUFFIX[index.dtype]}",
+            _grid(out.numel(), dev),
+            (_BLOCK, 1, 1),
+            [src.view(view), index.contiguous(), out.view(view), np.int64(out.numel())],
+            dev,
+        )
+    return out
+
+
+def _unpack(buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    _check(index)
+    if buffer.shape != index.shape:
+        raise ValueError(f"buffer {tuple(buffer.shape)} must match index {tuple(index.shape)}")
+    dev = loader.require_cuda("grad_unpack", buffer, index, sources=(_SRC,))
+    size, view = _element_bits(buffer.dtype)
+    out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
+    if buffer.numel():
+        loader.launch(
+            _SRC,
+            f"pdt_unpack_b{size}_{_INDEX_SUFFIX[index.dtype]}",
+            _grid(buffer.numel(), dev),
+            (_BLOCK, 1, 1),
+            [
+                buffer.contiguous().view(view),
+                index.contiguous(),
+                out.view(-1).view(view),
+                np.int64(buffer.numel()),
+            ],
+            dev,
+        )
+    return out
+
+
+@torch.library.custom_op("pdtbench::grad_pack", mutates_args=())
+def _grad_pack_op(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return _pack(grad, index)
+
+
+@_grad_pack_op.register_fake
+def _(grad, index):
+    return grad.new_empty((index.shape[0],))
+
+
+@torch.library.custom_op("pdtbench::grad_unpack", mutates_args=())
+def _grad_unpack_op(buffer: torch.Tensor, index: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    return _unpack(buffer, index, shape)
+
+
+@_grad_unpack_op.register_fake
+def _(buffer, index, shape):
+    return buffer.new_empty(shape)
+
+
+def _use_cuda(impl: str, *tensors: torch.Tensor) -> bool:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "ref":
+        return False
+    if impl == "cuda":
+        return True  # the op raises a clear error without a GPU or kernels
+    return all(t.is_cuda for t in tensors) and loader.has_cuda_kernels(
+        tensors[0].device, sources=(_SRC,)
+    )
+
+
+def grad_pack(grad: torch.Tensor, index: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """Gather ``grad`` (any shape, read flat in row-major order) at the flat positions
+    ``index`` into one contiguous ``[nnz]`` buffer (ClickTrain Sec. 5.3: only the gradients
+    of unpruned weights are communicated)."""
+    if _use_cuda(impl, grad, index):
+        return torch.ops.pdtbench.grad_pack(grad, index)
+    return grad_pack_ref(grad, index)
+
+
+def grad_unpack(
+    buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int], impl: str = "auto"
+) -> torch.Tensor:
+    """Scatter a (reduced) ``[nnz]`` buffer back into a zero tensor of ``shape`` at the flat
+    positions ``index`` (unique): the inverse of :func:`grad_pack` on the kept positions."""
+    if _use_cuda(impl, buffer, index):
+        return torch.ops.pdtbench.grad_unpack(buffer, index, list(shape))
+    return grad_unpack_ref(buffer, index, shape)
+
+
+__all__ = [
+    "IMPLS",
+    "KERNELS",
+    "grad_pack",
+    "grad_pack_ref",
+    "grad_unpack",
+    "grad_unpack_ref",
+    "mask_index",
+]

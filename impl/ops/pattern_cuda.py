@@ -1,0 +1,647 @@
+"""CUDA path of the pattern-sparse ops of ClickTrain (Sec. 5.1 and 5.2), as torch custom ops.
+
+The kernels live in ``impl/cuda/pattern.cu`` and load through :mod:`impl.cuda.loader`. The
+public functions take exactly the arguments of the references in :mod:`impl.ops.pattern`
+and return what they return, so the dispatchers' ``impl="cuda"`` can call them:
+
+* :func:`pattern_csr_cuda` -- ``Convert2CSR`` with predefined positions (Sec. 5.1);
+* :func:`pattern_spmm_cuda` -- CSR (predefined positions) times dense, with the SDDMM weight
+  gradient and the transposed SpMM input gradient (Sec. 5.2);
+* :func:`pattern_conv2d_cuda` -- the pattern convolution, by default with the
+  implicit-im2col forward kernel (no column matrix), or as explicit im2col + SpMM.
+
+Each is a ``torch.library.custom_op`` (namespace ``pdtbench``) with a fake implementation
+(shapes and dtypes only) and, where the reference is differentiable, a registered autograd
+formula, so autograd and ``torch.compile`` see real ops. float32 and float64 only; CSR
+indices are int64 with the columns of each row sorted and unique (as
+:func:`impl.ops.pattern.pattern_positions` builds them). The index contents are not
+validated here (that would synchronise with the GPU); ``impl="ref"`` validates them.
+
+Nothing here touches the GPU or CuPy at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from impl.cuda import loader
+from impl.ops.pattern import PatternIndex, csr_transpose, pattern_index
+
+_SRC = "pattern.cu"
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_VEC = {torch.float32: 4, torch.float64: 2}  # elements per 16-byte load
+WARPS: int = loader.DEFINES["PDT_SPMM_WARPS"]
+TILE_N = {
+    torch.float32: loader.DEFINES["PDT_SPMM_TN_F32"],
+    torch.float64: loader.DEFINES["PDT_SPMM_TN_F64"],
+}
+CONV_TILE: int = 32 * loader.DEFINES["PDT_CONV_CPT"]  # output positions per conv block
+SDDMM_SEG: int = loader.DEFINES["PDT_SDDMM_SEG"]
+_GATHER_BLOCK = 128
+_SDDMM_BLOCK = 256
+_MAX_GRID_YZ = 65535
+_MAX_INT = 2**31 - 1
+
+
+def _kernel_names() -> tuple[str, ...]:
+    names = []
+    for suf in _SUFFIX.values():
+        names += [f"pdt_csr_gather_{suf}", f"pdt_csr_scatter_{suf}", f"pdt_conv_implicit_{suf}"]
+        for kind in ("vec", "scalar"):
+            names += [f"pdt_spmm_{suf}_{kind}", f"pdt_sddmm_{suf}_{kind}"]
+    return tuple(names)
+
+
+KERNELS: tuple[str, ...] = _kernel_names()  # every kernel this module may launch
+
+
+# -- launch planning (pure functions of sizes; tested without a GPU) --------------------------
+
+
+def _suffix(dtype: torch.dtype, op: str) -> str:
+    try:
+        return _SUFFIX[dtype]
+    except KeyError:
+        raise ValueError(f"{op}: CUDA kernels take float32 or float64, got {dtype}") from None
+
+
+def vector_ok(dtype: torch.dtype, n: int, strides: Sequence[int], ptrs: Sequence[int]) -> bool:
+    """Whether 16-byte vector loads are safe: ``n`` (the row length) and every row/batch
+    ``strides`` (in elements) are multiples of the vector width and every pointer is 16-byte
+    aligned. Otherwise the kernels' scalar fallback runs."""
+    vec = _VEC[dtype]
+    return n % vec == 0 and all(s % vec == 0 for s in strides) and all(p % 16 == 0 for p in ptrs)
+
+
+def spmm_grid(dtype: torch.dtype, n_rows: int, n_cols: int, batch: int) -> tuple[int, int, int]:
+    """Grid of the SpMM kernel: (row tiles of WARPS rows, column tiles of TILE_N, batch)."""
+    grid = (math.ceil(n_rows / WARPS), math.ceil(n_cols / TILE_N[dtype]), batch)
+    if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
+        raise ValueError(
+            f"pattern_spmm: {n_cols} columns x batch {batch} exceed one launch "
+            f"(at most {_MAX_GRID_YZ * TILE_N[dtype]} columns and {_MAX_GRID_YZ} batches)"
+        )
+    return grid
+
+
+def sddmm_split(
+    n_rows: int, n_cols: int, batch: int, sms: int, vec: int
+) -> tuple[int, int, int, int]:
+    """How the SDDMM splits its reduction over (batch, columns): ``(n_chunk, b_group,
+    grid_y, grid_z)``, aiming at about 4 blocks per SM in total. ``n_chunk`` is a multiple
+    of ``vec`` (aligned vector loads); each split writes one row of partial sums."""
+    target = max(1, math.ceil(4 * sms / max(n_rows, 1)))
+    if batch >= target:
+        b_group = math.ceil(batch / target)
+        n_chunk = n_cols
+    else:
+        b_group = 1
+        n_splits = min(math.ceil(target / batch), max(1, math.ceil(n_cols / SDDMM_SEG)))
+        n_chunk = math.ceil(n_cols / n_splits)
+    n_chunk = max(vec, math.ceil(n_chunk / vec) * vec)
+    grid_y = math.ceil(n_cols / n_chunk) if n_cols else 1
+    grid_z = math.ceil(batch / b_group)
+    return n_chunk, b_group, grid_y, grid_z
+
+
+def conv_output_size(
+    h: int,
+    w: int,
+    r: int,
+    s: int,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> tuple[int, int]:
+    """Output height and width of a convolution (the formula of ``torch.nn.Conv2d``)."""
+    ho = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return ho, wo
+
+
+def _pair(v: int | Sequence[int]) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(v[0]), int(v[1])]
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with unit stride along its last dim (a copy only when it has none)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _check_index(op: str, *idx: torch.Tensor) -> None:
+    for t in idx:
+        if t.dtype != torch.int64 or t.dim() != 1:
+            raise ValueError(f"{op}: CSR indices must be 1-D int64, got {t.dtype} {tuple(t.shape)}")
+
+
+# -- kernel launches (no autograd) ------------------------------------------------------------
+
+
+def _csr_gather(
+    dense: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    op = "pattern_csr"
+    suf = _suffix(dense.dtype, op)
+    _check_index(op, row_ptr, col_ind)
+    dev = loader.require_cuda(op, dense, row_ptr, col_ind, sources=(_SRC,))
+    flat = _rows(dense.reshape(dense.shape[0], -1))
+    n_rows = flat.shape[0]
+    if row_ptr.numel() != n_rows + 1:
+        raise ValueError(f"{op}: row_ptr must have {n_rows + 1} entries, got {row_ptr.numel()}")
+    val = out if out is not None else dense.new_empty(col_ind.numel())
+    if val.numel() and n_rows:
+        loader.launch(
+            _SRC,
+            f"pdt_csr_gather_{suf}",
+            (min(n_rows, _MAX_INT), 1, 1),
+            (_GATHER_BLOCK, 1, 1),
+            [
+                flat,
+                np.int64(flat.stride(0)),
+                row_ptr.contiguous(),
+                col_ind.contiguous(),
+                val,
+                np.int64(n_rows),
+            ],
+            dev,
+        )
+    return val
+
+
+def _csr_scatter(
+    values: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, shape: Sequence[int]
+) -> torch.Tensor:
+    op = "pattern_csr (backward)"
+    suf = _suffix(values.dtype, op)
+    _check_index(op, row_ptr, col_ind)
+    dev = loader.require_cuda(op, values, row_ptr, col_ind, sources=(_SRC,))
+    out = torch.zeros(list(shape), dtype=values.dtype, device=values.device)
+    n_rows = out.shape[0] if out.dim() else 0
+    if values.numel() and n_rows:
+        flat = out.view(n_rows, -1)
+        loader.launch(
+            _SRC,
+            f"pdt_csr_scatter_{suf}",
+            (min(n_rows, _MAX_INT), 1, 1),
+            (_GATHER_BLOCK, 1, 1),
+            [
+                values.contiguous(),
+                np.int64(flat.stride(0)),
+                row_ptr.contiguous(),
+                col_ind.contiguous(),
+                flat,
+                np.int64(n_rows),
+            ],
+            dev,
+        )
+    return out
+
+
+def _spmm(
+    values: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    dense_b: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``A @ dense_b`` for CSR ``A`` (``[F, K]``) and ``dense_b`` ``[K, N]`` or ``[B, K, N]``;
+    ``out`` (tests poison it) must be a contiguous ``[B, F, N]`` tensor."""
+    op = "pattern_spmm"
+    suf = _suffix(dense_b.dtype, op)
+    _check_index(op, row_ptr, col_ind)
+    if values.dtype != dense_b.dtype:
+        raise ValueError(f"{op}: values {values.dtype} and dense_b {dense_b.dtype} differ")
+    if dense_b.dim() not in (2, 3):
+        raise ValueError(f"{op}: dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
+    dev = loader.require_cuda(op, values, row_ptr, col_ind, dense_b, sources=(_SRC,))
+    batched = dense_b.dim() == 3
+    b3 = _rows(dense_b if batched else dense_b.unsqueeze(0))
+    batch, k, n = b3.shape
+    n_rows = row_ptr.numel() - 1
+    if max(k, n, n_rows) > _MAX_INT // 2:
+        raise ValueError(f"{op}: sizes {(n_rows, k, n)} exceed the 32-bit range of the kernel")
+    if out is None:
+        out = torch.empty(batch, n_rows, n, dtype=dense_b.dtype, device=dense_b.device)
+    if out.numel():
+        if values.numel() == 0 or k == 0:
+            out.zero_()
+        else:
+            grid = spmm_grid(dense_b.dtype, n_rows, n, batch)
+            ldb, sb = b3.stride(1), b3.stride(0)
+            vec = vector_ok(dense_b.dtype, n, (ldb, sb), (b3.data_ptr(), out.data_ptr()))
+            loader.launch(
+                _SRC,
+                f"pdt_spmm_{suf}_{'vec' if vec else 'scalar'}",
+                grid,
+                (32 * WARPS, 1, 1),
+                [
+                    values.contiguous(),
+                    row_ptr.contiguous(),
+                    col_ind.contiguous(),
+                    b3,
+                    out,
+                    np.int32(n_rows),
+                    np.int32(k),
+                    np.int32(n),
+                    np.int64(ldb),
+                    np.int64(sb),
+                    np.int64(n),
+                    np.int64(n_rows * n),
+                ],
+                dev,
+            )
+    return out if batched else out[0]
+
+
+def _sddmm(
+    row_ptr: torch.Tensor, col_ind: torch.Tensor, grad_out: torch.Tensor, dense_b: torch.Tensor
+) -> torch.Tensor:
+    """``(grad_out @ dense_b^T)`` at the CSR positions, summed over the batch: ``[nnz]``."""
+    op = "pattern_spmm (weight gradient)"
+    suf = _suffix(grad_out.dtype, op)
+    _check_index(op, row_ptr, col_ind)
+    dev = loader.require_cuda(op, row_ptr, col_ind, grad_out, dense_b, sources=(_SRC,))
+    g3 = _rows(grad_out if grad_out.dim() == 3 else grad_out.unsqueeze(0))
+    b3 = _rows(dense_b if dense_b.dim() == 3 else dense_b.unsqueeze(0))
+    batch, n_rows, n = g3.shape
+    if b3.shape[0] != batch or b3.shape[2] != n:
+        raise ValueError(f"{op}: grad {tuple(g3.shape)} and dense {tuple(b3.shape)} disagree")
+    nnz = col_ind.numel()
+    if nnz == 0 or n == 0 or batch == 0:
+        return torch.zeros(nnz, dtype=grad_out.dtype, device=grad_out.device)
+    vec_w = _VEC[grad_out.dtype]
+    ptrs = (g3.data_ptr(), b3.data_ptr())
+    strides = (g3.stride(1), g3.stride(0), b3.stride(1), b3.stride(0))
+    vec = vector_ok(grad_out.dtype, n, strides, ptrs)
+    n_chunk, b_group, gy, gz = sddmm_split(
+        n_rows, n, batch, loader.multiprocessor_count(dev), vec_w if vec else 1
+    )
+    partial = torch.empty(gy * gz, nnz, dtype=grad_out.dtype, device=grad_out.device)
+    loader.launch(
+        _SRC,
+        f"pdt_sddmm_{suf}_{'vec' if vec else 'scalar'}",
+        (n_rows, gy, gz),
+        (_SDDMM_BLOCK, 1, 1),
+        [
+            row_ptr.contiguous(),
+            col_ind.contiguous(),
+            g3,
+            b3,
+            partial,
+            np.int32(n),
+            np.int32(batch),
+            np.int64(g3.stride(1)),
+            np.int64(g3.stride(0)),
+            np.int64(b3.stride(1)),
+            np.int64(b3.stride(0)),
+            np.int32(n_chunk),
+            np.int32(b_group),
+            np.int64(nnz),
+        ],
+        dev,
+    )
+    return partial[0] if partial.shape[0] == 1 else partial.sum(0)
+
+
+def _conv_implicit(
+    x: torch.Tensor,
+    weight_shape: Sequence[int],
+    values: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    op = "pattern_conv2d"
+    suf = _suffix(x.dtype, op)
+    _check_index(op, row_ptr, col_ind)
+    tensors = [x, values, row_ptr, col_ind] + ([bias] if bias is not None else [])
+    dev = loader.require_cuda(op, *tensors, sources=(_SRC,))
+    f_out, c, r, s = (int(v) for v in weight_shape)
+    xc = x.contiguous()  # NCHW (a channels-last input is copied)
+    batch, _, h, w = xc.shape
+    ho, wo = conv_output_size(h, w, r, s, stride, padding, dilation)
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{op}: output size {(ho, wo)} is empty for input {(h, w)}")
+    if c * h * w > _MAX_INT or batch * ho * wo > _MAX_INT:
+        raise ValueError(f"{op}: sizes exceed the 32-bit range of the kernel")
+    if out is None:
+        out = torch.empty(batch, f_out, ho, wo, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    tiles = math.ceil(batch * ho * wo / CONV_TILE)
+    rows = math.ceil(f_out / WARPS)
+    b = bias.contiguous() if bias is not None else None
+    for tile0 in range(0, tiles, _MAX_GRID_YZ):
+        loader.launch(
+            _SRC,
+            f"pdt_conv_implicit_{suf}",
+            (rows, min(_MAX_GRID_YZ, tiles - tile0), 1),
+            (32 * WARPS, 1, 1),
+            [
+                xc,
+                values.contiguous(),
+                row_ptr.contiguous(),
+                col_ind.contiguous(),
+                b,
+                out,
+                *(np.int32(v) for v in (batch, c, h, w, f_out, r, s, ho, wo)),
+                *(np.int32(v) for v in (*stride, *padding, *dilation)),
+                np.int32(b is not None),
+                np.int64(tile0),
+            ],
+            dev,
+        )
+    return out
+
+
+# -- custom ops -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("pdtbench::csr_scatter", mutates_args=())
+def _csr_scatter_op(
+    values: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, shape: list[int]
+) -> torch.Tensor:
+    return _csr_scatter(values, row_ptr, col_ind, shape)
+
+
+@_csr_scatter_op.register_fake
+def _(values, row_ptr, col_ind, shape):
+    return values.new_empty(shape)
+
+
+@torch.library.custom_op("pdtbench::pattern_csr", mutates_args=())
+def _pattern_csr_op(
+    dense: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor
+) -> torch.Tensor:
+    return _csr_gather(dense, row_ptr, col_ind)
+
+
+@_pattern_csr_op.register_fake
+def _(dense, row_ptr, col_ind):
+    return dense.new_empty((col_ind.shape[0],))
+
+
+def _pattern_csr_setup(ctx, inputs, output) -> None:
+    dense, row_ptr, col_ind = inputs
+    ctx.save_for_backward(row_ptr, col_ind)
+    ctx.shape = list(dense.shape)
+
+
+def _pattern_csr_backward(ctx, grad):
+    row_ptr, col_ind = ctx.saved_tensors
+    return torch.ops.pdtbench.csr_scatter(grad, row_ptr, col_ind, ctx.shape), None, None
+
+
+_pattern_csr_op.register_autograd(_pattern_csr_backward, setup_context=_pattern_csr_setup)
+
+
+@torch.library.custom_op("pdtbench::spmm", mutates_args=())
+def _spmm_op(
+    values: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, dense_b: torch.Tensor
+) -> torch.Tensor:
+    return _spmm(values, row_ptr, col_ind, dense_b)
+
+
+def _spmm_fake(values, row_ptr, col_ind, dense_b):
+    f_rows = row_ptr.shape[0] - 1
+    shape = (*dense_b.shape[:-2], f_rows, dense_b.shape[-1])
+    return dense_b.new_empty(shape)
+
+
+_spmm_op.register_fake(_spmm_fake)
+
+
+@torch.library.custom_op("pdtbench::sddmm", mutates_args=())
+def _sddmm_op(
+    row_ptr: torch.Tensor, col_ind: torch.Tensor, grad_out: torch.Tensor, dense_b: torch.Tensor
+) -> torch.Tensor:
+    return _sddmm(row_ptr, col_ind, grad_out, dense_b)
+
+
+@_sddmm_op.register_fake
+def _(row_ptr, col_ind, grad_out, dense_b):
+    return grad_out.new_empty((col_ind.shape[0],))
+
+
+@torch.library.custom_op("pdtbench::pattern_spmm", mutates_args=())
+def _pattern_spmm_op(
+    values: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    t_row_ptr: torch.Tensor,
+    t_col_ind: torch.Tensor,
+    t_perm: torch.Tensor,
+    dense_b: torch.Tensor,
+) -> torch.Tensor:
+    return _spmm(values, row_ptr, col_ind, dense_b)
+
+
+@_pattern_spmm_op.register_fake
+def _(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b):
+    return _spmm_fake(values, row_ptr, col_ind, dense_b)
+
+
+def _pattern_spmm_setup(ctx, inputs, output) -> None:
+    values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b = inputs
+    ctx.save_for_backward(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b)
+
+
+def _pattern_spmm_backward(ctx, grad):
+    values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b = ctx.saved_tensors
+    grad_values = grad_b = None
+    if ctx.needs_input_grad[0]:  # SDDMM: dL/dA = grad @ B^T at the stored positions only
+        grad_values = torch.ops.pdtbench.sddmm(row_ptr, col_ind, grad, dense_b)
+    if ctx.needs_input_grad[6]:  # dL/dB = A^T @ grad, A^T from the precomputed transpose
+        grad_b = torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, grad)
+    return grad_values, None, None, None, None, None, grad_b
+
+
+_pattern_spmm_op.register_autograd(_pattern_spmm_backward, setup_context=_pattern_spmm_setup)
+
+
+@torch.library.custom_op("pdtbench::pattern_conv2d", mutates_args=())
+def _pattern_conv2d_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    t_row_ptr: torch.Tensor,
+    t_col_ind: torch.Tensor,
+    t_perm: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> torch.Tensor:
+    values = _csr_gather(weight, row_ptr, col_ind)
+    return _conv_implicit(
+        x, weight.shape, values, row_ptr, col_ind, bias, stride, padding, dilation
+    )
+
+
+@_pattern_conv2d_op.register_fake
+def _(x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, bias, stride, padding, dilation):
+    ho, wo = conv_output_size(
+        x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], stride, padding, dilation
+    )
+    return x.new_empty((x.shape[0], weight.shape[0], ho, wo))
+
+
+def _pattern_conv2d_setup(ctx, inputs, output) -> None:
+    x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, bias, stride, padding, dil = inputs
+    ctx.save_for_backward(x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm)
+    ctx.conv = (list(stride), list(padding), list(dil))
+    ctx.has_bias = bias is not None
+
+
+def _pattern_conv2d_backward(ctx, grad):
+    x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm = ctx.saved_tensors
+    stride, padding, dilation = ctx.conv
+    f_out, _, r, s = weight.shape
+    g = grad.reshape(grad.shape[0], f_out, -1)  # [B, F, L]
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:  # col2im(A^T @ grad)
+        values = torch.ops.pdtbench.pattern_csr(weight.reshape(f_out, -1), row_ptr, col_ind)
+        cols = torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, g)  # [B, K, L]
+        grad_x = F.fold(cols, x.shape[2:], (r, s), dilation, padding, stride)
+    if ctx.needs_input_grad[1]:  # SDDMM on the im2col matrix, scattered into the weight
+        cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)
+        gv = torch.ops.pdtbench.sddmm(row_ptr, col_ind, g, cols)
+        grad_w = torch.ops.pdtbench.csr_scatter(gv, row_ptr, col_ind, list(weight.shape))
+    if ctx.has_bias and ctx.needs_input_grad[7]:
+        grad_b = grad.sum(dim=(0, 2, 3))
+    return grad_x, grad_w, None, None, None, None, None, grad_b, None, None, None
+
+
+_pattern_conv2d_op.register_autograd(_pattern_conv2d_backward, setup_context=_pattern_conv2d_setup)
+
+
+# -- public functions (the references' signatures) --------------------------------------------
+
+
+def pattern_csr_cuda(
+    dense: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor
+) -> torch.Tensor:
+    """CSR values of ``dense`` at predefined positions (Sec. 5.1, ``Convert2CSR``), on the GPU.
+
+    Same arguments and result as :func:`impl.ops.pattern.pattern_csr` (without ``impl``):
+    ``dense`` ``[F, K]`` or ``[F, C, R, S]``; returns the ``[nnz]`` values in CSR order;
+    differentiable (the gradient is scattered back to the positions read, zero elsewhere).
+    """
+    if dense.dim() < 2:
+        raise ValueError(f"dense must have at least 2 dims, got {dense.dim()}")
+    return torch.ops.pdtbench.pattern_csr(dense.reshape(dense.shape[0], -1), row_ptr, col_ind)
+
+
+def pattern_spmm_cuda(
+    values: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    dense_b: torch.Tensor,
+    *,
+    index: PatternIndex | None = None,
+) -> torch.Tensor:
+    """Pattern SpMM (Sec. 5.2) on the GPU: CSR ``A`` (``F x K``) times ``dense_b``.
+
+    Same arguments and result as :func:`impl.ops.pattern.pattern_spmm` (without ``impl``):
+    ``dense_b`` ``[K, N]`` or ``[B, K, N]``; returns ``[F, N]`` or ``[B, F, N]``
+    (contiguous). Differentiable in ``values`` (SDDMM at the stored positions) and in
+    ``dense_b`` (the transposed SpMM, with the transpose from ``index`` or built here).
+    """
+    if dense_b.dim() not in (2, 3):
+        raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
+    if values.shape != col_ind.shape:
+        raise ValueError(f"values {tuple(values.shape)} must match col_ind {tuple(col_ind.shape)}")
+    n_cols = dense_b.shape[-2]
+    if index is None:
+        t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+    else:
+        if index.shape[1] != n_cols:
+            raise ValueError(f"index is for {index.shape[1]} columns, dense_b has {n_cols} rows")
+        t_row_ptr, t_col_ind, t_perm = index.t_row_ptr, index.t_col_ind, index.t_perm
+    return torch.ops.pdtbench.pattern_spmm(
+        values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b
+    )
+
+
+def pattern_conv2d_cuda(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    pattern: PatternIndex | torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    *,
+    implicit: bool = True,
+) -> torch.Tensor:
+    """2-D convolution with a pattern-sparse weight on the GPU (Sec. 5.2), training-ready.
+
+    Same arguments and result as :func:`impl.ops.pattern.pattern_conv2d` (without
+    ``impl``): equals ``conv2d(x, weight * mask, bias, stride, padding, dilation)``. With
+    ``implicit=True`` the forward kernel reads the input directly (implicit im2col, no
+    column matrix); with ``implicit=False`` it is ``pattern_csr`` + ``unfold`` + SpMM. The
+    backward of both: input gradient = col2im of the transposed SpMM, weight gradient =
+    SDDMM at the kept positions only (zero elsewhere).
+    """
+    if x.dim() != 4 or weight.dim() != 4:
+        raise ValueError(
+            f"x must be [B, C, H, W] and weight [F, C, R, S]; got {tuple(x.shape)}, "
+            f"{tuple(weight.shape)}"
+        )
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"x has {x.shape[1]} channels but weight expects {weight.shape[1]} (groups unsupported)"
+        )
+    index = pattern if isinstance(pattern, PatternIndex) else pattern_index(pattern)
+    f_out, k = weight.shape[0], math.prod(weight.shape[1:])
+    if index.shape != (f_out, k):
+        raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
+    st, pad, dil = _pair(stride), _pair(padding), _pair(dilation)
+    if implicit:
+        return torch.ops.pdtbench.pattern_conv2d(
+            x,
+            weight,
+            index.row_ptr,
+            index.col_ind,
+            index.t_row_ptr,
+            index.t_col_ind,
+            index.t_perm,
+            bias,
+            st,
+            pad,
+            dil,
+        )
+    r, s = weight.shape[2], weight.shape[3]
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], r, s, st, pad, dil)
+    cols = F.unfold(x, (r, s), dilation=dil, padding=pad, stride=st)  # [B, K, L]
+    values = pattern_csr_cuda(weight, index.row_ptr, index.col_ind)
+    out = pattern_spmm_cuda(values, index.row_ptr, index.col_ind, cols, index=index)
+    out = out.reshape(x.shape[0], f_out, ho, wo)
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    return out
+
+
+__all__ = [
+    "KERNELS",
+    "conv_output_size",
+    "pattern_conv2d_cuda",
+    "pattern_csr_cuda",
+    "pattern_spmm_cuda",
+    "sddmm_split",
+    "spmm_grid",
+    "vector_ok",
+]

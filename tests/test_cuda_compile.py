@@ -1,0 +1,192 @@
+"""Compile checks of the CUDA kernels that need no GPU (DESIGN.md, Kernels).
+
+Where ``nvcc`` is on the PATH: every ``impl/cuda/*.cu`` compiles for sm_80 and sm_90 with the
+loader's options, without errors, warnings or register spills, and every kernel the ops
+launch is among the compiled entry points. Where a ``libnvrtc`` is found (CUDA toolkit,
+the ``nvidia-cuda-nvrtc`` wheel that CUDA builds of torch and CuPy bring, or
+``PDT_NVRTC_LIB``): NVRTC compiles the loader's expanded sources with the loader's options,
+the exact path the loader takes at run time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from impl.cuda import loader
+from impl.ops import nm_cuda, pack_cuda, pattern_cuda
+
+ARCHS = ("sm_80", "sm_90")
+NVCC = shutil.which("nvcc")
+_ENTRY_RE = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_SPILL_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+
+
+def _parse_ptxas(log: str) -> dict[str, tuple[int, int, int]]:
+    """{kernel: (stack frame, spill stores, spill loads)} from ``-Xptxas -v`` output."""
+    out: dict[str, tuple[int, int, int]] = {}
+    current = None
+    for line in log.splitlines():
+        m = _ENTRY_RE.search(line)
+        if m:
+            current = m.group(1)
+            continue
+        m = _SPILL_RE.search(line)
+        if m and current is not None:
+            out[current] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            current = None
+    return out
+
+
+@pytest.fixture(scope="module")
+def nvcc_logs(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
+    """Compile all sources once per arch (the archs in parallel): {arch: (rc, log, seconds)}."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on the PATH: the compile check needs the CUDA toolkit")
+    root = tmp_path_factory.mktemp("cubin")
+    sources = [loader.KERNEL_DIR / s for s in loader.SOURCES]
+    procs = {}
+    start = time.perf_counter()
+    for arch in ARCHS:
+        out_dir = root / arch
+        out_dir.mkdir()
+        log = open(root / f"{arch}.log", "w")  # noqa: SIM115 (closed below)
+        cmd = loader.nvcc_command(sources, arch, out_dir, nvcc=NVCC)
+        procs[arch] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+    results = {}
+    for arch, (proc, log) in procs.items():
+        rc = proc.wait(timeout=900)
+        log.close()
+        results[arch] = (rc, (root / f"{arch}.log").read_text(), time.perf_counter() - start)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+def test_nvcc_compiles_every_source_without_errors_or_warnings(nvcc_logs, arch):
+    rc, log, seconds = nvcc_logs[arch]
+    bad = [ln for ln in log.splitlines() if re.search(r"\b(error|warning)\b", ln, re.I)]
+    assert rc == 0 and not bad, f"nvcc {arch} failed (rc={rc}) after {seconds:.1f} s:\n{log}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+def test_no_kernel_spills_registers(nvcc_logs, arch):
+    rc, log, _ = nvcc_logs[arch]
+    assert rc == 0, log
+    usage = _parse_ptxas(log)
+    assert usage, f"no ptxas resource usage found in the {arch} log:\n{log}"
+    spills = {k: v for k, v in usage.items() if v[1] or v[2]}
+    assert not spills, f"{arch}: register spills (stack, stores, loads): {spills}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+def test_every_kernel_the_ops_launch_is_compiled(nvcc_logs, arch):
+    rc, log, _ = nvcc_logs[arch]
+    assert rc == 0, log
+    compiled = {name for name, a in _ENTRY_RE.findall(log) if a == arch}
+    wanted = set(pattern_cuda.KERNELS) | set(nm_cuda.KERNELS) | set(pack_cuda.KERNELS)
+    assert wanted <= compiled, f"launched but not compiled: {sorted(wanted - compiled)}"
+
+
+def test_parse_ptxas_reads_spills():
+    log = (
+        "ptxas info    : Compiling entry function 'k1' for 'sm_80'\n"
+        "ptxas info    : Function properties for k1\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Compiling entry function 'k2' for 'sm_80'\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    )
+    assert _parse_ptxas(log) == {"k1": (8, 4, 12), "k2": (0, 0, 0)}
+
+
+def test_nvcc_command_uses_the_loader_options(tmp_path):
+    cmd = loader.nvcc_command(["a.cu"], "sm_90", tmp_path)
+    for opt in loader.compile_options():
+        assert opt in cmd
+    assert "-arch=sm_90" in cmd and "-cubin" in cmd and cmd[-1] == "a.cu"
+    assert not any("fast-math" in c or "fast_math" in c for c in cmd)
+
+
+def test_header_defaults_equal_the_loader_defines():
+    """The kernels' #define defaults and the host's launch constants are the same numbers."""
+    text = (loader.KERNEL_DIR / "pdt_common.cuh").read_text()
+    defaults = {k: int(v) for k, v in re.findall(r"#define (PDT_[A-Z0-9_]+) (\d+)\b", text)}
+    for key, value in loader.DEFINES.items():
+        assert defaults.get(key) == value, f"{key}: header {defaults.get(key)}, loader {value}"
+
+
+def test_every_source_is_listed_and_self_contained():
+    on_disk = sorted(p.name for p in loader.KERNEL_DIR.glob("*.cu"))
+    assert sorted(loader.SOURCES) == on_disk
+    for src in loader.SOURCES:
+        text = loader.expand_source(src)
+        # NVRTC has no system headers: only pasted local headers, no <...> includes.
+        assert not re.search(r"^\s*#\s*include", text, re.M), src
+        assert 'extern "C"' in text
+
+
+# -- NVRTC (the loader's own compile path) ----------------------------------------------------
+
+
+def _find_nvrtc() -> str | None:
+    env = os.environ.get("PDT_NVRTC_LIB")
+    if env:
+        return env
+    candidates = []
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    for base in {sys.prefix, *sys.path}:
+        candidates += sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libnvrtc.so*")))
+    candidates += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
+    for cand in candidates:
+        if "builtins" in Path(cand).name:
+            continue
+        try:
+            ctypes.CDLL(cand)
+        except OSError:
+            continue
+        return cand
+    return None
+
+
+def _nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, options: list[str]) -> tuple[int, str]:
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
+    assert rc == 0, f"nvrtcCreateProgram failed ({rc})"
+    opts = [o.encode() for o in options]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, buf.value.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_the_expanded_sources_with_the_loader_options():
+    path = _find_nvrtc()
+    if path is None:
+        pytest.skip("no libnvrtc found (set PDT_NVRTC_LIB, or install nvidia-cuda-nvrtc)")
+    lib = ctypes.CDLL(path)
+    for src in loader.SOURCES:
+        rc, log = _nvrtc_compile(
+            lib, loader.expand_source(src), src, [*loader.compile_options(), "-arch=sm_90"]
+        )
+        assert rc == 0, f"NVRTC ({path}) failed on {src}:\n{log}"
+        assert "warning" not in log.lower(), f"NVRTC warnings on {src}:\n{log}"

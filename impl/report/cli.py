@@ -1,0 +1,51 @@
+"""``pdtbench report PATHS... --out DIR``: render saved results into HTML (never re-runs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from impl.report.pages import render_reports
+from impl.report.results import find_results, load_result
+from impl.report.runs import find_run_dirs, load_metrics, load_runs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``pdtbench report``."""
+    p = argparse.ArgumentParser(
+        prog="pdtbench report",
+        description="Render saved reproduction results (result.json) and run directories "
+        "(summary.json) into self-contained HTML pages. Nothing is trained or measured.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or folders of them")
+    p.add_argument("--out", default="reports", help="output folder (default: reports)")
+    p.add_argument("--no-runs", action="store_true", help="omit the page of plain runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``pdtbench report``; prints the path of the index and returns 0.
+
+    Raises ``FileNotFoundError`` for a path that does not exist and ``ValueError`` when the
+    paths hold neither results nor run directories.
+    """
+    args = build_parser().parse_args(argv)
+    for p in args.paths:
+        if not Path(p).exists():
+            raise FileNotFoundError(f"{p} does not exist")
+    results = [load_result(p) for p in find_results(args.paths)]
+    runs = metrics = None
+    if not args.no_runs and find_run_dirs(args.paths):
+        runs = load_runs(args.paths)
+        metrics = load_metrics(runs)
+    if not results and runs is None:
+        raise ValueError(f"no result.json and no run directory under {args.paths}")
+    index = render_reports(results, args.out, runs=runs, metrics=metrics)
+    n_runs = 0 if runs is None else len(runs)
+    n_bad = 0 if runs is None else len(runs.attrs.get("incomplete", []))
+    print(f"{len(results)} results, {n_runs} complete runs, {n_bad} incomplete (listed)")
+    print(f"report: {index}")
+    return 0
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,98 @@
+"""Seaborn figures drawn from DataFrames, embedded in HTML as base64 data URIs.
+
+Figures use matplotlib's object API (``matplotlib.figure.Figure`` with the Agg canvas), so
+nothing here touches a display or pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap")
+IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
+
+
+def figure_data_uri(fig: Figure, fmt: str = "png", dpi: int = 110) -> str:
+    """``fig`` encoded as a ``data:image/...;base64,`` URI (PNG or SVG), for an ``<img src>``."""
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; valid: {', '.join(IMAGE_FORMATS)}")
+    if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
+    mime = "image/png" if fmt == "png" else "image/svg+xml"
+    return f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def draw(
+    kind: str,
+    data: pd.DataFrame,
+    *,
+    x: str,
+    y: str,
+    hue: str | None = None,
+    style: str | None = None,
+    title: str = "",
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    logy: bool = False,
+    logx: bool = False,
+) -> Figure:
+    """One seaborn plot of ``data`` (``kind`` in :data:`FIGURE_KINDS`).
+
+    ``bar``: mean of ``y`` per ``x`` (and ``hue``) with the standard deviation as error bar;
+    ``line``: ``y`` against ``x`` per ``hue``/``style`` (mean and sd band over repeats);
+    ``scatter``: points; ``heatmap``: ``y`` is the value column, ``x`` the columns and
+    ``hue`` the rows of the grid. Raises ``ValueError`` on an unknown kind or missing column.
+    """
+    import seaborn as sns
+
+    if kind not in FIGURE_KINDS:
+        raise ValueError(f"unknown figure kind {kind!r}; valid: {', '.join(FIGURE_KINDS)}")
+    needed = [c for c in (x, y, hue, style) if c is not None]
+    missing = [c for c in needed if c not in data.columns]
+    if missing:
+        raise ValueError(f"columns {missing} not in the data (have {list(data.columns)})")
+    data = data.copy()
+    data[y] = pd.to_numeric(data[y], errors="coerce")
+    fig, ax = _new_figure()
+    if kind == "bar":
+        sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", ax=ax)
+        for label in ax.get_xticklabels():
+            label.set_rotation(20)
+            label.set_horizontalalignment("right")
+    elif kind == "line":
+        sns.lineplot(data=data, x=x, y=y, hue=hue, style=style, marker="o", errorbar="sd", ax=ax)
+    elif kind == "scatter":
+        sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, ax=ax)
+    else:
+        if hue is None:
+            raise ValueError("a heatmap needs hue (the row labels)")
+        grid = data.pivot_table(index=hue, columns=x, values=y, aggfunc="mean")
+        sns.heatmap(grid, annot=True, fmt=".1f", cmap="viridis", ax=ax)
+    if logy:
+        ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel if xlabel is not None else x)
+    ax.set_ylabel(ylabel if ylabel is not None else y)
+    if ax.get_legend() is not None and kind != "heatmap":
+        ax.legend(fontsize="small", title=hue)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["FIGURE_KINDS", "IMAGE_FORMATS", "draw", "figure_data_uri"]

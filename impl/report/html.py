@@ -1,0 +1,305 @@
+"""Self-contained HTML pages: tables, base64-embedded figures, and a provenance footer.
+
+A page needs no other file: CSS is inline and figures are ``data:`` URIs. Every number of
+ours is printed with the scale that produced it, beside the paper's number and its source.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from impl.report.figures import draw, figure_data_uri
+from impl.report.results import ResultSet
+
+PAPER_TITLES: dict[str, str] = {
+    "clicktrain": "ClickTrain (ICS 2021)",
+    "prunetrain": "PruneTrain (SC 2019)",
+    "sdgp": "SDGP: Structured Data Gradient Pruning (2022)",
+    "campfire": "Campfire (2020)",
+    "cross": "All five methods on equal terms (no paper has this table)",
+    "runs": "Runs",
+}
+
+
+@dataclass
+class Table:
+    """A table to show: its frame (already formatted or raw numbers) and a caption."""
+
+    frame: pd.DataFrame
+    caption: str = ""
+
+
+@dataclass
+class FigureBlock:
+    """An embedded figure: a data URI, a caption, and an alt text."""
+
+    uri: str
+    caption: str = ""
+    alt: str = "figure"
+
+
+@dataclass
+class Section:
+    """One heading of a page: text, tables, figures, notes and what is missing."""
+
+    title: str
+    anchor: str = ""
+    text: str = ""
+    tables: list[Table] = field(default_factory=list)
+    figures: list[FigureBlock] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    scale: str = ""
+
+
+def format_number(value: Any, digits: int = 4) -> str:
+    """A number for a table cell: ``-`` for missing/NaN, thousands as k/M/G/T with
+    ``digits`` significant digits, small numbers with up to ``digits`` significant digits."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    v = float(value)
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    a = abs(v)
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if a >= factor:
+            return f"{v / factor:.{digits}g}{suffix}"
+    if a >= 1e5:
+        return f"{v:,.0f}"
+    if v == int(v) and a < 1e5:
+        return str(int(v))
+    return f"{v:.{digits}g}"
+
+
+def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
+    Note. "Ours" reads ``mean +- sd (n)`` when repeats exist; a number never loses its scale."""
+    out = []
+    for r in rows:
+        ours = r.get("ours")
+        text = format_number(ours)
+        sd, n = r.get("ours_sd"), r.get("n")
+        if ours is not None and sd is not None and not (isinstance(sd, float) and math.isnan(sd)):
+            text = f"{text} ± {format_number(sd, 2)}"
+        if ours is not None and n and n > 1:
+            text += f" (n={n})"
+        out.append(
+            {
+                "Row": r.get("row", ""),
+                "Metric": r.get("metric", ""),
+                "Ours": text,
+                "Scale": r.get("scale") or ("-" if ours is None else "?"),
+                "Paper": format_number(r.get("paper")),
+                "Unit": r.get("unit") or "",
+                "Paper source": r.get("paper_source") or "",
+                "Note": r.get("note") or "",
+            }
+        )
+    return pd.DataFrame(
+        out, columns=["Row", "Metric", "Ours", "Scale", "Paper", "Unit", "Paper source", "Note"]
+    )
+
+
+def _frame_html(frame: pd.DataFrame) -> str:
+    shown = frame.copy()
+    for c in shown.columns:
+        shown[c] = shown[c].map(format_number)
+    body = shown.to_html(index=False, escape=True, border=0, classes="data", na_rep="-")
+    return body.replace("<td>-</td>", '<td class="na">-</td>')
+
+
+def result_section(result: ResultSet) -> Section:
+    """A :class:`ResultSet` as a page section: comparison table, figures, notes, missing."""
+    section = Section(
+        title=result.title,
+        anchor=result.target.replace(".", "-"),
+        text=result.description,
+        notes=list(result.notes),
+        missing=list(result.missing),
+        scale=result.scale,
+    )
+    if result.rows:
+        section.tables.append(
+            Table(comparison_frame(result.rows), f"{result.target} at scale {result.scale}")
+        )
+    for spec in result.figures:
+        data = pd.DataFrame(spec.data)
+        if data.empty:
+            section.missing.append({"row": spec.title or "figure", "reason": "no data to plot"})
+            continue
+        fig = draw(
+            spec.kind,
+            data,
+            x=spec.x,
+            y=spec.y,
+            hue=spec.hue,
+            style=spec.style,
+            title=spec.title,
+            xlabel=spec.xlabel,
+            ylabel=spec.ylabel,
+            logy=spec.logy,
+            logx=spec.logx,
+        )
+        section.figures.append(
+            FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)
+        )
+    return section
+
+
+def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
+    """The provenance footer: one row per distinct (scale, commit, device, versions) seen.
+
+    ``environments`` yields ``(scale, environment)`` pairs (``environment`` as written by
+    :func:`impl.env.collect`).
+    """
+    seen = []
+    for scale, env in environments:
+        env = env or {}
+        device = env.get("gpu_name") or env.get("cpu_model") or "?"
+        commit = env.get("commit") or "?"
+        if env.get("dirty"):
+            commit = f"{commit[:12]} (modified tree)"
+        else:
+            commit = commit[:12]
+        row = {
+            "scale": scale,
+            "commit": commit,
+            "device": device,
+            "torch": env.get("torch") or "?",
+            "cuda": env.get("cuda") or "-",
+            "driver": env.get("gpu_driver") or env.get("driver") or "-",
+            "tf32 (matmul/cudnn)": f"{env.get('tf32_matmul', '?')}/{env.get('tf32_cudnn', '?')}",
+            "date": (env.get("date") or "?")[:10],
+        }
+        if row not in seen:
+            seen.append(row)
+    return pd.DataFrame(seen)
+
+
+_TEMPLATE = jinja2.Template(
+    """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.25em;margin-top:2em;
+border-bottom:1px solid #ddd;padding-bottom:.2em} .sub{color:#555;margin-top:0}
+table.data{border-collapse:collapse;font-size:.85em;margin:.6em 0 1em 0}
+table.data th,table.data td{border:1px solid #ccc;padding:.25em .5em;text-align:left;
+vertical-align:top} table.data th{background:#f3f3f3} td.na{color:#999}
+.scale{display:inline-block;border-radius:3px;padding:0 .4em;font-size:.8em;
+background:#e8f0fe;color:#1a4b9b;margin-left:.4em}
+figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.85em;color:#555} .missing{color:#8a4b00}
+footer{margin-top:3em;border-top:1px solid #ddd;font-size:.8em;color:#555}
+nav a{margin-right:1em}
+</style></head><body>
+<nav>{% for href, label in nav %}<a href="{{ href }}">{{ label }}</a>{% endfor %}</nav>
+<h1>{{ title }}</h1>
+{% if subtitle %}<p class="sub">{{ subtitle }}</p>{% endif %}
+{% if sections|length > 1 %}<ul>{% for s in sections %}
+<li><a href="#{{ s.anchor }}">{{ s.title }}</a>{% if s.scale %}<span class="scale">{{ s.scale }}
+</span>{% endif %}</li>{% endfor %}</ul>{% endif %}
+{% for s in sections %}
+<section id="{{ s.anchor }}">
+<h2>{{ s.title }}{% if s.scale %}<span class="scale">scale: {{ s.scale }}</span>{% endif %}</h2>
+{% if s.text %}<p>{{ s.text }}</p>{% endif %}
+{% for t in s.tables %}{{ t.html }}{% if t.caption %}<p class="sub">{{ t.caption }}</p>
+{% endif %}{% endfor %}
+{% for f in s.figures %}<figure><img src="{{ f.uri }}" alt="{{ f.alt }}">
+<figcaption>{{ f.caption }}</figcaption></figure>{% endfor %}
+{% if s.notes %}<ul>{% for n in s.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
+{% if s.missing %}<p class="missing"><b>Not shown here:</b></p><ul class="missing">
+{% for m in s.missing %}<li>{{ m.row }}: {{ m.reason }}</li>{% endfor %}</ul>{% endif %}
+</section>
+{% endfor %}
+<footer><p><b>Provenance.</b> Generated {{ generated }}. Scales: smoke (pipeline check),
+cpu (digits, small models, 2 CPU cores), gpu (paper shapes on one GPU), paper (full protocol).
+Numbers in a "Paper" column are the papers' own, at their full protocol.</p>
+{{ provenance }}</footer>
+</body></html>
+""",
+    autoescape=False,
+)
+
+
+def render_html(
+    title: str,
+    sections: Sequence[Section],
+    out: str | Path,
+    *,
+    subtitle: str = "",
+    provenance: pd.DataFrame | None = None,
+    nav: Sequence[tuple[str, str]] = (),
+) -> Path:
+    """Write one self-contained HTML page to ``out`` and return its path.
+
+    Tables are escaped; figures must already be data URIs (see
+    :func:`impl.report.figures.figure_data_uri`), so the page loads no other file.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rendered = []
+    for i, s in enumerate(sections):
+        tables = [
+            {"html": _frame_html(t.frame), "caption": html.escape(t.caption)} for t in s.tables
+        ]
+        figures = [
+            {"uri": f.uri, "caption": html.escape(f.caption), "alt": html.escape(f.alt)}
+            for f in s.figures
+            if f.uri.startswith("data:image/")
+        ]
+        rendered.append(
+            {
+                "title": html.escape(s.title),
+                "anchor": html.escape(s.anchor or f"s{i}"),
+                "text": html.escape(s.text),
+                "tables": tables,
+                "figures": figures,
+                "notes": [html.escape(n) for n in s.notes],
+                "missing": [
+                    {
+                        "row": html.escape(str(m.get("row", ""))),
+                        "reason": html.escape(str(m.get("reason", ""))),
+                    }
+                    for m in s.missing
+                ],
+                "scale": html.escape(s.scale),
+            }
+        )
+    prov = "" if provenance is None or provenance.empty else _frame_html(provenance)
+    page = _TEMPLATE.render(
+        title=html.escape(title),
+        subtitle=html.escape(subtitle),
+        sections=rendered,
+        provenance=prov,
+        generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        nav=[(html.escape(h), html.escape(label)) for h, label in nav],
+    )
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+__all__ = [
+    "PAPER_TITLES",
+    "FigureBlock",
+    "Section",
+    "Table",
+    "comparison_frame",
+    "format_number",
+    "provenance_rows",
+    "render_html",
+    "result_section",
+]

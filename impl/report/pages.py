@@ -1,0 +1,205 @@
+"""Report pages: one per paper, one for plain runs, and ``index.html`` linking them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from impl.report.figures import draw, figure_data_uri
+from impl.report.html import (
+    PAPER_TITLES,
+    FigureBlock,
+    Section,
+    Table,
+    provenance_rows,
+    render_html,
+    result_section,
+)
+from impl.report.results import ResultSet
+
+RUN_TABLE_COLUMNS: tuple[str, ...] = (
+    "run",
+    "method",
+    "model",
+    "data",
+    "scale",
+    "seed",
+    "epochs",
+    "top1",
+    "compression_ratio",
+    "inference_flops",
+    "train_flops_nominal",
+    "train_flops_executed",
+    "fwd_ms",
+    "bwd_ms",
+    "comm_bytes_per_iter",
+    "wall_seconds",
+)
+PAPER_ORDER: tuple[str, ...] = ("clicktrain", "prunetrain", "sdgp", "campfire", "cross")
+
+
+def _item_key(target: str) -> tuple[int, int, str]:
+    item = target.partition(".")[2]
+    m = re.match(r"(table|fig)(\d+)", item)
+    if m:
+        return (0 if m.group(1) == "table" else 1, int(m.group(2)), item)
+    return (2, 0, item)
+
+
+def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Section:
+    """Complete runs as a table (with their scale), top-1 per method, and test accuracy per
+    epoch; the incomplete runs of ``runs.attrs["incomplete"]`` are listed as missing."""
+    section = Section(title="Runs", anchor="runs")
+    incomplete = runs.attrs.get("incomplete", [])
+    section.missing = [
+        {"row": r["path"], "reason": f"{r['status']}: {r['reason']} (not shown)"}
+        for r in incomplete
+    ]
+    if runs.empty:
+        section.text = "No complete run was found."
+        return section
+    cols = [c for c in RUN_TABLE_COLUMNS if c in runs.columns]
+    section.tables.append(Table(runs[cols], "complete runs; every row carries its scale"))
+    scales = sorted(set(runs["scale"].dropna().astype(str)))
+    section.scale = ", ".join(scales)
+    if "top1" in runs.columns and runs["top1"].notna().any():
+        fig = draw(
+            "bar",
+            runs,
+            x="method",
+            y="top1",
+            hue="scale",
+            title="Final top-1 per method",
+            ylabel="top-1 (%)",
+        )
+        section.figures.append(FigureBlock(figure_data_uri(fig), "mean and sd over runs"))
+    if metrics is not None and not metrics.empty and "test_top1" in metrics.columns:
+        fig = draw(
+            "line",
+            metrics,
+            x="epoch",
+            y="test_top1",
+            hue="method",
+            style="scale",
+            title="Test top-1 per epoch",
+            ylabel="top-1 (%)",
+        )
+        section.figures.append(FigureBlock(figure_data_uri(fig), "mean and sd band over seeds"))
+    return section
+
+
+def render_reports(
+    results: Sequence[ResultSet],
+    out_dir: str | Path,
+    *,
+    runs: pd.DataFrame | None = None,
+    metrics: pd.DataFrame | None = None,
+    expected: Sequence[dict[str, str]] = (),
+) -> Path:
+    """Write ``<out_dir>/<paper>.html`` per paper, ``runs.html`` for ``runs``, and
+    ``index.html``; return the index's path.
+
+    ``expected`` lists every target a complete report should hold (``{"target", "title",
+    "needs"}``); one without a result is shown in the index as missing, with the scale it
+    needs, instead of disappearing.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_paper: dict[str, list[ResultSet]] = {}
+    for r in results:
+        by_paper.setdefault(r.paper, []).append(r)
+    papers = [p for p in PAPER_ORDER if p in by_paper] + sorted(
+        p for p in by_paper if p not in PAPER_ORDER
+    )
+    expected_by_paper: dict[str, list[dict[str, str]]] = {}
+    for e in expected:
+        expected_by_paper.setdefault(e["target"].partition(".")[0], []).append(e)
+    for p in expected_by_paper:
+        if p not in papers:
+            papers.append(p)
+    nav = [("index.html", "index")] + [(f"{p}.html", p) for p in papers]
+    if runs is not None:
+        nav.append(("runs.html", "runs"))
+    index_rows: list[dict[str, Any]] = []
+    for paper in papers:
+        items = sorted(by_paper.get(paper, []), key=lambda r: (_item_key(r.target), r.scale))
+        sections = [result_section(r) for r in items]
+        have = {r.target for r in items}
+        for e in sorted(expected_by_paper.get(paper, []), key=lambda e: _item_key(e["target"])):
+            if e["target"] not in have:
+                sections.append(
+                    Section(
+                        title=e.get("title", e["target"]),
+                        anchor=e["target"].replace(".", "-"),
+                        missing=[{"row": e["target"], "reason": e.get("needs", "not run")}],
+                    )
+                )
+        prov = provenance_rows((r.scale, r.environment) for r in items)
+        render_html(
+            PAPER_TITLES.get(paper, paper),
+            sections,
+            out_dir / f"{paper}.html",
+            provenance=prov,
+            nav=nav,
+        )
+        for r in items:
+            index_rows.append(
+                {
+                    "page": f"{paper}.html",
+                    "target": r.target,
+                    "title": r.title,
+                    "scale": r.scale,
+                    "rows": len(r.rows),
+                    "missing": len(r.missing),
+                    "status": "filled" if r.rows or r.figures else "empty",
+                }
+            )
+        for e in expected_by_paper.get(paper, []):
+            if e["target"] not in have:
+                index_rows.append(
+                    {
+                        "page": f"{paper}.html",
+                        "target": e["target"],
+                        "title": e.get("title", ""),
+                        "scale": "-",
+                        "rows": 0,
+                        "missing": 1,
+                        "status": f"not run: {e.get('needs', '')}",
+                    }
+                )
+    if runs is not None:
+        envs = [
+            (
+                str(r.get("scale")),
+                {k: r.get(k) for k in ("commit", "date", "torch", "gpu_name", "cpu_model")},
+            )
+            for r in runs.to_dict("records")
+        ]
+        render_html(
+            "Runs",
+            [runs_section(runs, metrics)],
+            out_dir / "runs.html",
+            nav=nav,
+            provenance=provenance_rows(envs),
+        )
+    index = pd.DataFrame(
+        index_rows, columns=["page", "target", "title", "scale", "rows", "missing", "status"]
+    )
+    section = Section(
+        title="Reproductions",
+        anchor="index",
+        text="Each table and figure of the four papers, with the scale that produced it "
+        "(or the scale it needs), and the cross-method table no paper has.",
+        tables=[Table(index, "one row per table or figure and scale")],
+    )
+    prov = provenance_rows((r.scale, r.environment) for r in results)
+    return render_html(
+        "pdtbench reproductions", [section], out_dir / "index.html", provenance=prov, nav=nav
+    )
+
+
+__all__ = ["RUN_TABLE_COLUMNS", "render_reports", "runs_section"]

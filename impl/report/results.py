@@ -1,0 +1,174 @@
+"""The saved result of one reproduction (one table or figure), as plain JSON.
+
+A reproduction (``reproductions/<paper>/<item>.py``) runs or reuses its runs and measurements,
+then saves a :class:`ResultSet`: comparison rows (ours beside the paper's number, each with
+the scale that produced it), the data of its figures, the runs it read, and what is missing.
+Reports are rendered from these files alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "result.json"
+SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
+# One comparison row: a number of ours beside the paper's, with the scale of each.
+COMPARISON_COLUMNS: tuple[str, ...] = (
+    "row",
+    "metric",
+    "ours",
+    "ours_sd",
+    "n",
+    "scale",
+    "paper",
+    "unit",
+    "paper_source",
+    "note",
+)
+
+
+@dataclass
+class FigureSpec:
+    """A figure as data: the rows plotted and how (see :func:`impl.report.figures.draw`)."""
+
+    kind: str
+    x: str
+    y: str
+    data: list[dict[str, Any]]
+    hue: str | None = None
+    style: str | None = None
+    title: str = ""
+    xlabel: str | None = None
+    ylabel: str | None = None
+    logy: bool = False
+    logx: bool = False
+    caption: str = ""
+
+
+@dataclass
+class ResultSet:
+    """Everything a report shows about one table or figure, at one scale.
+
+    Args:
+        target: "<paper>.<item>" ("sdgp.table1", "cross.methods").
+        title: heading of the section.
+        scale: the scale that produced ``rows`` (smoke, cpu, gpu, paper).
+        rows: comparison rows with the keys of :data:`COMPARISON_COLUMNS`.
+        figures: figure specs (their data rows carry a ``scale`` or ``source`` column).
+        runs: run directories read.
+        missing: rows not produced here, each ``{"row", "reason"}`` (e.g. "needs gpu scale",
+            "method 'x' not available").
+        notes: free-text remarks shown under the table (choices, deviations from the paper).
+        description: what the paper's table or figure shows and what this one runs.
+        environment: :func:`impl.env.collect` at the time the result was produced.
+        duration_s: wall seconds the reproduction took (runs reused count as 0).
+    """
+
+    target: str
+    title: str
+    scale: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    figures: list[FigureSpec] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    description: str = ""
+    environment: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def paper(self) -> str:
+        """The paper key of ``target`` ("cross" for the cross-method tables)."""
+        return self.target.partition(".")[0]
+
+    @property
+    def item(self) -> str:
+        """The table or figure of ``target`` ("table1", "fig9")."""
+        return self.target.partition(".")[2]
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on a bad target, scale or comparison row."""
+        if "." not in self.target:
+            raise ValueError(f"target {self.target!r} is not '<paper>.<item>'")
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
+        for row in self.rows:
+            unknown = sorted(set(row) - set(COMPARISON_COLUMNS))
+            if unknown:
+                raise ValueError(f"comparison row has unknown keys {unknown}")
+            if "row" not in row or "metric" not in row:
+                raise ValueError(f"comparison row without 'row' and 'metric': {row}")
+            if row.get("ours") is not None and row.get("scale") not in SCALES:
+                raise ValueError(f"a number of ours without its scale: {row}")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python, containers recursively."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def save_result(result: ResultSet, directory: str | Path) -> Path:
+    """Validate ``result`` and write it as ``<directory>/result.json``; return the path."""
+    result.validate()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RESULT_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(dataclasses.asdict(result)), indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def load_result(path: str | Path) -> ResultSet:
+    """Read a ``result.json`` (a file, or a directory holding one) back into a ResultSet."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULT_FILE
+    data = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(ResultSet)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}")
+    data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
+    result = ResultSet(**data)
+    result.validate()
+    return result
+
+
+def find_results(paths: list[str | Path]) -> list[Path]:
+    """Every ``result.json`` at or under ``paths``, sorted."""
+    found: set[Path] = set()
+    for p in paths:
+        p = Path(p)
+        if p.is_file() and p.name == RESULT_FILE:
+            found.add(p)
+        elif p.is_dir():
+            found.update(p.rglob(RESULT_FILE))
+    return sorted(found)
+
+
+__all__ = [
+    "COMPARISON_COLUMNS",
+    "RESULT_FILE",
+    "FigureSpec",
+    "ResultSet",
+    "find_results",
+    "load_result",
+    "save_result",
+]

@@ -1,0 +1,178 @@
+"""Saved results -> DataFrames. Reads run directories only; never trains or measures.
+
+A run directory (see :mod:`impl.rundir`) is complete when its ``summary.json`` exists and says
+``"status": "complete"``. Everything else found (a ``config.json`` without a summary, a
+summary with another status, an unreadable file) is *incomplete*: it is listed, never shown
+as a result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+
+# The summary fields a run table shows first (DESIGN.md, "Public contract"); others follow.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "run",
+    "method",
+    "model",
+    "data",
+    "scale",
+    "seed",
+    "epochs",
+    "top1",
+    "best_top1",
+    "compression_ratio",
+    "inference_flops",
+    "train_flops_nominal",
+    "train_flops_executed",
+    "fwd_ms",
+    "bwd_ms",
+    "comm_bytes_per_iter",
+    "wall_seconds",
+    "device",
+    "commit",
+    "path",
+)
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Every run directory at or under ``paths`` (a directory holding ``config.json`` or
+    ``summary.json``), sorted; a path that does not exist raises ``FileNotFoundError``."""
+    found: set[Path] = set()
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"{p} does not exist")
+        if p.is_file():
+            p = p.parent
+        for name in (CONFIG_FILE, SUMMARY_FILE):
+            for f in p.rglob(name):
+                found.add(f.parent)
+            if (p / name).exists():
+                found.add(p)
+    return sorted(found)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _flat(summary: dict[str, Any]) -> dict[str, Any]:
+    """Scalar fields of a summary, plus the environment's commit/device fields."""
+    row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    env = summary.get("environment") or {}
+    if isinstance(env, dict):
+        row["commit"] = env.get("commit")
+        row["date"] = env.get("date")
+        row["torch"] = env.get("torch")
+        row["gpu_name"] = env.get("gpu_name") or env.get("gpu")
+        row["cpu_model"] = env.get("cpu_model")
+    opts = summary.get("method_options")
+    if isinstance(opts, dict):
+        row["method_options"] = json.dumps(opts, sort_keys=True)
+    return row
+
+
+def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per *complete* run found at or under ``paths`` (its summary's scalar fields).
+
+    Columns begin with :data:`SUMMARY_COLUMNS` (``run`` is the directory name, ``path`` the
+    directory). Runs that are not complete are not rows: they are listed in
+    ``frame.attrs["incomplete"]`` as dicts ``{"path", "status", "reason"}``.
+    """
+    rows: list[dict[str, Any]] = []
+    incomplete: list[dict[str, str]] = []
+    for run_dir in find_run_dirs(paths):
+        summary_path = run_dir / SUMMARY_FILE
+        if not summary_path.exists():
+            incomplete.append(
+                {"path": str(run_dir), "status": "running or killed", "reason": "no summary.json"}
+            )
+            continue
+        try:
+            summary = _read_json(summary_path)
+        except (OSError, ValueError) as err:
+            incomplete.append({"path": str(run_dir), "status": "unreadable", "reason": str(err)})
+            continue
+        status = summary.get("status")
+        if status != "complete":
+            incomplete.append(
+                {"path": str(run_dir), "status": str(status), "reason": "summary not complete"}
+            )
+            continue
+        row = _flat(summary)
+        row["run"] = run_dir.name
+        row["path"] = str(run_dir)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        frame = pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    ordered = [c for c in SUMMARY_COLUMNS if c in frame.columns]
+    frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
+    frame.attrs["incomplete"] = incomplete
+    return frame
+
+
+def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per-epoch metrics (``metrics.jsonl``) of the runs in ``runs`` (from :func:`load_runs`),
+    long form: one row per (run, epoch), with the run's method, model, data, scale and seed."""
+    frames = []
+    keys = [k for k in ("run", "method", "model", "data", "scale", "seed") if k in runs.columns]
+    for _, run in runs.iterrows():
+        path = Path(run["path"]) / METRICS_FILE
+        if not path.exists():
+            continue
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a torn last line
+            rows.append({k: v for k, v in rec.items() if not isinstance(v, (dict, list))})
+        if not rows:
+            continue
+        frame = pd.DataFrame(rows)
+        for k in keys:
+            frame[k] = run[k]
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=keys + ["epoch"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def time_to_accuracy(metrics: pd.DataFrame, target: float) -> float:
+    """Seconds of training (``wall_seconds`` at the end of the first epoch whose ``test_top1``
+    reaches ``target`` %) for one run's metrics; NaN when the run never reaches it.
+
+    This is the time-to-accuracy of DAWNBench, used by SDGP Fig. 10.
+    """
+    if metrics.empty or "test_top1" not in metrics.columns:
+        return math.nan
+    ordered = metrics.sort_values("epoch")
+    hit = ordered[ordered["test_top1"] >= target]
+    if hit.empty:
+        return math.nan
+    return float(hit["wall_seconds"].iloc[0])
+
+
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "find_run_dirs",
+    "load_metrics",
+    "load_runs",
+    "time_to_accuracy",
+]

@@ -1,0 +1,284 @@
+"""Report renderer: run directories -> DataFrames -> figures -> self-contained HTML."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+
+import pandas as pd
+import pytest
+
+from impl.report import (
+    FigureSpec,
+    ResultSet,
+    comparison_frame,
+    draw,
+    figure_data_uri,
+    find_run_dirs,
+    format_number,
+    load_metrics,
+    load_result,
+    load_runs,
+    main,
+    render_html,
+    render_reports,
+    result_section,
+    save_result,
+    time_to_accuracy,
+)
+from impl.report.html import Section, Table, provenance_rows
+
+ENV = {"commit": "a" * 40, "dirty": False, "date": "2025-01-02T03:04:05+00:00", "torch": "2.x",
+       "cpu_model": "Test CPU", "tf32_matmul": False, "tf32_cudnn": True}  # fmt: skip
+
+
+def _run(
+    root, name, *, method="dense", seed=0, top1=90.0, epochs=3, status="complete", scale="smoke"
+):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"method": method, "seed": seed}))
+    with open(d / "metrics.jsonl", "w") as f:
+        for e in range(epochs):
+            f.write(
+                json.dumps(
+                    {
+                        "epoch": e,
+                        "test_top1": top1 * (e + 1) / epochs,
+                        "wall_seconds": 10.0 * (e + 1),
+                        "channels": {"a": 1},
+                    }
+                )
+                + "\n"
+            )
+    if status is not None:
+        summary = {
+            "status": status,
+            "method": method,
+            "model": "resnet20",
+            "data": "digits",
+            "scale": scale,
+            "seed": seed,
+            "epochs": epochs,
+            "top1": top1,
+            "compression_ratio": 2.5,
+            "fwd_ms": 1.5,
+            "bwd_ms": 3.0,
+            "method_options": {"n": 2},
+            "environment": ENV,
+            "layer_sparsity": {"x": 0.5},
+        }
+        (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    root = tmp_path / "runs"
+    _run(root, "dense-s0", seed=0, top1=90.0)
+    _run(root, "dense-s1", seed=1, top1=92.0)
+    _run(root, "sdgp-s0", method="sdgp", top1=88.0, epochs=2)
+    _run(root, "killed", status=None)
+    _run(root, "failed", status="failed")
+    bad = root / "corrupt"
+    bad.mkdir()
+    (bad / "summary.json").write_text("{not json")
+    return root
+
+
+def test_load_runs_reads_complete_runs_and_lists_the_others(runs_root):
+    runs = load_runs([runs_root])
+    assert sorted(runs["run"]) == ["dense-s0", "dense-s1", "sdgp-s0"]
+    assert list(runs.columns[:5]) == ["run", "method", "model", "data", "scale"]
+    assert (runs["scale"] == "smoke").all()
+    assert runs.set_index("run").loc["dense-s1", "top1"] == 92.0
+    assert runs["commit"].iloc[0] == "a" * 40
+    assert json.loads(runs["method_options"].iloc[0]) == {"n": 2}
+    assert "layer_sparsity" not in runs.columns  # nested fields are not columns
+    incomplete = {r["path"].rsplit("/", 1)[-1]: r["status"] for r in runs.attrs["incomplete"]}
+    assert incomplete == {
+        "killed": "running or killed",
+        "failed": "failed",
+        "corrupt": "unreadable",
+    }
+
+
+def test_load_runs_of_nothing_is_an_empty_frame(tmp_path):
+    runs = load_runs([tmp_path])
+    assert runs.empty and "top1" in runs.columns
+    assert runs.attrs["incomplete"] == []
+
+
+def test_find_run_dirs_rejects_a_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        find_run_dirs([tmp_path / "nope"])
+
+
+def test_find_run_dirs_accepts_a_run_dir_and_a_file(runs_root):
+    assert find_run_dirs([runs_root / "dense-s0"]) == [runs_root / "dense-s0"]
+    assert find_run_dirs([runs_root / "dense-s0" / "summary.json"]) == [runs_root / "dense-s0"]
+
+
+def test_load_metrics_long_form(runs_root):
+    metrics = load_metrics(load_runs([runs_root]))
+    assert len(metrics) == 3 + 3 + 2
+    assert set(metrics["method"]) == {"dense", "sdgp"}
+    assert "channels" not in metrics.columns
+    one = metrics[metrics["run"] == "sdgp-s0"]
+    assert list(one["epoch"]) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [(40.0, 20.0), (59.9, 20.0), (90.0, 30.0), (90.1, math.nan), (0.0, 10.0)],
+    ids=["mid", "just-below", "exact-last", "never", "first"],
+)
+def test_time_to_accuracy(target, expected):
+    m = pd.DataFrame({"epoch": [2, 0, 1], "test_top1": [90.0, 30.0, 60.0],
+                      "wall_seconds": [30.0, 10.0, 20.0]})  # fmt: skip
+    got = time_to_accuracy(m, target)
+    assert (math.isnan(got) and math.isnan(expected)) or got == expected
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg"], ids=["png", "svg"])
+def test_figure_data_uri_embeds_the_image(fmt):
+    data = pd.DataFrame({"m": ["a", "b", "b"], "v": [1.0, 2.0, 3.0]})
+    uri = figure_data_uri(draw("bar", data, x="m", y="v"), fmt=fmt)
+    head, _, payload = uri.partition(",")
+    raw = base64.b64decode(payload)
+    if fmt == "png":
+        assert head == "data:image/png;base64" and raw[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert head == "data:image/svg+xml;base64" and b"<svg" in raw[:500]
+
+
+def test_figure_bad_format_kind_and_column():
+    data = pd.DataFrame({"x": [1, 2], "y": [3, 4], "h": ["p", "q"]})
+    with pytest.raises(ValueError, match="image format"):
+        figure_data_uri(draw("line", data, x="x", y="y"), fmt="jpg")
+    with pytest.raises(ValueError, match="figure kind"):
+        draw("pie", data, x="x", y="y")
+    with pytest.raises(ValueError, match="not in the data"):
+        draw("bar", data, x="x", y="nope")
+    with pytest.raises(ValueError, match="hue"):
+        draw("heatmap", data, x="x", y="y")
+
+
+@pytest.mark.parametrize("kind", ["bar", "line", "scatter", "heatmap"], ids=str)
+def test_draw_every_kind_labels_axes(kind):
+    data = pd.DataFrame({"x": [1, 2, 3, 1], "y": [3.0, 4.0, 5.0, 2.0], "h": ["p", "q", "p", "q"]})
+    fig = draw(kind, data, x="x", y="y", hue="h", title="T", xlabel="X label", ylabel="Y label")
+    ax = fig.axes[0]
+    assert ax.get_title() == "T" and ax.get_xlabel() == "X label" and ax.get_ylabel() == "Y label"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(None, "-"), (math.nan, "-"), (3, "3"), (95.25, "95.25"), (0.000123456, "0.0001235"),
+     (2.5e9, "2.5G"), (41_000_000.0, "41M"), (123_457.0, "123,457"), (1.0, "1"), ("x", "x"),
+     (True, "True"), (math.inf, "inf")],
+    ids=["none", "nan", "int", "float", "small", "giga", "mega", "thousands", "whole", "str",
+         "bool", "inf"],
+)  # fmt: skip
+def test_format_number(value, text):
+    assert format_number(value) == text
+
+
+def test_comparison_frame_keeps_scale_beside_every_number():
+    frame = comparison_frame([
+        {"row": "dense", "metric": "top1", "ours": 97.5, "ours_sd": 0.4, "n": 3, "scale": "cpu",
+         "paper": 95.3, "unit": "%", "paper_source": "Table I", "note": ""},
+        {"row": "sdgp", "metric": "top1", "ours": None, "scale": None, "paper": 95.2},
+    ])  # fmt: skip
+    assert list(frame.columns[:5]) == ["Row", "Metric", "Ours", "Scale", "Paper"]
+    assert frame.loc[0, "Ours"] == "97.5 ± 0.4 (n=3)" and frame.loc[0, "Scale"] == "cpu"
+    assert frame.loc[1, "Ours"] == "-" and frame.loc[1, "Paper"] == "95.2"
+
+
+def _result(scale="smoke", target="sdgp.table1"):
+    return ResultSet(
+        target=target,
+        title="SDGP Table I",
+        scale=scale,
+        rows=[{"row": "dense", "metric": "top1", "ours": 97.0, "ours_sd": math.nan, "n": 1,
+               "scale": scale, "paper": 95.3, "unit": "%", "paper_source": "Table I",
+               "note": "<b>digits</b>"}],
+        figures=[FigureSpec(kind="bar", x="row", y="top1", hue="source",
+                            data=[{"row": "dense", "top1": 97.0, "source": f"ours ({scale})"},
+                                  {"row": "dense", "top1": 95.3, "source": "paper"}],
+                            title="top-1")],
+        missing=[{"row": "imagenet rows", "reason": "needs the paper scale (ImageNet)"}],
+        environment=ENV,
+    )  # fmt: skip
+
+
+def test_result_roundtrip_and_validation(tmp_path):
+    path = save_result(_result(), tmp_path / "r")
+    back = load_result(path.parent)
+    assert back.rows[0]["ours"] == 97.0 and back.rows[0]["ours_sd"] is None  # NaN -> null
+    assert back.figures[0].kind == "bar" and back.paper == "sdgp" and back.item == "table1"
+    bad = _result()
+    bad.rows[0]["scale"] = None
+    with pytest.raises(ValueError, match="without its scale"):
+        save_result(bad, tmp_path / "bad")
+    with pytest.raises(ValueError, match="unknown scale"):
+        save_result(_result(scale="huge"), tmp_path / "bad")
+    with pytest.raises(ValueError, match="<paper>.<item>"):
+        save_result(_result(target="nodot"), tmp_path / "bad")
+
+
+def _assert_self_contained(text: str) -> None:
+    srcs = re.findall(r'(?:src|href)="([^"#]+)"', text)
+    for s in srcs:
+        assert s.startswith("data:image/") or s.endswith(".html"), s
+    assert "<script" not in text and "<link" not in text
+
+
+def test_render_html_is_self_contained_and_escaped(tmp_path):
+    section = result_section(_result())
+    section.tables.append(Table(pd.DataFrame({"a": [1.5e9], "b": ["<x>"]}), "raw"))
+    out = render_html("Title <1>", [section, Section(title="Empty")], tmp_path / "p.html",
+                      provenance=provenance_rows([("smoke", ENV)]))  # fmt: skip
+    text = out.read_text()
+    _assert_self_contained(text)
+    assert "Title &lt;1&gt;" in text and "&lt;b&gt;digits&lt;/b&gt;" in text
+    assert text.count('<img src="data:image/png;base64,') == 1
+    assert "scale: smoke" in text and "95.3" in text and "1.5G" in text
+    assert "needs the paper scale (ImageNet)" in text
+    assert "aaaaaaaaaaaa" in text and "Test CPU" in text  # provenance: commit and device
+
+
+def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
+    runs = load_runs([runs_root])
+    index = render_reports(
+        [_result("smoke"), _result("cpu"), _result("smoke", target="cross.methods")],
+        tmp_path / "rep",
+        runs=runs,
+        metrics=load_metrics(runs),
+        expected=[{"target": "sdgp.fig9", "title": "SDGP Fig. 9", "needs": "gpu scale"}],
+    )
+    names = sorted(p.name for p in index.parent.iterdir())
+    assert names == ["cross.html", "index.html", "runs.html", "sdgp.html"]
+    text = index.read_text()
+    _assert_self_contained(text)
+    assert "sdgp.fig9" in text and "not run: gpu scale" in text
+    sdgp = (index.parent / "sdgp.html").read_text()
+    assert "scale: smoke" in sdgp and "scale: cpu" in sdgp and "SDGP Fig. 9" in sdgp
+    runs_page = (index.parent / "runs.html").read_text()
+    assert runs_page.count("data:image/png;base64,") == 2
+    assert "killed" in runs_page and "corrupt" in runs_page  # incomplete runs listed
+
+
+def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
+    save_result(_result(), runs_root / "reproductions" / "sdgp.table1" / "smoke")
+    assert main([str(runs_root), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "1 results, 3 complete runs, 3 incomplete" in printed
+    assert (tmp_path / "out" / "index.html").exists() and (tmp_path / "out" / "sdgp.html").exists()
+    with pytest.raises(FileNotFoundError):
+        main([str(tmp_path / "missing")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no result.json"):
+        main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])

@@ -71,6 +71,7 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
                                               int F, int K, int N, i64 ldb, i64 sb, i64 ldc,
                                               i64 sc) {
   constexpr int TK = PDT_SPMM_TK;
+  static_assert(TK <= 32, "a K-step must fit one warp-wide load and the 32-bit 'used' mask");
   constexpr int TN = 32 * VEC * CPT;
   constexpr int NV = TN / VEC;  // vectors per tile row
   __shared__ __align__(16) T tile[TK * TN];

@@ -53,11 +53,11 @@ __device__ __forceinline__ u16 pdt_float_to_half(float f) {  // round to nearest
 __device__ __forceinline__ float pdt_bf16_to_float(u16 b) {
   return __uint_as_float(((u32)b) << 16);
 }
-__device__ __forceinline__ u16 pdt_float_to_bf16(float f) {  // round to nearest even (as torch)
-  u32 u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (u16)(u >> 16);
+__device__ __forceinline__ u16 pdt_float_to_bf16(float f) {
+  // round to nearest even, NaN -> canonical NaN: the instruction torch's CUDA kernels use
+  u16 b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
 }
 
 // -- element traits: storage type T, score/accumulation type A, conversions ------------------

@@ -107,13 +107,17 @@ def _pack(grad: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = No
     return out
 
 
-def _unpack(buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    """``out.view(-1)[index] = buffer`` (``out`` contiguous; other elements untouched)."""
     _check(index)
     if buffer.shape != index.shape:
         raise ValueError(f"buffer {tuple(buffer.shape)} must match index {tuple(index.shape)}")
-    dev = loader.require_cuda("grad_unpack", buffer, index, sources=(_SRC,))
+    if buffer.dtype != out.dtype:
+        raise ValueError(f"buffer {buffer.dtype} and out {out.dtype} differ")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous (it is written through its flat view)")
+    dev = loader.require_cuda("grad_unpack", buffer, index, out, sources=(_SRC,))
     size, view = _element_bits(buffer.dtype)
-    out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
     if buffer.numel():
         loader.launch(
             _SRC,
@@ -128,6 +132,11 @@ def _unpack(buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> 
             ],
             dev,
         )
+
+
+def _unpack(buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
+    _unpack_into(buffer, index, out)
     return out
 
 
@@ -149,6 +158,16 @@ def _grad_unpack_op(buffer: torch.Tensor, index: torch.Tensor, shape: list[int])
 @_grad_unpack_op.register_fake
 def _(buffer, index, shape):
     return buffer.new_empty(shape)
+
+
+@torch.library.custom_op("pdtbench::grad_unpack_into", mutates_args=("out",))
+def _grad_unpack_into_op(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    _unpack_into(buffer, index, out)
+
+
+@_grad_unpack_into_op.register_fake
+def _(buffer, index, out):
+    return None
 
 
 def _use_cuda(impl: str, *tensors: torch.Tensor) -> bool:
@@ -182,6 +201,20 @@ def grad_unpack(
     return grad_unpack_ref(buffer, index, shape)
 
 
+def pack(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """CUDA gather ``flat.reshape(-1)[index]`` into a new ``[nnz]`` tensor (the kernel of
+    :func:`grad_pack`, for callers that dispatch themselves, e.g. :mod:`impl.comm`)."""
+    return torch.ops.pdtbench.grad_pack(flat, index)
+
+
+def unpack(packed: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """CUDA scatter ``out.view(-1)[index] = packed`` in place (``out`` contiguous; elements
+    off ``index`` are left as they are: zero them first for :func:`grad_unpack`'s result).
+    Returns ``out``."""
+    torch.ops.pdtbench.grad_unpack_into(packed, index, out)
+    return out
+
+
 __all__ = [
     "IMPLS",
     "KERNELS",
@@ -190,4 +223,6 @@ __all__ = [
     "grad_unpack",
     "grad_unpack_ref",
     "mask_index",
+    "pack",
+    "unpack",
 ]

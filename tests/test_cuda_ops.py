@@ -1,0 +1,971 @@
+"""The CUDA ops (``impl.ops.pattern_cuda``, ``nm_cuda``, ``pack_cuda``) and their loader.
+
+Without a GPU: the loader's behaviour (nothing touched at import, a recorded reason, clear
+errors), the fake implementations (shapes, dtypes, memory formats, autograd), the launch
+planning, and the references of pack/unpack.
+
+On a GPU (``gpu`` marker): every kernel against its reference (STYLE.md): the kernel's error
+against the float64 reference must be within ``k`` times the error of the same-precision
+reference (plus a floor of a few ulps of the result's magnitude bound), one tolerance table
+per dtype; odd sizes beside the paper's (256 x 1152 filters, 1152 x 50176 input), fresh
+random inputs, outputs poisoned with NaN before the kernel runs so that every element is
+checked written; N:M magnitude bit for bit; pack/unpack round trips.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from itertools import combinations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from impl.cuda import loader
+from impl.methods.sdgp import nm_prune_ref
+from impl.ops import nm_cuda, pack_cuda, pattern_cuda
+from impl.ops.pattern import (
+    PatternIndex,
+    pattern_conv2d,
+    pattern_csr,
+    pattern_index,
+    pattern_positions,
+    pattern_spmm,
+)
+
+NO_GPU = not torch.cuda.is_available()
+
+
+# =============================================================================================
+# Without a GPU
+# =============================================================================================
+
+
+def test_import_touches_neither_the_gpu_nor_cupy():
+    code = (
+        "import sys, torch\n"
+        "import impl.cuda, impl.cuda.loader, impl.ops.pattern_cuda, impl.ops.nm_cuda\n"
+        "import impl.ops.pack_cuda\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA initialised at import'\n"
+        "assert 'cupy' not in sys.modules, 'CuPy imported at import'\n"
+        "print('ok')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the behaviour on a machine without a GPU")
+def test_without_gpu_no_kernels_and_a_recorded_reason():
+    assert loader.has_cuda_kernels() is False
+    reason = loader.cuda_kernels_error()
+    assert reason is not None and "torch.cuda.is_available() is False" in reason
+    assert nm_cuda.is_available() is False
+    with pytest.raises(RuntimeError, match="CUDA kernels unavailable: no CUDA GPU"):
+        loader.load("pattern.cu")
+
+
+def test_load_rejects_an_unknown_source():
+    with pytest.raises(ValueError, match="unknown kernel source 'nope.cu'; valid: pattern.cu"):
+        loader.load("nope.cu")
+
+
+def _cpu_calls():
+    idx = pattern_index(torch.rand(6, 2, 3, 3) < 0.5)
+    w = torch.randn(6, 2, 3, 3)
+    x = torch.randn(2, 2, 5, 5)
+    vals = pattern_csr(w, idx.row_ptr, idx.col_ind, impl="ref")
+    b = torch.randn(18, 7)
+    g = torch.randn(3, 4)
+    i = torch.tensor([0, 5, 7], dtype=torch.int32)
+    return {
+        "pattern_csr": lambda: pattern_cuda.pattern_csr_cuda(w, idx.row_ptr, idx.col_ind),
+        "pattern_spmm": lambda: pattern_cuda.pattern_spmm_cuda(
+            vals, idx.row_ptr, idx.col_ind, b, index=idx
+        ),
+        "pattern_conv2d": lambda: pattern_cuda.pattern_conv2d_cuda(x, w, idx, padding=1),
+        "pattern_conv2d_explicit": lambda: pattern_cuda.pattern_conv2d_cuda(
+            x, w, idx, padding=1, implicit=False
+        ),
+        "nm_prune": lambda: nm_cuda.nm_prune_cuda(x, 2, 4),
+        "grad_pack": lambda: pack_cuda.grad_pack(g, i, impl="cuda"),
+        "grad_unpack": lambda: pack_cuda.grad_unpack(g.reshape(-1)[:3], i, (3, 4), impl="cuda"),
+    }
+
+
+CPU_CALLS = list(_cpu_calls())
+
+
+@pytest.mark.parametrize("op", CPU_CALLS, ids=CPU_CALLS)
+def test_cuda_op_on_cpu_tensors_raises_a_clear_error(op):
+    with pytest.raises(RuntimeError, match="needs CUDA tensors, got cpu; use impl='ref'"):
+        _cpu_calls()[op]()
+
+
+def test_expand_source_pastes_each_header_once_and_the_hash_follows_it(tmp_path):
+    (tmp_path / "h.cuh").write_text("#pragma once\n#define ANSWER 41\n")
+    (tmp_path / "k.cu").write_text(
+        '#include "h.cuh"\n#include "h.cuh"\nint f() { return ANSWER; }\n'
+    )
+    text = loader.expand_source("k.cu", tmp_path)
+    assert text.count("#define ANSWER 41") == 1
+    assert "#include" not in text and "pragma once" not in text
+    before = loader.source_hash("k.cu", tmp_path)
+    (tmp_path / "h.cuh").write_text("#pragma once\n#define ANSWER 42\n")
+    assert loader.source_hash("k.cu", tmp_path) != before
+    assert "pdt_philox" in loader.expand_source("nm_prune.cu")
+
+
+def test_compile_options_carry_every_define_and_no_fast_math():
+    opts = loader.compile_options()
+    assert opts[0] == f"--std={loader.CXX_STD}"
+    assert {o for o in opts if o.startswith("-D")} == {
+        f"-D{k}={v}" for k, v in loader.DEFINES.items()
+    }
+    assert not any("fast" in o for o in opts)
+
+
+# -- fake implementations ---------------------------------------------------------------------
+
+
+def _fake_index(f_out: int, k: int, nnz: int) -> PatternIndex:
+    def e(n):
+        return torch.empty(n, dtype=torch.int64, device="cuda")
+
+    return PatternIndex(e(f_out + 1), e(nnz), e(k + 1), e(nnz), e(nnz), (f_out, k))
+
+
+CONV_FAKE = [
+    ((2, 8, 9, 9), (16, 8, 3, 3), 1, 1, 1),
+    ((3, 5, 11, 7), (7, 5, 3, 3), 2, 1, 2),
+    ((1, 4, 8, 8), (6, 4, 1, 1), 1, 0, 1),
+    ((2, 3, 13, 10), (5, 3, 5, 3), (2, 1), (2, 1), 1),
+]
+CONV_FAKE_IDS = ["3x3", "stride2-dil2", "1x1", "rect"]
+
+
+FAKE_MODES = [("fake-cuda", True), ("meta", True), ("meta", False)]
+FAKE_MODE_IDS = ["fake-cuda-implicit", "meta-implicit", "meta-explicit"]
+
+
+@pytest.mark.parametrize("mode", FAKE_MODES, ids=FAKE_MODE_IDS)
+@pytest.mark.parametrize("case", CONV_FAKE, ids=CONV_FAKE_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_fake_conv_matches_torch_conv_shape(case, mode, dtype):
+    """Fake CUDA tensors work without a GPU for the implicit op; the explicit path's unfold
+    needs a CUDA build under FakeTensorMode, so it is checked on meta tensors."""
+    xs, ws, stride, padding, dilation = case
+    where, implicit = mode
+    expected = F.conv2d(
+        torch.empty(xs, device="meta"),
+        torch.empty(ws, device="meta"),
+        None,
+        stride,
+        padding,
+        dilation,
+    ).shape
+    k = math.prod(ws[1:])
+    if where == "meta":
+        idx = pattern_index(torch.rand(ws) < 0.5)
+        idx = PatternIndex(*(t.to("meta") for t in idx[:5]), idx.shape)
+        x = torch.empty(xs, device="meta", dtype=dtype)
+        w = torch.empty(ws, device="meta", dtype=dtype)
+        out = pattern_cuda.pattern_conv2d_cuda(
+            x, w, idx, None, stride, padding, dilation, implicit=implicit
+        )
+    else:
+        with FakeTensorMode():
+            x = torch.empty(xs, device="cuda", dtype=dtype)
+            w = torch.empty(ws, device="cuda", dtype=dtype)
+            idx = _fake_index(ws[0], k, 11)
+            out = pattern_cuda.pattern_conv2d_cuda(
+                x, w, idx, None, stride, padding, dilation, implicit=implicit
+            )
+    assert out.shape == expected and out.dtype == dtype
+    assert out.device.type == ("meta" if where == "meta" else "cuda")
+
+
+def test_fakes_of_csr_spmm_sddmm_and_scatter():
+    with FakeTensorMode():
+        idx = _fake_index(16, 72, 30)
+        w = torch.empty(16, 8, 3, 3, device="cuda", dtype=torch.float64)
+        vals = pattern_cuda.pattern_csr_cuda(w, idx.row_ptr, idx.col_ind)
+        assert vals.shape == (30,) and vals.dtype == torch.float64
+        # index given: building the transpose has data-dependent shapes (not traceable)
+        out2 = pattern_cuda.pattern_spmm_cuda(
+            vals,
+            idx.row_ptr,
+            idx.col_ind,
+            torch.empty(72, 33, device="cuda", dtype=w.dtype),
+            index=idx,
+        )
+        out3 = pattern_cuda.pattern_spmm_cuda(
+            vals,
+            idx.row_ptr,
+            idx.col_ind,
+            torch.empty(3, 72, 33, device="cuda", dtype=w.dtype),
+            index=idx,
+        )
+        g = torch.ops.pdtbench.sddmm(
+            idx.row_ptr, idx.col_ind, torch.empty(3, 16, 33, device="cuda"), out3.float()
+        )
+        d = torch.ops.pdtbench.csr_scatter(vals, idx.row_ptr, idx.col_ind, [16, 8, 3, 3])
+    assert out2.shape == (16, 33) and out3.shape == (3, 16, 33)
+    assert g.shape == (30,) and g.dtype == torch.float32
+    assert d.shape == (16, 8, 3, 3) and d.dtype == torch.float64
+
+
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
+def test_autograd_through_the_ops_gives_gradient_shapes_on_meta(implicit):
+    mask = torch.rand(16, 8, 3, 3, generator=torch.Generator().manual_seed(3)) < 0.4
+    idx = pattern_index(mask)
+    midx = PatternIndex(*(t.to("meta") for t in idx[:5]), idx.shape)
+    x = torch.empty(2, 8, 9, 9, device="meta", requires_grad=True)
+    w = torch.empty(16, 8, 3, 3, device="meta", requires_grad=True)
+    b = torch.empty(16, device="meta", requires_grad=True)
+    out = pattern_cuda.pattern_conv2d_cuda(x, w, midx, b, 2, 1, implicit=implicit)
+    assert out.shape == (2, 16, 5, 5)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape and b.grad.shape == b.shape
+
+
+def test_autograd_of_spmm_batched_on_meta():
+    idx = pattern_index(torch.rand(7, 13, generator=torch.Generator().manual_seed(4)) < 0.5)
+    midx = PatternIndex(*(t.to("meta") for t in idx[:5]), idx.shape)
+    vals = torch.empty(idx.col_ind.numel(), device="meta", requires_grad=True)
+    b = torch.empty(3, 13, 10, device="meta", requires_grad=True)
+    out = pattern_cuda.pattern_spmm_cuda(vals, midx.row_ptr, midx.col_ind, b, index=midx)
+    out.sum().backward()
+    assert out.shape == (3, 7, 10) and vals.grad.shape == vals.shape and b.grad.shape == b.shape
+
+
+@pytest.mark.parametrize("fmt", ["nchw", "channels_last"], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+    ids=["f32", "f64", "f16", "bf16"],
+)
+def test_fake_nm_prune_keeps_shape_dtype_and_memory_format(fmt, dtype):
+    with FakeTensorMode():
+        x = torch.empty(4, 12, 5, 7, device="cuda", dtype=dtype)
+        if fmt == "channels_last":
+            x = x.to(memory_format=torch.channels_last)
+        y = nm_cuda.nm_prune_cuda(x, 2, 4, "rescaled")
+    assert y.shape == x.shape and y.dtype == dtype and y.stride() == x.stride()
+
+
+def test_fake_pack_and_unpack():
+    with FakeTensorMode():
+        g = torch.empty(10, 10, device="cuda", dtype=torch.bfloat16)
+        i = torch.empty(30, dtype=torch.int32, device="cuda")
+        buf = pack_cuda.grad_pack(g, i, impl="cuda")
+        back = pack_cuda.grad_unpack(buf, i, (10, 10), impl="cuda")
+        out = pack_cuda.unpack(buf, i, torch.empty(100, device="cuda", dtype=torch.bfloat16))
+    assert buf.shape == (30,) and buf.dtype == torch.bfloat16
+    assert back.shape == (10, 10) and out.shape == (100,)
+
+
+def test_opcheck_schemas_and_fakes_on_meta():
+    idx = pattern_index(torch.rand(9, 20, generator=torch.Generator().manual_seed(5)) < 0.5)
+    m = {k: getattr(idx, k).to("meta") for k in ("row_ptr", "col_ind")}
+    nnz = idx.col_ind.numel()
+    cases = [
+        (torch.ops.pdtbench.pattern_csr.default, (torch.empty(9, 20, device="meta"),)),
+        (torch.ops.pdtbench.spmm.default, (torch.empty(nnz, device="meta"),)),
+    ]
+    for op, first in cases:
+        args = (*first, m["row_ptr"], m["col_ind"])
+        if op is torch.ops.pdtbench.spmm.default:
+            args = (*args, torch.empty(20, 6, device="meta"))
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# -- launch planning ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (torch.float32, 1024, (1024, 4096), (0, 64), True),
+        (torch.float32, 1023, (1023,), (0,), False),
+        (torch.float32, 1024, (1026,), (0,), False),
+        (torch.float32, 1024, (1024,), (4,), False),
+        (torch.float64, 6, (6, 12), (16, 32), True),
+        (torch.float64, 7, (8,), (0,), False),
+    ],
+    ids=["f32-aligned", "f32-odd-n", "f32-odd-ld", "f32-misaligned-ptr", "f64-aligned", "f64-odd"],
+)
+def test_vector_ok(case):
+    dtype, n, strides, ptrs, expected = case
+    assert pattern_cuda.vector_ok(dtype, n, strides, ptrs) is expected
+
+
+def test_spmm_grid_covers_rows_and_columns_and_rejects_too_many_columns():
+    tn = pattern_cuda.TILE_N[torch.float32]
+    assert pattern_cuda.spmm_grid(torch.float32, 256, 50176, 1) == (
+        256 // pattern_cuda.WARPS,
+        math.ceil(50176 / tn),
+        1,
+    )
+    assert pattern_cuda.spmm_grid(torch.float64, 17, 1, 3) == (3, 1, 3)
+    with pytest.raises(ValueError, match="exceed one launch"):
+        pattern_cuda.spmm_grid(torch.float32, 8, 65536 * tn, 1)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(256, 50176, 1, 132, 4), (64, 1024, 128, 132, 4), (7, 29, 3, 108, 1), (1, 5, 1, 132, 2)],
+    ids=["paper", "conv-batch", "odd", "tiny"],
+)
+def test_sddmm_split_covers_every_column_and_batch(case):
+    n_rows, n_cols, batch, sms, vec = case
+    n_chunk, b_group, gy, gz = pattern_cuda.sddmm_split(n_rows, n_cols, batch, sms, vec)
+    assert n_chunk % vec == 0 and n_chunk >= 1 and b_group >= 1
+    assert gy * n_chunk >= n_cols and (gy - 1) * n_chunk < n_cols
+    assert gz * b_group >= batch and (gz - 1) * b_group < batch
+    assert gy <= 65535 and gz <= 65535
+
+
+@pytest.mark.parametrize("case", CONV_FAKE, ids=CONV_FAKE_IDS)
+def test_conv_output_size_matches_torch(case):
+    xs, ws, stride, padding, dilation = case
+    st, pad, dil = (pattern_cuda._pair(v) for v in (stride, padding, dilation))
+    got = pattern_cuda.conv_output_size(xs[2], xs[3], ws[2], ws[3], st, pad, dil)
+    ref = F.conv2d(
+        torch.empty(xs, device="meta"),
+        torch.empty(ws, device="meta"),
+        None,
+        stride,
+        padding,
+        dilation,
+    ).shape[2:]
+    assert got == tuple(ref)
+
+
+NM_VIEW_CASES = [
+    ((4, 6, 5, 7), 1, False),
+    ((4, 6, 5, 7), 1, True),
+    ((3, 4, 12, 5), 2, False),
+    ((6, 9, 3, 3), 0, False),
+    ((5, 37), 1, False),
+    ((41,), 0, False),
+    ((2, 1, 8, 1), 2, False),
+]
+NM_VIEW_IDS = ["nchw", "channels_last", "dim2", "dim0", "2d", "1d", "size1-dims"]
+
+
+@pytest.mark.parametrize("rescale", ["plane", "channel"], ids=["plane", "channel"])
+@pytest.mark.parametrize("case", NM_VIEW_CASES, ids=NM_VIEW_IDS)
+def test_nm_view_addresses_the_tensor_and_groups_the_rescale_like_the_reference(case, rescale):
+    shape, dim, channels_last = case
+    x = torch.randn(shape, dtype=torch.float64)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    v = nm_cuda.nm_view(x.shape, x.stride(), dim, rescale)
+    assert v is not None
+    # the kernel's address o*so + c*sc + i*si is element (o, c, i) of the logical [O, C, I]
+    strided = x.as_strided((v.O, v.C, v.I), (v.so, v.sc, v.si), x.storage_offset())
+    assert torch.equal(strided, x.reshape(v.O, v.C, v.I))
+    # the rescale sums of the reference, per (batch, channel), from the view's nb and o2
+    nd = x.dim()
+    if rescale == "plane" and dim != 0 and nd > 1:
+        red = [d for d in range(nd) if d not in (0, dim)]
+        ref = x.abs().sum(dim=red) if red else x.abs()
+        ref = ref.reshape(v.nb, v.C)
+    else:
+        red = [d for d in range(nd) if d != dim]
+        ref = (x.abs().sum(dim=red) if red else x.abs()).reshape(1, v.C)
+    ours = strided.abs().reshape(v.nb, v.o2, v.C, v.I).sum(dim=(1, 3))
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=0)
+
+
+def test_nm_view_refuses_layouts_that_do_not_merge():
+    x = torch.randn(4, 6, 10, 7)[:, :, ::2]
+    assert nm_cuda.nm_view(x.shape, x.stride(), 1) is None
+    y = torch.randn(4, 6, 5, 7).permute(2, 1, 0, 3)  # dims before dim 1 fine, after not
+    assert nm_cuda.nm_view(y.shape, y.stride(), 1) is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (16, 16), (17, 32), (32, 32)],
+    ids=["1", "2", "3", "4", "5", "16", "17", "32"],
+)
+def test_sub_warp_width_is_the_next_power_of_two(case):
+    m, w = case
+    assert nm_cuda.sub_warp_width(m) == w
+
+
+def test_sub_warp_width_rejects_m_over_32():
+    with pytest.raises(ValueError, match="1 <= m <= 32"):
+        nm_cuda.sub_warp_width(33)
+
+
+def test_stats_groups_per_block():
+    nchw = nm_cuda.nm_view((8, 64, 4, 4), (1024, 16, 4, 1), 1)
+    cl = nm_cuda.nm_view((8, 64, 4, 4), (1024, 1, 256, 64), 1)
+    small = nm_cuda.nm_view((8, 8, 4, 4), (128, 1, 32, 8), 1)
+    assert nm_cuda.stats_groups_per_block(nchw, 4) == 1
+    assert nm_cuda.stats_groups_per_block(cl, 4) == 8  # 8 groups x 4 lanes = one warp
+    assert nm_cuda.stats_groups_per_block(cl, 32) == 1
+    assert nm_cuda.stats_groups_per_block(small, 4) == 2  # only 2 groups exist
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(n=3, m=2),
+        dict(n=1, m=33),
+        dict(n=0, m=4),
+        dict(method="top"),
+        dict(rescale="global"),
+        dict(dim=4),
+        dict(x=torch.zeros(2, 4, dtype=torch.int32)),
+    ],
+    ids=["n>m", "m>32", "n=0", "method", "rescale", "dim", "int-dtype"],
+)
+def test_nm_prune_cuda_rejects_bad_arguments_before_touching_a_device(bad):
+    args = dict(x=torch.randn(2, 8, 3, 3), n=2, m=4, method="rescaled", dim=1, rescale="plane")
+    args.update(bad)
+    with pytest.raises(ValueError):
+        nm_cuda.nm_prune_cuda(**args)
+
+
+def _emulated_keep(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """The kernels' rank rule in torch: element k of a group is kept when fewer than n of the
+    group's elements sort before it (greater score, NaN greatest, or equal and lower index)."""
+    c = scores.shape[-1]
+    g = -(-c // m)
+    s = F.pad(scores, (0, g * m - c), value=float("nan")).reshape(-1, g, m)
+    valid = F.pad(torch.ones(c, dtype=torch.bool), (0, g * m - c)).reshape(g, m)
+    a, b = s.unsqueeze(-1), s.unsqueeze(-2)  # a: element k, b: element j
+    gt = (b > a) | (b.isnan() & ~a.isnan())
+    eq = ~((a > b) | (a.isnan() & ~b.isnan())) & ~gt
+    j_lt_k = torch.arange(m).view(1, m) < torch.arange(m).view(m, 1)
+    before = (gt | (eq & j_lt_k)) & valid.unsqueeze(-2)
+    keep = (before.sum(-1) < n) & valid
+    return keep.reshape(-1, g * m)[:, :c].reshape(scores.shape)
+
+
+@pytest.mark.parametrize(
+    "nm", [(2, 4), (1, 3), (5, 8), (3, 7), (16, 32)], ids=["2:4", "1:3", "5:8", "3:7", "16:32"]
+)
+def test_kernel_rank_rule_equals_the_reference_tie_rule(nm):
+    n, m = nm
+    x = torch.randint(-3, 4, (6, 37), dtype=torch.float32) * 0.5  # many ties and zeros
+    x[0, 3] = float("nan")
+    x[1, :5] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, 9] = -0.0
+    ref = nm_prune_ref(x, n, m, "magnitude", dim=1)
+    keep = _emulated_keep(x.abs(), n, m)
+    emulated = torch.where(keep, x, torch.zeros((), dtype=x.dtype))
+    assert torch.equal(emulated.view(torch.int32), ref.view(torch.int32))
+
+
+# -- pack references --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1,), (7, 11), (3, 5, 3, 3)], ids=["1", "7x11", "conv"])
+def test_pack_reference_round_trip(shape):
+    mask = torch.rand(shape) < 0.4
+    g = torch.randn(shape)
+    idx = pack_cuda.mask_index(mask)
+    assert idx.dtype == torch.int32 and idx.numel() == int(mask.sum())
+    buf = pack_cuda.grad_pack(g, idx)
+    assert torch.equal(buf, g[mask])
+    assert torch.equal(pack_cuda.grad_unpack(buf, idx, shape), g * mask)
+
+
+def test_pack_dispatch_errors():
+    g, i = torch.randn(5), torch.tensor([1, 3])
+    with pytest.raises(ValueError, match="unknown impl 'gpu'"):
+        pack_cuda.grad_pack(g, i, impl="gpu")
+    with pytest.raises(ValueError, match="int32 or int64"):
+        pack_cuda.grad_pack(g, i.float())
+    with pytest.raises(ValueError, match="int32 or int64"):
+        pack_cuda.mask_index(g > 0, torch.int16)
+
+
+# =============================================================================================
+# On a GPU
+# =============================================================================================
+
+gpu = pytest.mark.gpu
+
+# kernel error vs float64 reference <= K * (same-precision reference's error vs float64)
+#                                       + FLOOR * eps(dtype) * sqrt(terms) * bound,
+# bound = max of the sum of |products| of an output element (its magnitude scale).
+TOLERANCE = {
+    torch.float32: {"k": 4.0, "floor": 2.0},
+    torch.float64: {"k": 4.0, "floor": 2.0},
+}
+DTYPES = [torch.float32, torch.float64]
+DTYPE_IDS = ["f32", "f64"]
+
+
+@pytest.fixture
+def cuda_kernels():
+    """Fail (not skip) when a GPU is present but the kernels do not load: that is a bug."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if not loader.has_cuda_kernels():
+        pytest.fail(f"CUDA kernels failed to load: {loader.cuda_kernels_error()}")
+    return torch.device("cuda")
+
+
+def assert_within_tolerance(out, ref64, same_precision, bound, terms, dtype, what=""):
+    tol = TOLERANCE[dtype]
+    err = (out.double() - ref64).abs().max().item() if out.numel() else 0.0
+    base = (same_precision.double() - ref64).abs().max().item() if out.numel() else 0.0
+    floor = tol["floor"] * torch.finfo(dtype).eps * math.sqrt(max(terms, 1))
+    floor *= bound.max().item() if bound.numel() else 0.0
+    assert err <= tol["k"] * base + floor, (
+        f"{what}: error {err:.3e} > {tol['k']} x reference error {base:.3e} + floor {floor:.3e}"
+    )
+
+
+def _mask(shape, density, gen, device):
+    return torch.rand(shape, generator=gen, device=device) < density
+
+
+def _pattern_mask(f_out, c, gen, device, kernel_keep=0.7):
+    """ClickTrain-like: each 3x3 kernel keeps one of 8 four-entry patterns; 30% kernels cut."""
+    pats = torch.zeros(8, 9, dtype=torch.bool)
+    for p, pos in enumerate(list(combinations([0, 1, 2, 3, 5, 6, 7, 8], 3))[:8]):
+        pats[p, 4] = True
+        pats[p, list(pos)] = True
+    choice = torch.randint(0, 8, (f_out, c), generator=gen, device=device)
+    mask = pats.to(device)[choice].reshape(f_out, c, 3, 3)
+    keep = torch.rand(f_out, c, 1, 1, generator=gen, device=device) < kernel_keep
+    return mask & keep
+
+
+SPMM_CASES = [
+    (1, 1, 1, None, 1.0, False),
+    (7, 13, 29, None, 0.4, False),
+    (31, 97, 257, None, 0.3, False),
+    (33, 70, 64, None, 0.05, False),
+    (64, 576, 1024, None, 0.5, False),
+    (17, 45, 100, 3, 0.35, False),
+    (16, 144, 33, 2, 0.5, False),
+    (24, 64, 128, None, 1.0, False),
+    (12, 40, 64, None, 0.5, True),
+]
+SPMM_IDS = [
+    "1x1x1",
+    "7x13x29",
+    "31x97x257",
+    "empty-rows",
+    "64x576x1024",
+    "batch3",
+    "batch2-odd",
+    "dense",
+    "misaligned",
+]
+
+
+def _spmm_inputs(case, dtype, device, gen):
+    f_out, k, n, batch, density, misaligned = case
+    mask = _mask((f_out, k), density, gen, device)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = torch.randn(col_ind.numel(), generator=gen, device=device, dtype=dtype)
+    shape = (k, n) if batch is None else (batch, k, n)
+    if misaligned:  # a view one element off 16-byte alignment: the scalar fallback runs
+        big = torch.randn(*shape[:-1], n + 1, generator=gen, device=device, dtype=dtype)
+        b = big[..., 1:]
+    else:
+        b = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    return mask, row_ptr, col_ind, values, b
+
+
+def _spmm_bound(values, row_ptr, col_ind, b):
+    """|A| @ |B|: the magnitude scale of every output element."""
+    return pattern_spmm(values.abs().double(), row_ptr, col_ind, b.abs().double(), impl="ref")
+
+
+@gpu
+@pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(hash(str(case)) % 2**31)
+    mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
+    batched = b.dim() == 3
+    out_shape = (b.shape[0] if batched else 1, mask.shape[0], b.shape[-1])
+    out = torch.full(out_shape, float("nan"), dtype=dtype, device=cuda_kernels)
+    got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out)
+    assert torch.isfinite(out).all(), "some output elements were not written"
+    ref64 = pattern_spmm(values.double(), row_ptr, col_ind, b.double(), impl="ref")
+    same = pattern_spmm(values, row_ptr, col_ind, b, impl="ref")
+    bound = _spmm_bound(values, row_ptr, col_ind, b)
+    assert got.shape == ref64.shape
+    assert_within_tolerance(got, ref64, same, bound, mask.sum(1).max().item(), dtype, "spmm")
+
+
+@gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("density", [0.5, 0.35, 0.1, 0.05], ids=["50%", "65%", "90%", "95%"])
+def test_spmm_paper_shape(cuda_kernels, density):
+    """256 x 1152 filters times the 1152 x 50176 im2col matrix (Sec. 5.1-5.2), float32."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    dtype = torch.float32
+    mask = _mask((256, 1152), density, gen, cuda_kernels)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = torch.randn(col_ind.numel(), generator=gen, device=cuda_kernels)
+    b = torch.randn(1152, 50176, generator=gen, device=cuda_kernels)
+    out = torch.full((1, 256, 50176), float("nan"), device=cuda_kernels)
+    got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out)
+    assert torch.isfinite(out).all()
+    ref64 = pattern_spmm(values.double(), row_ptr, col_ind, b.double(), impl="ref")
+    same = pattern_spmm(values, row_ptr, col_ind, b, impl="ref")
+    bound = _spmm_bound(values, row_ptr, col_ind, b)
+    assert_within_tolerance(got, ref64, same, bound, 1152, dtype, "spmm paper shape")
+
+
+@gpu
+@pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(1 + hash(str(case)) % 2**31)
+    mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
+    index = pattern_index(mask)
+
+    batched = b.dim() == 3
+    out_shape = (
+        (*b.shape[:-2], mask.shape[0], b.shape[-1]) if batched else (mask.shape[0], b.shape[-1])
+    )
+    g64 = torch.randn(out_shape, generator=gen, device=cuda_kernels, dtype=torch.float64)
+
+    def grads(impl, vals, bb, g):
+        vals = vals.detach().clone().requires_grad_(True)
+        bb = bb.detach().clone().requires_grad_(True)
+        if impl == "cuda":
+            out = pattern_cuda.pattern_spmm_cuda(vals, row_ptr, col_ind, bb, index=index)
+        else:
+            out = pattern_spmm(vals, row_ptr, col_ind, bb, impl="ref", index=index)
+        out.backward(g.to(out.dtype))
+        return vals.grad, bb.grad
+
+    gv, gb = grads("cuda", values, b, g64)
+    rv, rb = grads("ref", values.double(), b.double(), g64)
+    sv, sb = grads("ref", values, b, g64)
+    bv, bb = grads("ref", values.abs().double(), b.abs().double(), g64.abs())  # magnitude bounds
+    n_terms = b.shape[-1] * (b.shape[0] if batched else 1)
+    assert_within_tolerance(gv, rv, sv, bv, n_terms, dtype, "spmm grad values (SDDMM)")
+    assert_within_tolerance(gb, rb, sb, bb, mask.shape[0], dtype, "spmm grad B (transposed SpMM)")
+
+
+@gpu
+@pytest.mark.parametrize("case", SPMM_CASES[:6], ids=SPMM_IDS[:6])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_pattern_csr_is_an_exact_gather_and_its_gradient_an_exact_scatter(
+    cuda_kernels, case, dtype
+):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    f_out, k = case[0], case[1]
+    mask = _mask((f_out, k), case[4], gen, cuda_kernels)
+    row_ptr, col_ind = pattern_positions(mask)
+    dense = torch.randn(f_out, k, generator=gen, device=cuda_kernels, dtype=dtype)
+    out = torch.full((col_ind.numel(),), float("nan"), dtype=dtype, device=cuda_kernels)
+    got = pattern_cuda._csr_gather(dense, row_ptr, col_ind, out=out)
+    assert torch.equal(got, pattern_csr(dense, row_ptr, col_ind, impl="ref"))
+    d = dense.clone().requires_grad_(True)
+    vals = pattern_cuda.pattern_csr_cuda(d, row_ptr, col_ind)
+    w = torch.randn(vals.shape, generator=gen, device=cuda_kernels, dtype=dtype)
+    (vals * w).sum().backward()
+    expected = torch.zeros_like(dense)
+    expected[mask] = w
+    assert torch.equal(d.grad, expected)
+
+
+CONV_CASES = [
+    ((2, 3, 7, 9), 5, (3, 3), 1, 1, 1, 0.5),
+    ((3, 5, 11, 11), 7, (3, 3), 2, 1, 2, 0.4),
+    ((2, 4, 8, 8), 6, (1, 1), 1, 0, 1, 0.7),
+    ((4, 16, 13, 13), 8, (5, 3), (2, 1), (2, 1), 1, 0.3),
+    ((8, 64, 32, 32), 64, (3, 3), 1, 1, 1, "pattern"),
+]
+CONV_IDS = ["odd", "stride2-dil2", "1x1", "rect", "resnet-pattern"]
+
+
+def _conv_inputs(case, dtype, device, gen):
+    xs, f_out, (r, s), stride, padding, dilation, density = case
+    c = xs[1]
+    if density == "pattern":
+        mask = _pattern_mask(f_out, c, gen, device)
+    else:
+        mask = _mask((f_out, c, r, s), density, gen, device)
+    x = torch.randn(xs, generator=gen, device=device, dtype=dtype)
+    w = torch.randn(f_out, c, r, s, generator=gen, device=device, dtype=dtype) * mask
+    bias = torch.randn(f_out, generator=gen, device=device, dtype=dtype)
+    return mask, x, w, bias, stride, padding, dilation
+
+
+def _conv_run(fn, x, w, bias, g):
+    x = x.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(True)
+    bias = bias.detach().clone().requires_grad_(True)
+    out = fn(x, w, bias)
+    out.backward(g.to(out.dtype))
+    return out.detach(), x.grad, w.grad, bias.grad
+
+
+@gpu
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=CONV_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_pattern_conv2d_forward_and_backward_match_reference(cuda_kernels, case, dtype, implicit):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    mask, x, w, bias, stride, padding, dilation = _conv_inputs(case, dtype, cuda_kernels, gen)
+    index = pattern_index(mask)
+
+    def cuda_fn(xx, ww, bb):
+        return pattern_cuda.pattern_conv2d_cuda(
+            xx, ww, index, bb, stride, padding, dilation, implicit=implicit
+        )
+
+    def ref_fn(xx, ww, bb):
+        return pattern_conv2d(xx, ww, index, bb, stride, padding, dilation, impl="ref")
+
+    out_shape = F.conv2d(x, w, bias, stride, padding, dilation).shape
+    g = torch.randn(out_shape, generator=gen, device=cuda_kernels, dtype=torch.float64)
+    got = _conv_run(cuda_fn, x, w, bias, g)
+    ref = _conv_run(ref_fn, x.double(), w.double(), bias.double(), g)
+    same = _conv_run(ref_fn, x, w, bias, g)
+    bounds = _conv_run(ref_fn, x.abs().double(), w.abs().double(), bias.abs().double(), g.abs())
+    terms = int(mask.reshape(mask.shape[0], -1).sum(1).max())
+    names = ["output", "grad x", "grad weight", "grad bias"]
+    n_out = out_shape[0] * out_shape[2] * out_shape[3]
+    for name, a, r, s, bd, t in zip(
+        names, got, ref, same, bounds, [terms, out_shape[1] * terms, n_out, n_out]
+    ):
+        assert_within_tolerance(a, r, s, bd, t, dtype, f"conv {name}")
+    assert (got[2][~mask] == 0).all(), "weight gradient must be exactly zero off the pattern"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_implicit_conv_writes_every_output(cuda_kernels, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    mask, x, w, bias, stride, padding, dilation = _conv_inputs(
+        CONV_CASES[1], dtype, cuda_kernels, gen
+    )
+    index = pattern_index(mask)
+    vals = pattern_csr(w, index.row_ptr, index.col_ind, impl="ref")
+    shape = F.conv2d(x, w, bias, stride, padding, dilation).shape
+    out = torch.full(shape, float("nan"), dtype=dtype, device=cuda_kernels)
+    st, pad, dil = (pattern_cuda._pair(v) for v in (stride, padding, dilation))
+    pattern_cuda._conv_implicit(
+        x, w.shape, vals, index.row_ptr, index.col_ind, bias, st, pad, dil, out=out
+    )
+    assert torch.isfinite(out).all()
+
+
+@gpu
+@pytest.mark.slow
+def test_implicit_conv_paper_layer(cuda_kernels):
+    """128 x 224 x 224 input, 256 x 128 x 3 x 3 pattern filters (the layer of Sec. 5.1)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    mask = _pattern_mask(256, 128, gen, cuda_kernels)
+    x = torch.randn(1, 128, 224, 224, generator=gen, device=cuda_kernels)
+    w = torch.randn(256, 128, 3, 3, generator=gen, device=cuda_kernels) * mask
+    index = pattern_index(mask)
+    got = pattern_cuda.pattern_conv2d_cuda(x, w, index, None, 1, 1)
+    ref64 = F.conv2d(x.double(), w.double(), None, 1, 1)
+    same = pattern_conv2d(x, w, index, None, 1, 1, impl="ref")
+    bound = F.conv2d(x.abs().double(), w.abs().double(), None, 1, 1)
+    assert_within_tolerance(got, ref64, same, bound, 1152, torch.float32, "paper layer")
+
+
+# -- N:M pruning ------------------------------------------------------------------------------
+
+NM_SHAPES = [
+    ((4, 8, 5, 7), 1),
+    ((3, 10, 6, 6), 1),
+    ((2, 64, 14, 14), 1),
+    ((5, 37), 1),
+    ((41,), 0),
+    ((3, 4, 12, 5), 2),
+    ((6, 9, 3, 3), 0),
+]
+NM_SHAPE_IDS = ["4x8x5x7", "C10-partial", "2x64x14x14", "2d", "1d", "dim2", "dim0"]
+NM_NM = [(2, 4), (1, 2), (2, 8), (5, 16), (8, 32), (3, 7), (1, 1), (4, 4)]
+NM_NM_IDS = ["2:4", "1:2", "2:8", "5:16", "8:32", "3:7", "1:1", "4:4"]
+NM_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+NM_DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
+_BITS = {
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def _nm_input(shape, dtype, gen, ties: bool, special: bool):
+    if ties:  # few distinct magnitudes: ties everywhere
+        x = torch.randint(-3, 4, shape, generator=gen, device="cuda").to(dtype) * 0.5
+    else:
+        x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float64).to(dtype)
+    if special and x.numel() > 8:
+        flat = x.view(-1)
+        flat[0], flat[3], flat[5], flat[7] = float("nan"), float("inf"), -float("inf"), -0.0
+    return x
+
+
+def _formats(shape):
+    return ["nchw", "channels_last"] if len(shape) == 4 else ["nchw"]
+
+
+def _bits_equal(a, b):
+    return a.stride() == b.stride() and torch.equal(
+        a.contiguous().view(_BITS[a.dtype]), b.contiguous().view(_BITS[b.dtype])
+    )
+
+
+@gpu
+@pytest.mark.parametrize("dtype", NM_DTYPES, ids=NM_DTYPE_IDS)
+@pytest.mark.parametrize("nm", NM_NM, ids=NM_NM_IDS)
+@pytest.mark.parametrize("case", NM_SHAPES, ids=NM_SHAPE_IDS)
+def test_nm_magnitude_is_bit_exact(cuda_kernels, case, nm, dtype):
+    shape, dim = case
+    n, m = nm
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for fmt in _formats(shape):
+        for ties, special in ((True, True), (False, False)):
+            x = _nm_input(shape, dtype, gen, ties, special)
+            if fmt == "channels_last":
+                x = x.to(memory_format=torch.channels_last)
+            out = torch.full_like(x, float("nan"))
+            got = nm_cuda._nm_launch(
+                x, n, m, nm_cuda.METHODS["magnitude"], dim, "plane", None, 1e-4, out=out
+            )
+            ref = nm_prune_ref(x, n, m, "magnitude", dim)
+            assert _bits_equal(got, ref), f"{fmt} ties={ties} special={special}"
+
+
+@gpu
+@pytest.mark.parametrize("rescale", ["plane", "channel"], ids=["plane", "channel"])
+@pytest.mark.parametrize("dtype", NM_DTYPES, ids=NM_DTYPE_IDS)
+@pytest.mark.parametrize("nm", [(2, 4), (5, 16), (3, 7), (4, 4)], ids=["2:4", "5:16", "3:7", "4:4"])
+@pytest.mark.parametrize("case", NM_SHAPES, ids=NM_SHAPE_IDS)
+def test_nm_rescaled_keeps_the_same_positions_and_is_within_tolerance(
+    cuda_kernels, case, nm, dtype, rescale
+):
+    shape, dim = case
+    n, m = nm
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    for fmt in _formats(shape):
+        for ties in (True, False):
+            x = _nm_input(shape, dtype, gen, ties, special=False)
+            if fmt == "channels_last":
+                x = x.to(memory_format=torch.channels_last)
+            out = torch.full_like(x, float("nan"))
+            got = nm_cuda._nm_launch(
+                x, n, m, nm_cuda.METHODS["rescaled"], dim, rescale, None, 1e-4, out=out
+            )
+            assert torch.isfinite(got).all(), "some outputs were not written"
+            ref = nm_prune_ref(x, n, m, "rescaled", dim, rescale)
+            oracle = nm_prune_ref(x.double(), n, m, "rescaled", dim, rescale)
+            assert got.stride() == ref.stride()
+            assert torch.equal(got == 0, ref == 0), "kept positions differ"
+            eps = torch.finfo(dtype).eps
+            err = (got.double() - oracle).abs().max().item()
+            base = (ref.double() - oracle).abs().max().item()
+            floor = 2 * eps * oracle.abs().max().item()
+            assert err <= 2 * base + floor, f"{fmt}: {err:.3e} vs ref {base:.3e} + {floor:.3e}"
+
+
+@gpu
+@pytest.mark.parametrize("nm", [(2, 4), (1, 3), (5, 8), (7, 32)], ids=["2:4", "1:3", "5:8", "7:32"])
+def test_nm_random_keeps_n_per_group_reproducibly_and_layout_independently(cuda_kernels, nm):
+    n, m = nm
+    x = torch.randn(6, 37, 5, 4, device="cuda").abs() + 0.1  # no zeros: kept == nonzero
+    g1 = torch.Generator(device="cuda").manual_seed(21)
+    a = nm_cuda.nm_prune_cuda(x, n, m, "random", generator=g1)
+    g2 = torch.Generator(device="cuda").manual_seed(21)
+    b = nm_cuda.nm_prune_cuda(x.to(memory_format=torch.channels_last), n, m, "random", generator=g2)
+    c = nm_cuda.nm_prune_cuda(x, n, m, "random", generator=g1)  # generator advanced
+    assert torch.equal(a, b.contiguous()), "the draw must not depend on the memory format"
+    assert not torch.equal(a, c), "a second draw from the generator must differ"
+    kept = a != 0
+    assert torch.equal(a[kept], x[kept])
+    full, r = divmod(37, m)
+    counts = F.pad(kept.movedim(1, -1), (0, -37 % m)).reshape(6, 5, 4, -1, m).sum(-1)
+    assert (counts[..., :full] == n).all()
+    if r:
+        assert (counts[..., full] == min(n, r)).all()
+
+
+@gpu
+def test_nm_random_draws_every_subset_uniformly(cuda_kernels):
+    x = torch.ones(60000, 4, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    keep = nm_cuda.nm_prune_cuda(x, 2, 4, "random", dim=1, generator=gen) != 0
+    code = (keep.long() * torch.tensor([1, 2, 4, 8], device="cuda")).sum(1)
+    counts = torch.bincount(code, minlength=16)
+    subsets = [sum(1 << i for i in s) for s in combinations(range(4), 2)]
+    assert int(counts.sum()) == int(counts[subsets].sum()) == 60000
+    expected = 10000
+    sd = math.sqrt(60000 * (1 / 6) * (5 / 6))
+    assert ((counts[subsets] - expected).abs() < 6 * sd).all(), counts[subsets].tolist()
+
+
+@gpu
+@pytest.mark.slow
+def test_nm_magnitude_and_rescaled_on_a_64_mb_gradient(cuda_kernels):
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    x = torch.randn(64, 256, 32, 32, generator=gen, device="cuda")  # 64 MiB float32
+    for fmt in ("nchw", "channels_last"):
+        xf = x if fmt == "nchw" else x.to(memory_format=torch.channels_last)
+        got = nm_cuda.nm_prune_cuda(xf, 2, 4, "magnitude")
+        assert _bits_equal(got, nm_prune_ref(xf, 2, 4, "magnitude"))
+        got = nm_cuda.nm_prune_cuda(xf, 2, 4, "rescaled")
+        ref = nm_prune_ref(xf, 2, 4, "rescaled")
+        assert torch.equal(got == 0, ref == 0)
+        assert torch.allclose(got, ref, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+
+
+# -- pack / unpack ----------------------------------------------------------------------------
+
+PACK_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8]
+PACK_DTYPE_IDS = ["f32", "f64", "f16", "bf16", "u8"]
+
+
+@gpu
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("dtype", PACK_DTYPES, ids=PACK_DTYPE_IDS)
+@pytest.mark.parametrize(
+    "shape", [(1,), (37,), (64, 3, 3, 3), (1000003,)], ids=["1", "37", "conv", "1000003"]
+)
+def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    g = (torch.randn(shape, generator=gen, device="cuda") * 50).to(dtype)
+    mask = torch.rand(shape, generator=gen, device="cuda") < 0.3
+    mask.view(-1)[0] = True
+    idx = pack_cuda.mask_index(mask, index_dtype)
+    out = torch.full((idx.numel(),), 7, dtype=dtype, device="cuda")
+    if dtype.is_floating_point:
+        out.fill_(float("nan"))
+    buf = pack_cuda._pack(g, idx, out=out)
+    assert torch.equal(buf.view(torch.uint8), pack_cuda.grad_pack_ref(g, idx).view(torch.uint8))
+    back = pack_cuda.grad_unpack(buf, idx, shape, impl="cuda")
+    expected = pack_cuda.grad_unpack_ref(buf, idx, shape)
+    assert torch.equal(back.view(torch.uint8), expected.view(torch.uint8))
+    assert torch.equal(back, torch.where(mask, g, torch.zeros((), dtype=dtype, device="cuda")))
+    flat = torch.full((g.numel(),), 3, dtype=dtype, device="cuda")
+    pack_cuda.unpack(buf, idx, flat)  # in place: off-index elements untouched
+    assert torch.equal(flat[~mask.view(-1)], torch.full_like(flat[~mask.view(-1)], 3))
+    assert torch.equal(flat[mask.view(-1)], g.view(-1)[mask.view(-1)])
+
+
+@gpu
+@pytest.mark.slow
+def test_pack_unpack_64_mb(cuda_kernels):
+    g = torch.randn(16 * 2**20, device="cuda")  # 64 MiB float32
+    mask = torch.rand(g.shape, device="cuda") < 0.5
+    idx = pack_cuda.mask_index(mask)
+    buf = pack_cuda.grad_pack(g, idx)
+    assert torch.equal(buf, g[mask])
+    assert torch.equal(pack_cuda.grad_unpack(buf, idx, g.shape), g * mask)

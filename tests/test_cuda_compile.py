@@ -118,6 +118,7 @@ def test_nvcc_command_uses_the_loader_options(tmp_path):
     for opt in loader.compile_options():
         assert opt in cmd
     assert "-arch=sm_90" in cmd and "-cubin" in cmd and cmd[-1] == "a.cu"
+    assert "-ftz=true" in cmd  # what CuPy adds at run time
     assert not any("fast-math" in c or "fast_math" in c for c in cmd)
 
 
@@ -186,7 +187,10 @@ def test_nvrtc_compiles_the_expanded_sources_with_the_loader_options():
     lib = ctypes.CDLL(path)
     for src in loader.SOURCES:
         rc, log = _nvrtc_compile(
-            lib, loader.expand_source(src), src, [*loader.compile_options(), "-arch=sm_90"]
+            lib,
+            loader.expand_source(src),
+            src,
+            [*loader.compile_options(), *loader.CUPY_NVRTC_OPTIONS, "-arch=sm_90"],
         )
         assert rc == 0, f"NVRTC ({path}) failed on {src}:\n{log}"
         assert "warning" not in log.lower(), f"NVRTC warnings on {src}:\n{log}"

@@ -48,6 +48,11 @@ DEFINES: dict[str, int] = {
     "PDT_NM_BLOCK": 256,
 }
 CXX_STD = "c++17"
+# What CuPy's RawModule appends to our options when it calls NVRTC (cupy/cuda/compiler.py,
+# CuPy 13-14): the compile checks add them too, so that they compile what runs. -ftz=true
+# flushes float32 denormals; the N:M kernels therefore rank by integer keys and do the float32
+# arithmetic that must match torch through explicit non-flushing PTX (pdt_common.cuh).
+CUPY_NVRTC_OPTIONS: tuple[str, ...] = ("-ftz=true", "--device-as-default-execution-space")
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
 _PRAGMA_ONCE_RE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$", re.MULTILINE)
@@ -79,6 +84,7 @@ def nvcc_command(
         "-odir",
         str(out_dir),
         *compile_options(),
+        "-ftz=true",  # as CuPy compiles (CUPY_NVRTC_OPTIONS)
         *(str(s) for s in sources),
     ]
 
@@ -326,6 +332,7 @@ def multiprocessor_count(device: torch.device | int | None = None) -> int:
 
 
 __all__ = [
+    "CUPY_NVRTC_OPTIONS",
     "CXX_STD",
     "DEFINES",
     "KERNEL_DIR",

@@ -26,13 +26,20 @@ __device__ __forceinline__ double pdt_abs(double a) {
   return __longlong_as_double(__double_as_longlong(a) & 0x7fffffffffffffffLL);
 }
 
-// a ranks strictly before b in a descending sort (NaN above everything, NaNs equal)
-__device__ __forceinline__ bool pdt_gt(float a, float b) { return a > b || (a != a && b == b); }
-__device__ __forceinline__ bool pdt_gt(double a, double b) { return a > b || (a != a && b == b); }
-__device__ __forceinline__ bool pdt_gt(u32 a, u32 b) { return a > b; }
+// Ranking key of a magnitude: the bits of |a|. Non-negative IEEE numbers order like their
+// bit patterns (denormals included, whatever -ftz says); every NaN maps to one key above
+// +inf, so NaNs rank above every number and tie among themselves, as in torch's sort.
+__device__ __forceinline__ u32 pdt_mag_key(float a) {
+  const u32 b = __float_as_uint(a) & 0x7fffffffu;
+  return b > 0x7f800000u ? 0x7f800001u : b;
+}
+__device__ __forceinline__ u64 pdt_mag_key(double a) {
+  const u64 b = (u64)__double_as_longlong(a) & 0x7fffffffffffffffull;
+  return b > 0x7ff0000000000000ull ? 0x7ff0000000000001ull : b;
+}
 
-// Rank of this lane's score among the r valid lanes of its W-lane sub-warp: the number of
-// lanes that sort before it (greater score, or equal score and lower index). Every lane of
+// Rank of this lane's key among the r valid lanes of its W-lane sub-warp: the number of
+// lanes that sort before it (greater key, or equal key and lower index). Every lane of
 // the warp must call it (shuffles); lanes k >= r take no part in the ranking.
 template <int W, typename S>
 __device__ __forceinline__ int pdt_nm_rank(S s, int k, int r) {
@@ -40,7 +47,7 @@ __device__ __forceinline__ int pdt_nm_rank(S s, int k, int r) {
 #pragma unroll
   for (int j = 0; j < W; ++j) {
     const S sj = __shfl_sync(PDT_FULL_MASK, s, j, W);
-    if (j < r && j != k) rank += (pdt_gt(sj, s) || (j < k && !pdt_gt(s, sj))) ? 1 : 0;
+    if (j < r && j != k) rank += (sj > s || (sj == s && j < k)) ? 1 : 0;
   }
   return rank;
 }
@@ -124,15 +131,15 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
       const PdtU4 q = pdt_philox(ctr, k0, k1);
       const int w = k & 3;
       const u32 s = w == 0 ? q.x : (w == 1 ? q.y : (w == 2 ? q.z : q.w));
-      rank = pdt_nm_rank<W, u32>(s, k, r);
+      rank = pdt_nm_rank<W>(s, k, r);
     } else {
-      rank = pdt_nm_rank<W, A>(pdt_abs(Tr::to_a(v)), k, r);
+      rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k, r);
     }
     const bool keep = rank < n;
     if (mine) {
       if (mode == PDT_NM_RESCALED) {
         const A rt = ratio[(i64)(o / (u32)o2) * C + c];
-        y[at] = Tr::from_a((keep ? Tr::to_a(v) : A(0)) * rt);
+        y[at] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v) : A(0), rt));
       } else {
         y[at] = keep ? v : T(0);
       }
@@ -183,11 +190,12 @@ __device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restri
     const int ri = i < I ? r : 0;
     const bool act = k < ri;
     const T v = act ? x[base + (i64)i * si] : T(0);
-    const A a = pdt_abs(Tr::to_a(v));
-    const int rank = pdt_nm_rank<W, A>(a, k, ri);
+    const A va = Tr::to_a(v);
+    const A a = pdt_abs(va);
+    const int rank = pdt_nm_rank<W>(pdt_mag_key(va), k, ri);
     if (act) {
-      ax += a;
-      if (rank < n) ay += a;
+      ax = pdt_add_rn(ax, a);
+      if (rank < n) ay = pdt_add_rn(ay, a);
     }
   }
   red_x[tid] = ax;
@@ -195,8 +203,8 @@ __device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restri
   __syncthreads();
   for (int s = ith >> 1; s > 0; s >>= 1) {
     if (ii < s) {
-      red_x[tid] += red_x[tid + s * row];
-      red_y[tid] += red_y[tid + s * row];
+      red_x[tid] = pdt_add_rn(red_x[tid], red_x[tid + s * row]);
+      red_y[tid] = pdt_add_rn(red_y[tid], red_y[tid + s * row]);
     }
     __syncthreads();
   }
@@ -223,10 +231,10 @@ __device__ __forceinline__ void pdt_nm_ratio_body(const A* __restrict__ sx,
     const i64 b = t / C, c = t - (t / C) * C;
     A ax = A(0), ay = A(0);
     for (int q = 0; q < o2; ++q) {
-      ax += sx[(b * o2 + q) * C + c];
-      ay += sy[(b * o2 + q) * C + c];
+      ax = pdt_add_rn(ax, sx[(b * o2 + q) * C + c]);
+      ay = pdt_add_rn(ay, sy[(b * o2 + q) * C + c]);
     }
-    ratio[t] = ax / (ay + (A)eps);
+    ratio[t] = pdt_div_rn(ax, pdt_add_rn(ay, (A)eps));
   }
 }
 

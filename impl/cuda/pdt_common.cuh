@@ -60,6 +60,29 @@ __device__ __forceinline__ u16 pdt_float_to_bf16(float f) {
   return b;
 }
 
+// -- float32 arithmetic that ignores -ftz=true ------------------------------------------------
+// CuPy compiles with -ftz=true (denormals flushed to zero), torch's kernels without it. Where
+// a result must equal torch's bit for bit, float32 arithmetic goes through these explicit
+// round-to-nearest PTX instructions, which never flush (and are never fused into an FMA).
+__device__ __forceinline__ float pdt_add_rn(float a, float b) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float pdt_mul_rn(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float pdt_div_rn(float a, float b) {
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ double pdt_add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double pdt_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double pdt_div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
 // -- element traits: storage type T, score/accumulation type A, conversions ------------------
 // A is float for float32/float16/bfloat16 and double for float64, as in the torch reference.
 struct TraitF32 {

@@ -1,0 +1,230 @@
+"""Timing for the benchmarks: CUDA events on a GPU, ``time.perf_counter`` on the CPU.
+
+GPU (:func:`cuda_timing`): ``triton.testing.do_bench``-style. A few calls estimate the
+time of one; then enough warm-up calls to fill ``warmup_ms`` and enough timed calls to fill
+``rep_ms`` (at least ``min_reps``), each bracketed by its own pair of CUDA events on the
+current stream, read after one final synchronisation; the result is the median. Each call
+receives its index ``i``; a benchmark rotates through ``n_sets`` copies of its inputs with
+it, so that repeated calls do not find their operands in L2 (50 MB on an H100).
+
+CPU (:func:`cpu_timing`): ``warmup`` untimed calls, then ``repeats`` calls each bracketed by
+``time.perf_counter``; the median.
+
+TF32 and cuDNN flags change what a float32 matmul or convolution computes, so they are set
+explicitly around every measurement (:func:`pinned_flags`) and recorded with each row.
+
+Function names avoid asv's benchmark prefixes (``time_``, ``track_``, ``mem_``,
+``peakmem_``): asv imports every module of ``bench/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+#: Bytes the rotated inputs of one benchmark should span on a GPU (over twice an H100's L2).
+ROTATE_BYTES_CUDA = 128 * 2**20
+#: The same on the CPU (over a typical last-level cache).
+ROTATE_BYTES_CPU = 64 * 2**20
+MAX_SETS = 8
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of repeated timings of one call, in milliseconds.
+
+    Args:
+        median_ms: median time of one call.
+        p20_ms, p80_ms: 20th and 80th percentiles.
+        min_ms: fastest call.
+        n: timed calls.
+        clock: ``"cuda-events"`` or ``"perf_counter"``.
+    """
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    n: int
+    clock: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict."""
+        return asdict(self)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    pos = q * (len(sorted_values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
+
+
+def summarize(times_ms: Sequence[float], clock: str) -> Timing:
+    """A :class:`Timing` of ``times_ms`` (at least one value)."""
+    if not times_ms:
+        raise ValueError("no timings to summarise")
+    t = sorted(float(x) for x in times_ms)
+    return Timing(
+        median_ms=float(statistics.median(t)),
+        p20_ms=_quantile(t, 0.2),
+        p80_ms=_quantile(t, 0.8),
+        min_ms=t[0],
+        n=len(t),
+        clock=clock,
+    )
+
+
+def flags() -> dict[str, Any]:
+    """The flags that change float32 math: TF32 for matmul and cuDNN, cuDNN benchmark mode."""
+    return {
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+    }
+
+
+@contextlib.contextmanager
+def pinned_flags(
+    tf32_matmul: bool = False, tf32_cudnn: bool = False, cudnn_benchmark: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Set the TF32 and cuDNN-benchmark flags for the block and restore them after; yields them."""
+    before = flags()
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32_matmul)
+    torch.backends.cudnn.allow_tf32 = bool(tf32_cudnn)
+    torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
+    try:
+        yield flags()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before["tf32_matmul"]
+        torch.backends.cudnn.allow_tf32 = before["tf32_cudnn"]
+        torch.backends.cudnn.benchmark = before["cudnn_benchmark"]
+
+
+def rotation_sets(bytes_per_set: float, device: torch.device | str) -> int:
+    """How many copies of a benchmark's inputs to rotate through (1 to :data:`MAX_SETS`).
+
+    Enough that the copies span :data:`ROTATE_BYTES_CUDA` (GPU) or :data:`ROTATE_BYTES_CPU`.
+    """
+    if bytes_per_set <= 0:
+        return 1
+    target = ROTATE_BYTES_CUDA if torch.device(device).type == "cuda" else ROTATE_BYTES_CPU
+    return int(min(MAX_SETS, max(1, math.ceil(target / bytes_per_set))))
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the GPU when ``device`` is a CUDA device; nothing on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_timing(fn: Callable[[int], Any], *, warmup: int = 1, repeats: int = 5) -> Timing:
+    """Median of ``repeats`` calls ``fn(i)`` timed with ``time.perf_counter``, after ``warmup``."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
+    for i in range(warmup):
+        fn(i)
+    times = []
+    for i in range(warmup, warmup + repeats):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return summarize(times, "perf_counter")
+
+
+def cuda_timing(
+    fn: Callable[[int], Any],
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    min_reps: int = 5,
+    max_reps: int = 1000,
+) -> Timing:
+    """do_bench-style median of ``fn(i)`` on the current CUDA stream (see the module docstring)."""
+    if min_reps < 1 or max_reps < min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps; got {min_reps}, {max_reps}")
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    n_est = 3
+    for i in range(n_est):
+        fn(i)
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / n_est, 1e-3)
+    n_warm = max(1, int(warmup_ms / est))
+    n_rep = int(min(max_reps, max(min_reps, rep_ms / est)))
+    for i in range(n_est, n_est + n_warm):
+        fn(i)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    offset = n_est + n_warm
+    for k in range(n_rep):
+        starts[k].record()
+        fn(offset + k)
+        ends[k].record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)], "cuda-events")
+
+
+def phase_timing(
+    phases: Sequence[tuple[str, Callable[[int], Any]]],
+    device: torch.device | str,
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+) -> dict[str, Timing]:
+    """Time each phase of a repeated sequence (e.g. forward then backward) separately.
+
+    Every iteration runs all ``phases`` in order; each phase is bracketed by CUDA events (GPU,
+    read after one synchronisation at the end) or ``time.perf_counter`` (CPU). Returns a
+    :class:`Timing` per phase name, over ``repeats`` iterations after ``warmup``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
+    cuda = torch.device(device).type == "cuda"
+    for i in range(warmup):
+        for _, fn in phases:
+            fn(i)
+    marks: dict[str, list] = {name: [] for name, _ in phases}
+    if cuda:
+        torch.cuda.synchronize(device)
+    for i in range(warmup, warmup + repeats):
+        for name, fn in phases:
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn(i)
+                e.record()
+                marks[name].append((s, e))
+            else:
+                t0 = time.perf_counter()
+                fn(i)
+                marks[name].append((time.perf_counter() - t0) * 1e3)
+    if cuda:
+        torch.cuda.synchronize(device)
+        return {
+            n: summarize([s.elapsed_time(e) for s, e in v], "cuda-events") for n, v in marks.items()
+        }
+    return {n: summarize(v, "perf_counter") for n, v in marks.items()}
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error (torch, CuPy, or a RuntimeError saying so)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    name = type(exc).__name__
+    if name == "OutOfMemoryError":  # cupy.cuda.memory.OutOfMemoryError
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "cuda_error_out_of_memory" in text
+    )

@@ -1,0 +1,13 @@
+"""pytest-benchmark: one training iteration per method (the cases of bench/asv_iteration.py)."""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import params, run_benchmark
+
+
+@pytest.mark.parametrize(("case", "impl"), params("iteration"))
+def test_iteration(benchmark, case, impl):
+    row = run_benchmark(benchmark, case, impl)
+    if row is not None:  # forward and backward are measured apart and both took time
+        assert row["forward_ms"] > 0 and row["backward_ms"] > 0

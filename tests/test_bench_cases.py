@@ -1,0 +1,271 @@
+"""Tests of bench.cases: the scale switch, the grids, rows with provenance, derived columns."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bench import Unavailable, cases, measure
+
+
+@pytest.fixture(autouse=True)
+def _no_scale_env(monkeypatch):
+    monkeypatch.delenv(cases.ENV_SMALL, raising=False)
+    monkeypatch.delenv(cases.ENV_SCALE, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"PDTBENCH_BENCH_SMALL": "1"}, "smoke"),
+        ({"PDTBENCH_BENCH_SMALL": "yes"}, "smoke"),
+        ({"PDTBENCH_BENCH_SCALE": "cpu"}, "cpu"),
+        ({"PDTBENCH_BENCH_SCALE": "gpu"}, "gpu"),
+        ({"PDTBENCH_BENCH_SMALL": "1", "PDTBENCH_BENCH_SCALE": "gpu"}, "smoke"),
+        ({"PDTBENCH_BENCH_SMALL": "0", "PDTBENCH_BENCH_SCALE": "cpu"}, "cpu"),
+    ],
+    ids=["small", "small-yes", "scale-cpu", "scale-gpu", "small-wins", "small-off"],
+)
+def test_small_switch_and_scale_env(monkeypatch, env, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cases.resolve_scale() == expected
+
+
+def test_explicit_scale_and_default(monkeypatch):
+    assert cases.resolve_scale("cpu") == "cpu"
+    monkeypatch.setattr(cases, "_gpu_visible", lambda: False)
+    assert cases.resolve_scale() == "cpu"
+    monkeypatch.setattr(cases, "_gpu_visible", lambda: True)
+    assert cases.resolve_scale() == "gpu"
+    monkeypatch.setenv(cases.ENV_SCALE, "huge")
+    with pytest.raises(ValueError, match="valid: smoke, cpu, gpu"):
+        cases.resolve_scale()
+
+
+def test_small_sizes_are_smaller():
+    smoke, gpu = cases.SCALE_CONFIGS["smoke"], cases.SCALE_CONFIGS["gpu"]
+    assert smoke.spmm_n < gpu.spmm_n and math.prod(smoke.nm_shape) < math.prod(gpu.nm_shape)
+    assert math.prod(smoke.conv_input) < math.prod(gpu.conv_input)
+    assert len(cases.pairs("csr", "smoke")) < len(cases.pairs("csr", "gpu"))
+
+
+@pytest.mark.parametrize("scale", cases.SCALES, ids=list(cases.SCALES))
+@pytest.mark.parametrize("suite", cases.SUITES, ids=list(cases.SUITES))
+def test_case_names_unique_and_pairs_apply(suite, scale):
+    grid = cases.grid(suite, scale)
+    assert grid, f"{suite} has no case at {scale}"
+    names = [c.name for c in grid]
+    assert len(names) == len(set(names))
+    for case, impl in cases.pairs(suite, scale):
+        assert impl.accepts(case) and case.suite == suite
+        assert impl.device in cases.SCALE_CONFIGS[scale].devices
+
+
+def test_paper_grids_at_gpu_scale():
+    spmm = cases.grid("spmm", "gpu")
+    paper = [c for c in spmm if c.params["source"] == "paper"]
+    assert sorted(c.params["sparsity"] for c in paper) == [0.0, 0.5, 0.65, 0.75, 0.8, 0.9, 0.95]
+    assert {(c.params["weight_shape"][0], c.params["n"]) for c in paper} == {(256, 50176)}
+    conv = cases.grid("conv", "gpu")
+    assert {tuple(c.params["input_shape"]) for c in conv} == {(1, 128, 224, 224)}
+    assert {c.params["pass"] for c in conv} == {"forward", "forward+backward"}
+    csr = cases.grid("csr", "gpu")
+    paper_csr = {c.params["sparsity"] for c in csr if c.params["source"] == "paper"}
+    assert paper_csr == {0.5, 0.65, 0.75, 0.8, 0.9, 0.95}
+    sources = "+".join(c.params["source"] for c in csr).split("+")
+    assert set(sources) >= {"paper", "resnet18", "resnet50", "vgg16"}
+    paper_shapes = {tuple(c.params["weight_shape"]) for c in csr if c.params["source"] == "paper"}
+    assert paper_shapes == {(256, 128, 3, 3)}
+    assert [c.params["m"] for c in cases.grid("nm_prune", "gpu")] == [4, 8, 16, 32]
+    it = {
+        (c.params["model"], c.params["resolution"], c.params["batch"])
+        for c in cases.grid("iteration", "gpu")
+    }
+    for model in ("resnet18", "resnet34", "resnet50", "vgg16"):
+        assert {(model, 32, 128), (model, 224, 64)} <= it
+
+
+def test_implementations_per_device():
+    gpu = cases.implementations("spmm", "gpu")
+    assert set(gpu) == {
+        "pattern_spmm[ref]@cuda",
+        "pattern_spmm[cuda]@cuda",
+        "torch_csr_spmm@cuda",
+        "cublas_fp32@cuda",
+        "cublas_tf32@cuda",
+    }
+    assert gpu["cublas_tf32@cuda"].math == "tf32" and gpu["cublas_tf32@cuda"].options["tf32"]
+    cpu = cases.implementations("csr", "smoke")
+    assert "scipy_csr@cpu" in cpu and "cusparse_dense2csr@cuda" in cpu
+    assert all(i.device == "cpu" for i in cases.implementations("allreduce", "gpu").values())
+    with pytest.raises(ValueError, match="valid: calibration"):
+        cases.implementations("sorting", "cpu")
+
+
+def test_conv_shapes_of_resnet18():
+    shapes = dict(cases.conv_shapes("resnet18"))
+    assert (256, 128, 3, 3) in shapes and (512, 256, 1, 1) in shapes
+    assert all(c > 3 for (_, c, _, _) in shapes)
+
+
+def test_find_errors_name_the_valid_ones():
+    with pytest.raises(ValueError, match="no case"):
+        cases.find("csr", "nope", "copy@cpu", "smoke")
+    name = cases.grid("csr", "smoke")[0].name
+    with pytest.raises(ValueError, match="valid: "):
+        cases.find("csr", name, "nope@cpu", "smoke")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on machines without GPU")
+def test_cuda_implementation_is_unavailable_without_gpu():
+    case, impl = cases.find(
+        "spmm", cases.grid("spmm", "smoke")[0].name, "cublas_fp32@cuda", "smoke"
+    )
+    with pytest.raises(Unavailable, match="needs a CUDA GPU"):
+        cases.prepare(case, impl, "smoke")
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "skipped" and "CUDA" in row["reason"]
+    assert isinstance(Unavailable("x"), NotImplementedError)  # asv's skip
+
+
+PROVENANCE = (
+    "commit",
+    "dirty",
+    "date",
+    "gpu_name",
+    "gpu_driver",
+    "cuda",
+    "cudnn",
+    "torch",
+    "cupy",
+    "numpy",
+    "python",
+    "scale",
+)
+
+
+def test_row_of_a_smoke_spmm_case_has_provenance_and_derived_columns():
+    case = next(c for c in cases.grid("spmm", "smoke") if c.name.startswith("37x117x101-s75"))
+    _, impl = cases.find("spmm", case.name, "torch_mm@cpu", "smoke")
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "ok", row["reason"]
+    for key in PROVENANCE:
+        assert key in row
+    assert row["scale"] == "smoke" and row["dtype"] == "float32"
+    assert row["tf32_matmul"] is False and row["tf32_cudnn"] is False
+    assert row["flops"] == 2.0 * 37 * 117 * 101  # dense GEMM executes every multiply-add
+    assert row["flops_nominal"] == 2.0 * row["nnz"] * 101 < row["flops"]
+    assert row["tflops"] == pytest.approx(row["flops"] / (row["median_ms"] * 1e-3) / 1e12)
+    assert row["weight_shape"] == "37x13x3x3" and row["sparsity"] == 0.75
+
+
+def test_pattern_csr_values_match_torch_csr():
+    case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
+    got = {}
+    for name in ("pattern_csr[ref]@cpu", "torch_to_sparse_csr@cpu"):
+        _, impl = cases.find("csr", case.name, name, "smoke")
+        prepared = cases.prepare(case, impl, "smoke")
+        fn = prepared.phases[0][1]
+        out = fn(0)
+        got[name] = out if name.startswith("pattern") else out.values()
+    assert torch.equal(got["pattern_csr[ref]@cpu"], got["torch_to_sparse_csr@cpu"])
+
+
+def test_out_of_memory_is_a_value_and_errors_are_rows(monkeypatch):
+    case, impl = cases.find(
+        "nm_prune", cases.grid("nm_prune", "smoke")[0].name, "copy@cpu", "smoke"
+    )
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    monkeypatch.setattr(cases, "prepare", oom)
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "oom" and "out of memory" in row["reason"]
+
+    def broken(*args, **kwargs):
+        raise KeyError("weight")
+
+    monkeypatch.setattr(cases, "prepare", broken)
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "error" and "KeyError" in row["reason"]
+
+
+def _row(suite, case, impl, ms, device="cpu", baseline=False, **extra):
+    return {
+        "suite": suite,
+        "case": case,
+        "impl": f"{impl}@{device}",
+        "device": device,
+        "status": "ok",
+        "median_ms": ms,
+        "baseline": baseline,
+        "math": "fp32",
+        **extra,
+    }
+
+
+def test_add_derived_speedups_and_measured_fractions():
+    rows = [
+        _row("calibration", "copy", "copy", 1.0, kind="copy", gbps=10.0),
+        _row("calibration", "gemm", "torch_mm", 1.0, kind="gemm", tflops=0.2),
+        _row("spmm", "a", "torch_mm", 6.0, baseline=True, tflops=0.1, gbps=1.0),
+        _row("spmm", "a", "pattern", 2.0, tflops=0.05, gbps=5.0),
+        _row("spmm", "a", "torch_mm", 3.0, device="cuda", baseline=True),
+        _row("spmm", "b", "pattern", 4.0),
+        {**_row("spmm", "a", "broken", 0.5), "status": "skipped"},
+    ]
+    cases.add_derived(rows)
+    assert rows[3]["speedup_vs_torch_mm"] == pytest.approx(3.0)  # same case, same device
+    assert rows[2]["speedup_vs_torch_mm"] == pytest.approx(1.0)
+    assert "speedup_vs_torch_mm" not in rows[5]  # another case has no baseline
+    assert rows[3]["frac_bw_measured"] == pytest.approx(0.5)
+    assert rows[3]["frac_peak_measured"] == pytest.approx(0.25)
+    assert "frac_bw_measured" not in rows[4]  # no calibration on that device
+    assert "speedup_vs_torch_mm" not in rows[6]
+
+
+def test_iteration_rows_report_forward_and_backward_apart():
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "dense@cpu", "smoke")
+    prepared = cases.prepare(case, impl, "smoke")
+    timings = {
+        p: measure.summarize([v], "perf_counter")
+        for p, v in (("forward", 2.0), ("backward", 3.0), ("step", 1.0))
+    }
+    row = cases.fill_row(cases.base_row(case, impl, "smoke"), prepared, timings, impl)
+    assert row["median_ms"] == 5.0 and row["timed_phases"] == "forward+backward"
+    assert row["forward_ms"] == 2.0 and row["step_ms"] == 1.0
+    fwd = prepared.phase_flops["forward"]
+    assert row["forward_tflops"] == pytest.approx(fwd / 2e-3 / 1e12)
+    assert prepared.phase_flops["backward"] > fwd  # data + weight gradient
+
+
+def test_allreduce_rows_are_deterministic_values():
+    case = cases.grid("allreduce", "smoke")[0]
+    rows = {}
+    for name in ("dense@cpu", "clicktrain@cpu"):
+        _, impl = cases.find("allreduce", case.name, name, "smoke")
+        rows[name] = cases.run_pair(case, impl, "smoke")
+    dense, click = rows["dense@cpu"], rows["clicktrain@cpu"]
+    assert dense["status"] == click["status"] == "ok"
+    assert dense["payload_bytes"] == dense["dense_bytes"] and dense["payload_fraction"] == 1.0
+    assert click["payload_bytes"] < dense["payload_bytes"]
+    assert click["payload_bytes_unit"] == "bytes"
+    again = cases.run_pair(
+        case, cases.find("allreduce", case.name, "clicktrain@cpu", "smoke")[1], "smoke"
+    )
+    assert again["payload_bytes"] == click["payload_bytes"]
+
+
+def test_allreduce_payload_agrees_with_impl_comm():
+    comm = pytest.importorskip("impl.comm")
+    if not hasattr(comm, "payload_bytes"):
+        pytest.skip("impl.comm has no payload_bytes in this build")
+    case = cases.grid("allreduce", "smoke")[0]
+    for name in ("clicktrain@cpu", "campfire@cpu"):
+        row = cases.run_pair(case, cases.find("allreduce", case.name, name, "smoke")[1], "smoke")
+        assert row["comm_payload_bytes"] == row["payload_bytes"]

@@ -1,0 +1,77 @@
+"""Tests of bench.method_states: each method's post-pruning model and its Allreduce payload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bench import method_states as ms
+from impl.models import create
+
+
+def _dense_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_clicktrain_state_uses_pattern_convs_with_fixed_sparsity():
+    state = ms.build_state("clicktrain", "resnet20")
+    from impl.ops import PatternConv2d
+
+    convs = {n: m for n, m in state.model.named_modules() if isinstance(m, PatternConv2d)}
+    assert len(convs) == state.info["pattern_layers"] == 18  # 3x3 convs but the stem
+    assert not any("downsample" in n for n in convs)
+    for name, conv in convs.items():
+        assert conv.nnz() == int(state.masks[f"{name}.weight"].sum())
+        assert conv.density() == pytest.approx(1 - ms.CLICKTRAIN_SPARSITY, abs=0.02)
+    payload = ms.allreduce_payload(state)
+    dense = _dense_bytes(create("resnet20"))
+    assert payload["dense_bytes"] == dense
+    expected = dense - 4 * sum(c.weight.numel() - c.nnz() for c in convs.values())
+    assert payload["payload_bytes"] == expected
+
+
+def test_prunetrain_state_is_physically_smaller():
+    state = ms.build_state("prunetrain", "resnet20")
+    before, after = state.info["params_before"], state.info["params_after"]
+    assert after == sum(p.numel() for p in state.model.parameters()) < before
+    assert state.model.layer1[0].conv1.out_channels == 8  # half of 16 removed
+    reg = state.regularizer(state.model)
+    assert reg.requires_grad and float(reg.detach()) > 0
+    out = state.model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+    assert ms.allreduce_payload(state)["payload_bytes"] == 4 * after
+
+
+def test_sdgp_state_converts_convs_and_sends_dense_gradients():
+    state = ms.build_state("sdgp", "resnet20")
+    assert state.info["sdgp_layers"] > 0 and state.info["nm"] == "2:4"
+    assert all(d.data_grad == 0.5 and d.forward == 1.0 for d in state.cost.values())
+    payload = ms.allreduce_payload(state)
+    assert payload["payload_bytes"] == payload["dense_bytes"] == _dense_bytes(create("resnet20"))
+
+
+def test_campfire_state_masks_gradients_and_weights():
+    state = ms.build_state("campfire", "resnet20")
+    assert state.info["conv_sparsity"] == pytest.approx(ms.CAMPFIRE_SPARSITY, abs=0.02)
+    model = state.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    state.after_backward(opt)
+    conv = model.layer1[0].conv1
+    pruned = conv.weight.detach() == 0
+    assert pruned.any() and (conv.weight.grad[pruned] == 0).all()
+    opt.step()
+    state.after_step(opt)
+    assert (conv.weight.detach()[pruned] == 0).all()
+    assert ms.allreduce_payload(state)["payload_fraction"] < 0.5
+
+
+def test_prunable_spaces_of_vgg_skip_the_last_conv():
+    spaces = ms.prunable_spaces(create("vgg11"))
+    assert len(spaces) == 7  # 8 convs: a space between each consecutive pair
+
+
+def test_unknown_method_raises():
+    with pytest.raises(ValueError, match="valid: dense, clicktrain"):
+        ms.build_state("lottery", "resnet20")

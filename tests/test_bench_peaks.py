@@ -1,0 +1,79 @@
+"""Tests of bench.peaks: the table of GPU peaks, its sources, and the error on an unknown GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import peaks
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "key"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM5"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA H200", "H200-SXM"),
+        ("NVIDIA H200 NVL", "H200-NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"),
+        ("Quadro RTX 5000", "Quadro-RTX-5000"),
+    ],
+    ids=[
+        "h100-sxm",
+        "h100-pcie",
+        "h100-nvl",
+        "h200",
+        "h200-nvl",
+        "a100-sxm-80",
+        "a100-sxm-40",
+        "a100-pcie-80",
+        "a100-pcie-40",
+        "rtx5000",
+    ],
+)
+def test_lookup_matches_nvml_names(nvml_name, key):
+    assert peaks.lookup(nvml_name).key == key
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA GH200 480GB", "NVIDIA H100", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-16GB", ""],
+    ids=["gh200", "h100-ambiguous", "rtx4090", "v100", "empty"],
+)
+def test_unknown_gpu_raises_naming_the_known_ones(name):
+    with pytest.raises(peaks.UnknownGPUError, match="H100-SXM5"):
+        peaks.lookup(name)
+
+
+def test_unknown_gpu_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        peaks.peak_tflops("NVIDIA B200")
+
+
+def test_every_row_has_a_source_and_positive_numbers():
+    keys = set()
+    for row in peaks.TABLE:
+        keys.add(row.key)
+        assert "https://" in row.source
+        assert row.fp32_tflops > 0 and row.mem_gbps > 0
+        for math in peaks.MATHS:
+            value = getattr(row, f"{math}_tflops")
+            assert value is None or value >= row.fp32_tflops
+    assert len(keys) == len(peaks.TABLE)
+
+
+def test_peak_values_of_the_h100_sxm():
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.5
+    assert peaks.peak_bandwidth_gbps("NVIDIA H100 80GB HBM3") == 3350.0
+    assert peaks.peak_bandwidth_gbps("NVIDIA H200") == 4800.0
+
+
+def test_missing_unit_and_unknown_math_raise():
+    with pytest.raises(ValueError, match="no tf32 unit"):
+        peaks.peak_tflops("Quadro RTX 5000", "tf32")
+    with pytest.raises(ValueError, match="valid: fp32"):
+        peaks.peak_tflops("NVIDIA H200", "fp64")

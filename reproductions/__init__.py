@@ -1,0 +1,149 @@
+"""Reproductions of every table and figure of the four papers, and the cross-method table.
+
+Each ``reproductions/<paper>/<item>.py`` declares ``TARGET`` (typed rows per scale, the
+metrics compared with the paper, its figures) and ``main(scale) -> path of the report``.
+``pdtbench reproduce <paper>.<item>|all --scale S`` runs them through the public API
+(``impl.config.resolve`` + ``impl.train.train``), reusing complete runs, and renders
+``reports/<paper>.html`` and ``reports/index.html``. The published numbers are in
+``reproductions/paper_values/`` (see docs/reproductions.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+# Every target, in the order of the papers' numbering. (paper.item, the scale it needs to be
+# filled when the cpu scale cannot fill it).
+TARGETS: tuple[str, ...] = (
+    "clicktrain.table1",
+    "clicktrain.table2",
+    "clicktrain.fig9",
+    "clicktrain.fig10",
+    "clicktrain.fig11",
+    "clicktrain.fig12",
+    "clicktrain.fig13",
+    "clicktrain.fig14",
+    "clicktrain.fig15",
+    "prunetrain.table1",
+    "prunetrain.table2",
+    "prunetrain.table3",
+    "prunetrain.table4",
+    "prunetrain.fig2",
+    "prunetrain.fig6",
+    "prunetrain.fig7",
+    "prunetrain.fig8",
+    "prunetrain.fig9",
+    "prunetrain.fig10",
+    "prunetrain.fig11",
+    "sdgp.table1",
+    "sdgp.fig8",
+    "sdgp.fig9",
+    "sdgp.fig10",
+    "campfire.table1",
+    "campfire.table2",
+    "campfire.table3",
+    "campfire.table4",
+    "campfire.table5",
+    "campfire.table6",
+    "campfire.table8",
+    "campfire.table9",
+    "cross.methods",
+)
+# What `make demo` runs at cpu scale: the targets that fit a few minutes on 2 cores.
+DEMO_TARGETS: tuple[str, ...] = ("cross.methods",)
+
+
+def load_target(key: str) -> Any:
+    """The ``TARGET`` of ``reproductions/<paper>/<item>.py`` for ``key`` = "<paper>.<item>".
+
+    Raises ``ValueError`` naming the valid keys for an unknown one.
+    """
+    if key not in TARGETS:
+        raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+    paper, _, item = key.partition(".")
+    return importlib.import_module(f"reproductions.{paper}.{item}").TARGET
+
+
+def expected_targets() -> list[dict[str, str]]:
+    """Every target with its title, for the index of a report (missing ones are listed)."""
+    out = []
+    for key in TARGETS:
+        try:
+            title = load_target(key).title
+            needs = "not run yet (pdtbench reproduce " + key + " --scale cpu)"
+        except ModuleNotFoundError:
+            title, needs = key, "not implemented"
+        out.append({"target": key, "title": title, "needs": needs})
+    return out
+
+
+def run(
+    keys: list[str],
+    scale: str,
+    runs_root: str | Path = "runs/reproductions",
+    reports_root: str | Path = "reports",
+) -> Path:
+    """Run (or reuse) each target of ``keys`` at ``scale``, then render every saved result
+    under ``runs_root`` into ``reports_root``; return the path of ``index.html``."""
+    from reproductions.common import render, run_target
+
+    for key in keys:
+        target = load_target(key)
+        t0 = time.perf_counter()
+        print(f"[{key}] scale {scale}")
+        run_target(target, scale, runs_root)
+        print(f"[{key}] done in {time.perf_counter() - t0:.0f} s")
+    return render(runs_root, reports_root, expected=expected_targets())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``pdtbench reproduce``."""
+    p = argparse.ArgumentParser(
+        prog="pdtbench reproduce",
+        description="Regenerate the papers' tables and figures (and the cross-method table) "
+        "at a scale, reusing complete runs, and render the HTML reports.",
+    )
+    p.add_argument("targets", nargs="*", metavar="PAPER.ITEM", help="e.g. sdgp.table1, or all")
+    p.add_argument("--scale", default="cpu", choices=["smoke", "cpu", "gpu", "paper"])
+    p.add_argument("--runs-root", default="runs/reproductions", help="runs and results")
+    p.add_argument("--out", default="reports", help="where the HTML reports go")
+    p.add_argument("--list", action="store_true", help="list the targets and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0.
+
+    Raises ``ValueError`` (naming the valid targets) on an unknown target.
+    """
+    args = build_parser().parse_args(argv)
+    if args.list or not args.targets:
+        for e in expected_targets():
+            print(f"{e['target']:20s} {e['title']}")
+        return 0
+    keys = list(TARGETS) if args.targets == ["all"] else args.targets
+    for key in keys:
+        if key not in TARGETS:
+            raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+    index = run(keys, args.scale, args.runs_root, args.out)
+    print(f"report: {index}")
+    return 0
+
+
+def demo(
+    scale: str = "cpu", out: str | Path = "reports", runs_root: str | Path = "runs/reproductions"
+) -> Path:
+    """The CPU-scale reproduction of ``make demo``: :data:`DEMO_TARGETS` at ``scale``, then the
+    HTML report of everything saved under ``runs_root``; prints and returns the index path."""
+    t0 = time.perf_counter()
+    index = run(list(DEMO_TARGETS), scale, runs_root, out)
+    print(f"demo ({scale} scale) finished in {time.perf_counter() - t0:.0f} s")
+    print(f"report: {Path(index).resolve()}")
+    return Path(index)
+
+
+__all__ = ["DEMO_TARGETS", "TARGETS", "demo", "expected_targets", "load_target", "main", "run"]

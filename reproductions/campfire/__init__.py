@@ -1,0 +1,1 @@
+"""Reproductions of the campfire tables and figures (one module each)."""

@@ -1,0 +1,174 @@
+"""Measurements behind ClickTrain Figs. 9, 10 and 13 (called by the reproductions through
+:func:`reproductions.common.measure_or_reuse`; each returns plain values)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import torch
+
+from reproductions.common import device_name, time_ms
+
+# The paper's reference shape (Sec. 5.1): filter matrix 256 x 1152 (256 filters, 128 channels,
+# 3x3) and input 1152 x 50176 (a 128 x 224 x 224 feature map after im2col).
+PAPER_SHAPE = {"filters": 256, "channels": 128, "columns": 50176}
+SCALE_SHAPES = {
+    "smoke": {"filters": 32, "channels": 16, "columns": 784},
+    "cpu": {"filters": 256, "channels": 128, "columns": 3136},
+    "gpu": PAPER_SHAPE,
+    "paper": PAPER_SHAPE,
+}
+
+
+def pattern_mask(filters: int, channels: int, sparsity: float, seed: int = 0) -> torch.Tensor:
+    """A ClickTrain-like ``[F, C, 3, 3]`` mask: each filter keeps the same number of kernels
+    (so rows have equal lengths, Sec. 5.2), each kernel a 4-of-9 pattern from a pool of 12.
+    The achieved sparsity is ``1 - 4 k / (9 C)`` for ``k`` kept kernels per filter."""
+    if not 5 / 9 - 1e-9 <= sparsity < 1:
+        raise ValueError(f"a 4-of-9 pattern mask has sparsity in [5/9, 1), got {sparsity}")
+    gen = torch.Generator().manual_seed(seed)
+    keep = min(channels, max(1, round((1 - sparsity) * 9 * channels / 4)))
+    pool = []
+    while len(pool) < 12:
+        idx = torch.randperm(9, generator=gen)[:4]
+        p = torch.zeros(9, dtype=torch.bool)
+        p[idx] = True
+        if not any(bool((p == q).all()) for q in pool):
+            pool.append(p)
+    pool_t = torch.stack(pool).view(12, 3, 3)
+    kept = torch.zeros(filters, channels, dtype=torch.bool)
+    order = torch.rand(filters, channels, generator=gen).argsort(dim=1)[:, :keep]
+    kept.scatter_(1, order, True)
+    choice = torch.randint(0, 12, (filters, channels), generator=gen)
+    return pool_t[choice] & kept[:, :, None, None]
+
+
+def _shape(scale: str) -> dict[str, int]:
+    return SCALE_SHAPES[scale]
+
+
+def csr_conversion(
+    *, scale: str, context: dict, sparsity: float = 0.75, repeats: int = 20
+) -> dict[str, Any]:
+    """Fig. 9: dense -> CSR conversion time of the filter matrix, generic (``to_sparse_csr``,
+    cuSPARSE dense2csr on a GPU) against predefined positions (:func:`impl.ops.pattern_csr`,
+    Sec. 5.1). Times in microseconds (medians)."""
+    from impl.ops import pattern_csr
+    from impl.ops.pattern import pattern_index
+
+    s = _shape(scale)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mask = pattern_mask(s["filters"], s["channels"], sparsity).to(dev)
+    w = torch.randn(mask.shape, device=dev) * mask
+    flat = w.reshape(s["filters"], -1)
+    idx = pattern_index(mask)
+    generic = time_ms(lambda: flat.to_sparse_csr(), repeats=repeats)
+    ours = time_ms(lambda: pattern_csr(w, idx.row_ptr, idx.col_ind), repeats=repeats)
+    g, o = statistics.median(generic) * 1e3, statistics.median(ours) * 1e3
+    return {
+        "conversion_time": g,
+        "pattern_conversion_time": o,
+        "speedup_vs_cusparse": g / o,
+        "shape": f"{s['filters']}x{9 * s['channels']}",
+        "sparsity": float(1 - mask.float().mean()),
+        "device": device_name(),
+        "generic_impl": "torch.Tensor.to_sparse_csr"
+        + (" (cuSPARSE)" if dev.type == "cuda" else ""),
+        "pattern_impl": "impl.ops.pattern_csr (" + ("cuda" if dev.type == "cuda" else "ref") + ")",
+    }
+
+
+def spmm_sweep(
+    *,
+    scale: str,
+    context: dict,
+    sparsities: tuple[float, ...] = (0.56, 0.65, 0.75, 0.85, 0.9),
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Fig. 10: time of the filter-matrix product at each sparsity, for dense GEMM
+    (``torch.mm``: cuBLAS on a GPU), generic sparse CSR (``torch.sparse.mm``: cuSPARSE) and
+    the pattern SpMM (:func:`impl.ops.pattern_spmm`). Times in ms (medians); also the pattern
+    SpMM's speedup over generic CSR at 75% and the lowest sparsity where it beats dense."""
+    from impl.ops import pattern_spmm
+    from impl.ops.pattern import pattern_index
+
+    s = _shape(scale)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    b = torch.randn(9 * s["channels"], s["columns"], device=dev)
+    points = []
+    for sp in sparsities:
+        mask = pattern_mask(s["filters"], s["channels"], sp).to(dev)
+        w = (torch.randn(mask.shape, device=dev) * mask).reshape(s["filters"], -1)
+        idx = pattern_index(mask)
+        values = w[mask.reshape(s["filters"], -1)]
+        csr = w.to_sparse_csr()
+        achieved = float(1 - mask.float().mean())
+        cases = {
+            "dense GEMM": lambda w=w: torch.mm(w, b),
+            "generic CSR SpMM": lambda csr=csr: torch.sparse.mm(csr, b),
+            "pattern SpMM": lambda v=values, i=idx: pattern_spmm(
+                v, i.row_ptr, i.col_ind, b, index=i
+            ),
+        }
+        for impl, fn in cases.items():
+            t = statistics.median(time_ms(fn, repeats=repeats))
+            points.append({"sparsity": round(100 * achieved, 1), "impl": impl, "time_ms": t})
+    at = {(p["impl"], p["sparsity"]): p["time_ms"] for p in points}
+    sps = sorted({p["sparsity"] for p in points})
+    near75 = min(sps, key=lambda x: abs(x - 75))
+    cross = [x for x in sps if at[("pattern SpMM", x)] < at[("dense GEMM", x)]]
+    return {
+        "points": points,
+        "speedup_vs_cusparse": at[("generic CSR SpMM", near75)] / at[("pattern SpMM", near75)],
+        "crossover_sparsity_vs_cublas_cudnn": min(cross) if cross else math.nan,
+        "shape": f"{s['filters']}x{9 * s['channels']} times {9 * s['channels']}x{s['columns']}",
+        "device": device_name(),
+    }
+
+
+def comm_projection(
+    *,
+    scale: str,
+    context: dict,
+    row: str = "ClickTrain (higher compression)",
+    dense_row: str = "dense",
+    gpus: tuple[int, ...] = (4, 8, 16),
+) -> dict[str, Any]:
+    """Fig. 13 (projected, not measured): bytes one rank all-reduces per iteration with the
+    pattern Allreduce (only the kept weights' gradients of the pruned convs) against dense,
+    and the projected time saving of a hierarchical ring Allreduce
+    (:func:`impl.comm_model.hierarchical_ring_allreduce`) at each GPU count."""
+    from impl.comm_model import hierarchical_ring_allreduce
+    from impl.rundir import read_json
+    from impl.train import load_trained_model
+
+    runs = context["runs"].get(row) or []
+    if not runs:
+        raise ValueError(f"row {row!r} has no finished run to project")
+    out: dict[str, Any] = {"device": "model (impl.comm_model), not measured"}
+    for g in gpus:
+        out[f"comm_time_saved_{g}"] = []
+    dense_b, sparse_b = [], []
+    for path in runs:
+        model, _ = load_trained_model(path)
+        summary = read_json(f"{path}/summary.json")
+        pruned = set((summary.get("clicktrain") or {}).get("pruned_layers") or [])
+        dense = sparse = 0
+        for name, p in model.named_parameters():
+            n = p.numel()
+            dense += n * p.element_size()
+            module = name.rsplit(".", 1)[0]
+            kept = int(torch.count_nonzero(p)) if module in pruned else n
+            sparse += kept * p.element_size()
+        dense_b.append(dense)
+        sparse_b.append(sparse)
+        for g in gpus:
+            td = hierarchical_ring_allreduce(dense, g).seconds
+            ts = hierarchical_ring_allreduce(sparse, g).seconds
+            out[f"comm_time_saved_{g}"].append(100.0 * (1 - ts / td))
+    out["dense_bytes_per_iter"] = statistics.fmean(dense_b)
+    out["pattern_bytes_per_iter"] = statistics.fmean(sparse_b)
+    out["bytes_saved"] = 100.0 * (1 - statistics.fmean(sparse_b) / statistics.fmean(dense_b))
+    return out

@@ -1,0 +1,782 @@
+"""The reproduction framework: typed rows, run-or-reuse, metrics, comparison with the paper.
+
+A reproduction module (``reproductions/<paper>/<item>.py``) declares a :class:`Target`: its
+rows at each scale (:class:`Row`: one training config per seed, or one measurement), the
+metrics it compares with the paper, and its figures. :func:`run_target` trains or reuses
+every run through the public API (:func:`impl.config.resolve`, :func:`impl.train.train`),
+one run directory per config named by the config hash, and saves a
+:class:`impl.report.ResultSet`; :func:`reproduce` also renders the HTML report.
+
+Reuse: a run directory whose ``summary.json`` says complete is read, not re-run; one with a
+``config.json`` but no summary (a killed run) is resumed; a measurement whose JSON exists is
+read back. Nothing is hidden: a row that cannot run at a scale, a method that is not
+available, or a run that fails appears in the result's ``missing`` list with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
+from reproductions.published import lookup, paper_values
+
+SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
+RUNS_ROOT = Path("runs/reproductions")
+REPORTS_ROOT = Path("reports")
+
+# Training settings shared by the reproductions at each scale (beyond impl.config's presets).
+# smoke: proves the pipeline in seconds; cpu: digits and ResNet-20 on 2 cores; gpu: the
+# papers' CIFAR models on digits (timing figures use the papers' shapes on synthetic data);
+# paper: the papers' datasets and epochs (rows set them).
+SCALE_TRAIN: dict[str, dict[str, Any]] = {
+    "smoke": {"model": "resnet20", "data": "digits", "epochs": 4, "max_steps_per_epoch": 2,
+              "batch_size": 32},
+    "cpu": {"model": "resnet20", "data": "digits", "epochs": 8, "batch_size": 128},
+    "gpu": {"model": "resnet32", "data": "digits", "epochs": 30, "batch_size": 128},
+    "paper": {},
+}  # fmt: skip
+SCALE_SEEDS: dict[str, tuple[int, ...]] = {
+    "smoke": (0,),
+    "cpu": (0,),
+    "gpu": (0, 1, 2),
+    "paper": (0, 1, 2),
+}
+
+
+class MethodUnavailable(RuntimeError):
+    """The method of a row is not in this build (its module has not landed)."""
+
+
+def method_available(name: str) -> bool:
+    """Whether method ``name`` can be built here (its module imports)."""
+    from impl.methods import method_class
+
+    try:
+        method_class(name)
+    except ValueError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One row of a reproduced table or one point of a figure.
+
+    Either a training row (``method`` with ``options`` and TrainConfig fields in ``train``,
+    one run per seed) or a measurement row (``measure`` = "module:function" called with
+    ``params``; see :func:`measure_or_reuse`).
+
+    Args:
+        label: the row's name in the report.
+        method: registered method name (training rows).
+        options: the method's config fields (``TrainConfig.method_options``).
+        train: TrainConfig fields over the scale's defaults (model, data, epochs, ...).
+        seeds: seeds to average (None: the scale's default).
+        paper: selector of the paper's rows in paper_values (model, dataset, method, setting).
+        baseline: label of the row that deltas and savings are taken against.
+        needs: when set, the row cannot run at this scale; the reason shown in the report.
+        measure: "module:function" of a measurement row.
+        params: keyword arguments of the measurement.
+        group: free-form key for figures (e.g. the sparsity of a sweep).
+        measure_keys: metric -> key of the measurement's values, where they differ.
+    """
+
+    label: str
+    method: str = "dense"
+    options: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] | None = None
+    paper: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None
+    needs: str | None = None
+    measure: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    group: dict[str, Any] = field(default_factory=dict)
+    measure_keys: dict[str, str] = field(default_factory=dict)
+
+    def configs(self, scale: str, runs_root: str | Path = RUNS_ROOT) -> list[Any]:
+        """The resolved TrainConfig of each seed, each with its run directory (by hash)."""
+        from impl.config import resolve
+
+        if self.measure is not None:
+            return []
+        values = dict(SCALE_TRAIN[scale])
+        values.update(self.train)
+        seeds = self.seeds if self.seeds is not None else SCALE_SEEDS[scale]
+        out = []
+        for seed in seeds:
+            cfg = resolve(
+                scale,
+                method=self.method,
+                method_options=dict(self.options),
+                seed=seed,
+                **values,
+            )
+            cfg.out = cfg.default_out(runs_root)
+            out.append(cfg)
+        return out
+
+
+@dataclass
+class RunRecord:
+    """A finished run of a row: its directory, summary and per-epoch metrics."""
+
+    path: str
+    seed: int
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    reused: bool
+
+
+@dataclass
+class RowResult:
+    """What a row produced: its runs (training rows) or its measurement (measurement rows)."""
+
+    row: Row
+    runs: list[RunRecord] = field(default_factory=list)
+    measured: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the row produced a result."""
+        return self.error is None and (bool(self.runs) or self.measured is not None)
+
+
+# ------------------------------------------------------------------------------------------
+def _read_complete(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if summary.get("status") == "complete" else None
+
+
+def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], bool]:
+    """Train ``cfg`` into ``cfg.out``, or reuse the complete run already there.
+
+    Returns ``(summary, reused)``. A directory with a config but no complete summary (a
+    killed run) is resumed through :func:`impl.train.resume`. Raises
+    :class:`MethodUnavailable` when the method's module is missing.
+    """
+    from impl.train import resume, train
+
+    run_dir = Path(cfg.out)
+    summary = _read_complete(run_dir)
+    if summary is not None:
+        return summary, True
+    if not method_available(cfg.method):
+        raise MethodUnavailable(f"method {cfg.method!r} is not available in this build")
+    if (run_dir / "config.json").exists():
+        return resume(run_dir, progress=progress), False
+    return train(cfg, progress=progress), False
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    from impl.rundir import read_metrics
+
+    return read_metrics(run_dir)
+
+
+def _measure_path(fn: str, params: dict[str, Any], scale: str, root: Path) -> Path:
+    blob = json.dumps({"fn": fn, "params": params, "scale": scale}, sort_keys=True, default=str)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    name = fn.replace(":", "-").replace(".", "_")
+    return root / "measurements" / f"{name}-{scale}-{digest}.json"
+
+
+def measure_or_reuse(
+    fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: str | Path
+) -> tuple[dict[str, Any], bool]:
+    """Call measurement ``fn`` ("module:function") with ``params``, or read its saved JSON.
+
+    The function is called as ``fn(scale=scale, context=context, **params)`` and returns a
+    dict of plain values (numbers, lists, dicts). The saved file holds the values and the
+    environment; it is keyed by (fn, params, scale). ``context["runs"]`` maps the labels of
+    rows run before to their run directories (for measurements on trained models).
+    """
+    from impl.env import collect
+
+    path = _measure_path(fn, params, scale, Path(root))
+    if path.exists():
+        data = json.loads(path.read_text())
+        return data["values"], True
+    module_name, _, func_name = fn.partition(":")
+    func: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module_name), func_name)
+    values = func(scale=scale, context=context, **params)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {"fn": fn, "params": params, "scale": scale, "values": values,
+             "environment": collect()},
+            indent=1, sort_keys=True, default=str,
+        )
+    )  # fmt: skip
+    tmp.replace(path)
+    return values, False
+
+
+# ------------------------------------------------------------------------------------------
+def samples_seen(metrics: Sequence[dict[str, Any]]) -> float:
+    """Training samples processed over the run, from the per-epoch metrics."""
+    total = 0.0
+    for m in metrics:
+        if m.get("samples_per_second") is not None and m.get("train_seconds") is not None:
+            total += float(m["samples_per_second"]) * float(m["train_seconds"])
+        else:
+            total += float(m.get("iterations", 0)) * float(m.get("batch_size", 0))
+    return total
+
+
+def run_training_flops(
+    summary: dict[str, Any], metrics: Sequence[dict[str, Any]], kind: str = "nominal"
+) -> float:
+    """Training FLOPs of the whole run (all samples, all epochs), ``kind`` nominal or executed.
+
+    Uses the most faithful account each method writes: PruneTrain's ``train_flops_run``
+    (per-sample cost of the model of each epoch times its samples), Campfire's per-epoch
+    ``train_flops_nominal``/``_executed`` times that epoch's samples, ClickTrain's
+    ``train_flops_run_per_sample`` (dense epochs then sparse epochs); otherwise the final
+    per-sample ``train_flops_<kind>`` times all samples (methods whose cost does not change
+    during the run: dense, SDGP).
+    """
+    if kind not in ("nominal", "executed"):
+        raise ValueError(f"kind must be 'nominal' or 'executed', got {kind!r}")
+    samples = samples_seen(metrics)
+    epochs = max(len(metrics), 1)
+    if summary.get("method") == "prunetrain" and summary.get("train_flops_run"):
+        return float(summary["train_flops_run"])  # the model physically shrinks: executed too
+    key = f"train_flops_{kind}"
+    if metrics and all(m.get(key) is not None for m in metrics):
+        total = 0.0
+        for m in metrics:
+            seen = float(m.get("samples_per_second", 0)) * float(m.get("train_seconds", 0))
+            total += float(m[key]) * seen
+        return total
+    click = summary.get("clicktrain")
+    if isinstance(click, dict):
+        per = ((click.get("flops") or {}).get("train_flops_run_per_sample") or {}).get(kind)
+        if per is not None:
+            return float(per) * samples / epochs
+    value = summary.get(key)
+    return float(value) * samples if value is not None else math.nan
+
+
+def inference_executed(summary: dict[str, Any]) -> float | None:
+    """Executed inference FLOPs per sample: ``inference_flops_executed`` where the summary
+    has it, else ClickTrain's own account (its ``inference_flops_saved_executed``), else None
+    (the Trainer's summary does not record it)."""
+    if summary.get("inference_flops_executed") is not None:
+        return float(summary["inference_flops_executed"])
+    click = summary.get("clicktrain")
+    if isinstance(click, dict):
+        flops = click.get("flops") or {}
+        dense = ((flops.get("per_sample_final") or {}).get("dense") or {}).get("forward")
+        saved = flops.get("inference_flops_saved_executed")
+        if dense is not None and saved is not None:
+            return float(dense) * (1.0 - float(saved))
+    return None
+
+
+def _stat(values: Sequence[float]) -> tuple[float, float, int]:
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return math.nan, math.nan, 0
+    sd = statistics.stdev(vals) if len(vals) > 1 else math.nan
+    return statistics.fmean(vals), sd, len(vals)
+
+
+def _by_seed(result: RowResult | None) -> dict[int, RunRecord]:
+    return {} if result is None else {r.seed: r for r in result.runs}
+
+
+def _iter_ms(s: dict[str, Any]) -> float:
+    f, b = s.get("fwd_ms"), s.get("bwd_ms")
+    return math.nan if f is None or b is None else float(f) + float(b)
+
+
+# metric name -> (unit, function of (run, baseline run or None) -> float)
+def _ratio_saved(ours: float, base: float) -> float:
+    return 100.0 * (1.0 - ours / base) if base and not math.isnan(base) else math.nan
+
+
+def _pct_of(ours: float, base: float) -> float:
+    return 100.0 * ours / base if base and not math.isnan(base) else math.nan
+
+
+def _need(base: RunRecord | None) -> RunRecord:
+    if base is None:
+        raise KeyError("baseline")
+    return base
+
+
+METRICS: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] = {
+    "top1": ("%", lambda r, b: r.summary.get("top1")),
+    "best_top1": ("%", lambda r, b: r.summary.get("best_top1")),
+    "base_top1": ("%", lambda r, b: _need(b).summary.get("top1")),
+    "delta_top1": ("pp", lambda r, b: r.summary["top1"] - _need(b).summary["top1"]),
+    "compression_ratio": ("x", lambda r, b: r.summary.get("compression_ratio")),
+    "conv_sparsity": ("%", lambda r, b: 100.0 * (1 - 1 / r.summary["compression_ratio"])),
+    "inference_flops": ("% of dense", lambda r, b: _pct_of(
+        r.summary["inference_flops"], _need(b).summary["inference_flops"])),
+    "inference_flops_saved": ("%", lambda r, b: _ratio_saved(
+        r.summary["inference_flops"], _need(b).summary["inference_flops"])),
+    "train_flops": ("% of dense", lambda r, b: _pct_of(
+        run_training_flops(r.summary, r.metrics), run_training_flops(_need(b).summary, b.metrics))),
+    "train_flops_saved": ("%", lambda r, b: _ratio_saved(
+        run_training_flops(r.summary, r.metrics), run_training_flops(_need(b).summary, b.metrics))),
+    "train_flops_executed_saved": ("%", lambda r, b: _ratio_saved(
+        run_training_flops(r.summary, r.metrics, "executed"),
+        run_training_flops(_need(b).summary, b.metrics, "executed"))),
+    "train_time": ("% of dense", lambda r, b: _pct_of(
+        r.summary["wall_seconds"], _need(b).summary["wall_seconds"])),
+    "fwd_ms": ("ms", lambda r, b: r.summary.get("fwd_ms")),
+    "bwd_ms": ("ms", lambda r, b: r.summary.get("bwd_ms")),
+    "iter_ms": ("ms", lambda r, b: _iter_ms(r.summary)),
+    "forward_speedup": ("x", lambda r, b: _need(b).summary["fwd_ms"] / r.summary["fwd_ms"]),
+    "backward_speedup": ("x", lambda r, b: _need(b).summary["bwd_ms"] / r.summary["bwd_ms"]),
+    "wall_seconds": ("s", lambda r, b: r.summary.get("wall_seconds")),
+    "comm_bytes_per_iter": ("B", lambda r, b: r.summary.get("comm_bytes_per_iter")),
+    "true_sparsity": ("fraction", lambda r, b: r.summary.get("true_sparsity")),
+    "train_flops_per_sample": ("FLOPs", lambda r, b: r.summary.get("train_flops_nominal")),
+    "train_flops_executed_per_sample": ("FLOPs", lambda r, b: r.summary["train_flops_executed"]),
+    "inference_flops_per_sample": ("FLOPs", lambda r, b: r.summary.get("inference_flops")),
+    "inference_flops_executed_per_sample": ("FLOPs", lambda r, b: inference_executed(r.summary)),
+}  # fmt: skip
+
+
+def row_metric(
+    result: RowResult,
+    metric: str,
+    baseline: RowResult | None,
+    table: dict[str, tuple[str, Callable]] | None = None,
+) -> list[float]:
+    """Values of ``metric`` for each seed of a training row (seed-matched to the baseline;
+    the baseline's first run where it lacks that seed). Measurement rows return their value
+    (a number, or a list of numbers, one per repeat). ``table`` defaults to :data:`METRICS`."""
+    table = METRICS if table is None else table
+    if result.measured is not None:
+        v = result.measured.get(result.row.measure_keys.get(metric, metric))
+        if v is None:
+            return []
+        return [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)]
+    if metric not in table:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(sorted(table))}")
+    _, fn = table[metric]
+    base_runs = _by_seed(baseline)
+    out = []
+    for run in result.runs:
+        base = base_runs.get(run.seed) or (baseline.runs[0] if baseline and baseline.runs else None)
+        try:
+            v = fn(run, base)
+        except (KeyError, TypeError, ZeroDivisionError):
+            v = None
+        if v is not None:
+            out.append(float(v))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """One table or figure of a paper (or the cross-method table).
+
+    Args:
+        key: "<paper>.<item>" (paper "cross" for tables no paper has).
+        title: the section heading.
+        description: what the paper shows and what this reproduction runs at each scale.
+        rows: the rows at a scale.
+        metrics: metrics compared with the paper (keys of :data:`METRICS` or of a
+            measurement's values).
+        figures: builds the figures from the row results and the paper's values.
+        notes: remarks shown under the table at a scale.
+        metric_units: units of measurement metrics (training metrics carry theirs).
+    """
+
+    key: str
+    title: str
+    description: str
+    rows: Callable[[str], list[Row]]
+    metrics: tuple[str, ...] = ("top1",)
+    figures: Callable[[list[RowResult], str, Any], list[FigureSpec]] | None = None
+    notes: Callable[[str], list[str]] | None = None
+    metric_units: dict[str, str] = field(default_factory=dict)
+    extra_metrics: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] = field(
+        default_factory=dict
+    )
+
+    @property
+    def metric_table(self) -> dict[str, tuple[str, Callable]]:
+        """:data:`METRICS` plus this target's own metrics."""
+        return {**METRICS, **self.extra_metrics}
+
+    @property
+    def paper(self) -> str:
+        """The paper key ("cross" for the cross-method tables)."""
+        return self.key.partition(".")[0]
+
+    @property
+    def item(self) -> str:
+        """The table or figure ("table1", "fig9")."""
+        return self.key.partition(".")[2]
+
+    def paper_frame(self) -> Any:
+        """The paper's published values of this item (empty for "cross")."""
+        import pandas as pd
+
+        if self.paper == "cross":
+            return pd.DataFrame(columns=["metric", "value", "unit", "source", "note"])
+        try:
+            return paper_values(self.paper, self.item)
+        except ValueError:
+            return pd.DataFrame(columns=["metric", "value", "unit", "source", "note"])
+
+
+def _unit(target: Target, metric: str) -> str:
+    if metric in target.metric_units:
+        return target.metric_units[metric]
+    table = target.metric_table
+    return table[metric][0] if metric in table else ""
+
+
+def execute_rows(
+    target: Target, scale: str, runs_root: str | Path = RUNS_ROOT, *, log: Callable = print
+) -> list[RowResult]:
+    """Run (or reuse) every row of ``target`` at ``scale``; never raises for one row."""
+    results: list[RowResult] = []
+    context: dict[str, Any] = {"runs": {}, "results": {}}
+    for row in target.rows(scale):
+        res = RowResult(row=row)
+        results.append(res)
+        if row.needs:
+            res.error = row.needs
+            continue
+        try:
+            if row.measure is not None:
+                res.measured, reused = measure_or_reuse(
+                    row.measure, row.params, scale, context, runs_root
+                )
+                log(f"  {target.key} | {row.label}: {'reused' if reused else 'measured'}")
+            else:
+                for cfg in row.configs(scale, runs_root):
+                    t0 = time.perf_counter()
+                    summary, reused = run_or_reuse(cfg)
+                    res.runs.append(
+                        RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused)
+                    )
+                    how = "reused" if reused else f"trained in {time.perf_counter() - t0:.0f} s"
+                    log(
+                        f"  {target.key} | {row.label} seed {cfg.seed}: top-1 "
+                        f"{summary.get('top1', float('nan')):.2f}% ({how}) -> {cfg.out}"
+                    )
+                context["runs"][row.label] = [r.path for r in res.runs]
+        except MethodUnavailable as err:
+            res.error = f"not available: {err}"
+        except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
+            res.error = f"failed: {type(err).__name__}: {err}"
+            log(f"  {target.key} | {row.label}: FAILED\n{traceback.format_exc(limit=4)}")
+        context["results"][row.label] = res
+    return results
+
+
+def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[dict[str, Any]]:
+    """Comparison rows (ours beside the paper's number) for every row and metric, plus the
+    paper's rows that no row of ours stands for (ours empty, so nothing is dropped)."""
+    paper = target.paper_frame()
+    by_label = {r.row.label: r for r in results}
+    used: set[int] = set()
+    out: list[dict[str, Any]] = []
+    for res in results:
+        row = res.row
+        base = by_label.get(row.baseline) if row.baseline else None
+        for metric in target.metrics:
+            matched = lookup(paper, metric=metric, **row.paper) if row.paper else paper.iloc[0:0]
+            if len(matched) == 1:
+                used.update(matched.index.tolist())
+            paper_value = float(matched["value"].iloc[0]) if len(matched) == 1 else None
+            source = "; ".join(sorted(set(matched["source"]))) if len(matched) else ""
+            note = ""
+            if len(matched) > 1:
+                note = f"{len(matched)} paper rows match; see the paper's rows below"
+            values = row_metric(res, metric, base, target.metric_table) if res.ok else []
+            if not values and not res.ok:
+                note = (note + "; " if note else "") + (res.error or "no result")
+            if not values and paper_value is None and (res.ok or metric != target.metrics[0]):
+                continue  # the metric does not apply to this row (e.g. a delta of the baseline)
+            mean, sd, n = _stat(values)
+            out.append(
+                {
+                    "row": row.label,
+                    "metric": metric,
+                    "ours": None if n == 0 else mean,
+                    "ours_sd": None if n < 2 else sd,
+                    "n": n,
+                    "scale": scale if n else None,
+                    "paper": paper_value,
+                    "unit": _unit(target, metric)
+                    or (matched["unit"].iloc[0] if len(matched) else ""),
+                    "paper_source": source,
+                    "note": note,
+                }
+            )
+    for idx, p in paper.iterrows():
+        if idx in used:
+            continue
+        label = " / ".join(str(p[c]) for c in ("model", "dataset", "method", "setting") if p[c])
+        out.append(
+            {
+                "row": f"paper: {label}",
+                "metric": p["metric"],
+                "ours": None,
+                "ours_sd": None,
+                "n": 0,
+                "scale": None,
+                "paper": float(p["value"]),
+                "unit": p["unit"],
+                "paper_source": p["source"],
+                "note": p["note"],
+            }
+        )
+    return out
+
+
+def run_target(
+    target: Target,
+    scale: str,
+    runs_root: str | Path = RUNS_ROOT,
+    *,
+    log: Callable = print,
+) -> ResultSet:
+    """Run or reuse every row of ``target`` at ``scale``, save and return its ResultSet
+    (``<runs_root>/results/<target>/<scale>/result.json``)."""
+    from impl.env import collect
+
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid scales: {', '.join(SCALES)}")
+    t0 = time.perf_counter()
+    results = execute_rows(target, scale, runs_root, log=log)
+    rows = compare_rows(target, results, scale)
+    figures = target.figures(results, scale, target.paper_frame()) if target.figures else []
+    missing = [{"row": r.row.label, "reason": r.error} for r in results if r.error]
+    runs = [run.path for r in results for run in r.runs]
+    notes = list(target.notes(scale)) if target.notes else []
+    trained = sum(1 for r in results for run in r.runs if not run.reused)
+    reused = sum(1 for r in results for run in r.runs if run.reused)
+    notes.append(f"{trained} runs trained and {reused} reused for this result.")
+    result = ResultSet(
+        target=target.key,
+        title=target.title,
+        scale=scale,
+        rows=rows,
+        figures=figures,
+        runs=runs,
+        missing=missing,
+        notes=notes,
+        description=target.description,
+        environment=collect(),
+        duration_s=time.perf_counter() - t0,
+    )
+    save_result(result, result_dir(target.key, scale, runs_root))
+    return result
+
+
+def result_dir(key: str, scale: str, runs_root: str | Path = RUNS_ROOT) -> Path:
+    """Where the result of ``key`` at ``scale`` is saved."""
+    return Path(runs_root) / "results" / key / scale
+
+
+def render(
+    runs_root: str | Path = RUNS_ROOT,
+    reports_root: str | Path = REPORTS_ROOT,
+    expected: Sequence[dict[str, str]] = (),
+) -> Path:
+    """Render every saved result under ``runs_root`` into ``reports_root``; return the index."""
+    from impl.report import render_reports
+
+    results = [load_result(p) for p in find_results([Path(runs_root) / "results"])]
+    return render_reports(results, reports_root, expected=expected)
+
+
+def reproduce(
+    target: Target,
+    scale: str,
+    runs_root: str | Path = RUNS_ROOT,
+    reports_root: str | Path = REPORTS_ROOT,
+) -> Path:
+    """Run ``target`` at ``scale`` and render the reports; return the path of its paper's page."""
+    run_target(target, scale, runs_root)
+    render(runs_root, reports_root)
+    return Path(reports_root) / f"{target.paper}.html"
+
+
+# -- helpers for figures --------------------------------------------------------------------
+def figure_rows(
+    results: list[RowResult],
+    metric: str,
+    scale: str,
+    *,
+    extra: Callable[[Row], dict] | None = None,
+    table: dict[str, tuple[str, Callable]] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per seed of each row with a value of ``metric`` (for seaborn: mean and sd
+    are drawn from the repeats), labelled ``source = "ours (<scale>)"``."""
+    out = []
+    for res in results:
+        base = next((r for r in results if r.row.label == res.row.baseline), None)
+        for v in row_metric(res, metric, base, table) if res.ok else []:
+            rec = {"row": res.row.label, metric: v, "source": f"ours ({scale})"}
+            rec.update(res.row.group)
+            if extra:
+                rec.update(extra(res.row))
+            out.append(rec)
+    return out
+
+
+def paper_figure_rows(
+    paper: Any, metric: str, label: Callable[[dict[str, Any]], str], **match: str
+) -> list[dict[str, Any]]:
+    """The paper's values of ``metric`` as figure records labelled ``source = "paper"``."""
+    rows = lookup(paper, metric=metric, **match)
+    return [
+        {"row": label(p), metric: float(p["value"]), "source": "paper"}
+        for p in rows.to_dict("records")
+    ]
+
+
+def ours_vs_paper_records(
+    results: list[RowResult], scale: str, paper: Any, metric: str
+) -> list[dict[str, Any]]:
+    """Figure records of ``metric``: ours per seed and the paper's value of each row's paper
+    selector, both under the row's label (``source`` tells them apart)."""
+    out = figure_rows(results, metric, scale)
+    for res in results:
+        if not res.row.paper:
+            continue
+        matched = lookup(paper, metric=metric, **res.row.paper)
+        if len(matched) == 1:
+            rec = {"row": res.row.label, metric: float(matched["value"].iloc[0]), "source": "paper"}
+            rec.update(res.row.group)
+            out.append(rec)
+    return out
+
+
+def bar_vs_paper(metric: str, title: str, ylabel: str, caption: str = "") -> Callable:
+    """A ``Target.figures`` builder: bars of ``metric`` per row, ours (with sd) and paper."""
+
+    def build(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
+        data = ours_vs_paper_records(results, scale, paper, metric)
+        return [
+            FigureSpec(
+                kind="bar", x="row", y=metric, hue="source", data=data, title=title,
+                ylabel=ylabel, xlabel="", caption=caption or f"{title}; ours at scale {scale}",
+            )
+        ]  # fmt: skip
+
+    return build
+
+
+def asdict_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Rows as plain dicts (for listing a target's configuration)."""
+    return [dataclasses.asdict(r) for r in rows]
+
+
+__all__ = [
+    "METRICS",
+    "bar_vs_paper",
+    "ours_vs_paper_records",
+    "REPORTS_ROOT",
+    "RUNS_ROOT",
+    "SCALES",
+    "SCALE_SEEDS",
+    "SCALE_TRAIN",
+    "MethodUnavailable",
+    "Row",
+    "RowResult",
+    "RunRecord",
+    "Target",
+    "compare_rows",
+    "execute_rows",
+    "figure_rows",
+    "measure_or_reuse",
+    "method_available",
+    "paper_figure_rows",
+    "render",
+    "reproduce",
+    "result_dir",
+    "run_or_reuse",
+    "run_target",
+    "run_training_flops",
+    "samples_seen",
+]
+
+
+# -- helpers for rows and measurements ------------------------------------------------------
+def needs_paper(scale: str, what: str) -> str | None:
+    """None at the paper scale, else the reason a row needs it ("needs the paper scale (...)")."""
+    return None if scale == "paper" else f"needs the paper scale ({what})"
+
+
+def cifar_step_recipe(epochs: int, dataset: str = "cifar10", lr: float = 0.1) -> dict[str, Any]:
+    """The CIFAR recipe the papers share: SGD momentum 0.9 (no Nesterov), batch 128, ``lr``
+    decayed 10x at 50% and 75% of ``epochs`` (PruneTrain Sec. 5; ClickTrain Sec. 6.1)."""
+    return {
+        "data": dataset,
+        "epochs": epochs,
+        "batch_size": 128,
+        "lr": lr,
+        "schedule": "step",
+        "milestones": [epochs // 2, (3 * epochs) // 4],
+        "nesterov": False,
+    }
+
+
+def time_ms(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Wall times of ``fn()`` in ms, ``repeats`` times after ``warmup`` calls: CUDA events
+    when a GPU is present (synchronised), ``time.perf_counter`` otherwise."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    cuda = torch.cuda.is_available()
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            out.append(float(start.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def device_name() -> str:
+    """The GPU's name when one is present, else the CPU's model."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    from impl.env import collect
+
+    return str(collect().get("cpu_model") or "cpu")

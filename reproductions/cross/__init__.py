@@ -1,0 +1,1 @@
+"""Reproductions of the cross tables and figures (one module each)."""

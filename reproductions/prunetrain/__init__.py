@@ -1,0 +1,1 @@
+"""Reproductions of the prunetrain tables and figures (one module each)."""

@@ -1,0 +1,1 @@
+"""Reproductions of the sdgp tables and figures (one module each)."""

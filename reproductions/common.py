@@ -90,7 +90,11 @@ class Row:
         measure: "module:function" of a measurement row.
         params: keyword arguments of the measurement.
         group: free-form key for figures (e.g. the sparsity of a sweep).
-        measure_keys: metric -> key of the measurement's values, where they differ.
+        measure_keys: metric -> key of the measurement's values (measurement rows) or name of
+            the metric that computes it (training rows), where they differ: lets two rows of
+            one run stand beside two paper numbers of one metric (e.g. top-1 at epochs 90
+            and 100).
+        metrics: the metrics this row shows (None: all of the target's).
     """
 
     label: str
@@ -105,6 +109,7 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)
     group: dict[str, Any] = field(default_factory=dict)
     measure_keys: dict[str, str] = field(default_factory=dict)
+    metrics: tuple[str, ...] | None = None
 
     def configs(self, scale: str, runs_root: str | Path = RUNS_ROOT) -> list[Any]:
         """The resolved TrainConfig of each seed, each with its run directory (by hash)."""
@@ -376,6 +381,7 @@ def row_metric(
         if v is None:
             return []
         return [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)]
+    metric = result.row.measure_keys.get(metric, metric)
     if metric not in table:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(sorted(table))}")
     _, fn = table[metric]
@@ -505,7 +511,7 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
     for res in results:
         row = res.row
         base = by_label.get(row.baseline) if row.baseline else None
-        for metric in target.metrics:
+        for metric in row.metrics or target.metrics:
             matched = lookup(paper, metric=metric, **row.paper) if row.paper else paper.iloc[0:0]
             if len(matched) == 1:
                 used.update(matched.index.tolist())
@@ -517,7 +523,8 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             values = row_metric(res, metric, base, target.metric_table) if res.ok else []
             if not values and not res.ok:
                 note = (note + "; " if note else "") + (res.error or "no result")
-            if not values and paper_value is None and (res.ok or metric != target.metrics[0]):
+            first = (row.metrics or target.metrics)[0]
+            if not values and paper_value is None and (res.ok or metric != first):
                 continue  # the metric does not apply to this row (e.g. a delta of the baseline)
             mean, sd, n = _stat(values)
             out.append(

@@ -1,1 +1,73 @@
-"""Reproductions of the prunetrain tables and figures (one module each)."""
+"""Reproductions of PruneTrain's tables and figures (SC 2019), one module each.
+
+Shared here: the training settings and the dense/PruneTrain rows the tables reuse.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reproductions.common import Row, cifar_step_recipe
+
+
+def train_for(scale: str, model: str | None = None, dataset: str = "cifar10") -> dict[str, Any]:
+    """TrainConfig fields: the scale's defaults at smoke/cpu, ResNet-32 on digits at gpu,
+    the paper's recipe at paper (CIFAR: 182 epochs, batch 128, lr 0.1 decayed at 91 and 136;
+    ImageNet: 90 epochs, batch 256, lr 0.1 decayed at 30 and 60, weight decay 1e-4)."""
+    if scale in ("smoke", "cpu"):
+        return {}
+    if scale == "gpu":
+        return {"model": model if model in ("resnet20", "resnet32", "resnet56") else "resnet32"}
+    if dataset == "imagenet":
+        return {"model": model, "data": "imagenet", "stem": "imagenet", "epochs": 90,
+                "batch_size": 256, "lr": 0.1, "schedule": "step", "milestones": [30, 60],
+                "nesterov": False, "weight_decay": 1e-4}  # fmt: skip
+    return {"model": model, **cifar_step_recipe(182, dataset)}
+
+
+def options(
+    scale: str, ratio: float = 0.2, dataset: str = "cifar10", **extra: Any
+) -> dict[str, Any]:
+    """PruneTrain's options: penalty ratio, reconfiguration every 10 epochs (CIFAR) or 5
+    (ImageNet) at paper scale and every 2 epochs on the short runs of the other scales."""
+    if scale == "paper":
+        interval = 5 if dataset == "imagenet" else 10
+    else:
+        interval = 2
+    return {"penalty_ratio": ratio, "reconfig_interval": interval, **extra}
+
+
+def pair(
+    scale: str,
+    model: str,
+    dataset: str,
+    *,
+    ratio: float = 0.2,
+    setting: str | None = None,
+    tag: str = "",
+    needs: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[Row]:
+    """The dense row and one PruneTrain row for ``model`` on ``dataset`` (paper selectors of
+    Table 1; ``setting`` selects among the paper's rows of one model, e.g. a penalty ratio)."""
+    train = train_for(scale, model, dataset)
+    sel = {"model": model, "dataset": dataset}
+    dense = f"{tag}dense"
+    pt_sel = {**sel, "method": "prunetrain"}
+    if setting:
+        pt_sel["setting"] = setting
+    return [
+        Row(dense, "dense", train=train, needs=needs, paper={**sel, "method": "dense"},
+            metrics=("base_top1",), baseline=dense),
+        Row(f"{tag}PruneTrain (ratio {ratio})", "prunetrain",
+            options=options(scale, ratio, dataset, **(extra or {})), train=train, needs=needs,
+            paper=pt_sel, baseline=dense),
+    ]  # fmt: skip
+
+
+def conv_layers_removed(run: Any, base: Any = None) -> float:
+    """Conv layers PruneTrain removed: 2 per removed residual path of a BasicBlock ResNet, 3
+    of a Bottleneck one (ResNet-50/101)."""
+    paths = run.summary.get("layers_removed") or []
+    per = 3 if run.summary.get("model") in ("resnet50", "resnet101") else 2
+    return float(per * len(paths))

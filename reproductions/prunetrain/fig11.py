@@ -1,0 +1,86 @@
+"""PruneTrain Fig. 11: projected communication cost of model updates over training, per
+iteration and per epoch, normalised to dense, for different penalty ratios (ResNet-50 on
+ImageNet, hierarchical ring Allreduce on 128 GPUs).
+
+The saving is computed from the runs' per-epoch parameter counts and batch sizes: bytes per
+iteration scale with the parameters, iterations per epoch with 1 / batch, and a ring
+Allreduce's time with the bytes (so the normalised cost does not depend on the GPU count).
+Scales: smoke/cpu read ResNet-20 digits runs at ratios 0.2 and 0.25 (and 0.25 with dynamic
+mini-batch); gpu ResNet-32; paper ResNet-50 on ImageNet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from impl.report.results import FigureSpec
+from reproductions.common import Row, Target, reproduce
+from reproductions.prunetrain import pair
+
+
+def _costs(run) -> tuple[list[float], list[float]]:
+    p0 = float(run.summary.get("params_dense") or run.metrics[0]["params"])
+    b0 = float(run.metrics[0]["batch_size"])
+    params = [p0] + [float(m["params"]) for m in run.metrics[:-1]]  # each epoch trains the
+    batches = [b0] + [float(m["batch_size"]) for m in run.metrics[:-1]]  # previous one's model
+    per_iter = [p / p0 for p in params]
+    per_epoch = [(p / p0) * (b0 / b) for p, b in zip(params, batches)]
+    return per_iter, per_epoch
+
+
+def comm_cost_saved(run, base=None) -> float:
+    """Communication cost saved over the run (%), per epoch (bytes x iterations)."""
+    _, per_epoch = _costs(run)
+    return 100.0 * (1 - sum(per_epoch) / len(per_epoch))
+
+
+def rows(scale: str) -> list[Row]:
+    """PruneTrain at ratios 0.2 and 0.25, and 0.25 with dynamic mini-batch."""
+    model, dataset = ("resnet50", "imagenet") if scale == "paper" else ("resnet32", "cifar10")
+    out = []
+    for ratio, dyn in ((0.2, False), (0.25, False), (0.25, True)):
+        pt = pair(
+            scale, model, dataset, ratio=ratio, extra={"dynamic_batch": True} if dyn else None
+        )[1]
+        pt.baseline = None
+        pt.label += ", dynamic mini-batch" if dyn else ""
+        pt.paper = ({"setting": "penalty ratio 0.25, 16-256 GPUs"} if ratio == 0.25 and dyn
+                    else {})  # fmt: skip
+        out.append(pt)
+    return out
+
+
+def figures(results, scale, paper):
+    """Normalised communication cost per iteration and per epoch over the epochs."""
+    data = []
+    for r in results:
+        for run in r.runs:
+            per_iter, per_epoch = _costs(run)
+            for e, (i, p) in enumerate(zip(per_iter, per_epoch)):
+                data.append(
+                    {"epoch": e + 1, "cost": i, "row": r.row.label, "kind": "per iteration"}
+                )
+                data.append({"epoch": e + 1, "cost": p, "row": r.row.label, "kind": "per epoch"})
+    return [FigureSpec(kind="line", x="epoch", y="cost", hue="row", style="kind", data=data,
+                       title="Communication cost (normalised to dense)", xlabel="epoch",
+                       ylabel="cost / dense")]  # fmt: skip
+
+
+TARGET = Target(
+    key="prunetrain.fig11",
+    title="PruneTrain Fig. 11: projected communication cost of model updates",
+    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    rows=rows,
+    metrics=("comm_cost_saved",),
+    figures=figures,
+    extra_metrics={"comm_cost_saved": ("%", comm_cost_saved)},
+    notes=lambda scale: [
+        "Projected from parameter counts and batch sizes, not measured on GPUs.",
+    ],
+)
+
+
+def main(scale: str = "cpu", runs_root: str | Path = "runs/reproductions",
+         reports_root: str | Path = "reports") -> Path:  # fmt: skip
+    """Run PruneTrain Fig. 11 at ``scale``; return the report's path."""
+    return reproduce(TARGET, scale, runs_root, reports_root)

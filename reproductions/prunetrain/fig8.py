@@ -1,0 +1,75 @@
+"""PruneTrain Fig. 8: inference and training cost against validation accuracy for penalty
+ratios 0.05 to 0.2 (ResNet-32/50, CIFAR-10/100), beside dense training (and SSL, not
+implemented in pdtbench).
+
+Scales: smoke/cpu train ResNet-20 on digits at ratios 0.05, 0.1, 0.15 and 0.2; gpu ResNet-32
+on digits; paper ResNet-50 on CIFAR-10 (182 epochs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from impl.report.results import FigureSpec
+from reproductions.common import Row, Target, figure_rows, reproduce
+from reproductions.prunetrain import pair
+
+RATIOS = (0.05, 0.1, 0.15, 0.2)
+
+
+def inference_mflops(run, base) -> float:
+    """Inference MFLOPs per sample of the final model (nominal)."""
+    return float(run.summary["inference_flops"]) / 1e6
+
+
+def rows(scale: str) -> list[Row]:
+    """Dense, then PruneTrain at each ratio."""
+    model = "resnet50" if scale == "paper" else "resnet32"
+    dense = pair(scale, model, "cifar10")[0]
+    dense.paper = {"method": "dense", "model": "resnet50"}
+    dense.metrics = None
+    dense.group = {"ratio": "dense"}
+    out = [dense]
+    for ratio in RATIOS:
+        pt = pair(scale, model, "cifar10", ratio=ratio)[1]
+        pt.paper = {}
+        pt.group = {"ratio": str(ratio)}
+        out.append(pt)
+    return out
+
+
+def figures(results, scale, paper):
+    """Top-1 against inference MFLOPs (Fig. 8a) and against training FLOPs (Fig. 8b)."""
+    table = {"inference_mflops": ("MFLOPs", inference_mflops)}
+    inf = figure_rows(results, "inference_mflops", scale, table=table)
+    acc = figure_rows(results, "top1", scale)
+    train = figure_rows(results, "train_flops", scale)
+    for a, i, t in zip(acc, inf, train):
+        a["inference_mflops"] = i["inference_mflops"]
+        a["train_flops"] = t["train_flops"]
+    return [
+        FigureSpec(kind="scatter", x="inference_mflops", y="top1", hue="ratio", data=acc,
+                   title="Top-1 against inference MFLOPs", xlabel="inference MFLOPs",
+                   ylabel="top-1 (%)", caption=f"ours at scale {scale}"),
+        FigureSpec(kind="scatter", x="train_flops", y="top1", hue="ratio", data=acc,
+                   title="Top-1 against training FLOPs", xlabel="training FLOPs (% of dense)",
+                   ylabel="top-1 (%)", caption=f"ours at scale {scale}"),
+    ]  # fmt: skip
+
+
+TARGET = Target(
+    key="prunetrain.fig8",
+    title="PruneTrain Fig. 8: accuracy against inference and training cost (penalty sweep)",
+    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    rows=rows,
+    metrics=("top1", "inference_mflops", "train_flops"),
+    figures=figures,
+    notes=lambda scale: ["SSL (pruning a pre-trained model) is not implemented in pdtbench."],
+    extra_metrics={"inference_mflops": ("MFLOPs", inference_mflops)},
+)
+
+
+def main(scale: str = "cpu", runs_root: str | Path = "runs/reproductions",
+         reports_root: str | Path = "reports") -> Path:  # fmt: skip
+    """Run PruneTrain Fig. 8 at ``scale``; return the report's path."""
+    return reproduce(TARGET, scale, runs_root, reports_root)

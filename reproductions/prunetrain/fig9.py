@@ -1,0 +1,73 @@
+"""PruneTrain Fig. 9: the mini-batch size over the epochs with dynamic mini-batch adjustment
+(ResNet-50; CIFAR-100 from 128 up to 320, ImageNet from 64 to 128 per GPU).
+
+Scales: smoke/cpu read the dynamic-batch run of Table 4 (ResNet-20 on digits); gpu ResNet-32
+on digits; paper ResNet-50 on CIFAR-100 and ImageNet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from impl.report.results import FigureSpec
+from reproductions.common import Row, Target, reproduce
+from reproductions.prunetrain.table4 import rows as table4_rows
+
+
+def final_batch(run, base=None) -> float:
+    """The mini-batch size of the last epoch."""
+    return float(run.metrics[-1]["batch_size"]) if run.metrics else float("nan")
+
+
+def rows(scale: str) -> list[Row]:
+    """The dynamic mini-batch rows of Table 4 (with their dense baselines)."""
+    out = []
+    for r in table4_rows(scale):
+        if "naive" in r.label:
+            continue
+        if "dynamic" in r.label:
+            ds = r.paper.get("dataset", "cifar100")
+            r.paper = ({"dataset": "cifar100", "setting": "from epoch 120"} if ds == "cifar100"
+                       else {"dataset": "imagenet", "setting": "from epoch 30"})  # fmt: skip
+        out.append(r)
+    return out
+
+
+def figures(results, scale, paper):
+    """Batch size against epoch (ours), beside the paper's schedule."""
+    data = []
+    for r in results:
+        if "dynamic" not in r.row.label:
+            continue
+        for run in r.runs:
+            for m in run.metrics:
+                data.append({"epoch": m["epoch"] + 1, "batch_size": m["batch_size"],
+                             "source": f"ours ({scale}), seed {run.seed}"})  # fmt: skip
+    for p in paper.to_dict("records"):
+        if p["dataset"] == "cifar100":
+            data.append({"epoch": int(p["setting"].split()[-1]), "batch_size": p["value"],
+                         "source": "paper (CIFAR-100)"})  # fmt: skip
+    return [FigureSpec(kind="line", x="epoch", y="batch_size", hue="source", data=data,
+                       title="Mini-batch size over training", xlabel="epoch",
+                       ylabel="samples per batch")]  # fmt: skip
+
+
+TARGET = Target(
+    key="prunetrain.fig9",
+    title="PruneTrain Fig. 9: dynamic mini-batch size over epochs",
+    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    rows=rows,
+    metrics=("batch_size",),
+    figures=figures,
+    extra_metrics={"batch_size": ("samples", final_batch)},
+    notes=lambda scale: [
+        "The batch of the last epoch is compared with the paper's final batch (CIFAR-100: "
+        "320 from epoch 120; ImageNet: 128 per GPU from epoch 30).",
+    ],
+)
+
+
+def main(scale: str = "cpu", runs_root: str | Path = "runs/reproductions",
+         reports_root: str | Path = "reports") -> Path:  # fmt: skip
+    """Run PruneTrain Fig. 9 at ``scale``; return the report's path."""
+    return reproduce(TARGET, scale, runs_root, reports_root)

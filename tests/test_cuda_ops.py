@@ -14,11 +14,15 @@ checked written; N:M magnitude bit for bit; pack/unpack round trips.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import re
+import shutil
 import subprocess
 import sys
 from itertools import combinations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -487,6 +491,364 @@ def test_pack_dispatch_errors():
         pack_cuda.grad_pack(g, i.float())
     with pytest.raises(ValueError, match="int32 or int64"):
         pack_cuda.mask_index(g > 0, torch.int16)
+
+
+# =============================================================================================
+# Emulated on the CPU: the real kernels, compiled by g++ against pdt_host_emulation.cuh
+# =============================================================================================
+# The ops run unchanged (grids, vector choice, argument lists, custom ops, autograd); only
+# loader.launch is replaced by a call into the host build of the kernel, which also checks
+# that every argument has the kernel's exact type (scalars) or element size (pointers).
+
+_SIG_RE = re.compile(r'extern "C"\s+void\s+(pdt_\w+)\s*\(([^)]*)\)\s*\{')
+_SCALAR = {
+    "int": (np.int32, ctypes.c_int),
+    "i64": (np.int64, ctypes.c_longlong),
+    "double": (np.float64, ctypes.c_double),
+}
+_POINTEE = {
+    "float": 4,
+    "double": 8,
+    "i64": 8,
+    "int": 4,
+    "u16": 2,
+    "u32": 4,
+    "u64": 8,
+    "unsigned char": 1,
+    "TraitF32::T": 4,
+    "TraitF64::T": 8,
+    "TraitF16::T": 2,
+    "TraitBF16::T": 2,
+    "TraitF32::A": 4,
+    "TraitF64::A": 8,
+    "TraitF16::A": 4,
+    "TraitBF16::A": 4,
+}
+
+
+def _emu_flags() -> list[str]:
+    return ["-std=c++17", f"-I{loader.KERNEL_DIR}", *loader.compile_options()[1:]]
+
+
+def _emu_signatures(gxx: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """{kernel: (source, [(type, name)])} from the preprocessed sources."""
+    sigs = {}
+    shim = str(loader.KERNEL_DIR / "pdt_host_emulation.cuh")
+    for src in loader.SOURCES:
+        text = subprocess.run(
+            [
+                gxx,
+                "-E",
+                "-P",
+                "-include",
+                shim,
+                *_emu_flags(),
+                "-x",
+                "c++",
+                str(loader.KERNEL_DIR / src),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for name, params in _SIG_RE.findall(text):
+            plist = []
+            for prm in (q.strip() for q in params.split(",") if q.strip()):
+                pname = re.findall(r"\w+", prm)[-1]
+                plist.append((prm[: prm.rfind(pname)].strip(), pname))
+            sigs[name] = (src, plist)
+    return sigs
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """Build the host emulation of every kernel once: (ctypes library, signatures)."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on the PATH: the kernels' CPU emulation needs it")
+    sigs = _emu_signatures(gxx)
+    lines = [
+        '#include "pdt_host_emulation.cuh"',
+        *(f'#include "{s}"' for s in loader.SOURCES),
+        'extern "C" const char* pdt_emu_error() { return pdt_emu::st().error; }',
+    ]
+    for name, (_, params) in sigs.items():
+        decl = ", ".join(f"{t} {n}" for t, n in params)
+        call = ", ".join(n for _, n in params)
+        lines.append(
+            f'extern "C" int emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
+            f"unsigned by, unsigned bz, {decl}) {{ return pdt_emu::launch(gx, gy, gz, bx, by, "
+            f"bz, [=] {{ {name}({call}); }}); }}"
+        )
+    root = tmp_path_factory.mktemp("emu")
+    (root / "emu.cpp").write_text("\n".join(lines) + "\n")
+    res = subprocess.run(
+        [
+            gxx,
+            "-O1",
+            "-fPIC",
+            "-shared",
+            "-ffp-contract=off",
+            *_emu_flags(),
+            str(root / "emu.cpp"),
+            "-o",
+            str(root / "libemu.so"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr[-5000:]
+    lib = ctypes.CDLL(str(root / "libemu.so"))
+    lib.pdt_emu_error.restype = ctypes.c_char_p
+    return lib, sigs
+
+
+@pytest.fixture
+def emulated(emulator, monkeypatch):
+    """Route the ops' kernel launches, for CPU tensors, into the host build of the kernels."""
+    lib, sigs = emulator
+
+    def launch(source, name, grid, block, args, device=None, shared_mem=0):
+        assert name in sigs, f"no kernel {name}"
+        src, params = sigs[name]
+        assert src == source, f"{name} is in {src}, launched from {source}"
+        assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)}"
+        cargs = []
+        for (typ, pname), a in zip(params, args):
+            if "*" in typ:
+                pointee = typ.replace("const", "").replace("*", "").strip()
+                if a is None:
+                    cargs.append(ctypes.c_void_p(0))
+                    continue
+                assert isinstance(a, torch.Tensor) and a.device.type == "cpu", (name, pname)
+                assert a.element_size() == _POINTEE[pointee], (name, pname, a.dtype, typ)
+                cargs.append(ctypes.c_void_p(a.data_ptr()))
+            else:
+                np_type, c_type = _SCALAR[typ]
+                assert type(a) is np_type, f"{name}: {pname} is {typ}, got {type(a).__name__}"
+                cargs.append(c_type(a.item()))
+        assert all(g >= 1 for g in grid) and all(b >= 1 for b in block), (name, grid, block)
+        assert grid[1] <= 65535 and grid[2] <= 65535 and block[0] * block[1] * block[2] <= 1024
+        fn = getattr(lib, f"emu_{name}")
+        fn.restype = ctypes.c_int
+        rc = fn(*(ctypes.c_uint(v) for v in (*grid, *block)), *cargs)
+        assert rc == 0, f"{name}: {lib.pdt_emu_error().decode()}"
+
+    monkeypatch.setattr(loader, "launch", launch)
+    monkeypatch.setattr(loader, "require_cuda", lambda op, *t, sources=(): 0)
+    monkeypatch.setattr(loader, "multiprocessor_count", lambda device=None: 2)
+    return launch
+
+
+EMU_SPMM = [
+    (9, 70, 37, None, 0.4, False),
+    (9, 70, 64, 2, 0.3, False),
+    (3, 5, 8, None, 1.0, False),
+    (11, 40, 16, None, 0.05, False),
+    (5, 33, 12, None, 0.5, True),
+]
+EMU_SPMM_IDS = ["odd-scalar", "batched-vec", "dense", "empty-rows", "misaligned"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", EMU_SPMM, ids=EMU_SPMM_IDS)
+def test_emulated_spmm_and_its_gradients_match_the_reference(emulated, case, dtype):
+    f_out, k, n, batch, density, misaligned = case
+    gen = torch.Generator().manual_seed(f_out * 1000 + k)
+    mask = torch.rand(f_out, k, generator=gen) < density
+    idx = pattern_index(mask)
+    shape = (k, n) if batch is None else (batch, k, n)
+    b = torch.randn(*shape[:-1], n + int(misaligned), generator=gen, dtype=dtype)
+    b = b[..., int(misaligned) :]
+    vals = torch.randn(idx.col_ind.numel(), generator=gen, dtype=dtype)
+    poisoned = torch.full((batch or 1, f_out, n), float("nan"), dtype=dtype)
+    got = pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b, out=poisoned)
+    assert torch.isfinite(poisoned).all(), "some outputs were not written"
+    ref64 = pattern_spmm(vals.double(), idx.row_ptr, idx.col_ind, b.double(), impl="ref")
+    same = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
+    bound = pattern_spmm(
+        vals.abs().double(), idx.row_ptr, idx.col_ind, b.abs().double(), impl="ref"
+    )
+    assert_within_tolerance(got, ref64, same, bound, k, dtype, "emulated spmm")
+    # gradients through the custom op: SDDMM and the transposed SpMM
+    v = vals.clone().requires_grad_(True)
+    bb = b.clone().requires_grad_(True)
+    out = pattern_cuda.pattern_spmm_cuda(v, idx.row_ptr, idx.col_ind, bb, index=idx)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    gv, gb = torch.autograd.grad(out, (v, bb), g.to(dtype))
+    v64 = vals.double().requires_grad_(True)
+    b64 = b.double().requires_grad_(True)
+    r = pattern_spmm(v64, idx.row_ptr, idx.col_ind, b64, impl="ref", index=idx)
+    rv, rb = torch.autograd.grad(r, (v64, b64), g)
+    assert torch.allclose(
+        gv.double(),
+        rv,
+        rtol=1e-4 if dtype == torch.float32 else 1e-12,
+        atol=1e-4 if dtype == torch.float32 else 1e-12,
+    )
+    assert torch.allclose(
+        gb.double(),
+        rb,
+        rtol=1e-4 if dtype == torch.float32 else 1e-12,
+        atol=1e-4 if dtype == torch.float32 else 1e-12,
+    )
+
+
+def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
+    gen = torch.Generator().manual_seed(8)
+    mask = torch.rand(9, 40, generator=gen) < 0.4
+    row_ptr, col_ind = pattern_positions(mask)
+    dense = torch.randn(9, 40, generator=gen, requires_grad=True)
+    vals = pattern_cuda.pattern_csr_cuda(dense, row_ptr, col_ind)
+    assert torch.equal(vals, dense.detach()[mask])
+    w = torch.randn(vals.shape, generator=gen)
+    (vals * w).sum().backward()
+    expected = torch.zeros(9, 40)
+    expected[mask] = w
+    assert torch.equal(dense.grad, expected)
+
+
+EMU_CONV = [
+    ((2, 3, 7, 9), 5, (3, 3), 1, 1, 1),
+    ((2, 5, 11, 11), 7, (3, 3), 2, 1, 2),
+    ((1, 4, 8, 8), 6, (1, 1), 1, 0, 1),
+    ((2, 4, 9, 7), 6, (5, 3), (2, 1), (2, 1), 1),
+]
+EMU_CONV_IDS = ["odd", "stride2-dil2", "1x1", "rect"]
+
+
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
+@pytest.mark.parametrize("case", EMU_CONV, ids=EMU_CONV_IDS)
+def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit):
+    xs, f_out, (r, s), stride, padding, dilation = case
+    gen = torch.Generator().manual_seed(9)
+    mask = torch.rand(f_out, xs[1], r, s, generator=gen) < 0.5
+    idx = pattern_index(mask)
+    x = torch.randn(xs, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(f_out, xs[1], r, s, generator=gen, dtype=torch.float64) * mask
+    w.requires_grad_(True)
+    bias = torch.randn(f_out, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = pattern_cuda.pattern_conv2d_cuda(
+        x, w, idx, bias, stride, padding, dilation, implicit=implicit
+    )
+    ref = F.conv2d(x, w * mask, bias, stride, padding, dilation)
+    g = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (x, w, bias), g)
+    exp = torch.autograd.grad(ref, (x, w, bias), g)
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    for a, e in zip(got, exp):
+        assert torch.allclose(a, e, rtol=1e-12, atol=1e-12)
+    assert (got[1][~mask] == 0).all()
+
+
+EMU_NM = [
+    ((4, 8, 5, 7), 1),
+    ((3, 10, 6, 6), 1),
+    ((5, 37), 1),
+    ((41,), 0),
+    ((3, 4, 12, 5), 2),
+    ((6, 9, 3, 3), 0),
+]
+EMU_NM_IDS = ["nchw", "C10-partial", "2d", "1d", "dim2", "dim0-copied"]
+EMU_NM_NM = [(2, 4), (3, 7), (8, 32), (1, 1)]
+EMU_NM_NM_IDS = ["2:4", "3:7", "8:32", "1:1"]
+
+
+@pytest.mark.parametrize("nm", EMU_NM_NM, ids=EMU_NM_NM_IDS)
+@pytest.mark.parametrize("case", EMU_NM, ids=EMU_NM_IDS)
+def test_emulated_nm_magnitude_bit_exact_and_rescaled_within_tolerance(emulated, case, nm):
+    shape, dim = case
+    n, m = nm
+    gen = torch.Generator().manual_seed(10)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for fmt in ("nchw", "channels_last") if len(shape) == 4 else ("nchw",):
+            x = torch.randint(-3, 4, shape, generator=gen).to(dtype) * 0.5  # ties
+            flat = x.view(-1)
+            flat[0], flat[3], flat[5] = float("nan"), float("inf"), -0.0
+            y = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+            if fmt == "channels_last":
+                x = x.to(memory_format=torch.channels_last)
+                y = y.to(memory_format=torch.channels_last)
+            got = nm_cuda.nm_prune_cuda(x, n, m, "magnitude", dim)
+            ref = nm_prune_ref(x, n, m, "magnitude", dim)
+            assert _bits_equal(got, ref), f"magnitude {dtype} {fmt}"
+            for rule in ("plane", "channel"):
+                got = nm_cuda.nm_prune_cuda(y, n, m, "rescaled", dim, rule)
+                ref = nm_prune_ref(y, n, m, "rescaled", dim, rule)
+                oracle = nm_prune_ref(y.double(), n, m, "rescaled", dim, rule)
+                assert got.stride() == ref.stride()
+                assert torch.equal(got == 0, ref == 0), f"rescaled {dtype} {fmt} {rule}"
+                err = (got.double() - oracle).abs().max().item()
+                base = (ref.double() - oracle).abs().max().item()
+                floor = 2 * torch.finfo(dtype).eps * oracle.abs().max().item()
+                assert err <= 2 * base + floor, f"rescaled {dtype} {fmt} {rule}: {err} {base}"
+
+
+def test_emulated_nm_random_is_uniform_reproducible_and_layout_independent(emulated):
+    x = torch.ones(3000, 4)
+    keep = nm_cuda.nm_prune_cuda(x, 2, 4, "random", 1, generator=torch.Generator().manual_seed(1))
+    code = ((keep != 0).long() * torch.tensor([1, 2, 4, 8])).sum(1)
+    counts = torch.bincount(code, minlength=16)
+    subsets = [3, 5, 6, 9, 10, 12]
+    assert int(counts[subsets].sum()) == 3000
+    sd = math.sqrt(3000 * (1 / 6) * (5 / 6))
+    assert ((counts[subsets] - 500).abs() < 5 * sd).all(), counts[subsets].tolist()
+    z = torch.randn(2, 12, 3, 5).abs() + 0.1
+    a = nm_cuda.nm_prune_cuda(z, 2, 4, "random", generator=torch.Generator().manual_seed(3))
+    b = nm_cuda.nm_prune_cuda(
+        z.to(memory_format=torch.channels_last),
+        2,
+        4,
+        "random",
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert torch.equal(a, b.contiguous())
+    assert ((a != 0).reshape(2, 3, 4, 3, 5).sum(2) == 2).all()
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_emulated_pack_unpack_round_trip(emulated, index_dtype):
+    gen = torch.Generator().manual_seed(11)
+    g = torch.randn(1000, generator=gen) * 50
+    mask = torch.rand(1000, generator=gen) < 0.3
+    idx = pack_cuda.mask_index(mask, index_dtype)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8):
+        gd = g.to(dtype)
+        buf = pack_cuda.grad_pack(gd, idx, impl="cuda")
+        assert torch.equal(buf.view(torch.uint8), gd[mask].view(torch.uint8))
+        back = pack_cuda.grad_unpack(buf, idx, (10, 100), impl="cuda")
+        assert torch.equal(back.view(-1), torch.where(mask, gd, torch.zeros((), dtype=dtype)))
+        out = torch.full((1000,), 3, dtype=dtype)
+        pack_cuda.unpack(buf, idx, out)
+        assert torch.equal(out[~mask], torch.full_like(out[~mask], 3))
+
+
+def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_path):
+    """The emulation's own check: a kernel whose lanes skip a shuffle must be reported."""
+    gxx = shutil.which("g++")
+    (tmp_path / "bad.cpp").write_text(
+        '#include "pdt_host_emulation.cuh"\n'
+        'extern "C" const char* err() { return pdt_emu::st().error; }\n'
+        'extern "C" int run() { return pdt_emu::launch(1, 1, 1, 32, 1, 1, [] {\n'
+        "  if (threadIdx.x < 16) (void)__shfl_sync(0xffffffffu, 1, 0); }); }\n"
+    )
+    subprocess.run(
+        [
+            gxx,
+            "-O1",
+            "-fPIC",
+            "-shared",
+            *_emu_flags(),
+            str(tmp_path / "bad.cpp"),
+            "-o",
+            str(tmp_path / "bad.so"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    lib = ctypes.CDLL(str(tmp_path / "bad.so"))
+    lib.err.restype = ctypes.c_char_p
+    assert lib.run() == 1 and b"deadlock" in lib.err()
 
 
 # =============================================================================================

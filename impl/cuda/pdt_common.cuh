@@ -39,6 +39,33 @@ typedef unsigned short u16;
 
 #define PDT_FULL_MASK 0xffffffffu
 
+#ifdef PDT_HOST_EMULATION
+// Host builds for the CPU emulation tests (pdt_host_emulation.cuh): the same semantics in C++.
+inline float pdt_half_to_float(u16 h) {
+  _Float16 f;
+  memcpy(&f, &h, 2);
+  return (float)f;
+}
+inline u16 pdt_float_to_half(float f) {
+  const _Float16 h = (_Float16)f;
+  u16 u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+inline float pdt_bf16_to_float(u16 b) { return __uint_as_float(((u32)b) << 16); }
+inline u16 pdt_float_to_bf16(float f) {  // cvt.rn.bf16.f32: nearest even, NaN -> 0x7fff
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+inline float pdt_add_rn(float a, float b) { return a + b; }
+inline float pdt_mul_rn(float a, float b) { return a * b; }
+inline float pdt_div_rn(float a, float b) { return a / b; }
+inline double pdt_add_rn(double a, double b) { return a + b; }
+inline double pdt_mul_rn(double a, double b) { return a * b; }
+inline double pdt_div_rn(double a, double b) { return a / b; }
+#else
 // -- 16-bit floats, handled as raw bits so that no cuda_fp16.h / cuda_bf16.h is needed -----
 __device__ __forceinline__ float pdt_half_to_float(u16 h) {
   float f;
@@ -82,6 +109,8 @@ __device__ __forceinline__ float pdt_div_rn(float a, float b) {
 __device__ __forceinline__ double pdt_add_rn(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double pdt_mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double pdt_div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
+#endif  // PDT_HOST_EMULATION
 
 // -- element traits: storage type T, score/accumulation type A, conversions ------------------
 // A is float for float32/float16/bfloat16 and double for float64, as in the torch reference.

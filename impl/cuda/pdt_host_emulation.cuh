@@ -1,0 +1,281 @@
+// A CPU emulation of the CUDA execution model, for tests only: it lets the kernels of
+// impl/cuda/*.cu be compiled by a host C++ compiler (g++ -include pdt_host_emulation.cuh)
+// and run on machines without a GPU, so that their results can be checked against the torch
+// references there too. Never used on a GPU (NVRTC and nvcc do not see this file).
+//
+// Each block runs as cooperative fibers, one per thread, on one OS thread (started with
+// makecontext/setcontext, switched with _setjmp/_longjmp: no system call per switch), blocks
+// one after another; __syncthreads and the warp collectives (__shfl*_sync, __ballot_sync)
+// are barriers over every thread of the block or warp (strict: a thread that has exited
+// never arrives, as the full-mask collectives and __syncthreads of the kernels require). A
+// barrier that can never complete (divergent __syncthreads or shuffles, or an exit before
+// one) is reported as a deadlock instead of hanging.
+// Shared memory is a function-local static (blocks do not run concurrently). What it does
+// not model: the memory model (data races run in one fixed interleaving), warp divergence
+// costs, timing.
+#pragma once
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#define PDT_HOST_EMULATION 1
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+struct pdt_uint3 {
+  unsigned x, y, z;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) double2 {
+  double x, y;
+};
+
+static pdt_uint3 threadIdx, blockIdx, blockDim, gridDim;
+
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+inline long long __double_as_longlong(double d) {
+  long long u;
+  memcpy(&u, &d, 8);
+  return u;
+}
+inline double __longlong_as_double(long long u) {
+  double d;
+  memcpy(&d, &u, 8);
+  return d;
+}
+inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((unsigned long long)a * b) >> 32);
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+template <class A, class B>
+inline auto min(A a, B b) -> decltype(a + b) {
+  return a < b ? a : b;
+}
+template <class A, class B>
+inline auto max(A a, B b) -> decltype(a + b) {
+  return a < b ? b : a;
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) {  // one OS thread: no real atomics needed
+  const unsigned old = *p;
+  *p = old | v;
+  return old;
+}
+
+namespace pdt_emu {
+
+constexpr int kMaxThreads = 1024;
+constexpr size_t kStack = 256 * 1024;
+
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf jb;
+  std::vector<char> stack;
+  bool started = false;
+  bool done = false;
+  pdt_uint3 tid{0, 0, 0};
+  unsigned lin = 0;
+};
+
+struct State {
+  std::vector<Fiber> fibers;
+  jmp_buf sched;
+  int cur = -1;
+  std::function<void()>* body = nullptr;
+  unsigned long long events = 0;
+  unsigned nthreads = 0, arrived = 0, gen = 0;
+  unsigned w_size[kMaxThreads / 32], w_arrived[kMaxThreads / 32], w_gen[kMaxThreads / 32];
+  unsigned char slot[kMaxThreads][8];
+  char error[256] = {0};
+};
+
+inline State& st() {
+  static State s;
+  return s;
+}
+
+inline void yield_() {
+  State& s = st();
+  if (!_setjmp(s.fibers[s.cur].jb)) _longjmp(s.sched, 1);
+}
+
+inline void entry() {
+  State& s = st();
+  (*s.body)();
+  Fiber& f = s.fibers[s.cur];
+  f.done = true;
+  s.events++;
+  _longjmp(s.sched, 1);  // never returns: the fiber's stack is reused by the next block
+}
+
+inline void block_barrier() {
+  State& s = st();
+  const unsigned g = s.gen;
+  s.arrived++;
+  s.events++;
+  for (;;) {
+    if (s.gen != g) return;
+    if (s.arrived >= s.nthreads) {
+      s.arrived = 0;
+      s.gen++;
+      s.events++;
+      return;
+    }
+    yield_();
+  }
+}
+
+inline void warp_barrier() {
+  State& s = st();
+  const unsigned w = s.fibers[s.cur].lin / 32;
+  const unsigned g = s.w_gen[w];
+  s.w_arrived[w]++;
+  s.events++;
+  for (;;) {
+    if (s.w_gen[w] != g) return;
+    if (s.w_arrived[w] >= s.w_size[w]) {
+      s.w_arrived[w] = 0;
+      s.w_gen[w]++;
+      s.events++;
+      return;
+    }
+    yield_();
+  }
+}
+
+template <class T>
+inline T exchange(T v, unsigned src_lane) {
+  State& s = st();
+  const unsigned lin = s.fibers[s.cur].lin;
+  const unsigned base = lin & ~31u;
+  static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+  memcpy(s.slot[lin], &v, sizeof(T));
+  warp_barrier();
+  T r;
+  memcpy(&r, s.slot[base + src_lane], sizeof(T));
+  warp_barrier();
+  return r;
+}
+
+inline int run_block(unsigned nthreads) {
+  State& s = st();
+  if (nthreads > (unsigned)kMaxThreads) {
+    snprintf(s.error, sizeof s.error, "block of %u threads > %d", nthreads, kMaxThreads);
+    return 1;
+  }
+  if (s.fibers.size() < nthreads) s.fibers.resize(nthreads);
+  s.nthreads = nthreads;
+  s.arrived = 0;
+  for (unsigned w = 0; w < (unsigned)kMaxThreads / 32; ++w) {
+    const unsigned lo = w * 32;
+    s.w_size[w] = lo >= nthreads ? 0 : (nthreads - lo < 32 ? nthreads - lo : 32);
+    s.w_arrived[w] = 0;
+  }
+  for (unsigned i = 0; i < nthreads; ++i) {
+    Fiber& f = s.fibers[i];
+    if (f.stack.empty()) f.stack.resize(kStack);
+    f.done = false;
+    f.started = false;
+    f.lin = i;
+    f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, (void (*)())entry, 0);
+  }
+  for (;;) {
+    const unsigned long long before = s.events;
+    bool any = false;
+    for (unsigned i = 0; i < nthreads; ++i) {
+      if (s.fibers[i].done) continue;
+      any = true;
+      s.cur = (int)i;
+      threadIdx = s.fibers[i].tid;
+      Fiber& f = s.fibers[i];
+      if (!_setjmp(s.sched)) {
+        if (!f.started) {
+          f.started = true;
+          setcontext(&f.ctx);
+        }
+        _longjmp(f.jb, 1);
+      }
+    }
+    if (!any) return 0;
+    if (s.events == before) {
+      snprintf(s.error, sizeof s.error,
+               "deadlock in block (%u,%u,%u): a barrier or warp collective is never completed",
+               blockIdx.x, blockIdx.y, blockIdx.z);
+      return 1;
+    }
+  }
+}
+
+template <class F>
+inline int launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                  F body) {
+  std::function<void()> fn = body;
+  st().body = &fn;
+  st().error[0] = 0;
+  gridDim = {gx, gy, gz};
+  blockDim = {bx, by, bz};
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      for (unsigned x = 0; x < gx; ++x) {
+        blockIdx = {x, y, z};
+        if (run_block(bx * by * bz)) return 1;
+      }
+  return 0;
+}
+
+}  // namespace pdt_emu
+
+inline void __syncthreads() { pdt_emu::block_barrier(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { pdt_emu::warp_barrier(); }
+
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const unsigned lane = pdt_emu::st().fibers[pdt_emu::st().cur].lin & 31u;
+  const unsigned src_lane = (lane & ~(unsigned)(width - 1)) + ((unsigned)src & (width - 1));
+  return pdt_emu::exchange(v, src_lane);
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const unsigned lane = pdt_emu::st().fibers[pdt_emu::st().cur].lin & 31u;
+  (void)width;
+  return pdt_emu::exchange(v, lane ^ (unsigned)lane_mask);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  pdt_emu::State& s = pdt_emu::st();
+  const unsigned lin = s.fibers[s.cur].lin;
+  const unsigned base = lin & ~31u;
+  s.slot[lin][0] = pred ? 1 : 0;
+  pdt_emu::warp_barrier();
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32 && base + l < s.nthreads; ++l)
+    if (!s.fibers[base + l].done && s.slot[base + l][0]) bits |= 1u << l;
+  pdt_emu::warp_barrier();
+  return bits;
+}

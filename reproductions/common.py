@@ -189,6 +189,9 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
         raise MethodUnavailable(f"method {cfg.method!r} is not available in this build")
     if (run_dir / "config.json").exists():
         return resume(run_dir, progress=progress), False
+    from impl.methods import create_method
+
+    create_method(cfg.method, cfg.method_options).validate(cfg)  # fail before any file exists
     return train(cfg, progress=progress), False
 
 
@@ -413,6 +416,8 @@ class Target:
         figures: builds the figures from the row results and the paper's values.
         notes: remarks shown under the table at a scale.
         metric_units: units of measurement metrics (training metrics carry theirs).
+        extra_metrics: this target's own metrics (name -> (unit, function of run, baseline)).
+        wide: report one line per row and one column per metric.
     """
 
     key: str
@@ -426,6 +431,7 @@ class Target:
     extra_metrics: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] = field(
         default_factory=dict
     )
+    wide: bool = False
 
     @property
     def metric_table(self) -> dict[str, tuple[str, Callable]]:
@@ -598,6 +604,7 @@ def run_target(
         description=target.description,
         environment=collect(),
         duration_s=time.perf_counter() - t0,
+        wide=target.wide,
     )
     save_result(result, result_dir(target.key, scale, runs_root))
     return result

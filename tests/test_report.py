@@ -282,3 +282,20 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no result.json"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
+
+
+def test_wide_frame_one_line_per_row_with_its_scale():
+    from impl.report.html import wide_frame
+
+    rows = [
+        {"row": "dense", "metric": "top1", "ours": 97.0, "scale": "cpu", "unit": "%"},
+        {"row": "sdgp", "metric": "top1", "ours": 96.0, "ours_sd": 0.5, "n": 3, "scale": "cpu",
+         "unit": "%"},
+        {"row": "sdgp", "metric": "delta_top1", "ours": -1.0, "scale": "cpu", "unit": "pp"},
+        {"row": "campfire", "metric": "top1", "ours": None, "scale": None, "unit": "%"},
+    ]  # fmt: skip
+    wide = wide_frame(rows)
+    assert list(wide.columns) == ["Row", "top1 (%)", "delta_top1 (pp)", "Scale"]
+    assert list(wide["Row"]) == ["dense", "sdgp", "campfire"]
+    assert wide.loc[1, "top1 (%)"] == "96 ± 0.5 (n=3)" and wide.loc[0, "delta_top1 (pp)"] == "-"
+    assert list(wide["Scale"]) == ["cpu", "cpu", "-"]

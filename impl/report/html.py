@@ -111,6 +111,26 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
+def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Comparison rows as one line per row label and one column per metric ("unit" in the
+    header), each cell ``mean ± sd (n)``; a last column names the scale(s)."""
+    long = comparison_frame(rows)
+    if long.empty:
+        return long
+    long["col"] = [f"{m} ({u})" if u else m for m, u in zip(long["Metric"], long["Unit"])]
+    order_rows = list(dict.fromkeys(long["Row"]))
+    per_row = long.groupby("Row", sort=False)["col"].apply(list)
+    richest = max(per_row, key=len)  # the row with the most metrics sets the column order
+    order_cols = list(dict.fromkeys(richest + list(long["col"])))
+    wide = long.pivot_table(index="Row", columns="col", values="Ours", aggfunc="first")
+    wide = wide.reindex(index=order_rows, columns=order_cols).fillna("-")
+    scales = (
+        long[long["Scale"] != "-"].groupby("Row")["Scale"].agg(lambda s: ", ".join(sorted(set(s))))
+    )
+    wide["Scale"] = [scales.get(r, "-") for r in wide.index]
+    return wide.reset_index()
+
+
 def _frame_html(frame: pd.DataFrame) -> str:
     shown = frame.copy()
     for c in shown.columns:
@@ -129,7 +149,11 @@ def result_section(result: ResultSet) -> Section:
         missing=list(result.missing),
         scale=result.scale,
     )
-    if result.rows:
+    if result.rows and result.wide:
+        section.tables.append(
+            Table(wide_frame(result.rows), f"{result.target} at scale {result.scale}")
+        )
+    elif result.rows:
         section.tables.append(
             Table(comparison_frame(result.rows), f"{result.target} at scale {result.scale}")
         )
@@ -298,6 +322,7 @@ __all__ = [
     "Section",
     "Table",
     "comparison_frame",
+    "wide_frame",
     "format_number",
     "provenance_rows",
     "render_html",

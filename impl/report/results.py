@@ -67,6 +67,8 @@ class ResultSet:
         description: what the paper's table or figure shows and what this one runs.
         environment: :func:`impl.env.collect` at the time the result was produced.
         duration_s: wall seconds the reproduction took (runs reused count as 0).
+        wide: show the rows as one line per row label and one column per metric (for tables
+            with no paper numbers, such as the cross-method table).
     """
 
     target: str
@@ -80,6 +82,7 @@ class ResultSet:
     description: str = ""
     environment: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    wide: bool = False
 
     @property
     def paper(self) -> str:

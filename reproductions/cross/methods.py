@@ -160,6 +160,7 @@ TARGET = Target(
     figures=figures,
     notes=notes,
     extra_metrics={"time_to_accuracy": ("s", tta_seconds)},
+    wide=True,
 )
 
 

@@ -1,0 +1,240 @@
+"""The reproduction framework: rows -> runs (reused by config hash) -> comparison -> report."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import reproductions
+from reproductions import common
+from reproductions.common import (
+    MethodUnavailable,
+    Row,
+    RowResult,
+    RunRecord,
+    Target,
+    compare_rows,
+    measure_or_reuse,
+    row_metric,
+    run_target,
+    run_training_flops,
+    samples_seen,
+)
+from reproductions.published import lookup
+
+TINY = {"epochs": 1, "max_steps_per_epoch": 1, "batch_size": 16, "threads": 1}
+CALLS = {"n": 0}
+
+
+def counted_measure(*, scale, context, x):
+    """A measurement for the tests: counts its calls."""
+    CALLS["n"] += 1
+    return {"value": x * 2, "scale": scale, "seen": sorted(context["runs"])}
+
+
+def _tiny_target(extra_rows=()):
+    def rows(scale):
+        return [
+            Row("dense", "dense", train=TINY, paper={"model": "resnet9", "method": "dense"}),
+            Row("sdgp", "sdgp", options={"profile": False}, train=TINY, baseline="dense",
+                paper={"model": "resnet9", "setting": "rescaled 2:4"}),
+            Row("imagenet row", needs="needs the paper scale (ImageNet)",
+                paper={"model": "resnet18", "method": "dense"}),
+            *extra_rows,
+        ]  # fmt: skip
+
+    return Target(
+        key="sdgp.table1", title="tiny", description="tiny", rows=rows,
+        metrics=("top1", "delta_top1", "compression_ratio"),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monkeypatch):
+    logs: list[str] = []
+    unavailable = Row("campfire", "campfire", train=TINY, baseline="dense")
+    failing = Row("bad option", "sdgp", options={"no_such_option": 1}, train=TINY)
+    target = _tiny_target([unavailable, failing])
+    real = common.method_available
+    monkeypatch.setattr(common, "method_available", lambda n: n != "campfire" and real(n))
+    result = run_target(target, "smoke", tmp_path, log=logs.append)
+    # one run directory per config, named by method, model, data, scale and config hash
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("results",))
+    assert len(dirs) == 2 and dirs[0].startswith("dense-resnet20-digits-smoke-")
+    assert all(json.loads((tmp_path / d / "summary.json").read_text())["status"] == "complete"
+               for d in dirs)  # fmt: skip
+    missing = {m["row"]: m["reason"] for m in result.missing}
+    assert missing["imagenet row"] == "needs the paper scale (ImageNet)"
+    assert missing["campfire"].startswith("not available")
+    assert missing["bad option"].startswith("failed: ValueError")
+    rows = {(r["row"], r["metric"]): r for r in result.rows}
+    assert rows[("dense", "top1")]["paper"] == 95.3 and rows[("dense", "top1")]["scale"] == "smoke"
+    assert rows[("sdgp", "top1")]["paper"] == 95.2
+    delta = rows[("sdgp", "delta_top1")]["ours"]
+    assert delta == pytest.approx(rows[("sdgp", "top1")]["ours"] - rows[("dense", "top1")]["ours"])
+    assert ("dense", "delta_top1") not in rows  # a baseline has no delta to itself
+    assert rows[("imagenet row", "top1")]["ours"] is None
+    assert rows[("imagenet row", "top1")]["paper"] == 71.4
+    assert rows[("campfire", "top1")]["note"].startswith("not available")
+    # the paper's rows no row of ours stands for are listed, with ours empty
+    assert any(r["row"].startswith("paper: resnet50") and r["ours"] is None for r in result.rows)
+    saved = tmp_path / "results" / "sdgp.table1" / "smoke" / "result.json"
+    assert saved.exists()
+    # a second call trains nothing: every complete run is reused
+    again = run_target(target, "smoke", tmp_path, log=logs.append)
+    assert "0 runs trained and 2 reused" in again.notes[-1]
+    assert [r["ours"] for r in again.rows] == [r["ours"] for r in result.rows]
+
+
+@pytest.mark.slow
+def test_a_killed_run_is_resumed_not_restarted(tmp_path):
+    row = Row("dense", "dense", train=TINY)
+    cfg = row.configs("smoke", tmp_path)[0]
+    common.run_or_reuse(cfg)
+    run_dir = tmp_path / cfg.out.rsplit("/", 1)[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()  # as if killed after its last checkpoint
+    resumed, reused = common.run_or_reuse(cfg)
+    assert not reused and resumed["top1"] == summary["top1"]
+
+
+def test_run_or_reuse_reports_a_missing_method(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "method_available", lambda n: False)
+    cfg = Row("x", "clicktrain", train=TINY).configs("smoke", tmp_path)[0]
+    with pytest.raises(MethodUnavailable, match="not available"):
+        common.run_or_reuse(cfg)
+
+
+def test_row_configs_resolve_scale_defaults_and_seeds(tmp_path):
+    cfgs = Row("r", "sdgp", options={"n": 2}, train={"epochs": 3}, seeds=(0, 5)).configs(
+        "cpu", tmp_path
+    )
+    assert [c.seed for c in cfgs] == [0, 5]
+    assert cfgs[0].model == "resnet20" and cfgs[0].data == "digits" and cfgs[0].epochs == 3
+    assert cfgs[0].method_options == {"n": 2} and cfgs[0].scale == "cpu"
+    assert cfgs[0].out != cfgs[1].out and cfgs[0].out.startswith(str(tmp_path))
+    assert Row("m", measure="a:b").configs("cpu", tmp_path) == []
+
+
+def test_measurements_are_cached_by_function_params_and_scale(tmp_path):
+    CALLS["n"] = 0
+    fn = "test_reproductions:counted_measure"
+    ctx = {"runs": {"dense": ["d"]}}
+    v1, reused1 = measure_or_reuse(fn, {"x": 3}, "smoke", ctx, tmp_path)
+    v2, reused2 = measure_or_reuse(fn, {"x": 3}, "smoke", ctx, tmp_path)
+    v3, _ = measure_or_reuse(fn, {"x": 4}, "smoke", ctx, tmp_path)
+    assert (v1["value"], reused1, reused2, v3["value"], CALLS["n"]) == (6, False, True, 8, 2)
+    assert v2 == v1 and v1["seen"] == ["dense"]
+
+
+def _run(seed=0, **summary):
+    base = {"method": "dense", "scale": "cpu", "top1": 90.0, "compression_ratio": 1.0,
+            "inference_flops": 100.0, "train_flops_nominal": 300.0, "train_flops_executed": 300.0,
+            "fwd_ms": 2.0, "bwd_ms": 4.0, "wall_seconds": 10.0}  # fmt: skip
+    base.update(summary)
+    metrics = [{"epoch": e, "samples_per_second": 10.0, "train_seconds": 5.0, "test_top1": 80.0}
+               for e in range(2)]  # fmt: skip
+    return RunRecord(path="p", seed=seed, summary=base, metrics=metrics, reused=True)
+
+
+def test_samples_and_run_training_flops_per_method():
+    dense = _run()
+    assert samples_seen(dense.metrics) == 100.0
+    assert run_training_flops(dense.summary, dense.metrics) == 300.0 * 100
+    pt = _run(method="prunetrain", train_flops_run=12345.0)
+    assert run_training_flops(pt.summary, pt.metrics) == 12345.0
+    cf = _run(method="campfire")
+    cf.metrics[0]["train_flops_nominal"], cf.metrics[1]["train_flops_nominal"] = 300.0, 100.0
+    assert run_training_flops(cf.summary, cf.metrics) == 300.0 * 50 + 100.0 * 50
+    ct = _run(method="clicktrain", clicktrain={"flops": {"train_flops_run_per_sample": {
+        "nominal": 400.0, "executed": 500.0}}})  # fmt: skip
+    assert run_training_flops(ct.summary, ct.metrics, "executed") == 500.0 * 100 / 2
+    with pytest.raises(ValueError, match="nominal"):
+        run_training_flops(dense.summary, dense.metrics, "peak")
+
+
+def test_row_metric_seed_matched_mean_and_unknown_metric():
+    base = RowResult(Row("dense"), runs=[_run(0, top1=90.0), _run(1, top1=80.0)])
+    ours = RowResult(Row("x", baseline="dense"),
+                     runs=[_run(1, top1=81.0, compression_ratio=4.0, inference_flops=25.0),
+                           _run(2, top1=70.0)])  # fmt: skip
+    # seed 1 against the baseline's seed 1; seed 2 (absent there) against its first run
+    assert row_metric(ours, "delta_top1", base) == [pytest.approx(1.0), pytest.approx(-20.0)]
+    assert row_metric(ours, "conv_sparsity", None)[0] == pytest.approx(75.0)
+    assert row_metric(ours, "inference_flops_saved", base)[0] == pytest.approx(75.0)
+    assert row_metric(ours, "iter_ms", None) == [6.0, 6.0]
+    assert row_metric(ours, "delta_top1", None) == []  # no baseline: no value, no error
+    with pytest.raises(ValueError, match="unknown metric"):
+        row_metric(ours, "nope", base)
+    measured = RowResult(Row("m", measure_keys={"t": "t_4"}), measured={"t_4": [1.0, 3.0]})
+    assert row_metric(measured, "t", None) == [1.0, 3.0]
+
+
+def test_compare_rows_mean_sd_and_paper_value():
+    target = _tiny_target()
+    results = [
+        RowResult(Row("dense", paper={"model": "resnet9", "method": "dense"}),
+                  runs=[_run(0, top1=96.0), _run(1, top1=98.0)]),
+        RowResult(Row("imagenet row", needs="x", paper={"model": "resnet18", "method": "dense"}),
+                  error="needs x"),
+    ]  # fmt: skip
+    rows = compare_rows(target, results, "cpu")
+    top1 = next(r for r in rows if r["row"] == "dense" and r["metric"] == "top1")
+    assert (top1["ours"], top1["n"], top1["scale"], top1["paper"]) == (97.0, 2, "cpu", 95.3)
+    assert top1["ours_sd"] == pytest.approx(math.sqrt(2.0))
+    assert top1["paper_source"] == "Table I, Sec. IV-A"
+    missing = [r for r in rows if r["row"] == "imagenet row"]
+    assert len(missing) == 1 and missing[0]["ours"] is None and missing[0]["note"] == "needs x"
+
+
+# The paper states no number of these that a run of ours measures (only recommendations).
+NOTHING_COMPARABLE = {"prunetrain.fig10"}
+
+
+# -- every registered target -------------------------------------------------------------------
+@pytest.mark.parametrize("key", reproductions.TARGETS, ids=reproductions.TARGETS)
+def test_every_target_declares_consistent_rows_at_every_scale(key, tmp_path):
+    target = reproductions.load_target(key)
+    assert target.key == key and target.title and target.description
+    paper = target.paper_frame()
+    for scale in common.SCALES:
+        rows = target.rows(scale)
+        assert rows, (key, scale)
+        labels = [r.label for r in rows]
+        assert len(labels) == len(set(labels)), (key, scale)
+        matched = 0
+        for r in rows:
+            assert r.baseline is None or r.baseline in labels, (key, scale, r.label)
+            if r.measure is None and not r.needs:
+                for cfg in r.configs(scale, tmp_path):
+                    cfg.validate()
+                for m in r.metrics or target.metrics:
+                    assert r.measure_keys.get(m, m) in target.metric_table, (key, r.label, m)
+            for m in r.metrics or target.metrics:
+                n = len(lookup(paper, metric=m, **r.paper)) if r.paper else 0
+                assert n <= 1 or r.needs, (key, scale, r.label, m, n)
+                matched += n == 1
+        if target.paper != "cross" and key not in NOTHING_COMPARABLE:
+            assert matched > 0, (key, scale)  # ours stand beside at least one paper number
+
+
+def test_cross_table_has_five_methods_on_equal_terms():
+    from reproductions.cross.methods import METHOD_ORDER, rows
+
+    for scale in ("cpu", "gpu", "paper"):
+        rs = rows(scale)
+        assert [r.method for r in rs] == list(METHOD_ORDER)
+        assert all(len(r.seeds) >= 3 for r in rs)
+        assert len({json.dumps(r.train, sort_keys=True) for r in rs}) == 1
+
+
+def test_cli_lists_targets_and_rejects_unknown(capsys):
+    assert reproductions.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(k in out for k in reproductions.TARGETS)
+    with pytest.raises(ValueError, match="valid: all"):
+        reproductions.main(["sdgp.table7", "--scale", "smoke"])
+    with pytest.raises(ValueError, match="unknown reproduction"):
+        reproductions.load_target("nope.table1")

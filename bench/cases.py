@@ -1175,10 +1175,15 @@ def provenance(scale: str | None = None) -> dict[str, Any]:
     """What every row carries about where and how it was measured (shared/DESIGN.md).
 
     Commit (and whether the tree was dirty), UTC date, GPU and driver, CUDA, cuDNN, torch,
-    CuPy, NumPy and Python versions, CPU model and threads, the scale, and the thread and
-    device environment variables. Collected once per process.
+    CuPy, NumPy and Python versions, CPU model and threads, the scale, the thread and
+    device environment variables, and the 1-minute load average (other work on the machine
+    slows CPU timings). Collected once per process, except the load average.
     """
     e = _env()
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
     return {
         "commit": e.get("commit"),
         "dirty": e.get("dirty"),
@@ -1195,6 +1200,7 @@ def provenance(scale: str | None = None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": e.get("platform"),
         "env_vars": json.dumps(e.get("env_vars") or {}, sort_keys=True),
+        "load_avg_1m": load,
         "scale": resolve_scale(scale),
     }
 

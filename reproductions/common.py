@@ -585,8 +585,14 @@ def run_target(
     t0 = time.perf_counter()
     results = execute_rows(target, scale, runs_root, log=log)
     rows = compare_rows(target, results, scale)
-    figures = target.figures(results, scale, target.paper_frame()) if target.figures else []
     missing = [{"row": r.row.label, "reason": r.error} for r in results if r.error]
+    figures: list[FigureSpec] = []
+    if target.figures:
+        try:
+            figures = target.figures(results, scale, target.paper_frame())
+        except Exception as err:  # noqa: BLE001 - a broken figure must not lose the table
+            missing.append({"row": "figures", "reason": f"failed: {type(err).__name__}: {err}"})
+            log(f"  {target.key}: figures FAILED\n{traceback.format_exc(limit=4)}")
     runs = [run.path for r in results for run in r.runs]
     notes = list(target.notes(scale)) if target.notes else []
     trained = sum(1 for r in results for run in r.runs if not run.reused)

@@ -238,3 +238,32 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
         reproductions.main(["sdgp.table7", "--scale", "smoke"])
     with pytest.raises(ValueError, match="unknown reproduction"):
         reproductions.load_target("nope.table1")
+
+
+def test_a_broken_figure_is_listed_and_the_table_kept(tmp_path):
+    def broken(results, scale, paper):
+        raise KeyError("no such column")
+
+    target = Target(
+        key="cross.test", title="t", description="d",
+        rows=lambda scale: [Row("m", measure="test_reproductions:counted_measure",
+                                params={"x": 5}, metrics=("value",))],
+        metrics=("value",), figures=broken, metric_units={"value": "u"},
+    )  # fmt: skip
+    result = run_target(target, "smoke", tmp_path, log=lambda *a: None)
+    assert result.rows[0]["ours"] == 10.0 and result.rows[0]["unit"] == "u"
+    assert result.missing == [{"row": "figures", "reason": "failed: KeyError: 'no such column'"}]
+
+
+def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
+    def boom(scale):
+        raise RuntimeError("boom")
+
+    bad = Target(key="sdgp.table1", title="bad", description="d", rows=boom)
+    monkeypatch.setattr(reproductions, "load_target", lambda key: bad)
+    monkeypatch.setattr(reproductions, "expected_targets", lambda: [])
+    index = reproductions.run(["sdgp.table1"], "smoke", tmp_path / "runs", tmp_path / "rep")
+    assert "FAILED: RuntimeError: boom" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "runs/results/sdgp.table1/smoke/result.json").read_text())
+    assert saved["missing"] == [{"row": "sdgp.table1", "reason": "failed: RuntimeError: boom"}]
+    assert "failed: RuntimeError: boom" in (index.parent / "sdgp.html").read_text()

@@ -336,11 +336,14 @@ def _impl(name, label, device, math="fp32", baseline=False, kinds=None, **option
 
 
 def implementations(suite: str, scale: str | None = None) -> dict[str, Impl]:
-    """The implementations of ``suite`` whose device is in the scale's ``devices``."""
+    """The implementations of ``suite`` whose device is in the scale's ``devices`` (the CPU
+    for ``allreduce``, whose byte counts need no GPU)."""
     cfg = scale_config(scale)
+    # Allreduce bytes are deterministic: counted on the CPU at every scale.
+    devices = ("cpu",) if _check_suite(suite) == "allreduce" else cfg.devices
     impls: list[Impl] = []
-    for dev in cfg.devices:
-        impls += _IMPLS[_check_suite(suite)](dev)
+    for dev in devices:
+        impls += _IMPLS[suite](dev)
     return {i.name: i for i in impls}
 
 
@@ -516,8 +519,6 @@ def _iteration_impls(dev: str) -> list[Impl]:
 def _allreduce_impls(dev: str) -> list[Impl]:
     from bench.method_states import METHOD_STATES
 
-    if dev != "cpu":  # bytes are deterministic: counted once, on the CPU
-        return []
     return [
         _impl(
             m,

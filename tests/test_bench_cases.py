@@ -61,7 +61,8 @@ def test_case_names_unique_and_pairs_apply(suite, scale):
     assert len(names) == len(set(names))
     for case, impl in cases.pairs(suite, scale):
         assert impl.accepts(case) and case.suite == suite
-        assert impl.device in cases.SCALE_CONFIGS[scale].devices
+        assert impl.device in cases.SCALE_CONFIGS[scale].devices or suite == "allreduce"
+    assert cases.pairs(suite, scale), f"{suite} has no (case, implementation) at {scale}"
 
 
 def test_paper_grids_at_gpu_scale():
@@ -100,7 +101,9 @@ def test_implementations_per_device():
     assert gpu["cublas_tf32@cuda"].math == "tf32" and gpu["cublas_tf32@cuda"].options["tf32"]
     cpu = cases.implementations("csr", "smoke")
     assert "scipy_csr@cpu" in cpu and "cusparse_dense2csr@cuda" in cpu
-    assert all(i.device == "cpu" for i in cases.implementations("allreduce", "gpu").values())
+    allreduce = cases.implementations("allreduce", "gpu")  # counted on the CPU at every scale
+    assert allreduce and all(i.device == "cpu" for i in allreduce.values())
+    assert len(cases.pairs("allreduce", "gpu")) == 5 * len(cases.grid("allreduce", "gpu"))
     with pytest.raises(ValueError, match="valid: calibration"):
         cases.implementations("sorting", "cpu")
 

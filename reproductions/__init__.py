@@ -81,7 +81,7 @@ def expected_targets() -> list[dict[str, str]]:
     for key in TARGETS:
         try:
             title = load_target(key).title
-            needs = "not run yet (pdtbench reproduce " + key + " --scale cpu)"
+            needs = f"pdtbench reproduce {key} --scale cpu"
         except ModuleNotFoundError:
             title, needs = key, "not implemented"
         out.append({"target": key, "title": title, "needs": needs})

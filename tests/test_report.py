@@ -299,3 +299,17 @@ def test_wide_frame_one_line_per_row_with_its_scale():
     assert list(wide["Row"]) == ["dense", "sdgp", "campfire"]
     assert wide.loc[1, "top1 (%)"] == "96 ± 0.5 (n=3)" and wide.loc[0, "delta_top1 (pp)"] == "-"
     assert list(wide["Scale"]) == ["cpu", "cpu", "-"]
+
+
+def test_index_links_pages_and_tells_filled_from_paper_only(tmp_path):
+    only_paper = ResultSet(
+        target="prunetrain.fig6", title="Fig. 6", scale="cpu",
+        rows=[{"row": "union vs gating", "metric": "d", "ours": None, "scale": None,
+               "paper": 6.0}],
+        missing=[{"row": "union vs gating", "reason": "channel gating is not implemented"}],
+    )  # fmt: skip
+    index = render_reports([_result("cpu"), only_paper], tmp_path)
+    text = index.read_text()
+    assert '<a href="sdgp.html">sdgp.html</a>' in text and '<a href="prunetrain.html">' in text
+    assert "paper numbers only: channel gating is not implemented" in text
+    assert text.index("prunetrain.fig6") < text.index("sdgp.table1")  # papers in order

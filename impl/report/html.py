@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,9 @@ def _frame_html(frame: pd.DataFrame) -> str:
     for c in shown.columns:
         shown[c] = shown[c].map(format_number)
     body = shown.to_html(index=False, escape=True, border=0, classes="data", na_rep="-")
-    return body.replace("<td>-</td>", '<td class="na">-</td>')
+    body = body.replace("<td>-</td>", '<td class="na">-</td>')
+    # a cell naming a page of the report links to it
+    return re.sub(r"<td>([a-z0-9_]+\.html)</td>", r'<td><a href="\1">\1</a></td>', body)
 
 
 def result_section(result: ResultSet) -> Section:

@@ -50,6 +50,17 @@ def _item_key(target: str) -> tuple[int, int, str]:
     return (2, 0, item)
 
 
+def _status(result: ResultSet) -> str:
+    """'filled' when some number of ours is there, else what the rows need."""
+    if any(x.get("ours") is not None for x in result.rows):
+        return "filled" + (" (some rows need more; see the page)" if result.missing else "")
+    reasons = sorted({m.get("reason", "") for m in result.missing})
+    if reasons:
+        more = f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+        return f"paper numbers only: {reasons[0]}{more}"
+    return "empty"
+
+
 def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Section:
     """Complete runs as a table (with their scale), top-1 per method, and test accuracy per
     epoch; the incomplete runs of ``runs.attrs["incomplete"]`` are listed as missing."""
@@ -153,9 +164,9 @@ def render_reports(
                     "target": r.target,
                     "title": r.title,
                     "scale": r.scale,
-                    "rows": len(r.rows),
+                    "ours": sum(1 for x in r.rows if x.get("ours") is not None),
                     "missing": len(r.missing),
-                    "status": "filled" if r.rows or r.figures else "empty",
+                    "status": _status(r),
                 }
             )
         for e in expected_by_paper.get(paper, []):
@@ -166,7 +177,7 @@ def render_reports(
                         "target": e["target"],
                         "title": e.get("title", ""),
                         "scale": "-",
-                        "rows": 0,
+                        "ours": 0,
                         "missing": 1,
                         "status": f"not run: {e.get('needs', '')}",
                     }
@@ -186,15 +197,17 @@ def render_reports(
             nav=nav,
             provenance=provenance_rows(envs),
         )
+    order = {p: i for i, p in enumerate(papers)}
+    index_rows.sort(key=lambda r: (order.get(r["page"][:-5], 99), _item_key(r["target"])))
     index = pd.DataFrame(
-        index_rows, columns=["page", "target", "title", "scale", "rows", "missing", "status"]
+        index_rows, columns=["page", "target", "title", "scale", "ours", "missing", "status"]
     )
     section = Section(
         title="Reproductions",
         anchor="index",
         text="Each table and figure of the four papers, with the scale that produced it "
         "(or the scale it needs), and the cross-method table no paper has.",
-        tables=[Table(index, "one row per table or figure and scale")],
+        tables=[Table(index, "one row per table or figure and scale; 'ours': numbers of ours")],
     )
     prov = provenance_rows((r.scale, r.environment) for r in results)
     return render_html(

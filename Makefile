@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SCALE ?= cpu
 STAMP := $(VENV)/.pdtbench-installed
 
-.PHONY: demo test lint format setup clean
+.PHONY: demo test lint format setup clean bench-gpu
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -21,6 +21,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q tests
+	PDTBENCH_BENCH_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-disable
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -32,3 +33,11 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+## Benchmarks on one GPU: tidy rows, pytest-benchmark JSON, asv results and HTML.
+bench-gpu: $(STAMP)
+	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu
+	PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json
+	$(VENV)/bin/asv machine --yes
+	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run --python=same --quick --set-commit-hash $$(git rev-parse HEAD)
+	$(VENV)/bin/asv publish

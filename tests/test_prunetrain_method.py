@@ -22,6 +22,7 @@ from impl.methods.prunetrain_memory import (
     choose_batch,
     estimate_iteration_bytes,
     measure_iteration_bytes,
+    probe_iteration_ms,
 )
 
 
@@ -327,3 +328,21 @@ def test_probe_times_each_stage_without_touching_the_model() -> None:
         assert 0 < t["probe_fwd_ms"] < 60_000 and t["probe_batch_size"] == 8
     with pytest.raises(ValueError, match="probe_repeats"):
         PruneTrainConfig(probe_repeats=-1)
+
+
+def test_measured_memory_and_probe_reject_bad_input() -> None:
+    model = M.create("resnet20")
+    with pytest.raises(ValueError, match="CUDA"):
+        measure_iteration_bytes(model, (3, 32, 32), 8)
+    with pytest.raises(ValueError, match="repeats"):
+        probe_iteration_ms(model, (3, 32, 32), 8, repeats=0)
+    with pytest.raises(ValueError, match=">= 1"):
+        choose_batch(0, 32, 1e9, lambda b: 0.0)
+
+
+def test_estimate_is_linear_in_the_batch() -> None:
+    model = M.create("resnet20")
+    e1, e2, e3 = (estimate_iteration_bytes(model, (3, 32, 32), b) for b in (1, 17, 33))
+    assert e3 - e2 == e2 - e1 == 16 * activation_bytes_per_sample(model, (3, 32, 32))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert e1 - (e2 - e1) // 16 == 3 * params  # weights, gradients, momentum

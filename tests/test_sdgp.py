@@ -365,3 +365,31 @@ def test_cuda_tensor_matches_cpu(method):
     g = torch.Generator(device="cuda").manual_seed(0)
     yr = nm_prune(x.cuda(), 2, 4, "random", generator=g)
     assert int((yr != 0).sum()) == x.numel() // 2
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 6, 8], ids=["m2", "m3", "m4", "m6", "m8"])
+@pytest.mark.parametrize("descending", [True, False], ids=["desc", "asc"])
+def test_pairwise_and_sort_rankings_agree(monkeypatch, m, descending):
+    # Groups of <= 8 are ranked by pairwise comparisons, larger ones by a stable sort: the two
+    # must give the same mask, ties (many, from rounding) and a partial last group included.
+    import impl.methods.sdgp as sdgp
+
+    scores = torch.round(torch.randn(3, 4 * m + 1, 5) * 1.5)
+    for n in range(1, m + 1):
+        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 32)
+        pairwise = nm_keep_mask(scores, n, m, dim=1, descending=descending)
+        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 0)
+        sorted_ = nm_keep_mask(scores, n, m, dim=1, descending=descending)
+        assert torch.equal(pairwise, sorted_)
+    # and the loop reference agrees on the descending magnitude order
+    if descending:
+        x = scores.unsqueeze(-1)
+        assert torch.equal(nm_keep_mask(x.abs(), 2, m, dim=1), loop_keep(x, 2, m))
+
+
+def test_nan_ranks_first():
+    x = torch.tensor([[1.0, float("nan"), 3.0, 2.0]])
+    mask = nm_keep_mask(x.abs(), 2, 4, dim=1)
+    assert mask.tolist() == [[False, True, True, False]]
+    y = nm_prune(x, 2, 4, "magnitude", dim=1)
+    assert torch.isnan(y[0, 1]) and y[0, 2] == 3.0 and y[0, 0] == 0.0 and y[0, 3] == 0.0

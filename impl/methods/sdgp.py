@@ -17,6 +17,13 @@ Three pruning functions (Sec. III-B):
   ``rescale="channel"`` is the rule of the paper's text (Sec. III-B, Fig. 4 caption), per
   channel over the batch and spatial dims, with the same ``eps``.
 
+The scale of ``eps``: the authors trained with fp16 autocast and ``GradScaler`` (initial scale
+2**16, growing), so their ``1e-4`` was added to loss-scaled gradient sums; on unscaled fp32
+gradients it stands for about ``1e-4 / 2**16 ~ 1.5e-9``. Applied literally to unscaled fp32
+gradients, ``1e-4`` is no longer negligible (per-plane sums of |dL/dO| are often ~1e-4 late in
+training) and shrinks the data gradient instead of preserving its L1 norm; the ``SDGP``
+method records sum|pruned| / sum|dense| per epoch (``sdgp_l1_ratio_*``) so this is visible.
+
 Groups are ``m`` consecutive elements along ``dim`` (the channel dim of NCHW gradients; the
 authors run channels-last so a group is contiguous). **When the length of ``dim`` is not a
 multiple of ``m``** the last, partial group of ``r < m`` elements is treated as a full group
@@ -164,40 +171,82 @@ def nm_prune(
     return nm_prune_ref(x, n, m, method, dim, rescale, generator, eps=eps)
 
 
+PAIRWISE_MAX_M = 8  # groups up to this size are ranked by pairwise comparisons, larger by sort
+
+
+def _as_oci(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` as (O, C, I): dims before ``dim``, ``dim``, dims after (a view when contiguous)."""
+    o = math.prod(t.shape[:dim])
+    i = math.prod(t.shape[dim + 1 :])
+    return t.reshape(o, t.shape[dim], i)
+
+
+def _better(a: torch.Tensor, b: torch.Tensor, descending: bool) -> torch.Tensor:
+    return a > b if descending else a < b
+
+
+def _keep_grouped(s3: torch.Tensor, n: int, m: int, descending: bool) -> torch.Tensor:
+    """Keep mask of (O, C, I) scores, groups of m along C; contiguous bool (O, C, I)."""
+    o, c, i = s3.shape
+    groups = -(-c // m)
+    pad = groups * m - c
+    if pad:  # the padding ranks last: never kept while a real element is left
+        s3 = F.pad(s3, (0, 0, 0, pad), value=-math.inf if descending else math.inf)
+    s4 = s3.reshape(o, groups, m, i)
+    has_nan = s4.is_floating_point() and bool(torch.isnan(s4).any())
+    if m <= PAIRWISE_MAX_M and not has_nan:
+        # Position of element k in a stable sort: the elements strictly better than it, plus
+        # the equal ones at a lower index. Keep it when that position is < n.
+        cols = [s4[:, :, k] for k in range(m)]
+        keep_cols = []
+        for k in range(m):
+            rank = torch.zeros(cols[k].shape, dtype=torch.uint8, device=s4.device)
+            for j in range(m):
+                if j < k:
+                    rank += ~_better(cols[k], cols[j], descending)  # s_j better or equal
+                elif j > k:
+                    rank += _better(cols[j], cols[k], descending)
+            keep_cols.append(rank < n)
+        keep = torch.stack(keep_cols, dim=2)
+    else:
+        # NaN ranks above every number (torch.sort's order), ties keep the lower index.
+        last = s4.transpose(2, 3).contiguous()
+        order = torch.sort(last, dim=-1, descending=descending, stable=True).indices
+        keep_last = torch.zeros(last.shape, dtype=torch.bool, device=s4.device)
+        keep_last.scatter_(-1, order[..., :n], True)
+        keep = keep_last.transpose(2, 3)
+    return keep.reshape(o, groups * m, i)[:, :c].contiguous()
+
+
 def nm_keep_mask(
     scores: torch.Tensor, n: int, m: int, dim: int = -1, *, descending: bool = True
 ) -> torch.Tensor:
     """Boolean mask keeping, of every ``m`` consecutive ``scores`` along ``dim``, the ``n`` best.
 
-    Best = largest (``descending=True``); ties go to the lowest index (stable sort). A partial
-    last group of ``r < m`` elements keeps ``min(n, r)``. Same shape as ``scores``.
+    Best = largest (``descending=True``); ties go to the lowest index, and NaN ranks above
+    every number (the order of ``torch.sort(..., stable=True)``). A partial last group of
+    ``r < m`` elements keeps ``min(n, r)``. Same shape as ``scores`` (floating point),
+    contiguous.
     """
     check_nm(n, m)
     dim = dim % scores.dim()
-    s = scores.movedim(dim, -1)
-    c = s.shape[-1]
-    flat = s.reshape(-1, c)
-    groups = -(-c // m)
-    pad = groups * m - c
-    if pad:
-        worst = -math.inf if descending else math.inf
-        flat = F.pad(flat, (0, pad), value=worst)
-    grouped = flat.reshape(-1, groups, m)
-    order = torch.sort(grouped, dim=-1, descending=descending, stable=True).indices
-    keep = torch.zeros(grouped.shape, dtype=torch.bool, device=scores.device)
-    keep.scatter_(-1, order[..., :n], True)
-    keep = keep.reshape(-1, groups * m)[:, :c].reshape(s.shape)
-    return keep.movedim(-1, dim)
+    keep = _keep_grouped(_as_oci(scores, dim), n, m, descending)
+    return keep.reshape(scores.shape)
 
 
-def _random_scores(
-    shape: torch.Size, device: torch.device, generator: torch.Generator | None
-) -> torch.Tensor:
-    # float64 uniforms: a tie between two of a group's scores (which the stable sort would
-    # break toward the lower index, a bias) has probability ~m^2 / 2^53 per group.
-    gen_device = generator.device if generator is not None else device
-    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=gen_device)
-    return u.to(device)
+def _random_scores(x: torch.Tensor, dim: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Uniform scores for ``x``, (O, C, I)-shaped, drawn in the order of ``x.movedim(dim, -1)``.
+
+    float64 uniforms: a tie between two of a group's scores (which the lowest-index rule
+    would break toward the lower index, a bias) has probability ~m^2 / 2^53 per group. The
+    draw order does not depend on the memory format of ``x``.
+    """
+    o = math.prod(x.shape[:dim])
+    i = math.prod(x.shape[dim + 1 :])
+    c = x.shape[dim]
+    gen_device = generator.device if generator is not None else x.device
+    u = torch.rand((o, i, c), generator=generator, dtype=torch.float64, device=gen_device)
+    return u.to(x.device).transpose(1, 2)
 
 
 def nm_prune_ref(
@@ -213,34 +262,35 @@ def nm_prune_ref(
 ) -> torch.Tensor:
     """The reference (torch) implementation of :func:`nm_prune`; it defines the op.
 
-    Vectorised: the grouping dim is moved last, the scores (``|x|``, or float64 uniforms for
-    ``random``, drawn in the logical order of ``x.movedim(dim, -1)`` so that the memory format
-    does not change the draw) are sorted stably inside each group, and the ``n`` first kept.
-    Rescaling accumulates in float32 (float64 for float64 inputs).
+    Vectorised over a logical (O, C, I) view of ``x`` (dims before ``dim``, ``dim``, dims
+    after): scores are ``|x|``, or float64 uniforms for ``random``, drawn in the logical
+    order of ``x.movedim(dim, -1)`` so that the memory format does not change the draw; in
+    each group the ``n`` best scores are kept (ties: lowest index). Groups of up to 8 are
+    ranked by pairwise comparisons, larger ones by a stable sort (same result). Rescaling
+    accumulates in float32 (float64 for float64 inputs); a plane or channel with nothing
+    kept stays zero.
     """
     check_nm(n, m)
     check_method(method, rescale)
     dim = _check_tensor(x, dim)
     if x.numel() == 0:
         return x.clone()
-    if method == "random":
-        logical = x.movedim(dim, -1)
-        scores = _random_scores(logical.shape, x.device, generator).movedim(-1, dim)
-    else:
-        scores = x.abs()
-    keep = nm_keep_mask(scores, n, m, dim)
-    y = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    x3 = _as_oci(x, dim)  # a view of contiguous NCHW; a logical-order copy otherwise
+    scores = _random_scores(x, dim, generator) if method == "random" else x3.abs()
+    keep = _keep_grouped(scores, n, m, descending=True)
+    y = torch.where(keep, x3, torch.zeros((), dtype=x.dtype, device=x.device)).reshape(x.shape)
     if method == "rescaled":
+        xl = x3.reshape(x.shape)
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         if rescale == "plane" and dim != 0 and x.dim() > 1:
             reduce = [d for d in range(x.dim()) if d not in (0, dim)]
         else:  # "channel" (or no separate batch dim): every dim but the grouping one
             reduce = [d for d in range(x.dim()) if d != dim]
         if reduce:
-            sx = x.abs().sum(dim=reduce, keepdim=True, dtype=acc)
+            sx = xl.abs().sum(dim=reduce, keepdim=True, dtype=acc)
             sy = y.abs().sum(dim=reduce, keepdim=True, dtype=acc)
         else:
-            sx, sy = x.abs().to(acc), y.abs().to(acc)
+            sx, sy = xl.abs().to(acc), y.abs().to(acc)
         # A plane with nothing kept stays zero (also when eps = 0, where 0/0 would be NaN).
         scale = torch.where(sy > 0, sx / (sy + eps), torch.zeros((), dtype=acc, device=x.device))
         y = (y.to(acc) * scale).to(x.dtype)
@@ -589,7 +639,8 @@ class SDGPConfig(MethodConfig):
             text, per channel over batch and space); used by ``rescaled`` only.
         nondivisible: for convs whose output channels are not a multiple of ``m``: ``pad``
             (the last group keeps min(n, r) of its r channels) or ``dense`` (layer unpruned).
-        rescale_eps: additive constant in the rescale denominator (authors: 1e-4).
+        rescale_eps: additive constant in the rescale denominator (authors' code: 1e-4,
+            on loss-scaled fp16 gradients; see the module docstring for its scale).
         prune_seed: seed of the random-pruning generator; ``None`` uses the run's seed.
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.

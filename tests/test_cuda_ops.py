@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -526,8 +527,19 @@ _POINTEE = {
 }
 
 
+_SANITIZE = [
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+]
+
+
 def _emu_flags() -> list[str]:
-    return ["-std=c++17", f"-I{loader.KERNEL_DIR}", *loader.compile_options()[1:]]
+    flags = ["-std=c++17", f"-I{loader.KERNEL_DIR}", *loader.compile_options()[1:]]
+    if os.environ.get("PDT_EMU_SANITIZE") == "1":  # set by the sanitizer run below
+        flags += _SANITIZE
+    return flags
 
 
 def _emu_signatures(gxx: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
@@ -607,9 +619,11 @@ def emulator(tmp_path_factory):
 def emulated(emulator, monkeypatch):
     """Route the ops' kernel launches, for CPU tensors, into the host build of the kernels."""
     lib, sigs = emulator
+    launched: list[str] = []
 
     def launch(source, name, grid, block, args, device=None, shared_mem=0):
         assert name in sigs, f"no kernel {name}"
+        launched.append(name)
         src, params = sigs[name]
         assert src == source, f"{name} is in {src}, launched from {source}"
         assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)}"
@@ -637,7 +651,7 @@ def emulated(emulator, monkeypatch):
     monkeypatch.setattr(loader, "launch", launch)
     monkeypatch.setattr(loader, "require_cuda", lambda op, *t, sources=(): 0)
     monkeypatch.setattr(loader, "multiprocessor_count", lambda device=None: 2)
-    return launch
+    return launched
 
 
 EMU_SPMM = [
@@ -664,6 +678,8 @@ def test_emulated_spmm_and_its_gradients_match_the_reference(emulated, case, dty
     poisoned = torch.full((batch or 1, f_out, n), float("nan"), dtype=dtype)
     got = pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b, out=poisoned)
     assert torch.isfinite(poisoned).all(), "some outputs were not written"
+    vec = n % (4 if dtype == torch.float32 else 2) == 0 and not misaligned
+    assert emulated[-1].endswith("_vec" if vec else "_scalar"), emulated[-1]
     ref64 = pattern_spmm(vals.double(), idx.row_ptr, idx.col_ind, b.double(), impl="ref")
     same = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
     bound = pattern_spmm(
@@ -849,6 +865,57 @@ def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_p
     lib = ctypes.CDLL(str(tmp_path / "bad.so"))
     lib.err.restype = ctypes.c_char_p
     assert lib.run() == 1 and b"deadlock" in lib.err()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_emulated_kernels_under_address_and_undefined_behaviour_sanitizers():
+    """The CPU counterpart of compute-sanitizer memcheck: the emulated tests again, with the
+    kernels built with ASan and UBSan (LD_PRELOADed, so torch's tensors get red zones: a read
+    or write past a tensor fails). Opt-in: it takes minutes (PDT_EMU_ASAN=1)."""
+    if os.environ.get("PDT_EMU_SANITIZE") == "1":
+        pytest.skip("this is the sanitized run itself")
+    if os.environ.get("PDT_EMU_ASAN") != "1":
+        pytest.skip("opt-in, takes minutes: PDT_EMU_ASAN=1 runs the emulated tests under ASan")
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on the PATH")
+    libs = [
+        subprocess.run(
+            [gxx, f"-print-file-name={n}"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for n in ("libasan.so", "libubsan.so")
+    ]
+    env = dict(
+        os.environ,
+        PDT_EMU_SANITIZE="1",
+        LD_PRELOAD=" ".join(libs),
+        ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "emulated and not sanitizers",
+            "-o",
+            "addopts=",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0 and "passed" in res.stdout, tail
+    assert "ERROR: AddressSanitizer" not in tail and "runtime error" not in tail, tail
 
 
 # =============================================================================================

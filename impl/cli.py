@@ -103,6 +103,19 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="data-parallel processes on this node, launched through torchrun (default 1); "
+        "--batch-size stays the global batch",
+    )
+    p.add_argument(
+        "--dist-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="timeout of every collective when distributed (default $PDTBENCH_DIST_TIMEOUT or 300)",
+    )
     if method_config is not None:
         add_method_arguments(p, method_config)
     return p
@@ -110,10 +123,11 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
 
 def cmd_train(argv: list[str]) -> int:
     """``pdtbench train``: parse, resolve the config, train, print where the results are."""
-    from impl import models
-    from impl.config import resolve
+    from impl import distributed, models
+    from impl.config import TrainConfig, resolve
     from impl.data import DATASETS
     from impl.methods import METHODS, method_class
+    from impl.rundir import CONFIG_FILE, read_json
     from impl.train import resume, train
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -127,9 +141,17 @@ def cmd_train(argv: list[str]) -> int:
         raise UsageError(str(err)) from err
     args = _train_parser(config_cls).parse_args(argv)
     progress = not args.no_progress
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.nproc > 1 and distributed.env_world() is None:
+        return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
     if args.resume:
-        summary = resume(args.resume, progress=progress)
+        saved = Path(args.resume) / CONFIG_FILE  # resume() reports a missing one itself
+        device = TrainConfig.from_dict(read_json(saved)).device if saved.exists() else "auto"
+        summary = distributed.run_worker(
+            lambda: resume(args.resume, progress=progress), device, args.dist_timeout
+        )
         _print_result(Path(args.resume), summary)
         return 0
 
@@ -168,12 +190,18 @@ def cmd_train(argv: list[str]) -> int:
     )
     if cfg.out is None:
         cfg.out = cfg.default_out()
-    summary = train(cfg, progress=progress)
+    summary = distributed.run_worker(
+        lambda: train(cfg, progress=progress), cfg.device, args.dist_timeout
+    )
     _print_result(Path(cfg.out), summary)
     return 0
 
 
 def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
+    from impl.distributed import env_world
+
+    if (env_world() or (0,))[0] != 0:
+        return  # under torchrun only rank 0 reports
     top1 = summary.get("top1")
     print(
         f"{summary.get('method')} {summary.get('model')} on {summary.get('data')} "

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impl import rundir
+from impl import distributed, rundir
 from impl.config import TrainConfig
 from impl.methods import Method, TrainContext, create_method
 from impl.schedules import lr_multiplier
@@ -62,17 +63,27 @@ def gradient_bytes(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, device: torch.device) -> tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy in %) of ``model`` over ``loader``."""
+def evaluate(
+    model: nn.Module, loader: Any, device: torch.device, dp: Any = None
+) -> tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy in %) of ``model`` over ``loader``.
+
+    With ``dp`` (a :class:`impl.distributed.DataParallel` of several processes) each rank
+    scores its share of every batch and the sums are all-reduced.
+    """
     was_training = model.training
     model.eval()
     loss_sum = 0.0
     correct = count = 0
     for x, y in loader:
+        if dp is not None:
+            x, y = distributed.shard(x, y, dp.info)
         out = model(x)
         loss_sum += float(F.cross_entropy(out.float(), y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
         count += y.numel()
+    if dp is not None:
+        loss_sum, correct, count = dp.reduce([loss_sum, correct, count])
     model.train(was_training)
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
 
@@ -86,8 +97,11 @@ class Trainer:
             cfg.out = cfg.default_out()
         self.cfg = cfg
         self.run_dir = Path(cfg.out)
-        self.progress = progress
-        self.device = pick_device(cfg.device)
+        self.dist = distributed.current()  # several processes when a process group is up
+        self.progress = progress and self.dist.is_main
+        self.device = distributed.rank_device(pick_device(cfg.device), self.dist)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
 
     # ------------------------------------------------------------------------------------------
     def _build(self) -> tuple[TrainContext, Method, Any, Any, Any]:
@@ -157,18 +171,21 @@ class Trainer:
         cfg = self.cfg
         run_dir = self.run_dir
         config_path = run_dir / rundir.CONFIG_FILE
+        dp = distributed.DataParallel(self.dist, self.device)
+        main = dp.is_main  # only rank 0 writes the run directory
         if resume:
             saved = TrainConfig.from_dict(rundir.read_json(config_path))
             if saved.digest() != cfg.digest():
                 raise rundir.CheckpointError(f"{config_path} does not match the run's config")
         else:
-            if config_path.exists():
+            if dp.broadcast_flag(main and config_path.exists()):
                 raise RunExistsError(
                     f"{run_dir} already holds a run; continue it with "
                     f"`pdtbench train --resume {run_dir}` or choose another --out"
                 )
-            run_dir.mkdir(parents=True, exist_ok=True)
-            rundir.write_json(config_path, cfg.to_dict())
+            if main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                rundir.write_json(config_path, cfg.to_dict())
 
         ctx, method, train_loader, test_loader, spec = self._build()
         method.setup(ctx)
@@ -191,15 +208,18 @@ class Trainer:
             ctx.extra.update(state.get("ctx_extra", {}))
             wall_before = float(state["wall_seconds"])
             dense_conv_total = int(state["dense_conv_total"])
-        if resume:
+        if resume and main:
             rundir.truncate_metrics(run_dir, start_epoch)
+        dp.prepare(ctx, method)
 
         wall = wall_before
         last_row: dict[str, Any] = {}
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
-            row = self._train_epoch(ctx, method, train_loader, epoch)
-            test_loss, top1 = evaluate(ctx.model, test_loader, self.device)
+            row = self._train_epoch(ctx, method, train_loader, epoch, dp)
+            test_loss, top1 = evaluate(
+                ctx.model, test_loader, self.device, dp if dp.active else None
+            )
             epoch_seconds = time.perf_counter() - t_epoch
             wall += epoch_seconds
             row.update(
@@ -210,8 +230,17 @@ class Trainer:
                 wall_seconds=wall,
             )
             row.update(method.epoch_metrics(ctx))
-            rundir.append_metrics(run_dir, row)
             last_row = row
+            if not main:
+                continue
+            rundir.append_metrics(run_dir, row)
+            if self.progress and not sys.stderr.isatty():  # a line per epoch where no bar shows
+                print(
+                    f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f}, "
+                    f"test top-1 {top1:.2f}%, {epoch_seconds:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             rundir.save_checkpoint(
                 run_dir,
                 {
@@ -234,12 +263,15 @@ class Trainer:
         if not last_row:
             rows = rundir.read_metrics(run_dir)
             last_row = rows[-1] if rows else {}
+        dp.release(ctx)
         summary = self._summary(ctx, method, spec, last_row, wall, dense_conv_total)
-        rundir.write_json(run_dir / rundir.SUMMARY_FILE, summary)
+        summary.update(dp.summary(last_row, ctx))
+        if main:
+            rundir.write_json(run_dir / rundir.SUMMARY_FILE, summary)
         return summary
 
     def _train_epoch(
-        self, ctx: TrainContext, method: Method, loader: Any, epoch: int
+        self, ctx: TrainContext, method: Method, loader: Any, epoch: int, dp: Any
     ) -> dict[str, Any]:
         cfg = self.cfg
         ctx.epoch = epoch
@@ -251,7 +283,7 @@ class Trainer:
             steps = min(steps, cfg.max_steps_per_epoch)
         ctx.steps_per_epoch = steps
         method.on_epoch_start(ctx)
-        model = ctx.model
+        model = dp.module(ctx)
         model.train()
         timer = PhaseTimer(self.device)
         use_bf16 = cfg.bf16 and self.device.type == "cuda"
@@ -265,34 +297,43 @@ class Trainer:
             if i >= steps:
                 break
             lr = self._set_lr(ctx, epoch + i / steps)
+            x, y = dp.shard(x, y)  # this rank's share of the global batch
             timer.start("fwd")
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 out = model(x)
-                loss = F.cross_entropy(out.float(), y, label_smoothing=cfg.label_smoothing)
-                total = method.loss(ctx, loss, out, y)
+                local = F.cross_entropy(out.float(), y, label_smoothing=cfg.label_smoothing)
+                loss = dp.global_loss(local, out)
+                total = dp.backward_loss(method.loss(ctx, loss, out, y), local)
             timer.stop("fwd")
             ctx.optimizer.zero_grad(set_to_none=True)
             timer.start("bwd")
             total.backward()
             timer.stop("bwd")
+            # No autograd graph outlives backward: when a method reshapes parameters the DDP
+            # wrapper is rebuilt, and that needs the old gradient accumulators gone.
+            out, loss = out.detach(), loss.detach()
+            del total, local
             method.after_backward(ctx)
             ctx.optimizer.step()
             method.after_step(ctx)
+            dp.end_iteration(ctx)
+            dp.refresh(ctx, method)
             ctx.step += 1
             losses.append(loss.detach())
             correct += (out.detach().argmax(1) == y).sum()
             seen += y.numel()
             if bar is not None and (i % 5 == 0 or i == steps - 1):
-                ctx.last_loss = float(loss)
+                ctx.last_loss = loss.item()
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 bar.set_postfix(loss=f"{ctx.last_loss:.3f}", img_s=f"{rate:.0f}")
             if bar is not None:
                 bar.update(1)
-            model = ctx.model  # a method may have replaced it
+            model = dp.module(ctx)  # a method may have replaced it
         train_seconds = time.perf_counter() - t0
         if bar is not None:
             bar.close()
         train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+        correct, seen = dp.reduce([int(correct), seen])
         ctx.last_loss = train_loss
         fwd = timer.times("fwd")
         bwd = timer.times("bwd")
@@ -300,7 +341,9 @@ class Trainer:
         ctx.extra["epoch_bwd_ms"] = _median(bwd)
         ctx.extra["epoch_train_loss"] = train_loss
         method.on_epoch_end(ctx)
-        return {
+        dp.refresh(ctx, method)
+        comm_row = dp.epoch_metrics(ctx)
+        return comm_row | {
             "train_loss": train_loss,
             "train_top1": 100.0 * int(correct) / max(seen, 1),
             "lr": lr,
@@ -352,7 +395,6 @@ class Trainer:
             "fwd_ms": last_row.get("fwd_ms"),
             "bwd_ms": last_row.get("bwd_ms"),
             "batch_size": ctx.batch_size,
-            "comm_bytes_per_iter": gradient_bytes(model),
             "wall_seconds": wall,
             "device": str(self.device),
             "environment": collect(),
@@ -374,7 +416,10 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=0.5)
+    # disable=None: no bar when stderr is not a terminal (logs, CI), a live bar otherwise.
+    return tqdm(
+        total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=0.5, disable=None
+    )
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:

@@ -1,0 +1,370 @@
+"""Gradient communication of data-parallel training: DDP hooks, sparse Allreduce, byte counts.
+
+Every DDP model of the Trainer runs :func:`allreduce_hook`. It hands DDP's gradient buckets
+to ``all_reduce`` and records, per iteration, the bytes of each buffer it hands over and the
+time the collective took (waited on). Those are the numbers in metrics.jsonl
+(``comm_bytes_per_iter``, ``comm_ms``).
+
+**Sparse Allreduce** (ClickTrain Sec. 5.3, "we do not need to send the corresponding
+gradients [of weights that remain zero] to other computing nodes"): once a method's masks
+are fixed it publishes them as ``ctx.extra["comm_masks"]`` (``{parameter name: bool mask}``,
+``True`` = kept, see :meth:`CommState.set_masks`). From then on the hook packs, per bucket,
+only the gradient entries at kept positions into one contiguous buffer, all-reduces that,
+and unpacks it into the bucket with zeros elsewhere. Every rank holds the same masks, so
+only values travel, no indices; the masks are checked to be identical on all ranks when they
+change.
+
+Units: bytes (``numel * element_size`` of the buffer handed to ``all_reduce``: the payload
+``S`` of the Allreduce; a ring sends ``2 (p - 1) / p * S`` of it per rank, see
+:mod:`impl.comm_model`), milliseconds.
+
+Pack and unpack run the CUDA kernels of ``impl/cuda/pack.cu`` (through
+``impl.ops.pack_cuda``) when the tensors are on a GPU and the kernels load, torch indexing
+otherwise (``impl="auto"``; ``"ref"`` and ``"cuda"`` force one).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+
+
+# ----------------------------------------------------------------------------- pack / unpack
+def _cuda_pack_module() -> Any | None:
+    """``impl.ops.pack_cuda`` when its kernels load here, else None (never raises)."""
+    try:
+        from impl.cuda import loader
+
+        if not loader.has_cuda_kernels():
+            return None
+        from impl.ops import pack_cuda
+    except (ImportError, AttributeError, RuntimeError, OSError):
+        return None
+    return pack_cuda
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+
+
+def _use_cuda(t: torch.Tensor, impl: str) -> Any | None:
+    _check_impl(impl)
+    if impl == "ref" or t.device.type != "cuda":
+        if impl == "cuda":
+            raise ValueError("impl='cuda' needs tensors on a CUDA device")
+        return None
+    mod = _cuda_pack_module()
+    if mod is None and impl == "cuda":
+        raise RuntimeError("impl='cuda' asked for, but the CUDA pack kernels do not load here")
+    return mod
+
+
+def pack(flat: torch.Tensor, index: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """``flat[index]``: the entries of the 1-D tensor ``flat`` at the int64 positions ``index``,
+    as a new contiguous tensor of ``len(index)`` elements (ClickTrain Sec. 5.3 packing)."""
+    if flat.dim() != 1 or index.dim() != 1:
+        raise ValueError(
+            f"pack needs 1-D tensors, got flat {tuple(flat.shape)}, index {tuple(index.shape)}"
+        )
+    mod = _use_cuda(flat, impl)
+    if mod is not None:
+        return mod.pack(flat, index)
+    return flat.index_select(0, index)
+
+
+def unpack(
+    packed: torch.Tensor, index: torch.Tensor, out: torch.Tensor, impl: str = "auto"
+) -> torch.Tensor:
+    """Zero the 1-D tensor ``out`` and write ``packed[j]`` to ``out[index[j]]``; returns ``out``.
+
+    The inverse of :func:`pack` on the kept positions (``index`` must hold unique positions).
+    """
+    if packed.dim() != 1 or index.dim() != 1 or out.dim() != 1:
+        raise ValueError("unpack needs 1-D packed, index and out tensors")
+    if packed.numel() != index.numel():
+        raise ValueError(f"packed has {packed.numel()} elements, index {index.numel()}")
+    out.zero_()
+    mod = _use_cuda(out, impl)
+    if mod is not None:
+        mod.unpack(packed, index, out)
+        return out
+    out.index_copy_(0, index, packed)
+    return out
+
+
+# ----------------------------------------------------------------------------- masks
+def resolve_masks(
+    model: nn.Module, masks: dict[str, torch.Tensor] | None
+) -> dict[int, torch.Tensor]:
+    """``{id(parameter): flat bool mask}`` from ``{parameter name: mask}`` on ``model``.
+
+    Raises ``ValueError`` for a name that is not a parameter of ``model`` or a mask whose
+    shape differs from its parameter's.
+    """
+    out: dict[int, torch.Tensor] = {}
+    if not masks:
+        return out
+    params = dict(model.named_parameters())
+    for name, mask in masks.items():
+        if name not in params:
+            raise ValueError(f"comm mask names {name!r}, which is not a parameter of the model")
+        p = params[name]
+        if tuple(mask.shape) != tuple(p.shape):
+            raise ValueError(
+                f"comm mask of {name!r} has shape {tuple(mask.shape)}, parameter {tuple(p.shape)}"
+            )
+        out[id(p)] = mask.detach().to(device=p.device, dtype=torch.bool).reshape(-1)
+    return out
+
+
+def payload_index(
+    params: Iterable[torch.Tensor], masks: dict[int, torch.Tensor]
+) -> torch.Tensor | None:
+    """Flat int64 positions sent for a bucket holding ``params`` (in order, concatenated as
+    DDP lays them out), or None when no parameter of the bucket has a mask (send all)."""
+    params = list(params)
+    if not any(id(p) in masks for p in params):
+        return None
+    parts = []
+    offset = 0
+    for p in params:
+        n = p.numel()
+        mask = masks.get(id(p))
+        if mask is None:
+            parts.append(torch.arange(offset, offset + n, device=p.device))
+        else:
+            parts.append(mask.nonzero().reshape(-1).to(p.device) + offset)
+        offset += n
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+def payload_bytes(model: nn.Module, masks: dict[str, torch.Tensor] | None = None) -> int:
+    """Bytes of gradients one rank hands to all_reduce per iteration (the hook's payload).
+
+    Dense parameters count in full; a parameter with a mask counts its kept entries only.
+    Computed, not measured: the Trainer uses it for single-process runs, where no hook runs.
+    """
+    by_id = resolve_masks(model, masks)
+    total = 0
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        mask = by_id.get(id(p))
+        n = p.numel() if mask is None else int(mask.sum())
+        total += n * p.element_size()
+    return total
+
+
+# ----------------------------------------------------------------------------- accounting
+class CommStats:
+    """Bytes and seconds of communication per iteration, per epoch.
+
+    ``grad`` counts the gradient buffers handed to all_reduce by the hook; ``aux`` counts the
+    Trainer's other collectives (global loss value, batch-norm statistics, mask checks).
+    """
+
+    def __init__(self) -> None:
+        self._iter_bytes = 0
+        self._iter_aux = 0
+        self._iter_seconds = 0.0
+        self._iter_calls = 0
+        self._iter_sparse = False
+        self.reset_epoch()
+
+    def reset_epoch(self) -> None:
+        """Forget the per-iteration records of the epoch."""
+        self.bytes: list[int] = []
+        self.aux_bytes: list[int] = []
+        self.seconds: list[float] = []
+        self.calls: list[int] = []
+        self.sparse: list[bool] = []
+
+    def record(self, nbytes: int, seconds: float = 0.0, sparse: bool = False) -> None:
+        """Count one gradient all_reduce of ``nbytes`` that took ``seconds`` (``sparse``: a
+        packed payload)."""
+        self._iter_bytes += int(nbytes)
+        self._iter_seconds += float(seconds)
+        self._iter_calls += 1
+        self._iter_sparse |= bool(sparse)
+
+    def record_aux(self, nbytes: int) -> None:
+        """Count ``nbytes`` handed to a non-gradient collective."""
+        self._iter_aux += int(nbytes)
+
+    def end_iteration(self) -> None:
+        """Close the current iteration's tally."""
+        self.bytes.append(self._iter_bytes)
+        self.aux_bytes.append(self._iter_aux)
+        self.seconds.append(self._iter_seconds)
+        self.calls.append(self._iter_calls)
+        self.sparse.append(self._iter_sparse)
+        self._iter_bytes = self._iter_aux = self._iter_calls = 0
+        self._iter_seconds = 0.0
+        self._iter_sparse = False
+
+    def epoch_metrics(self) -> dict[str, Any]:
+        """The epoch's ``comm_bytes_per_iter`` (mean over its iterations; an int when every
+        iteration sent the same), ``comm_bytes_epoch``, its min and max,
+        ``comm_aux_bytes_per_iter``, ``comm_ms`` (median per iteration),
+        ``comm_calls_per_iter`` and ``comm_sparse_iters`` (iterations with a packed payload)."""
+        if not self.bytes:
+            return {}
+        total = sum(self.bytes)
+        n = len(self.bytes)
+        same = min(self.bytes) == max(self.bytes)
+        return {
+            "comm_bytes_per_iter": self.bytes[0] if same else total / n,
+            "comm_bytes_epoch": total,
+            "comm_bytes_per_iter_min": min(self.bytes),
+            "comm_bytes_per_iter_max": max(self.bytes),
+            "comm_aux_bytes_per_iter": sum(self.aux_bytes) / n,
+            "comm_ms": 1e3 * statistics.median(self.seconds),
+            "comm_calls_per_iter": statistics.median(self.calls),
+            "comm_sparse_iters": sum(self.sparse),
+        }
+
+
+# ----------------------------------------------------------------------------- the hook
+class CommState:
+    """State of :func:`allreduce_hook`: process group, masks, statistics, timing.
+
+    Args:
+        group: process group (None: the default group).
+        timing: wait for each collective inside the hook and time it (``comm_ms``). This
+            takes the overlap of communication with the rest of the backward pass away, so
+            ``bwd_ms`` then includes the communication; with False the hook returns DDP a
+            future and only bytes are counted.
+        impl: pack/unpack implementation ("auto", "ref", "cuda").
+    """
+
+    def __init__(self, group: Any = None, timing: bool = True, impl: str = "auto") -> None:
+        _check_impl(impl)
+        self.group = group
+        self.timing = timing
+        self.impl = impl
+        self.stats = CommStats()
+        self._masks: dict[int, torch.Tensor] = {}
+        self._cache: dict[tuple[int, ...], torch.Tensor | None] = {}
+        self._source: tuple[Any, ...] | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return dist.get_world_size(self.group)
+
+    @property
+    def sparse(self) -> bool:
+        """True when masks are in force (the hook packs)."""
+        return bool(self._masks)
+
+    def set_masks(self, model: nn.Module, masks: dict[str, torch.Tensor] | None) -> bool:
+        """Use ``masks`` (``{parameter name of model: bool mask}``) from now on; None or {}:
+        dense. Returns True when they changed. Cheap when called again with the same dict
+        of the same tensors (the Trainer calls it every iteration)."""
+        key = (
+            None
+            if not masks
+            else (id(model), tuple((n, id(m), m.data_ptr()) for n, m in masks.items()))
+        )
+        if key == self._source:
+            return False
+        self._masks = resolve_masks(model, masks)
+        self._source = key
+        self._cache = {}
+        return True
+
+    def forget_buckets(self) -> None:
+        """Drop the per-bucket index cache (after the model's parameters changed)."""
+        self._cache = {}
+
+    def bucket_index(self, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """Positions to send of a bucket holding ``params`` (None: the whole bucket)."""
+        if not self._masks:
+            return None
+        key = tuple(id(p) for p in params)
+        if key not in self._cache:
+            self._cache[key] = payload_index(params, self._masks)
+        return self._cache[key]
+
+    def mask_checksum(self) -> torch.Tensor:
+        """Kept count and sum of kept positions of each mask, in name order (float64)."""
+        vals = []
+        for m in self._masks.values():
+            idx = m.nonzero().reshape(-1).double()
+            vals += [float(idx.numel()), float(idx.sum())]
+        return torch.tensor(vals or [0.0], dtype=torch.float64)
+
+
+def _all_reduce_timed(state: CommState, payload: torch.Tensor) -> float:
+    if payload.is_cuda:
+        torch.cuda.synchronize(payload.device)
+    t0 = time.perf_counter()
+    dist.all_reduce(payload, group=state.group)
+    if payload.is_cuda:
+        torch.cuda.synchronize(payload.device)
+    return time.perf_counter() - t0
+
+
+def allreduce_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook: average the bucket's gradients over the ranks.
+
+    Dense: the whole bucket buffer is the payload. With masks: the kept entries, packed
+    (:func:`pack`), are the payload, and the result is unpacked with zeros at pruned
+    positions. The payload is divided by the world size before the sum, as DDP's default
+    hook does. Its bytes (and, when ``state.timing``, the collective's time) are recorded in
+    ``state.stats``.
+    """
+    buf = bucket.buffer()
+    index = state.bucket_index(list(bucket.parameters()))
+    payload = buf if index is None else pack(buf, index, state.impl)
+    payload.div_(state.world_size)
+    nbytes = payload.numel() * payload.element_size()
+
+    def finish(reduced: torch.Tensor) -> torch.Tensor:
+        if index is None:
+            return reduced
+        return unpack(reduced, index, buf, state.impl)
+
+    if state.timing:
+        seconds = _all_reduce_timed(state, payload)
+        state.stats.record(nbytes, seconds, index is not None)
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(finish(payload))
+        return fut
+    state.stats.record(nbytes, 0.0, index is not None)
+    work = dist.all_reduce(payload, group=state.group, async_op=True)
+    return work.get_future().then(lambda f: finish(f.value()[0]))
+
+
+# DDP inspects the hook's annotations; with postponed evaluation they are strings.
+allreduce_hook.__annotations__.update(
+    state=CommState, bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
+)
+
+
+def register(ddp_model: nn.Module, state: CommState) -> None:
+    """Install :func:`allreduce_hook` with ``state`` on a DistributedDataParallel model."""
+    ddp_model.register_comm_hook(state, allreduce_hook)
+
+
+__all__ = [
+    "IMPLS",
+    "CommState",
+    "CommStats",
+    "allreduce_hook",
+    "pack",
+    "payload_bytes",
+    "payload_index",
+    "register",
+    "resolve_masks",
+    "unpack",
+]

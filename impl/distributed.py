@@ -1,0 +1,729 @@
+"""Data-parallel training on ``torch.distributed``: process groups, launch, sharding, DDP.
+
+How a run is distributed (docs/distributed.md has the long form):
+
+- **Launch.** ``pdtbench train ... --nproc N`` starts ``torchrun --standalone
+  --nproc-per-node N -m impl.cli train ...`` (:func:`launch`); ``torchrun ... -m impl.cli
+  train ...`` works directly, on one node or several. Each worker joins the default process
+  group (:func:`init_from_env`): NCCL when it trains on a GPU (``cuda:LOCAL_RANK``), gloo on
+  the CPU, with a collective timeout (:func:`timeout_seconds`).
+- **Batches.** ``--batch-size`` is the *global* batch: every rank draws the same global batch
+  from the same loader (the loader's shuffle and augmentation depend only on (seed, epoch))
+  and keeps its contiguous share (:func:`shard_bounds`; shares differ by at most one sample).
+  So a config means the same training whatever the number of processes, and the learning
+  rate needs no rescaling.
+- **Same result as one process**, up to the order of floating-point reductions:
+  batch-norm statistics are computed over the global batch (:func:`sync_batchnorm`), the loss
+  value a method sees is the global batch's mean, and with unequal shares each rank's
+  cross-entropy gradient is weighted by its share (:meth:`DataParallel.backward_loss`).
+- **Methods** see the plain module as ``ctx.model``; the DDP wrapper exists only for forward
+  and backward. When a method changes the parameters (PruneTrain's reconfiguration shrinks
+  them; a method may replace modules), the wrapper is rebuilt on every rank, which DDP checks
+  to be identical in shapes.
+- **Files.** Only rank 0 writes the run directory.
+- **Failures.** Every collective has a timeout; a rank that dies or hangs makes the others
+  fail within it, with a :class:`DistributedError` naming the rank and the cause.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import inspect
+import math
+import os
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from impl import comm
+
+#: Environment variable holding the collective timeout in seconds.
+TIMEOUT_ENV = "PDTBENCH_DIST_TIMEOUT"
+#: Collective timeout when neither the caller nor ``PDTBENCH_DIST_TIMEOUT`` sets one (s).
+DEFAULT_TIMEOUT_S = 300.0
+#: Environment variable that turns the timing of collectives off ("0").
+COMM_TIMING_ENV = "PDTBENCH_COMM_TIMING"
+#: Exit status of a worker whose distributed run failed (peer died, timeout, desync).
+EXIT_DIST_FAILURE = 3
+
+
+class DistributedError(RuntimeError):
+    """A distributed run failed: a peer died, a collective timed out, or ranks disagreed."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands in the job.
+
+    Args:
+        rank: global rank (0 is the main process, the only one that writes files).
+        world_size: number of processes.
+        local_rank: rank within the node (selects the GPU).
+        backend: "nccl", "gloo", or "none" for a single process.
+        timeout_s: the collective timeout in seconds (None for a single process).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = "none"
+    timeout_s: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """True when more than one process trains together."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+
+# ----------------------------------------------------------------------------- process group
+def timeout_seconds(value: float | None = None) -> float:
+    """The collective timeout in seconds: ``value``, else ``$PDTBENCH_DIST_TIMEOUT``, else
+    :data:`DEFAULT_TIMEOUT_S`. Raises ``ValueError`` unless it is a positive number."""
+    if value is None:
+        text = os.environ.get(TIMEOUT_ENV)
+        try:
+            value = float(text) if text else DEFAULT_TIMEOUT_S
+        except ValueError as err:
+            raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds, got {text!r}") from err
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"the distributed timeout must be > 0 seconds, got {value}")
+    return float(value)
+
+
+def env_world() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` from the variables torchrun sets, or None."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    try:
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError as err:
+        raise ValueError(f"RANK/WORLD_SIZE/LOCAL_RANK must be integers: {err}") from err
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    return rank, world, local
+
+
+def backend_for(device: str | torch.device) -> str:
+    """``"nccl"`` for a CUDA device (or "auto" with CUDA present), else ``"gloo"``."""
+    if str(device) == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def init_process_group(
+    rank: int,
+    world_size: int,
+    *,
+    device: str = "auto",
+    init_method: str | None = None,
+    timeout_s: float | None = None,
+    local_rank: int | None = None,
+) -> DistInfo:
+    """Join the default process group (NCCL for GPU training, gloo for CPU) and return this
+    process's :class:`DistInfo`.
+
+    ``init_method`` defaults to ``env://`` (MASTER_ADDR / MASTER_PORT, as torchrun sets).
+    The timeout bounds every collective: gloo raises when one exceeds it; for NCCL,
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is set to 3 unless set already (PyTorch's watchdog
+    then takes the process down on a timeout or NCCL error instead of hanging).
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    timeout = timeout_seconds(timeout_s)
+    backend = backend_for(device)
+    local = rank if local_rank is None else local_rank
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            init_method=init_method or "env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    return DistInfo(rank, world_size, local, backend, timeout)
+
+
+def init_from_env(device: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group torchrun describes in the environment; a single process (no
+    torchrun variables, or WORLD_SIZE=1) gets an inactive :class:`DistInfo`."""
+    world = env_world()
+    if world is None or world[1] == 1:
+        return DistInfo()
+    rank, size, local = world
+    return init_process_group(rank, size, device=device, timeout_s=timeout_s, local_rank=local)
+
+
+def current() -> DistInfo:
+    """This process's :class:`DistInfo` from the initialised default group (inactive if none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistInfo()
+    world = env_world()
+    local = world[2] if world else dist.get_rank()
+    pg = dist.distributed_c10d._get_default_group()
+    timeout = None
+    try:
+        timeout = dist.distributed_c10d._get_pg_default_timeout(pg).total_seconds()
+    except (AttributeError, RuntimeError):  # private helper; only used for messages
+        timeout = None
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local, dist.get_backend(), timeout)
+
+
+def shutdown() -> None:
+    """Leave the default process group (no-op when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_device(device: torch.device, info: DistInfo) -> torch.device:
+    """The device of this rank: ``cuda`` without an index becomes ``cuda:LOCAL_RANK``."""
+    if info.active and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
+    return device
+
+
+def describe_failure(err: BaseException, info: DistInfo) -> str:
+    """One line saying which rank failed, why, and what that usually means."""
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    first = text[0] if text else type(err).__name__
+    hint = ""
+    if isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err)):
+        hint = (
+            " (a peer process exited or hung: collectives fail when a peer's connection "
+            f"closes, or after the {info.timeout_s or timeout_seconds():g} s timeout)"
+        )
+    return f"distributed training failed on rank {info.rank} of {info.world_size}{hint}: {first}"
+
+
+def _looks_like_comm_failure(message: str) -> bool:
+    m = message.lower()
+    keys = ("connection closed", "connection reset", "timed out", "timeout", "gloo", "nccl")
+    return any(k in m for k in keys)
+
+
+# ----------------------------------------------------------------------------- launching
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a local rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_command(
+    argv: Sequence[str], nproc: int, *, module: str = "impl.cli", port: int | None = None
+) -> list[str]:
+    """The command line of ``torchrun --standalone --nproc-per-node N -m module argv...``."""
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an int >= 1, got {nproc!r}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if port is None:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    # "--" ends torchrun's own options, so that ours (--nproc, --r) are not read as
+    # abbreviations of its --nproc-per-node, --rdzv-... and passed on untouched.
+    return cmd + ["-m", module, "--", *argv]
+
+
+def launch(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    module: str = "impl.cli",
+    env: dict[str, str] | None = None,
+    threads: int | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``python -m module argv...`` in ``nproc`` processes through torchrun; return its
+    exit status (0 when every worker succeeded; torchrun stops the others when one fails).
+
+    ``threads`` sets OMP_NUM_THREADS of each worker (default: the cores shared out, at least
+    1, on CPU-only machines unless already set, so N workers do not oversubscribe the
+    cores). ``timeout_s`` bounds the whole job: past it torchrun and its workers are killed
+    and :class:`DistributedError` is raised.
+    """
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    if threads is not None:
+        full_env["OMP_NUM_THREADS"] = str(threads)
+    elif "OMP_NUM_THREADS" not in full_env and not torch.cuda.is_available():
+        full_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or nproc) // nproc))
+    cmd = torchrun_command(argv, nproc, module=module, port=free_port())
+    # A session of its own, so that the whole job (agent and workers) can be stopped at once.
+    proc = subprocess.Popen(cmd, env=full_env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_job(proc)
+        raise DistributedError(
+            f"the {nproc}-process job did not finish within {timeout_s:g} s and was killed"
+        ) from None
+    except BaseException:
+        _kill_job(proc)
+        raise
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ----------------------------------------------------------------------------- sharding
+def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of rank ``rank``'s contiguous share of ``n`` samples: the first
+    ``n % world_size`` ranks get one more (``torch.tensor_split`` semantics)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def shard(x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of the global batch ``(x, y)`` (along dim 0)."""
+    if not info.active:
+        return x, y
+    start, stop = shard_bounds(x.shape[0], info.rank, info.world_size)
+    return x[start:stop], y[start:stop]
+
+
+# ----------------------------------------------------------------------------- collectives
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over the ranks; the gradient of a sum is the sum of the gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, stats: Any) -> torch.Tensor:
+        out = t.clone()
+        dist.all_reduce(out)
+        ctx.stats = stats
+        if stats is not None:
+            stats.record_aux(out.numel() * out.element_size())
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        g = grad.contiguous().clone()
+        dist.all_reduce(g)
+        if ctx.stats is not None:
+            ctx.stats.record_aux(g.numel() * g.element_size())
+        return g, None
+
+
+def all_reduce_sum(t: torch.Tensor, stats: comm.CommStats | None = None) -> torch.Tensor:
+    """Differentiable sum of ``t`` over all ranks (bytes counted as ``aux`` in ``stats``)."""
+    return _AllReduceSum.apply(t, stats)
+
+
+# ----------------------------------------------------------------------------- batch norm
+def _global_bn_forward(self: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """BatchNorm forward with statistics over the global batch (training, >1 rank)."""
+    active = self.training and dist.is_available() and dist.is_initialized()
+    if not active or dist.get_world_size() < 2:
+        return type(self).forward(self, x)
+    factor = 0.0 if self.momentum is None else self.momentum
+    if self.track_running_stats and self.num_batches_tracked is not None:
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            factor = 1.0 / float(self.num_batches_tracked)
+    running = self.track_running_stats and self.running_mean is not None
+    stats = getattr(self, "_pdt_comm_stats", None)
+    if x.is_cuda:
+        from torch.nn.modules._functions import SyncBatchNorm as _SyncBN
+
+        world = dist.get_world_size()
+        if stats is not None:
+            stats.record_aux(2 * (2 * x.shape[1] + 1) * world * x.element_size())
+        return _SyncBN.apply(
+            x,
+            self.weight,
+            self.bias,
+            self.running_mean if running else None,
+            self.running_var if running else None,
+            self.eps,
+            factor,
+            dist.group.WORLD,
+            world,
+        )
+    # CPU: two-pass statistics from all-reduced sums, in float64 (as precise as the fused
+    # one-process kernel, which accumulates in double), differentiable through the sums.
+    c = x.shape[1]
+    dims = [0, *range(2, x.dim())]
+    shape = [1, c] + [1] * (x.dim() - 2)
+    xd = x.double()
+    n_local = x.numel() // max(c, 1)
+    s1 = torch.cat([xd.sum(dim=dims), xd.new_tensor([float(n_local)])])
+    s1 = all_reduce_sum(s1, stats)
+    count = s1[-1].detach()
+    if float(count) < 2:
+        raise ValueError(f"batch norm needs more than 1 value per channel, got {float(count)}")
+    mean = s1[:-1] / count
+    xc = xd - mean.view(shape)
+    var = all_reduce_sum((xc * xc).sum(dim=dims), stats) / count
+    out = xc * torch.rsqrt(var + self.eps).view(shape)
+    if self.weight is not None:
+        out = out * self.weight.double().view(shape)
+    if self.bias is not None:
+        out = out + self.bias.double().view(shape)
+    if running:
+        with torch.no_grad():
+            unbiased = var.detach() * (count / (count - 1))
+            rm, rv = self.running_mean, self.running_var
+            rm.mul_(1 - factor).add_(mean.detach().to(rm.dtype), alpha=factor)
+            rv.mul_(1 - factor).add_(unbiased.to(rv.dtype), alpha=factor)
+    return out.to(x.dtype)
+
+
+def sync_batchnorm(model: nn.Module, stats: comm.CommStats | None = None) -> int:
+    """Make every BatchNorm of ``model`` compute training statistics over the global batch.
+
+    The modules keep their class (so code that asks ``type(m) is nn.BatchNorm2d`` still
+    works): their ``forward`` is replaced on the instance. On a GPU the fused kernels of
+    ``torch.nn.SyncBatchNorm`` run; on the CPU the sums are all-reduced by torch ops (two
+    small collectives forward, two backward). Returns the number of modules changed now
+    (already-synchronised ones are skipped).
+    """
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m._pdt_comm_stats = stats
+            if "forward" not in m.__dict__:
+                m.forward = types.MethodType(_global_bn_forward, m)
+                changed += 1
+    return changed
+
+
+def unsync_batchnorm(model: nn.Module) -> int:
+    """Undo :func:`sync_batchnorm`; returns the number of modules restored."""
+    restored = 0
+    for m in model.modules():
+        if "forward" in m.__dict__ and getattr(m.forward, "__func__", None) is _global_bn_forward:
+            del m.forward
+            m.__dict__.pop("_pdt_comm_stats", None)
+            restored += 1
+    return restored
+
+
+# ----------------------------------------------------------------------------- the runtime
+def _parameter_signature(model: nn.Module) -> tuple[Any, ...]:
+    return (
+        id(model),
+        tuple((id(p), tuple(p.shape), p.requires_grad) for p in model.parameters()),
+    )
+
+
+def _ddp_buffer_kwargs() -> dict[str, Any]:
+    # Buffers are not broadcast before every forward: with global batch-norm statistics
+    # every rank's running statistics are the same already (and the broadcast would be
+    # communication the hook does not see).
+    params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in params:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+class DataParallel:
+    """What the Trainer does differently with more than one process; a no-op with one.
+
+    Args:
+        info: this process's place in the job (:func:`current`).
+        device: this rank's device.
+        timing: time each gradient collective (see :class:`impl.comm.CommState`); default
+            from ``$PDTBENCH_COMM_TIMING`` (on unless "0").
+    """
+
+    def __init__(self, info: DistInfo, device: torch.device, timing: bool | None = None) -> None:
+        self.info = info
+        self.device = device
+        if timing is None:
+            timing = os.environ.get(COMM_TIMING_ENV, "1") != "0"
+        self.state = comm.CommState(timing=timing)
+        self.stats = self.state.stats
+        self.rebuilds = 0
+        self._ddp: nn.Module | None = None
+        self._sig: tuple[Any, ...] | None = None
+        self._n_local = 0
+        self._n_global = 0
+        self._masks: dict[str, torch.Tensor] | None = None
+        self._computed: tuple[Any, int] | None = None
+
+    @property
+    def active(self) -> bool:
+        """True with more than one process."""
+        return self.info.active
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that writes files (rank 0)."""
+        return self.info.is_main
+
+    # -- model ------------------------------------------------------------------------------
+    def prepare(self, ctx: Any, method: Any = None) -> None:
+        """Wrap ``ctx.model`` (after the optimizer is built) and take the method's masks."""
+        if self.active:
+            self._wrap(ctx.model)
+        self.refresh(ctx, method)
+
+    def _wrap(self, model: nn.Module) -> None:
+        sync_batchnorm(model, self.stats)
+        old, self._ddp = self._ddp, None
+        if old is not None:
+            # The old reducer must go first: it holds the parameters' gradient accumulators,
+            # which remember the old shapes (a reshaped parameter would then fail in backward)
+            # and carry its hooks. The caller may still hold the old wrapper, so drop the
+            # reducer (and the logger that refers to it) explicitly.
+            for attr in ("logger", "reducer"):
+                if hasattr(old, attr):
+                    delattr(old, attr)
+            del old
+        gc.collect()
+        kwargs: dict[str, Any] = dict(_ddp_buffer_kwargs())
+        if self.device.type == "cuda":
+            kwargs["device_ids"] = [self.device.index]
+        ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+        comm.register(ddp, self.state)
+        self._ddp = ddp
+        self.state.forget_buckets()
+        self._sig = _parameter_signature(model)
+        self.rebuilds += 1
+
+    def module(self, ctx: Any) -> nn.Module:
+        """The module to run forward and backward through (the DDP wrapper, or the model)."""
+        return self._ddp if self._ddp is not None else ctx.model
+
+    def refresh(self, ctx: Any, method: Any = None) -> None:
+        """Rebuild the wrapper when the model's parameters changed (identity or shape), and
+        take the method's communication masks (:func:`comm_masks`). Call after every step
+        and after ``on_epoch_end``; every rank must call it at the same points."""
+        if not self.active:
+            self._masks = comm_masks(ctx, method)
+            return
+        if _parameter_signature(ctx.model) != self._sig:
+            self._wrap(ctx.model)
+        self._masks = comm_masks(ctx, method)
+        if self.state.set_masks(ctx.model, self._masks):
+            self._check_masks()
+
+    def _check_masks(self) -> None:
+        local = self.state.mask_checksum()
+        lo, hi = local.clone(), local.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        self.stats.record_aux(2 * local.numel() * local.element_size())
+        if not torch.equal(lo, hi):
+            raise DistributedError(
+                f"rank {self.info.rank}: the communication masks differ between ranks; "
+                "sparse Allreduce needs the same kept positions on every rank"
+            )
+
+    def release(self, ctx: Any) -> None:
+        """Drop the wrapper and restore the model's own batch norm (end of training)."""
+        self._ddp = None
+        if self.active:
+            unsync_batchnorm(ctx.model)
+
+    # -- batches and loss -------------------------------------------------------------------
+    def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of a global batch (remembered for the loss of this step)."""
+        self._n_global = int(x.shape[0])
+        x, y = shard(x, y, self.info)
+        self._n_local = int(x.shape[0])
+        return x, y
+
+    def global_loss(self, local: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The loss a method sees: the global batch's mean cross-entropy as value, this
+        rank's ``local`` mean as gradient (one 8-byte all-reduce per step)."""
+        if not self.active:
+            return local
+        if self._n_local == 0:  # an empty share: a zero that still reaches every parameter
+            local = out.float().sum() * 0.0
+        t = (local.detach().double() * self._n_local).reshape(1)
+        dist.all_reduce(t)
+        self.stats.record_aux(t.numel() * t.element_size())
+        value = (t[0] / max(self._n_global, 1)).to(local.dtype)
+        return local + (value - local.detach())
+
+    def backward_loss(self, total: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """``total`` plus ``(share - 1) * local``, ``share = n_local * world / n_global``:
+        with unequal shares, the average of the ranks' gradients is then the global batch's
+        mean gradient (and regularisers added by a method count once)."""
+        if not self.active or self._n_global == 0:
+            return total
+        share = self._n_local * self.info.world_size / self._n_global
+        if share == 1.0:
+            return total
+        if self._n_local == 0:
+            return total
+        return total + (share - 1.0) * local
+
+    def end_iteration(self, ctx: Any) -> None:
+        """Close this iteration's communication tally. With one process, count the bytes
+        the hook would have handed to all_reduce (:func:`impl.comm.payload_bytes`)."""
+        if not self.active:
+            masks = self._masks
+            key = (
+                _parameter_signature(ctx.model),
+                None if not masks else tuple((n, id(m)) for n, m in masks.items()),
+            )
+            if self._computed is None or self._computed[0] != key:
+                self._computed = (key, comm.payload_bytes(ctx.model, masks))
+            self.stats.record(self._computed[1], 0.0, bool(masks))
+        self.stats.end_iteration()
+
+    def reduce(self, values: Sequence[float]) -> list[float]:
+        """Sums of ``values`` over the ranks (float64), e.g. correct predictions and counts."""
+        if not self.active:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        if self.info.backend == "nccl":
+            t = t.to(self.device)
+        dist.all_reduce(t)
+        return [float(v) for v in t.cpu()]
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank."""
+        if not self.active:
+            return bool(flag)
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        if self.info.backend == "nccl":
+            t = t.to(self.device)
+        dist.broadcast(t, src=0)
+        return bool(int(t.item()))
+
+    # -- reporting --------------------------------------------------------------------------
+    def epoch_metrics(self, ctx: Any) -> dict[str, Any]:
+        """Communication metrics of the epoch just trained, then a fresh epoch tally.
+
+        With several processes: measured in the hook (``comm_bytes_source`` "measured").
+        With one: the bytes the hook would have handed to all_reduce, computed per
+        iteration from the model and the method's masks in force ("computed").
+        """
+        row: dict[str, Any] = {"world_size": self.info.world_size}
+        row.update(self.stats.epoch_metrics())
+        if self.active:
+            row["comm_bytes_source"] = "measured"
+        else:
+            for key in ("comm_ms", "comm_aux_bytes_per_iter", "comm_calls_per_iter"):
+                row.pop(key, None)  # nothing was sent
+            row["comm_bytes_source"] = "computed"
+        self.stats.reset_epoch()
+        return row
+
+    def summary(self, last_row: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        """The communication fields of summary.json (from the last epoch's metrics)."""
+        keys = (
+            "comm_bytes_per_iter",
+            "comm_bytes_source",
+            "comm_ms",
+            "comm_aux_bytes_per_iter",
+            "comm_sparse_iters",
+        )
+        out = {k: last_row[k] for k in keys if k in last_row}
+        if "comm_bytes_per_iter" not in out:
+            out["comm_bytes_per_iter"] = comm.payload_bytes(ctx.model, self._masks)
+            out["comm_bytes_source"] = "computed"
+        out.update(
+            world_size=self.info.world_size,
+            distributed_backend=self.info.backend,
+            global_batchnorm=self.active,
+            comm_timing=self.state.timing if self.active else None,
+            ddp_rebuilds=self.rebuilds,
+        )
+        return out
+
+
+def comm_masks(ctx: Any, method: Any = None) -> dict[str, torch.Tensor] | None:
+    """The method's fixed communication masks: ``method.comm_masks(ctx)`` when the method
+    has that hook and it returns a dict, else ``ctx.extra["comm_masks"]``, else None."""
+    hook = getattr(method, "comm_masks", None)
+    masks = hook(ctx) if callable(hook) else None
+    if masks is None:
+        masks = getattr(ctx, "extra", {}).get("comm_masks")
+    return masks or None
+
+
+__all__ = [
+    "COMM_TIMING_ENV",
+    "DEFAULT_TIMEOUT_S",
+    "EXIT_DIST_FAILURE",
+    "TIMEOUT_ENV",
+    "DataParallel",
+    "DistInfo",
+    "DistributedError",
+    "all_reduce_sum",
+    "backend_for",
+    "comm_masks",
+    "current",
+    "describe_failure",
+    "env_world",
+    "free_port",
+    "init_from_env",
+    "init_process_group",
+    "launch",
+    "rank_device",
+    "run_worker",
+    "shard",
+    "shard_bounds",
+    "shutdown",
+    "sync_batchnorm",
+    "timeout_seconds",
+    "torchrun_command",
+    "unsync_batchnorm",
+]
+
+
+def run_worker(
+    fn: Any, device: str = "auto", timeout_s: float | None = None, prog: str = "pdtbench train"
+) -> Any:
+    """Run ``fn()`` in this torchrun worker's process group and return its result.
+
+    Joins the group torchrun describes (a single process without torchrun just runs ``fn``).
+    When ``fn`` raises in a distributed run, prints one line saying which rank failed and
+    why (after the traceback, unless a peer's failure caused it) and ends the process at once
+    with status :data:`EXIT_DIST_FAILURE`, so that no rank waits on a dead peer at exit.
+    """
+    info = init_from_env(device, timeout_s)
+    if not info.active:
+        return fn()
+    try:
+        result = fn()
+    except BaseException as err:  # noqa: BLE001 - every failure ends this rank the same way
+        import traceback
+
+        if not (isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))):
+            traceback.print_exc()
+        print(f"{prog}: error: {describe_failure(err, info)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_DIST_FAILURE)
+    shutdown()
+    return result

@@ -1,0 +1,184 @@
+"""impl.comm in one process: pack/unpack, masks, byte counts, and the hook on a 1-rank group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from impl import comm
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 3 * 3, 7), nn.Linear(7, 2))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (13, 5), (1000, 0), (4099, 4099)], ids=str)
+def test_pack_unpack_round_trip(n, k):
+    g = torch.Generator().manual_seed(n)
+    flat = torch.randn(n, generator=g)
+    index = torch.randperm(n, generator=g)[:k].sort().values
+    packed = comm.pack(flat, index, impl="ref")
+    assert packed.shape == (k,)
+    assert torch.equal(packed, flat[index])
+    out = torch.full((n,), 7.0)
+    back = comm.unpack(packed, index, out, impl="ref")
+    assert back is out
+    expect = torch.zeros(n)
+    expect[index] = flat[index]
+    assert torch.equal(out, expect)
+
+
+def test_pack_unpack_reject_bad_input():
+    flat = torch.arange(6.0)
+    idx = torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="1-D"):
+        comm.pack(flat.view(2, 3), idx)
+    with pytest.raises(ValueError, match="valid: auto, ref, cuda"):
+        comm.pack(flat, idx, impl="triton")
+    with pytest.raises(ValueError, match="CUDA device"):
+        comm.pack(flat, idx, impl="cuda")
+    with pytest.raises(ValueError, match="3 elements, index 2"):
+        comm.unpack(torch.ones(3), idx, torch.zeros(6))
+
+
+@pytest.mark.gpu
+def test_pack_unpack_on_gpu_match_the_reference():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 17, 1 << 20):
+        flat = torch.randn(n, generator=g).cuda()
+        index = torch.randperm(n, generator=g)[: n // 3 + 1].sort().values.cuda()
+        assert torch.equal(comm.pack(flat, index), flat[index])
+        out = torch.empty(n, device="cuda")
+        comm.unpack(flat[index], index, out)
+        ref = torch.zeros(n, device="cuda")
+        ref[index] = flat[index]
+        assert torch.equal(out, ref)
+
+
+def test_resolve_masks_checks_names_and_shapes():
+    m = small_model()
+    keep = torch.ones(4, 3, 3, 3, dtype=torch.bool)
+    by_id = comm.resolve_masks(m, {"0.weight": keep})
+    assert list(by_id) == [id(m[0].weight)] and by_id[id(m[0].weight)].shape == (108,)
+    with pytest.raises(ValueError, match="not a parameter"):
+        comm.resolve_masks(m, {"0.kernel": keep})
+    with pytest.raises(ValueError, match=r"shape \(3, 3, 3\), parameter \(4, 3, 3, 3\)"):
+        comm.resolve_masks(m, {"0.weight": keep[0]})
+    assert comm.resolve_masks(m, None) == {}
+
+
+def test_payload_index_follows_ddp_layout():
+    m = small_model()
+    params = list(m.parameters())
+    keep = torch.rand(m[2].weight.shape) < 0.3
+    by_id = comm.resolve_masks(m, {"2.weight": keep})
+    index = comm.payload_index(params, by_id)
+    sizes = [p.numel() for p in params]
+    offset = sum(sizes[:2])  # conv weight and bias come first
+    expect = torch.cat(
+        [
+            torch.arange(offset),
+            keep.reshape(-1).nonzero().reshape(-1) + offset,
+            torch.arange(offset + sizes[2], sum(sizes)),
+        ]
+    )
+    assert torch.equal(index, expect)
+    assert comm.payload_index(params[:2], by_id) is None  # no masked parameter: send all
+
+
+def test_payload_bytes_counts_kept_entries():
+    m = small_model()
+    dense = sum(p.numel() for p in m.parameters()) * 4
+    assert comm.payload_bytes(m) == dense
+    keep = torch.zeros(m[0].weight.shape, dtype=torch.bool)
+    keep[0, 0, 1, 1] = True
+    assert comm.payload_bytes(m, {"0.weight": keep}) == dense - (keep.numel() - 1) * 4
+    m[3].bias.requires_grad_(False)
+    assert comm.payload_bytes(m) == dense - 2 * 4
+    assert comm.payload_bytes(m.double()) == (dense - 8) * 2
+
+
+def test_comm_stats_per_iteration_and_epoch():
+    s = comm.CommStats()
+    assert s.epoch_metrics() == {}
+    s.record(100, 0.002)
+    s.record(50, 0.001)
+    s.record_aux(8)
+    s.end_iteration()
+    s.record(100, 0.004, sparse=True)
+    s.end_iteration()
+    row = s.epoch_metrics()
+    assert row["comm_bytes_per_iter"] == 125.0  # mean of 150 and 100
+    assert row["comm_bytes_epoch"] == 250
+    assert (row["comm_bytes_per_iter_min"], row["comm_bytes_per_iter_max"]) == (100, 150)
+    assert row["comm_aux_bytes_per_iter"] == 4.0
+    assert row["comm_ms"] == pytest.approx(3.5)
+    assert row["comm_calls_per_iter"] == 1.5
+    assert row["comm_sparse_iters"] == 1
+    s.reset_epoch()
+    s.record(64)
+    s.end_iteration()
+    s.record(64)
+    s.end_iteration()
+    assert s.epoch_metrics()["comm_bytes_per_iter"] == 64  # constant: the exact int
+
+
+def test_comm_state_masks_change_detection_and_checksum():
+    m = small_model()
+    state = comm.CommState(timing=False)
+    assert not state.sparse
+    assert state.bucket_index(list(m.parameters())) is None
+    keep = torch.rand(m[0].weight.shape) < 0.5
+    masks = {"0.weight": keep}
+    assert state.set_masks(m, masks) is True
+    assert state.set_masks(m, dict(masks)) is False  # same tensors: no change
+    assert state.sparse
+    idx = state.bucket_index(list(m.parameters()))
+    assert idx is state.bucket_index(list(m.parameters()))  # cached
+    nz = keep.reshape(-1).nonzero().reshape(-1).double()
+    assert torch.equal(
+        state.mask_checksum(), torch.tensor([float(nz.numel()), float(nz.sum())]).double()
+    )
+    assert state.set_masks(m, None) is True and not state.sparse
+    with pytest.raises(ValueError, match="valid: auto, ref, cuda"):
+        comm.CommState(impl="fast")
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank in this process (torn down after the test)."""
+    assert not dist.is_initialized()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("timing", [True, False], ids=["timed", "async"])
+def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing):
+    m = small_model()
+    ref = small_model()
+    g = torch.Generator().manual_seed(1)
+    masks = {
+        "0.weight": torch.rand(m[0].weight.shape, generator=g) < 0.4,
+        "3.weight": torch.rand(m[3].weight.shape, generator=g) < 0.6,
+    }
+    state = comm.CommState(timing=timing)
+    ddp = nn.parallel.DistributedDataParallel(m)
+    comm.register(ddp, state)
+    state.set_masks(m, masks)
+    x = torch.randn(5, 3, 5, 5, generator=g)
+    ddp(x).square().sum().backward()
+    state.stats.end_iteration()
+    ref(x).square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        keep = masks.get(name, torch.ones_like(p, dtype=torch.bool))
+        assert torch.allclose(p.grad, q.grad * keep, rtol=1e-6, atol=1e-7), name
+        assert not p.grad[~keep].any(), name
+    kept = sum(int(masks[n].sum()) if n in masks else p.numel() for n, p in m.named_parameters())
+    assert state.stats.bytes == [kept * 4]
+    assert state.stats.sparse == [True]
+    assert (state.stats.seconds[0] > 0) is timing

@@ -1,0 +1,150 @@
+"""The analytic Allreduce model: ring and hierarchical ring, per iteration and per epoch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from impl import comm_model as cm
+
+FAST = cm.Link(bandwidth=100e9, latency=2e-6, source="test")
+SLOW = cm.Link(bandwidth=10e9, latency=8e-6, source="test")
+
+
+@pytest.mark.parametrize(
+    "p,s",
+    [(2, 1000), (3, 7), (4, 1_000_003), (16, 4096), (256, 25_557_032 * 4)],
+    ids=["p2", "p3-prime-bytes", "p4-odd", "p16", "p256-resnet50"],
+)
+def test_ring_bytes_per_rank(p, s):
+    cost = cm.ring_allreduce(s, p, FAST)
+    assert cost.bytes_sent == pytest.approx(2 * (p - 1) / p * s)
+    assert cost.bytes_sent == pytest.approx(cm.ring_bytes_per_rank(s, p))
+    assert cost.steps == 2 * (p - 1)
+    assert cost.seconds == pytest.approx(2 * (p - 1) * (FAST.latency + s / p / FAST.bandwidth))
+
+
+def test_ring_on_one_rank_costs_nothing():
+    cost = cm.ring_allreduce(12345, 1, FAST)
+    assert cost.bytes_sent == 0 and cost.seconds == 0 and cost.steps == 0
+
+
+@pytest.mark.parametrize(
+    "p,g,s",
+    [(8, 8, 1000), (16, 8, 999_983), (24, 8, 4096), (256, 8, 1e8), (12, 4, 31), (6, 1, 500)],
+    ids=["one-node", "two-nodes-prime", "three-nodes", "32-nodes", "g4", "g1"],
+)
+def test_hierarchical_ring_matches_its_formula(p, g, s):
+    n = p // g
+    cost = cm.hierarchical_ring_allreduce(s, p, g, FAST, SLOW)
+    intra = 2 * (g - 1) / g * s
+    inter = 2 * (n - 1) / n * s / g
+    t = 2 * (g - 1) * (FAST.latency + s / g / FAST.bandwidth) if g > 1 else 0.0
+    t += 2 * (n - 1) * (SLOW.latency + s / (g * n) / SLOW.bandwidth) if n > 1 else 0.0
+    assert cost.bytes_intra == pytest.approx(intra)
+    assert cost.bytes_inter == pytest.approx(inter)
+    assert cost.bytes_sent == pytest.approx(intra + inter)
+    assert cost.seconds == pytest.approx(t)
+    assert cost.steps == 2 * (g - 1) + 2 * (n - 1)
+
+
+def test_hierarchical_on_one_node_is_the_intra_node_ring():
+    h = cm.hierarchical_ring_allreduce(10**6, 4, 8, FAST, SLOW)
+    r = cm.ring_allreduce(10**6, 4, FAST)
+    assert h.bytes_sent == pytest.approx(r.bytes_sent)
+    assert h.seconds == pytest.approx(r.seconds)
+    assert h.bytes_inter == 0
+
+
+def test_hierarchical_needs_whole_nodes():
+    with pytest.raises(ValueError, match="multiple of gpus_per_node"):
+        cm.hierarchical_ring_allreduce(100, 12, 8)
+
+
+def test_hierarchical_sends_fewer_network_bytes_than_the_flat_ring():
+    s = 100e6
+    for p in (16, 64, 256):
+        h = cm.hierarchical_ring_allreduce(s, p)
+        f = cm.flat_ring_allreduce(s, p)
+        assert h.bytes_inter < f.bytes_inter
+        assert h.seconds < f.seconds
+
+
+@pytest.mark.parametrize("algorithm", cm.ALGORITHMS, ids=list(cm.ALGORITHMS))
+def test_monotone_in_payload_and_ranks(algorithm):
+    payloads = [1, 1000, 10**6, 10**8]
+    for p in cm.DEFAULT_GPU_COUNTS:
+        costs = [cm.allreduce_cost(s, p, algorithm) for s in payloads]
+        assert all(a.seconds < b.seconds for a, b in zip(costs, costs[1:]))
+        assert all(a.bytes_sent < b.bytes_sent for a, b in zip(costs, costs[1:]))
+    by_p = [cm.allreduce_cost(10**8, p, algorithm) for p in cm.DEFAULT_GPU_COUNTS]
+    assert all(a.seconds <= b.seconds for a, b in zip(by_p, by_p[1:]))
+    assert all(a.bytes_sent <= b.bytes_sent for a, b in zip(by_p, by_p[1:]))
+    # a faster network never makes it slower
+    fast = cm.allreduce_cost(10**8, 64, algorithm, inter=cm.Link(100e9, 1e-6))
+    slow = cm.allreduce_cost(10**8, 64, algorithm, inter=cm.Link(10e9, 1e-6))
+    assert fast.seconds < slow.seconds
+
+
+def test_allreduce_cost_rejects_unknown_algorithm_and_bad_input():
+    with pytest.raises(ValueError, match="valid: ring, hierarchical"):
+        cm.allreduce_cost(10, 4, "tree")
+    with pytest.raises(ValueError, match="payload"):
+        cm.ring_allreduce(-1, 4)
+    with pytest.raises(ValueError, match="ranks"):
+        cm.ring_allreduce(10, 0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        cm.Link(0, 1e-6)
+    with pytest.raises(ValueError, match="latency"):
+        cm.Link(1e9, -1)
+
+
+def test_default_links_say_where_their_numbers_come_from():
+    for link in (cm.NVLINK_H100, cm.INFINIBAND_NDR):
+        assert "assumption" in link.source and "GB/s" in link.source
+    assert cm.NVLINK_H100.bandwidth > cm.INFINIBAND_NDR.bandwidth
+
+
+@pytest.mark.parametrize(
+    "n,b,expect,expect_drop",
+    [(1_281_167, 256, 5005, 5004), (1437, 32, 45, 44), (1437, 1437, 1, 1), (7, 2, 4, 3)],
+    ids=["imagenet", "digits", "one-batch", "odd"],
+)
+def test_iterations_per_epoch(n, b, expect, expect_drop):
+    assert cm.iterations_per_epoch(n, b) == expect
+    assert cm.iterations_per_epoch(n, b, drop_last=True) == expect_drop
+    with pytest.raises(ValueError, match="global_batch"):
+        cm.iterations_per_epoch(n, 0)
+
+
+def test_project_run_reproduces_the_shape_of_prunetrain_fig11():
+    """Smaller payloads after each reconfiguration and a larger batch both cut the bytes per
+    epoch (PruneTrain Fig. 11): per-iteration bytes follow the payload, per-epoch bytes also
+    fall with the iterations."""
+    rows = [
+        {"epoch": 0, "batch_size": 128, "comm_bytes_per_iter": 100e6},
+        {"epoch": 1, "batch_size": 128, "comm_bytes_per_iter": 80e6},  # reconfigured
+        {"epoch": 2, "batch_size": 192, "comm_bytes_per_iter": 60e6},  # and a bigger batch
+    ]
+    proj = cm.project_run(rows, (16, 128), train_size=1_281_167, batch_scale=2.0)
+    assert len(proj) == 6
+    norm = cm.normalize(proj)
+    for p in (16, 128):
+        series = sorted((r for r in norm if r["gpus"] == p), key=lambda r: r["epoch"])
+        per_iter = [r["bytes_per_iter_norm"] for r in series]
+        per_epoch = [r["bytes_per_epoch_norm"] for r in series]
+        assert per_iter == pytest.approx([1.0, 0.8, 0.6])
+        iters = [math.ceil(1_281_167 / b) for b in (256, 256, 384)]
+        assert [r["iterations"] for r in series] == iters
+        assert per_epoch == pytest.approx([1.0, 0.8, 0.6 * iters[2] / iters[0]])
+        assert per_epoch[2] < per_iter[2]  # the dynamic batch cut the epoch's share further
+    first = [r for r in proj if r["epoch"] == 0 and r["gpus"] == 128][0]
+    assert first["bytes_per_iter"] == pytest.approx(
+        cm.hierarchical_ring_allreduce(100e6, 128).bytes_sent
+    )
+
+
+def test_project_run_rejects_rows_without_payload():
+    with pytest.raises(ValueError, match="lacks"):
+        cm.project_run([{"epoch": 0, "batch_size": 8}], train_size=100)

@@ -1,0 +1,213 @@
+"""impl.distributed in one process: sharding, environment, launch command, batch norm, no-ops."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from impl import distributed as D
+
+ACTIVE = D.DistInfo(rank=1, world_size=2, local_rank=1, backend="gloo", timeout_s=30.0)
+
+
+@pytest.mark.parametrize(
+    "n,world",
+    [(0, 2), (1, 2), (9, 2), (33, 2), (32, 4), (7, 3), (128, 5), (5, 8)],
+    ids=lambda v: str(v),
+)
+def test_shard_bounds_split_like_tensor_split(n, world):
+    parts = torch.tensor_split(torch.arange(n), world)
+    stop_prev = 0
+    for rank in range(world):
+        start, stop = D.shard_bounds(n, rank, world)
+        assert start == stop_prev
+        assert torch.equal(torch.arange(start, stop), parts[rank])
+        stop_prev = stop
+    assert stop_prev == n
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_bounds_rejects_bad_ranks():
+    with pytest.raises(ValueError, match="outside world_size 2"):
+        D.shard_bounds(10, 2, 2)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        D.shard_bounds(-1, 0, 1)
+
+
+def test_shard_takes_this_ranks_share():
+    x = torch.arange(9.0).view(9, 1)
+    y = torch.arange(9)
+    xs, ys = D.shard(x, y, ACTIVE)
+    assert torch.equal(ys, torch.arange(5, 9)) and torch.equal(xs[:, 0], ys.float())
+    assert D.shard(x, y, D.DistInfo())[0] is x
+
+
+def test_timeout_seconds(monkeypatch):
+    monkeypatch.delenv(D.TIMEOUT_ENV, raising=False)
+    assert D.timeout_seconds() == D.DEFAULT_TIMEOUT_S
+    assert D.timeout_seconds(2.5) == 2.5
+    monkeypatch.setenv(D.TIMEOUT_ENV, "7")
+    assert D.timeout_seconds() == 7.0
+    monkeypatch.setenv(D.TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="number of seconds"):
+        D.timeout_seconds()
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        D.timeout_seconds(0)
+
+
+def test_env_world(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert D.env_world() is None
+    assert D.init_from_env("cpu") == D.DistInfo()  # no torchrun: one process, no group
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert D.env_world() == (3, 4, 1)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="outside WORLD_SIZE=4"):
+        D.env_world()
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="integers"):
+        D.env_world()
+
+
+def test_backend_and_device_choice():
+    assert D.backend_for("cpu") == "gloo"
+    assert D.backend_for("cuda:1") == "nccl"
+    assert D.backend_for("auto") == ("nccl" if torch.cuda.is_available() else "gloo")
+    cpu = torch.device("cpu")
+    assert D.rank_device(cpu, ACTIVE) == cpu
+    assert D.rank_device(torch.device("cuda", 0), ACTIVE) == torch.device("cuda", 0)
+    assert D.rank_device(torch.device("cuda"), D.DistInfo()) == torch.device("cuda")
+
+
+def test_torchrun_command_passes_our_flags_untouched():
+    cmd = D.torchrun_command(["train", "--nproc", "2", "--r", "3"], 2)
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=2"]
+    assert "--standalone" in cmd
+    i = cmd.index("impl.cli")
+    assert cmd[i - 1] == "-m" and cmd[i + 1] == "--"
+    assert cmd[i + 2 :] == ["train", "--nproc", "2", "--r", "3"]
+    pinned = D.torchrun_command(["x"], 3, module="m", port=29555)
+    assert "--master-port=29555" in pinned and "--standalone" not in pinned
+    with pytest.raises(ValueError, match="nproc must be an int >= 1"):
+        D.torchrun_command([], 0)
+
+
+def test_describe_failure_names_rank_and_cause():
+    msg = D.describe_failure(RuntimeError("[gloo] Connection closed by peer"), ACTIVE)
+    assert msg.startswith("distributed training failed on rank 1 of 2")
+    assert "peer process exited or hung" in msg and "30 s timeout" in msg
+    plain = D.describe_failure(ValueError("bad option\nmore"), ACTIVE)
+    assert plain.endswith("ValueError: bad option") and "peer" not in plain
+
+
+def test_comm_masks_protocol():
+    keep = {"w": torch.ones(2, dtype=torch.bool)}
+    other = {"v": torch.zeros(2, dtype=torch.bool)}
+    ctx = types.SimpleNamespace(extra={"comm_masks": other})
+    with_hook = types.SimpleNamespace(comm_masks=lambda c: keep)
+    declining = types.SimpleNamespace(comm_masks=lambda c: None)
+    assert D.comm_masks(ctx, with_hook) is keep
+    assert D.comm_masks(ctx, declining) is other
+    assert D.comm_masks(ctx, object()) is other
+    assert D.comm_masks(types.SimpleNamespace(extra={}), None) is None
+
+
+def bn_model() -> nn.Module:
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.BatchNorm2d(3))
+
+
+def test_sync_batchnorm_keeps_types_and_state_and_undoes():
+    m = bn_model()
+    keys = list(m.state_dict())
+    assert D.sync_batchnorm(m) == 2
+    assert D.sync_batchnorm(m) == 0  # idempotent
+    assert type(m[1]) is nn.BatchNorm2d and list(m.state_dict()) == keys
+    x = torch.randn(4, 2, 6, 6)
+    ref = bn_model()
+    assert torch.equal(m(x), ref(x))  # no process group: the module's own forward
+    assert D.unsync_batchnorm(m) == 2
+    assert "forward" not in m[1].__dict__
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    assert not dist.is_initialized()
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["ema", "cumulative"])
+def test_global_batchnorm_math_equals_native(one_rank_group, monkeypatch, momentum):
+    """The CPU path of the global statistics, run on one rank that pretends to be one of
+    two (its all-reduces are then identities): output, gradients and running statistics
+    equal torch's batch norm."""
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 3, 7, 7, generator=g) * 3 + 1
+    ours, ref = nn.BatchNorm2d(3, momentum=momentum), nn.BatchNorm2d(3, momentum=momentum)
+    for bn in (ours, ref):
+        with torch.no_grad():
+            bn.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
+            bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    stats = D.comm.CommStats()
+    D.sync_batchnorm(ours, stats)
+    xa = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    w = torch.randn(5, 3, 7, 7, generator=g)
+    for _ in range(2):
+        (ours(xa) * w).sum().backward()
+        (ref(xb) * w).sum().backward()
+    assert torch.allclose(ours(xa), ref(xb), atol=1e-5)
+    assert torch.allclose(xa.grad, xb.grad, atol=1e-5)
+    assert torch.allclose(ours.weight.grad, ref.weight.grad, atol=1e-4)
+    assert torch.allclose(ours.bias.grad, ref.bias.grad, atol=1e-4)
+    assert torch.allclose(ours.running_mean, ref.running_mean, atol=1e-6)
+    assert torch.allclose(ours.running_var, ref.running_var, atol=1e-5)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 3
+    stats.end_iteration()
+    assert stats.aux_bytes[0] > 0  # the statistics' all-reduces are counted
+    ours.eval()
+    ref.eval()
+    assert torch.allclose(ours(x), ref(x), atol=1e-5)  # eval: running statistics
+
+
+def test_data_parallel_is_a_no_op_for_one_process():
+    m = nn.Linear(3, 2)
+    dp = D.DataParallel(D.DistInfo(), torch.device("cpu"), timing=False)
+    ctx = types.SimpleNamespace(model=m, extra={})
+    dp.prepare(ctx)
+    assert dp.module(ctx) is m and not dp.active and dp.is_main
+    x, y = torch.randn(5, 3), torch.arange(5)
+    assert dp.shard(x, y)[0] is x
+    local = F.cross_entropy(m(x), y % 2)
+    assert dp.global_loss(local, m(x)) is local
+    assert dp.backward_loss(local * 2, local) is not None
+    assert dp.reduce([1, 2.5]) == [1.0, 2.5]
+    assert dp.broadcast_flag(True) is True
+    dp.end_iteration(ctx)
+    keep = torch.zeros(2, 3, dtype=torch.bool)
+    keep[0, 0] = True
+    ctx.extra["comm_masks"] = {"weight": keep}
+    dp.refresh(ctx)
+    dp.end_iteration(ctx)
+    row = dp.epoch_metrics(ctx)
+    # one dense iteration (8 floats), one with the mask (1 weight + 2 biases)
+    assert row["comm_bytes_per_iter"] == (8 * 4 + 3 * 4) / 2
+    assert row["comm_bytes_source"] == "computed" and row["world_size"] == 1
+    assert row["comm_sparse_iters"] == 1 and "comm_ms" not in row
+    summary = dp.summary(row, ctx)
+    assert summary["world_size"] == 1 and summary["global_batchnorm"] is False
+    assert D.run_worker(lambda: 42) == 42  # no torchrun: just runs

@@ -1,0 +1,84 @@
+"""A rank that dies or hangs makes the other exit with a clear error within the timeout.
+
+Two gloo ranks run :func:`impl.distributed.run_worker` (the CLI's worker path) around a loop
+of all-reduces; the test kills (SIGKILL) or freezes (SIGSTOP) one of them and times how long
+the survivor takes to exit, with which status and message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from impl import distributed
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 4.0  # the collective timeout of the test's group
+SLACK_S = 20.0  # the survivor's own start-up and exit on a loaded machine
+
+WORKER = """
+import sys, time, torch
+from impl import distributed
+def work():
+    dp = distributed.DataParallel(distributed.current(), torch.device("cpu"), timing=False)
+    print("ready", flush=True)
+    while True:
+        dp.reduce([1.0])
+        time.sleep(0.01)
+distributed.run_worker(work, "cpu", float(sys.argv[1]), prog="worker")
+"""
+
+
+def start(rank: int, port: int) -> subprocess.Popen:
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(TIMEOUT_S)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "victim,sig",
+    [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)],
+    ids=["kill-rank1", "kill-rank0-store-host", "freeze-rank1"],
+)
+def test_survivor_exits_with_clear_error_within_timeout(victim, sig):
+    port = distributed.free_port()
+    procs = [start(0, port), start(1, port)]
+    survivor = procs[1 - victim]
+    try:
+        for p in procs:  # both joined the group and all-reduce in a loop
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        t0 = time.monotonic()
+        os.kill(procs[victim].pid, sig)
+        rc = survivor.wait(timeout=TIMEOUT_S + SLACK_S)
+        elapsed = time.monotonic() - t0
+        err = survivor.stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rc == distributed.EXIT_DIST_FAILURE, err
+    assert f"worker: error: distributed training failed on rank {1 - victim} of 2" in err
+    assert "peer process exited or hung" in err
+    assert elapsed < TIMEOUT_S + SLACK_S
+    if sig == signal.SIGSTOP:  # a frozen peer is only noticed by the timeout
+        assert elapsed >= TIMEOUT_S * 0.9

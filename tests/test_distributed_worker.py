@@ -1,0 +1,270 @@
+"""Worker of the multi-process tests in ``test_distributed_ddp.py`` (holds no tests itself).
+
+torchrun starts it on 2 gloo ranks (``python -m test_distributed_worker OUT``); it runs every
+scenario in one process group and writes what it saw to ``OUT/rank{r}.json``:
+
+- ``hook``: the sparse-Allreduce hook on a small model with masks, against a hand-made dense
+  all-reduce, in both timing modes;
+- ``dense64``, ``clicktrain64``, ``prunetrain64``: training runs in float64 (the models are
+  converted by :func:`float64_create`), compared by the test with single-process runs;
+- ``campfire``, ``sdgp``: smoke runs that must finish under DDP;
+- ``cli``: ``pdtbench train`` (float32) through the CLI's worker path; last, because the CLI
+  leaves the process group when it is done.
+
+On rank 1 every run-directory write is recorded (there must be none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from impl import comm, distributed, rundir
+from impl.methods.clicktrain import ClickTrain
+
+#: Small settings shared with the single-process references of the test module.
+SMOKE = dict(
+    model="resnet20",
+    data="synthetic",
+    data_options=dict(image_size=8, in_channels=3, train_size=96, test_size=16),
+    device="cpu",
+    threads=1,
+    schedule="constant",
+    lr=0.002,
+    augment=False,
+    eval_batch_size=16,
+)
+
+DENSE = dict(SMOKE, epochs=2, batch_size=33, max_steps_per_epoch=1, lr=0.02)
+CLICKTRAIN = dict(
+    SMOKE,
+    method="clicktrain-comm",
+    epochs=4,
+    batch_size=33,
+    max_steps_per_epoch=2,
+    method_options=dict(
+        dense_epochs=0,
+        pool_epochs=1,
+        finalize_epochs=1,
+        hard_prune_epoch=2,
+        pool_size=4,
+        connectivity=0.5,
+        sparse_impl="ref",
+    ),
+)
+PRUNETRAIN = dict(
+    SMOKE,
+    method="prunetrain",
+    epochs=3,
+    batch_size=32,
+    max_steps_per_epoch=2,
+    method_options=dict(reconfig_interval=1, threshold=0.2, reconfig_at_end=False),
+)
+CAMPFIRE = dict(
+    SMOKE,
+    method="campfire",
+    epochs=2,
+    batch_size=16,
+    max_steps_per_epoch=1,
+    method_options=dict(start_epoch=0, era_epochs=1, final_sparsity=0.5),
+)
+SDGP = dict(
+    SMOKE,
+    method="sdgp",
+    epochs=1,
+    batch_size=16,
+    max_steps_per_epoch=1,
+    method_options=dict(profile=False),
+)
+CLI_ARGS = [
+    "--scale=smoke",
+    "--model=resnet20",
+    "--data=digits",
+    "--epochs=1",
+    "--max-steps-per-epoch=2",
+    "--batch-size=9",
+    "--lr=0.02",
+    "--schedule=constant",
+    "--device=cpu",
+    "--threads=1",
+    "--no-progress",
+]
+
+
+class ClickTrainComm(ClickTrain):
+    """ClickTrain with the proposed ``comm_masks`` hook: its masks once hard-pruned."""
+
+    def comm_masks(self, ctx: Any) -> dict[str, torch.Tensor] | None:
+        return dict(self.masks.items()) if self.stage == "sparse" else None
+
+
+def register_test_methods() -> None:
+    """Make ``clicktrain-comm`` creatable by name (in this process)."""
+    import impl.methods as registry
+
+    registry._REGISTRY["clicktrain-comm"] = "test_distributed_worker:ClickTrainComm"
+
+
+def float64_create(original: Any) -> Any:
+    """``impl.models.create`` returning float64 models (inputs converted on entry), so that
+    the comparison with one process is not lost in float32 rounding (see the docs)."""
+
+    def create(*args: Any, **kwargs: Any) -> nn.Module:
+        m = original(*args, **kwargs).double()
+        m.register_forward_pre_hook(lambda mod, a: (a[0].double(), *a[1:]))
+        return m
+
+    return create
+
+
+def hook_model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(
+        nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 3 * 3, 5), nn.Linear(5, 4)
+    )
+
+
+def hook_masks(model: nn.Module) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    return {
+        "0.weight": torch.rand(model[0].weight.shape, generator=g) < 0.4,
+        "3.weight": torch.rand(model[3].weight.shape, generator=g) < 0.3,
+    }
+
+
+def scenario_hook(rank: int) -> dict[str, Any]:
+    """Sparse hook vs a dense all-reduce done by hand, over 3 iterations (buckets rebuilt)."""
+    out: dict[str, Any] = {}
+    for timing in (True, False):
+        model = hook_model()
+        ref = hook_model()
+        masks = hook_masks(model)
+        state = comm.CommState(timing=timing)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0003)
+        comm.register(ddp, state)
+        state.set_masks(model, masks)
+        worst = zeros = 0.0
+        for it in range(3):
+            g = torch.Generator().manual_seed(100 * it + rank)
+            x = torch.randn(4, 2, 5, 5, generator=g)
+            for p in model.parameters():
+                p.grad = None
+            ddp(x).square().sum().backward()
+            state.stats.end_iteration()
+            ref.zero_grad()
+            ref(x).square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                dense = q.grad.clone()
+                dist.all_reduce(dense)
+                dense /= dist.get_world_size()
+                keep = masks.get(name, torch.ones_like(dense, dtype=torch.bool))
+                worst = max(worst, float((p.grad - dense * keep).abs().max()))
+                zeros = max(zeros, float(p.grad[~keep].abs().max()) if (~keep).any() else 0.0)
+        expected = sum(
+            (int(masks[n].sum()) if n in masks else p.numel()) * p.element_size()
+            for n, p in model.named_parameters()
+        )
+        key = "timed" if timing else "async"
+        out[key] = {
+            "max_abs_diff": worst,
+            "max_abs_pruned": zeros,
+            "bytes": state.stats.bytes,
+            "expected_bytes": expected,
+            "dense_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "calls": state.stats.calls,
+            "seconds": state.stats.seconds,
+        }
+    return out
+
+
+def train_run(out: Path, values: dict[str, Any]) -> dict[str, Any]:
+    from impl.config import resolve
+    from impl.train import train
+
+    values = dict(values)
+    scale = values.pop("scale", "smoke")
+    cfg = resolve(scale, out=str(out), **values)
+    summary = train(cfg, progress=False)
+    return {k: v for k, v in summary.items() if k != "environment"}
+
+
+def record_writes(calls: list[str]) -> None:
+    """On ranks other than 0: note every call of a run-directory writer."""
+    for name in ("write_json", "append_metrics", "save_checkpoint", "truncate_metrics"):
+        original = getattr(rundir, name)
+
+        def spy(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(rundir, name, spy)
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    register_test_methods()
+    info = distributed.init_from_env("cpu")
+    rank = info.rank
+    writes: list[str] = []
+    if rank != 0:
+        record_writes(writes)
+    results: dict[str, Any] = {"rank": rank, "world_size": info.world_size}
+
+    def save() -> None:
+        results["rank_writes"] = list(writes)
+        path = out / f"rank{rank}.json"
+        path.write_text(json.dumps(results, indent=1, default=str))
+
+    scenarios = [
+        ("hook", lambda: scenario_hook(rank)),
+        ("campfire", lambda: train_run(out / "campfire", CAMPFIRE)),
+        ("sdgp", lambda: train_run(out / "sdgp", SDGP)),
+    ]
+    float64 = [
+        ("dense64", lambda: train_run(out / "dense64", DENSE)),
+        ("clicktrain64", lambda: train_run(out / "clicktrain64", CLICKTRAIN)),
+        ("prunetrain64", lambda: train_run(out / "prunetrain64", PRUNETRAIN)),
+    ]
+    only = set(filter(None, os.environ.get("PDT_WORKER_SCENARIOS", "").split(",")))
+    for name, fn in scenarios:
+        if not only or name in only:
+            results[name] = _attempt(fn)
+            save()
+    import impl.models as models
+
+    float32_create = models.create
+    models.create = float64_create(float32_create)
+    for name, fn in float64:
+        if not only or name in only:
+            results[name] = _attempt(fn)
+            save()
+    if only and "cli" not in only:
+        return
+    models.create = float32_create  # the CLI run is float32, as users run it
+    from impl import cli
+
+    results["cli"] = _attempt(
+        lambda: {"rc": cli.main(["train", *CLI_ARGS, f"--out={out / 'cli'}"])}
+    )
+    save()
+
+
+def _attempt(fn: Any) -> dict[str, Any]:
+    try:
+        return {"ok": True, "result": fn()}
+    except Exception as err:  # recorded for the test to report
+        return {"ok": False, "error": f"{type(err).__name__}: {err}", "tb": traceback.format_exc()}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    main(sys.argv[1])

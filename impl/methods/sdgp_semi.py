@@ -1,0 +1,826 @@
+"""SDGP's data gradient on 2:4 sparse tensor cores (torch semi-structured sparsity).
+
+The SDGP paper (McDanel et al. 2022) never ran its pruned data gradient on sparse hardware: it
+estimated the saving as the dense data-gradient time times ``n/m`` (Sec. IV-C, Fig. 9), because
+"their use is not currently supported in deep learning frameworks such as PyTorch". PyTorch now
+has 2:4 semi-structured sparse matrices (``torch.sparse.to_sparse_semi_structured``; cuSPARSELt
+and CUTLASS kernels, fp16/bf16 on sm_80 and newer). This module computes SDGP's dL/dD with them.
+
+The algebra (per conv, ``groups == 1``; NCHW names, K output channels, C input channels, an
+R x S kernel, output Ho x Wo):
+
+* ``A = prune_2:4(dL/dO)`` as an ``(N*Ho*Wo) x K`` matrix (rows = output pixels, the
+  reduction over output channels K: exactly SDGP's groups of 4 consecutive channels, Sec. III-A
+  and Fig. 2b, which is why the authors run channels-last);
+* ``B = W`` viewed as ``K x (C*R*S)`` (dense);
+* ``col = A @ B`` (``(N*Ho*Wo) x (C*R*S)``) on sparse tensor cores, ``A`` compressed first;
+* ``dL/dD = fold(col)`` (col2im, ``F.fold``) for a general conv; for a 1x1 conv without
+  padding ``col`` *is* dL/dD in NHWC (stride 1) or its strided sub-grid (stride > 1).
+
+The weight gradient stays dense (SDGP Sec. III-A), computed exactly as the reference
+(:class:`impl.methods.sdgp.SDGPConv2d`) computes it.
+
+Where the library cannot run the product (a CPU tensor, a GPU older than sm_80, a ROCm build,
+a dtype other than fp16/bf16, ``n:m`` other than 2:4, grouped convs, ``K`` not a multiple of
+the backend's minimum, a library error at run time) the layer takes the reference path of
+:mod:`impl.methods.sdgp` for that call, logs the reason once per layer and reason
+(``logging.warning``) and lists it in the module's ``fallback_reasons``. The result is never
+computed another way: the reference is the same pruning followed by
+``torch.nn.grad.conv2d_input``.
+
+Pruning runs on the ``(N, Ho*Wo, K)`` view of dL/dO (contiguous when dL/dO is channels-last;
+for NCHW a strided view, read through one transpose copy) with the reference op
+:func:`impl.methods.sdgp.nm_prune_ref` along the last dim, or the project's N:M CUDA kernel
+(:mod:`impl.ops.nm_cuda`) where it loads. Along its last dim the ``(N, L, K)`` view has the
+groups of ``nm_prune(dL/dO, dim=1)``, its ``rescale="plane"`` factors are the same per
+(sample, channel) sums over the pixels, and the reference draws ``random`` scores in the same
+order, so the masks equal the reference's (the CUDA kernel's ``random`` draw is its own). The
+library's own fused prune-and-compress (``prune_dense_static_sort``) prunes 4x4 tiles 2:4 along
+rows *and* columns, which is not SDGP's rule; it is only timed, as a lower bound of the
+pruning cost (``bench/sdgp_semi.py``).
+
+Nothing here touches the GPU at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.methods.sdgp import (
+    RESCALE_EPS,
+    SDGPConv2d,
+    check_method,
+    check_nm,
+    nm_prune_ref,
+    sdgp_plan,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Library backends: ``auto`` is cuSPARSELt where torch has it, CUTLASS otherwise (torch's rule).
+SPARSE_BACKENDS: tuple[str, ...] = ("auto", "cusparselt", "cutlass")
+#: Pruning implementations: ``auto`` is the N:M CUDA kernel where it loads, the reference else.
+PRUNE_IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+#: dtypes this backend multiplies on sparse tensor cores (the issue: bf16 and fp16).
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+#: Sparse tensor cores appeared with Ampere (sm_80; A100 whitepaper, "Fine-grained structured
+#: sparsity"); H100/H200 are sm_90.
+MIN_CAPABILITY: tuple[int, int] = (8, 0)
+#: The only pattern sparse tensor cores run.
+SEMI_N, SEMI_M = 2, 4
+#: A precaution, not a documented limit: products whose operands or result exceed 2**31 - 1
+#: elements take the reference path (no benchmarked ImageNet layer comes near it).
+MAX_ELEMENTS = 2**31 - 1
+#: (sparse_min_rows, sparse_min_cols, dense_min_rows, dense_min_cols) for fp16/bf16 when the
+#: installed torch's class has no table entry: the values of torch 2.3 to 2.13
+#: (``_DTYPE_SHAPE_CONSTRAINTS`` of ``torch/sparse/semi_structured.py``).
+_DEFAULT_CONSTRAINTS: dict[str, tuple[int, int, int, int]] = {
+    "cusparselt": (16, 16, 8, 8),
+    "cutlass": (32, 64, 8, 8),
+}
+_PROTOTYPE_WARNING = "The PyTorch API of SparseSemiStructuredTensor is in prototype stage"
+
+
+# --------------------------------------------------------------------------------------------
+# what the installed torch offers
+# --------------------------------------------------------------------------------------------
+def has_semi_structured_api() -> bool:
+    """Whether this torch has ``torch.sparse.SparseSemiStructuredTensor`` and both backends."""
+    sp = getattr(torch, "sparse", None)
+    return all(
+        hasattr(sp, name)
+        for name in (
+            "SparseSemiStructuredTensor",
+            "SparseSemiStructuredTensorCUSPARSELT",
+            "SparseSemiStructuredTensorCUTLASS",
+        )
+    )
+
+
+@functools.cache
+def cusparselt_available() -> bool:
+    """Whether this torch build ships cuSPARSELt (``torch.backends.cusparselt.is_available()``)."""
+    mod = getattr(torch.backends, "cusparselt", None)
+    if mod is None:
+        return False
+    try:
+        return bool(mod.is_available())
+    except Exception:  # noqa: BLE001 - a broken build reads as "not available"
+        return False
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in SPARSE_BACKENDS:
+        raise ValueError(f"unknown sparse backend {backend!r}; valid: {', '.join(SPARSE_BACKENDS)}")
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """``"cusparselt"`` or ``"cutlass"``: ``auto`` picks cuSPARSELt where torch ships it."""
+    _check_backend(backend)
+    if backend == "auto":
+        return "cusparselt" if cusparselt_available() else "cutlass"
+    return backend
+
+
+def _semi_class(backend: str) -> Any:
+    name = {
+        "cusparselt": "SparseSemiStructuredTensorCUSPARSELT",
+        "cutlass": "SparseSemiStructuredTensorCUTLASS",
+    }[backend]
+    return getattr(torch.sparse, name)
+
+
+def shape_constraints(backend: str, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """``(sparse_min_rows, sparse_min_cols, dense_min_rows, dense_min_cols)`` of a backend.
+
+    The sparse operand's rows and columns must be positive multiples of the first two, the
+    dense operand's of the last two. Read from the installed torch's
+    ``_DTYPE_SHAPE_CONSTRAINTS`` (so a version that changes them is followed), else the values
+    of torch 2.3 to 2.13 (cuSPARSELt 16, 16, 8, 8; CUTLASS 32, 64, 8, 8 for fp16/bf16).
+    """
+    backend = resolve_backend(backend)
+    if has_semi_structured_api():
+        table = getattr(_semi_class(backend), "_DTYPE_SHAPE_CONSTRAINTS", {})
+        if dtype in table:
+            return tuple(int(v) for v in table[dtype])  # type: ignore[return-value]
+    return _DEFAULT_CONSTRAINTS[backend]
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA ``device`` (cached per device index)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index)
+
+
+def library_status() -> dict[str, Any]:
+    """What this process can use: torch, the API, cuSPARSELt, the GPU's name and capability.
+
+    Queries the GPU only when CUDA is available (never at import).
+    """
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "semi_structured_api": has_semi_structured_api(),
+        "cusparselt_available": cusparselt_available(),
+        "cusparselt_version": None,
+        "hip": torch.version.hip,
+        "gpu_name": None,
+        "gpu_capability": None,
+    }
+    if out["cusparselt_available"]:
+        try:
+            out["cusparselt_version"] = torch.backends.cusparselt.version()
+        except Exception:  # noqa: BLE001
+            pass
+    if torch.cuda.is_available():
+        out["gpu_name"] = torch.cuda.get_device_name()
+        out["gpu_capability"] = "sm_{}{}".format(*device_capability(torch.device("cuda")))
+    return out
+
+
+def unsupported_reason(
+    *,
+    n: int,
+    m: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    groups: int,
+    out_channels: int,
+    rows: int,
+    cols: int,
+    backend: str = "auto",
+    capability: tuple[int, int] | None = None,
+    hip: bool | None = None,
+    api: bool | None = None,
+    cusparselt: bool | None = None,
+) -> str:
+    """Why the data-gradient GEMM ``(rows x K) @ (K x cols)`` cannot run 2:4 sparse ("": it can).
+
+    ``rows`` = N*Ho*Wo, ``K`` = ``out_channels`` (the reduction, pruned 2:4), ``cols`` =
+    C*R*S. The checks, in order: the pattern is 2:4; torch has the semi-structured API; the
+    tensor is on a CUDA device of a CUDA (not ROCm) build with compute capability >= 8.0; the
+    dtype is fp16 or bf16; the conv is not grouped; the requested backend exists in this build;
+    K is a positive multiple of the backend's sparse column minimum (cuSPARSELt 16, CUTLASS 64
+    in torch 2.3-2.13); no operand exceeds :data:`MAX_ELEMENTS`. ``capability``, ``hip``,
+    ``api`` and ``cusparselt`` are read from the running torch and GPU when ``None`` (tests pass
+    them to check each rule without a GPU).
+    """
+    if (n, m) != (SEMI_N, SEMI_M):
+        return f"n:m={n}:{m} is not 2:4, the only pattern sparse tensor cores run"
+    if api is None:
+        api = has_semi_structured_api()
+    if not api:
+        return f"torch {torch.__version__} has no torch.sparse.SparseSemiStructuredTensor"
+    if device.type != "cuda":
+        return f"device {device.type}: semi-structured sparsity needs a CUDA GPU"
+    if hip is None:
+        hip = torch.version.hip is not None
+    if hip:
+        return "ROCm build: the semi-structured backends here are CUDA's (cuSPARSELt, CUTLASS)"
+    if capability is None:
+        capability = device_capability(device)
+    if tuple(capability) < MIN_CAPABILITY:
+        return f"GPU sm_{capability[0]}{capability[1]} < sm_80: no sparse tensor cores"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype {str(dtype).replace('torch.', '')} (sparse path runs float16, bfloat16)"
+    if groups != 1:
+        return f"groups={groups}: grouped convolutions are not supported"
+    _check_backend(backend)
+    if cusparselt is None:
+        cusparselt = cusparselt_available()
+    if backend == "cusparselt" and not cusparselt:
+        return "backend cusparselt requested but this torch build has no cuSPARSELt"
+    concrete = backend if backend != "auto" else ("cusparselt" if cusparselt else "cutlass")
+    _, min_cols, _, _ = shape_constraints(concrete, dtype)
+    if out_channels < min_cols or out_channels % min_cols:
+        return (
+            f"out_channels K={out_channels} is not a positive multiple of {min_cols} "
+            f"({concrete}'s minimum for the sparse operand's columns)"
+        )
+    if max(rows * out_channels, rows * cols, out_channels * cols) > MAX_ELEMENTS:
+        return f"GEMM {rows} x {out_channels} x {cols} exceeds 2**31 - 1 elements per operand"
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# the pieces of the sparse data gradient (each testable without a GPU)
+# --------------------------------------------------------------------------------------------
+def conv_output_hw(
+    hw: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+) -> tuple[int, int]:
+    """Output height and width of a conv (torch.nn.Conv2d's formula)."""
+    return tuple(  # type: ignore[return-value]
+        (hw[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+        for i in range(2)
+    )
+
+
+def grad_rows(grad_out: torch.Tensor) -> torch.Tensor:
+    """dL/dO ``(N, K, Ho, Wo)`` as an ``(N, Ho*Wo, K)`` view (contiguous when channels-last).
+
+    For NCHW dL/dO the view is strided (K is the slow dim); the pruning and the GEMM operand
+    then read it through one transpose copy.
+    """
+    n, k, ho, wo = grad_out.shape
+    return grad_out.permute(0, 2, 3, 1).reshape(n, ho * wo, k)
+
+
+def rows_to_nchw(rows: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`grad_rows`: ``(N, Ho*Wo, K)`` as an ``(N, K, Ho, Wo)`` view."""
+    n, _, k = rows.shape
+    return rows.reshape(n, out_hw[0], out_hw[1], k).permute(0, 3, 1, 2)
+
+
+@functools.cache
+def _nm_kernel() -> Any | None:
+    """The project's N:M CUDA kernel module when it loads on this GPU, else ``None``."""
+    try:
+        from impl.ops import nm_cuda
+    except ImportError:
+        return None
+    try:
+        return nm_cuda if nm_cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a kernel that fails to load is "not available"
+        return None
+
+
+def prune_rows(
+    rows: torch.Tensor,
+    n: int,
+    m: int,
+    method: str = "rescaled",
+    rescale: str = "plane",
+    generator: torch.Generator | None = None,
+    *,
+    eps: float = RESCALE_EPS,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """N:M-prune ``(N, L, K)`` rows of dL/dO along K: SDGP's pruning (Sec. III-A/B) in GEMM layout.
+
+    Equal to ``grad_rows(nm_prune(dL/dO, n, m, method, dim=1, rescale))``: the groups are the
+    same 4 consecutive channels, ``rescale="plane"`` scales per (sample, channel) over the L
+    pixels and ``"channel"`` per channel over samples and pixels, and the reference draws the
+    ``random`` scores in the same order. ``impl``: ``"ref"`` (:func:`nm_prune_ref`), ``"cuda"``
+    (:mod:`impl.ops.nm_cuda`, same kept positions for magnitude and rescaled, its own random
+    draw) or ``"auto"`` (the kernel for CUDA tensors where it loads). Returns a new contiguous
+    ``(N, L, K)`` tensor.
+    """
+    check_nm(n, m)
+    check_method(method, rescale)
+    if impl not in PRUNE_IMPLS:
+        raise ValueError(f"unknown prune impl {impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
+    if rows.dim() != 3:
+        raise ValueError(f"rows must be (N, L, K); got shape {tuple(rows.shape)}")
+    kernel = _nm_kernel() if rows.is_cuda and impl != "ref" else None
+    if impl == "cuda" and kernel is None:
+        raise RuntimeError("prune impl 'cuda': the N:M kernel (impl.ops.nm_cuda) is not available")
+    if kernel is not None:
+        return kernel.nm_prune_cuda(rows, n, m, method, 2, rescale, generator, eps)
+    return nm_prune_ref(rows, n, m, method, 2, rescale, generator, eps=eps)
+
+
+def assemble_data_grad(
+    col: torch.Tensor,
+    input_shape: tuple[int, int, int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+) -> torch.Tensor:
+    """dL/dD ``(N, C, H, W)`` from the column gradient ``col = A @ W`` (``(N*Ho*Wo) x (C*R*S)``).
+
+    A 1x1 conv without padding needs no fold: ``col`` is dL/dD in NHWC (stride 1; returned as
+    a channels-last view) or its strided sub-grid (stride > 1; the rest is zero). Every other
+    conv goes through ``F.fold`` (col2im, the adjoint of the unfold of the forward), which
+    returns NCHW. The column index of ``col`` is ``c*R*S + r*S + s`` (``W.reshape(K, -1)``).
+    """
+    n, c, h, w = input_shape
+    r, s = kernel
+    ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
+    if tuple(col.shape) != (n * ho * wo, c * r * s):
+        raise ValueError(
+            f"col must be ({n * ho * wo}, {c * r * s}) for input {tuple(input_shape)}, kernel "
+            f"{tuple(kernel)}; got {tuple(col.shape)}"
+        )
+    if (r, s) == (1, 1) and tuple(padding) == (0, 0):
+        sub = col.reshape(n, ho, wo, c)
+        if tuple(stride) == (1, 1):
+            return sub.permute(0, 3, 1, 2)
+        out = col.new_zeros((n, h, w, c))
+        sh, sw = stride
+        out[:, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw, :] = sub
+        return out.permute(0, 3, 1, 2)
+    cols = col.reshape(n, ho * wo, c * r * s).transpose(1, 2)
+    return F.fold(
+        cols, (h, w), kernel_size=kernel, dilation=dilation, padding=padding, stride=stride
+    )
+
+
+def data_grad_from_rows(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    input_shape: tuple[int, int, int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.mm,
+) -> torch.Tensor:
+    """dL/dD from the ``(N*Ho*Wo) x K`` rows of a (pruned) dL/dO: ``fold(mm(a, W as K x CRS))``.
+
+    With ``mm=torch.mm`` this is the dense math of the sparse path; it equals
+    ``torch.nn.grad.conv2d_input`` for ``groups == 1`` (tests check it in float64).
+    """
+    k = weight.shape[0]
+    b = weight.reshape(k, -1)
+    col = mm(a, b)
+    return assemble_data_grad(col, input_shape, tuple(weight.shape[2:]), stride, padding, dilation)  # type: ignore[arg-type]
+
+
+def _round_up(v: int, mult: int) -> int:
+    return -(-v // mult) * mult
+
+
+def compress(a: torch.Tensor, backend: str = "auto") -> Any:
+    """Compress a 2:4-pruned ``rows x K`` matrix for sparse tensor cores.
+
+    Rows are zero-padded to the backend's row multiple (a zero row is a valid 2:4 row); the
+    columns must already be a multiple (:func:`unsupported_reason` checks it). cuSPARSELt:
+    ``from_dense`` = one ``torch._cslt_compress`` kernel; CUTLASS: torch's Python conversion
+    (several elementwise kernels). Returns a ``SparseSemiStructuredTensor`` of the padded shape.
+    """
+    backend = resolve_backend(backend)
+    min_rows = shape_constraints(backend, a.dtype)[0]
+    pad = _round_up(a.shape[0], min_rows) - a.shape[0]
+    if pad:
+        a = F.pad(a, (0, 0, 0, pad))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PROTOTYPE_WARNING)
+        return _semi_class(backend).from_dense(a.contiguous())
+
+
+def semi_matmul(sa: Any, b: torch.Tensor, rows: int) -> torch.Tensor:
+    """``(A @ b)[:rows]`` with ``A`` compressed by :func:`compress`, on sparse tensor cores.
+
+    ``b`` (``K x cols``, dense) is zero-padded to the dense operand's column multiple (8 for
+    fp16/bf16) so that no torch version's own padding path runs; the result is sliced back.
+    Uses ``torch.mm`` on the semi-structured tensor, the public entry of torch 2.3 to 2.13
+    (2.13 routes it through the ``semi_structured::cusparselt_mm`` / ``cutlass_mm`` custom ops,
+    earlier versions call ``torch._cslt_sparse_mm`` / ``torch._sparse_semi_structured_mm``).
+    """
+    cols = b.shape[1]
+    min_cols = shape_constraints(getattr(sa, "BACKEND", "auto"), b.dtype)[3]
+    pad = _round_up(cols, min_cols) - cols
+    bp = F.pad(b, (0, pad)) if pad else b.contiguous()
+    out = torch.mm(sa, bp)
+    return out[:rows, :cols]
+
+
+def sparse_data_grad(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    input_shape: tuple[int, int, int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    backend: str = "auto",
+) -> torch.Tensor:
+    """dL/dD from 2:4-pruned ``(N, L, K)`` rows on sparse tensor cores (compress, product, fold).
+
+    ``weight`` must have ``rows``' dtype (fp16 or bf16). Raises what the library raises; the
+    module catches it and takes the reference path.
+    """
+    n, ell, k = rows.shape
+    a = rows.reshape(n * ell, k)
+    sa = compress(a, backend)
+    col = semi_matmul(sa, weight.reshape(k, -1), n * ell)
+    return assemble_data_grad(col, input_shape, tuple(weight.shape[2:]), stride, padding, dilation)  # type: ignore[arg-type]
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    if (
+        x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+# --------------------------------------------------------------------------------------------
+# the converted convolution
+# --------------------------------------------------------------------------------------------
+class _SDGPSemiConv2dFunction(torch.autograd.Function):
+    """conv2d whose input gradient is SDGP's, on sparse tensor cores where the library runs."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: tuple[int, int],
+        padding: Any,
+        dilation: tuple[int, int],
+        groups: int,
+        int_padding: tuple[int, int],
+        module: SDGPSemiConv2d,
+    ) -> torch.Tensor:
+        # The very call nn.Conv2d makes, so the output is bit-identical.
+        out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        ctx.save_for_backward(x, weight)
+        ctx.conv_args = (stride, int_padding, dilation, groups)
+        ctx.bias_shape = None if bias is None else list(bias.shape)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.module = module
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv_args
+        in_dtype, w_dtype = x.dtype, weight.dtype
+        if grad_out.dtype != x.dtype or grad_out.dtype != weight.dtype:
+            # Under autocast the conv ran in grad_out's dtype on cast copies (as the reference).
+            x, weight = x.to(grad_out.dtype), weight.to(grad_out.dtype)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = ctx.module.data_grad(grad_out, x, weight, stride, padding, dilation, groups)
+        want_w = ctx.needs_input_grad[1]
+        want_b = ctx.bias_shape is not None and ctx.needs_input_grad[2]
+        if want_w or want_b:
+            # Weight and bias gradients from the dense dL/dO, as the reference computes them.
+            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad_out,
+                x,
+                weight,
+                ctx.bias_shape,
+                list(stride),
+                list(padding),
+                list(dilation),
+                False,
+                [0, 0],
+                groups,
+                [False, want_w, want_b],
+            )
+        if grad_x is not None:
+            grad_x = grad_x.to(in_dtype)
+        if grad_w is not None:
+            grad_w = grad_w.to(w_dtype)
+        if grad_b is not None:
+            grad_b = grad_b.to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+class SDGPSemiConv2d(SDGPConv2d):
+    """An :class:`SDGPConv2d` whose dL/dD runs on 2:4 sparse tensor cores where it can.
+
+    Forward, the weight gradient and the pruning rule are the reference's. For each backward
+    the layer either multiplies the compressed 2:4 dL/dO rows on sparse tensor cores
+    (``semi_calls`` counts them) or, where :func:`unsupported_reason` gives a reason or the
+    library raises, computes the reference's ``conv2d_input`` of the pruned dL/dO
+    (``fallback_calls``; each distinct reason is logged once and kept in ``fallback_reasons``).
+    Build with :meth:`from_conv` or :func:`sdgp_semi_convert`.
+    """
+
+    sparse_backend: str
+    prune_impl: str
+    layer_name: str
+
+    @classmethod
+    def from_conv(  # type: ignore[override]
+        cls,
+        conv: nn.Conv2d,
+        n: int,
+        m: int,
+        method: str = "rescaled",
+        rescale: str = "plane",
+        generator: torch.Generator | None = None,
+        eps: float = RESCALE_EPS,
+        *,
+        sparse_backend: str = "auto",
+        prune_impl: str = "auto",
+        name: str = "",
+    ) -> SDGPSemiConv2d:
+        """Wrap ``conv`` (parameters shared); ``name`` labels its log lines and fallback reasons."""
+        new = super().from_conv(conv, n, m, method, rescale, generator, eps)
+        assert isinstance(new, SDGPSemiConv2d)
+        new.set_backend(sparse_backend, prune_impl)
+        new.layer_name = name
+        new.reset_semi_stats()
+        return new
+
+    def set_backend(self, sparse_backend: str = "auto", prune_impl: str = "auto") -> None:
+        """Choose the library backend (``auto``, ``cusparselt``, ``cutlass``) and pruning impl."""
+        _check_backend(sparse_backend)
+        if prune_impl not in PRUNE_IMPLS:
+            raise ValueError(f"unknown prune impl {prune_impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
+        self.sparse_backend = sparse_backend
+        self.prune_impl = prune_impl
+        self._failed: dict[tuple[Any, ...], str] = {}
+
+    def reset_semi_stats(self) -> None:
+        """Forget the sparse and fallback call counts and the fallback reasons."""
+        self.semi_calls = 0
+        self.fallback_calls = 0
+        self.fallback_reasons: list[str] = []
+
+    def _note_fallback(self, reason: str) -> None:
+        self.fallback_calls += 1
+        if reason not in self.fallback_reasons:
+            self.fallback_reasons.append(reason)
+            logger.warning(
+                "SDGP semi-structured backend, layer %s: reference data gradient (%s)",
+                self.layer_name or "<unnamed>",
+                reason,
+            )
+
+    def prune_rows_grad(self, grad_out: torch.Tensor) -> torch.Tensor:
+        """The pruned dL/dO as ``(N, Ho*Wo, K)`` rows; updates the L1 statistics as prune_grad."""
+        rows = grad_rows(grad_out)
+        pruned = prune_rows(
+            rows,
+            self.n,
+            self.m,
+            self.prune_method,
+            self.rescale,
+            self.generator,
+            eps=self.eps,
+            impl=self.prune_impl,
+        )
+        with torch.no_grad():  # device-side sums: no host sync per step (as the reference)
+            self._l1_dense = self._l1_dense + grad_out.abs().sum(dtype=torch.float64)
+            self._l1_pruned = self._l1_pruned + pruned.abs().sum(dtype=torch.float64)
+        self.prune_calls += 1
+        return pruned
+
+    def support_reason(
+        self, grad_out: torch.Tensor, x_shape: torch.Size, weight: torch.Tensor, groups: int
+    ) -> str:
+        """Why this call takes the reference path (``""``: it runs on sparse tensor cores)."""
+        n, k, ho, wo = grad_out.shape
+        rows = n * ho * wo
+        cols = math.prod(weight.shape[1:])
+        reason = unsupported_reason(
+            n=self.n,
+            m=self.m,
+            device=grad_out.device,
+            dtype=grad_out.dtype,
+            groups=groups,
+            out_channels=k,
+            rows=rows,
+            cols=cols,
+            backend=self.sparse_backend,
+        )
+        if reason:
+            return reason
+        return self._failed.get(self._key(grad_out, x_shape), "")
+
+    def _key(self, grad_out: torch.Tensor, x_shape: torch.Size) -> tuple[Any, ...]:
+        return (grad_out.dtype, tuple(grad_out.shape), tuple(x_shape), self.sparse_backend)
+
+    def data_grad(
+        self,
+        grad_out: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
+    ) -> torch.Tensor:
+        """SDGP's dL/dD: sparse tensor cores where supported, the reference path otherwise."""
+        reason = self.support_reason(grad_out, x.shape, weight, groups)
+        if reason:
+            self._note_fallback(reason)
+            pruned = self.prune_grad(grad_out)  # the reference's own pruning and statistics
+            return torch.nn.grad.conv2d_input(
+                x.shape, weight, pruned, stride, padding, dilation, groups
+            )
+        rows = self.prune_rows_grad(grad_out)
+        try:
+            grad_x = sparse_data_grad(
+                rows, weight, tuple(x.shape), stride, padding, dilation, self.sparse_backend
+            )  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001 - a library failure falls back, OOM does not
+            if _is_oom(err):
+                raise
+            reason = f"library error {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            self._failed[self._key(grad_out, x.shape)] = reason
+            self._note_fallback(reason)
+            pruned = rows_to_nchw(rows, tuple(grad_out.shape[2:]))  # type: ignore[arg-type]
+            return torch.nn.grad.conv2d_input(
+                x.shape, weight, pruned, stride, padding, dilation, groups
+            )
+        self.semi_calls += 1
+        return grad_x.contiguous(memory_format=_memory_format(x))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return nn.Conv2d.forward(self, input)
+        padding: Any = self.padding
+        if self.padding_mode != "zeros":
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            padding = (0, 0)
+            int_padding = (0, 0)
+        else:
+            int_padding = self._int_padding
+        return _SDGPSemiConv2dFunction.apply(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            padding,
+            self.dilation,
+            self.groups,
+            int_padding,
+            self,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, semi_structured={self.sparse_backend}"
+
+
+def _is_oom(err: BaseException) -> bool:
+    if isinstance(err, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return "out of memory" in str(err).lower()
+
+
+# --------------------------------------------------------------------------------------------
+# conversion of a model and what the method reports
+# --------------------------------------------------------------------------------------------
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def sdgp_semi_convert(
+    model: nn.Module,
+    n: int = 2,
+    m: int = 4,
+    method: str = "rescaled",
+    rescale: str = "plane",
+    *,
+    generator: torch.Generator | None = None,
+    seed: int = 0,
+    nondivisible: str = "pad",
+    eps: float = RESCALE_EPS,
+    sparse_backend: str = "auto",
+    prune_impl: str = "auto",
+) -> nn.Module:
+    """:func:`impl.methods.sdgp.sdgp_convert` with :class:`SDGPSemiConv2d` layers (in place).
+
+    The same plan (:func:`impl.methods.sdgp.sdgp_plan`: convs with more than 3 input channels),
+    the same shared parameters, the same generator rule for ``method="random"``. A reference
+    ``SDGPConv2d`` is replaced by the semi-structured one; one already converted is
+    reconfigured. ``n:m`` other than 2:4 is accepted: every call then takes the reference path
+    with that reason. Returns ``model``.
+    """
+    check_nm(n, m)
+    check_method(method, rescale)
+    _check_backend(sparse_backend)
+    if prune_impl not in PRUNE_IMPLS:
+        raise ValueError(f"unknown prune impl {prune_impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
+    plans = sdgp_plan(model, n, m, nondivisible)
+    if generator is None and method == "random":
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+    for plan in plans:
+        if not plan.sparse:
+            continue
+        mod = model.get_submodule(plan.name)
+        if isinstance(mod, SDGPSemiConv2d):
+            mod.configure(n, m, method, rescale, generator, eps)
+            mod.set_backend(sparse_backend, prune_impl)
+            continue
+        if not plan.name:
+            raise ValueError("the model itself is a Conv2d: wrap it in a module to convert it")
+        new = SDGPSemiConv2d.from_conv(
+            mod,
+            n,
+            m,
+            method,
+            rescale,
+            generator,
+            eps,
+            sparse_backend=sparse_backend,
+            prune_impl=prune_impl,
+            name=plan.name,
+        )
+        _set_submodule(model, plan.name, new)
+    return model
+
+
+def semi_modules(model: nn.Module) -> dict[str, SDGPSemiConv2d]:
+    """The semi-structured SDGP convs of ``model`` by qualified name."""
+    return {k: v for k, v in model.named_modules() if isinstance(v, SDGPSemiConv2d)}
+
+
+def semi_summary(model: nn.Module) -> dict[str, Any]:
+    """What the semi-structured backend did, for ``summary.json``.
+
+    ``sdgp_semi_calls`` (backward calls on sparse tensor cores), ``sdgp_semi_fallback_calls``
+    (calls on the reference path), ``sdgp_semi_fallback_reasons`` (``[{"layer", "reason"}]``,
+    each distinct reason of each layer once) and ``sdgp_semi_library``
+    (:func:`library_status`).
+    """
+    mods = semi_modules(model)
+    return {
+        "sdgp_semi_layers": len(mods),
+        "sdgp_semi_backend": sorted({m.sparse_backend for m in mods.values()}),
+        "sdgp_semi_calls": sum(m.semi_calls for m in mods.values()),
+        "sdgp_semi_fallback_calls": sum(m.fallback_calls for m in mods.values()),
+        "sdgp_semi_fallback_reasons": [
+            {"layer": name, "reason": r} for name, mod in mods.items() for r in mod.fallback_reasons
+        ],
+        "sdgp_semi_library": library_status(),
+    }
+
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "MIN_CAPABILITY",
+    "PRUNE_IMPLS",
+    "SPARSE_BACKENDS",
+    "SUPPORTED_DTYPES",
+    "SDGPSemiConv2d",
+    "assemble_data_grad",
+    "compress",
+    "conv_output_hw",
+    "cusparselt_available",
+    "data_grad_from_rows",
+    "device_capability",
+    "grad_rows",
+    "has_semi_structured_api",
+    "library_status",
+    "prune_rows",
+    "resolve_backend",
+    "rows_to_nchw",
+    "semi_matmul",
+    "semi_modules",
+    "semi_summary",
+    "sdgp_semi_convert",
+    "shape_constraints",
+    "sparse_data_grad",
+    "unsupported_reason",
+]

@@ -1,0 +1,539 @@
+"""Tests of SDGP's semi-structured (2:4 sparse tensor core) backend, ``impl.methods.sdgp_semi``.
+
+Without a GPU every backward takes the reference path: the tests check that it does, with its
+reason, bit for bit equal to the reference ``SDGPConv2d``; and every piece of the sparse path
+that needs no sparse tensor core (pruning in GEMM layout, the fold algebra, the support rules,
+padding) against ``nm_prune`` and ``torch.nn.grad.conv2d_input`` in float64. The ``gpu`` tests
+run the sparse product itself against a float64 reference.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import impl.methods.sdgp_semi as semi
+import impl.models
+from impl.methods.sdgp import SDGPConv2d, nm_prune, sdgp_convert
+from impl.methods.sdgp_semi import (
+    SDGPSemiConv2d,
+    assemble_data_grad,
+    conv_output_hw,
+    data_grad_from_rows,
+    grad_rows,
+    prune_rows,
+    resolve_backend,
+    rows_to_nchw,
+    sdgp_semi_convert,
+    semi_matmul,
+    semi_modules,
+    semi_summary,
+    shape_constraints,
+    unsupported_reason,
+)
+
+METHODS = ["magnitude", "rescaled", "random"]
+RESCALES = ["plane", "channel"]
+# (N, K, Ho, Wo): odd sizes, a partial last group (K = 10), one pixel, and a real layer4 shape.
+PRUNE_SHAPES = [(3, 8, 5, 7), (2, 10, 3, 3), (5, 12, 1, 1), (2, 512, 7, 7)]
+PRUNE_IDS = ["3x8x5x7", "K10-partial", "1x1-pixels", "layer4-512x7x7"]
+
+
+# --------------------------------------------------------------------------------------------
+# pruning in GEMM layout
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", PRUNE_SHAPES, ids=PRUNE_IDS)
+@pytest.mark.parametrize("rescale", RESCALES, ids=RESCALES)
+@pytest.mark.parametrize("method", METHODS, ids=METHODS)
+def test_prune_rows_equals_nm_prune_on_nchw(shape, method, rescale):
+    g = torch.randn(shape, dtype=torch.float64)
+    gen_a = torch.Generator().manual_seed(7)
+    gen_b = torch.Generator().manual_seed(7)
+    ref = grad_rows(nm_prune(g, 2, 4, method, 1, rescale, gen_a, impl="ref"))
+    got = prune_rows(grad_rows(g), 2, 4, method, rescale, gen_b, impl="ref")
+    assert got.shape == (shape[0], shape[2] * shape[3], shape[1])
+    if method == "rescaled":  # the same sums, accumulated in another order
+        torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-15)
+    else:  # the same mask (random: the same draw), hence the same values
+        assert torch.equal(got, ref)
+    assert torch.equal(got != 0, ref != 0) or method == "rescaled"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_prune_rows_low_precision_same_mask(dtype):
+    g = torch.randn(4, 64, 6, 5).to(dtype)
+    ref = grad_rows(nm_prune(g, 2, 4, "magnitude", 1, impl="ref"))
+    got = prune_rows(grad_rows(g), 2, 4, "magnitude", impl="ref")
+    assert torch.equal(got, ref)
+    kept = (got.reshape(-1, 4) != 0).sum(-1)
+    assert int(kept.max()) <= 2
+
+
+def test_grad_rows_contiguous_view_for_channels_last_strided_for_nchw():
+    g = torch.randn(2, 16, 5, 3)
+    cl = g.contiguous(memory_format=torch.channels_last)
+    rows_cl = grad_rows(cl)
+    assert rows_cl.data_ptr() == cl.data_ptr() and rows_cl.is_contiguous()  # GEMM-ready
+    rows = grad_rows(g)
+    assert rows.data_ptr() == g.data_ptr() and not rows.is_contiguous()  # K is the slow dim
+    assert torch.equal(rows, rows_cl)
+    assert torch.equal(rows[1, 3 * 3 + 2], g[1, :, 3, 2])  # pixel (3, 2) of sample 1
+    assert torch.equal(rows_to_nchw(rows, (5, 3)), g)
+
+
+def test_prune_rows_rejects_bad_arguments():
+    rows = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match="N, L, K"):
+        prune_rows(rows[0], 2, 4)
+    with pytest.raises(ValueError, match="prune impl"):
+        prune_rows(rows, 2, 4, impl="triton")
+    with pytest.raises(ValueError, match="n <= m"):
+        prune_rows(rows, 5, 4)
+    with pytest.raises(RuntimeError, match="not available"):
+        prune_rows(rows, 2, 4, impl="cuda")
+
+
+# --------------------------------------------------------------------------------------------
+# the fold / unfold algebra of the data gradient (float64, dense math of the sparse path)
+# --------------------------------------------------------------------------------------------
+# (C, K, kernel, stride, padding, dilation, (H, W))
+FOLD_CASES = [
+    (6, 8, (3, 3), (1, 1), (1, 1), (1, 1), (11, 9)),
+    (5, 8, (3, 3), (2, 2), (1, 1), (1, 1), (11, 9)),
+    (4, 12, (3, 3), (2, 2), (1, 1), (1, 1), (8, 8)),
+    (7, 8, (3, 3), (3, 3), (0, 0), (1, 1), (10, 13)),
+    (5, 8, (5, 5), (1, 1), (4, 4), (2, 2), (9, 7)),
+    (6, 4, (1, 3), (1, 2), (0, 1), (1, 1), (5, 9)),
+    (3, 16, (7, 7), (2, 2), (3, 3), (1, 1), (13, 11)),
+    (6, 8, (1, 1), (1, 1), (0, 0), (1, 1), (7, 5)),
+    (6, 8, (1, 1), (2, 2), (0, 0), (1, 1), (7, 9)),
+    (6, 8, (1, 1), (2, 2), (0, 0), (1, 1), (8, 8)),
+    (5, 8, (1, 1), (1, 1), (1, 1), (1, 1), (4, 6)),
+    (64, 64, (3, 3), (1, 1), (1, 1), (1, 1), (14, 14)),
+]
+FOLD_IDS = [
+    "3x3-s1-odd",
+    "3x3-s2-odd",
+    "3x3-s2-even",
+    "3x3-s3-remainder",
+    "5x5-dil2",
+    "1x3-s1x2",
+    "7x7-s2-stem",
+    "1x1-s1",
+    "1x1-s2-odd",
+    "1x1-s2-even",
+    "1x1-pad1-fold",
+    "resnet-64x64-3x3",
+]
+
+
+@pytest.mark.parametrize(
+    ("c", "k", "kernel", "stride", "padding", "dilation", "hw"), FOLD_CASES, ids=FOLD_IDS
+)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"], ids=["nchw", "cl"])
+def test_data_grad_algebra_equals_conv2d_input(c, k, kernel, stride, padding, dilation, hw, layout):
+    n = 3
+    w = torch.randn(k, c, *kernel, dtype=torch.float64)
+    ho, wo = conv_output_hw(hw, kernel, stride, padding, dilation)
+    g = torch.randn(n, k, ho, wo, dtype=torch.float64)
+    assert tuple(
+        F.conv2d(
+            torch.zeros(n, c, *hw, dtype=torch.float64), w, None, stride, padding, dilation
+        ).shape
+    ) == tuple(g.shape)
+    if layout == "channels_last":
+        g = g.contiguous(memory_format=torch.channels_last)
+    pruned = prune_rows(grad_rows(g), 2, 4, "magnitude", impl="ref")  # the pruned dL/dO
+    got = data_grad_from_rows(pruned.reshape(-1, k), w, (n, c, *hw), stride, padding, dilation)
+    ref = torch.nn.grad.conv2d_input(
+        (n, c, *hw), w, rows_to_nchw(pruned, (ho, wo)), stride, padding, dilation
+    )
+    assert got.shape == ref.shape == (n, c, *hw)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_assemble_1x1_stride_leaves_zeros_off_grid():
+    col = torch.randn(2 * 4 * 5, 3, dtype=torch.float64)
+    out = assemble_data_grad(col, (2, 3, 7, 9), (1, 1), (2, 2), (0, 0), (1, 1))
+    assert out.shape == (2, 3, 7, 9)
+    mask = torch.zeros(7, 9, dtype=torch.bool)
+    mask[::2, ::2] = True
+    assert torch.count_nonzero(out[:, :, ~mask]) == 0
+    assert torch.equal(out[:, :, ::2, ::2], col.reshape(2, 4, 5, 3).permute(0, 3, 1, 2))
+
+
+def test_assemble_rejects_wrong_col_shape():
+    with pytest.raises(ValueError, match="col must be"):
+        assemble_data_grad(torch.zeros(10, 9), (1, 1, 4, 4), (3, 3), (1, 1), (1, 1), (1, 1))
+
+
+def test_semi_matmul_pads_and_slices_dense_operand():
+    # A dense stand-in for the compressed operand checks the padding and slicing logic
+    # (the sparse product itself needs a GPU: see the gpu tests).
+    a = torch.randn(40, 16, dtype=torch.float64)
+    b = torch.randn(16, 13, dtype=torch.float64)  # 13 columns: padded to 16, sliced back
+    sa = torch.cat([a, torch.zeros(8, 16, dtype=torch.float64)])  # rows padded as compress does
+    sa.BACKEND = "cusparselt"
+    out = semi_matmul(sa, b, 40)
+    assert out.shape == (40, 13)
+    torch.testing.assert_close(out, a @ b, rtol=1e-14, atol=1e-14)
+
+
+# --------------------------------------------------------------------------------------------
+# support rules
+# --------------------------------------------------------------------------------------------
+CUDA = torch.device("cuda")  # a device object only: nothing is queried
+OK = dict(
+    n=2,
+    m=4,
+    device=CUDA,
+    dtype=torch.bfloat16,
+    groups=1,
+    out_channels=64,
+    rows=802816,
+    cols=576,
+    backend="auto",
+    capability=(9, 0),
+    hip=False,
+    api=True,
+    cusparselt=True,
+)
+REASON_CASES = [
+    ({}, ""),
+    ({"dtype": torch.float16, "capability": (8, 0)}, ""),
+    ({"backend": "cutlass", "out_channels": 128}, ""),
+    ({"n": 2, "m": 8}, "n:m=2:8 is not 2:4"),
+    ({"n": 1, "m": 4}, "n:m=1:4"),
+    ({"api": False}, "no torch.sparse.SparseSemiStructuredTensor"),
+    ({"device": torch.device("cpu")}, "device cpu"),
+    ({"hip": True}, "ROCm"),
+    ({"capability": (7, 5)}, "sm_75 < sm_80"),
+    ({"dtype": torch.float32}, "dtype float32"),
+    ({"dtype": torch.float64}, "dtype float64"),
+    ({"groups": 2}, "groups=2"),
+    ({"backend": "cusparselt", "cusparselt": False}, "no cuSPARSELt"),
+    ({"out_channels": 40}, "K=40 is not a positive multiple of 16"),
+    ({"out_channels": 8}, "K=8"),
+    ({"backend": "cutlass", "out_channels": 96}, "K=96 is not a positive multiple of 64"),
+    ({"cusparselt": False, "out_channels": 32}, "cutlass's minimum"),
+    ({"rows": 2**22, "cols": 2**10}, "exceeds 2**31 - 1"),
+]
+REASON_IDS = [
+    "supported",
+    "fp16-sm80",
+    "cutlass-128",
+    "2of8",
+    "1of4",
+    "no-api",
+    "cpu",
+    "rocm",
+    "turing",
+    "fp32",
+    "fp64",
+    "grouped",
+    "no-cusparselt",
+    "K40",
+    "K8",
+    "cutlass-K96",
+    "auto-to-cutlass-K32",
+    "too-large",
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), REASON_CASES, ids=REASON_IDS)
+def test_unsupported_reason(change, expected):
+    reason = unsupported_reason(**{**OK, **change})
+    if expected:
+        assert expected in reason
+    else:
+        assert reason == ""
+
+
+def test_unsupported_reason_checks_pattern_before_device():
+    # On this CPU machine every rule that needs no GPU answers without touching one.
+    kw = {**OK, "device": torch.device("cpu"), "capability": None, "hip": None, "api": None}
+    assert "n:m=2:8" in unsupported_reason(**{**kw, "m": 8})
+    assert "device cpu" in unsupported_reason(**kw)
+
+
+def test_shape_constraints_follow_torch_tables():
+    assert shape_constraints("cusparselt", torch.bfloat16) == (16, 16, 8, 8)
+    assert shape_constraints("cutlass", torch.float16) == (32, 64, 8, 8)
+    assert shape_constraints("cutlass", torch.float64) == (32, 64, 8, 8)  # default row
+    with pytest.raises(ValueError, match="valid: auto, cusparselt, cutlass"):
+        shape_constraints("cublas", torch.float16)
+
+
+def test_resolve_backend():
+    assert resolve_backend("cutlass") == "cutlass"
+    assert resolve_backend("cusparselt") == "cusparselt"
+    expected = "cusparselt" if semi.cusparselt_available() else "cutlass"
+    assert resolve_backend("auto") == expected
+    with pytest.raises(ValueError, match="unknown sparse backend"):
+        resolve_backend("sputnik")
+
+
+# --------------------------------------------------------------------------------------------
+# the module on this CPU machine: every call falls back, equal to the reference
+# --------------------------------------------------------------------------------------------
+def _grads(module: nn.Module, x: torch.Tensor, g: torch.Tensor):
+    module.zero_grad(set_to_none=True)
+    xi = x.clone().requires_grad_(True)
+    out = module(xi)
+    out.backward(g)
+    bias = None if module.bias is None else module.bias.grad.clone()
+    return out.detach(), xi.grad, module.weight.grad.clone(), bias
+
+
+@pytest.mark.parametrize("method", METHODS, ids=METHODS)
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding_mode"),
+    [(3, 1, "zeros"), (3, 2, "zeros"), (1, 2, "zeros"), (3, 1, "reflect")],
+    ids=["3x3", "3x3-s2", "1x1-s2", "3x3-reflect"],
+)
+def test_cpu_falls_back_to_reference_bit_identical(method, kernel, stride, padding_mode, caplog):
+    conv = nn.Conv2d(
+        6, 16, kernel, stride=stride, padding=kernel // 2, bias=True, padding_mode=padding_mode
+    )
+    x = torch.randn(3, 6, 9, 7)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    gen_ref = torch.Generator().manual_seed(3)
+    gen_semi = torch.Generator().manual_seed(3)
+    ref = SDGPConv2d.from_conv(conv, 2, 4, method, generator=gen_ref)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, method, generator=gen_semi, name="layer1.0.conv1")
+    assert mod.weight is conv.weight and mod.bias is conv.bias
+    with caplog.at_level(logging.WARNING, logger="impl.methods.sdgp_semi"):
+        for _ in range(2):  # two backwards: the reason is logged once
+            out_r, gx_r, gw_r, gb_r = _grads(ref, x, g)
+            out_s, gx_s, gw_s, gb_s = _grads(mod, x, g)
+            assert torch.equal(out_s, out_r)
+            assert torch.equal(gx_s, gx_r)
+            assert torch.equal(gw_s, gw_r)
+            assert torch.equal(gb_s, gb_r)
+    assert mod.semi_calls == 0 and mod.fallback_calls == 2
+    assert mod.fallback_reasons == ["device cpu: semi-structured sparsity needs a CUDA GPU"]
+    logged = [r for r in caplog.records if "layer1.0.conv1" in r.getMessage()]
+    assert len(logged) == 1 and "device cpu" in logged[0].getMessage()
+    assert mod.l1_ratio() == ref.l1_ratio()
+    with torch.no_grad():
+        assert torch.equal(mod(x), conv(x))  # no grad: the plain conv
+
+
+def test_cpu_autocast_bf16_falls_back_equal_to_reference():
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    x = torch.randn(2, 8, 6, 5)
+    ref = SDGPConv2d.from_conv(conv, 2, 4, "rescaled")
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "rescaled")
+    results = []
+    for module in (ref, mod):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(xi)
+        assert out.dtype == torch.bfloat16
+        out.float().square().sum().backward()
+        results.append((xi.grad.clone(), conv.weight.grad.clone()))
+        conv.weight.grad = None
+    assert results[0][0].dtype == torch.float32
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    assert mod.fallback_reasons == ["device cpu: semi-structured sparsity needs a CUDA GPU"]
+
+
+def test_non_24_pattern_falls_back_with_its_reason():
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 8, "magnitude")
+    ref = SDGPConv2d.from_conv(conv, 2, 8, "magnitude")
+    x = torch.randn(2, 8, 5, 5)
+    g = torch.randn(2, 16, 5, 5)
+    assert torch.equal(_grads(mod, x, g)[1], _grads(ref, x, g)[1])
+    assert mod.fallback_reasons == ["n:m=2:8 is not 2:4, the only pattern sparse tensor cores run"]
+
+
+def test_library_error_falls_back_once_and_keeps_pruning_once(monkeypatch):
+    # Pretend the rules pass on this CPU machine: the real library then raises (CPU tensor),
+    # the layer records the error, takes the reference math with the rows it already pruned,
+    # and skips the library for that shape afterwards.
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", name="blk")
+    ref = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
+    g = torch.randn(2, 16, 5, 7, dtype=torch.float64)
+    for _ in range(2):
+        gx = _grads(mod, x, g)[1]
+        torch.testing.assert_close(gx, _grads(ref, x, g)[1], rtol=1e-13, atol=1e-13)
+    assert mod.semi_calls == 0 and mod.fallback_calls == 2
+    assert len(mod.fallback_reasons) == 1
+    assert mod.fallback_reasons[0].startswith("library error")
+    assert mod.prune_calls == 2  # one pruning per backward, never two
+
+
+def test_set_backend_rejects_unknown_names():
+    conv = nn.Conv2d(8, 16, 3)
+    with pytest.raises(ValueError, match="unknown sparse backend"):
+        SDGPSemiConv2d.from_conv(conv, 2, 4, sparse_backend="cublas")
+    with pytest.raises(ValueError, match="unknown prune impl"):
+        SDGPSemiConv2d.from_conv(conv, 2, 4, prune_impl="numpy")
+
+
+# --------------------------------------------------------------------------------------------
+# conversion of a model and the summary
+# --------------------------------------------------------------------------------------------
+def test_convert_model_trains_and_reports_fallbacks():
+    torch.manual_seed(0)
+    model = impl.models.create("resnet20", num_classes=10, in_channels=1)
+    reference = impl.models.create("resnet20", num_classes=10, in_channels=1)
+    reference.load_state_dict(model.state_dict())
+    params = list(model.parameters())
+    sdgp_semi_convert(model, 2, 4, "rescaled")
+    sdgp_convert(reference, 2, 4, "rescaled")
+    assert list(model.parameters()) == params  # the same Parameter objects
+    mods = semi_modules(model)
+    assert isinstance(model.conv1, nn.Conv2d) and not isinstance(model.conv1, SDGPConv2d)  # stem
+    assert set(mods) == {n for n, m in reference.named_modules() if isinstance(m, SDGPConv2d)}
+    assert all(m.layer_name == name for name, m in mods.items())
+    x = torch.randn(4, 1, 16, 16)
+    y = torch.tensor([0, 1, 2, 3])
+    for net in (model, reference):
+        F.cross_entropy(net(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    s = semi_summary(model)
+    assert s["sdgp_semi_layers"] == len(mods)
+    assert s["sdgp_semi_calls"] == 0
+    assert s["sdgp_semi_fallback_calls"] == len(mods)
+    assert {r["layer"] for r in s["sdgp_semi_fallback_reasons"]} == set(mods)
+    assert all("device cpu" in r["reason"] for r in s["sdgp_semi_fallback_reasons"])
+    assert s["sdgp_semi_library"]["torch"] == torch.__version__
+
+
+def test_convert_replaces_reference_layers_and_reconfigures():
+    model = nn.Sequential(nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 1))
+    sdgp_convert(model, 2, 4, "magnitude")
+    assert type(model[0]) is SDGPConv2d
+    sdgp_semi_convert(model, 2, 4, "magnitude", sparse_backend="cutlass")
+    assert isinstance(model[0], SDGPSemiConv2d) and model[0].sparse_backend == "cutlass"
+    first = model[0]
+    sdgp_semi_convert(model, 2, 8, "random", seed=5)
+    assert model[0] is first  # reconfigured in place
+    assert (first.n, first.m, first.prune_method) == (2, 8, "random")
+    assert first.sparse_backend == "auto" and first.generator is not None
+    with pytest.raises(ValueError, match="unknown sparse backend"):
+        sdgp_semi_convert(model, sparse_backend="x")
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the sparse product against float64 (skipped cleanly without a GPU)
+# --------------------------------------------------------------------------------------------
+#: Tolerance table (STYLE.md): max |error vs float64| of the sparse path must be within k times
+#: that of the same-precision dense computation. ``gemm``: the same algebra with a dense
+#: ``torch.mm`` (only the product differs); ``cudnn``: the reference ``conv2d_input``, which
+#: rounds once where the column path rounds each column before the fold.
+TOL_K = {
+    torch.bfloat16: {"gemm": 2.0, "cudnn": 8.0},
+    torch.float16: {"gemm": 2.0, "cudnn": 8.0},
+}
+#: (N, C, K, kernel, stride, (H, W)): ResNet shapes, odd batches (rows not a multiple of 16
+#: or 32: the compress pads them), 1x1 strided, K = 64 (CUTLASS's minimum).
+GPU_CASES = [
+    (3, 64, 64, 3, 1, (14, 14)),
+    (5, 64, 128, 3, 2, (15, 13)),
+    (3, 128, 64, 1, 1, (7, 7)),
+    (4, 64, 256, 1, 2, (14, 14)),
+    (2, 32, 64, 3, 1, (7, 9)),
+]
+GPU_IDS = ["3x3-64", "3x3-s2-odd", "1x1-147rows", "1x1-s2-256", "3x3-C32"]
+
+
+def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cusparselt", "cutlass"], ids=["cusparselt", "cutlass"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("n", "c", "k", "kernel", "stride", "hw"), GPU_CASES, ids=GPU_IDS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"], ids=["nchw", "cl"])
+def test_gpu_sparse_data_grad_vs_float64(n, c, k, kernel, stride, hw, dtype, backend, layout):
+    if backend == "cusparselt" and not semi.cusparselt_available():
+        pytest.skip("this torch build has no cuSPARSELt")
+    dev = torch.device("cuda")
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    conv = nn.Conv2d(c, k, kernel, stride=stride, padding=kernel // 2, bias=False)
+    conv = conv.to(dev, dtype).to(memory_format=fmt)
+    x = torch.randn(n, c, *hw, device=dev, dtype=dtype).contiguous(memory_format=fmt)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", sparse_backend=backend)
+    gx = _grads(mod, x, g)[1]
+    assert mod.fallback_reasons == [] and mod.semi_calls == 1  # the sparse path really ran
+    assert gx.dtype == dtype and gx.shape == x.shape
+    assert torch.isfinite(gx).all()
+    # float64 reference of the same pruned gradient (magnitude: the mask is exact in any dtype)
+    pruned = prune_rows(grad_rows(g), 2, 4, "magnitude", impl="ref")
+    w64 = conv.weight.detach().double()
+    ref64 = torch.nn.grad.conv2d_input(
+        x.shape, w64, rows_to_nchw(pruned, g.shape[2:]).double(), conv.stride, conv.padding
+    )
+    ref_cudnn = torch.nn.grad.conv2d_input(
+        x.shape, conv.weight.detach(), rows_to_nchw(pruned, g.shape[2:]), conv.stride, conv.padding
+    )
+    ref_gemm = data_grad_from_rows(
+        pruned.reshape(-1, k),
+        conv.weight.detach(),
+        tuple(x.shape),
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+    )
+    err = _max_err(gx, ref64)
+    floor = torch.finfo(dtype).eps * float(ref64.abs().max()) * 0.5
+    assert err <= TOL_K[dtype]["gemm"] * _max_err(ref_gemm, ref64) + floor
+    assert err <= TOL_K[dtype]["cudnn"] * _max_err(ref_cudnn, ref64) + floor
+
+
+@pytest.mark.gpu
+def test_gpu_rescaled_model_step_uses_sparse_cores_under_autocast():
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = (
+        impl.models.create("resnet20", num_classes=10).to(dev).to(memory_format=torch.channels_last)
+    )
+    reference = (
+        impl.models.create("resnet20", num_classes=10).to(dev).to(memory_format=torch.channels_last)
+    )
+    reference.load_state_dict(model.state_dict())
+    sdgp_semi_convert(model, 2, 4, "rescaled")
+    sdgp_convert(reference, 2, 4, "rescaled")
+    x = torch.randn(8, 3, 32, 32, device=dev).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (8,), device=dev)
+    for net in (model, reference):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            F.cross_entropy(net(x), y).backward()
+    s = semi_summary(model)
+    assert s["sdgp_semi_calls"] > 0
+    # resnet20 has 16, 32 and 64 channels: with cuSPARSELt (K % 16) every layer runs sparse
+    if semi.cusparselt_available():
+        assert s["sdgp_semi_fallback_calls"] == 0, s["sdgp_semi_fallback_reasons"]
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        rel = float((p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-30))
+        assert rel < 0.05, name  # bf16 data gradients through the network: same direction
+
+
+@pytest.mark.gpu
+def test_gpu_float32_falls_back_with_dtype_reason():
+    dev = torch.device("cuda")
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).to(dev)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    ref = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    x = torch.randn(2, 64, 8, 8, device=dev)
+    g = torch.randn(2, 64, 8, 8, device=dev)
+    assert torch.equal(_grads(mod, x, g)[1], _grads(ref, x, g)[1])
+    assert mod.fallback_reasons == ["dtype float32 (sparse path runs float16, bfloat16)"]
+    status = semi.library_status()
+    assert status["gpu_capability"] is not None

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from itertools import combinations
 
 import numpy as np
@@ -1019,7 +1020,7 @@ def _spmm_bound(values, row_ptr, col_ind, b):
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtype):
-    gen = torch.Generator(device="cuda").manual_seed(hash(str(case)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     batched = b.dim() == 3
     out_shape = (b.shape[0] if batched else 1, mask.shape[0], b.shape[-1])
@@ -1057,7 +1058,7 @@ def test_spmm_paper_shape(cuda_kernels, density):
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
-    gen = torch.Generator(device="cuda").manual_seed(1 + hash(str(case)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(1 + zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     index = pattern_index(mask)
 

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SCALE ?= cpu
 STAMP := $(VENV)/.pdtbench-installed
 
-.PHONY: demo test lint format setup clean bench-gpu
+.PHONY: demo test lint format setup clean bench-gpu gpu-check
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -41,3 +41,10 @@ bench-gpu: $(STAMP)
 	$(VENV)/bin/asv machine --yes
 	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run --python=same --quick --set-commit-hash $$(git rev-parse HEAD)
 	$(VENV)/bin/asv publish
+
+## GPU evidence of the CUDA kernels: GPU tests and sanitizers -> reports/gpu/
+gpu-check: $(STAMP)
+	mkdir -p reports/gpu
+	$(PY) -m pytest -q -m gpu tests/test_cuda_ops.py --junitxml=reports/gpu/tests.xml 2>&1 | tee reports/gpu/tests.log
+	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py 2>&1 | tee reports/gpu/memcheck.log
+	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py -k "spmm or sddmm or rescaled" 2>&1 | tee reports/gpu/racecheck.log

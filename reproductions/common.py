@@ -153,6 +153,7 @@ class RowResult:
     runs: list[RunRecord] = field(default_factory=list)
     measured: dict[str, Any] | None = None
     error: str | None = None
+    table: dict[str, tuple[str, Callable]] | None = None  # the target's metric table
 
     @property
     def ok(self) -> bool:
@@ -394,8 +395,8 @@ def row_metric(
         base = base_runs.get(run.seed) or (baseline.runs[0] if baseline and baseline.runs else None)
         try:
             v = fn(run, base)
-        except (KeyError, TypeError, ZeroDivisionError):
-            v = None
+        except (AttributeError, KeyError, TypeError, ZeroDivisionError, IndexError):
+            v = None  # the metric does not apply (no baseline, a key the method does not write)
         if v is not None:
             out.append(float(v))
     return out
@@ -474,7 +475,7 @@ def execute_rows(
     results: list[RowResult] = []
     context: dict[str, Any] = {"runs": {}, "results": {}}
     for row in target.rows(scale):
-        res = RowResult(row=row)
+        res = RowResult(row=row, table=target.metric_table)
         results.append(res)
         if row.needs:
             res.error = row.needs
@@ -659,7 +660,7 @@ def figure_rows(
     out = []
     for res in results:
         base = next((r for r in results if r.row.label == res.row.baseline), None)
-        for v in row_metric(res, metric, base, table) if res.ok else []:
+        for v in row_metric(res, metric, base, table or res.table) if res.ok else []:
             rec = {"row": res.row.label, metric: v, "source": f"ours ({scale})"}
             rec.update(res.row.group)
             if extra:

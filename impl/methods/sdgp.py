@@ -56,10 +56,10 @@ MAX_GROUP = 32  # the authors' kernel keeps one group per thread in registers, m
 RESCALE_EPS = 1e-4  # the constant of the authors' rescale rule
 MIN_INPUT_CHANNELS = 4  # convs with <= 3 input channels (the stem) stay dense (authors' rule)
 
-# Where a CUDA implementation of nm_prune will live. The module must define
-# ``is_available() -> bool`` and ``nm_prune_cuda(x, n, m, method, dim, rescale, generator, eps)``
-# with the semantics of :func:`nm_prune_ref`, which defines the op.
-_CUDA_MODULE = "impl.ops.nm_prune_cuda"
+# The CUDA implementation of nm_prune. It defines ``is_available() -> bool`` and
+# ``nm_prune_cuda(x, n, m, method, dim, rescale, generator, eps)`` with the semantics of
+# :func:`nm_prune_ref`, which defines the op (the random draw is its own, see that module).
+_CUDA_MODULE = "impl.ops.nm_cuda"
 
 
 # --------------------------------------------------------------------------------------------

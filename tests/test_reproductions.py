@@ -267,3 +267,17 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
     saved = json.loads((tmp_path / "runs/results/sdgp.table1/smoke/result.json").read_text())
     assert saved["missing"] == [{"row": "sdgp.table1", "reason": "failed: RuntimeError: boom"}]
     assert "failed: RuntimeError: boom" in (index.parent / "sdgp.html").read_text()
+
+
+def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(keys, scale, runs_root, out):
+        seen.update(keys=keys, scale=scale, out=out)
+        return tmp_path / "index.html"
+
+    monkeypatch.setattr(reproductions, "run", fake_run)
+    path = reproductions.demo("smoke", out=tmp_path)
+    assert seen == {"keys": list(reproductions.DEMO_TARGETS), "scale": "smoke", "out": tmp_path}
+    assert "cross.methods" in seen["keys"] and path == tmp_path / "index.html"
+    assert f"report: {(tmp_path / 'index.html').resolve()}" in capsys.readouterr().out

@@ -30,9 +30,11 @@ assumption is stated on each.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 ALGORITHMS: tuple[str, ...] = ("ring", "hierarchical")
@@ -333,6 +335,98 @@ def normalize(
     return out
 
 
+def project_run_dir(
+    run_dir: str | Path,
+    gpu_counts: Sequence[int] = DEFAULT_GPU_COUNTS,
+    *,
+    train_size: int | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """:func:`project_run` of a run directory's metrics.jsonl; ``train_size`` defaults to
+    the run's own (``data_spec.train_size`` of its summary.json)."""
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if train_size is None:
+        summary = run_dir / "summary.json"
+        spec = json.loads(summary.read_text()).get("data_spec", {}) if summary.exists() else {}
+        if "train_size" not in spec:
+            raise ValueError(f"{run_dir} has no summary.json with data_spec; pass train_size")
+        train_size = int(spec["train_size"])
+    return project_run(rows, gpu_counts, train_size=train_size, **kwargs)
+
+
+def plot_fig11(projection: list[dict[str, Any]], gpus: int, path: str | Path, title: str) -> None:
+    """PruneTrain Fig. 11's axes: per-iteration and per-epoch bytes of each epoch, normalised
+    to the first epoch, at ``gpus`` GPUs; written to ``path`` (PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted((r for r in normalize(projection) if r["gpus"] == gpus), key=lambda r: r["epoch"])
+    if not rows:
+        raise ValueError(f"no projection rows for {gpus} GPUs")
+    epochs = [r["epoch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.step(epochs, [r["bytes_per_iter_norm"] for r in rows], where="post", label="per iteration")
+    ax.step(
+        epochs, [r["bytes_per_epoch_norm"] for r in rows], where="post", ls="--", label="per epoch"
+    )
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("bytes sent per GPU (normalised)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m impl.comm_model RUN_DIR``: project a run's measured payloads to 4-256 GPUs
+    (CSV on stdout or ``--csv``; PruneTrain Fig. 11's plot with ``--png``)."""
+    import argparse
+    import csv
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m impl.comm_model", description=main.__doc__)
+    p.add_argument("run_dir")
+    p.add_argument("--gpus", type=int, nargs="+", default=list(DEFAULT_GPU_COUNTS))
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="hierarchical")
+    p.add_argument("--train-size", type=int, help="samples per epoch (default: the run's)")
+    p.add_argument("--batch-scale", type=float, default=1.0)
+    p.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE)
+    p.add_argument("--csv", help="write the table here instead of stdout")
+    p.add_argument("--png", help="write PruneTrain Fig. 11's plot here")
+    p.add_argument("--plot-gpus", type=int, default=128, help="GPU count of the plot")
+    args = p.parse_args(argv)
+    proj = normalize(
+        project_run_dir(
+            args.run_dir,
+            args.gpus,
+            train_size=args.train_size,
+            algorithm=args.algorithm,
+            batch_scale=args.batch_scale,
+            gpus_per_node=args.gpus_per_node,
+        )
+    )
+    out = open(args.csv, "w", newline="") if args.csv else sys.stdout
+    try:
+        writer = csv.DictWriter(out, fieldnames=list(proj[0]))
+        writer.writeheader()
+        writer.writerows(proj)
+    finally:
+        if args.csv:
+            out.close()
+    if args.png:
+        title = (
+            f"{Path(args.run_dir).name}: {args.algorithm} ring Allreduce, {args.plot_gpus} GPUs "
+            f"(model, not measured)"
+        )
+        plot_fig11(proj, args.plot_gpus, args.png, title)
+    return 0
+
+
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_GPUS_PER_NODE",
@@ -345,8 +439,15 @@ __all__ = [
     "flat_ring_allreduce",
     "hierarchical_ring_allreduce",
     "iterations_per_epoch",
+    "main",
     "normalize",
+    "plot_fig11",
     "project_run",
+    "project_run_dir",
     "ring_allreduce",
     "ring_bytes_per_rank",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -56,6 +56,10 @@ COMM_TIMING_ENV = "PDTBENCH_COMM_TIMING"
 EXIT_DIST_FAILURE = 3
 
 
+#: The timeout the default group was created with here (None: created elsewhere).
+_GROUP_TIMEOUT_S: float | None = None
+
+
 class DistributedError(RuntimeError):
     """A distributed run failed: a peer died, a collective timed out, or ranks disagreed."""
 
@@ -151,7 +155,9 @@ def init_process_group(
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
         torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
+    global _GROUP_TIMEOUT_S
     if not dist.is_initialized():
+        _GROUP_TIMEOUT_S = timeout
         dist.init_process_group(
             backend,
             init_method=init_method or "env://",
@@ -178,19 +184,17 @@ def current() -> DistInfo:
         return DistInfo()
     world = env_world()
     local = world[2] if world else dist.get_rank()
-    pg = dist.distributed_c10d._get_default_group()
-    timeout = None
-    try:
-        timeout = dist.distributed_c10d._get_pg_default_timeout(pg).total_seconds()
-    except (AttributeError, RuntimeError):  # private helper; only used for messages
-        timeout = None
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local, dist.get_backend(), timeout)
+    return DistInfo(
+        dist.get_rank(), dist.get_world_size(), local, dist.get_backend(), _GROUP_TIMEOUT_S
+    )
 
 
 def shutdown() -> None:
     """Leave the default process group (no-op when there is none)."""
+    global _GROUP_TIMEOUT_S
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _GROUP_TIMEOUT_S = None
 
 
 def rank_device(device: torch.device, info: DistInfo) -> torch.device:
@@ -536,6 +540,8 @@ class DataParallel:
 
     def _check_masks(self) -> None:
         local = self.state.mask_checksum()
+        if self.info.backend == "nccl":
+            local = local.to(self.device)
         lo, hi = local.clone(), local.clone()
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
         dist.all_reduce(hi, op=dist.ReduceOp.MAX)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 
 import pytest
@@ -148,3 +150,42 @@ def test_project_run_reproduces_the_shape_of_prunetrain_fig11():
 def test_project_run_rejects_rows_without_payload():
     with pytest.raises(ValueError, match="lacks"):
         cm.project_run([{"epoch": 0, "batch_size": 8}], train_size=100)
+
+
+def fake_run(tmp_path, train_size=1437):
+    rows = [
+        {"epoch": 0, "batch_size": 32, "comm_bytes_per_iter": 1_000_000},
+        {"epoch": 1, "batch_size": 32, "comm_bytes_per_iter": 700_000},
+        {"epoch": 2, "batch_size": 64, "comm_bytes_per_iter": 500_000},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"status": "complete", "data_spec": {"train_size": train_size}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return tmp_path
+
+
+def test_project_run_dir_reads_the_runs_own_train_size(tmp_path):
+    run = fake_run(tmp_path)
+    proj = cm.project_run_dir(run, (8,))
+    assert [r["iterations"] for r in proj] == [45, 45, 23]
+    assert cm.project_run_dir(run, (8,), train_size=100)[2]["iterations"] == 2
+    (run / "summary.json").unlink()
+    with pytest.raises(ValueError, match="pass train_size"):
+        cm.project_run_dir(run, (8,))
+
+
+def test_main_writes_csv_and_fig11_plot(tmp_path):
+    (tmp_path / "run").mkdir()
+    run = fake_run(tmp_path / "run")
+    csv_path, png = tmp_path / "p.csv", tmp_path / "p.png"
+    argv = [str(run), "--gpus", "16", "128", "--csv", str(csv_path), "--png", str(png)]
+    assert cm.main(argv) == 0
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 6
+    last = [r for r in table if r["gpus"] == "128" and r["epoch"] == "2"][0]
+    assert float(last["bytes_per_iter_norm"]) == pytest.approx(0.5)
+    assert float(last["bytes_per_epoch_norm"]) == pytest.approx(0.5 * 23 / 45)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no projection rows for 4 GPUs"):
+        cm.plot_fig11(cm.project_run_dir(run, (8,)), 4, tmp_path / "x.png", "t")

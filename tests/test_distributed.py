@@ -211,3 +211,17 @@ def test_data_parallel_is_a_no_op_for_one_process():
     summary = dp.summary(row, ctx)
     assert summary["world_size"] == 1 and summary["global_batchnorm"] is False
     assert D.run_worker(lambda: 42) == 42  # no torchrun: just runs
+
+
+def test_init_process_group_and_current_report_the_group(tmp_path):
+    info = D.init_process_group(
+        0, 1, device="cpu", init_method=f"file://{tmp_path / 'store'}", timeout_s=12
+    )
+    try:
+        assert info == D.DistInfo(0, 1, 0, "gloo", 12.0)
+        assert D.current() == info and not info.active
+    finally:
+        D.shutdown()
+    assert not dist.is_initialized() and D.current() == D.DistInfo()
+    with pytest.raises(ValueError, match="outside world_size 1"):
+        D.init_process_group(1, 1)

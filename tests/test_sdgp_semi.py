@@ -537,3 +537,93 @@ def test_gpu_float32_falls_back_with_dtype_reason():
     assert mod.fallback_reasons == ["dtype float32 (sparse path runs float16, bfloat16)"]
     status = semi.library_status()
     assert status["gpu_capability"] is not None
+
+
+# --------------------------------------------------------------------------------------------
+# the benchmark script (bench/sdgp_semi.py): its pipeline on the CPU, its formulas
+# --------------------------------------------------------------------------------------------
+def test_bench_iterations_per_epoch():
+    from bench import sdgp_semi as bs
+
+    assert bs.iterations_per_epoch(256) == 5005  # ceil(1,281,167 / 256)
+    assert bs.iterations_per_epoch(1) == 1_281_167
+
+
+@pytest.mark.parametrize(
+    ("model", "convs", "first"),
+    [("resnet18", 19, (256, 64, 56, 56)), ("resnet50", 52, (256, 64, 56, 56))],
+    ids=["resnet18", "resnet50"],
+)
+def test_bench_model_layers_cover_every_pruned_conv(model, convs, first):
+    from bench import sdgp_semi as bs
+
+    layers = bs.model_layers(model, 256, 224)
+    assert sum(layer.count for layer in layers) == convs  # every conv but the stem
+    assert layers[0].input_shape == first
+    assert len({(la.input_shape, la.out_channels, la.kernel, la.stride) for la in layers}) == len(
+        layers
+    )
+    assert all("conv1" != la.names[0] for la in layers)
+
+
+def test_bench_derived_columns_and_slower_sentence():
+    from bench import sdgp_semi as bs
+
+    row = {"status": "ok", "dense_dgrad_ms": 4.0, "sparse_dgrad_ms": 5.0, "flops": 8e9}
+    row.update(dense_mm_ms=2.0, spmm_ms=1.0)
+    bs._derive(row)
+    assert row["est_sparse_ms"] == 2.0 and row["est_saved_ms"] == 2.0
+    assert row["measured_saved_ms"] == -1.0 and row["speedup"] == 0.8
+    assert row["sparse_faster"] is False and row["gemm_speedup"] == 2.0
+    assert row["dense_tflops"] == pytest.approx(2.0)
+    fallback = {"status": "fallback", "dense_dgrad_ms": 4.0, "sparse_dgrad_ms": None, "flops": 1}
+    bs._derive(fallback)
+    assert fallback["speedup"] is None and fallback["measured_saved_ms"] is None
+
+
+@pytest.mark.slow
+def test_bench_smoke_pipeline_on_cpu(tmp_path):
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=1, resolution=32)
+    cfg = bs.BenchConfig(**{**cfg.__dict__, "iteration": False, "small": True})
+    rows, meta = bs.run(cfg, torch.device("cpu"))
+    layers = [r for r in rows if r["kind"] == "layer"]
+    (it,) = [r for r in rows if r["kind"] == "iteration"]
+    assert sum(r["count"] for r in layers) == 19
+    for r in layers:  # a fallback is never a sparse timing
+        assert r["status"] == "fallback" and "device cpu" in r["reason"]
+        assert r.get("sparse_dgrad_ms") is None and r.get("spmm_ms") is None
+        assert r["dense_dgrad_ms"] > 0 and r["fallback_ms"] == r["reference_ms"] > 0
+        assert r["est_sparse_ms"] == pytest.approx(r["dense_dgrad_ms"] / 2)
+        assert r["commit"] == meta["provenance"]["commit"] and r["scale"] == "smoke"
+    assert it["status"] == "fallback" and it["convs_sparse"] == 0
+    assert it.get("measured_saved_ms") is None
+    total = sum(r["count"] * r["dense_dgrad_ms"] for r in layers)
+    assert it["dense_dgrad_ms"] == pytest.approx(total)
+    assert it["dense_dgrad_epoch_s"] == pytest.approx(total * bs.iterations_per_epoch(1) / 1e3)
+    bs.write(rows, meta, tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "CPU only" in text and "every conv took the reference path" in text
+    assert (tmp_path / "rows.csv").read_text().count("\n") == len(rows) + 1
+    assert len(__import__("json").loads((tmp_path / "rows.json").read_text())["rows"]) == len(rows)
+
+
+def test_bench_training_iteration_semi_variant_on_cpu():
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    out = bs.time_training_iteration("resnet18", "sdgp_semi", "bf16", torch.device("cpu"), cfg)
+    assert out["sdgp_semi_iter_ms"] > 0
+    assert out["semi_calls"] == 0 and out["semi_fallback_calls"] > 0
+    assert "device cpu" in out["semi_fallback_reasons"]
+    with pytest.raises(ValueError, match="unknown variant"):
+        bs.time_training_iteration("resnet18", "sparse", "bf16", torch.device("cpu"), cfg)
+
+
+def test_bench_main_needs_gpu_for_full_sizes(monkeypatch, tmp_path):
+    from bench import sdgp_semi as bs
+
+    monkeypatch.delenv(bs.ENV_SMALL, raising=False)
+    assert bs.main(["--out", str(tmp_path / "x"), "--device", "cpu"]) == 2
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,813 @@
+"""SDGP measured, not estimated: the data gradient of every conv on 2:4 sparse tensor cores.
+
+    python -m bench.sdgp_semi --out reports/sdgp-semi/<device> [--models resnet18 resnet50]
+        [--dtypes bf16 fp16] [--batch 256] [--resolution 224] [--backend auto]
+        [--prune-method rescaled] [--memory-format channels_last] [--no-iteration]
+
+The SDGP paper (Sec. IV-C, Fig. 9: ResNet-18, B=256, 3x224x224) timed each conv's dense
+data gradient and *estimated* SDGP's as that time times n/m. This script measures, for every
+distinct conv layer of ResNet-18 and ResNet-50 (ImageNet stem, ``impl.models``) at the paper's
+batch and resolution, in bf16 and fp16, channels-last (the authors' layout, Sec. III-A):
+
+* ``dense_dgrad_ms``: cuDNN's data gradient (``torch.nn.grad.conv2d_input``, cudnn.benchmark);
+* ``sparse_dgrad_ms``: SDGP's data gradient on sparse tensor cores
+  (:mod:`impl.methods.sdgp_semi`: 2:4 pruning, compression, sparse GEMM, fold) in one timed
+  call, and its phases ``prune_ms``, ``compress_ms``, ``spmm_ms``, ``assemble_ms``;
+* ``est_sparse_ms = dense_dgrad_ms * n / m``: the paper's estimate (Sec. IV-C);
+* ``reference_ms``: the reference SDGP backend (``nm_prune`` then cuDNN ``conv2d_input``);
+* ``dense_mm_ms`` / ``spmm_ms``: the GEMM alone, dense ``torch.mm`` against the sparse product
+  of the same shapes (what sparse tensor cores buy, without the fold around them);
+  ``dense_gemm_ms``: the whole column path with a dense GEMM;
+* ``tile_prune_compress_ms``: torch's fused prune-and-compress (``prune_dense_static_sort``,
+  ``largest_abs_values_greedy``), which prunes 4x4 tiles 2:4 along rows *and* columns: not
+  SDGP's per-row rule, listed only as a lower bound of what pruning plus compression can cost.
+
+Derived columns (formulas): ``measured_saved_ms = dense_dgrad_ms - sparse_dgrad_ms``,
+``est_saved_ms = dense_dgrad_ms * (1 - n/m)``, ``speedup = dense_dgrad_ms / sparse_dgrad_ms``,
+``gemm_speedup = dense_mm_ms / spmm_ms``, ``flops = 2 * M * K * C*R*S`` (the dense data-gradient
+GEMM, M = N*Ho*Wo), ``dense_tflops = flops / dense_dgrad_ms`` and ``sparse_tflops_equiv =
+flops / sparse_dgrad_ms`` (dense-equivalent rate). Iteration rows sum ``count *`` each layer
+value over the convs whose data gradient SDGP prunes (the stem's is never computed), and time
+whole training iterations (forward, backward, SGD step under autocast) of the dense model, the
+reference SDGP backend and the semi-structured one; ``est_iter_ms = dense_iter_ms -
+est_saved_ms`` is the paper's way of turning the estimate into an iteration time (Sec. IV-C).
+Epoch figures multiply by ``ceil(1,281,167 / batch)`` iterations (the ImageNet-1k training
+set) and are in seconds.
+
+Where the library cannot run (here: every row on a CPU) a row has ``status = "fallback"``, its
+``reason``, the reference path's time in ``fallback_ms`` and no sparse time: a fallback is
+never reported as a sparse timing. ``PDTBENCH_BENCH_SMALL=1`` runs small sizes (batch 2,
+32x32, bf16) as a smoke test of the pipeline on the CPU. Every row carries the provenance of
+:func:`bench.cases.provenance`. Writes ``rows.csv``, ``rows.json`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench import measure
+from bench.cases import ENV_SMALL, provenance
+from bench.run import columns
+
+N_KEEP, M_GROUP = 2, 4
+#: Training images of ImageNet-1k (ILSVRC2012), for iterations per epoch.
+IMAGENET_TRAIN_IMAGES = 1_281_167
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MODELS = ("resnet18", "resnet50")
+#: GPU timing budgets (ms) of one layer measurement and of one training iteration.
+LAYER_WARMUP_MS, LAYER_REP_MS = 25.0, 100.0
+ITER_WARMUP_MS, ITER_REP_MS = 200.0, 1000.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes and options of one run.
+
+    Args:
+        models: ``impl.models`` names (ImageNet stem, 1000 classes).
+        dtypes: keys of :data:`DTYPES`.
+        batch, resolution: input batch and square image size.
+        backend: ``auto``, ``cusparselt`` or ``cutlass`` (:mod:`impl.methods.sdgp_semi`).
+        prune_method, rescale: SDGP's pruning function and rescale rule.
+        memory_format: ``channels_last`` (the authors' layout) or ``contiguous``.
+        iteration: also time whole training iterations.
+        small: the smoke sizes (CPU timing with few repeats).
+    """
+
+    models: tuple[str, ...] = MODELS
+    dtypes: tuple[str, ...] = ("bf16", "fp16")
+    batch: int = 256
+    resolution: int = 224
+    backend: str = "auto"
+    prune_method: str = "rescaled"
+    rescale: str = "plane"
+    memory_format: str = "channels_last"
+    iteration: bool = True
+    small: bool = False
+
+
+def small_enabled() -> bool:
+    """Whether ``PDTBENCH_BENCH_SMALL`` asks for the smoke sizes."""
+    return (os.environ.get(ENV_SMALL) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def default_config(small: bool | None = None) -> BenchConfig:
+    """The paper's sizes (Fig. 9: batch 256, 224x224), or the smoke sizes when ``small``."""
+    if small is None:
+        small = small_enabled()
+    if small:
+        return BenchConfig(dtypes=("bf16",), batch=2, resolution=32, small=True)
+    return BenchConfig()
+
+
+def iterations_per_epoch(batch: int) -> int:
+    """ImageNet-1k training iterations per epoch at ``batch`` (the last partial batch counts)."""
+    return math.ceil(IMAGENET_TRAIN_IMAGES / batch)
+
+
+# -- layers ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerShape:
+    """One distinct conv of a model: shapes, hyper-parameters and the layers that have it."""
+
+    names: tuple[str, ...]
+    input_shape: tuple[int, int, int, int]
+    out_channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+    @property
+    def count(self) -> int:
+        """How many convs of the model have this shape."""
+        return len(self.names)
+
+
+def model_layers(model: str, batch: int, resolution: int) -> list[LayerShape]:
+    """The distinct convs of ``model`` whose data gradient SDGP prunes (shapes on ``meta``).
+
+    The convs :func:`impl.methods.sdgp.sdgp_plan` converts and whose input is not the network's
+    (the stem's data gradient is never computed), grouped by shape in order of appearance.
+    """
+    from impl.methods.sdgp import _explicit_padding, sdgp_plan
+    from impl.methods.sdgp_timing import capture_conv_shapes
+    from impl.models import create
+
+    with torch.device("meta"):
+        net = create(model, num_classes=1000, stem="imagenet")
+    shapes = capture_conv_shapes(net, (3, resolution, resolution), 1)
+    plan = {p.name: p for p in sdgp_plan(net, N_KEEP, M_GROUP)}
+    found: dict[tuple[Any, ...], list[str]] = {}
+    for name, mod in net.named_modules():
+        if not isinstance(mod, torch.nn.Conv2d) or name not in shapes:
+            continue
+        if not (plan[name].sparse and shapes[name]["data_grad_needed"]):
+            continue
+        _, c, h, w = shapes[name]["input_shape"]
+        key = (
+            (batch, c, h, w),
+            mod.out_channels,
+            tuple(mod.kernel_size),
+            tuple(mod.stride),
+            _explicit_padding(mod),
+            tuple(mod.dilation),
+            mod.groups,
+        )
+        found.setdefault(key, []).append(name)
+    return [LayerShape(tuple(names), *key) for key, names in found.items()]  # type: ignore[arg-type]
+
+
+# -- timing ----------------------------------------------------------------------------------
+def _release() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _timed(
+    fn: Callable[[], Any], device: torch.device, cfg: BenchConfig, *, iteration: bool = False
+) -> measure.Timing:
+    if device.type == "cuda":
+        warm, rep = (ITER_WARMUP_MS, ITER_REP_MS) if iteration else (LAYER_WARMUP_MS, LAYER_REP_MS)
+        return measure.cuda_timing(lambda i: fn(), warmup_ms=warm, rep_ms=rep, min_reps=3)
+    repeats = 2 if cfg.small else 3
+    return measure.cpu_timing(lambda i: fn(), warmup=1, repeats=repeats)
+
+
+def _attempt(row: dict[str, Any], key: str, fn: Callable[[], measure.Timing]) -> bool:
+    """Time into ``row[key + '_ms']``; on failure record it (OOM as a value) and return False."""
+    try:
+        t = fn()
+    except Exception as exc:  # noqa: BLE001 - a row records the failure, the run goes on
+        kind = "oom" if measure.is_out_of_memory(exc) else "error"
+        row.setdefault("errors", []).append(f"{key}: {kind}: {type(exc).__name__}: {exc}"[:300])
+        row[f"{key}_ms"] = None
+        return False
+    row[f"{key}_ms"] = t.median_ms
+    row.setdefault("clock", t.clock)
+    row.setdefault("n_runs", t.n)
+    return True
+
+
+def _memory_format(cfg: BenchConfig) -> torch.memory_format:
+    return torch.channels_last if cfg.memory_format == "channels_last" else torch.contiguous_format
+
+
+def _tile_prune_compress(a: torch.Tensor, backend: str) -> Any:
+    """torch's fused 4x4-tile prune and compress (not SDGP's rule; timed as a lower bound)."""
+    import warnings
+
+    from impl.methods import sdgp_semi as semi
+
+    cls = semi._semi_class(semi.resolve_backend(backend))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=semi._PROTOTYPE_WARNING)
+        return cls.prune_dense_static_sort(a, algorithm="largest_abs_values_greedy")
+
+
+def measure_layer(
+    layer: LayerShape, dtype_name: str, device: torch.device, cfg: BenchConfig
+) -> dict[str, Any]:
+    """One row: the dense, reference, estimated and sparse data-gradient times of ``layer``."""
+    from impl.methods import sdgp_semi as semi
+    from impl.methods.sdgp import nm_prune
+
+    dtype = DTYPES[dtype_name]
+    fmt = _memory_format(cfg)
+    n, c, h, w = layer.input_shape
+    k = layer.out_channels
+    r, s = layer.kernel
+    ho, wo = semi.conv_output_hw((h, w), layer.kernel, layer.stride, layer.padding, layer.dilation)
+    rows_m, cols = n * ho * wo, c * r * s // layer.groups
+    backend = semi.resolve_backend(cfg.backend)
+    kernel_prune = device.type == "cuda" and semi._nm_kernel() is not None
+    if (r, s) == (1, 1) and layer.padding == (0, 0):
+        path = "1x1" if layer.stride == (1, 1) else "1x1-strided"
+    else:
+        path = "fold"
+    row: dict[str, Any] = {
+        "kind": "layer",
+        "layer": layer.names[0],
+        "layers": ";".join(layer.names),
+        "count": layer.count,
+        "dtype": dtype_name,
+        "memory_format": cfg.memory_format,
+        "backend": backend,
+        "prune_method": cfg.prune_method,
+        "rescale": cfg.rescale if cfg.prune_method == "rescaled" else "",
+        "prune_impl": "nm_cuda kernel" if kernel_prune else "reference (torch ops)",
+        "N": n,
+        "C": c,
+        "K": k,
+        "H": h,
+        "W": w,
+        "Ho": ho,
+        "Wo": wo,
+        "kernel": f"{r}x{s}",
+        "stride": "x".join(map(str, layer.stride)),
+        "padding": "x".join(map(str, layer.padding)),
+        "path": path,
+        "gemm_m": rows_m,
+        "gemm_k": k,
+        "gemm_n": cols,
+        "flops": 2 * rows_m * k * cols,
+        "status": "",
+        "reason": "",
+    }
+    shape4 = (n, c, h, w)
+    args = (layer.stride, layer.padding, layer.dilation, layer.groups)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    weight = torch.randn(k, c // layer.groups, r, s, device=device, dtype=dtype) / math.sqrt(cols)
+    weight = weight.contiguous(memory_format=fmt)
+    grad = torch.randn(n, k, ho, wo, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    rows = semi.grad_rows(grad)
+    a_dense = rows.reshape(rows_m, k)
+    w2 = weight.reshape(k, -1)
+    method, rescale = cfg.prune_method, cfg.rescale
+
+    def prune() -> torch.Tensor:
+        return semi.prune_rows(rows, N_KEEP, M_GROUP, method, rescale, gen)
+
+    with torch.no_grad():
+        _attempt(
+            row,
+            "dense_dgrad",
+            lambda: _timed(
+                lambda: torch.nn.grad.conv2d_input(shape4, weight, grad, *args), device, cfg
+            ),
+        )
+        _attempt(
+            row,
+            "reference",
+            lambda: _timed(
+                lambda: torch.nn.grad.conv2d_input(
+                    shape4, weight, nm_prune(grad, N_KEEP, M_GROUP, method, 1, rescale, gen), *args
+                ),
+                device,
+                cfg,
+            ),
+        )
+        if layer.groups == 1:
+            _attempt(row, "dense_mm", lambda: _timed(lambda: torch.mm(a_dense, w2), device, cfg))
+            _attempt(
+                row,
+                "dense_gemm",
+                lambda: _timed(
+                    lambda: semi.data_grad_from_rows(
+                        a_dense, weight, shape4, layer.stride, layer.padding, layer.dilation
+                    ).contiguous(memory_format=fmt),
+                    device,
+                    cfg,
+                ),
+            )
+        reason = semi.unsupported_reason(
+            n=N_KEEP,
+            m=M_GROUP,
+            device=device,
+            dtype=dtype,
+            groups=layer.groups,
+            out_channels=k,
+            rows=rows_m,
+            cols=cols,
+            backend=cfg.backend,
+        )
+        if reason:
+            row.update(status="fallback", reason=reason, fallback_ms=row.get("reference_ms"))
+        else:
+            _sparse_phases(row, layer, rows, weight, w2, a_dense, prune, device, cfg, fmt)
+    _derive(row)
+    if row.get("errors"):
+        row["errors"] = " | ".join(row["errors"])
+    return row
+
+
+def _sparse_phases(
+    row: dict[str, Any],
+    layer: LayerShape,
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    w2: torch.Tensor,
+    a_dense: torch.Tensor,
+    prune: Callable[[], torch.Tensor],
+    device: torch.device,
+    cfg: BenchConfig,
+    fmt: torch.memory_format,
+) -> None:
+    """Time the sparse path whole and by phase; record a library failure as the row's error."""
+    from impl.methods import sdgp_semi as semi
+
+    n, c, h, w = layer.input_shape
+    shape4 = (n, c, h, w)
+    geo = (layer.stride, layer.padding, layer.dilation)
+    m = a_dense.shape[0]
+    backend = cfg.backend
+    try:
+        pruned = prune()
+        a = pruned.reshape(m, -1)
+        sa = semi.compress(a, backend)
+        col = semi.semi_matmul(sa, w2, m)
+        got = semi.assemble_data_grad(col, shape4, layer.kernel, *geo)
+        # sanity: the sparse result against cuDNN on the same pruned gradient (relative max)
+        ref = torch.nn.grad.conv2d_input(
+            shape4, weight, semi.rows_to_nchw(pruned, (layer_out(layer))), *geo, layer.groups
+        )
+        scale = float(ref.abs().max()) or 1.0
+        row["check_rel_max_err"] = float((got.float() - ref.float()).abs().max()) / scale
+    except Exception as exc:  # noqa: BLE001 - a library failure is a row, not a crash
+        kind = "oom" if measure.is_out_of_memory(exc) else "error"
+        row.update(status=kind, reason=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return
+    ok = _attempt(
+        row,
+        "sparse_dgrad",
+        lambda: _timed(
+            lambda: semi.sparse_data_grad(prune(), weight, shape4, *geo, backend).contiguous(
+                memory_format=fmt
+            ),
+            device,
+            cfg,
+        ),
+    )
+    _attempt(row, "prune", lambda: _timed(prune, device, cfg))
+    _attempt(row, "compress", lambda: _timed(lambda: semi.compress(a, backend), device, cfg))
+    _attempt(row, "spmm", lambda: _timed(lambda: semi.semi_matmul(sa, w2, m), device, cfg))
+    _attempt(
+        row,
+        "assemble",
+        lambda: _timed(
+            lambda: semi.assemble_data_grad(col, shape4, layer.kernel, *geo).contiguous(
+                memory_format=fmt
+            ),
+            device,
+            cfg,
+        ),
+    )
+    try:
+        _tile_prune_compress(a_dense, backend)
+    except Exception as exc:  # noqa: BLE001
+        row["tile_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    else:
+        _attempt(
+            row,
+            "tile_prune_compress",
+            lambda: _timed(lambda: _tile_prune_compress(a_dense, backend), device, cfg),
+        )
+    row["status"] = "ok" if ok else "error"
+    if not ok:
+        row["reason"] = "the timed sparse call failed (see errors)"
+
+
+def layer_out(layer: LayerShape) -> tuple[int, int]:
+    """Output height and width of ``layer``."""
+    from impl.methods.sdgp_semi import conv_output_hw
+
+    _, _, h, w = layer.input_shape
+    return conv_output_hw((h, w), layer.kernel, layer.stride, layer.padding, layer.dilation)
+
+
+def _derive(row: dict[str, Any]) -> None:
+    """The derived columns of one layer row (formulas in the module docstring)."""
+    dense = row.get("dense_dgrad_ms")
+    sparse = row.get("sparse_dgrad_ms") if row.get("status") == "ok" else None
+    density = N_KEEP / M_GROUP
+    row["est_sparse_ms"] = dense * density if dense is not None else None
+    row["est_saved_ms"] = dense * (1 - density) if dense is not None else None
+    row["measured_saved_ms"] = dense - sparse if dense is not None and sparse else None
+    row["speedup"] = dense / sparse if dense and sparse else None
+    row["sparse_faster"] = (sparse < dense) if dense and sparse else None
+    mm, sp = row.get("dense_mm_ms"), row.get("spmm_ms")
+    row["gemm_speedup"] = mm / sp if mm and sp else None
+    flops = row["flops"]
+    row["dense_tflops"] = flops / (dense * 1e-3) / 1e12 if dense else None
+    row["sparse_tflops_equiv"] = flops / (sparse * 1e-3) / 1e12 if sparse else None
+
+
+# -- whole iterations ------------------------------------------------------------------------
+def time_training_iteration(
+    model_name: str, variant: str, dtype_name: str, device: torch.device, cfg: BenchConfig
+) -> dict[str, Any]:
+    """Median ms of one training iteration (forward, backward, SGD step, autocast ``dtype``).
+
+    ``variant``: ``dense``, ``sdgp_reference`` (``sdgp_convert``) or ``sdgp_semi``
+    (``sdgp_semi_convert``); the latter also returns its call and fallback counts.
+    """
+    from impl.methods.sdgp import sdgp_convert
+    from impl.methods.sdgp_semi import sdgp_semi_convert, semi_summary
+    from impl.models import create
+
+    fmt = _memory_format(cfg)
+    torch.manual_seed(0)
+    model = create(model_name, num_classes=1000, stem="imagenet").to(device)
+    model = model.to(memory_format=fmt)
+    if variant == "sdgp_reference":
+        sdgp_convert(model, N_KEEP, M_GROUP, cfg.prune_method, cfg.rescale)
+    elif variant == "sdgp_semi":
+        sdgp_semi_convert(
+            model, N_KEEP, M_GROUP, cfg.prune_method, cfg.rescale, sparse_backend=cfg.backend
+        )
+    elif variant != "dense":
+        raise ValueError(f"unknown variant {variant!r}; valid: dense, sdgp_reference, sdgp_semi")
+    # A small learning rate keeps fp16 weights finite without a GradScaler over the few steps.
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    x = torch.randn(cfg.batch, 3, cfg.resolution, cfg.resolution, device=device)
+    x = x.contiguous(memory_format=fmt)
+    y = torch.randint(0, 1000, (cfg.batch,), device=device)
+    dtype = DTYPES[dtype_name]
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out: dict[str, Any] = {}
+    _attempt(out, variant + "_iter", lambda: _timed(step, device, cfg, iteration=True))
+    if variant == "sdgp_semi":
+        s = semi_summary(model)
+        out["semi_calls"] = s["sdgp_semi_calls"]
+        out["semi_fallback_calls"] = s["sdgp_semi_fallback_calls"]
+        reasons = sorted({r["reason"] for r in s["sdgp_semi_fallback_reasons"]})
+        out["semi_fallback_reasons"] = json.dumps(reasons)
+    return out
+
+
+def iteration_row(
+    model_name: str,
+    dtype_name: str,
+    layer_rows: Sequence[dict[str, Any]],
+    device: torch.device,
+    cfg: BenchConfig,
+) -> dict[str, Any]:
+    """Per-iteration and per-epoch sums of the layer rows, and measured whole iterations."""
+    ipe = iterations_per_epoch(cfg.batch)
+    ok = [r for r in layer_rows if r["status"] == "ok"]
+    fallback = [r for r in layer_rows if r["status"] != "ok"]
+
+    def total(key: str, rows: Sequence[dict[str, Any]] = layer_rows) -> float | None:
+        vals = [(r["count"], r.get(key)) for r in rows]
+        if not rows or any(v is None for _, v in vals):
+            return None
+        return float(sum(cnt * v for cnt, v in vals))
+
+    row: dict[str, Any] = {
+        "kind": "iteration",
+        "layer": "(all)",
+        "model": model_name,
+        "dtype": dtype_name,
+        "memory_format": cfg.memory_format,
+        "batch": cfg.batch,
+        "resolution": cfg.resolution,
+        "iterations_per_epoch": ipe,
+        "distinct_layers": len(layer_rows),
+        "convs": sum(r["count"] for r in layer_rows),
+        "convs_sparse": sum(r["count"] for r in ok),
+        "convs_fallback": sum(r["count"] for r in fallback),
+        "status": "ok" if not fallback else ("fallback" if not ok else "partial"),
+        "reason": "; ".join(sorted({r["reason"] for r in fallback if r["reason"]})),
+        "dense_dgrad_ms": total("dense_dgrad_ms"),
+        "est_sparse_ms": total("est_sparse_ms"),
+        "est_saved_ms": total("est_saved_ms"),
+        "reference_ms": total("reference_ms"),
+        # What the semi-structured backend spends: sparse where it runs, the reference path
+        # (pruning + cuDNN) where it falls back.
+        "semi_backend_dgrad_ms": (
+            (total("sparse_dgrad_ms", ok) or 0.0) + (total("reference_ms", fallback) or 0.0)
+            if (not ok or total("sparse_dgrad_ms", ok) is not None)
+            else None
+        ),
+        "sparse_dgrad_ms_sparse_layers": total("sparse_dgrad_ms", ok) if ok else None,
+        "dense_dgrad_ms_sparse_layers": total("dense_dgrad_ms", ok) if ok else None,
+    }
+    if ok and row["dense_dgrad_ms"] is not None and row["semi_backend_dgrad_ms"] is not None:
+        # Only a saving where some conv really ran on sparse tensor cores.
+        row["measured_saved_ms"] = row["dense_dgrad_ms"] - row["semi_backend_dgrad_ms"]
+    if cfg.iteration:
+        for variant in ("dense", "sdgp_reference", "sdgp_semi"):
+            print(f"  iteration {model_name} {dtype_name} {variant}", flush=True)
+            row.update(time_training_iteration(model_name, variant, dtype_name, device, cfg))
+            _release()  # the model, its optimizer and activations are gone with the call
+        dense_iter = row.get("dense_iter_ms")
+        if dense_iter and row.get("est_saved_ms") is not None:
+            row["est_iter_ms"] = dense_iter - row["est_saved_ms"]
+            row["est_saved_fraction"] = row["est_saved_ms"] / dense_iter
+        if dense_iter and row.get("sdgp_semi_iter_ms") and row.get("semi_calls"):
+            row["measured_saved_fraction"] = (dense_iter - row["sdgp_semi_iter_ms"]) / dense_iter
+        if row.get("semi_fallback_calls"):
+            row["semi_iteration_note"] = (
+                "every conv took the reference path"
+                if not row.get("semi_calls")
+                else "some convs took the reference path (see semi_fallback_reasons)"
+            )
+    for key in (
+        "dense_dgrad_ms",
+        "est_sparse_ms",
+        "semi_backend_dgrad_ms",
+        "dense_iter_ms",
+        "est_iter_ms",
+        "sdgp_reference_iter_ms",
+        "sdgp_semi_iter_ms",
+    ):
+        if row.get(key) is not None:
+            row[key.replace("_ms", "_epoch_s")] = row[key] * ipe / 1e3
+    return row
+
+
+# -- the run ---------------------------------------------------------------------------------
+def run(cfg: BenchConfig, device: torch.device) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every layer row and iteration row of ``cfg`` on ``device``, and the run's metadata."""
+    scale = "smoke" if cfg.small else ("gpu" if device.type == "cuda" else "cpu")
+    prov = provenance(scale)
+    from impl.methods.sdgp_semi import library_status
+
+    meta: dict[str, Any] = {
+        "config": cfg.__dict__,
+        "device": str(device),
+        "library": library_status(),
+        "provenance": prov,
+        "n": N_KEEP,
+        "m": M_GROUP,
+    }
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    with measure.pinned_flags(cudnn_benchmark=device.type == "cuda") as flags:
+        meta["flags"] = flags
+        for model_name in cfg.models:
+            layers = model_layers(model_name, cfg.batch, cfg.resolution)
+            for dtype_name in cfg.dtypes:
+                layer_rows = []
+                for layer in layers:
+                    r = measure_layer(layer, dtype_name, device, cfg)
+                    _release()  # the layer's tensors are gone with the call
+                    r["model"] = model_name
+                    layer_rows.append(r)
+                    dense, sparse = r.get("dense_dgrad_ms"), r.get("sparse_dgrad_ms")
+                    print(
+                        f"{model_name} {dtype_name} {r['layer']:<22} x{r['count']:<2} "
+                        f"{r['status']:<8} dense {_fmt(dense)} ms, est {_fmt(r['est_sparse_ms'])}"
+                        f" ms, sparse {_fmt(sparse)} ms {r['reason'][:60]}",
+                        flush=True,
+                    )
+                rows += layer_rows
+                rows.append(iteration_row(model_name, dtype_name, layer_rows, device, cfg))
+    meta["wall_seconds"] = round(time.perf_counter() - start, 1)
+    for r in rows:
+        r.setdefault("model", "")
+        r.update({k: v for k, v in prov.items() if k not in r})
+        r.setdefault("device_name", prov.get("gpu_name") or prov.get("cpu_model"))
+    return rows, meta
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if math.isfinite(value) else "-"
+    return str(value)
+
+
+def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """Markdown: per model and dtype, the side-by-side layer table and the iteration totals."""
+    prov = meta["provenance"]
+    lib = meta["library"]
+    lines = [
+        "# SDGP on 2:4 sparse tensor cores: measured against the paper's estimate",
+        "",
+        f"commit `{prov.get('commit')}` (dirty: {prov.get('dirty')}), {prov.get('date')}; "
+        f"device `{meta['device']}` ({prov.get('gpu_name') or prov.get('cpu_model')}); "
+        f"torch {lib['torch']}, CUDA {prov.get('cuda')}, cuSPARSELt "
+        f"{lib['cusparselt_version'] if lib['cusparselt_available'] else 'absent'}; "
+        f"batch {meta['config']['batch']}, {meta['config']['resolution']}x"
+        f"{meta['config']['resolution']}, {meta['config']['memory_format']}, pruning "
+        f"{meta['config']['prune_method']}; {meta['wall_seconds']} s.",
+        "",
+        "Times are medians in ms. `est` = dense x n/m (the paper's estimate, Sec. IV-C); "
+        "`sparse` = pruning + compression + sparse GEMM + fold, measured in one call. A "
+        "`fallback` row did not run on sparse tensor cores (reason given) and has no sparse "
+        "time. Generated by `python -m bench.sdgp_semi`; see docs/sdgp_semi.md.",
+        "",
+    ]
+    if not prov.get("gpu_name"):
+        lines += ["**CPU only**: every sparse row is a fallback; the times are a smoke test.", ""]
+    for it in [r for r in rows if r["kind"] == "iteration"]:
+        model, dtype = it["model"], it["dtype"]
+        layer_rows = [
+            r for r in rows if r["kind"] == "layer" and r["model"] == model and r["dtype"] == dtype
+        ]
+        lines += [f"## {model}, {dtype}", ""]
+        head = [
+            "layer",
+            "x",
+            "shape (C->K, k, s, HxW)",
+            "dense",
+            "est",
+            "sparse",
+            "speedup",
+            "prune",
+            "compress",
+            "spmm",
+            "fold",
+            "mm dense",
+            "status",
+        ]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in layer_rows:
+            shape = f"{r['C']}->{r['K']}, {r['kernel']}, s{r['stride']}, {r['H']}x{r['W']}"
+            vals = [
+                r["layer"],
+                r["count"],
+                shape,
+                r.get("dense_dgrad_ms"),
+                r.get("est_sparse_ms"),
+                r.get("sparse_dgrad_ms"),
+                r.get("speedup"),
+                r.get("prune_ms"),
+                r.get("compress_ms"),
+                r.get("spmm_ms"),
+                r.get("assemble_ms"),
+                r.get("dense_mm_ms"),
+                r["status"] + (f": {r['reason']}" if r["status"] != "ok" else ""),
+            ]
+            lines.append("| " + " | ".join(_fmt(v) for v in vals) + " |")
+        slower = [r for r in layer_rows if r.get("sparse_faster") is False]
+        measured = [r for r in layer_rows if r.get("sparse_faster") is not None]
+        lines += [""]
+        if measured:
+            lines.append(
+                f"Sparse slower than dense on {len(slower)} of {len(measured)} distinct layers"
+                + (f": {', '.join(r['layer'] for r in slower)}." if slower else ".")
+            )
+        if it["convs_sparse"]:
+            semi_text = (
+                f"semi-structured backend {_fmt(it.get('semi_backend_dgrad_ms'))} ms (saves "
+                f"{_fmt(it.get('measured_saved_ms'))}; {it['convs_fallback']} convs on the "
+                "reference path)"
+            )
+        else:
+            semi_text = (
+                "semi-structured backend: every conv took the reference path "
+                f"({it['reason']}), so no sparse time"
+            )
+        lines += [
+            "",
+            f"Per iteration ({it['convs']} convs, {it['convs_sparse']} on sparse tensor cores): "
+            f"dense data gradients {_fmt(it.get('dense_dgrad_ms'))} ms; paper's estimate "
+            f"{_fmt(it.get('est_sparse_ms'))} ms (saves {_fmt(it.get('est_saved_ms'))}); "
+            f"{semi_text}; reference SDGP backend {_fmt(it.get('reference_ms'))} ms.",
+        ]
+        if it.get("dense_iter_ms") is not None:
+            lines.append(
+                f"Whole training iteration: dense {_fmt(it.get('dense_iter_ms'))} ms, estimated "
+                f"SDGP {_fmt(it.get('est_iter_ms'))} ms, SDGP semi-structured backend "
+                f"{_fmt(it.get('sdgp_semi_iter_ms'))} ms ({_fmt(it.get('semi_calls'))} sparse "
+                f"calls, {_fmt(it.get('semi_fallback_calls'))} reference-path calls), reference "
+                f"SDGP {_fmt(it.get('sdgp_reference_iter_ms'))} ms."
+            )
+        lines.append(
+            f"Per epoch ({it['iterations_per_epoch']} iterations): dense data gradients "
+            f"{_fmt(it.get('dense_dgrad_epoch_s'))} s, estimate "
+            f"{_fmt(it.get('est_sparse_epoch_s'))} s, semi-structured backend "
+            f"{_fmt(it.get('semi_backend_dgrad_epoch_s'))} s; whole epoch "
+            f"dense {_fmt(it.get('dense_iter_epoch_s'))} s, estimated "
+            f"{_fmt(it.get('est_iter_epoch_s'))} s, semi-structured backend "
+            f"{_fmt(it.get('sdgp_semi_iter_epoch_s'))} s."
+        )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write(rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    """``rows.csv``, ``rows.json`` (``{"meta": ..., "rows": [...]}``) and ``summary.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    cols = columns(rows)
+    with open(out / "rows.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    payload = {
+        "meta": meta,
+        "rows": [{k: _json_value(v) for k, v in r.items()} for r in rows],
+    }
+    (out / "rows.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    (out / "summary.md").write_text(summary(rows, meta))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line of ``python -m bench.sdgp_semi``; returns the exit status."""
+    base = default_config()
+    p = argparse.ArgumentParser(
+        prog="python -m bench.sdgp_semi", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", type=Path, required=True, help="directory for rows.csv/json, summary")
+    p.add_argument("--models", nargs="+", default=list(base.models))
+    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(base.dtypes))
+    p.add_argument("--batch", type=int, default=base.batch)
+    p.add_argument("--resolution", type=int, default=base.resolution)
+    p.add_argument("--backend", choices=("auto", "cusparselt", "cutlass"), default=base.backend)
+    p.add_argument(
+        "--prune-method", choices=("random", "magnitude", "rescaled"), default=base.prune_method
+    )
+    p.add_argument("--rescale", choices=("plane", "channel"), default=base.rescale)
+    p.add_argument(
+        "--memory-format", choices=("channels_last", "contiguous"), default=base.memory_format
+    )
+    p.add_argument("--no-iteration", action="store_true", help="skip whole-iteration timings")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and not base.small:
+        print(
+            f"the full sizes need a GPU; set {ENV_SMALL}=1 for the CPU smoke run", file=sys.stderr
+        )
+        return 2
+    cfg = BenchConfig(
+        models=tuple(args.models),
+        dtypes=tuple(args.dtypes),
+        batch=args.batch,
+        resolution=args.resolution,
+        backend=args.backend,
+        prune_method=args.prune_method,
+        rescale=args.rescale,
+        memory_format=args.memory_format,
+        iteration=not args.no_iteration,
+        small=base.small,
+    )
+    rows, meta = run(cfg, device)
+    write(rows, meta, args.out)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"wrote {len(rows)} rows to {args.out} ({counts}) in {meta['wall_seconds']} s")
+    errors = [r for r in rows if r["status"] in ("error",)]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -341,3 +341,23 @@ def test_method_cost_densities():
     assert set(cost) == {"3", "6"}
     assert cost["3"] == LayerDensity(forward=1.0, data_grad=1 / 8, weight_grad=1.0)
     assert cost["6"].data_grad == pytest.approx(2 / 12)  # 12 channels: 8 + a padded 4
+
+
+def test_method_default_eps_is_the_authors_constant_unscaled():
+    # The authors' 1e-4 acted on GradScaler-scaled gradients (initial scale 2**16); the
+    # method's default is that constant in unscaled units, and the layers receive it.
+    from impl.methods.sdgp import METHOD_RESCALE_EPS, RESCALE_EPS
+
+    assert METHOD_RESCALE_EPS == pytest.approx(1e-4 / 65536) and RESCALE_EPS == 1e-4
+    method = SDGP()
+    model = _tiny()
+    ctx = _ctx(model)
+    method.setup(ctx)
+    assert all(v.eps == METHOD_RESCALE_EPS for v in sdgp_modules(model).values())
+    assert SDGP(SDGPConfig(profile=False)).summary(ctx)["sdgp_rescale_eps"] == METHOD_RESCALE_EPS
+    # with gradients of the size a trained net sees (~1e-7 per element), the literal 1e-4
+    # shrinks the L1 norm of a 5x5 plane by far more than the default does
+    g = torch.randn(2, 8, 5, 5) * 1e-7
+    literal = nm_prune(g, 2, 4, eps=RESCALE_EPS).abs().sum() / g.abs().sum()
+    default = nm_prune(g, 2, 4, eps=METHOD_RESCALE_EPS).abs().sum() / g.abs().sum()
+    assert literal < 0.1 and default > 0.99

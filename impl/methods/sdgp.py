@@ -21,8 +21,12 @@ The scale of ``eps``: the authors trained with fp16 autocast and ``GradScaler`` 
 2**16, growing), so their ``1e-4`` was added to loss-scaled gradient sums; on unscaled fp32
 gradients it stands for about ``1e-4 / 2**16 ~ 1.5e-9``. Applied literally to unscaled fp32
 gradients, ``1e-4`` is no longer negligible (per-plane sums of |dL/dO| are often ~1e-4 late in
-training) and shrinks the data gradient instead of preserving its L1 norm; the ``SDGP``
-method records sum|pruned| / sum|dense| per epoch (``sdgp_l1_ratio_*``) so this is visible.
+training) and shrinks the data gradient instead of preserving its L1 norm (measured on digits
+with ResNet-20: sum|pruned| / sum|dense| of 0.68 on average, 0.42 in the worst layer, against
+0.999 with eps ~ 0). :func:`nm_prune` keeps the literal ``1e-4`` as its default; the ``SDGP``
+method defaults to ``1e-4 / 2**16`` (``METHOD_RESCALE_EPS``), the authors' constant in
+unscaled-gradient units, and records the value used and sum|pruned| / sum|dense| per epoch
+(``sdgp_l1_ratio_*``).
 
 Groups are ``m`` consecutive elements along ``dim`` (the channel dim of NCHW gradients; the
 authors run channels-last so a group is contiguous). **When the length of ``dim`` is not a
@@ -54,6 +58,10 @@ IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
 NONDIVISIBLE_RULES: tuple[str, ...] = ("pad", "dense")
 MAX_GROUP = 32  # the authors' kernel keeps one group per thread in registers, m <= 32
 RESCALE_EPS = 1e-4  # the constant of the authors' rescale rule
+# The authors trained under torch.cuda.amp.GradScaler, whose initial loss scale is 2**16: their
+# 1e-4 was added to gradient sums 2**16 times (or more) larger than unscaled fp32 ones.
+AUTHORS_LOSS_SCALE = 2**16
+METHOD_RESCALE_EPS = RESCALE_EPS / AUTHORS_LOSS_SCALE  # ~1.5e-9: SDGPConfig's default
 MIN_INPUT_CHANNELS = 4  # convs with <= 3 input channels (the stem) stay dense (authors' rule)
 
 # The CUDA implementation of nm_prune. It defines ``is_available() -> bool`` and
@@ -639,8 +647,10 @@ class SDGPConfig(MethodConfig):
             text, per channel over batch and space); used by ``rescaled`` only.
         nondivisible: for convs whose output channels are not a multiple of ``m``: ``pad``
             (the last group keeps min(n, r) of its r channels) or ``dense`` (layer unpruned).
-        rescale_eps: additive constant in the rescale denominator (authors' code: 1e-4,
-            on loss-scaled fp16 gradients; see the module docstring for its scale).
+        rescale_eps: additive constant in the rescale denominator. Default 1e-4 / 2**16:
+            the authors' 1e-4 acted on gradients loss-scaled by GradScaler (2**16 at start),
+            this Trainer's gradients are unscaled (module docstring); pass 1e-4 for the
+            literal constant.
         prune_seed: seed of the random-pruning generator; ``None`` uses the run's seed.
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.
@@ -652,7 +662,7 @@ class SDGPConfig(MethodConfig):
     prune_method: str = "rescaled"
     rescale: str = "plane"
     nondivisible: str = "pad"
-    rescale_eps: float = RESCALE_EPS
+    rescale_eps: float = METHOD_RESCALE_EPS
     prune_seed: int | None = None
     profile: bool = True
     profile_repeats: int = 3
@@ -793,8 +803,10 @@ class SDGP(Method):
 
 
 __all__ = [
+    "AUTHORS_LOSS_SCALE",
     "IMPLS",
     "MAX_GROUP",
+    "METHOD_RESCALE_EPS",
     "NONDIVISIBLE_RULES",
     "PRUNE_METHODS",
     "RESCALE_EPS",

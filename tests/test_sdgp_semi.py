@@ -183,6 +183,22 @@ def test_semi_matmul_pads_and_slices_dense_operand():
     torch.testing.assert_close(out, a @ b, rtol=1e-14, atol=1e-14)
 
 
+@pytest.mark.parametrize(
+    ("backend", "rows_out"), [("cusparselt", 48), ("cutlass", 64)], ids=["cslt", "cutlass"]
+)
+def test_compress_pads_rows_to_the_backend_multiple(monkeypatch, backend, rows_out):
+    class Identity:  # stands in for the library class: returns what it is given
+        @staticmethod
+        def from_dense(a):
+            return a
+
+    monkeypatch.setattr(semi, "_semi_class", lambda name: Identity)
+    a = torch.randn(40, 64, dtype=torch.bfloat16)
+    out = semi.compress(a, backend)
+    assert out.shape == (rows_out, 64) and out.is_contiguous()
+    assert torch.equal(out[:40], a) and torch.count_nonzero(out[40:]) == 0
+
+
 # --------------------------------------------------------------------------------------------
 # support rules
 # --------------------------------------------------------------------------------------------

@@ -440,7 +440,7 @@ def _derive(row: dict[str, Any]) -> None:
 
 
 # -- whole iterations ------------------------------------------------------------------------
-def time_training_iteration(
+def training_iteration_times(
     model_name: str, variant: str, dtype_name: str, device: torch.device, cfg: BenchConfig
 ) -> dict[str, Any]:
     """Median ms of one training iteration (forward, backward, SGD step, autocast ``dtype``).
@@ -542,7 +542,7 @@ def iteration_row(
     if cfg.iteration:
         for variant in ("dense", "sdgp_reference", "sdgp_semi"):
             print(f"  iteration {model_name} {dtype_name} {variant}", flush=True)
-            row.update(time_training_iteration(model_name, variant, dtype_name, device, cfg))
+            row.update(training_iteration_times(model_name, variant, dtype_name, device, cfg))
             _release()  # the model, its optimizer and activations are gone with the call
         dense_iter = row.get("dense_iter_ms")
         if dense_iter and row.get("est_saved_ms") is not None:

@@ -629,12 +629,12 @@ def test_bench_training_iteration_semi_variant_on_cpu():
     from bench import sdgp_semi as bs
 
     cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
-    out = bs.time_training_iteration("resnet18", "sdgp_semi", "bf16", torch.device("cpu"), cfg)
+    out = bs.training_iteration_times("resnet18", "sdgp_semi", "bf16", torch.device("cpu"), cfg)
     assert out["sdgp_semi_iter_ms"] > 0
     assert out["semi_calls"] == 0 and out["semi_fallback_calls"] > 0
     assert "device cpu" in out["semi_fallback_reasons"]
     with pytest.raises(ValueError, match="unknown variant"):
-        bs.time_training_iteration("resnet18", "sparse", "bf16", torch.device("cpu"), cfg)
+        bs.training_iteration_times("resnet18", "sparse", "bf16", torch.device("cpu"), cfg)
 
 
 def test_bench_main_needs_gpu_for_full_sizes(monkeypatch, tmp_path):

@@ -16,7 +16,13 @@ import impl.models as M
 from impl.flops import training_flops
 from impl.methods import TrainContext, create_method
 from impl.methods.channel_graph import ShortcutOnly, build_graph, zero_channels
-from impl.methods.prunetrain import PruneTrain, PruneTrainConfig, group_lasso, lasso_coefficient
+from impl.methods.prunetrain import (
+    PruneTrain,
+    PruneTrainConfig,
+    group_lasso,
+    lasso_coefficient,
+    reconfigure,
+)
 from impl.methods.prunetrain_memory import (
     activation_bytes_per_sample,
     choose_batch,
@@ -326,6 +332,7 @@ def test_probe_times_each_stage_without_touching_the_model() -> None:
     for t in timing:
         assert t["probe_iter_ms"] == pytest.approx(t["probe_fwd_ms"] + t["probe_bwd_ms"])
         assert 0 < t["probe_fwd_ms"] < 60_000 and t["probe_batch_size"] == 8
+        assert 0 < t["probe_cpu_iter_ms"] < 60_000
     with pytest.raises(ValueError, match="probe_repeats"):
         PruneTrainConfig(probe_repeats=-1)
 
@@ -336,6 +343,8 @@ def test_measured_memory_and_probe_reject_bad_input() -> None:
         measure_iteration_bytes(model, (3, 32, 32), 8)
     with pytest.raises(ValueError, match="repeats"):
         probe_iteration_ms(model, (3, 32, 32), 8, repeats=0)
+    with pytest.raises(ValueError, match="clock"):
+        probe_iteration_ms(model, (3, 32, 32), 8, clock="gpu")
     with pytest.raises(ValueError, match=">= 1"):
         choose_batch(0, 32, 1e9, lambda b: 0.0)
 
@@ -346,3 +355,13 @@ def test_estimate_is_linear_in_the_batch() -> None:
     assert e3 - e2 == e2 - e1 == 16 * activation_bytes_per_sample(model, (3, 32, 32))
     params = sum(p.numel() * 4 for p in model.parameters())
     assert e1 - (e2 - e1) // 16 == 3 * params  # weights, gradients, momentum
+
+
+def test_cpu_time_of_an_iteration_falls_after_reconfiguration() -> None:
+    """Process CPU time (not inflated by other processes on the cores) of one iteration."""
+    model = M.create("resnet20", in_channels=1)
+    dense = sum(probe_iteration_ms(model, (1, 32, 32), 16, repeats=2, clock="cpu"))
+    pruned = prezeroed_resnet20(seed=12)  # 40% of every space and one path: ~35% of FLOPs
+    reconfigure(pruned, None)
+    small = sum(probe_iteration_ms(pruned, (1, 32, 32), 16, repeats=2, clock="cpu"))
+    assert small < 0.75 * dense

@@ -125,8 +125,9 @@ class PruneTrainConfig(MethodConfig):
         memory_budget_mb: memory budget of one iteration in MiB; 0 keeps the first
             iteration's memory (the paper's CIFAR rule).
         probe_repeats: when > 0, time one iteration of the model at the start and after each
-            reconfiguration (minimum of this many repetitions on random data; a figure less
-            disturbed by other processes than the Trainer's per-epoch medians); 0: off.
+            reconfiguration (minimum of this many repetitions on random data, wall clock and,
+            on CPU, process CPU time, which other processes sharing the cores do not inflate,
+            unlike the Trainer's per-epoch wall-clock medians); 0: off.
     """
 
     penalty_ratio: float = 0.2
@@ -366,6 +367,9 @@ class PruneTrain(Method):
                 out[-1]["probe_bwd_ms"] = probes[stage]["bwd_ms"]
                 out[-1]["probe_iter_ms"] = probes[stage]["fwd_ms"] + probes[stage]["bwd_ms"]
                 out[-1]["probe_batch_size"] = probes[stage]["batch_size"]
+                if "cpu_fwd_ms" in probes[stage]:
+                    cpu = probes[stage]["cpu_fwd_ms"] + probes[stage]["cpu_bwd_ms"]
+                    out[-1]["probe_cpu_iter_ms"] = cpu
         return out
 
     def cost(self, model: nn.Module) -> dict[str, Any]:
@@ -435,12 +439,12 @@ class PruneTrain(Method):
         return estimate_iteration_bytes(ctx.model, ctx.input_shape, batch)
 
     def _probe(self, ctx: TrainContext) -> None:
-        fwd, bwd = probe_iteration_ms(
-            ctx.model, ctx.input_shape, ctx.batch_size, self.config.probe_repeats
-        )
-        self.probes.append(
-            {"stage": self.stage, "batch_size": ctx.batch_size, "fwd_ms": fwd, "bwd_ms": bwd}
-        )
+        args = (ctx.model, ctx.input_shape, ctx.batch_size, self.config.probe_repeats)
+        fwd, bwd = probe_iteration_ms(*args)
+        row = {"stage": self.stage, "batch_size": ctx.batch_size, "fwd_ms": fwd, "bwd_ms": bwd}
+        if next(ctx.model.parameters()).device.type == "cpu":
+            row["cpu_fwd_ms"], row["cpu_bwd_ms"] = probe_iteration_ms(*args, clock="cpu")
+        self.probes.append(row)
 
     def _grow_batch(self, ctx: TrainContext) -> int:
         assert self.budget is not None and self.initial_batch is not None

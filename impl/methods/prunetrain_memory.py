@@ -135,11 +135,23 @@ def choose_batch(
 
 
 def probe_iteration_ms(
-    model: nn.Module, input_shape: tuple[int, ...], batch: int, repeats: int = 3
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    batch: int,
+    repeats: int = 3,
+    clock: str = "wall",
 ) -> tuple[float, float]:
     """(forward ms, backward ms) of one training iteration at ``batch``: minimum over
     ``repeats`` after one warm-up, on a copy of ``model`` in training mode with random data
-    (the model itself and its BatchNorm statistics are untouched)."""
+    (the model itself and its BatchNorm statistics are untouched).
+
+    ``clock="wall"``: elapsed time (``time.perf_counter``, the GPU synchronised);
+    ``clock="cpu"``: CPU time of the process, all threads (``time.process_time``), which other
+    processes competing for the cores do not inflate: with one intra-op thread it is the
+    time the iteration takes on an idle core (CPU models only).
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     if repeats < 1 or batch < 1:
         raise ValueError(f"repeats and batch must be >= 1, got {repeats}, {batch}")
     p = next(model.parameters())
@@ -152,17 +164,20 @@ def probe_iteration_ms(
         if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
 
+    if clock == "cpu" and p.device.type != "cpu":
+        raise ValueError("clock='cpu' times CPU models only")
+    now = time.process_time if clock == "cpu" else time.perf_counter
     fwd, bwd = [], []
     for i in range(repeats + 1):
         probe.zero_grad(set_to_none=True)
         sync()
-        t0 = time.perf_counter()
+        t0 = now()
         loss = F.cross_entropy(probe(x).float(), y)
         sync()
-        t1 = time.perf_counter()
+        t1 = now()
         loss.backward()
         sync()
-        t2 = time.perf_counter()
+        t2 = now()
         if i:  # the first run warms up allocators and caches
             fwd.append((t1 - t0) * 1e3)
             bwd.append((t2 - t1) * 1e3)

@@ -420,8 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.close()
     if args.png:
         title = (
-            f"{Path(args.run_dir).name}: {args.algorithm} ring Allreduce, {args.plot_gpus} GPUs "
-            f"(model, not measured)"
+            f"{Path(args.run_dir).name}\nmodelled {args.algorithm} ring Allreduce on "
+            f"{args.plot_gpus} GPUs, from the run's measured payloads"
         )
         plot_fig11(proj, args.plot_gpus, args.png, title)
     return 0

@@ -54,28 +54,55 @@ def start(rank: int, port: int) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize(
-    "victim,sig",
-    [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)],
-    ids=["kill-rank1", "kill-rank0-store-host", "freeze-rank1"],
-)
-def test_survivor_exits_with_clear_error_within_timeout(victim, sig):
-    port = distributed.free_port()
-    procs = [start(0, port), start(1, port)]
-    survivor = procs[1 - victim]
+CASES = {
+    "kill-rank1": (1, signal.SIGKILL),
+    "kill-rank0-store-host": (0, signal.SIGKILL),  # rank 0 also hosts the rendezvous store
+    "freeze-rank1": (1, signal.SIGSTOP),
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, tuple[int | None, float, str]]:
+    """Run every case at once (3 pairs of ranks): ``{case: (status, seconds, stderr)}``."""
+    pairs = {}
     try:
-        for p in procs:  # both joined the group and all-reduce in a loop
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        t0 = time.monotonic()
-        os.kill(procs[victim].pid, sig)
-        rc = survivor.wait(timeout=TIMEOUT_S + SLACK_S)
-        elapsed = time.monotonic() - t0
-        err = survivor.stderr.read()
+        for case in CASES:
+            port = distributed.free_port()
+            pairs[case] = [start(0, port), start(1, port)]
+        for procs in pairs.values():  # both joined the group and all-reduce in a loop
+            for p in procs:
+                assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        t0 = {}
+        for case, (victim, sig) in CASES.items():
+            t0[case] = time.monotonic()
+            os.kill(pairs[case][victim].pid, sig)
+        out = {}
+        for case, (victim, _) in CASES.items():
+            survivor = pairs[case][1 - victim]
+            left = TIMEOUT_S + SLACK_S - (time.monotonic() - t0[case])
+            try:
+                rc = survivor.wait(timeout=max(left, 0.1))
+            except subprocess.TimeoutExpired:
+                rc = None
+            out[case] = (
+                rc,
+                time.monotonic() - t0[case],
+                "" if rc is None else survivor.stderr.read(),
+            )
+        return out
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for procs in pairs.values():
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_survivor_exits_with_clear_error_within_timeout(outcomes, case):
+    victim, sig = CASES[case]
+    rc, elapsed, err = outcomes[case]
+    assert rc is not None, f"the survivor did not exit within {TIMEOUT_S + SLACK_S} s"
     assert rc == distributed.EXIT_DIST_FAILURE, err
     assert f"worker: error: distributed training failed on rank {1 - victim} of 2" in err
     assert "peer process exited or hung" in err

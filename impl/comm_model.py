@@ -3,7 +3,7 @@
 Scales that cannot run here (16 to 256 GPUs) are projected from the per-iteration payloads a
 real run measured in its communication hook (``comm_bytes_per_iter`` in metrics.jsonl, see
 :mod:`impl.comm`), the way PruneTrain projects its Fig. 11 ("We model the recently-proposed
-hierarchical ring-allreduce mechanism [26] for 128 GPUs", Lym et al., Sec. 6, p. 10).
+hierarchical ring-allreduce mechanism [26] for 128 GPUs", Lym et al., Sec. 5.3, Fig. 11).
 
 The model is the usual latency-bandwidth (alpha-beta) model of a ring collective:
 

@@ -30,7 +30,8 @@ class TrainConfig:
         data_options: extra keyword arguments of :func:`impl.data.make_loaders` (e.g. the
             shape of ``synthetic`` data: image_size, in_channels, num_classes, train_size).
         epochs: number of training epochs.
-        batch_size: training batch size (samples per iteration, per process).
+        batch_size: training batch size: samples per optimizer step over all processes (the
+            global batch; with N data-parallel processes each trains on a 1/N share).
         eval_batch_size: batch size for evaluation.
         lr: peak learning rate (one-cycle, cosine) or initial learning rate (step, constant),
             for ``batch_size``; scaled linearly if a method changes the batch size.

@@ -412,3 +412,22 @@ def test_smoke_run_through_trainer(tmp_path) -> None:
     model, _ = load_trained_model(tmp_path / "run")
     w = model.get_parameter("layer1.0.conv1.weight")
     assert float((w == 0).float().mean()) == pytest.approx(0.6, abs=9 / w.numel() + 1e-6)
+
+
+def test_comm_masks_only_once_masks_are_fixed() -> None:
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.7, mask="combined", start_epoch=START,
+                                     era_epochs=ERA))  # fmt: skip
+    seen_before_fixed = False
+    for _, _, ctx in _loop(method, model, START + ERA + 1, 3):
+        masks = method.comm_masks(ctx)
+        if not method.fixed:
+            assert masks is None
+            seen_before_fixed = True
+        else:
+            assert masks is not None and set(masks) == {x.param for x in method.layers}
+            for name, keep in masks.items():
+                weight = model.get_parameter(name).detach()
+                assert keep.dtype == torch.bool and keep.shape == weight.shape
+                assert torch.all(weight[~keep] == 0)
+    assert seen_before_fixed and method.fixed

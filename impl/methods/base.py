@@ -127,6 +127,14 @@ class Method:
         """
         return {}
 
+    def comm_masks(self, ctx: TrainContext) -> dict[str, torch.Tensor] | None:
+        """Fixed keep-masks ``{parameter name: bool tensor}`` whose pruned gradients need not be
+        communicated (ClickTrain Sec. 5.3, pattern Allreduce), or ``None`` while training dense
+        or while masks still change. Identical on every rank; read by the Trainer after every
+        optimizer step and after ``on_epoch_end``.
+        """
+        return None
+
     # -- resume -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the method after a resume (tensors and plain data)."""

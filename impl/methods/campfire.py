@@ -381,6 +381,10 @@ class Campfire(Method):
         return out
 
     # -- resume -----------------------------------------------------------------------------
+    def comm_masks(self, ctx: TrainContext) -> dict[str, torch.Tensor] | None:
+        """The fixed masks once the pruning era is over (sparse Allreduce), else ``None``."""
+        return dict(self.masks.items()) if self.fixed and len(self.masks) else None
+
     def state_dict(self) -> dict[str, Any]:
         """Masks, the target they were built for, and whether they are fixed."""
         return {"masks": self.masks.state_dict(), "target": self.target, "fixed": self.fixed}

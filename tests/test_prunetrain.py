@@ -392,3 +392,20 @@ def test_architecture_naming_a_missing_block_is_an_error() -> None:
     arch = {"removed": {"layer9.0": {"post_relu": True}}, "shapes": {}}
     with pytest.raises(ValueError, match="layer9.0"):
         apply_architecture(M.create("resnet20"), arch)
+
+
+def test_shrink_to_channels_rebuilds_a_logged_stage() -> None:
+    from impl.methods.prunetrain import channels_per_layer
+    from impl.methods.prunetrain_reconfig import shrink_to_channels
+
+    gen = torch.Generator().manual_seed(13)
+    model = M.create("resnet32")
+    zero_random(model, gen, fraction=0.45, dead_paths=0)
+    reconfigure(model, None)
+    logged = channels_per_layer(model)
+    fresh = M.create("resnet32")
+    shrink_to_channels(fresh, logged)
+    assert channels_per_layer(fresh) == logged
+    assert sum(p.numel() for p in fresh.parameters()) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="requested"):
+        shrink_to_channels(M.create("resnet20"), {"conv1": 17})

@@ -42,6 +42,7 @@ from impl.methods.channel_graph import (
     Space,
     build_graph,
     path_forward,
+    zero_channels,
 )
 
 
@@ -387,6 +388,31 @@ def _io(m: nn.Module) -> tuple[int, int]:
     return m.in_features, m.out_features
 
 
+@torch.no_grad()
+def shrink_to_channels(model: nn.Module, channels: dict[str, int]) -> ReconfigReport:
+    """Shrink ``model`` in place so every conv has the output channels ``channels`` names.
+
+    Rebuilds the shape of a logged stage (``channels`` as in the ``channels`` field of a
+    PruneTrain metrics line) for timing or FLOPs studies: in every channel space, the first
+    ``n`` channels are kept, ``n`` being the logged output channels of the space's first
+    writer conv. Weights are not those of the run. Removed residual paths are not replayed
+    (their convs are simply absent from ``channels`` and keep their size).
+
+    Raises:
+        ValueError: a size larger than the model's, or below 1.
+    """
+    graph = build_graph(model)
+    for name, space in graph.spaces.items():
+        target = channels.get(space.writers[0])
+        if target is None or target == space.size:
+            continue
+        if not 1 <= target <= space.size:
+            raise ValueError(f"space {name!r}: {target} channels requested, has {space.size}")
+        drop = torch.arange(target, space.size)
+        zero_channels(model, graph, name, drop)
+    return reconfigure(model, None, threshold=0.0 + torch.finfo(torch.float32).tiny)
+
+
 # -- architecture record for resume ----------------------------------------------------------
 def architecture(model: nn.Module) -> dict[str, Any]:
     """The structure of a (reconfigured) model as plain data, for resume.
@@ -457,5 +483,6 @@ __all__ = [
     "apply_architecture",
     "architecture",
     "reconfigure",
+    "shrink_to_channels",
     "sync_attributes",
 ]

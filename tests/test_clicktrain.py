@@ -312,6 +312,13 @@ def test_default_schedule_for_30_and_190_epochs():
         1,
         3,
     )
+    s2 = resolve_schedule(ClickTrainConfig(), 2)  # the smoke preset: no stage 1
+    assert (s2.max_dense_epochs, s2.pool_epochs, s2.finalize_epochs, s2.hard_prune_epoch) == (
+        0,
+        1,
+        1,
+        2,
+    )
 
 
 @pytest.mark.parametrize(
@@ -319,11 +326,19 @@ def test_default_schedule_for_30_and_190_epochs():
     [
         ({"hard_prune_epoch": 5, "dense_epochs": 3, "pool_epochs": 2}, 30, "after finalization"),
         ({"hard_prune_epoch": 31}, 30, "after the end of training"),
-        ({}, 2, "does not fit"),
+        ({}, 1, "does not fit in 1 epochs"),
+        ({"dense_epochs": 2}, 3, "does not fit in 3 epochs"),
         ({"pool_epochs": 0}, 30, "pool_epochs must be >= 1"),
         ({"dense_epochs": -1}, 30, "dense_epochs must be >= 0"),
     ],
-    ids=["prune_before_finalize", "prune_after_end", "too_short", "zero_pool", "negative_dense"],
+    ids=[
+        "prune_before_finalize",
+        "prune_after_end",
+        "too_short",
+        "fixed_dense_too_long",
+        "zero_pool",
+        "negative_dense",
+    ],
 )
 def test_inconsistent_schedule_raises(options, epochs, match):
     with pytest.raises(ValueError, match=match):

@@ -220,6 +220,18 @@ def test_stage_one_does_not_end_on_a_rising_loss():
     assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
 
 
+def test_two_epoch_run_skips_stage_one_and_prunes_at_the_end():
+    method, ctx = _train({}, epochs=2)
+    assert method.stage_start == {
+        "dense": 0,
+        "pool": 0,
+        "finalize": 1,
+        "regularize": 2,
+        "sparse": 2,
+    }
+    assert method.stage == "sparse" and method.masks.mask_sparsity()
+
+
 def test_stage_one_is_capped_by_max_dense_epochs():
     method = ClickTrain(ClickTrainConfig(max_dense_epochs=3))
     ctx = _context(TinyNet(), 30)

@@ -71,8 +71,8 @@ class ClickTrainConfig(MethodConfig):
             cross-entropy over epoch ``e``'s batches (paper: 0.27); a rising loss does not
             end it.
         max_dense_epochs: latest end of stage 1 by the derivative rule; None: 25% of the
-            epochs, shortened if needed so that pool generation and finalization end by
-            ``hard_prune_epoch``.
+            epochs (at least 1), shortened if needed so that pool generation and
+            finalization end by ``hard_prune_epoch`` (0 in a 2-epoch run: no stage 1).
         pool_epochs: length of stage 2 (pattern pool generation); None: 5% of the epochs,
             at least 1.
         finalize_epochs: length of stage 3 (pattern and kernel finalization); None: 5% of
@@ -80,7 +80,7 @@ class ClickTrainConfig(MethodConfig):
         hard_prune_epoch: the epoch at whose start masked weights become exactly zero and
             stage 5 begins (epochs count from 0; equal to the run's epochs prunes the final
             model only); None: 50% of the epochs (paper Table 1: 90 to 98 of 190), moved
-            later if stages 1 to 3 need it.
+            later if stages 1 to 3 need it, at most the run's epochs.
         pool_size: number of patterns in the dynamic pool, 1 to 126 (paper: 12; 4 and 8
             also studied).
         connectivity: fraction of each layer's kernels removed whole (connectivity
@@ -163,12 +163,21 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
         dense_max = cfg.max_dense_epochs
     else:
         dense_max = None
+    needed = (dense_max or 0) + pool + fin
+    if needed > epochs:
+        raise ValueError(
+            f"ClickTrain stage schedule does not fit in {epochs} epochs: stage 1 "
+            f"({dense_max or 0}), pool generation ({pool}) and finalization ({fin}) need "
+            f"{needed} (set more --epochs, or shorter stages)"
+        )
     if cfg.hard_prune_epoch is not None:
         hard = cfg.hard_prune_epoch
     else:
-        hard = max(int(round(HARD_PRUNE_FRACTION * epochs)), (dense_max or 1) + pool + fin)
-    if dense_max is None:
-        dense_max = max(1, min(int(round(DENSE_MAX_FRACTION * epochs)), hard - pool - fin))
+        at_least = (1 if dense_max is None else dense_max) + pool + fin
+        hard = min(epochs, max(int(round(HARD_PRUNE_FRACTION * epochs)), at_least))
+    if dense_max is None:  # the derivative rule's cap: 25%, shortened to fit (0 skips stage 1)
+        default = max(1, int(round(DENSE_MAX_FRACTION * epochs)))
+        dense_max = max(0, min(default, hard - pool - fin))
     if hard > epochs:
         raise ValueError(
             f"ClickTrain stage schedule does not fit in {epochs} epochs: hard pruning at epoch "
@@ -289,7 +298,7 @@ class ClickTrain(Method):
         self.schedule = resolve_schedule(self.cfg, int(ctx.config.epochs))
         self.pool = PatternPool(self.cfg.pool_size)
         self.stage_start = {"dense": 0}
-        if self.schedule.dense_epochs == 0:
+        if self.schedule.max_dense_epochs == 0:
             self._enter("pool", 0)
 
     def _enter(self, stage: str, epoch: int) -> None:

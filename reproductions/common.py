@@ -598,7 +598,11 @@ def run_target(
     notes = list(target.notes(scale)) if target.notes else []
     trained = sum(1 for r in results for run in r.runs if not run.reused)
     reused = sum(1 for r in results for run in r.runs if run.reused)
-    notes.append(f"{trained} runs trained and {reused} reused for this result.")
+    train_s = sum(float(run.summary.get("wall_seconds") or 0) for r in results for run in r.runs)
+    notes.append(
+        f"{trained} runs trained and {reused} reused for this result; the runs' training wall "
+        f"time, from their summaries: {train_s:.0f} s in total."
+    )
     result = ResultSet(
         target=target.key,
         title=target.title,

@@ -284,7 +284,7 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
 
 
-def test_wide_frame_one_line_per_row_with_its_scale():
+def test_wide_frame_one_line_per_metric_one_column_per_row_with_scale():
     from impl.report.html import wide_frame
 
     rows = [
@@ -294,11 +294,12 @@ def test_wide_frame_one_line_per_row_with_its_scale():
         {"row": "sdgp", "metric": "delta_top1", "ours": -1.0, "scale": "cpu", "unit": "pp"},
         {"row": "campfire", "metric": "top1", "ours": None, "scale": None, "unit": "%"},
     ]  # fmt: skip
-    wide = wide_frame(rows)
-    assert list(wide.columns) == ["Row", "top1 (%)", "delta_top1 (pp)", "Scale"]
-    assert list(wide["Row"]) == ["dense", "sdgp", "campfire"]
-    assert wide.loc[1, "top1 (%)"] == "96 ± 0.5 (n=3)" and wide.loc[0, "delta_top1 (pp)"] == "-"
-    assert list(wide["Scale"]) == ["cpu", "cpu", "-"]
+    wide = wide_frame(rows).set_index("Metric")
+    assert list(wide.columns) == ["dense", "sdgp", "campfire"]
+    assert list(wide.index) == ["top1 (%)", "delta_top1 (pp)", "Scale"]
+    assert wide.loc["top1 (%)", "sdgp"] == "96 ± 0.5 (n=3)"
+    assert wide.loc["delta_top1 (pp)", "dense"] == "-"
+    assert list(wide.loc["Scale"]) == ["cpu", "cpu", "-"]
 
 
 def test_index_links_pages_and_tells_filled_from_paper_only(tmp_path):

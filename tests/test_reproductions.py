@@ -85,6 +85,10 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     # a second call trains nothing: every complete run is reused
     again = run_target(target, "smoke", tmp_path, log=logs.append)
     assert "0 runs trained and 2 reused" in again.notes[-1]
+    wall = sum(
+        json.loads((tmp_path / d / "summary.json").read_text())["wall_seconds"] for d in dirs
+    )
+    assert f"{wall:.0f} s in total" in again.notes[-1]
     assert [r["ours"] for r in again.rows] == [r["ours"] for r in result.rows]
 
 

@@ -76,7 +76,7 @@ def format_number(value: Any, digits: int = 4) -> str:
     for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
         if a >= factor:
             return f"{v / factor:.{digits}g}{suffix}"
-    if a >= 1e5:
+    if a >= 1e5 or a >= 10**digits:
         return f"{v:,.0f}"
     if v == int(v) and a < 1e5:
         return str(int(v))
@@ -113,23 +113,24 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Comparison rows as one line per row label and one column per metric ("unit" in the
-    header), each cell ``mean ± sd (n)``; a last column names the scale(s)."""
+    """Comparison rows as one line per metric ("unit" in its name) and one column per row
+    label, each cell ``mean ± sd (n)``; a last line names each column's scale(s)."""
     long = comparison_frame(rows)
     if long.empty:
         return long
-    long["col"] = [f"{m} ({u})" if u else m for m, u in zip(long["Metric"], long["Unit"])]
-    order_rows = list(dict.fromkeys(long["Row"]))
-    per_row = long.groupby("Row", sort=False)["col"].apply(list)
-    richest = max(per_row, key=len)  # the row with the most metrics sets the column order
-    order_cols = list(dict.fromkeys(richest + list(long["col"])))
-    wide = long.pivot_table(index="Row", columns="col", values="Ours", aggfunc="first")
-    wide = wide.reindex(index=order_rows, columns=order_cols).fillna("-")
-    scales = (
-        long[long["Scale"] != "-"].groupby("Row")["Scale"].agg(lambda s: ", ".join(sorted(set(s))))
-    )
-    wide["Scale"] = [scales.get(r, "-") for r in wide.index]
-    return wide.reset_index()
+    long["metric"] = [f"{m} ({u})" if u else m for m, u in zip(long["Metric"], long["Unit"])]
+    labels = list(dict.fromkeys(long["Row"]))
+    per_row = long.groupby("Row", sort=False)["metric"].apply(list)
+    richest = max(per_row, key=len)  # the row with the most metrics sets the line order
+    metrics = list(dict.fromkeys(richest + list(long["metric"])))
+    cells = {(r, m): o for r, m, o in zip(long["Row"], long["metric"], long["Ours"])}
+    out = [{"Metric": m, **{r: cells.get((r, m), "-") for r in labels}} for m in metrics]
+    scales = {}
+    for r, sc in zip(long["Row"], long["Scale"]):
+        if sc != "-":
+            scales.setdefault(r, set()).add(sc)
+    out.append({"Metric": "Scale", **{r: ", ".join(sorted(scales.get(r, {"-"}))) for r in labels}})
+    return pd.DataFrame(out, columns=["Metric", *labels])
 
 
 def _frame_html(frame: pd.DataFrame) -> str:

@@ -144,8 +144,10 @@ def notes(scale: str) -> list[str]:
         "implementation runs (impl.flops).",
         "Executed inference FLOPs: recorded only where a method's summary reports them "
         "(ClickTrain); the Trainer's summary.json has no executed forward count yet.",
-        "Bytes per iteration: gradient bytes of the final model that dense DDP all-reduces; "
-        "ClickTrain's pattern Allreduce payload is in the ClickTrain Fig. 13 reproduction.",
+        "Bytes per iteration: what one rank all-reduces per iteration, from summary.json "
+        "(comm_bytes_per_iter: the gradients kept by the method's communication masks, all "
+        "gradients for a method that declares none; ClickTrain's pattern Allreduce is "
+        "projected in the ClickTrain Fig. 13 reproduction).",
         "Times (per iteration, to accuracy, wall) are measured on the machine of the run, runs "
         "one after another: on a shared machine whose load changes between runs they are not "
         "comparable across methods; the FLOPs and bytes columns are.",

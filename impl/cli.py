@@ -249,18 +249,39 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
 
 # -- demo ------------------------------------------------------------------------------------------
 def cmd_demo(argv: list[str]) -> int:
-    """``pdtbench demo``: the main job on the embedded default data."""
-    from impl.demo import run_demo
+    """``pdtbench demo``: the main job, the CPU-scale reproduction on the embedded data."""
+    from reproductions import demo
 
-    p = argparse.ArgumentParser(prog="pdtbench demo", description="The main job.")
+    p = argparse.ArgumentParser(
+        prog="pdtbench demo",
+        description="All five methods on digits at the given scale, then the HTML report.",
+    )
     p.add_argument("--scale", default="cpu", choices=["smoke", "cpu"])
-    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--out", default="reports", help="where the HTML report goes")
+    p.add_argument("--runs", default="runs/reproductions", help="where the runs go")
     args = p.parse_args(argv)
-    run_demo(scale=args.scale, out=args.out)
+    demo(scale=args.scale, out=args.out, runs_root=args.runs)
     return 0
 
 
+# -- reproduce / report ----------------------------------------------------------------------------
+def cmd_reproduce(argv: list[str]) -> int:
+    """``pdtbench reproduce <paper>.<item>|all --scale S``: regenerate tables and figures."""
+    from reproductions import main as reproduce_main
+
+    return reproduce_main(argv)
+
+
+def cmd_report(argv: list[str]) -> int:
+    """``pdtbench report PATHS... --out DIR``: render saved results into HTML."""
+    from impl.report import main as report_main
+
+    return report_main(argv)
+
+
 COMMANDS = {
+    "reproduce": cmd_reproduce,
+    "report": cmd_report,
     "train": cmd_train,
     "env": cmd_env,
     "demo": cmd_demo,
@@ -277,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         print("  demo        the main job on the embedded default data")
         print("  env         describe this machine")
         print("  eval-fgsm   top-1 under FGSM attacks for finished runs")
+        print("  reproduce   regenerate a paper's tables and figures (or all) at a scale")
+        print("  report      render saved results into self-contained HTML")
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

@@ -390,6 +390,7 @@ class Trainer:
             "conv_weights_nonzero": nonzero,
             "parameters": sum(p.numel() for p in model.parameters()),
             "inference_flops": flops.forward,
+            "inference_flops_executed": flops.executed.forward,
             "train_flops_nominal": flops.total,
             "train_flops_executed": flops.executed.total,
             "fwd_ms": last_row.get("fwd_ms"),

@@ -17,7 +17,7 @@ from impl.methods.base import MethodConfig
         (["train", "--model", "resnet999"], "valid models: resnet20"),
         (["train", "--method", "magic"], "valid methods: dense"),
         (["train", "--data", "mnist60k"], "valid datasets: digits"),
-        (["frobnicate"], "valid: train"),
+        (["frobnicate"], "valid: reproduce, report, train"),
     ],
     ids=["model", "method", "data", "command"],
 )
@@ -55,3 +55,17 @@ def test_method_config_fields_become_flags():
     assert args.method__fixed_epoch == 7
     assert args.method__sizes == [4, 12]
     assert args.method__mask is None  # unset flags leave the method's default in force
+
+
+def test_reproduce_lists_every_paper_target(capsys):
+    assert cli.main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    for target in ("sdgp.table1", "clicktrain.table1", "prunetrain.table1", "cross.methods"):
+        assert target in out
+
+
+def test_help_lists_the_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("train", "demo", "env", "eval-fgsm", "reproduce", "report"):
+        assert command in out

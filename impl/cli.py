@@ -54,10 +54,15 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
         tp, _ = _unwrap_optional(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f"(default: {default})"
-        kwargs: dict[str, Any] = {"dest": f"method__{f.name}", "default": None, "help": help_text}
+        kwargs: dict[str, Any] = {
+            "dest": f"method__{f.name}",
+            "default": None,
+            "help": help_text,
+            "metavar": f.name.upper(),
+        }
         origin = typing.get_origin(tp)
         if tp is bool:
-            kwargs.update(type=_str2bool, metavar="BOOL")
+            kwargs.update(type=_str2bool, metavar="BOOL")  # true/false, yes/no, 1/0
         elif origin in (tuple, list):
             inner = [a for a in typing.get_args(tp) if a is not Ellipsis]
             kwargs.update(nargs="+", type=inner[0] if inner else str)

@@ -178,6 +178,8 @@ class Trainer:
             if saved.digest() != cfg.digest():
                 raise rundir.CheckpointError(f"{config_path} does not match the run's config")
         else:
+            # A bad method option is an error before anything is written.
+            create_method(cfg.method, cfg.method_options).validate(cfg)
             if dp.broadcast_flag(main and config_path.exists()):
                 raise RunExistsError(
                     f"{run_dir} already holds a run; continue it with "

@@ -178,3 +178,10 @@ def test_resume_after_sigkill_mid_epoch_equals_uninterrupted_run(tmp_path):
         assert {k: v for k, v in ra.items() if k not in TIMING_KEYS} == {
             k: v for k, v in rb.items() if k not in TIMING_KEYS
         }
+
+
+def test_bad_method_option_fails_before_anything_is_written(tmp_path):
+    cfg = _smoke_cfg(tmp_path / "run", method="campfire", method_options={"final_sparsity": 1.5})
+    with pytest.raises(ValueError, match="final"):
+        train(cfg, progress=False)
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -286,3 +286,37 @@ def test_pattern_conv2d_reference_on_gpu_matches_dense():
     ref.sum().backward()
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(w1.grad.cpu(), w2.grad * mask, rtol=1e-10, atol=1e-10)
+
+
+class _Operand:
+    """Stands in for a tensor in the dispatch rule: only ``is_cuda`` and ``dtype`` are read."""
+
+    def __init__(self, is_cuda: bool, dtype: torch.dtype = torch.float32) -> None:
+        self.is_cuda, self.dtype = is_cuda, dtype
+
+
+@pytest.mark.parametrize(
+    "impl, operands, loads, expected",
+    [
+        ("auto", [_Operand(True), _Operand(True)], True, "cuda"),
+        ("auto", [_Operand(True), _Operand(False)], True, "ref"),
+        ("auto", [_Operand(True, torch.float16)], True, "ref"),
+        ("auto", [_Operand(True)], False, "ref"),
+        ("ref", [_Operand(True)], True, "ref"),
+        ("cuda", [_Operand(True, torch.float64)], True, "cuda"),
+    ],
+    ids=["auto-gpu", "auto-mixed", "auto-fp16", "auto-noload", "ref", "cuda-f64"],
+)
+def test_dispatch_rule_picks_cuda_only_where_it_runs(monkeypatch, impl, operands, loads, expected):
+    from impl.ops import pattern as pattern_mod
+
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: loads)
+    assert pattern_mod._resolve_impl(impl, *operands) == expected
+
+
+def test_forced_cuda_without_kernels_names_the_reason(monkeypatch):
+    from impl.ops import pattern as pattern_mod
+
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA kernels not available"):
+        pattern_mod._resolve_impl("cuda", _Operand(True))

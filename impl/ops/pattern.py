@@ -39,19 +39,35 @@ _CPU_SPARSE_DTYPES = (torch.float32, torch.float64)
 
 
 def has_cuda_kernels() -> bool:
-    """Whether the CUDA pattern kernels are available (not yet: a later issue adds them)."""
-    return False
+    """Whether the CUDA pattern kernels (impl/cuda/pattern.cu) load on the current GPU."""
+    from impl.cuda import has_cuda_kernels as _loads
+
+    return _loads(sources=("pattern.cu",))
 
 
-def _resolve_impl(impl: str) -> str:
+_CUDA_DTYPES = (torch.float32, torch.float64)
+
+
+def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
+    """``"ref"`` or ``"cuda"`` for ``impl`` and the operands: "auto" takes the CUDA kernels
+    when every operand is a float32/float64 CUDA tensor and the kernels load."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
-    if impl == "cuda":
-        raise RuntimeError(
-            "CUDA kernels not available: the pattern ops' CUDA path is not built yet; "
-            "use impl='ref' or impl='auto'"
-        )
-    return "ref"
+    on_gpu = bool(tensors) and all(t.is_cuda and t.dtype in _CUDA_DTYPES for t in tensors)
+    if impl == "ref" or (impl == "auto" and not on_gpu):
+        return "ref"
+    if on_gpu and has_cuda_kernels():
+        return "cuda"
+    if impl == "auto":
+        return "ref"
+    if not tensors:  # a module being configured: checked again when it runs
+        return "cuda"
+    from impl.cuda import cuda_kernels_error
+
+    reason = cuda_kernels_error() if on_gpu else "operands are not float32/64 CUDA tensors"
+    raise RuntimeError(
+        f"CUDA kernels not available for the pattern ops ({reason}); use impl='ref' or impl='auto'"
+    )
 
 
 # -- CSR structure ---------------------------------------------------------------------------
@@ -153,9 +169,13 @@ def pattern_csr(
     row_ptr[f + 1]``, in CSR order. Differentiable: the gradient flows back to the
     positions read, and is zero elsewhere.
     """
-    _resolve_impl(impl)
+    use = _resolve_impl(impl, dense)
     if dense.dim() < 2:
         raise ValueError(f"dense must have at least 2 dims, got {dense.dim()}")
+    if use == "cuda":
+        from impl.ops.pattern_cuda import pattern_csr_cuda
+
+        return pattern_csr_cuda(dense, row_ptr, col_ind)
     _check_csr(row_ptr, col_ind, dense.shape[0])
     flat = dense.reshape(dense.shape[0], -1)
     if col_ind.numel() and int(col_ind.max()) >= flat.shape[1]:
@@ -254,7 +274,11 @@ def pattern_spmm(
     a precomputed :class:`PatternIndex` with the transposed structure, saving its
     construction on every call.
     """
-    _resolve_impl(impl)
+    use = _resolve_impl(impl, values, dense_b)
+    if use == "cuda":
+        from impl.ops.pattern_cuda import pattern_spmm_cuda
+
+        return pattern_spmm_cuda(values, row_ptr, col_ind, dense_b, index=index)
     if dense_b.dim() not in (2, 3):
         raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
     _check_csr(row_ptr, col_ind)
@@ -368,6 +392,10 @@ def pattern_conv2d(
     if index.shape != (f_out, k):
         raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    if _resolve_impl(impl, x, weight) == "cuda":
+        from impl.ops.pattern_cuda import pattern_conv2d_cuda
+
+        return pattern_conv2d_cuda(x, weight, index, bias, stride, padding, dilation)
     r, s = weight.shape[2], weight.shape[3]
     h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
     w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1

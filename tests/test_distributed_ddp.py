@@ -54,12 +54,8 @@ def result(job: dict[str, Any], name: str, rank: int = 0) -> dict[str, Any]:
 
 def single_run(out: Path, values: dict[str, Any], float64: bool, monkeypatch) -> dict[str, Any]:
     """The same config in this one process (no process group)."""
-    import impl.methods
     import impl.models
 
-    monkeypatch.setitem(
-        impl.methods._REGISTRY, "clicktrain-comm", "test_distributed_worker:ClickTrainComm"
-    )
     if float64:
         monkeypatch.setattr(impl.models, "create", worker.float64_create(impl.models.create))
     torch.set_num_threads(1)

@@ -28,7 +28,6 @@ import torch.distributed as dist
 from torch import nn
 
 from impl import comm, distributed, rundir
-from impl.methods.clicktrain import ClickTrain
 
 #: Small settings shared with the single-process references of the test module.
 SMOKE = dict(
@@ -46,7 +45,7 @@ SMOKE = dict(
 DENSE = dict(SMOKE, epochs=2, batch_size=33, max_steps_per_epoch=1, lr=0.02)
 CLICKTRAIN = dict(
     SMOKE,
-    method="clicktrain-comm",
+    method="clicktrain",
     epochs=4,
     batch_size=33,
     max_steps_per_epoch=2,
@@ -97,20 +96,6 @@ CLI_ARGS = [
     "--threads=1",
     "--no-progress",
 ]
-
-
-class ClickTrainComm(ClickTrain):
-    """ClickTrain with the proposed ``comm_masks`` hook: its masks once hard-pruned."""
-
-    def comm_masks(self, ctx: Any) -> dict[str, torch.Tensor] | None:
-        return dict(self.masks.items()) if self.stage == "sparse" else None
-
-
-def register_test_methods() -> None:
-    """Make ``clicktrain-comm`` creatable by name (in this process)."""
-    import impl.methods as registry
-
-    registry._REGISTRY["clicktrain-comm"] = "test_distributed_worker:ClickTrainComm"
 
 
 def float64_create(original: Any) -> Any:
@@ -210,7 +195,6 @@ def record_writes(calls: list[str]) -> None:
 
 def main(out_dir: str) -> None:
     out = Path(out_dir)
-    register_test_methods()
     info = distributed.init_from_env("cpu")
     rank = info.rank
     writes: list[str] = []

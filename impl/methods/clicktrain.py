@@ -511,6 +511,10 @@ class ClickTrain(Method):
         return clicktrain_summary(self, ctx)
 
     # -- resume -------------------------------------------------------------------------------
+    def comm_masks(self, ctx: TrainContext) -> dict[str, torch.Tensor] | None:
+        """The fixed masks once hard-pruned (pattern Allreduce, Sec. 5.3), else ``None``."""
+        return dict(self.masks.items()) if self.stage == "sparse" and len(self.masks) else None
+
     def state_dict(self) -> dict[str, Any]:
         """Stage, schedule state, pool, counters, masks and replaced convs (for resume)."""
         return {

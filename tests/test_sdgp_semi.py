@@ -643,3 +643,36 @@ def test_bench_main_needs_gpu_for_full_sizes(monkeypatch, tmp_path):
     monkeypatch.delenv(bs.ENV_SMALL, raising=False)
     assert bs.main(["--out", str(tmp_path / "x"), "--device", "cpu"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_method_backend_semi_structured_falls_back_on_cpu_with_reasons(tmp_path):
+    from impl.config import resolve
+    from impl.methods.sdgp_semi import SDGPSemiConv2d
+    from impl.train import load_trained_model, train
+
+    cfg = resolve(
+        "smoke",
+        method="sdgp",
+        method_options={"backend": "semi_structured", "profile": False},
+        out=str(tmp_path / "run"),
+        threads=1,
+        epochs=1,
+    )
+    summary = train(cfg, progress=False)
+    assert summary["sdgp_backend"] == "semi_structured"
+    assert summary["sdgp_semi_layers"] > 0
+    assert summary["sdgp_semi_calls"] == 0  # no sparse tensor cores on a CPU
+    assert summary["sdgp_semi_fallback_calls"] > 0
+    assert summary["sdgp_semi_fallback_reasons"]
+    model, _ = load_trained_model(tmp_path / "run")
+    assert any(isinstance(m, SDGPSemiConv2d) for m in model.modules())
+
+
+def test_unknown_backend_is_rejected():
+    from impl.methods import create_method
+    from impl.methods.sdgp import sdgp_convert
+
+    with pytest.raises(ValueError, match="valid: reference, semi_structured"):
+        sdgp_convert(torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3)), backend="sparse24")
+    with pytest.raises(ValueError, match="backend"):
+        create_method("sdgp", {"backend": "sparse24"}).validate(None)

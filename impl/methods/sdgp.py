@@ -56,6 +56,7 @@ PRUNE_METHODS: tuple[str, ...] = ("random", "magnitude", "rescaled")
 RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
 NONDIVISIBLE_RULES: tuple[str, ...] = ("pad", "dense")
+BACKENDS: tuple[str, ...] = ("reference", "semi_structured")
 MAX_GROUP = 32  # the authors' kernel keeps one group per thread in registers, m <= 32
 RESCALE_EPS = 1e-4  # the constant of the authors' rescale rule
 # The authors trained under torch.cuda.amp.GradScaler, whose initial loss scale is 2**16: their
@@ -593,6 +594,7 @@ def sdgp_convert(
     seed: int = 0,
     nondivisible: str = "pad",
     eps: float = RESCALE_EPS,
+    backend: str = "reference",
 ) -> nn.Module:
     """Replace, in place, every conv that :func:`sdgp_plan` marks sparse by an :class:`SDGPConv2d`.
 
@@ -602,10 +604,24 @@ def sdgp_convert(
     reconfigured. For ``method="random"`` all layers draw from one ``generator``; when none is
     given one is created on the model's device and seeded with ``seed``.
 
+    ``backend="semi_structured"`` converts to :class:`impl.methods.sdgp_semi.SDGPSemiConv2d`
+    (dL/dD on 2:4 sparse tensor cores where the library runs, this reference elsewhere, with
+    the reason logged).
+
     Returns ``model``; :func:`sdgp_plan` (same arguments) lists the layers left dense.
     """
     check_nm(n, m)
     check_method(method, rescale)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "semi_structured":
+        # Imported only when asked for: an optional backend.
+        from impl.methods.sdgp_semi import sdgp_semi_convert
+
+        return sdgp_semi_convert(
+            model, n, m, method, rescale,
+            generator=generator, seed=seed, nondivisible=nondivisible, eps=eps,
+        )  # fmt: skip
     plans = sdgp_plan(model, n, m, nondivisible)
     if generator is None and method == "random":
         param = next(model.parameters(), None)
@@ -614,7 +630,7 @@ def sdgp_convert(
         generator.manual_seed(seed)
     for plan in plans:
         mod = model.get_submodule(plan.name)
-        if isinstance(mod, SDGPConv2d):
+        if type(mod) is SDGPConv2d:  # a semi-structured layer is replaced by the reference
             if plan.sparse:
                 mod.configure(n, m, method, rescale, generator, eps)
             continue
@@ -655,6 +671,10 @@ class SDGPConfig(MethodConfig):
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.
         profile_repeats: timed repeats per measurement (median; one warm-up before).
+        backend: ``reference`` (``conv2d_input`` on the pruned dL/dO) or ``semi_structured``
+            (2:4 sparse tensor cores through torch semi-structured sparsity where they run,
+            the reference path elsewhere with the reason in summary.json; see
+            impl/methods/sdgp_semi.py and docs/sdgp_semi.md).
     """
 
     n: int = 2
@@ -666,6 +686,7 @@ class SDGPConfig(MethodConfig):
     prune_seed: int | None = None
     profile: bool = True
     profile_repeats: int = 3
+    backend: str = "reference"
 
 
 RESCALE_DESCRIPTIONS = {
@@ -699,6 +720,8 @@ class SDGP(Method):
             raise ValueError(f"rescale_eps must be >= 0; got {c.rescale_eps}")
         if c.profile_repeats < 1:
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
+        if c.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {c.backend!r}; valid: {', '.join(BACKENDS)}")
 
     def _seed(self, ctx: TrainContext) -> int:
         if self.config.prune_seed is not None:
@@ -721,6 +744,7 @@ class SDGP(Method):
             generator=self.generator,
             nondivisible=c.nondivisible,
             eps=c.rescale_eps,
+            backend=c.backend,
         )
 
     def on_epoch_start(self, ctx: TrainContext) -> None:
@@ -766,7 +790,12 @@ class SDGP(Method):
             "sdgp_sparse_layers": [p.name for p in plan if p.sparse],
             "sdgp_dense_layers": {p.name: p.reason for p in plan if not p.sparse},
             "sdgp_layers": [dataclasses.asdict(p) for p in plan],
+            "sdgp_backend": c.backend,
         }
+        if c.backend == "semi_structured":
+            from impl.methods.sdgp_semi import semi_summary
+
+            out.update(semi_summary(ctx.model))
         if c.profile:
             from impl.methods.sdgp_timing import time_accounting
 
@@ -803,6 +832,7 @@ class SDGP(Method):
 
 
 __all__ = [
+    "BACKENDS",
     "AUTHORS_LOSS_SCALE",
     "IMPLS",
     "MAX_GROUP",

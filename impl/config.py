@@ -113,8 +113,13 @@ class TrainConfig:
         return cls(**data)
 
     def digest(self) -> str:
-        """A short hash of everything that defines the run's result (not where it is written)."""
-        data = self.to_dict()
+        """A short hash of everything that defines the run's result (not where it is written).
+
+        Fields at their default value are left out, so that adding a field (with a default)
+        to this class does not change the digest of, and orphan, every existing run.
+        """
+        defaults = TrainConfig().to_dict()
+        data = {k: v for k, v in self.to_dict().items() if v != defaults.get(k, object())}
         data.pop("out", None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

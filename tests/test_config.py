@@ -57,3 +57,12 @@ def test_step_and_cosine_schedules():
     assert lr_multiplier("step", 140, 182, milestones=[91, 136]) == pytest.approx(0.01)
     assert lr_multiplier("cosine", 5, 10) == pytest.approx(0.5)
     assert lr_multiplier("constant", 3, 10) == 1.0
+
+
+def test_digest_ignores_fields_at_their_default():
+    # A config saved before a field existed reads back with that field's default: same run.
+    cfg = resolve("cpu", method="sdgp")
+    data = cfg.to_dict()
+    data.pop("data_options")  # as if saved before data_options existed
+    assert TrainConfig.from_dict(data).digest() == cfg.digest()
+    assert resolve("cpu", data_options={"image_size": 64}).digest() != resolve("cpu").digest()

@@ -121,6 +121,12 @@ class TrainConfig:
         defaults = TrainConfig().to_dict()
         data = {k: v for k, v in self.to_dict().items() if v != defaults.get(k, object())}
         data.pop("out", None)
+        if data.get("method_options"):  # likewise a method option given at its default
+            opts = _non_default_options(self.method, data["method_options"])
+            if opts:
+                data["method_options"] = opts
+            else:
+                data.pop("method_options")
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -129,6 +135,22 @@ class TrainConfig:
         return str(
             Path(root) / f"{self.method}-{self.model}-{self.data}-{self.scale}-{self.digest()}"
         )
+
+
+def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without the entries equal to the default of ``method``'s config (all of
+    them where the method is unknown here)."""
+    import dataclasses
+
+    try:
+        from impl.methods import method_class
+
+        cls = method_class(method)
+    except (ImportError, ValueError):
+        return dict(options)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)
+                if f.default is not dataclasses.MISSING}  # fmt: skip
+    return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
 
 
 # Per-scale defaults for the fields a user did not set. The "cpu" preset is the embedded

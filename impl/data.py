@@ -359,29 +359,29 @@ class _Arrays:
     crop: CropFlip
 
 
-@functools.lru_cache(maxsize=1)
-def _digits() -> _Arrays:
+@functools.lru_cache(maxsize=4)
+def _digits(size: int = 32) -> _Arrays:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]  # (N,1,8,8)
-    images = F.interpolate(images, size=(32, 32), mode="bilinear", align_corners=False)
+    images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     labels = bunch.target.astype(np.int64)
     train, test = stratified_split(labels, 0.2)
     train_x = images[torch.from_numpy(train)]
     mean, std = float(train_x.mean()), float(train_x.std())
-    crop = CropFlip(pad=2, flip=False)
+    crop = CropFlip(pad=max(1, size // 16), flip=False)  # 2 pixels at 32x32, as before
     spec = DataSpec(
         name="digits",
         num_classes=10,
         in_channels=1,
-        image_size=32,
+        image_size=size,
         train_size=len(train),
         test_size=len(test),
         mean=(mean,),
         std=(std,),
         augmentation=crop.describe(),
-        source="sklearn.datasets.load_digits (8x8, 0-16) upsampled bilinearly to 32x32",
+        source=f"sklearn.datasets.load_digits (8x8, 0-16) upsampled bilinearly to {size}x{size}",
         test_fingerprint=_fingerprint(test, labels[test]),
         class_names=tuple(str(i) for i in range(10)),
     )
@@ -806,7 +806,9 @@ def make_loaders(
     if name == "imagenet":
         return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
     if name == "digits":
-        arrays = _digits()
+        if not 8 <= image_size <= 64:
+            raise ValueError(f"digits image_size must be in [8, 64] pixels, got {image_size}")
+        arrays = _digits(image_size)
     elif name == "mnist5k":
         arrays = _mnist5k()
     elif name in _CIFAR:

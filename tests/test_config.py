@@ -66,3 +66,18 @@ def test_digest_ignores_fields_at_their_default():
     data.pop("data_options")  # as if saved before data_options existed
     assert TrainConfig.from_dict(data).digest() == cfg.digest()
     assert resolve("cpu", data_options={"image_size": 64}).digest() != resolve("cpu").digest()
+
+
+def test_digest_ignores_method_options_given_at_their_default():
+    # {"connectivity": 0.75} is ClickTrain's default: the same run as no option at all.
+    plain = resolve("cpu", method="clicktrain")
+    explicit = resolve("cpu", method="clicktrain", method_options={"connectivity": 0.75})
+    assert explicit.digest() == plain.digest()
+    other = resolve("cpu", method="clicktrain", method_options={"connectivity": 0.55})
+    assert other.digest() != plain.digest()
+    # Only the default-valued entry drops out; the rest still defines the run.
+    both = resolve("cpu", method="clicktrain",
+                   method_options={"connectivity": 0.75, "penalty": 1e-3})  # fmt: skip
+    assert both.digest() == resolve("cpu", method="clicktrain",
+                                    method_options={"penalty": 1e-3}).digest()  # fmt: skip
+    assert both.digest() != plain.digest()

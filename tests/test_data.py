@@ -499,3 +499,20 @@ def test_gpu_batches_match_cpu() -> None:
     assert xg.device.type == "cuda" and yg.device.type == "cuda"
     torch.testing.assert_close(xg.cpu(), xc)
     assert torch.equal(yg.cpu(), yc)
+
+
+@pytest.mark.parametrize("size", [16, 23, 32], ids=["16", "odd-23", "32"])
+def test_digits_image_size_sets_the_side_and_keeps_the_split(size: int) -> None:
+    train, test, spec = make_loaders("digits", batch_size=64, image_size=size)
+    x, y = next(iter(train))
+    assert tuple(x.shape[1:]) == (1, size, size) and spec.image_size == size
+    assert f"{size}x{size}" in spec.source
+    base = make_loaders("digits", batch_size=64)[2]
+    assert (spec.train_size, spec.test_size, spec.test_fingerprint) == (
+        base.train_size, base.test_size, base.test_fingerprint)  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [7, 65], ids=["7", "65"])
+def test_digits_image_size_out_of_range_is_refused(size: int) -> None:
+    with pytest.raises(ValueError, match=r"image_size must be in \[8, 64\]"):
+        make_loaders("digits", batch_size=64, image_size=size)

@@ -276,12 +276,49 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(keys, scale, runs_root, out):
+    def fake_run(keys, scale, runs_root, out, jobs=None):
         seen.update(keys=keys, scale=scale, out=out)
         return tmp_path / "index.html"
 
     monkeypatch.setattr(reproductions, "run", fake_run)
     path = reproductions.demo("smoke", out=tmp_path)
     assert seen == {"keys": list(reproductions.DEMO_TARGETS), "scale": "smoke", "out": tmp_path}
+    assert seen["keys"] == list(reproductions.TARGETS)  # make demo is `reproduce all`
     assert "cross.methods" in seen["keys"] and path == tmp_path / "index.html"
     assert f"report: {(tmp_path / 'index.html').resolve()}" in capsys.readouterr().out
+
+
+def test_prunetrain_options_map_the_paper_ratio_onto_the_short_runs():
+    from reproductions.prunetrain import SHORT_RUN_RATIO, options
+
+    assert options("paper", 0.2) == {"penalty_ratio": 0.2, "reconfig_interval": 10}
+    assert options("paper", 0.25, "imagenet")["reconfig_interval"] == 5
+    cpu = options("cpu", 0.2)
+    assert cpu == {"penalty_ratio": 0.8, "threshold": 1e-2, "reconfig_interval": 1}
+    assert options("gpu", 0.1)["penalty_ratio"] == 0.7
+    ratios = [SHORT_RUN_RATIO[r] for r in sorted(SHORT_RUN_RATIO)]
+    assert ratios == sorted(ratios) and all(0 < r < 1 for r in ratios)  # order kept, valid
+    assert options("cpu", 0.2, dynamic_batch=True)["dynamic_batch"] is True
+    with pytest.raises(ValueError, match="no cpu-scale ratio for the paper's 0.3"):
+        options("cpu", 0.3)
+
+
+def test_cpu_scale_tables_share_their_runs():
+    """The dense baseline and each method's default row are one run across the tables."""
+    from reproductions.parallel import plan_runs
+
+    keys = ["clicktrain.table1", "sdgp.table1", "sdgp.fig10", "cross.methods"]
+    plan = plan_runs([reproductions.load_target(k) for k in keys], "cpu", "runs")
+    by_out = {p.out: p for p in plan}
+    dense0 = [p for p in plan if p.config.method == "dense" and p.config.seed == 0]
+    assert len(dense0) == 1 and set(dense0[0].targets) == {
+        "clicktrain.table1",
+        "sdgp.table1",
+        "sdgp.fig10",
+        "cross.methods",
+    }
+    sdgp24 = [p for p in by_out.values() if p.config.method == "sdgp" and p.config.seed == 0
+              and p.config.method_options.get("prune_method") == "rescaled"
+              and p.config.method_options.get("m") == 4]  # fmt: skip
+    assert len(sdgp24) == 1 and {"sdgp.table1", "cross.methods"} <= set(sdgp24[0].targets)
+    assert all(p.config.data_options == {"image_size": 16} for p in plan)

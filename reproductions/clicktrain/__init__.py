@@ -34,9 +34,11 @@ def train_for(scale: str, model: str | None = None, dataset: str = "cifar10") ->
 
 
 def prunetrain_options(scale: str) -> dict[str, Any]:
-    """PruneTrain as ClickTrain compares with it: penalty ratio 0.2, reconfiguration every 10
-    epochs (CIFAR) / 5 (ImageNet) at paper scale, every 2 epochs on the short runs."""
-    return {"penalty_ratio": 0.2, "reconfig_interval": 10 if scale == "paper" else 2}
+    """PruneTrain as ClickTrain compares with it (penalty ratio 0.2, reconfiguration every 10
+    CIFAR epochs at paper scale): :func:`reproductions.prunetrain.options` at ``scale``."""
+    from reproductions.prunetrain import options
+
+    return options(scale, 0.2)
 
 
 def method_rows(scale: str, model: str, dataset: str, needs: str | None = None) -> list[Row]:

@@ -48,13 +48,14 @@ TTA_TARGET: dict[str, float] = {"smoke": 10.0, "cpu": 90.0, "gpu": 95.0, "paper"
 
 
 def method_options(method: str, scale: str) -> dict[str, Any]:
-    """Each method's options at ``scale``: its paper's defaults, with intervals scaled to the
-    run's length (PruneTrain reconfigures every 10 of 182 CIFAR epochs; at 8 epochs, every 2)."""
+    """Each method's options at ``scale``: its paper's defaults, with PruneTrain's mapped onto
+    the short runs (:func:`reproductions.prunetrain.options`)."""
     if method == "prunetrain":
-        interval = {"smoke": 2, "cpu": 2, "gpu": 3, "paper": 10}[scale]
-        return {"penalty_ratio": 0.2, "reconfig_interval": interval}
+        from reproductions.prunetrain import options
+
+        return options(scale, 0.2)
     if method == "sdgp":
-        return {"n": 2, "m": 4, "prune_method": "rescaled", "profile": False}
+        return {"n": 2, "m": 4, "prune_method": "rescaled", "profile": True}
     if method == "campfire":
         return {"final_sparsity": 0.7, "mask": "combined"}
     if method == "clicktrain":

@@ -1,0 +1,85 @@
+"""Planning and training the runs of many reproduction targets at once (reproductions.parallel)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reproductions import parallel
+from reproductions.common import Row, Target
+from reproductions.parallel import PlannedRun, default_jobs, log_path, plan_runs, train_all
+
+TINY = {"epochs": 1, "max_steps_per_epoch": 1, "batch_size": 16, "threads": 1}
+
+
+def _target(key, rows):
+    return Target(key=key, title=key, description=key, rows=lambda scale: list(rows))
+
+
+def test_plan_lists_a_shared_run_once_with_every_target_that_uses_it(tmp_path):
+    dense = Row("dense", "dense", train=TINY)
+    a = _target("sdgp.table1", [dense, Row("sdgp", "sdgp", options={"m": 8}, train=TINY)])
+    b = _target("cross.methods", [Row("baseline", "dense", train=TINY),
+                                  Row("needs", needs="the paper scale"),
+                                  Row("m", measure="x:y")])  # fmt: skip
+    plan = plan_runs([a, b], "smoke", tmp_path)
+    assert [p.config.method for p in plan] == ["dense", "sdgp"]
+    assert plan[0].targets == ["sdgp.table1", "cross.methods"]
+    assert plan[1].targets == ["sdgp.table1"]
+    assert all(p.out.startswith(str(tmp_path)) for p in plan)
+
+
+def test_plan_skips_a_target_whose_rows_fail_and_keeps_the_others(tmp_path):
+    def boom(scale):
+        raise RuntimeError("boom")
+
+    bad = Target(key="sdgp.fig8", title="t", description="d", rows=boom)
+    good = _target("sdgp.table1", [Row("dense", "dense", train=TINY)])
+    assert [p.targets for p in plan_runs([bad, good], "smoke", tmp_path)] == [["sdgp.table1"]]
+
+
+def test_cost_orders_slower_methods_and_longer_runs_first(tmp_path):
+    (d,) = plan_runs([_target("a.b", [Row("d", "dense", train=TINY)])], "smoke", tmp_path)
+    (c,) = plan_runs([_target("a.b", [Row("c", "clicktrain", train=TINY)])], "smoke", tmp_path)
+    (d3,) = plan_runs([_target("a.b", [Row("d", "dense", train={**TINY, "epochs": 3})])],
+                      "smoke", tmp_path)  # fmt: skip
+    assert c.cost > d.cost and d3.cost == pytest.approx(3 * d.cost)
+
+
+def test_default_jobs_one_per_core_on_cpu_scales_and_one_on_gpu_scales():
+    assert default_jobs("gpu") == 1 and default_jobs("paper") == 1
+    assert 1 <= default_jobs("cpu") <= 8 and default_jobs("smoke") == default_jobs("cpu")
+
+
+def test_train_all_rejects_no_jobs():
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        train_all([], 0)
+
+
+@pytest.mark.slow
+def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path):
+    rows = [Row("dense", "dense", train=TINY), Row("campfire", "campfire", train=TINY),
+            Row("bad", "sdgp", options={"m": 3, "n": 5}, train=TINY)]  # fmt: skip
+    plan = plan_runs([_target("cross.methods", rows)], "smoke", tmp_path)
+    assert len(plan) == 3
+    lines: list[str] = []
+    failures = train_all(plan, jobs=2, log=lines.append, progress=False)
+    bad = plan[2]
+    assert list(failures) == [bad.out]
+    assert "ValueError" in failures[bad.out] and "ValueError" in log_path(bad.config).read_text()
+    for p in plan[:2]:
+        summary = json.loads((tmp_path / p.out.split("/")[-1] / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["method"] == p.config.method
+    assert "in 2 processes x 1 threads" in lines[0]
+    lines.clear()
+    # Complete runs are not trained again; the failed one is tried again.
+    assert list(train_all(plan, jobs=2, log=lines.append, progress=False)) == [bad.out]
+    assert lines[0].startswith("training 1 runs (2 of 3 already complete)")
+
+
+def test_planned_run_names_its_run_directory(tmp_path):
+    (p,) = plan_runs([_target("a.b", [Row("d", "dense", train=TINY)])], "smoke", tmp_path)
+    assert isinstance(p, PlannedRun) and p.out == str(p.config.out)
+    assert log_path(p.config).name == p.config.out.split("/")[-1] + ".log"
+    assert parallel.METHOD_COST["clicktrain"] > 1

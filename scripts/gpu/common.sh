@@ -1,0 +1,249 @@
+# Shared set-up of the device scripts (scripts/gpu/<name>.sh); sourced, never run alone.
+#
+# The caller sets NAME (the script's name), REPORT (the folder under the repository root where
+# its results belong, e.g. reports/gpu; "@DEVICE@" in it becomes the GPU's name as a slug, e.g.
+# nvidia-h100-80gb-hbm3), DEFAULT_BUDGET_S and optionally PREFLIGHT (modules to import-check)
+# and RUN_TAG, then sources this file, calls `common_steps` and `step` once per piece of work;
+# `finish` runs at exit. See docs/gpu-session.md.
+#
+# Environment (all optional):
+#   OUT          folder whose files come back from the device (the device sets it); default: a
+#                new temporary folder (a CPU dry run)
+#   PY           the Python that holds torch (default python3: /opt/torch/.venv/bin/python3 there)
+#   DRY_RUN=1    run only the cheap CPU steps; every GPU step is reported "skipped"
+#   BUDGET_S     seconds the whole script may take (default DEFAULT_BUDGET_S); each step's own
+#                limit is cut to what is left, keeping RESERVE_S (default 30) for packaging
+#   GPU_SITE     where the carried wheels are installed (default /tmp/site)
+#
+# Every step runs under `timeout`; its output goes to the console and to
+# $REPORT/session/<tag>/logs/<step>.log (<tag>: RUN_TAG, else NAME); a failed or timed-out
+# step is recorded and the script goes on. `finish` writes $REPORT/session/<tag>/ (steps.tsv,
+# STATUS.md, console.log; env.json comes from the env step), tars the staged results (paths
+# relative to the repository root) into $OUT/<tag>.tar.gz (split in 15 MiB parts if larger),
+# copies the step table and the console log beside it as <tag>-steps.tsv and <tag>.log, prints
+# the step table last and exits 0 (every step ok, or skipped for want of a GPU or of time), 1
+# (a step failed or timed out) or 2 (no GPU visible on a run that is not a dry run).
+
+set -u
+set -o pipefail
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+
+: "${NAME:?set NAME before sourcing common.sh}"
+: "${REPORT:?set REPORT before sourcing common.sh}"
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+ROOT=$PWD
+PY=${PY:-python3}
+DRY_RUN=${DRY_RUN:-0}
+BUDGET_S=${BUDGET_S:-${DEFAULT_BUDGET_S:-540}}
+RESERVE_S=${RESERVE_S:-30}
+SITE=${GPU_SITE:-/tmp/site}
+T0=$SECONDS
+if [ -z "${OUT:-}" ]; then
+  OUT=$(mktemp -d "${TMPDIR:-/tmp}/pdt-gpu-out.XXXXXX")
+fi
+mkdir -p "$OUT"
+# -- GPU detection (nvidia-smi sees one and torch can use it) ---------------------------------
+HAVE_GPU=0
+GPU_NAME=""
+if command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L >/dev/null 2>&1; then
+  GPU_NAME=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if timeout 120 "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+      >/dev/null 2>&1; then
+    HAVE_GPU=1
+  fi
+fi
+# A name for folders: "NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3.
+DEVICE_SLUG=${DEVICE_SLUG:-$(printf '%s' "${GPU_NAME:-no-gpu}" | tr '[:upper:]' '[:lower:]' \
+  | tr -cs 'a-z0-9' '-' | sed 's/^-//; s/-$//')}
+export HAVE_GPU GPU_NAME DEVICE_SLUG
+REPORT=${REPORT//@DEVICE@/$DEVICE_SLUG}   # e.g. reports/sdgp-semi/@DEVICE@
+
+TAG=${RUN_TAG:-$NAME}       # names the tarball and the session folder (bench.sh sets RUN_TAG)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pdt-gpu-$NAME.XXXXXX")
+STAGE=$WORK/stage           # mirrors the repository: results land in $STAGE/$REPORT/...
+DEST=$STAGE/$REPORT
+SESSION=$DEST/session/$TAG
+mkdir -p "$SESSION/logs"
+STEPS=$SESSION/steps.tsv
+printf 'step\tkind\tstatus\trc\tseconds\tlimit_s\tnote\n' > "$STEPS"
+
+# The project from the working tree, the carried wheels beside it; asv passes ASV_PYTHONPATH
+# (not PYTHONPATH) to its benchmark processes.
+export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export ASV_PYTHONPATH="$ROOT:$SITE"
+# git refuses a repository owned by another user ("dubious ownership"): the copy may be one.
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'
+export ROOT PY DRY_RUN SITE STAGE DEST SESSION OUT WORK TAG
+
+exec > >(tee -a "$WORK/console.log") 2>&1
+_TEE_PID=$!
+
+echo "== $NAME: $(date -u +%FT%TZ) on $(hostname), budget ${BUDGET_S}s, DRY_RUN=$DRY_RUN"
+echo "== repository $ROOT, OUT=$OUT, results staged under $DEST"
+echo "== GPU: ${GPU_NAME:-none} (usable by torch: $HAVE_GPU), slug $DEVICE_SLUG"
+
+_FAILED=0
+_FINISHED=0
+
+_record() {  # name kind status rc seconds limit note
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$STEPS"
+}
+
+# step NAME KIND LIMIT_S COMMAND
+#   KIND gpu: needs the GPU (skipped without one, or with DRY_RUN=1); cpu: runs everywhere.
+#   COMMAND is one string run by `bash -c` (with pipefail) under `timeout`.
+step() {
+  local name=$1 kind=$2 limit=$3 cmd=$4
+  local log="$SESSION/logs/$name.log"
+  local left=$((BUDGET_S - RESERVE_S - (SECONDS - T0)))
+  if [ "$kind" = gpu ] && { [ "$HAVE_GPU" != 1 ] || [ "$DRY_RUN" = 1 ]; }; then
+    local why="no GPU"
+    [ "$HAVE_GPU" = 1 ] && why="DRY_RUN=1"
+    if ! bash -n -c "$cmd" 2>"$log"; then   # a skipped command is still syntax-checked
+      echo "[$name] failed: the command is not valid bash: $(cat "$log")"
+      _record "$name" "$kind" failed 2 0 "$limit" "syntax error (skipped: $why)"
+      _FAILED=1
+      return 0
+    fi
+    echo "[$name] skipped: $why"
+    _record "$name" "$kind" skipped "" 0 "$limit" "$why"
+    return 0
+  fi
+  if [ "$left" -lt 15 ]; then
+    echo "[$name] skipped: out of time budget (${left}s left of ${BUDGET_S}s)"
+    _record "$name" "$kind" skipped "" 0 "$limit" "out of time budget"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "[$name] start, limit ${limit}s: $cmd"
+  local t=$SECONDS rc status
+  timeout -k 15 "$limit" bash -o pipefail -c "$cmd" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status=timeout ;;
+    *) status=failed ;;
+  esac
+  [ "$status" = ok ] || _FAILED=1
+  echo "[$name] $status (rc $rc) after $((SECONDS - t))s"
+  _record "$name" "$kind" "$status" "$rc" "$((SECONDS - t))" "$limit" ""
+  return 0
+}
+
+# Install the carried wheels (.whl/*.whl) into $SITE once per set of wheels.
+install_wheels() {
+  local whls
+  whls=$(ls .whl/*.whl 2>/dev/null)
+  if [ -z "$whls" ]; then
+    echo "no wheels in .whl/: run scripts/gpu/fetch_wheels.sh here and name .whl in carry"
+    return 1
+  fi
+  local stamp
+  stamp=$(for w in $whls; do printf '%s %s\n' "$(basename "$w")" "$(wc -c < "$w")"; done \
+    | cksum | cut -d' ' -f1)
+  if [ -f "$SITE/.pdt-wheels" ] && [ "$(cat "$SITE/.pdt-wheels")" = "$stamp" ]; then
+    echo "wheels already installed in $SITE"
+    return 0
+  fi
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" $whls || return 1
+  echo "$stamp" > "$SITE/.pdt-wheels"
+  echo "installed into $SITE: $(for w in $whls; do basename "$w"; done | tr '\n' ' ')"
+}
+
+# Give the copy a git repository at the committed HEAD when it has none (the device receives
+# files, not .git): asv needs one, and provenance records its commit. .gpu/repo.bundle and
+# .gpu/commit.txt come from scripts/gpu/prepare.sh. A .git this function made carries the
+# marker .git/pdt-restored and is moved to a newer commit.txt on a warm machine.
+restore_git() {
+  if ! command -v git >/dev/null 2>&1; then
+    echo "git is not installed: commit unknown, asv cannot run"
+    return 1
+  fi
+  local want="" have
+  [ -f .gpu/commit.txt ] && want=$(cat .gpu/commit.txt)
+  have=$(git rev-parse -q --verify HEAD 2>/dev/null || true)
+  if [ -d .git ] && [ ! -f .git/pdt-restored ] && [ -n "$have" ]; then
+    echo "git: the copy has its own .git, HEAD $have"
+    [ -n "$want" ] && [ "$want" != "$have" ] && echo "git: note .gpu/commit.txt says $want"
+    return 0
+  fi
+  if [ -n "$have" ] && [ "$have" = "$want" ]; then
+    echo "git: HEAD $have (restored earlier)"
+  else
+    if [ ! -f .gpu/repo.bundle ]; then
+      echo "no .git and no .gpu/repo.bundle: run scripts/gpu/prepare.sh here, carry .gpu"
+      return 1
+    fi
+    [ -d .git ] || { git init -q . && touch .git/pdt-restored; } || return 1
+    git config core.fileMode false
+    git fetch -q --no-tags .gpu/repo.bundle HEAD || return 1
+    git update-ref refs/heads/main FETCH_HEAD && git symbolic-ref HEAD refs/heads/main || return 1
+    git read-tree HEAD || return 1
+    have=$(git rev-parse HEAD)
+    echo "git: restored from .gpu/repo.bundle, HEAD $have"
+  fi
+  local dirty
+  dirty=$(git status --porcelain --untracked-files=no | head -20)
+  if [ -n "$dirty" ]; then
+    echo "git: the tree differs from HEAD (results will say dirty):"
+    echo "$dirty"
+  fi
+  return 0
+}
+export -f install_wheels restore_git
+
+# The standard first steps: wheels, git, then the environment report with an import check of
+# $PREFLIGHT (the modules the script's later steps need; a failed import fails this step).
+common_steps() {
+  step wheels cpu 90 install_wheels
+  step git cpu 60 restore_git
+  step env cpu 90 "\"$PY\" scripts/gpu/env_report.py --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
+}
+
+finish() {
+  [ "$_FINISHED" = 1 ] && return
+  _FINISHED=1
+  local code=$_FAILED
+  if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
+    echo "== no GPU is visible and DRY_RUN is not 1: the GPU steps did not run"
+    code=2
+  fi
+  {
+    echo "# $TAG: steps"
+    echo
+    echo "$(date -u +%FT%TZ), host $(hostname), GPU ${GPU_NAME:-none}, DRY_RUN=$DRY_RUN," \
+      "budget ${BUDGET_S}s, used $((SECONDS - T0))s, exit code $code."
+    echo "Written by scripts/gpu/$NAME.sh (docs/gpu-session.md); logs in logs/."
+    echo
+    echo "| step | kind | status | rc | seconds | limit (s) | note |"
+    echo "|---|---|---|---|---|---|---|"
+    tail -n +2 "$STEPS" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %s |\n", \
+      $1, $2, $3, $4, $5, $6, $7}'
+  } > "$SESSION/STATUS.md"
+  cp "$WORK/console.log" "$SESSION/console.log"
+  local tarball="$OUT/$TAG.tar.gz"
+  tar -C "$STAGE" -czf "$tarball" . || code=1
+  local size
+  size=$(wc -c < "$tarball")
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15m -d -a 1 "$tarball" "$tarball.part"
+    rm -f "$tarball"
+    echo "== $tarball was $size bytes: split into $(ls "$tarball".part* | wc -l) parts" \
+      "(cat $TAG.tar.gz.part* | tar -xz)"
+  fi
+  cp "$STEPS" "$OUT/$TAG-steps.tsv"
+  echo "== files in $OUT (and $TAG.log, the console):"
+  ls -l "$OUT" | tail -n +2
+  echo "== unpack here with: tar -xzf <files_at>/$TAG.tar.gz -C <repository root>"
+  echo "== $TAG steps (exit code $code, $((SECONDS - T0))s of ${BUDGET_S}s):"
+  column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"
+  exec 1>&- 2>&-   # let the console tee drain, then keep its whole log
+  wait "$_TEE_PID" 2>/dev/null
+  cp "$WORK/console.log" "$OUT/$TAG.log"
+  [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
+  exit "$code"
+}
+trap finish EXIT

@@ -1,0 +1,105 @@
+"""Compile the CUDA kernels through the loader (CuPy RawModule, NVRTC) and record what ran.
+
+    python scripts/gpu/compile_kernels.py [--json PATH]
+
+On the GPU machine: loads every source of :data:`impl.cuda.loader.SOURCES` (timing each
+compile), looks up every kernel the ops launch (``KERNELS`` of ``impl.ops.pattern_cuda``,
+``nm_cuda``, ``pack_cuda``) and reads its attributes from the driver (registers per thread,
+local memory bytes: non-zero means spills or a stack array, static shared memory, the most
+threads per block it can launch with). Exit status 1 when a source does not load or a kernel
+is missing, with the loader's reason. It fills CuPy's on-disk kernel cache, so the test steps
+after it do not compile again. Used by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Attributes of a CuPy ``RawKernel`` that are recorded (``RawKernel.attributes`` keys).
+ATTRIBUTES: tuple[str, ...] = (
+    "num_regs",
+    "local_size_bytes",
+    "shared_size_bytes",
+    "const_size_bytes",
+    "max_threads_per_block",
+    "ptx_version",
+    "binary_version",
+)
+
+
+def kernels_by_source() -> dict[str, tuple[str, ...]]:
+    """``{source file: kernel names the ops launch}`` (needs no GPU)."""
+    from impl.ops import nm_cuda, pack_cuda, pattern_cuda
+
+    return {
+        pattern_cuda._SRC: pattern_cuda.KERNELS,
+        nm_cuda._SRC: nm_cuda.KERNELS,
+        pack_cuda._SRC: pack_cuda.KERNELS,
+    }
+
+
+def compile_all() -> dict[str, Any]:
+    """Load each source and read each kernel's attributes; ``{"sources", "kernels", "errors"}``."""
+    import torch
+
+    from impl.cuda import loader
+
+    report: dict[str, Any] = {"sources": {}, "kernels": {}, "errors": []}
+    if not torch.cuda.is_available():
+        report["errors"].append("no CUDA GPU visible to torch")
+        return report
+    report["device"] = torch.cuda.get_device_name(0)
+    report["compile_options"] = list(loader.compile_options())
+    for source, names in kernels_by_source().items():
+        t0 = time.perf_counter()
+        try:
+            loader.load(source)
+        except RuntimeError as err:
+            report["errors"].append(str(err))
+            continue
+        report["sources"][source] = {"load_seconds": round(time.perf_counter() - t0, 2)}
+        for name in names:
+            try:
+                attrs = loader.get_function(source, name).attributes
+            except Exception as err:  # noqa: BLE001 - a missing kernel is a finding
+                report["errors"].append(f"{source}:{name}: {type(err).__name__}: {err}")
+                continue
+            report["kernels"][name] = {k: attrs.get(k) for k in ATTRIBUTES}
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line; prints a table of the kernels, returns 1 on any error."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, help="write the report here")
+    args = p.parse_args(argv)
+    report = compile_all()
+    for source, info in report["sources"].items():
+        print(f"{source}: loaded in {info['load_seconds']} s")
+    spills = []
+    for name, a in sorted(report["kernels"].items()):
+        print(
+            f"{name:<32} regs {a['num_regs']:>3}  local {a['local_size_bytes']:>4} B  "
+            f"shared {a['shared_size_bytes']:>6} B  max threads {a['max_threads_per_block']}"
+        )
+        if a["local_size_bytes"]:
+            spills.append(name)
+    if spills:
+        print(f"local memory (spills or stack arrays) in: {', '.join(spills)}")
+    for err in report["errors"]:
+        print(f"ERROR: {err}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.exit(main())

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU evidence of the CUDA kernels (issue: kernels): what `make gpu-check` writes, and more.
+#
+#   bash scripts/gpu/kernels.sh          # on the device: run(command="bash scripts/gpu/kernels.sh",
+#                                        #   carry=[".whl", ".gpu"], timeout_s=600)
+#   DRY_RUN=1 bash scripts/gpu/kernels.sh   # here: the CPU steps only, GPU steps "skipped"
+#
+# Steps (each under a time limit; a failure is recorded and the next step runs):
+#   compile      NVRTC compile of impl/cuda/*.cu through the loader, per-kernel registers and
+#                local memory -> reports/gpu/kernels.json
+#   tests        pytest -m gpu tests/test_cuda_ops.py (slow ones too) -> reports/gpu/tests.{xml,log}
+#   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
+#                -> reports/gpu/tests-other.{xml,log}
+#   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM tests and part of the rescaled
+#                N:M tests ($RACECHECK_K, 92 tests) -> racecheck.log
+#   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
+#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 257 of 563;
+#                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log
+# The sanitizer steps run pytest in one process (compute-sanitizer follows the process it
+# starts; pytest-xdist's workers talk to it through pipes, a path not tried here).
+#   kernel-bench bench.run --scale gpu, suites spmm and nm_prune -> reports/gpu/kernel-bench/
+# Everything comes back as $OUT/kernels.tar.gz (paths from the repository root), plus
+# $OUT/kernels.log and $OUT/kernels-steps.tsv. See docs/gpu-session.md.
+NAME=kernels
+REPORT=reports/gpu
+DEFAULT_BUDGET_S=450
+PREFLIGHT="impl.cuda.loader impl.ops.pattern_cuda impl.ops.nm_cuda impl.ops.pack_cuda pytest"
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+
+# pytest-xdist spreads the tests over processes (one GPU, many small tests), where installed.
+XDIST=""
+if "$PY" -c "import xdist" >/dev/null 2>&1; then
+  XDIST="-n ${XDIST_N:-8}"
+fi
+CS=$("$PY" -c "import sys; sys.path.insert(0, 'scripts/gpu'); import env_report as e; \
+print(e.find_tool('compute-sanitizer', e.SANITIZER_GLOBS) or '')" 2>/dev/null)
+export XDIST CS
+PYTEST="\"$PY\" -m pytest -p no:cacheprovider"
+SAN_TESTS="-m 'gpu and not slow' tests/test_cuda_ops.py --maxfail=5 -v"
+MEMCHECK_K=${MEMCHECK_K-"not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf16))"}
+RACECHECK_K=${RACECHECK_K-"spmm or sddmm or (rescaled and (2:4 or 5:16) and (f32 or bf16))"}
+export MEMCHECK_K RACECHECK_K
+need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/cuda*)"; exit 3; }'
+
+common_steps
+step compile gpu 180 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
+step tests gpu 240 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
+  --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
+step tests-other gpu 150 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
+  --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
+  --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""
+step racecheck gpu 150 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool racecheck \
+  --error-exitcode 1 $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
+  | tee \"$DEST/racecheck.log\""
+step memcheck gpu 240 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool memcheck \
+  --error-exitcode 1 --report-api-errors no --leak-check no $PYTEST $SAN_TESTS \
+  \${MEMCHECK_K:+-k \"\$MEMCHECK_K\"} | tee \"$DEST/memcheck.log\""
+step kernel-bench gpu 120 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+  --suite spmm --suite nm_prune --out \"$DEST/kernel-bench\""

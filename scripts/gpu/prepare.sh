@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run HERE (not on the device) before the device calls of docs/gpu-session.md:
+#   1. the wheels the device lacks -> .whl/ (scripts/gpu/fetch_wheels.sh, kept if present);
+#   2. .gpu/commit.txt (HEAD) and .gpu/repo.bundle (the history up to HEAD), so that the
+#      device copy, which receives files but no .git, gets a repository at the same commit
+#      (asv needs one; provenance records the commit; restore_git in common.sh);
+#   3. checks that .whl/ and .gpu/ are ignored and that what travels (the tree git does not
+#      ignore, plus the carried .whl and .gpu) stays under the 64 MiB limit.
+# Commit first: results made from a tree that differs from HEAD are marked dirty.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+LIMIT_MIB=${LIMIT_MIB:-60}   # the device's limit is 64 MiB; keep a margin
+
+[ -n "$(ls .whl/*.whl 2>/dev/null)" ] || bash scripts/gpu/fetch_wheels.sh
+mkdir -p .git/info .gpu
+for pat in /.whl/ /.gpu/; do
+  grep -qxF "$pat" .git/info/exclude 2>/dev/null || echo "$pat" >> .git/info/exclude
+done
+for d in .whl .gpu; do
+  git check-ignore -q "$d/x" || { echo "prepare: $d/ is not ignored by git" >&2; exit 1; }
+done
+
+git rev-parse HEAD > .gpu/commit.txt
+rm -f .gpu/repo.bundle
+git bundle create -q .gpu/repo.bundle HEAD
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+  echo "prepare: WARNING: tracked files differ from HEAD; commit them, or the results say dirty"
+fi
+
+tree=$(git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null \
+  | awk '{s += $1} END {print s + 0}')
+whl=$(du -cb .whl/*.whl | tail -1 | cut -f1)
+gpu=$(du -cb .gpu/* | tail -1 | cut -f1)
+total=$((tree + whl + gpu))
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+echo "prepare: HEAD $(cat .gpu/commit.txt)"
+echo "prepare: travels: tree $(mib "$tree") MiB + .whl $(mib "$whl") MiB + .gpu $(mib "$gpu")" \
+  "MiB = $(mib "$total") MiB (device limit 64 MiB)"
+echo "prepare: each run call: carry=[\".whl\", \".gpu\"]"
+if [ "$total" -gt $((LIMIT_MIB * 1048576)) ]; then
+  echo "prepare: over ${LIMIT_MIB} MiB: ignore or remove large untracked files" >&2
+  exit 1
+fi

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The gpu-scale reproductions that need a GPU (issue: reproductions): ClickTrain Figs. 9-11,
+# SDGP Fig. 9 and PruneTrain Fig. 7, rendered as HTML.
+#
+#   bash scripts/gpu/reproduce.sh [TARGET ...]   # on the device (docs/gpu-session.md);
+#                                                # default: the five targets below
+#   DRY_RUN=1 bash scripts/gpu/reproduce.sh      # here: the CPU steps only
+#
+# One step per target (`python -m impl.cli reproduce <target> --scale gpu`), cheapest first, so
+# a time limit cuts the longest (clicktrain.fig11, 16 short trainings) last; runs go to
+# runs/gpu-scale/ in the device's copy, so a second call on a warm machine reuses the complete
+# ones. A target that fails inside `reproduce` (which records it and goes on) fails its step.
+# Then `render` reproduces prunetrain.fig7 (it needs no GPU: its row states what is missing),
+# draws every saved result into reports/gpu-scale/*.html and copies the results (result.json)
+# to reports/gpu-scale/results/. Back as $OUT/reproduce.tar.gz, reproduce.log and
+# reproduce-steps.tsv.
+NAME=reproduce
+REPORT=reports/gpu-scale
+DEFAULT_BUDGET_S=270
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(clicktrain.fig9 clicktrain.fig10 sdgp.fig9 clicktrain.fig11)
+PREFLIGHT="reproductions reproductions.common impl.cli impl.report reproductions.prunetrain.fig7"
+for t in "${TARGETS[@]}"; do
+  PREFLIGHT="$PREFLIGHT reproductions.${t}"
+done
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+RUNS=${RUNS_ROOT:-runs/gpu-scale}
+[ "$DRY_RUN" = 1 ] && RUNS=${RUNS_ROOT:-$WORK/runs}   # a dry run leaves the tree alone
+export RUNS
+
+# reproduce T: run one target at gpu scale; fail when reproduce recorded it as FAILED.
+reproduce_target() {
+  local log="$WORK/reproduce-$1.log"
+  "$PY" -m impl.cli reproduce "$1" --scale gpu --runs-root "$RUNS" --out "$WORK/scratch" \
+    2>&1 | tee "$log" || return 1
+  ! grep -q "\] FAILED" "$log"
+}
+render() {
+  "$PY" -m impl.cli reproduce prunetrain.fig7 --scale gpu --runs-root "$RUNS" --out "$DEST" \
+    || return 1
+  mkdir -p "$DEST/results"
+  cp -r "$RUNS/results/." "$DEST/results/"
+}
+export -f reproduce_target render
+
+common_steps
+for t in "${TARGETS[@]}"; do
+  case $t in
+    prunetrain.fig7) kind=cpu limit=60 ;;    # states what it needs; runs nothing
+    clicktrain.table* | prunetrain.table* | campfire.* | cross.*) kind=gpu limit=300 ;;
+    clicktrain.fig11) kind=gpu limit=300 ;;
+    *) kind=gpu limit=120 ;;
+  esac
+  step "$t" "$kind" "$limit" "reproduce_target $t"
+done
+RESERVE_S=0 step render cpu 60 render

@@ -1,0 +1,406 @@
+"""The device scripts of ``scripts/gpu/`` (docs/gpu-session.md), checked without a GPU.
+
+Each script is valid bash and names files, suites, targets and modules that exist; the wheel
+list pins one version of each package and what travels to the device stays far under its
+64 MiB; the plan table of docs/gpu-session.md fits the 30 device-minutes and 10-minute calls;
+the step runner of ``common.sh`` records ok, failed, timed-out, skipped and out-of-budget steps;
+and every device script runs to its end in ``DRY_RUN=1`` mode on this machine, its GPU steps
+reported as skipped, its results packed as the device would return them. The helpers
+``env_report.py`` and ``compile_kernels.py`` are tested directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_DIR = ROOT / "scripts" / "gpu"
+DEVICE_SCRIPTS = ("kernels", "bench", "sdgp_semi", "reproduce")
+ALL_SH = sorted(p.name for p in GPU_DIR.glob("*.sh"))
+#: What the device tool brings back: names of letters, digits, '.', '_', '-'; at most 8 files.
+OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_OUT_FILES = 8
+#: The device's limits (/work/.library/device/README.md).
+CALL_LIMIT_S = 600
+SESSION_LIMIT_S = 30 * 60
+COMMAND_CHARS = 2000
+TRANSFER_LIMIT = 64 * 2**20
+HAS_GPU = torch.cuda.is_available()
+
+
+def _module(name: str):
+    """Import ``scripts/gpu/<name>.py`` (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU_DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _text(name: str) -> str:
+    return (GPU_DIR / name).read_text()
+
+
+def _wheels() -> list[Path]:
+    return sorted((ROOT / ".whl").glob("*.whl"))
+
+
+def _steps(path: Path) -> list[dict[str, str]]:
+    lines = path.read_text().splitlines()
+    head = lines[0].split("\t")
+    return [dict(zip(head, line.split("\t"))) for line in lines[1:]]
+
+
+def _default(script: str, var: str) -> str:
+    m = re.search(rf"^{var}=(.*)$", _text(f"{script}.sh"), re.M)
+    assert m, f"{script}.sh sets no {var}"
+    return m.group(1)
+
+
+# -- static checks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_SH, ids=ALL_SH)
+def test_script_is_valid_bash(name):
+    res = subprocess.run(["bash", "-n", str(GPU_DIR / name)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
+def test_device_script_sources_common_and_names_its_report(name):
+    text = _text(f"{name}.sh")
+    assert _default(name, "NAME") == name
+    assert _default(name, "REPORT").startswith("reports/")
+    assert 0 < int(_default(name, "DEFAULT_BUDGET_S")) < CALL_LIMIT_S - 60
+    assert 'source "$(dirname "$0")/common.sh"' in text
+    assert "common_steps" in text  # wheels, git, env first
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert ".venv" not in code and "bootstrap" not in code  # never on the device
+
+
+_PATH_RE = re.compile(r"\b((?:scripts/gpu|tests|bench|impl|reproductions)/[\w./-]+\.(?:py|sh|txt))")
+_MODULE_RE = re.compile(r"-m ((?:bench|impl|reproductions)(?:\.\w+)+)")
+
+
+@pytest.mark.parametrize("name", ALL_SH, ids=ALL_SH)
+def test_paths_and_modules_named_in_a_script_exist(name):
+    text = _text(name)
+    for path in _PATH_RE.findall(text):
+        assert (ROOT / path).exists(), f"{name} names {path}, which does not exist"
+    for mod in _MODULE_RE.findall(text):
+        assert importlib.util.find_spec(mod) is not None, f"{name} runs -m {mod}: not found"
+
+
+def test_suites_parts_and_targets_named_by_the_scripts_exist():
+    from bench import cases
+    from reproductions import TARGETS
+
+    suites = set(re.findall(r"--suite (\w+)", _text("bench.sh") + _text("kernels.sh")))
+    assert suites == set(cases.SUITES)  # every suite is measured by some step
+    m = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
+    targets = m.group(1).split()
+    assert targets and set(targets) <= set(TARGETS)
+    assert "prunetrain.fig7" in _text("reproduce.sh")  # the render step reproduces it
+
+
+@pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
+def test_preflight_modules_of_the_project_exist(name):
+    text = _text(f"{name}.sh").replace("\\\n", " ")
+    mods = re.search(r'^PREFLIGHT="([^"]*)"', text, re.M).group(1).split()
+    ours = [m for m in mods if m.split(".")[0] in ("impl", "bench", "reproductions")]
+    assert ours, f"{name}.sh checks no project module"
+    for mod in ours:
+        assert importlib.util.find_spec(mod) is not None, mod
+
+
+def test_makefile_targets_the_docs_name_exist():
+    doc = (ROOT / "docs" / "gpu-session.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    for target in set(re.findall(r"make ([\w-]+)", doc)):
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
+
+
+def test_wheel_list_pins_one_version_of_each_package():
+    reqs = [
+        ln.strip()
+        for ln in _text("wheels.txt").splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    names = [r.split("==")[0].lower().replace("_", "-") for r in reqs]
+    assert all("==" in r for r in reqs) and len(names) == len(set(names))
+    assert {"asv", "asv-runner", "mlxtend"} <= set(names)
+    wheels = _wheels()
+    if not wheels:
+        pytest.skip("no .whl/ here: scripts/gpu/fetch_wheels.sh fetches it")
+    got = {}
+    for w in wheels:
+        name, version = w.name.split("-")[:2]
+        got[name.lower().replace("_", "-")] = version
+    assert got == {n: r.split("==")[1] for n, r in zip(names, reqs)}
+
+
+def test_transfer_size_plan_is_far_under_the_limit():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout")
+    res = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    files = [ROOT / p for p in res.stdout.decode().split("\0") if p]
+    tree = sum(p.stat().st_size for p in files if p.is_file())
+    carried = sum(p.stat().st_size for d in (".whl", ".gpu") for p in (ROOT / d).glob("*"))
+    assert sum(w.stat().st_size for w in _wheels()) < 16 * 2**20
+    assert tree + carried < TRANSFER_LIMIT // 2, f"{(tree + carried) / 2**20:.1f} MiB travels"
+
+
+def _plan() -> list[dict[str, str]]:
+    doc = (ROOT / "docs" / "gpu-session.md").read_text()
+    start = doc.index("| # | command | carry |")
+    rows = []
+    for line in doc[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.append(dict(zip(("n", "command", "carry", "timeout", "budget"), cells)))
+    return rows
+
+
+def test_plan_fits_the_device_limits():
+    plan = _plan()
+    assert [r["n"] for r in plan] == [str(i) for i in range(1, len(plan) + 1)]
+    covered = set()
+    total = 120  # one machine start, about 1-2 minutes
+    for row in plan:
+        command = row["command"].strip("`")
+        assert len(command) <= COMMAND_CHARS
+        scripts = re.findall(r"bash scripts/gpu/(\w+)\.sh", command)
+        assert scripts and all((GPU_DIR / f"{s}.sh").exists() for s in scripts)
+        covered |= set(scripts)
+        assert {c.strip() for c in row["carry"].split(",")} == {".whl", ".gpu"}
+        budget = sum(int(_default(s, "DEFAULT_BUDGET_S")) for s in scripts)
+        assert int(row["budget"]) == budget  # the table says what the scripts do
+        assert budget + 30 * len(scripts) <= int(row["timeout"]) <= CALL_LIMIT_S
+        total += budget + 30 * len(scripts)  # start-up and packaging beside the budget
+    assert covered == set(DEVICE_SCRIPTS)
+    assert total <= SESSION_LIMIT_S - 120, f"{total} s leaves no room for one re-run"
+
+
+# -- the step runner of common.sh --------------------------------------------------------------
+
+FAKE = """NAME=fake
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=120
+source {common}
+step good cpu 30 'echo hello > "$DEST/good.txt"'
+step bad cpu 30 'echo oops; exit 3'
+step slow cpu 1 'sleep 30'
+step gpu-one gpu 30 'echo never'
+step gpu-broken gpu 30 'if then'
+RESERVE_S=100000 step late cpu 30 'echo never'
+"""
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PY=sys.executable, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
+    env.pop("OUT", None)
+    env.update(extra)
+    return env
+
+
+def test_step_runner_records_every_outcome_and_packs_the_results(tmp_path):
+    script = tmp_path / "fake.sh"
+    script.write_text(FAKE.format(common=GPU_DIR / "common.sh"))
+    out = tmp_path / "out"
+    res = subprocess.run(
+        ["bash", str(script)],
+        env=_env(tmp_path, OUT=str(out), DRY_RUN="0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    steps = {s["step"]: s for s in _steps(out / "fake-steps.tsv")}
+    assert steps["good"]["status"] == "ok"
+    assert (steps["bad"]["status"], steps["bad"]["rc"]) == ("failed", "3")
+    assert steps["slow"]["status"] == "timeout" and int(steps["slow"]["seconds"]) < 20
+    assert steps["gpu-broken"]["status"] == "failed"  # skipped commands are syntax-checked
+    assert steps["gpu-broken"]["note"].startswith("syntax error")
+    assert (steps["late"]["status"], steps["late"]["note"]) == ("skipped", "out of time budget")
+    if HAS_GPU:
+        assert steps["gpu-one"]["status"] == "ok" and res.returncode == 1
+    else:
+        assert (steps["gpu-one"]["status"], steps["gpu-one"]["note"]) == ("skipped", "no GPU")
+        assert res.returncode == 2, res.stdout  # no GPU on a run that is not a dry run
+    with tarfile.open(out / "fake.tar.gz") as tar:
+        good = tar.extractfile("./reports/fake-check/good.txt").read().decode()
+        status = tar.extractfile("./reports/fake-check/session/fake/STATUS.md").read().decode()
+    assert good == "hello\n"
+    assert "| bad | cpu | failed | 3 |" in status
+    assert res.stdout.rstrip().splitlines()[-1].startswith("late")  # the table is printed last
+    assert "oops" in (out / "fake.log").read_text()
+
+
+# -- every device script in DRY_RUN mode -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
+    """Run the four device scripts at once with DRY_RUN=1: {name: (rc, output, OUT)}.
+
+    The carried wheels (if any) are installed once first, with the scripts' own function;
+    the scripts then find them installed, as on a warm device machine."""
+    tmp = tmp_path_factory.mktemp("dry")
+    site = tmp / "site"
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source <(sed -n '/^install_wheels() {{/,/^}}/p' {GPU_DIR}/common.sh)"
+            " && install_wheels",
+        ],
+        cwd=ROOT,
+        env=_env(tmp, SITE=str(site)),
+        capture_output=True,
+        timeout=120,
+    )
+    procs = {}
+    for name in DEVICE_SCRIPTS:
+        out = tmp / f"out-{name}"
+        env = _env(tmp, DRY_RUN="1", OUT=str(out), GPU_SITE=str(site))
+        procs[name] = (
+            subprocess.Popen(
+                ["bash", str(GPU_DIR / f"{name}.sh")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+            out,
+        )
+    results = {}
+    for name, (proc, out) in procs.items():
+        text, _ = proc.communicate(timeout=180)
+        results[name] = (proc.returncode, text, out)
+    return results
+
+
+@pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
+def test_dry_run_ends_with_gpu_steps_skipped_and_results_packed(dry_runs, name):
+    rc, text, out = dry_runs[name]
+    tag = "bench-rows-iteration-pytest-asv" if name == "bench" else name
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted([f"{tag}.tar.gz", f"{tag}.log", f"{tag}-steps.tsv"]), files
+    assert len(files) <= MAX_OUT_FILES and all(OUT_NAME.match(f) for f in files)
+    steps = {s["step"]: s for s in _steps(out / f"{tag}-steps.tsv")}
+    gpu = [s for s in steps.values() if s["kind"] == "gpu"]
+    assert gpu and all(s["status"] == "skipped" for s in gpu)
+    assert {s["note"] for s in gpu} == {"DRY_RUN=1" if HAS_GPU else "no GPU"}
+    assert steps["git"]["status"] == "ok"
+    have_wheels = bool(_wheels())
+    assert steps["wheels"]["status"] == ("ok" if have_wheels else "failed")
+    if have_wheels:
+        assert steps["env"]["status"] == "ok", (out / f"{tag}.log").read_text()[-3000:]
+    cpu_ok = all(s["status"] == "ok" for s in steps.values() if s["kind"] == "cpu")
+    assert rc == (0 if cpu_ok else 1), text[-3000:]
+    assert text.rstrip().splitlines()[-1].split()[0] == list(steps)[-1]  # table printed last
+    with tarfile.open(out / f"{tag}.tar.gz") as tar:
+        members = tar.getnames()
+    report = _default(name, "REPORT").replace("@DEVICE@", "no-gpu")
+    assert all(m == "." or m.startswith("./reports") for m in members)
+    for leaf in ("STATUS.md", "steps.tsv", "console.log", "logs/git.log"):
+        assert f"./{report}/session/{tag}/{leaf}" in members
+    if steps["env"]["status"] == "ok":
+        assert f"./{report}/session/{tag}/env.json" in members
+
+
+def test_dry_run_of_reproduce_renders_the_report(dry_runs):
+    rc, _, out = dry_runs["reproduce"]
+    with tarfile.open(out / "reproduce.tar.gz") as tar:
+        members = set(tar.getnames())
+    assert "./reports/gpu-scale/index.html" in members
+    assert "./reports/gpu-scale/results/prunetrain.fig7/gpu/result.json" in members
+
+
+# -- the helpers -------------------------------------------------------------------------------
+
+
+def test_find_tool_takes_the_path_then_the_globs(tmp_path):
+    env_report = _module("env_report")
+    assert env_report.find_tool("bash") == shutil.which("bash")
+    tool = tmp_path / "tool-42"
+    tool.write_text("#!/bin/sh\n")
+    (tmp_path / "tool-1").write_text("not executable")
+    assert env_report.find_tool("no-such-tool-xyz", [str(tmp_path / "tool-*")]) is None
+    tool.chmod(0o755)
+    assert env_report.find_tool("no-such-tool-xyz", [str(tmp_path / "tool-*")]) == str(tool)
+
+
+def test_versions_and_imports_report_what_is_missing():
+    env_report = _module("env_report")
+    got = env_report.versions(("pytest", "no-such-distribution-xyz"))
+    assert got["pytest"] == pytest.__version__ and got["no-such-distribution-xyz"] is None
+    imports = env_report.check_imports(["json", "no_such_module_xyz"])
+    assert imports["json"] == "ok"
+    assert imports["no_such_module_xyz"].startswith("ModuleNotFoundError")
+
+
+def test_env_report_collects_torch_cupy_and_tools():
+    env_report = _module("env_report")
+    info = env_report.collect(["json"])
+    assert info["torch"]["version"] == torch.__version__
+    assert info["torch"]["cuda_available"] == HAS_GPU
+    assert "version" in info["cupy"] or "error" in info["cupy"]
+    assert set(info["tools"]) == {"nvidia-smi", "nvcc", "compute-sanitizer", "ncu", "git"}
+    assert info["imports"] == {"json": "ok"}
+    assert json.dumps(info, default=str)  # what --json writes
+
+
+def test_env_report_main_exit_status_follows_the_imports(tmp_path, capsys):
+    env_report = _module("env_report")
+    path = tmp_path / "env.json"
+    assert env_report.main(["--quiet", "--import", "json", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["imports"] == {"json": "ok"}
+    assert env_report.main(["--quiet", "--import", "json", "no_such_module_xyz"]) == 1
+    assert "import no_such_module_xyz: ModuleNotFoundError" in capsys.readouterr().out
+
+
+def test_compile_kernels_lists_every_kernel_the_ops_launch():
+    from impl.cuda import loader
+    from impl.ops import nm_cuda, pack_cuda, pattern_cuda
+
+    by_source = _module("compile_kernels").kernels_by_source()
+    assert set(by_source) == set(loader.SOURCES)
+    assert by_source["pattern.cu"] == pattern_cuda.KERNELS
+    assert by_source["nm_prune.cu"] == nm_cuda.KERNELS
+    assert by_source["pack.cu"] == pack_cuda.KERNELS
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
+def test_compile_kernels_without_gpu_reports_why(tmp_path):
+    ck = _module("compile_kernels")
+    assert ck.compile_all()["errors"] == ["no CUDA GPU visible to torch"]
+    assert ck.main(["--json", str(tmp_path / "k.json")]) == 1
+    assert json.loads((tmp_path / "k.json").read_text())["kernels"] == {}
+
+
+@pytest.mark.gpu
+def test_compile_kernels_on_a_gpu_reads_every_kernel():
+    ck = _module("compile_kernels")
+    report = ck.compile_all()
+    assert report["errors"] == []
+    wanted = {k for names in ck.kernels_by_source().values() for k in names}
+    assert set(report["kernels"]) == wanted
+    assert all(
+        a["num_regs"] > 0 and a["max_threads_per_block"] > 0 for a in report["kernels"].values()
+    )

@@ -91,6 +91,12 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--stem", choices=["cifar", "imagenet"])
     p.add_argument("--data", help="dataset (default from --scale: digits)")
     p.add_argument("--data-dir", help="directory of a local dataset (CIFAR, ImageNet)")
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="side of the images in pixels, digits and synthetic only (digits: 32 unless "
+        "set; the cpu-scale reproductions use 16)",
+    )
     p.add_argument("--scale", default="cpu", choices=SCALES)
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
@@ -177,6 +183,7 @@ def cmd_train(argv: list[str]) -> int:
         stem=args.stem,
         data=args.data,
         data_dir=args.data_dir,
+        data_options=None if args.image_size is None else {"image_size": args.image_size},
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,

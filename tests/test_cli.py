@@ -91,3 +91,17 @@ def test_installed_console_script_reaches_every_subcommand_from_any_directory(tm
         assert proc.returncode == 0, f"pdtbench {' '.join(argv)}:\n{proc.stderr[-2000:]}"
     assert "cross.methods" in subprocess.run([str(script), "reproduce", "--list"], cwd=tmp_path,
         env=env, capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+
+
+def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--image-size", "16",
+            "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert cfg["data_options"] == {"image_size": 16}
+    # ResNet-20's FLOPs scale with the pixels: 16x16 is a quarter of the default 32x32.
+    assert 0.2 < summary["inference_flops"] / 82_040_074 < 0.3

@@ -83,7 +83,7 @@ def test_device_script_sources_common_and_names_its_report(name):
     assert _default(name, "REPORT").startswith("reports/")
     assert 0 < int(_default(name, "DEFAULT_BUDGET_S")) < CALL_LIMIT_S - 60
     assert 'source "$(dirname "$0")/common.sh"' in text
-    assert "common_steps" in text  # wheels, git, env first
+    assert "common_steps" in text  # environment, wheels, git first
     code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
     assert ".venv" not in code and "bootstrap" not in code  # never on the device
 
@@ -306,11 +306,10 @@ def test_dry_run_ends_with_gpu_steps_skipped_and_results_packed(dry_runs, name):
     gpu = [s for s in steps.values() if s["kind"] == "gpu"]
     assert gpu and all(s["status"] == "skipped" for s in gpu)
     assert {s["note"] for s in gpu} == {"DRY_RUN=1" if HAS_GPU else "no GPU"}
+    assert list(steps)[:3] == ["env", "wheels", "git"]  # the environment is printed first
+    assert steps["env"]["status"] == "ok", (out / f"{tag}.log").read_text()[-3000:]
     assert steps["git"]["status"] == "ok"
-    have_wheels = bool(_wheels())
-    assert steps["wheels"]["status"] == ("ok" if have_wheels else "failed")
-    if have_wheels:
-        assert steps["env"]["status"] == "ok", (out / f"{tag}.log").read_text()[-3000:]
+    assert steps["wheels"]["status"] == ("ok" if _wheels() else "failed")
     cpu_ok = all(s["status"] == "ok" for s in steps.values() if s["kind"] == "cpu")
     assert rc == (0 if cpu_ok else 1), text[-3000:]
     assert text.rstrip().splitlines()[-1].split()[0] == list(steps)[-1]  # table printed last
@@ -318,10 +317,8 @@ def test_dry_run_ends_with_gpu_steps_skipped_and_results_packed(dry_runs, name):
         members = tar.getnames()
     report = _default(name, "REPORT").replace("@DEVICE@", "no-gpu")
     assert all(m == "." or m.startswith("./reports") for m in members)
-    for leaf in ("STATUS.md", "steps.tsv", "console.log", "logs/git.log"):
+    for leaf in ("STATUS.md", "steps.tsv", "console.log", "env.json", "logs/git.log"):
         assert f"./{report}/session/{tag}/{leaf}" in members
-    if steps["env"]["status"] == "ok":
-        assert f"./{report}/session/{tag}/env.json" in members
 
 
 def test_dry_run_of_reproduce_renders_the_report(dry_runs):

@@ -29,7 +29,7 @@ for p in "${PARTS[@]}"; do
   esac
 done
 RUN_TAG="bench-$(IFS=-; echo "${PARTS[*]}")"
-PREFLIGHT="bench.run bench.cases pytest_benchmark asv asv_runner"  # asv imports bench.asv_*
+PREFLIGHT="bench.run bench.cases pytest_benchmark"  # run_asv checks asv, asv imports bench.asv_*
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 

@@ -195,12 +195,13 @@ restore_git() {
 }
 export -f install_wheels restore_git
 
-# The standard first steps: wheels, git, then the environment report with an import check of
-# $PREFLIGHT (the modules the script's later steps need; a failed import fails this step).
+# The standard first steps: the environment report (nvidia-smi, torch, CuPy, NVRTC, tools,
+# versions) with an import check of $PREFLIGHT (the project modules the later steps need; a
+# failed import fails this step), then the carried wheels, then git.
 common_steps() {
+  step env cpu 90 "\"$PY\" scripts/gpu/env_report.py --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
   step wheels cpu 90 install_wheels
   step git cpu 60 restore_git
-  step env cpu 90 "\"$PY\" scripts/gpu/env_report.py --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
 }
 
 finish() {

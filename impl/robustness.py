@@ -148,6 +148,7 @@ def eval_fgsm_run(
         augment=False,
         device=device,
         eval_batch_size=cfg.eval_batch_size,
+        **cfg.data_options,  # the images the model was trained on (e.g. digits at 16x16)
     )
     mean = spec.mean or None
     std = spec.std or None
@@ -165,6 +166,7 @@ def eval_fgsm_run(
         "data": cfg.data,
         "scale": cfg.scale,
         "test_size": spec.test_size,
+        "image_size": spec.image_size,
         "rows": rows,
     }
     write_json(run_dir / FGSM_FILE, record)

@@ -110,12 +110,15 @@ def test_fgsm_rejects_bad_input() -> None:
 
 
 @pytest.mark.slow
-def test_eval_fgsm_run_on_a_finished_run(tmp_path) -> None:
+@pytest.mark.parametrize("size", [None, 16], ids=["default-32", "16"])
+def test_eval_fgsm_run_on_a_finished_run(tmp_path, size) -> None:
     from impl.config import resolve
     from impl.train import train
 
     run = tmp_path / "run"
-    cfg = resolve("smoke", method="dense", model="resnet20", data="digits", out=str(run), threads=1)
+    options = {} if size is None else {"image_size": size}
+    cfg = resolve("smoke", method="dense", model="resnet20", data="digits", out=str(run),
+                  threads=1, data_options=options)  # fmt: skip
     summary = train(cfg, progress=False)
     rows = eval_fgsm_run(run, [0.0, 0.1])
     assert [r["eps"] for r in rows] == [0.0, 0.1]
@@ -124,6 +127,7 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path) -> None:
     assert rows[1]["top1"] <= rows[0]["top1"]
     record = json.loads((run / FGSM_FILE).read_text())
     assert record["rows"] == rows and record["method"] == "dense"
+    assert record["image_size"] == (size or 32)  # attacked on the images it was trained on
     assert "pixel" in record["eps_units"]
     with pytest.raises(ValueError, match="eps_list"):
         eval_fgsm_run(run, [-1.0])

@@ -367,11 +367,14 @@ def test_cuda_tensor_matches_cpu(method):
     assert int((yr != 0).sum()) == x.numel() // 2
 
 
-@pytest.mark.parametrize("m", [2, 3, 4, 6, 8], ids=["m2", "m3", "m4", "m6", "m8"])
+@pytest.mark.parametrize(
+    "m", [2, 3, 4, 6, 8, 16, 32], ids=["m2", "m3", "m4", "m6", "m8", "m16", "m32"]
+)
 @pytest.mark.parametrize("descending", [True, False], ids=["desc", "asc"])
 def test_pairwise_and_sort_rankings_agree(monkeypatch, m, descending):
-    # Groups of <= 8 are ranked by pairwise comparisons, larger ones by a stable sort: the two
-    # must give the same mask, ties (many, from rounding) and a partial last group included.
+    # Groups are ranked by pairwise comparisons, or by a stable sort (scores with a NaN, or
+    # PAIRWISE_MAX_M lowered): the two must give the same mask, ties (many, from rounding)
+    # and a partial last group included.
     import impl.methods.sdgp as sdgp
 
     scores = torch.round(torch.randn(3, 4 * m + 1, 5) * 1.5)
@@ -385,6 +388,105 @@ def test_pairwise_and_sort_rankings_agree(monkeypatch, m, descending):
     if descending:
         x = scores.unsqueeze(-1)
         assert torch.equal(nm_keep_mask(x.abs(), 2, m, dim=1), loop_keep(x, 2, m))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_infinities_of_both_signs_rank_like_the_sort(monkeypatch, dtype):
+    # +inf and -inf together sum to NaN: the NaN pre-check must then look closer, find no NaN
+    # and rank pairwise, with the sort's order (inf first, -inf last, ties to the lower index).
+    import impl.methods.sdgp as sdgp
+
+    scores = torch.round(torch.randn(4, 13, 6, dtype=dtype) * 1.5)
+    scores[:, ::3] = math.inf
+    scores[:, 1::5] = -math.inf
+    assert torch.isnan(scores.sum()) and not torch.isnan(scores).any()
+    for n, m in [(2, 4), (3, 8), (5, 16)]:
+        pairwise = nm_keep_mask(scores, n, m, dim=1)
+        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 0)
+        sorted_ = nm_keep_mask(scores, n, m, dim=1)
+        monkeypatch.undo()
+        assert torch.equal(pairwise, sorted_)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bits of a float tensor as integers: equal bits, equal tensors (-0.0 and NaN too)."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+def _special_values(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``x`` with about 1 in 8 entries set to 0.0, -0.0, +-0.5 (ties) or +-inf."""
+    x = x.clone()
+    flat = x.view(-1)
+    idx = torch.randperm(flat.numel(), generator=gen)[: max(6, flat.numel() // 8)]
+    for j, v in enumerate([0.0, -0.0, 0.5, -0.5, math.inf, -math.inf]):
+        flat[idx[j::6]] = v
+    return x
+
+
+FAST_CASES = [
+    ((3, 16, 5, 7), 2, 4),
+    ((3, 16, 5, 7), 1, 4),
+    ((2, 13, 3, 5), 2, 4),  # partial last group of 1 channel
+    ((2, 24, 4, 4), 3, 8),
+    ((2, 37, 3, 3), 5, 16),  # partial last group of 5 channels
+    ((2, 64, 3, 2), 16, 32),
+    ((2, 16, 3, 3), 4, 32),  # one partial group only
+    ((3, 12, 5, 7), 3, 6),
+]
+FAST_IDS = [f"{'x'.join(map(str, s))}-{n}of{m}" for s, n, m in FAST_CASES]
+
+
+@pytest.mark.parametrize(("shape", "n", "m"), FAST_CASES, ids=FAST_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("values", ["ties", "special"], ids=["ties", "special"])
+@pytest.mark.parametrize("chunk", [1, 1000, None], ids=["chunk1", "chunk1000", "chunk-default"])
+def test_fast_path_equals_general_path_bit_for_bit(monkeypatch, shape, n, m, dtype, values, chunk):
+    # Contiguous float32/64 inputs take a fast path (integer ranking, bitwise masks, slices
+    # of the batch, reused buffers); it must give the general path's result bit for bit,
+    # -0.0 and infinities included, for every method, rescale rule and eps, whatever the
+    # slice size, and its float64 L1 sums must be those of x.abs().sum(dtype=float64) and
+    # y.abs().sum(dtype=float64) exactly.
+    import impl.methods.sdgp as sdgp
+
+    if chunk is not None:
+        monkeypatch.setattr(sdgp, "CHUNK_ELEMENTS", chunk)
+
+    gen = torch.Generator().manual_seed(sum(shape) + n + m)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    x = torch.round(x * 1.5) if values == "ties" else _special_values(x, gen)
+    x = x.to(dtype)
+    cases = [("magnitude", "plane", EPS), ("random", "plane", EPS)]
+    cases += [("rescaled", rule, eps) for rule in ("plane", "channel") for eps in (EPS, 0.0)]
+    for method, rule, eps in cases:
+        for dim in (1, 0, -1):
+            args = (x, n, m, method, dim % x.dim(), rule)
+            fast = sdgp._prune_ref_fast(*args, torch.Generator().manual_seed(3), eps, stats=True)
+            assert fast is not None  # the fast path ran
+            y, l1_dense, l1_pruned = fast
+            with monkeypatch.context() as mp:
+                mp.setattr(sdgp, "_prune_ref_fast", lambda *a, **k: None)
+                want = nm_prune_ref(
+                    x, n, m, method, dim, rule, torch.Generator().manual_seed(3), eps=eps
+                )
+            assert torch.equal(_bits(y), _bits(want)), (method, rule, eps, dim)
+            if not torch.isnan(want).any():  # (0 * inf: NaN's sign bit may differ)
+                assert torch.equal(l1_dense, x.abs().sum(dtype=torch.float64))
+                assert torch.equal(l1_pruned, want.abs().sum(dtype=torch.float64))
+
+
+def test_fast_path_declines_what_it_does_not_cover():
+    import impl.methods.sdgp as sdgp
+
+    x = torch.randn(2, 8, 3, 3)
+    args = (2, 4, "rescaled", 1, "plane", None, EPS)
+    assert sdgp._prune_ref_fast(x.transpose(2, 3), *args, stats=False) is None  # strided
+    assert sdgp._prune_ref_fast(x.half(), *args, stats=False) is None  # float16
+    nan = x.clone()
+    nan[0, 1, 2, 2] = math.nan
+    assert sdgp._prune_ref_fast(nan, *args, stats=False) is None  # NaN: ranked by sort
+    # and the general path still gives the sort's answer for it
+    y = nm_prune_ref(nan, 2, 4, "magnitude")
+    assert torch.isnan(y[0, 1, 2, 2])
 
 
 def test_nan_ranks_first():

@@ -98,6 +98,40 @@ def test_sdgp_conv_random_uses_generator():
     assert 0.0 < sd.l1_ratio() < 1.0
 
 
+@pytest.mark.parametrize(
+    ("method", "layout"),
+    [
+        ("rescaled", "nchw"),
+        ("magnitude", "nchw"),
+        ("random", "nchw"),
+        ("rescaled", "channels_last"),
+        ("rescaled", "float64"),
+    ],
+    ids=["rescaled", "magnitude", "random", "rescaled-channels-last", "rescaled-f64"],
+)
+def test_prune_grad_equals_nm_prune_and_its_l1_sums(method, layout):
+    # prune_grad takes the reference's fast path with its L1 sums where it can: the pruned
+    # gradient must be nm_prune's, and the statistics the float64 sums of |dL/dO| and
+    # |pruned| bit for bit, summed over calls.
+    conv = nn.Conv2d(6, 20, 3, padding=1, bias=False)
+    sd = SDGPConv2d.from_conv(conv, 2, 4, method, generator=torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(4)
+    dense = pruned_sum = torch.zeros((), dtype=torch.float64)
+    for step in range(3):
+        g = torch.randn(3, 20, 5, 7, generator=torch.Generator().manual_seed(step))
+        if layout == "channels_last":
+            g = g.contiguous(memory_format=torch.channels_last)
+        elif layout == "float64":
+            g = g.double()
+        got = sd.prune_grad(g)
+        want = nm_prune(g, 2, 4, method, generator=gen)
+        assert torch.equal(got, want) and got.stride() == want.stride()
+        dense = dense + g.abs().sum(dtype=torch.float64)
+        pruned_sum = pruned_sum + want.abs().sum(dtype=torch.float64)
+    assert sd.prune_calls == 3
+    assert torch.equal(sd._l1_dense, dense) and torch.equal(sd._l1_pruned, pruned_sum)
+
+
 def test_sdgp_conv_float32_weight_grad_exact_and_channels_last():
     conv = nn.Conv2d(8, 16, 3, padding=1, bias=True)
     x = torch.randn(4, 8, 9, 9)

@@ -61,6 +61,7 @@ from impl.methods.sdgp import (
     check_method,
     check_nm,
     nm_prune_ref,
+    sdgp_conv_backward,
     sdgp_plan,
 )
 
@@ -493,39 +494,12 @@ class _SDGPSemiConv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        stride, padding, dilation, groups = ctx.conv_args
-        in_dtype, w_dtype = x.dtype, weight.dtype
-        if grad_out.dtype != x.dtype or grad_out.dtype != weight.dtype:
-            # Under autocast the conv ran in grad_out's dtype on cast copies (as the reference).
-            x, weight = x.to(grad_out.dtype), weight.to(grad_out.dtype)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = ctx.module.data_grad(grad_out, x, weight, stride, padding, dilation, groups)
-        want_w = ctx.needs_input_grad[1]
-        want_b = ctx.bias_shape is not None and ctx.needs_input_grad[2]
-        if want_w or want_b:
-            # Weight and bias gradients from the dense dL/dO, as the reference computes them.
-            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad_out,
-                x,
-                weight,
-                ctx.bias_shape,
-                list(stride),
-                list(padding),
-                list(dilation),
-                False,
-                [0, 0],
-                groups,
-                [False, want_w, want_b],
-            )
-        if grad_x is not None:
-            grad_x = grad_x.to(in_dtype)
-        if grad_w is not None:
-            grad_w = grad_w.to(w_dtype)
-        if grad_b is not None:
-            grad_b = grad_b.to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+        def data_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            stride, padding, dilation, groups = ctx.conv_args
+            return ctx.module.data_grad(g, x, weight, stride, padding, dilation, groups)
+
+        # dL/dW and dL/db from the dense dL/dO, exactly as the reference computes them.
+        return sdgp_conv_backward(ctx, grad_out, data_grad)
 
 
 class SDGPSemiConv2d(SDGPConv2d):

@@ -238,6 +238,105 @@ def test_pattern_conv2d_module_from_conv():
     assert {"weight", "bias", "mask", "row_ptr", "col_ind"} <= set(module.state_dict())
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({torch.float32: torch.int32, F64: torch.int64}[t.dtype])
+
+
+def _spmm_then_reshape(module: PatternConv2d, x: torch.Tensor) -> torch.Tensor:
+    """The composition the pattern conv computes: im2col, pattern_spmm, reshape, bias."""
+    from impl.ops.pattern import im2col
+
+    cols = im2col(x, module.kernel_size, module.stride, module.padding, module.dilation)
+    index = module.index()
+    values = pattern_csr(module.weight, index.row_ptr, index.col_ind)
+    out = pattern_spmm(values, index.row_ptr, index.col_ind, cols, index=index)
+    reach = module.dilation[0] * (module.kernel_size[0] - 1)
+    ho = (x.shape[2] + 2 * module.padding[0] - reach - 1) // module.stride[0] + 1
+    out = out.reshape(module.out_channels, x.shape[0], ho, -1).transpose(0, 1).contiguous()
+    return out if module.bias is None else out + module.bias.view(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("batch", "c_in", "c_out", "hw", "stride", "bias", "dtype"),
+    [
+        (4, 6, 5, 9, 1, True, torch.float32),
+        (3, 8, 7, 11, 2, False, torch.float32),
+        (5, 3, 4, 7, 1, True, F64),
+        (1, 4, 6, 8, 1, False, torch.float32),  # batch 1: the product's reshape is a view
+    ],
+    ids=["f32-bias", "f32-stride2", "f64", "batch1"],
+)
+def test_pattern_conv2d_module_bit_equal_to_im2col_then_spmm(
+    batch, c_in, c_out, hw, stride, bias, dtype
+):
+    # The module runs one fused autograd function with reused buffers: its output and all
+    # gradients must be those of im2col -> pattern_spmm -> reshape, bit for bit, and the
+    # output strides the same, step after step.
+    gen = torch.Generator().manual_seed(batch + c_in)
+    conv = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=bias).to(dtype)
+    module = PatternConv2d.from_conv(conv, _random_mask(conv.weight.shape, 0.35, gen))
+    params = [p for p in (module.weight, module.bias) if p is not None]
+    for _ in range(3):
+        x = torch.randn(batch, c_in, hw, hw, generator=gen, dtype=dtype, requires_grad=True)
+        out = module(x)
+        want = _spmm_then_reshape(module, x)
+        g = torch.randn(out.shape, generator=gen, dtype=dtype)
+        got_grads = torch.autograd.grad(out, [x, *params], g)
+        want_grads = torch.autograd.grad(want, [x, *params], g)
+        assert torch.equal(_bits(out), _bits(want)) and out.stride() == want.stride()
+        for a, b in zip(got_grads, want_grads, strict=True):
+            assert torch.equal(_bits(a), _bits(b)) and a.stride() == b.stride()
+
+
+def test_pattern_conv2d_module_buffers_are_not_reused_while_a_graph_needs_them():
+    # Two forwards before one backward (and a no-grad forward in between): the second must
+    # not overwrite the first one's saved im2col matrix. Once a graph is gone its buffer is
+    # reused (the point of keeping it).
+    import copy
+
+    gen = torch.Generator().manual_seed(12)
+    conv = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+    module = PatternConv2d.from_conv(conv, _random_mask(conv.weight.shape, 0.4, gen))
+    x1 = torch.randn(3, 4, 8, 8, generator=gen, requires_grad=True)
+    x2 = torch.randn(3, 4, 8, 8, generator=gen, requires_grad=True)
+    out1 = module(x1)
+    with torch.no_grad():
+        module(x2)
+    out2 = module(x2)
+    (out1.sum() + 2 * out2.square().sum()).backward()
+    w1 = module.weight.detach().clone().requires_grad_(True)
+    want = F.conv2d(x1.detach(), w1, padding=1).sum()
+    want = want + 2 * F.conv2d(x2.detach(), w1, padding=1).square().sum()
+    want.backward()
+    mask = module.mask
+    torch.testing.assert_close(module.weight.grad[mask], w1.grad[mask], rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(module.weight.grad[~mask]) == 0
+    # graphs gone: the next forward writes into the buffer the last one used
+    del out1, out2
+    kept = module._workspace._cols
+    module(x1).sum().backward()
+    assert module._workspace._cols is kept
+    # copies of the module start with an empty workspace
+    twin = copy.deepcopy(module)
+    assert twin._workspace._cols is None
+    assert torch.equal(twin(x1.detach()), module(x1.detach()))
+
+
+def test_spmm_into_a_buffer_equals_sparse_mm():
+    from impl.ops.pattern import _spmm_2d
+
+    gen = torch.Generator().manual_seed(13)
+    for dtype in (torch.float32, F64):
+        mask = _random_mask((7, 30), 0.3, gen)
+        row_ptr, col_ind = pattern_positions(mask)
+        values = torch.randn(col_ind.numel(), generator=gen, dtype=dtype)
+        b = torch.randn(30, 101, generator=gen, dtype=dtype)
+        buf = torch.full((7, 101), float("nan"), dtype=dtype)  # contents are ignored
+        got = _spmm_2d(values, row_ptr, col_ind, (7, 30), b, out=buf)
+        assert got.data_ptr() == buf.data_ptr()
+        assert torch.equal(_bits(got), _bits(_spmm_2d(values, row_ptr, col_ind, (7, 30), b)))
+
+
 def test_pattern_conv2d_module_rejects_groups():
     conv = nn.Conv2d(4, 4, 3, groups=2)
     with pytest.raises(ValueError, match="groups"):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+import weakref
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -199,10 +200,19 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _spmm_2d(values, row_ptr, col_ind, shape, b: torch.Tensor) -> torch.Tensor:
-    """``A @ b`` for CSR ``A`` of ``shape`` and dense ``[K, N]`` ``b``."""
+def _spmm_2d(
+    values, row_ptr, col_ind, shape, b: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``A @ b`` for CSR ``A`` of ``shape`` and dense ``[K, N]`` ``b``.
+
+    ``out``: a contiguous ``[F, N]`` buffer of ``b``'s dtype to write the product into (its
+    contents are ignored). The same sparse-dense product as ``torch.sparse.mm``, which
+    allocates and zero-fills a result and copies it once more; bit for bit the same values.
+    """
     dtype = _compute_dtype(b)
     a = _csr(values.to(dtype), row_ptr, col_ind, shape)
+    if out is not None and dtype == b.dtype:
+        return torch.addmm(out, a, b, beta=0.0, alpha=1.0, out=out)
     return torch.sparse.mm(a, b.to(dtype)).to(b.dtype)
 
 
@@ -302,6 +312,38 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
+def _im2col_values(
+    x: torch.Tensor, geometry: tuple, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``[C*R*S, B*P*Q]`` im2col matrix of ``x`` (into ``out`` when given), one strided copy."""
+    (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    b, c = x.shape[0], x.shape[1]
+    xt = F.pad(x, (pw, pw, ph, ph)).transpose(0, 1).contiguous()  # [C, B, Hp, Wp]
+    st_c, st_b, st_h, st_w = xt.stride()
+    view = xt.as_strided(
+        (c, r, s, b, ho, wo), (st_c, st_h * dh, st_w * dw, st_b, st_h * sh, st_w * sw)
+    )
+    if out is None:
+        return view.reshape(c * r * s, b * ho * wo)
+    out.view(c, r, s, b, ho, wo).copy_(view)
+    return out
+
+
+def _col2im(grad_cols: torch.Tensor, shape: torch.Size, geometry: tuple) -> torch.Tensor:
+    """col2im: the ``[B, C, H, W]`` gradient of the input from that of its im2col matrix."""
+    (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    b, c, h, w = shape
+    g = grad_cols.reshape(c, r, s, b, ho, wo)
+    grad = grad_cols.new_zeros(c, b, h + 2 * ph, w + 2 * pw)
+    for i in range(r):
+        for j in range(s):
+            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            grad[:, :, rows, cols] += g[:, i, j]
+    grad = grad[:, :, ph : ph + h, pw : pw + w]
+    return grad.transpose(0, 1)
+
+
 class _Im2Col(torch.autograd.Function):
     """im2col into the ``[C*R*S, B*P*Q]`` layout the SpMM reads (rows in im2col order).
 
@@ -311,29 +353,14 @@ class _Im2Col(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, kernel, stride, padding, dilation, out_hw):  # type: ignore[override]
-        (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = kernel, stride, padding, dilation, out_hw
-        b, c = x.shape[0], x.shape[1]
-        xt = F.pad(x, (pw, pw, ph, ph)).transpose(0, 1).contiguous()  # [C, B, Hp, Wp]
-        st_c, st_b, st_h, st_w = xt.stride()
-        view = xt.as_strided(
-            (c, r, s, b, ho, wo), (st_c, st_h * dh, st_w * dw, st_b, st_h * sh, st_w * sw)
-        )
-        ctx.geometry = (x.shape, kernel, stride, padding, dilation, out_hw)
-        return view.reshape(c * r * s, b * ho * wo)
+        geometry = (kernel, stride, padding, dilation, out_hw)
+        ctx.geometry = (x.shape, geometry)
+        return _im2col_values(x, geometry)
 
     @staticmethod
     def backward(ctx, grad_cols):  # type: ignore[override]
-        shape, (r, s), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = ctx.geometry
-        b, c, h, w = shape
-        g = grad_cols.reshape(c, r, s, b, ho, wo)
-        grad = grad_cols.new_zeros(c, b, h + 2 * ph, w + 2 * pw)
-        for i in range(r):
-            for j in range(s):
-                rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
-                cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
-                grad[:, :, rows, cols] += g[:, i, j]
-        grad = grad[:, :, ph : ph + h, pw : pw + w]
-        return grad.transpose(0, 1), None, None, None, None, None
+        shape, geometry = ctx.geometry
+        return _col2im(grad_cols, shape, geometry), None, None, None, None, None
 
 
 def im2col(
@@ -366,6 +393,8 @@ def pattern_conv2d(
     padding: int | tuple[int, int] = 0,
     dilation: int | tuple[int, int] = 1,
     impl: str = "auto",
+    *,
+    workspace: _Workspace | None = None,
 ) -> torch.Tensor:
     """2-D convolution with a pattern-sparse weight, as SpMM on the im2col matrix (Sec. 5.2).
 
@@ -376,7 +405,8 @@ def pattern_conv2d(
     gradient is the transposed sparse filter matrix times the output gradient, folded back
     (col2im); the weight gradient is computed only at the kept positions (SDDMM) and is
     exactly zero elsewhere. Equals ``conv2d(x, weight * mask, ...)``. Groups are not
-    supported.
+    supported. ``workspace`` (the reference path on the CPU): the buffers of a
+    :class:`PatternConv2d`, reused across calls.
     """
     if x.dim() != 4 or weight.dim() != 4:
         raise ValueError(
@@ -399,14 +429,133 @@ def pattern_conv2d(
     r, s = weight.shape[2], weight.shape[3]
     h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
     w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
-    cols = im2col(x, (r, s), stride, padding, dilation)  # [C*R*S, B*P*Q]
+    if h_out < 1 or w_out < 1:
+        raise ValueError(f"input {tuple(x.shape)} is smaller than the kernel {(r, s)}")
     values = pattern_csr(weight, index.row_ptr, index.col_ind, impl=impl)
-    out = pattern_spmm(values, index.row_ptr, index.col_ind, cols, impl=impl, index=index)
-    # [F, B*P*Q] -> [B, F, P, Q]
-    out = out.reshape(f_out, x.shape[0], h_out, w_out).transpose(0, 1).contiguous()
+    geometry = ((r, s), stride, padding, dilation, (h_out, w_out))
+    out = _PatternConvRef.apply(values, x, index, geometry, workspace)  # [B, F, P, Q]
     if bias is not None:
         out = out + bias.view(1, -1, 1, 1)
     return out
+
+
+class _Workspace:
+    """The large buffers one :class:`PatternConv2d` reuses from one iteration to the next.
+
+    The im2col matrix of a layer and its gradient are ``C*R*S x B*P*Q`` (75 MB for a 16-channel
+    3x3 conv at batch 128 on 32x32 images). On the CPU an allocation that large is mapped
+    from the operating system and page-faulted in on first touch, every iteration (glibc
+    maps blocks above at most 32 MB directly); writing into a kept buffer instead is several
+    times faster. The forward buffer is saved for the backward pass, so it is reused only
+    once the autograd node of the last forward that saved it is gone (a weak reference);
+    while that graph lives, a new forward gets a new buffer. The backward buffer is only
+    read within one backward call. Copies and pickles of the module start empty.
+    """
+
+    def __init__(self) -> None:
+        self._cols: torch.Tensor | None = None
+        self._cols_owner: weakref.ref | None = None
+        self._out: torch.Tensor | None = None
+        self._grad_cols: torch.Tensor | None = None
+        self._grad_busy = False
+
+    def __deepcopy__(self, memo: dict) -> _Workspace:
+        return _Workspace()
+
+    def __reduce__(self) -> tuple:
+        return (_Workspace, ())
+
+    @staticmethod
+    def _fits(buf: torch.Tensor | None, shape: tuple[int, int], like: torch.Tensor) -> bool:
+        return (
+            buf is not None
+            and tuple(buf.shape) == shape
+            and buf.dtype == like.dtype
+            and buf.device == like.device
+        )
+
+    def cols(self, owner: Any, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+        """The forward im2col buffer, now owned by the autograd node ``owner``."""
+        busy = self._cols_owner is not None and self._cols_owner() is not None
+        if busy or not self._fits(self._cols, shape, like):
+            self._cols = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self._cols_owner = weakref.ref(owner)
+        return self._cols
+
+    def out(self, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+        """The forward product's buffer (read before the forward returns)."""
+        if not self._fits(self._out, shape, like):
+            self._out = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return self._out
+
+    def take_grad_cols(self, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor | None:
+        """The backward im2col-gradient buffer; ``None`` while another backward holds it."""
+        if self._grad_busy:
+            return None
+        if not self._fits(self._grad_cols, shape, like):
+            self._grad_cols = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self._grad_busy = True
+        return self._grad_cols
+
+    def give_grad_cols(self) -> None:
+        """Hand the backward buffer back."""
+        self._grad_busy = False
+
+
+class _PatternConvRef(torch.autograd.Function):
+    """The reference pattern conv: im2col, CSR SpMM and both of their backward passes.
+
+    The operations of :func:`im2col` followed by :func:`pattern_spmm` and the reshape to
+    ``[B, F, P, Q]``, in the same order on the same values (bit for bit the same results),
+    with the im2col matrix and the products written into buffers (of ``workspace`` on the
+    CPU, fresh otherwise) instead of allocated by ``torch.sparse.mm``, which zero-fills a
+    result and then copies it.
+    """
+
+    @staticmethod
+    def forward(ctx, values, x, index: PatternIndex, geometry, workspace):  # type: ignore[override]
+        ws = workspace if workspace is not None and x.device.type == "cpu" else None
+        (r, s), _, _, _, (ho, wo) = geometry
+        b, c = x.shape[0], x.shape[1]
+        f_out = index.shape[0]
+        k, n = c * r * s, b * ho * wo
+        if ws is not None:
+            cols = ws.cols(ctx, (k, n), x)
+        else:
+            cols = torch.empty((k, n), dtype=x.dtype, device=x.device)
+        _im2col_values(x, geometry, cols)
+        # The reshape below copies unless B or F is 1, where it would return a view of `buf`.
+        buf = ws.out((f_out, n), x) if ws is not None and b > 1 and f_out > 1 else None
+        out = _spmm_2d(values, index.row_ptr, index.col_ind, index.shape, cols, out=buf)
+        ctx.save_for_backward(values, cols)
+        ctx.index, ctx.geometry, ctx.x_shape, ctx.ws = index, geometry, x.shape, ws
+        # [F, B*P*Q] -> [B, F, P, Q]
+        return out.reshape(f_out, b, ho, wo).transpose(0, 1).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        values, cols = ctx.saved_tensors
+        index: PatternIndex = ctx.index
+        g2 = grad_out.transpose(0, 1).reshape(index.shape[0], -1)  # [F, B*P*Q]
+        grad_values = grad_x = None
+        if ctx.needs_input_grad[0]:
+            # SDDMM: dL/dA = grad_out @ B^T, only at the stored positions.
+            grad_values = _sddmm_2d(index.row_ptr, index.col_ind, index.shape, g2, cols.t())
+        if ctx.needs_input_grad[1]:
+            # dL/dB = A^T @ grad_out, with A^T in CSR from the precomputed transpose; then col2im.
+            shape_t = (index.shape[1], index.shape[0])
+            values_t = values[index.t_perm]
+            ws: _Workspace | None = ctx.ws
+            buf = ws.take_grad_cols(tuple(cols.shape), g2) if ws is not None else None
+            try:
+                if buf is None:
+                    buf = torch.empty(cols.shape, dtype=g2.dtype, device=g2.device)
+                grad_cols = _spmm_2d(values_t, index.t_row_ptr, index.t_col_ind, shape_t, g2, buf)
+                grad_x = _col2im(grad_cols, ctx.x_shape, ctx.geometry)
+            finally:
+                if ws is not None:
+                    ws.give_grad_cols()
+        return grad_values, grad_x, None, None, None
 
 
 class PatternConv2d(nn.Conv2d):
@@ -457,6 +606,7 @@ class PatternConv2d(nn.Conv2d):
         self.weight = weight
         self.bias = bias
         self.impl = impl
+        self._workspace = _Workspace()  # reused im2col buffers (reference path, CPU)
         idx = pattern_index(mask.to(weight.device))
         self.register_buffer("mask", (mask != 0).to(weight.device))
         self.register_buffer("row_ptr", idx.row_ptr)
@@ -520,6 +670,7 @@ class PatternConv2d(nn.Conv2d):
             self.padding,
             self.dilation,
             impl=self.impl,
+            workspace=self._workspace,
         )
 
     def extra_repr(self) -> str:

@@ -17,6 +17,8 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,7 @@ def train_all(
     *,
     log: Callable[[str], None] = print,
     progress: bool = True,
+    worker: Callable[[tuple[Any, int]], tuple[str, str | None, float]] | None = None,
 ) -> dict[str, str]:
     """Train every run of ``plan`` that is not complete, ``jobs`` at a time.
 
@@ -137,8 +140,10 @@ def train_all(
     ``jobs``, at least 1). Runs are started longest first. A run that fails does not stop the
     others; returns ``{run directory: error}`` of the failures (empty when all finished).
     Killed midway, a later call resumes the incomplete runs (each run directory is
-    crash-safe on its own).
+    crash-safe on its own). ``worker`` replaces the function that trains one ``(config,
+    threads)`` job in a process (a module-level function; for tests).
     """
+    worker = worker or _train_one
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     todo = sorted((p for p in plan if not _is_complete(p.out)), key=lambda p: -p.cost)
@@ -167,12 +172,18 @@ def train_all(
     work = [(p.config, threads) for p in todo]
     if jobs == 1 or len(todo) == 1:
         for job in work:
-            done(*_train_one(job))
+            done(*worker(job))
     else:
+        # A pool that fails loudly: a worker killed from outside (out of memory, a signal)
+        # breaks the executor, and every run not finished is reported, never waited on.
         ctx = mp.get_context("spawn")
-        with ctx.Pool(processes=min(jobs, len(todo))) as pool:
-            for result in pool.imap_unordered(_train_one, work):
-                done(*result)
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+            futures = {pool.submit(worker, job): str(job[0].out) for job in work}
+            for fut in as_completed(futures):
+                try:
+                    done(*fut.result())
+                except BrokenProcessPool as err:
+                    done(futures[fut], f"the worker process died: {err}", 0.0)
     if bar is not None:
         bar.close()
     log(f"trained {len(todo) - len(failures)} runs in {time.perf_counter() - t0:.0f} s")

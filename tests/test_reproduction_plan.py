@@ -83,3 +83,24 @@ def test_planned_run_names_its_run_directory(tmp_path):
     assert isinstance(p, PlannedRun) and p.out == str(p.config.out)
     assert log_path(p.config).name == p.config.out.split("/")[-1] + ".log"
     assert parallel.METHOD_COST["clicktrain"] > 1
+
+
+def dying_worker(job):
+    """A worker that dies without a word on the dense run, as one killed for memory would."""
+    import os
+
+    cfg, _ = job
+    if cfg.method == "dense":
+        os._exit(3)
+    return str(cfg.out), None, 0.0
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_is_reported_not_waited_on(tmp_path):
+    rows = [Row("dense", "dense", train=TINY), Row("campfire", "campfire", train=TINY)]
+    plan = plan_runs([_target("cross.methods", rows)], "smoke", tmp_path)
+    lines: list[str] = []
+    failures = train_all(plan, jobs=2, log=lines.append, progress=False, worker=dying_worker)
+    dense = next(p for p in plan if p.config.method == "dense")
+    assert dense.out in failures and "worker process died" in failures[dense.out]
+    assert all(out in {p.out for p in plan} for out in failures)  # nothing else is invented

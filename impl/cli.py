@@ -141,7 +141,7 @@ def cmd_train(argv: list[str]) -> int:
     from impl.rundir import CONFIG_FILE, read_json
     from impl.train import resume, train
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
     pre.add_argument("--method", default="dense")
     known, _ = pre.parse_known_args(argv)
     if known.method not in METHODS:

@@ -105,3 +105,14 @@ def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
     assert cfg["data_options"] == {"image_size": 16}
     # ResNet-20's FLOPs scale with the pixels: 16x16 is a quarter of the default 32x32.
     assert 0.2 < summary["inference_flops"] / 82_040_074 < 0.3
+
+
+def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--method", "sdgp", "--m", "8", "--n", "2", "--scale", "smoke",
+            "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["method"] == "sdgp" and cfg["method_options"]["m"] == 8

@@ -149,9 +149,10 @@ def notes(scale: str) -> list[str]:
         "(comm_bytes_per_iter: the gradients kept by the method's communication masks, all "
         "gradients for a method that declares none; ClickTrain's pattern Allreduce is "
         "projected in the ClickTrain Fig. 13 reproduction).",
-        "Times (per iteration, to accuracy, wall) are measured on the machine of the run, runs "
-        "one after another: on a shared machine whose load changes between runs they are not "
-        "comparable across methods; the FLOPs and bytes columns are.",
+        "Times (per iteration, to accuracy, wall) are measured on the machine of the run while "
+        "`pdtbench reproduce` trains its runs side by side (one single-threaded process per "
+        "core, --jobs): they compare methods as far as the load on the machine was the same for "
+        "each run; the FLOPs and bytes columns are exact.",
     ]
 
 

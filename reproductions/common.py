@@ -59,6 +59,12 @@ SCALE_SEEDS: dict[str, tuple[int, ...]] = {
 }
 
 
+# method -> function of the scale giving what every table with a run of that method must say
+# at that scale (e.g. PruneTrain's settings on the short runs); registered by the method's
+# reproductions package.
+METHOD_SCALE_NOTES: dict[str, Callable[[str], str | None]] = {}
+
+
 class MethodUnavailable(RuntimeError):
     """The method of a row is not in this build (its module has not landed)."""
 
@@ -601,6 +607,10 @@ def run_target(
             log(f"  {target.key}: figures FAILED\n{traceback.format_exc(limit=4)}")
     runs = [run.path for r in results for run in r.runs]
     notes = list(target.notes(scale)) if target.notes else []
+    for method in sorted({r.row.method for r in results if r.runs}):
+        note = METHOD_SCALE_NOTES[method](scale) if method in METHOD_SCALE_NOTES else None
+        if note and note not in notes:
+            notes.append(note)
     trained = sum(1 for r in results for run in r.runs if not run.reused)
     reused = sum(1 for r in results for run in r.runs if run.reused)
     train_s = sum(float(run.summary.get("wall_seconds") or 0) for r in results for run in r.runs)

@@ -322,3 +322,19 @@ def test_cpu_scale_tables_share_their_runs():
               and p.config.method_options.get("m") == 4]  # fmt: skip
     assert len(sdgp24) == 1 and {"sdgp.table1", "cross.methods"} <= set(sdgp24[0].targets)
     assert all(p.config.data_options == {"image_size": 16} for p in plan)
+
+
+def test_a_method_scale_note_reaches_every_table_with_a_run_of_that_method(tmp_path, monkeypatch):
+    from reproductions.prunetrain import ratio_label, short_run_note
+
+    monkeypatch.setitem(common.METHOD_SCALE_NOTES, "dense", lambda scale: f"dense at {scale}")
+    target = Target(key="sdgp.table1", title="t", description="d",
+                    rows=lambda scale: [Row("dense", "dense", train=TINY)])  # fmt: skip
+    result = run_target(target, "smoke", tmp_path, log=lambda *a: None)
+    assert "dense at smoke" in result.notes
+    # PruneTrain's: only where its settings differ from the paper's.
+    assert short_run_note("smoke") is None and short_run_note("paper") is None
+    assert "0.2 -> 0.8" in short_run_note("cpu") and "0.01" in short_run_note("cpu")
+    assert common.METHOD_SCALE_NOTES["prunetrain"] is short_run_note
+    assert ratio_label("cpu", 0.2) == "ratio 0.2, run at 0.8"
+    assert ratio_label("paper", 0.2) == "ratio 0.2"

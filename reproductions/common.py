@@ -675,9 +675,12 @@ def figure_rows(
     table: dict[str, tuple[str, Callable]] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per seed of each row with a value of ``metric`` (for seaborn: mean and sd
-    are drawn from the repeats), labelled ``source = "ours (<scale>)"``."""
+    are drawn from the repeats), labelled ``source = "ours (<scale>)"``. A row that lists
+    its ``metrics`` appears only for those."""
     out = []
     for res in results:
+        if res.row.metrics is not None and metric not in res.row.metrics:
+            continue  # a row that shows other metrics (e.g. a ratio against another row)
         base = next((r for r in results if r.row.label == res.row.baseline), None)
         for v in row_metric(res, metric, base, table or res.table) if res.ok else []:
             rec = {"row": res.row.label, metric: v, "source": f"ours ({scale})"}

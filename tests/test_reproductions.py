@@ -338,3 +338,32 @@ def test_a_method_scale_note_reaches_every_table_with_a_run_of_that_method(tmp_p
     assert common.METHOD_SCALE_NOTES["prunetrain"] is short_run_note
     assert ratio_label("cpu", 0.2) == "ratio 0.2, run at 0.8"
     assert ratio_label("paper", 0.2) == "ratio 0.2"
+
+
+def _record(label, top1, metrics=None, baseline=None):
+    row = Row(label, "dense", baseline=baseline, metrics=metrics)
+    run = RunRecord(path=label, seed=0, summary={"top1": top1}, metrics=[], reused=True)
+    return RowResult(row=row, runs=[run])
+
+
+def test_figure_rows_leave_out_a_row_that_shows_other_metrics():
+    results = [_record("a", 90.0), _record("b", 80.0, metrics=("top1",)),
+               _record("a vs b", 70.0, metrics=("delta_top1",), baseline="b")]  # fmt: skip
+    rows = common.figure_rows(results, "top1", "cpu")
+    assert [(r["row"], r["top1"]) for r in rows] == [("a", 90.0), ("b", 80.0)]
+    assert {r["source"] for r in rows} == {"ours (cpu)"}
+    assert [r["row"] for r in common.figure_rows(results, "delta_top1", "cpu")] == ["a vs b"]
+
+
+def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
+    from reproductions.sdgp.fig9 import figures
+
+    layers = [{"name": "conv1", "fwd_ms": 1.0, "dgrad_ms": 9.0, "wgrad_ms": 2.0,
+               "data_grad_needed": False},
+              {"name": "layer1.0.conv1", "fwd_ms": 1.5, "dgrad_ms": 1.6, "wgrad_ms": 1.7,
+               "data_grad_needed": True}]  # fmt: skip
+    res = RowResult(row=Row("m", measure="x:y"), measured={"layers": layers, "shape": "s"})
+    (fig,) = figures([res], "cpu", None)
+    drawn = {(d["layer"], d["pass"]): d["ms"] for d in fig.data}
+    assert ("conv1", "data gradient") not in drawn and drawn[("conv1", "forward")] == 1.0
+    assert drawn[("layer1.0.conv1", "data gradient")] == 1.6 and len(drawn) == 5

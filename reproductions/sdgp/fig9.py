@@ -31,7 +31,8 @@ def rows(scale: str) -> list[Row]:
 
 
 def figures(results, scale, paper):
-    """Per-layer time of the three passes (the paper's grouped bars)."""
+    """Per-layer time of the three passes (the paper's grouped bars); no data-gradient bar
+    for a layer that never computes one in training (the first conv)."""
     measured = next((r.measured for r in results if r.measured), None)
     data = []
     for layer in (measured or {}).get("layers", []):
@@ -40,6 +41,8 @@ def figures(results, scale, paper):
             ("dgrad_ms", "data gradient"),
             ("wgrad_ms", "weight gradient"),
         ):
+            if key == "dgrad_ms" and not layer.get("data_grad_needed", True):
+                continue
             data.append({"layer": layer["name"], "ms": layer[key], "pass": label})
     return [FigureSpec(kind="bar", x="layer", y="ms", hue="pass", data=data,
                        title=f"Conv time per layer ({(measured or {}).get('shape', '')})",

@@ -38,7 +38,10 @@ def conv_times(
     share = 100.0 * dgrad / (fwd + dgrad + wgrad)
     return {
         "layers": [
-            {k: r[k] for k in ("name", "fwd_ms", "dgrad_ms", "wgrad_ms", "prune_ms")}
+            {
+                k: r[k]
+                for k in ("name", "fwd_ms", "dgrad_ms", "wgrad_ms", "prune_ms", "data_grad_needed")
+            }  # fmt: skip
             for r in layers
         ],  # fmt: skip
         "data_grad_time_share": share,

@@ -1,0 +1,100 @@
+"""Channel gating against channel union: the inference FLOPs of each (PruneTrain Sec. 4.2,
+Fig. 5b-c and Fig. 6).
+
+PruneTrain reconfigures a network with short-cut connections by **channel union**: the
+channels of a residual stage's shared node are kept while any layer of the stage uses them,
+so the first and last convolution of each residual path still compute on channels that are
+zero for that layer. **Channel gating** instead gives every residual path select and scatter
+layers, so each convolution computes only on its own dense input and output channels, at the
+cost of the indexing (which the paper measures as slower, Fig. 7). This module counts what
+each computes on the same trained model: union as the convolutions are (the model PruneTrain
+reconfigured), gating with every convolution reduced to the input channels whose weights are
+not all zero and the filters that are not all zero. It counts; it does not run gating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _dense_counts(weight: torch.Tensor, threshold: float) -> tuple[int, int]:
+    """(dense filters, dense input channels) of a conv weight [F, C/g, R, S]: those with some
+    |w| above ``threshold``."""
+    alive = weight.detach().abs() > threshold
+    return int(alive.flatten(1).any(dim=1).sum()), int(
+        alive.transpose(0, 1).flatten(1).any(1).sum()
+    )
+
+
+def conv_flops_union_vs_gating(
+    model: nn.Module, input_shape: Sequence[int], threshold: float = 1e-4
+) -> dict[str, Any]:
+    """Forward FLOPs per sample of every convolution of ``model`` under channel union and
+    under channel gating (PruneTrain Sec. 4.2, Fig. 6).
+
+    Args:
+        model: a (reconfigured) CNN; its convolutions' weights define which channels are zero.
+        input_shape: one sample's shape (C, H, W); the spatial size of each convolution's
+            output is read off one forward pass of a zero input.
+        threshold: a weight with ``|w| <= threshold`` counts as zero (PruneTrain's 1e-4).
+
+    Returns:
+        ``union`` and ``gating`` (FLOPs per sample summed over convs, 2 per multiply-add),
+        and ``layers``: per conv its name, channels computed under union (in, out) and under
+        gating (in, out), and both FLOPs. Grouped convolutions count their channels per group
+        as union and gating alike (gating applies to ordinary convolutions).
+
+    Raises:
+        ValueError: ``input_shape`` is not (C, H, W) or ``threshold`` is negative.
+    """
+    if len(input_shape) != 3 or any(int(s) < 1 for s in input_shape):
+        raise ValueError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape}")
+    if not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    convs = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    out_hw: dict[str, tuple[int, int]] = {}
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, inp, out, name=name: out_hw.__setitem__(name, tuple(out.shape[-2:]))
+        )
+        for name, m in convs
+    ]
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *[int(s) for s in input_shape], device=device))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    layers = []
+    union = gating = 0.0
+    for name, conv in convs:
+        if name not in out_hw:
+            continue  # a conv the forward pass did not reach (e.g. a removed path)
+        h, w = out_hw[name]
+        r, s = conv.kernel_size
+        per_out = 2.0 * r * s * h * w  # FLOPs per (output channel, input channel) pair
+        f_all, c_per_group = conv.weight.shape[0], conv.weight.shape[1]
+        f_dense, c_dense = _dense_counts(conv.weight, threshold)
+        if conv.groups != 1:
+            c_dense = c_per_group
+            f_dense = f_all
+        u = per_out * f_all * c_per_group
+        g = per_out * f_dense * c_dense
+        union += u
+        gating += g
+        layers.append({"name": name, "union_channels": (c_per_group, f_all),
+                       "gating_channels": (c_dense, f_dense), "union_flops": u,
+                       "gating_flops": g})  # fmt: skip
+    return {"union": union, "gating": gating, "layers": layers}
+
+
+__all__ = ["conv_flops_union_vs_gating"]

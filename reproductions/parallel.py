@@ -159,13 +159,15 @@ def train_all(
     bar = _bar(len(todo), progress)
     t0 = time.perf_counter()
 
+    say = bar.write if bar is not None and log is print else log  # lines above the bar
+
     def done(out: str, err: str | None, seconds: float) -> None:
         name = Path(out).name
         if err is None:
-            log(f"  trained {name} in {seconds:.0f} s")
+            say(f"  trained {name} in {seconds:.0f} s")
         else:
             failures[out] = err
-            log(f"  FAILED {name}: {err}")
+            say(f"  FAILED {name}: {err}")
         if bar is not None:
             bar.update(1)
 

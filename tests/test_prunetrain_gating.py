@@ -74,3 +74,46 @@ def test_union_vs_gating_on_a_trained_prunetrain_run(tmp_path):
     assert res["difference_min"] == res["difference_max"] == row["union"] - row["gating"]
     with pytest.raises(ValueError, match="no finished run"):
         union_vs_gating(scale="smoke", context={"runs": runs}, rows=["x"], dense_row="dense")
+    # Fig. 7: the last conv of every residual block, timed dense / union / gating.
+    from reproductions.prunetrain.measure import union_gating_layer_times
+
+    t = union_gating_layer_times(scale="smoke", context={"runs": runs}, row="prunetrain",
+                                 dense_row="dense", batch=2, repeats=1)  # fmt: skip
+    names = [layer["name"] for layer in t["layers"]]
+    assert names and all(n.startswith("layer") and n.endswith(".conv2") for n in names)
+    assert all(layer[k] > 0 for layer in t["layers"] for k in ("dense_ms", "union_ms",
+                                                                  "gating_ms"))  # fmt: skip
+    total = {k: sum(layer[k] for layer in t["layers"]) for k in ("dense_ms", "union_ms")}
+    assert t["conv_speedup_vs_dense"] == pytest.approx(total["dense_ms"] / total["union_ms"])
+    for layer in t["layers"]:  # gating computes on no more channels than union
+        assert all(g <= u for g, u in zip(layer["gating_channels"], layer["union_channels"]))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_gated_conv_equals_the_conv_when_the_dropped_channels_are_zero(bias):
+    from impl.methods.prunetrain_gating import GatedConv
+
+    torch.manual_seed(1)
+    conv = nn.Conv2d(5, 7, 3, stride=2, padding=1, bias=bias)
+    with torch.no_grad():
+        conv.weight[:, [0, 3]] = 0  # input channels 0 and 3 unused
+        conv.weight[[2, 6]] = 0  # filters 2 and 6 dead
+        if bias:
+            conv.bias[[2, 6]] = 0
+    gated = GatedConv(conv)
+    assert gated.idx_in.tolist() == [1, 2, 4] and gated.idx_out.tolist() == [0, 1, 3, 4, 5]
+    x = torch.randn(2, 5, 9, 11)
+    torch.testing.assert_close(gated(x), conv(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="groups=1"):
+        GatedConv(nn.Conv2d(4, 4, 3, groups=2))
+
+
+@pytest.mark.parametrize("model, last", [("resnet20", "conv2"), ("resnet50", "conv3")],
+                         ids=["basic-block", "bottleneck"])  # fmt: skip
+def test_the_timed_layers_are_the_last_conv_of_each_residual_block(model, last):
+    from impl.models import create
+    from reproductions.prunetrain.measure import _last_convs
+
+    names = _last_convs(create(model, num_classes=10, in_channels=3, stem="cifar"))
+    assert len(names) == (9 if model == "resnet20" else 16)
+    assert all(n.endswith(f".{last}") for n in names) and names[0] == f"layer1.0.{last}"

@@ -97,4 +97,36 @@ def conv_flops_union_vs_gating(
     return {"union": union, "gating": gating, "layers": layers}
 
 
-__all__ = ["conv_flops_union_vs_gating"]
+class GatedConv(nn.Module):
+    """A convolution under channel gating (PruneTrain Fig. 5b): select the dense input
+    channels, convolve with the dense filters only, scatter the result into the full output
+    channels (zeros elsewhere). Equal to the original convolution where the channels it
+    drops have zero weights (and bias)."""
+
+    def __init__(self, conv: nn.Conv2d, threshold: float = 1e-4) -> None:
+        super().__init__()
+        if conv.groups != 1:
+            raise ValueError("channel gating applies to ordinary (groups=1) convolutions")
+        alive = conv.weight.detach().abs() > threshold
+        idx_out = alive.flatten(1).any(dim=1).nonzero().flatten()
+        idx_in = alive.transpose(0, 1).flatten(1).any(dim=1).nonzero().flatten()
+        self.out_channels = conv.out_channels
+        self.register_buffer("idx_in", idx_in)
+        self.register_buffer("idx_out", idx_out)
+        self.inner = nn.Conv2d(
+            len(idx_in), len(idx_out), conv.kernel_size, conv.stride, conv.padding,
+            conv.dilation, bias=conv.bias is not None,
+        ).to(conv.weight.device, conv.weight.dtype)  # fmt: skip
+        with torch.no_grad():
+            self.inner.weight.copy_(conv.weight[idx_out][:, idx_in])
+            if conv.bias is not None:
+                self.inner.bias.copy_(conv.bias[idx_out])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Select, convolve, scatter: [B, C, H, W] -> [B, F, H', W']."""
+        y = self.inner(x.index_select(1, self.idx_in))
+        out = y.new_zeros(y.shape[0], self.out_channels, *y.shape[2:])
+        return out.index_copy_(1, self.idx_out, y)
+
+
+__all__ = ["GatedConv", "conv_flops_union_vs_gating"]

@@ -86,3 +86,93 @@ def union_vs_gating(
     out["difference_min"] = min(diffs)
     out["difference_max"] = max(diffs)
     return out
+
+
+def _last_convs(model: torch.nn.Module) -> list[str]:
+    """Names of the last convolution of each residual block ("layerK.B.convN", largest N)."""
+    import re
+
+    last: dict[str, tuple[int, str]] = {}
+    for name, mod in model.named_modules():
+        m = re.fullmatch(r"(layer\d+\.\d+)\.conv(\d+)", name)
+        if m and isinstance(mod, torch.nn.Conv2d):
+            block, k = m.group(1), int(m.group(2))
+            if block not in last or k > last[block][0]:
+                last[block] = (k, name)
+    return [name for _, name in sorted(last.values(), key=lambda v: v[1])]
+
+
+def _conv_inputs(model: torch.nn.Module, names: list[str], x: torch.Tensor) -> dict:
+    """The input each named conv receives on a forward pass of ``x``."""
+    seen: dict[str, torch.Tensor] = {}
+    mods = dict(model.named_modules())
+    hooks = [mods[n].register_forward_hook(
+        lambda mod, inp, out, n=n: seen.__setitem__(n, inp[0].detach().clone()))
+        for n in names if n in mods]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def union_gating_layer_times(
+    *, scale: str, context: dict, row: str, dense_row: str, batch: int, repeats: int = 10
+) -> dict[str, Any]:
+    """Forward + backward time (ms, median of ``repeats``) of the last convolution of each
+    residual block (PruneTrain Fig. 7): dense (the dense run's model), channel union (the
+    PruneTrain run's reconfigured model) and channel gating
+    (:class:`impl.methods.prunetrain_gating.GatedConv` on the same weights: select, smaller
+    convolution, scatter), at ``batch`` samples of the run's input size.
+
+    Returns ``layers`` (name, dense_ms, union_ms, gating_ms), ``conv_speedup_vs_dense``
+    (sum of dense over sum of union times) and ``gating_over_union``.
+    """
+    from impl.methods.prunetrain import PruneTrainConfig
+    from impl.methods.prunetrain_gating import GatedConv
+    from impl.rundir import read_json
+    from impl.train import load_trained_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pt_dir = (context["runs"].get(row) or [None])[0]
+    dense_dir = (context["runs"].get(dense_row) or [None])[0]
+    if pt_dir is None or dense_dir is None:
+        raise ValueError(f"rows {row!r} and {dense_row!r} need finished runs")
+    pruned, cfg = load_trained_model(pt_dir, device=device)
+    dense, _ = load_trained_model(dense_dir, device=device)
+    threshold = cfg.method_options.get("threshold", PruneTrainConfig().threshold)
+    spec = read_json(f"{pt_dir}/summary.json").get("data_spec") or {}
+    size = spec.get("image_size", 32)
+    x = torch.randn(batch, spec.get("in_channels", 3), size, size, device=device)
+    names = [n for n in _last_convs(dense) if n in dict(pruned.named_modules())]
+    x_pruned = _conv_inputs(pruned, names, x)
+    x_dense = _conv_inputs(dense, names, x)
+    mods_p, mods_d = dict(pruned.named_modules()), dict(dense.named_modules())
+
+    def fwd_bwd_ms(layer: torch.nn.Module, inp: torch.Tensor) -> float:
+        inp = inp.clone().requires_grad_(True)
+        grad = torch.randn_like(layer(inp))
+
+        def step() -> None:
+            layer(inp).backward(grad)
+
+        return statistics.median(time_ms(step, repeats=repeats, warmup=2))
+
+    layers = []
+    for n in names:
+        if n not in x_pruned or n not in x_dense:
+            continue  # a residual path PruneTrain removed
+        gated = GatedConv(mods_p[n], threshold)
+        layers.append({"name": n, "dense_ms": fwd_bwd_ms(mods_d[n], x_dense[n]),
+                       "union_ms": fwd_bwd_ms(mods_p[n], x_pruned[n]),
+                       "gating_ms": fwd_bwd_ms(gated, x_pruned[n]),
+                       "union_channels": [mods_p[n].in_channels, mods_p[n].out_channels],
+                       "gating_channels": [len(gated.idx_in), len(gated.idx_out)]})  # fmt: skip
+    if not layers:
+        raise ValueError("no residual-block convolution left to time")
+    total = {k: sum(r[k] for r in layers) for k in ("dense_ms", "union_ms", "gating_ms")}
+    return {"layers": layers, "conv_speedup_vs_dense": total["dense_ms"] / total["union_ms"],
+            "gating_over_union": total["gating_ms"] / total["union_ms"], "batch": batch,
+            "device": device_name()}  # fmt: skip

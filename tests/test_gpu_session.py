@@ -110,7 +110,7 @@ def test_suites_parts_and_targets_named_by_the_scripts_exist():
     m = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
     targets = m.group(1).split()
     assert targets and set(targets) <= set(TARGETS)
-    assert "prunetrain.fig7" in _text("reproduce.sh")  # the render step reproduces it
+    assert "prunetrain.fig7" in targets  # trained and timed on the GPU
 
 
 @pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
@@ -325,8 +325,7 @@ def test_dry_run_of_reproduce_renders_the_report(dry_runs):
     rc, _, out = dry_runs["reproduce"]
     with tarfile.open(out / "reproduce.tar.gz") as tar:
         members = set(tar.getnames())
-    assert "./reports/gpu-scale/index.html" in members
-    assert "./reports/gpu-scale/results/prunetrain.fig7/gpu/result.json" in members
+    assert "./reports/gpu-scale/index.html" in members  # every target listed, none run here
 
 
 # -- the helpers -------------------------------------------------------------------------------

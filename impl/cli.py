@@ -263,6 +263,7 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
 def cmd_demo(argv: list[str]) -> int:
     """``pdtbench demo``: the main job, the CPU-scale reproduction on the embedded data."""
     from reproductions import demo
+    from reproductions.parallel import add_jobs_argument
 
     p = argparse.ArgumentParser(
         prog="pdtbench demo",
@@ -272,15 +273,8 @@ def cmd_demo(argv: list[str]) -> int:
     p.add_argument("--scale", default="cpu", choices=["smoke", "cpu"])
     p.add_argument("--out", default="reports", help="where the HTML report goes")
     p.add_argument("--runs", default="runs/reproductions", help="where the runs go")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="training runs at a time, one process each (default: one per core)",
-    )
+    add_jobs_argument(p)
     args = p.parse_args(argv)
-    if args.jobs is not None and args.jobs < 1:
-        p.error(f"--jobs must be >= 1, got {args.jobs}")
     demo(scale=args.scale, out=args.out, runs_root=args.runs, jobs=args.jobs)
     return 0
 

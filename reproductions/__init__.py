@@ -133,6 +133,8 @@ def run(
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``pdtbench reproduce``."""
+    from reproductions.parallel import add_jobs_argument
+
     p = argparse.ArgumentParser(
         prog="pdtbench reproduce",
         description="Regenerate the papers' tables and figures (and the cross-method table) "
@@ -143,13 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", default="runs/reproductions", help="runs and results")
     p.add_argument("--out", default="reports", help="where the HTML reports go")
     p.add_argument("--list", action="store_true", help="list the targets and exit")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="training runs at a time, each in its own process (default: one per core at "
-        "the smoke and cpu scales, 1 at gpu and paper)",
-    )
+    add_jobs_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -168,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         if key not in TARGETS:
             raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
-    if args.jobs is not None and args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress)
     print(f"report: {index}")
     return 0

@@ -116,13 +116,39 @@ def _train_one(job: tuple[Any, int]) -> tuple[str, str | None, float]:
             )
 
 
+def add_jobs_argument(parser: Any) -> None:
+    """Add ``--jobs N`` (training runs at a time, one process each; N >= 1, else a usage
+    error) to an ``argparse`` parser: ``pdtbench reproduce`` and ``pdtbench demo`` share it."""
+
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise ValueError(text)
+        return value
+
+    positive.__name__ = "a count >= 1"  # argparse names the type in its error
+    parser.add_argument(
+        "--jobs",
+        type=positive,
+        default=None,
+        help="training runs at a time, each in its own process (default: one per core at "
+        "the smoke and cpu scales, 1 at gpu and paper)",
+    )
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_jobs(scale: str) -> int:
     """Worker processes for ``scale``: one per core (at most 8) on the CPU scales, 1 where
     runs share one accelerator (gpu, paper)."""
     if scale in ("gpu", "paper"):
         return 1
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else (os.cpu_count() or 1)))  # fmt: skip
+    return max(1, min(8, _cores()))
 
 
 def train_all(
@@ -149,8 +175,7 @@ def train_all(
     todo = sorted((p for p in plan if not _is_complete(p.out)), key=lambda p: -p.cost)
     if not todo:
         return {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = threads or max(1, (cores or 1) // jobs)
+    threads = threads or max(1, _cores() // jobs)
     log(
         f"training {len(todo)} runs ({len(plan) - len(todo)} of {len(plan)} already complete) "
         f"in {min(jobs, len(todo))} processes x {threads} threads"
@@ -200,4 +225,12 @@ def _bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True)
 
 
-__all__ = ["METHOD_COST", "PlannedRun", "default_jobs", "log_path", "plan_runs", "train_all"]
+__all__ = [
+    "METHOD_COST",
+    "PlannedRun",
+    "add_jobs_argument",
+    "default_jobs",
+    "log_path",
+    "plan_runs",
+    "train_all",
+]

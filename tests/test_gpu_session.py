@@ -31,7 +31,7 @@ ALL_SH = sorted(p.name for p in GPU_DIR.glob("*.sh"))
 #: What the device tool brings back: names of letters, digits, '.', '_', '-'; at most 8 files.
 OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_OUT_FILES = 8
-#: The device's limits (/work/.library/device/README.md).
+#: The lent GPU machine's limits.
 CALL_LIMIT_S = 600
 SESSION_LIMIT_S = 30 * 60
 COMMAND_CHARS = 2000

@@ -117,3 +117,14 @@ def test_the_timed_layers_are_the_last_conv_of_each_residual_block(model, last):
     names = _last_convs(create(model, num_classes=10, in_channels=3, stem="cifar"))
     assert len(names) == (9 if model == "resnet20" else 16)
     assert all(n.endswith(f".{last}") for n in names) and names[0] == f"layer1.0.{last}"
+
+
+def test_dense_channels_are_the_filters_and_inputs_with_a_weight_above_the_threshold():
+    from impl.methods.prunetrain_gating import dense_channels
+
+    w = torch.zeros(4, 3, 1, 1)
+    w[0, 2] = 1.0
+    w[3, 0] = -2e-4  # above 1e-4 in magnitude
+    w[1, 1] = 5e-5  # below
+    idx_out, idx_in = dense_channels(w, 1e-4)
+    assert idx_out.tolist() == [0, 3] and idx_in.tolist() == [0, 2]

@@ -104,3 +104,19 @@ def test_a_worker_that_dies_is_reported_not_waited_on(tmp_path):
     dense = next(p for p in plan if p.config.method == "dense")
     assert dense.out in failures and "worker process died" in failures[dense.out]
     assert all(out in {p.out for p in plan} for out in failures)  # nothing else is invented
+
+
+@pytest.mark.parametrize("command", ["reproduce", "demo"], ids=["reproduce", "demo"])
+def test_jobs_flag_takes_a_count_of_at_least_one_for_both_commands(command, capsys):
+    from impl import cli
+    from reproductions import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["all", "--jobs", "2"]).jobs == 2
+    assert parser.parse_args(["all"]).jobs is None
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([command, "--jobs", bad]) if command == "demo" else parser.parse_args(
+                ["all", "--jobs", bad])  # fmt: skip
+        assert exc.value.code == 2
+        assert "--jobs" in capsys.readouterr().err

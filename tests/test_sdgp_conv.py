@@ -395,3 +395,15 @@ def test_method_default_eps_is_the_authors_constant_unscaled():
     literal = nm_prune(g, 2, 4, eps=RESCALE_EPS).abs().sum() / g.abs().sum()
     default = nm_prune(g, 2, 4, eps=METHOD_RESCALE_EPS).abs().sum() / g.abs().sum()
     assert literal < 0.1 and default > 0.99
+
+
+def test_random_generator_is_shared_seeded_and_only_for_random_pruning():
+    from impl.methods.sdgp import random_generator
+
+    model = torch.nn.Conv2d(4, 8, 3)
+    given = torch.Generator()
+    assert random_generator(model, "random", given, 0) is given
+    assert random_generator(model, "rescaled", None, 0) is None
+    a, b = random_generator(model, "random", None, 7), random_generator(model, "random", None, 7)
+    assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
+    assert random_generator(torch.nn.Identity(), "random", None, 1).device.type == "cpu"

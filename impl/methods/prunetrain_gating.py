@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 
-def _dense_counts(weight: torch.Tensor, threshold: float) -> tuple[int, int]:
-    """(dense filters, dense input channels) of a conv weight [F, C/g, R, S]: those with some
-    |w| above ``threshold``."""
+def dense_channels(weight: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the dense filters and of the dense input channels of a conv weight
+    [F, C/g, R, S]: those with some ``|w|`` above ``threshold`` (PruneTrain Sec. 4.2)."""
     alive = weight.detach().abs() > threshold
-    return int(alive.flatten(1).any(dim=1).sum()), int(
-        alive.transpose(0, 1).flatten(1).any(1).sum()
-    )
+    idx_out = alive.flatten(1).any(dim=1).nonzero().flatten()
+    idx_in = alive.transpose(0, 1).flatten(1).any(dim=1).nonzero().flatten()
+    return idx_out, idx_in
 
 
 def conv_flops_union_vs_gating(
@@ -83,10 +83,11 @@ def conv_flops_union_vs_gating(
         r, s = conv.kernel_size
         per_out = 2.0 * r * s * h * w  # FLOPs per (output channel, input channel) pair
         f_all, c_per_group = conv.weight.shape[0], conv.weight.shape[1]
-        f_dense, c_dense = _dense_counts(conv.weight, threshold)
         if conv.groups != 1:
-            c_dense = c_per_group
-            f_dense = f_all
+            f_dense, c_dense = f_all, c_per_group
+        else:
+            idx_out, idx_in = dense_channels(conv.weight, threshold)
+            f_dense, c_dense = len(idx_out), len(idx_in)
         u = per_out * f_all * c_per_group
         g = per_out * f_dense * c_dense
         union += u
@@ -107,9 +108,7 @@ class GatedConv(nn.Module):
         super().__init__()
         if conv.groups != 1:
             raise ValueError("channel gating applies to ordinary (groups=1) convolutions")
-        alive = conv.weight.detach().abs() > threshold
-        idx_out = alive.flatten(1).any(dim=1).nonzero().flatten()
-        idx_in = alive.transpose(0, 1).flatten(1).any(dim=1).nonzero().flatten()
+        idx_out, idx_in = dense_channels(conv.weight, threshold)
         self.out_channels = conv.out_channels
         self.register_buffer("idx_in", idx_in)
         self.register_buffer("idx_out", idx_out)
@@ -129,4 +128,4 @@ class GatedConv(nn.Module):
         return out.index_copy_(1, self.idx_out, y)
 
 
-__all__ = ["GatedConv", "conv_flops_union_vs_gating"]
+__all__ = ["GatedConv", "conv_flops_union_vs_gating", "dense_channels"]

@@ -812,6 +812,20 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def random_generator(
+    model: nn.Module, method: str, generator: torch.Generator | None, seed: int
+) -> torch.Generator | None:
+    """The generator every layer of a converted model draws from for ``method="random"``:
+    ``generator`` when given, else a new one on the model's device seeded with ``seed``;
+    ``None`` for the deterministic methods (SDGP Sec. III-B, random pruning)."""
+    if generator is not None or method != "random":
+        return generator
+    param = next(model.parameters(), None)
+    out = torch.Generator(device=param.device if param is not None else torch.device("cpu"))
+    out.manual_seed(seed)
+    return out
+
+
 def sdgp_convert(
     model: nn.Module,
     n: int = 2,
@@ -852,11 +866,7 @@ def sdgp_convert(
             generator=generator, seed=seed, nondivisible=nondivisible, eps=eps,
         )  # fmt: skip
     plans = sdgp_plan(model, n, m, nondivisible)
-    if generator is None and method == "random":
-        param = next(model.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
+    generator = random_generator(model, method, generator, seed)
     for plan in plans:
         mod = model.get_submodule(plan.name)
         if type(mod) is SDGPConv2d:  # a semi-structured layer is replaced by the reference
@@ -1080,6 +1090,7 @@ __all__ = [
     "nm_keep_mask",
     "nm_prune",
     "nm_prune_ref",
+    "random_generator",
     "sdgp_conv_backward",
     "sdgp_convert",
     "sdgp_modules",

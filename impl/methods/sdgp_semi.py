@@ -58,9 +58,11 @@ from torch import nn
 from impl.methods.sdgp import (
     RESCALE_EPS,
     SDGPConv2d,
+    _set_submodule,
     check_method,
     check_nm,
     nm_prune_ref,
+    random_generator,
     sdgp_conv_backward,
     sdgp_plan,
 )
@@ -680,12 +682,6 @@ def _is_oom(err: BaseException) -> bool:
 # --------------------------------------------------------------------------------------------
 # conversion of a model and what the method reports
 # --------------------------------------------------------------------------------------------
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
 def sdgp_semi_convert(
     model: nn.Module,
     n: int = 2,
@@ -714,11 +710,7 @@ def sdgp_semi_convert(
     if prune_impl not in PRUNE_IMPLS:
         raise ValueError(f"unknown prune impl {prune_impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
     plans = sdgp_plan(model, n, m, nondivisible)
-    if generator is None and method == "random":
-        param = next(model.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
+    generator = random_generator(model, method, generator, seed)
     for plan in plans:
         if not plan.sparse:
             continue

@@ -10,20 +10,21 @@ import torch
 from reproductions.common import device_name, time_ms
 
 
-def _throughput(run_dir: str, batch: int, repeats: int) -> float:
+def _sample_shape(run_dir: str) -> tuple[int, int, int]:
+    """(C, H, W) of one input of a run, from its summary's ``data_spec``."""
     from impl.rundir import read_json
+
+    spec = read_json(f"{run_dir}/summary.json").get("data_spec") or {}
+    size = spec.get("image_size", 32)
+    return spec.get("in_channels", 3), size, size
+
+
+def _throughput(run_dir: str, batch: int, repeats: int) -> float:
     from impl.train import load_trained_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, _ = load_trained_model(run_dir, device=device)
-    spec = read_json(f"{run_dir}/summary.json").get("data_spec") or {}
-    shape = (
-        batch,
-        spec.get("in_channels", 3),
-        spec.get("image_size", 32),
-        spec.get("image_size", 32),
-    )
-    x = torch.randn(shape, device=device)
+    x = torch.randn(batch, *_sample_shape(run_dir), device=device)
 
     def step() -> None:
         with torch.no_grad(), torch.autocast(device, dtype=torch.float16, enabled=device == "cuda"):
@@ -57,16 +58,12 @@ def union_vs_gating(
     """
     from impl.methods.prunetrain import PruneTrainConfig
     from impl.methods.prunetrain_gating import conv_flops_union_vs_gating
-    from impl.rundir import read_json
     from impl.train import load_trained_model
 
     def counts(run_dir: str) -> dict[str, Any]:
         model, cfg = load_trained_model(run_dir, device="cpu")
-        spec = read_json(f"{run_dir}/summary.json").get("data_spec") or {}
-        size = spec.get("image_size", 32)
-        shape = (spec.get("in_channels", 3), size, size)
         threshold = cfg.method_options.get("threshold", PruneTrainConfig().threshold)
-        return conv_flops_union_vs_gating(model, shape, threshold)
+        return conv_flops_union_vs_gating(model, _sample_shape(run_dir), threshold)
 
     dense_runs = context["runs"].get(dense_row) or []
     if not dense_runs:
@@ -132,7 +129,6 @@ def union_gating_layer_times(
     """
     from impl.methods.prunetrain import PruneTrainConfig
     from impl.methods.prunetrain_gating import GatedConv
-    from impl.rundir import read_json
     from impl.train import load_trained_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -143,13 +139,11 @@ def union_gating_layer_times(
     pruned, cfg = load_trained_model(pt_dir, device=device)
     dense, _ = load_trained_model(dense_dir, device=device)
     threshold = cfg.method_options.get("threshold", PruneTrainConfig().threshold)
-    spec = read_json(f"{pt_dir}/summary.json").get("data_spec") or {}
-    size = spec.get("image_size", 32)
-    x = torch.randn(batch, spec.get("in_channels", 3), size, size, device=device)
-    names = [n for n in _last_convs(dense) if n in dict(pruned.named_modules())]
+    x = torch.randn(batch, *_sample_shape(pt_dir), device=device)
+    mods_p, mods_d = dict(pruned.named_modules()), dict(dense.named_modules())
+    names = [n for n in _last_convs(dense) if n in mods_p]
     x_pruned = _conv_inputs(pruned, names, x)
     x_dense = _conv_inputs(dense, names, x)
-    mods_p, mods_d = dict(pruned.named_modules()), dict(dense.named_modules())
 
     def fwd_bwd_ms(layer: torch.nn.Module, inp: torch.Tensor) -> float:
         inp = inp.clone().requires_grad_(True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download into .whl/ the wheels the GPU machine lacks (scripts/gpu/wheels.txt), for CPython
-# 3.12 on manylinux x86_64, as /work/.library/device/README.md describes; run it HERE (the
+# 3.12 on manylinux x86_64, as the GPU machine's notes describe; run it HERE (the
 # machine with a package registry), never on the device. Re-running keeps wheels already there.
 #
 #   bash scripts/gpu/fetch_wheels.sh            # -> .whl/*.whl, prints the total size

@@ -7,16 +7,19 @@ import json
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from impl.report import (
     FigureSpec,
     ResultSet,
+    ci95_half_width,
     comparison_frame,
     draw,
     figure_data_uri,
     find_run_dirs,
+    format_mean_sd,
     format_number,
     load_metrics,
     load_result,
@@ -28,6 +31,7 @@ from impl.report import (
     save_result,
     time_to_accuracy,
 )
+from impl.report.figures import t_interval
 from impl.report.html import Section, Table, provenance_rows
 
 ENV = {"commit": "a" * 40, "dirty": False, "date": "2025-01-02T03:04:05+00:00", "torch": "2.x",
@@ -166,12 +170,32 @@ def test_figure_bad_format_kind_and_column():
         draw("heatmap", data, x="x", y="y")
 
 
-@pytest.mark.parametrize("kind", ["bar", "line", "scatter", "heatmap"], ids=str)
+@pytest.mark.parametrize("kind", ["bar", "line", "scatter", "heatmap", "interval"], ids=str)
 def test_draw_every_kind_labels_axes(kind):
     data = pd.DataFrame({"x": [1, 2, 3, 1], "y": [3.0, 4.0, 5.0, 2.0], "h": ["p", "q", "p", "q"]})
     fig = draw(kind, data, x="x", y="y", hue="h", title="T", xlabel="X label", ylabel="Y label")
     ax = fig.axes[0]
     assert ax.get_title() == "T" and ax.get_xlabel() == "X label" and ax.get_ylabel() == "Y label"
+
+
+def test_t_interval_is_the_students_t_interval_of_the_mean():
+    lo, hi = t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, t(0.975, 2) = 4.302653
+    assert (lo, hi) == pytest.approx((2 - 4.302653 / math.sqrt(3), 2 + 4.302653 / math.sqrt(3)))
+    assert t_interval([5.0, math.nan]) == (5.0, 5.0)
+
+
+def test_interval_figure_draws_the_ci_of_each_group_and_the_zero_line():
+    data = pd.DataFrame({"m": ["a", "a", "a", "b", "b"], "d": [1.0, 2.0, 3.0, -1.0, -1.0]})
+    ax = draw("interval", data, x="m", y="d").axes[0]
+    extents = [  # each error bar (with its caps) is one line broken by NaNs
+        (float(np.nanmin(line.get_ydata())), float(np.nanmax(line.get_ydata())))
+        for line in ax.lines
+        if np.isnan(np.asarray(line.get_ydata(), dtype=float)).any()
+    ]
+    half = 4.302653 / math.sqrt(3)
+    flat = [v for extent in sorted(extents) for v in extent]
+    assert flat == pytest.approx([-1.0, -1.0, 2 - half, 2 + half])
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in ax.lines)  # the zero line
 
 
 @pytest.mark.parametrize(
@@ -186,6 +210,41 @@ def test_format_number(value, text):
     assert format_number(value) == text
 
 
+def test_ci95_half_width_is_students_t_over_root_n():
+    # t(0.975, 2) = 4.302653, t(0.975, 4) = 2.776445 (standard tables)
+    assert ci95_half_width(1.0, 3) == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert ci95_half_width(0.5, 5) == pytest.approx(0.5 * 2.776445 / math.sqrt(5), rel=1e-6)
+    assert math.isnan(ci95_half_width(1.0, 1)) and math.isnan(ci95_half_width(math.nan, 3))
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [((99.3519, 0.1604, 3), "99.35 ± 0.16 (n=3)"),
+     ((-0.3704, 0.42, 3), "-0.37 ± 0.42 (n=3)"),
+     ((42.1, 0.00016, 3), "42.10 ± 0.00016 (n=3)"),
+     ((10.91, 4.9, 3), "10.9 ± 4.9 (n=3)"),
+     ((1.0, 0.0, 3), "1 ± 0 (n=3)"),
+     ((953_355.0, 71_801.0, 3), "953,355 ± 71,801 (n=3)"),
+     ((5.0, None, 1), "5"),
+     # paired: mean -2.13, sd 0.42, n 3 -> half-width 4.302653 * 0.42 / sqrt(3) = 1.043
+     ((-2.13, 0.42, 3, True), "-2.13 ± 0.42 (n=3) [95% CI -3.2, -1.1]"),
+     ((0.0, 0.28, 3, True), "0.00 ± 0.28 (n=3) [95% CI -0.70, 0.70]"),
+     ((0.5, 0.0, 3, True), "0.5 ± 0 (n=3)")],
+    ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "paired",
+         "paired-zero", "paired-no-spread"],
+)  # fmt: skip
+def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
+    assert format_mean_sd(*args) == text
+
+
+def test_comparison_frame_adds_the_ci_to_delta_metrics_only():
+    frame = comparison_frame([
+        {"row": "sdgp", "metric": "delta_top1", "ours": -0.37, "ours_sd": 0.42, "n": 3},
+        {"row": "sdgp", "metric": "top1", "ours": 98.98, "ours_sd": 0.42, "n": 3},
+    ])  # fmt: skip
+    assert "95% CI -1.4, 0.7" in frame.loc[0, "Ours"] and "CI" not in frame.loc[1, "Ours"]
+
+
 def test_comparison_frame_keeps_scale_beside_every_number():
     frame = comparison_frame([
         {"row": "dense", "metric": "top1", "ours": 97.5, "ours_sd": 0.4, "n": 3, "scale": "cpu",
@@ -193,7 +252,7 @@ def test_comparison_frame_keeps_scale_beside_every_number():
         {"row": "sdgp", "metric": "top1", "ours": None, "scale": None, "paper": 95.2},
     ])  # fmt: skip
     assert list(frame.columns[:5]) == ["Row", "Metric", "Ours", "Scale", "Paper"]
-    assert frame.loc[0, "Ours"] == "97.5 ± 0.4 (n=3)" and frame.loc[0, "Scale"] == "cpu"
+    assert frame.loc[0, "Ours"] == "97.50 ± 0.40 (n=3)" and frame.loc[0, "Scale"] == "cpu"
     assert frame.loc[1, "Ours"] == "-" and frame.loc[1, "Paper"] == "95.2"
 
 
@@ -297,7 +356,7 @@ def test_wide_frame_one_line_per_metric_one_column_per_row_with_scale():
     wide = wide_frame(rows).set_index("Metric")
     assert list(wide.columns) == ["dense", "sdgp", "campfire"]
     assert list(wide.index) == ["top1 (%)", "delta_top1 (pp)", "Scale"]
-    assert wide.loc["top1 (%)", "sdgp"] == "96 ± 0.5 (n=3)"
+    assert wide.loc["top1 (%)", "sdgp"] == "96.00 ± 0.50 (n=3)"
     assert wide.loc["delta_top1 (pp)", "dense"] == "-"
     assert list(wide.loc["Scale"]) == ["cpu", "cpu", "-"]
 

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap")
+FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval")
 IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
 
 
@@ -28,6 +28,21 @@ def figure_data_uri(fig: Figure, fmt: str = "png", dpi: int = 110) -> str:
     fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
     mime = "image/png" if fmt == "png" else "image/svg+xml"
     return f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def t_interval(values: Any) -> tuple[float, float]:
+    """(low, high) of the 95% confidence interval of the mean of ``values`` (Student's t,
+    n - 1 degrees of freedom); both equal the mean for a single value."""
+    import numpy as np
+    from scipy.stats import t
+
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, mean
+    half = float(t.ppf(0.975, len(v) - 1)) * float(v.std(ddof=1)) / len(v) ** 0.5
+    return mean - half, mean + half
 
 
 def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:
@@ -54,7 +69,9 @@ def draw(
 
     ``bar``: mean of ``y`` per ``x`` (and ``hue``) with the standard deviation as error bar;
     ``line``: ``y`` against ``x`` per ``hue``/``style`` (mean and sd band over repeats);
-    ``scatter``: points; ``heatmap``: ``y`` is the value column, ``x`` the columns and
+    ``scatter``: points; ``interval``: mean of ``y`` per ``x`` (and ``hue``) with its 95%
+    confidence interval (:func:`t_interval`) and a dashed line at ``y = 0``, for per-seed
+    differences against a baseline; ``heatmap``: ``y`` is the value column, ``x`` the columns and
     ``hue`` the rows of the grid. Raises ``ValueError`` on an unknown kind or missing column.
     """
     import seaborn as sns
@@ -75,6 +92,13 @@ def draw(
             label.set_horizontalalignment("right")
     elif kind == "line":
         sns.lineplot(data=data, x=x, y=y, hue=hue, style=style, marker="o", errorbar="sd", ax=ax)
+    elif kind == "interval":
+        sns.pointplot(data=data, x=x, y=y, hue=hue, errorbar=t_interval, linestyle="none",
+                      capsize=0.15, dodge=0.3 if hue else False, ax=ax)  # fmt: skip
+        ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
+        for label in ax.get_xticklabels():
+            label.set_rotation(20)
+            label.set_horizontalalignment("right")
     elif kind == "scatter":
         sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, ax=ax)
     else:
@@ -95,4 +119,4 @@ def draw(
     return fig
 
 
-__all__ = ["FIGURE_KINDS", "IMAGE_FORMATS", "draw", "figure_data_uri"]
+__all__ = ["FIGURE_KINDS", "IMAGE_FORMATS", "draw", "figure_data_uri", "t_interval"]

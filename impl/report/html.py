@@ -83,18 +83,57 @@ def format_number(value: Any, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def ci95_half_width(sd: float, n: int) -> float:
+    """Half-width of the 95% confidence interval of a mean of ``n`` values with sample
+    standard deviation ``sd`` (Student's t, n - 1 degrees of freedom), in the values' unit;
+    NaN for n < 2."""
+    if n < 2 or sd is None or math.isnan(sd):
+        return math.nan
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def _places(x: float, digits: int) -> int:
+    """Decimals that show ``|x| > 0`` with ``digits`` significant digits (at least 0)."""
+    return max(0, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def format_mean_sd(mean: float, sd: float | None, n: int | None, paired: bool = False) -> str:
+    """``mean ± sd (n=...)`` for a table cell, the mean rounded to the place of the sd's second
+    significant digit (at most 4 significant digits, as :func:`format_number`). ``paired``
+    (a per-seed difference against a baseline, e.g. ``delta_top1``) adds the 95% confidence
+    interval of the mean difference (:func:`ci95_half_width`): one that contains 0 says the
+    difference is within seed-to-seed noise."""
+    has_sd = sd is not None and not math.isnan(sd)
+    text = format_number(mean)
+    if has_sd and sd > 0 and abs(mean) < 1e5:
+        places = _places(sd, 2) if mean == 0 else min(_places(sd, 2), _places(mean, 4))
+        text = f"{mean:.{places}f}"
+    if has_sd:
+        sd_text = f"{sd:.{_places(sd, 2)}f}" if 0 < sd < 1000 else format_number(sd, 2)
+        text = f"{text} ± {sd_text}"
+    if n and n > 1:
+        text += f" (n={n})"
+        half = ci95_half_width(sd, n) if has_sd else math.nan
+        if paired and half > 0:
+            p = _places(half, 2)
+            text += f" [95% CI {mean - half:.{p}f}, {mean + half:.{p}f}]"
+    return text
+
+
 def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
-    Note. "Ours" reads ``mean +- sd (n)`` when repeats exist; a number never loses its scale."""
+    Note. "Ours" reads ``mean ± sd (n)`` when repeats exist (:func:`format_mean_sd`; with the
+    95% CI for ``delta_*`` metrics, which are per-seed differences against the baseline); a
+    number never loses its scale."""
     out = []
     for r in rows:
         ours = r.get("ours")
         text = format_number(ours)
-        sd, n = r.get("ours_sd"), r.get("n")
-        if ours is not None and sd is not None and not (isinstance(sd, float) and math.isnan(sd)):
-            text = f"{text} ± {format_number(sd, 2)}"
-        if ours is not None and n and n > 1:
-            text += f" (n={n})"
+        if ours is not None:
+            paired = str(r.get("metric", "")).startswith("delta_")
+            text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired=paired)
         out.append(
             {
                 "Row": r.get("row", ""),

@@ -90,8 +90,9 @@ def run(
     jobs: int | None = None,
     progress: bool = True,
 ) -> Path:
-    """Run (or reuse) each target of ``keys`` at ``scale``, then render every saved result
-    under ``runs_root`` into ``reports_root``; return the path of ``index.html``.
+    """Run (or reuse) each target of ``keys`` at ``scale``, judge the papers' headline claims
+    against every result of that scale (:mod:`reproductions.claims`), then render every
+    saved result under ``runs_root`` into ``reports_root``; return the path of ``index.html``.
 
     The distinct training runs of all the targets are trained first, ``jobs`` processes at
     a time (default :func:`reproductions.parallel.default_jobs`); the targets then reuse
@@ -128,6 +129,12 @@ def run(
             )  # fmt: skip
             continue
         print(f"[{key}] done in {time.perf_counter() - t0:.0f} s")
+    from reproductions.claims import save as save_claims
+
+    try:
+        save_claims(scale, runs_root)
+    except Exception as err:  # noqa: BLE001 - the tables stand without the claims
+        print(f"[claims] FAILED: {type(err).__name__}: {err}")
     return render(runs_root, reports_root, expected=expected_targets())
 
 

@@ -27,6 +27,7 @@ PAPER_TITLES: dict[str, str] = {
     "sdgp": "SDGP: Structured Data Gradient Pruning (2022)",
     "campfire": "Campfire (2020)",
     "cross": "All five methods on equal terms (no paper has this table)",
+    "claims": "The papers' headline claims, judged against our results",
     "runs": "Runs",
 }
 
@@ -126,7 +127,8 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
     Note. "Ours" reads ``mean ± sd (n)`` when repeats exist (:func:`format_mean_sd`; with the
     95% CI for ``delta_*`` metrics, which are per-seed differences against the baseline); a
-    number never loses its scale."""
+    number never loses its scale. Rows with a ``verdict`` (a paper's claims) add a Verdict
+    column."""
     out = []
     for r in rows:
         ours = r.get("ours")
@@ -146,9 +148,12 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
                 "Note": r.get("note") or "",
             }
         )
-    return pd.DataFrame(
-        out, columns=["Row", "Metric", "Ours", "Scale", "Paper", "Unit", "Paper source", "Note"]
-    )
+    columns = ["Row", "Metric", "Ours", "Scale", "Paper", "Unit", "Paper source", "Note"]
+    if any(r.get("verdict") for r in rows):  # a table of claims: the verdict before the note
+        for o, r in zip(out, rows):
+            o["Verdict"] = r.get("verdict") or ""
+        columns.insert(columns.index("Note"), "Verdict")
+    return pd.DataFrame(out, columns=columns)
 
 
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -39,7 +39,7 @@ RUN_TABLE_COLUMNS: tuple[str, ...] = (
     "comm_bytes_per_iter",
     "wall_seconds",
 )
-PAPER_ORDER: tuple[str, ...] = ("clicktrain", "prunetrain", "sdgp", "campfire", "cross")
+PAPER_ORDER: tuple[str, ...] = ("claims", "clicktrain", "prunetrain", "sdgp", "campfire", "cross")
 
 
 def _item_key(target: str) -> tuple[int, int, str]:
@@ -209,10 +209,13 @@ def render_reports(
         "(or the scale it needs), and the cross-method table no paper has.",
         tables=[Table(index, "one row per table or figure and scale; 'ours': numbers of ours")],
     )
+    # The claims come first on the index: what a reader asks before any table.
+    claims = [result_section(r) for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]
     prov = provenance_rows((r.scale, r.environment) for r in results)
     return render_html(
-        "pdtbench reproductions", [section], out_dir / "index.html", provenance=prov, nav=nav
-    )
+        "pdtbench reproductions", [*claims, section], out_dir / "index.html", provenance=prov,
+        nav=nav,
+    )  # fmt: skip
 
 
 __all__ = ["RUN_TABLE_COLUMNS", "render_reports", "runs_section"]

@@ -17,7 +17,8 @@ from typing import Any
 
 RESULT_FILE = "result.json"
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
-# One comparison row: a number of ours beside the paper's, with the scale of each.
+# One comparison row: a number of ours beside the paper's, with the scale of each ("verdict":
+# only in the rows of a paper's claims, :mod:`reproductions.claims`).
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
     "metric",
@@ -29,6 +30,7 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "unit",
     "paper_source",
     "note",
+    "verdict",
 )
 
 

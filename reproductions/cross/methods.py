@@ -104,7 +104,8 @@ METRICS_SHOWN: tuple[str, ...] = (
 
 
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
-    """Top-1 change against dense (95% CI), FLOPs saved per method, and time per iteration per method."""
+    """Top-1 change against dense (with its 95% CI), FLOPs saved per method, time per
+    iteration per method, and test top-1 per epoch."""
     acc = figure_rows(results, "delta_top1", scale)
     flops = [{**r, "kind": "nominal"} for r in figure_rows(results, "train_flops_saved", scale)] + [
         {**r, "train_flops_saved": r.pop("train_flops_executed_saved"), "kind": "executed"}

@@ -1,0 +1,425 @@
+"""The papers' headline claims, each judged against our saved results at one scale.
+
+A claim is a sentence of a paper with a number (its abstract or a table), the result of ours
+that speaks to it (a target, a row and a metric of a saved ``result.json``), and a stated
+rule that turns the two into a verdict:
+
+- ``holds``: ours meets the paper's number (for a mean over seeds: its whole 95% confidence
+  interval does);
+- ``does not hold``: ours misses it (the whole interval does);
+- ``inconclusive``: the interval straddles the paper's number (more seeds would tell);
+- ``not measured at this scale``: the result it needs is not there (e.g. a GPU timing at the
+  cpu scale), with the target to run.
+
+The verdict is about the scale that produced our number, never about the paper's setting:
+a small-scale "does not hold" says what happens at small scale. The claims are evaluated
+after every ``pdtbench reproduce`` and saved as the target ``claims.headline``, so reports
+read them like any other result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from impl.report.html import ci95_half_width
+from impl.report.results import ResultSet
+
+TARGET_KEY = "claims.headline"
+TITLE = "Do the papers' headline claims hold? (at the scale of our results)"
+VERDICTS: tuple[str, ...] = ("holds", "does not hold", "inconclusive", "not measured at this scale")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What our results say about one claim: the number shown (mean, sd over n seeds), its
+    95% interval (``low``, ``high``; equal to the mean for a single measurement) and how it
+    was read."""
+
+    mean: float
+    sd: float | None
+    n: int
+    low: float
+    high: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One headline claim of a paper.
+
+    Args:
+        paper: the paper key ("clicktrain", "prunetrain", "sdgp", "campfire").
+        claim: the claim in a few words.
+        metric: the quantity compared, named as in our results.
+        paper_value: the paper's number (the bound the rule compares against).
+        unit: unit of ``paper_value`` and of ours.
+        source: where the paper states it (abstract, table, figure, section).
+        rule: how the verdict is reached, in words.
+        needs: the target whose result :attr:`read` uses.
+        read: our results of one scale (target key -> ResultSet) -> Evidence, or None when
+            the result is not there.
+        higher_is_better: whether ours must be at least (True) or at most (False) the
+            paper's number.
+        zero_bound: judge against 0 instead of ``paper_value`` (a claim of "no significant
+            loss": the interval must reach 0).
+    """
+
+    paper: str
+    claim: str
+    metric: str
+    paper_value: float
+    unit: str
+    source: str
+    rule: str
+    needs: str
+    read: Callable[[Mapping[str, ResultSet]], Evidence | None]
+    higher_is_better: bool = True
+    zero_bound: bool = False
+
+
+def _stat(
+    results: Mapping[str, ResultSet], target: str, row: str, metric: str
+) -> tuple[float, float | None, int] | None:
+    """(mean, sd, n) of ``metric`` of ``row`` in the result of ``target``; None if absent."""
+    res = results.get(target)
+    if res is None:
+        return None
+    for r in res.rows:
+        if r.get("row") == row and r.get("metric") == metric and r.get("ours") is not None:
+            return float(r["ours"]), r.get("ours_sd"), int(r.get("n") or 1)
+    return None
+
+
+def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evidence:
+    mean, sd, n = stat
+    sep = "" if unit in ("x", "%") else " "
+    half = ci95_half_width(sd, n) if sd is not None and n > 1 else math.nan
+    if math.isnan(half):
+        return Evidence(mean, sd, n, mean, mean, f"{mean:{fmt}}{sep}{unit} (one measurement)")
+    text = f"{mean:{fmt}}{sep}{unit}, 95% CI [{mean - half:{fmt}}, {mean + half:{fmt}}] (n={n})"
+    return Evidence(mean, sd, n, mean - half, mean + half, text)
+
+
+def metric_reader(
+    target: str, row: str, metric: str, fmt: str = ".2f", unit: str = ""
+) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
+    """A reader of one row's metric: its mean with the 95% CI over seeds where it has one."""
+
+    def read(results: Mapping[str, ResultSet]) -> Evidence | None:
+        stat = _stat(results, target, row, metric)
+        return None if stat is None else _mean_ci(stat, fmt, unit)
+
+    return read
+
+
+def ratio_reader(
+    target: str, row: str, base_row: str, metric: str
+) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
+    """A reader of ``metric`` of ``row`` over that of ``base_row`` (ratio of the means)."""
+
+    def read(results: Mapping[str, ResultSet]) -> Evidence | None:
+        ours, base = _stat(results, target, row, metric), _stat(results, target, base_row, metric)
+        if ours is None or base is None or not base[0]:
+            return None
+        r = ours[0] / base[0]
+        text = f"{r:.2f}x {base_row} ({ours[0]:.4g} vs {base[0]:.4g}, means over {ours[2]} seeds)"
+        return Evidence(r, None, ours[2], r, r, text)
+
+    return read
+
+
+def _clicktrain_vs_prunetrain(results: Mapping[str, ResultSet]) -> Evidence | None:
+    """ClickTrain's top-1 change minus PruneTrain's, when ClickTrain compresses more; the
+    interval is the difference of the two intervals' far ends (conservative)."""
+    t = "cross.methods"
+    click, prune = (_stat(results, t, m, "delta_top1") for m in ("clicktrain", "prunetrain"))
+    cc, pc = (_stat(results, t, m, "compression_ratio") for m in ("clicktrain", "prunetrain"))
+    if None in (click, prune, cc, pc):
+        return None
+    c, p = _mean_ci(click, ".2f", "pp"), _mean_ci(prune, ".2f", "pp")
+    diff = c.mean - p.mean
+    low, high = c.low - p.high, c.high - p.low
+    text = (
+        f"ClickTrain {c.mean:+.2f} pp at {cc[0]:.2f}x, PruneTrain {p.mean:+.2f} pp at "
+        f"{pc[0]:.2f}x: difference {diff:+.2f} pp, between {low:+.2f} and {high:+.2f}"
+    )
+    if cc[0] <= pc[0]:  # more accuracy at less compression is not what the paper claims
+        return Evidence(diff, None, click[2], -math.inf, -math.inf, text + "; it compresses less")
+    return Evidence(diff, None, click[2], low, high, text)
+
+
+DESCRIPTION = (
+    "Each headline claim of the four papers (a sentence of the abstract or a table, with its "
+    "number) beside the result of ours that speaks to it, and a verdict reached by the rule "
+    "in its note: holds, does not hold, inconclusive (our 95% confidence interval straddles "
+    "the paper's number), or not measured at this scale (with the reproduction to run)."
+)
+AT_LEAST = "holds if ours is at least the paper's number (for a mean over seeds: its whole 95% CI)"
+AT_MOST = "holds if ours is at most the paper's number (for a mean over seeds: its whole 95% CI)"
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "clicktrain",
+        "more accuracy and more compression than PruneTrain",
+        "top-1 change minus PruneTrain's (pp), at a higher compression",
+        0.0,
+        "pp",
+        "abstract; Table 1, Sec. 6.2 (ResNet-50 ImageNet: -0.5 pp at 4.1x vs -1.9 pp at 2.1x)",
+        "holds if ClickTrain compresses more and its top-1 change exceeds PruneTrain's by more "
+        "than both 95% CIs (same model, data, epochs, seeds)",
+        "cross.methods",
+        _clicktrain_vs_prunetrain,
+    ),
+    Claim(
+        "clicktrain",
+        "no extra training time over dense training",
+        "time per iteration over dense (x)",
+        1.0,
+        "x",
+        "abstract; Fig. 12, Sec. 6.3",
+        AT_MOST,
+        "cross.methods",
+        ratio_reader("cross.methods", "clicktrain", "dense", "iter_ms"),
+        higher_is_better=False,
+    ),
+    Claim(
+        "clicktrain",
+        "CSR conversion with predefined positions 4x faster than dense-to-CSR",
+        "speedup over the generic conversion (x)",
+        4.0,
+        "x",
+        "Fig. 9, Sec. 5.1 (cuSPARSE dense2csr, RTX 5000)",
+        AT_LEAST,
+        "clicktrain.fig9",
+        metric_reader(
+            "clicktrain.fig9",
+            "pattern CSR with predefined positions",
+            "speedup_vs_cusparse",
+            unit="x",
+        ),  # fmt: skip
+    ),
+    Claim(
+        "clicktrain",
+        "pattern SpMM 3.2x faster than generic sparse (cuSPARSE) SpMM",
+        "speedup over generic CSR SpMM (x)",
+        3.2,
+        "x",
+        "Fig. 10, Sec. 5.2",
+        AT_LEAST,
+        "clicktrain.fig10",
+        metric_reader("clicktrain.fig10", "sparsity sweep", "speedup_vs_cusparse", unit="x"),
+    ),
+    Claim(
+        "clicktrain",
+        "pattern SpMM beats dense GEMM from 65% sparsity on",
+        "lowest sparsity where it beats dense (%)",
+        65.0,
+        "%",
+        "Fig. 10, Sec. 5.2",
+        AT_MOST,
+        "clicktrain.fig10",
+        metric_reader(
+            "clicktrain.fig10", "sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", ".1f", "%"
+        ),  # fmt: skip
+        higher_is_better=False,
+    ),
+    Claim(
+        "prunetrain",
+        "40% fewer training FLOPs",
+        "training FLOPs saved over the run (%)",
+        40.0,
+        "%",
+        "abstract (ResNet-50 ImageNet); Table 1, Sec. 5.1",
+        AT_LEAST,
+        "cross.methods",
+        metric_reader("cross.methods", "prunetrain", "train_flops_saved", unit="%"),
+    ),
+    Claim(
+        "prunetrain",
+        "39% less end-to-end training time",
+        "training time saved (%, 100 - time as % of dense)",
+        39.0,
+        "%",
+        "abstract (ResNet-50 ImageNet); Table 1, Sec. 5.1",
+        AT_LEAST,
+        "prunetrain.table1",
+        lambda results: _saved_from_percent_of_dense(
+            results, "prunetrain.table1", "PruneTrain (ratio 0.2, run at 0.8)", "train_time"
+        ),
+    ),
+    Claim(
+        "prunetrain",
+        "55% less inter-accelerator communication",
+        "communication cost saved (%)",
+        55.0,
+        "%",
+        "abstract; Fig. 11, Sec. 5.3",
+        AT_LEAST,
+        "prunetrain.fig11",
+        metric_reader(
+            "prunetrain.fig11",
+            "PruneTrain (ratio 0.25, run at 0.85), dynamic mini-batch",
+            "comm_cost_saved",
+            unit="%",
+        ),  # fmt: skip
+    ),
+    Claim(
+        "prunetrain",
+        "costs about 1.5 points of top-1 (ratio 0.2)",
+        "top-1 change vs dense (pp)",
+        -1.47,
+        "pp",
+        "Table 1, Sec. 5.1 (ResNet-50 ImageNet, ratio 0.2)",
+        "holds if our loss is no larger than the paper's (the whole 95% CI at or above it)",
+        "cross.methods",
+        metric_reader("cross.methods", "prunetrain", "delta_top1", unit="pp"),
+    ),
+    Claim(
+        "sdgp",
+        "2:4 rescaled gradient pruning without significant loss of accuracy",
+        "top-1 change vs dense (pp)",
+        -0.1,
+        "pp",
+        "abstract; Table I, Sec. IV-A (ResNet-9 CIFAR-10: 95.2 vs 95.3)",
+        "holds if the 95% CI of our change reaches 0 (no loss beyond seed noise); does not "
+        "hold if it lies wholly below 0",
+        "cross.methods",
+        metric_reader("cross.methods", "sdgp", "delta_top1", unit="pp"),
+        zero_bound=True,
+    ),
+    Claim(
+        "sdgp",
+        "15-25% less training time, estimated (2:4)",
+        "estimated runtime reduction at 2:4 (%)",
+        15.0,
+        "%",
+        "abstract; Sec. IV-C (16.6% at 2:4 from Fig. 9)",
+        "holds if our estimate, made the paper's way (data-gradient time halved), is at least 15%",
+        "sdgp.fig9",
+        metric_reader(
+            "sdgp.fig9", "estimate at ratio 2 (2:4)", "estimated_runtime_reduction", unit="%"
+        ),  # fmt: skip
+    ),
+    Claim(
+        "campfire",
+        "under 1% accuracy loss at 70% sparsity",
+        "top-1 change vs dense (pp)",
+        -1.0,
+        "pp",
+        "abstract; Tables 2-3 (ResNet-50 / v1.5, ImageNet)",
+        "holds if the whole 95% CI of our change is above -1 point",
+        "cross.methods",
+        metric_reader("cross.methods", "campfire", "delta_top1", unit="pp"),
+    ),
+)
+
+
+def _saved_from_percent_of_dense(
+    results: Mapping[str, ResultSet], target: str, row: str, metric: str
+) -> Evidence | None:
+    stat = _stat(results, target, row, metric)
+    if stat is None:
+        return None
+    mean, sd, n = stat
+    ev = _mean_ci((100.0 - mean, sd, n), ".1f", "%")
+    return Evidence(ev.mean, ev.sd, ev.n, ev.low, ev.high, f"{ev.text}; time {mean:.1f}% of dense")
+
+
+def judge(claim: Claim, evidence: Evidence | None) -> str:
+    """The verdict (one of :data:`VERDICTS`) of ``claim`` given ``evidence``."""
+    if evidence is None:
+        return "not measured at this scale"
+    bound = 0.0 if claim.zero_bound else claim.paper_value
+    if claim.zero_bound:  # no loss beyond noise: the interval must reach 0
+        return "holds" if evidence.high >= bound else "does not hold"
+    low, high = (evidence.low, evidence.high)
+    if not claim.higher_is_better:
+        low, high, bound = -high, -low, -bound
+    if low >= bound:
+        return "holds"
+    if high < bound:
+        return "does not hold"
+    return "inconclusive"
+
+
+def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any]]:
+    """One comparison row per claim (see :mod:`impl.report.results`), with its verdict."""
+    rows = []
+    for c in CLAIMS:
+        ev = c.read(results)
+        verdict = judge(c, ev)
+        how = c.rule
+        if ev is None:
+            how = f"needs `pdtbench reproduce {c.needs} --scale {scale}` ({c.rule})"
+        else:
+            how = f"{ev.text}. Rule: {c.rule}. From {c.needs}."
+        rows.append(
+            {
+                "row": f"{c.paper}: {c.claim}",
+                "metric": c.metric,
+                "ours": None if ev is None else ev.mean,
+                "ours_sd": None if ev is None else ev.sd,
+                "n": 0 if ev is None else ev.n,
+                "scale": None if ev is None else scale,
+                "paper": c.paper_value,
+                "unit": c.unit,
+                "paper_source": c.source,
+                "verdict": verdict,
+                "note": how,
+            }
+        )
+    return rows
+
+
+def save(scale: str, runs_root: str | Path) -> Path | None:
+    """Evaluate every claim against the results saved under ``runs_root`` at ``scale`` and
+    save them as the target ``claims.headline``; return the result's path (None when no
+    result of that scale exists)."""
+    from impl.env import collect
+    from impl.report.results import find_results, load_result, save_result
+    from reproductions.common import result_dir
+
+    results = {}
+    for path in find_results([Path(runs_root) / "results"]):
+        res = load_result(path)
+        if res.scale == scale and res.target != TARGET_KEY:
+            results[res.target] = res
+    if not results:
+        return None
+    rows = evaluate(results, scale)
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    result = ResultSet(
+        target=TARGET_KEY,
+        title=TITLE,
+        scale=scale,
+        rows=rows,
+        description=DESCRIPTION,
+        notes=[
+            "At this scale: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
+            "A verdict is about the scale that produced our number (see the Scale column), "
+            "not about the paper's models, data and hardware; the paper's number is the bound "
+            "the rule compares against.",
+            "Means over seeds carry their 95% confidence interval (Student's t); a single "
+            "measurement (a timing) is judged as it is.",
+        ],
+        environment=collect(),
+    )
+    return save_result(result, result_dir(TARGET_KEY, scale, runs_root))
+
+
+__all__ = [
+    "CLAIMS",
+    "TARGET_KEY",
+    "VERDICTS",
+    "Claim",
+    "Evidence",
+    "evaluate",
+    "judge",
+    "metric_reader",
+    "ratio_reader",
+    "save",
+]

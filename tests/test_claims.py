@@ -1,0 +1,117 @@
+"""The papers' headline claims: verdict rules, reading saved results, the claims report."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from impl.report import render_reports
+from impl.report.results import ResultSet, load_result, save_result
+from reproductions import claims as C
+from reproductions.common import result_dir
+
+
+def _claim(**kw) -> C.Claim:
+    base = dict(paper="p", claim="c", metric="m", paper_value=10.0, unit="x", source="s",
+                rule="r", needs="p.fig1", read=lambda results: None)  # fmt: skip
+    base.update(kw)
+    return C.Claim(**base)
+
+
+def _ev(low: float, high: float) -> C.Evidence:
+    return C.Evidence((low + high) / 2, None, 1, low, high, "t")
+
+
+@pytest.mark.parametrize(
+    ("higher", "low", "high", "verdict"),
+    [(True, 10.0, 12.0, "holds"), (True, 8.0, 9.9, "does not hold"),
+     (True, 9.0, 11.0, "inconclusive"), (False, 8.0, 10.0, "holds"),
+     (False, 10.5, 12.0, "does not hold"), (False, 9.0, 11.0, "inconclusive")],
+    ids=["at-least-holds", "at-least-misses", "at-least-straddles", "at-most-holds",
+         "at-most-misses", "at-most-straddles"],
+)  # fmt: skip
+def test_judge_compares_the_whole_interval_with_the_papers_number(higher, low, high, verdict):
+    assert C.judge(_claim(higher_is_better=higher), _ev(low, high)) == verdict
+
+
+def test_judge_zero_bound_asks_only_whether_the_interval_reaches_zero():
+    claim = _claim(paper_value=-0.1, zero_bound=True)
+    assert C.judge(claim, _ev(-0.8, 0.2)) == "holds"
+    assert C.judge(claim, _ev(-0.8, -0.05)) == "does not hold"
+    assert C.judge(claim, None) == "not measured at this scale"
+
+
+def _row(row, metric, ours, sd=None, n=1, scale="cpu"):
+    return {"row": row, "metric": metric, "ours": ours, "ours_sd": sd, "n": n, "scale": scale}
+
+
+def _cross(click_delta=-0.5, click_cr=8.33, prune_cr=1.5, sd=0.4) -> ResultSet:
+    rows = [
+        _row("clicktrain", "delta_top1", click_delta, sd, 5),
+        _row("prunetrain", "delta_top1", -2.3, sd, 5),
+        _row("sdgp", "delta_top1", -0.3, sd, 5),
+        _row("campfire", "delta_top1", 0.0, sd, 5),
+        _row("clicktrain", "compression_ratio", click_cr, 0.0, 5),
+        _row("prunetrain", "compression_ratio", prune_cr, 0.1, 5),
+        _row("dense", "iter_ms", 30.0, 1.0, 5),
+        _row("clicktrain", "iter_ms", 60.0, 1.0, 5),
+        _row("prunetrain", "train_flops_saved", 45.0, 1.0, 5),
+    ]
+    return ResultSet(target="cross.methods", title="cross", scale="cpu", rows=rows)
+
+
+def _by_claim(rows):
+    return {r["row"]: r for r in rows}
+
+
+def test_evaluate_reads_the_cross_table_and_marks_what_is_missing():
+    rows = _by_claim(C.evaluate({"cross.methods": _cross()}, "cpu"))
+    assert len(rows) == len(C.CLAIMS)
+    # ClickTrain -0.5 +- CI vs PruneTrain -2.3 +- CI (sd 0.4, n 5: half-width 0.497) at 8.33x > 1.5x
+    assert rows["clicktrain: more accuracy and more compression than PruneTrain"]["verdict"] == (
+        "holds"
+    )
+    slow = rows["clicktrain: no extra training time over dense training"]
+    assert slow["ours"] == pytest.approx(2.0) and slow["verdict"] == "does not hold"
+    assert rows["prunetrain: 40% fewer training FLOPs"]["verdict"] == "holds"  # CI [43.8, 46.2]
+    assert rows["campfire: under 1% accuracy loss at 70% sparsity"]["verdict"] == "holds"
+    sdgp = rows["sdgp: 2:4 rescaled gradient pruning without significant loss of accuracy"]
+    assert sdgp["verdict"] == "holds" and "95% CI [-0.80, 0.20]" in sdgp["note"]
+    fig9 = rows["clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"]
+    assert fig9["verdict"] == "not measured at this scale" and fig9["ours"] is None
+    assert "pdtbench reproduce clicktrain.fig9 --scale cpu" in fig9["note"]
+
+
+def test_more_accuracy_at_less_compression_does_not_hold():
+    rows = _by_claim(C.evaluate({"cross.methods": _cross(click_cr=1.2, prune_cr=1.5)}, "cpu"))
+    row = rows["clicktrain: more accuracy and more compression than PruneTrain"]
+    assert row["verdict"] == "does not hold" and "compresses less" in row["note"]
+
+
+def test_overlapping_intervals_are_inconclusive():
+    rows = _by_claim(C.evaluate({"cross.methods": _cross(click_delta=-1.9, sd=0.6)}, "cpu"))
+    row = rows["clicktrain: more accuracy and more compression than PruneTrain"]
+    assert row["verdict"] == "inconclusive"
+
+
+def test_save_writes_the_claims_target_and_the_index_shows_it_first(tmp_path):
+    runs = tmp_path / "runs"
+    save_result(_cross(), result_dir("cross.methods", "cpu", runs))
+    assert C.save("gpu", runs) is None  # nothing of that scale
+    path = C.save("cpu", runs)
+    saved = load_result(path)
+    assert saved.target == C.TARGET_KEY and saved.scale == "cpu"
+    assert {r["verdict"] for r in saved.rows} <= set(C.VERDICTS)
+    assert any("holds" in n for n in saved.notes)
+    index = render_reports([saved, _cross()], tmp_path / "reports")
+    html = index.read_text()
+    assert html.index("headline claims") < html.index("Reproductions")
+    assert "<th>Verdict</th>" in html or ">Verdict<" in html
+    assert (tmp_path / "reports" / "claims.html").exists()
+
+
+def test_every_claim_cites_its_source_and_states_a_rule():
+    for c in C.CLAIMS:
+        assert c.paper in ("clicktrain", "prunetrain", "sdgp", "campfire")
+        assert c.source and c.rule and "." in c.needs and not math.isnan(c.paper_value)

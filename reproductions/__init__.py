@@ -130,9 +130,12 @@ def run(
             continue
         print(f"[{key}] done in {time.perf_counter() - t0:.0f} s")
     from reproductions.claims import save as save_claims
+    from reproductions.claims import summary_lines
 
     try:
-        save_claims(scale, runs_root)
+        claims = save_claims(scale, runs_root)
+        if claims is not None:
+            print("\n".join(summary_lines(claims)))
     except Exception as err:  # noqa: BLE001 - the tables stand without the claims
         print(f"[claims] FAILED: {type(err).__name__}: {err}")
     return render(runs_root, reports_root, expected=expected_targets())

@@ -399,7 +399,7 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
         rows=rows,
         description=DESCRIPTION,
         notes=[
-            "At this scale: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
+            "At this scale: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + ".",
             "A verdict is about the scale that produced our number (see the Scale column), "
             "not about the paper's models, data and hardware; the paper's number is the bound "
             "the rule compares against.",
@@ -409,6 +409,22 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
         environment=collect(),
     )
     return save_result(result, result_dir(TARGET_KEY, scale, runs_root))
+
+
+def summary_lines(path: str | Path) -> list[str]:
+    """The saved claims at ``path`` as terminal lines: one per claim (verdict, paper, claim,
+    our number) under a line counting the verdicts."""
+    from impl.report.results import load_result
+
+    res = load_result(path)
+    counts = {v: sum(r.get("verdict") == v for r in res.rows) for v in VERDICTS}
+    head = ", ".join(f"{v}: {n}" for v, n in counts.items() if n)
+    lines = [f"[claims] at {res.scale} scale: {head} (the index's first table)"]
+    width = max(len(v) for v in VERDICTS)
+    for r in res.rows:
+        ours = r["note"].split(". Rule:")[0] if r.get("ours") is not None else "-"
+        lines.append(f"  {r['verdict']:<{width}}  {r['row']}: {ours}")
+    return lines
 
 
 __all__ = [
@@ -422,4 +438,5 @@ __all__ = [
     "metric_reader",
     "ratio_reader",
     "save",
+    "summary_lines",
 ]

@@ -115,3 +115,12 @@ def test_every_claim_cites_its_source_and_states_a_rule():
     for c in C.CLAIMS:
         assert c.paper in ("clicktrain", "prunetrain", "sdgp", "campfire")
         assert c.source and c.rule and "." in c.needs and not math.isnan(c.paper_value)
+
+
+def test_summary_lines_count_the_verdicts_and_give_one_line_per_claim(tmp_path):
+    runs = tmp_path / "runs"
+    save_result(_cross(), result_dir("cross.methods", "cpu", runs))
+    lines = C.summary_lines(C.save("cpu", runs))
+    assert lines[0].startswith("[claims] at cpu scale: ") and len(lines) == 1 + len(C.CLAIMS)
+    assert any(line.strip().startswith("holds") and "campfire" in line for line in lines[1:])
+    assert any("not measured at this scale" in line and "-" in line for line in lines[1:])

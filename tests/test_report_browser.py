@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from impl.report import FigureSpec, ResultSet, render_reports
+from reproductions.claims import evaluate as claim_rows
 
 CHROMIUM = next(
     (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
@@ -91,12 +92,19 @@ def test_smoke_report_opens_in_headless_chromium(tmp_path):
                 ],
             )  # fmt: skip
         )
+    results[1].figures.append(
+        FigureSpec(kind="interval", x="row", y="delta_top1",
+                   data=[{"row": "sdgp", "delta_top1": d} for d in (-0.5, 0.1, -0.2)])
+    )  # fmt: skip
+    claims = claim_rows({r.target: r for r in results}, "smoke")
+    results.append(ResultSet(target="claims.headline", title="claims", scale="smoke", rows=claims))
     index = render_reports(results, tmp_path / "reports")
     pages = sorted(index.parent.glob("*.html"))
-    assert {p.name for p in pages} == {"index.html", "sdgp.html", "cross.html"}
+    assert {p.name for p in pages} == {"index.html", "sdgp.html", "cross.html", "claims.html"}
+    images = {"index.html": 0, "claims.html": 0, "sdgp.html": 2, "cross.html": 3}
     for page in pages:
         probe = _probe(page)
         assert probe["broken"] == 0, (page.name, probe)
         assert probe["tables"] >= 1 and probe["empty_tables"] == 0, (page.name, probe)
-        if page.name != "index.html":
-            assert probe["images"] == 2, (page.name, probe)
+        assert probe["images"] == images[page.name], (page.name, probe)
+    assert _probe(index)["tables"] >= 2  # the claims, then the list of targets

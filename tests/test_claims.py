@@ -124,3 +124,21 @@ def test_summary_lines_count_the_verdicts_and_give_one_line_per_claim(tmp_path):
     assert lines[0].startswith("[claims] at cpu scale: ") and len(lines) == 1 + len(C.CLAIMS)
     assert any(line.strip().startswith("holds") and "campfire" in line for line in lines[1:])
     assert any("not measured at this scale" in line and "-" in line for line in lines[1:])
+
+
+@pytest.mark.parametrize(
+    ("rescaled", "random", "verdict"),
+    [(-0.2, -1.5, "holds"), (-0.6, -1.0, "inconclusive"), (-1.5, -0.2, "does not hold")],
+    ids=["apart", "overlapping", "reversed"],
+)
+def test_sdgp_ordering_claim_reads_the_difference_of_table1_rows(rescaled, random, verdict):
+    table1 = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[
+        _row("SDGP rescaled 2:4", "delta_top1", rescaled, 0.3, 5),
+        _row("SDGP random 2:4", "delta_top1", random, 0.3, 5),
+    ])  # fmt: skip
+    rows = _by_claim(C.evaluate({"sdgp.table1": table1}, "cpu"))
+    row = rows["sdgp: random pruning loses more accuracy than rescaled magnitude pruning"]
+    half = 2.776445 * 0.3 / math.sqrt(5)  # each row's 95% CI half-width: t(0.975, 4) sd / sqrt(n)
+    assert row["ours"] == pytest.approx(rescaled - random) and row["verdict"] == verdict
+    low = rescaled - half - (random + half)
+    assert f"between {low:+.2f}" in row["note"]

@@ -545,21 +545,23 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             if not values and paper_value is None and (res.ok or metric != first):
                 continue  # the metric does not apply to this row (e.g. a delta of the baseline)
             mean, sd, n = _stat(values)
-            out.append(
-                {
-                    "row": row.label,
-                    "metric": metric,
-                    "ours": None if n == 0 else mean,
-                    "ours_sd": None if n < 2 else sd,
-                    "n": n,
-                    "scale": scale if n else None,
-                    "paper": paper_value,
-                    "unit": _unit(target, metric)
-                    or (matched["unit"].iloc[0] if len(matched) else ""),
-                    "paper_source": source,
-                    "note": note,
-                }
-            )
+            entry = {
+                "row": row.label,
+                "metric": metric,
+                "ours": None if n == 0 else mean,
+                "ours_sd": None if n < 2 else sd,
+                "n": n,
+                "scale": scale if n else None,
+                "paper": paper_value,
+                "unit": _unit(target, metric) or (matched["unit"].iloc[0] if len(matched) else ""),
+                "paper_source": source,
+                "note": note,
+            }
+            seeds = [r.seed for r in res.runs]
+            if n > 1 and res.measured is None and len(seeds) == len(values) == n:
+                # per-seed values, so that two rows run on the same seeds can be paired
+                entry["seeds"], entry["values"] = seeds, [float(v) for v in values]
+            out.append(entry)
     for idx, p in paper.iterrows():
         if idx in used:
             continue

@@ -141,4 +141,33 @@ def test_sdgp_ordering_claim_reads_the_difference_of_table1_rows(rescaled, rando
     half = 2.776445 * 0.3 / math.sqrt(5)  # each row's 95% CI half-width: t(0.975, 4) sd / sqrt(n)
     assert row["ours"] == pytest.approx(rescaled - random) and row["verdict"] == verdict
     low = rescaled - half - (random + half)
-    assert f"between {low:+.2f}" in row["note"]
+    assert f"95% interval [{low:+.2f}," in row["note"] and "non-overlap" in row["note"]
+
+
+def test_rows_with_per_seed_values_are_paired_by_seed():
+    # random is 1 point below rescaled on every seed but one, and the seeds' spread is large:
+    # unpaired, the intervals overlap; paired, the difference is clear.
+    rescaled = [-0.5, 0.5, -1.0, 1.0, 0.0]
+    random = [r - d for r, d in zip(rescaled, [1.0, 1.2, 0.8, 1.0, 1.0])]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    sd = lambda v: math.sqrt(sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1))  # noqa: E731
+    table1 = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[
+        {**_row("SDGP rescaled 2:4", "delta_top1", mean(rescaled), sd(rescaled), 5),
+         "seeds": [0, 1, 2, 3, 4], "values": rescaled},
+        {**_row("SDGP random 2:4", "delta_top1", mean(random), sd(random), 5),
+         "seeds": [0, 1, 2, 3, 4], "values": random},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"sdgp.table1": table1}, "cpu"))[
+        "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
+    ]
+    diffs = [1.0, 1.2, 0.8, 1.0, 1.0]  # mean 1.0, sd 0.1414; half-width 2.776445 * sd / sqrt(5)
+    half = 2.776445 * sd(diffs) / math.sqrt(5)
+    assert row["verdict"] == "holds" and "paired over seeds [0, 1, 2, 3, 4]" in row["note"]
+    assert f"[{1.0 - half:+.2f}, {1.0 + half:+.2f}]" in row["note"]
+    unpaired = ResultSet(target="sdgp.table1", title="t", scale="cpu",
+                         rows=[{k: v for k, v in r.items() if k not in ("seeds", "values")}
+                               for r in table1.rows])  # fmt: skip
+    row = _by_claim(C.evaluate({"sdgp.table1": unpaired}, "cpu"))[
+        "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
+    ]
+    assert row["verdict"] == "inconclusive" and "non-overlap" in row["note"]

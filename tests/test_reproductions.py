@@ -188,6 +188,7 @@ def test_compare_rows_mean_sd_and_paper_value():
     top1 = next(r for r in rows if r["row"] == "dense" and r["metric"] == "top1")
     assert (top1["ours"], top1["n"], top1["scale"], top1["paper"]) == (97.0, 2, "cpu", 95.3)
     assert top1["ours_sd"] == pytest.approx(math.sqrt(2.0))
+    assert (top1["seeds"], top1["values"]) == ([0, 1], [96.0, 98.0])  # kept for pairing
     assert top1["paper_source"] == "Table I, Sec. IV-A"
     missing = [r for r in rows if r["row"] == "imagenet row"]
     assert len(missing) == 1 and missing[0]["ours"] is None and missing[0]["note"] == "needs x"

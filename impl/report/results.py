@@ -18,7 +18,8 @@ from typing import Any
 RESULT_FILE = "result.json"
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 # One comparison row: a number of ours beside the paper's, with the scale of each ("verdict":
-# only in the rows of a paper's claims, :mod:`reproductions.claims`).
+# only in the rows of a paper's claims, :mod:`reproductions.claims`; "seeds" and "values": the
+# per-seed values behind a mean over seeds, for paired comparisons).
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
     "metric",
@@ -31,6 +32,8 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "paper_source",
     "note",
     "verdict",
+    "seeds",
+    "values",
 )
 
 

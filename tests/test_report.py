@@ -237,6 +237,15 @@ def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference
     assert format_mean_sd(*args) == text
 
 
+def test_comparison_frame_shows_single_accuracies_to_two_decimals():
+    frame = comparison_frame([
+        {"row": "sdgp", "metric": "delta_top1", "ours": -0.5556, "n": 1, "unit": "pp"},
+        {"row": "sdgp", "metric": "top1", "ours": 99.4444, "n": 1, "unit": "%"},
+        {"row": "fig9", "metric": "speedup", "ours": 3.6161, "n": 1, "unit": "x"},
+    ])  # fmt: skip
+    assert list(frame["Ours"]) == ["-0.56", "99.44", "3.616"]
+
+
 def test_comparison_frame_adds_the_ci_to_delta_metrics_only():
     frame = comparison_frame([
         {"row": "sdgp", "metric": "delta_top1", "ours": -0.37, "ours_sd": 0.42, "n": 3},

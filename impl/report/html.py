@@ -123,12 +123,16 @@ def format_mean_sd(mean: float, sd: float | None, n: int | None, paired: bool = 
     return text
 
 
+# Units whose single values are shown to two decimals (an accuracy or a change of one).
+POINT_UNITS: tuple[str, ...] = ("%", "pp")
+
+
 def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
     Note. "Ours" reads ``mean ± sd (n)`` when repeats exist (:func:`format_mean_sd`; with the
     95% CI for ``delta_*`` metrics, which are per-seed differences against the baseline); a
-    number never loses its scale. Rows with a ``verdict`` (a paper's claims) add a Verdict
-    column."""
+    number never loses its scale. A single value in a unit of :data:`POINT_UNITS` reads with
+    two decimals. Rows with a ``verdict`` (a paper's claims) add a Verdict column."""
     out = []
     for r in rows:
         ours = r.get("ours")
@@ -136,6 +140,9 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         if ours is not None:
             paired = str(r.get("metric", "")).startswith("delta_")
             text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired=paired)
+            single = r.get("ours_sd") is None or (r.get("n") or 0) < 2
+            if single and r.get("unit") in POINT_UNITS and abs(float(ours)) < 1e5:
+                text = f"{float(ours):.2f}"  # accuracies and their changes: to 0.01 point
         out.append(
             {
                 "Row": r.get("row", ""),

@@ -242,8 +242,9 @@ def test_comparison_frame_shows_single_accuracies_to_two_decimals():
         {"row": "sdgp", "metric": "delta_top1", "ours": -0.5556, "n": 1, "unit": "pp"},
         {"row": "sdgp", "metric": "top1", "ours": 99.4444, "n": 1, "unit": "%"},
         {"row": "fig9", "metric": "speedup", "ours": 3.6161, "n": 1, "unit": "x"},
+        {"row": "claim", "metric": "difference", "ours": 1.7778, "n": 5, "unit": "pp"},
     ])  # fmt: skip
-    assert list(frame["Ours"]) == ["-0.56", "99.44", "3.616"]
+    assert list(frame["Ours"]) == ["-0.56", "99.44", "3.616", "1.78 (n=5)"]
 
 
 def test_comparison_frame_adds_the_ci_to_delta_metrics_only():

@@ -140,9 +140,10 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         if ours is not None:
             paired = str(r.get("metric", "")).startswith("delta_")
             text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired=paired)
-            single = r.get("ours_sd") is None or (r.get("n") or 0) < 2
-            if single and r.get("unit") in POINT_UNITS and abs(float(ours)) < 1e5:
-                text = f"{float(ours):.2f}"  # accuracies and their changes: to 0.01 point
+            n = r.get("n") or 0
+            if r.get("ours_sd") is None and r.get("unit") in POINT_UNITS and abs(ours) < 1e5:
+                # an accuracy or a change of one, without a spread: to 0.01 point
+                text = f"{float(ours):.2f}" + (f" (n={n})" if n > 1 else "")
         out.append(
             {
                 "Row": r.get("row", ""),

@@ -465,6 +465,15 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
             "the rule compares against.",
             "Means over seeds carry their 95% confidence interval (Student's t); a single "
             "measurement (a timing) is judged as it is.",
+            *(
+                [
+                    "At this scale the speed claims time CPU implementations (the reference "
+                    "paths) in runs of a few hundred SGD steps; the papers' speed claims are about "
+                    "GPU kernels and full-length runs, which the gpu and paper scales measure."
+                ]
+                if scale in ("smoke", "cpu")
+                else []
+            ),  # fmt: skip
         ],
         environment=collect(),
     )

@@ -104,6 +104,7 @@ def test_save_writes_the_claims_target_and_the_index_shows_it_first(tmp_path):
     assert saved.target == C.TARGET_KEY and saved.scale == "cpu"
     assert {r["verdict"] for r in saved.rows} <= set(C.VERDICTS)
     assert any("holds" in n for n in saved.notes)
+    assert any("time CPU implementations" in n for n in saved.notes)  # said at cpu scale
     index = render_reports([saved, _cross()], tmp_path / "reports")
     html = index.read_text()
     assert html.index("headline claims") < html.index("Reproductions")

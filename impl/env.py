@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO_ROOT", "collect", "format_env", "git_state", "gpu_info"]
+__all__ = ["REPO_ROOT", "collect", "format_env", "git_state", "gpu_info", "python_executable"]
 
 #: The checkout this package was imported from (its parent of ``impl/``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -190,13 +190,25 @@ def _torch_info() -> dict[str, Any]:
     }
 
 
+def python_executable(root: str | Path = REPO_ROOT) -> str:
+    """The interpreter running this process: relative to the checkout ``root`` where it lives
+    inside it (e.g. ``.venv/bin/python``), so that results carried between machines name no
+    path of the machine that made them; the absolute path otherwise."""
+    exe = Path(sys.executable)
+    for base in (Path(root), Path(root).resolve()):
+        if exe.is_relative_to(base):
+            return exe.relative_to(base).as_posix()
+    return str(exe)
+
+
 def collect() -> dict[str, Any]:
     """The environment of this process, as a flat JSON-serialisable dict.
 
     Keys: ``commit`` (40-hex HEAD SHA or None), ``dirty`` (bool, None outside a checkout),
     ``date`` (UTC, ISO 8601), ``python``, ``torch``, ``cuda`` (``torch.version.cuda``),
     ``cudnn`` (int, e.g. 90100, or None), ``cupy``, ``numpy`` (versions or None),
-    ``platform``, ``cpu_model``, ``cpu_count`` (logical cores), ``cpu_affinity`` (cores this
+    ``python_executable`` (:func:`python_executable`), ``platform``, ``cpu_model``,
+    ``cpu_count`` (logical cores), ``cpu_affinity`` (cores this
     process may use), ``torch_threads``, ``tf32_matmul`` / ``tf32_cudnn`` (the
     ``allow_tf32`` flags), ``float32_matmul_precision``, the GPU fields of ``gpu_info()``,
     and ``env_vars`` (the thread and device variables that change timings).
@@ -211,7 +223,7 @@ def collect() -> dict[str, Any]:
         "dirty": dirty,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
-        "python_executable": sys.executable,
+        "python_executable": python_executable(),
     }
     info.update(_torch_info())
     info.update(

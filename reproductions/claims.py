@@ -19,14 +19,15 @@ read them like any other result.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from impl.report.html import ci95_half_width
 from impl.report.results import ResultSet
+from impl.report.stats import ci95_half_width, mean_ci95
 
 TARGET_KEY = "claims.headline"
 TITLE = "Do the papers' headline claims hold? (at the scale of our results)"
@@ -81,17 +82,24 @@ class Claim:
     zero_bound: bool = False
 
 
+def _row(
+    results: Mapping[str, ResultSet], target: str, row: str, metric: str
+) -> dict[str, Any] | None:
+    """The comparison row of ``metric`` of ``row`` with a number of ours, in the result of
+    ``target``; None if absent."""
+    res = results.get(target)
+    for r in res.rows if res is not None else []:
+        if r.get("row") == row and r.get("metric") == metric and r.get("ours") is not None:
+            return r
+    return None
+
+
 def _stat(
     results: Mapping[str, ResultSet], target: str, row: str, metric: str
 ) -> tuple[float, float | None, int] | None:
     """(mean, sd, n) of ``metric`` of ``row`` in the result of ``target``; None if absent."""
-    res = results.get(target)
-    if res is None:
-        return None
-    for r in res.rows:
-        if r.get("row") == row and r.get("metric") == metric and r.get("ours") is not None:
-            return float(r["ours"]), r.get("ours_sd"), int(r.get("n") or 1)
-    return None
+    r = _row(results, target, row, metric)
+    return None if r is None else (float(r["ours"]), r.get("ours_sd"), int(r.get("n") or 1))
 
 
 def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evidence:
@@ -132,37 +140,31 @@ def ratio_reader(
     return read
 
 
-def _per_seed(
-    results: Mapping[str, ResultSet], target: str, row: str, metric: str
-) -> dict[int, float]:
-    """Seed -> value of ``metric`` of ``row`` (empty when the result kept no per-seed values)."""
-    res = results.get(target)
-    for r in res.rows if res is not None else []:
-        if r.get("row") == row and r.get("metric") == metric and r.get("values"):
-            return dict(zip(r.get("seeds") or [], r["values"]))
-    return {}
-
-
 def _difference(
     results: Mapping[str, ResultSet], target: str, better: str, worse: str, metric: str
-) -> tuple[Evidence, Evidence, float, float, str] | None:
-    """Both rows' evidence and the 95% interval of ``better - worse``, with how it was made:
-    paired by seed (Student's t over the per-seed differences) where both rows kept their
-    per-seed values on at least two common seeds; otherwise from the far ends of the two
-    rows' 95% CIs, which lies above 0 only when they do not overlap (conservative)."""
-    b, w = _stat(results, target, better, metric), _stat(results, target, worse, metric)
-    if b is None or w is None:
+) -> tuple[Evidence, Evidence, float, float, float, str] | None:
+    """Both rows' evidence, and the mean and 95% interval of ``better - worse`` with how they
+    were made: paired by seed (:func:`impl.report.stats.mean_ci95` of the per-seed
+    differences) where both rows kept their per-seed values on at least two common seeds;
+    otherwise the difference of the means, with the far ends of the two rows' 95% CIs, which
+    lie above 0 only when the CIs do not overlap (conservative)."""
+    rb, rw = _row(results, target, better, metric), _row(results, target, worse, metric)
+    if rb is None or rw is None:
         return None
-    eb, ew = _mean_ci(b, ".2f", "pp"), _mean_ci(w, ".2f", "pp")
-    pb, pw = _per_seed(results, target, better, metric), _per_seed(results, target, worse, metric)
+    eb, ew = (_mean_ci(_stat(results, target, r, metric), ".2f", "pp") for r in (better, worse))
+    pb, pw = (dict(zip(r.get("seeds") or [], r.get("values") or [])) for r in (rb, rw))
     common = sorted(set(pb) & set(pw))
     if len(common) >= 2:
-        diffs = [pb[s] - pw[s] for s in common]
-        mean = sum(diffs) / len(diffs)
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-        half = ci95_half_width(sd, len(diffs))
-        return eb, ew, mean - half, mean + half, f"paired over seeds {common}"
-    return eb, ew, eb.low - ew.high, eb.high - ew.low, "non-overlap of the two 95% CIs"
+        mean, low, high = mean_ci95(pb[s] - pw[s] for s in common)
+        return eb, ew, mean, low, high, f"paired over seeds {common}"
+    return (
+        eb,
+        ew,
+        eb.mean - ew.mean,
+        eb.low - ew.high,
+        eb.high - ew.low,
+        ("non-overlap of the two 95% CIs"),
+    )
 
 
 def difference_reader(
@@ -175,12 +177,29 @@ def difference_reader(
         d = _difference(results, target, better, worse, metric)
         if d is None:
             return None
-        eb, ew, low, high, how = d
+        eb, ew, mean, low, high, how = d
         text = (
             f"{better} {eb.mean:+.2f} pp, {worse} {ew.mean:+.2f} pp (n={eb.n}): difference "
-            f"{eb.mean - ew.mean:+.2f} pp, 95% interval [{low:+.2f}, {high:+.2f}] ({how})"
+            f"{mean:+.2f} pp, 95% interval [{low:+.2f}, {high:+.2f}] ({how})"
         )
-        return Evidence(eb.mean - ew.mean, None, eb.n, low, high, text)
+        return Evidence(mean, None, eb.n, low, high, text)
+
+    return read
+
+
+def saved_reader(
+    target: str, row: str, metric: str
+) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
+    """A reader of a metric given as % of dense (e.g. ``train_time``), as the percentage
+    saved: 100 - it, with its 95% CI over seeds where it has one."""
+
+    def read(results: Mapping[str, ResultSet]) -> Evidence | None:
+        stat = _stat(results, target, row, metric)
+        if stat is None:
+            return None
+        mean, sd, n = stat
+        ev = _mean_ci((100.0 - mean, sd, n), ".1f", "%")
+        return dataclasses.replace(ev, text=f"{ev.text}; time {mean:.1f}% of dense")
 
     return read
 
@@ -295,9 +314,7 @@ CLAIMS: tuple[Claim, ...] = (
         "abstract (ResNet-50 ImageNet); Table 1, Sec. 5.1",
         AT_LEAST,
         "prunetrain.table1",
-        lambda results: _saved_from_percent_of_dense(
-            results, "prunetrain.table1", "PruneTrain (ratio 0.2, run at 0.8)", "train_time"
-        ),
+        saved_reader("prunetrain.table1", "PruneTrain (ratio 0.2, run at 0.8)", "train_time"),
     ),
     Claim(
         "prunetrain",
@@ -376,17 +393,6 @@ CLAIMS: tuple[Claim, ...] = (
         metric_reader("cross.methods", "campfire", "delta_top1", unit="pp"),
     ),
 )
-
-
-def _saved_from_percent_of_dense(
-    results: Mapping[str, ResultSet], target: str, row: str, metric: str
-) -> Evidence | None:
-    stat = _stat(results, target, row, metric)
-    if stat is None:
-        return None
-    mean, sd, n = stat
-    ev = _mean_ci((100.0 - mean, sd, n), ".1f", "%")
-    return Evidence(ev.mean, ev.sd, ev.n, ev.low, ev.high, f"{ev.text}; time {mean:.1f}% of dense")
 
 
 def judge(claim: Claim, evidence: Evidence | None) -> str:
@@ -507,6 +513,7 @@ __all__ = [
     "judge",
     "metric_reader",
     "ratio_reader",
+    "saved_reader",
     "save",
     "summary_lines",
 ]

@@ -168,3 +168,11 @@ def test_format_env_renders_none_lists_and_dicts() -> None:
 def test_import_does_not_touch_gpu() -> None:
     code = "import impl.env, impl.data, torch, sys; sys.exit(int(torch.cuda.is_initialized()))"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_python_executable_is_relative_inside_the_checkout(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))
+    assert env.python_executable(tmp_path) == ".venv/bin/python"
+    outside = tmp_path / "elsewhere"
+    assert env.python_executable(outside) == str(tmp_path / ".venv" / "bin" / "python")
+    assert env.collect()["python_executable"] == env.python_executable()

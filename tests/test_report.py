@@ -25,6 +25,7 @@ from impl.report import (
     load_result,
     load_runs,
     main,
+    mean_ci95,
     render_html,
     render_reports,
     result_section,
@@ -215,6 +216,14 @@ def test_ci95_half_width_is_students_t_over_root_n():
     assert ci95_half_width(1.0, 3) == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
     assert ci95_half_width(0.5, 5) == pytest.approx(0.5 * 2.776445 / math.sqrt(5), rel=1e-6)
     assert math.isnan(ci95_half_width(1.0, 1)) and math.isnan(ci95_half_width(math.nan, 3))
+
+
+def test_mean_ci95_drops_nans_and_gives_the_t_interval():
+    mean, low, high = mean_ci95([1.0, 2.0, math.nan, 3.0])  # mean 2, sd 1, n 3
+    half = 4.302653 / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+    assert mean_ci95([5.0]) == (5.0, 5.0, 5.0)
+    assert all(math.isnan(v) for v in mean_ci95([]))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from impl.report.html import (
     FigureBlock,
     Section,
     Table,
-    ci95_half_width,
     comparison_frame,
     format_mean_sd,
     format_number,
@@ -35,6 +34,7 @@ from impl.report.results import (
     save_result,
 )
 from impl.report.runs import find_run_dirs, load_metrics, load_runs, time_to_accuracy
+from impl.report.stats import ci95_half_width, mean_ci95
 
 __all__ = [
     "COMPARISON_COLUMNS",
@@ -55,6 +55,7 @@ __all__ = [
     "load_result",
     "load_runs",
     "main",
+    "mean_ci95",
     "provenance_rows",
     "render_html",
     "render_reports",

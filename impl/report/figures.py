@@ -14,6 +14,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from impl.report.stats import mean_ci95
+
 FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval")
 IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
 
@@ -31,18 +33,11 @@ def figure_data_uri(fig: Figure, fmt: str = "png", dpi: int = 110) -> str:
 
 
 def t_interval(values: Any) -> tuple[float, float]:
-    """(low, high) of the 95% confidence interval of the mean of ``values`` (Student's t,
-    n - 1 degrees of freedom); both equal the mean for a single value."""
-    import numpy as np
-    from scipy.stats import t
-
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    mean = float(v.mean())
-    if len(v) < 2:
-        return mean, mean
-    half = float(t.ppf(0.975, len(v) - 1)) * float(v.std(ddof=1)) / len(v) ** 0.5
-    return mean - half, mean + half
+    """(low, high) of the 95% confidence interval of the mean of ``values``
+    (:func:`impl.report.stats.mean_ci95`), as seaborn's ``errorbar`` callable; both equal the
+    mean for a single value."""
+    _, low, high = mean_ci95(values)
+    return low, high
 
 
 def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:

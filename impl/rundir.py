@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -29,13 +30,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is corrupt, truncated, or belongs to another run."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Create or replace ``path`` all at once: ``write(f)`` fills a temporary file in the same
+    directory, which is flushed, fsynced and renamed over ``path``. If ``write`` raises (or the
+    process is killed), ``path`` keeps its previous content and the temporary file is removed
+    (on an exception)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -43,6 +47,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename
+    (:func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(data))
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -88,18 +98,7 @@ def truncate_metrics(run_dir: Path, epochs_done: int) -> None:
 def save_checkpoint(run_dir: Path, state: dict[str, Any], config_digest: str) -> None:
     """Atomically save ``state`` (tensors and plain data only) as the run's checkpoint."""
     state = dict(state, format=CHECKPOINT_FORMAT, config_digest=config_digest)
-    path = Path(run_dir) / CHECKPOINT_FILE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(Path(run_dir) / CHECKPOINT_FILE, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str, Any] | None:

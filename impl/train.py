@@ -23,6 +23,7 @@ from torch import nn
 from impl import distributed, rundir
 from impl.config import TrainConfig
 from impl.methods import Method, TrainContext, create_method
+from impl.methods.masking import conv_weight_counts
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
 
@@ -45,16 +46,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 (seeds third-party global-state users)
     torch.manual_seed(seed)
-
-
-def conv_weight_counts(model: nn.Module) -> tuple[int, int]:
-    """(total, nonzero) weights over the model's convolutions."""
-    total = nonzero = 0
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            total += m.weight.numel()
-            nonzero += int(torch.count_nonzero(m.weight.detach()))
-    return total, nonzero
 
 
 def gradient_bytes(model: nn.Module) -> int:

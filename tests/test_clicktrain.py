@@ -22,11 +22,13 @@ from impl.methods.clicktrain_patterns import (
     all_patterns,
     best_candidate_patterns,
     candidate_positions,
+    candidate_table,
     kernel_keep_mask,
     loss_rose,
     modified_group_lasso,
     rank_for_removal,
     removal_count,
+    weight_importance,
 )
 
 F64 = torch.float64
@@ -107,6 +109,29 @@ def test_all_patterns_are_126_distinct_and_keep_4_of_9():
 )
 def test_candidate_positions_are_4_neighbours_of_the_first_two(first, second, expected):
     assert candidate_positions(first, second) == expected
+
+
+@pytest.mark.parametrize("pair", [(4, 1), (0, 1), (0, 4), (8, 4), (2, 6)], ids=str)
+def test_candidate_table_row_holds_the_pair_and_two_of_its_candidates(pair):
+    first, second = pair
+    row = candidate_table()[9 * first + second]
+    combos = list(itertools.combinations(range(9), 4))
+    if abs(first // 3 - second // 3) > 1 or abs(first % 3 - second % 3) > 1:
+        assert not bool(row.any())  # (2, 6) are not 8-adjacent: step 2 never yields them
+        return
+    cands = candidate_positions(first, second)
+    expected = {
+        combos.index(tuple(sorted((first, second, *extra))))
+        for extra in itertools.combinations(cands, 2)
+    }
+    assert set(row.nonzero().flatten().tolist()) == expected
+
+
+def test_weight_importance_is_gradient_times_weight_squared():
+    w, g = _pair((3, 2))
+    assert torch.equal(weight_importance(w, g), (g * w) ** 2)
+    with pytest.raises(ValueError, match="must match"):
+        weight_importance(w, g[:1])
 
 
 def _plain_candidates(imp):

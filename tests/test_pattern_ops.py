@@ -16,6 +16,7 @@ from impl.ops import (
     pattern_positions,
     pattern_spmm,
 )
+from impl.ops.pattern import conv_output_size
 
 F64 = torch.float64
 
@@ -369,6 +370,24 @@ def test_bad_csr_inputs_raise_valueerror():
         pattern_spmm(torch.ones(6), row_ptr, col_ind, torch.randn(2, 4))
     with pytest.raises(ValueError, match="channels"):
         pattern_conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 3, 3, 3), torch.ones(2, 3, 3, 3))
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):
+        pattern_conv2d(torch.randn(2, 5, 5), torch.randn(2, 2, 3, 3), torch.ones(2, 2, 3, 3))
+    with pytest.raises(ValueError, match="filter matrix"):  # a mask for 4 filters, weight has 2
+        pattern_conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), torch.ones(4, 2, 3, 3))
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        pattern_conv2d(torch.randn(1, 2, 2, 2), torch.randn(2, 2, 3, 3), torch.ones(2, 2, 3, 3))
+
+
+@pytest.mark.parametrize(
+    ("hw", "kernel", "stride", "padding", "dilation"),
+    [((32, 32), (3, 3), 1, 1, 1), ((7, 11), (3, 3), 2, 0, 1), ((13, 5), (3, 1), 1, 2, 2)],
+    ids=["32px_same", "7x11_stride2", "13x5_dilated"],
+)
+def test_conv_output_size_is_torchs(hw, kernel, stride, padding, dilation):
+    conv = nn.Conv2d(1, 1, kernel, stride=stride, padding=padding, dilation=dilation)
+    want = conv(torch.zeros(1, 1, *hw)).shape[2:]
+    got = conv_output_size(*hw, *kernel, (stride,) * 2, (padding,) * 2, (dilation,) * 2)
+    assert got == tuple(want)
 
 
 @pytest.mark.gpu

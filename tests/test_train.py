@@ -14,7 +14,16 @@ import torch
 
 from impl import rundir
 from impl.config import resolve
-from impl.train import RunExistsError, conv_weight_counts, load_trained_model, resume, train
+from impl.train import (
+    RunExistsError,
+    conv_weight_counts,
+    gradient_bytes,
+    load_trained_model,
+    pick_device,
+    resume,
+    seed_everything,
+    train,
+)
 
 SUMMARY_KEYS = {
     "status",
@@ -118,6 +127,61 @@ def test_conv_weight_counts_counts_zeros():
     with torch.no_grad():
         conv.weight[:2].zero_()
     assert conv_weight_counts(torch.nn.Sequential(conv)) == (108, 54)
+
+
+def test_conv_weight_counts_ignores_layers_other_than_convs():
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1), torch.nn.Linear(5, 7))
+    assert conv_weight_counts(model) == (6, 6)
+
+
+def test_gradient_bytes_counts_trainable_parameters_at_their_element_size():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3).double())
+    model[0].bias.requires_grad_(False)
+    # Linear(5, 7) weight in float32 (35 x 4 B) + Linear(7, 3) weight and bias in float64.
+    assert gradient_bytes(model) == 35 * 4 + (21 + 3) * 8
+
+
+def test_seed_everything_makes_python_numpy_and_torch_repeat():
+    import random
+
+    import numpy as np
+
+    def draw():
+        return random.random(), np.random.rand(), torch.rand(3).tolist()  # noqa: NPY002
+
+    seed_everything(1234)
+    first = draw()
+    seed_everything(1234)
+    assert draw() == first
+    seed_everything(1235)
+    assert draw() != first
+
+
+def test_pick_device_auto_follows_cuda_availability():
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "x.json"
+    rundir.atomic_write_bytes(path, b"old")
+    rundir.atomic_write_bytes(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_atomic_write_that_fails_keeps_the_old_content(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    rundir.atomic_write_bytes(path, b"complete")
+
+    def half_then_fail(f):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        rundir.atomic_write(path, half_then_fail)
+    assert path.read_bytes() == b"complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
 
 
 KILLER = textwrap.dedent(

@@ -13,6 +13,7 @@ from bench import cases
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip every ``gpu``-marked benchmark, with the reason, where no CUDA GPU is present."""
     # Queried at collection, never at import: an import must not touch the GPU.
     if torch.cuda.is_available():
         return
@@ -28,4 +29,5 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    """The scale the suite runs at, first in pytest's header."""
     return f"pdtbench benchmark scale: {cases.resolve_scale()} (PDTBENCH_BENCH_SMALL=1: smoke)"

@@ -13,6 +13,7 @@ from bench import cases
 
 @pytest.mark.parametrize(("case", "impl"), params("allreduce"))
 def test_allreduce_bytes(benchmark, case, impl):
+    """Bytes one data-parallel step all-reduces per method (dense, SDGP: all; others: fewer)."""
     prepared = prepare(case, impl)
     values = benchmark.pedantic(lambda: dict(prepared.values), rounds=1, iterations=1)
     row = cases.fill_row(cases.base_row(case, impl, SCALE), prepared, {}, impl)

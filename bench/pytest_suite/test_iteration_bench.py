@@ -8,6 +8,7 @@ from _helpers import params, run_benchmark
 
 @pytest.mark.parametrize(("case", "impl"), params("iteration"))
 def test_iteration(benchmark, case, impl):
+    """One training iteration per method in its post-pruning state: forward, backward, step."""
     row = run_benchmark(benchmark, case, impl)
     if row is not None:  # forward and backward are measured apart and both took time
         assert row["forward_ms"] > 0 and row["backward_ms"] > 0

@@ -8,24 +8,29 @@ from _helpers import params, run_benchmark
 
 @pytest.mark.parametrize(("case", "impl"), params("calibration"))
 def test_calibration(benchmark, case, impl):
+    """A device copy (GB/s) and a float32 GEMM (TFLOP/s): the measured bandwidth and peak."""
     run_benchmark(benchmark, case, impl)
 
 
 @pytest.mark.parametrize(("case", "impl"), params("csr"))
 def test_csr(benchmark, case, impl):
+    """CSR conversion: pattern_csr against cuSPARSE dense2csr, to_sparse_csr and scipy."""
     run_benchmark(benchmark, case, impl)
 
 
 @pytest.mark.parametrize(("case", "impl"), params("spmm"))
 def test_spmm(benchmark, case, impl):
+    """Pattern SpMM against torch CSR SpMM and dense GEMM (fp32 and TF32) across sparsity."""
     run_benchmark(benchmark, case, impl)
 
 
 @pytest.mark.parametrize(("case", "impl"), params("conv"))
 def test_conv(benchmark, case, impl):
+    """Pattern conv against cuDNN (TF32 off and on) or torch's dense CPU conv, fwd and fwd+bwd."""
     run_benchmark(benchmark, case, impl)
 
 
 @pytest.mark.parametrize(("case", "impl"), params("nm_prune"))
 def test_nm_prune(benchmark, case, impl):
+    """SDGP's N:M pruning: the kernel against the torch reference and a device copy."""
     run_benchmark(benchmark, case, impl)

@@ -245,6 +245,7 @@ class Campfire(Method):
         self.fixed = False
 
     def on_epoch_start(self, ctx: TrainContext) -> None:
+        """Restart the count of steps in the epoch (the schedule's step position)."""
         self._step_in_epoch = 0
 
     def after_backward(self, ctx: TrainContext) -> None:

@@ -45,7 +45,7 @@ from impl.methods.clicktrain_patterns import (
     modified_group_lasso,
     pattern_scores,
 )
-from impl.methods.masking import MaskSet
+from impl.methods.masking import MaskSet, conv_weight_counts
 
 STAGES: tuple[str, ...] = ("dense", "pool", "finalize", "regularize", "sparse")
 KERNEL_RANKINGS: tuple[str, ...] = ("balanced", "layer")
@@ -309,6 +309,7 @@ class ClickTrain(Method):
         return model.get_submodule(name).weight
 
     def on_epoch_start(self, ctx: TrainContext) -> None:
+        """Record the stage this epoch trains in and reset the epoch's loss and penalty sums."""
         self._epoch_stage = self.stage
         self._last_derivative = None
         self._loss_sum = None
@@ -487,9 +488,7 @@ class ClickTrain(Method):
         if self._epoch_stage == "finalize":
             out["clicktrain_counted_batches"] = self._counted
         if self.stage == "sparse":
-            from impl.methods.clicktrain_report import conv_counts
-
-            total, nonzero = conv_counts(ctx.model)
+            total, nonzero = conv_weight_counts(ctx.model)
             out["clicktrain_conv_compression"] = total / max(nonzero, 1)
         return out
 

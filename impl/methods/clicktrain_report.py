@@ -21,19 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from impl.methods.masking import conv_weight_counts
+
 if TYPE_CHECKING:
     from impl.methods.base import TrainContext
     from impl.methods.clicktrain import ClickTrain
-
-
-def conv_counts(model: nn.Module) -> tuple[int, int]:
-    """``(total, nonzero)`` weights over every ``nn.Conv2d`` (pattern convs included)."""
-    total = nonzero = 0
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            total += m.weight.numel()
-            nonzero += int(torch.count_nonzero(m.weight.detach()))
-    return total, nonzero
 
 
 def _layer_info(method: ClickTrain, model: nn.Module, name: str) -> dict[str, Any]:
@@ -103,7 +95,7 @@ def _flops(method: ClickTrain, ctx: TrainContext) -> dict[str, Any]:
 def clicktrain_summary(method: ClickTrain, ctx: TrainContext) -> dict[str, Any]:
     """Everything ClickTrain adds to ``summary.json``, under the key ``"clicktrain"``."""
     model = ctx.model
-    total, nonzero = conv_counts(model)
+    total, nonzero = conv_weight_counts(model)
     pruned_total = sum(model.get_submodule(n).weight.numel() for n in method.layers)
     pruned_nz = sum(
         int(torch.count_nonzero(model.get_submodule(n).weight.detach())) for n in method.layers

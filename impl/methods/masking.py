@@ -142,4 +142,15 @@ def true_sparsity(tensor: torch.Tensor) -> float:
     return 0.0 if n == 0 else float((tensor == 0).sum()) / n
 
 
-__all__ = ["MaskSet", "true_sparsity"]
+def conv_weight_counts(model: nn.Module) -> tuple[int, int]:
+    """``(total, nonzero)`` weights over every ``nn.Conv2d`` of ``model`` (pattern convs
+    included); ``total / nonzero`` is the conv compression ratio of ``summary.json``."""
+    total = nonzero = 0
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            total += m.weight.numel()
+            nonzero += int(torch.count_nonzero(m.weight.detach()))
+    return total, nonzero
+
+
+__all__ = ["MaskSet", "conv_weight_counts", "true_sparsity"]

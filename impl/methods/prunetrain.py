@@ -217,6 +217,7 @@ class PruneTrain(Method):
 
     # -- training events --------------------------------------------------------------------
     def on_epoch_start(self, ctx: TrainContext) -> None:
+        """Reset the epoch's sample count and group-lasso sums."""
         self._samples = 0
         self._lasso_sum = None
         self._lasso_steps = 0

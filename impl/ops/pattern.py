@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -308,6 +309,44 @@ def pattern_spmm(
 # -- convolution ------------------------------------------------------------------------------
 
 
+def conv_output_size(
+    h: int,
+    w: int,
+    r: int,
+    s: int,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> tuple[int, int]:
+    """Output height and width of a convolution (the formula of ``torch.nn.Conv2d``)."""
+    ho = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return ho, wo
+
+
+def conv_pattern_index(
+    x: torch.Tensor, weight: torch.Tensor, pattern: torch.Tensor | PatternIndex
+) -> PatternIndex:
+    """The :class:`PatternIndex` of a pattern conv's ``pattern`` (a keep mask shaped like
+    ``weight`` or an index already built), after checking that ``x`` is ``[B, C, H, W]``,
+    ``weight`` ``[F, C, R, S]`` with the same ``C`` (no groups) and the index is for the
+    ``F x C*R*S`` filter matrix; ``ValueError`` otherwise."""
+    if x.dim() != 4 or weight.dim() != 4:
+        raise ValueError(
+            f"x must be [B, C, H, W] and weight [F, C, R, S]; got {tuple(x.shape)}, "
+            f"{tuple(weight.shape)}"
+        )
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"x has {x.shape[1]} channels but weight expects {weight.shape[1]} (groups unsupported)"
+        )
+    index = pattern if isinstance(pattern, PatternIndex) else pattern_index(pattern)
+    f_out, k = weight.shape[0], math.prod(weight.shape[1:])
+    if index.shape != (f_out, k):
+        raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
+    return index
+
+
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
@@ -408,27 +447,14 @@ def pattern_conv2d(
     supported. ``workspace`` (the reference path on the CPU): the buffers of a
     :class:`PatternConv2d`, reused across calls.
     """
-    if x.dim() != 4 or weight.dim() != 4:
-        raise ValueError(
-            f"x must be [B, C, H, W] and weight [F, C, R, S]; got {tuple(x.shape)}, "
-            f"{tuple(weight.shape)}"
-        )
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"x has {x.shape[1]} channels but weight expects {weight.shape[1]} (groups unsupported)"
-        )
-    index = pattern if isinstance(pattern, PatternIndex) else pattern_index(pattern)
-    f_out, k = weight.shape[0], weight[0].numel()
-    if index.shape != (f_out, k):
-        raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
+    index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     if _resolve_impl(impl, x, weight) == "cuda":
         from impl.ops.pattern_cuda import pattern_conv2d_cuda
 
         return pattern_conv2d_cuda(x, weight, index, bias, stride, padding, dilation)
     r, s = weight.shape[2], weight.shape[3]
-    h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
-    w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    h_out, w_out = conv_output_size(x.shape[2], x.shape[3], r, s, stride, padding, dilation)
     if h_out < 1 or w_out < 1:
         raise ValueError(f"input {tuple(x.shape)} is smaller than the kernel {(r, s)}")
     values = pattern_csr(weight, index.row_ptr, index.col_ind, impl=impl)

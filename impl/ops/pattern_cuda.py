@@ -30,7 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from impl.cuda import loader
-from impl.ops.pattern import PatternIndex, csr_transpose, pattern_index
+from impl.ops.pattern import (
+    PatternIndex,
+    conv_output_size,
+    conv_pattern_index,
+    csr_transpose,
+)
 
 _SRC = "pattern.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -107,21 +112,6 @@ def sddmm_split(
     grid_y = math.ceil(n_cols / n_chunk) if n_cols else 1
     grid_z = math.ceil(batch / b_group)
     return n_chunk, b_group, grid_y, grid_z
-
-
-def conv_output_size(
-    h: int,
-    w: int,
-    r: int,
-    s: int,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-) -> tuple[int, int]:
-    """Output height and width of a convolution (the formula of ``torch.nn.Conv2d``)."""
-    ho = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
-    wo = (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
-    return ho, wo
 
 
 def _pair(v: int | Sequence[int]) -> list[int]:
@@ -596,19 +586,7 @@ def pattern_conv2d_cuda(
     backward of both: input gradient = col2im of the transposed SpMM, weight gradient =
     SDDMM at the kept positions only (zero elsewhere).
     """
-    if x.dim() != 4 or weight.dim() != 4:
-        raise ValueError(
-            f"x must be [B, C, H, W] and weight [F, C, R, S]; got {tuple(x.shape)}, "
-            f"{tuple(weight.shape)}"
-        )
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"x has {x.shape[1]} channels but weight expects {weight.shape[1]} (groups unsupported)"
-        )
-    index = pattern if isinstance(pattern, PatternIndex) else pattern_index(pattern)
-    f_out, k = weight.shape[0], math.prod(weight.shape[1:])
-    if index.shape != (f_out, k):
-        raise ValueError(f"pattern is for a {index.shape} filter matrix, weight is {(f_out, k)}")
+    index = conv_pattern_index(x, weight, pattern)
     st, pad, dil = _pair(stride), _pair(padding), _pair(dilation)
     if implicit:
         return torch.ops.pdtbench.pattern_conv2d(
@@ -629,7 +607,7 @@ def pattern_conv2d_cuda(
     cols = F.unfold(x, (r, s), dilation=dil, padding=pad, stride=st)  # [B, K, L]
     values = pattern_csr_cuda(weight, index.row_ptr, index.col_ind)
     out = pattern_spmm_cuda(values, index.row_ptr, index.col_ind, cols, index=index)
-    out = out.reshape(x.shape[0], f_out, ho, wo)
+    out = out.reshape(x.shape[0], weight.shape[0], ho, wo)
     if bias is not None:
         out = out + bias.view(1, -1, 1, 1)
     return out

@@ -20,24 +20,12 @@ from impl.report.html import (
     result_section,
 )
 from impl.report.results import ResultSet
+from impl.report.runs import SUMMARY_COLUMNS
 
-RUN_TABLE_COLUMNS: tuple[str, ...] = (
-    "run",
-    "method",
-    "model",
-    "data",
-    "scale",
-    "seed",
-    "epochs",
-    "top1",
-    "compression_ratio",
-    "inference_flops",
-    "train_flops_nominal",
-    "train_flops_executed",
-    "fwd_ms",
-    "bwd_ms",
-    "comm_bytes_per_iter",
-    "wall_seconds",
+# A page's run table: the summary fields of impl.report.runs without best_top1 and the
+# provenance columns (device, commit, path), to keep the table narrow.
+RUN_TABLE_COLUMNS: tuple[str, ...] = tuple(
+    c for c in SUMMARY_COLUMNS if c not in ("best_top1", "device", "commit", "path")
 )
 PAPER_ORDER: tuple[str, ...] = ("claims", "clicktrain", "prunetrain", "sdgp", "campfire", "cross")
 

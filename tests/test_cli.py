@@ -116,3 +116,35 @@ def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     assert cli.main(argv) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["method"] == "sdgp" and cfg["method_options"]["m"] == 8
+
+
+def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
+    import json
+
+    assert cli.main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["torch"] == __import__("torch").__version__
+    assert cli.main(["env"]) == 0
+    assert info["torch"] in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_train_then_eval_fgsm_then_report_on_the_run(tmp_path, capsys):
+    run = tmp_path / "runs" / "dense"
+    argv = ["train", "--method", "dense", "--model", "resnet20", "--data", "digits"]
+    assert cli.main([*argv, "--scale", "smoke", "--out", str(run), "--threads", "1"]) == 0
+    capsys.readouterr()
+
+    assert cli.main(["eval-fgsm", str(run), "--eps", "0", "0.1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["eps 0", "eps 0.1"]
+    top1 = [float(line.rsplit(" ", 1)[1].rstrip("%")) for line in lines]
+    assert 0.0 <= top1[1] <= top1[0] <= 100.0
+
+    out = tmp_path / "html"
+    assert cli.main(["report", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "0 results, 1 complete runs, 0 incomplete" in printed
+    pages = "".join(p.read_text() for p in out.glob("*.html"))
+    assert "complete runs; every row carries its scale" in pages  # the run table
+    assert pages.count("data:image/png;base64,") >= 2  # top-1 per method, top-1 per epoch

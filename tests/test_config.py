@@ -81,3 +81,12 @@ def test_digest_ignores_method_options_given_at_their_default():
     assert both.digest() == resolve("cpu", method="clicktrain",
                                     method_options={"penalty": 1e-3}).digest()  # fmt: skip
     assert both.digest() != plain.digest()
+
+
+def test_method_class_names_the_valid_methods_for_an_unknown_one():
+    from impl.methods import METHODS, method_class
+
+    assert method_class("dense").__name__ == "Dense"
+    assert {method_class(name).__name__ for name in METHODS} >= {"ClickTrain", "PruneTrain"}
+    with pytest.raises(ValueError, match="valid methods: dense"):
+        method_class("magic")

@@ -1,0 +1,55 @@
+"""Per-phase timing of training iterations (impl.timing.PhaseTimer)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from impl.timing import PhaseTimer
+
+
+def test_cpu_phases_are_timed_apart_in_milliseconds():
+    timer = PhaseTimer(torch.device("cpu"))
+    for _ in range(3):
+        timer.start("fwd")
+        time.sleep(0.02)
+        timer.stop("fwd")
+        timer.start("bwd")
+        timer.stop("bwd")
+    fwd, bwd = timer.times("fwd"), timer.times("bwd")
+    assert len(fwd) == 3 and len(bwd) == 3
+    assert all(t >= 19.0 for t in fwd)  # slept 20 ms: milliseconds, not seconds
+    assert all(0.0 <= t < 19.0 for t in bwd)
+    assert timer.median("fwd") == sorted(fwd)[1]
+
+
+def test_median_of_an_unrecorded_phase_is_nan_and_reset_forgets():
+    timer = PhaseTimer(torch.device("cpu"))
+    assert math.isnan(timer.median("fwd"))
+    timer.start("fwd")
+    timer.stop("fwd")
+    assert len(timer.times("fwd")) == 1
+    timer.reset()
+    assert timer.times("fwd") == [] and math.isnan(timer.median("fwd"))
+
+
+def test_stop_without_start_is_a_keyerror():
+    with pytest.raises(KeyError):
+        PhaseTimer(torch.device("cpu")).stop("fwd")
+
+
+@pytest.mark.gpu
+def test_cuda_phases_are_timed_by_events():
+    timer = PhaseTimer(torch.device("cuda"))
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(2):
+        timer.start("mm")
+        for _ in range(10):
+            a = a @ a / 2048
+        timer.stop("mm")
+    times = timer.times("mm")  # one synchronisation, then the events are read
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert timer.times("mm") == times  # read once, kept

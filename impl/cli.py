@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import sys
 import types
 import typing
@@ -45,15 +46,44 @@ def _str2bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def field_help(config_cls: type) -> dict[str, str]:
+    """``{field: description}`` from the ``Args:`` section of ``config_cls``'s docstring
+    (one ``name: text`` entry per field, continuation lines indented deeper)."""
+    doc = inspect.getdoc(config_cls) or ""
+    out: dict[str, str] = {}
+    in_args, current, indent = False, None, None
+    for line in doc.splitlines():
+        if line.strip() == "Args:":
+            in_args, current, indent = True, None, None
+            continue
+        if not in_args or not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        if indent is None:
+            indent = depth
+        if depth < indent:  # the section ended
+            break
+        name, sep, text = line.strip().partition(":")
+        if depth == indent and sep and name.isidentifier():
+            current = name
+            out[name] = text.strip()
+        elif current is not None:
+            out[current] += " " + line.strip()
+    return out
+
+
 def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> list[str]:
-    """Add one flag per field of ``config_cls``; return the field names added."""
+    """Add one flag per field of ``config_cls`` (its help from the ``Args:`` docstring);
+    return the field names added."""
     hints = typing.get_type_hints(config_cls)
+    helps = field_help(config_cls)
     group = parser.add_argument_group(f"options of {config_cls.__name__}")
     names = []
     for f in dataclasses.fields(config_cls):
         tp, _ = _unwrap_optional(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"(default: {default})"
+        help_text = f"{helps.get(f.name, '')} (default: {default})".strip()
+        help_text = help_text.replace("``", "").replace("%", "%%")
         kwargs: dict[str, Any] = {
             "dest": f"method__{f.name}",
             "default": None,
@@ -85,7 +115,10 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     )
     p.add_argument("--resume", metavar="DIR", help="continue the killed run in DIR")
     p.add_argument(
-        "--method", default="dense", help="dense, clicktrain, prunetrain, sdgp, campfire"
+        "--method",
+        default="dense",
+        help="dense, clicktrain, prunetrain, sdgp, campfire, or a registered method "
+        "(docs/new-method.md)",
     )
     p.add_argument("--model", help="model name (default from --scale: resnet20)")
     p.add_argument("--stem", choices=["cifar", "imagenet"])
@@ -137,15 +170,13 @@ def cmd_train(argv: list[str]) -> int:
     from impl import distributed, models
     from impl.config import TrainConfig, resolve
     from impl.data import DATASETS
-    from impl.methods import METHODS, method_class
+    from impl.methods import method_class
     from impl.rundir import CONFIG_FILE, read_json
     from impl.train import resume, train
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
     pre.add_argument("--method", default="dense")
     known, _ = pre.parse_known_args(argv)
-    if known.method not in METHODS:
-        raise UsageError(f"unknown method {known.method!r}; valid methods: {', '.join(METHODS)}")
     try:
         config_cls = method_class(known.method).Config
     except ValueError as err:

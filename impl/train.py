@@ -276,6 +276,7 @@ class Trainer:
             steps = min(steps, cfg.max_steps_per_epoch)
         ctx.steps_per_epoch = steps
         method.on_epoch_start(ctx)
+        cost_start = _step_cost(ctx, method)
         model = dp.module(ctx)
         model.train()
         timer = PhaseTimer(self.device)
@@ -333,6 +334,7 @@ class Trainer:
         ctx.extra["epoch_fwd_ms"] = _median(fwd)
         ctx.extra["epoch_bwd_ms"] = _median(bwd)
         ctx.extra["epoch_train_loss"] = train_loss
+        cost_end = _step_cost(ctx, method)
         method.on_epoch_end(ctx)
         dp.refresh(ctx, method)
         comm_row = dp.epoch_metrics(ctx)
@@ -346,6 +348,10 @@ class Trainer:
             "bwd_ms": _median(bwd),
             "train_seconds": train_seconds,
             "samples_per_second": seen / max(train_seconds, 1e-9),
+            # Per-sample cost of this epoch's training steps: the mean of the model's cost as
+            # the epoch began and as it ended (before on_epoch_end reconfigures anything).
+            "train_flops_nominal": (cost_start[0] + cost_end[0]) / 2,
+            "train_flops_executed": (cost_start[1] + cost_end[1]) / 2,
         }
 
     def _summary(
@@ -395,6 +401,15 @@ class Trainer:
         }
         summary.update(method.summary(ctx))
         return summary
+
+
+def _step_cost(ctx: TrainContext, method: Method) -> tuple[float, float]:
+    """(nominal, executed) training FLOPs per sample of ``ctx.model`` now (impl.flops, with
+    the method's nominal densities)."""
+    from impl.flops import training_flops
+
+    report = training_flops(ctx.model, ctx.input_shape, density=method.cost(ctx.model))
+    return report.total, report.executed.total
 
 
 def _plain(value: Any) -> bool:

@@ -269,12 +269,13 @@ def run_training_flops(
 ) -> float:
     """Training FLOPs of the whole run (all samples, all epochs), ``kind`` nominal or executed.
 
-    Uses the most faithful account each method writes: PruneTrain's ``train_flops_run``
-    (per-sample cost of the model of each epoch times its samples), Campfire's per-epoch
-    ``train_flops_nominal``/``_executed`` times that epoch's samples, ClickTrain's
-    ``train_flops_run_per_sample`` (dense epochs then sparse epochs); otherwise the final
-    per-sample ``train_flops_<kind>`` times all samples (methods whose cost does not change
-    during the run: dense, SDGP).
+    Uses the most faithful account a run holds: PruneTrain's ``train_flops_run`` (per-sample
+    cost of the model of each epoch times its samples), ClickTrain's
+    ``train_flops_run_per_sample`` (dense epochs then sparse epochs), else the per-epoch
+    ``train_flops_nominal``/``_executed`` of metrics.jsonl times that epoch's samples (the
+    Trainer writes them for every method: the mean of the cost at the epoch's start and end;
+    Campfire's own values, at the epoch's end, replace them); for runs without them, the
+    final per-sample ``train_flops_<kind>`` of the summary times all samples.
     """
     if kind not in ("nominal", "executed"):
         raise ValueError(f"kind must be 'nominal' or 'executed', got {kind!r}")
@@ -282,6 +283,11 @@ def run_training_flops(
     epochs = max(len(metrics), 1)
     if summary.get("method") == "prunetrain" and summary.get("train_flops_run"):
         return float(summary["train_flops_run"])  # the model physically shrinks: executed too
+    click = summary.get("clicktrain")
+    if isinstance(click, dict):
+        per = ((click.get("flops") or {}).get("train_flops_run_per_sample") or {}).get(kind)
+        if per is not None:
+            return float(per) * samples / epochs
     key = f"train_flops_{kind}"
     if metrics and all(m.get(key) is not None for m in metrics):
         total = 0.0
@@ -289,11 +295,6 @@ def run_training_flops(
             seen = float(m.get("samples_per_second", 0)) * float(m.get("train_seconds", 0))
             total += float(m[key]) * seen
         return total
-    click = summary.get("clicktrain")
-    if isinstance(click, dict):
-        per = ((click.get("flops") or {}).get("train_flops_run_per_sample") or {}).get(kind)
-        if per is not None:
-            return float(per) * samples / epochs
     value = summary.get(key)
     return float(value) * samples if value is not None else math.nan
 

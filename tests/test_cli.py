@@ -148,3 +148,40 @@ def test_train_then_eval_fgsm_then_report_on_the_run(tmp_path, capsys):
     pages = "".join(p.read_text() for p in out.glob("*.html"))
     assert "complete runs; every row carries its scale" in pages  # the run table
     assert pages.count("data:image/png;base64,") >= 2  # top-1 per method, top-1 per epoch
+
+
+def test_field_help_reads_each_fields_args_entry_with_its_continuation_lines():
+    @dataclasses.dataclass
+    class Demo(MethodConfig):
+        """Options.
+
+        Args:
+            alpha: the first
+                line and its continuation.
+            beta: the second.
+
+        Returns nothing, and this is not a field.
+        """
+
+        alpha: float = 1.0
+        beta: int = 2
+
+    assert cli.field_help(Demo) == {
+        "alpha": "the first line and its continuation.",
+        "beta": "the second.",
+    }
+
+
+@pytest.mark.parametrize("method", ["clicktrain", "prunetrain", "sdgp", "campfire"], ids=str)
+def test_every_method_option_is_documented_and_its_flag_says_so(method, capsys):
+    from impl.methods import method_class
+
+    config = method_class(method).Config
+    helps = cli.field_help(config)
+    assert set(helps) == {f.name for f in dataclasses.fields(config)}
+    assert all(helps.values())
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--method", method, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    first = dataclasses.fields(config)[0].name
+    assert " ".join(helps[first].replace("``", "").split()[:4]) in out

@@ -80,6 +80,16 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_every_epoch_records_its_training_flops_per_sample(tmp_path):
+    run = tmp_path / "run"
+    summary = train(_smoke_cfg(run, epochs=2), progress=False)
+    metrics = rundir.read_metrics(run)
+    assert len(metrics) == 2
+    for row in metrics:  # dense: the cost never changes, nominal = executed = the summary's
+        assert row["train_flops_nominal"] == summary["train_flops_nominal"]
+        assert row["train_flops_executed"] == summary["train_flops_executed"]
+
+
 def test_existing_run_is_never_overwritten(tmp_path):
     cfg = _smoke_cfg(tmp_path / "run", epochs=1)
     train(cfg, progress=False)

@@ -1,14 +1,31 @@
-"""Registry of methods. Modules are imported lazily, by name, when a method is asked for."""
+"""Registry of methods. Modules are imported lazily, by name, when a method is asked for.
+
+The five built-in methods are always there. A method of your own (a subclass of
+:class:`impl.methods.base.Method` with a ``Config`` dataclass) joins them in one of three ways
+(``docs/new-method.md``):
+
+* an entry point of an installed package, group ``pdtbench.methods``
+  (``gmp = "mypkg.gmp:GradualMagnitude"`` under ``[project.entry-points."pdtbench.methods"]``);
+* the environment variable ``PDTBENCH_METHODS="gmp=mypkg.gmp:GradualMagnitude,..."``;
+* :func:`register_method` in the running process.
+
+The first two reach worker processes too (``--nproc``, the parallel jobs of ``pdtbench
+reproduce``, a resumed run): a method registered by :func:`register_method` lives only in the
+process that registered it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import re
+from importlib import metadata
 
 from impl.methods.base import Method, MethodConfig, TrainContext
 
-# name -> "module:ClassName"
-_REGISTRY: dict[str, str] = {
+# name -> "module:ClassName" (or the class itself, for register_method)
+_REGISTRY: dict[str, str | type[Method]] = {
     "dense": "impl.methods.dense:Dense",
     "clicktrain": "impl.methods.clicktrain:ClickTrain",
     "prunetrain": "impl.methods.prunetrain:PruneTrain",
@@ -17,23 +34,128 @@ _REGISTRY: dict[str, str] = {
 }
 
 METHODS: tuple[str, ...] = tuple(_REGISTRY)
+"""The built-in methods (:func:`available_methods` adds the registered ones)."""
+
+ENTRY_POINT_GROUP = "pdtbench.methods"
+ENV_VAR = "PDTBENCH_METHODS"
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
+_REGISTERED: dict[str, str | type[Method]] = {}
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"a method name is lower case letters, digits and '_', starting with a letter; "
+            f"got {name!r}"
+        )
+
+
+def _check_target(name: str, target: object) -> None:
+    if isinstance(target, str):
+        if not _TARGET.match(target):
+            raise ValueError(
+                f"method {name!r}: expected 'package.module:ClassName', got {target!r}"
+            )
+        return
+    if not (isinstance(target, type) and issubclass(target, Method)):
+        raise TypeError(f"method {name!r}: {target!r} is not a subclass of impl.methods.Method")
+    config = target.Config
+    if not (dataclasses.is_dataclass(config) and issubclass(config, MethodConfig)):
+        raise TypeError(
+            f"method {name!r}: {target.__name__}.Config must be a dataclass subclassing "
+            "MethodConfig"
+        )
+
+
+def register_method(name: str, target: str | type[Method], *, replace: bool = False) -> None:
+    """Make ``target`` (a :class:`Method` subclass, or ``"package.module:ClassName"``,
+    imported when first used) trainable as method ``name`` in this process.
+
+    Raises ``ValueError`` for a malformed name or target, for a built-in name, and for a name
+    already registered unless ``replace``; ``TypeError`` for a class that is not a
+    :class:`Method` with a ``Config`` dataclass subclassing :class:`MethodConfig`.
+    """
+    _check_name(name)
+    _check_target(name, target)
+    if name in _REGISTRY:
+        raise ValueError(f"{name!r} is a built-in method; choose another name")
+    if name in _registered() and not replace:
+        raise ValueError(f"method {name!r} is already registered (pass replace=True)")
+    _REGISTERED[name] = target
+
+
+def unregister_method(name: str) -> None:
+    """Forget a method :func:`register_method` added (``KeyError`` if it did not)."""
+    del _REGISTERED[name]
+
+
+def _from_environment() -> dict[str, str]:
+    out: dict[str, str] = {}
+    text = os.environ.get(ENV_VAR, "").strip()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, target = item.partition("=")
+        name, target = name.strip(), target.strip()
+        if not sep:
+            raise ValueError(f"{ENV_VAR}: expected name=package.module:ClassName, got {item!r}")
+        _check_name(name)
+        _check_target(name, target)
+        out[name] = target
+    return out
+
+
+def _from_entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _registered() -> dict[str, str | type[Method]]:
+    """Entry points, then the environment variable, then :func:`register_method` (a later
+    source wins for the same name); built-in names are never shadowed."""
+    out: dict[str, str | type[Method]] = {}
+    out.update(_from_entry_points())
+    out.update(_from_environment())
+    out.update(_REGISTERED)
+    return {k: v for k, v in out.items() if k not in _REGISTRY}
+
+
+def available_methods() -> tuple[str, ...]:
+    """Every method name that can be trained here: the built-ins first, then the registered
+    ones in name order."""
+    return METHODS + tuple(sorted(_registered()))
 
 
 def method_class(name: str) -> type[Method]:
     """Return the :class:`Method` subclass registered under ``name``.
 
-    Raises ``ValueError`` naming the valid methods for an unknown name.
+    Raises ``ValueError`` naming the valid methods for an unknown name, and for a registered
+    target that cannot be imported or is not a :class:`Method`.
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(METHODS)}")
-    module_name, class_name = _REGISTRY[name].split(":")
+    target = _REGISTRY.get(name)
+    if target is None:
+        target = _registered().get(name)
+    if target is None:
+        raise ValueError(
+            f"unknown method {name!r}; valid methods: {', '.join(available_methods())}"
+        )
+    if not isinstance(target, str):
+        return target
+    module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if err.name == module_name:
+        if name in _REGISTRY and err.name == module_name:
             raise ValueError(f"method {name!r} is not available in this build") from err
+        if name not in _REGISTRY:
+            raise ValueError(f"method {name!r}: cannot import {module_name!r} ({err})") from err
         raise
-    return getattr(module, class_name)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"method {name!r}: module {module_name!r} has no {class_name!r}")
+    try:
+        _check_target(name, cls)
+    except TypeError as err:
+        raise ValueError(str(err)) from err
+    return cls
 
 
 def create_method(name: str, options: dict | None = None) -> Method:
@@ -49,4 +171,16 @@ def create_method(name: str, options: dict | None = None) -> Method:
     return cls(cls.Config(**options))
 
 
-__all__ = ["METHODS", "Method", "MethodConfig", "TrainContext", "create_method", "method_class"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "METHODS",
+    "Method",
+    "MethodConfig",
+    "TrainContext",
+    "available_methods",
+    "create_method",
+    "method_class",
+    "register_method",
+    "unregister_method",
+]

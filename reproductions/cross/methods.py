@@ -63,8 +63,17 @@ def method_options(method: str, scale: str) -> dict[str, Any]:
     return {}
 
 
+def registered_methods() -> tuple[str, ...]:
+    """Methods registered beside the built-in ones (``docs/new-method.md``) through an entry
+    point or ``PDTBENCH_METHODS``: the table gives each a row, with its default options."""
+    from impl.methods import available_methods
+
+    return tuple(m for m in available_methods() if m not in METHOD_ORDER)
+
+
 def rows(scale: str) -> list[Row]:
-    """One row per method, same training config, :data:`SEEDS` of the scale."""
+    """One row per method (the five of :data:`METHOD_ORDER`, then every registered one), same
+    training config, :data:`SEEDS` of the scale."""
     return [
         Row(
             m,
@@ -74,7 +83,7 @@ def rows(scale: str) -> list[Row]:
             seeds=SEEDS[scale],
             baseline=None if m == "dense" else "dense",
         )
-        for m in METHOD_ORDER
+        for m in METHOD_ORDER + registered_methods()
     ]
 
 
@@ -138,7 +147,16 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 
 def notes(scale: str) -> list[str]:
     """How the table is measured at ``scale``."""
+    extra = registered_methods()
     return [
+        *(
+            [
+                f"Registered methods beside the five (docs/new-method.md), with their default "
+                f"options: {', '.join(extra)}."
+            ]
+            if extra
+            else []
+        ),
         f"Same model, data, epochs, optimizer and seeds for every method: {TRAIN[scale]}, "
         f"seeds {SEEDS[scale]}.",
         "delta_top1: each seed's top-1 minus the dense run's of the same seed; the bracket is "

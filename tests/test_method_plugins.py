@@ -1,0 +1,205 @@
+"""Methods of one's own: registration (in-process, environment variable, entry points) and the
+worked example of docs/new-method.md (examples/gradual_magnitude.py) trained end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import impl.methods as registry
+from impl import cli
+from impl.config import resolve
+from impl.methods import (
+    METHODS,
+    Method,
+    MethodConfig,
+    available_methods,
+    create_method,
+    method_class,
+    register_method,
+    unregister_method,
+)
+from impl.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = "examples.gradual_magnitude:GradualMagnitude"
+
+
+@pytest.fixture
+def examples_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+
+
+@pytest.fixture
+def gmp_env(examples_importable, monkeypatch):
+    monkeypatch.setenv(registry.ENV_VAR, f"gmp={TARGET}")
+
+
+@dataclasses.dataclass
+class _TinyConfig(MethodConfig):
+    strength: float = 1.0
+
+
+class _Tiny(Method):
+    name = "tiny"
+    Config = _TinyConfig
+
+
+# -- registration -----------------------------------------------------------------------------
+
+
+def test_register_method_makes_a_class_trainable_by_name_and_unregister_forgets_it(
+    examples_importable,
+):
+    register_method("tiny", _Tiny)
+    try:
+        assert available_methods()[: len(METHODS)] == METHODS  # built-ins first, unchanged
+        assert "tiny" in available_methods()
+        assert method_class("tiny") is _Tiny
+        assert create_method("tiny", {"strength": 2.0}).config.strength == 2.0
+        with pytest.raises(ValueError, match="already registered"):
+            register_method("tiny", _Tiny)
+        register_method("tiny", TARGET, replace=True)  # a string target, imported when used
+        assert method_class("tiny").__name__ == "GradualMagnitude"
+    finally:
+        unregister_method("tiny")
+    assert "tiny" not in available_methods()
+    with pytest.raises(ValueError, match="unknown method 'tiny'; valid methods: dense"):
+        method_class("tiny")
+
+
+class _NotAMethod:
+    pass
+
+
+class _BadConfig(Method):
+    Config = dict  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    ("name", "target", "error", "match"),
+    [
+        ("Tiny", _Tiny, ValueError, "lower case"),
+        ("2x", _Tiny, ValueError, "lower case"),
+        ("dense", _Tiny, ValueError, "built-in"),
+        ("tiny", "examples.gradual_magnitude", ValueError, "package.module:ClassName"),
+        ("tiny", _NotAMethod, TypeError, "not a subclass"),
+        ("tiny", _BadConfig, TypeError, "must be a dataclass"),
+    ],
+    ids=["upper_case", "leading_digit", "builtin_name", "no_class", "not_method", "bad_config"],
+)
+def test_register_method_rejects_bad_names_and_targets(name, target, error, match):
+    with pytest.raises(error, match=match):
+        register_method(name, target)
+    assert name not in registry._REGISTERED
+
+
+def test_environment_variable_registers_methods_for_every_process(gmp_env, monkeypatch):
+    assert "gmp" in available_methods()
+    assert method_class("gmp").name == "gmp"
+    monkeypatch.setenv(registry.ENV_VAR, "gmp")
+    with pytest.raises(ValueError, match="name=package.module:ClassName"):
+        available_methods()
+    monkeypatch.setenv(registry.ENV_VAR, "dense=examples.gradual_magnitude:GradualMagnitude")
+    assert method_class("dense").__name__ == "Dense"  # a built-in name is never shadowed
+
+
+def test_a_registered_target_that_does_not_import_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(registry.ENV_VAR, "ghost=no_such_package.mod:Ghost,nocls=impl.train:Nope")
+    with pytest.raises(ValueError, match="cannot import 'no_such_package.mod'"):
+        method_class("ghost")
+    with pytest.raises(ValueError, match="has no 'Nope'"):
+        method_class("nocls")
+
+
+def test_entry_points_of_installed_packages_register_methods(examples_importable, monkeypatch):
+    point = metadata.EntryPoint(name="gmp_ep", value=TARGET, group=registry.ENTRY_POINT_GROUP)
+    seen = []
+
+    def fake_entry_points(*, group):
+        seen.append(group)
+        return [point]
+
+    monkeypatch.setattr(registry.metadata, "entry_points", fake_entry_points)
+    assert "gmp_ep" in available_methods() and seen == [registry.ENTRY_POINT_GROUP]
+    assert method_class("gmp_ep").__name__ == "GradualMagnitude"
+
+
+# -- the worked example ---------------------------------------------------------------------------
+
+
+def test_cubic_schedule_runs_from_initial_to_final_sparsity(examples_importable):
+    from examples.gradual_magnitude import cubic_sparsity
+
+    values = [cubic_sparsity(t, 10, 20, 0.1, 0.8) for t in (5, 10, 12, 15, 20, 30)]
+    assert values[0] == values[1] == pytest.approx(0.1)
+    assert values[-2] == values[-1] == pytest.approx(0.8)
+    assert values[2] < values[3] < values[4]  # rising, fastest at the start (cubic)
+    assert values[2] - values[1] > values[4] - values[3]
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99], ids=["s0", "s50", "s90", "s99"])
+def test_magnitude_keep_mask_keeps_the_largest_weights(examples_importable, sparsity):
+    from examples.gradual_magnitude import magnitude_keep_mask
+
+    w = torch.randn(7, 5, 3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    keep = magnitude_keep_mask(w, sparsity)
+    assert keep.shape == w.shape and keep.dtype == torch.bool
+    assert int(keep.sum()) == round((1 - sparsity) * w.numel())
+    if 0 < int(keep.sum()) < w.numel():
+        assert w.abs()[keep].min() >= w.abs()[~keep].max()
+
+
+@pytest.mark.slow
+def test_gradual_magnitude_trains_to_its_final_sparsity_and_fixes_the_masks(gmp_env, tmp_path):
+    options = {"final_sparsity": 0.75, "start": 0.2, "end": 0.7, "interval": 1}
+    cfg = resolve("smoke", method="gmp", model="resnet20", data="digits", epochs=3,
+                  out=str(tmp_path / "gmp"), threads=1, method_options=options)  # fmt: skip
+    summary = train(cfg, progress=False)
+    assert summary["status"] == "complete" and summary["method"] == "gmp"
+    layers = summary["gmp"]["layer_sparsity"]
+    assert summary["gmp"]["fixed"] is True
+    # ResNet-20: the stem, 18 convs in blocks and 2 1x1 shortcuts; all but the stem pruned
+    assert len(layers) == 20 and "conv1.weight" not in layers
+    for name, sparsity in layers.items():
+        assert sparsity == pytest.approx(0.75, abs=0.01), name
+    assert summary["compression_ratio"] > 3.0  # the stem and 1x1 shortcuts are small
+    assert summary["train_flops_nominal"] < summary["train_flops_executed"]
+    # The Trainer writes each epoch's cost, so the whole run counts the dense early steps.
+    from impl.rundir import read_metrics
+    from reproductions.common import run_training_flops, samples_seen
+
+    metrics = read_metrics(tmp_path / "gmp")
+    per_epoch = [m["train_flops_nominal"] for m in metrics]
+    assert per_epoch == sorted(per_epoch, reverse=True) and per_epoch[0] > per_epoch[-1]
+    assert all(m["train_flops_executed"] == summary["train_flops_executed"] for m in metrics)
+    whole_run = run_training_flops(summary, metrics)
+    assert whole_run > summary["train_flops_nominal"] * samples_seen(metrics)
+
+
+def test_gradual_magnitude_state_round_trips(gmp_env):
+    method = create_method("gmp", {"final_sparsity": 0.5})
+    method.masks.set("a.weight", torch.tensor([True, False]))
+    method.target, method.fixed = 0.5, True
+    again = create_method("gmp")
+    again.load_state_dict(method.state_dict(), ctx=None)  # type: ignore[arg-type]
+    assert torch.equal(again.masks["a.weight"], torch.tensor([True, False]))
+    assert (again.target, again.fixed) == (0.5, True)
+
+
+def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env, tmp_path):
+    run = tmp_path / "run"
+    argv = ["train", "--method", "gmp", "--final-sparsity", "0.5", "--interval", "1"]
+    assert cli.main([*argv, "--scale", "smoke", "--out", str(run), "--threads", "1"]) == 0
+    import json
+
+    config = json.loads((run / "config.json").read_text())
+    assert config["method"] == "gmp"
+    assert config["method_options"] == {"final_sparsity": 0.5, "interval": 1}
+    with pytest.raises(SystemExit):  # a flag the example's config does not have
+        cli.main(["train", "--method", "gmp", "--penalty-ratio", "0.2", "--out", str(run)])

@@ -203,3 +203,21 @@ def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env,
     assert config["method_options"] == {"final_sparsity": 0.5, "interval": 1}
     with pytest.raises(SystemExit):  # a flag the example's config does not have
         cli.main(["train", "--method", "gmp", "--penalty-ratio", "0.2", "--out", str(run)])
+
+
+def test_cross_method_table_gives_every_registered_method_a_row(gmp_env):
+    from reproductions.cross import methods as cross
+
+    rows = cross.rows("cpu")
+    assert [r.label for r in rows] == [*cross.METHOD_ORDER, "gmp"]
+    gmp = rows[-1]
+    assert gmp.method == "gmp" and gmp.baseline == "dense" and gmp.options == {}
+    assert gmp.seeds == rows[0].seeds and gmp.train == rows[0].train  # equal terms
+    assert any("gmp" in note for note in cross.notes("cpu"))
+
+
+def test_cross_method_table_without_registered_methods_has_the_five(examples_importable):
+    from reproductions.cross import methods as cross
+
+    assert [r.label for r in cross.rows("cpu")] == list(cross.METHOD_ORDER)
+    assert not any("Registered" in note for note in cross.notes("cpu"))

@@ -21,7 +21,8 @@ class TrainConfig:
     """One training run.
 
     Args:
-        method: registered method name (``impl.methods.METHODS``).
+        method: a method name (``impl.methods.available_methods()``: the built-in five and
+            any registered one, docs/new-method.md).
         method_options: the method's config fields, as plain data.
         model: model name (``impl.models.MODELS``).
         stem: "cifar" or "imagenet" for the models that have both.

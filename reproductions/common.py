@@ -300,9 +300,9 @@ def run_training_flops(
 
 
 def inference_executed(summary: dict[str, Any]) -> float | None:
-    """Executed inference FLOPs per sample: ``inference_flops_executed`` where the summary
-    has it, else ClickTrain's own account (its ``inference_flops_saved_executed``), else None
-    (the Trainer's summary does not record it)."""
+    """Executed inference FLOPs per sample: the summary's ``inference_flops_executed`` (the
+    Trainer records it), else, for runs saved before it did, ClickTrain's own account (its
+    ``inference_flops_saved_executed``), else None."""
     if summary.get("inference_flops_executed") is not None:
         return float(summary["inference_flops_executed"])
     click = summary.get("clicktrain")

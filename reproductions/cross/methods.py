@@ -173,8 +173,10 @@ def notes(scale: str) -> list[str]:
         "Training FLOPs saved: whole run, against the dense run of the same seed; nominal "
         "counts what the sparsity saves on hardware that exploits it, executed what this "
         "implementation runs (impl.flops).",
-        "Executed inference FLOPs: recorded only where a method's summary reports them "
-        "(ClickTrain); the Trainer's summary.json has no executed forward count yet.",
+        "Executed inference FLOPs: the forward FLOPs the final model's modules run "
+        "(summary.json's inference_flops_executed): a masked dense conv counts whole, a "
+        "pattern conv (ClickTrain) only its kept weights, a reconfigured network (PruneTrain) "
+        "its smaller shapes.",
         "Bytes per iteration: what one rank all-reduces per iteration, from summary.json "
         "(comm_bytes_per_iter: the gradients kept by the method's communication masks, all "
         "gradients for a method that declares none; ClickTrain's pattern Allreduce is "

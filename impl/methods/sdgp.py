@@ -716,16 +716,18 @@ class SDGPConv2d(nn.Conv2d):
         self.prune_calls += 1
         return pruned
 
+    def _padded(self, input: torch.Tensor) -> tuple[torch.Tensor, Any, tuple[int, int]]:
+        """``(input, padding, int_padding)`` for the autograd function: a padding mode other
+        than zeros is applied here, explicitly, and the convolution then pads nothing."""
+        if self.padding_mode != "zeros":
+            pad = self._reversed_padding_repeated_twice
+            return F.pad(input, pad, mode=self.padding_mode), (0, 0), (0, 0)
+        return input, self.padding, self._int_padding
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return super().forward(input)
-        padding: Any = self.padding
-        if self.padding_mode != "zeros":
-            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            padding = (0, 0)
-            int_padding = (0, 0)
-        else:
-            int_padding = self._int_padding
+        input, padding, int_padding = self._padded(input)
         return _SDGPConv2dFunction.apply(
             input,
             self.weight,

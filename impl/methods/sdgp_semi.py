@@ -650,13 +650,7 @@ class SDGPSemiConv2d(SDGPConv2d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return nn.Conv2d.forward(self, input)
-        padding: Any = self.padding
-        if self.padding_mode != "zeros":
-            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            padding = (0, 0)
-            int_padding = (0, 0)
-        else:
-            int_padding = self._int_padding
+        input, padding, int_padding = self._padded(input)
         return _SDGPSemiConv2dFunction.apply(
             input,
             self.weight,

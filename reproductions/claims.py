@@ -4,10 +4,11 @@ A claim is a sentence of a paper with a number (its abstract or a table), the re
 that speaks to it (a target, a row and a metric of a saved ``result.json``), and a stated
 rule that turns the two into a verdict:
 
-- ``holds``: ours meets the paper's number (for a mean over seeds: its whole 95% confidence
-  interval does);
+- ``holds``: ours meets the paper's number (for a mean over seeds, or over repeated timing
+  sweeps: its whole 95% confidence interval does);
 - ``does not hold``: ours misses it (the whole interval does);
-- ``inconclusive``: the interval straddles the paper's number (more seeds would tell);
+- ``inconclusive``: the interval straddles the paper's number (more seeds or sweeps would
+  tell);
 - ``not measured at this scale``: the result it needs is not there (e.g. a GPU timing at the
   cpu scale), with the target to run.
 
@@ -127,12 +128,25 @@ def metric_reader(
 def ratio_reader(
     target: str, row: str, base_row: str, metric: str
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
-    """A reader of ``metric`` of ``row`` over that of ``base_row`` (ratio of the means)."""
+    """A reader of ``metric`` of ``row`` over that of ``base_row``: the mean of the per-seed
+    ratios with its 95% CI where both rows kept their per-seed values on at least two common
+    seeds (paired by seed: each seed's runs shared the machine's load alike), else the ratio
+    of the means as one number."""
 
     def read(results: Mapping[str, ResultSet]) -> Evidence | None:
         ours, base = _stat(results, target, row, metric), _stat(results, target, base_row, metric)
         if ours is None or base is None or not base[0]:
             return None
+        ro, rb = _row(results, target, row, metric), _row(results, target, base_row, metric)
+        po, pb = (dict(zip(r.get("seeds") or [], r.get("values") or [])) for r in (ro, rb))
+        common = sorted(s for s in set(po) & set(pb) if pb[s])
+        if len(common) >= 2:
+            mean, low, high = mean_ci95(po[s] / pb[s] for s in common)
+            text = (
+                f"{mean:.2f}x {base_row}, 95% CI [{low:.2f}, {high:.2f}] (per-seed ratios, "
+                f"paired over seeds {common}; means {ours[0]:.4g} vs {base[0]:.4g})"
+            )
+            return Evidence(mean, None, len(common), low, high, text)
         r = ours[0] / base[0]
         text = f"{r:.2f}x {base_row} ({ours[0]:.4g} vs {base[0]:.4g}, means over {ours[2]} seeds)"
         return Evidence(r, None, ours[2], r, r, text)
@@ -224,8 +238,14 @@ DESCRIPTION = (
     "in its note: holds, does not hold, inconclusive (our 95% confidence interval straddles "
     "the paper's number), or not measured at this scale (with the reproduction to run)."
 )
-AT_LEAST = "holds if ours is at least the paper's number (for a mean over seeds: its whole 95% CI)"
-AT_MOST = "holds if ours is at most the paper's number (for a mean over seeds: its whole 95% CI)"
+AT_LEAST = (
+    "holds if ours is at least the paper's number (for a mean over seeds or repeated "
+    "measurements: its whole 95% CI)"
+)
+AT_MOST = (
+    "holds if ours is at most the paper's number (for a mean over seeds or repeated "
+    "measurements: its whole 95% CI)"
+)
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
@@ -469,8 +489,9 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
             "A verdict is about the scale that produced our number (see the Scale column), "
             "not about the paper's models, data and hardware; the paper's number is the bound "
             "the rule compares against.",
-            "Means over seeds carry their 95% confidence interval (Student's t); a single "
-            "measurement (a timing) is judged as it is.",
+            "Means over seeds, and the speed ratios measured in repeated sweeps (or per seed), "
+            "carry their 95% confidence interval (Student's t); a single measurement is judged "
+            "as it is.",
             *(
                 [
                     "At this scale the speed claims time CPU implementations (the reference "

@@ -562,6 +562,8 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             if n > 1 and res.measured is None and len(seeds) == len(values) == n:
                 # per-seed values, so that two rows run on the same seeds can be paired
                 entry["seeds"], entry["values"] = seeds, [float(v) for v in values]
+            elif n > 1 and res.measured is not None:  # one value per sweep of a measurement
+                entry["values"] = [float(v) for v in values]
             out.append(entry)
     for idx, p in paper.iterrows():
         if idx in used:
@@ -790,6 +792,12 @@ def cifar_step_recipe(epochs: int, dataset: str = "cifar10", lr: float = 0.1) ->
         "milestones": [epochs // 2, (3 * epochs) // 4],
         "nesterov": False,
     }
+
+
+TIMING_SWEEPS: dict[str, int] = {"smoke": 2, "cpu": 5, "gpu": 5, "paper": 5}
+"""Independent passes of the timing measurements the papers' speed claims rest on (ClickTrain
+Figs. 9-10, SDGP Fig. 9): each pass gives one value of the headline ratio, so a report shows
+its spread and a claim is judged on its 95% confidence interval, not on one draw."""
 
 
 def time_ms(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> list[float]:

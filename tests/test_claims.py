@@ -172,3 +172,45 @@ def test_rows_with_per_seed_values_are_paired_by_seed():
         "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
     ]
     assert row["verdict"] == "inconclusive" and "non-overlap" in row["note"]
+
+
+NO_EXTRA_TIME = "clicktrain: no extra training time over dense training"
+
+
+@pytest.mark.parametrize(
+    ("click", "verdict"),
+    [([31.0, 30.5, 29.5, 30.2, 30.8], "inconclusive"), ([45.0, 44.0, 46.0, 45.5, 44.5],
+     "does not hold"), ([27.0, 28.0, 26.5, 27.5, 27.0], "holds")],
+    ids=["straddles_1x", "slower", "faster"],
+)  # fmt: skip
+def test_time_ratio_is_paired_by_seed_with_its_interval(click, verdict):
+    dense = [30.0, 30.0, 29.0, 30.5, 30.5]
+    seeds = [0, 1, 2, 3, 4]
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "iter_ms", sum(dense) / 5, 0.5, 5), "seeds": seeds, "values": dense},
+        {**_row("clicktrain", "iter_ms", sum(click) / 5, 0.5, 5), "seeds": seeds,
+         "values": click},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
+    ratios = [c / d for c, d in zip(click, dense)]
+    mean = sum(ratios) / 5
+    assert row["ours"] == pytest.approx(mean) and row["verdict"] == verdict
+    assert "paired over seeds [0, 1, 2, 3, 4]" in row["note"]
+
+
+def test_time_ratio_without_per_seed_values_is_one_number():
+    row = _by_claim(C.evaluate({"cross.methods": _cross()}, "cpu"))[NO_EXTRA_TIME]
+    assert row["ours"] == pytest.approx(2.0) and row["verdict"] == "does not hold"
+    assert "means over 5 seeds" in row["note"]
+
+
+def test_a_timing_measured_in_sweeps_is_judged_on_its_interval():
+    # speedups 3.9-4.3 per sweep: mean 4.1, but the interval reaches below 4 -> inconclusive
+    fig9 = ResultSet(target="clicktrain.fig9", title="t", scale="cpu", rows=[
+        {**_row("pattern CSR with predefined positions", "speedup_vs_cusparse", 4.1, 0.158, 5),
+         "values": [3.9, 4.0, 4.1, 4.2, 4.3]},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig9": fig9}, "cpu"))[
+        "clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"
+    ]
+    assert row["verdict"] == "inconclusive" and "(n=5)" in row["note"]

@@ -368,3 +368,40 @@ def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
     drawn = {(d["layer"], d["pass"]): d["ms"] for d in fig.data}
     assert ("conv1", "data gradient") not in drawn and drawn[("conv1", "forward")] == 1.0
     assert drawn[("layer1.0.conv1", "data gradient")] == 1.6 and len(drawn) == 5
+
+
+def test_speed_measurements_give_one_headline_value_per_sweep():
+    from reproductions.clicktrain.kernels import csr_conversion, spmm_sweep
+    from reproductions.sdgp.measure import conv_times
+
+    csr = csr_conversion(scale="smoke", context={}, repeats=3, sweeps=3)
+    assert len(csr["speedup_vs_cusparse"]) == 3 and csr["sweeps"] == 3
+    assert all(x > 0 for x in csr["speedup_vs_cusparse"])
+    assert csr["conversion_time"] > 0 and csr["pattern_conversion_time"] > 0  # pooled medians
+
+    spmm = spmm_sweep(scale="smoke", context={}, sparsities=(0.6, 0.75), repeats=2, sweeps=2)
+    assert len(spmm["speedup_vs_cusparse"]) == 2 and spmm["speedup_sparsity"] > 70
+    assert len(spmm["points"]) == 2 * 3  # one pooled median per (sparsity, implementation)
+
+    sdgp = conv_times(scale="smoke", context={}, repeats=1, sweeps=2)
+    shares = sdgp["data_grad_time_share"]
+    assert len(shares) == 2 and all(0 < s < 100 for s in shares)
+    assert sdgp["reduction_ratio2"] == pytest.approx([s / 2 for s in shares])
+    assert sdgp["reduction_ratio4"] == pytest.approx([s * 3 / 4 for s in shares])
+    assert all(layer["fwd_ms"] > 0 for layer in sdgp["layers"])
+
+    one = conv_times(scale="smoke", context={}, repeats=1)  # sweeps=1: plain numbers
+    assert isinstance(one["data_grad_time_share"], float)
+    for fn in (csr_conversion, spmm_sweep, conv_times):
+        with pytest.raises(ValueError, match="sweeps"):
+            fn(scale="smoke", context={}, sweeps=0)
+
+
+def test_speed_claim_targets_ask_for_the_scales_sweeps():
+    from reproductions.clicktrain import fig9, fig10
+    from reproductions.sdgp import fig9 as sdgp_fig9
+
+    for scale in ("smoke", "cpu", "gpu"):
+        for target in (fig9.TARGET, fig10.TARGET, sdgp_fig9.TARGET):
+            for row in target.rows(scale):
+                assert row.params == {"sweeps": common.TIMING_SWEEPS[scale]}, target.key

@@ -19,7 +19,8 @@ RESULT_FILE = "result.json"
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 # One comparison row: a number of ours beside the paper's, with the scale of each ("verdict":
 # only in the rows of a paper's claims, :mod:`reproductions.claims`; "seeds" and "values": the
-# per-seed values behind a mean over seeds, for paired comparisons).
+# per-seed values behind a mean over seeds, for paired comparisons; "values" alone: the
+# per-sweep values of a repeated measurement).
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
     "metric",

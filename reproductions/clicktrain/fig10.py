@@ -11,14 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:spmm_sweep"
 
 
 def rows(scale: str) -> list[Row]:
     """One sweep over sparsities."""
-    return [Row("sparsity sweep", measure=MEASURE, paper={"method": "clicktrain_spmm"})]
+    sweeps = {"sweeps": TIMING_SWEEPS[scale]}
+    return [
+        Row("sparsity sweep", measure=MEASURE, params=sweeps, paper={"method": "clicktrain_spmm"})
+    ]
 
 
 def figures(results, scale, paper):
@@ -27,7 +30,8 @@ def figures(results, scale, paper):
     return [FigureSpec(kind="line", x="sparsity", y="time_ms", hue="impl", data=data,
                        title=f"Filter-matrix product time ({scale} scale)",
                        xlabel="sparsity (%)", ylabel="time (ms)", logy=True,
-                       caption="median of 5 after warm-up")]  # fmt: skip
+                       caption=f"median over {TIMING_SWEEPS[scale]} sweeps of 5 calls each, "
+                               "after warm-up")]  # fmt: skip
 
 
 TARGET = Target(

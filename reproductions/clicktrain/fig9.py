@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
 
 
 def rows(scale: str) -> list[Row]:
     """One measurement, compared with the paper's two numbers."""
+    sweeps = {"sweeps": TIMING_SWEEPS[scale]}
     return [
-        Row("generic dense->CSR (cuSPARSE dense2csr on a GPU)", measure=MEASURE,
+        Row("generic dense->CSR (cuSPARSE dense2csr on a GPU)", measure=MEASURE, params=sweeps,
             paper={"method": "cusparse_dense2csr"}, metrics=("conversion_time",)),
-        Row("pattern CSR with predefined positions", measure=MEASURE,
+        Row("pattern CSR with predefined positions", measure=MEASURE, params=sweeps,
             paper={"method": "clicktrain_convert2csr"},
             metrics=("pattern_conversion_time", "speedup_vs_cusparse")),
     ]  # fmt: skip
@@ -41,7 +42,8 @@ def figures(results, scale, paper):
             break
     return [FigureSpec(kind="bar", x="impl", y="time_us", data=data,
                        title=f"CSR conversion time ({scale} scale)", ylabel="time (us)",
-                       xlabel="", caption="median of 20 after warm-up")]  # fmt: skip
+                       xlabel="", caption=f"median over {TIMING_SWEEPS[scale]} sweeps of 20 "
+                       "calls each, after warm-up")]  # fmt: skip
 
 
 TARGET = Target(

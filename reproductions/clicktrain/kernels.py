@@ -50,27 +50,37 @@ def _shape(scale: str) -> dict[str, int]:
 
 
 def csr_conversion(
-    *, scale: str, context: dict, sparsity: float = 0.75, repeats: int = 20
+    *, scale: str, context: dict, sparsity: float = 0.75, repeats: int = 20, sweeps: int = 1
 ) -> dict[str, Any]:
     """Fig. 9: dense -> CSR conversion time of the filter matrix, generic (``to_sparse_csr``,
     cuSPARSE dense2csr on a GPU) against predefined positions (:func:`impl.ops.pattern_csr`,
-    Sec. 5.1). Times in microseconds (medians)."""
+    Sec. 5.1). Times in microseconds: medians over every timed call. The speedup is one value
+    per sweep (each sweep times both conversions ``repeats`` times, one after the other), so
+    the report carries its spread and a claim its confidence interval."""
     from impl.ops import pattern_csr
     from impl.ops.pattern import pattern_index
 
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
     s = _shape(scale)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mask = pattern_mask(s["filters"], s["channels"], sparsity).to(dev)
     w = torch.randn(mask.shape, device=dev) * mask
     flat = w.reshape(s["filters"], -1)
     idx = pattern_index(mask)
-    generic = time_ms(lambda: flat.to_sparse_csr(), repeats=repeats)
-    ours = time_ms(lambda: pattern_csr(w, idx.row_ptr, idx.col_ind), repeats=repeats)
-    g, o = statistics.median(generic) * 1e3, statistics.median(ours) * 1e3
+    generic, ours, speedups = [], [], []
+    for _ in range(sweeps):
+        g = time_ms(lambda: flat.to_sparse_csr(), repeats=repeats)
+        o = time_ms(lambda: pattern_csr(w, idx.row_ptr, idx.col_ind), repeats=repeats)
+        generic += g
+        ours += o
+        speedups.append(statistics.median(g) / statistics.median(o))
+    g_us, o_us = statistics.median(generic) * 1e3, statistics.median(ours) * 1e3
     return {
-        "conversion_time": g,
-        "pattern_conversion_time": o,
-        "speedup_vs_cusparse": g / o,
+        "conversion_time": g_us,
+        "pattern_conversion_time": o_us,
+        "speedup_vs_cusparse": speedups if sweeps > 1 else speedups[0],
+        "sweeps": sweeps,
         "shape": f"{s['filters']}x{9 * s['channels']}",
         "sparsity": float(1 - mask.float().mean()),
         "device": device_name(),
@@ -86,25 +96,30 @@ def spmm_sweep(
     context: dict,
     sparsities: tuple[float, ...] = (0.56, 0.65, 0.75, 0.85, 0.9),
     repeats: int = 5,
+    sweeps: int = 1,
 ) -> dict[str, Any]:
     """Fig. 10: time of the filter-matrix product at each sparsity, for dense GEMM
     (``torch.mm``: cuBLAS on a GPU), generic sparse CSR (``torch.sparse.mm``: cuSPARSE) and
-    the pattern SpMM (:func:`impl.ops.pattern_spmm`). Times in ms (medians); also the pattern
-    SpMM's speedup over generic CSR at 75% and the lowest sparsity where it beats dense."""
+    the pattern SpMM (:func:`impl.ops.pattern_spmm`). Times in ms: medians over every timed
+    call of ``sweeps`` passes over the grid. Also the pattern SpMM's speedup over generic CSR
+    near 75% sparsity (one value per sweep, so it carries its spread) and the lowest sparsity
+    where it beats dense (from the medians over all sweeps)."""
     from impl.ops import pattern_spmm
     from impl.ops.pattern import pattern_index
 
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
     s = _shape(scale)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b = torch.randn(9 * s["channels"], s["columns"], device=dev)
-    points = []
+    grid = []
     for sp in sparsities:
         mask = pattern_mask(s["filters"], s["channels"], sp).to(dev)
         w = (torch.randn(mask.shape, device=dev) * mask).reshape(s["filters"], -1)
         idx = pattern_index(mask)
         values = w[mask.reshape(s["filters"], -1)]
         csr = w.to_sparse_csr()
-        achieved = float(1 - mask.float().mean())
+        achieved = round(100 * float(1 - mask.float().mean()), 1)
         cases = {
             "dense GEMM": lambda w=w: torch.mm(w, b),
             "generic CSR SpMM": lambda csr=csr: torch.sparse.mm(csr, b),
@@ -112,17 +127,32 @@ def spmm_sweep(
                 v, i.row_ptr, i.col_ind, b, index=i
             ),
         }
-        for impl, fn in cases.items():
-            t = statistics.median(time_ms(fn, repeats=repeats))
-            points.append({"sparsity": round(100 * achieved, 1), "impl": impl, "time_ms": t})
+        grid.append((achieved, cases))
+    times: dict[tuple[str, float], list[float]] = {}
+    per_sweep: list[dict[tuple[str, float], float]] = []
+    for _ in range(sweeps):
+        this: dict[tuple[str, float], float] = {}
+        for achieved, cases in grid:
+            for impl, fn in cases.items():
+                t = time_ms(fn, repeats=repeats)
+                times.setdefault((impl, achieved), []).extend(t)
+                this[(impl, achieved)] = statistics.median(t)
+        per_sweep.append(this)
+    points = [
+        {"sparsity": sp, "impl": impl, "time_ms": statistics.median(t)}
+        for (impl, sp), t in times.items()
+    ]
     at = {(p["impl"], p["sparsity"]): p["time_ms"] for p in points}
     sps = sorted({p["sparsity"] for p in points})
     near75 = min(sps, key=lambda x: abs(x - 75))
     cross = [x for x in sps if at[("pattern SpMM", x)] < at[("dense GEMM", x)]]
+    speedups = [t[("generic CSR SpMM", near75)] / t[("pattern SpMM", near75)] for t in per_sweep]
     return {
         "points": points,
-        "speedup_vs_cusparse": at[("generic CSR SpMM", near75)] / at[("pattern SpMM", near75)],
+        "speedup_vs_cusparse": speedups if sweeps > 1 else speedups[0],
+        "speedup_sparsity": near75,
         "crossover_sparsity_vs_cublas_cudnn": min(cross) if cross else math.nan,
+        "sweeps": sweeps,
         "shape": f"{s['filters']}x{9 * s['channels']} times {9 * s['channels']}x{s['columns']}",
         "device": device_name(),
     }

@@ -3,6 +3,7 @@ weight gradient), through :func:`impl.methods.sdgp_timing.profile_conv_layers`."
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
@@ -18,35 +19,52 @@ SHAPES = {
 
 
 def conv_times(
-    *, scale: str, context: dict, n: int = 2, m: int = 4, repeats: int = 3
+    *, scale: str, context: dict, n: int = 2, m: int = 4, repeats: int = 3, sweeps: int = 1
 ) -> dict[str, Any]:
     """Per-layer times (ms) and the data-gradient share of all conv time (%), with the
-    paper's estimates of the runtime saved at sparsity ratios 2 and 4 (Sec. IV-C)."""
+    paper's estimates of the runtime saved at sparsity ratios 2 and 4 (Sec. IV-C).
+
+    ``sweeps`` profiles the whole network that many times: the share and the estimates are
+    one value per sweep (so the report carries their spread and a claim its confidence
+    interval); the per-layer times are the medians over the sweeps."""
     from impl.methods.sdgp import sdgp_convert
     from impl.methods.sdgp_timing import profile_conv_layers
     from impl.models import create
 
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
     s = SHAPES[scale]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = create(s["model"], num_classes=1000 if s["stem"] == "imagenet" else 10,
                    in_channels=3, stem=s["stem"]).to(device)  # fmt: skip
     model = sdgp_convert(model, n=n, m=m)
-    layers = profile_conv_layers(model, (3, s["image"], s["image"]), s["batch"], n, m, repeats)
-    fwd = sum(r["fwd_ms"] for r in layers)
-    dgrad = sum(r["dgrad_ms"] for r in layers if r["data_grad_needed"])
-    wgrad = sum(r["wgrad_ms"] for r in layers)
-    share = 100.0 * dgrad / (fwd + dgrad + wgrad)
+    runs = [
+        profile_conv_layers(model, (3, s["image"], s["image"]), s["batch"], n, m, repeats)
+        for _ in range(sweeps)
+    ]
+    shares = []
+    for layers in runs:
+        fwd = sum(r["fwd_ms"] for r in layers)
+        dgrad = sum(r["dgrad_ms"] for r in layers if r["data_grad_needed"])
+        wgrad = sum(r["wgrad_ms"] for r in layers)
+        shares.append(100.0 * dgrad / (fwd + dgrad + wgrad))
+    keys = ("fwd_ms", "dgrad_ms", "wgrad_ms", "prune_ms")
+    merged = []
+    for i, first in enumerate(runs[0]):
+        row = {"name": first["name"], "data_grad_needed": first["data_grad_needed"]}
+        for k in keys:
+            row[k] = statistics.median(run[i][k] for run in runs)
+        merged.append(row)
+
+    def per_sweep(values: list[float]) -> float | list[float]:
+        return values if sweeps > 1 else values[0]
+
     return {
-        "layers": [
-            {
-                k: r[k]
-                for k in ("name", "fwd_ms", "dgrad_ms", "wgrad_ms", "prune_ms", "data_grad_needed")
-            }  # fmt: skip
-            for r in layers
-        ],  # fmt: skip
-        "data_grad_time_share": share,
-        "reduction_ratio2": share * (1 - 1 / 2),
-        "reduction_ratio4": share * (1 - 1 / 4),
+        "layers": merged,
+        "data_grad_time_share": per_sweep(shares),
+        "reduction_ratio2": per_sweep([x * (1 - 1 / 2) for x in shares]),
+        "reduction_ratio4": per_sweep([x * (1 - 1 / 4) for x in shares]),
+        "sweeps": sweeps,
         "shape": f"{s['model']} B={s['batch']} 3x{s['image']}x{s['image']}",
         "device": device_name(),
     }

@@ -214,3 +214,22 @@ def test_a_timing_measured_in_sweeps_is_judged_on_its_interval():
         "clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"
     ]
     assert row["verdict"] == "inconclusive" and "(n=5)" in row["note"]
+
+
+def test_training_time_saved_is_paired_by_seed_from_wall_seconds():
+    claim = "prunetrain: 39% less end-to-end training time"
+    seeds = [0, 1, 2]
+    dense, prune = [100.0, 110.0, 90.0], [60.0, 66.0, 55.0]  # 40%, 40%, 38.9% saved
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "wall_seconds", 100.0, 10.0, 3), "seeds": seeds, "values": dense},
+        {**_row("prunetrain", "wall_seconds", 60.3, 5.5, 3), "seeds": seeds, "values": prune},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[claim]
+    saved = [100 * (1 - p / d) for p, d in zip(prune, dense)]
+    assert row["ours"] == pytest.approx(sum(saved) / 3)
+    assert row["verdict"] == "inconclusive"  # 38.9-40% with n=3: the interval reaches below 39
+    assert "paired over seeds [0, 1, 2]" in row["note"]
+    unpaired = ResultSet(target="cross.methods", title="t", scale="cpu",
+                         rows=[_row("dense", "wall_seconds", 100.0, 10.0, 3)])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": unpaired}, "cpu"))[claim]
+    assert row["verdict"] == "not measured at this scale"

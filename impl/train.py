@@ -374,6 +374,8 @@ class Trainer:
         summary: dict[str, Any] = {
             "status": "complete",
             "method": cfg.method,
+            # which code that name ran: a registered method's name is the user's choice
+            "method_class": f"{type(method).__module__}:{type(method).__qualname__}",
             "method_options": method.config_dict(),
             "model": cfg.model,
             "data": cfg.data,

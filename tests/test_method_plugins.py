@@ -162,6 +162,7 @@ def test_gradual_magnitude_trains_to_its_final_sparsity_and_fixes_the_masks(gmp_
                   out=str(tmp_path / "gmp"), threads=1, method_options=options)  # fmt: skip
     summary = train(cfg, progress=False)
     assert summary["status"] == "complete" and summary["method"] == "gmp"
+    assert summary["method_class"] == TARGET  # the code behind the name, for provenance
     layers = summary["gmp"]["layer_sparsity"]
     assert summary["gmp"]["fixed"] is True
     # ResNet-20: the stem, 18 convs in blocks and 2 1x1 shortcuts; all but the stem pruned

@@ -85,6 +85,7 @@ def test_every_epoch_records_its_training_flops_per_sample(tmp_path):
     summary = train(_smoke_cfg(run, epochs=2), progress=False)
     metrics = rundir.read_metrics(run)
     assert len(metrics) == 2
+    assert summary["method_class"] == "impl.methods.dense:Dense"
     for row in metrics:  # dense: the cost never changes, nominal = executed = the summary's
         assert row["train_flops_nominal"] == summary["train_flops_nominal"]
         assert row["train_flops_executed"] == summary["train_flops_executed"]

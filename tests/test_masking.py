@@ -174,3 +174,41 @@ def test_sparsity_accounting() -> None:
     assert masks.mask_sparsity() == {"a": pytest.approx(0.6)}
     assert true_sparsity(torch.tensor([0.0, 1.0, -0.0, 2.0])) == pytest.approx(0.5)
     assert true_sparsity(torch.empty(0)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+    ids=["f64", "f32", "f16", "bf16"],
+)
+def test_zeroing_equals_masked_fill_bit_for_bit_on_special_values(dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(7, 5, 3, 3, generator=gen).to(dtype)
+    w.view(-1)[:6] = torch.tensor([float("nan"), float("-inf"), -0.0, float("inf"), -1.5, 0.0])
+    keep = torch.rand(w.shape, generator=gen) > 0.5
+    keep.view(-1)[:6] = torch.tensor([False, False, False, True, True, False])
+    want = w.clone().masked_fill_(~keep, 0.0)
+    layer = nn.Conv2d(5, 7, 3, bias=False).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    MaskSet({"weight": keep}).apply_to_weights(layer)
+    got = layer.weight.detach()
+    assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))  # bits
+    assert not bool(torch.signbit(got[~keep]).any())  # a pruned -0.0 or -inf became +0.0
+
+
+def test_zeroing_follows_strides_and_a_changed_mask() -> None:
+    layer = nn.Conv2d(4, 6, 3, bias=False).to(memory_format=torch.channels_last)
+    assert not layer.weight.is_contiguous()
+    first = torch.rand(layer.weight.shape) > 0.5
+    masks = MaskSet({"weight": first})
+    masks.apply_to_weights(layer)
+    assert bool((layer.weight[~first] == 0).all()) and bool((layer.weight[first] != 0).all())
+    second = torch.zeros(layer.weight.shape, dtype=torch.bool)
+    second[0] = True  # keep only filter 0: the cached integer mask of the first must not serve
+    masks.set("weight", second)
+    masks.apply_to_weights(layer)
+    assert int(torch.count_nonzero(layer.weight)) == int((first & second).sum())
+    masks.load_state_dict({"weight": torch.zeros_like(second)})
+    masks.apply_to_weights(layer)
+    assert int(torch.count_nonzero(layer.weight)) == 0

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from impl.report.stats import mean_ci95
 
-FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval")
+FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval", "tradeoff")
 IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
 
 
@@ -46,6 +46,27 @@ def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> None:
+    """One point per ``hue`` group: means of ``x`` and ``y`` with their 95% CIs as error bars."""
+    import seaborn as sns
+
+    if hue is None:
+        raise ValueError("a tradeoff figure needs hue (one point per group)")
+    data[x] = pd.to_numeric(data[x], errors="coerce")
+    groups = [(name, g) for name, g in data.groupby(hue, sort=False)]
+    colors = sns.color_palette(n_colors=max(len(groups), 1))
+    for color, (name, g) in zip(colors, groups):
+        xs, ys = g[x].dropna(), g[y].dropna()
+        if xs.empty or ys.empty:
+            continue
+        (mx, xlo, xhi), (my, ylo, yhi) = mean_ci95(xs), mean_ci95(ys)
+        ax.errorbar(mx, my, xerr=[[mx - xlo], [xhi - mx]], yerr=[[my - ylo], [yhi - my]],
+                    fmt="o", capsize=3, color=color, label=str(name))  # fmt: skip
+        ax.annotate(str(name), (mx, my), textcoords="offset points", xytext=(6, 6),
+                    fontsize="small", color=color)  # fmt: skip
+    ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
+
+
 def draw(
     kind: str,
     data: pd.DataFrame,
@@ -67,7 +88,10 @@ def draw(
     ``scatter``: points; ``interval``: mean of ``y`` per ``x`` (and ``hue``) with its 95%
     confidence interval (:func:`t_interval`) and a dashed line at ``y = 0``, for per-seed
     differences against a baseline; ``heatmap``: ``y`` is the value column, ``x`` the columns and
-    ``hue`` the rows of the grid. Raises ``ValueError`` on an unknown kind or missing column.
+    ``hue`` the rows of the grid; ``tradeoff``: one labelled point per ``hue`` group at the
+    means of ``x`` and ``y`` over its repeats, with the 95% confidence interval of each as
+    error bars and a dashed line at ``y = 0`` (e.g. top-1 change against FLOPs saved, one point
+    per method). Raises ``ValueError`` on an unknown kind or missing column.
     """
     import seaborn as sns
 
@@ -96,6 +120,8 @@ def draw(
             label.set_horizontalalignment("right")
     elif kind == "scatter":
         sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, ax=ax)
+    elif kind == "tradeoff":
+        _tradeoff(ax, data, x, y, hue)
     else:
         if hue is None:
             raise ValueError("a heatmap needs hue (the row labels)")

@@ -113,14 +113,23 @@ METRICS_SHOWN: tuple[str, ...] = (
 
 
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
-    """Top-1 change against dense (with its 95% CI), FLOPs saved per method, time per
-    iteration per method, and test top-1 per epoch."""
+    """Top-1 change against training FLOPs saved (one point per method), top-1 change against
+    dense (with its 95% CI), FLOPs saved per method, time per iteration per method, and test
+    top-1 per epoch."""
     acc = figure_rows(results, "delta_top1", scale)
     flops = [{**r, "kind": "nominal"} for r in figure_rows(results, "train_flops_saved", scale)] + [
         {**r, "train_flops_saved": r.pop("train_flops_executed_saved"), "kind": "executed"}
         for r in figure_rows(results, "train_flops_executed_saved", scale)
     ]
     it = figure_rows(results, "iter_ms", scale)
+    cost = [  # per seed: the accuracy change beside the training FLOPs saved, of one run each
+        {**a, "train_flops_saved": b["train_flops_saved"]}
+        for label in dict.fromkeys(r["row"] for r in acc)
+        for a, b in zip(
+            [r for r in acc if r["row"] == label],
+            [r for r in figure_rows(results, "train_flops_saved", scale) if r["row"] == label],
+        )
+    ]
     curves = []
     for res in results:
         for run in res.runs:
@@ -128,6 +137,12 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
                 curves.append({"row": res.row.label, "epoch": m.get("epoch") + 1,
                                "test_top1": m.get("test_top1")})  # fmt: skip
     return [
+        FigureSpec(kind="tradeoff", x="train_flops_saved", y="delta_top1", hue="row", data=cost,
+                   title="Accuracy against training cost",
+                   xlabel="training FLOPs saved over the run (%, nominal)",
+                   ylabel="top-1 - dense (points)",
+                   caption=f"one point per method: means over seeds with their 95% confidence "
+                   f"intervals (Student's t); up and right is better; scale {scale}"),
         FigureSpec(kind="interval", x="row", y="delta_top1", data=acc,
                    title="Top-1 change against dense", ylabel="top-1 - dense (points)", xlabel="",
                    caption=f"mean over seeds with its 95% confidence interval (Student's t), "

@@ -171,7 +171,9 @@ def test_figure_bad_format_kind_and_column():
         draw("heatmap", data, x="x", y="y")
 
 
-@pytest.mark.parametrize("kind", ["bar", "line", "scatter", "heatmap", "interval"], ids=str)
+@pytest.mark.parametrize(
+    "kind", ["bar", "line", "scatter", "heatmap", "interval", "tradeoff"], ids=str
+)
 def test_draw_every_kind_labels_axes(kind):
     data = pd.DataFrame({"x": [1, 2, 3, 1], "y": [3.0, 4.0, 5.0, 2.0], "h": ["p", "q", "p", "q"]})
     fig = draw(kind, data, x="x", y="y", hue="h", title="T", xlabel="X label", ylabel="Y label")
@@ -392,3 +394,23 @@ def test_index_links_pages_and_tells_filled_from_paper_only(tmp_path):
     assert '<a href="sdgp.html">sdgp.html</a>' in text and '<a href="prunetrain.html">' in text
     assert "paper numbers only: channel gating is not implemented" in text
     assert text.index("prunetrain.fig6") < text.index("sdgp.table1")  # papers in order
+
+
+def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals():
+    data = pd.DataFrame({"saved": [10.0, 12.0, 14.0, 40.0], "d": [1.0, 2.0, 3.0, -1.0],
+                         "m": ["a", "a", "a", "b"]})  # fmt: skip
+    ax = draw("tradeoff", data, x="saved", y="d", hue="m").axes[0]
+    points = {
+        (float(line.get_xdata()[0]), float(line.get_ydata()[0]))
+        for line in ax.lines
+        if len(line.get_xdata()) == 1 and line.get_marker() == "o"
+    }
+    assert points == {(12.0, 2.0), (40.0, -1.0)}  # the means of each group
+    assert sorted(t.get_text() for t in ax.texts) == ["a", "b"]
+    half = 4.302653 / math.sqrt(3)  # both spreads are sd 1 over 3 repeats (x: sd 2)
+    segments = [seg for coll in ax.collections for seg in coll.get_segments()]
+    spans = sorted(round(float(abs(seg[1] - seg[0]).max()), 6) for seg in segments)
+    assert spans == pytest.approx(sorted([0.0, 0.0, 2 * half, 2 * 2 * half]))
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in ax.lines)  # the zero line
+    with pytest.raises(ValueError, match="hue"):
+        draw("tradeoff", data, x="saved", y="d")

@@ -212,3 +212,20 @@ def test_zeroing_follows_strides_and_a_changed_mask() -> None:
     masks.load_state_dict({"weight": torch.zeros_like(second)})
     masks.apply_to_weights(layer)
     assert int(torch.count_nonzero(layer.weight)) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_zeroing_on_a_gpu_equals_masked_fill_and_keeps_bool_masks(dtype) -> None:
+    w = torch.randn(64, 32, 3, 3, device="cuda").to(dtype)
+    w.view(-1)[:3] = torch.tensor([float("nan"), float("-inf"), -0.0])
+    keep = torch.rand(w.shape, device="cuda") > 0.5
+    keep.view(-1)[:3] = False
+    want = w.clone().masked_fill_(~keep, 0.0)
+    masks = MaskSet({"w": keep})
+    layer = nn.Module()
+    layer.w = nn.Parameter(w.clone())
+    masks.apply_to_weights(layer)
+    ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(layer.w.detach().view(ints), want.view(ints))  # bit for bit
+    assert all(m.dtype == torch.bool for m in masks._bit_masks.values())  # 1 byte per weight

@@ -1156,7 +1156,14 @@ def measure_prepared(prepared: Prepared, scale: str | None = None) -> dict[str, 
     with measure.pinned_flags(**prepared.flags):
         if len(prepared.phases) > 1:
             warm, reps = cfg.iter_warmup, cfg.iter_repeats
-            return measure.phase_timing(prepared.phases, prepared.device, warmup=warm, repeats=reps)
+            cuda = prepared.device.type == "cuda"
+            if cuda:  # the iteration's peak memory: parameters, optimizer state, activations
+                torch.cuda.reset_peak_memory_stats(prepared.device)
+            out = measure.phase_timing(prepared.phases, prepared.device, warmup=warm, repeats=reps)
+            if cuda:
+                peak = torch.cuda.max_memory_allocated(prepared.device)
+                prepared.info["peak_memory_mib"] = peak / 2**20
+            return out
         fn = prepared.phases[0][1]
         if prepared.device.type == "cuda":
             return {

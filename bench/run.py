@@ -115,7 +115,11 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines += [f"## {suite}", ""]
         if ok:
             speed_cols = sorted({k for r in ok for k in r if k.startswith("speedup_vs_")})
-            value_cols = [k for k in ("payload_bytes", "payload_fraction") if k in ok[0]]
+            value_cols = [
+                k
+                for k in ("payload_bytes", "payload_fraction", "peak_memory_mib")
+                if any(r.get(k) is not None for r in ok)
+            ]
             time_cols = [
                 k for k in ("median_ms", "forward_ms", "backward_ms", "step_ms") if k in ok[0]
             ]

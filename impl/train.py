@@ -207,6 +207,8 @@ class Trainer:
 
         wall = wall_before
         last_row: dict[str, Any] = {}
+        if self.device.type == "cuda":  # the summary's peak memory covers this process's epochs
+            torch.cuda.reset_peak_memory_stats(self.device)
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
             row = self._train_epoch(ctx, method, train_loader, epoch, dp)
@@ -396,6 +398,13 @@ class Trainer:
             "train_flops_executed": flops.executed.total,
             "fwd_ms": last_row.get("fwd_ms"),
             "bwd_ms": last_row.get("bwd_ms"),
+            # peak GPU memory allocated by tensors while training (None on the CPU, which keeps
+            # no allocator statistics); a resumed run counts from its resumption
+            "peak_gpu_memory_mib": (
+                torch.cuda.max_memory_allocated(self.device) / 2**20
+                if self.device.type == "cuda"
+                else None
+            ),
             "batch_size": ctx.batch_size,
             "wall_seconds": wall,
             "device": str(self.device),

@@ -247,6 +247,24 @@ def test_iteration_rows_report_forward_and_backward_apart():
     assert prepared.phase_flops["backward"] > fwd  # data + weight gradient
 
 
+def test_iteration_peak_memory_is_measured_on_a_gpu_only():
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "dense@cpu", "smoke")
+    prepared = cases.prepare(case, impl, "smoke")
+    cases.measure_prepared(prepared, "smoke")
+    assert "peak_memory_mib" not in prepared.info  # no allocator statistics for the CPU
+
+
+@pytest.mark.gpu
+def test_iteration_rows_on_a_gpu_carry_the_peak_memory():
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "dense@cuda", "smoke")
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "ok"
+    params = row.get("parameters") or 0
+    assert row["peak_memory_mib"] > params * 4 / 2**20  # at least the fp32 weights
+
+
 def test_allreduce_rows_are_deterministic_values():
     case = cases.grid("allreduce", "smoke")[0]
     rows = {}

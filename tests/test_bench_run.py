@@ -72,3 +72,17 @@ def test_asv_discovers_only_the_asv_modules():
     ):
         assert expected in names
     assert not (Path(REPO_ROOT) / "bench" / "pytest_suite" / "__init__.py").exists()
+
+
+def test_summary_shows_peak_memory_where_rows_have_it():
+    meta = {"scale": "gpu", "suites": ["iteration"], "provenance": {"gpu_name": "GPU"}}
+    rows = [
+        {"suite": "iteration", "case": "c", "impl": "dense@cuda", "status": "ok",
+         "median_ms": 2.0, "peak_memory_mib": 1234.5},
+        {"suite": "iteration", "case": "c", "impl": "sdgp@cuda", "status": "ok",
+         "median_ms": 3.0, "peak_memory_mib": 1300.0},
+    ]  # fmt: skip
+    text = run.summary(rows, meta)
+    assert "| case | impl | median_ms | peak_memory_mib |" in text and "| 1.23e+03 |" in text
+    cpu_rows = [{k: v for k, v in r.items() if k != "peak_memory_mib"} for r in rows]
+    assert "peak_memory_mib" not in run.summary(cpu_rows, meta)

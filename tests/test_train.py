@@ -86,9 +86,18 @@ def test_every_epoch_records_its_training_flops_per_sample(tmp_path):
     metrics = rundir.read_metrics(run)
     assert len(metrics) == 2
     assert summary["method_class"] == "impl.methods.dense:Dense"
+    assert "peak_gpu_memory_mib" in summary and summary["peak_gpu_memory_mib"] is None  # CPU
     for row in metrics:  # dense: the cost never changes, nominal = executed = the summary's
         assert row["train_flops_nominal"] == summary["train_flops_nominal"]
         assert row["train_flops_executed"] == summary["train_flops_executed"]
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_records_its_peak_memory(tmp_path):
+    summary = train(_smoke_cfg(tmp_path / "run", device="cuda"), progress=False)
+    weights_mib = summary["parameters"] * 4 / 2**20
+    assert summary["device"].startswith("cuda")
+    assert summary["peak_gpu_memory_mib"] > weights_mib  # weights, gradients, activations
 
 
 def test_existing_run_is_never_overwritten(tmp_path):

@@ -100,7 +100,13 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
             kwargs.update(type=tp)
         else:
             kwargs.update(type=str)
-        group.add_argument(_flag(f.name), **kwargs)
+        try:
+            group.add_argument(_flag(f.name), **kwargs)
+        except argparse.ArgumentError as err:  # a plug-in's field named like a train flag
+            raise UsageError(
+                f"option {f.name!r} of {config_cls.__name__} clashes with pdtbench train's own "
+                f"{_flag(f.name)}; rename the field"
+            ) from err
         names.append(f.name)
     return names
 

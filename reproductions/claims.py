@@ -133,7 +133,8 @@ def _per_seed(
     if ro is None or rb is None:
         return None
     po, pb = (dict(zip(r.get("seeds") or [], r.get("values") or [])) for r in (ro, rb))
-    common = sorted(s for s in set(po) & set(pb) if pb[s])
+    finite = [s for s in set(po) & set(pb) if math.isfinite(po[s]) and math.isfinite(pb[s])]
+    common = sorted(s for s in finite if pb[s])
     return (common, po, pb) if len(common) >= 2 else None
 
 
@@ -169,13 +170,22 @@ def time_saved_reader(
     target: str, row: str, base_row: str, metric: str = "wall_seconds"
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
     """A reader of the time ``row`` saves against ``base_row``, in %: ``100 (1 - t / t_base)``
-    per seed, paired by seed, with the 95% CI of its mean; None where the rows cannot be
-    paired."""
+    per seed, paired by seed, with the 95% CI of its mean; where the rows cannot be paired
+    (one seed, no per-seed values), the saving of the means as one measurement."""
 
     def read(results: Mapping[str, ResultSet]) -> Evidence | None:
         paired = _per_seed(results, target, row, base_row, metric)
-        if paired is None:
-            return None
+        if paired is None:  # one seed, or rows without per-seed values: the means' ratio
+            ours, base = _stat(results, target, row, metric), _stat(results, target, base_row,
+                                                                    metric)  # fmt: skip
+            if ours is None or base is None or not base[0]:
+                return None
+            saved = 100.0 * (1.0 - ours[0] / base[0])
+            text = (
+                f"{saved:.1f}% (one measurement: {metric} {ours[0]:.4g} vs {base[0]:.4g}, "
+                f"means over {ours[2]} seed(s); time {100.0 - saved:.1f}% of {base_row})"
+            )
+            return Evidence(saved, None, 1, saved, saved, text)
         common, po, pb = paired
         mean, low, high = mean_ci95(100.0 * (1.0 - po[s] / pb[s]) for s in common)
         text = (

@@ -198,7 +198,12 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     if summary is not None:
         return summary, True
     if not method_available(cfg.method):
-        raise MethodUnavailable(f"method {cfg.method!r} is not available in this build")
+        from impl.methods import method_class
+
+        try:
+            method_class(cfg.method)
+        except ValueError as err:  # the reason: a missing module, a plug-in that fails, ...
+            raise MethodUnavailable(str(err)) from err
     if (run_dir / "config.json").exists():
         return resume(run_dir, progress=progress), False
     from impl.methods import create_method

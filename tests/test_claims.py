@@ -229,7 +229,24 @@ def test_training_time_saved_is_paired_by_seed_from_wall_seconds():
     assert row["ours"] == pytest.approx(sum(saved) / 3)
     assert row["verdict"] == "inconclusive"  # 38.9-40% with n=3: the interval reaches below 39
     assert "paired over seeds [0, 1, 2]" in row["note"]
-    unpaired = ResultSet(target="cross.methods", title="t", scale="cpu",
-                         rows=[_row("dense", "wall_seconds", 100.0, 10.0, 3)])  # fmt: skip
-    row = _by_claim(C.evaluate({"cross.methods": unpaired}, "cpu"))[claim]
+    rows = [_row("dense", "wall_seconds", 100.0), _row("prunetrain", "wall_seconds", 70.0)]
+    one_seed = ResultSet(target="cross.methods", title="t", scale="smoke", rows=rows)
+    row = _by_claim(C.evaluate({"cross.methods": one_seed}, "smoke"))[claim]
+    assert row["ours"] == pytest.approx(30.0) and row["verdict"] == "does not hold"
+    assert "one measurement" in row["note"]
+    no_base = ResultSet(target="cross.methods", title="t", scale="cpu",
+                        rows=[_row("prunetrain", "wall_seconds", 70.0)])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": no_base}, "cpu"))[claim]
     assert row["verdict"] == "not measured at this scale"
+
+
+def test_a_seed_whose_timing_is_missing_is_left_out_of_the_pairing():
+    seeds = [0, 1, 2, 3]
+    dense, click = [30.0, 30.0, float("nan"), 31.0], [60.0, 61.0, 59.0, 62.0]
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "iter_ms", 30.3, 0.5, 3), "seeds": seeds, "values": dense},
+        {**_row("clicktrain", "iter_ms", 60.5, 1.0, 4), "seeds": seeds, "values": click},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
+    assert "paired over seeds [0, 1, 3]" in row["note"]
+    assert row["ours"] == pytest.approx((2.0 + 61 / 30 + 2.0) / 3)

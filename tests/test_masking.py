@@ -229,3 +229,14 @@ def test_zeroing_on_a_gpu_equals_masked_fill_and_keeps_bool_masks(dtype) -> None
     ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
     assert torch.equal(layer.w.detach().view(ints), want.view(ints))  # bit for bit
     assert all(m.dtype == torch.bool for m in masks._bit_masks.values())  # 1 byte per weight
+
+
+def test_the_set_keeps_its_own_copy_of_a_mask() -> None:
+    layer = nn.Conv2d(2, 3, 3, bias=False)
+    keep = torch.ones(layer.weight.shape, dtype=torch.bool)
+    masks = MaskSet({"weight": keep})
+    masks.apply_to_weights(layer)  # builds the cached integer mask
+    keep.zero_()  # the caller reuses its tensor: the set must not change under it
+    assert bool(masks["weight"].all())
+    masks.apply_to_weights(layer)
+    assert int(torch.count_nonzero(layer.weight)) == layer.weight.numel()

@@ -222,3 +222,60 @@ def test_cross_method_table_without_registered_methods_has_the_five(examples_imp
 
     assert [r.label for r in cross.rows("cpu")] == list(cross.METHOD_ORDER)
     assert not any("Registered" in note for note in cross.notes("cpu"))
+
+
+@dataclasses.dataclass
+class _ClashConfig(MethodConfig):
+    lr: float = 0.1  # pdtbench train has its own --lr
+
+
+class _Clash(Method):
+    name = "clash"
+    Config = _ClashConfig
+
+
+def test_a_plugin_option_named_like_a_train_flag_is_a_one_line_usage_error(capsys):
+    register_method("clash", _Clash)
+    try:
+        assert cli.main(["train", "--method", "clash", "--help"]) == 2
+    finally:
+        unregister_method("clash")
+    err = capsys.readouterr().err.strip()
+    assert "option 'lr' of _ClashConfig clashes with pdtbench train's own --lr" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_entry_points_with_a_nested_class_load_and_malformed_ones_are_skipped(
+    examples_importable, monkeypatch, caplog
+):
+    group = registry.ENTRY_POINT_GROUP
+    points = [
+        metadata.EntryPoint(name="nested", value="tests_nested_mod:Outer.Inner", group=group),
+        metadata.EntryPoint(name="broken", value="no_colon_here", group=group),
+        metadata.EntryPoint(name="Bad-Name", value=TARGET, group=group),
+    ]
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda *, group: points)
+    import sys
+    import types
+
+    module = types.ModuleType("tests_nested_mod")
+
+    class Outer:
+        Inner = _Tiny
+
+    module.Outer = Outer
+    monkeypatch.setitem(sys.modules, "tests_nested_mod", module)
+    with caplog.at_level("WARNING"):
+        names = available_methods()
+    assert "nested" in names and "broken" not in names and "Bad-Name" not in names
+    assert method_class("nested") is _Tiny
+    assert sum("ignoring entry point" in r.message for r in caplog.records) == 2
+
+
+def test_a_plugin_that_does_not_import_says_why_in_the_reproduction(tmp_path, monkeypatch):
+    from reproductions.common import MethodUnavailable, run_or_reuse
+
+    monkeypatch.setenv(registry.ENV_VAR, "ghost=no_such_package.mod:Ghost")
+    cfg = resolve("smoke", method="ghost", out=str(tmp_path / "run"), threads=1)
+    with pytest.raises(MethodUnavailable, match="cannot import 'no_such_package.mod'"):
+        run_or_reuse(cfg)

@@ -405,3 +405,19 @@ def test_speed_claim_targets_ask_for_the_scales_sweeps():
         for target in (fig9.TARGET, fig10.TARGET, sdgp_fig9.TARGET):
             for row in target.rows(scale):
                 assert row.params == {"sweeps": common.TIMING_SWEEPS[scale]}, target.key
+
+
+def test_cross_tradeoff_pairs_each_runs_own_two_metrics():
+    from reproductions.common import RowResult, RunRecord
+    from reproductions.cross.methods import seed_pairs
+
+    def run(seed, top1, cr):
+        return RunRecord(f"r{seed}", seed, {"top1": top1, "compression_ratio": cr}, [], True)
+
+    dense = RowResult(Row("dense", "dense"), runs=[run(s, 99.0, 1.0) for s in (0, 1, 2)])
+    method = RowResult(Row("m", "m", baseline="dense"),
+                       runs=[run(0, 98.0, 2.0), run(1, None, 3.0), run(2, 97.0, 4.0)])  # fmt: skip
+    pairs = seed_pairs([dense, method], "compression_ratio", "delta_top1", "cpu")
+    got = [(p["row"], p["seed"], p["compression_ratio"], p["delta_top1"]) for p in pairs]
+    # seed 1 has no top-1: left out, not paired with seed 2's compression (as a zip would)
+    assert got == [("m", 0, 2.0, -1.0), ("m", 2, 4.0, -2.0)]

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import re
 from importlib import metadata
+from typing import Any
 
 from impl.methods.base import Method, MethodConfig, TrainContext
 
@@ -36,11 +38,14 @@ _REGISTRY: dict[str, str | type[Method]] = {
 METHODS: tuple[str, ...] = tuple(_REGISTRY)
 """The built-in methods (:func:`available_methods` adds the registered ones)."""
 
+log = logging.getLogger(__name__)
+
 ENTRY_POINT_GROUP = "pdtbench.methods"
 ENV_VAR = "PDTBENCH_METHODS"
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
-_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 _REGISTERED: dict[str, str | type[Method]] = {}
+_WARNED: set[tuple[str, str]] = set()
 
 
 def _check_name(name: str) -> None:
@@ -105,7 +110,21 @@ def _from_environment() -> dict[str, str]:
 
 
 def _from_entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    """``{name: "module:attr"}`` of the installed packages' entry points; one that is malformed
+    is logged and left out (another package's mistake must not stop this one)."""
+    out: dict[str, str] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        target = f"{ep.module}:{ep.attr}" if ep.attr else ep.value
+        try:
+            _check_name(ep.name)
+            _check_target(ep.name, target)
+        except ValueError as err:
+            if (ep.name, ep.value) not in _WARNED:  # once per process, not per lookup
+                _WARNED.add((ep.name, ep.value))
+                log.warning("ignoring entry point %s = %r: %s", ep.name, ep.value, err)
+            continue
+        out[ep.name] = target
+    return out
 
 
 def _registered() -> dict[str, str | type[Method]]:
@@ -148,7 +167,9 @@ def method_class(name: str) -> type[Method]:
         if name not in _REGISTRY:
             raise ValueError(f"method {name!r}: cannot import {module_name!r} ({err})") from err
         raise
-    cls = getattr(module, class_name, None)
+    cls: Any = module
+    for part in class_name.split("."):  # "Outer.Inner" names a nested class
+        cls = getattr(cls, part, None)
     if cls is None:
         raise ValueError(f"method {name!r}: module {module_name!r} has no {class_name!r}")
     try:

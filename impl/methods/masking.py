@@ -66,10 +66,11 @@ class MaskSet:
 
     # -- container ---------------------------------------------------------------------------
     def set(self, name: str, mask: torch.Tensor) -> None:
-        """Set the keep-mask of parameter ``name`` (any dtype; nonzero means kept)."""
+        """Set the keep-mask of parameter ``name`` (any dtype; nonzero means kept). The set
+        keeps its own copy: changing ``mask`` afterwards changes nothing here."""
         if not isinstance(mask, torch.Tensor):
             raise ValueError(f"mask for {name!r} must be a tensor, got {type(mask).__name__}")
-        self._masks[name] = mask.detach().to(torch.bool)
+        self._masks[name] = mask.detach().to(torch.bool, copy=True)
         self._bit_masks = {k: v for k, v in self._bit_masks.items() if k[0] != name}
 
     def __getitem__(self, name: str) -> torch.Tensor:

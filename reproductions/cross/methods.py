@@ -16,6 +16,8 @@ the step schedule at epochs 91 and 136, 3 seeds).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from reproductions.common import (
     Target,
     figure_rows,
     reproduce,
+    row_metric,
 )
 
 METHOD_ORDER: tuple[str, ...] = ("dense", "clicktrain", "prunetrain", "sdgp", "campfire")
@@ -113,6 +116,24 @@ METRICS_SHOWN: tuple[str, ...] = (
 )
 
 
+def seed_pairs(results: list[RowResult], x: str, y: str, scale: str) -> list[dict[str, Any]]:
+    """One record per run with both metrics ``x`` and ``y`` of that same run (its seed's
+    baseline run for a delta): ``{"row", "seed", x, y, "source"}``; a run missing either
+    metric is left out, never paired with another seed's value."""
+    out = []
+    for res in results:
+        if not res.ok or res.measured is not None:
+            continue
+        base = next((r for r in results if r.row.label == res.row.baseline), None)
+        for run in res.runs:
+            one = dataclasses.replace(res, runs=[run])
+            vx, vy = (row_metric(one, m, base, res.table) for m in (x, y))
+            if vx and vy and math.isfinite(vx[0]) and math.isfinite(vy[0]):
+                out.append({"row": res.row.label, "seed": run.seed, x: vx[0], y: vy[0],
+                            "source": f"ours ({scale})"})  # fmt: skip
+    return out
+
+
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 change against training FLOPs saved (one point per method), top-1 change against
     dense (with its 95% CI), FLOPs saved per method, time per iteration per method, and test
@@ -123,14 +144,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         for r in figure_rows(results, "train_flops_executed_saved", scale)
     ]
     it = figure_rows(results, "iter_ms", scale)
-    cost = [  # per seed: the accuracy change beside the training FLOPs saved, of one run each
-        {**a, "train_flops_saved": b["train_flops_saved"]}
-        for label in dict.fromkeys(r["row"] for r in acc)
-        for a, b in zip(
-            [r for r in acc if r["row"] == label],
-            [r for r in figure_rows(results, "train_flops_saved", scale) if r["row"] == label],
-        )
-    ]
+    cost = seed_pairs(results, "train_flops_saved", "delta_top1", scale)
     curves = []
     for res in results:
         for run in res.runs:

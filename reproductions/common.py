@@ -200,10 +200,12 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     if not method_available(cfg.method):
         from impl.methods import method_class
 
+        reason = f"method {cfg.method!r} is not available in this build"
         try:
             method_class(cfg.method)
         except ValueError as err:  # the reason: a missing module, a plug-in that fails, ...
-            raise MethodUnavailable(str(err)) from err
+            reason = str(err)
+        raise MethodUnavailable(reason)
     if (run_dir / "config.json").exists():
         return resume(run_dir, progress=progress), False
     from impl.methods import create_method

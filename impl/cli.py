@@ -299,7 +299,7 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
 # -- demo ------------------------------------------------------------------------------------------
 def cmd_demo(argv: list[str]) -> int:
     """``pdtbench demo``: the main job, the CPU-scale reproduction on the embedded data."""
-    from reproductions import demo
+    from reproductions import demo, report_failures
     from reproductions.parallel import add_jobs_argument
 
     p = argparse.ArgumentParser(
@@ -312,8 +312,9 @@ def cmd_demo(argv: list[str]) -> int:
     p.add_argument("--runs", default="runs/reproductions", help="where the runs go")
     add_jobs_argument(p)
     args = p.parse_args(argv)
-    demo(scale=args.scale, out=args.out, runs_root=args.runs, jobs=args.jobs)
-    return 0
+    failed: list[str] = []
+    demo(scale=args.scale, out=args.out, runs_root=args.runs, jobs=args.jobs, failed=failed)
+    return report_failures(failed)
 
 
 # -- reproduce / report ----------------------------------------------------------------------------

@@ -89,6 +89,7 @@ def run(
     reports_root: str | Path = "reports",
     jobs: int | None = None,
     progress: bool = True,
+    failed: list[str] | None = None,
 ) -> Path:
     """Run (or reuse) each target of ``keys`` at ``scale``, judge the papers' headline claims
     against every result of that scale (:mod:`reproductions.claims`), then render every
@@ -96,7 +97,9 @@ def run(
 
     The distinct training runs of all the targets are trained first, ``jobs`` processes at
     a time (default :func:`reproductions.parallel.default_jobs`); the targets then reuse
-    them, and their measurements (timings) run with the machine to themselves.
+    them, and their measurements (timings) run with the machine to themselves. A target that
+    fails is reported (and listed in its page) and the others go on; its key is appended to
+    ``failed`` when given.
     """
     from impl.report.results import ResultSet, save_result
     from reproductions.common import render, result_dir, run_target
@@ -108,6 +111,8 @@ def run(
             targets[key] = load_target(key)
         except Exception as err:  # noqa: BLE001 - a module that fails to import is reported
             print(f"[{key}] FAILED to load: {type(err).__name__}: {err}")
+            if failed is not None:
+                failed.append(key)
     plan = plan_runs(targets.values(), scale, runs_root)
     jobs = default_jobs(scale) if jobs is None else jobs
     train_all(plan, jobs, progress=progress)
@@ -121,6 +126,8 @@ def run(
             run_target(target, scale, runs_root)
         except Exception as err:  # noqa: BLE001 - one broken target must not stop the others
             print(f"[{key}] FAILED: {type(err).__name__}: {err}")
+            if failed is not None and key not in failed:
+                failed.append(key)
             reason = f"failed: {type(err).__name__}: {err}"
             save_result(
                 ResultSet(target=key, title=getattr(target, "title", key), scale=scale,
@@ -161,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0.
+    """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0, or 1
+    when a target failed (the report is rendered all the same, listing it).
 
     Raises ``ValueError`` (naming the valid targets) on an unknown target.
     """
@@ -174,8 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         if key not in TARGETS:
             raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
-    index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress)
+    failed: list[str] = []
+    index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress,
+                failed)  # fmt: skip
     print(f"report: {index}")
+    return report_failures(failed)
+
+
+def report_failures(failed: list[str]) -> int:
+    """1 after one line naming the failed targets, 0 when there are none."""
+    if failed:
+        print(f"{len(failed)} target(s) failed: {', '.join(failed)} (see the report)")
+        return 1
     return 0
 
 
@@ -184,15 +202,26 @@ def demo(
     out: str | Path = "reports",
     runs_root: str | Path = "runs/reproductions",
     jobs: int | None = None,
+    failed: list[str] | None = None,
 ) -> Path:
     """The CPU-scale reproduction of ``make demo``: :data:`DEMO_TARGETS` at ``scale`` (``jobs``
     training processes), then the HTML report of everything saved under ``runs_root``;
-    prints and returns the index path and the wall time in seconds."""
+    prints and returns the index path and the wall time in seconds. Failed targets are
+    appended to ``failed`` when given."""
     t0 = time.perf_counter()
-    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs)
+    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, failed=failed)
     print(f"demo ({scale} scale) finished in {time.perf_counter() - t0:.0f} s")
     print(f"report: {Path(index).resolve()}")
     return Path(index)
 
 
-__all__ = ["DEMO_TARGETS", "TARGETS", "demo", "expected_targets", "load_target", "main", "run"]
+__all__ = [
+    "DEMO_TARGETS",
+    "TARGETS",
+    "demo",
+    "expected_targets",
+    "load_target",
+    "main",
+    "report_failures",
+    "run",
+]

@@ -272,12 +272,19 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
     saved = json.loads((tmp_path / "runs/results/sdgp.table1/smoke/result.json").read_text())
     assert saved["missing"] == [{"row": "sdgp.table1", "reason": "failed: RuntimeError: boom"}]
     assert "failed: RuntimeError: boom" in (index.parent / "sdgp.html").read_text()
+    # the command line renders all the same, names the failed target and exits 1
+    argv = ["sdgp.table1", "--scale", "smoke", "--runs-root", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "rep"), "--no-progress"]  # fmt: skip
+    assert reproductions.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "1 target(s) failed: sdgp.table1 (see the report)" in out and "report: " in out
+    assert reproductions.report_failures([]) == 0
 
 
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(keys, scale, runs_root, out, jobs=None):
+    def fake_run(keys, scale, runs_root, out, jobs=None, failed=None):
         seen.update(keys=keys, scale=scale, out=out)
         return tmp_path / "index.html"
 

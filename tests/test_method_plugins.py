@@ -279,3 +279,21 @@ def test_a_plugin_that_does_not_import_says_why_in_the_reproduction(tmp_path, mo
     cfg = resolve("smoke", method="ghost", out=str(tmp_path / "run"), threads=1)
     with pytest.raises(MethodUnavailable, match="cannot import 'no_such_package.mod'"):
         run_or_reuse(cfg)
+
+
+def test_the_snippet_of_docs_new_method_defines_a_registrable_method():
+    import re
+
+    text = (REPO / "docs" / "new-method.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/new-method.md", "exec"), namespace)  # the page's own example
+    register_method("mine", namespace["MyMethod"])
+    try:
+        method = create_method("mine", {"final_sparsity": 0.5})
+        assert method.config.final_sparsity == 0.5 and method.name == "mine"
+        assert cli.field_help(namespace["MyConfig"]) == {
+            "final_sparsity": "fraction of each layer's weights removed at the end."
+        }
+    finally:
+        unregister_method("mine")

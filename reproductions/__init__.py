@@ -111,8 +111,6 @@ def run(
             targets[key] = load_target(key)
         except Exception as err:  # noqa: BLE001 - a module that fails to import is reported
             print(f"[{key}] FAILED to load: {type(err).__name__}: {err}")
-            if failed is not None:
-                failed.append(key)
     plan = plan_runs(targets.values(), scale, runs_root)
     jobs = default_jobs(scale) if jobs is None else jobs
     train_all(plan, jobs, progress=progress)
@@ -126,7 +124,7 @@ def run(
             run_target(target, scale, runs_root)
         except Exception as err:  # noqa: BLE001 - one broken target must not stop the others
             print(f"[{key}] FAILED: {type(err).__name__}: {err}")
-            if failed is not None and key not in failed:
+            if failed is not None:
                 failed.append(key)
             reason = f"failed: {type(err).__name__}: {err}"
             save_result(

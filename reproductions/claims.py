@@ -125,76 +125,83 @@ def metric_reader(
 
 
 def _per_seed(
-    results: Mapping[str, ResultSet], target: str, row: str, base_row: str, metric: str
+    results: Mapping[str, ResultSet],
+    target: str,
+    row: str,
+    base_row: str,
+    metric: str,
+    nonzero_base: bool = True,
 ) -> tuple[list[int], dict[int, float], dict[int, float]] | None:
-    """The seeds both rows kept per-seed values of ``metric`` for (at least two, with a nonzero
-    baseline), and each row's values by seed; None where they cannot be paired."""
+    """The seeds both rows kept finite per-seed values of ``metric`` for (at least two; with
+    ``nonzero_base``, only those where the base row's value is not 0), and each row's values
+    by seed; None where they cannot be paired."""
     ro, rb = _row(results, target, row, metric), _row(results, target, base_row, metric)
     if ro is None or rb is None:
         return None
     po, pb = (dict(zip(r.get("seeds") or [], r.get("values") or [])) for r in (ro, rb))
-    finite = [s for s in set(po) & set(pb) if math.isfinite(po[s]) and math.isfinite(pb[s])]
-    common = sorted(s for s in finite if pb[s])
+    common = sorted(
+        s
+        for s in set(po) & set(pb)
+        if math.isfinite(po[s]) and math.isfinite(pb[s]) and (pb[s] or not nonzero_base)
+    )
     return (common, po, pb) if len(common) >= 2 else None
 
 
-def ratio_reader(
-    target: str, row: str, base_row: str, metric: str
+def _relative_reader(
+    target: str,
+    row: str,
+    base_row: str,
+    metric: str,
+    value: Callable[[float, float], float],
+    show: Callable[[float], str],
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
-    """A reader of ``metric`` of ``row`` over that of ``base_row``: the mean of the per-seed
-    ratios with its 95% CI where both rows kept their per-seed values on at least two common
-    seeds (paired by seed: each seed's runs shared the machine's load alike), else the ratio
-    of the means as one number."""
+    """A reader of ``value(ours, base)`` of ``metric``, ``row`` against ``base_row``: the mean
+    of the per-seed values with its 95% CI where both rows kept their per-seed values on at
+    least two common seeds (paired by seed: each seed's runs shared the machine's load
+    alike), else ``value`` of the two means as one measurement. ``show`` formats a value."""
 
     def read(results: Mapping[str, ResultSet]) -> Evidence | None:
         ours, base = _stat(results, target, row, metric), _stat(results, target, base_row, metric)
         if ours is None or base is None or not base[0]:
             return None
+        both = f"{metric} {ours[0]:.4g} vs {base[0]:.4g}"
         paired = _per_seed(results, target, row, base_row, metric)
-        if paired is not None:
-            common, po, pb = paired
-            mean, low, high = mean_ci95(po[s] / pb[s] for s in common)
+        if paired is None:
+            v = value(ours[0], base[0])
             text = (
-                f"{mean:.2f}x {base_row}, 95% CI [{low:.2f}, {high:.2f}] (per-seed ratios, "
-                f"paired over seeds {common}; means {ours[0]:.4g} vs {base[0]:.4g})"
+                f"{show(v)} against {base_row} (one measurement: {both}, means over "
+                f"{ours[2]} seeds)"
             )
-            return Evidence(mean, None, len(common), low, high, text)
-        r = ours[0] / base[0]
-        text = f"{r:.2f}x {base_row} ({ours[0]:.4g} vs {base[0]:.4g}, means over {ours[2]} seeds)"
-        return Evidence(r, None, ours[2], r, r, text)
+            return Evidence(v, None, 1, v, v, text)
+        common, po, pb = paired
+        mean, low, high = mean_ci95(value(po[s], pb[s]) for s in common)
+        text = (
+            f"{show(mean)} against {base_row}, 95% CI [{show(low)}, {show(high)}] (per-seed "
+            f"values paired over seeds {common}; means: {both})"
+        )
+        return Evidence(mean, None, len(common), low, high, text)
 
     return read
+
+
+def ratio_reader(
+    target: str, row: str, base_row: str, metric: str
+) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
+    """A reader of ``metric`` of ``row`` over that of ``base_row`` (x), paired by seed where
+    it can be (:func:`_relative_reader`)."""
+    return _relative_reader(
+        target, row, base_row, metric, lambda o, b: o / b, lambda v: f"{v:.2f}x"
+    )
 
 
 def time_saved_reader(
     target: str, row: str, base_row: str, metric: str = "wall_seconds"
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
-    """A reader of the time ``row`` saves against ``base_row``, in %: ``100 (1 - t / t_base)``
-    per seed, paired by seed, with the 95% CI of its mean; where the rows cannot be paired
-    (one seed, no per-seed values), the saving of the means as one measurement."""
-
-    def read(results: Mapping[str, ResultSet]) -> Evidence | None:
-        paired = _per_seed(results, target, row, base_row, metric)
-        if paired is None:  # one seed, or rows without per-seed values: the means' ratio
-            ours, base = _stat(results, target, row, metric), _stat(results, target, base_row,
-                                                                    metric)  # fmt: skip
-            if ours is None or base is None or not base[0]:
-                return None
-            saved = 100.0 * (1.0 - ours[0] / base[0])
-            text = (
-                f"{saved:.1f}% (one measurement: {metric} {ours[0]:.4g} vs {base[0]:.4g}, "
-                f"means over {ours[2]} seed(s); time {100.0 - saved:.1f}% of {base_row})"
-            )
-            return Evidence(saved, None, 1, saved, saved, text)
-        common, po, pb = paired
-        mean, low, high = mean_ci95(100.0 * (1.0 - po[s] / pb[s]) for s in common)
-        text = (
-            f"{mean:.1f}%, 95% CI [{low:.1f}, {high:.1f}] (per-seed {metric}, paired over seeds "
-            f"{common}; time {100.0 - mean:.1f}% of {base_row})"
-        )
-        return Evidence(mean, None, len(common), low, high, text)
-
-    return read
+    """A reader of the time ``row`` saves against ``base_row``, in %: ``100 (1 - t / t_base)``,
+    paired by seed where it can be (:func:`_relative_reader`)."""
+    return _relative_reader(
+        target, row, base_row, metric, lambda o, b: 100.0 * (1.0 - o / b), lambda v: f"{v:.1f}%"
+    )
 
 
 def _difference(
@@ -209,9 +216,9 @@ def _difference(
     if rb is None or rw is None:
         return None
     eb, ew = (_mean_ci(_stat(results, target, r, metric), ".2f", "pp") for r in (better, worse))
-    pb, pw = (dict(zip(r.get("seeds") or [], r.get("values") or [])) for r in (rb, rw))
-    common = sorted(set(pb) & set(pw))
-    if len(common) >= 2:
+    paired = _per_seed(results, target, better, worse, metric, nonzero_base=False)
+    if paired is not None:
+        common, pb, pw = paired
         mean, low, high = mean_ci95(pb[s] - pw[s] for s in common)
         return eb, ew, mean, low, high, f"paired over seeds {common}"
     return (

@@ -66,18 +66,19 @@ METHOD_SCALE_NOTES: dict[str, Callable[[str], str | None]] = {}
 
 
 class MethodUnavailable(RuntimeError):
-    """The method of a row is not in this build (its module has not landed)."""
+    """The method of a row cannot be built here (its module is missing or fails to import)."""
 
 
-def method_available(name: str) -> bool:
-    """Whether method ``name`` can be built here (its module imports)."""
+def unavailable_reason(name: str) -> str | None:
+    """Why method ``name`` cannot be built here (the error of :func:`impl.methods.method_class`:
+    not in this build, a plug-in that does not import, ...), or None when it can."""
     from impl.methods import method_class
 
     try:
         method_class(name)
-    except ValueError:
-        return False
-    return True
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -197,14 +198,8 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     summary = _read_complete(run_dir)
     if summary is not None:
         return summary, True
-    if not method_available(cfg.method):
-        from impl.methods import method_class
-
-        reason = f"method {cfg.method!r} is not available in this build"
-        try:
-            method_class(cfg.method)
-        except ValueError as err:  # the reason: a missing module, a plug-in that fails, ...
-            reason = str(err)
+    reason = unavailable_reason(cfg.method)
+    if reason is not None:
         raise MethodUnavailable(reason)
     if (run_dir / "config.json").exists():
         return resume(run_dir, progress=progress), False
@@ -770,8 +765,8 @@ __all__ = [
     "execute_rows",
     "figure_rows",
     "measure_or_reuse",
-    "method_available",
     "paper_figure_rows",
+    "per_sweep",
     "render",
     "reproduce",
     "result_dir",
@@ -779,6 +774,9 @@ __all__ = [
     "run_target",
     "run_training_flops",
     "samples_seen",
+    "TIMING_SWEEPS",
+    "check_sweeps",
+    "unavailable_reason",
 ]
 
 
@@ -806,6 +804,18 @@ TIMING_SWEEPS: dict[str, int] = {"smoke": 2, "cpu": 5, "gpu": 5, "paper": 5}
 """Independent passes of the timing measurements the papers' speed claims rest on (ClickTrain
 Figs. 9-10, SDGP Fig. 9): each pass gives one value of the headline ratio, so a report shows
 its spread and a claim is judged on its 95% confidence interval, not on one draw."""
+
+
+def check_sweeps(sweeps: int) -> None:
+    """``ValueError`` unless a measurement is asked for at least one sweep."""
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
+
+
+def per_sweep(values: list[float]) -> float | list[float]:
+    """A measurement's headline value as saved: the list of one value per sweep, or the
+    number itself after a single sweep (the form :func:`row_metric` reads)."""
+    return values if len(values) > 1 else values[0]
 
 
 def time_ms(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> list[float]:

@@ -228,7 +228,8 @@ def test_zeroing_on_a_gpu_equals_masked_fill_and_keeps_bool_masks(dtype) -> None
     masks.apply_to_weights(layer)
     ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
     assert torch.equal(layer.w.detach().view(ints), want.view(ints))  # bit for bit
-    assert all(m.dtype == torch.bool for m in masks._bit_masks.values())  # 1 byte per weight
+    cached = [m for per_name in masks._bit_masks.values() for m in per_name.values()]
+    assert cached and all(m.dtype == torch.bool for m in cached)  # 1 byte per weight
 
 
 def test_the_set_keeps_its_own_copy_of_a_mask() -> None:

@@ -57,8 +57,11 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     unavailable = Row("campfire", "campfire", train=TINY, baseline="dense")
     failing = Row("bad option", "sdgp", options={"no_such_option": 1}, train=TINY)
     target = _tiny_target([unavailable, failing])
-    real = common.method_available
-    monkeypatch.setattr(common, "method_available", lambda n: n != "campfire" and real(n))
+    real = common.unavailable_reason
+    missing = "method 'campfire' is not available in this build"
+    monkeypatch.setattr(
+        common, "unavailable_reason", lambda n: missing if n == "campfire" else real(n)
+    )
     result = run_target(target, "smoke", tmp_path, log=logs.append)
     # one run directory per config, named by method, model, data, scale and config hash
     dirs = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("results",))
@@ -105,7 +108,9 @@ def test_a_killed_run_is_resumed_not_restarted(tmp_path):
 
 
 def test_run_or_reuse_reports_a_missing_method(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "method_available", lambda n: False)
+    monkeypatch.setattr(
+        common, "unavailable_reason", lambda n: f"method {n!r} is not available in this build"
+    )
     cfg = Row("x", "clicktrain", train=TINY).configs("smoke", tmp_path)[0]
     with pytest.raises(MethodUnavailable, match="not available"):
         common.run_or_reuse(cfg)

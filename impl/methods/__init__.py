@@ -26,8 +26,8 @@ from typing import Any
 
 from impl.methods.base import Method, MethodConfig, TrainContext
 
-# name -> "module:ClassName" (or the class itself, for register_method)
-_REGISTRY: dict[str, str | type[Method]] = {
+# the built-in methods: name -> "module:ClassName"
+_REGISTRY: dict[str, str] = {
     "dense": "impl.methods.dense:Dense",
     "clicktrain": "impl.methods.clicktrain:ClickTrain",
     "prunetrain": "impl.methods.prunetrain:PruneTrain",
@@ -162,10 +162,10 @@ def method_class(name: str) -> type[Method]:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if name in _REGISTRY and err.name == module_name:
-            raise ValueError(f"method {name!r} is not available in this build") from err
         if name not in _REGISTRY:
             raise ValueError(f"method {name!r}: cannot import {module_name!r} ({err})") from err
+        if err.name == module_name:
+            raise ValueError(f"method {name!r} is not available in this build") from err
         raise
     cls: Any = module
     for part in class_name.split("."):  # "Outer.Inner" names a nested class

@@ -39,7 +39,8 @@ def conv_flops_union_vs_gating(
     Args:
         model: a (reconfigured) CNN; its convolutions' weights define which channels are zero.
         input_shape: one sample's shape (C, H, W); the spatial size of each convolution's
-            output is read off one forward pass of a zero input.
+            output is read off one forward pass of a zero input
+            (:func:`impl.flops.training_flops`, which leaves BatchNorm statistics alone).
         threshold: a weight with ``|w| <= threshold`` counts as zero (PruneTrain's 1e-4).
 
     Returns:
@@ -55,25 +56,11 @@ def conv_flops_union_vs_gating(
         raise ValueError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape}")
     if not threshold >= 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
+    from impl.flops import training_flops
+
     convs = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
-    out_hw: dict[str, tuple[int, int]] = {}
-    hooks = [
-        m.register_forward_hook(
-            lambda mod, inp, out, name=name: out_hw.__setitem__(name, tuple(out.shape[-2:]))
-        )
-        for name, m in convs
-    ]
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(torch.zeros(1, *[int(s) for s in input_shape], device=device))
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
+    report = training_flops(model, tuple(int(s) for s in input_shape))  # one zero-input pass
+    out_hw = {layer.name: tuple(layer.out_shape[-2:]) for layer in report.layers}
     layers = []
     union = gating = 0.0
     for name, conv in convs:

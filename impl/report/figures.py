@@ -53,7 +53,7 @@ def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> N
     if hue is None:
         raise ValueError("a tradeoff figure needs hue (one point per group)")
     data[x] = pd.to_numeric(data[x], errors="coerce")
-    groups = [(name, g) for name, g in data.groupby(hue, sort=False)]
+    groups = list(data.groupby(hue, sort=False))
     colors = sns.color_palette(n_colors=max(len(groups), 1))
     for color, (name, g) in zip(colors, groups):
         xs, ys = g[x].dropna(), g[y].dropna()

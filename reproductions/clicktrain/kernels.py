@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from reproductions.common import device_name, time_ms
+from reproductions.common import check_sweeps, device_name, per_sweep, time_ms
 
 # The paper's reference shape (Sec. 5.1): filter matrix 256 x 1152 (256 filters, 128 channels,
 # 3x3) and input 1152 x 50176 (a 128 x 224 x 224 feature map after im2col).
@@ -60,8 +60,7 @@ def csr_conversion(
     from impl.ops import pattern_csr
     from impl.ops.pattern import pattern_index
 
-    if sweeps < 1:
-        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
+    check_sweeps(sweeps)
     s = _shape(scale)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mask = pattern_mask(s["filters"], s["channels"], sparsity).to(dev)
@@ -79,7 +78,7 @@ def csr_conversion(
     return {
         "conversion_time": g_us,
         "pattern_conversion_time": o_us,
-        "speedup_vs_cusparse": speedups if sweeps > 1 else speedups[0],
+        "speedup_vs_cusparse": per_sweep(speedups),
         "sweeps": sweeps,
         "shape": f"{s['filters']}x{9 * s['channels']}",
         "sparsity": float(1 - mask.float().mean()),
@@ -107,8 +106,7 @@ def spmm_sweep(
     from impl.ops import pattern_spmm
     from impl.ops.pattern import pattern_index
 
-    if sweeps < 1:
-        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
+    check_sweeps(sweeps)
     s = _shape(scale)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b = torch.randn(9 * s["channels"], s["columns"], device=dev)
@@ -129,7 +127,7 @@ def spmm_sweep(
         }
         grid.append((achieved, cases))
     times: dict[tuple[str, float], list[float]] = {}
-    per_sweep: list[dict[tuple[str, float], float]] = []
+    sweep_medians: list[dict[tuple[str, float], float]] = []
     for _ in range(sweeps):
         this: dict[tuple[str, float], float] = {}
         for achieved, cases in grid:
@@ -137,7 +135,7 @@ def spmm_sweep(
                 t = time_ms(fn, repeats=repeats)
                 times.setdefault((impl, achieved), []).extend(t)
                 this[(impl, achieved)] = statistics.median(t)
-        per_sweep.append(this)
+        sweep_medians.append(this)
     points = [
         {"sparsity": sp, "impl": impl, "time_ms": statistics.median(t)}
         for (impl, sp), t in times.items()
@@ -146,10 +144,12 @@ def spmm_sweep(
     sps = sorted({p["sparsity"] for p in points})
     near75 = min(sps, key=lambda x: abs(x - 75))
     cross = [x for x in sps if at[("pattern SpMM", x)] < at[("dense GEMM", x)]]
-    speedups = [t[("generic CSR SpMM", near75)] / t[("pattern SpMM", near75)] for t in per_sweep]
+    speedups = [
+        t[("generic CSR SpMM", near75)] / t[("pattern SpMM", near75)] for t in sweep_medians
+    ]
     return {
         "points": points,
-        "speedup_vs_cusparse": speedups if sweeps > 1 else speedups[0],
+        "speedup_vs_cusparse": per_sweep(speedups),
         "speedup_sparsity": near75,
         "crossover_sparsity_vs_cublas_cudnn": min(cross) if cross else math.nan,
         "sweeps": sweeps,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from reproductions.common import device_name
+from reproductions.common import check_sweeps, device_name, per_sweep
 
 SHAPES = {
     "smoke": {"model": "resnet20", "stem": "cifar", "batch": 4, "image": 32},
@@ -31,8 +31,7 @@ def conv_times(
     from impl.methods.sdgp_timing import profile_conv_layers
     from impl.models import create
 
-    if sweeps < 1:
-        raise ValueError(f"sweeps must be >= 1, got {sweeps}")
+    check_sweeps(sweeps)
     s = SHAPES[scale]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = create(s["model"], num_classes=1000 if s["stem"] == "imagenet" else 10,
@@ -55,9 +54,6 @@ def conv_times(
         for k in keys:
             row[k] = statistics.median(run[i][k] for run in runs)
         merged.append(row)
-
-    def per_sweep(values: list[float]) -> float | list[float]:
-        return values if sweeps > 1 else values[0]
 
     return {
         "layers": merged,

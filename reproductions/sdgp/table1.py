@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.cross.methods import SEEDS
 
-# At cpu scale five seeds, as the cross-method table (whose dense and rescaled 2:4 runs are
-# these), so that the order of the three pruning functions is judged against seed noise.
-CPU_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
+# At cpu scale the cross-method table's seeds (its dense and rescaled 2:4 runs are these), so
+# that the order of the three pruning functions is judged against seed noise.
+CPU_SEEDS: tuple[int, ...] = SEEDS["cpu"]
 PRUNE = (("random", "random"), ("magnitude", "magnitude"), ("rescaled", "rescaled"))
 CIFAR_RECIPE = {"data": "cifar10", "epochs": 150, "batch_size": 512, "lr": 0.5,
                 "label_smoothing": 0.1, "schedule": "onecycle", "warmup_fraction": 2 / 150,

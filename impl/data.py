@@ -119,19 +119,34 @@ class DataSpec:
 # ----------------------------------------------------------------------------- randomness
 
 
-def _stream_seed(seed: int, epoch: int, stream: int) -> int:
-    """A 63-bit torch seed that depends only on (seed, epoch, stream)."""
-    state = np.random.SeedSequence([seed, epoch, stream]).generate_state(2, dtype=np.uint64)
+def _stream_seed(seed: int, epoch: int, stream: int, *more: int) -> int:
+    """A 63-bit torch seed that depends only on (seed, epoch, stream, *more)."""
+    words = [seed, epoch, stream, *more]
+    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint64)
     return int(state[0]) & ((1 << 63) - 1)
 
 
-def _generator(seed: int, epoch: int, stream: int) -> torch.Generator:
+def _generator(seed: int, epoch: int, stream: int, *more: int) -> torch.Generator:
     g = torch.Generator(device="cpu")
-    g.manual_seed(_stream_seed(seed, epoch, stream))
+    g.manual_seed(_stream_seed(seed, epoch, stream, *more))
     return g
 
 
-_SHUFFLE, _AUGMENT = 0, 1
+# Random streams: the epoch's shuffle, its augmentation (in-memory loaders), and the seeds of
+# a DataLoader's workers (ImageFolder; one stream per rank, so ranks augment independently).
+_SHUFFLE, _AUGMENT, _WORKERS = 0, 1, 2
+
+
+def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of rank ``rank``'s contiguous share of ``n`` samples: the first
+    ``n % world_size`` ranks get one more (``torch.tensor_split`` semantics)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 # ----------------------------------------------------------------------------- augmentation
@@ -181,10 +196,12 @@ class CropFlip:
 
 
 class Loader:
-    """What every loader shares: batch size, epoch, ``len`` and the device it delivers to.
+    """What every loader shares: batch size, epoch, ``len``, the device it delivers to and
+    the share of each batch it delivers (all of it, or one rank's: :meth:`set_shard`).
 
     Subclasses set ``num_samples`` and implement ``__iter__`` yielding ``(x, y)`` on
-    ``device``, with the shuffle and augmentation of ``epoch`` drawn from (seed, epoch).
+    ``device``, with the shuffle and augmentation of ``epoch`` drawn from (seed, epoch), and
+    of each global batch only ``shard_bounds(len(batch), rank, world_size)``.
     """
 
     def __init__(
@@ -195,6 +212,7 @@ class Loader:
         self.drop_last = drop_last
         self.epoch = 0
         self.batch_size = batch_size
+        self.rank, self.world_size = 0, 1
 
     @property
     def batch_size(self) -> int:
@@ -215,6 +233,38 @@ class Loader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self.epoch = epoch
+
+    def set_shard(self, rank: int, world_size: int) -> None:
+        """Deliver only rank ``rank``'s contiguous share (:func:`shard_bounds`) of every
+        global batch of ``batch_size`` samples; ``set_shard(0, 1)`` delivers whole batches.
+
+        Every rank draws the same shuffle and augmentation, so the shares of one step are
+        the global batch that one process would train on, and each rank loads only its own
+        (data-parallel training, :mod:`impl.distributed`).
+        """
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        shard_bounds(0, rank, world_size)  # validates the pair
+        self.rank, self.world_size = rank, world_size
+
+    @property
+    def sharded(self) -> bool:
+        """Whether batches are one rank's shares of global batches (``world_size > 1``)."""
+        return self.world_size > 1
+
+    def global_batch_size(self, i: int) -> int:
+        """Samples in global batch ``i`` of the epoch (``batch_size`` but for a short last one)."""
+        if not 0 <= i < len(self):
+            raise ValueError(f"batch {i} is outside the epoch's {len(self)} batches")
+        return min(self.batch_size, self.num_samples - i * self.batch_size)
+
+    def _share(self, batch: torch.Tensor) -> torch.Tensor:
+        """This loader's share of the indices of one global batch."""
+        if self.world_size == 1:
+            return batch
+        start, stop = shard_bounds(int(batch.shape[0]), self.rank, self.world_size)
+        return batch[start:stop]
 
     def __len__(self) -> int:
         """Batches per epoch: ceil(num_samples / batch_size), floor with ``drop_last``."""
@@ -284,7 +334,7 @@ class TensorLoader(Loader):
             params = tuple(p.to(self.device) for p in drawn)  # one copy per epoch
         order_dev = order.to(self.device)
         for i in range(len(self)):
-            idx = order_dev[i * bs : (i + 1) * bs]
+            idx = self._share(order_dev[i * bs : (i + 1) * bs])
             x = self.images[idx].to(torch.float32)
             if self._scale != 1.0:
                 x = x * self._scale
@@ -624,8 +674,10 @@ def _synthetic(
 class ImageFolderLoader(Loader):
     """A torch DataLoader over an ImageFolder, behind the same interface as TensorLoader.
 
-    Shuffling and the workers' augmentation seeds come from a generator seeded by
-    (seed, epoch); with the same ``num_workers`` an epoch is reproducible.
+    The epoch's order is drawn from (seed, epoch) as TensorLoader draws it, and each global
+    batch's share for this rank (:meth:`Loader.set_shard`) is what the DataLoader reads and
+    decodes. The workers' augmentation seeds come from (seed, epoch, rank): with the same
+    ``num_workers`` an epoch is reproducible, and ranks do not repeat each other's crops.
     """
 
     def __init__(
@@ -649,21 +701,38 @@ class ImageFolderLoader(Loader):
         """Images in the dataset."""
         return len(self.dataset)
 
+    def batch_indices(self) -> list[list[int]]:
+        """Dataset indices of this rank's share of each of the epoch's batches (in order)."""
+        n, bs = self.num_samples, self.batch_size
+        if self.shuffle:
+            order = torch.randperm(n, generator=_generator(self.seed, self.epoch, _SHUFFLE))
+        else:
+            order = torch.arange(n)
+        return [self._share(order[i * bs : (i + 1) * bs]).tolist() for i in range(len(self))]
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from torch.utils.data import DataLoader
 
+        shares = self.batch_indices()
         loader = DataLoader(
             self.dataset,
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
+            batch_sampler=[s for s in shares if s],  # an empty share is made below
             num_workers=self.num_workers,
-            drop_last=self.drop_last,
             pin_memory=self.device.type == "cuda",
-            generator=_generator(self.seed, self.epoch, _SHUFFLE),
+            generator=_generator(self.seed, self.epoch, _WORKERS, self.rank),
             persistent_workers=False,
         )
+        batches = iter(loader)
         non_blocking = self.device.type == "cuda"
-        for x, y in loader:
+        shape: tuple[int, ...] | None = None
+        for indices in shares:
+            if indices:
+                x, y = next(batches)
+                shape = tuple(x.shape[1:])
+            else:  # this rank's share of a batch smaller than the world: still a step
+                if shape is None:
+                    shape = tuple(self.dataset[0][0].shape)
+                x, y = torch.empty((0, *shape)), torch.empty(0, dtype=torch.int64)
             yield (
                 x.to(self.device, non_blocking=non_blocking),
                 y.to(self.device, non_blocking=non_blocking),

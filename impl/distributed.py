@@ -7,11 +7,12 @@ How a run is distributed (docs/distributed.md has the long form):
   train ...`` works directly, on one node or several. Each worker joins the default process
   group (:func:`init_from_env`): NCCL when it trains on a GPU (``cuda:LOCAL_RANK``), gloo on
   the CPU, with a collective timeout (:func:`timeout_seconds`).
-- **Batches.** ``--batch-size`` is the *global* batch: every rank draws the same global batch
-  from the same loader (the loader's shuffle and augmentation depend only on (seed, epoch))
-  and keeps its contiguous share (:func:`shard_bounds`; shares differ by at most one sample).
-  So a config means the same training whatever the number of processes, and the learning
-  rate needs no rescaling.
+- **Batches.** ``--batch-size`` is the *global* batch: every rank's loader draws the same
+  shuffle and augmentation (they depend only on (seed, epoch)) and loads only this rank's
+  contiguous share of each global batch (:meth:`impl.data.Loader.set_shard`,
+  :func:`impl.data.shard_bounds`; shares differ by at most one sample). So a config means the
+  same training whatever the number of processes, the learning rate needs no rescaling, and
+  no rank reads or augments images another rank trains on.
 - **Same result as one process**, up to the order of floating-point reductions:
   batch-norm statistics are computed over the global batch (:func:`sync_batchnorm`), the loss
   value a method sees is the global batch's mean, and with unequal shares each rank's
@@ -45,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from impl import comm
+from impl.data import shard_bounds
 
 #: Environment variable holding the collective timeout in seconds.
 TIMEOUT_ENV = "PDTBENCH_DIST_TIMEOUT"
@@ -302,18 +304,6 @@ def _kill_job(proc: subprocess.Popen) -> None:
 
 
 # ----------------------------------------------------------------------------- sharding
-def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
-    """``[start, stop)`` of rank ``rank``'s contiguous share of ``n`` samples: the first
-    ``n % world_size`` ranks get one more (``torch.tensor_split`` semantics)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world_size {world_size}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
 def shard(x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share of the global batch ``(x, y)`` (along dim 0)."""
     if not info.active:
@@ -559,10 +549,22 @@ class DataParallel:
             unsync_batchnorm(ctx.model)
 
     # -- batches and loss -------------------------------------------------------------------
-    def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's share of a global batch (remembered for the loss of this step)."""
-        self._n_global = int(x.shape[0])
-        x, y = shard(x, y, self.info)
+    def shard(
+        self, x: torch.Tensor, y: torch.Tensor, n_global: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of a global batch (its sizes remembered for this step's loss).
+
+        Without ``n_global``, ``(x, y)`` is the whole global batch and this slices the share;
+        with it, ``(x, y)`` is already this rank's share (a loader after
+        :meth:`impl.data.Loader.set_shard`) of a global batch of ``n_global`` samples.
+        """
+        if n_global is None:
+            self._n_global = int(x.shape[0])
+            x, y = shard(x, y, self.info)
+        else:
+            if n_global < x.shape[0]:
+                raise ValueError(f"a share of {x.shape[0]} samples exceeds its batch {n_global}")
+            self._n_global = int(n_global)
         self._n_local = int(x.shape[0])
         return x, y
 

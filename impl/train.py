@@ -60,14 +60,15 @@ def evaluate(
     """(mean cross-entropy, top-1 accuracy in %) of ``model`` over ``loader``.
 
     With ``dp`` (a :class:`impl.distributed.DataParallel` of several processes) each rank
-    scores its share of every batch and the sums are all-reduced.
+    scores its share of every batch (the loader's, when it delivers shares:
+    :meth:`impl.data.Loader.set_shard`) and the sums are all-reduced.
     """
     was_training = model.training
     model.eval()
     loss_sum = 0.0
     correct = count = 0
     for x, y in loader:
-        if dp is not None:
+        if dp is not None and not getattr(loader, "sharded", False):
             x, y = distributed.shard(x, y, dp.info)
         out = model(x)
         loss_sum += float(F.cross_entropy(out.float(), y, reduction="sum"))
@@ -204,6 +205,9 @@ class Trainer:
         if resume and main:
             rundir.truncate_metrics(run_dir, start_epoch)
         dp.prepare(ctx, method)
+        if dp.active:  # each rank loads only its share of every global batch
+            for loader in (train_loader, test_loader):
+                loader.set_shard(dp.info.rank, dp.info.world_size)
 
         wall = wall_before
         last_row: dict[str, Any] = {}
@@ -293,7 +297,9 @@ class Trainer:
             if i >= steps:
                 break
             lr = self._set_lr(ctx, epoch + i / steps)
-            x, y = dp.shard(x, y)  # this rank's share of the global batch
+            # This rank's share of the global batch (the loader's own share when sharded).
+            sharded = getattr(loader, "sharded", False)
+            x, y = dp.shard(x, y, loader.global_batch_size(i) if sharded else None)
             timer.start("fwd")
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 out = model(x)

@@ -516,3 +516,85 @@ def test_digits_image_size_sets_the_side_and_keeps_the_split(size: int) -> None:
 def test_digits_image_size_out_of_range_is_refused(size: int) -> None:
     with pytest.raises(ValueError, match=r"image_size must be in \[8, 64\]"):
         make_loaders("digits", batch_size=64, image_size=size)
+
+
+# ----------------------------------------------------------------------------- rank shares
+
+
+@pytest.mark.parametrize(("batch_size", "world"), [(64, 2), (37, 3), (50, 4), (1437, 5)], ids=str)
+def test_rank_shares_make_up_the_global_batch(batch_size: int, world: int) -> None:
+    # digits' 1437 training images: the last batch is short for every batch size here
+    # (and 1437 = 5 * 287 + 2, so with 5 ranks some shares differ in size).
+    whole, _, _ = make_loaders("digits", batch_size, seed=4)
+    ranks = [make_loaders("digits", batch_size, seed=4)[0] for _ in range(world)]
+    for rank, loader in enumerate(ranks):
+        loader.set_shard(rank, world)
+        loader.set_epoch(2)
+        assert loader.sharded and len(loader) == len(whole)
+    whole.set_epoch(2)
+    for i, per_rank in enumerate(zip(whole, *ranks, strict=True)):
+        (x, y), shares = per_rank[0], per_rank[1:]
+        assert sum(len(s[1]) for s in shares) == len(y) == ranks[0].global_batch_size(i)
+        assert torch.equal(torch.cat([s[0] for s in shares]), x)  # same pixels, augmented
+        assert torch.equal(torch.cat([s[1] for s in shares]), y)
+
+
+def test_rank_share_of_a_batch_smaller_than_the_world_is_empty() -> None:
+    x = torch.rand(5, 1, 4, 4)
+    loaders = []
+    for rank in range(4):
+        loader = TensorLoader(
+            x,
+            torch.arange(5),
+            3,
+            mean=(0.0,),
+            std=(1.0,),
+            shuffle=False,
+            augment=CropFlip(1, True),
+            seed=0,
+        )
+        loader.set_shard(rank, 4)
+        loaders.append(loader)
+    sizes = [[len(y) for _, y in loader] for loader in loaders]
+    assert sizes == [[1, 1], [1, 1], [1, 0], [0, 0]]  # global batches of 3 and 2
+    empty_x, empty_y = list(loaders[3])[1]
+    assert empty_x.shape == (0, 1, 4, 4) and empty_y.dtype == torch.int64
+    assert [loaders[0].global_batch_size(i) for i in range(2)] == [3, 2]
+
+
+def test_set_shard_and_global_batch_size_refuse_bad_values() -> None:
+    loader, _, _ = make_loaders("digits", 100, seed=0)
+    with pytest.raises(ValueError, match="outside world_size 2"):
+        loader.set_shard(2, 2)
+    with pytest.raises(ValueError, match="world_size must be an int"):
+        loader.set_shard(0, 2.0)
+    with pytest.raises(ValueError, match="outside the epoch's 15 batches"):
+        loader.global_batch_size(15)
+    assert loader.global_batch_size(14) == 37 and not loader.sharded
+    loader.set_shard(1, 2)
+    loader.set_shard(0, 1)  # back to whole batches
+    assert not loader.sharded and len(next(iter(loader))[1]) == 100
+
+
+def test_imagenet_ranks_read_only_their_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (7, 2), "n02": (4, 3), "n03": (2, 1)})
+
+    def train_loader(rank: int, world: int):
+        loader = make_loaders("imagenet", 4, data_dir=tmp_path, seed=3, num_workers=0)[0]
+        loader.set_shard(rank, world)
+        loader.set_epoch(1)
+        return loader
+
+    whole = train_loader(0, 1).batch_indices()
+    assert sorted(i for b in whole for i in b) == list(range(13))  # 13 images, batches of 4
+    for world in (2, 3, 5):
+        shares = [train_loader(r, world).batch_indices() for r in range(world)]
+        for i, batch in enumerate(whole):
+            assert [j for s in shares for j in s[i]] == batch
+    # 5 ranks: batches of 4, 4, 4, 1 give rank 0 one image each and rank 4 none: an empty
+    # step of the images' shape (ranks take every step together).
+    assert [len(y) for _, y in train_loader(0, 5)] == [1, 1, 1, 1]
+    assert [tuple(x.shape) for x, _ in train_loader(4, 5)] == [(0, 3, 8, 8)] * 4

@@ -48,6 +48,17 @@ def test_shard_takes_this_ranks_share():
     assert D.shard(x, y, D.DistInfo())[0] is x
 
 
+def test_data_parallel_shard_takes_a_loaders_share_as_it_is():
+    dp = D.DataParallel(ACTIVE, torch.device("cpu"), timing=False)
+    x, y = torch.arange(9.0).view(9, 1), torch.arange(9)
+    xs, ys = dp.shard(x, y)  # a whole global batch: sliced
+    assert torch.equal(ys, torch.arange(5, 9)) and (dp._n_local, dp._n_global) == (4, 9)
+    xs, ys = dp.shard(x[5:], y[5:], n_global=9)  # already the share: kept
+    assert torch.equal(ys, torch.arange(5, 9)) and (dp._n_local, dp._n_global) == (4, 9)
+    with pytest.raises(ValueError, match="exceeds its batch 3"):
+        dp.shard(x, y, n_global=3)
+
+
 def test_timeout_seconds(monkeypatch):
     monkeypatch.delenv(D.TIMEOUT_ENV, raising=False)
     assert D.timeout_seconds() == D.DEFAULT_TIMEOUT_S

@@ -8,6 +8,7 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class UsageError(Exception):
@@ -195,11 +197,18 @@ def cmd_train(argv: list[str]) -> int:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
     if args.resume:
+        given = _flags_given(_train_parser(config_cls), args, _RESUME_FLAGS)
+        if given:
+            raise UsageError(
+                f"--resume continues the run with its saved config; {', '.join(given)} cannot "
+                "change it (start a new run with another --out to train differently)"
+            )
         saved = Path(args.resume) / CONFIG_FILE  # resume() reports a missing one itself
         device = TrainConfig.from_dict(read_json(saved)).device if saved.exists() else "auto"
-        summary = distributed.run_worker(
-            lambda: resume(args.resume, progress=progress), device, args.dist_timeout
-        )
+        with _interrupt_hint(Path(args.resume)):
+            summary = distributed.run_worker(
+                lambda: resume(args.resume, progress=progress), device, args.dist_timeout
+            )
         _print_result(Path(args.resume), summary)
         return 0
 
@@ -239,11 +248,51 @@ def cmd_train(argv: list[str]) -> int:
     )
     if cfg.out is None:
         cfg.out = cfg.default_out()
-    summary = distributed.run_worker(
-        lambda: train(cfg, progress=progress), cfg.device, args.dist_timeout
-    )
+    with _interrupt_hint(Path(cfg.out)):
+        summary = distributed.run_worker(
+            lambda: train(cfg, progress=progress), cfg.device, args.dist_timeout
+        )
     _print_result(Path(cfg.out), summary)
     return 0
+
+
+# What --resume may be given with: how to run, not what to train.
+_RESUME_FLAGS = ("resume", "no_progress", "nproc", "dist_timeout")
+
+
+def _flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, allowed) -> list[str]:
+    """The flags of ``args`` set away from their defaults, but for ``allowed`` (dests)."""
+    given = []
+    for action in parser._actions:
+        if action.dest in allowed or action.dest == "help" or not action.option_strings:
+            continue
+        if getattr(args, action.dest, action.default) != action.default:
+            given.append(action.option_strings[0])
+    return given
+
+
+class Interrupted(Exception):
+    """Training was stopped by Ctrl-C; the message says what was kept and how to go on."""
+
+
+@contextlib.contextmanager
+def _interrupt_hint(run_dir: Path):
+    """Turn Ctrl-C during training into :class:`Interrupted` naming the resume command."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from impl.rundir import CONFIG_FILE, read_metrics
+
+        if not (run_dir / CONFIG_FILE).exists():
+            raise Interrupted("interrupted before the run began; nothing was written") from None
+        try:
+            done = len(read_metrics(run_dir))
+        except (OSError, ValueError):
+            done = 0
+        kept = f"{done} finished epoch(s) are saved" if done else "no epoch had finished"
+        raise Interrupted(
+            f"interrupted; {kept}: continue with `pdtbench train --resume {run_dir}`"
+        ) from None
 
 
 def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -261,6 +310,33 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
         f"{summary.get('wall_seconds', float('nan')):.1f} s"
     )
     print(f"results: {run_dir}/summary.json (metrics.jsonl, config.json, checkpoint.pt)")
+    note = _result_note(summary)
+    if note:
+        print(f"note: {note}")
+
+
+def _result_note(summary: dict[str, Any]) -> str | None:
+    """What a reader of the result line should not miss: synthetic data's top-1 means
+    nothing; a top-1 within twice chance means the run was too short to learn."""
+    if summary.get("data_synthetic"):
+        return "synthetic data (random labels): the top-1 is meaningless; use it for timing only"
+    classes = (summary.get("data_spec") or {}).get("num_classes")
+    top1 = summary.get("top1")
+    if not classes or top1 is None:
+        return None
+    from impl.config import SCALE_PRESETS
+
+    chance = 100.0 / classes
+    if top1 >= 2 * chance:
+        return None
+    text = (
+        f"top-1 {top1:.2f}% is within twice chance ({chance:.1f}% for {classes} classes): "
+        f"{summary.get('epochs')} epoch(s) were too few steps to learn"
+    )
+    preset = SCALE_PRESETS.get(str(summary.get("scale")), {}).get("epochs")
+    if preset and preset > (summary.get("epochs") or 0):
+        text += f"; --scale {summary.get('scale')} trains {preset} epochs unless --epochs is given"
+    return text
 
 
 # -- env -------------------------------------------------------------------------------------------
@@ -365,9 +441,21 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return COMMANDS[command](rest)
-    except (UsageError, ValueError, RunExistsError, CheckpointError, FileNotFoundError) as err:
+    except (UsageError, ValueError, RunExistsError, CheckpointError, OSError) as err:
+        # OSError: an output path that cannot be made or written (not a directory, no
+        # permission, disk full); the message names the path.
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as err:
+        print(f"pdtbench {command}: {err}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print(
+            f"pdtbench {command}: interrupted; what finished is kept (runs, results): "
+            "the same command continues from there",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -99,6 +99,8 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable)."""

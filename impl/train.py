@@ -35,10 +35,41 @@ class RunExistsError(FileExistsError):
 
 
 def pick_device(name: str) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; anything else as given."""
+    """``"auto"`` -> CUDA when available, else CPU; anything else as given.
+
+    Raises:
+        ValueError: ``name`` is not a torch device, or names a CUDA device this torch build
+            and machine do not have (the message says how many there are).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r} is not a device (cpu, cuda, cuda:N, auto)") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "has no CUDA" if torch.version.cuda is None else "sees no CUDA GPU here"
+            raise ValueError(
+                f"--device {name!r}: this torch {torch.__version__} {build}; "
+                "use --device cpu or auto"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s)")
+    return device
+
+
+def check_out_dir(run_dir: Path) -> None:
+    """Raise ValueError, before any work, when ``run_dir`` cannot become a run directory: a
+    file stands at it or at one of its parents, or the nearest existing parent is read-only."""
+    parent = run_dir
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {run_dir}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {run_dir}: {parent} is not writable")
 
 
 def seed_everything(seed: int) -> None:
@@ -178,10 +209,13 @@ class Trainer:
                     f"`pdtbench train --resume {run_dir}` or choose another --out"
                 )
             if main:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                rundir.write_json(config_path, cfg.to_dict())
-
+                check_out_dir(run_dir)
+        # Data, model and method are built before anything is written, so a bad dataset
+        # directory or image size leaves no run directory behind to block the next try.
         ctx, method, train_loader, test_loader, spec = self._build()
+        if not resume and main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_json(config_path, cfg.to_dict())
         method.setup(ctx)
         dense_conv_total, _ = conv_weight_counts(ctx.model)
         start_epoch = 0
@@ -495,6 +529,7 @@ def load_trained_model(
 __all__ = [
     "RunExistsError",
     "Trainer",
+    "check_out_dir",
     "conv_weight_counts",
     "evaluate",
     "load_trained_model",

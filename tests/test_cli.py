@@ -185,3 +185,123 @@ def test_every_method_option_is_documented_and_its_flag_says_so(method, capsys):
     out = " ".join(capsys.readouterr().out.split())
     first = dataclasses.fields(config)[0].name
     assert " ".join(helps[first].replace("``", "").split()[:4]) in out
+
+
+# ----------------------------------------------------------------------------- bad runs
+
+
+SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", "1",
+         "--threads", "1", "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--data", "cifar10", "--data-dir", "{tmp}/nowhere"], "cifar10"),
+        (["--image-size", "2"], "image_size must be in [8, 64]"),
+        (
+            ["--device", "cuda:0"]
+            if not __import__("torch").cuda.is_available()
+            else ["--device", "cuda:999"],
+            "--device 'cuda",
+        ),  # fmt: skip
+        (["--device", "gpu"], "is not a device"),
+        (["--threads", "0"], "threads must be >= 1"),
+        (["--method", "sdgp", "--prune-method", "foo"], "unknown N:M pruning function 'foo'"),
+    ],
+    ids=["missing-data", "image-size", "absent-cuda", "device-name", "threads", "sdgp-option"],
+)
+def test_a_bad_setting_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, flags, needle):
+    out = tmp_path / "run"
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    assert cli.main([*SMOKE, *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()  # so the corrected command is not refused as "already a run"
+    assert cli.main([*SMOKE, "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["at-file", "under-file"])
+def test_an_out_path_through_a_file_is_one_line(tmp_path, capsys, nested):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out = afile / "run" if nested else afile
+    assert cli.main([*SMOKE, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{afile} is a file, not a directory" in err and len(err.splitlines()) == 1
+
+
+def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main([*SMOKE, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--epochs", "4", "--lr", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--epochs, --lr cannot change it" in err
+    # how to run is not what to train: these are accepted, and a complete run is reported
+    assert cli.main(["train", "--resume", str(out), "--no-progress", "--nproc", "1"]) == 0
+
+
+def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
+    import impl.train
+    from impl import rundir
+
+    out = tmp_path / "run"
+
+    def interrupted_after_one_epoch(cfg, progress=True):
+        out.mkdir()
+        rundir.write_json(out / rundir.CONFIG_FILE, cfg.to_dict())
+        rundir.append_metrics(out, {"epoch": 0, "train_loss": 1.0})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(impl.train, "train", interrupted_after_one_epoch)
+    assert cli.main([*SMOKE, "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"pdtbench train: interrupted; 1 finished epoch(s) are saved: continue with "
+        f"`pdtbench train --resume {out}`"
+    )
+
+    def interrupted_while_loading(cfg, progress=True):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(impl.train, "train", interrupted_while_loading)
+    assert cli.main([*SMOKE, "--out", str(tmp_path / "other")]) == 130
+    assert "before the run began; nothing was written" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exits_130(capsys, monkeypatch):
+    def stopped(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "report", stopped)
+    assert cli.main(["report"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the same command continues" in err
+
+
+@pytest.mark.parametrize(
+    "summary, needle",
+    [
+        ({"data_synthetic": True, "top1": 11.7}, "synthetic data"),
+        (
+            {"data_spec": {"num_classes": 10}, "top1": 17.0, "epochs": 2, "scale": "cpu"},
+            "within twice chance (10.0% for 10 classes): 2 epoch(s) were too few steps to learn; "
+            "--scale cpu trains 15 epochs",
+        ),  # fmt: skip
+        (
+            {"data_spec": {"num_classes": 100}, "top1": 1.5, "epochs": 30, "scale": "cpu"},
+            "within twice chance (1.0% for 100 classes)",
+        ),  # fmt: skip
+        ({"data_spec": {"num_classes": 10}, "top1": 20.0, "epochs": 2, "scale": "cpu"}, None),
+    ],
+    ids=["synthetic", "short-run", "many-classes", "learned"],
+)
+def test_result_note_flags_what_a_top1_does_not_mean(summary, needle):
+    note = cli._result_note(summary)
+    if needle is None:
+        assert note is None
+    else:
+        assert needle in note
+    if summary.get("epochs") == 30:
+        assert "trains 15 epochs" not in note  # more epochs than the preset: no advice

@@ -87,9 +87,14 @@ def check_nm(n: int, m: int) -> None:
 def check_method(method: str, rescale: str) -> None:
     """Raise ``ValueError`` on an unknown pruning function or rescale rule (names the valid)."""
     if method not in PRUNE_METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(PRUNE_METHODS)}")
+        raise ValueError(
+            f"unknown N:M pruning function {method!r} (prune_method); "
+            f"valid: {', '.join(PRUNE_METHODS)}"
+        )
     if rescale not in RESCALE_RULES:
-        raise ValueError(f"unknown rescale {rescale!r}; valid: {', '.join(RESCALE_RULES)}")
+        raise ValueError(
+            f"unknown rescale rule {rescale!r} (rescale); valid: {', '.join(RESCALE_RULES)}"
+        )
 
 
 def _check_tensor(x: torch.Tensor, dim: int) -> int:

@@ -102,10 +102,14 @@ def _train_one(job: tuple[Any, int]) -> tuple[str, str | None, float]:
     log = log_path(cfg)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {cfg.method} seed {cfg.seed} -> {cfg.out}")
         try:
             from reproductions.common import run_or_reuse
 
-            run_or_reuse(cfg)
+            # progress=True: a line per epoch in the log (no bar: the log is not a terminal)
+            summary, reused = run_or_reuse(cfg, progress=True)
+            done = "reused a complete run" if reused else "complete"
+            print(f"{done}: top-1 {summary.get('top1')}% in {time.perf_counter() - t0:.1f} s")
             return str(cfg.out), None, time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - reported to the parent, which goes on
             traceback.print_exc(file=f)
@@ -120,13 +124,17 @@ def add_jobs_argument(parser: Any) -> None:
     """Add ``--jobs N`` (training runs at a time, one process each; N >= 1, else a usage
     error) to an ``argparse`` parser: ``pdtbench reproduce`` and ``pdtbench demo`` share it."""
 
+    import argparse
+
     def positive(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
         if value < 1:
-            raise ValueError(text)
+            raise argparse.ArgumentTypeError(f"needs a whole number >= 1, got {text!r}")
         return value
 
-    positive.__name__ = "a count >= 1"  # argparse names the type in its error
     parser.add_argument(
         "--jobs",
         type=positive,

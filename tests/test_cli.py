@@ -305,3 +305,11 @@ def test_result_note_flags_what_a_top1_does_not_mean(summary, needle):
         assert needle in note
     if summary.get("epochs") == 30:
         assert "trains 15 epochs" not in note  # more epochs than the preset: no advice
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"], ids=["zero", "negative", "word"])
+def test_jobs_must_be_a_whole_number_of_at_least_one(value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["reproduce", "sdgp.table1", "--jobs", value])
+    assert stop.value.code == 2
+    assert f"argument --jobs: needs a whole number >= 1, got '{value}'" in capsys.readouterr().err

@@ -71,6 +71,8 @@ def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path
     for p in plan[:2]:
         summary = json.loads((tmp_path / p.out.split("/")[-1] / "summary.json").read_text())
         assert summary["status"] == "complete" and summary["method"] == p.config.method
+        text = log_path(p.config).read_text()  # what a user reads when a run goes wrong
+        assert f"-> {p.config.out}" in text and "epoch 1/" in text and "complete: top-1" in text
     assert "in 2 processes x 1 threads" in lines[0]
     lines.clear()
     # Complete runs are not trained again; the failed one is tried again.

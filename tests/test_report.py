@@ -236,12 +236,15 @@ def test_mean_ci95_drops_nans_and_gives_the_t_interval():
      ((10.91, 4.9, 3), "10.9 ± 4.9 (n=3)"),
      ((1.0, 0.0, 3), "1 ± 0 (n=3)"),
      ((953_355.0, 71_801.0, 3), "953,355 ± 71,801 (n=3)"),
-     ((5.0, None, 1), "5"),
+     ((5.0, None, 1), "5 (n=1)"),
+     ((-1.6667, None, 1, False, "pp", [0]), "-1.67 (n=1, seed 0)"),
+     ((1.703, None, 1, False, "x", [3]), "1.703 (n=1, seed 3)"),
      # paired: mean -2.13, sd 0.42, n 3 -> half-width 4.302653 * 0.42 / sqrt(3) = 1.043
      ((-2.13, 0.42, 3, True), "-2.13 ± 0.42 (n=3) [95% CI -3.2, -1.1]"),
      ((0.0, 0.28, 3, True), "0.00 ± 0.28 (n=3) [95% CI -0.70, 0.70]"),
      ((0.5, 0.0, 3, True), "0.5 ± 0 (n=3)")],
-    ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "paired",
+    ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "single-seed",
+         "single-seed-ratio", "paired",
          "paired-zero", "paired-no-spread"],
 )  # fmt: skip
 def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
@@ -255,7 +258,26 @@ def test_comparison_frame_shows_single_accuracies_to_two_decimals():
         {"row": "fig9", "metric": "speedup", "ours": 3.6161, "n": 1, "unit": "x"},
         {"row": "claim", "metric": "difference", "ours": 1.7778, "n": 5, "unit": "pp"},
     ])  # fmt: skip
-    assert list(frame["Ours"]) == ["-0.56", "99.44", "3.616", "1.78 (n=5)"]
+    assert list(frame["Ours"]) == ["-0.56 (n=1)", "99.44 (n=1)", "3.616 (n=1)", "1.78 (n=5)"]
+
+
+def test_every_single_seed_number_says_so_in_every_table():
+    rows = [
+        {"row": "PruneTrain", "metric": "delta_top1", "ours": -1.6667, "n": 1, "unit": "pp",
+         "scale": "cpu", "seeds": [0], "values": [-1.6667]},
+        {"row": "ClickTrain", "metric": "compression_ratio", "ours": 1.703, "n": 1, "unit": "x",
+         "scale": "cpu", "seeds": [0], "values": [1.703]},
+        {"row": "dense", "metric": "top1", "ours": 99.28, "ours_sd": 0.25, "n": 5, "unit": "%",
+         "scale": "cpu"},
+    ]  # fmt: skip
+    long = comparison_frame(rows)
+    assert list(long["Ours"]) == ["-1.67 (n=1, seed 0)", "1.703 (n=1, seed 0)",
+                                  "99.28 ± 0.25 (n=5)"]  # fmt: skip
+    from impl.report.html import wide_frame
+
+    wide = wide_frame(rows).set_index("Metric")
+    assert wide.loc["top-1 change vs dense (pp)", "PruneTrain"] == "-1.67 (n=1, seed 0)"
+    assert wide.loc["conv compression (total / nonzero, x)", "ClickTrain"] == "1.703 (n=1, seed 0)"
 
 
 def test_comparison_frame_adds_the_ci_to_delta_metrics_only():
@@ -376,9 +398,9 @@ def test_wide_frame_one_line_per_metric_one_column_per_row_with_scale():
     ]  # fmt: skip
     wide = wide_frame(rows).set_index("Metric")
     assert list(wide.columns) == ["dense", "sdgp", "campfire"]
-    assert list(wide.index) == ["top1 (%)", "delta_top1 (pp)", "Scale"]
-    assert wide.loc["top1 (%)", "sdgp"] == "96.00 ± 0.50 (n=3)"
-    assert wide.loc["delta_top1 (pp)", "dense"] == "-"
+    assert list(wide.index) == ["top-1 (%)", "top-1 change vs dense (pp)", "Scale"]
+    assert wide.loc["top-1 (%)", "sdgp"] == "96.00 ± 0.50 (n=3)"
+    assert wide.loc["top-1 change vs dense (pp)", "dense"] == "-"
     assert list(wide.loc["Scale"]) == ["cpu", "cpu", "-"]
 
 
@@ -414,3 +436,78 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
     assert any(list(line.get_ydata()) == [0.0, 0.0] for line in ax.lines)  # the zero line
     with pytest.raises(ValueError, match="hue"):
         draw("tradeoff", data, x="saved", y="d")
+
+
+@pytest.mark.parametrize(
+    ("metric", "unit", "label"),
+    [("delta_top1", "pp", "top-1 change vs dense (pp)"),
+     ("train_flops_saved", "%", "training FLOPs saved (nominal, %)"),
+     ("iter_ms", "ms", "time per iteration (ms)"),
+     ("comm_bytes_per_iter", "B", "Allreduce bytes per iteration"),
+     ("train_flops_per_sample", "FLOPs", "training FLOPs per sample (nominal)"),
+     ("speedup_vs_cusparse", "x", "speedup_vs_cusparse (x)"),
+     ("top1", "", "top-1")],
+    ids=["delta", "saved-nominal", "ms", "bytes-named", "flops-named", "unknown-key", "no-unit"],
+)  # fmt: skip
+def test_metric_labels_are_words_with_their_unit(metric, unit, label):
+    from impl.report.labels import metric_label
+
+    assert metric_label(metric, unit) == label
+
+
+def test_model_data_seed_and_n_labels():
+    from impl.report.labels import data_name, model_name, n_label, seeds_text
+
+    assert (model_name("resnet20"), model_name("resnet110"), model_name("vgg13")) == (
+        "ResNet-20", "ResNet-110", "VGG-13")  # fmt: skip
+    assert model_name("regnetx_400mf") == "RegNetX-400MF" and model_name("mlp7") == "mlp7"
+    assert (data_name("cifar10"), data_name("imagenet"), data_name("digits")) == (
+        "CIFAR-10", "ImageNet", "digits")  # fmt: skip
+    assert (seeds_text([4, 0, 1, 2, 3]), seeds_text([0]), seeds_text([0, 2, 7])) == (
+        "0-4", "0", "0, 2, 7")  # fmt: skip
+    assert (n_label(1, [3]), n_label(1), n_label(5, [0, 1, 2, 3, 4]), n_label(0)) == (
+        "(n=1, seed 3)", "(n=1)", "(n=5)", "")  # fmt: skip
+
+
+def test_settings_table_is_shown_under_the_numbers_with_the_shared_setup(tmp_path):
+    from impl.report.html import settings_frame
+
+    res = _result("cpu", "cross.methods")
+    res.settings = [
+        {"row": "dense", "method": "dense", "options": "no pruning (the baseline)",
+         "seeds": "0-4", "differs": ""},
+        {"row": "prunetrain", "method": "prunetrain", "seeds": "0-4", "differs": "",
+         "options": "penalty ratio 0.8 (the paper's 0.2, mapped onto the short run)"},
+    ]  # fmt: skip
+    res.setup = "ResNet-20 on digits (16x16 px), 8 epochs, batch 32"
+    frame = settings_frame(res.settings)
+    assert list(frame.columns) == ["Row", "Method", "Options (as run)", "Seeds"]
+    with_diff = settings_frame([{**res.settings[0], "differs": "label smoothing 0.1"}])
+    assert with_diff.loc[0, "Differs from the shared setup"] == "label smoothing 0.1"
+    back = load_result(save_result(res, tmp_path / "r"))
+    assert back.settings == res.settings and back.setup == res.setup
+    render_reports([back], tmp_path / "out")
+    page = (tmp_path / "out" / "cross.html").read_text()
+    assert (
+        "penalty ratio 0.8 (the paper&#x27;s 0.2" in page
+        or "penalty ratio 0.8 (the paper's 0.2" in page
+    )
+    assert "Shared by every run: ResNet-20 on digits (16x16 px), 8 epochs, batch 32" in page
+    bad = _result("cpu")
+    bad.settings = [{"row": "x", "colour": "red"}]
+    with pytest.raises(ValueError, match="valid keys"):
+        bad.validate()
+
+
+def test_row_label_names_both_models_and_data_where_they_differ():
+    from impl.report.html import row_label
+
+    row = {"row": "dense", "ours_setup": "ResNet-20 on digits (16x16 px)",
+           "paper_setup": "ResNet-9 on CIFAR-10"}  # fmt: skip
+    assert row_label(row) == (
+        "dense (ours: ResNet-20 on digits (16x16 px); paper: ResNet-9 on CIFAR-10)"
+    )
+    same = {**row, "ours_setup": "ResNet-9 on CIFAR-10"}
+    assert row_label(same) == "dense" and row_label({"row": "x"}) == "x"
+    frame = comparison_frame([{**row, "metric": "top1", "ours": 99.28, "n": 1, "paper": 95.3}])
+    assert frame.loc[0, "Row"].startswith("dense (ours: ResNet-20")

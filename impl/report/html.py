@@ -19,6 +19,7 @@ import jinja2
 import pandas as pd
 
 from impl.report.figures import draw, figure_data_uri
+from impl.report.labels import METRIC_LABELS, metric_label, n_label
 from impl.report.results import ResultSet
 from impl.report.stats import ci95_half_width
 
@@ -95,14 +96,22 @@ def _places(x: float, digits: int) -> int:
 
 
 def format_mean_sd(
-    mean: float, sd: float | None, n: int | None, paired: bool = False, unit: str = ""
+    mean: float,
+    sd: float | None,
+    n: int | None,
+    paired: bool = False,
+    unit: str = "",
+    seeds: Sequence[int] | None = None,
 ) -> str:
     """``mean ± sd (n=...)`` for a table cell, the mean rounded to the place of the sd's second
     significant digit (at most 4 significant digits, as :func:`format_number`); without an sd,
     a value in a unit of :data:`POINT_UNITS` (an accuracy or a change of one) to two decimals.
-    ``paired`` (a per-seed difference against a baseline, e.g. ``delta_top1``) adds the 95%
-    confidence interval of the mean difference (:func:`ci95_half_width`): one that contains 0
-    says the difference is within seed-to-seed noise."""
+    Every number says how many seeds (or measurements) it stands for
+    (:func:`impl.report.labels.n_label`): "(n=5)", and a single one "(n=1, seed 0)" (its seed
+    where ``seeds`` gives it), so that one seed is never read as a mean. ``paired`` (a per-seed
+    difference against a baseline, e.g. ``delta_top1``) adds the 95% confidence interval of
+    the mean difference (:func:`ci95_half_width`): one that contains 0 says the difference is
+    within seed-to-seed noise."""
     has_sd = sd is not None and not math.isnan(sd)
     text = format_number(mean)
     if not has_sd and unit in POINT_UNITS and abs(mean) < 1e5:
@@ -113,8 +122,10 @@ def format_mean_sd(
     if has_sd:
         sd_text = f"{sd:.{_places(sd, 2)}f}" if 0 < sd < 1000 else format_number(sd, 2)
         text = f"{text} ± {sd_text}"
+    label = n_label(n, seeds)
+    if label:
+        text += f" {label}"
     if n and n > 1:
-        text += f" (n={n})"
         half = ci95_half_width(sd, n) if has_sd else math.nan
         if paired and half > 0:
             p = _places(half, 2)
@@ -122,25 +133,49 @@ def format_mean_sd(
     return text
 
 
+def _ours_text(r: dict[str, Any]) -> str:
+    """The "Ours" cell of one comparison row (:func:`format_mean_sd`)."""
+    ours = r.get("ours")
+    if ours is None:
+        return format_number(ours)
+    paired = str(r.get("metric", "")).startswith("delta_")
+    return format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired,
+                          r.get("unit") or "", r.get("seeds"))  # fmt: skip
+
+
+def row_label(r: dict[str, Any]) -> str:
+    """The "Row" cell of one comparison row: its label, and where our runs and the paper's
+    row use different models or data, both ("dense (ours: ResNet-20 on digits; paper:
+    ResNet-9 on CIFAR-10)"), so that no number of ours stands beside the paper's unlabelled."""
+    label = str(r.get("row", ""))
+    ours, paper = r.get("ours_setup"), r.get("paper_setup")
+    if ours and paper and ours != paper:
+        return f"{label} (ours: {ours}; paper: {paper})"
+    return label
+
+
 def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows -> the displayed table: Row, Metric, Ours, Scale, Paper, Unit, Source,
-    Note. "Ours" reads ``mean ± sd (n)`` when repeats exist (:func:`format_mean_sd`; with the
-    95% CI for ``delta_*`` metrics, which are per-seed differences against the baseline); a
-    number never loses its scale. Rows with a ``verdict`` (a paper's claims) add a Verdict
-    column."""
+    Note. "Ours" reads ``mean ± sd (n)`` (:func:`format_mean_sd`; with the 95% CI for
+    ``delta_*`` metrics, which are per-seed differences against the baseline; "(n=1, seed s)"
+    for one seed); a number never loses its scale; metrics read as words
+    (:data:`impl.report.labels.METRIC_LABELS`).
+
+    Rows with a ``verdict`` (the papers' claims) make a table of claims instead: the bound the
+    verdict is tested against is not the paper's number, so its column is "Tested against";
+    "Published" gives the paper's own number with its citation, "Our setting" the setting of
+    our runs where it differs from the paper's, and "Verdict" the verdict with its reason."""
+    if any(r.get("verdict") for r in rows):
+        return _claims_frame(rows)
     out = []
     for r in rows:
         ours = r.get("ours")
-        text = format_number(ours)
-        if ours is not None:
-            paired = str(r.get("metric", "")).startswith("delta_")
-            text = format_mean_sd(float(ours), r.get("ours_sd"), r.get("n"), paired,
-                                  r.get("unit") or "")  # fmt: skip
+        metric = str(r.get("metric", ""))
         out.append(
             {
-                "Row": r.get("row", ""),
-                "Metric": r.get("metric", ""),
-                "Ours": text,
+                "Row": row_label(r),
+                "Metric": METRIC_LABELS.get(metric, metric),
+                "Ours": _ours_text(r),
                 "Scale": r.get("scale") or ("-" if ours is None else "?"),
                 "Paper": format_number(r.get("paper")),
                 "Unit": r.get("unit") or "",
@@ -149,30 +184,61 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
             }
         )
     columns = ["Row", "Metric", "Ours", "Scale", "Paper", "Unit", "Paper source", "Note"]
-    if any(r.get("verdict") for r in rows):  # a table of claims: the verdict before the note
-        for o, r in zip(out, rows):
-            o["Verdict"] = r.get("verdict") or ""
-        columns.insert(columns.index("Note"), "Verdict")
     return pd.DataFrame(out, columns=columns)
 
 
+CLAIMS_COLUMNS: tuple[str, ...] = (
+    "Claim", "Metric", "Ours", "Scale", "Tested against", "Unit", "Published (source)",
+    "Our setting", "Verdict", "Note",
+)  # fmt: skip
+
+
+def _claims_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The table of claims of :func:`comparison_frame`."""
+    out = []
+    for r in rows:
+        ours = r.get("ours")
+        published, source = r.get("published") or "", r.get("paper_source") or ""
+        verdict = r.get("verdict") or ""
+        if r.get("verdict_reason"):
+            verdict = f"{verdict}: {r['verdict_reason']}"
+        out.append(
+            {
+                "Claim": r.get("row", ""),
+                "Metric": r.get("metric", ""),
+                "Ours": _ours_text(r),
+                "Scale": r.get("scale") or ("-" if ours is None else "?"),
+                "Tested against": format_number(r.get("paper")),
+                "Unit": r.get("unit") or "",
+                "Published (source)": f"{published} ({source})" if published else source,
+                "Our setting": r.get("ours_setting") or "",
+                "Verdict": verdict,
+                "Note": r.get("note") or "",
+            }
+        )
+    return pd.DataFrame(out, columns=list(CLAIMS_COLUMNS))
+
+
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Comparison rows as one line per metric ("unit" in its name) and one column per row
-    label, each cell ``mean ± sd (n)``; a last line names each column's scale(s)."""
-    long = comparison_frame(rows)
-    if long.empty:
-        return long
-    long["metric"] = [f"{m} ({u})" if u else m for m, u in zip(long["Metric"], long["Unit"])]
-    labels = list(dict.fromkeys(long["Row"]))
-    per_row = long.groupby("Row", sort=False)["metric"].apply(list)
-    richest = max(per_row, key=len)  # the row with the most metrics sets the line order
-    metrics = list(dict.fromkeys(richest + list(long["metric"])))
-    cells = {(r, m): o for r, m, o in zip(long["Row"], long["metric"], long["Ours"])}
+    """Comparison rows as one line per metric (in words, with its unit:
+    :func:`impl.report.labels.metric_label`) and one column per row label, each cell
+    ``mean ± sd (n)`` (:func:`format_mean_sd`); a last line names each column's scale(s)."""
+    if not rows:
+        return pd.DataFrame()
+    labels = list(dict.fromkeys(str(r.get("row", "")) for r in rows))
+    per_row: dict[str, list[str]] = {}
+    cells: dict[tuple[str, str], str] = {}
+    scales: dict[str, set[str]] = {}
+    for r in rows:
+        label, metric = str(r.get("row", "")), metric_label(str(r.get("metric", "")),
+                                                            r.get("unit") or "")  # fmt: skip
+        per_row.setdefault(label, []).append(metric)
+        cells[(label, metric)] = _ours_text(r)
+        if r.get("ours") is not None:
+            scales.setdefault(label, set()).add(str(r.get("scale") or "?"))
+    richest = max(per_row.values(), key=len)  # the row with the most metrics sets the order
+    metrics = list(dict.fromkeys(richest + [m for ms in per_row.values() for m in ms]))
     out = [{"Metric": m, **{r: cells.get((r, m), "-") for r in labels}} for m in metrics]
-    scales = {}
-    for r, sc in zip(long["Row"], long["Scale"]):
-        if sc != "-":
-            scales.setdefault(r, set()).add(sc)
     out.append({"Metric": "Scale", **{r: ", ".join(sorted(scales.get(r, {"-"}))) for r in labels}})
     return pd.DataFrame(out, columns=["Metric", *labels])
 
@@ -185,6 +251,37 @@ def _frame_html(frame: pd.DataFrame) -> str:
     body = body.replace("<td>-</td>", '<td class="na">-</td>')
     # a cell naming a page of the report links to it
     return re.sub(r"<td>([a-z0-9_]+\.html)</td>", r'<td><a href="\1">\1</a></td>', body)
+
+
+def settings_frame(settings: Sequence[dict[str, str]]) -> pd.DataFrame:
+    """A result's settings lines (:data:`impl.report.results.SETTINGS_COLUMNS`) as the table
+    shown under its numbers: Row, Method, Options (as run), Seeds, and what differs from the
+    shared setup (a column left out when nothing does)."""
+    frame = pd.DataFrame(
+        [
+            {
+                "Row": s.get("row", ""),
+                "Method": s.get("method", ""),
+                "Options (as run)": s.get("options", ""),
+                "Seeds": s.get("seeds", ""),
+                "Differs from the shared setup": s.get("differs", ""),
+            }
+            for s in settings
+        ]
+    )
+    if not any(s.get("differs") for s in settings):
+        frame = frame.drop(columns=["Differs from the shared setup"])
+    return frame
+
+
+def settings_caption(result: ResultSet) -> str:
+    """The caption of a result's settings table: where the settings come from and the setup
+    every run shares."""
+    shared = f" Shared by every run: {result.setup}." if result.setup else ""
+    return (
+        f"Settings of the runs of {result.target} at scale {result.scale}, from their saved "
+        f"configs.{shared}"
+    )
 
 
 def result_section(result: ResultSet) -> Section:
@@ -205,6 +302,8 @@ def result_section(result: ResultSet) -> Section:
         section.tables.append(
             Table(comparison_frame(result.rows), f"{result.target} at scale {result.scale}")
         )
+    if result.settings:
+        section.tables.append(Table(settings_frame(result.settings), settings_caption(result)))
     for spec in result.figures:
         data = pd.DataFrame(spec.data)
         if data.empty:
@@ -299,7 +398,9 @@ nav a{margin-right:1em}
 {% endfor %}
 <footer><p><b>Provenance.</b> Generated {{ generated }}. Scales: smoke (pipeline check),
 cpu (digits, small models, 2 CPU cores), gpu (paper shapes on one GPU), paper (full protocol).
-Numbers in a "Paper" column are the papers' own, at their full protocol.</p>
+Numbers in a "Paper" or "Published" column are the papers' own, at their full protocol;
+a "Tested against" column holds the bound a claim's verdict is judged against. Every number
+of ours says how many seeds it stands for: "(n=1, seed 0)" is one run, not a mean.</p>
 {{ provenance }}</footer>
 </body></html>
 """,
@@ -370,6 +471,10 @@ __all__ = [
     "Section",
     "Table",
     "comparison_frame",
+    "format_mean_sd",
+    "row_label",
+    "settings_caption",
+    "settings_frame",
     "wide_frame",
     "format_number",
     "provenance_rows",

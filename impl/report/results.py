@@ -17,10 +17,13 @@ from typing import Any
 
 RESULT_FILE = "result.json"
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
-# One comparison row: a number of ours beside the paper's, with the scale of each ("verdict":
-# only in the rows of a paper's claims, :mod:`reproductions.claims`; "seeds" and "values": the
-# per-seed values behind a mean over seeds, for paired comparisons; "values" alone: the
-# per-sweep values of a repeated measurement).
+# One comparison row: a number of ours beside the paper's, with the scale of each ("verdict",
+# "verdict_reason", "published" and "ours_setting": only in the rows of the papers' claims,
+# :mod:`reproductions.claims`, whose "paper" is the bound the verdict is tested against;
+# "seeds" and "values": the per-seed values behind a number of ours (one seed included), for
+# paired comparisons and the "(n=1, seed s)" label; "values" alone: the per-sweep values of
+# a repeated measurement; "ours_setup" and "paper_setup": the model and data of our runs and
+# of the paper's row, e.g. "ResNet-20 on digits (16x16 px)" beside "ResNet-9 on CIFAR-10").
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
     "metric",
@@ -33,9 +36,17 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "paper_source",
     "note",
     "verdict",
+    "verdict_reason",
+    "published",
+    "ours_setting",
     "seeds",
     "values",
+    "ours_setup",
+    "paper_setup",
 )
+# One line of a result's settings table: a row's method, its options as run (in words), its
+# seeds, and what of its training setup differs from the setup its target's runs share.
+SETTINGS_COLUMNS: tuple[str, ...] = ("row", "method", "options", "seeds", "differs")
 
 
 @dataclass
@@ -75,6 +86,10 @@ class ResultSet:
         duration_s: wall seconds the reproduction took (runs reused count as 0).
         wide: show the rows as one line per row label and one column per metric (for tables
             with no paper numbers, such as the cross-method table).
+        settings: the settings of the training rows, read from their runs' saved configs,
+            one dict per row with the keys of :data:`SETTINGS_COLUMNS` (texts).
+        setup: what every training run of the result shares (model, data, input size,
+            epochs, batch size, optimizer), in words.
     """
 
     target: str
@@ -89,6 +104,8 @@ class ResultSet:
     environment: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     wide: bool = False
+    settings: list[dict[str, str]] = field(default_factory=list)
+    setup: str = ""
 
     @property
     def paper(self) -> str:
@@ -114,6 +131,12 @@ class ResultSet:
                 raise ValueError(f"comparison row without 'row' and 'metric': {row}")
             if row.get("ours") is not None and row.get("scale") not in SCALES:
                 raise ValueError(f"a number of ours without its scale: {row}")
+        for line in self.settings:
+            unknown = sorted(set(line) - set(SETTINGS_COLUMNS))
+            if unknown or "row" not in line:
+                raise ValueError(
+                    f"settings line {line} needs 'row'; valid keys: {list(SETTINGS_COLUMNS)}"
+                )
 
 
 def _clean(value: Any) -> Any:
@@ -175,6 +198,7 @@ def find_results(paths: list[str | Path]) -> list[Path]:
 __all__ = [
     "COMPARISON_COLUMNS",
     "RESULT_FILE",
+    "SETTINGS_COLUMNS",
     "FigureSpec",
     "ResultSet",
     "find_results",

@@ -148,13 +148,15 @@ class Row:
 
 @dataclass
 class RunRecord:
-    """A finished run of a row: its directory, summary and per-epoch metrics."""
+    """A finished run of a row: its directory, summary, per-epoch metrics and its config as
+    saved (``config.json``: :meth:`impl.config.TrainConfig.to_dict`; empty where unknown)."""
 
     path: str
     seed: int
     summary: dict[str, Any]
     metrics: list[dict[str, Any]]
     reused: bool
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -207,6 +209,14 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 
     create_method(cfg.method, cfg.method_options).validate(cfg)  # fail before any file exists
     return train(cfg, progress=progress), False
+
+
+def _read_config(run_dir: Path, cfg: Any) -> dict[str, Any]:
+    """The run's saved ``config.json``, else the config it was resolved from."""
+    try:
+        return dict(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return cfg.to_dict()
 
 
 def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -506,8 +516,9 @@ def execute_rows(
                     t0 = time.perf_counter()
                     summary, reused = run_or_reuse(cfg)
                     res.runs.append(
-                        RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused)
-                    )
+                        RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused,
+                                  _read_config(Path(cfg.out), cfg))
+                    )  # fmt: skip
                     how = "reused" if reused else f"trained in {time.perf_counter() - t0:.0f} s"
                     log(
                         f"  {target.key} | {row.label} seed {cfg.seed}: top-1 "
@@ -521,6 +532,226 @@ def execute_rows(
             log(f"  {target.key} | {row.label}: FAILED\n{traceback.format_exc(limit=4)}")
         context["results"][row.label] = res
     return results
+
+
+# -- what a result says about its settings --------------------------------------------------
+# TrainConfig fields that make a run's training setup (the rest: method, seed, where it runs).
+SETUP_FIELDS: tuple[str, ...] = (
+    "model", "stem", "data", "data_options", "epochs", "max_steps_per_epoch", "batch_size",
+    "lr", "schedule", "warmup_fraction", "milestones", "gamma", "momentum", "nesterov",
+    "weight_decay", "label_smoothing", "augment", "bf16",
+)  # fmt: skip
+
+
+def setup_name(model: str | None, data: str | None, data_options: dict | None = None) -> str:
+    """Model and data in words: "ResNet-20 on digits (16x16 px)" (the input size where the
+    data options set one), "ResNet-9 on CIFAR-10"."""
+    from impl.report.labels import data_name, model_name
+
+    text = " on ".join(
+        x for x in (model_name(model) if model else "", data_name(data) if data else "") if x
+    )
+    size = (data_options or {}).get("image_size")
+    return f"{text} ({size}x{size} px)" if size else text
+
+
+def setup_text(cfg: dict[str, Any]) -> str:
+    """The training setup of the :data:`SETUP_FIELDS` present in ``cfg`` (a saved config or
+    part of one), in words: "ResNet-20 on digits (16x16 px), 8 epochs, batch 32, SGD lr 0.2
+    (one-cycle, 20% warm-up), momentum 0.9 (Nesterov), weight decay 0.0005"."""
+    parts = []
+    if cfg.get("model") or cfg.get("data"):
+        parts.append(setup_name(cfg.get("model"), cfg.get("data"), cfg.get("data_options")))
+    elif (cfg.get("data_options") or {}).get("image_size"):
+        size = cfg["data_options"]["image_size"]
+        parts.append(f"input {size}x{size} px")
+    if cfg.get("stem") not in (None, "cifar"):
+        parts.append(f"{cfg['stem']} stem")
+    if "epochs" in cfg:
+        steps = cfg.get("max_steps_per_epoch")
+        parts.append(f"{cfg['epochs']} epochs" + (f" of at most {steps} steps" if steps else ""))
+    elif cfg.get("max_steps_per_epoch"):
+        parts.append(f"at most {cfg['max_steps_per_epoch']} steps per epoch")
+    if "batch_size" in cfg:
+        parts.append(f"batch {cfg['batch_size']}")
+    if "lr" in cfg or "schedule" in cfg:
+        sched = cfg.get("schedule")
+        how = {"onecycle": "one-cycle", "cosine": "cosine", "constant": "constant"}.get(sched, "")
+        if sched == "onecycle" and "warmup_fraction" in cfg:
+            how += f", {cfg['warmup_fraction']:.0%} warm-up"
+        if sched == "step":
+            how = f"decayed {cfg.get('gamma', 0.1):g}x at epochs {cfg.get('milestones')}"
+        lr = f"SGD lr {cfg['lr']:g}" if "lr" in cfg else "SGD"
+        parts.append(f"{lr} ({how})" if how else lr)
+    if "momentum" in cfg:
+        parts.append(
+            f"momentum {cfg['momentum']:g}" + (" (Nesterov)" if cfg.get("nesterov") else "")
+        )
+    if "weight_decay" in cfg:
+        parts.append(f"weight decay {cfg['weight_decay']:g}")
+    if cfg.get("label_smoothing"):
+        parts.append(f"label smoothing {cfg['label_smoothing']:g}")
+    if cfg.get("augment") is False:
+        parts.append("no augmentation")
+    if cfg.get("bf16"):
+        parts.append("bf16")
+    return ", ".join(parts)
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """The default options of ``method``'s config (empty for a method not built here)."""
+    try:
+        from impl.methods import method_class
+
+        cls = method_class(method)
+    except (ImportError, ValueError):
+        return {}
+    config = getattr(cls, "Config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(config)
+            if f.default is not dataclasses.MISSING}  # fmt: skip
+
+
+def _prunetrain_text(o: dict[str, Any], scale: str) -> tuple[list[str], set[str]]:
+    from reproductions.prunetrain import SHORT_RUN_RATIO
+
+    ratio = o.get("penalty_ratio")
+    paper = [k for k, v in SHORT_RUN_RATIO.items() if v == ratio]
+    mapped = (
+        f" (the paper's {paper[0]:g}, mapped onto the short run)"
+        if scale in ("cpu", "gpu") and paper
+        else ""
+    )
+    parts = [f"penalty ratio {ratio:g}{mapped}", f"zero threshold {o.get('threshold'):g}",
+             f"reconfigured every {o.get('reconfig_interval')} epoch(s)"]  # fmt: skip
+    if o.get("dynamic_batch"):
+        parts.append(f"dynamic mini-batch (step {o.get('batch_step')}, max {o.get('max_batch')})")
+    keys = {"penalty_ratio", "threshold", "reconfig_interval", "dynamic_batch", "batch_step",
+            "max_batch"}  # fmt: skip
+    return parts, keys
+
+
+def _clicktrain_text(o: dict[str, Any], scale: str) -> tuple[list[str], set[str]]:
+    hard = o.get("hard_prune_epoch")
+    parts = [
+        f"connectivity sparsity {o.get('connectivity'):g} (kernels removed whole)",
+        f"pattern pool of {o.get('pool_size')}",
+        f"group-lasso penalty {o.get('penalty'):g}",
+        "hard pruning at half the epochs" if hard is None else f"hard pruning at epoch {hard}",
+    ]
+    return parts, {"connectivity", "pool_size", "penalty", "hard_prune_epoch"}
+
+
+def _sdgp_text(o: dict[str, Any], scale: str) -> tuple[list[str], set[str]]:
+    how = {"rescaled": "rescaled magnitude"}.get(str(o.get("prune_method")), o.get("prune_method"))
+    parts = [f"{o.get('n')}:{o.get('m')} data-gradient pruning, {how}"]
+    return parts, {"n", "m", "prune_method"}
+
+
+def _campfire_text(o: dict[str, Any], scale: str) -> tuple[list[str], set[str]]:
+    mask = {"combined": "combined (window + CK)", "ck": "CK"}.get(str(o.get("mask")), o.get("mask"))
+    parts = [f"{o.get('final_sparsity'):.0%} final sparsity", f"{mask} masks"]
+    return parts, {"final_sparsity", "mask"}
+
+
+# method -> function of (its options with the defaults filled in, scale) -> (phrases, the
+# options they describe): how a settings table words a method's options.
+METHOD_OPTION_TEXT: dict[str, Callable[[dict[str, Any], str], tuple[list[str], set[str]]]] = {
+    "dense": lambda o, scale: (["no pruning (the baseline)"], set()),
+    "prunetrain": _prunetrain_text,
+    "clicktrain": _clicktrain_text,
+    "sdgp": _sdgp_text,
+    "campfire": _campfire_text,
+}
+
+
+def options_text(method: str, options: dict[str, Any], scale: str) -> str:
+    """``method``'s options as run, in words: its main options (:data:`METHOD_OPTION_TEXT`,
+    from ``options`` over the method's defaults, e.g. "penalty ratio 0.8 (the paper's 0.2,
+    mapped onto the short run), zero threshold 0.01, reconfigured every 1 epoch(s)"), then
+    every other option set away from its default ("name value")."""
+    defaults = method_defaults(method)
+    full = {**defaults, **options}
+    parts: list[str] = []
+    keys: set[str] = set()
+    if method in METHOD_OPTION_TEXT:
+        try:
+            parts, keys = METHOD_OPTION_TEXT[method](full, scale)
+        except (TypeError, ValueError):  # an option of an unexpected type: list them all
+            parts, keys = [], set()
+    rest = [f"{k.replace('_', ' ')} {v}" for k, v in sorted(options.items())
+            if k not in keys and (k not in defaults or defaults[k] != v)]  # fmt: skip
+    return ", ".join(parts + rest) or "the method's defaults"
+
+
+def settings_lines(results: list[RowResult], scale: str) -> tuple[list[dict[str, str]], str]:
+    """The settings table of a target's training rows (one line per row with runs: method,
+    options as run (:func:`options_text`), seeds, and what of its setup differs from the
+    shared one) and the setup every run shares (:func:`setup_text`), both read from the runs'
+    saved configs."""
+    from impl.report.labels import seeds_text
+
+    runs = [(res, run) for res in results for run in res.runs if run.config]
+    if not runs:
+        return [], ""
+    shared = {
+        k: runs[0][1].config.get(k)
+        for k in SETUP_FIELDS
+        if k in runs[0][1].config and all(r.config.get(k) == runs[0][1].config[k] for _, r in runs)
+    }
+    lines = []
+    for res in results:
+        cfgs = [run.config for run in res.runs if run.config]
+        if not cfgs:
+            continue
+        cfg = cfgs[0]
+        differs = {k: cfg.get(k) for k in SETUP_FIELDS if k in cfg and k not in shared}
+        lines.append(
+            {
+                "row": res.row.label,
+                "method": str(cfg.get("method", res.row.method)),
+                "options": options_text(str(cfg.get("method", res.row.method)),
+                                        dict(cfg.get("method_options") or {}), scale),
+                "seeds": seeds_text([run.seed for run in res.runs]),
+                "differs": setup_text(differs),
+            }
+        )  # fmt: skip
+    return lines, setup_text(shared)
+
+
+def setups(row: Row, scale: str, result: RowResult | None = None) -> dict[str, str]:
+    """``{"ours_setup", "paper_setup"}`` of a training row that stands beside a paper's row:
+    the model and data of our runs (their saved config, else the row's) and of the paper's
+    selector, in words (:func:`setup_name`); empty for a measurement row or a row without a
+    paper model or dataset."""
+    if row.measure is not None or not (row.paper.get("model") or row.paper.get("dataset")):
+        return {}
+    cfg = next((run.config for run in (result.runs if result else []) if run.config), None)
+    if cfg is None:
+        cfg = {**SCALE_TRAIN.get(scale, {}), **row.train}
+        cfg.setdefault("model", "resnet20")
+        cfg.setdefault("data", "cifar10" if scale == "paper" else "digits")
+    ours = setup_name(cfg.get("model"), cfg.get("data"), cfg.get("data_options"))
+    theirs = setup_name(row.paper.get("model"), row.paper.get("dataset"))
+    return {"ours_setup": ours, "paper_setup": theirs}
+
+
+def paper_delta(
+    paper: Any, metric: str, selector: dict[str, str], base_selector: dict[str, str]
+) -> tuple[float, str] | None:
+    """The paper's change of top-1 against its baseline row where the paper gives both top-1
+    values but not the change (e.g. SDGP Table I: 95.2 - 95.3 = -0.1 pp), with its source
+    ("Table I, Sec. IV-A (derived: 95.2 - 95.3)"); None for any other metric or when either
+    value is missing."""
+    if metric != "delta_top1" or not selector or not base_selector:
+        return None
+    ours, base = (lookup(paper, metric="top1", **sel) for sel in (selector, base_selector))
+    if len(ours) != 1 or len(base) != 1:
+        return None
+    a, b = float(ours["value"].iloc[0]), float(base["value"].iloc[0])
+    source = "; ".join(sorted(set(ours["source"]) | set(base["source"])))
+    return round(a - b, 6), f"{source} (derived: {a:g} - {b:g})"
 
 
 def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[dict[str, Any]]:
@@ -539,6 +770,10 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 used.update(matched.index.tolist())
             paper_value = float(matched["value"].iloc[0]) if len(matched) == 1 else None
             source = "; ".join(sorted(set(matched["source"]))) if len(matched) else ""
+            if not len(matched) and base is not None:
+                derived = paper_delta(paper, metric, row.paper, base.row.paper)
+                if derived is not None:
+                    paper_value, source = derived
             note = ""
             if len(matched) > 1:
                 note = f"{len(matched)} paper rows match; see the paper's rows below"
@@ -561,9 +796,11 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 "paper_source": source,
                 "note": note,
             }
+            entry.update(setups(row, scale, res))
             seeds = [r.seed for r in res.runs]
-            if n > 1 and res.measured is None and len(seeds) == len(values) == n:
-                # per-seed values, so that two rows run on the same seeds can be paired
+            if n >= 1 and res.measured is None and len(seeds) == len(values) == n:
+                # per-seed values, so that two rows run on the same seeds can be paired (and a
+                # single seed's number is labelled with its seed)
                 entry["seeds"], entry["values"] = seeds, [float(v) for v in values]
             elif n > 1 and res.measured is not None:  # one value per sweep of a measurement
                 entry["values"] = [float(v) for v in values]
@@ -626,11 +863,14 @@ def run_target(
         f"{trained} runs trained and {reused} reused for this result; the runs' training wall "
         f"time, from their summaries: {train_s:.0f} s in total."
     )
+    settings, setup = settings_lines(results, scale)
     result = ResultSet(
         target=target.key,
         title=target.title,
         scale=scale,
         rows=rows,
+        settings=settings,
+        setup=setup,
         figures=figures,
         runs=runs,
         missing=missing,
@@ -765,6 +1005,8 @@ __all__ = [
     "execute_rows",
     "figure_rows",
     "measure_or_reuse",
+    "options_text",
+    "paper_delta",
     "paper_figure_rows",
     "per_sweep",
     "render",
@@ -774,6 +1016,10 @@ __all__ = [
     "run_target",
     "run_training_flops",
     "samples_seen",
+    "settings_lines",
+    "setup_name",
+    "setup_text",
+    "setups",
     "TIMING_SWEEPS",
     "check_sweeps",
     "unavailable_reason",

@@ -433,3 +433,127 @@ def test_cross_tradeoff_pairs_each_runs_own_two_metrics():
     got = [(p["row"], p["seed"], p["compression_ratio"], p["delta_top1"]) for p in pairs]
     # seed 1 has no top-1: left out, not paired with seed 2's compression (as a zip would)
     assert got == [("m", 0, 2.0, -1.0), ("m", 2, 4.0, -2.0)]
+
+
+def _cfg(method="dense", options=None, **train):
+    base = {"model": "resnet20", "data": "digits", "data_options": {"image_size": 16},
+            "epochs": 8, "batch_size": 32, "lr": 0.2, "schedule": "onecycle",
+            "warmup_fraction": 0.2, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
+            "label_smoothing": 0.0, "method": method, "method_options": options or {}}  # fmt: skip
+    return {**base, **train}
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "scale", "words"),
+    [("prunetrain", {"penalty_ratio": 0.8, "threshold": 1e-2, "reconfig_interval": 1}, "cpu",
+      "penalty ratio 0.8 (the paper's 0.2, mapped onto the short run), zero threshold 0.01, "
+      "reconfigured every 1 epoch(s)"),
+     ("prunetrain", {"penalty_ratio": 0.2, "reconfig_interval": 2}, "smoke",
+      "penalty ratio 0.2, zero threshold 0.0001, reconfigured every 2 epoch(s)"),
+     ("sdgp", {"n": 2, "m": 4, "prune_method": "rescaled", "profile": True}, "cpu",
+      "2:4 data-gradient pruning, rescaled magnitude"),
+     ("sdgp", {"n": 3, "m": 7, "prune_method": "random", "profile": False}, "cpu",
+      "3:7 data-gradient pruning, random, profile False"),
+     ("campfire", {"final_sparsity": 0.7, "mask": "combined"}, "cpu",
+      "70% final sparsity, combined (window + CK) masks"),
+     ("clicktrain", {}, "cpu", "connectivity sparsity 0.75 (kernels removed whole), pattern "
+      "pool of 12, group-lasso penalty 0.00025, hard pruning at half the epochs"),
+     ("dense", {}, "cpu", "no pruning (the baseline)"),
+     ("no_such_method", {"alpha": 3}, "cpu", "alpha 3")],
+    ids=["prunetrain-mapped", "prunetrain-smoke", "sdgp-2of4", "sdgp-3of7-odd", "campfire",
+         "clicktrain-defaults", "dense", "unknown-method"],
+)  # fmt: skip
+def test_options_text_words_each_methods_options_as_run(method, options, scale, words):
+    assert common.options_text(method, options, scale) == words
+
+
+def test_setup_text_reads_a_saved_config_in_words():
+    text = common.setup_text(_cfg())
+    assert text == ("ResNet-20 on digits (16x16 px), 8 epochs, batch 32, SGD lr 0.2 (one-cycle, "
+                    "20% warm-up), momentum 0.9 (Nesterov), weight decay 0.0005")  # fmt: skip
+    step = common.setup_text(
+        {
+            "schedule": "step",
+            "lr": 0.1,
+            "milestones": [91, 136],
+            "gamma": 0.1,
+            "label_smoothing": 0.1,
+            "max_steps_per_epoch": 3,
+        }
+    )
+    assert step == ("at most 3 steps per epoch, SGD lr 0.1 (decayed 0.1x at epochs [91, 136]), "
+                    "label smoothing 0.1")  # fmt: skip
+    assert common.setup_text({}) == ""
+
+
+def test_settings_lines_read_the_runs_configs_and_name_what_differs():
+    def run(seed, cfg):
+        return RunRecord(f"r{seed}", seed, {"top1": 90.0}, [], True, cfg)
+
+    pt_opts = {"penalty_ratio": 0.8, "threshold": 0.01, "reconfig_interval": 1}
+    results = [
+        RowResult(Row("dense"), runs=[run(s, _cfg()) for s in range(5)]),
+        RowResult(Row("prunetrain", "prunetrain", baseline="dense"),
+                  runs=[run(s, _cfg("prunetrain", pt_opts)) for s in range(5)]),
+        RowResult(Row("sdgp smoothed", "sdgp"), runs=[run(3, _cfg("sdgp", label_smoothing=0.1))]),
+        RowResult(Row("not run", needs="x"), error="x"),
+    ]  # fmt: skip
+    lines, setup = common.settings_lines(results, "cpu")
+    assert setup.startswith("ResNet-20 on digits (16x16 px), 8 epochs, batch 32")
+    assert "label smoothing" not in setup  # not shared by every run
+    assert [line["row"] for line in lines] == ["dense", "prunetrain", "sdgp smoothed"]
+    assert lines[1]["options"].startswith("penalty ratio 0.8 (the paper's 0.2")
+    assert (lines[0]["seeds"], lines[2]["seeds"]) == ("0-4", "3")
+    assert lines[2]["differs"] == "label smoothing 0.1" and lines[0]["differs"] == ""
+    assert common.settings_lines([RowResult(Row("m", measure="a:b"), measured={})], "cpu") == (
+        [], "")  # fmt: skip
+
+
+def test_sdgp_rows_name_both_models_and_show_the_papers_derived_change():
+    target = _tiny_target()
+    results = [
+        RowResult(Row("dense", paper={"model": "resnet9", "dataset": "cifar10",
+                                      "method": "dense"}),
+                  runs=[RunRecord("d", 0, {"top1": 99.28}, [], True, _cfg())]),
+        RowResult(Row("SDGP rescaled 2:4", "sdgp", baseline="dense",
+                      paper={"model": "resnet9", "dataset": "cifar10", "setting": "rescaled 2:4"}),
+                  runs=[RunRecord("s", 0, {"top1": 99.0}, [], True, _cfg("sdgp"))]),
+    ]  # fmt: skip
+    rows = compare_rows(target, results, "cpu")
+    dense = next(r for r in rows if r["row"] == "dense" and r["metric"] == "top1")
+    assert dense["ours_setup"] == "ResNet-20 on digits (16x16 px)"
+    assert dense["paper_setup"] == "ResNet-9 on CIFAR-10"
+    assert (dense["seeds"], dense["n"]) == ([0], 1)  # one seed: labelled with it
+    delta = next(r for r in rows if r["row"] == "SDGP rescaled 2:4" and r["metric"] == "delta_top1")
+    assert delta["paper"] == pytest.approx(-0.1) and delta["ours"] == pytest.approx(-0.28)
+    assert delta["paper_source"] == "Table I, Sec. IV-A (derived: 95.2 - 95.3)"
+    from impl.report.html import comparison_frame
+
+    frame = comparison_frame(rows)
+    shown = frame[frame["Row"].str.startswith("SDGP rescaled 2:4")].set_index("Metric")
+    assert shown.loc["top-1 change vs dense", "Paper"] == "-0.1"
+    assert shown.loc["top-1 change vs dense", "Ours"] == "-0.28 (n=1, seed 0)"
+    assert shown.index.size == 2 and shown["Row"].iloc[0] == (
+        "SDGP rescaled 2:4 (ours: ResNet-20 on digits (16x16 px); paper: ResNet-9 on CIFAR-10)"
+    )
+    paper = target.paper_frame()
+    assert common.paper_delta(paper, "top1", {"model": "resnet9"}, {"model": "resnet9"}) is None
+    assert (
+        common.paper_delta(
+            paper, "delta_top1", {"model": "nope"}, {"model": "resnet9", "method": "dense"}
+        )
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    "scale", ["smoke", "cpu", "gpu"], ids=["smoke-scale", "cpu-scale", "gpu-scale"]
+)
+def test_cross_table_states_its_setup_in_words_and_labels_every_metric(scale):
+    from impl.report.labels import METRIC_LABELS
+    from reproductions.cross import methods
+
+    note = next(n for n in methods.notes(scale) if n.startswith("Same setup"))
+    assert "{" not in note and "'model'" not in note and "batch " in note
+    assert "ResNet-" in note and "digits" in note
+    assert set(methods.METRICS_SHOWN) <= set(METRIC_LABELS)  # no internal key as a row label

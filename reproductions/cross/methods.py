@@ -21,9 +21,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from impl.report.labels import seeds_text
 from impl.report.results import FigureSpec
 from impl.report.runs import time_to_accuracy
 from reproductions.common import (
+    SCALE_TRAIN,
+    SETUP_FIELDS,
     Row,
     RowResult,
     RunRecord,
@@ -31,6 +34,7 @@ from reproductions.common import (
     figure_rows,
     reproduce,
     row_metric,
+    setup_text,
 )
 
 METHOD_ORDER: tuple[str, ...] = ("dense", "clicktrain", "prunetrain", "sdgp", "campfire")
@@ -175,6 +179,16 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
     ]  # fmt: skip
 
 
+def shared_setup(scale: str) -> str:
+    """The training setup every method of the table runs at ``scale``, in words (model, data
+    and input size, epochs, batch size, optimizer and schedule: :func:`setup_text`)."""
+    from impl.config import resolve
+
+    values = {**SCALE_TRAIN[scale], **TRAIN[scale]}
+    cfg = resolve(scale, method="dense", **values).to_dict()
+    return setup_text({k: cfg[k] for k in SETUP_FIELDS if k in cfg})
+
+
 def notes(scale: str) -> list[str]:
     """How the table is measured at ``scale``."""
     extra = registered_methods()
@@ -187,8 +201,9 @@ def notes(scale: str) -> list[str]:
             if extra
             else []
         ),
-        f"Same model, data, epochs, optimizer and seeds for every method: {TRAIN[scale]}, "
-        f"seeds {SEEDS[scale]}.",
+        f"Same setup for every method: {shared_setup(scale)}; seed"
+        f"{'s' if len(SEEDS[scale]) > 1 else ''} {seeds_text(SEEDS[scale])}. "
+        "Each method's options as run: the settings table under the results.",
         "delta_top1: each seed's top-1 minus the dense run's of the same seed; the bracket is "
         "the 95% confidence interval of the mean difference (Student's t over the seeds). An "
         "interval that contains 0 says the method's accuracy differs from dense by no more "

@@ -72,7 +72,8 @@ def short_run_note(scale: str) -> str | None:
         f"a few hundred SGD steps (the paper's take ~71k), so each is run at a stronger one in "
         f"the same order ({mapping}), a channel counts as zero below max|w| = "
         f"{SHORT_RUN_THRESHOLD:g} (paper: 1e-4), and the network is reconfigured every "
-        f"{1 if scale == 'cpu' else 3} epoch(s). Rows name the paper's ratio and the one run."
+        f"{1 if scale == 'cpu' else 3} epoch(s). The settings table under the results names the "
+        f"paper's ratio and the one run."
     )
 
 

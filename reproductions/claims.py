@@ -8,9 +8,12 @@ rule that turns the two into a verdict:
   sweeps: its whole 95% confidence interval does);
 - ``does not hold``: ours misses it (the whole interval does);
 - ``inconclusive``: the interval straddles the paper's number (more seeds or sweeps would
-  tell);
+  tell), or there is no interval: a number from one seed (or one measurement) is never
+  judged, whatever its value;
 - ``not measured at this scale``: the result it needs is not there (e.g. a GPU timing at the
-  cpu scale), with the target to run.
+  cpu scale), with the target to run;
+- ``not judged (smoke scale: pipeline check)``: every claim at the smoke scale, whose runs of
+  a few SGD steps prove that the pipeline runs, not what a method does.
 
 The verdict is about the scale that produced our number, never about the paper's setting:
 a small-scale "does not hold" says what happens at small scale. The claims are evaluated
@@ -31,7 +34,16 @@ from impl.report.stats import ci95_half_width, mean_ci95
 
 TARGET_KEY = "claims.headline"
 TITLE = "Do the papers' headline claims hold? (at the scale of our results)"
-VERDICTS: tuple[str, ...] = ("holds", "does not hold", "inconclusive", "not measured at this scale")
+NOT_JUDGED = "not judged (smoke scale: pipeline check)"
+VERDICTS: tuple[str, ...] = (
+    "holds",
+    "does not hold",
+    "inconclusive",
+    "not measured at this scale",
+    NOT_JUDGED,
+)
+NO_INTERVAL = "one seed or measurement (n=1): no interval"
+MIN_N = 2  # a verdict needs at least this many seeds (or sweeps): an interval
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,12 @@ class Claim:
             paper's number.
         zero_bound: judge against 0 instead of ``paper_value`` (a claim of "no significant
             loss": the interval must reach 0).
+        published: the paper's own number(s) behind the claim, in words, where it publishes
+            one ("-1.47 pp (ResNet-50 ImageNet, ratio 0.2)"); ``paper_value`` is the bound
+            the rule tests, which is not always a published number (e.g. 0 for "no loss").
+        setting: scale -> the setting of our runs where it differs from the paper's (e.g.
+            PruneTrain's penalty ratio on the short runs), in words; None: the model and
+            data of :attr:`needs` only.
     """
 
     paper: str
@@ -80,6 +98,8 @@ class Claim:
     read: Callable[[Mapping[str, ResultSet]], Evidence | None]
     higher_is_better: bool = True
     zero_bound: bool = False
+    published: str = ""
+    setting: Callable[[str], str] | None = None
 
 
 def _row(
@@ -265,11 +285,60 @@ def _clicktrain_vs_prunetrain(results: Mapping[str, ResultSet]) -> Evidence | No
     return Evidence(ev.mean, ev.sd, ev.n, ev.low, ev.high, text)
 
 
+def _needs_setting(target: str, scale: str) -> str:
+    """The model, data, epochs and seeds of the training runs of ``target`` at ``scale`` in
+    words (the cross-method table and SDGP Table I, which the accuracy claims read; "" for
+    a measurement)."""
+    from reproductions.common import SCALE_SEEDS, SCALE_TRAIN, setup_text
+    from reproductions.cross.methods import SEEDS, TRAIN
+
+    if target == "cross.methods":
+        cfg, seeds = {**SCALE_TRAIN[scale], **TRAIN[scale]}, SEEDS[scale]
+    elif target == "sdgp.table1":
+        from reproductions.sdgp.table1 import CPU_SEEDS, rows
+
+        dense = rows(scale)[0]
+        cfg = {**SCALE_TRAIN[scale], **dense.train}
+        seeds = CPU_SEEDS if scale == "cpu" else SCALE_SEEDS[scale]
+    else:
+        return ""
+    keep = ("model", "data", "data_options", "epochs", "max_steps_per_epoch")
+    text = setup_text({k: cfg[k] for k in keep if k in cfg})
+    return f"{text}, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+
+
+def _cross_setting(method: str) -> Callable[[str], str]:
+    """The setting of ``method``'s runs in the cross-method table at a scale: the shared
+    setup (:func:`_needs_setting`) and the method's options as run
+    (:func:`reproductions.common.options_text`), e.g. PruneTrain's penalty ratio 0.8 for the
+    paper's 0.2 on the short runs."""
+
+    def setting(scale: str) -> str:
+        from reproductions.common import options_text
+        from reproductions.cross.methods import method_options
+
+        opts = options_text(method, method_options(method, scale), scale)
+        return f"{_needs_setting('cross.methods', scale)}; {opts}"
+
+    return setting
+
+
 DESCRIPTION = (
     "Each headline claim of the four papers (a sentence of the abstract or a table, with its "
     "number) beside the result of ours that speaks to it, and a verdict reached by the rule "
     "in its note: holds, does not hold, inconclusive (our 95% confidence interval straddles "
-    "the paper's number), or not measured at this scale (with the reproduction to run)."
+    "the bound, or a number from one seed has no interval), or not measured at this scale "
+    "(with the reproduction to run)."
+)
+SMOKE_DESCRIPTION = (
+    "Smoke scale is a pipeline check: its runs take a few SGD steps on one seed, so every "
+    "model sits near chance and no claim is judged here (verdict: not judged). The table "
+    "shows that each claim's numbers are read end to end; the cpu, gpu and paper scales "
+    "judge them."
+)
+SMOKE_NOTE = (
+    "Smoke scale: a pipeline check, not evidence. No claim is judged at this scale; run "
+    "`pdtbench reproduce all --scale cpu` (or gpu, paper) for verdicts."
 )
 AT_LEAST = (
     "holds if ours is at least the paper's number (for a mean over seeds or repeated "
@@ -293,6 +362,10 @@ CLAIMS: tuple[Claim, ...] = (
         "the interval lies below 0",
         "cross.methods",
         _clicktrain_vs_prunetrain,
+        published=(
+            "ClickTrain -0.5 pp at 4.1x vs PruneTrain -1.9 pp at 2.1x (ResNet-50 ImageNet, Table 1)"
+        ),
+        setting=_cross_setting("clicktrain"),
     ),
     Claim(
         "clicktrain",
@@ -305,6 +378,11 @@ CLAIMS: tuple[Claim, ...] = (
         "cross.methods",
         ratio_reader("cross.methods", "clicktrain", "dense", "iter_ms"),
         higher_is_better=False,
+        published=(
+            "time saved, not added (Fig. 12: 0.15-0.59 h per CIFAR-10 run, 5.1-20.4 h per "
+            "ImageNet run)"
+        ),
+        setting=_cross_setting("clicktrain"),
     ),
     Claim(
         "clicktrain",
@@ -321,6 +399,7 @@ CLAIMS: tuple[Claim, ...] = (
             "speedup_vs_cusparse",
             unit="x",
         ),  # fmt: skip
+        published="4x (Fig. 9)",
     ),
     Claim(
         "clicktrain",
@@ -332,6 +411,7 @@ CLAIMS: tuple[Claim, ...] = (
         AT_LEAST,
         "clicktrain.fig10",
         metric_reader("clicktrain.fig10", "sparsity sweep", "speedup_vs_cusparse", unit="x"),
+        published="3.2x (Fig. 10)",
     ),
     Claim(
         "clicktrain",
@@ -346,6 +426,7 @@ CLAIMS: tuple[Claim, ...] = (
             "clicktrain.fig10", "sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", ".1f", "%"
         ),  # fmt: skip
         higher_is_better=False,
+        published="65% (Fig. 10)",
     ),
     Claim(
         "prunetrain",
@@ -357,6 +438,8 @@ CLAIMS: tuple[Claim, ...] = (
         AT_LEAST,
         "cross.methods",
         metric_reader("cross.methods", "prunetrain", "train_flops_saved", unit="%"),
+        published="40% (ResNet-50 ImageNet, abstract)",
+        setting=_cross_setting("prunetrain"),
     ),
     Claim(
         "prunetrain",
@@ -368,6 +451,8 @@ CLAIMS: tuple[Claim, ...] = (
         AT_LEAST,
         "cross.methods",
         time_saved_reader("cross.methods", "prunetrain", "dense"),
+        published="39% (ResNet-50 ImageNet, abstract)",
+        setting=_cross_setting("prunetrain"),
     ),
     Claim(
         "prunetrain",
@@ -384,6 +469,7 @@ CLAIMS: tuple[Claim, ...] = (
             "comm_cost_saved",
             unit="%",
         ),  # fmt: skip
+        published="55% (ResNet-50 ImageNet, penalty ratio 0.25, 16-256 GPUs; Fig. 11)",
     ),
     Claim(
         "prunetrain",
@@ -395,6 +481,8 @@ CLAIMS: tuple[Claim, ...] = (
         "holds if our loss is no larger than the paper's (the whole 95% CI at or above it)",
         "cross.methods",
         metric_reader("cross.methods", "prunetrain", "delta_top1", unit="pp"),
+        published="-1.47 pp (ResNet-50 ImageNet, penalty ratio 0.2, Table 1)",
+        setting=_cross_setting("prunetrain"),
     ),
     Claim(
         "sdgp",
@@ -408,6 +496,8 @@ CLAIMS: tuple[Claim, ...] = (
         "cross.methods",
         metric_reader("cross.methods", "sdgp", "delta_top1", unit="pp"),
         zero_bound=True,
+        published="-0.1 pp (ResNet-9 CIFAR-10: 95.2 vs 95.3, Table I)",
+        setting=_cross_setting("sdgp"),
     ),
     Claim(
         "sdgp",
@@ -420,6 +510,7 @@ CLAIMS: tuple[Claim, ...] = (
         "above 0; does not hold if it lies below 0",
         "sdgp.table1",
         difference_reader("sdgp.table1", "SDGP rescaled 2:4", "SDGP random 2:4"),
+        published="+0.7 pp (ResNet-9 CIFAR-10: rescaled 95.2 vs random 94.5, Table I)",
     ),
     Claim(
         "sdgp",
@@ -433,6 +524,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric_reader(
             "sdgp.fig9", "estimate at ratio 2 (2:4)", "estimated_runtime_reduction", unit="%"
         ),  # fmt: skip
+        published="16.6% at 2:4 (ResNet-18 ImageNet; Sec. IV-C, from Fig. 9)",
     ),
     Claim(
         "campfire",
@@ -444,25 +536,44 @@ CLAIMS: tuple[Claim, ...] = (
         "holds if the whole 95% CI of our change is above -1 point",
         "cross.methods",
         metric_reader("cross.methods", "campfire", "delta_top1", unit="pp"),
+        published="under 1 point of top-1 at 60-70% sparsity (abstract)",
+        setting=_cross_setting("campfire"),
     ),
 )
 
 
-def judge(claim: Claim, evidence: Evidence | None) -> str:
-    """The verdict (one of :data:`VERDICTS`) of ``claim`` given ``evidence``."""
+def judge_why(claim: Claim, evidence: Evidence | None, scale: str | None = None) -> tuple[str, str]:
+    """The verdict (one of :data:`VERDICTS`) of ``claim`` given ``evidence`` at ``scale``, and
+    its reason where the numbers alone do not tell it ("" otherwise).
+
+    At the smoke scale no claim is judged (:data:`NOT_JUDGED`: its runs prove the pipeline);
+    a number from fewer than :data:`MIN_N` seeds (or sweeps) is "inconclusive" whatever its
+    value (:data:`NO_INTERVAL`: one value has no confidence interval to compare); otherwise
+    the whole 95% interval is compared with the bound (the paper's number, or 0 for a
+    ``zero_bound`` claim)."""
     if evidence is None:
-        return "not measured at this scale"
+        return "not measured at this scale", ""
+    if scale == "smoke":
+        return NOT_JUDGED, "a few SGD steps prove that the pipeline runs, not what a method does"
+    if evidence.n < MIN_N:
+        return "inconclusive", NO_INTERVAL
     bound = 0.0 if claim.zero_bound else claim.paper_value
     if claim.zero_bound:  # no loss beyond noise: the interval must reach 0
-        return "holds" if evidence.high >= bound else "does not hold"
+        return ("holds" if evidence.high >= bound else "does not hold"), ""
     low, high = (evidence.low, evidence.high)
     if not claim.higher_is_better:
         low, high, bound = -high, -low, -bound
     if low >= bound:
-        return "holds"
+        return "holds", ""
     if high < bound:
-        return "does not hold"
-    return "inconclusive"
+        return "does not hold", ""
+    return "inconclusive", f"the 95% interval straddles {claim.paper_value:g}"
+
+
+def judge(claim: Claim, evidence: Evidence | None, scale: str | None = None) -> str:
+    """The verdict (one of :data:`VERDICTS`) of ``claim`` given ``evidence`` at ``scale``
+    (:func:`judge_why` without its reason)."""
+    return judge_why(claim, evidence, scale)[0]
 
 
 def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any]]:
@@ -470,7 +581,7 @@ def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any
     rows = []
     for c in CLAIMS:
         ev = c.read(results)
-        verdict = judge(c, ev)
+        verdict, why = judge_why(c, ev, scale)
         how = c.rule
         if ev is None:
             how = f"needs `pdtbench reproduce {c.needs} --scale {scale}` ({c.rule})"
@@ -487,7 +598,10 @@ def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any
                 "paper": c.paper_value,
                 "unit": c.unit,
                 "paper_source": c.source,
+                "published": c.published,
+                "ours_setting": c.setting(scale) if c.setting else _needs_setting(c.needs, scale),
                 "verdict": verdict,
+                "verdict_reason": why,
                 "note": how,
             }
         )
@@ -516,15 +630,18 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
         title=TITLE,
         scale=scale,
         rows=rows,
-        description=DESCRIPTION,
+        description=SMOKE_DESCRIPTION if scale == "smoke" else DESCRIPTION,
         notes=[
+            *([SMOKE_NOTE] if scale == "smoke" else []),
             "At this scale: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + ".",
             "A verdict is about the scale that produced our number (see the Scale column), "
-            "not about the paper's models, data and hardware; the paper's number is the bound "
-            "the rule compares against.",
+            "not about the paper's models, data and hardware. 'Tested against' is the bound "
+            "the rule compares with (0 for a claim of no loss, for instance); 'Published' is "
+            "the paper's own number, with its citation; 'Our setting' names the setting of "
+            "our runs where it differs from the paper's.",
             "Means over seeds, and the speed ratios measured in repeated sweeps (or per seed), "
-            "carry their 95% confidence interval (Student's t); a single measurement is judged "
-            "as it is.",
+            "carry their 95% confidence interval (Student's t); a number from one seed or one "
+            f"measurement has no interval and is not judged ({NO_INTERVAL}: inconclusive).",
             *(
                 [
                     "At this scale the speed claims time CPU implementations (the reference "
@@ -549,10 +666,13 @@ def summary_lines(path: str | Path) -> list[str]:
     counts = {v: sum(r.get("verdict") == v for r in res.rows) for v in VERDICTS}
     head = ", ".join(f"{v}: {n}" for v, n in counts.items() if n)
     lines = [f"[claims] at {res.scale} scale: {head} (the index's first table)"]
+    if res.scale == "smoke":
+        lines.append(f"  {SMOKE_NOTE}")
     width = max(len(v) for v in VERDICTS)
     for r in res.rows:
         ours = r["note"].split(". Rule:")[0] if r.get("ours") is not None else "-"
-        lines.append(f"  {r['verdict']:<{width}}  {r['row']}: {ours}")
+        why = f" [{r['verdict_reason']}]" if r.get("verdict_reason") else ""
+        lines.append(f"  {r['verdict']:<{width}}  {r['row']}: {ours}{why}")
     return lines
 
 
@@ -565,6 +685,10 @@ __all__ = [
     "difference_reader",
     "evaluate",
     "judge",
+    "judge_why",
+    "MIN_N",
+    "NO_INTERVAL",
+    "NOT_JUDGED",
     "metric_reader",
     "ratio_reader",
     "time_saved_reader",

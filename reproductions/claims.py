@@ -641,7 +641,7 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
             "our runs where it differs from the paper's.",
             "Means over seeds, and the speed ratios measured in repeated sweeps (or per seed), "
             "carry their 95% confidence interval (Student's t); a number from one seed or one "
-            f"measurement has no interval and is not judged ({NO_INTERVAL}: inconclusive).",
+            "measurement has no interval and is not judged: its verdict is inconclusive.",
             *(
                 [
                     "At this scale the speed claims time CPU implementations (the reference "

@@ -723,11 +723,13 @@ def settings_lines(results: list[RowResult], scale: str) -> tuple[list[dict[str,
 def setups(row: Row, scale: str, result: RowResult | None = None) -> dict[str, str]:
     """``{"ours_setup", "paper_setup"}`` of a training row that stands beside a paper's row:
     the model and data of our runs (their saved config, else the row's) and of the paper's
-    selector, in words (:func:`setup_name`); empty for a measurement row or a row without a
-    paper model or dataset."""
+    selector, in words (:func:`setup_name`); empty for a measurement row, a row without a
+    paper model or dataset, or a row with no run (no number of ours to label)."""
     if row.measure is not None or not (row.paper.get("model") or row.paper.get("dataset")):
         return {}
-    cfg = next((run.config for run in (result.runs if result else []) if run.config), None)
+    if result is None or not result.runs:  # no number of ours to label
+        return {}
+    cfg = next((run.config for run in result.runs if run.config), None)
     if cfg is None:
         cfg = {**SCALE_TRAIN.get(scale, {}), **row.train}
         cfg.setdefault("model", "resnet20")

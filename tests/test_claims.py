@@ -307,9 +307,9 @@ def test_claims_table_names_the_bound_apart_from_the_published_number_and_our_se
 
     frame = comparison_frame(list(rows.values()))
     assert "Paper" not in frame.columns and "Tested against" in frame.columns
-    assert {"Published (source)", "Our setting", "Verdict"} <= set(frame.columns)
+    assert {"Published", "Paper source", "Our setting", "Verdict"} <= set(frame.columns)
     sdgp = frame[frame["Claim"].str.startswith("sdgp: 2:4")].iloc[0]
-    assert sdgp["Tested against"] == "-0.1" and "95.2 vs 95.3" in sdgp["Published (source)"]
+    assert sdgp["Tested against"] == "-0.1" and "95.2 vs 95.3" in sdgp["Published"]
     slow = frame[frame["Claim"] == NO_EXTRA_TIME].iloc[0]
     assert slow["Verdict"] == f"inconclusive: {C.NO_INTERVAL}"
     assert all(c.published for c in C.CLAIMS)

@@ -557,3 +557,14 @@ def test_cross_table_states_its_setup_in_words_and_labels_every_metric(scale):
     assert "{" not in note and "'model'" not in note and "batch " in note
     assert "ResNet-" in note and "digits" in note
     assert set(methods.METRICS_SHOWN) <= set(METRIC_LABELS)  # no internal key as a row label
+
+
+def test_a_row_without_runs_gets_no_setup_label():
+    row = Row("resnet18 dense", train={"model": "resnet18", "data": "imagenet"},
+              paper={"model": "resnet18", "dataset": "imagenet"}, needs="paper scale")  # fmt: skip
+    assert common.setups(row, "cpu", RowResult(row, error="paper scale")) == {}
+    ran = RowResult(row, runs=[RunRecord("r", 0, {"top1": 1.0}, [], True)])  # no saved config
+    assert common.setups(row, "cpu", ran) == {
+        "ours_setup": "ResNet-18 on ImageNet (16x16 px)",
+        "paper_setup": "ResNet-18 on ImageNet",
+    }

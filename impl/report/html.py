@@ -188,7 +188,7 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 CLAIMS_COLUMNS: tuple[str, ...] = (
-    "Claim", "Metric", "Ours", "Scale", "Tested against", "Unit", "Published (source)",
+    "Claim", "Metric", "Ours", "Scale", "Tested against", "Unit", "Published", "Paper source",
     "Our setting", "Verdict", "Note",
 )  # fmt: skip
 
@@ -198,7 +198,6 @@ def _claims_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     out = []
     for r in rows:
         ours = r.get("ours")
-        published, source = r.get("published") or "", r.get("paper_source") or ""
         verdict = r.get("verdict") or ""
         if r.get("verdict_reason"):
             verdict = f"{verdict}: {r['verdict_reason']}"
@@ -210,7 +209,8 @@ def _claims_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
                 "Scale": r.get("scale") or ("-" if ours is None else "?"),
                 "Tested against": format_number(r.get("paper")),
                 "Unit": r.get("unit") or "",
-                "Published (source)": f"{published} ({source})" if published else source,
+                "Published": r.get("published") or "",
+                "Paper source": r.get("paper_source") or "",
                 "Our setting": r.get("ours_setting") or "",
                 "Verdict": verdict,
                 "Note": r.get("note") or "",

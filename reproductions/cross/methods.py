@@ -204,10 +204,10 @@ def notes(scale: str) -> list[str]:
         f"Same setup for every method: {shared_setup(scale)}; seed"
         f"{'s' if len(SEEDS[scale]) > 1 else ''} {seeds_text(SEEDS[scale])}. "
         "Each method's options as run: the settings table under the results.",
-        "delta_top1: each seed's top-1 minus the dense run's of the same seed; the bracket is "
-        "the 95% confidence interval of the mean difference (Student's t over the seeds). An "
-        "interval that contains 0 says the method's accuracy differs from dense by no more "
-        "than seed-to-seed noise."
+        "Top-1 change vs dense: each seed's top-1 minus the dense run's of the same seed; the "
+        "bracket is the 95% confidence interval of the mean difference (Student's t over the "
+        "seeds). An interval that contains 0 says the method's accuracy differs from dense by "
+        "no more than seed-to-seed noise."
         + (
             " On digits, one test image is 0.28 points (360 test images)."
             if TRAIN[scale]["data"] == "digits"

@@ -188,10 +188,8 @@ def _relative_reader(
         paired = _per_seed(results, target, row, base_row, metric)
         if paired is None:
             v = value(ours[0], base[0])
-            text = (
-                f"{show(v)} against {base_row} (one measurement: {both}, means over "
-                f"{ours[2]} seeds)"
-            )
+            over = "one seed" if max(ours[2], base[2]) < 2 else f"means over {ours[2]} seeds"
+            text = f"{show(v)} against {base_row} (one measurement: {both}, {over})"
             return Evidence(v, None, 1, v, v, text)
         common, po, pb = paired
         mean, low, high = mean_ci95(value(po[s], pb[s]) for s in common)
@@ -262,6 +260,13 @@ def difference_reader(
         if d is None:
             return None
         eb, ew, mean, low, high, how = d
+        n = min(eb.n, ew.n)
+        if n < MIN_N:  # one seed: a difference, with no interval to give
+            text = (
+                f"{better} {eb.mean:+.2f} pp, {worse} {ew.mean:+.2f} pp (n=1): difference "
+                f"{mean:+.2f} pp (one seed: no interval)"
+            )
+            return Evidence(mean, None, n, mean, mean, text)
         text = (
             f"{better} {eb.mean:+.2f} pp, {worse} {ew.mean:+.2f} pp (n={eb.n}): difference "
             f"{mean:+.2f} pp, 95% interval [{low:+.2f}, {high:+.2f}] ({how})"

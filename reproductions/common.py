@@ -51,6 +51,10 @@ SCALE_TRAIN: dict[str, dict[str, Any]] = {
     "gpu": {"model": "resnet32", "data": "digits", "epochs": 30, "batch_size": 128},
     "paper": {},
 }  # fmt: skip
+SMOKE_RESULT_NOTE = (
+    "Smoke scale is a pipeline check: runs of a few SGD steps on one seed show that every "
+    "number is produced end to end, not how the methods compare (models sit near chance)."
+)
 SCALE_SEEDS: dict[str, tuple[int, ...]] = {
     "smoke": (0,),
     "cpu": (0,),
@@ -569,7 +573,10 @@ def setup_text(cfg: dict[str, Any]) -> str:
         parts.append(f"{cfg['stem']} stem")
     if "epochs" in cfg:
         steps = cfg.get("max_steps_per_epoch")
-        parts.append(f"{cfg['epochs']} epochs" + (f" of at most {steps} steps" if steps else ""))
+        epochs = f"{cfg['epochs']} epoch{'s' if cfg['epochs'] != 1 else ''}"
+        parts.append(
+            epochs + (f" of at most {steps} step{'s' if steps != 1 else ''}" if steps else "")
+        )
     elif cfg.get("max_steps_per_epoch"):
         parts.append(f"at most {cfg['max_steps_per_epoch']} steps per epoch")
     if "batch_size" in cfg:
@@ -854,6 +861,8 @@ def run_target(
             log(f"  {target.key}: figures FAILED\n{traceback.format_exc(limit=4)}")
     runs = [run.path for r in results for run in r.runs]
     notes = list(target.notes(scale)) if target.notes else []
+    if scale == "smoke":
+        notes.insert(0, SMOKE_RESULT_NOTE)
     for method in sorted({r.row.method for r in results if r.runs}):
         note = METHOD_SCALE_NOTES[method](scale) if method in METHOD_SCALE_NOTES else None
         if note and note not in notes:

@@ -313,3 +313,15 @@ def test_claims_table_names_the_bound_apart_from_the_published_number_and_our_se
     slow = frame[frame["Claim"] == NO_EXTRA_TIME].iloc[0]
     assert slow["Verdict"] == f"inconclusive: {C.NO_INTERVAL}"
     assert all(c.published for c in C.CLAIMS)
+
+
+def test_a_difference_of_single_seeds_gives_no_interval():
+    one = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        _row("clicktrain", "delta_top1", -0.28), _row("prunetrain", "delta_top1", 0.0),
+        _row("clicktrain", "compression_ratio", 8.33), _row("prunetrain", "compression_ratio", 1.0),
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": one}, "cpu"))[
+        "clicktrain: more accuracy and more compression than PruneTrain"
+    ]
+    assert row["verdict"] == "inconclusive" and row["n"] == 1
+    assert "interval [" not in row["note"] and "one seed: no interval" in row["note"]

@@ -85,6 +85,14 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     assert any(r["row"].startswith("paper: resnet50") and r["ours"] is None for r in result.rows)
     saved = tmp_path / "results" / "sdgp.table1" / "smoke" / "result.json"
     assert saved.exists()
+    # a smoke result says it is a pipeline check; single-seed numbers keep their seed; the
+    # settings come from the runs' saved configs
+    assert result.notes[0] == common.SMOKE_RESULT_NOTE
+    assert rows[("dense", "top1")]["seeds"] == [0] and rows[("dense", "top1")]["n"] == 1
+    assert [s["row"] for s in result.settings] == ["dense", "sdgp"]
+    assert result.settings[1]["options"].startswith("2:4 data-gradient pruning, rescaled")
+    assert result.settings[1]["options"].endswith("profile False")
+    assert result.setup.startswith("ResNet-20 on digits, 1 epoch of at most 1 step, batch 16")
     # a second call trains nothing: every complete run is reused
     again = run_target(target, "smoke", tmp_path, log=logs.append)
     assert "0 runs trained and 2 reused" in again.notes[-1]

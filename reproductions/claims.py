@@ -294,8 +294,9 @@ def _needs_setting(target: str, scale: str) -> str:
     """The model, data, epochs and seeds of the training runs of ``target`` at ``scale`` in
     words (the cross-method table and SDGP Table I, which the accuracy claims read; "" for
     a measurement)."""
-    from reproductions.common import SCALE_SEEDS, SCALE_TRAIN, setup_text
+    from reproductions.common import SCALE_SEEDS, SCALE_TRAIN
     from reproductions.cross.methods import SEEDS, TRAIN
+    from reproductions.settings import setup_text
 
     if target == "cross.methods":
         cfg, seeds = {**SCALE_TRAIN[scale], **TRAIN[scale]}, SEEDS[scale]
@@ -315,12 +316,12 @@ def _needs_setting(target: str, scale: str) -> str:
 def _cross_setting(method: str) -> Callable[[str], str]:
     """The setting of ``method``'s runs in the cross-method table at a scale: the shared
     setup (:func:`_needs_setting`) and the method's options as run
-    (:func:`reproductions.common.options_text`), e.g. PruneTrain's penalty ratio 0.8 for the
+    (:func:`reproductions.settings.options_text`), e.g. PruneTrain's penalty ratio 0.8 for the
     paper's 0.2 on the short runs."""
 
     def setting(scale: str) -> str:
-        from reproductions.common import options_text
         from reproductions.cross.methods import method_options
+        from reproductions.settings import options_text
 
         opts = options_text(method, method_options(method, scale), scale)
         return f"{_needs_setting('cross.methods', scale)}; {opts}"

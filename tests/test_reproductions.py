@@ -8,7 +8,7 @@ import math
 import pytest
 
 import reproductions
-from reproductions import common
+from reproductions import common, settings
 from reproductions.common import (
     MethodUnavailable,
     Row,
@@ -472,14 +472,14 @@ def _cfg(method="dense", options=None, **train):
          "clicktrain-defaults", "dense", "unknown-method"],
 )  # fmt: skip
 def test_options_text_words_each_methods_options_as_run(method, options, scale, words):
-    assert common.options_text(method, options, scale) == words
+    assert settings.options_text(method, options, scale) == words
 
 
 def test_setup_text_reads_a_saved_config_in_words():
-    text = common.setup_text(_cfg())
+    text = settings.setup_text(_cfg())
     assert text == ("ResNet-20 on digits (16x16 px), 8 epochs, batch 32, SGD lr 0.2 (one-cycle, "
                     "20% warm-up), momentum 0.9 (Nesterov), weight decay 0.0005")  # fmt: skip
-    step = common.setup_text(
+    step = settings.setup_text(
         {
             "schedule": "step",
             "lr": 0.1,
@@ -491,7 +491,7 @@ def test_setup_text_reads_a_saved_config_in_words():
     )
     assert step == ("at most 3 steps per epoch, SGD lr 0.1 (decayed 0.1x at epochs [91, 136]), "
                     "label smoothing 0.1")  # fmt: skip
-    assert common.setup_text({}) == ""
+    assert settings.setup_text({}) == ""
 
 
 def test_settings_lines_read_the_runs_configs_and_name_what_differs():
@@ -506,14 +506,14 @@ def test_settings_lines_read_the_runs_configs_and_name_what_differs():
         RowResult(Row("sdgp smoothed", "sdgp"), runs=[run(3, _cfg("sdgp", label_smoothing=0.1))]),
         RowResult(Row("not run", needs="x"), error="x"),
     ]  # fmt: skip
-    lines, setup = common.settings_lines(results, "cpu")
+    lines, setup = settings.settings_lines(results, "cpu")
     assert setup.startswith("ResNet-20 on digits (16x16 px), 8 epochs, batch 32")
     assert "label smoothing" not in setup  # not shared by every run
     assert [line["row"] for line in lines] == ["dense", "prunetrain", "sdgp smoothed"]
     assert lines[1]["options"].startswith("penalty ratio 0.8 (the paper's 0.2")
     assert (lines[0]["seeds"], lines[2]["seeds"]) == ("0-4", "3")
     assert lines[2]["differs"] == "label smoothing 0.1" and lines[0]["differs"] == ""
-    assert common.settings_lines([RowResult(Row("m", measure="a:b"), measured={})], "cpu") == (
+    assert settings.settings_lines([RowResult(Row("m", measure="a:b"), measured={})], "cpu") == (
         [], "")  # fmt: skip
 
 

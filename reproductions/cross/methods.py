@@ -26,7 +26,6 @@ from impl.report.results import FigureSpec
 from impl.report.runs import time_to_accuracy
 from reproductions.common import (
     SCALE_TRAIN,
-    SETUP_FIELDS,
     Row,
     RowResult,
     RunRecord,
@@ -34,8 +33,8 @@ from reproductions.common import (
     figure_rows,
     reproduce,
     row_metric,
-    setup_text,
 )
+from reproductions.settings import SETUP_FIELDS, setup_text
 
 METHOD_ORDER: tuple[str, ...] = ("dense", "clicktrain", "prunetrain", "sdgp", "campfire")
 SEEDS: dict[str, tuple[int, ...]] = {

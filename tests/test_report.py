@@ -511,3 +511,20 @@ def test_row_label_names_both_models_and_data_where_they_differ():
     assert row_label(same) == "dense" and row_label({"row": "x"}) == "x"
     frame = comparison_frame([{**row, "metric": "top1", "ours": 99.28, "n": 1, "paper": 95.3}])
     assert frame.loc[0, "Row"].startswith("dense (ours: ResNet-20")
+
+
+def test_every_figure_carries_its_scale_in_its_own_title(monkeypatch):
+    import impl.report.html as report_html
+
+    titles: list[str] = []
+    real_draw = report_html.draw
+
+    def spying_draw(kind, data, **kw):
+        titles.append(kw["title"])
+        return real_draw(kind, data, **kw)
+
+    monkeypatch.setattr(report_html, "draw", spying_draw)
+    result_section(_result("cpu"))
+    assert titles == ["top-1 (cpu scale)"]
+    assert report_html.scaled_title("", "gpu") == "gpu scale"
+    assert report_html.scaled_title("Fig. 9", None) == "Fig. 9"

@@ -316,7 +316,8 @@ def result_section(result: ResultSet) -> Section:
             y=spec.y,
             hue=spec.hue,
             style=spec.style,
-            title=spec.title,
+            # the scale in the picture itself, so that it stays labelled wherever it is shown
+            title=scaled_title(spec.title, result.scale),
             xlabel=spec.xlabel,
             ylabel=spec.ylabel,
             logy=spec.logy,
@@ -326,6 +327,13 @@ def result_section(result: ResultSet) -> Section:
             FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)
         )
     return section
+
+
+def scaled_title(title: str, scale: str | None) -> str:
+    """A figure's title with the scale of its numbers: "Fig. 9 (cpu scale)"."""
+    if not scale:
+        return title
+    return f"{title} ({scale} scale)" if title else f"{scale} scale"
 
 
 def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
@@ -480,4 +488,5 @@ __all__ = [
     "provenance_rows",
     "render_html",
     "result_section",
+    "scaled_title",
 ]

@@ -576,3 +576,13 @@ def test_a_row_without_runs_gets_no_setup_label():
         "ours_setup": "ResNet-18 on ImageNet (16x16 px)",
         "paper_setup": "ResNet-18 on ImageNet",
     }
+
+
+def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale():
+    from reproductions.cross.methods import SEEDS
+    from reproductions.prunetrain import fig11
+
+    by_label = {r.label: r for r in fig11.rows("cpu")}
+    claim_row = by_label["PruneTrain (ratio 0.25, run at 0.85), dynamic mini-batch"]
+    assert claim_row.seeds == SEEDS["cpu"] and len(SEEDS["cpu"]) >= 2
+    assert all(r.seeds is None for r in fig11.rows("smoke"))  # smoke stays one seed

@@ -230,8 +230,19 @@ def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(run_dir)
 
 
+def _measure_function(fn: str) -> Callable[..., dict[str, Any]]:
+    module_name, _, func_name = fn.partition(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
 def _measure_path(fn: str, params: dict[str, Any], scale: str, root: Path) -> Path:
-    blob = json.dumps({"fn": fn, "params": params, "scale": scale}, sort_keys=True, default=str)
+    key: dict[str, Any] = {"fn": fn, "params": params, "scale": scale}
+    # A function whose saved values change form sets ``measure_version``; older files are
+    # then measured again instead of being read in the old form.
+    version = getattr(_measure_function(fn), "measure_version", None)
+    if version is not None:
+        key["version"] = version
+    blob = json.dumps(key, sort_keys=True, default=str)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
     name = fn.replace(":", "-").replace(".", "_")
     return root / "measurements" / f"{name}-{scale}-{digest}.json"
@@ -244,7 +255,8 @@ def measure_or_reuse(
 
     The function is called as ``fn(scale=scale, context=context, **params)`` and returns a
     dict of plain values (numbers, lists, dicts). The saved file holds the values and the
-    environment; it is keyed by (fn, params, scale). ``context["runs"]`` maps the labels of
+    environment; it is keyed by (fn, params, scale, and the function's ``measure_version``
+    where it sets one). ``context["runs"]`` maps the labels of
     rows run before to their run directories (for measurements on trained models).
     """
     from impl.env import collect
@@ -253,9 +265,7 @@ def measure_or_reuse(
     if path.exists():
         data = json.loads(path.read_text())
         return data["values"], True
-    module_name, _, func_name = fn.partition(":")
-    func: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module_name), func_name)
-    values = func(scale=scale, context=context, **params)
+    values = _measure_function(fn)(scale=scale, context=context, **params)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
@@ -623,7 +633,8 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 # per-seed values, so that two rows run on the same seeds can be paired (and a
                 # single seed's number is labelled with its seed)
                 entry["seeds"], entry["values"] = seeds, [float(v) for v in values]
-            elif n > 1 and res.measured is not None:  # one value per sweep of a measurement
+            elif len(values) > 1 and res.measured is not None:
+                # one value per sweep of a measurement (NaN kept: a sweep that found none)
                 entry["values"] = [float(v) for v in values]
             out.append(entry)
     for idx, p in paper.iterrows():

@@ -325,3 +325,38 @@ def test_a_difference_of_single_seeds_gives_no_interval():
     ]
     assert row["verdict"] == "inconclusive" and row["n"] == 1
     assert "interval [" not in row["note"] and "one seed: no interval" in row["note"]
+
+
+CROSSOVER = "clicktrain: pattern SpMM beats dense GEMM from 65% sparsity on"
+
+
+@pytest.mark.parametrize(
+    ("per_sweep", "verdict", "shown"),
+    [([56.0, 65.0, 56.0], "holds", "per sweep: 56.0%, 65.0%, 56.0% (3 sweeps)"),
+     ([75.0, 85.0, None], "does not hold", "none: no swept point in 1 of them"),
+     ([56.0, 75.0, 65.0], "inconclusive", ""),
+     ([56.0, None, 65.0], "inconclusive", "none"),
+     ([None, None, None], "does not hold", "per sweep: none, none, none")],
+    ids=["every-sweep-at-or-below", "none-at-or-below", "both-sides", "one-sweep-never",
+         "never"],
+)  # fmt: skip
+def test_the_crossover_claim_is_judged_sweep_by_sweep(per_sweep, verdict, shown):
+    finite = [v for v in per_sweep if v is not None]
+    mean = sum(finite) / len(finite) if finite else None
+    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
+        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", mean, None,
+                len(finite)), "values": per_sweep},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == verdict
+    if verdict == "inconclusive":
+        assert row["verdict_reason"] == "the range over the sweeps straddles 65"
+    else:
+        assert shown in row["note"]
+
+
+def test_a_single_crossover_is_one_number_without_a_verdict():
+    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
+        _row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 56.0, None, 1)])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == "inconclusive" and row["verdict_reason"] == C.NO_INTERVAL

@@ -402,6 +402,11 @@ def test_speed_measurements_give_one_headline_value_per_sweep():
     spmm = spmm_sweep(scale="smoke", context={}, sparsities=(0.6, 0.75), repeats=2, sweeps=2)
     assert len(spmm["speedup_vs_cusparse"]) == 2 and spmm["speedup_sparsity"] > 70
     assert len(spmm["points"]) == 2 * 3  # one pooled median per (sparsity, implementation)
+    swept = {p["sparsity"] for p in spmm["points"]}
+    cross = spmm["crossover_sparsity_vs_cublas_cudnn"]  # per sweep: a swept point, or NaN
+    assert len(cross) == 2 and all(math.isnan(c) or c in swept for c in cross)
+    pooled = spmm["crossover_sparsity_pooled"]
+    assert math.isnan(pooled) or pooled in swept
 
     sdgp = conv_times(scale="smoke", context={}, repeats=1, sweeps=2)
     shares = sdgp["data_grad_time_share"]
@@ -586,3 +591,16 @@ def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale()
     claim_row = by_label["PruneTrain (ratio 0.25, run at 0.85), dynamic mini-batch"]
     assert claim_row.seeds == SEEDS["cpu"] and len(SEEDS["cpu"]) >= 2
     assert all(r.seeds is None for r in fig11.rows("smoke"))  # smoke stays one seed
+
+
+def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch):
+    from reproductions.clicktrain import kernels
+
+    fn, params = "reproductions.clicktrain.kernels:spmm_sweep", {"sweeps": 5}
+    now = common._measure_path(fn, params, "cpu", tmp_path)
+    monkeypatch.setattr(kernels.spmm_sweep, "measure_version", 3)
+    assert common._measure_path(fn, params, "cpu", tmp_path) != now
+    monkeypatch.delattr(kernels.spmm_sweep, "measure_version")
+    # without a version the key is (fn, params, scale) alone, as files saved before it was
+    unversioned = common._measure_path(fn, params, "cpu", tmp_path)
+    assert unversioned != now and unversioned.parent == now.parent

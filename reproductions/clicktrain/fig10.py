@@ -44,7 +44,9 @@ TARGET = Target(
     metric_units={"speedup_vs_cusparse": "x", "crossover_sparsity_vs_cublas_cudnn": "%"},
     notes=lambda scale: [
         "Speedup over generic CSR is read at the swept sparsity nearest 75%; the crossover is "
-        "the lowest swept sparsity where the pattern SpMM beats dense GEMM ('-' if none).",
+        "the lowest swept sparsity where the pattern SpMM beats dense GEMM, found in each "
+        "sweep (its mean over the sweeps that found one; the claims page lists every sweep, "
+        "'none' where it never beat dense).",
         "cuDNN convolution is not timed separately: on the im2col matrix it equals the GEMM.",
         "The paper's numbers are from a Quadro RTX 5000.",
     ],

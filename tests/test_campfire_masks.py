@@ -328,3 +328,22 @@ def test_dead_inputs_need_zero_filter_and_nonpositive_constant() -> None:
     # the same in the real model that has such a classifier
     out = net(torch.randn(2, 2, 6, 6))
     assert out.shape == (2, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [1, 2, 4], ids=["b1", "b2", "b4"])
+def test_gpu_masks_equal_the_cpu_masks(block: int) -> None:
+    # Every mask function on CUDA tensors gives the CPU's mask (and runs: a scalar made on the
+    # CPU inside one of them once broke the first Campfire step on a GPU).
+    g = torch.Generator().manual_seed(3)
+    conv = torch.randn(37, 19, 3, 3, generator=g)
+    fc = torch.randn(10, 67, generator=g)
+    dead = torch.rand(67, generator=g) < 0.2
+    cuda = torch.device("cuda")
+    for fn in (lambda w: window_mask(w, 0.6), lambda w: ck_mask(w, 0.5),
+               lambda w: combined_mask(w, 0.7)):  # fmt: skip
+        assert torch.equal(fn(conv.to(cuda)).cpu(), fn(conv))
+    kw = {"block": block, "block_fraction": 0.5}
+    on_gpu = fc_mask(fc.to(cuda), 0.6, dead_inputs=dead.to(cuda), **kw)
+    assert on_gpu.device.type == "cuda"
+    assert torch.equal(on_gpu.cpu(), fc_mask(fc, 0.6, dead_inputs=dead, **kw))

@@ -221,7 +221,9 @@ OK = dict(
 REASON_CASES = [
     ({}, ""),
     ({"dtype": torch.float16, "capability": (8, 0)}, ""),
-    ({"backend": "cutlass", "out_channels": 128}, ""),
+    ({"backend": "cutlass", "out_channels": 128, "capability": (8, 0)}, ""),
+    ({"backend": "cutlass", "out_channels": 128}, "CUTLASS 2:4 kernels run on sm_8x only"),
+    ({"cusparselt": False, "out_channels": 128}, "sm_90: torch's CUTLASS"),
     ({"n": 2, "m": 8}, "n:m=2:8 is not 2:4"),
     ({"n": 1, "m": 4}, "n:m=1:4"),
     ({"api": False}, "no torch.sparse.SparseSemiStructuredTensor"),
@@ -234,14 +236,19 @@ REASON_CASES = [
     ({"backend": "cusparselt", "cusparselt": False}, "no cuSPARSELt"),
     ({"out_channels": 40}, "K=40 is not a positive multiple of 16"),
     ({"out_channels": 8}, "K=8"),
-    ({"backend": "cutlass", "out_channels": 96}, "K=96 is not a positive multiple of 64"),
-    ({"cusparselt": False, "out_channels": 32}, "cutlass's minimum"),
+    (
+        {"backend": "cutlass", "out_channels": 96, "capability": (8, 6)},
+        "K=96 is not a positive multiple of 64",
+    ),
+    ({"cusparselt": False, "out_channels": 32, "capability": (8, 9)}, "cutlass's minimum"),
     ({"rows": 2**22, "cols": 2**10}, "exceeds 2**31 - 1"),
 ]
 REASON_IDS = [
     "supported",
     "fp16-sm80",
-    "cutlass-128",
+    "cutlass-128-sm80",
+    "cutlass-on-hopper",
+    "auto-to-cutlass-on-hopper",
     "2of8",
     "1of4",
     "no-api",
@@ -478,6 +485,8 @@ def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 def test_gpu_sparse_data_grad_vs_float64(n, c, k, kernel, stride, hw, dtype, backend, layout):
     if backend == "cusparselt" and not semi.cusparselt_available():
         pytest.skip("this torch build has no cuSPARSELt")
+    if backend == "cutlass" and torch.cuda.get_device_capability()[0] != 8:
+        pytest.skip("torch's CUTLASS 2:4 kernels run on sm_8x only (the fallback is tested below)")
     dev = torch.device("cuda")
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     conv = nn.Conv2d(c, k, kernel, stride=stride, padding=kernel // 2, bias=False)
@@ -676,3 +685,37 @@ def test_unknown_backend_is_rejected():
         sdgp_convert(torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3)), backend="sparse24")
     with pytest.raises(ValueError, match="backend"):
         create_method("sdgp", {"backend": "sparse24"}).validate(None)
+
+
+@pytest.mark.gpu
+def test_gpu_cutlass_off_sm8x_falls_back_with_its_reason():
+    if torch.cuda.get_device_capability()[0] == 8:
+        pytest.skip("an sm_8x GPU runs CUTLASS 2:4: the sparse path is tested above")
+    dev = torch.device("cuda")
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).to(dev, torch.bfloat16)
+    x = torch.randn(2, 64, 8, 8, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", sparse_backend="cutlass")
+    gx = _grads(mod, x, g)[1]
+    assert mod.semi_calls == 0 and mod.fallback_calls == 1
+    assert any("sm_8x only" in r for r in mod.fallback_reasons)
+    assert torch.isfinite(gx).all()
+
+
+@pytest.mark.parametrize(
+    ("method", "rescale"),
+    [("magnitude", "plane"), ("rescaled", "plane"), ("rescaled", "channel")],
+    ids=["magnitude", "rescaled-plane", "rescaled-channel"],
+)
+def test_rows_pruned_along_channels_of_the_transposed_view_are_the_same(method, rescale):
+    # prune_rows hands the N:M kernel the (N, K, L) view grouped along dim 1 rather than the
+    # (N, L, K) rows along dim 2: the same groups of 4 channels and the same per-(sample,
+    # channel) or per-channel sums, checked here with the reference on odd sizes.
+    from impl.methods.sdgp import nm_prune_ref
+
+    rows = torch.randn(3, 37, 12, dtype=torch.float64)
+    direct = nm_prune_ref(rows, 2, 4, method, 2, rescale)
+    via_t = nm_prune_ref(rows.transpose(1, 2), 2, 4, method, 1, rescale).transpose(1, 2)
+    assert torch.equal(direct != 0, via_t != 0)
+    assert torch.allclose(direct, via_t, rtol=1e-12, atol=0)

@@ -275,7 +275,11 @@ def fc_mask(
         order = order[count[order] > 0]
         if need_b > 0 and order.numel():
             cum = count[order].cumsum(0)
-            idx = int(torch.searchsorted(cum, torch.tensor(float(need_b), dtype=cum.dtype)))
+            idx = int(
+                torch.searchsorted(
+                    cum, torch.tensor(float(need_b), dtype=cum.dtype, device=cum.device)
+                )
+            )
             removed = torch.zeros(ob * ib, dtype=torch.bool, device=a.device)
             removed[order[: idx + 1]] = True
             removed = removed.reshape(ob, 1, ib, 1).expand(ob, block, ib, block)

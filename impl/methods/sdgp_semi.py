@@ -215,7 +215,8 @@ def unsupported_reason(
     ``rows`` = N*Ho*Wo, ``K`` = ``out_channels`` (the reduction, pruned 2:4), ``cols`` =
     C*R*S. The checks, in order: the pattern is 2:4; torch has the semi-structured API; the
     tensor is on a CUDA device of a CUDA (not ROCm) build with compute capability >= 8.0; the
-    dtype is fp16 or bf16; the conv is not grouped; the requested backend exists in this build;
+    dtype is fp16 or bf16; the conv is not grouped; the requested backend exists in this build
+    (and, for CUTLASS, the GPU is sm_8x: torch's CUTLASS 2:4 kernels refuse others);
     K is a positive multiple of the backend's sparse column minimum (cuSPARSELt 16, CUTLASS 64
     in torch 2.3-2.13); no operand exceeds :data:`MAX_ELEMENTS`. ``capability``, ``hip``,
     ``api`` and ``cusparselt`` are read from the running torch and GPU when ``None`` (tests pass
@@ -247,6 +248,13 @@ def unsupported_reason(
     if backend == "cusparselt" and not cusparselt:
         return "backend cusparselt requested but this torch build has no cuSPARSELt"
     concrete = backend if backend != "auto" else ("cusparselt" if cusparselt else "cutlass")
+    if concrete == "cutlass" and capability[0] != 8:
+        # torch's CUTLASS 2:4 kernels (_sparse_semi_structured_mm) check for compute
+        # capability 8.x and raise elsewhere (pytorch/pytorch#132928): Hopper needs cuSPARSELt.
+        return (
+            f"GPU sm_{capability[0]}{capability[1]}: torch's CUTLASS 2:4 kernels run on sm_8x "
+            "only (use the cusparselt backend)"
+        )
     _, min_cols, _, _ = shape_constraints(concrete, dtype)
     if out_channels < min_cols or out_channels % min_cols:
         return (
@@ -335,7 +343,15 @@ def prune_rows(
     if impl == "cuda" and kernel is None:
         raise RuntimeError("prune impl 'cuda': the N:M kernel (impl.ops.nm_cuda) is not available")
     if kernel is not None:
-        return kernel.nm_prune_cuda(rows, n, m, method, 2, rescale, generator, eps)
+        # Grouped along dim 1 of the (N, K, L) view, not dim 2 of (N, L, K): the same groups
+        # and per-(sample, channel) sums, but the kernel's view is then O=N, C=K, I=L (one
+        # thread block per sample and group of channels) instead of O=N*L with an inner loop
+        # over the L pixels of every plane. The output keeps the input's strides, so
+        # transposing back gives the (N, L, K) rows contiguous again.
+        pruned = kernel.nm_prune_cuda(
+            rows.transpose(1, 2), n, m, method, 1, rescale, generator, eps
+        )
+        return pruned.transpose(1, 2).contiguous()
     return nm_prune_ref(rows, n, m, method, 2, rescale, generator, eps=eps)
 
 

@@ -30,12 +30,13 @@ assumption is stated on each.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ALGORITHMS: tuple[str, ...] = ("ring", "hierarchical")
 #: GPU counts of the projections (4 to 256, as the issue and PruneTrain's 16-256 study).
@@ -345,7 +346,18 @@ def project_run_dir(
     """:func:`project_run` of a run directory's metrics.jsonl; ``train_size`` defaults to
     the run's own (``data_spec.train_size`` of its summary.json)."""
     run_dir = Path(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number} is not JSON: {err}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number} is not a JSON object: {line[:60]}")
+        rows.append(row)
     if train_size is None:
         summary = run_dir / "summary.json"
         spec = json.loads(summary.read_text()).get("data_spec", {}) if summary.exists() else {}
@@ -382,35 +394,105 @@ def plot_fig11(projection: list[dict[str, Any]], gpus: int, path: str | Path, ti
     plt.close(fig)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``prog: error: message`` on stderr, exit status 2
+    (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (GPU counts, GPUs per node, samples)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite float > 0 (the batch scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def _read_metrics(run_dir: Path) -> str:
+    """The problem with ``run_dir`` as a run directory (one line), or ``""`` when it has a
+    non-empty metrics.jsonl."""
+    if not run_dir.exists():
+        return f"run directory {str(run_dir)!r} does not exist"
+    if not run_dir.is_dir():
+        return f"{str(run_dir)!r} is not a directory (pass a run directory)"
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return f"{str(run_dir)!r} has no metrics.jsonl (not a run directory?)"
+    if not metrics.read_text().strip():
+        return f"{metrics} is empty: the run has no finished epoch"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m impl.comm_model RUN_DIR``: project a run's measured payloads to 4-256 GPUs
-    (CSV on stdout or ``--csv``; PruneTrain Fig. 11's plot with ``--png``)."""
-    import argparse
+    (CSV on stdout or ``--csv``; PruneTrain Fig. 11's plot with ``--png``).
+
+    Bad input (a missing run directory, a GPU count < 1, a ``--plot-gpus`` not among
+    ``--gpus``, GPU counts that are not whole nodes for the hierarchical ring) ends with
+    one ``error:`` line on stderr and exit status 2, as argparse does.
+    """
     import csv
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m impl.comm_model", description=main.__doc__)
+    p = _Parser(prog="python -m impl.comm_model", description=main.__doc__)
     p.add_argument("run_dir")
-    p.add_argument("--gpus", type=int, nargs="+", default=list(DEFAULT_GPU_COUNTS))
+    p.add_argument("--gpus", type=_positive_int, nargs="+", default=list(DEFAULT_GPU_COUNTS))
     p.add_argument("--algorithm", choices=ALGORITHMS, default="hierarchical")
-    p.add_argument("--train-size", type=int, help="samples per epoch (default: the run's)")
-    p.add_argument("--batch-scale", type=float, default=1.0)
-    p.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE)
+    p.add_argument(
+        "--train-size", type=_positive_int, help="samples per epoch (default: the run's)"
+    )
+    p.add_argument("--batch-scale", type=_positive_float, default=1.0)
+    p.add_argument("--gpus-per-node", type=_positive_int, default=DEFAULT_GPUS_PER_NODE)
     p.add_argument("--csv", help="write the table here instead of stdout")
     p.add_argument("--png", help="write PruneTrain Fig. 11's plot here")
-    p.add_argument("--plot-gpus", type=int, default=128, help="GPU count of the plot")
-    args = p.parse_args(argv)
-    proj = normalize(
-        project_run_dir(
-            args.run_dir,
-            args.gpus,
-            train_size=args.train_size,
-            algorithm=args.algorithm,
-            batch_scale=args.batch_scale,
-            gpus_per_node=args.gpus_per_node,
-        )
+    p.add_argument(
+        "--plot-gpus",
+        type=_positive_int,
+        help="GPU count of the plot, one of --gpus (default: the largest of --gpus)",
     )
-    out = open(args.csv, "w", newline="") if args.csv else sys.stdout
+    args = p.parse_args(argv)
+    plot_gpus = max(args.gpus) if args.plot_gpus is None else args.plot_gpus
+    if plot_gpus not in args.gpus:
+        p.error(
+            f"--plot-gpus {plot_gpus} is not among --gpus "
+            f"({' '.join(map(str, args.gpus))}); add it to --gpus or pick one of them"
+        )
+    problem = _read_metrics(Path(args.run_dir))
+    if problem:
+        p.error(problem)
+    try:
+        proj = normalize(
+            project_run_dir(
+                args.run_dir,
+                args.gpus,
+                train_size=args.train_size,
+                algorithm=args.algorithm,
+                batch_scale=args.batch_scale,
+                gpus_per_node=args.gpus_per_node,
+            )
+        )
+    except (ValueError, OSError) as err:  # a bad metrics line, GPU counts not whole nodes
+        p.error(" ".join(str(err).split()))
+    try:
+        out = open(args.csv, "w", newline="") if args.csv else sys.stdout
+    except OSError as err:
+        p.error(f"cannot write --csv: {err}")
     try:
         writer = csv.DictWriter(out, fieldnames=list(proj[0]))
         writer.writeheader()
@@ -421,9 +503,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.png:
         title = (
             f"{Path(args.run_dir).name}\nmodelled {args.algorithm} ring Allreduce on "
-            f"{args.plot_gpus} GPUs, from the run's measured payloads"
+            f"{plot_gpus} GPUs, from the run's measured payloads"
         )
-        plot_fig11(proj, args.plot_gpus, args.png, title)
+        try:
+            plot_fig11(proj, plot_gpus, args.png, title)
+        except (ValueError, OSError) as err:
+            p.error(f"cannot write --png: {' '.join(str(err).split())}")
     return 0
 
 

@@ -189,3 +189,110 @@ def test_main_writes_csv_and_fig11_plot(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="no projection rows for 4 GPUs"):
         cm.plot_fig11(cm.project_run_dir(run, (8,)), 4, tmp_path / "x.png", "t")
+
+
+def test_main_plots_the_largest_gpu_count_by_default(tmp_path, capsys, monkeypatch):
+    (tmp_path / "run").mkdir()
+    run = fake_run(tmp_path / "run")
+    plotted = []
+    monkeypatch.setattr(cm, "plot_fig11", lambda proj, gpus, path, title: plotted.append(gpus))
+    assert cm.main([str(run), "--gpus", "4", "8", "--png", str(tmp_path / "p.png")]) == 0
+    assert cm.main([str(run), "--gpus", "8", "4", "--png", str(tmp_path / "p.png")]) == 0
+    assert cm.main([str(run), "--gpus", "4", "8", "--plot-gpus", "4", "--png", "x.png"]) == 0
+    assert plotted == [8, 8, 4]
+    assert capsys.readouterr().err == ""
+
+
+def _metrics_line(**row) -> str:
+    return json.dumps(row) + "\n"
+
+
+@pytest.mark.parametrize(
+    "make,argv_tail,message",
+    [
+        (None, [], "does not exist"),
+        ("file", [], "is not a directory"),
+        ("empty-dir", [], "has no metrics.jsonl"),
+        ("empty-metrics", [], "is empty"),
+        ("run", ["--gpus", "0"], "argument --gpus: expected an int >= 1, got 0"),
+        ("run", ["--gpus", "4", "-3"], "argument --gpus: expected an int >= 1, got -3"),
+        ("run", ["--gpus", "four"], "argument --gpus: expected an int >= 1, got 'four'"),
+        ("run", ["--gpus", "4", "8", "--plot-gpus", "128"], "--plot-gpus 128 is not among"),
+        ("run", ["--gpus", "12"], "ranks=12 is not a multiple of gpus_per_node=8"),
+        ("run", ["--gpus-per-node", "0"], "argument --gpus-per-node: expected an int >= 1"),
+        ("run", ["--train-size", "0"], "argument --train-size: expected an int >= 1"),
+        ("run", ["--batch-scale", "0"], "argument --batch-scale: expected a finite number > 0"),
+        ("run", ["--batch-scale", "nan"], "argument --batch-scale: expected a finite number"),
+        ("no-payload", ["--gpus", "8"], "lacks ['comm_bytes_per_iter']"),
+        ("not-json", ["--gpus", "8"], "metrics.jsonl line 1 is not JSON"),
+        ("not-object", ["--gpus", "8"], "metrics.jsonl line 1 is not a JSON object"),
+        ("run", ["--gpus", "8", "--csv", "/nonexistent-dir/p.csv"], "cannot write --csv"),
+    ],
+    ids=[
+        "missing-dir",
+        "a-file",
+        "no-metrics",
+        "empty-metrics",
+        "gpus-0",
+        "gpus-negative",
+        "gpus-not-int",
+        "plot-gpus-not-projected",
+        "not-whole-nodes-12",
+        "gpus-per-node-0",
+        "train-size-0",
+        "batch-scale-0",
+        "batch-scale-nan",
+        "row-without-payload",
+        "line-not-json",
+        "line-not-object",
+        "csv-unwritable",
+    ],
+)
+def test_main_bad_input_is_one_error_line_and_status_2(tmp_path, capsys, make, argv_tail, message):
+    run = tmp_path / "run"
+    if make == "file":
+        run.write_text("x")
+    elif make in ("empty-dir", "empty-metrics", "no-payload", "not-json", "not-object"):
+        run.mkdir()
+        text = {
+            "empty-dir": None,
+            "empty-metrics": "\n",
+            "no-payload": _metrics_line(epoch=0, batch_size=32),
+            "not-json": "{epoch: 0\n",
+            "not-object": "[1, 2]\n",
+        }[make]
+        if text is not None:
+            (run / "metrics.jsonl").write_text(text)
+        (run / "summary.json").write_text(json.dumps({"data_spec": {"train_size": 100}}))
+    elif make == "run":
+        run.mkdir()
+        fake_run(run)
+    with pytest.raises(SystemExit) as exit_info:
+        cm.main([str(run), *argv_tail])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("python -m impl.comm_model: error: ")
+    assert message in lines[0]
+
+
+def test_the_module_fails_in_one_line_from_the_shell(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "impl.comm_model", str(tmp_path / "absent")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m impl.comm_model: error: run directory {str(tmp_path / 'absent')!r} "
+        "does not exist"
+    ]

@@ -445,9 +445,12 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
      ("iter_ms", "ms", "time per iteration (ms)"),
      ("comm_bytes_per_iter", "B", "Allreduce bytes per iteration"),
      ("train_flops_per_sample", "FLOPs", "training FLOPs per sample (nominal)"),
-     ("speedup_vs_cusparse", "x", "speedup_vs_cusparse (x)"),
+     ("not_a_metric_key", "x", "not_a_metric_key (x)"),
+     ("speedup_vs_cusparse", "x", "speedup over the generic CSR routine (x)"),
+     ("wall_seconds", "s", "wall time incl. evaluation (s)"),
      ("top1", "", "top-1")],
-    ids=["delta", "saved-nominal", "ms", "bytes-named", "flops-named", "unknown-key", "no-unit"],
+    ids=["delta", "saved-nominal", "ms", "bytes-named", "flops-named", "unknown-key",
+         "clicktrain-speedup", "wall-incl-eval", "no-unit"],
 )  # fmt: skip
 def test_metric_labels_are_words_with_their_unit(metric, unit, label):
     from impl.report.labels import metric_label

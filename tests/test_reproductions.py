@@ -572,6 +572,26 @@ def test_cross_table_states_its_setup_in_words_and_labels_every_metric(scale):
     assert set(methods.METRICS_SHOWN) <= set(METRIC_LABELS)  # no internal key as a row label
 
 
+def _shown_metrics(target, scale):
+    """Every metric key a target's report can show at ``scale``: its metrics, each row's,
+    its own metrics and units, and the metrics of the paper's rows (shown when unmatched)."""
+    keys = set(target.metrics) | set(target.extra_metrics) | set(target.metric_units)
+    for row in target.rows(scale):
+        keys |= set(row.metrics or ()) | set(row.measure_keys)
+    frame = target.paper_frame()
+    return keys | (set(frame["metric"]) if len(frame) else set())
+
+
+@pytest.mark.parametrize("key", reproductions.TARGETS, ids=list(reproductions.TARGETS))
+def test_every_metric_a_target_can_show_has_words(key):
+    from impl.report.labels import METRIC_LABELS
+
+    target = reproductions.load_target(key)
+    for scale in common.SCALES:
+        unlabelled = sorted(_shown_metrics(target, scale) - set(METRIC_LABELS))
+        assert not unlabelled, f"{key} at {scale}: add to impl.report.labels.METRIC_LABELS"
+
+
 def test_a_row_without_runs_gets_no_setup_label():
     row = Row("resnet18 dense", train={"model": "resnet18", "data": "imagenet"},
               paper={"model": "resnet18", "dataset": "imagenet"}, needs="paper scale")  # fmt: skip

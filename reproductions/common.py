@@ -459,6 +459,12 @@ class Target:
         metric_units: units of measurement metrics (training metrics carry theirs).
         extra_metrics: this target's own metrics (name -> (unit, function of run, baseline)).
         wide: report one line per row and one column per metric.
+        row_note: a note for the comparison rows of one row result, read from what it
+            produced (e.g. the routines a measurement timed and the device it ran on), so
+            that a row says what was measured where, not what the paper's hardware would run.
+        heading: the result's (title, description) from its row results and scale, where
+            they depend on what ran (e.g. how many methods a table shows); None: ``title``
+            and ``description``.
     """
 
     key: str
@@ -473,6 +479,8 @@ class Target:
         default_factory=dict
     )
     wide: bool = False
+    row_note: Callable[[RowResult], str] | None = None
+    heading: Callable[[list[RowResult], str], tuple[str, str]] | None = None
 
     @property
     def metric_table(self) -> dict[str, tuple[str, Callable]]:
@@ -608,6 +616,10 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             note = ""
             if len(matched) > 1:
                 note = f"{len(matched)} paper rows match; see the paper's rows below"
+            if target.row_note is not None and res.ok:
+                measured_note = target.row_note(res)
+                if measured_note:
+                    note = (note + "; " if note else "") + measured_note
             values = row_metric(res, metric, base, target.metric_table) if res.ok else []
             if not values and not res.ok:
                 note = (note + "; " if note else "") + (res.error or "no result")
@@ -698,9 +710,12 @@ def run_target(
         f"time, from their summaries: {train_s:.0f} s in total."
     )
     settings, setup = settings_lines(results, scale)
+    title, description = target.title, target.description
+    if target.heading is not None:
+        title, description = target.heading(results, scale)
     result = ResultSet(
         target=target.key,
-        title=target.title,
+        title=title,
         scale=scale,
         rows=rows,
         settings=settings,
@@ -709,7 +724,7 @@ def run_target(
         runs=runs,
         missing=missing,
         notes=notes,
-        description=target.description,
+        description=description,
         environment=collect(),
         duration_s=time.perf_counter() - t0,
         wide=target.wide,

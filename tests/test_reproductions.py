@@ -422,6 +422,38 @@ def test_speed_measurements_give_one_headline_value_per_sweep():
             fn(scale="smoke", context={}, sweeps=0)
 
 
+CPU_FIG9 = {"conversion_time": 90.0, "pattern_conversion_time": 30.0, "speedup_vs_cusparse": 3.0,
+            "device": "AMD EPYC 7B13", "generic_impl": "torch.Tensor.to_sparse_csr",
+            "pattern_impl": "impl.ops.pattern_csr (ref)"}  # fmt: skip
+GPU_FIG10 = {"speedup_vs_cusparse": 3.0, "speedup_sparsity": 74.8, "device": "NVIDIA H100",
+             "crossover_sparsity_vs_cublas_cudnn": 65.0, "points": []}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "measured", "device", "named", "not_named"),
+    [("clicktrain.fig9", CPU_FIG9, "AMD EPYC 7B13", "torch's CPU dense-to-CSR",
+      "cuSPARSE dense2csr (torch"),
+     ("clicktrain.fig10", {**GPU_FIG10, "device": "AMD EPYC 7B13", "device_type": "cpu"},
+      "AMD EPYC 7B13", "torch's CPU CSR SpMM", "cuSPARSE SpMM (torch"),
+     ("clicktrain.fig10", GPU_FIG10, "NVIDIA H100", "cuSPARSE SpMM (torch.sparse.mm)", "CPU")],
+    ids=["fig9-cpu", "fig10-cpu", "fig10-gpu-old-file"],
+)  # fmt: skip
+def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
+    key, measured, device, named, not_named
+):
+    target = reproductions.load_target(key)
+    results = [RowResult(row, measured=dict(measured)) for row in target.rows("cpu")]
+    rows = [r for r in compare_rows(target, results, "cpu") if r["ours"] is not None]
+    assert rows
+    for r in rows:
+        assert "cuSPARSE" not in r["row"]  # a label names no library the row may not have run
+        assert f"measured on {device}" in r["note"] and named in r["note"]
+        assert not_named not in r["note"]
+    if key == "clicktrain.fig10":
+        assert "74.8% achieved sparsity" in rows[0]["note"]
+        assert any("achieved sparsity" in n for n in target.notes("cpu"))
+
+
 def test_speed_claim_targets_ask_for_the_scales_sweeps():
     from reproductions.clicktrain import fig9, fig10
     from reproductions.sdgp import fig9 as sdgp_fig9

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -83,6 +84,7 @@ def csr_conversion(
         "shape": f"{s['filters']}x{9 * s['channels']}",
         "sparsity": float(1 - mask.float().mean()),
         "device": device_name(),
+        "device_type": dev.type,
         "generic_impl": "torch.Tensor.to_sparse_csr"
         + (" (cuSPARSE)" if dev.type == "cuda" else ""),
         "pattern_impl": "impl.ops.pattern_csr (" + ("cuda" if dev.type == "cuda" else "ref") + ")",
@@ -163,10 +165,64 @@ def spmm_sweep(
         "sweeps": sweeps,
         "shape": f"{s['filters']}x{9 * s['channels']} times {9 * s['channels']}x{s['columns']}",
         "device": device_name(),
+        "device_type": dev.type,
     }
 
 
 spmm_sweep.measure_version = 2  # 2: the crossover per sweep (1: one pooled number)
+
+
+# names of GPUs as torch.cuda.get_device_name gives them (a CPU model names none of them)
+_GPU_NAMES = re.compile(r"NVIDIA|Tesla|Quadro|GeForce|RTX|TITAN|Radeon|Instinct", re.IGNORECASE)
+
+
+def measured_on_gpu(measured: dict[str, Any]) -> bool:
+    """Whether a measurement of this module ran on a GPU: its ``device_type``, else (files
+    saved before it was recorded) the generic converter it names ("... (cuSPARSE)") or the
+    device's name (a GPU's, not a CPU model)."""
+    if measured.get("device_type"):
+        return measured["device_type"] == "cuda"
+    if measured.get("generic_impl"):
+        return "cuSPARSE" in str(measured["generic_impl"])
+    return bool(_GPU_NAMES.search(str(measured.get("device") or "")))
+
+
+PAPER_DEVICE = "an NVIDIA Quadro RTX 5000"  # ClickTrain Sec. 5 and 6.1
+
+
+def conversion_note(result: Any) -> str:
+    """Fig. 9's note for a row of :func:`csr_conversion`: which routines were timed, on which
+    device (the measurement's own), beside the paper's cuSPARSE dense2csr on its GPU."""
+    m = result.measured or {}
+    device = m.get("device") or "?"
+    if measured_on_gpu(m):
+        generic = "cuSPARSE dense2csr (torch.Tensor.to_sparse_csr)"
+        pattern = "impl.ops.pattern_csr's CUDA kernel"
+    else:
+        generic = "torch's CPU dense-to-CSR converter (torch.Tensor.to_sparse_csr, not cuSPARSE)"
+        pattern = "impl.ops.pattern_csr's reference path"
+    if "pattern_conversion_time" in (result.row.metrics or ()):
+        return f"measured on {device}: {pattern}; speedup over {generic}"
+    return f"measured on {device}: {generic}; the paper's: cuSPARSE dense2csr on {PAPER_DEVICE}"
+
+
+def spmm_note(result: Any) -> str:
+    """Fig. 10's note for :func:`spmm_sweep`'s row: the routines timed on the measurement's
+    device (dense GEMM, generic CSR SpMM) beside the paper's cuBLAS and cuSPARSE, and the
+    sparsity at which the speedup is read (achieved by the 4-of-9 pattern mask)."""
+    m = result.measured or {}
+    device = m.get("device") or "?"
+    if measured_on_gpu(m):
+        dense, generic = "cuBLAS GEMM (torch.mm)", "cuSPARSE SpMM (torch.sparse.mm)"
+    else:
+        dense = "the CPU's BLAS GEMM (torch.mm, not cuBLAS)"
+        generic = "torch's CPU CSR SpMM (torch.sparse.mm, not cuSPARSE)"
+    at = m.get("speedup_sparsity")
+    where = f" at {at:g}% achieved sparsity" if isinstance(at, (int, float)) else ""
+    return (
+        f"measured on {device}: impl.ops.pattern_spmm; speedup{where} over {generic}; "
+        f"dense: {dense}; the paper's: cuSPARSE and cuBLAS/cuDNN on {PAPER_DEVICE}"
+    )
 
 
 def comm_projection(

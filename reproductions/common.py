@@ -402,7 +402,7 @@ METRICS: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] =
     "wall_seconds": ("s", lambda r, b: r.summary.get("wall_seconds")),
     "comm_bytes_per_iter": ("B", lambda r, b: r.summary.get("comm_bytes_per_iter")),
     "peak_gpu_memory_mib": ("MiB", lambda r, b: r.summary.get("peak_gpu_memory_mib")),
-    "true_sparsity": ("fraction", lambda r, b: r.summary.get("true_sparsity")),
+    "true_sparsity": ("%", lambda r, b: 100.0 * r.summary["true_sparsity"]),
     "train_flops_per_sample": ("FLOPs", lambda r, b: r.summary.get("train_flops_nominal")),
     "train_flops_executed_per_sample": ("FLOPs", lambda r, b: r.summary["train_flops_executed"]),
     "inference_flops_per_sample": ("FLOPs", lambda r, b: r.summary.get("inference_flops")),

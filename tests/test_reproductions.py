@@ -454,6 +454,30 @@ def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
         assert any("achieved sparsity" in n for n in target.notes("cpu"))
 
 
+def test_campfire_sparsity_is_in_percent_in_tables_1_and_4():
+    def ran(row, sparsity):
+        summary = {"top1": 90.0, "true_sparsity": sparsity, "inference_flops": 1.0,
+                   "method": row.method}  # fmt: skip
+        metrics = [{"test_top1": 90.0, "epoch": 0}]
+        return RowResult(row, runs=[RunRecord("r", 0, summary, metrics, True)])
+
+    shown = {}
+    for key in ("campfire.table1", "campfire.table4"):
+        target = reproductions.load_target(key)
+        results = [ran(row, 0.6) for row in target.rows("cpu")]
+        for r in compare_rows(target, results, "cpu"):
+            if r["metric"] in ("true_sparsity", "sparsity") and r["row"].startswith(("ck", "win")):
+                shown[(key, r["row"])] = r
+    assert {k for k, _ in shown} == {"campfire.table1", "campfire.table4"}
+    for r in shown.values():
+        assert r["unit"] == "%" and r["ours"] == pytest.approx(60.0)
+        assert r["paper"] is None or r["paper"] > 1  # the paper's numbers in % too
+    t1 = shown[("campfire.table1", "ck, target 40%")]
+    assert t1["paper"] == pytest.approx(40.4) and "0.404" in lookup(
+        reproductions.load_target("campfire.table1").paper_frame(), setting="ck, target 40%",
+        metric="true_sparsity")["note"].iloc[0]  # fmt: skip
+
+
 def test_speed_claim_targets_ask_for_the_scales_sweeps():
     from reproductions.clicktrain import fig9, fig10
     from reproductions.sdgp import fig9 as sdgp_fig9

@@ -34,7 +34,7 @@ METRIC_LABELS: dict[str, str] = {
     "wall_seconds": "wall time incl. evaluation",
     "comm_bytes_per_iter": "Allreduce bytes per iteration",
     "peak_gpu_memory_mib": "peak GPU memory",
-    "true_sparsity": "true sparsity (zero conv weights)",
+    "true_sparsity": "true sparsity (zero weights of the pruned layers)",
     "train_flops_per_sample": "training FLOPs per sample (nominal)",
     "train_flops_executed_per_sample": "training FLOPs per sample (executed)",
     "inference_flops_per_sample": "inference FLOPs per sample (nominal)",
@@ -97,7 +97,7 @@ METRIC_LABELS: dict[str, str] = {
     # Campfire
     "epoch_of_convergence": "epoch of convergence (within 0.5 pp of the best top-1)",
     "sparsity": "sparsity (Campfire: zero weights; PruneTrain: inference FLOPs saved)",
-    "sparsity_pct": "true sparsity (zero conv weights)",
+    "sparsity_pct": "true sparsity (zero weights of the pruned layers)",
     "top1_at_90": "top-1 at 90% of the epochs",
     "fgsm_top1": "top-1 under FGSM attack",
     "top1_gain_90_to_100": "top-1 gained in the last 10% of the epochs",

@@ -531,3 +531,17 @@ def test_every_figure_carries_its_scale_in_its_own_title(monkeypatch):
     assert titles == ["top-1 (cpu scale)"]
     assert report_html.scaled_title("", "gpu") == "gpu scale"
     assert report_html.scaled_title("Fig. 9", None) == "Fig. 9"
+
+
+@pytest.mark.parametrize("n", [1, 6], ids=["one-method", "five-plus-plugin"])
+def test_cross_page_title_counts_the_methods_shown(tmp_path, n):
+    names = ["dense", "clicktrain", "prunetrain", "sdgp", "campfire", "gradual_magnitude"][:n]
+    rows = [{"row": m, "metric": k, "ours": 1.0, "n": 1, "scale": "cpu"}
+            for m in names for k in ("top1", "iter_ms")]  # fmt: skip
+    cross = ResultSet(target="cross.methods", title="Cross-method table", scale="cpu",
+                      rows=rows, wide=True)  # fmt: skip
+    render_reports([cross], tmp_path)
+    page = (tmp_path / "cross.html").read_text()
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert title.startswith(f"{n} method{'s' if n > 1 else ''} on equal terms")
+    assert "five" not in page.lower().split("<body")[0]

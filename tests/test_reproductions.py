@@ -648,6 +648,27 @@ def test_every_metric_a_target_can_show_has_words(key):
         assert not unlabelled, f"{key} at {scale}: add to impl.report.labels.METRIC_LABELS"
 
 
+def test_cross_title_and_description_count_registered_methods(monkeypatch):
+    from reproductions.cross import methods
+
+    monkeypatch.setattr(methods, "registered_methods", lambda: ("gradual_magnitude",))
+    results = [RowResult(row) for row in methods.rows("cpu")]
+    title, description = methods.heading(results, "cpu")
+    assert "6 methods" in title and title.endswith("Campfire, gradual_magnitude)")
+    assert description.startswith("Dense, ClickTrain, PruneTrain, SDGP, Campfire and "
+                                  "gradual_magnitude train the same model")  # fmt: skip
+    assert "five" not in title + description
+
+
+def test_a_target_heading_titles_its_saved_result(tmp_path):
+    row = Row("m", measure="test_reproductions:counted_measure", params={"x": 1})
+    target = Target("sdgp.fig9", "static title", "static", rows=lambda s: [row],
+                    metrics=("value",),
+                    heading=lambda res, s: (f"{len(res)} row", "counted"))  # fmt: skip
+    result = run_target(target, "smoke", tmp_path, log=lambda *a: None)
+    assert (result.title, result.description) == ("1 row", "counted")
+
+
 def test_a_row_without_runs_gets_no_setup_label():
     row = Row("resnet18 dense", train={"model": "resnet18", "data": "imagenet"},
               paper={"model": "resnet18", "dataset": "imagenet"}, needs="paper scale")  # fmt: skip

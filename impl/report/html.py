@@ -28,10 +28,24 @@ PAPER_TITLES: dict[str, str] = {
     "prunetrain": "PruneTrain (SC 2019)",
     "sdgp": "SDGP: Structured Data Gradient Pruning (2022)",
     "campfire": "Campfire (2020)",
-    "cross": "All five methods on equal terms (no paper has this table)",
+    "cross": "Every method on equal terms (no paper has this table)",
     "claims": "The papers' headline claims, judged against our results",
     "runs": "Runs",
 }
+
+
+def page_title(paper: str, results: Sequence[ResultSet] = ()) -> str:
+    """The title of ``paper``'s page (:data:`PAPER_TITLES`); the cross-method page counts the
+    methods its results show (one row label each), so that a registered plug-in method
+    is counted: "6 methods on equal terms (no paper has this table)"."""
+    title = PAPER_TITLES.get(paper, paper)
+    if paper != "cross":
+        return title
+    methods = {str(r.get("row", "")) for res in results for r in res.rows}
+    if not methods:
+        return title
+    n = len(methods)
+    return f"{n} method{'s' if n != 1 else ''} on equal terms (no paper has this table)"
 
 
 @dataclass
@@ -475,6 +489,7 @@ def render_html(
 
 __all__ = [
     "PAPER_TITLES",
+    "page_title",
     "FigureBlock",
     "Section",
     "Table",

@@ -11,10 +11,10 @@ import pandas as pd
 
 from impl.report.figures import draw, figure_data_uri
 from impl.report.html import (
-    PAPER_TITLES,
     FigureBlock,
     Section,
     Table,
+    page_title,
     provenance_rows,
     render_html,
     result_section,
@@ -139,7 +139,7 @@ def render_reports(
                 )
         prov = provenance_rows((r.scale, r.environment) for r in items)
         render_html(
-            PAPER_TITLES.get(paper, paper),
+            page_title(paper, items),
             sections,
             out_dir / f"{paper}.html",
             provenance=prov,

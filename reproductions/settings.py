@@ -58,19 +58,13 @@ def setup_text(cfg: dict[str, Any]) -> str:
         parts.append(f"at most {cfg['max_steps_per_epoch']} steps per epoch")
     if "batch_size" in cfg:
         parts.append(f"batch {cfg['batch_size']}")
-    if "lr" in cfg or "schedule" in cfg:
-        sched = cfg.get("schedule")
-        how = {"onecycle": "one-cycle", "cosine": "cosine", "constant": "constant"}.get(sched, "")
-        if sched == "onecycle" and "warmup_fraction" in cfg:
-            how += f", {cfg['warmup_fraction']:.0%} warm-up"
-        if sched == "step":
-            how = f"decayed {cfg.get('gamma', 0.1):g}x at epochs {cfg.get('milestones')}"
-        lr = f"SGD lr {cfg['lr']:g}" if "lr" in cfg else "SGD"
-        parts.append(f"{lr} ({how})" if how else lr)
+    parts += _schedule_parts(cfg)
     if "momentum" in cfg:
         parts.append(
             f"momentum {cfg['momentum']:g}" + (" (Nesterov)" if cfg.get("nesterov") else "")
         )
+    elif "nesterov" in cfg:
+        parts.append("Nesterov momentum" if cfg["nesterov"] else "no Nesterov momentum")
     if "weight_decay" in cfg:
         parts.append(f"weight decay {cfg['weight_decay']:g}")
     if cfg.get("label_smoothing"):
@@ -80,6 +74,40 @@ def setup_text(cfg: dict[str, Any]) -> str:
     if cfg.get("bf16"):
         parts.append("bf16")
     return ", ".join(parts)
+
+
+def _schedule_parts(cfg: dict[str, Any]) -> list[str]:
+    """The optimizer and learning-rate schedule of ``cfg`` in words. Only the fields ``cfg``
+    holds are named: a shared setup whose rows differ in milestones says "step decay" and
+    each row's difference names its milestones ("lr decayed at epochs [72, 90]"), so no
+    field is ever printed as None."""
+    sched = cfg.get("schedule")
+    how = {"onecycle": "one-cycle", "cosine": "cosine", "constant": "constant",
+           "step": "step decay"}.get(sched, "")  # fmt: skip
+    if sched == "step":
+        if "gamma" in cfg:
+            how = f"decayed {cfg['gamma']:g}x"
+        if cfg.get("milestones") is not None:
+            how += f" at epochs {cfg['milestones']}"
+        if "gamma" in cfg and cfg.get("milestones") is None:
+            how += " at milestones given per row"
+    if sched == "onecycle" and "warmup_fraction" in cfg:
+        how += f", {cfg['warmup_fraction']:.0%} warm-up"
+    parts = []
+    if "lr" in cfg or "schedule" in cfg:
+        lr = f"SGD lr {cfg['lr']:g}" if "lr" in cfg else "SGD"
+        parts.append(f"{lr} ({how})" if how else lr)
+    if "schedule" not in cfg:  # a row's difference from a shared schedule
+        decay = []
+        if "gamma" in cfg:
+            decay.append(f"{cfg['gamma']:g}x")
+        if cfg.get("milestones") is not None:
+            decay.append(f"at epochs {cfg['milestones']}")
+        if decay:
+            parts.append("lr decayed " + " ".join(decay))
+        if "warmup_fraction" in cfg:
+            parts.append(f"{cfg['warmup_fraction']:.0%} warm-up")
+    return parts
 
 
 def method_defaults(method: str) -> dict[str, Any]:

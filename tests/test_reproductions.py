@@ -578,6 +578,33 @@ def test_settings_lines_read_the_runs_configs_and_name_what_differs():
         [], "")  # fmt: skip
 
 
+def test_a_setup_field_that_differs_between_rows_is_in_each_rows_differs_not_none():
+    def run(seed, **train):
+        step = {"schedule": "step", "lr": 0.05, "gamma": 0.1, "warmup_fraction": 0.0}
+        return RunRecord(f"r{seed}", seed, {"top1": 90.0}, [], True, _cfg(**step, **train))
+
+    results = [
+        RowResult(Row("drop at 90"), runs=[run(0, milestones=[27, 30], epochs=33)]),
+        RowResult(Row("drop at 80"), runs=[run(0, milestones=[24, 30], epochs=33)]),
+        RowResult(Row("drop at 90, 7 epochs"), runs=[run(1, milestones=[5, 6], epochs=7)]),
+    ]  # fmt: skip
+    lines, setup = settings.settings_lines(results, "cpu")
+    assert "None" not in setup and "SGD lr 0.05 (decayed 0.1x at milestones given per row)" in setup
+    assert [line["differs"] for line in lines] == [
+        "33 epochs, lr decayed at epochs [27, 30]",
+        "33 epochs, lr decayed at epochs [24, 30]",
+        "7 epochs, lr decayed at epochs [5, 6]",
+    ]
+
+
+@pytest.mark.parametrize("field", settings.SETUP_FIELDS, ids=list(settings.SETUP_FIELDS))
+def test_every_setup_field_alone_reads_as_words_without_none(field):
+    cfg = _cfg(schedule="step", milestones=[3, 5], gamma=0.2, max_steps_per_epoch=4,
+               stem="imagenet", augment=False, bf16=True, label_smoothing=0.1)  # fmt: skip
+    text = settings.setup_text({field: cfg[field]})
+    assert text and "None" not in text, field
+
+
 def test_sdgp_rows_name_both_models_and_show_the_papers_derived_change():
     target = _tiny_target()
     results = [

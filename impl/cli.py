@@ -83,7 +83,12 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
     names = []
     for f in dataclasses.fields(config_cls):
         tp, _ = _unwrap_optional(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # a list or dict field
+            default = f.default_factory()
+        else:
+            default = None
         help_text = f"{helps.get(f.name, '')} (default: {default})".strip()
         help_text = help_text.replace("``", "").replace("%", "%%")
         kwargs: dict[str, Any] = {
@@ -436,12 +441,14 @@ def main(argv: list[str] | None = None) -> int:
             f"pdtbench: unknown command {command!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr
         )
         return EXIT_USAGE
-    from impl.rundir import CheckpointError
+    from impl.rundir import CheckpointError, RunBusyError
     from impl.train import RunExistsError
 
     try:
         return COMMANDS[command](rest)
-    except (UsageError, ValueError, RunExistsError, CheckpointError, OSError) as err:
+    except (
+        UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError
+    ) as err:  # fmt: skip
         # OSError: an output path that cannot be made or written (not a directory, no
         # permission, disk full); the message names the path.
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)

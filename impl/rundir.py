@@ -6,14 +6,17 @@ Layout (shared/DESIGN.md, "Run directories and reliability")::
     metrics.jsonl    one JSON line per finished epoch, flushed and fsynced
     checkpoint.pt    the latest end-of-epoch state, written to a temporary file and renamed
     summary.json     written last, with "status": "complete"
+    .lock            held (flock) by the process training into it, with its pid
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,6 +27,50 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".lock"
+
+log = logging.getLogger(__name__)
+
+
+class RunBusyError(RuntimeError):
+    """Another process is training into the run directory right now."""
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` (``flock`` on its ``.lock`` file, which records
+    the holder's pid) while training into it, so that a second ``train`` or ``--resume`` of
+    the same directory is refused instead of interleaving epochs and overwriting the summary.
+
+    Raises :class:`RunBusyError` naming the holder's pid. The lock goes with the process (a
+    killed run leaves no stale lock). Where the file system has no locks, this warns once and
+    runs unlocked.
+    """
+    import fcntl
+
+    path = Path(run_dir) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise RunBusyError(
+                f"{run_dir} is being trained by another process (pid {holder}); wait for it "
+                "to end, or stop it before --resume"
+            ) from None
+        except OSError as err:  # e.g. ENOLCK on a file system without locks
+            log.warning("%s: cannot lock (%s); running without a lock", run_dir, err)
+            yield
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class CheckpointError(RuntimeError):

@@ -6,6 +6,7 @@ It knows no method by name: a method changes training only through the hooks of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -22,7 +23,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
-from impl.methods import Method, TrainContext, create_method
+from impl.methods import Method, TrainContext, create_method, method_source_digest
 from impl.methods.masking import conv_weight_counts
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
@@ -190,13 +191,25 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:
-        """Train to the end (or continue a killed run when ``resume``) and return the summary."""
+        """Train to the end (or continue a killed run when ``resume``) and return the summary.
+
+        The main process holds the run directory's lock (:func:`impl.rundir.locked`) from
+        before it writes anything until it returns, so a second process training into the
+        same directory is refused (:class:`impl.rundir.RunBusyError`).
+        """
+        with contextlib.ExitStack() as held:
+            self._held = held
+            return self._run(resume)
+
+    def _run(self, resume: bool) -> dict[str, Any]:
         cfg = self.cfg
         run_dir = self.run_dir
         config_path = run_dir / rundir.CONFIG_FILE
         dp = distributed.DataParallel(self.dist, self.device)
         main = dp.is_main  # only rank 0 writes the run directory
         if resume:
+            if main:
+                self._held.enter_context(rundir.locked(run_dir))
             saved = TrainConfig.from_dict(rundir.read_json(config_path))
             if saved.digest() != cfg.digest():
                 raise rundir.CheckpointError(f"{config_path} does not match the run's config")
@@ -215,6 +228,9 @@ class Trainer:
         ctx, method, train_loader, test_loader, spec = self._build()
         if not resume and main:
             run_dir.mkdir(parents=True, exist_ok=True)
+            self._held.enter_context(rundir.locked(run_dir))
+            if config_path.exists():  # another process got here first
+                raise RunExistsError(f"{run_dir} already holds a run (started meanwhile)")
             rundir.write_json(config_path, cfg.to_dict())
         method.setup(ctx)
         dense_conv_total, _ = conv_weight_counts(ctx.model)
@@ -418,6 +434,7 @@ class Trainer:
             "method": cfg.method,
             # which code that name ran: a registered method's name is the user's choice
             "method_class": f"{type(method).__module__}:{type(method).__qualname__}",
+            "method_source_sha256": method_source_digest(type(method)),
             "method_options": method.config_dict(),
             "model": cfg.model,
             "data": cfg.data,

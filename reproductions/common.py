@@ -192,19 +192,58 @@ def _read_complete(run_dir: Path) -> dict[str, Any] | None:
     return summary if summary.get("status") == "complete" else None
 
 
+def stale_reason(summary: dict[str, Any], method: str) -> str | None:
+    """Why a complete run of a registered (not built-in) method cannot stand for the method
+    as it is now: another class is registered under its name, or the source file of its class
+    has changed since (``method_source_sha256`` of the summary). None: it can. Built-in
+    methods' runs are the project's own, versioned by the commit each records."""
+    from impl.methods import is_builtin, method_class, method_source_digest
+
+    if is_builtin(method):
+        return None
+    try:
+        cls = method_class(method)
+    except ValueError:
+        return None  # not importable here: unavailable_reason says so
+    now = f"{cls.__module__}:{cls.__qualname__}"
+    if summary.get("method_class") != now:
+        return f"it was trained by {summary.get('method_class')}; {method!r} is now {now}"
+    if summary.get("method_source_sha256") != method_source_digest(cls):
+        return f"the source of {now} has changed since it was trained"
+    return None
+
+
+def reusable_summary(run_dir: Path, method: str) -> dict[str, Any] | None:
+    """The complete run's summary in ``run_dir`` where it stands for ``method`` as it is now
+    (:func:`stale_reason`), else None."""
+    summary = _read_complete(run_dir)
+    if summary is None or stale_reason(summary, method) is not None:
+        return None
+    return summary
+
+
 def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], bool]:
     """Train ``cfg`` into ``cfg.out``, or reuse the complete run already there.
 
     Returns ``(summary, reused)``. A directory with a config but no complete summary (a
-    killed run) is resumed through :func:`impl.train.resume`. Raises
-    :class:`MethodUnavailable` when the method's module is missing.
+    killed run) is resumed through :func:`impl.train.resume`. A complete run of a registered
+    method whose class or code has changed since (:func:`stale_reason`) is moved aside to
+    ``<run dir>.stale-<time>`` and trained again. Raises :class:`MethodUnavailable` when the
+    method's module is missing.
     """
+    import sys
+
     from impl.train import resume, train
 
     run_dir = Path(cfg.out)
     summary = _read_complete(run_dir)
     if summary is not None:
-        return summary, True
+        why = stale_reason(summary, cfg.method)
+        if why is None:
+            return summary, True
+        aside = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"not reusing {run_dir}: {why}; moved to {aside}, training again", file=sys.stderr)
     reason = unavailable_reason(cfg.method)
     if reason is not None:
         raise MethodUnavailable(reason)

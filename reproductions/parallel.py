@@ -77,10 +77,11 @@ def plan_runs(targets: Iterable[Any], scale: str, runs_root: str | Path) -> list
     return list(plan.values())
 
 
-def _is_complete(run_dir: str) -> bool:
-    from reproductions.common import _read_complete
+def _is_complete(run_dir: str, method: str) -> bool:
+    """Whether ``run_dir`` holds a complete run that stands for ``method`` as it is now."""
+    from reproductions.common import reusable_summary
 
-    return _read_complete(Path(run_dir)) is not None
+    return reusable_summary(Path(run_dir), method) is not None
 
 
 def log_path(cfg: Any) -> Path:
@@ -180,7 +181,9 @@ def train_all(
     worker = worker or _train_one
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    todo = sorted((p for p in plan if not _is_complete(p.out)), key=lambda p: -p.cost)
+    todo = sorted(
+        (p for p in plan if not _is_complete(p.out, p.config.method)), key=lambda p: -p.cost
+    )
     if not todo:
         return {}
     threads = threads or max(1, _cores() // jobs)

@@ -313,3 +313,42 @@ def test_jobs_must_be_a_whole_number_of_at_least_one(value, capsys):
         cli.main(["reproduce", "sdgp.table1", "--jobs", value])
     assert stop.value.code == 2
     assert f"argument --jobs: needs a whole number >= 1, got '{value}'" in capsys.readouterr().err
+
+
+def test_a_field_with_a_default_factory_shows_that_default_in_help():
+    @dataclasses.dataclass
+    class Listy(MethodConfig):
+        """Args:
+        layers: which layers.
+        """
+
+        layers: list[str] = dataclasses.field(default_factory=lambda: ["a", "b"])
+
+    parser = argparse.ArgumentParser()
+    cli.add_method_arguments(parser, Listy)
+    text = parser.format_help()
+    assert "which layers. (default: ['a', 'b'])" in " ".join(text.split())
+
+
+def test_a_run_directory_in_use_is_refused_in_one_line(tmp_path, capsys):
+    import os
+
+    from impl import rundir
+
+    out = tmp_path / "run"
+    assert cli.main([*SMOKE, "--out", str(out)]) == 0
+    (out / "summary.json").unlink()  # as if killed before the end: --resume would train
+    capsys.readouterr()
+    with rundir.locked(out):  # another process training into it (flock: per open file)
+        assert (out / rundir.LOCK_FILE).read_text().strip() == str(os.getpid())
+        assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"being trained by another process (pid {os.getpid()})" in err
+        assert len(err.splitlines()) == 1
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        with rundir.locked(fresh):
+            assert cli.main([*SMOKE, "--out", str(fresh)]) == 2
+            assert "being trained by another process" in capsys.readouterr().err
+            assert not (fresh / "config.json").exists()
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0  # released

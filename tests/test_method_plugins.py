@@ -297,3 +297,68 @@ def test_the_snippet_of_docs_new_method_defines_a_registrable_method():
         }
     finally:
         unregister_method("mine")
+
+
+# -- runs of a method that has changed ----------------------------------------------------------
+
+
+def test_a_built_in_name_in_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv(registry.ENV_VAR, "dense=examples.gradual_magnitude:GradualMagnitude")
+    with pytest.raises(ValueError, match="'dense' is a built-in method and cannot be replaced"):
+        available_methods()
+
+
+def test_method_source_digest_reads_the_file_that_defines_the_class(tmp_path):
+    digest = registry.method_source_digest(_Tiny)
+    assert digest is not None and len(digest) == 16
+    assert registry.method_source_digest(_Tiny) == digest  # a property of the file
+    assert registry.method_source_digest(int) is None  # no source file
+    assert registry.is_builtin("dense") and not registry.is_builtin("tiny")
+
+
+PLUGIN = """
+import dataclasses
+from impl.methods import Method, MethodConfig
+
+
+@dataclasses.dataclass
+class MineConfig(MethodConfig):
+    pass
+
+
+class Mine(Method):
+    name = "mine"
+    Config = MineConfig
+    VERSION = {version}
+"""
+
+
+def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
+    tmp_path, monkeypatch, capsys
+):
+    import importlib
+    import sys
+
+    from reproductions.common import reusable_summary, run_or_reuse
+
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    (pkg / "mine_method.py").write_text(PLUGIN.format(version=1))
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setenv(registry.ENV_VAR, "mine=mine_method:Mine")
+    cfg = resolve("smoke", method="mine", epochs=1, max_steps_per_epoch=1, threads=1)
+    cfg.out = str(tmp_path / "runs" / "mine")
+    summary, reused = run_or_reuse(cfg)
+    assert not reused and summary["method_source_sha256"]
+    assert run_or_reuse(cfg)[1] is True  # unchanged: reused
+    # the user edits their method: the old run no longer stands for it
+    (pkg / "mine_method.py").write_text(PLUGIN.format(version=2))
+    sys.modules.pop("mine_method", None)
+    importlib.invalidate_caches()
+    assert reusable_summary(tmp_path / "runs" / "mine", "mine") is None
+    capsys.readouterr()
+    summary2, reused2 = run_or_reuse(cfg)
+    assert not reused2 and summary2["method_source_sha256"] != summary["method_source_sha256"]
+    err = capsys.readouterr().err
+    assert "the source of mine_method:Mine has changed since it was trained" in err
+    assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1  # kept, not deleted

@@ -105,8 +105,35 @@ def _from_environment() -> dict[str, str]:
             raise ValueError(f"{ENV_VAR}: expected name=package.module:ClassName, got {item!r}")
         _check_name(name)
         _check_target(name, target)
+        if name in _REGISTRY:
+            raise ValueError(
+                f"{ENV_VAR}: {name!r} is a built-in method and cannot be replaced; "
+                "register yours under another name"
+            )
         out[name] = target
     return out
+
+
+def method_source_digest(cls: type) -> str | None:
+    """SHA-256 (16 hex digits) of the source file that defines ``cls``; None when it has no
+    readable file. A run's summary records it, so a run of a method whose code has changed
+    since is not mistaken for a run of the current code."""
+    import hashlib
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(cls)
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is one of the built-in methods (never a registered one)."""
+    return name in _REGISTRY
 
 
 def _from_entry_points() -> dict[str, str]:
@@ -194,6 +221,8 @@ def create_method(name: str, options: dict | None = None) -> Method:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "is_builtin",
+    "method_source_digest",
     "ENV_VAR",
     "METHODS",
     "Method",

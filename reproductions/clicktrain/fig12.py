@@ -1,8 +1,9 @@
 """ClickTrain Fig. 12: total single-GPU training time of dense training and of ClickTrain,
 and the time ClickTrain saves, on CIFAR-10 and ImageNet.
 
-Scales: smoke, cpu and gpu read the wall time of the Table 1 runs (the paper gives hours
-saved; ours are seconds at the run's scale); paper trains the Table 1 protocol.
+Scales: smoke, cpu and gpu read the wall time incl. evaluation of the Table 1 runs (the
+paper gives hours saved; ours are seconds at the run's scale, and the share saved in %);
+paper trains the Table 1 protocol.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from reproductions.common import Row, Target, bar_vs_paper, reproduce
 
 
 def time_saved_h(run, base) -> float:
-    """Hours of training wall time ClickTrain saves against the dense run of the same seed."""
+    """Hours of wall time (training and the evaluation after every epoch: the summary's
+    ``wall_seconds``) ClickTrain saves against the dense run of the same seed."""
     return (base.summary["wall_seconds"] - run.summary["wall_seconds"]) / 3600.0
+
+
+def time_saved_pct(run, base) -> float:
+    """The share of the dense run's wall time (incl. evaluation) ClickTrain saves, in %
+    (same seed): 100 * (1 - ClickTrain's / dense's)."""
+    return 100.0 * (1.0 - run.summary["wall_seconds"] / base.summary["wall_seconds"])
 
 
 def rows(scale: str) -> list[Row]:
@@ -41,14 +49,21 @@ TARGET = Target(
     title="ClickTrain Fig. 12: total training time (single device)",
     description=__doc__.split("\n\n")[0].replace("\n", " "),
     rows=rows,
-    metrics=("wall_seconds", "train_hours_saved"),
-    figures=bar_vs_paper("wall_seconds", "Total training time", "seconds"),
+    metrics=("wall_seconds", "train_hours_saved", "wall_time_saved"),
+    figures=bar_vs_paper("wall_seconds", "Total wall time incl. evaluation", "seconds"),
     notes=lambda scale: [
-        "Hours saved at a small scale are tiny fractions of an hour; compare the share of "
-        "time saved, not the hours, with the paper.",
-        "Wall time includes evaluation after every epoch; on a shared CPU it is noisy.",
+        "The paper states the hours ClickTrain saves (Sec. 6.3: 0.16, 0.29, 0.59 and 0.15 h "
+        "on CIFAR-10; 5.1 to 20.4 h on ImageNet); Fig. 12's bars of the total times carry "
+        "no printed numbers, so the share of time saved has no paper number beside it.",
+        "Our hours saved are a few seconds at this scale: read our share of wall time saved "
+        "(%) for the sign and size of the saving, not the hours.",
+        "Our times are wall time incl. evaluation (the runs' wall_seconds: training and the "
+        "test pass after every epoch); on a shared CPU they are noisy.",
     ],
-    extra_metrics={"train_hours_saved": ("h", time_saved_h)},
+    extra_metrics={
+        "train_hours_saved": ("h", time_saved_h),
+        "wall_time_saved": ("%", time_saved_pct),
+    },
 )
 
 

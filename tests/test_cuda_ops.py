@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from impl.cuda import loader
 from impl.methods.sdgp import nm_prune_ref
-from impl.ops import nm_cuda, pack_cuda, pattern_cuda
+from impl.ops import device_check, nm_cuda, pack_cuda, pattern_cuda
 from impl.ops.pattern import (
     PatternIndex,
     pattern_conv2d,
@@ -96,6 +96,7 @@ def _cpu_calls():
             x, w, idx, padding=1, implicit=False
         ),
         "nm_prune": lambda: nm_cuda.nm_prune_cuda(x, 2, 4),
+        "nm_prune_op": lambda: torch.ops.pdtbench.nm_prune(x, 2, 4, 2, 1, False, None, 1e-4),
         "grad_pack": lambda: pack_cuda.grad_pack(g, i, impl="cuda"),
         "grad_unpack": lambda: pack_cuda.grad_unpack(g.reshape(-1)[:3], i, (3, 4), impl="cuda"),
     }
@@ -104,9 +105,24 @@ def _cpu_calls():
 CPU_CALLS = list(_cpu_calls())
 
 
+# The function with an ``impl`` argument each CUDA op names when handed CPU tensors.
+CPU_CALL_PUBLIC = {
+    "pattern_csr": "impl.ops.pattern_csr",
+    "pattern_spmm": "impl.ops.pattern_spmm",
+    "pattern_conv2d": "impl.ops.pattern_conv2d",
+    "pattern_conv2d_explicit": "impl.ops.pattern_conv2d",
+    "nm_prune": "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)",
+    "nm_prune_op": "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)",
+    "grad_pack": "impl.ops.grad_pack",
+    "grad_unpack": "impl.ops.grad_unpack",
+}
+
+
 @pytest.mark.parametrize("op", CPU_CALLS, ids=CPU_CALLS)
 def test_cuda_op_on_cpu_tensors_raises_a_clear_error(op):
-    with pytest.raises(RuntimeError, match="needs CUDA tensors, got cpu; use impl='ref'"):
+    public = re.escape(CPU_CALL_PUBLIC[op])
+    match = f"needs CUDA tensors, got cpu; use impl='ref' \\(or 'auto'\\) of {public},"
+    with pytest.raises(RuntimeError, match=match):
         _cpu_calls()[op]()
 
 
@@ -651,6 +667,8 @@ def emulated(emulator, monkeypatch):
 
     monkeypatch.setattr(loader, "launch", launch)
     monkeypatch.setattr(loader, "require_cuda", lambda op, *t, sources=(): 0)
+    monkeypatch.setattr(device_check, "require_cuda", lambda op, public, *t, sources=(): 0)
+    monkeypatch.setattr(device_check, "check_devices", lambda op, public, *t: None)
     monkeypatch.setattr(loader, "multiprocessor_count", lambda device=None: 2)
     return launched
 

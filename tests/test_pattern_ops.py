@@ -9,6 +9,8 @@ from torch import nn
 
 from impl.ops import (
     PatternConv2d,
+    PatternIndex,
+    check_csr,
     csr_transpose,
     pattern_conv2d,
     pattern_csr,
@@ -438,3 +440,133 @@ def test_forced_cuda_without_kernels_names_the_reason(monkeypatch):
     monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA kernels not available"):
         pattern_mod._resolve_impl("cuda", _Operand(True))
+
+
+# -- index validation of the reference path ---------------------------------------------------
+
+I64 = torch.int64
+
+# (row_ptr, col_ind, message) for a 3 x 7 matrix (odd sizes); each breaks one rule.
+BAD_INDEX = [
+    ([0, 1, 2, 3], [-1, 0, 1], r"col_ind must lie in \[0, 7\).*col_ind\[0\] = -1"),
+    ([0, 1, 2, 3], [0, 7, 1], r"col_ind must lie in \[0, 7\).*col_ind\[1\] = 7"),
+    ([0, 2, 2, 3], [4, 4, 0], r"strictly increase.*row 0 has col_ind\[1\] = 4 after"),
+    ([0, 2, 3, 5], [1, 0, 6, 3, 2], r"strictly increase.*row 0 has col_ind\[1\] = 0"),
+    ([0, 1, 2, 5], [6, 0, 1, 5, 3], r"strictly increase.*row 2 has col_ind\[4\] = 3"),
+    ([0, 2, 1, 3], [0, 1, 2], r"non-decreasing.*row_ptr\[1\] = 2 > row_ptr\[2\] = 1"),
+    ([1, 1, 2, 3], [0, 1, 2], r"row_ptr\[0\] must be 0, got 1"),
+    ([0, 1, 2, 4], [0, 1, 2], r"row_ptr\[-1\] = 4 must equal the number of entries"),
+    ([0, 1, 2, 2], [0, 1, 2], r"row_ptr\[-1\] = 2 must equal the number of entries"),
+]
+BAD_IDS = [
+    "negative-col",
+    "col-equals-width",
+    "duplicate-col",
+    "unsorted-row0",
+    "unsorted-last-row",
+    "decreasing-row-ptr",
+    "row-ptr-not-from-0",
+    "row-ptr-past-nnz",
+    "row-ptr-short-of-nnz",
+]
+
+
+@pytest.mark.parametrize("impl", ["ref", "auto"], ids=["ref", "auto-on-cpu"])
+@pytest.mark.parametrize(("row_ptr", "col_ind", "message"), BAD_INDEX, ids=BAD_IDS)
+def test_reference_path_refuses_bad_index_contents(row_ptr, col_ind, message, impl):
+    rp, ci = torch.tensor(row_ptr, dtype=I64), torch.tensor(col_ind, dtype=I64)
+    with pytest.raises(ValueError, match=message):
+        pattern_csr(torch.randn(3, 7), rp, ci, impl=impl)
+    width = message.replace("the matrix's width", "the rows of dense_b")
+    with pytest.raises(ValueError, match=width):
+        pattern_spmm(torch.ones(ci.numel()), rp, ci, torch.randn(7, 5), impl=impl)
+    with pytest.raises(ValueError, match=message):
+        csr_transpose(rp, ci, 7)
+    with pytest.raises(ValueError, match=message):
+        check_csr(rp, ci, 3, 7)
+
+
+@pytest.mark.parametrize(("row_ptr", "col_ind", "message"), BAD_INDEX, ids=BAD_IDS)
+def test_pattern_conv2d_refuses_a_bad_pattern_index(row_ptr, col_ind, message):
+    weight = torch.randn(3, 1, 1, 7)  # K = C*R*S = 7, as the cases above
+    rp, ci = torch.tensor(row_ptr, dtype=I64), torch.tensor(col_ind, dtype=I64)
+    empty = torch.zeros(0, dtype=I64)
+    index = PatternIndex(rp, ci, torch.zeros(8, dtype=I64), empty, empty, (3, 7))
+    message = message.replace("0, 7\\)", "0, 7\\) \\(C\\*R\\*S\\)")  # names K
+    with pytest.raises(ValueError, match=message):
+        pattern_conv2d(torch.randn(2, 1, 5, 9), weight, index, impl="ref")
+
+
+@pytest.mark.parametrize(
+    ("row_ptr", "col_ind", "message"),
+    [
+        (torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), "row_ptr must be an int64"),
+        (torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2], dtype=torch.int32), "col_ind must"),
+        (torch.tensor([0, 1, 2, 3]), torch.tensor([0.0, 1.0, 2.0]), "col_ind must be an int64"),
+        (torch.tensor([[0, 1, 2, 3]]), torch.tensor([0, 1, 2]), "row_ptr must be 1-D"),
+        (torch.tensor([0, 1, 3]), torch.tensor([0, 1, 2]), r"row_ptr must have 4 entries"),
+        ([0, 1, 2, 3], torch.tensor([0, 1, 2]), "row_ptr must be a 1-D int64 tensor, got list"),
+    ],
+    ids=["float-row-ptr", "int32-col-ind", "float-col-ind", "2d-row-ptr", "short-row-ptr", "list"],
+)
+def test_reference_path_refuses_bad_index_types(row_ptr, col_ind, message):
+    with pytest.raises(ValueError, match=message):
+        pattern_csr(torch.randn(3, 7), row_ptr, col_ind, impl="ref")
+
+
+@pytest.mark.parametrize(
+    ("shape", "density"),
+    [((1, 1), 1.0), ((5, 7), 0.4), ((13, 29), 0.0), ((16, 144), 0.1), ((3, 97), 1.0)],
+    ids=["1x1", "5x7", "13x29-empty", "16x144", "3x97-dense"],
+)
+def test_check_csr_accepts_every_structure_pattern_positions_builds(shape, density):
+    gen = torch.Generator().manual_seed(sum(shape))
+    mask = _random_mask(shape, density, gen)
+    mask[0, -1] = density > 0  # the last column of the first row: the range's edge
+    row_ptr, col_ind = pattern_positions(mask)
+    check_csr(row_ptr, col_ind, shape[0], shape[1])
+    dense = torch.randn(shape, dtype=F64, generator=gen)
+    assert torch.equal(pattern_csr(dense, row_ptr, col_ind, impl="ref"), dense[mask])
+
+
+def test_pattern_conv2d_module_checks_its_structure_once_and_again_after_a_write(monkeypatch):
+    import impl.ops.pattern as pattern_mod
+
+    calls = []
+    real = pattern_mod.check_csr
+    monkeypatch.setattr(pattern_mod, "check_csr", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gen = torch.Generator().manual_seed(5)
+    conv = nn.Conv2d(3, 5, 3, padding=1).double()
+    layer = PatternConv2d.from_conv(conv, _random_mask(conv.weight.shape, 0.5, gen), impl="ref")
+    x = torch.randn(2, 3, 7, 7, dtype=F64, generator=gen)
+    layer(x)
+    layer(x)
+    assert len(calls) == 1
+    with torch.no_grad():
+        layer.col_ind[0] = -1  # an in-place write: the structure is checked again
+    with pytest.raises(ValueError, match=r"col_ind must lie in \[0, 27\) \(C\*R\*S\)"):
+        layer(x)
+    assert len(calls) == 2
+
+
+def test_cuda_path_reads_no_index_contents(monkeypatch):
+    """impl="cuda" hands the index to the kernels unchecked (a check would sync with the GPU)."""
+    import impl.ops.pattern as pattern_mod
+    import impl.ops.pattern_cuda as pattern_cuda
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_csr called on the CUDA path")
+
+    monkeypatch.setattr(pattern_mod, "check_csr", refuse)
+    got = {}
+    monkeypatch.setattr(pattern_mod, "_resolve_impl", lambda impl, *t: "cuda")
+    monkeypatch.setattr(
+        pattern_cuda, "pattern_csr_cuda", lambda d, rp, ci: got.setdefault("csr", ci)
+    )
+    bad = torch.tensor([-1, 0, 1])
+    assert pattern_csr(torch.randn(3, 4), torch.tensor([0, 1, 2, 3]), bad, impl="cuda") is bad
+    # The SpMM's transpose is built without the check (here the op then refuses CPU tensors).
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        pattern_cuda.pattern_spmm_cuda(
+            torch.ones(2), torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.randn(3, 4)
+        )

@@ -2,12 +2,29 @@
 
 ``impl="auto"`` picks the CUDA kernels when the tensors are on a GPU and the kernels load,
 the reference otherwise; ``"ref"`` and ``"cuda"`` force one.
+
+* ClickTrain's pattern ops (Sec. 5.1, 5.2): :func:`pattern_positions`, :func:`pattern_index`,
+  :func:`pattern_csr`, :func:`pattern_spmm`, :func:`pattern_conv2d`, :class:`PatternConv2d`
+  (:mod:`impl.ops.pattern`);
+* SDGP's N:M pruning (Sec. III-A/B): :func:`nm_prune` (defined in :mod:`impl.methods.sdgp`);
+* ClickTrain's sparse gradient communication (Sec. 5.3): :func:`mask_index`,
+  :func:`grad_pack`, :func:`grad_unpack` (:mod:`impl.ops.pack_cuda`).
+
+``nm_prune`` and the pack ops are imported on first use (module ``__getattr__``), so that
+``import impl.ops`` loads neither the method machinery nor the CUDA loader. Nothing here
+touches the GPU at import time. docs/kernels.md, "On a CPU", runs each op.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from impl.ops.pattern import (
     IMPLS,
     PatternConv2d,
     PatternIndex,
+    check_csr,
     csr_transpose,
     has_cuda_kernels,
     pattern_conv2d,
@@ -17,12 +34,43 @@ from impl.ops.pattern import (
     pattern_spmm,
 )
 
+if TYPE_CHECKING:
+    from impl.methods.sdgp import nm_prune
+    from impl.ops.pack_cuda import grad_pack, grad_unpack, mask_index
+
+# name -> module that defines it, imported on first access
+_LAZY: dict[str, str] = {
+    "nm_prune": "impl.methods.sdgp",
+    "grad_pack": "impl.ops.pack_cuda",
+    "grad_unpack": "impl.ops.pack_cuda",
+    "mask_index": "impl.ops.pack_cuda",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'impl.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "IMPLS",
     "PatternConv2d",
     "PatternIndex",
+    "check_csr",
     "csr_transpose",
+    "grad_pack",
+    "grad_unpack",
     "has_cuda_kernels",
+    "mask_index",
+    "nm_prune",
     "pattern_conv2d",
     "pattern_csr",
     "pattern_index",

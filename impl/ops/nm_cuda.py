@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from impl.cuda import loader
+from impl.ops import device_check
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -178,7 +179,9 @@ def _nm_launch(
     """Run the kernels; ``out`` (tests poison it) must be ``torch.empty_like(x)``-shaped."""
     op = "nm_prune"
     tensors = [x] + ([seed] if seed is not None else [])
-    dev = loader.require_cuda(op, *tensors, sources=(_SRC,))
+    dev = device_check.require_cuda(
+        op, "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)", *tensors, sources=(_SRC,)
+    )
     if out is None:
         out = torch.empty_like(x)  # preserve_format: NCHW stays NCHW, channels-last stays so
     if x.numel() == 0:

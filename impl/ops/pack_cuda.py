@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from impl.cuda import loader
+from impl.ops import device_check
 
 _SRC = "pack.cu"
 IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
@@ -90,7 +91,7 @@ def _grid(n: int, device: int) -> tuple[int, int, int]:
 
 def _pack(grad: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     _check(index)
-    dev = loader.require_cuda("grad_pack", grad, index, sources=(_SRC,))
+    dev = device_check.require_cuda("grad_pack", "impl.ops.grad_pack", grad, index, sources=(_SRC,))
     size, view = _element_bits(grad.dtype)
     src = grad.contiguous().view(-1)
     if out is None:
@@ -116,7 +117,9 @@ def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -
         raise ValueError(f"buffer {buffer.dtype} and out {out.dtype} differ")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous (it is written through its flat view)")
-    dev = loader.require_cuda("grad_unpack", buffer, index, out, sources=(_SRC,))
+    dev = device_check.require_cuda(
+        "grad_unpack", "impl.ops.grad_unpack", buffer, index, out, sources=(_SRC,)
+    )
     size, view = _element_bits(buffer.dtype)
     if buffer.numel():
         loader.launch(

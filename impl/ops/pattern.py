@@ -13,10 +13,16 @@ The filter matrix of a conv with weight ``[F, C, R, S]`` is ``F x (C*R*S)`` in i
 
 Every op takes ``impl``: ``"auto"`` (the default) picks the CUDA kernels when the tensors are
 on a GPU and the kernels load, the reference otherwise; ``"ref"`` forces the reference;
-``"cuda"`` forces the kernels. The CUDA kernels are not built yet, so ``"cuda"`` raises a
-``RuntimeError`` and ``"auto"`` always runs the reference. The reference multiplies with
-torch's own sparse CSR routines (MKL on CPU, cuSPARSE on GPU), which only ever touch the
-nonzero positions: its executed work is the sparse work.
+``"cuda"`` forces the kernels (:mod:`impl.ops.pattern_cuda`; without a GPU or kernels that
+load it raises a ``RuntimeError`` naming the reason). The reference multiplies with torch's
+own sparse CSR routines (MKL on CPU, cuSPARSE on GPU), which only ever touch the nonzero
+positions: its executed work is the sparse work.
+
+The reference path (``"ref"``, and ``"auto"`` when it picks the reference) checks the CSR
+index contents with :func:`check_csr` (int64; ``row_ptr`` from 0 to ``nnz``, non-decreasing;
+columns in range and strictly increasing within each row) and raises ``ValueError`` naming
+the argument and the valid range. The CUDA path checks dtypes and sizes only: reading index
+contents would synchronise with the GPU.
 """
 
 from __future__ import annotations
@@ -107,7 +113,16 @@ def csr_transpose(
 
     ``values_t = values[perm]`` are the transposed matrix's values in its CSR order. The
     backward pass multiplies by the transposed filter matrix (Sec. 5.2, backward phase).
+    ``(row_ptr, col_ind)`` is checked by :func:`check_csr` (columns in ``[0, n_cols)``).
     """
+    check_csr(row_ptr, col_ind, None, n_cols, width="n_cols")
+    return _transpose(row_ptr, col_ind, n_cols)
+
+
+def _transpose(
+    row_ptr: torch.Tensor, col_ind: torch.Tensor, n_cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`csr_transpose` of a structure already checked (or built by pattern_positions)."""
     n_rows = row_ptr.numel() - 1
     rows = csr_rows(row_ptr)
     key = col_ind * max(n_rows, 1) + rows
@@ -142,19 +157,83 @@ def pattern_index(mask: torch.Tensor) -> PatternIndex:
     """The :class:`PatternIndex` of a finalized mask (``[F, C, R, S]`` or ``[F, K]``)."""
     row_ptr, col_ind = pattern_positions(mask)
     n_rows, n_cols = mask.shape[0], math.prod(mask.shape[1:])
-    t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+    t_row_ptr, t_col_ind, t_perm = _transpose(row_ptr, col_ind, n_cols)
     return PatternIndex(row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (n_rows, n_cols))
 
 
-def _check_csr(row_ptr: torch.Tensor, col_ind: torch.Tensor, n_rows: int | None = None) -> None:
-    if row_ptr.dim() != 1 or col_ind.dim() != 1:
-        raise ValueError("row_ptr and col_ind must be 1-D")
+def check_csr(
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    n_rows: int | None = None,
+    n_cols: int | None = None,
+    *,
+    width: str = "the matrix's width",
+) -> None:
+    """Check a CSR structure ``(row_ptr, col_ind)`` of an ``n_rows x n_cols`` matrix, contents
+    included; ``ValueError`` naming the argument and the valid range otherwise.
+
+    The structure :func:`pattern_positions` builds and the CUDA kernels assume (Sec. 5.1):
+    1-D int64 tensors; ``row_ptr`` has ``n_rows + 1`` entries, starts at 0, never decreases
+    and ends at ``nnz = col_ind.numel()``; every column is in ``[0, n_cols)``; within a row
+    the columns strictly increase (sorted, no duplicate: the SpMM kernel reads at most 32
+    entries of a row per 32 columns, and the gradient scatter writes each position once).
+    Reads the index contents, so on a GPU it synchronises with the host: the reference path
+    calls it, the CUDA path checks only dtypes and sizes. ``width`` names ``n_cols`` in the
+    message.
+    """
+    for name, t in (("row_ptr", row_ptr), ("col_ind", col_ind)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a 1-D int64 tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64:
+            raise ValueError(
+                f"{name} must be an int64 tensor (as pattern_positions builds it), got {t.dtype}"
+            )
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if n_rows is not None and row_ptr.numel() != n_rows + 1:
-        raise ValueError(f"row_ptr must have {n_rows + 1} entries, got {row_ptr.numel()}")
-    if row_ptr.numel() and int(row_ptr[-1]) != col_ind.numel():
         raise ValueError(
-            f"row_ptr[-1] = {int(row_ptr[-1])} must equal the number of columns in col_ind "
-            f"({col_ind.numel()})"
+            f"row_ptr must have {n_rows + 1} entries (rows + 1), got {row_ptr.numel()}"
+        )
+    if row_ptr.numel() == 0:
+        raise ValueError("row_ptr must have rows + 1 >= 1 entries, got 0")
+    nnz = col_ind.numel()
+    ptr = row_ptr.cpu()
+    if int(ptr[0]) != 0:
+        raise ValueError(f"row_ptr[0] must be 0, got {int(ptr[0])}")
+    steps = ptr.diff()
+    if steps.numel() and bool((steps < 0).any()):
+        f = int((steps < 0).nonzero()[0])
+        raise ValueError(
+            f"row_ptr must be non-decreasing (row lengths >= 0): row_ptr[{f}] = {int(ptr[f])} "
+            f"> row_ptr[{f + 1}] = {int(ptr[f + 1])}"
+        )
+    if int(ptr[-1]) != nnz:
+        raise ValueError(
+            f"row_ptr[-1] = {int(ptr[-1])} must equal the number of entries of col_ind ({nnz})"
+        )
+    if nnz == 0:
+        return
+    cols = col_ind.cpu()
+    lo, hi = int(cols.min()), int(cols.max())
+    if n_cols is not None and (lo < 0 or hi >= n_cols):
+        j = int(((cols < 0) | (cols >= n_cols)).nonzero()[0])
+        raise ValueError(
+            f"col_ind must lie in [0, {n_cols}) ({width}); col_ind[{j}] = {int(cols[j])}"
+        )
+    if lo < 0:
+        j = int((cols < 0).nonzero()[0])
+        raise ValueError(f"col_ind must be >= 0; col_ind[{j}] = {int(cols[j])}")
+    # Entry j + 1 must exceed entry j unless a row starts at j + 1.
+    rises = cols.diff() > 0
+    starts = ptr[1:-1]
+    rises[starts[(starts > 0) & (starts < nnz)] - 1] = True
+    if not bool(rises.all()):
+        j = int((~rises).nonzero()[0])
+        f = int(torch.searchsorted(ptr, j, right=True)) - 1
+        raise ValueError(
+            f"col_ind must strictly increase within each row (sorted, no duplicate column): "
+            f"row {f} has col_ind[{j + 1}] = {int(cols[j + 1])} after col_ind[{j}] = "
+            f"{int(cols[j])}"
         )
 
 
@@ -169,7 +248,8 @@ def pattern_csr(
     ``dense`` is ``[F, K]`` or a conv weight ``[F, C, R, S]`` (read as ``F x C*R*S``);
     returns the ``[nnz]`` values ``dense[f, col_ind[j]]`` for ``row_ptr[f] <= j <
     row_ptr[f + 1]``, in CSR order. Differentiable: the gradient flows back to the
-    positions read, and is zero elsewhere.
+    positions read, and is zero elsewhere. The reference path raises ``ValueError`` on an
+    index that :func:`check_csr` refuses (columns must lie in ``[0, K)``).
     """
     use = _resolve_impl(impl, dense)
     if dense.dim() < 2:
@@ -178,10 +258,8 @@ def pattern_csr(
         from impl.ops.pattern_cuda import pattern_csr_cuda
 
         return pattern_csr_cuda(dense, row_ptr, col_ind)
-    _check_csr(row_ptr, col_ind, dense.shape[0])
     flat = dense.reshape(dense.shape[0], -1)
-    if col_ind.numel() and int(col_ind.max()) >= flat.shape[1]:
-        raise ValueError(f"col_ind has a column >= {flat.shape[1]} (the matrix's width)")
+    check_csr(row_ptr, col_ind, flat.shape[0], flat.shape[1], width="the matrix's width")
     return flat[csr_rows(row_ptr), col_ind]
 
 
@@ -283,7 +361,9 @@ def pattern_spmm(
     dense_b``: ``[F, N]`` or ``[B, F, N]``. Differentiable in ``values`` (gradient at the
     stored positions only, an SDDMM) and in ``dense_b`` (``A^T @ grad``). ``index`` may pass
     a precomputed :class:`PatternIndex` with the transposed structure, saving its
-    construction on every call.
+    construction on every call (its transposed fields are trusted as built by
+    :func:`pattern_index`). The reference path raises ``ValueError`` on an index that
+    :func:`check_csr` refuses (columns must lie in ``[0, K)``).
     """
     use = _resolve_impl(impl, values, dense_b)
     if use == "cuda":
@@ -292,14 +372,12 @@ def pattern_spmm(
         return pattern_spmm_cuda(values, row_ptr, col_ind, dense_b, index=index)
     if dense_b.dim() not in (2, 3):
         raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
-    _check_csr(row_ptr, col_ind)
+    n_cols = dense_b.shape[-2]
+    check_csr(row_ptr, col_ind, None, n_cols, width="the rows of dense_b")
     if values.shape != col_ind.shape:
         raise ValueError(f"values {tuple(values.shape)} must match col_ind {tuple(col_ind.shape)}")
-    n_cols = dense_b.shape[-2]
-    if col_ind.numel() and int(col_ind.max()) >= n_cols:
-        raise ValueError(f"col_ind has a column >= {n_cols} (rows of dense_b)")
     if index is None:
-        t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+        t_row_ptr, t_col_ind, t_perm = _transpose(row_ptr, col_ind, n_cols)
         index = PatternIndex(
             row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (row_ptr.numel() - 1, n_cols)
         )
@@ -445,7 +523,9 @@ def pattern_conv2d(
     (col2im); the weight gradient is computed only at the kept positions (SDDMM) and is
     exactly zero elsewhere. Equals ``conv2d(x, weight * mask, ...)``. Groups are not
     supported. ``workspace`` (the reference path on the CPU): the buffers of a
-    :class:`PatternConv2d`, reused across calls.
+    :class:`PatternConv2d`, reused across calls. The reference path checks ``pattern``'s
+    ``row_ptr``/``col_ind`` with :func:`check_csr` (with a ``workspace``, once per
+    structure: again only after the index tensors are written).
     """
     index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
@@ -457,7 +537,12 @@ def pattern_conv2d(
     h_out, w_out = conv_output_size(x.shape[2], x.shape[3], r, s, stride, padding, dilation)
     if h_out < 1 or w_out < 1:
         raise ValueError(f"input {tuple(x.shape)} is smaller than the kernel {(r, s)}")
-    values = pattern_csr(weight, index.row_ptr, index.col_ind, impl=impl)
+    flat = weight.reshape(weight.shape[0], -1)
+    if workspace is None:
+        check_csr(index.row_ptr, index.col_ind, flat.shape[0], flat.shape[1], width="C*R*S")
+    else:
+        workspace.check(index, flat.shape[0], flat.shape[1])
+    values = flat[csr_rows(index.row_ptr), index.col_ind]  # pattern_csr's reference
     geometry = ((r, s), stride, padding, dilation, (h_out, w_out))
     out = _PatternConvRef.apply(values, x, index, geometry, workspace)  # [B, F, P, Q]
     if bias is not None:
@@ -484,6 +569,19 @@ class _Workspace:
         self._out: torch.Tensor | None = None
         self._grad_cols: torch.Tensor | None = None
         self._grad_busy = False
+        self._checked: tuple | None = None
+
+    def check(self, index: PatternIndex, n_rows: int, n_cols: int) -> None:
+        """:func:`check_csr` of ``index``'s ``row_ptr``/``col_ind``, skipped when the same
+        tensors passed it already and were not written since (torch's version counter, which
+        an in-place write such as ``load_state_dict`` bumps): a layer's structure is checked
+        once, not on every forward."""
+        key = tuple(
+            (t.data_ptr(), t._version, t.numel(), t.device) for t in (index.row_ptr, index.col_ind)
+        )
+        if key != self._checked:
+            check_csr(index.row_ptr, index.col_ind, n_rows, n_cols, width="C*R*S")
+            self._checked = key
 
     def __deepcopy__(self, memo: dict) -> _Workspace:
         return _Workspace()

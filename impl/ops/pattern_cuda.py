@@ -30,14 +30,23 @@ import torch
 import torch.nn.functional as F
 
 from impl.cuda import loader
+from impl.ops import device_check
 from impl.ops.pattern import (
     PatternIndex,
     conv_output_size,
     conv_pattern_index,
-    csr_transpose,
 )
+from impl.ops.pattern import _transpose as csr_transpose  # unchecked: no host sync
 
 _SRC = "pattern.cu"
+# The function of impl.ops that takes ``impl`` for each op (named when a CPU tensor arrives).
+_PUBLIC = {
+    "pattern_csr": "impl.ops.pattern_csr",
+    "pattern_csr (backward)": "impl.ops.pattern_csr",
+    "pattern_spmm": "impl.ops.pattern_spmm",
+    "pattern_spmm (weight gradient)": "impl.ops.pattern_spmm",
+    "pattern_conv2d": "impl.ops.pattern_conv2d",
+}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _VEC = {torch.float32: 4, torch.float64: 2}  # elements per 16-byte load
 WARPS: int = loader.DEFINES["PDT_SPMM_WARPS"]
@@ -141,7 +150,7 @@ def _csr_gather(
     op = "pattern_csr"
     suf = _suffix(dense.dtype, op)
     _check_index(op, row_ptr, col_ind)
-    dev = loader.require_cuda(op, dense, row_ptr, col_ind, sources=(_SRC,))
+    dev = device_check.require_cuda(op, _PUBLIC[op], dense, row_ptr, col_ind, sources=(_SRC,))
     flat = _rows(dense.reshape(dense.shape[0], -1))
     n_rows = flat.shape[0]
     if row_ptr.numel() != n_rows + 1:
@@ -172,7 +181,7 @@ def _csr_scatter(
     op = "pattern_csr (backward)"
     suf = _suffix(values.dtype, op)
     _check_index(op, row_ptr, col_ind)
-    dev = loader.require_cuda(op, values, row_ptr, col_ind, sources=(_SRC,))
+    dev = device_check.require_cuda(op, _PUBLIC[op], values, row_ptr, col_ind, sources=(_SRC,))
     out = torch.zeros(list(shape), dtype=values.dtype, device=values.device)
     n_rows = out.shape[0] if out.dim() else 0
     if values.numel() and n_rows:
@@ -211,7 +220,9 @@ def _spmm(
         raise ValueError(f"{op}: values {values.dtype} and dense_b {dense_b.dtype} differ")
     if dense_b.dim() not in (2, 3):
         raise ValueError(f"{op}: dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
-    dev = loader.require_cuda(op, values, row_ptr, col_ind, dense_b, sources=(_SRC,))
+    dev = device_check.require_cuda(
+        op, _PUBLIC[op], values, row_ptr, col_ind, dense_b, sources=(_SRC,)
+    )
     batched = dense_b.dim() == 3
     b3 = _rows(dense_b if batched else dense_b.unsqueeze(0))
     batch, k, n = b3.shape
@@ -258,7 +269,9 @@ def _sddmm(
     op = "pattern_spmm (weight gradient)"
     suf = _suffix(grad_out.dtype, op)
     _check_index(op, row_ptr, col_ind)
-    dev = loader.require_cuda(op, row_ptr, col_ind, grad_out, dense_b, sources=(_SRC,))
+    dev = device_check.require_cuda(
+        op, _PUBLIC[op], row_ptr, col_ind, grad_out, dense_b, sources=(_SRC,)
+    )
     g3 = _rows(grad_out if grad_out.dim() == 3 else grad_out.unsqueeze(0))
     b3 = _rows(dense_b if dense_b.dim() == 3 else dense_b.unsqueeze(0))
     batch, n_rows, n = g3.shape
@@ -317,7 +330,7 @@ def _conv_implicit(
     suf = _suffix(x.dtype, op)
     _check_index(op, row_ptr, col_ind)
     tensors = [x, values, row_ptr, col_ind] + ([bias] if bias is not None else [])
-    dev = loader.require_cuda(op, *tensors, sources=(_SRC,))
+    dev = device_check.require_cuda(op, _PUBLIC[op], *tensors, sources=(_SRC,))
     f_out, c, r, s = (int(v) for v in weight_shape)
     xc = x.contiguous()  # NCHW (a channels-last input is copied)
     batch, _, h, w = xc.shape
@@ -586,6 +599,7 @@ def pattern_conv2d_cuda(
     backward of both: input gradient = col2im of the transposed SpMM, weight gradient =
     SDDMM at the kept positions only (zero elsewhere).
     """
+    device_check.check_devices("pattern_conv2d", _PUBLIC["pattern_conv2d"], x, weight)
     index = conv_pattern_index(x, weight, pattern)
     st, pad, dil = _pair(stride), _pair(padding), _pair(dilation)
     if implicit:

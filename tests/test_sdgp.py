@@ -182,11 +182,34 @@ def test_channels_last_equals_nchw(method, rule):
     yl = nm_prune(xl, 2, 8, method, rescale=rule, generator=g2)
     assert yl.is_contiguous(memory_format=torch.channels_last)
     assert y.is_contiguous()
-    if method == "rescaled":  # reduction order may differ with the layout
-        torch.testing.assert_close(yl, y, rtol=1e-6, atol=0)
-        assert torch.equal(yl != 0, y != 0)
-    else:
-        assert torch.equal(yl, y)
+    assert torch.equal(yl, y)  # bit for bit, rescaled included (nm_prune's docstring)
+
+
+LAYOUT_CASES = [
+    ((3, 13, 7, 5), 1, torch.float32),
+    ((8, 64, 16, 16), 1, torch.float32),
+    ((2, 6, 1, 9), 1, torch.float64),
+    ((5, 12, 3, 3), 2, torch.float32),
+    ((4, 9, 5, 2), 0, torch.float16),
+    ((3, 16, 4, 4), 3, torch.bfloat16),
+]
+LAYOUT_IDS = ["odd-f32", "resnet-f32", "1xW-f64", "dim2-f32", "dim0-f16", "dim3-bf16"]
+
+
+@pytest.mark.parametrize(("shape", "dim", "dtype"), LAYOUT_CASES, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("rule", ["plane", "channel"], ids=["plane", "channel"])
+def test_rescaled_is_bit_identical_across_layouts(shape, dim, dtype, rule):
+    """The rescale factors' sums do not depend on the memory format: NCHW, channels-last and
+    a transposed view give the same tensor bit for bit (the mask, and the values)."""
+    gen = torch.Generator().manual_seed(sum(shape) + dim)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    y = nm_prune(x, 3, 4, "rescaled", dim=dim, rescale=rule)
+    cl = nm_prune(x.contiguous(memory_format=torch.channels_last), 3, 4, dim=dim, rescale=rule)
+    strided = x.transpose(1, 3).contiguous().transpose(1, 3)  # same values, other strides
+    st = nm_prune(strided, 3, 4, "rescaled", dim=dim, rescale=rule)
+    assert torch.equal(cl, y) and torch.equal(st, y)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    assert st.stride() == strided.stride()
 
 
 @pytest.mark.parametrize(
@@ -310,6 +333,60 @@ def test_auto_uses_reference_on_cpu_and_cuda_raises():
     assert torch.equal(nm_prune(x, 2, 4, impl="ref"), nm_prune_ref(x, 2, 4))
     with pytest.raises(RuntimeError, match="CUDA kernel of nm_prune is not available"):
         nm_prune(x, 2, 4, impl="cuda")
+
+
+def test_rescale_is_validated_whatever_the_method():
+    """nm_prune's docstring: ``rescale`` is used by "rescaled" only, but always validated."""
+    x = torch.randn(2, 8, 3, 3)
+    for method in ("random", "magnitude", "rescaled"):
+        with pytest.raises(ValueError, match=r"unknown rescale rule 'foo'.*valid: plane, channel"):
+            nm_prune(x, 2, 4, method, rescale="foo")
+    gen = torch.Generator().manual_seed(3)
+    plane = nm_prune(x, 2, 4, "magnitude", rescale="plane")
+    assert torch.equal(nm_prune(x, 2, 4, "magnitude", rescale="channel"), plane)
+    random = nm_prune(x, 2, 4, "random", rescale="channel", generator=gen)
+    gen.manual_seed(3)
+    assert torch.equal(nm_prune(x, 2, 4, "random", rescale="plane", generator=gen), random)
+
+
+@pytest.mark.parametrize(
+    "method", ["random", "magnitude", "rescaled"], ids=["random", "magnitude", "rescaled"]
+)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16], ids=["f32-fast-path", "f16-general-path"]
+)
+def test_a_tensor_that_requires_grad_gets_a_plain_error(method, dtype):
+    x = torch.randn(3, 10, 5, 3).to(dtype).requires_grad_(True)
+    with pytest.raises(ValueError, match=r"outside autograd.*pass x\.detach\(\)"):
+        nm_prune(x, 2, 4, method)
+    with pytest.raises(ValueError, match=r"outside autograd.*torch\.no_grad\(\)"):
+        nm_prune_ref(x, 2, 4, method)
+    gen = torch.Generator().manual_seed(1)
+    expected = nm_prune(x.detach(), 2, 4, method, generator=gen)
+    with torch.no_grad():  # where SDGP runs it: on gradients, outside the graph
+        gen.manual_seed(1)
+        y = nm_prune(x, 2, 4, method, generator=gen)
+    assert torch.equal(y, expected) and not y.requires_grad
+
+
+def test_nm_prune_is_exported_by_impl_ops():
+    import subprocess
+    import sys
+
+    import impl.methods.sdgp as sdgp
+    import impl.ops
+
+    assert impl.ops.nm_prune is sdgp.nm_prune and "nm_prune" in impl.ops.__all__
+    code = (
+        "import sys, torch, impl.ops; "
+        "assert 'impl.methods.sdgp' not in sys.modules; "  # lazy: imported on first use
+        "from impl.ops import nm_prune; "
+        "assert nm_prune.__module__ == 'impl.methods.sdgp'; "
+        "assert not torch.cuda.is_initialized()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    with pytest.raises(AttributeError, match="no attribute 'nm_prune_fast'"):
+        impl.ops.nm_prune_fast  # noqa: B018
 
 
 @pytest.mark.parametrize(

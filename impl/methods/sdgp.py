@@ -85,7 +85,10 @@ def check_nm(n: int, m: int) -> None:
 
 
 def check_method(method: str, rescale: str) -> None:
-    """Raise ``ValueError`` on an unknown pruning function or rescale rule (names the valid)."""
+    """Raise ``ValueError`` on an unknown pruning function or rescale rule (names the valid).
+
+    Both are always checked: an unknown ``rescale`` is refused even with a ``method`` that
+    does not rescale (a misspelt rule fails at once, not when the method changes)."""
     if method not in PRUNE_METHODS:
         raise ValueError(
             f"unknown N:M pruning function {method!r} (prune_method); "
@@ -98,12 +101,19 @@ def check_method(method: str, rescale: str) -> None:
 
 
 def _check_tensor(x: torch.Tensor, dim: int) -> int:
+    """``dim`` as a non-negative index after checking ``x`` (a floating tensor with a dim to
+    group along, not part of an autograd graph) and ``dim``; ``ValueError`` otherwise."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a floating-point torch.Tensor; got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(
             f"x must be a floating-point tensor (float16, bfloat16, float32, float64); "
             f"got {x.dtype}"
+        )
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "nm_prune works on gradients outside autograd (it is not differentiable); x "
+            "requires grad: pass x.detach(), or call it under torch.no_grad()"
         )
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension to group along")
@@ -144,15 +154,24 @@ def nm_prune(
     pruning functions, the two rescale rules and the rule for a partial last group.
 
     Args:
-        x: a floating-point tensor (any layout; NCHW and channels-last give the same values,
-            and the output keeps the input's memory format). Not modified.
+        x: a floating-point tensor (any layout; the output keeps the input's memory format).
+            Not modified. Not part of an autograd graph: SDGP prunes gradients, so pass
+            ``x.detach()`` (or call under ``torch.no_grad()``) for a tensor that requires
+            grad. NCHW and channels-last give bit-identical results on the reference path
+            (``impl="ref"``, and ``"auto"`` on CPU tensors), for every ``method``. On the
+            CUDA path they keep the same positions (bit for bit for ``"magnitude"``, the
+            same draw for ``"random"``); ``"rescaled"`` values may differ in the last bits
+            between layouts and from the reference (the factors' sums run in the kernel's
+            order: float32 rounding of the factor; docs/kernels.md gives the bound the GPU
+            tests check).
         n: elements kept per group, ``1 <= n <= m``.
         m: group size, ``m <= 32``.
         method: ``"random"``, ``"magnitude"`` or ``"rescaled"`` (rescaled magnitude).
         dim: the grouping dimension (1: the channels of an NCHW tensor).
         rescale: ``"plane"`` (authors' code: per sample and channel, over the other dims) or
-            ``"channel"`` (paper text: per channel, over every other dim); only read when
-            ``method == "rescaled"``.
+            ``"channel"`` (paper text: per channel, over every other dim). Used only when
+            ``method == "rescaled"``, but validated always: an unknown name raises
+            ``ValueError`` with every ``method``.
         generator: the random source of ``method="random"`` (reproducible draws); ``None``
             uses torch's global generator.
         impl: ``"auto"`` (the CUDA kernel for CUDA tensors when it is available, the
@@ -164,8 +183,9 @@ def nm_prune(
         nonzeros per group.
 
     Raises:
-        ValueError: ``n``/``m`` outside ``1 <= n <= m <= 32``, a non-floating ``x``, a bad
-            ``dim``, an unknown ``method``, ``rescale`` or ``impl``.
+        ValueError: ``n``/``m`` outside ``1 <= n <= m <= 32``, a non-floating ``x``, an
+            ``x`` that requires grad while grad mode is on, a bad ``dim``, an unknown
+            ``method``, ``rescale`` (whatever the method) or ``impl``.
         RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available.
     """
     check_nm(n, m)
@@ -370,8 +390,9 @@ def nm_prune_ref(
     order of ``x.movedim(dim, -1)`` so that the memory format does not change the draw; in
     each group the ``n`` best scores are kept (ties: lowest index). Groups are ranked by
     pairwise comparisons, or by a stable sort when a score is NaN (same result). Rescaling
-    accumulates in float32 (float64 for float64 inputs); a plane or channel with nothing
-    kept stays zero.
+    accumulates in float32 (float64 for float64 inputs), on a contiguous copy of a strided
+    ``x`` so that the sums, and so the values, do not depend on the memory format; a plane
+    or channel with nothing kept stays zero.
     """
     check_nm(n, m)
     check_method(method, rescale)
@@ -401,6 +422,14 @@ def _prune_ref(
     ``sum|x|`` and ``sum|y|`` (``None`` where the general path ran: compute them apart)."""
     if x.numel() == 0:
         return x.clone(), None, None
+    if method == "rescaled" and not x.is_contiguous():
+        # The rescale sums of a strided tensor (channels-last) would be reduced in another
+        # order than those of its contiguous copy: prune the copy, so that every layout gets
+        # the contiguous result bit for bit (the mask is layout independent either way).
+        out, sum_x, sum_y = _prune_ref(
+            x.contiguous(), n, m, method, dim, rescale, generator, eps, stats
+        )
+        return torch.empty_like(x).copy_(out), sum_x, sum_y
     fast = _prune_ref_fast(x, n, m, method, dim, rescale, generator, eps, stats)
     if fast is not None:
         return fast

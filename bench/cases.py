@@ -188,12 +188,15 @@ SCALE_CONFIGS: dict[str, ScaleConfig] = {
         iter_warmup=1,
         iter_repeats=3,
     ),
+    # The layer shapes of the CSR grid at one sparsity at the gpu scale (the paper's shape
+    # keeps all six): 145 pairs, not 375, so that the rows fit one device call of
+    # scripts/gpu/bench.sh (docs/gpu-session.md).
     "gpu": ScaleConfig(
         name="gpu",
         devices=("cuda",),
         csr_models=CSR_MODELS,
         csr_sparsities=PAPER_SPARSITIES,
-        layer_sparsities=(0.5, 0.75, 0.95),
+        layer_sparsities=(0.95,),
         extra_shapes=(),
         spmm_n=50176,
         sparsities=SPMM_SPARSITIES,
@@ -220,20 +223,17 @@ def _truthy(value: str | None) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _gpu_visible() -> bool:
-    # NVML (no CUDA context) and a CUDA build of torch: never touches the GPU itself.
-    if torch.version.cuda is None:
-        return False
-    from impl.env import gpu_info
-
-    return bool(gpu_info().get("gpu_count"))
+    # torch's own answer (a CUDA build that finds a device; it creates no CUDA context), not
+    # NVML's: NVML may be missing (no pynvml) where torch has a GPU.
+    return torch.version.cuda is not None and torch.cuda.is_available()
 
 
 def resolve_scale(scale: str | None = None) -> str:
     """The scale to run: ``scale`` if given, else the environment, else by the machine.
 
     ``PDTBENCH_BENCH_SMALL=1`` selects ``"smoke"`` (the small-sizes switch of CI);
-    otherwise ``PDTBENCH_BENCH_SCALE``; otherwise ``"gpu"`` where NVML sees a GPU and torch
-    has CUDA, ``"cpu"`` elsewhere. Raises ValueError naming the valid scales.
+    otherwise ``PDTBENCH_BENCH_SCALE``; otherwise ``"gpu"`` where
+    ``torch.cuda.is_available()``, ``"cpu"`` elsewhere. Raises ValueError naming the valid scales.
     """
     if scale is None:
         if _truthy(os.environ.get(ENV_SMALL)):
@@ -1182,7 +1182,8 @@ def _env() -> dict[str, Any]:
 def provenance(scale: str | None = None) -> dict[str, Any]:
     """What every row carries about where and how it was measured (shared/DESIGN.md).
 
-    Commit (and whether the tree was dirty), UTC date, GPU and driver, CUDA, cuDNN, torch,
+    Commit (and whether the tree was dirty), UTC date, GPU and driver (and where the name was
+    read: ``gpu_source``), whether torch sees a GPU (``gpu_available``), CUDA, cuDNN, torch,
     CuPy, NumPy and Python versions, CPU model and threads, the scale, the thread and
     device environment variables, and the 1-minute load average (other work on the machine
     slows CPU timings). Collected once per process, except the load average.
@@ -1197,6 +1198,8 @@ def provenance(scale: str | None = None) -> dict[str, Any]:
         "dirty": e.get("dirty"),
         "date": e.get("date"),
         "gpu_name": e.get("gpu_name"),
+        "gpu_source": e.get("gpu_source"),
+        "gpu_available": _gpu_visible(),
         "gpu_driver": e.get("gpu_driver"),
         "cuda": e.get("cuda"),
         "cudnn": e.get("cudnn"),
@@ -1387,24 +1390,48 @@ def add_derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def select_pairs(
+    suite: str,
+    scale: str | None = None,
+    *,
+    match: str | None = None,
+    case_names: Sequence[str] | None = None,
+) -> list[tuple[Case, Impl]]:
+    """The pairs of ``suite`` that :func:`run_suites` runs, in the order it runs them.
+
+    ``match`` keeps only pairs whose ``"<suite>/<case>/<impl>"`` contains it; ``case_names``
+    keeps only the cases of these names, in the order given (names no case of the suite
+    has are ignored, so one list may name cases of several suites). Calibration is never
+    filtered, so that fractions of measured limits can be computed.
+    """
+    selected = pairs(suite, scale)
+    if suite == "calibration":
+        return selected
+    if match:
+        selected = [(c, i) for c, i in selected if match in f"{suite}/{c.name}/{i.name}"]
+    if case_names:
+        order = {name: k for k, name in enumerate(case_names)}
+        selected = [(c, i) for c, i in selected if c.name in order]
+        selected.sort(key=lambda ci: order[ci[0].name])  # stable: impl order kept per case
+    return selected
+
+
 def run_suites(
     suites: Iterable[str] = SUITES,
     scale: str | None = None,
     *,
     match: str | None = None,
+    case_names: Sequence[str] | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (case, implementation) of ``suites`` at ``scale``; tidy rows with derived columns.
 
-    ``match`` keeps only pairs whose ``"<suite>/<case>/<impl>"`` contains it (calibration
+    ``match`` and ``case_names`` select pairs as :func:`select_pairs` does (calibration
     always runs, so that fractions of measured limits can be computed).
     """
     rows = []
     for suite in suites:
-        for case, impl in pairs(suite, scale):
-            key = f"{suite}/{case.name}/{impl.name}"
-            if match and suite != "calibration" and match not in key:
-                continue
+        for case, impl in select_pairs(suite, scale, match=match, case_names=case_names):
             row = run_pair(case, impl, scale)
             rows.append(row)
             if progress is not None:
@@ -1437,4 +1464,5 @@ __all__ = [
     "run_pair",
     "run_suites",
     "scale_config",
+    "select_pairs",
 ]

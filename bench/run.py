@@ -1,28 +1,40 @@
 """Run the benchmark cases without asv or pytest and write tidy rows as CSV and JSON.
 
     python -m bench.run --scale smoke|cpu|gpu --out reports/bench/<name> [--suite S ...]
-                        [--match TEXT]
+                        [--match TEXT] [--case NAME ...]
 
 writes ``<out>/rows.csv`` (one row per case and implementation, every column of
 :func:`bench.cases.run_pair` and :func:`bench.cases.add_derived`), ``<out>/rows.json``
-(``{"provenance": {...}, "scale": ..., "suites": [...], "rows": [...]}``) and
-``<out>/summary.md`` (a short table per suite). Reproductions and reports read these files;
-they never re-run the benchmarks. Exit status 1 when a row ended in ``"error"``.
+(``{"provenance": {...}, "scale": ..., "suites": [...], "complete": ..., "cut_at": ...,
+"rows": [...]}``) and ``<out>/summary.md`` (a short table per suite). Reproductions and
+reports read these files; they never re-run the benchmarks. Exit status 1 when a row ended
+in ``"error"``.
+
+A run cut short keeps what it measured: each row is appended to ``<out>/rows.partial.jsonl``
+as soon as it is measured, the CSV, JSON and summary are rewritten after every suite, and a
+SIGTERM (what ``timeout`` sends) or Ctrl-C writes them once more before the process ends,
+with ``"complete": false`` and ``"cut_at"`` (the pair that was running and why). A complete
+run removes ``rows.partial.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import cases
+
+#: Rows appended one JSON line each as they are measured (removed when a run completes).
+PARTIAL_NAME = "rows.partial.jsonl"
 
 #: Columns written first, in this order; the others follow in order of appearance.
 LEADING = (
@@ -86,6 +98,24 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _gpu_seen(prov: dict[str, Any]) -> bool:
+    # torch's answer where the provenance has it (NVML may be missing); else the GPU name.
+    if prov.get("gpu_available") is not None:
+        return bool(prov["gpu_available"])
+    return bool(prov.get("gpu_name"))
+
+
+def _incomplete_note(meta: dict[str, Any]) -> str:
+    if meta.get("complete", True):
+        return ""
+    cut = meta.get("cut_at") or {}
+    where = cut.get("pair") or "between pairs"
+    return (
+        f"**Incomplete**: the run was cut ({cut.get('reason', 'unknown')}) at {where}; "
+        "the rows below are those measured before. "
+    )
+
+
 def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     """A Markdown summary: provenance, then per suite the measured rows and the skipped ones."""
     prov = meta.get("provenance", {})
@@ -97,9 +127,10 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"({prov.get('torch_threads')} torch threads); torch {prov.get('torch')}, "
         f"CUDA {prov.get('cuda')}, CuPy {prov.get('cupy')}, NumPy {prov.get('numpy')}.",
         "",
-        (
+        _incomplete_note(meta)
+        + (
             "**CPU only**: no GPU was visible, every GPU row is skipped with its reason. "
-            if not prov.get("gpu_name")
+            if not _gpu_seen(prov)
             else ""
         )
         + f"1-minute load average when collected: {prov.get('load_avg_1m')} "
@@ -144,31 +175,155 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Cut(SystemExit):
+    """Raised by the SIGTERM handler of :func:`terminate_gracefully` (exit status 143)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Cut(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_gracefully() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Cut` (a SystemExit, status 143), so that
+    ``finally`` blocks run and write what was measured; the previous handler is restored.
+
+    ``timeout`` sends SIGTERM when a step's time is up; Python's default is to die at once.
+    Only the main thread may install a handler: elsewhere the block runs unchanged.
+    """
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def ignoring_sigterm() -> Iterator[None]:
+    """SIGTERM is ignored within the block (the main thread only), then handled as before."""
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def cut_reason(exc: BaseException | None) -> str:
+    """Why a run stopped early, in words, from the exception that stopped it."""
+    if isinstance(exc, Cut):
+        return "SIGTERM (the step's time limit)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (SIGINT)"
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code})"
+    if exc is None:
+        return "unknown"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+class PartialRows:
+    """Appends each measured row to ``<out>/rows.partial.jsonl`` at once (flushed), so that a
+    process killed outright (SIGKILL) still leaves its rows. Truncated when opened."""
+
+    def __init__(self, out: Path, name: str = PARTIAL_NAME) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / name
+        self._fh = open(self.path, "w")
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Write ``row`` as one JSON line and flush it to the operating system."""
+        line = json.dumps({k: _json_value(v) for k, v in row.items()}, default=str)
+        self._fh.write(line + "\n")
+        self._fh.flush()
+
+    def close(self, remove: bool = False) -> None:
+        """Close the file; ``remove`` deletes it (a complete run has everything in rows.json)."""
+        self._fh.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
+
+
+def quiet_print(text: str) -> None:
+    """Print ``text`` (flushed), ignoring a closed stdout: a ``| tee`` reading it may have been
+    killed by the same time limit."""
+    try:
+        print(text, flush=True)
+    except (BrokenPipeError, OSError):  # a reader killed with us (| tee under timeout)
+        pass
+
+
 def run(
-    scale: str, out: Path, suites: Sequence[str] = cases.SUITES, match: str | None = None
+    scale: str,
+    out: Path,
+    suites: Sequence[str] = cases.SUITES,
+    match: str | None = None,
+    case_names: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``suites`` at ``scale`` and write the rows into ``out``; returns the rows."""
+    """Run ``suites`` at ``scale`` and write the rows into ``out``; returns the rows.
+
+    Rows are written as they come (see the module docstring); if the run is stopped (SIGTERM
+    under :func:`terminate_gracefully`, Ctrl-C, an error) the files are written with
+    ``complete = False`` and ``cut_at`` before the exception goes on.
+    """
     scale = cases.resolve_scale(scale)
     for s in suites:
         if s not in cases.SUITES:
             raise ValueError(f"unknown suite {s!r}; valid: {', '.join(cases.SUITES)}")
     start = time.perf_counter()
-
-    def progress(row: dict[str, Any]) -> None:
-        ms = row.get("median_ms")
-        what = f"{ms:.4g} ms" if isinstance(ms, float) else row["status"]
-        print(f"{row['suite']:<12} {row['case']:<36} {row['impl']:<28} {what}", flush=True)
-
-    rows = cases.run_suites(suites, scale, match=match, progress=progress)
-    meta = {
+    meta: dict[str, Any] = {
         "scale": scale,
         "suites": list(suites),
         "match": match,
-        "wall_seconds": round(time.perf_counter() - start, 1),
+        "cases": list(case_names) if case_names else None,
+        "complete": False,
+        "cut_at": None,
+        "wall_seconds": None,
         "provenance": cases.provenance(scale),
     }
-    write_rows(rows, out, meta)
-    return rows
+    partial = PartialRows(out)
+    rows: list[dict[str, Any]] = []
+    running: dict[str, str | None] = {"pair": None}
+
+    def write_now() -> None:
+        meta["wall_seconds"] = round(time.perf_counter() - start, 1)
+        write_rows(cases.add_derived([dict(r) for r in rows]), out, meta)
+
+    completed = False
+    try:
+        for suite in suites:
+            for case, impl in cases.select_pairs(suite, scale, match=match, case_names=case_names):
+                running["pair"] = f"{suite}/{case.name}/{impl.name}"
+                row = cases.run_pair(case, impl, scale)
+                running["pair"] = None
+                rows.append(row)
+                partial.append(row)
+                ms = row.get("median_ms")
+                what = f"{ms:.4g} ms" if isinstance(ms, float) else row["status"]
+                quiet_print(f"{row['suite']:<12} {row['case']:<36} {row['impl']:<28} {what}")
+            write_now()
+        completed = True
+    except BaseException as exc:
+        meta["cut_at"] = {"pair": running["pair"], "reason": cut_reason(exc), "rows": len(rows)}
+        raise
+    finally:
+        meta["complete"] = completed
+        with ignoring_sigterm():  # a second SIGTERM must not cut the last write
+            write_now()
+            partial.close(remove=completed)
+        if not completed:
+            quiet_print(
+                f"cut ({meta['cut_at']['reason']}) at {meta['cut_at']['pair']}: wrote "
+                f"{len(rows)} measured rows to {out} (complete: false)"
+            )
+    return cases.add_derived(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,11 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="suite to run (repeatable; default: all)",
     )
     parser.add_argument("--match", help="only pairs whose suite/case/impl contains this text")
+    parser.add_argument(
+        "--case",
+        action="append",
+        dest="cases",
+        help="only cases of this name, run in the order given (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
     suites = args.suite or list(cases.SUITES)
     if "calibration" not in suites:
         suites = ["calibration", *suites]
-    rows = run(args.scale, args.out, suites, args.match)
+    with terminate_gracefully():
+        rows = run(args.scale, args.out, suites, args.match, args.cases)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

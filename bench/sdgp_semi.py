@@ -61,7 +61,14 @@ import torch.nn.functional as F
 
 from bench import measure
 from bench.cases import ENV_SMALL, provenance
-from bench.run import columns
+from bench.run import (
+    PartialRows,
+    columns,
+    cut_reason,
+    ignoring_sigterm,
+    quiet_print,
+    terminate_gracefully,
+)
 
 N_KEEP, M_GROUP = 2, 4
 #: Training images of ImageNet-1k (ILSVRC2012), for iterations per epoch.
@@ -571,8 +578,17 @@ def iteration_row(
 
 
 # -- the run ---------------------------------------------------------------------------------
-def run(cfg: BenchConfig, device: torch.device) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every layer row and iteration row of ``cfg`` on ``device``, and the run's metadata."""
+def run(
+    cfg: BenchConfig, device: torch.device, out: Path | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every layer row and iteration row of ``cfg`` on ``device``, and the run's metadata.
+
+    With ``out``, rows are written as they come: each to ``out/rows.partial.jsonl`` when it
+    is measured, and ``rows.csv``, ``rows.json`` and ``summary.md`` after every model and
+    dtype; a run stopped early (SIGTERM under :func:`bench.run.terminate_gracefully`, Ctrl-C,
+    an error) writes them once more with ``meta["complete"] = False`` and ``meta["cut_at"]``
+    (model, dtype, layer, reason) before the exception goes on.
+    """
     scale = "smoke" if cfg.small else ("gpu" if device.type == "cuda" else "cpu")
     prov = provenance(scale)
     from impl.methods.sdgp_semi import library_status
@@ -584,34 +600,70 @@ def run(cfg: BenchConfig, device: torch.device) -> tuple[list[dict[str, Any]], d
         "provenance": prov,
         "n": N_KEEP,
         "m": M_GROUP,
+        "complete": False,
+        "cut_at": None,
+        "wall_seconds": None,
     }
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
-    with measure.pinned_flags(cudnn_benchmark=device.type == "cuda") as flags:
-        meta["flags"] = flags
-        for model_name in cfg.models:
-            layers = model_layers(model_name, cfg.batch, cfg.resolution)
-            for dtype_name in cfg.dtypes:
-                layer_rows = []
-                for layer in layers:
-                    r = measure_layer(layer, dtype_name, device, cfg)
-                    _release()  # the layer's tensors are gone with the call
-                    r["model"] = model_name
-                    layer_rows.append(r)
-                    dense, sparse = r.get("dense_dgrad_ms"), r.get("sparse_dgrad_ms")
-                    print(
-                        f"{model_name} {dtype_name} {r['layer']:<22} x{r['count']:<2} "
-                        f"{r['status']:<8} dense {_fmt(dense)} ms, est {_fmt(r['est_sparse_ms'])}"
-                        f" ms, sparse {_fmt(sparse)} ms {r['reason'][:60]}",
-                        flush=True,
-                    )
-                rows += layer_rows
-                rows.append(iteration_row(model_name, dtype_name, layer_rows, device, cfg))
-    meta["wall_seconds"] = round(time.perf_counter() - start, 1)
-    for r in rows:
+    partial = PartialRows(out) if out is not None else None
+    at: dict[str, Any] = {"model": None, "dtype": None, "layer": None}
+
+    def finish_row(r: dict[str, Any]) -> None:
         r.setdefault("model", "")
         r.update({k: v for k, v in prov.items() if k not in r})
         r.setdefault("device_name", prov.get("gpu_name") or prov.get("cpu_model"))
+        rows.append(r)
+        if partial is not None:
+            partial.append(r)
+
+    def write_now() -> None:
+        meta["wall_seconds"] = round(time.perf_counter() - start, 1)
+        if out is not None:
+            write(rows, meta, out)
+
+    completed = False
+    try:
+        with measure.pinned_flags(cudnn_benchmark=device.type == "cuda") as flags:
+            meta["flags"] = flags
+            for model_name in cfg.models:
+                at["model"] = model_name
+                layers = model_layers(model_name, cfg.batch, cfg.resolution)
+                for dtype_name in cfg.dtypes:
+                    at["dtype"] = dtype_name
+                    layer_rows = []
+                    for layer in layers:
+                        at["layer"] = layer.names[0]
+                        r = measure_layer(layer, dtype_name, device, cfg)
+                        _release()  # the layer's tensors are gone with the call
+                        r["model"] = model_name
+                        layer_rows.append(r)
+                        finish_row(r)
+                        dense, sparse = r.get("dense_dgrad_ms"), r.get("sparse_dgrad_ms")
+                        quiet_print(
+                            f"{model_name} {dtype_name} {r['layer']:<22} x{r['count']:<2} "
+                            f"{r['status']:<8} dense {_fmt(dense)} ms, est "
+                            f"{_fmt(r['est_sparse_ms'])} ms, sparse {_fmt(sparse)} ms "
+                            f"{r['reason'][:60]}"
+                        )
+                    at["layer"] = "iteration"
+                    finish_row(iteration_row(model_name, dtype_name, layer_rows, device, cfg))
+                    write_now()
+        completed = True
+    except BaseException as exc:
+        meta["cut_at"] = {**at, "reason": cut_reason(exc), "rows": len(rows)}
+        raise
+    finally:
+        meta["complete"] = completed
+        with ignoring_sigterm():  # a second SIGTERM must not cut the last write
+            write_now()
+            if partial is not None:
+                partial.close(remove=completed)
+        if not completed and out is not None:
+            quiet_print(
+                f"cut ({meta['cut_at']['reason']}) at {at}: wrote {len(rows)} rows to {out} "
+                "(complete: false)"
+            )
     return rows, meta
 
 
@@ -646,10 +698,22 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "time. Generated by `python -m bench.sdgp_semi`; see docs/sdgp_semi.md.",
         "",
     ]
-    if not prov.get("gpu_name"):
+    if not meta.get("complete", True):
+        cut = meta.get("cut_at") or {}
+        lines += [
+            f"**Incomplete**: the run was cut ({cut.get('reason', 'unknown')}) at "
+            f"{cut.get('model')} {cut.get('dtype')} {cut.get('layer')}; the rows below are "
+            "those measured before.",
+            "",
+        ]
+    gpu_seen = prov.get("gpu_available")
+    if not (prov.get("gpu_name") if gpu_seen is None else gpu_seen):
         lines += ["**CPU only**: every sparse row is a fallback; the times are a smoke test.", ""]
-    for it in [r for r in rows if r["kind"] == "iteration"]:
-        model, dtype = it["model"], it["dtype"]
+    blocks = list(dict.fromkeys((r["model"], r["dtype"]) for r in rows if "dtype" in r))
+    for model, dtype in blocks:
+        block = [r for r in rows if (r.get("model"), r.get("dtype")) == (model, dtype)]
+        its = [r for r in block if r["kind"] == "iteration"]
+        it = its[0] if its else None
         layer_rows = [
             r for r in rows if r["kind"] == "layer" and r["model"] == model and r["dtype"] == dtype
         ]
@@ -689,6 +753,9 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                 r["status"] + (f": {r['reason']}" if r["status"] != "ok" else ""),
             ]
             lines.append("| " + " | ".join(_fmt(v) for v in vals) + " |")
+        if it is None:
+            lines += ["", "The run was cut before this model and dtype's iteration row.", ""]
+            continue
         slower = [r for r in layer_rows if r.get("sparse_faster") is False]
         measured = [r for r in layer_rows if r.get("sparse_faster") is not None]
         lines += [""]
@@ -799,8 +866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         iteration=not args.no_iteration,
         small=base.small,
     )
-    rows, meta = run(cfg, device)
-    write(rows, meta, args.out)
+    with terminate_gracefully():
+        rows, meta = run(cfg, device, args.out)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

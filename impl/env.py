@@ -4,7 +4,10 @@
 ``format_env(info)`` renders it as a two-column table (``pdtbench env``). Nothing here
 touches the GPU at import; ``collect()`` reads the GPU through NVML (no CUDA context) and
 never raises: a field it cannot fill is None, with the reason in ``nvml_error`` (GPU) or
-left as None (versions of packages that are not installed).
+left as None (versions of packages that are not installed). Where NVML cannot be used
+(``pynvml`` not installed, or NVML failing), the GPU fields come from ``nvidia-smi`` and
+then from ``torch.cuda`` (which creates a CUDA context, so only when torch sees a GPU);
+``gpu_source`` says which one filled them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO_ROOT", "collect", "format_env", "git_state", "gpu_info", "python_executable"]
+__all__ = [
+    "REPO_ROOT",
+    "collect",
+    "format_env",
+    "git_state",
+    "gpu_info",
+    "gpu_info_nvidia_smi",
+    "gpu_info_torch",
+    "python_executable",
+]
 
 #: The checkout this package was imported from (its parent of ``impl/``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,16 +119,122 @@ def _decode(value: Any) -> Any:
 
 
 def gpu_info() -> dict[str, Any]:
-    """GPU fields of ``collect()`` read through NVML, for the first visible GPU.
+    """GPU fields of ``collect()`` for the first visible GPU: NVML, else nvidia-smi, else torch.
 
     Keys: ``gpu_name``, ``gpu_driver``, ``gpu_memory_mib`` (total, MiB),
     ``gpu_sm_clock_mhz`` / ``gpu_mem_clock_mhz`` (current clocks, MHz),
     ``gpu_sm_clock_max_mhz`` / ``gpu_mem_clock_max_mhz`` (maximum clocks, MHz),
-    ``gpu_power_limit_w`` (enforced power limit, W), ``gpu_count`` (all GPUs NVML sees),
-    ``gpus`` (a name per GPU) and ``nvml_error`` (None, or why the fields are None).
+    ``gpu_power_limit_w`` (enforced power limit, W), ``gpu_count`` (all GPUs seen),
+    ``gpus`` (a name per GPU), ``nvml_error`` (None, or why NVML could not be used) and
+    ``gpu_source`` (``"nvml"``, ``"nvidia-smi"``, ``"torch"`` or None when no GPU was found).
+    When NVML fails, :func:`gpu_info_nvidia_smi` and then :func:`gpu_info_torch` fill what
+    they can (torch knows no clocks, power limit or driver version: those stay None).
     """
+    info = _gpu_info_nvml()
+    if info["gpu_name"] is not None:
+        info["gpu_source"] = "nvml"
+        return info
+    for source, fallback in (("nvidia-smi", gpu_info_nvidia_smi), ("torch", gpu_info_torch)):
+        try:
+            found = fallback()
+        except Exception:  # metadata must never break a run
+            found = None
+        if found and found.get("gpu_name"):
+            for key, value in found.items():
+                if value is not None or key not in info:
+                    info[key] = value
+            info["gpu_source"] = source
+            return info
+    return info
+
+
+def _to_number(text: str, kind: type) -> Any:
+    text = text.strip()
+    try:
+        return kind(float(text))
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+#: The nvidia-smi query of :func:`gpu_info_nvidia_smi`, in the order of its columns.
+_SMI_QUERY = (
+    "name",
+    "driver_version",
+    "memory.total",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+)
+
+
+def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
+    """GPU fields read from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``.
+
+    The first visible GPU (``CUDA_VISIBLE_DEVICES``' first entry, an index or a UUID) gives
+    the fields; ``gpu_count`` and ``gpus`` list every GPU nvidia-smi sees. Memory in MiB,
+    clocks in MHz, power in W. None when nvidia-smi is missing, fails or lists no GPU.
+    """
+    base = ["nvidia-smi", f"--query-gpu={','.join(_SMI_QUERY)}", "--format=csv,noheader,nounits"]
+
+    def query(*extra: str) -> list[list[str]] | None:
+        try:
+            out = subprocess.run(
+                [*base, *extra], capture_output=True, text=True, timeout=timeout_s, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines()]
+        return [r for r in rows if len(r) == len(_SMI_QUERY)] or None
+
+    every = query()
+    if not every:
+        return None
+    chosen = query("-i", _visible_gpu_selector()) or every
+    row = dict(zip(_SMI_QUERY, chosen[0]))
+    return {
+        "gpu_name": row["name"] or None,
+        "gpu_driver": row["driver_version"] or None,
+        "gpu_memory_mib": _to_number(row["memory.total"], int),
+        "gpu_sm_clock_mhz": _to_number(row["clocks.sm"], int),
+        "gpu_mem_clock_mhz": _to_number(row["clocks.mem"], int),
+        "gpu_sm_clock_max_mhz": _to_number(row["clocks.max.sm"], int),
+        "gpu_mem_clock_max_mhz": _to_number(row["clocks.max.mem"], int),
+        "gpu_power_limit_w": _to_number(row["power.limit"], float),
+        "gpu_count": len(every),
+        "gpus": [r[0] for r in every],
+    }
+
+
+def gpu_info_torch() -> dict[str, Any] | None:
+    """GPU fields from ``torch.cuda`` (name, total memory in MiB, count) for the current device.
+
+    Only where ``torch.cuda.is_available()``: reading the properties creates a CUDA context.
+    Also ``gpu_cuda_runtime`` (``torch.version.cuda``). None without a usable GPU.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "gpu_name": torch.cuda.get_device_name(index),
+        "gpu_memory_mib": int(props.total_memory) // 2**20,
+        "gpu_count": count,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(count)],
+        "gpu_cuda_runtime": torch.version.cuda,
+    }
+
+
+def _gpu_info_nvml() -> dict[str, Any]:
+    """The GPU fields read through NVML (``pynvml``); None fields and ``nvml_error`` if not."""
     info: dict[str, Any] = dict.fromkeys(_GPU_FIELDS)
-    info.update(gpu_count=None, gpus=None, nvml_error=None)
+    info.update(gpu_count=None, gpus=None, nvml_error=None, gpu_source=None)
     try:
         import pynvml
     except ImportError as exc:

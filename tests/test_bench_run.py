@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +91,150 @@ def test_summary_shows_peak_memory_where_rows_have_it():
     assert "| case | impl | median_ms | peak_memory_mib |" in text and "| 1.23e+03 |" in text
     cpu_rows = [{k: v for k, v in r.items() if k != "peak_memory_mib"} for r in rows]
     assert "peak_memory_mib" not in run.summary(cpu_rows, meta)
+
+
+# -- a run cut by its time limit keeps what it measured -----------------------------------------
+
+
+def _run_and_cut(cmd: list[str], out: Path, min_rows: int, env_extra: dict[str, str]):
+    """Start ``cmd``, wait until ``out/rows.partial.jsonl`` holds ``min_rows`` rows, SIGTERM it.
+
+    Returns (exit status, rows in the partial file when the process ended)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **env_extra)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    partial = out / run.PARTIAL_NAME
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if partial.exists() and len(partial.read_text().splitlines()) >= min_rows:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be cut"
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = partial.read_text().splitlines()
+    return proc.returncode, [json.loads(ln) for ln in lines], text
+
+
+@pytest.mark.slow
+def test_bench_run_cut_by_sigterm_keeps_its_rows(tmp_path):
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
+    rc, partial, text = _run_and_cut(cmd, out, 5, {})
+    assert rc == 143, text[-2000:]  # 128 + SIGTERM, after the files were written
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["complete"] is False
+    cut = payload["cut_at"]
+    assert cut["reason"].startswith("SIGTERM") and cut["rows"] == len(payload["rows"])
+    assert len(payload["rows"]) >= 5 and len(partial) == len(payload["rows"])
+    assert [r["impl"] for r in partial] == [r["impl"] for r in payload["rows"]]
+    assert payload["rows"][0]["suite"] == "calibration"
+    assert len(payload["rows"]) < sum(len(cases.pairs(s, "smoke")) for s in cases.SUITES)
+    with open(out / "rows.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == len(payload["rows"])
+    assert "**Incomplete**" in (out / "summary.md").read_text()
+    assert "complete: false" in text
+
+
+@pytest.mark.slow
+def test_sdgp_semi_cut_by_sigterm_keeps_its_rows(tmp_path):
+    out = tmp_path / "semi"
+    cmd = [sys.executable, "-m", "bench.sdgp_semi", "--out", str(out), "--device", "cpu"]
+    rc, partial, text = _run_and_cut(cmd, out, 3, {"PDTBENCH_BENCH_SMALL": "1"})
+    assert rc == 143, text[-2000:]
+    payload = json.loads((out / "rows.json").read_text())
+    meta = payload["meta"]
+    assert meta["complete"] is False and meta["cut_at"]["reason"].startswith("SIGTERM")
+    assert meta["cut_at"]["model"] in ("resnet18", "resnet50")
+    assert len(payload["rows"]) == len(partial) >= 3
+    assert "**Incomplete**" in (out / "summary.md").read_text()
+
+
+def test_complete_run_is_marked_complete_and_drops_the_partial_file(tmp_path):
+    out = tmp_path / "done"
+    rows = run.run("smoke", out, ["calibration"])
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["complete"] is True and payload["cut_at"] is None
+    assert len(payload["rows"]) == len(rows) == len(cases.pairs("calibration", "smoke"))
+    assert not (out / run.PARTIAL_NAME).exists()
+    assert "Incomplete" not in (out / "summary.md").read_text()
+
+
+def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
+    real = cases.run_pair
+    calls = []
+
+    def flaky(case, impl, scale=None):
+        calls.append(case.suite)
+        if case.suite == "nm_prune":
+            raise KeyboardInterrupt
+        return real(case, impl, scale)
+
+    monkeypatch.setattr(cases, "run_pair", flaky)
+    out = tmp_path / "err"
+    with pytest.raises(KeyboardInterrupt):
+        run.run("smoke", out, ["calibration", "nm_prune"])
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["complete"] is False
+    assert payload["cut_at"]["pair"].startswith("nm_prune/")
+    assert payload["cut_at"]["reason"] == "interrupted (SIGINT)"
+    assert {r["suite"] for r in payload["rows"]} == {"calibration"}
+    assert (out / run.PARTIAL_NAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (run.Cut(143), "SIGTERM (the step's time limit)"),
+        (KeyboardInterrupt(), "interrupted (SIGINT)"),
+        (SystemExit(3), "SystemExit(3)"),
+        (ValueError("bad"), "ValueError: bad"),
+        (None, "unknown"),
+    ],
+    ids=["sigterm", "sigint", "exit", "error", "none"],
+)
+def test_cut_reason(exc, expected):
+    assert run.cut_reason(exc) == expected
+
+
+def test_terminate_gracefully_turns_sigterm_into_systemexit_and_restores():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info, run.terminate_gracefully():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs at the next bytecode
+    assert info.value.code == 143 and isinstance(info.value, run.Cut)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with run.ignoring_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_case_names_select_and_order_pairs():
+    names = ["resnet50-imagenet224-b64", "resnet18-cifar32-b128", "no-such-case"]
+    got = cases.select_pairs("iteration", "gpu", case_names=names)
+    assert [c.name for c, _ in got][:: len(cases.implementations("iteration", "gpu"))] == names[:2]
+    assert len(got) == 2 * len(cases.implementations("iteration", "gpu"))
+    calib = cases.select_pairs("calibration", "gpu", case_names=names, match="zzz")
+    assert len(calib) == len(cases.pairs("calibration", "gpu"))  # never filtered
+    odd = cases.select_pairs("csr", "smoke", match="37x13x3x3-s95")
+    assert odd and all(c.name == "37x13x3x3-s95" for c, _ in odd)
+
+
+@pytest.mark.parametrize(
+    ("prov", "cpu_only"),
+    [
+        ({"gpu_name": None, "gpu_available": True}, False),
+        ({"gpu_name": "NVIDIA H100", "gpu_available": False}, True),
+        ({"gpu_name": "NVIDIA H100"}, False),
+        ({"gpu_name": None}, True),
+    ],
+    ids=["unnamed-gpu", "named-but-unusable", "old-rows-named", "old-rows-none"],
+)
+def test_summary_says_cpu_only_from_torch_not_the_gpu_name(prov, cpu_only):
+    meta = {"scale": "gpu", "suites": [], "provenance": prov}
+    assert ("**CPU only**" in run.summary([], meta)) is cpu_only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -100,8 +101,14 @@ def test_git_state_dirty_flag(tmp_path: Path) -> None:
     assert env.git_state(tmp_path) == (commit, True)
 
 
+def _no_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda: None)
+    monkeypatch.setattr(env, "gpu_info_torch", lambda: None)
+
+
 def test_nvml_missing_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    _no_fallbacks(monkeypatch)
     info = env.collect()
     assert info["gpu_name"] is None and info["gpu_sm_clock_mhz"] is None
     assert "pynvml" in info["nvml_error"]
@@ -116,8 +123,10 @@ def test_nvml_init_failure_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fake.nvmlInit = boom
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _no_fallbacks(monkeypatch)
     info = env.gpu_info()
     assert info["gpu_name"] is None and "driver not loaded" in info["nvml_error"]
+    assert info["gpu_source"] is None
 
 
 def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,6 +155,7 @@ def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (info["gpu_sm_clock_mhz"], info["gpu_mem_clock_mhz"]) == (1755, 2619)
     assert info["gpu_sm_clock_max_mhz"] == 1980
     assert info["gpu_power_limit_w"] is None and info["nvml_error"] is None
+    assert info["gpu_source"] == "nvml"
 
 
 def test_format_env_mentions_versions() -> None:
@@ -176,3 +186,101 @@ def test_python_executable_is_relative_inside_the_checkout(tmp_path, monkeypatch
     outside = tmp_path / "elsewhere"
     assert env.python_executable(outside) == str(tmp_path / ".venv" / "bin" / "python")
     assert env.collect()["python_executable"] == env.python_executable()
+
+
+# -- without NVML: nvidia-smi, then torch.cuda ---------------------------------------------------
+
+
+def _fake_torch_cuda(monkeypatch: pytest.MonkeyPatch, names: list[str], total: int) -> None:
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: names[i])
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i=0: types.SimpleNamespace(total_memory=total)
+    )
+
+
+def test_torch_fills_the_gpu_fields_when_nvml_and_nvidia_smi_fail(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda: None)
+    _fake_torch_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"], 81559 * 2**20 + 123)
+    info = env.gpu_info()
+    assert info["gpu_name"] == "NVIDIA H100 80GB HBM3" and info["gpu_source"] == "torch"
+    assert info["gpu_memory_mib"] == 81559 and info["gpu_count"] == 1
+    assert info["gpus"] == ["NVIDIA H100 80GB HBM3"] and info["gpu_cuda_runtime"] == "13.0"
+    assert info["gpu_sm_clock_mhz"] is None and info["gpu_driver"] is None  # torch has none
+    assert "pynvml" in info["nvml_error"]  # why NVML was not used stays on record
+
+
+def test_torch_fallback_is_none_without_a_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert env.gpu_info_torch() is None
+
+
+def test_a_failing_fallback_never_raises(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+
+    def boom():
+        raise RuntimeError("CUDA driver too old")
+
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", boom)
+    monkeypatch.setattr(env, "gpu_info_torch", boom)
+    info = env.gpu_info()
+    assert info["gpu_name"] is None and info["gpu_source"] is None
+
+
+SMI_ROWS = (
+    "NVIDIA H100 80GB HBM3, 580.65.06, 81559, 1980, 2619, 1980, 2619, 700.00\n"
+    "NVIDIA H200, 580.65.06, 143771, [N/A], 3201, 1980, 3201, [Not Supported]\n"
+)
+
+
+def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """An nvidia-smi on PATH that logs its arguments and runs ``body``."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "args.log"
+    smi = bindir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{body}\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return log
+
+
+def test_nvidia_smi_fills_the_gpu_fields_of_the_visible_gpu(tmp_path, monkeypatch) -> None:
+    rows = tmp_path / "rows.csv"
+    rows.write_text(SMI_ROWS)
+    body = f'case "$*" in *"-i 1"*) sed -n 2p {rows} ;; *) cat {rows} ;; esac'
+    log = _fake_smi(tmp_path, monkeypatch, body)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    info = env.gpu_info()
+    assert info["gpu_source"] == "nvidia-smi" and info["gpu_name"] == "NVIDIA H200"
+    assert info["gpu_driver"] == "580.65.06" and info["gpu_memory_mib"] == 143771
+    assert info["gpu_sm_clock_mhz"] is None and info["gpu_mem_clock_mhz"] == 3201
+    assert info["gpu_power_limit_w"] is None and info["gpu_count"] == 2
+    assert info["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert "--format=csv,noheader,nounits" in log.read_text()
+
+
+def test_nvidia_smi_without_a_gpu_gives_none(tmp_path, monkeypatch) -> None:
+    _fake_smi(tmp_path, monkeypatch, "echo 'No devices were found'; exit 6")
+    assert env.gpu_info_nvidia_smi() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi at all
+    assert env.gpu_info_nvidia_smi() is None
+
+
+def test_bench_sees_a_gpu_through_torch_not_nvml(monkeypatch) -> None:
+    from bench import cases
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    _fake_torch_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"], 80 * 2**30)
+    cases._gpu_visible.cache_clear()
+    monkeypatch.delenv("PDTBENCH_BENCH_SCALE", raising=False)
+    monkeypatch.delenv("PDTBENCH_BENCH_SMALL", raising=False)
+    try:
+        assert cases._gpu_visible() is True and cases.resolve_scale() == "gpu"
+    finally:
+        cases._gpu_visible.cache_clear()

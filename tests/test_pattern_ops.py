@@ -570,3 +570,19 @@ def test_cuda_path_reads_no_index_contents(monkeypatch):
         pattern_cuda.pattern_spmm_cuda(
             torch.ones(2), torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.randn(3, 4)
         )
+
+
+def test_the_on_a_cpu_examples_of_docs_kernels_run(capsys):
+    """Every ``python`` block of docs/kernels.md's "On a CPU" section runs as printed."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()
+    section = text.split("## On a CPU\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 4  # pattern_csr + pattern_spmm, conv, nm_prune, pack/unpack
+    for number, code in enumerate(blocks, 1):
+        exec(compile(code, f"docs/kernels.md (On a CPU, block {number})", "exec"), {})
+    assert "col_ind must lie in [0, 7) (the matrix's width); col_ind[0] = 7" in (
+        capsys.readouterr().out
+    )

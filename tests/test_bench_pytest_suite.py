@@ -1,0 +1,52 @@
+"""The pytest-benchmark suite keeps deterministic byte counts out of its timing table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(None, None), ("out/pytest-benchmark.json", "out/pytest-benchmark-allreduce-bytes.json"),
+     (Path("/tmp/x/pb.json"), "/tmp/x/pb-allreduce-bytes.json")],
+    ids=["no-json", "relative-str", "absolute-path"],
+)  # fmt: skip
+def test_byte_counts_go_beside_the_benchmark_json(given, expected):
+    spec = importlib.util.spec_from_file_location(
+        "bench_suite_conftest", ROOT / "bench" / "pytest_suite" / "conftest.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module.byte_counts_path(given)
+    assert (None if got is None else str(got)) == expected
+
+
+@pytest.mark.slow
+def test_allreduce_bytes_are_counted_apart_from_the_timings(tmp_path):
+    out = tmp_path / "pytest-benchmark.json"
+    env = {**os.environ, "PDTBENCH_BENCH_SMALL": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         "bench/pytest_suite/test_allreduce_bench.py", "-k", "dense or clicktrain",
+         "--benchmark-only", "--benchmark-json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 passed" in proc.stdout  # run, not skipped as non-benchmarks, under --benchmark-only
+    assert "Allreduce bytes per iteration (counted, not timed)" in proc.stdout
+    saved = json.loads((tmp_path / "pytest-benchmark-allreduce-bytes.json").read_text())
+    rows = {r["impl"]: r for r in saved["rows"]}
+    assert set(rows) == {"dense@cpu", "clicktrain@cpu"}
+    assert rows["dense@cpu"]["payload_bytes"] == rows["dense@cpu"]["dense_bytes"] > 0
+    assert 0 < rows["clicktrain@cpu"]["payload_bytes"] < rows["dense@cpu"]["payload_bytes"]
+    timed = json.loads(out.read_text())["benchmarks"] if out.exists() else []
+    assert not any("allreduce" in b["name"] for b in timed)  # no byte count as a timing

@@ -40,6 +40,9 @@ Derived figures and their formulas (next to each benchmark, as a row's columns):
   ``frac_peak_measured = tflops / calibration GEMM``; ``frac_bw_spec``, ``frac_bw_measured``
   the same for ``gbps``; ``speedup_vs_<impl> = median_ms(<impl>) / median_ms`` for every
   baseline of the same case on the same device.
+* GPU kernel rows also carry ``host_ms`` (host wall time per call), ``amortized_ms``
+  (per-call time of back-to-back calls) and ``host_bound`` (:func:`bench.measure.host_bound`):
+  a host-bound row times launch overhead, not the kernel.
 """
 
 from __future__ import annotations
@@ -1286,6 +1289,8 @@ def fill_row(
                 n_runs=t.n,
                 clock=t.clock,
             )
+            if t.host_bound is not None:  # GPU timings: see bench.measure.host_bound
+                row.update(host_ms=t.host_ms, amortized_ms=t.amortized_ms, host_bound=t.host_bound)
         else:
             for phase, t in timings.items():
                 row[f"{phase}_ms"] = t.median_ms

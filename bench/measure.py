@@ -7,6 +7,16 @@ current stream, read after one final synchronisation; the result is the median. 
 receives its index ``i``; a benchmark rotates through ``n_sets`` copies of its inputs with
 it, so that repeated calls do not find their operands in L2 (50 MB on an H100).
 
+Host-bound calls: an event pair around one call measures from the moment the GPU passes the
+start event to the moment it passes the end event; when the host needs longer to issue the
+call (Python, dispatch, a CuPy launch: tens of microseconds) than the GPU needs to run it,
+the GPU idles in between and the events time the host. :func:`cuda_timing` therefore also
+records the host's wall time per call (``host_ms``) and, after a sleep kernel that keeps the
+GPU busy while the host queues ``amortize`` calls, the per-call mean of those back-to-back
+calls between one pair of events (``amortized_ms``: device time without launch gaps); and
+:func:`host_bound` flags a timing whose events may be host time. A host-bound row compares
+launch overheads, not kernels.
+
 CPU (:func:`cpu_timing`): ``warmup`` untimed calls, then ``repeats`` calls each bracketed by
 ``time.perf_counter``; the median.
 
@@ -34,6 +44,16 @@ ROTATE_BYTES_CUDA = 128 * 2**20
 #: The same on the CPU (over a typical last-level cache).
 ROTATE_BYTES_CPU = 64 * 2**20
 MAX_SETS = 8
+#: A GPU call whose event median is below this (ms) is flagged host-bound (:func:`host_bound`).
+HOST_BOUND_DEVICE_MS = 0.020
+#: ... or whose host time per call is at least this fraction of its event median ...
+HOST_BOUND_HOST_FRACTION = 0.5
+#: ... or whose event median exceeds its amortised per-call time by this factor.
+HOST_BOUND_AMORTIZED_RATIO = 1.5
+#: Clock cycles per millisecond assumed to size the sleep kernel (2 GHz: no GPU clocks faster,
+#: so the sleep lasts at least as long as asked).
+_SLEEP_CYCLES_PER_MS = 2_000_000
+_MAX_SLEEP_MS = 50.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,10 @@ class Timing:
         min_ms: fastest call.
         n: timed calls.
         clock: ``"cuda-events"`` or ``"perf_counter"``.
+        host_ms: host wall time per timed call (GPU only; None on the CPU).
+        amortized_ms: per-call mean of back-to-back calls between one pair of events, the
+            GPU kept busy while they were queued (GPU only; None where not measured).
+        host_bound: :func:`host_bound` of the above (GPU only; None on the CPU).
     """
 
     median_ms: float
@@ -54,10 +78,31 @@ class Timing:
     min_ms: float
     n: int
     clock: str
+    host_ms: float | None = None
+    amortized_ms: float | None = None
+    host_bound: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict."""
         return asdict(self)
+
+
+def host_bound(event_ms: float, host_ms: float | None, amortized_ms: float | None = None) -> bool:
+    """Whether a GPU timing of ``event_ms`` per call (event median) may measure the host.
+
+    True when ``event_ms < HOST_BOUND_DEVICE_MS`` (20 us: launch overhead is of that order),
+    when the host's wall time per call ``host_ms`` is at least ``HOST_BOUND_HOST_FRACTION``
+    of ``event_ms`` (the host barely keeps ahead of the GPU, so the events include launch
+    gaps) or when ``event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms`` (back-to-back
+    calls run faster than one call timed alone). All times in milliseconds.
+    """
+    if event_ms < HOST_BOUND_DEVICE_MS:
+        return True
+    if host_ms is not None and host_ms >= HOST_BOUND_HOST_FRACTION * event_ms:
+        return True
+    if amortized_ms is not None and amortized_ms > 0:
+        return event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms
+    return False
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -140,6 +185,15 @@ def cpu_timing(fn: Callable[[int], Any], *, warmup: int = 1, repeats: int = 5) -
     return summarize(times, "perf_counter")
 
 
+def _sleep_kernel(ms: float) -> bool:
+    """Keep the current stream busy for about ``ms`` (torch's spin kernel); False if absent."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return False
+    sleep(int(min(ms, _MAX_SLEEP_MS) * _SLEEP_CYCLES_PER_MS))
+    return True
+
+
 def cuda_timing(
     fn: Callable[[int], Any],
     *,
@@ -147,10 +201,18 @@ def cuda_timing(
     rep_ms: float = 100.0,
     min_reps: int = 5,
     max_reps: int = 1000,
+    amortize: int = 20,
 ) -> Timing:
-    """do_bench-style median of ``fn(i)`` on the current CUDA stream (see the module docstring)."""
+    """do_bench-style median of ``fn(i)`` on the current CUDA stream (see the module docstring).
+
+    Also the host's wall time per timed call and, when ``amortize > 0``, the per-call mean
+    of ``amortize`` back-to-back calls between one pair of events queued behind a sleep
+    kernel (``amortized_ms``), and the :func:`host_bound` flag.
+    """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps; got {min_reps}, {max_reps}")
+    if amortize < 0:
+        raise ValueError(f"need amortize >= 0; got {amortize}")
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -167,12 +229,33 @@ def cuda_timing(
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     offset = n_est + n_warm
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     for k in range(n_rep):
         starts[k].record()
         fn(offset + k)
         ends[k].record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / n_rep
     torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)], "cuda-events")
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    amortized = None
+    if amortize > 0 and _sleep_kernel(1.5 * amortize * host_ms + 0.1):
+        offset += n_rep
+        start.record()
+        for k in range(amortize):
+            fn(offset + k)
+        end.record()
+        torch.cuda.synchronize()
+        amortized = start.elapsed_time(end) / amortize
+    t = summarize(times, "cuda-events")
+    return Timing(
+        **{
+            **t.to_dict(),
+            "host_ms": host_ms,
+            "amortized_ms": amortized,
+            "host_bound": host_bound(t.median_ms, host_ms, amortized),
+        }
+    )
 
 
 def phase_timing(

@@ -106,3 +106,173 @@ def test_cuda_timing_on_a_gpu():
     x = torch.randn(1024, 1024, device="cuda")
     t = measure.cuda_timing(lambda i: x @ x, warmup_ms=2, rep_ms=5)
     assert t.clock == "cuda-events" and t.n >= 5 and t.median_ms > 0
+
+
+# -- host-bound GPU timings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event_ms", "host_ms", "amortized_ms", "expected"),
+    [
+        (0.003, 0.001, None, True),  # a 3-us gather: under 20 us, whatever the host does
+        (0.019, None, None, True),
+        (0.021, 0.005, None, False),  # just over 20 us, host far ahead
+        (0.060, 0.050, None, True),  # host time comparable to the event time: launch gaps
+        (1.000, 0.050, None, False),  # a 1-ms kernel, 50 us of host time: device-bound
+        (1.000, 0.050, 0.400, True),  # back-to-back calls 2.5x faster than one alone
+        (1.000, 0.050, 0.700, False),  # 1.43x: within the ratio
+        (2.000, 5.000, None, True),  # the brief's case: wall time far above event time
+    ],
+    ids=["3us", "19us", "21us", "host-near", "device", "amortized-fast", "amortized-near", "wall"],
+)
+def test_host_bound_flags_timings_that_may_be_host_time(event_ms, host_ms, amortized_ms, expected):
+    assert measure.host_bound(event_ms, host_ms, amortized_ms) is expected
+
+
+class _FakeEvent:
+    """A CUDA event stand-in on the CPU clock (what a host-bound GPU timing reduces to)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def test_cuda_timing_records_host_and_amortized_time(monkeypatch):
+    slept = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        time.sleep(0.0005)
+
+    t = measure.cuda_timing(fn, warmup_ms=1, rep_ms=5, min_reps=3, amortize=4)
+    assert t.clock == "cuda-events" and t.n >= 3
+    assert calls == list(range(len(calls)))  # indices keep rotating through the inputs
+    assert len(calls) > 3 + t.n + 4  # estimate, warm-up, timed and amortised calls
+    assert t.host_ms is not None and t.host_ms >= 0.4
+    assert t.amortized_ms is not None and t.amortized_ms >= 0.4
+    assert len(slept) == 1 and slept[0] >= int(1.5 * 4 * t.host_ms * 2_000_000) - 1
+    assert t.host_bound is True  # the events timed the host: host time ~ event time
+    assert measure.Timing(**t.to_dict()) == t
+
+
+def test_cuda_timing_without_a_sleep_kernel_skips_the_amortized_batch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.delattr(torch.cuda, "_sleep", raising=False)
+    t = measure.cuda_timing(lambda i: None, warmup_ms=0.1, rep_ms=0.5, min_reps=2, max_reps=7)
+    assert t.amortized_ms is None and t.host_bound is True and 2 <= t.n <= 7
+    with pytest.raises(ValueError, match="amortize"):
+        measure.cuda_timing(lambda i: None, amortize=-1)
+
+
+def test_cpu_timing_is_unchanged_by_the_gpu_fields():
+    t = measure.cpu_timing(lambda i: None, warmup=0, repeats=2)
+    assert (t.host_ms, t.amortized_ms, t.host_bound) == (None, None, None)
+
+
+def test_fill_row_adds_host_columns_only_for_gpu_timings():
+    from bench import cases
+
+    case, impl = cases.find("calibration", "gemm-256", "torch_mm@cpu", "smoke")
+    prepared = cases.Prepared([("op", lambda i: None)], torch.device("cpu"), flops=1.0)
+    cpu = measure.summarize([1.0, 2.0], "perf_counter")
+    row = cases.fill_row({}, prepared, {"op": cpu}, impl)
+    assert "host_bound" not in row and "amortized_ms" not in row
+    gpu = measure.Timing(0.003, 0.003, 0.004, 0.002, 50, "cuda-events", 0.05, 0.002, True)
+    row = cases.fill_row({}, prepared, {"op": gpu}, impl)
+    assert (row["host_bound"], row["host_ms"], row["amortized_ms"]) == (True, 0.05, 0.002)
+
+
+# -- the kernel loader's launch-path caches ------------------------------------------------------
+
+
+class _FakeModule:
+    def __init__(self):
+        self.lookups = []
+
+    def get_function(self, name):
+        self.lookups.append(name)
+        return f"kernel:{name}"
+
+
+def test_loader_looks_up_each_kernel_function_once(monkeypatch):
+    from impl.cuda import loader
+
+    loader.clear_caches()
+    module = _FakeModule()
+    monkeypatch.setattr(loader, "_environment_error", lambda: None)
+    monkeypatch.setitem(loader._loaded, ("pattern.cu", 0), module)
+    try:
+        for _ in range(5):
+            assert loader.get_function("pattern.cu", "pdt_csr_gather_f32", 0) == (
+                "kernel:pdt_csr_gather_f32"
+            )
+        loader.get_function("pattern.cu", "pdt_csr_scatter_f32", 0)
+        assert module.lookups == ["pdt_csr_gather_f32", "pdt_csr_scatter_f32"]
+    finally:
+        loader.clear_caches()
+    assert loader._functions == {} and loader._loaded == {}
+
+
+def test_loader_reuses_the_stream_wrapper(monkeypatch):
+    import sys
+    import types
+
+    from impl.cuda import loader
+
+    made = []
+    fake_cupy = types.ModuleType("cupy")
+    fake_cupy.cuda = types.SimpleNamespace(
+        ExternalStream=lambda handle, index: made.append((handle, index)) or (handle, index)
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    handles = iter([111, 111, 222])
+    monkeypatch.setattr(
+        torch.cuda,
+        "current_stream",
+        lambda index=None: types.SimpleNamespace(cuda_stream=next(handles)),
+    )
+    loader.clear_caches()
+    try:
+        assert loader.torch_stream(0) == (111, 0) and loader.torch_stream(0) == (111, 0)
+        assert loader.torch_stream(0) == (222, 0)  # another torch stream: another wrapper
+        assert made == [(111, 0), (222, 0)]
+    finally:
+        loader.clear_caches()
+
+
+class _CudaLooking(torch.Tensor):
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_kernel_args_pass_pointers_and_exact_scalars():
+    import numpy as np
+
+    from impl.cuda import loader
+
+    t = torch.arange(5.0)
+    fake = torch.Tensor._make_subclass(_CudaLooking, t)
+    args = loader.kernel_args([fake, None, np.int32(7), np.float64(0.5)], 0, "k")
+    assert args == (np.uint64(t.data_ptr()), np.uint64(0), np.int32(7), np.float64(0.5))
+    assert all(isinstance(a, np.generic) for a in args)
+    with pytest.raises(ValueError, match="expected cuda:1"):
+        loader.kernel_args([fake], 1, "k")
+    with pytest.raises(ValueError, match="tensor on cpu"):
+        loader.kernel_args([t], 0, "k")
+    with pytest.raises(TypeError, match="exact types"):
+        loader.kernel_args([3], 0, "k")

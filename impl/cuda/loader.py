@@ -6,8 +6,12 @@ CuPy also keeps the compiled binary on disk (``~/.cupy/kernel_cache``), keyed by
 text, the options and the architecture. Local headers (``#include "x.cuh"``) are pasted into
 each source before compilation, so the hash (ours and CuPy's) covers them.
 
-Torch tensors cross into CuPy by DLPack (zero copy) while CuPy's current stream is torch's
-current stream, so kernels run in torch's stream order and DLPack needs no synchronisation.
+A launch passes each torch tensor as its device pointer (``data_ptr()``, a 64-bit value: no
+DLPack export per call) while CuPy's current stream is torch's current stream, so kernels run
+in torch's stream order. The launch path caches what it looks up (the kernel function per
+source, name and device; the stream wrapper per torch stream; the environment check), so a
+repeated call pays only the launch itself. :func:`as_cupy` (DLPack, zero copy) remains for
+code that wants CuPy arrays.
 
 Nothing here touches the GPU, or imports CuPy, at import time. A failure to load (no GPU,
 no CuPy, a compile error) is logged once and kept: :func:`has_cuda_kernels` then returns
@@ -127,10 +131,32 @@ _modules: dict[tuple[str, str, int, tuple[int, int]], Any] = {}  # by source has
 _loaded: dict[tuple[str, int], Any] = {}  # (source, device index) -> module: the fast path
 _errors: dict[tuple[str, int], str] = {}  # (source, device index) -> why it failed
 _last_error: str | None = None
+# The launch path's caches: a kernel call must not look up its module, function or stream
+# again (each lookup is host time that per-call CUDA events would count as kernel time).
+# (source, kernel name, device index) -> RawKernel of the module loaded with compile_options()
+_functions: dict[tuple[str, str, int], Any] = {}
+_streams: dict[tuple[int, int], Any] = {}  # (device index, cudaStream_t) -> ExternalStream
+_environment_ok = False  # a GPU and CuPy were found once: that does not change in a process
+
+
+def clear_caches() -> None:
+    """Forget loaded modules, kernel functions, streams and recorded failures (tests use it)."""
+    global _last_error, _environment_ok
+    with _lock:
+        _modules.clear()
+        _loaded.clear()
+        _errors.clear()
+        _functions.clear()
+        _streams.clear()
+        _last_error = None
+        _environment_ok = False
 
 
 def _environment_error() -> str | None:
-    """Why no kernel can load in this process, or ``None``."""
+    """Why no kernel can load in this process, or ``None`` (checked once when it is None)."""
+    global _environment_ok
+    if _environment_ok:
+        return None
     if not torch.cuda.is_available():
         return (
             "no CUDA GPU: torch.cuda.is_available() is False "
@@ -140,6 +166,7 @@ def _environment_error() -> str | None:
         import cupy  # noqa: F401
     except Exception as err:  # ImportError, or a CuPy that fails to initialise
         return f"CuPy could not be imported ({type(err).__name__}: {err}); pip install cupy-cuda13x"
+    _environment_ok = True
     return None
 
 
@@ -231,8 +258,18 @@ def cuda_kernels_error() -> str | None:
 
 
 def get_function(source: str, name: str, device: torch.device | int | None = None) -> Any:
-    """The CuPy ``RawKernel`` ``name`` of ``source`` on ``device``."""
-    return load(source, device).get_function(name)
+    """The CuPy ``RawKernel`` ``name`` of ``source`` on ``device``, looked up once.
+
+    Cached per (source, name, device index); the module behind it is the one compiled with
+    :func:`compile_options` (fixed for the process), so the key names the options too.
+    """
+    index = _device_index(device)
+    key = (source, name, index)
+    kernel = _functions.get(key)
+    if kernel is None:
+        kernel = load(source, index).get_function(name)
+        _functions[key] = kernel
+    return kernel
 
 
 # -- launching --------------------------------------------------------------------------------
@@ -258,8 +295,11 @@ def torch_stream(device: torch.device | int | None = None) -> Any:
     import cupy
 
     index = _device_index(device)
-    stream = torch.cuda.current_stream(index)
-    return cupy.cuda.ExternalStream(stream.cuda_stream, index)
+    handle = torch.cuda.current_stream(index).cuda_stream
+    stream = _streams.get((index, handle))
+    if stream is None:
+        stream = _streams[(index, handle)] = cupy.cuda.ExternalStream(handle, index)
+    return stream
 
 
 def launch(
@@ -273,34 +313,46 @@ def launch(
 ) -> None:
     """Launch kernel ``name`` of ``source`` on torch's current stream of ``device``.
 
-    ``args``: torch tensors (passed by DLPack as device pointers), ``None`` (a null
-    pointer) and numpy scalars whose types match the kernel's parameters exactly
+    ``args``: torch tensors (passed as device pointers, :func:`kernel_args`), ``None`` (a
+    null pointer) and numpy scalars whose types match the kernel's parameters exactly
     (``numpy.int32`` for ``int``, ``numpy.int64`` for ``long long``, ``numpy.float64`` for
     ``double``).
     """
     import cupy
-    import numpy as np
 
     if any(g <= 0 for g in grid) or any(b <= 0 for b in block):
         raise ValueError(f"empty launch of {name}: grid {grid}, block {block}")
     index = _device_index(device)
     kernel = get_function(source, name, index)
+    cargs = kernel_args(args, index, name)
     with cupy.cuda.Device(index), torch_stream(index):
-        cargs = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if not a.is_cuda or a.device.index != index:
-                    raise ValueError(f"{name}: tensor on {a.device}, expected cuda:{index}")
-                cargs.append(as_cupy(a))
-            elif a is None:
-                cargs.append(np.uint64(0))
-            elif isinstance(a, np.generic):
-                cargs.append(a)
-            else:
-                raise TypeError(
-                    f"{name}: pass numpy scalars of the kernel's exact types, got {type(a)}"
-                )
-        kernel(grid, block, tuple(cargs), shared_mem=shared_mem)
+        kernel(grid, block, cargs, shared_mem=shared_mem)
+
+
+def kernel_args(args: Sequence[Any], index: int, name: str = "kernel") -> tuple[Any, ...]:
+    """The launch arguments of ``args`` for a kernel on GPU ``index``.
+
+    A tensor becomes its device pointer as ``numpy.uint64`` (the tensor must be on
+    ``cuda:index``: ValueError otherwise), ``None`` a null pointer, a numpy scalar itself;
+    anything else is a TypeError (Python ints and floats have no fixed C type).
+    """
+    import numpy as np
+
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda or a.device.index != index:
+                raise ValueError(f"{name}: tensor on {a.device}, expected cuda:{index}")
+            out.append(np.uint64(a.data_ptr()))
+        elif a is None:
+            out.append(np.uint64(0))
+        elif isinstance(a, np.generic):
+            out.append(a)
+        else:
+            raise TypeError(
+                f"{name}: pass numpy scalars of the kernel's exact types, got {type(a)}"
+            )
+    return tuple(out)
 
 
 def require_cuda(op: str, *tensors: torch.Tensor, sources: Sequence[str] = SOURCES) -> int:
@@ -338,11 +390,13 @@ __all__ = [
     "KERNEL_DIR",
     "SOURCES",
     "as_cupy",
+    "clear_caches",
     "compile_options",
     "cuda_kernels_error",
     "expand_source",
     "get_function",
     "has_cuda_kernels",
+    "kernel_args",
     "launch",
     "load",
     "multiprocessor_count",

@@ -386,7 +386,8 @@ def cmd_demo(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="pdtbench demo",
         description="Every table and figure of the four papers and the cross-method table at "
-        "the given scale (all five methods on digits), then the HTML report.",
+        "the given scale (the five built-in methods and any registered one, on digits), then "
+        "the HTML report.",
     )
     p.add_argument("--scale", default="cpu", choices=["smoke", "cpu"])
     p.add_argument("--out", default="reports", help="where the HTML report goes")

@@ -2,16 +2,20 @@
 # The benchmark suites at the papers' sizes on one GPU (issue: benchmarks): what
 # `make bench-gpu` makes, without .venv and split into parts that fit a device call.
 #
-#   bash scripts/gpu/bench.sh [PART ...]       # PART: rows iteration pytest asv (default: all,
-#                                              # in that order)
+#   bash scripts/gpu/bench.sh [PART ...]       # PART: iteration rows pytest asv (default: all,
+#                                              # in that order: the order of value)
 #   DRY_RUN=1 bash scripts/gpu/bench.sh        # here: the CPU steps only
 #
-# Parts (each a step under a time limit; a failure is recorded and the next part runs):
-#   rows       bench.run --scale gpu, every suite but iteration -> reports/bench/gpu/rows.{csv,json},
-#              summary.md (calibration, csr, spmm, conv, nm_prune, allreduce)
-#   iteration  bench.run --scale gpu --suite iteration -> reports/bench/gpu/iteration/
+# Parts (each a step under a time limit; a failure is recorded and the next part runs; a step
+# cut by its limit keeps the rows it measured, marked "complete": false, see bench/run.py):
+#   iteration  bench.run --scale gpu --suite iteration, the cases in $ITER_CASES' order (the
+#              CIFAR shapes first, VGG-16 at 224 px last) -> reports/bench/gpu/iteration/
+#   rows       bench.run --scale gpu, suites calibration, csr, conv -> reports/bench/gpu/rows.{csv,
+#              json}, summary.md (spmm and nm_prune: kernels.sh's kernel-bench step writes them
+#              to reports/gpu/kernel-bench/; allreduce is deterministic byte counts, measured
+#              once on the CPU: reports/bench/cpu/)
 #   pytest     pytest-benchmark on the paper-shape kernel cases ($PYTEST_K) ->
-#              reports/bench/gpu/pytest-benchmark.json
+#              reports/bench/gpu/pytest-benchmark.json (written at the end: a cut loses it)
 #   asv        asv machine + asv run --python=same --quick on $ASV_BENCH + asv publish ->
 #              reports/asv/results/<machine>/, reports/asv/html/ (needs git: the git step
 #              restores it from .gpu/repo.bundle)
@@ -19,13 +23,13 @@
 # bench-<parts>.log and bench-<parts>-steps.tsv. See docs/gpu-session.md.
 NAME=bench
 REPORT=reports/bench/gpu
-DEFAULT_BUDGET_S=450
+DEFAULT_BUDGET_S=480
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(rows iteration pytest asv)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(iteration rows pytest asv)
 for p in "${PARTS[@]}"; do
   case $p in
-    rows | iteration | pytest | asv) ;;
-    *) echo "unknown part '$p'; valid: rows iteration pytest asv" >&2; exit 2 ;;
+    iteration | rows | pytest | asv) ;;
+    *) echo "unknown part '$p'; valid: iteration rows pytest asv" >&2; exit 2 ;;
   esac
 done
 RUN_TAG="bench-$(IFS=-; echo "${PARTS[*]}")"
@@ -36,11 +40,18 @@ source "$(dirname "$0")/common.sh"
 # The pytest-benchmark selection (27 pairs): the calibration, the 90%-sparse paper shapes of
 # csr, spmm and conv (forward, forward+backward) and two N:M groupings, every implementation.
 PYTEST_K=${PYTEST_K:-"not iteration and not allreduce and (test_calibration or s90 or 2of4 or 16of32)"}
-# The asv selection (50 of the 1,760 benchmark-parameter pairs of the gpu scale): one case per
-# kernel suite with every implementation, ResNet-18 (CIFAR shape) iterations and the Allreduce
-# bytes of ResNet-18. asv forks a process per pair, each initialising CUDA: the whole grid
-# would take far longer than a device call.
-ASV_BENCH=${ASV_BENCH:-"^asv_kernels\.Calibration(Copy|Gemm)\.|^asv_kernels\.(CSRConversion|SpMM|Conv2d|NMPrune)\.(time_op|track_tflops|track_gbps)\('(paper-256x128x3x3-s90|paper-256x1152x50176-s90|paper-1x128x224x224-fwdbwd-s90|128x256x56x56-2of4)'|^asv_iteration\.Iteration\.time_iteration\('resnet18-cifar32-b128'|^asv_comm\.AllreduceBytes\.track_payload_bytes\('resnet18-cifar-c10'"}
+# The asv selection (25 of the benchmark-parameter pairs of the gpu scale): time_op of one case
+# per kernel suite with every implementation, and ResNet-18 (CIFAR shape) iterations. asv forks
+# a process per pair, each initialising CUDA (seconds each): the whole grid, or the track_*
+# twins of these pairs, would take far longer than a device call; bench.run's rows carry the
+# rates.
+ASV_BENCH=${ASV_BENCH:-"^asv_kernels\.Calibration(Copy|Gemm)\.time_op|^asv_kernels\.(CSRConversion|SpMM|Conv2d|NMPrune)\.time_op\('(paper-256x128x3x3-s90|paper-256x1152x50176-s90|paper-1x128x224x224-fwdbwd-s90|128x256x56x56-2of4)'|^asv_iteration\.Iteration\.time_iteration\('resnet18-cifar32-b128'"}
+# The iteration cases in order of value (a time limit cuts the last): every model at the CIFAR
+# shape (batch 128), then the ImageNet shape (224 px, batch 64), VGG-16's the dearest.
+ITER_CASES=${ITER_CASES:-"resnet18-cifar32-b128 resnet34-cifar32-b128 resnet50-cifar32-b128 \
+vgg16-cifar32-b128 resnet18-imagenet224-b64 resnet50-imagenet224-b64 resnet34-imagenet224-b64 \
+vgg16-imagenet224-b64"}
+ITER_ARGS=$(for c in $ITER_CASES; do printf -- '--case %s ' "$c"; done)
 export PYTEST_K ASV_BENCH
 
 run_asv() {
@@ -63,17 +74,16 @@ export -f run_asv
 common_steps
 for p in "${PARTS[@]}"; do
   case $p in
-    rows)
-      step rows gpu 270 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-        --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune \
-        --suite allreduce --out \"$DEST\"" ;;
     iteration)
-      step iteration gpu 240 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-        --suite iteration --out \"$DEST/iteration\"" ;;
+      step iteration gpu 180 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+        --suite iteration $ITER_ARGS--out \"$DEST/iteration\"" ;;
+    rows)
+      step rows gpu 120 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+        --suite calibration --suite csr --suite conv --out \"$DEST\"" ;;
     pytest)
-      step pytest gpu 150 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m pytest -q -p no:cacheprovider \
+      step pytest gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m pytest -q -p no:cacheprovider \
         bench --benchmark-only -k \"\$PYTEST_K\" --benchmark-json \"$DEST/pytest-benchmark.json\"" ;;
     asv)
-      step asv gpu 240 run_asv ;;
+      step asv gpu 120 run_asv ;;
   esac
 done

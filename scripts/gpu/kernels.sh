@@ -5,25 +5,30 @@
 #                                        #   carry=[".whl", ".gpu"], timeout_s=600)
 #   DRY_RUN=1 bash scripts/gpu/kernels.sh   # here: the CPU steps only, GPU steps "skipped"
 #
-# Steps (each under a time limit; a failure is recorded and the next step runs):
+# Steps (each under a time limit, in order of value; a failure is recorded and the next runs):
 #   compile      NVRTC compile of impl/cuda/*.cu through the loader, per-kernel registers and
 #                local memory -> reports/gpu/kernels.json
 #   tests        pytest -m gpu tests/test_cuda_ops.py (slow ones too) -> reports/gpu/tests.{xml,log}
+#   kernel-bench bench.run --scale gpu, suites spmm and nm_prune (with calibration; the rows
+#                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out)
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
 #   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM tests and part of the rescaled
 #                N:M tests ($RACECHECK_K, 92 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
 #                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 257 of 563;
-#                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log
+#                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log; it runs
+#                last and gets what the budget leaves: a cut log says how far it got
 # The sanitizer steps run pytest in one process (compute-sanitizer follows the process it
-# starts; pytest-xdist's workers talk to it through pipes, a path not tried here).
-#   kernel-bench bench.run --scale gpu, suites spmm and nm_prune -> reports/gpu/kernel-bench/
+# starts; pytest-xdist's workers talk to it through pipes, a path not tried here), with
+# --report-api-errors no (torch probes the driver with calls that fail by design) and
+# --kernel-name kns=pdt_ (only the project's kernels, all extern "C" pdt_*, are instrumented;
+# torch's and cuBLAS's run at full speed). SAN_KERNELS= checks every kernel.
 # Everything comes back as $OUT/kernels.tar.gz (paths from the repository root), plus
 # $OUT/kernels.log and $OUT/kernels-steps.tsv. See docs/gpu-session.md.
 NAME=kernels
 REPORT=reports/gpu
-DEFAULT_BUDGET_S=450
+DEFAULT_BUDGET_S=480
 PREFLIGHT="impl.cuda.loader impl.ops.pattern_cuda impl.ops.nm_cuda impl.ops.pack_cuda pytest"
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -36,21 +41,24 @@ PYTEST="\"$PY\" -m pytest -p no:cacheprovider"
 SAN_TESTS="-m 'gpu and not slow' tests/test_cuda_ops.py --maxfail=5 -v"
 MEMCHECK_K=${MEMCHECK_K-"not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf16))"}
 RACECHECK_K=${RACECHECK_K-"spmm or sddmm or (rescaled and (2:4 or 5:16) and (f32 or bf16))"}
-export MEMCHECK_K RACECHECK_K
+# compute-sanitizer's kernel filter (--kernel-name, key kns: a substring of the mangled name)
+SAN_KERNELS=${SAN_KERNELS-pdt_}
+SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"
+export MEMCHECK_K RACECHECK_K SAN_FLAGS
 need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/cuda*)"; exit 3; }'
 
 common_steps
-step compile gpu 180 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
-step tests gpu 240 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
+step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
+step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
-step tests-other gpu 150 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
+step kernel-bench gpu 75 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+  --suite spmm --suite nm_prune --out \"$DEST/kernel-bench\""
+step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
   --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""
-step racecheck gpu 150 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool racecheck \
-  --error-exitcode 1 $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
+step racecheck gpu 90 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool racecheck \
+  \$SAN_FLAGS $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
   | tee \"$DEST/racecheck.log\""
-step memcheck gpu 240 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool memcheck \
-  --error-exitcode 1 --report-api-errors no --leak-check no $PYTEST $SAN_TESTS \
+step memcheck gpu 180 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool memcheck \
+  \$SAN_FLAGS --leak-check no $PYTEST $SAN_TESTS \
   \${MEMCHECK_K:+-k \"\$MEMCHECK_K\"} | tee \"$DEST/memcheck.log\""
-step kernel-bench gpu 120 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-  --suite spmm --suite nm_prune --out \"$DEST/kernel-bench\""

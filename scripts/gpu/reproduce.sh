@@ -17,7 +17,7 @@
 # reproduce-steps.tsv.
 NAME=reproduce
 REPORT=reports/gpu-scale
-DEFAULT_BUDGET_S=300
+DEFAULT_BUDGET_S=210
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(clicktrain.fig9 clicktrain.fig10 sdgp.fig9 \
   prunetrain.fig7 clicktrain.fig11)

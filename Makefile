@@ -36,7 +36,7 @@ clean:
 
 ## Benchmarks on one GPU: tidy rows, pytest-benchmark JSON, asv results and HTML.
 bench-gpu: $(STAMP)
-	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu
+	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune --suite iteration
 	PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json
 	$(VENV)/bin/asv machine --yes
 	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run --python=same --quick --set-commit-hash $$(git rev-parse HEAD)
@@ -46,5 +46,5 @@ bench-gpu: $(STAMP)
 gpu-check: $(STAMP)
 	mkdir -p reports/gpu
 	$(PY) -m pytest -q -m gpu tests/test_cuda_ops.py --junitxml=reports/gpu/tests.xml 2>&1 | tee reports/gpu/tests.log
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py 2>&1 | tee reports/gpu/memcheck.log
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py -k "spmm or sddmm or rescaled" 2>&1 | tee reports/gpu/racecheck.log
+	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 --report-api-errors no --kernel-name kns=pdt_ $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py 2>&1 | tee reports/gpu/memcheck.log
+	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 --report-api-errors no --kernel-name kns=pdt_ $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py -k "spmm or sddmm or rescaled" 2>&1 | tee reports/gpu/racecheck.log

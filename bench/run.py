@@ -194,36 +194,33 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def terminate_gracefully() -> Iterator[None]:
+def _sigterm_handler(handler: Any) -> Iterator[None]:
+    """Within the block, SIGTERM goes to ``handler`` (the main thread only: elsewhere the
+    block runs unchanged); the previous handler is restored after it."""
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def terminate_gracefully() -> contextlib.AbstractContextManager[None]:
     """Within the block, SIGTERM raises :class:`Cut` (a SystemExit, status 143), so that
     ``finally`` blocks run and write what was measured; the previous handler is restored.
 
     ``timeout`` sends SIGTERM when a step's time is up; Python's default is to die at once.
     Only the main thread may install a handler: elsewhere the block runs unchanged.
     """
-    try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _sigterm_handler(_on_sigterm)
 
 
-@contextlib.contextmanager
-def ignoring_sigterm() -> Iterator[None]:
+def ignoring_sigterm() -> contextlib.AbstractContextManager[None]:
     """SIGTERM is ignored within the block (the main thread only), then handled as before."""
-    try:
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _sigterm_handler(signal.SIG_IGN)
 
 
 def cut_reason(exc: BaseException | None) -> str:

@@ -41,7 +41,8 @@ Derived figures and their formulas (next to each benchmark, as a row's columns):
   the same for ``gbps``; ``speedup_vs_<impl> = median_ms(<impl>) / median_ms`` for every
   baseline of the same case on the same device.
 * GPU kernel rows also carry ``host_ms`` (host wall time per call), ``amortized_ms``
-  (per-call time of back-to-back calls) and ``host_bound`` (:func:`bench.measure.host_bound`):
+  (per-call time of back-to-back calls), ``issue_ms`` (the host's time to queue one of them)
+  and ``host_bound`` (:func:`bench.measure.host_bound`):
   a host-bound row times launch overhead, not the kernel.
 """
 
@@ -1290,7 +1291,12 @@ def fill_row(
                 clock=t.clock,
             )
             if t.host_bound is not None:  # GPU timings: see bench.measure.host_bound
-                row.update(host_ms=t.host_ms, amortized_ms=t.amortized_ms, host_bound=t.host_bound)
+                row.update(
+                    host_ms=t.host_ms,
+                    amortized_ms=t.amortized_ms,
+                    issue_ms=t.issue_ms,
+                    host_bound=t.host_bound,
+                )
         else:
             for phase, t in timings.items():
                 row[f"{phase}_ms"] = t.median_ms

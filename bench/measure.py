@@ -46,10 +46,11 @@ ROTATE_BYTES_CPU = 64 * 2**20
 MAX_SETS = 8
 #: A GPU call whose event median is below this (ms) is flagged host-bound (:func:`host_bound`).
 HOST_BOUND_DEVICE_MS = 0.020
-#: ... or whose host time per call is at least this fraction of its event median ...
-HOST_BOUND_HOST_FRACTION = 0.5
 #: ... or whose event median exceeds its amortised per-call time by this factor.
 HOST_BOUND_AMORTIZED_RATIO = 1.5
+#: Calls whose estimated time is above this (ms) skip the back-to-back batch: the host's
+#: launch overhead (tens of microseconds) cannot be what such a timing measures.
+AMORTIZE_MAX_MS = 1.0
 #: Clock cycles per millisecond assumed to size the sleep kernel (2 GHz: no GPU clocks faster,
 #: so the sleep lasts at least as long as asked).
 _SLEEP_CYCLES_PER_MS = 2_000_000
@@ -66,9 +67,12 @@ class Timing:
         min_ms: fastest call.
         n: timed calls.
         clock: ``"cuda-events"`` or ``"perf_counter"``.
-        host_ms: host wall time per timed call (GPU only; None on the CPU).
+        host_ms: host wall time per timed call (GPU only; None on the CPU); information:
+            with many calls queued the host waits on the GPU.
         amortized_ms: per-call mean of back-to-back calls between one pair of events, the
             GPU kept busy while they were queued (GPU only; None where not measured).
+        issue_ms: host time per call to queue those back-to-back calls while a sleep kernel
+            held the GPU (GPU only; None where not measured).
         host_bound: :func:`host_bound` of the above (GPU only; None on the CPU).
     """
 
@@ -81,28 +85,34 @@ class Timing:
     host_ms: float | None = None
     amortized_ms: float | None = None
     host_bound: bool | None = None
+    issue_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict."""
         return asdict(self)
 
 
-def host_bound(event_ms: float, host_ms: float | None, amortized_ms: float | None = None) -> bool:
+def host_bound(
+    event_ms: float, issue_ms: float | None = None, amortized_ms: float | None = None
+) -> bool:
     """Whether a GPU timing of ``event_ms`` per call (event median) may measure the host.
 
-    True when ``event_ms < HOST_BOUND_DEVICE_MS`` (20 us: launch overhead is of that order),
-    when the host's wall time per call ``host_ms`` is at least ``HOST_BOUND_HOST_FRACTION``
-    of ``event_ms`` (the host barely keeps ahead of the GPU, so the events include launch
-    gaps) or when ``event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms`` (back-to-back
-    calls run faster than one call timed alone). All times in milliseconds.
+    True when ``event_ms < HOST_BOUND_DEVICE_MS`` (20 us: launch overhead is of that order);
+    and, where back-to-back calls were measured, when the host needs at least as long to
+    issue a call (``issue_ms``, timed while a sleep kernel held the GPU, so the host could not
+    be blocked by a full launch queue) as the GPU needs to run it (``amortized_ms``), or when
+    ``event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms`` (calls timed one by one ran
+    slower than back to back). All times in milliseconds. The host's wall time per timed
+    call is not used: with many calls queued, the host waits on the GPU, so that time
+    follows the device's even when the device is the bottleneck.
     """
     if event_ms < HOST_BOUND_DEVICE_MS:
         return True
-    if host_ms is not None and host_ms >= HOST_BOUND_HOST_FRACTION * event_ms:
+    if amortized_ms is None or amortized_ms <= 0:
+        return False
+    if issue_ms is not None and issue_ms >= amortized_ms:
         return True
-    if amortized_ms is not None and amortized_ms > 0:
-        return event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms
-    return False
+    return event_ms > HOST_BOUND_AMORTIZED_RATIO * amortized_ms
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -205,9 +215,11 @@ def cuda_timing(
 ) -> Timing:
     """do_bench-style median of ``fn(i)`` on the current CUDA stream (see the module docstring).
 
-    Also the host's wall time per timed call and, when ``amortize > 0``, the per-call mean
-    of ``amortize`` back-to-back calls between one pair of events queued behind a sleep
-    kernel (``amortized_ms``), and the :func:`host_bound` flag.
+    Also the host's wall time per timed call and, when ``amortize > 0`` and a call takes at
+    most :data:`AMORTIZE_MAX_MS`, the per-call mean of ``min(amortize, timed calls)``
+    back-to-back calls between one pair of events queued behind a sleep kernel
+    (``amortized_ms``) with the host's time to queue each (``issue_ms``), and the
+    :func:`host_bound` flag.
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps; got {min_reps}, {max_reps}")
@@ -238,13 +250,16 @@ def cuda_timing(
     host_ms = (time.perf_counter() - t0) * 1e3 / n_rep
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    amortized = None
+    amortized = issue = None
+    amortize = min(amortize, n_rep) if est <= AMORTIZE_MAX_MS else 0
     if amortize > 0 and _sleep_kernel(1.5 * amortize * host_ms + 0.1):
         offset += n_rep
+        t1 = time.perf_counter()  # the GPU sleeps: queuing cannot block on a full queue
         start.record()
         for k in range(amortize):
             fn(offset + k)
         end.record()
+        issue = (time.perf_counter() - t1) * 1e3 / amortize
         torch.cuda.synchronize()
         amortized = start.elapsed_time(end) / amortize
     t = summarize(times, "cuda-events")
@@ -253,7 +268,8 @@ def cuda_timing(
             **t.to_dict(),
             "host_ms": host_ms,
             "amortized_ms": amortized,
-            "host_bound": host_bound(t.median_ms, host_ms, amortized),
+            "issue_ms": issue,
+            "host_bound": host_bound(t.median_ms, issue, amortized),
         }
     )
 

@@ -51,6 +51,7 @@ LEADING = (
     "host_bound",
     "host_ms",
     "amortized_ms",
+    "issue_ms",
     "tflops",
     "gbps",
     "frac_peak_spec",
@@ -163,7 +164,9 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             ]
             rate_cols = [k for k in ("tflops", "gbps") if any(r.get(k) for r in ok)]
             host_cols = [
-                k for k in ("amortized_ms", "host_bound") if any(r.get(k) is not None for r in ok)
+                k
+                for k in ("amortized_ms", "issue_ms", "host_bound")
+                if any(r.get(k) is not None for r in ok)
             ]
             head = ["case", "impl", *time_cols, *host_cols, *value_cols, *rate_cols, *speed_cols]
             lines.append("| " + " | ".join(head) + " |")
@@ -190,6 +193,9 @@ class Cut(SystemExit):
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    # GNU timeout signals the child and then its whole process group: the second SIGTERM
+    # must not raise again while the first one's cleanup writes the results.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Cut(128 + signum)
 
 
@@ -326,8 +332,9 @@ def run(
             write_now()
             partial.close(remove=completed)
         if not completed:
+            cut = meta.get("cut_at") or {}
             quiet_print(
-                f"cut ({meta['cut_at']['reason']}) at {meta['cut_at']['pair']}: wrote "
+                f"cut ({cut.get('reason', 'stopped')}) at {cut.get('pair')}: wrote "
                 f"{len(rows)} measured rows to {out} (complete: false)"
             )
     return cases.add_derived(rows)

@@ -96,8 +96,11 @@ def test_summary_shows_peak_memory_where_rows_have_it():
 # -- a run cut by its time limit keeps what it measured -----------------------------------------
 
 
-def _run_and_cut(cmd: list[str], out: Path, min_rows: int, env_extra: dict[str, str]):
-    """Start ``cmd``, wait until ``out/rows.partial.jsonl`` holds ``min_rows`` rows, SIGTERM it.
+def _run_and_cut(
+    cmd: list[str], out: Path, min_rows: int, env_extra: dict[str, str], signals: int = 1
+):
+    """Start ``cmd``, wait until ``out/rows.partial.jsonl`` holds ``min_rows`` rows, SIGTERM it
+    (``signals`` times back to back, as GNU timeout signals the child and then its group).
 
     Returns (exit status, rows in the partial file when the process ended)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **env_extra)
@@ -112,7 +115,8 @@ def _run_and_cut(cmd: list[str], out: Path, min_rows: int, env_extra: dict[str, 
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be cut"
-        proc.send_signal(signal.SIGTERM)
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
         text, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -122,10 +126,11 @@ def _run_and_cut(cmd: list[str], out: Path, min_rows: int, env_extra: dict[str, 
 
 
 @pytest.mark.slow
-def test_bench_run_cut_by_sigterm_keeps_its_rows(tmp_path):
+@pytest.mark.parametrize("signals", [1, 2], ids=["one-sigterm", "child-then-group"])
+def test_bench_run_cut_by_sigterm_keeps_its_rows(tmp_path, signals):
     out = tmp_path / "cut"
     cmd = [sys.executable, "-m", "bench.run", "--scale", "smoke", "--out", str(out)]
-    rc, partial, text = _run_and_cut(cmd, out, 5, {})
+    rc, partial, text = _run_and_cut(cmd, out, 5, {}, signals)
     assert rc == 143, text[-2000:]  # 128 + SIGTERM, after the files were written
     payload = json.loads((out / "rows.json").read_text())
     assert payload["complete"] is False
@@ -209,6 +214,18 @@ def test_terminate_gracefully_turns_sigterm_into_systemexit_and_restores():
         time.sleep(1)  # the handler runs at the next bytecode
     assert info.value.code == 143 and isinstance(info.value, run.Cut)
     assert signal.getsignal(signal.SIGTERM) is before
+    # a second SIGTERM while the first one's cleanup runs is ignored, not raised again
+    cleaned_up = False
+    with run.terminate_gracefully():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        except run.Cut:
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored during the cleanup
+            time.sleep(0.2)
+            cleaned_up = True
+    assert cleaned_up and signal.getsignal(signal.SIGTERM) is before
     with run.ignoring_sigterm():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     assert signal.getsignal(signal.SIGTERM) is before

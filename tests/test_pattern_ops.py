@@ -586,3 +586,20 @@ def test_the_on_a_cpu_examples_of_docs_kernels_run(capsys):
     assert "col_ind must lie in [0, 7) (the matrix's width); col_ind[0] = 7" in (
         capsys.readouterr().out
     )
+
+
+def test_check_csr_reads_no_contents_off_the_cpu():
+    # On a GPU the contents would be copied to the host on every call (a stall that a
+    # benchmark of the reference path would time); elsewhere only dtypes and lengths count.
+    # Meta tensors stand in for device tensors: they have no contents to read at all.
+    bad_cols = torch.tensor([5, 0])  # out of range and unsorted: refused on the CPU
+    ptr = torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="col_ind must lie in"):
+        check_csr(ptr, bad_cols, 1, 4)
+    check_csr(ptr.to("meta"), bad_cols.to("meta"), 1, 4)  # no contents read, no error
+    with pytest.raises(ValueError, match="row_ptr must have 3 entries"):
+        check_csr(ptr.to("meta"), bad_cols.to("meta"), 2, 4)  # lengths still count
+    with pytest.raises(ValueError, match="int64"):
+        check_csr(ptr.to("meta", torch.int32), bad_cols.to("meta"), 1, 4)
+    with pytest.raises(ValueError, match="col_ind must lie in"):
+        check_csr(ptr, bad_cols, 1, 4, contents=True)

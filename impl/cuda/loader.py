@@ -9,7 +9,7 @@ each source before compilation, so the hash (ours and CuPy's) covers them.
 A launch passes each torch tensor as its device pointer (``data_ptr()``, a 64-bit value: no
 DLPack export per call) while CuPy's current stream is torch's current stream, so kernels run
 in torch's stream order. The launch path caches what it looks up (the kernel function per
-source, name and device; the stream wrapper per torch stream; the environment check), so a
+source, name and device; the environment check), so a
 repeated call pays only the launch itself. :func:`as_cupy` (DLPack, zero copy) remains for
 code that wants CuPy arrays.
 
@@ -135,7 +135,6 @@ _last_error: str | None = None
 # again (each lookup is host time that per-call CUDA events would count as kernel time).
 # (source, kernel name, device index) -> RawKernel of the module loaded with compile_options()
 _functions: dict[tuple[str, str, int], Any] = {}
-_streams: dict[tuple[int, int], Any] = {}  # (device index, cudaStream_t) -> ExternalStream
 _environment_ok = False  # a GPU and CuPy were found once: that does not change in a process
 
 
@@ -147,7 +146,6 @@ def clear_caches() -> None:
         _loaded.clear()
         _errors.clear()
         _functions.clear()
-        _streams.clear()
         _last_error = None
         _environment_ok = False
 
@@ -295,11 +293,10 @@ def torch_stream(device: torch.device | int | None = None) -> Any:
     import cupy
 
     index = _device_index(device)
-    handle = torch.cuda.current_stream(index).cuda_stream
-    stream = _streams.get((index, handle))
-    if stream is None:
-        stream = _streams[(index, handle)] = cupy.cuda.ExternalStream(handle, index)
-    return stream
+    # A new wrapper each time (a cheap Python object): CuPy keeps the enclosing device and
+    # stream on the wrapper while it is entered, so one shared wrapper must never be entered
+    # twice at once.
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
 
 
 def launch(

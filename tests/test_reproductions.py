@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 import reproductions
 from reproductions import common, settings
@@ -745,3 +746,63 @@ def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch
     # without a version the key is (fn, params, scale) alone, as files saved before it was
     unversioned = common._measure_path(fn, params, "cpu", tmp_path)
     assert unversioned != now and unversioned.parent == now.parent
+
+
+# -- ClickTrain Fig. 11 at gpu scale: the benchmark suite's iteration rows ----------------------
+
+
+def _iteration_row(case, impl, fwd, bwd, status="ok"):
+    return {"suite": "iteration", "case": case, "impl": impl, "status": status,
+            "forward_ms": fwd, "backward_ms": bwd, "device_name": "Test GPU"}  # fmt: skip
+
+
+def test_fig11_gpu_rows_time_the_benchmarks_method_states():
+    from reproductions.clicktrain import fig11
+
+    rows = fig11.rows("gpu")
+    assert len(rows) == 2 * len(fig11.GPU_CASES) and all(r.measure == fig11.MEASURE for r in rows)
+    click = [r for r in rows if r.label.endswith("ClickTrain")]
+    assert {r.paper["model"] for r in click} == {"resnet18", "resnet34", "resnet50", "vgg16"}
+    assert all(r.measure_keys["fwd_ms"] == "clicktrain_fwd_ms" for r in click)
+    dense = [r for r in rows if r.label.endswith("dense")]
+    assert all(r.metrics == ("fwd_ms", "bwd_ms") for r in dense)
+    assert all(r.train is None or not r.train for r in rows)  # nothing is trained
+    assert any(r.method == "clicktrain" for r in fig11.rows("paper"))  # paper scale trains
+
+
+def test_fig11_reads_a_gpu_benchmark_run_instead_of_measuring_again(tmp_path):
+    from reproductions.clicktrain import fig11
+
+    case = "resnet50-cifar32-b128"
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"provenance": {"commit": "abcdef123456"}, "rows": [
+        _iteration_row(case, "dense@cuda", 30.0, 60.0),
+        _iteration_row(case, "clicktrain@cuda", 15.0, 40.0),
+        _iteration_row("vgg16-cifar32-b128", "dense@cuda", 1.0, 1.0),
+    ]}))  # fmt: skip
+    got = fig11.iteration_times("gpu", {}, case, rows_path=str(path))
+    assert got["forward_speedup"] == 2.0 and got["backward_speedup"] == 1.5
+    assert got["clicktrain_iter_ms"] == 55.0 and got["dense_iter_ms"] == 90.0
+    assert got["source"].startswith("bench.run iteration rows") and "abcdef1" in got["source"]
+    assert got["device"] == "Test GPU"
+
+
+def test_fig11_measures_with_the_benchmark_code_where_no_run_has_the_rows(tmp_path):
+    from reproductions.clicktrain import fig11
+
+    path = tmp_path / "rows.json"  # a run whose ClickTrain row ran out of memory
+    path.write_text(json.dumps({"rows": [
+        _iteration_row("resnet20-cifar32-b4", "dense@cpu", 1.0, 2.0),
+        _iteration_row("resnet20-cifar32-b4", "clicktrain@cpu", None, None, status="oom"),
+    ]}))  # fmt: skip
+    got = fig11.iteration_times("smoke", {}, "resnet20-cifar32-b4", rows_path=str(path))
+    assert got["source"].startswith("measured by reproductions.clicktrain.fig11")
+    assert got["dense_fwd_ms"] > 0 and got["clicktrain_bwd_ms"] > 0 and got["forward_speedup"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU measures the row instead")
+def test_fig11_without_a_gpu_raises_rather_than_saving_an_empty_measurement(tmp_path):
+    from reproductions.clicktrain import fig11
+
+    with pytest.raises(RuntimeError, match=r"dense@cuda: skipped \(dense@cuda needs a CUDA GPU"):
+        fig11.iteration_times("gpu", {}, "resnet18-cifar32-b128", rows_path=str(tmp_path / "x"))

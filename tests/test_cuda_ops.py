@@ -1088,7 +1088,15 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
 
     def grads(impl, vals, bb, g):
         vals = vals.detach().clone().requires_grad_(True)
-        bb = bb.detach().clone().requires_grad_(True)
+        if impl == "cuda" and bb.data_ptr() % 16:
+            # keep the misaligned view (a clone would be aligned): the backward's scalar
+            # fallbacks (SDDMM, transposed SpMM) must run on it too
+            big = bb.new_empty(*bb.shape[:-1], bb.shape[-1] + 1)
+            big[..., 1:].copy_(bb)
+            bb = big[..., 1:].requires_grad_(True)
+            assert bb.data_ptr() % 16 != 0
+        else:
+            bb = bb.detach().clone().requires_grad_(True)
         if impl == "cuda":
             out = pattern_cuda.pattern_spmm_cuda(vals, row_ptr, col_ind, bb, index=index)
         else:
@@ -1321,7 +1329,10 @@ def test_nm_rescaled_keeps_the_same_positions_and_is_within_tolerance(
             eps = torch.finfo(dtype).eps
             err = (got.double() - oracle).abs().max().item()
             base = (ref.double() - oracle).abs().max().item()
-            floor = 2 * eps * oracle.abs().max().item()
+            # 4 eps of the largest output: the kernel sums each group's statistics in its own
+            # order, which for float64 (where the reference is the oracle, base = 0) is the
+            # whole difference (2.7 eps measured with the emulated kernel)
+            floor = 4 * eps * oracle.abs().max().item()
             assert err <= 2 * base + floor, f"{fmt}: {err:.3e} vs ref {base:.3e} + {floor:.3e}"
 
 
@@ -1372,7 +1383,15 @@ def test_nm_magnitude_and_rescaled_on_a_64_mb_gradient(cuda_kernels):
         got = nm_cuda.nm_prune_cuda(xf, 2, 4, "rescaled")
         ref = nm_prune_ref(xf, 2, 4, "rescaled")
         assert torch.equal(got == 0, ref == 0)
-        assert torch.allclose(got, ref, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+        # the same bound as the other rescaled tests: within twice the reference's own error
+        # against float64, plus 4 eps of the largest output (the kernel's summation order:
+        # channels-last sums 128 elements per thread serially, 4.6 eps element-wise, measured
+        # with the emulated kernel)
+        oracle = nm_prune_ref(xf.double(), 2, 4, "rescaled")
+        eps = torch.finfo(torch.float32).eps
+        err = (got.double() - oracle).abs().max().item()
+        base = (ref.double() - oracle).abs().max().item()
+        assert err <= 2 * base + 4 * eps * oracle.abs().max().item(), (fmt, err, base)
 
 
 # -- pack / unpack ----------------------------------------------------------------------------

@@ -524,6 +524,8 @@ def test_gpu_sparse_data_grad_vs_float64(n, c, k, kernel, stride, hw, dtype, bac
 
 @pytest.mark.gpu
 def test_gpu_rescaled_model_step_uses_sparse_cores_under_autocast():
+    if not semi.cusparselt_available() and torch.cuda.get_device_capability()[0] != 8:
+        pytest.skip("no 2:4 backend runs on this GPU (no cuSPARSELt, CUTLASS needs sm_8x)")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model = (
@@ -545,13 +547,28 @@ def test_gpu_rescaled_model_step_uses_sparse_cores_under_autocast():
     # resnet20 has 16, 32 and 64 channels: with cuSPARSELt (K % 16) every layer runs sparse
     if semi.cusparselt_available():
         assert s["sdgp_semi_fallback_calls"] == 0, s["sdgp_semi_fallback_reasons"]
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.grad).all(), name
+    # Compared only where one sparse data gradient at most separates the two: further back,
+    # a one-ulp bf16 difference between cuSPARSELt and cuDNN flips near-tied 2:4 choices of
+    # the next layer and batch norm amplifies it (relative differences of 0.15-1.3 in layer1
+    # and layer2 with a dense bf16 product standing in for the sparse one, on a CPU; the bf16
+    # reference differs from the fp32 one as much). Each layer's sparse data gradient is
+    # checked on its own against float64 in test_gpu_sparse_data_grad_vs_float64.
+    near = ("fc.", "layer3.2.")
+    checked = 0
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        rel = float((p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-30))
-        assert rel < 0.05, name  # bf16 data gradients through the network: same direction
+        if name.startswith(near):
+            rel = float((p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-30))
+            assert rel < 0.05, (name, rel)
+            checked += 1
+    assert checked >= 4
 
 
 @pytest.mark.gpu
-def test_gpu_float32_falls_back_with_dtype_reason():
+def test_gpu_float32_falls_back_with_dtype_reason(monkeypatch):
+    # torch.equal of two cuDNN data gradients: only with cuDNN's deterministic algorithms
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     dev = torch.device("cuda")
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).to(dev)
     mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")

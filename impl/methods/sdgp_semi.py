@@ -330,8 +330,8 @@ def prune_rows(
     pixels and ``"channel"`` per channel over samples and pixels, and the reference draws the
     ``random`` scores in the same order. ``impl``: ``"ref"`` (:func:`nm_prune_ref`), ``"cuda"``
     (:mod:`impl.ops.nm_cuda`, same kept positions for magnitude and rescaled, its own random
-    draw) or ``"auto"`` (the kernel for CUDA tensors where it loads). Returns a new contiguous
-    ``(N, L, K)`` tensor.
+    draw) or ``"auto"`` (the kernel for CUDA tensors where it loads). Returns a new ``(N, L,
+    K)`` tensor: contiguous from the kernel, with the input's strides from the reference.
     """
     check_nm(n, m)
     check_method(method, rescale)

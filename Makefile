@@ -39,7 +39,7 @@ bench-gpu: $(STAMP)
 	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune --suite iteration
 	PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json
 	$(VENV)/bin/asv machine --yes
-	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run --python=same --quick --set-commit-hash $$(git rev-parse HEAD)
+	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run -E existing:same --quick --set-commit-hash $$(git rev-parse HEAD)
 	$(VENV)/bin/asv publish
 
 ## GPU evidence of the CUDA kernels: GPU tests and sanitizers -> reports/gpu/

@@ -60,7 +60,11 @@ class _Setup:
         self.prepared = cases.prepare(c, i, _SCALE)  # bench.Unavailable -> asv skip
         self._flags = measure.pinned_flags(**self.prepared.flags)
         self._flags.__enter__()
-        self.calls = 0
+        # one untimed call: cuDNN autotuning, library handles and lazy module loading happen
+        # here, not in the one sample `asv run --quick` takes
+        self.prepared.call(0)
+        measure.synchronize(self.prepared.device)
+        self.calls = 1
 
     def teardown(self, case: str, impl: str) -> None:
         flags = getattr(self, "_flags", None)

@@ -255,3 +255,30 @@ def test_case_names_select_and_order_pairs():
 def test_summary_says_cpu_only_from_torch_not_the_gpu_name(prov, cpu_only):
     meta = {"scale": "gpu", "suites": [], "provenance": prov}
     assert ("**CPU only**" in run.summary([], meta)) is cpu_only
+
+
+def test_asv_kernel_setup_makes_one_untimed_call_before_the_timed_one(monkeypatch):
+    # `asv run --quick` takes one sample: a first call (autotuning, library handles, lazy
+    # module loading) must not be it
+    from bench import asv_kernels
+
+    bench_obj = asv_kernels.SpMM()
+    case, impl = bench_obj.params[0][-1], "torch_mm@cpu"  # dense GEMM applies to every case
+    assert impl in bench_obj.params[1]
+    made = []
+    real_prepare = cases.prepare
+
+    def counting_prepare(*a, **kw):
+        prepared = real_prepare(*a, **kw)
+        call = prepared.call
+        prepared.call = lambda i: made.append(i) or call(i)
+        return prepared
+
+    monkeypatch.setattr(cases, "prepare", counting_prepare)
+    bench_obj.setup(case, impl)
+    try:
+        assert made == [0] and bench_obj.calls == 1
+        bench_obj.time_op(case, impl)
+        assert made == [0, 1]
+    finally:
+        bench_obj.teardown(case, impl)

@@ -55,13 +55,35 @@ ITER_ARGS=$(for c in $ITER_CASES; do printf -- '--case %s ' "$c"; done)
 export PYTEST_K ASV_BENCH
 
 run_asv() {
+  local t0=$SECONDS
   "$PY" -c "import asv, asv_runner" || { echo "asv is not importable: carry .whl"; return 3; }
   local commit
   commit=$(git rev-parse HEAD 2>/dev/null) || { echo "no git repository (see the git step)"; return 3; }
-  "$PY" -m asv machine --yes --machine "$DEVICE_SLUG" || return 1
-  local rc=0
-  PDTBENCH_BENCH_SCALE=gpu "$PY" -m asv run --python=same --quick --show-stderr \
-    --set-commit-hash "$commit" --machine "$DEVICE_SLUG" -b "$ASV_BENCH" || rc=1
+  # the machine's full description (asv machine --yes would store the name alone)
+  "$PY" -c "import sys; from asv.machine import Machine, MachineCollection
+d = Machine.get_defaults(); d['machine'] = sys.argv[1]; MachineCollection.save(sys.argv[1], d)" \
+    "$DEVICE_SLUG" || return 1
+  # asv writes its results only when a run ends, and the step's timeout would kill publish
+  # and the copy too: two runs (kernels, then iterations), each under its own limit inside
+  # the step's, so that a cut loses one half and publish and the copy always run.
+  # -E existing:same: the installed stack, with no matrix (the matrix would record torch's
+  # pinned version, not the one installed).
+  local kernels=${ASV_BENCH%%|^asv_iteration*} iterations="" rc=0
+  [ "$kernels" != "$ASV_BENCH" ] && iterations=${ASV_BENCH#"$kernels|"}
+  local room=$(( ${STEP_LIMIT:-120} - 25 ))
+  [ "$room" -lt 20 ] && room=20
+  local first=$room
+  [ -n "$iterations" ] && first=$(( room * 2 / 3 ))
+  local part cap
+  for part in kernels iterations; do
+    local regex=${!part}
+    [ -n "$regex" ] || continue
+    cap=$first
+    [ "$part" = iterations ] && cap=$(( room - (SECONDS - t0) ))
+    [ "$cap" -ge 10 ] || { echo "asv $part: no time left"; rc=1; continue; }
+    PDTBENCH_BENCH_SCALE=gpu timeout -k 5 "$cap" "$PY" -m asv run -E existing:same --quick \
+      --show-stderr --set-commit-hash "$commit" --machine "$DEVICE_SLUG" -b "$regex" || rc=1
+  done
   "$PY" -m asv publish || rc=1
   mkdir -p "$STAGE/reports/asv"
   for d in results html; do

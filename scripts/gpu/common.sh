@@ -118,6 +118,7 @@ step() {
   [ "$limit" -gt "$left" ] && limit=$left
   echo "[$name] start, limit ${limit}s: $cmd"
   local t=$SECONDS rc status
+  export STEP_LIMIT=$limit   # a step that must keep time for its own last writes reads it
   timeout -k 15 "$limit" bash -o pipefail -c "$cmd" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   case $rc in

@@ -194,20 +194,21 @@ def cmd_train(argv: list[str]) -> int:
         config_cls = method_class(known.method).Config
     except ValueError as err:
         raise UsageError(str(err)) from err
-    args = _train_parser(config_cls).parse_args(argv)
+    parser = _train_parser(config_cls)
+    args = parser.parse_args(argv)
     progress = not args.no_progress
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    given = _flags_given(parser, args, _RESUME_FLAGS) if args.resume else []
+    if given:  # refused before torchrun starts N workers that would each refuse it
+        raise UsageError(
+            f"--resume continues the run with its saved config; {', '.join(given)} cannot "
+            "change it (start a new run with another --out to train differently)"
+        )
     if args.nproc > 1 and distributed.env_world() is None:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
     if args.resume:
-        given = _flags_given(_train_parser(config_cls), args, _RESUME_FLAGS)
-        if given:
-            raise UsageError(
-                f"--resume continues the run with its saved config; {', '.join(given)} cannot "
-                "change it (start a new run with another --out to train differently)"
-            )
         saved = Path(args.resume) / CONFIG_FILE  # resume() reports a missing one itself
         device = TrainConfig.from_dict(read_json(saved)).device if saved.exists() else "auto"
         with _interrupt_hint(Path(args.resume)):

@@ -198,10 +198,9 @@ class Trainer:
         same directory is refused (:class:`impl.rundir.RunBusyError`).
         """
         with contextlib.ExitStack() as held:
-            self._held = held
-            return self._run(resume)
+            return self._run(resume, held)
 
-    def _run(self, resume: bool) -> dict[str, Any]:
+    def _run(self, resume: bool, held: contextlib.ExitStack) -> dict[str, Any]:
         cfg = self.cfg
         run_dir = self.run_dir
         config_path = run_dir / rundir.CONFIG_FILE
@@ -209,7 +208,7 @@ class Trainer:
         main = dp.is_main  # only rank 0 writes the run directory
         if resume:
             if main:
-                self._held.enter_context(rundir.locked(run_dir))
+                held.enter_context(rundir.locked(run_dir))
             saved = TrainConfig.from_dict(rundir.read_json(config_path))
             if saved.digest() != cfg.digest():
                 raise rundir.CheckpointError(f"{config_path} does not match the run's config")
@@ -228,7 +227,7 @@ class Trainer:
         ctx, method, train_loader, test_loader, spec = self._build()
         if not resume and main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._held.enter_context(rundir.locked(run_dir))
+            held.enter_context(rundir.locked(run_dir))
             if config_path.exists():  # another process got here first
                 raise RunExistsError(f"{run_dir} already holds a run (started meanwhile)")
             rundir.write_json(config_path, cfg.to_dict())

@@ -105,14 +105,21 @@ class Claim:
 
 
 def _row(
-    results: Mapping[str, ResultSet], target: str, row: str, metric: str
+    results: Mapping[str, ResultSet],
+    target: str,
+    row: str,
+    metric: str,
+    *,
+    or_values: bool = False,
 ) -> dict[str, Any] | None:
-    """The comparison row of ``metric`` of ``row`` with a number of ours, in the result of
+    """The comparison row of ``metric`` of ``row`` with a number of ours (or, with
+    ``or_values``, at least per-sweep values, which may all be null), in the result of
     ``target``; None if absent."""
     res = results.get(target)
     for r in res.rows if res is not None else []:
-        if r.get("row") == row and r.get("metric") == metric and r.get("ours") is not None:
-            return r
+        if r.get("row") == row and r.get("metric") == metric:
+            if r.get("ours") is not None or (or_values and r.get("values")):
+                return r
     return None
 
 
@@ -157,12 +164,9 @@ def sweep_range_reader(
     where a mean over sweeps of a grid value means little)."""
 
     def read(results: Mapping[str, ResultSet]) -> Evidence | None:
-        res = results.get(target)
-        found = [r for r in (res.rows if res is not None else [])
-                 if r.get("row") == row and r.get("metric") == metric]  # fmt: skip
-        if not found or (found[0].get("ours") is None and not found[0].get("values")):
+        r = _row(results, target, row, metric, or_values=True)
+        if r is None:
             return None
-        r = found[0]
         raw = r.get("values") or [r.get("ours")]
         vals = [math.inf if v is None or not math.isfinite(float(v)) else float(v) for v in raw]
         finite = [v for v in vals if math.isfinite(v)]

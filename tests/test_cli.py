@@ -238,6 +238,9 @@ def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
     assert cli.main(["train", "--resume", str(out), "--epochs", "4", "--lr", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--epochs, --lr cannot change it" in err
+    # refused before torchrun would start workers that each refuse it
+    assert cli.main(["train", "--resume", str(out), "--epochs", "4", "--nproc", "2"]) == 2
+    assert "--epochs cannot change it" in capsys.readouterr().err
     # how to run is not what to train: these are accepted, and a complete run is reported
     assert cli.main(["train", "--resume", str(out), "--no-progress", "--nproc", "1"]) == 0
 

@@ -77,6 +77,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is corrupt, truncated, or belongs to another run."""
 
 
+class StaleRunError(CheckpointError):
+    """A killed run of a registered method whose code has changed since its last checkpoint
+    (:func:`impl.methods.identity_change`): continuing it would mix two versions of the
+    method in one result. ``why`` says what changed."""
+
+    def __init__(self, run_dir: Path, why: str) -> None:
+        super().__init__(
+            f"{run_dir} cannot be continued: {why}; train it again into another --out "
+            "(or remove the directory)"
+        )
+        self.why = why
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Create or replace ``path`` all at once: ``write(f)`` fills a temporary file in the same
     directory, which is flushed, fsynced and renamed over ``path``. If ``write`` raises (or the

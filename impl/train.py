@@ -23,7 +23,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
-from impl.methods import Method, TrainContext, create_method, method_source_digest
+from impl.methods import Method, TrainContext, create_method, identity_change, method_identity
 from impl.methods.masking import conv_weight_counts
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
@@ -235,6 +235,10 @@ class Trainer:
         dense_conv_total, _ = conv_weight_counts(ctx.model)
         start_epoch = 0
         state = rundir.load_checkpoint(run_dir, cfg.digest()) if resume else None
+        if state is not None and "method_class" in state:
+            why = identity_change(state, cfg.method)
+            if why is not None:
+                raise rundir.StaleRunError(run_dir, why)
         if state is not None:
             method.load_state_dict(state["method"], ctx)
             ctx.model.load_state_dict(state["model"])
@@ -298,6 +302,7 @@ class Trainer:
                     "model": ctx.model.state_dict(),
                     "optimizer": ctx.optimizer.state_dict(),
                     "method": method.state_dict(),
+                    **method_identity(type(method)),
                     "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": torch.cuda.get_rng_state_all()
                     if torch.cuda.is_available()
@@ -432,8 +437,7 @@ class Trainer:
             "status": "complete",
             "method": cfg.method,
             # which code that name ran: a registered method's name is the user's choice
-            "method_class": f"{type(method).__module__}:{type(method).__qualname__}",
-            "method_source_sha256": method_source_digest(type(method)),
+            **method_identity(type(method)),
             "method_options": method.config_dict(),
             "model": cfg.model,
             "data": cfg.data,

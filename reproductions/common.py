@@ -194,23 +194,11 @@ def _read_complete(run_dir: Path) -> dict[str, Any] | None:
 
 def stale_reason(summary: dict[str, Any], method: str) -> str | None:
     """Why a complete run of a registered (not built-in) method cannot stand for the method
-    as it is now: another class is registered under its name, or the source file of its class
-    has changed since (``method_source_sha256`` of the summary). None: it can. Built-in
-    methods' runs are the project's own, versioned by the commit each records."""
-    from impl.methods import is_builtin, method_class, method_source_digest
+    as it is now (:func:`impl.methods.identity_change` of the identity its summary records).
+    None: it can."""
+    from impl.methods import identity_change
 
-    if is_builtin(method):
-        return None
-    try:
-        cls = method_class(method)
-    except ValueError:
-        return None  # not importable here: unavailable_reason says so
-    now = f"{cls.__module__}:{cls.__qualname__}"
-    if summary.get("method_class") != now:
-        return f"it was trained by {summary.get('method_class')}; {method!r} is now {now}"
-    if summary.get("method_source_sha256") != method_source_digest(cls):
-        return f"the source of {now} has changed since it was trained"
-    return None
+    return identity_change(summary, method)
 
 
 def reusable_summary(run_dir: Path, method: str) -> dict[str, Any] | None:
@@ -228,27 +216,36 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     Returns ``(summary, reused)``. A directory with a config but no complete summary (a
     killed run) is resumed through :func:`impl.train.resume`. A complete run of a registered
     method whose class or code has changed since (:func:`stale_reason`) is moved aside to
-    ``<run dir>.stale-<time>`` and trained again. Raises :class:`MethodUnavailable` when the
-    method's module is missing.
+    ``<run dir>.stale-<time>`` and trained again, as is a killed run whose last checkpoint
+    was written by other code of the method (:class:`impl.rundir.StaleRunError`). Raises
+    :class:`MethodUnavailable` when the method's module is missing.
     """
     import sys
 
+    from impl.rundir import StaleRunError
     from impl.train import resume, train
 
     run_dir = Path(cfg.out)
+
+    def move_aside(why: str) -> None:
+        aside = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"not reusing {run_dir}: {why}; moved to {aside}, training again", file=sys.stderr)
+
     summary = _read_complete(run_dir)
     if summary is not None:
         why = stale_reason(summary, cfg.method)
         if why is None:
             return summary, True
-        aside = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(aside)
-        print(f"not reusing {run_dir}: {why}; moved to {aside}, training again", file=sys.stderr)
+        move_aside(why)
     reason = unavailable_reason(cfg.method)
     if reason is not None:
         raise MethodUnavailable(reason)
     if (run_dir / "config.json").exists():
-        return resume(run_dir, progress=progress), False
+        try:
+            return resume(run_dir, progress=progress), False
+        except StaleRunError as err:  # a killed run of code that has changed since
+            move_aside(err.why)
     from impl.methods import create_method
 
     create_method(cfg.method, cfg.method_options).validate(cfg)  # fail before any file exists

@@ -341,6 +341,7 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
 
     from reproductions.common import reusable_summary, run_or_reuse
 
+    monkeypatch.delitem(sys.modules, "mine_method", raising=False)  # another test's copy
     pkg = tmp_path / "src"
     pkg.mkdir()
     (pkg / "mine_method.py").write_text(PLUGIN.format(version=1))
@@ -362,3 +363,57 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
     err = capsys.readouterr().err
     assert "the source of mine_method:Mine has changed since it was trained" in err
     assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1  # kept, not deleted
+
+
+def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(
+    tmp_path, monkeypatch, capsys
+):
+    import importlib
+    import sys
+
+    from impl.rundir import SUMMARY_FILE, StaleRunError, load_checkpoint
+    from impl.train import resume
+    from reproductions.common import run_or_reuse
+
+    monkeypatch.delitem(sys.modules, "mine_method", raising=False)  # another test's copy
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    (pkg / "mine_method.py").write_text(PLUGIN.format(version=1))
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setenv(registry.ENV_VAR, "mine=mine_method:Mine")
+    cfg = resolve("smoke", method="mine", epochs=1, max_steps_per_epoch=1, threads=1)
+    run_dir = tmp_path / "runs" / "mine"
+    cfg.out = str(run_dir)
+    run_or_reuse(cfg)
+    checkpoint = load_checkpoint(run_dir)
+    assert checkpoint is not None and checkpoint["method_class"] == "mine_method:Mine"
+    (run_dir / SUMMARY_FILE).unlink()  # as if killed after its last checkpoint
+    assert run_or_reuse(cfg)[1] is False  # same code: continued in place
+    assert not list((tmp_path / "runs").glob("mine.stale-*"))
+    (run_dir / SUMMARY_FILE).unlink()
+    (pkg / "mine_method.py").write_text(PLUGIN.format(version=2))
+    sys.modules.pop("mine_method", None)
+    importlib.invalidate_caches()
+    with pytest.raises(StaleRunError, match="mine_method:Mine has changed since it was trained"):
+        resume(run_dir, progress=False)
+    capsys.readouterr()
+    summary, reused = run_or_reuse(cfg)
+    assert not reused and summary["method_source_sha256"] != checkpoint["method_source_sha256"]
+    assert "has changed since it was trained" in capsys.readouterr().err
+    assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1
+
+
+def test_identity_change_names_what_changed():
+    identity = registry.method_identity(_Tiny)
+    assert identity["method_class"] == f"{__name__}:_Tiny"
+    assert registry.identity_change({}, "dense") is None  # built-in: versioned by its commit
+    registry.register_method("tiny", _Tiny)
+    try:
+        assert registry.identity_change(identity, "tiny") is None
+        moved = dict(identity, method_class="elsewhere:Tiny")
+        assert "it was trained by elsewhere:Tiny" in registry.identity_change(moved, "tiny")
+        edited = dict(identity, method_source_sha256="0" * 16)
+        assert "has changed" in registry.identity_change(edited, "tiny")
+        assert "trained by None" in registry.identity_change({}, "tiny")  # unknown code
+    finally:
+        registry.unregister_method("tiny")

@@ -131,6 +131,39 @@ def method_source_digest(cls: type) -> str | None:
         return None
 
 
+def method_identity(cls: type) -> dict[str, str | None]:
+    """Which code a method name ran: ``{"method_class": "module:Qualname",
+    "method_source_sha256": ...}`` (:func:`method_source_digest`). A run's summary and each
+    of its checkpoints record it."""
+    return {
+        "method_class": f"{cls.__module__}:{cls.__qualname__}",
+        "method_source_sha256": method_source_digest(cls),
+    }
+
+
+def identity_change(recorded: dict, name: str) -> str | None:
+    """Why a run that recorded ``recorded`` (:func:`method_identity`'s keys) for the
+    registered method ``name`` cannot stand for, or be continued by, the method as it is now:
+    another class is registered under the name, or its class's source file has changed. None
+    when it can, for a built-in method (its runs are the project's own, versioned by the
+    commit each records) and for a method that cannot be imported here (its own error says
+    so). A record without the keys stands for unknown code: it cannot."""
+    if is_builtin(name):
+        return None
+    try:
+        now = method_identity(method_class(name))
+    except ValueError:
+        return None
+    if recorded.get("method_class") != now["method_class"]:
+        return (
+            f"it was trained by {recorded.get('method_class')}; "
+            f"{name!r} is now {now['method_class']}"
+        )
+    if recorded.get("method_source_sha256") != now["method_source_sha256"]:
+        return f"the source of {now['method_class']} has changed since it was trained"
+    return None
+
+
 def is_builtin(name: str) -> bool:
     """Whether ``name`` is one of the built-in methods (never a registered one)."""
     return name in _REGISTRY
@@ -222,6 +255,8 @@ def create_method(name: str, options: dict | None = None) -> Method:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "is_builtin",
+    "identity_change",
+    "method_identity",
     "method_source_digest",
     "ENV_VAR",
     "METHODS",

@@ -397,6 +397,9 @@ def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(
     with pytest.raises(StaleRunError, match="mine_method:Mine has changed since it was trained"):
         resume(run_dir, progress=False)
     capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run_dir), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "cannot be continued" in err  # one line, no traceback
     summary, reused = run_or_reuse(cfg)
     assert not reused and summary["method_source_sha256"] != checkpoint["method_source_sha256"]
     assert "has changed since it was trained" in capsys.readouterr().err

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
      (Path("/tmp/x/pb.json"), "/tmp/x/pb-allreduce-bytes.json")],
     ids=["no-json", "relative-str", "absolute-path"],
 )  # fmt: skip
-def test_byte_counts_go_beside_the_benchmark_json(given, expected):
+def test_byte_counts_go_beside_the_benchmark_json(given, expected, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "pytest_suite"))  # as pytest imports it
     spec = importlib.util.spec_from_file_location(
         "bench_suite_conftest", ROOT / "bench" / "pytest_suite" / "conftest.py"
     )
@@ -52,3 +53,77 @@ def test_allreduce_bytes_are_counted_apart_from_the_timings(tmp_path):
     text = out.read_text() if out.exists() else ""
     timed = json.loads(text)["benchmarks"] if text.strip() else []
     assert not any("allreduce" in b["name"] for b in timed)  # no byte count as a timing
+
+
+CUT_CONFTEST = """
+import sys
+sys.path.insert(0, {suite!r})
+from _cut import CutRecorder
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(CutRecorder(), "pdtbench-cut")
+"""
+
+CUT_TESTS = """
+import os
+import signal
+
+
+def test_one(benchmark):
+    benchmark(sum, range(10))
+
+
+def test_two(benchmark):
+    calls = []
+
+    def cut():  # two rounds measured, then what `timeout` sends when a step's limit ends
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    benchmark.pedantic(cut, rounds=5, iterations=1)
+
+
+def test_three(benchmark):
+    benchmark(sum, range(10))
+"""
+
+
+def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        CUT_CONFTEST.format(suite=str(ROOT / "bench" / "pytest_suite"))
+    )
+    (tmp_path / "test_cut.py").write_text(CUT_TESTS)
+    out = tmp_path / "out" / "pb.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_cut.py",
+         "--benchmark-only", "--benchmark-json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # interrupted
+    saved = json.loads(out.read_text())
+    assert [b["name"] for b in saved["benchmarks"]] == ["test_one"]
+    assert saved["pdtbench_run"]["complete"] is False
+    assert "test_cut.py::test_two (SIGTERM" in saved["pdtbench_run"]["cut_at"]
+    partial = [
+        json.loads(line) for line in (out.parent / "pb.partial.jsonl").read_text().splitlines()
+    ]
+    assert [r["nodeid"] for r in partial] == ["test_cut.py::test_one"]
+    assert partial[0]["stats"]["rounds"] >= 1
+
+
+def test_a_session_that_ends_says_it_is_complete(tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        CUT_CONFTEST.format(suite=str(ROOT / "bench" / "pytest_suite"))
+    )
+    (tmp_path / "test_whole.py").write_text(CUT_TESTS.split("def test_two")[0])
+    out = tmp_path / "pb.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_whole.py",
+         "--benchmark-only", "--benchmark-json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(out.read_text())["pdtbench_run"] == {"complete": True, "cut_at": None}
+    assert len((tmp_path / "pb.partial.jsonl").read_text().splitlines()) == 1

@@ -1,5 +1,5 @@
-"""Set-up of the pytest-benchmark suite: GPU skips, the scale, provenance in the JSON, and the
-byte counts that are reported apart from the timings.
+"""Set-up of the pytest-benchmark suite: GPU skips, the scale, provenance in the JSON, the
+byte counts that are reported apart from the timings, and a cut session's results kept.
 
 This directory is not a package (no ``__init__.py``), so asv, which imports every package
 module of ``bench/``, never imports pytest through it.
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from _cut import CutRecorder
 
 from bench import cases
 
@@ -23,10 +24,13 @@ _NON_BENCHMARK_SKIP = "Skipping non-benchmark"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the ``byte_count`` marker (a count reported apart from the timings)."""
+    """Declare the ``byte_count`` marker (a count reported apart from the timings) and keep a
+    cut session's results (:class:`_cut.CutRecorder`)."""
     config.addinivalue_line(
         "markers", "byte_count: a deterministic count, reported apart from the timing table"
     )
+    if not config.pluginmanager.has_plugin("pdtbench-cut"):
+        config.pluginmanager.register(CutRecorder(), "pdtbench-cut")
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@
 #              to reports/gpu/kernel-bench/; allreduce is deterministic byte counts, measured
 #              once on the CPU: reports/bench/cpu/)
 #   pytest     pytest-benchmark on the paper-shape kernel cases ($PYTEST_K) ->
-#              reports/bench/gpu/pytest-benchmark.json (written at the end: a cut loses it)
+#              reports/bench/gpu/pytest-benchmark.json (a cut keeps the benchmarks that
+#              ended, "pdtbench_run": {"complete": false}; .partial.jsonl: a line per benchmark)
 #   asv        asv machine + asv run --python=same --quick on $ASV_BENCH + asv publish ->
 #              reports/asv/results/<machine>/, reports/asv/html/ (needs git: the git step
 #              restores it from .gpu/repo.bundle)

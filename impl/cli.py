@@ -120,7 +120,7 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
 
 # -- train ---------------------------------------------------------------------------------------
 def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
-    from impl.config import SCALES, SCHEDULES
+    from impl.config import SCALE_HELP, SCALES, SCHEDULES
 
     p = argparse.ArgumentParser(
         prog="pdtbench train",
@@ -143,7 +143,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         help="side of the images in pixels, digits and synthetic only (digits: 32 unless "
         "set; the cpu-scale reproductions use 16)",
     )
-    p.add_argument("--scale", default="cpu", choices=SCALES)
+    p.add_argument("--scale", default="cpu", choices=SCALES, help=f"{SCALE_HELP} (default: cpu)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
@@ -390,9 +390,19 @@ def cmd_demo(argv: list[str]) -> int:
         "the given scale (the five built-in methods and any registered one, on digits), then "
         "the HTML report.",
     )
-    p.add_argument("--scale", default="cpu", choices=["smoke", "cpu"])
-    p.add_argument("--out", default="reports", help="where the HTML report goes")
-    p.add_argument("--runs", default="runs/reproductions", help="where the runs go")
+    p.add_argument(
+        "--scale",
+        default="cpu",
+        choices=["smoke", "cpu"],
+        help="smoke: seconds, for tests; cpu: digits and small models, minutes on 2 cores "
+        "(default: cpu)",
+    )
+    p.add_argument("--out", default="reports", help="where the HTML report goes (default: reports)")
+    p.add_argument(
+        "--runs",
+        default="runs/reproductions",
+        help="where the runs go (default: runs/reproductions)",
+    )
     add_jobs_argument(p)
     args = p.parse_args(argv)
     failed: list[str] = []

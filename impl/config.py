@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
+#: One line per scale, for the command lines' help.
+SCALE_HELP = (
+    "smoke: seconds, for tests; cpu: digits and small models, minutes on 2 cores; gpu: "
+    "the papers' shapes on one GPU; paper: the papers' full protocol (their datasets)"
+)
 SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
 
 

@@ -156,9 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
         "at a scale, reusing complete runs, and render the HTML reports.",
     )
     p.add_argument("targets", nargs="*", metavar="PAPER.ITEM", help="e.g. sdgp.table1, or all")
-    p.add_argument("--scale", default="cpu", choices=["smoke", "cpu", "gpu", "paper"])
-    p.add_argument("--runs-root", default="runs/reproductions", help="runs and results")
-    p.add_argument("--out", default="reports", help="where the HTML reports go")
+    from impl.config import SCALE_HELP, SCALES
+
+    p.add_argument("--scale", default="cpu", choices=SCALES, help=f"{SCALE_HELP} (default: cpu)")
+    p.add_argument(
+        "--runs-root",
+        default="runs/reproductions",
+        help="where runs and results go (default: runs/reproductions)",
+    )
+    p.add_argument("--out", default="reports", help="where the HTML reports go (default: reports)")
     p.add_argument("--list", action="store_true", help="list the targets and exit")
     add_jobs_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -93,6 +93,17 @@ def test_installed_console_script_reaches_every_subcommand_from_any_directory(tm
         env=env, capture_output=True, text=True, timeout=120).stdout  # fmt: skip
 
 
+@pytest.mark.parametrize("command", ["train", "reproduce", "demo"])
+def test_scale_help_says_what_each_scale_is_and_the_default(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "smoke: seconds, for tests; cpu: digits and small models" in text
+    assert "(default: cpu)" in text
+    if command != "demo":
+        assert "gpu: the papers' shapes on one GPU" in text
+
+
 def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
     import json
 

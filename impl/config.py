@@ -121,7 +121,8 @@ class TrainConfig:
         return cls(**data)
 
     def digest(self) -> str:
-        """A short hash of everything that defines the run's result (not where it is written).
+        """A short hash of everything that defines the run's result (not where it is written,
+        nor the directory its dataset is read from).
 
         Fields at their default value are left out, so that adding a field (with a default)
         to this class does not change the digest of, and orphan, every existing run.
@@ -129,6 +130,7 @@ class TrainConfig:
         defaults = TrainConfig().to_dict()
         data = {k: v for k, v in self.to_dict().items() if v != defaults.get(k, object())}
         data.pop("out", None)
+        data.pop("data_dir", None)  # where the dataset is read from, not which one it is
         if data.get("method_options"):  # likewise a method option given at its default
             opts = _non_default_options(self.method, data["method_options"])
             if opts:

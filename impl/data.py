@@ -48,12 +48,16 @@ __all__ = [
     "DataSpec",
     "DatasetMissingError",
     "ImageFolderLoader",
+    "LOCAL_DATASETS",
+    "check_dataset",
     "Loader",
     "TensorLoader",
     "make_loaders",
 ]
 
 DATASETS: tuple[str, ...] = ("digits", "mnist5k", "cifar10", "cifar100", "imagenet", "synthetic")
+#: The datasets read from a local directory (``data_dir``); the others are embedded or made.
+LOCAL_DATASETS: tuple[str, ...] = ("cifar10", "cifar100", "imagenet")
 
 #: Seed of the fixed train/test split of the embedded datasets (not the run's seed).
 SPLIT_SEED = 20240229
@@ -739,6 +743,45 @@ class ImageFolderLoader(Loader):
             )
 
 
+_IMAGENET_HOW = (
+    "Expected an ImageFolder tree: <data_dir>/train/<class>/*.JPEG and "
+    "<data_dir>/val/<class>/*.JPEG (ILSVRC-2012, obtained from https://image-net.org "
+    "after registration; the validation images sorted into class folders). Nothing is "
+    "downloaded automatically."
+)
+
+
+def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
+    how = _IMAGENET_HOW
+    if data_dir is None:
+        raise DatasetMissingError(f"imagenet: no data_dir was given. {how}")
+    root = Path(data_dir).expanduser()
+    missing = [d for d in ("train", "val") if not (root / d).is_dir()]
+    if missing:
+        raise DatasetMissingError(
+            f"imagenet: {', '.join(str(root / d) for d in missing)} not found. {how}"
+        )
+    return root
+
+
+def check_dataset(name: str, data_dir: str | Path | None) -> None:
+    """Check, without reading any image, that dataset ``name`` can be found in ``data_dir``:
+    the CIFAR batch files, or ImageNet's ``train`` and ``val`` folders. Embedded and
+    synthetic datasets always can.
+
+    Raises:
+        ValueError: unknown ``name``.
+        DatasetMissingError: not found; the message names what was expected and how to
+            obtain it.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if name == "imagenet":
+        _find_imagenet_dir(data_dir)
+    elif name in _CIFAR:
+        _find_cifar_dir(name, data_dir)
+
+
 def _imagenet(
     data_dir: str | Path | None,
     batch_size: int,
@@ -748,20 +791,7 @@ def _imagenet(
     device: str | torch.device,
     num_workers: int,
 ) -> tuple[ImageFolderLoader, ImageFolderLoader, DataSpec]:
-    how = (
-        "Expected an ImageFolder tree: <data_dir>/train/<class>/*.JPEG and "
-        "<data_dir>/val/<class>/*.JPEG (ILSVRC-2012, obtained from https://image-net.org "
-        "after registration; the validation images sorted into class folders). Nothing is "
-        "downloaded automatically."
-    )
-    if data_dir is None:
-        raise DatasetMissingError(f"imagenet: no data_dir was given. {how}")
-    root = Path(data_dir).expanduser()
-    missing = [d for d in ("train", "val") if not (root / d).is_dir()]
-    if missing:
-        raise DatasetMissingError(
-            f"imagenet: {', '.join(str(root / d) for d in missing)} not found. {how}"
-        )
+    root = _find_imagenet_dir(data_dir)
     try:
         from torchvision import datasets, transforms
     except ImportError as exc:
@@ -791,7 +821,7 @@ def _imagenet(
     train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf)
     val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf)
     if len(train_set) == 0 or len(val_set) == 0:
-        raise DatasetMissingError(f"imagenet: no images under {root}. {how}")
+        raise DatasetMissingError(f"imagenet: no images under {root}. {_IMAGENET_HOW}")
     if train_set.classes != val_set.classes:
         raise ValueError(
             f"imagenet: train/ has {len(train_set.classes)} classes and val/ has "

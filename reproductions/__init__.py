@@ -165,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="where runs and results go (default: runs/reproductions)",
     )
     p.add_argument("--out", default="reports", help="where the HTML reports go (default: reports)")
+    p.add_argument(
+        "--data-dir",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="where a local dataset is: NAME=DIR for one (cifar10, cifar100, imagenet), DIR "
+        "for every other one; repeatable (default: the PDTBENCH_DATA_DIR variable, the same "
+        "entries joined by ':'); the cpu scale needs none",
+    )
     p.add_argument("--list", action="store_true", help="list the targets and exit")
     add_jobs_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -175,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0, or 1
     when a target failed (the report is rendered all the same, listing it).
 
-    Raises ``ValueError`` (naming the valid targets) on an unknown target.
+    Raises ``ValueError`` (naming the valid targets) on an unknown target, or on a
+    ``--data-dir`` entry that names no local dataset.
     """
     args = build_parser().parse_args(argv)
     if args.list or not args.targets:
@@ -186,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         if key not in TARGETS:
             raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+    if args.data_dir:
+        import os
+
+        from reproductions.common import DATA_DIR_ENV, dataset_dirs
+
+        value = os.pathsep.join(args.data_dir)
+        dataset_dirs(value)  # a bad entry is a ValueError now, before any work
+        os.environ[DATA_DIR_ENV] = value  # the runs' configs read it, in this process
     failed: list[str] = []
     index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress,
                 failed)  # fmt: skip

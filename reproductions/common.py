@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import json
 import math
+import os
 import statistics
 import time
 import traceback
@@ -28,12 +29,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from impl.data import DatasetMissingError
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
 from reproductions.published import lookup, paper_values
 from reproductions.settings import settings_lines, setup_name
 
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 RUNS_ROOT = Path("runs/reproductions")
+#: Where the reproductions read the local datasets (CIFAR, ImageNet) from: entries separated
+#: by ``os.pathsep``, each ``NAME=DIR`` for one dataset or ``DIR`` for every other one
+#: (``pdtbench reproduce --data-dir`` sets it).
+DATA_DIR_ENV = "PDTBENCH_DATA_DIR"
+
+
+def dataset_dirs(value: str | None = None) -> dict[str, str]:
+    """``{dataset: directory}`` from :data:`DATA_DIR_ENV` (or ``value``); the key ``"*"``
+    holds the directory of every dataset not named.
+
+    Raises ``ValueError`` on a name that is not a local dataset
+    (:data:`impl.data.LOCAL_DATASETS`) or an empty directory.
+    """
+    from impl.data import LOCAL_DATASETS
+
+    text = os.environ.get(DATA_DIR_ENV, "") if value is None else value
+    out: dict[str, str] = {}
+    for entry in filter(None, text.split(os.pathsep)):
+        name, sep, directory = entry.partition("=")
+        if not sep:
+            name, directory = "*", entry
+        elif name not in LOCAL_DATASETS:
+            raise ValueError(
+                f"{DATA_DIR_ENV}: {name!r} is not a dataset read from a directory; "
+                f"valid: {', '.join(LOCAL_DATASETS)} (or a bare DIR for all of them)"
+            )
+        if not directory:
+            raise ValueError(f"{DATA_DIR_ENV}: no directory in {entry!r}")
+        out[name] = directory
+    return out
+
+
 REPORTS_ROOT = Path("reports")
 
 # Training settings shared by the reproductions at each scale (beyond impl.config's presets).
@@ -129,7 +163,8 @@ class Row:
     metrics: tuple[str, ...] | None = None
 
     def configs(self, scale: str, runs_root: str | Path = RUNS_ROOT) -> list[Any]:
-        """The resolved TrainConfig of each seed, each with its run directory (by hash)."""
+        """The resolved TrainConfig of each seed, each with its run directory (by hash) and,
+        for CIFAR and ImageNet, the dataset's directory from :func:`dataset_dirs`."""
         from impl.config import resolve
 
         if self.measure is not None:
@@ -137,6 +172,9 @@ class Row:
         values = dict(SCALE_TRAIN[scale])
         values.update(self.train)
         seeds = self.seeds if self.seeds is not None else SCALE_SEEDS[scale]
+        from impl.data import LOCAL_DATASETS as local
+
+        dirs = dataset_dirs()  # where CIFAR / ImageNet are (not part of the run's hash)
         out = []
         for seed in seeds:
             cfg = resolve(
@@ -146,6 +184,8 @@ class Row:
                 seed=seed,
                 **values,
             )
+            if cfg.data_dir is None:
+                cfg.data_dir = dirs.get(cfg.data, dirs.get("*")) if cfg.data in local else None
             cfg.out = cfg.default_out(runs_root)
             out.append(cfg)
         return out
@@ -586,6 +626,9 @@ def execute_rows(
                 context["runs"][row.label] = [r.path for r in res.runs]
         except MethodUnavailable as err:
             res.error = f"not available: {err}"
+        except DatasetMissingError as err:  # expected where a user has not the dataset
+            res.error = f"needs its dataset: {err}"
+            log(f"  {target.key} | {row.label}: not run, {str(err).split(' (')[0]}")
         except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
             res.error = f"failed: {type(err).__name__}: {err}"
             log(f"  {target.key} | {row.label}: FAILED\n{traceback.format_exc(limit=4)}")

@@ -171,12 +171,15 @@ def train_all(
 ) -> dict[str, str]:
     """Train every run of ``plan`` that is not complete, ``jobs`` at a time.
 
-    Each worker process sets ``threads`` torch threads (default: the cores divided by
-    ``jobs``, at least 1). Runs are started longest first. A run that fails does not stop the
-    others; returns ``{run directory: error}`` of the failures (empty when all finished).
-    Killed midway, a later call resumes the incomplete runs (each run directory is
-    crash-safe on its own). ``worker`` replaces the function that trains one ``(config,
-    threads)`` job in a process (a module-level function; for tests).
+    A run whose dataset cannot be found (:func:`impl.data.check_dataset`) is not started: one
+    line per dataset says how many runs wait for it and where it was looked for, and each
+    such run is among the failures. Each worker process sets ``threads`` torch threads
+    (default: the cores divided by ``jobs``, at least 1). Runs are started longest first. A
+    run that fails does not stop the others; returns ``{run directory: error}`` of the
+    failures (empty when all finished). Killed midway, a later call resumes the incomplete
+    runs (each run directory is crash-safe on its own). ``worker`` replaces the function
+    that trains one ``(config, threads)`` job in a process (a module-level function; for
+    tests).
     """
     worker = worker or _train_one
     if jobs < 1:
@@ -184,14 +187,17 @@ def train_all(
     todo = sorted(
         (p for p in plan if not _is_complete(p.out, p.config.method)), key=lambda p: -p.cost
     )
+    todo, failures = _with_data(todo, log)
     if not todo:
-        return {}
+        return failures
     threads = threads or max(1, _cores() // jobs)
+    no_dataset = len(failures)
+    complete = len(plan) - len(todo) - no_dataset
+    no_data = f", {no_dataset} without their dataset" if no_dataset else ""
     log(
-        f"training {len(todo)} runs ({len(plan) - len(todo)} of {len(plan)} already complete) "
+        f"training {len(todo)} runs ({complete} of {len(plan)} already complete{no_data}) "
         f"in {min(jobs, len(todo))} processes x {threads} threads"
     )
-    failures: dict[str, str] = {}
     bar = _bar(len(todo), progress)
     t0 = time.perf_counter()
 
@@ -224,8 +230,44 @@ def train_all(
                     done(futures[fut], f"the worker process died: {err}", 0.0)
     if bar is not None:
         bar.close()
-    log(f"trained {len(todo) - len(failures)} runs in {time.perf_counter() - t0:.0f} s")
+    failed = len(failures) - no_dataset
+    log(f"trained {len(todo) - failed} runs in {time.perf_counter() - t0:.0f} s")
     return failures
+
+
+def _with_data(
+    todo: list[PlannedRun], log: Callable[[str], None]
+) -> tuple[list[PlannedRun], dict[str, str]]:
+    """``todo`` without the runs whose dataset is not found, and ``{run directory: error}``
+    of those; logs one line per dataset and directory that is missing."""
+    from impl.data import DatasetMissingError, check_dataset
+    from reproductions.common import DATA_DIR_ENV
+
+    reasons: dict[tuple[str, str | None], str | None] = {}
+    keep: list[PlannedRun] = []
+    failures: dict[str, str] = {}
+    waiting: dict[tuple[str, str | None], int] = {}
+    for p in todo:
+        key = (p.config.data, p.config.data_dir)
+        if key not in reasons:
+            try:
+                check_dataset(*key)
+                reasons[key] = None
+            except DatasetMissingError as err:
+                reasons[key] = str(err)
+            except ValueError:  # an unknown dataset: the run reports its own error
+                reasons[key] = None
+        if reasons[key] is None:
+            keep.append(p)
+        else:
+            failures[p.out] = f"DatasetMissingError: {reasons[key]}"
+            waiting[key] = waiting.get(key, 0) + 1
+    for (name, directory), count in waiting.items():
+        log(
+            f"not training {count} runs on {name}: {reasons[(name, directory)]} Pass its directory "
+            f"with --data-dir {name}=DIR (or {DATA_DIR_ENV})."
+        )
+    return keep, failures
 
 
 def _bar(total: int, enabled: bool) -> Any:

@@ -30,6 +30,13 @@ def test_digest_ignores_output_directory_but_not_seed():
     assert a.digest() != resolve("cpu", seed=1).digest()
 
 
+def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
+    a = resolve("cpu", data="cifar10", data_dir="/data/a")
+    assert a.digest() == resolve("cpu", data="cifar10", data_dir="/mnt/b").digest()
+    assert a.digest() == resolve("cpu", data="cifar10").digest()
+    assert a.digest() != resolve("cpu", data="cifar100", data_dir="/data/a").digest()
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [({"epochs": 0}, "epochs"), ({"schedule": "zigzag"}, "schedule"), ({"lr": -1.0}, "lr")],

@@ -18,9 +18,11 @@ from impl.data import (
     CIFAR100_MEAN,
     CIFAR100_STD,
     DATASETS,
+    LOCAL_DATASETS,
     CropFlip,
     DatasetMissingError,
     TensorLoader,
+    check_dataset,
     make_loaders,
     stratified_split,
 )
@@ -341,6 +343,25 @@ def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- others
+
+
+def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> None:
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(0))
+    check_dataset("cifar10", tmp_path)  # the parent will do, as for make_loaders
+    check_dataset("cifar10", tmp_path / "cifar-10-batches-py")
+    with pytest.raises(DatasetMissingError, match="cifar-100-python"):
+        check_dataset("cifar100", tmp_path)
+    with pytest.raises(DatasetMissingError, match="no data_dir"):
+        check_dataset("imagenet", None)
+    (tmp_path / "train").mkdir()
+    with pytest.raises(DatasetMissingError, match="val"):
+        check_dataset("imagenet", tmp_path)
+    (tmp_path / "val").mkdir()
+    check_dataset("imagenet", tmp_path)
+    for name in set(DATASETS) - set(LOCAL_DATASETS):
+        check_dataset(name, None)  # embedded or made: nothing to find
+    with pytest.raises(ValueError, match="unknown dataset"):
+        check_dataset("svhn", tmp_path)
 
 
 def test_imagenet_missing_directory(tmp_path: Path) -> None:

@@ -122,3 +122,52 @@ def test_jobs_flag_takes_a_count_of_at_least_one_for_both_commands(command, caps
                 ["all", "--jobs", bad])  # fmt: skip
         assert exc.value.code == 2
         assert "--jobs" in capsys.readouterr().err
+
+
+STARTED: list[str] = []
+
+
+def recording_worker(job):
+    """A worker that trains nothing and records which runs it was given."""
+    cfg, _ = job
+    STARTED.append(cfg.data)
+    return str(cfg.out), None, 0.0
+
+
+def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+    from test_data import _fake_cifar  # tests/ is on sys.path
+
+    from reproductions.common import DATA_DIR_ENV
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    cifar = {**TINY, "data": "cifar10"}
+    rows = [Row("digits", "dense", train=TINY), Row("c10", "dense", train=cifar),
+            Row("c10 campfire", "campfire", train=cifar)]  # fmt: skip
+    target = _target("a.b", rows)
+    plan = plan_runs([target], "smoke", tmp_path / "runs")
+    STARTED.clear()
+    lines: list[str] = []
+    failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
+    assert STARTED == ["digits"]  # the cifar10 runs were never handed to a worker
+    assert any(x.startswith("training 1 runs (0 of 3 already complete, 2 without their dataset)")
+               for x in lines) and lines[-1].startswith("trained 1 runs in")  # fmt: skip
+    assert sorted(failures) == sorted(p.out for p in plan[1:])
+    assert all(e.startswith("DatasetMissingError: cifar10: no data directory")
+               for e in failures.values())  # fmt: skip
+    (line,) = [x for x in lines if x.startswith("not training")]
+    assert line.startswith("not training 2 runs on cifar10: ")
+    assert f"--data-dir cifar10=DIR (or {DATA_DIR_ENV})" in line
+    # Pointed at the dataset (its parent directory will do), the same runs start, and their
+    # run directories are the same: where the data is read from is not part of the hash.
+    _fake_cifar(tmp_path / "data", "cifar10", np.random.default_rng(0))
+    monkeypatch.setenv(DATA_DIR_ENV, f"cifar10={tmp_path / 'data'}")
+    again = plan_runs([target], "smoke", tmp_path / "runs")
+    assert [p.out for p in again] == [p.out for p in plan]
+    assert again[1].config.data_dir == str(tmp_path / "data")
+    assert again[0].config.data_dir is None  # digits reads no directory
+    STARTED.clear()
+    assert train_all(again, 1, log=lines.append, progress=False, worker=recording_worker) == {}
+    assert sorted(STARTED) == ["cifar10", "cifar10", "digits"]

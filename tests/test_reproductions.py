@@ -806,3 +806,51 @@ def test_fig11_without_a_gpu_raises_rather_than_saving_an_empty_measurement(tmp_
 
     with pytest.raises(RuntimeError, match=r"dense@cuda: skipped \(dense@cuda needs a CUDA GPU"):
         fig11.iteration_times("gpu", {}, "resnet18-cifar32-b128", rows_path=str(tmp_path / "x"))
+
+
+def test_dataset_dirs_reads_named_and_bare_entries(monkeypatch):
+    import os
+
+    value = os.pathsep.join(["cifar10=/data/c10", "/data", "imagenet=/ilsvrc"])
+    assert common.dataset_dirs(value) == {
+        "cifar10": "/data/c10",
+        "*": "/data",
+        "imagenet": "/ilsvrc",
+    }
+    monkeypatch.setenv(common.DATA_DIR_ENV, "cifar100=/x")
+    assert common.dataset_dirs() == {"cifar100": "/x"}
+    monkeypatch.delenv(common.DATA_DIR_ENV)
+    assert common.dataset_dirs() == {}
+    with pytest.raises(ValueError, match="'digits' is not a dataset read from a directory"):
+        common.dataset_dirs("digits=/x")
+    with pytest.raises(ValueError, match="no directory"):
+        common.dataset_dirs("cifar10=")
+
+
+def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
+    tmp_path, monkeypatch, capsys
+):
+    import numpy as np
+    from test_data import _fake_cifar  # tests/ is on sys.path
+
+    monkeypatch.delenv(common.DATA_DIR_ENV, raising=False)
+    rows = [Row("c100", "dense", train={**TINY, "data": "cifar100"})]
+    target = Target(key="x.y", title="x", description="x", rows=lambda scale: list(rows))
+    lines: list[str] = []
+    (res,) = common.execute_rows(target, "smoke", tmp_path / "runs", log=lines.append)
+    assert res.error.startswith("needs its dataset: cifar100: no data directory")
+    assert lines == ["  x.y | c100: not run, cifar100: no data directory"]  # no traceback
+    _fake_cifar(tmp_path / "data", "cifar100", np.random.default_rng(0))
+    # a bare directory stands for every local dataset (here the parent of cifar-100-python)
+    monkeypatch.setenv(common.DATA_DIR_ENV, str(tmp_path / "data"))
+    (res,) = common.execute_rows(target, "smoke", tmp_path / "runs", log=lines.append)
+    assert res.error is None and res.runs[0].summary["data_spec"]["num_classes"] == 100
+    assert res.runs[0].config["data_dir"] == str(tmp_path / "data")
+
+
+def test_reproduce_refuses_a_data_dir_that_names_no_local_dataset(capsys):
+    from impl import cli
+
+    assert cli.main(["reproduce", "sdgp.table1", "--data-dir", "mnist=/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'mnist' is not a dataset read from a directory" in err

@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0, or 1
     when a target failed (the report is rendered all the same, listing it).
 
-    Raises ``ValueError`` (naming the valid targets) on an unknown target, or on a
-    ``--data-dir`` entry that names no local dataset.
+    Raises ``ValueError`` (naming the valid targets) on an unknown target, on a
+    ``--data-dir`` entry that names no local dataset, or on a GPU scale where no CUDA GPU
+    is present (:func:`check_scale_device`).
     """
     args = build_parser().parse_args(argv)
     if args.list or not args.targets:
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         if key not in TARGETS:
             raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+    check_scale_device(args.scale)
     if args.data_dir:
         import os
 
@@ -208,6 +210,22 @@ def main(argv: list[str] | None = None) -> int:
                 failed)  # fmt: skip
     print(f"report: {index}")
     return report_failures(failed)
+
+
+def check_scale_device(scale: str) -> None:
+    """Refuse the ``gpu`` and ``paper`` scales on a machine without a CUDA GPU: their timings
+    would be taken on the CPU and judged against the papers' GPU claims under the GPU
+    scale's name. Raises ``ValueError`` saying so."""
+    if scale not in ("gpu", "paper"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    raise ValueError(
+        f"--scale {scale} times and trains on a CUDA GPU and torch sees none here "
+        f"(torch {torch.__version__}); on this machine use --scale cpu"
+    )
 
 
 def report_failures(failed: list[str]) -> int:
@@ -239,6 +257,7 @@ def demo(
 __all__ = [
     "DEMO_TARGETS",
     "TARGETS",
+    "check_scale_device",
     "demo",
     "expected_targets",
     "load_target",

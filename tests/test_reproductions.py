@@ -854,3 +854,20 @@ def test_reproduce_refuses_a_data_dir_that_names_no_local_dataset(capsys):
     assert cli.main(["reproduce", "sdgp.table1", "--data-dir", "mnist=/x"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'mnist' is not a dataset read from a directory" in err
+
+
+def test_the_gpu_scales_are_refused_where_torch_sees_no_gpu(monkeypatch, capsys):
+    from impl import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for scale in ("gpu", "paper"):
+        with pytest.raises(ValueError, match=f"--scale {scale} times and trains on a CUDA GPU"):
+            reproductions.check_scale_device(scale)
+    reproductions.check_scale_device("cpu")
+    reproductions.check_scale_device("smoke")
+    assert cli.main(["reproduce", "sdgp.fig9", "--scale", "gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "on this machine use --scale cpu" in err
+    assert cli.main(["reproduce", "--list", "--scale", "gpu"]) == 0  # listing needs no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    reproductions.check_scale_device("gpu")

@@ -136,7 +136,11 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name (default from --scale: resnet20)")
     p.add_argument("--stem", choices=["cifar", "imagenet"])
     p.add_argument("--data", help="dataset (default from --scale: digits)")
-    p.add_argument("--data-dir", help="directory of a local dataset (CIFAR, ImageNet)")
+    p.add_argument(
+        "--data-dir",
+        help="directory of a local dataset (CIFAR, ImageNet; default: where the "
+        "PDTBENCH_DATA_DIR variable says, NAME=DIR or DIR entries joined by ':')",
+    )
     p.add_argument(
         "--image-size",
         type=int,

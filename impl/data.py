@@ -48,8 +48,10 @@ __all__ = [
     "DataSpec",
     "DatasetMissingError",
     "ImageFolderLoader",
+    "DATA_DIR_ENV",
     "LOCAL_DATASETS",
     "check_dataset",
+    "dataset_dirs",
     "Loader",
     "TensorLoader",
     "make_loaders",
@@ -58,6 +60,10 @@ __all__ = [
 DATASETS: tuple[str, ...] = ("digits", "mnist5k", "cifar10", "cifar100", "imagenet", "synthetic")
 #: The datasets read from a local directory (``data_dir``); the others are embedded or made.
 LOCAL_DATASETS: tuple[str, ...] = ("cifar10", "cifar100", "imagenet")
+#: Where the local datasets are when no ``data_dir`` is given: entries separated by
+#: ``os.pathsep``, each ``NAME=DIR`` for one dataset or ``DIR`` for every other one
+#: (``pdtbench reproduce --data-dir`` sets it for its runs).
+DATA_DIR_ENV = "PDTBENCH_DATA_DIR"
 
 #: Seed of the fixed train/test split of the embedded datasets (not the run's seed).
 SPLIT_SEED = 20240229
@@ -545,7 +551,11 @@ def _load_pickle(path: Path) -> dict:
 
 def _missing_cifar(name: str, data_dir: str | Path | None, detail: str) -> DatasetMissingError:
     folder, tarball = _CIFAR[name][0], _CIFAR[name][-1]
-    where = "no data_dir was given" if data_dir is None else f"looked in {Path(data_dir)}"
+    where = (
+        f"no data_dir was given, nor {DATA_DIR_ENV}"
+        if data_dir is None
+        else f"looked in {Path(data_dir)}"
+    )
     return DatasetMissingError(
         f"{name}: {detail} ({where}). Expected the extracted official python version: a "
         f"directory '{folder}' holding {', '.join(_cifar_files(name))}; pass it, or its "
@@ -754,7 +764,7 @@ _IMAGENET_HOW = (
 def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
     how = _IMAGENET_HOW
     if data_dir is None:
-        raise DatasetMissingError(f"imagenet: no data_dir was given. {how}")
+        raise DatasetMissingError(f"imagenet: no data_dir was given, nor {DATA_DIR_ENV}. {how}")
     root = Path(data_dir).expanduser()
     missing = [d for d in ("train", "val") if not (root / d).is_dir()]
     if missing:
@@ -764,10 +774,45 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
     return root
 
 
+def dataset_dirs(value: str | None = None) -> dict[str, str]:
+    """``{dataset: directory}`` from :data:`DATA_DIR_ENV` (or ``value``); the key ``"*"``
+    holds the directory of every dataset not named.
+
+    Raises ``ValueError`` on a name that is not one of :data:`LOCAL_DATASETS` or an entry
+    without a directory.
+    """
+    import os
+
+    text = os.environ.get(DATA_DIR_ENV, "") if value is None else value
+    out: dict[str, str] = {}
+    for entry in filter(None, text.split(os.pathsep)):
+        name, sep, directory = entry.partition("=")
+        if not sep:
+            name, directory = "*", entry
+        elif name not in LOCAL_DATASETS:
+            raise ValueError(
+                f"{DATA_DIR_ENV}: {name!r} is not a dataset read from a directory; "
+                f"valid: {', '.join(LOCAL_DATASETS)} (or a bare DIR for all of them)"
+            )
+        if not directory:
+            raise ValueError(f"{DATA_DIR_ENV}: no directory in {entry!r}")
+        out[name] = directory
+    return out
+
+
+def default_data_dir(name: str) -> str | None:
+    """The directory :data:`DATA_DIR_ENV` gives for local dataset ``name`` (None: none, or
+    ``name`` is not read from a directory)."""
+    if name not in LOCAL_DATASETS:
+        return None
+    dirs = dataset_dirs()
+    return dirs.get(name, dirs.get("*"))
+
+
 def check_dataset(name: str, data_dir: str | Path | None) -> None:
-    """Check, without reading any image, that dataset ``name`` can be found in ``data_dir``:
-    the CIFAR batch files, or ImageNet's ``train`` and ``val`` folders. Embedded and
-    synthetic datasets always can.
+    """Check, without reading any image, that dataset ``name`` can be found in ``data_dir``
+    (None: where :data:`DATA_DIR_ENV` says): the CIFAR batch files, or ImageNet's ``train``
+    and ``val`` folders. Embedded and synthetic datasets always can.
 
     Raises:
         ValueError: unknown ``name``.
@@ -776,6 +821,8 @@ def check_dataset(name: str, data_dir: str | Path | None) -> None:
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if data_dir is None:
+        data_dir = default_data_dir(name)
     if name == "imagenet":
         _find_imagenet_dir(data_dir)
     elif name in _CIFAR:
@@ -874,7 +921,8 @@ def make_loaders(
     Args:
         name: one of ``DATASETS``.
         batch_size: training images per batch (settable later on the loader).
-        data_dir: where cifar10/cifar100/imagenet live (ignored by the embedded datasets).
+        data_dir: where cifar10/cifar100/imagenet live (ignored by the embedded datasets);
+            None: where :data:`DATA_DIR_ENV` says, if it does.
         seed: the run's seed; shuffling and augmentation of epoch e depend on (seed, e).
             The train/test split of digits and mnist5k does not depend on it.
         augment: training augmentation on (digits/mnist5k: 2-pixel random translation;
@@ -897,6 +945,8 @@ def make_loaders(
     _check_batch_size(batch_size)
     _check_batch_size(eval_batch_size)
     _check_seed(seed)
+    if data_dir is None:
+        data_dir = default_data_dir(name)
     if name == "imagenet":
         return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
     if name == "digits":

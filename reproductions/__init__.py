@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir:
         import os
 
-        from reproductions.common import DATA_DIR_ENV, dataset_dirs
+        from impl.data import DATA_DIR_ENV, dataset_dirs
 
         value = os.pathsep.join(args.data_dir)
         dataset_dirs(value)  # a bad entry is a ValueError now, before any work

@@ -20,7 +20,6 @@ import hashlib
 import importlib
 import json
 import math
-import os
 import statistics
 import time
 import traceback
@@ -29,44 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from impl.data import DatasetMissingError
+from impl.data import DatasetMissingError, dataset_dirs
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
 from reproductions.published import lookup, paper_values
 from reproductions.settings import settings_lines, setup_name
 
 SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 RUNS_ROOT = Path("runs/reproductions")
-#: Where the reproductions read the local datasets (CIFAR, ImageNet) from: entries separated
-#: by ``os.pathsep``, each ``NAME=DIR`` for one dataset or ``DIR`` for every other one
-#: (``pdtbench reproduce --data-dir`` sets it).
-DATA_DIR_ENV = "PDTBENCH_DATA_DIR"
-
-
-def dataset_dirs(value: str | None = None) -> dict[str, str]:
-    """``{dataset: directory}`` from :data:`DATA_DIR_ENV` (or ``value``); the key ``"*"``
-    holds the directory of every dataset not named.
-
-    Raises ``ValueError`` on a name that is not a local dataset
-    (:data:`impl.data.LOCAL_DATASETS`) or an empty directory.
-    """
-    from impl.data import LOCAL_DATASETS
-
-    text = os.environ.get(DATA_DIR_ENV, "") if value is None else value
-    out: dict[str, str] = {}
-    for entry in filter(None, text.split(os.pathsep)):
-        name, sep, directory = entry.partition("=")
-        if not sep:
-            name, directory = "*", entry
-        elif name not in LOCAL_DATASETS:
-            raise ValueError(
-                f"{DATA_DIR_ENV}: {name!r} is not a dataset read from a directory; "
-                f"valid: {', '.join(LOCAL_DATASETS)} (or a bare DIR for all of them)"
-            )
-        if not directory:
-            raise ValueError(f"{DATA_DIR_ENV}: no directory in {entry!r}")
-        out[name] = directory
-    return out
-
 
 REPORTS_ROOT = Path("reports")
 

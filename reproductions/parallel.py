@@ -240,8 +240,7 @@ def _with_data(
 ) -> tuple[list[PlannedRun], dict[str, str]]:
     """``todo`` without the runs whose dataset is not found, and ``{run directory: error}``
     of those; logs one line per dataset and directory that is missing."""
-    from impl.data import DatasetMissingError, check_dataset
-    from reproductions.common import DATA_DIR_ENV
+    from impl.data import DATA_DIR_ENV, DatasetMissingError, check_dataset
 
     reasons: dict[tuple[str, str | None], str | None] = {}
     keep: list[PlannedRun] = []

@@ -1,4 +1,5 @@
-"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA GPU is present."""
+"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA GPU is present, and
+the shell's dataset directories (PDTBENCH_DATA_DIR) do not reach the tests."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_dataset_directories_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's PDTBENCH_DATA_DIR must not change what the tests see."""
+    monkeypatch.delenv("PDTBENCH_DATA_DIR", raising=False)

@@ -345,6 +345,21 @@ def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- others
 
 
+def test_without_a_data_dir_the_environment_says_where_the_dataset_is(tmp_path, monkeypatch):
+    from impl.data import DATA_DIR_ENV
+
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(0))
+    monkeypatch.setenv(DATA_DIR_ENV, f"cifar100={tmp_path / 'elsewhere'}")
+    with pytest.raises(DatasetMissingError, match=f"no data_dir was given, nor {DATA_DIR_ENV}"):
+        make_loaders("cifar10", 5)  # an entry for another dataset does not stand for this one
+    monkeypatch.setenv(DATA_DIR_ENV, f"cifar10={tmp_path}")
+    _, test, spec = make_loaders("cifar10", 5, augment=False)
+    assert spec.test_size == 4 and spec.num_classes == 10
+    check_dataset("cifar10", None)
+    with pytest.raises(DatasetMissingError, match="nowhere"):  # given, it wins
+        make_loaders("cifar10", 5, data_dir=tmp_path / "nowhere")
+
+
 def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> None:
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(0))
     check_dataset("cifar10", tmp_path)  # the parent will do, as for make_loaders

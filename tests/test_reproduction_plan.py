@@ -140,7 +140,7 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     import numpy as np
     from test_data import _fake_cifar  # tests/ is on sys.path
 
-    from reproductions.common import DATA_DIR_ENV
+    from impl.data import DATA_DIR_ENV
 
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     cifar = {**TINY, "data": "cifar10"}

@@ -811,20 +811,22 @@ def test_fig11_without_a_gpu_raises_rather_than_saving_an_empty_measurement(tmp_
 def test_dataset_dirs_reads_named_and_bare_entries(monkeypatch):
     import os
 
+    import impl.data as data_mod
+
     value = os.pathsep.join(["cifar10=/data/c10", "/data", "imagenet=/ilsvrc"])
-    assert common.dataset_dirs(value) == {
+    assert data_mod.dataset_dirs(value) == {
         "cifar10": "/data/c10",
         "*": "/data",
         "imagenet": "/ilsvrc",
     }
-    monkeypatch.setenv(common.DATA_DIR_ENV, "cifar100=/x")
-    assert common.dataset_dirs() == {"cifar100": "/x"}
-    monkeypatch.delenv(common.DATA_DIR_ENV)
-    assert common.dataset_dirs() == {}
+    monkeypatch.setenv(data_mod.DATA_DIR_ENV, "cifar100=/x")
+    assert data_mod.dataset_dirs() == {"cifar100": "/x"}
+    monkeypatch.delenv(data_mod.DATA_DIR_ENV)
+    assert data_mod.dataset_dirs() == {}
     with pytest.raises(ValueError, match="'digits' is not a dataset read from a directory"):
-        common.dataset_dirs("digits=/x")
+        data_mod.dataset_dirs("digits=/x")
     with pytest.raises(ValueError, match="no directory"):
-        common.dataset_dirs("cifar10=")
+        data_mod.dataset_dirs("cifar10=")
 
 
 def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
@@ -833,7 +835,9 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     import numpy as np
     from test_data import _fake_cifar  # tests/ is on sys.path
 
-    monkeypatch.delenv(common.DATA_DIR_ENV, raising=False)
+    import impl.data as data_mod
+
+    monkeypatch.delenv(data_mod.DATA_DIR_ENV, raising=False)
     rows = [Row("c100", "dense", train={**TINY, "data": "cifar100"})]
     target = Target(key="x.y", title="x", description="x", rows=lambda scale: list(rows))
     lines: list[str] = []
@@ -842,7 +846,7 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     assert lines == ["  x.y | c100: not run, cifar100: no data directory"]  # no traceback
     _fake_cifar(tmp_path / "data", "cifar100", np.random.default_rng(0))
     # a bare directory stands for every local dataset (here the parent of cifar-100-python)
-    monkeypatch.setenv(common.DATA_DIR_ENV, str(tmp_path / "data"))
+    monkeypatch.setenv(data_mod.DATA_DIR_ENV, str(tmp_path / "data"))
     (res,) = common.execute_rows(target, "smoke", tmp_path / "runs", log=lines.append)
     assert res.error is None and res.runs[0].summary["data_spec"]["num_classes"] == 100
     assert res.runs[0].config["data_dir"] == str(tmp_path / "data")

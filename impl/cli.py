@@ -368,15 +368,27 @@ def cmd_env(argv: list[str]) -> int:
 def cmd_eval_fgsm(argv: list[str]) -> int:
     """``pdtbench eval-fgsm RUN_DIR --eps ...``: top-1 under FGSM (Campfire Table 6)."""
     from impl.robustness import eval_fgsm_run
+    from impl.train import pick_device
 
     p = argparse.ArgumentParser(
-        prog="pdtbench eval-fgsm", description="Top-1 on FGSM adversarial examples."
+        prog="pdtbench eval-fgsm",
+        description="Top-1 of finished runs' models on FGSM adversarial examples of their "
+        "test sets, each model attacking itself (Campfire Sec. 3.2, Table 6); the rows are "
+        "also written to <RUN_DIR>/fgsm.json.",
     )
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--eps", type=float, nargs="+", default=[0.0, 0.05, 0.1])
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished run directories")
+    p.add_argument(
+        "--eps",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.05, 0.1],
+        help="perturbations per pixel, on the [0, 1] scale of the raw images (default: 0 0.05 0.1)",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     args = p.parse_args(argv)
+    device = str(pick_device(args.device))
     for run_dir in args.run_dirs:
-        rows = eval_fgsm_run(run_dir, args.eps)
+        rows = eval_fgsm_run(run_dir, args.eps, device=device)
         for row in rows:
             print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")
     return 0

@@ -167,6 +167,7 @@ def eval_fgsm_run(
         "scale": cfg.scale,
         "test_size": spec.test_size,
         "image_size": spec.image_size,
+        "device": str(device),
         "rows": rows,
     }
     write_json(run_dir / FGSM_FILE, record)

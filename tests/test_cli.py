@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 import pytest
+import torch
 
 from impl import cli
 from impl.methods.base import MethodConfig
@@ -151,6 +152,12 @@ def test_train_then_eval_fgsm_then_report_on_the_run(tmp_path, capsys):
     assert [line.split(": ")[1] for line in lines] == ["eps 0", "eps 0.1"]
     top1 = [float(line.rsplit(" ", 1)[1].rstrip("%")) for line in lines]
     assert 0.0 <= top1[1] <= top1[0] <= 100.0
+    import json
+
+    assert json.loads((run / "fgsm.json").read_text())["device"] == "cpu"  # auto, no GPU here
+    if not torch.cuda.is_available():  # a device this machine lacks: one line, exit 2
+        assert cli.main(["eval-fgsm", str(run), "--device", "cuda"]) == 2
+        assert "CUDA" in capsys.readouterr().err
 
     out = tmp_path / "html"
     assert cli.main(["report", str(tmp_path / "runs"), "--out", str(out)]) == 0

@@ -96,6 +96,7 @@ def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path):
     )
     (tmp_path / "test_cut.py").write_text(CUT_TESTS)
     out = tmp_path / "out" / "pb.json"
+    out.parent.mkdir()  # pytest-benchmark before 5.3 opens the file at start-up
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_cut.py",
          "--benchmark-only", "--benchmark-json", str(out)],

@@ -595,8 +595,12 @@ def execute_rows(
         except MethodUnavailable as err:
             res.error = f"not available: {err}"
         except DatasetMissingError as err:  # expected where a user has not the dataset
-            res.error = f"needs its dataset: {err}"
-            log(f"  {target.key} | {row.label}: not run, {str(err).split(' (')[0]}")
+            # the whole message (what is expected, where to get it) is in the run's log line;
+            # the report's row says what is missing and how to point at it
+            short = str(err).split(" (")[0].split(". ")[0]
+            name = short.split(":")[0]
+            res.error = f"needs its dataset: {short}; give it with --data-dir {name}=DIR"
+            log(f"  {target.key} | {row.label}: not run, {short}")
         except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
             res.error = f"failed: {type(err).__name__}: {err}"
             log(f"  {target.key} | {row.label}: FAILED\n{traceback.format_exc(limit=4)}")

@@ -842,7 +842,9 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     target = Target(key="x.y", title="x", description="x", rows=lambda scale: list(rows))
     lines: list[str] = []
     (res,) = common.execute_rows(target, "smoke", tmp_path / "runs", log=lines.append)
-    assert res.error.startswith("needs its dataset: cifar100: no data directory")
+    assert res.error == (
+        "needs its dataset: cifar100: no data directory; give it with --data-dir cifar100=DIR"
+    )
     assert lines == ["  x.y | c100: not run, cifar100: no data directory"]  # no traceback
     _fake_cifar(tmp_path / "data", "cifar100", np.random.default_rng(0))
     # a bare directory stands for every local dataset (here the parent of cifar-100-python)

@@ -119,6 +119,32 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
 
 
 # -- train ---------------------------------------------------------------------------------------
+def _train_field_help(name: str, *, default: bool = True) -> str:
+    """A train flag's help: the TrainConfig docstring's entry for ``name`` and, with
+    ``default``, its default at each scale (a preset's value where it sets one)."""
+    from impl.config import SCALE_PRESETS, SCALES, TrainConfig
+
+    text = field_help(TrainConfig)[name].rstrip(".").replace("``", "")
+    if not default:
+        return text
+    base = {f.name: f.default for f in dataclasses.fields(TrainConfig)}.get(name)
+    if isinstance(base, dataclasses._MISSING_TYPE):  # a default factory: an empty list
+        base = []
+    per_scale = {scale: SCALE_PRESETS[scale].get(name, base) for scale in SCALES}
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return " ".join(map(str, value)) or "none"
+        return str(value)
+
+    if len({shown(v) for v in per_scale.values()}) == 1:
+        return f"{text} (default: {shown(base)})"
+    by_scale = ", ".join(f"{scale} {shown(v)}" for scale, v in per_scale.items())
+    return f"{text} (default by --scale: {by_scale})"
+
+
 def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     from impl.config import SCALE_HELP, SCALES, SCHEDULES
 
@@ -134,7 +160,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         "(docs/new-method.md)",
     )
     p.add_argument("--model", help="model name (default from --scale: resnet20)")
-    p.add_argument("--stem", choices=["cifar", "imagenet"])
+    p.add_argument("--stem", choices=["cifar", "imagenet"], help=_train_field_help("stem"))
     p.add_argument("--data", help="dataset (default from --scale: digits)")
     p.add_argument(
         "--data-dir",
@@ -148,20 +174,25 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         "set; the cpu-scale reproductions use 16)",
     )
     p.add_argument("--scale", default="cpu", choices=SCALES, help=f"{SCALE_HELP} (default: cpu)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--momentum", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--schedule", choices=SCHEDULES)
-    p.add_argument("--milestones", type=int, nargs="+")
-    p.add_argument("--label-smoothing", type=float)
-    p.add_argument("--no-augment", action="store_true")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device")
-    p.add_argument("--bf16", action="store_true")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--max-steps-per-epoch", type=int)
+    say = _train_field_help
+    p.add_argument("--epochs", type=int, help=say("epochs"))
+    p.add_argument("--batch-size", type=int, help=say("batch_size"))
+    p.add_argument("--lr", type=float, help=say("lr"))
+    p.add_argument("--momentum", type=float, help=say("momentum"))
+    p.add_argument("--weight-decay", type=float, help=say("weight_decay"))
+    p.add_argument("--schedule", choices=SCHEDULES, help=say("schedule"))
+    p.add_argument("--milestones", type=int, nargs="+", help=say("milestones"))
+    p.add_argument("--label-smoothing", type=float, help=say("label_smoothing"))
+    p.add_argument(
+        "--no-augment",
+        action="store_true",
+        help="turn off the " + say("augment", default=False) + ", on by default",
+    )
+    p.add_argument("--seed", type=int, help=say("seed"))
+    p.add_argument("--device", help=say("device"))
+    p.add_argument("--bf16", action="store_true", help=say("bf16", default=False))
+    p.add_argument("--threads", type=int, help=say("threads", default=False))
+    p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
     p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(

@@ -373,3 +373,16 @@ def test_a_run_directory_in_use_is_refused_in_one_line(tmp_path, capsys):
             assert "being trained by another process" in capsys.readouterr().err
             assert not (fresh / "config.json").exists()
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0  # released
+
+
+def test_every_train_flag_says_what_it_sets_and_its_default_at_each_scale():
+    from impl.config import SCALE_PRESETS
+
+    parser = cli._train_parser(None)
+    silent = [a.option_strings for a in parser._actions if not a.help and a.option_strings]
+    assert silent == []
+    text = " ".join(parser.format_help().split())
+    presets = ", ".join(f"{s} {SCALE_PRESETS[s]['epochs']}" for s in SCALE_PRESETS)
+    assert f"number of training epochs (default by --scale: {presets})" in text
+    assert "SGD momentum (default: 0.9)" in text  # no preset sets it
+    assert "(default by --scale: smoke none, cpu none, gpu none, paper 91 136)" in text

@@ -1,0 +1,79 @@
+"""The paper-scale rows of every reproduction can start training.
+
+A paper-scale run needs CIFAR/ImageNet and a GPU, so the rows are never trained by the test
+suite; what can be checked without them is everything checked before the first step: the
+resolved config, the method's own validation (ClickTrain's stage schedule fits in the epochs,
+Campfire's pruning era ends by the last epoch, the model has layers the method prunes) and
+the model built with the dataset's number of classes (on the meta device: no memory, no
+time).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import reproductions
+from impl.methods import create_method
+from impl.models import create
+from reproductions.common import Row
+
+# classes of the datasets the paper-scale rows train on (synthetic: the row's data_options)
+CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet": 1000}
+
+
+def _training_rows(key: str) -> list[Row]:
+    rows = reproductions.load_target(key).rows("paper")
+    return [r for r in rows if r.measure is None and not r.needs]
+
+
+TRAINING_TARGETS = [k for k in reproductions.TARGETS if _training_rows(k)]
+
+
+@pytest.mark.parametrize("key", TRAINING_TARGETS, ids=TRAINING_TARGETS)
+def test_every_paper_training_row_passes_the_checks_made_before_training(key, tmp_path):
+    for row in _training_rows(key):
+        configs = row.configs("paper", tmp_path)
+        assert configs, (key, row.label)
+        cfg = configs[0]  # the seeds differ only in the seed
+        cfg.validate()
+        assert cfg.scale == "paper", (key, row.label)
+        checked = (cfg.method, json.dumps(cfg.method_options, sort_keys=True), cfg.model,
+                   cfg.stem, cfg.epochs)  # fmt: skip
+        if checked not in _VALIDATED:  # many rows share a method config (seconds saved)
+            create_method(cfg.method, cfg.method_options).validate(cfg)
+            _VALIDATED.add(checked)
+        classes = CLASSES.get(cfg.data, cfg.data_options.get("num_classes", 10))
+        assert _head_outputs(cfg.model, classes, cfg.stem) == classes, (key, row.label)
+
+
+_VALIDATED: set[tuple] = set()
+
+
+@functools.cache
+def _head_outputs(model: str, classes: int, stem: str) -> int:
+    """Outputs of the last linear layer of ``model`` built for ``classes`` (meta device)."""
+    with torch.device("meta"):
+        net = create(model, num_classes=classes, stem=stem)
+    return [m for m in net.modules() if isinstance(m, nn.Linear)][-1].out_features
+
+
+def test_the_paper_rows_cover_every_method_and_dataset():
+    seen = {(r.method, r.train.get("data", "cifar10")) for k in TRAINING_TARGETS
+            for r in _training_rows(k)}  # fmt: skip
+    for method in ("dense", "clicktrain", "prunetrain", "sdgp", "campfire"):
+        assert (method, "cifar10") in seen and (method, "imagenet") in seen, method
+    assert ("prunetrain", "cifar100") in seen and ("clicktrain", "cifar100") in seen
+
+
+def test_a_paper_row_whose_schedule_does_not_fit_is_refused_before_training(tmp_path):
+    # What the first test would catch: a ClickTrain hard-pruning epoch after the end of
+    # training is refused by the method's validation, before any step.
+    row = Row("bad", "clicktrain", options={"hard_prune_epoch": 200}, train={"epochs": 182})
+    cfg = row.configs("paper", tmp_path)[0]
+    with pytest.raises(ValueError, match="after the end of training"):
+        create_method(cfg.method, cfg.method_options).validate(cfg)

@@ -812,7 +812,8 @@ def default_data_dir(name: str) -> str | None:
 def check_dataset(name: str, data_dir: str | Path | None) -> None:
     """Check, without reading any image, that dataset ``name`` can be found in ``data_dir``
     (None: where :data:`DATA_DIR_ENV` says): the CIFAR batch files, or ImageNet's ``train``
-    and ``val`` folders. Embedded and synthetic datasets always can.
+    and ``val`` folders and torchvision to read them. Embedded and synthetic datasets always
+    can.
 
     Raises:
         ValueError: unknown ``name``.
@@ -825,6 +826,13 @@ def check_dataset(name: str, data_dir: str | Path | None) -> None:
         data_dir = default_data_dir(name)
     if name == "imagenet":
         _find_imagenet_dir(data_dir)
+        import importlib.util
+
+        if importlib.util.find_spec("torchvision") is None:
+            raise DatasetMissingError(
+                "imagenet: reading the ImageFolder tree needs torchvision (pip install "
+                f"torchvision, the build matching your torch {torch.__version__})"
+            )
     elif name in _CIFAR:
         _find_cifar_dir(name, data_dir)
 

@@ -518,7 +518,10 @@ def resume(run_dir: str | os.PathLike, *, progress: bool = True) -> dict[str, An
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
     summary_path = run_dir / rundir.SUMMARY_FILE
     if summary_path.exists():
-        summary = rundir.read_json(summary_path)
+        try:
+            summary = rundir.read_json(summary_path)
+        except (OSError, ValueError):  # unreadable: continue from the checkpoint
+            summary = {}
         if summary.get("status") == "complete":
             return summary
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))

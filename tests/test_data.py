@@ -372,7 +372,19 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
     with pytest.raises(DatasetMissingError, match="val"):
         check_dataset("imagenet", tmp_path)
     (tmp_path / "val").mkdir()
-    check_dataset("imagenet", tmp_path)
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def without_torchvision(name, *args):
+        return None if name == "torchvision" else real_find_spec(name, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(importlib.util, "find_spec", without_torchvision)
+        with pytest.raises(DatasetMissingError, match="needs torchvision"):
+            check_dataset("imagenet", tmp_path)  # the tree is there, its reader is not
+        mp.setattr(importlib.util, "find_spec", lambda name, *a: object())
+        check_dataset("imagenet", tmp_path)
     for name in set(DATASETS) - set(LOCAL_DATASETS):
         check_dataset(name, None)  # embedded or made: nothing to find
     with pytest.raises(ValueError, match="unknown dataset"):

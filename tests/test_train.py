@@ -269,3 +269,16 @@ def test_bad_method_option_fails_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="final"):
         train(cfg, progress=False)
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_resume_continues_from_the_checkpoint_when_the_summary_is_unreadable(tmp_path):
+    from impl.config import resolve
+    from impl.train import resume, train
+
+    cfg = resolve("smoke", epochs=1, max_steps_per_epoch=1, threads=1)
+    cfg.out = str(tmp_path / "run")
+    first = train(cfg, progress=False)
+    (tmp_path / "run" / "summary.json").write_text("")  # e.g. a copy cut short
+    again = resume(tmp_path / "run", progress=False)
+    assert again["status"] == "complete" and again["top1"] == first["top1"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "complete"

@@ -127,9 +127,8 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
     text = field_help(TrainConfig)[name].rstrip(".").replace("``", "")
     if not default:
         return text
-    base = {f.name: f.default for f in dataclasses.fields(TrainConfig)}.get(name)
-    if isinstance(base, dataclasses._MISSING_TYPE):  # a default factory: an empty list
-        base = []
+    field = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    base = field.default_factory() if field.default is dataclasses.MISSING else field.default
     per_scale = {scale: SCALE_PRESETS[scale].get(name, base) for scale in SCALES}
 
     def shown(value: Any) -> str:

@@ -83,7 +83,19 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class DatasetMissingError(FileNotFoundError):
-    """A dataset's files are not where they were expected; the message says how to get them."""
+    """A dataset's files are not where they were expected; the message says how to get them.
+
+    ``dataset`` names the dataset, ``reason`` says in a few words what is missing, and
+    ``remedy`` what to do about it, for callers that report many such errors at once.
+    """
+
+    def __init__(
+        self, message: str, *, dataset: str = "", reason: str = "", remedy: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.dataset = dataset
+        self.reason = reason or message
+        self.remedy = remedy or f"give it with --data-dir {dataset}=DIR"
 
 
 @dataclass(frozen=True)
@@ -560,7 +572,9 @@ def _missing_cifar(name: str, data_dir: str | Path | None, detail: str) -> Datas
         f"{name}: {detail} ({where}). Expected the extracted official python version: a "
         f"directory '{folder}' holding {', '.join(_cifar_files(name))}; pass it, or its "
         f"parent, as data_dir. Obtain it from {CIFAR_URL} (file {tarball}) and extract it "
-        f"with `tar xzf {tarball.rsplit('/', 1)[-1]}`. Nothing is downloaded automatically."
+        f"with `tar xzf {tarball.rsplit('/', 1)[-1]}`. Nothing is downloaded automatically.",
+        dataset=name,
+        reason=detail,
     )
 
 
@@ -570,6 +584,8 @@ def _cifar_files(name: str) -> tuple[str, ...]:
 
 
 def _find_cifar_dir(name: str, data_dir: str | Path | None) -> Path:
+    if data_dir is None:
+        data_dir = default_data_dir(name)
     if data_dir is None:
         raise _missing_cifar(name, data_dir, "no data directory")
     root = Path(data_dir).expanduser()
@@ -762,14 +778,20 @@ _IMAGENET_HOW = (
 
 
 def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
-    how = _IMAGENET_HOW
     if data_dir is None:
-        raise DatasetMissingError(f"imagenet: no data_dir was given, nor {DATA_DIR_ENV}. {how}")
+        data_dir = default_data_dir("imagenet")
+    if data_dir is None:
+        raise DatasetMissingError(
+            f"imagenet: no data_dir was given, nor {DATA_DIR_ENV}. {_IMAGENET_HOW}",
+            dataset="imagenet",
+            reason="no data directory",
+        )
     root = Path(data_dir).expanduser()
     missing = [d for d in ("train", "val") if not (root / d).is_dir()]
     if missing:
+        reason = f"{', '.join(str(root / d) for d in missing)} not found"
         raise DatasetMissingError(
-            f"imagenet: {', '.join(str(root / d) for d in missing)} not found. {how}"
+            f"imagenet: {reason}. {_IMAGENET_HOW}", dataset="imagenet", reason=reason
         )
     return root
 
@@ -822,8 +844,6 @@ def check_dataset(name: str, data_dir: str | Path | None) -> None:
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-    if data_dir is None:
-        data_dir = default_data_dir(name)
     if name == "imagenet":
         _find_imagenet_dir(data_dir)
         import importlib.util
@@ -831,7 +851,10 @@ def check_dataset(name: str, data_dir: str | Path | None) -> None:
         if importlib.util.find_spec("torchvision") is None:
             raise DatasetMissingError(
                 "imagenet: reading the ImageFolder tree needs torchvision (pip install "
-                f"torchvision, the build matching your torch {torch.__version__})"
+                f"torchvision, the build matching your torch {torch.__version__})",
+                dataset="imagenet",
+                reason="torchvision is not installed",
+                remedy="pip install torchvision (the build matching your torch)",
             )
     elif name in _CIFAR:
         _find_cifar_dir(name, data_dir)
@@ -876,7 +899,11 @@ def _imagenet(
     train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf)
     val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf)
     if len(train_set) == 0 or len(val_set) == 0:
-        raise DatasetMissingError(f"imagenet: no images under {root}. {_IMAGENET_HOW}")
+        raise DatasetMissingError(
+            f"imagenet: no images under {root}. {_IMAGENET_HOW}",
+            dataset="imagenet",
+            reason=f"no images under {root}",
+        )
     if train_set.classes != val_set.classes:
         raise ValueError(
             f"imagenet: train/ has {len(train_set.classes)} classes and val/ has "
@@ -953,8 +980,6 @@ def make_loaders(
     _check_batch_size(batch_size)
     _check_batch_size(eval_batch_size)
     _check_seed(seed)
-    if data_dir is None:
-        data_dir = default_data_dir(name)
     if name == "imagenet":
         return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
     if name == "digits":

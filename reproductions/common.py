@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.data import DatasetMissingError, dataset_dirs
+from impl.methods import identity_change
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
 from reproductions.published import lookup, paper_values
 from reproductions.settings import settings_lines, setup_name
@@ -200,20 +201,11 @@ def _read_complete(run_dir: Path) -> dict[str, Any] | None:
     return summary if summary.get("status") == "complete" else None
 
 
-def stale_reason(summary: dict[str, Any], method: str) -> str | None:
-    """Why a complete run of a registered (not built-in) method cannot stand for the method
-    as it is now (:func:`impl.methods.identity_change` of the identity its summary records).
-    None: it can."""
-    from impl.methods import identity_change
-
-    return identity_change(summary, method)
-
-
 def reusable_summary(run_dir: Path, method: str) -> dict[str, Any] | None:
     """The complete run's summary in ``run_dir`` where it stands for ``method`` as it is now
-    (:func:`stale_reason`), else None."""
+    (:func:`impl.methods.identity_change`), else None."""
     summary = _read_complete(run_dir)
-    if summary is None or stale_reason(summary, method) is not None:
+    if summary is None or identity_change(summary, method) is not None:
         return None
     return summary
 
@@ -223,10 +215,11 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 
     Returns ``(summary, reused)``. A directory with a config but no complete summary (a
     killed run) is resumed through :func:`impl.train.resume`. A complete run of a registered
-    method whose class or code has changed since (:func:`stale_reason`) is moved aside to
-    ``<run dir>.stale-<time>`` and trained again, as is a killed run whose last checkpoint
-    was written by other code of the method (:class:`impl.rundir.StaleRunError`). Raises
-    :class:`MethodUnavailable` when the method's module is missing.
+    method whose class or code has changed since (:func:`impl.methods.identity_change`) is
+    moved aside to ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
+    last checkpoint was written by other code of the method
+    (:class:`impl.rundir.StaleRunError`). Raises :class:`MethodUnavailable` when the method's
+    module is missing.
     """
     import sys
 
@@ -242,7 +235,7 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 
     summary = _read_complete(run_dir)
     if summary is not None:
-        why = stale_reason(summary, cfg.method)
+        why = identity_change(summary, cfg.method)
         if why is None:
             return summary, True
         move_aside(why)
@@ -595,11 +588,10 @@ def execute_rows(
         except MethodUnavailable as err:
             res.error = f"not available: {err}"
         except DatasetMissingError as err:  # expected where a user has not the dataset
-            # the whole message (what is expected, where to get it) is in the run's log line;
-            # the report's row says what is missing and how to point at it
-            short = str(err).split(" (")[0].split(". ")[0]
-            name = short.split(":")[0]
-            res.error = f"needs its dataset: {short}; give it with --data-dir {name}=DIR"
+            # the whole message (what is expected, where to get it) is in train_all's line;
+            # the report's row says what is missing and what to do
+            short = f"{err.dataset}: {err.reason}"
+            res.error = f"needs its dataset: {short}; {err.remedy}"
             log(f"  {target.key} | {row.label}: not run, {short}")
         except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
             res.error = f"failed: {type(err).__name__}: {err}"

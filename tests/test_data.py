@@ -366,8 +366,10 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
     check_dataset("cifar10", tmp_path / "cifar-10-batches-py")
     with pytest.raises(DatasetMissingError, match="cifar-100-python"):
         check_dataset("cifar100", tmp_path)
-    with pytest.raises(DatasetMissingError, match="no data_dir"):
+    with pytest.raises(DatasetMissingError, match="no data_dir") as err:
         check_dataset("imagenet", None)
+    assert (err.value.dataset, err.value.reason) == ("imagenet", "no data directory")
+    assert err.value.remedy == "give it with --data-dir imagenet=DIR"
     (tmp_path / "train").mkdir()
     with pytest.raises(DatasetMissingError, match="val"):
         check_dataset("imagenet", tmp_path)

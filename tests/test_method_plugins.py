@@ -333,13 +333,12 @@ class Mine(Method):
 """
 
 
-def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
-    tmp_path, monkeypatch, capsys
-):
+@pytest.fixture
+def edit_mine(tmp_path, monkeypatch):
+    """Register the plug-in ``mine`` (PLUGIN at version 1, in a fresh module); the returned
+    function rewrites its source at another version, as a user editing their method."""
     import importlib
     import sys
-
-    from reproductions.common import reusable_summary, run_or_reuse
 
     monkeypatch.delitem(sys.modules, "mine_method", raising=False)  # another test's copy
     pkg = tmp_path / "src"
@@ -347,15 +346,27 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
     (pkg / "mine_method.py").write_text(PLUGIN.format(version=1))
     monkeypatch.syspath_prepend(str(pkg))
     monkeypatch.setenv(registry.ENV_VAR, "mine=mine_method:Mine")
+
+    def edit(version: int) -> None:
+        (pkg / "mine_method.py").write_text(PLUGIN.format(version=version))
+        sys.modules.pop("mine_method", None)
+        importlib.invalidate_caches()
+
+    return edit
+
+
+def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
+    tmp_path, edit_mine, capsys
+):
+    from reproductions.common import reusable_summary, run_or_reuse
+
     cfg = resolve("smoke", method="mine", epochs=1, max_steps_per_epoch=1, threads=1)
     cfg.out = str(tmp_path / "runs" / "mine")
     summary, reused = run_or_reuse(cfg)
     assert not reused and summary["method_source_sha256"]
     assert run_or_reuse(cfg)[1] is True  # unchanged: reused
     # the user edits their method: the old run no longer stands for it
-    (pkg / "mine_method.py").write_text(PLUGIN.format(version=2))
-    sys.modules.pop("mine_method", None)
-    importlib.invalidate_caches()
+    edit_mine(2)
     assert reusable_summary(tmp_path / "runs" / "mine", "mine") is None
     capsys.readouterr()
     summary2, reused2 = run_or_reuse(cfg)
@@ -365,22 +376,11 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
     assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1  # kept, not deleted
 
 
-def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(
-    tmp_path, monkeypatch, capsys
-):
-    import importlib
-    import sys
-
+def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(tmp_path, edit_mine, capsys):
     from impl.rundir import SUMMARY_FILE, StaleRunError, load_checkpoint
     from impl.train import resume
     from reproductions.common import run_or_reuse
 
-    monkeypatch.delitem(sys.modules, "mine_method", raising=False)  # another test's copy
-    pkg = tmp_path / "src"
-    pkg.mkdir()
-    (pkg / "mine_method.py").write_text(PLUGIN.format(version=1))
-    monkeypatch.syspath_prepend(str(pkg))
-    monkeypatch.setenv(registry.ENV_VAR, "mine=mine_method:Mine")
     cfg = resolve("smoke", method="mine", epochs=1, max_steps_per_epoch=1, threads=1)
     run_dir = tmp_path / "runs" / "mine"
     cfg.out = str(run_dir)
@@ -391,9 +391,7 @@ def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(
     assert run_or_reuse(cfg)[1] is False  # same code: continued in place
     assert not list((tmp_path / "runs").glob("mine.stale-*"))
     (run_dir / SUMMARY_FILE).unlink()
-    (pkg / "mine_method.py").write_text(PLUGIN.format(version=2))
-    sys.modules.pop("mine_method", None)
-    importlib.invalidate_caches()
+    edit_mine(2)
     with pytest.raises(StaleRunError, match="mine_method:Mine has changed since it was trained"):
         resume(run_dir, progress=False)
     capsys.readouterr()

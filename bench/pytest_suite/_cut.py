@@ -23,15 +23,21 @@ from typing import Any
 import pytest
 
 
-def partial_path(benchmark_json: Any) -> Path | None:
-    """``<stem>.partial.jsonl`` beside pytest-benchmark's ``--benchmark-json PATH``; None
-    without that option."""
+def beside_benchmark_json(benchmark_json: Any, suffix: str) -> Path | None:
+    """``<stem><suffix>`` in the folder of pytest-benchmark's ``--benchmark-json PATH`` (a
+    path, or an open file in older pytest-benchmark); None without that option."""
     if not benchmark_json:
         return None
     if not isinstance(benchmark_json, (str, Path)):  # an open file (older pytest-benchmark)
         benchmark_json = benchmark_json.name
     path = Path(benchmark_json)
-    return path.with_name(f"{path.stem}.partial.jsonl")
+    return path.with_name(f"{path.stem}{suffix}")
+
+
+def partial_path(benchmark_json: Any) -> Path | None:
+    """``<stem>.partial.jsonl`` beside pytest-benchmark's ``--benchmark-json PATH``; None
+    without that option."""
+    return beside_benchmark_json(benchmark_json, ".partial.jsonl")
 
 
 def _has_rounds(metadata: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from _cut import CutRecorder
+from _cut import CutRecorder, beside_benchmark_json
 
 from bench import cases
 
@@ -63,12 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def byte_counts_path(benchmark_json: Any) -> Path | None:
     """Where the byte counts go beside pytest-benchmark's ``--benchmark-json PATH``:
     ``<stem>-allreduce-bytes.json`` in PATH's folder; None without that option."""
-    if not benchmark_json:
-        return None
-    if not isinstance(benchmark_json, (str, Path)):  # an open file (older pytest-benchmark)
-        benchmark_json = benchmark_json.name
-    path = Path(benchmark_json)
-    return path.with_name(f"{path.stem}-allreduce-bytes.json")
+    return beside_benchmark_json(benchmark_json, "-allreduce-bytes.json")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
+from impl.memory import TrainingPeak
 from impl.methods import Method, TrainContext, create_method, identity_change, method_identity
 from impl.methods.masking import conv_weight_counts
 from impl.schedules import lr_multiplier
@@ -264,11 +265,11 @@ class Trainer:
 
         wall = wall_before
         last_row: dict[str, Any] = {}
-        if self.device.type == "cuda":  # the summary's peak memory covers this process's epochs
-            torch.cuda.reset_peak_memory_stats(self.device)
+        # peak memory of the training steps, carried over a resumption
+        peak = TrainingPeak(self.device, int(state.get("peak_gpu_memory_bytes", 0)) if state else 0)
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
-            row = self._train_epoch(ctx, method, train_loader, epoch, dp)
+            row = self._train_epoch(ctx, method, train_loader, epoch, dp, peak)
             test_loss, top1 = evaluate(
                 ctx.model, test_loader, self.device, dp if dp.active else None
             )
@@ -310,6 +311,7 @@ class Trainer:
                     "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
+                    "peak_gpu_memory_bytes": peak.bytes,
                 },
                 cfg.digest(),
             )
@@ -317,14 +319,20 @@ class Trainer:
             rows = rundir.read_metrics(run_dir)
             last_row = rows[-1] if rows else {}
         dp.release(ctx)
-        summary = self._summary(ctx, method, spec, last_row, wall, dense_conv_total)
+        summary = self._summary(ctx, method, spec, last_row, wall, dense_conv_total, peak)
         summary.update(dp.summary(last_row, ctx))
         if main:
             rundir.write_json(run_dir / rundir.SUMMARY_FILE, summary)
         return summary
 
     def _train_epoch(
-        self, ctx: TrainContext, method: Method, loader: Any, epoch: int, dp: Any
+        self,
+        ctx: TrainContext,
+        method: Method,
+        loader: Any,
+        epoch: int,
+        dp: Any,
+        peak: TrainingPeak,
     ) -> dict[str, Any]:
         cfg = self.cfg
         ctx.epoch = epoch
@@ -346,6 +354,7 @@ class Trainer:
         seen = 0
         lr = float("nan")
         bar = _progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", self.progress)
+        peak.open()
         t0 = time.perf_counter()
         for i, (x, y) in enumerate(loader):
             if i >= steps:
@@ -386,6 +395,7 @@ class Trainer:
                 bar.update(1)
             model = dp.module(ctx)  # a method may have replaced it
         train_seconds = time.perf_counter() - t0
+        epoch_peak = peak.close()  # before on_epoch_end, which may probe (and reset) memory
         if bar is not None:
             bar.close()
         train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
@@ -414,6 +424,8 @@ class Trainer:
             # the epoch began and as it ended (before on_epoch_end reconfigures anything).
             "train_flops_nominal": (cost_start[0] + cost_end[0]) / 2,
             "train_flops_executed": (cost_start[1] + cost_end[1]) / 2,
+            # peak GPU memory allocated by tensors during this epoch's steps (None on the CPU)
+            "peak_gpu_memory_mib": None if epoch_peak is None else epoch_peak / 2**20,
         }
 
     def _summary(
@@ -424,6 +436,7 @@ class Trainer:
         last_row: dict[str, Any],
         wall: float,
         dense_conv_total: int,
+        peak: TrainingPeak,
     ) -> dict[str, Any]:
         from impl.env import collect
         from impl.flops import training_flops
@@ -458,13 +471,9 @@ class Trainer:
             "train_flops_executed": flops.executed.total,
             "fwd_ms": last_row.get("fwd_ms"),
             "bwd_ms": last_row.get("bwd_ms"),
-            # peak GPU memory allocated by tensors while training (None on the CPU, which keeps
-            # no allocator statistics); a resumed run counts from its resumption
-            "peak_gpu_memory_mib": (
-                torch.cuda.max_memory_allocated(self.device) / 2**20
-                if self.device.type == "cuda"
-                else None
-            ),
+            # peak GPU memory allocated by tensors during training steps, over every epoch
+            # including those before a resumption (None on the CPU: no allocator statistics)
+            "peak_gpu_memory_mib": peak.mib,
             "batch_size": ctx.batch_size,
             "wall_seconds": wall,
             "device": str(self.device),

@@ -282,3 +282,22 @@ def test_resume_continues_from_the_checkpoint_when_the_summary_is_unreadable(tmp
     again = resume(tmp_path / "run", progress=False)
     assert again["status"] == "complete" and again["top1"] == first["top1"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "complete"
+
+
+def test_cpu_epochs_record_no_peak_memory_and_the_checkpoint_carries_zero(tmp_path):
+    run = tmp_path / "run"
+    train(_smoke_cfg(run, epochs=2), progress=False)
+    assert [row["peak_gpu_memory_mib"] for row in rundir.read_metrics(run)] == [None, None]
+    assert rundir.load_checkpoint(run)["peak_gpu_memory_bytes"] == 0
+
+
+@pytest.mark.gpu
+def test_a_gpu_runs_peak_is_the_largest_epoch_peak_even_when_prunetrain_probes(tmp_path):
+    run = tmp_path / "run"
+    options = {"reconfig_interval": 1, "dynamic_batch": True}  # a memory probe every epoch
+    cfg = _smoke_cfg(run, method="prunetrain", epochs=3, device="cuda", method_options=options)
+    summary = train(cfg, progress=False)
+    epochs = [row["peak_gpu_memory_mib"] for row in rundir.read_metrics(run)]
+    assert all(p is not None and p > 0 for p in epochs)
+    assert summary["peak_gpu_memory_mib"] == pytest.approx(max(epochs))
+    assert rundir.load_checkpoint(run)["peak_gpu_memory_bytes"] == round(max(epochs) * 2**20)

@@ -31,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import cases
 
 #: Rows appended one JSON line each as they are measured (removed when a run completes).
@@ -340,6 +342,31 @@ def run(
     return cases.add_derived(rows)
 
 
+def check_device(scale: str, suites: Sequence[str]) -> None:
+    """Refuse to run CUDA-only suites at the ``gpu`` scale where torch sees no GPU.
+
+    Every pair of such a suite would be written as ``"skipped"``, and the rows file would
+    look like a gpu-scale result (and could replace one). Suites with CPU pairs at that scale
+    (the Allreduce byte counts, which are deterministic) still run; ``calibration`` is added
+    by :func:`main` and does not count. Raises ``ValueError`` naming what can run instead.
+    """
+    if scale != "gpu" or cases._gpu_visible():
+        return
+    cuda_only = [
+        s
+        for s in suites
+        if s != "calibration"
+        and all(impl.device == "cuda" for _, impl in cases.select_pairs(s, scale))
+    ]
+    if cuda_only:
+        can_run = [s for s in cases.SUITES if s != "calibration" and s not in cuda_only]
+        raise ValueError(
+            f"--scale gpu: suite(s) {', '.join(cuda_only)} time CUDA implementations only and "
+            f"torch sees no GPU here (torch {torch.__version__}); on this machine use "
+            f"--scale cpu, or --suite {' --suite '.join(can_run) or '<none>'} at the gpu scale"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of ``python -m bench.run``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
@@ -360,6 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     suites = args.suite or list(cases.SUITES)
+    try:
+        check_device(args.scale, suites)
+    except ValueError as exc:
+        print(f"python -m bench.run: {exc}", file=sys.stderr)
+        return 2
     if "calibration" not in suites:
         suites = ["calibration", *suites]
     with terminate_gracefully():

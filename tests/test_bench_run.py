@@ -282,3 +282,21 @@ def test_asv_kernel_setup_makes_one_untimed_call_before_the_timed_one(monkeypatc
         assert made == [0, 1]
     finally:
         bench_obj.teardown(case, impl)
+
+
+def test_gpu_scale_without_a_gpu_refuses_cuda_only_suites_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(run.cases, "_gpu_visible", lambda: False)
+    out = tmp_path / "gpu"
+    assert run.main(["--scale", "gpu", "--out", str(out), "--suite", "csr"]) == 2
+    err = capsys.readouterr().err
+    assert "suite(s) csr time CUDA implementations only" in err
+    assert "--suite allreduce" in err  # what can still run here
+    assert not out.exists()
+
+
+def test_gpu_scale_without_a_gpu_still_counts_allreduce_bytes(monkeypatch):
+    monkeypatch.setattr(run.cases, "_gpu_visible", lambda: False)
+    run.check_device("gpu", ["allreduce"])  # CPU pairs: no refusal
+    run.check_device("cpu", ["csr", "spmm"])  # other scales are never refused

@@ -347,3 +347,322 @@ def test_gpu_masks_equal_the_cpu_masks(block: int) -> None:
     on_gpu = fc_mask(fc.to(cuda), 0.6, dead_inputs=dead.to(cuda), **kw)
     assert on_gpu.device.type == "cuda"
     assert torch.equal(on_gpu.cpu(), fc_mask(fc, 0.6, dead_inputs=dead, **kw))
+
+
+# -- bit-for-bit equality with the sort-based implementations ---------------------------------
+# The masks select (kthvalue, a sampled band, bisection, pairwise ranks) where they once sorted.
+# The _ref_* functions below are those sort-based implementations, kept here as the reference:
+# every mask must equal theirs bit for bit, ties (broken by position) included.
+import impl.methods.campfire_masks as cm  # noqa: E402
+
+
+def _ref_kernels(weight: torch.Tensor) -> torch.Tensor:
+    k, c = weight.shape[:2]
+    return weight.detach().abs().reshape(k * c, math.prod(weight.shape[2:]))
+
+
+def _ref_ranks(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    order = torch.argsort(a, dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    idx = torch.arange(a.shape[1], device=a.device).expand_as(order)
+    rank.scatter_(1, order, idx)
+    return order, rank
+
+
+def _ref_window_mask(weight, s, *, rounding="layer", max_nonzero=None):
+    a = _ref_kernels(weight)
+    nk, m = a.shape
+    order, rank = _ref_ranks(a)
+    if rounding == "kernel":
+        keep = rank < count_at(1.0 - s, m)
+    else:
+        n_keep = a.numel() - count_at(s, a.numel())
+        lo, extra = divmod(n_keep, nk) if nk else (0, 0)
+        keep = rank < lo
+        if extra:
+            nxt = order[:, lo]
+            cand = a.gather(1, nxt[:, None]).squeeze(1)
+            winners = torch.argsort(cand, descending=True, stable=True)[:extra]
+            keep[winners, nxt[winners]] = True
+    if max_nonzero is not None:
+        keep &= rank < max_nonzero
+    return keep.reshape(weight.shape)
+
+
+def _ref_ck_mask(weight, s, *, scope="layer"):
+    score = _ref_kernels(weight).amax(dim=1).reshape(weight.shape[0], weight.shape[1])
+    k, c = score.shape
+    if scope == "layer":
+        flat = score.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        keep_k = torch.ones_like(flat, dtype=torch.bool)
+        keep_k[order[: count_at(s, flat.numel())]] = False
+        keep_k = keep_k.reshape(k, c)
+    else:
+        order = torch.argsort(score, dim=0, stable=True)
+        rank = torch.empty_like(order)
+        rank.scatter_(0, order, torch.arange(k, device=score.device)[:, None].expand(k, c))
+        keep_k = rank >= count_at(s, k)
+    return keep_k.reshape(k, c, *([1] * (weight.dim() - 2))).expand(weight.shape).clone()
+
+
+def _ref_combined_mask(weight, s, window_fraction=0.8, *, rounding="layer"):
+    keep = _ref_window_mask(weight, window_fraction * s, rounding=rounding)
+    flat = keep.reshape(keep.shape[0] * keep.shape[1], math.prod(keep.shape[2:])).clone()
+    need = count_at(s, flat.numel()) - int((~flat).sum())
+    if need <= 0:
+        return keep
+    kept = flat.sum(dim=1)
+    score = (_ref_kernels(weight) * flat).amax(dim=1)
+    order = torch.argsort(score, stable=True)
+    cum = kept[order].cumsum(0)
+    n_remove = int(torch.searchsorted(cum, torch.tensor(need, device=cum.device))) + 1
+    flat[order[:n_remove]] = False
+    return flat.reshape(weight.shape)
+
+
+def _ref_fc_mask(weight, s, *, block=1, block_fraction=1.0, dead_inputs=None):
+    out_f, in_f = weight.shape
+    a = weight.detach().abs()
+    live = torch.ones_like(a, dtype=torch.bool)
+    if dead_inputs is not None:
+        live[:, dead_inputs.to(torch.bool)] = False
+    keep = live.clone()
+    need = count_at(s, a.numel()) - int((~live).sum())
+    if need <= 0:
+        return keep
+    rows = live.any(dim=1).nonzero().squeeze(1)
+    best = a.masked_fill(~live, -1.0).argmax(dim=1)
+    protected = torch.zeros_like(keep)
+    protected[rows, best[rows]] = True
+    prunable = live & ~protected
+    if block > 1 and block_fraction > 0:
+        need_b = count_at(block_fraction, need)
+        ob, ib = -(-out_f // block), -(-in_f // block)
+        pad = (0, ib * block - in_f, 0, ob * block - out_f)
+        score = torch.nn.functional.pad(a * live, pad).reshape(ob, block, ib, block).sum((1, 3))
+        count = (
+            torch.nn.functional.pad(prunable.to(a.dtype), pad)
+            .reshape(ob, block, ib, block)
+            .sum((1, 3))
+            .reshape(-1)
+        )
+        order = torch.argsort(score.reshape(-1), stable=True)
+        order = order[count[order] > 0]
+        if need_b > 0 and order.numel():
+            cum = count[order].cumsum(0)
+            idx = int(torch.searchsorted(cum, torch.tensor(float(need_b), dtype=cum.dtype)))
+            removed = torch.zeros(ob * ib, dtype=torch.bool)
+            removed[order[: idx + 1]] = True
+            removed = removed.reshape(ob, 1, ib, 1).expand(ob, block, ib, block)
+            removed = removed.reshape(ob * block, ib * block)[:out_f, :in_f]
+            keep &= ~(removed & prunable)
+    remaining = need - int((live & ~keep).sum())
+    if remaining > 0:
+        cand = (prunable & keep).reshape(-1)
+        vals = a.reshape(-1).masked_fill(~cand, float("inf"))
+        n = min(remaining, int(cand.sum()))
+        idx = torch.argsort(vals, stable=True)[:n]
+        keep.reshape(-1)[idx] = False
+    return keep
+
+
+KINDS = ["randn", "levels", "sparse", "equal", "zero"]
+
+
+def _tied(shape: tuple[int, ...], kind: str, seed: int = 0) -> torch.Tensor:
+    """Weights with many exact ties: a few magnitude levels of both signs, exact zeros (as
+    pruned weights are), one magnitude everywhere, or all zero."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(shape, generator=g)
+    if kind == "levels":
+        w = torch.randint(-3, 4, shape, generator=g).float() * 0.25
+    elif kind == "sparse":
+        w = w * (torch.rand(shape, generator=g) < 0.4)
+    elif kind == "equal":
+        w = torch.where(torch.rand(shape, generator=g) < 0.5, -0.7, 0.7)
+    elif kind == "zero":
+        w = torch.zeros(shape)
+    return w
+
+
+# "narrowed": thresholds so low that small tensors take every fast path (sampled band with
+# hits and misses, bisection of the weighted prefix, pairwise kernel ranks).
+PATHS = ["direct", "narrowed"]
+
+
+@pytest.fixture(params=PATHS, ids=PATHS)
+def path(request, monkeypatch) -> str:
+    if request.param == "narrowed":
+        monkeypatch.setattr(cm, "_SORT_SMALL", 4)
+        monkeypatch.setattr(cm, "_SAMPLE", 24)
+        monkeypatch.setattr(cm, "_SAMPLE_STRIDE", 1)
+        monkeypatch.setattr(cm, "_SAMPLE_ABOVE", 40)
+        monkeypatch.setattr(cm, "_SAMPLE_MARGIN", 1.0)
+        monkeypatch.setattr(cm, "_SORT_BELOW", 3)
+        monkeypatch.setattr(cm, "_PAIRWISE_MIN_KERNELS", 1)
+    return request.param
+
+
+EQ_SHAPES = [(7, 5, 3, 3), (13, 1, 3, 3), (1, 1, 3, 3), (3, 11, 5, 5), (2, 3, 7, 7), (31, 37, 3, 3)]
+EQ_SPARSITIES = [0.0, 1e-3, 0.31, 0.5, 0.9, 1.0]
+
+
+def _cases(shapes):
+    for i, shape in enumerate(shapes):
+        for kind in KINDS:
+            yield shape, kind, _tied(shape, kind, seed=i)
+
+
+@pytest.mark.parametrize("n_frac", [0.0, 0.01, 0.3, 0.5, 0.99, 1.0], ids=lambda f: f"n{f}")
+@pytest.mark.parametrize(
+    "mode", ["default", "kthvalue", "band", "wide_band"], ids=["default", "kth", "band", "wide"]
+)
+def test_select_is_the_stable_argsort_prefix(mode, n_frac, monkeypatch) -> None:
+    if mode != "default":  # kthvalue of all values rather than a sort of the small ones
+        monkeypatch.setattr(cm, "_SORT_SMALL", 4)
+    if mode in ("band", "wide_band"):  # sample small tensors; a band as wide as it gives up
+        monkeypatch.setattr(cm, "_SAMPLE", 24)
+        monkeypatch.setattr(cm, "_SAMPLE_STRIDE", 1)
+        monkeypatch.setattr(cm, "_SAMPLE_ABOVE", 40)
+        monkeypatch.setattr(cm, "_SAMPLE_MARGIN", 1.0 if mode == "band" else 1e3)
+    for size in (1, 2, 7, 97, 1000, 4099):
+        for kind in KINDS:
+            v = _tied((size,), kind, seed=size).abs()
+            n = count_at(n_frac, size)
+            for values, desc in ((v, False), (-v, True)):  # the n smallest; the n largest of v
+                expected = torch.zeros(size, dtype=torch.bool)
+                expected[torch.argsort(v, descending=desc, stable=True)[:n]] = True
+                assert torch.equal(cm._select(values, n), expected), (size, kind, n, desc)
+
+
+def test_weighted_prefix_is_the_sorted_cumsum_prefix(path) -> None:
+    g = torch.Generator().manual_seed(11)
+    for size in (1, 5, 97, 2003):
+        for wmax in (1, 2, 9):
+            score = torch.randint(0, 6, (size,), generator=g).float()  # many ties
+            weight = torch.randint(0, wmax + 1, (size,), generator=g)
+            total = int(weight.sum())
+            for need in sorted({1, 2, total // 3, total // 2, total - 1, total, total + 5}):
+                if need < 1:
+                    continue
+                order = torch.argsort(score, stable=True)
+                order = order[weight[order] > 0]
+                cum = weight[order].cumsum(0)
+                j = int(torch.searchsorted(cum, torch.tensor(need)))
+                expected = torch.zeros(size, dtype=torch.bool)
+                expected[order[: j + 1]] = True
+                got = cm._weighted_prefix(score, weight, need) & (weight > 0)  # 0 is free
+                assert torch.equal(got, expected), (size, wmax, need)
+
+
+@pytest.mark.parametrize("max_nonzero", [None, 0, 1, 4], ids=["nocap", "cap0", "cap1", "cap4"])
+@pytest.mark.parametrize("rounding", ["layer", "kernel"], ids=["layer", "kernel"])
+def test_window_mask_equals_sort_reference(path, rounding, max_nonzero) -> None:
+    for shape, kind, w in _cases(EQ_SHAPES):
+        for s in EQ_SPARSITIES:
+            got = window_mask(w, s, rounding=rounding, max_nonzero=max_nonzero)
+            ref = _ref_window_mask(w, s, rounding=rounding, max_nonzero=max_nonzero)
+            assert torch.equal(got, ref), (shape, kind, s)
+            assert got.is_contiguous()  # the training loop applies it every step
+
+
+@pytest.mark.parametrize("scope", ["layer", "input_channel"], ids=["layer", "input_channel"])
+def test_ck_mask_equals_sort_reference(path, scope) -> None:
+    for shape, kind, w in _cases([*EQ_SHAPES, (17, 5, 1, 1), (61, 53, 1, 1), (5, 7)]):
+        for s in EQ_SPARSITIES:
+            assert torch.equal(ck_mask(w, s, scope=scope), _ref_ck_mask(w, s, scope=scope)), (
+                shape,
+                kind,
+                s,
+            )
+
+
+@pytest.mark.parametrize("rounding", ["layer", "kernel"], ids=["layer", "kernel"])
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.8, 1.0], ids=lambda f: f"wf{f}")
+def test_combined_mask_equals_sort_reference(path, fraction, rounding) -> None:
+    for shape, kind, w in _cases(EQ_SHAPES):
+        for s in EQ_SPARSITIES:
+            got = combined_mask(w, s, fraction, rounding=rounding)
+            ref = _ref_combined_mask(w, s, fraction, rounding=rounding)
+            assert torch.equal(got, ref), (shape, kind, s)
+            assert got.is_contiguous()
+
+
+@pytest.mark.parametrize("dead", ["none", "some", "all"], ids=["alive", "some_dead", "all_dead"])
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0], ids=lambda f: f"bf{f}")
+@pytest.mark.parametrize("block", [1, 2, 3, 4], ids=["fine", "block2", "block3", "block4"])
+def test_fc_mask_equals_sort_reference(path, block, fraction, dead) -> None:
+    for shape, kind, w in _cases([(10, 64), (7, 13), (1, 5), (3, 1), (29, 97)]):
+        mask = None
+        if dead != "none":
+            mask = torch.ones(shape[1], dtype=torch.bool)
+            if dead == "some":
+                mask = torch.arange(shape[1]) % 3 == 1
+        for s in [*EQ_SPARSITIES, 0.95]:
+            kw = {"block": block, "block_fraction": fraction, "dead_inputs": mask}
+            assert torch.equal(fc_mask(w, s, **kw), _ref_fc_mask(w, s, **kw)), (shape, kind, s)
+
+
+def test_masks_equal_sort_reference_at_real_size() -> None:
+    # Tensors above the real thresholds: a sampled band (> 65536 values), bisection of the
+    # weighted prefix (> 8192 kernels or blocks), pairwise ranks (>= 4096 3x3 kernels); after a
+    # first mask, as in the pruning era, the pruned weights are exact zeros.
+    g = torch.Generator().manual_seed(5)
+    conv = torch.randn(96, 64, 3, 3, generator=g)
+    pointwise = torch.randn(512, 160, 1, 1, generator=g)
+    fc = torch.randn(64, 2048, generator=g)
+    for s in (0.3, 0.31, 0.7):
+        for w, fn, ref in (
+            (conv, combined_mask, _ref_combined_mask),
+            (conv, window_mask, _ref_window_mask),
+            (pointwise, ck_mask, _ref_ck_mask),
+        ):
+            assert torch.equal(fn(w, s), ref(w, s)), (fn.__name__, s)
+        got = fc_mask(fc, s, block=2, block_fraction=0.5)
+        assert torch.equal(got, _ref_fc_mask(fc, s, block=2, block_fraction=0.5)), s
+        conv = conv * combined_mask(conv, s)
+        pointwise = pointwise * ck_mask(pointwise, s)
+        fc = fc * got
+
+
+def test_masks_of_strided_weights_equal_the_reference(path) -> None:
+    # A transposed FC weight and a channels-last conv weight: the block sums and kernel ranks
+    # must not depend on the memory layout.
+    for kind in KINDS:
+        fc = _tied((67, 29), kind, seed=3).t()
+        conv = _tied((11, 13, 3, 3), kind, seed=4).to(memory_format=torch.channels_last)
+        for s in (0.31, 0.7):
+            for block in (1, 2, 3):
+                got = fc_mask(fc, s, block=block, block_fraction=0.5)
+                assert torch.equal(got, _ref_fc_mask(fc, s, block=block, block_fraction=0.5))
+            assert torch.equal(combined_mask(conv, s), _ref_combined_mask(conv, s))
+            assert torch.equal(window_mask(conv, s), _ref_window_mask(conv, s))
+            assert torch.equal(ck_mask(conv, s), _ref_ck_mask(conv, s))
+
+
+@pytest.mark.parametrize("shape", [(0, 3, 3, 3), (4, 0, 3, 3), (0, 5), (5, 0)], ids=str)
+def test_masks_of_empty_weights_equal_the_reference(shape) -> None:
+    w = torch.zeros(shape)
+    for s in (0.0, 0.5, 1.0):
+        if len(shape) == 2:
+            assert torch.equal(fc_mask(w, s, block=2), _ref_fc_mask(w, s, block=2))
+        assert torch.equal(ck_mask(w, s), _ref_ck_mask(w, s))
+        if len(shape) == 4:
+            assert torch.equal(window_mask(w, s), _ref_window_mask(w, s))
+            assert torch.equal(combined_mask(w, s), _ref_combined_mask(w, s))
+
+
+@pytest.mark.gpu
+def test_gpu_masks_with_ties_equal_the_sort_reference() -> None:
+    cuda = torch.device("cuda")
+    for kind in KINDS:
+        conv = _tied((67, 71, 3, 3), kind, seed=1)
+        pointwise = _tied((300, 257, 1, 1), kind, seed=2)
+        fc = _tied((37, 3001), kind, seed=3)
+        for s in (0.31, 0.9):
+            assert torch.equal(combined_mask(conv.to(cuda), s).cpu(), _ref_combined_mask(conv, s))
+            assert torch.equal(window_mask(conv.to(cuda), s).cpu(), _ref_window_mask(conv, s))
+            assert torch.equal(ck_mask(pointwise.to(cuda), s).cpu(), _ref_ck_mask(pointwise, s))
+            kw = {"block": 2, "block_fraction": 0.5}
+            assert torch.equal(fc_mask(fc.to(cuda), s, **kw).cpu(), _ref_fc_mask(fc, s, **kw))

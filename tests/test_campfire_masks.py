@@ -559,7 +559,7 @@ def test_weighted_prefix_is_the_sorted_cumsum_prefix(path) -> None:
 @pytest.mark.parametrize("max_nonzero", [None, 0, 1, 4], ids=["nocap", "cap0", "cap1", "cap4"])
 @pytest.mark.parametrize("rounding", ["layer", "kernel"], ids=["layer", "kernel"])
 def test_window_mask_equals_sort_reference(path, rounding, max_nonzero) -> None:
-    for shape, kind, w in _cases(EQ_SHAPES):
+    for shape, kind, w in _cases([*EQ_SHAPES, (17, 5, 1, 1)]):
         for s in EQ_SPARSITIES:
             got = window_mask(w, s, rounding=rounding, max_nonzero=max_nonzero)
             ref = _ref_window_mask(w, s, rounding=rounding, max_nonzero=max_nonzero)
@@ -602,6 +602,24 @@ def test_fc_mask_equals_sort_reference(path, block, fraction, dead) -> None:
         for s in [*EQ_SPARSITIES, 0.95]:
             kw = {"block": block, "block_fraction": fraction, "dead_inputs": mask}
             assert torch.equal(fc_mask(w, s, **kw), _ref_fc_mask(w, s, **kw)), (shape, kind, s)
+
+
+def test_masks_leave_the_weight_alone_on_every_path(path) -> None:
+    # The fast paths copy |w| (a transposed copy for pairwise ranks, a single row for 1x1
+    # kernels); none may write into the weight.
+    for shape in [(13, 7, 3, 3), (17, 5, 1, 1), (1, 1, 1, 1), (9, 11)]:
+        w = _tied(shape, "randn", seed=6)
+        before = w.clone()
+        for s in (0.31, 0.9):
+            ck_mask(w, s)
+            ck_mask(w, s, scope="input_channel")
+            if len(shape) == 4:
+                window_mask(w, s)
+                window_mask(w, s, rounding="kernel", max_nonzero=1)
+                combined_mask(w, s)
+            else:
+                fc_mask(w, s, block=2, block_fraction=0.5)
+        assert torch.equal(w, before), shape
 
 
 def test_masks_equal_sort_reference_at_real_size() -> None:

@@ -97,8 +97,13 @@ def _pairwise(m: int, nk: int) -> bool:
 def _kernels_t(weight: torch.Tensor) -> torch.Tensor:
     """``|w|`` as ``[R*S, K*C]``: one column per kernel; contiguous where :func:`_ranks_t`
     compares rows, else the transpose of contiguous rows (kernels) that it sorts."""
-    a = _kernels(weight)
-    return a.t().contiguous() if _pairwise(a.shape[1], a.shape[0]) else a.t()
+    if weight.dim() < 2:
+        return _kernels(weight)  # raises the error
+    nk, m = math.prod(weight.shape[:2]), math.prod(weight.shape[2:])
+    if not _pairwise(m, nk):
+        return _kernels(weight).t()
+    at = torch.empty((m, nk), dtype=weight.dtype, device=weight.device)  # never the weight
+    return torch.abs(weight.detach().reshape(nk, m).t(), out=at)  # one transposing pass
 
 
 def _ranks_t(at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import impl.methods.campfire_masks as cm
 from impl.methods.campfire_masks import (
     ck_mask,
     classifier_feeds,
@@ -353,7 +354,6 @@ def test_gpu_masks_equal_the_cpu_masks(block: int) -> None:
 # The masks select (kthvalue, a sampled band, bisection, pairwise ranks) where they once sorted.
 # The _ref_* functions below are those sort-based implementations, kept here as the reference:
 # every mask must equal theirs bit for bit, ties (broken by position) included.
-import impl.methods.campfire_masks as cm  # noqa: E402
 
 
 def _ref_kernels(weight: torch.Tensor) -> torch.Tensor:

@@ -378,11 +378,15 @@ class Trainer:
             # wrapper is rebuilt, and that needs the old gradient accumulators gone.
             out, loss = out.detach(), loss.detach()
             del total, local
+            # the rest of the iteration: the method's per-step work (masks, mask updates), the
+            # optimizer step and the communication tally, a training cost like fwd and bwd
+            timer.start("step")
             method.after_backward(ctx)
             ctx.optimizer.step()
             method.after_step(ctx)
             dp.end_iteration(ctx)
             dp.refresh(ctx, method)
+            timer.stop("step")
             ctx.step += 1
             losses.append(loss.detach())
             correct += (out.detach().argmax(1) == y).sum()
@@ -403,6 +407,8 @@ class Trainer:
         ctx.last_loss = train_loss
         fwd = timer.times("fwd")
         bwd = timer.times("bwd")
+        step_times = timer.times("step")
+        whole = [f + b + t for f, b, t in zip(fwd, bwd, step_times, strict=True)]
         ctx.extra["epoch_fwd_ms"] = _median(fwd)
         ctx.extra["epoch_bwd_ms"] = _median(bwd)
         ctx.extra["epoch_train_loss"] = train_loss
@@ -418,6 +424,9 @@ class Trainer:
             "iterations": len(fwd),
             "fwd_ms": _median(fwd),
             "bwd_ms": _median(bwd),
+            "step_ms": _median(step_times),
+            # median over iterations of forward + backward + step: the whole iteration
+            "iter_ms": _median(whole),
             "train_seconds": train_seconds,
             "samples_per_second": seen / max(train_seconds, 1e-9),
             # Per-sample cost of this epoch's training steps: the mean of the model's cost as
@@ -471,6 +480,8 @@ class Trainer:
             "train_flops_executed": flops.executed.total,
             "fwd_ms": last_row.get("fwd_ms"),
             "bwd_ms": last_row.get("bwd_ms"),
+            "step_ms": last_row.get("step_ms"),
+            "iter_ms": last_row.get("iter_ms"),
             # peak GPU memory allocated by tensors during training steps, over every epoch
             # including those before a resumption (None on the CPU: no allocator statistics)
             "peak_gpu_memory_mib": peak.mib,

@@ -416,7 +416,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "clicktrain",
         "no extra training time over dense training",
-        "time per iteration over dense (x)",
+        "time per iteration (fwd + bwd + step) over dense (x)",
         1.0,
         "x",
         "abstract; Fig. 12, Sec. 6.3",

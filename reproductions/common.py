@@ -392,8 +392,11 @@ def _by_seed(result: RowResult | None) -> dict[int, RunRecord]:
 
 
 def _iter_ms(s: dict[str, Any]) -> float:
-    f, b = s.get("fwd_ms"), s.get("bwd_ms")
-    return math.nan if f is None or b is None else float(f) + float(b)
+    """The whole iteration (forward + backward + the optimizer step and the method's per-step
+    work), median over the last epoch; NaN for a run trained before it was recorded (its
+    forward + backward alone would flatter a method with costly per-step work)."""
+    t = s.get("iter_ms")
+    return math.nan if t is None else float(t)
 
 
 # metric name -> (unit, function of (run, baseline run or None) -> float)
@@ -433,6 +436,7 @@ METRICS: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] =
         r.summary["wall_seconds"], _need(b).summary["wall_seconds"])),
     "fwd_ms": ("ms", lambda r, b: r.summary.get("fwd_ms")),
     "bwd_ms": ("ms", lambda r, b: r.summary.get("bwd_ms")),
+    "step_ms": ("ms", lambda r, b: r.summary.get("step_ms")),
     "iter_ms": ("ms", lambda r, b: _iter_ms(r.summary)),
     "forward_speedup": ("x", lambda r, b: _need(b).summary["fwd_ms"] / r.summary["fwd_ms"]),
     "backward_speedup": ("x", lambda r, b: _need(b).summary["bwd_ms"] / r.summary["bwd_ms"]),

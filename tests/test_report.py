@@ -442,7 +442,7 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
     ("metric", "unit", "label"),
     [("delta_top1", "pp", "top-1 change vs dense (pp)"),
      ("train_flops_saved", "%", "training FLOPs saved (nominal, %)"),
-     ("iter_ms", "ms", "time per iteration (ms)"),
+     ("iter_ms", "ms", "time per iteration (forward + backward + step, ms)"),
      ("comm_bytes_per_iter", "B", "Allreduce bytes per iteration"),
      ("train_flops_per_sample", "FLOPs", "training FLOPs per sample (nominal)"),
      ("not_a_metric_key", "x", "not_a_metric_key (x)"),

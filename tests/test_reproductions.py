@@ -150,7 +150,8 @@ def test_measurements_are_cached_by_function_params_and_scale(tmp_path):
 def _run(seed=0, **summary):
     base = {"method": "dense", "scale": "cpu", "top1": 90.0, "compression_ratio": 1.0,
             "inference_flops": 100.0, "train_flops_nominal": 300.0, "train_flops_executed": 300.0,
-            "fwd_ms": 2.0, "bwd_ms": 4.0, "wall_seconds": 10.0}  # fmt: skip
+            "fwd_ms": 2.0, "bwd_ms": 4.0, "step_ms": 1.0, "iter_ms": 7.0,
+            "wall_seconds": 10.0}  # fmt: skip
     base.update(summary)
     metrics = [{"epoch": e, "samples_per_second": 10.0, "train_seconds": 5.0, "test_top1": 80.0}
                for e in range(2)]  # fmt: skip
@@ -182,7 +183,9 @@ def test_row_metric_seed_matched_mean_and_unknown_metric():
     assert row_metric(ours, "delta_top1", base) == [pytest.approx(1.0), pytest.approx(-20.0)]
     assert row_metric(ours, "conv_sparsity", None)[0] == pytest.approx(75.0)
     assert row_metric(ours, "inference_flops_saved", base)[0] == pytest.approx(75.0)
-    assert row_metric(ours, "iter_ms", None) == [6.0, 6.0]
+    assert row_metric(ours, "iter_ms", None) == [7.0, 7.0]  # the whole iteration, step too
+    old = RowResult(Row("x"), runs=[_run(0, iter_ms=None)])  # trained before it was recorded
+    assert math.isnan(row_metric(old, "iter_ms", None)[0])  # not fwd + bwd passed off as it
     assert row_metric(ours, "delta_top1", None) == []  # no baseline: no value, no error
     with pytest.raises(ValueError, match="unknown metric"):
         row_metric(ours, "nope", base)

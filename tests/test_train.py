@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,8 @@ SUMMARY_KEYS = {
     "train_flops_executed",
     "fwd_ms",
     "bwd_ms",
+    "step_ms",
+    "iter_ms",
     "comm_bytes_per_iter",
     "wall_seconds",
     "environment",
@@ -46,6 +49,8 @@ SUMMARY_KEYS = {
 TIMING_KEYS = {
     "fwd_ms",
     "bwd_ms",
+    "step_ms",
+    "iter_ms",
     "epoch_seconds",
     "wall_seconds",
     "train_seconds",
@@ -301,3 +306,20 @@ def test_a_gpu_runs_peak_is_the_largest_epoch_peak_even_when_prunetrain_probes(t
     assert all(p is not None and p > 0 for p in epochs)
     assert summary["peak_gpu_memory_mib"] == pytest.approx(max(epochs))
     assert rundir.load_checkpoint(run)["peak_gpu_memory_bytes"] == round(max(epochs) * 2**20)
+
+
+def test_time_per_iteration_counts_the_methods_per_step_work(tmp_path, monkeypatch):
+    from impl.methods.dense import Dense
+
+    pause_ms = 30.0
+
+    def slow_after_step(self, ctx):  # a method whose per-step work (say, new masks) is costly
+        time.sleep(pause_ms / 1e3)
+
+    monkeypatch.setattr(Dense, "after_step", slow_after_step)
+    run = tmp_path / "run"
+    summary = train(_smoke_cfg(run, epochs=1), progress=False)
+    row = rundir.read_metrics(run)[0]
+    assert row["step_ms"] >= pause_ms  # outside forward and backward ...
+    assert row["fwd_ms"] + row["bwd_ms"] < row["iter_ms"] - pause_ms + 1e-6  # ... but counted
+    assert summary["step_ms"] == row["step_ms"] and summary["iter_ms"] == row["iter_ms"]

@@ -111,6 +111,9 @@ METRICS_SHOWN: tuple[str, ...] = (
     "train_flops_executed_per_sample",
     "inference_flops_per_sample",
     "inference_flops_executed_per_sample",
+    "fwd_ms",
+    "bwd_ms",
+    "step_ms",
     "iter_ms",
     "time_to_accuracy",
     "wall_seconds",
@@ -170,7 +173,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
                    xlabel="", caption="nominal: if hardware exploited the sparsity; executed: "
                    "what this implementation runs"),
         FigureSpec(kind="bar", x="row", y="iter_ms", data=it, title="Time per iteration",
-                   ylabel="fwd + bwd (ms, median of the last epoch)", xlabel="",
+                   ylabel="fwd + bwd + step (ms, median of the last epoch)", xlabel="",
                    caption=f"measured at scale {scale}"),
         FigureSpec(kind="line", x="epoch", y="test_top1", hue="row", data=curves,
                    title="Test top-1 per epoch", xlabel="epoch", ylabel="top-1 (%)",

@@ -29,6 +29,15 @@ CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
 
+#: What each version of ``summary.json`` added that the reports read; a complete run whose
+#: summary is older than :data:`SUMMARY_VERSION` lacks a measurement and is trained again
+#: by ``pdtbench reproduce`` (:func:`outdated_summary`). A summary without the field is 1.
+SUMMARY_VERSIONS: dict[int, str] = {
+    1: "the first summaries",
+    2: "the step phase (optimizer and per-step method work) in the time per iteration",
+}
+SUMMARY_VERSION = max(SUMMARY_VERSIONS)
+
 log = logging.getLogger(__name__)
 
 
@@ -113,6 +122,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and a rename
     (:func:`atomic_write`)."""
     atomic_write(path, lambda f: f.write(data))
+
+
+def outdated_summary(summary: dict[str, Any]) -> str | None:
+    """Why a run's summary lacks what the reports now read (its ``summary_version`` is older
+    than :data:`SUMMARY_VERSION`), or ``None`` when it is current."""
+    version = summary.get("summary_version", 1)
+    if not isinstance(version, int) or version >= SUMMARY_VERSION:
+        return None
+    added = "; ".join(SUMMARY_VERSIONS[v] for v in range(version + 1, SUMMARY_VERSION + 1))
+    return f"its summary (version {version}) was written before {added} was recorded"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

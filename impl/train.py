@@ -457,6 +457,7 @@ class Trainer:
         metrics = rundir.read_metrics(self.run_dir)
         summary: dict[str, Any] = {
             "status": "complete",
+            "summary_version": rundir.SUMMARY_VERSION,
             "method": cfg.method,
             # which code that name ran: a registered method's name is the user's choice
             **method_identity(type(method)),

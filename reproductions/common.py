@@ -201,11 +201,20 @@ def _read_complete(run_dir: Path) -> dict[str, Any] | None:
     return summary if summary.get("status") == "complete" else None
 
 
+def reuse_refusal(summary: dict[str, Any], method: str) -> str | None:
+    """Why a complete run cannot stand for ``method`` now: the method's code changed
+    (:func:`impl.methods.identity_change`) or its summary predates a measurement the reports
+    read (:func:`impl.rundir.outdated_summary`); ``None`` when it can be reused."""
+    from impl.rundir import outdated_summary
+
+    return identity_change(summary, method) or outdated_summary(summary)
+
+
 def reusable_summary(run_dir: Path, method: str) -> dict[str, Any] | None:
-    """The complete run's summary in ``run_dir`` where it stands for ``method`` as it is now
-    (:func:`impl.methods.identity_change`), else None."""
+    """The complete run's summary in ``run_dir`` where it can be reused as it is
+    (:func:`reuse_refusal`), else None."""
     summary = _read_complete(run_dir)
-    if summary is None or identity_change(summary, method) is not None:
+    if summary is None or reuse_refusal(summary, method) is not None:
         return None
     return summary
 
@@ -214,9 +223,10 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     """Train ``cfg`` into ``cfg.out``, or reuse the complete run already there.
 
     Returns ``(summary, reused)``. A directory with a config but no complete summary (a
-    killed run) is resumed through :func:`impl.train.resume`. A complete run of a registered
-    method whose class or code has changed since (:func:`impl.methods.identity_change`) is
-    moved aside to ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
+    killed run) is resumed through :func:`impl.train.resume`. A complete run that cannot be
+    reused (:func:`reuse_refusal`: a registered method whose class or code has changed since,
+    or a summary older than what the reports read) is moved aside to
+    ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
     last checkpoint was written by other code of the method
     (:class:`impl.rundir.StaleRunError`). Raises :class:`MethodUnavailable` when the method's
     module is missing.
@@ -235,7 +245,7 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 
     summary = _read_complete(run_dir)
     if summary is not None:
-        why = identity_change(summary, cfg.method)
+        why = reuse_refusal(summary, cfg.method)
         if why is None:
             return summary, True
         move_aside(why)

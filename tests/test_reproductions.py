@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +115,34 @@ def test_a_killed_run_is_resumed_not_restarted(tmp_path):
     (run_dir / "summary.json").unlink()  # as if killed after its last checkpoint
     resumed, reused = common.run_or_reuse(cfg)
     assert not reused and resumed["top1"] == summary["top1"]
+
+
+def test_a_run_whose_summary_predates_a_measurement_is_trained_again(tmp_path, capsys):
+    from impl.rundir import SUMMARY_VERSION
+
+    row = Row("dense", "dense", train=TINY)
+    cfg = row.configs("smoke", tmp_path)[0]
+    first, _ = common.run_or_reuse(cfg)
+    assert first["summary_version"] == SUMMARY_VERSION
+    run_dir = Path(cfg.out)
+    old = {k: v for k, v in first.items() if k not in ("summary_version", "step_ms", "iter_ms")}
+    (run_dir / "summary.json").write_text(json.dumps(old))  # as written before version 2
+    assert common.reusable_summary(run_dir, "dense") is None
+    capsys.readouterr()
+    again, reused = common.run_or_reuse(cfg)
+    assert not reused and again["iter_ms"] is not None
+    assert "was written before the step phase" in capsys.readouterr().err
+    assert len(list(run_dir.parent.glob(f"{run_dir.name}.stale-*"))) == 1  # kept aside
+    assert common.run_or_reuse(cfg)[1] is True  # the new one is reused
+
+
+def test_outdated_summary_names_what_each_later_version_added():
+    from impl.rundir import SUMMARY_VERSION, outdated_summary
+
+    assert outdated_summary({"summary_version": SUMMARY_VERSION}) is None
+    why = outdated_summary({})  # no field: version 1
+    assert why is not None and "version 1" in why and "step phase" in why
+    assert outdated_summary({"summary_version": SUMMARY_VERSION + 1}) is None  # newer code's
 
 
 def test_run_or_reuse_reports_a_missing_method(tmp_path, monkeypatch):

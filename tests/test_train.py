@@ -27,6 +27,7 @@ from impl.train import (
 )
 
 SUMMARY_KEYS = {
+    "summary_version",
     "status",
     "method",
     "model",

@@ -416,13 +416,13 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "clicktrain",
         "no extra training time over dense training",
-        "time per iteration (fwd + bwd + step) over dense (x)",
+        "time per iteration over the whole run (fwd + bwd + step) over dense (x)",
         1.0,
         "x",
         "abstract; Fig. 12, Sec. 6.3",
         AT_MOST,
         "cross.methods",
-        ratio_reader("cross.methods", "clicktrain", "dense", "iter_ms"),
+        ratio_reader("cross.methods", "clicktrain", "dense", "run_iter_ms"),
         higher_is_better=False,
         published=(
             "time saved, not added (Fig. 12: 0.15-0.59 h per CIFAR-10 run, 5.1-20.4 h per "

@@ -338,6 +338,22 @@ def samples_seen(metrics: Sequence[dict[str, Any]]) -> float:
     return total
 
 
+def run_iteration_ms(metrics: Sequence[dict[str, Any]]) -> float:
+    """Mean time per iteration over the whole run, in ms: each epoch's median iteration
+    (fwd + bwd + step, ``iter_ms``) weighted by its iterations. Unlike the last epoch's
+    median it counts every stage: ClickTrain's dense and pattern-search epochs, Campfire's
+    pruning era with its per-step mask updates, PruneTrain's epochs before each
+    reconfiguration. NaN when an epoch has no ``iter_ms`` (trained before it was recorded)."""
+    total = weight = 0.0
+    for m in metrics:
+        t, n = m.get("iter_ms"), m.get("iterations")
+        if t is None or n is None or not math.isfinite(float(t)):
+            return math.nan
+        total += float(t) * float(n)
+        weight += float(n)
+    return total / weight if weight else math.nan
+
+
 def run_training_flops(
     summary: dict[str, Any], metrics: Sequence[dict[str, Any]], kind: str = "nominal"
 ) -> float:
@@ -448,6 +464,7 @@ METRICS: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] =
     "bwd_ms": ("ms", lambda r, b: r.summary.get("bwd_ms")),
     "step_ms": ("ms", lambda r, b: r.summary.get("step_ms")),
     "iter_ms": ("ms", lambda r, b: _iter_ms(r.summary)),
+    "run_iter_ms": ("ms", lambda r, b: run_iteration_ms(r.metrics)),
     "forward_speedup": ("x", lambda r, b: _need(b).summary["fwd_ms"] / r.summary["fwd_ms"]),
     "backward_speedup": ("x", lambda r, b: _need(b).summary["bwd_ms"] / r.summary["bwd_ms"]),
     "wall_seconds": ("s", lambda r, b: r.summary.get("wall_seconds")),
@@ -919,6 +936,7 @@ __all__ = [
     "result_dir",
     "run_or_reuse",
     "run_target",
+    "run_iteration_ms",
     "run_training_flops",
     "samples_seen",
     "setups",

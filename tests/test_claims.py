@@ -54,8 +54,8 @@ def _cross(click_delta=-0.5, click_cr=8.33, prune_cr=1.5, sd=0.4) -> ResultSet:
         _row("campfire", "delta_top1", 0.0, sd, 5),
         _row("clicktrain", "compression_ratio", click_cr, 0.0, 5),
         _row("prunetrain", "compression_ratio", prune_cr, 0.1, 5),
-        _row("dense", "iter_ms", 30.0, 1.0, 5),
-        _row("clicktrain", "iter_ms", 60.0, 1.0, 5),
+        _row("dense", "run_iter_ms", 30.0, 1.0, 5),
+        _row("clicktrain", "run_iter_ms", 60.0, 1.0, 5),
         _row("prunetrain", "train_flops_saved", 45.0, 1.0, 5),
     ]
     return ResultSet(target="cross.methods", title="cross", scale="cpu", rows=rows)
@@ -189,8 +189,8 @@ def test_time_ratio_is_paired_by_seed_with_its_interval(click, verdict):
     dense = [30.0, 30.0, 29.0, 30.5, 30.5]
     seeds = [0, 1, 2, 3, 4]
     cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
-        {**_row("dense", "iter_ms", sum(dense) / 5, 0.5, 5), "seeds": seeds, "values": dense},
-        {**_row("clicktrain", "iter_ms", sum(click) / 5, 0.5, 5), "seeds": seeds,
+        {**_row("dense", "run_iter_ms", sum(dense) / 5, 0.5, 5), "seeds": seeds, "values": dense},
+        {**_row("clicktrain", "run_iter_ms", sum(click) / 5, 0.5, 5), "seeds": seeds,
          "values": click},
     ])  # fmt: skip
     row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
@@ -248,8 +248,8 @@ def test_a_seed_whose_timing_is_missing_is_left_out_of_the_pairing():
     seeds = [0, 1, 2, 3]
     dense, click = [30.0, 30.0, float("nan"), 31.0], [60.0, 61.0, 59.0, 62.0]
     cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
-        {**_row("dense", "iter_ms", 30.3, 0.5, 3), "seeds": seeds, "values": dense},
-        {**_row("clicktrain", "iter_ms", 60.5, 1.0, 4), "seeds": seeds, "values": click},
+        {**_row("dense", "run_iter_ms", 30.3, 0.5, 3), "seeds": seeds, "values": dense},
+        {**_row("clicktrain", "run_iter_ms", 60.5, 1.0, 4), "seeds": seeds, "values": click},
     ])  # fmt: skip
     row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
     assert "paired over seeds [0, 1, 3]" in row["note"]

@@ -182,8 +182,8 @@ def _run(seed=0, **summary):
             "fwd_ms": 2.0, "bwd_ms": 4.0, "step_ms": 1.0, "iter_ms": 7.0,
             "wall_seconds": 10.0}  # fmt: skip
     base.update(summary)
-    metrics = [{"epoch": e, "samples_per_second": 10.0, "train_seconds": 5.0, "test_top1": 80.0}
-               for e in range(2)]  # fmt: skip
+    metrics = [{"epoch": e, "samples_per_second": 10.0, "train_seconds": 5.0, "test_top1": 80.0,
+                "iter_ms": 6.0 + 2 * e, "iterations": 3} for e in range(2)]  # fmt: skip
     return RunRecord(path="p", seed=seed, summary=base, metrics=metrics, reused=True)
 
 
@@ -201,6 +201,18 @@ def test_samples_and_run_training_flops_per_method():
     assert run_training_flops(ct.summary, ct.metrics, "executed") == 500.0 * 100 / 2
     with pytest.raises(ValueError, match="nominal"):
         run_training_flops(dense.summary, dense.metrics, "peak")
+
+
+def test_time_per_iteration_over_the_run_weights_each_epoch_by_its_iterations():
+    from reproductions.common import run_iteration_ms
+
+    # a pruning era of 2 slow epochs, then 1 fast epoch of twice the iterations
+    epochs = [{"iter_ms": 10.0, "iterations": 5}, {"iter_ms": 10.0, "iterations": 5},
+              {"iter_ms": 4.0, "iterations": 10}]  # fmt: skip
+    assert run_iteration_ms(epochs) == pytest.approx((100 + 40) / 20)
+    assert row_metric(RowResult(Row("x"), runs=[_run(0)]), "run_iter_ms", None) == [7.0]
+    assert math.isnan(run_iteration_ms([{"iter_ms": 3.0, "iterations": 5}, {"iterations": 5}]))
+    assert math.isnan(run_iteration_ms([]))
 
 
 def test_row_metric_seed_matched_mean_and_unknown_metric():

@@ -30,6 +30,7 @@ METRIC_LABELS: dict[str, str] = {
     "bwd_ms": "backward time per iteration",
     "step_ms": "optimizer step and per-step method work per iteration",
     "iter_ms": "time per iteration (forward + backward + step)",
+    "run_iter_ms": "time per iteration over the whole run (mean of epoch medians)",
     "forward_speedup": "forward speedup vs dense",
     "backward_speedup": "backward speedup vs dense",
     "wall_seconds": "wall time incl. evaluation",

@@ -241,3 +241,15 @@ def test_the_set_keeps_its_own_copy_of_a_mask() -> None:
     assert bool(masks["weight"].all())
     masks.apply_to_weights(layer)
     assert int(torch.count_nonzero(layer.weight)) == layer.weight.numel()
+
+
+def test_zero_pruned_zeroes_any_tensor_shaped_like_the_parameter_and_checks_its_shape() -> None:
+    keep = torch.tensor([[True, False, True], [False, True, False]])
+    masks = MaskSet({"fc.weight": keep})
+    buf = torch.arange(1.0, 7.0).reshape(2, 3)  # say a momentum buffer
+    masks.zero_pruned("fc.weight", buf)
+    assert buf.tolist() == [[1.0, 0.0, 3.0], [0.0, 5.0, 0.0]]
+    with pytest.raises(ValueError, match=r"has shape \(2, 3\), parameter \(3, 2\)"):
+        masks.zero_pruned("fc.weight", torch.ones(3, 2))
+    with pytest.raises(KeyError):
+        masks.zero_pruned("other.weight", buf)

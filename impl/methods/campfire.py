@@ -309,8 +309,9 @@ class Campfire(Method):
             if layer.param in self.masks:
                 mask &= self.masks[layer.param].to(mask.device)
             self.masks.set(layer.param, mask)
-            w = model.get_parameter(layer.param)
-            w.masked_fill_(~mask.to(w.device), 0.0)
+            # zeroed now, so that an FC layer later in this loop sees the removed conv filters;
+            # the mask words cached here serve the enforcement that follows the update
+            self.masks.zero_pruned(layer.param, model.get_parameter(layer.param))
         self.target = float(sparsity)
 
     # -- reporting --------------------------------------------------------------------------

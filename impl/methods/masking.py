@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-# Integer dtype of the same width as each float dtype, for :meth:`MaskSet._zero_pruned`.
+# Integer dtype of the same width as each float dtype, for :meth:`MaskSet.zero_pruned`.
 _SAME_WIDTH_INT: dict[torch.dtype, torch.dtype] = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,
@@ -101,9 +101,12 @@ class MaskSet:
             self._masks[name] = mask
         return mask
 
-    def _zero_pruned(self, name: str, t: torch.Tensor) -> None:
-        """Set the pruned entries of ``t`` (a parameter, its gradient or a state tensor shaped
-        like it) to exactly 0.0, in place."""
+    def zero_pruned(self, name: str, t: torch.Tensor) -> None:
+        """Set the entries of ``t`` that the mask of ``name`` prunes to exactly 0.0, in place.
+
+        ``t`` is the parameter ``name``, its gradient or a state tensor shaped like it. On the
+        CPU this is one bitwise AND with a cached integer mask (see ``__init__``); elsewhere a
+        ``masked_fill_`` with the cached inverse of the mask."""
         keep = self._keep(name, t)
         bits = _SAME_WIDTH_INT.get(t.dtype) if t.device.type == "cpu" else None
         # Off the CPU masked_fill_ is a vectorised kernel already: keep the 1-byte bool mask
@@ -124,7 +127,7 @@ class MaskSet:
     def apply_to_weights(self, model: nn.Module) -> None:
         """Set every pruned weight of ``model`` to exactly 0 (in place)."""
         for name in self._masks:
-            self._zero_pruned(name, model.get_parameter(name))
+            self.zero_pruned(name, model.get_parameter(name))
 
     @torch.no_grad()
     def apply_to_grads(self, model: nn.Module) -> None:
@@ -132,7 +135,7 @@ class MaskSet:
         for name in self._masks:
             p = model.get_parameter(name)
             if p.grad is not None:
-                self._zero_pruned(name, p.grad)
+                self.zero_pruned(name, p.grad)
 
     @torch.no_grad()
     def apply_to_optimizer(self, optimizer: torch.optim.Optimizer | None, model: nn.Module) -> None:
@@ -146,7 +149,7 @@ class MaskSet:
                 continue
             for value in state.values():
                 if isinstance(value, torch.Tensor) and value.shape == p.shape:
-                    self._zero_pruned(name, value)
+                    self.zero_pruned(name, value)
 
     def enforce(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Zero pruned weights and their optimizer state (call after each step and mask change)."""

@@ -37,6 +37,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "train_flops_executed",
     "fwd_ms",
     "bwd_ms",
+    "step_ms",
+    "iter_ms",
     "comm_bytes_per_iter",
     "wall_seconds",
     "device",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -769,6 +770,15 @@ class ImageFolderLoader(Loader):
             )
 
 
+def _torchvision_needed() -> str:
+    """What reading ImageNet without torchvision is told (the same for the early check and
+    the loader)."""
+    return (
+        "imagenet: reading the ImageFolder tree needs torchvision (pip install torchvision, "
+        f"the build matching your torch {torch.__version__})"
+    )
+
+
 _IMAGENET_HOW = (
     "Expected an ImageFolder tree: <data_dir>/train/<class>/*.JPEG and "
     "<data_dir>/val/<class>/*.JPEG (ILSVRC-2012, obtained from https://image-net.org "
@@ -803,8 +813,6 @@ def dataset_dirs(value: str | None = None) -> dict[str, str]:
     Raises ``ValueError`` on a name that is not one of :data:`LOCAL_DATASETS` or an entry
     without a directory.
     """
-    import os
-
     text = os.environ.get(DATA_DIR_ENV, "") if value is None else value
     out: dict[str, str] = {}
     for entry in filter(None, text.split(os.pathsep)):
@@ -850,8 +858,7 @@ def check_dataset(name: str, data_dir: str | Path | None) -> None:
 
         if importlib.util.find_spec("torchvision") is None:
             raise DatasetMissingError(
-                "imagenet: reading the ImageFolder tree needs torchvision (pip install "
-                f"torchvision, the build matching your torch {torch.__version__})",
+                _torchvision_needed(),
                 dataset="imagenet",
                 reason="torchvision is not installed",
                 remedy="pip install torchvision (the build matching your torch)",
@@ -873,10 +880,7 @@ def _imagenet(
     try:
         from torchvision import datasets, transforms
     except ImportError as exc:
-        raise ImportError(
-            "imagenet needs torchvision (pip install torchvision, the build matching your "
-            f"torch {torch.__version__})"
-        ) from exc
+        raise ImportError(_torchvision_needed()) from exc
     normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     if augment:
         train_tf = transforms.Compose(

@@ -215,6 +215,23 @@ def test_time_per_iteration_over_the_run_weights_each_epoch_by_its_iterations():
     assert math.isnan(run_iteration_ms([]))
 
 
+def test_cross_figures_have_one_bar_per_kind_under_one_column():
+    from reproductions.cross.methods import figures
+
+    dense = RowResult(Row("dense", "dense"), runs=[_run(0), _run(1)])
+    half = RowResult(Row("x", baseline="dense"), runs=[_run(0, train_flops_nominal=150.0)])
+    figs = {f.title: f.data for f in figures([dense, half], "cpu", None)}
+    time_rows = [r for r in figs["Time per iteration"] if r["row"] == "dense"]
+    assert sorted((r["kind"], r["iter_ms"]) for r in time_rows) == [
+        ("last epoch", 7.0), ("last epoch", 7.0), ("whole run", 7.0), ("whole run", 7.0)
+    ]  # fmt: skip
+    assert all("run_iter_ms" not in r for r in time_rows)  # the whole run's value moved over
+    flops = figs["Training FLOPs saved over the run"]
+    assert sorted((r["kind"], r["train_flops_saved"]) for r in flops) == [
+        ("executed", 0.0), ("nominal", 50.0)]  # fmt: skip
+    assert all("train_flops_executed_saved" not in r for r in flops)
+
+
 def test_row_metric_seed_matched_mean_and_unknown_metric():
     base = RowResult(Row("dense"), runs=[_run(0, top1=90.0), _run(1, top1=80.0)])
     ours = RowResult(Row("x", baseline="dense"),

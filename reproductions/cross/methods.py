@@ -141,19 +141,30 @@ def seed_pairs(results: list[RowResult], x: str, y: str, scale: str) -> list[dic
     return out
 
 
+def _by_kind(
+    results: list[RowResult], scale: str, y: str, kinds: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The :func:`figure_rows` of each metric in ``kinds`` (``{kind: metric}``), its value
+    under the one column ``y`` and its kind under ``"kind"``: one bar per kind in a figure."""
+    out = []
+    for kind, metric in kinds.items():
+        for r in figure_rows(results, metric, scale):
+            out.append({**{k: v for k, v in r.items() if k != metric}, y: r[metric], "kind": kind})
+    return out
+
+
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 change against training FLOPs saved (one point per method), top-1 change against
     dense (with its 95% CI), FLOPs saved per method, time per iteration per method, and test
     top-1 per epoch."""
     acc = figure_rows(results, "delta_top1", scale)
-    flops = [{**r, "kind": "nominal"} for r in figure_rows(results, "train_flops_saved", scale)] + [
-        {**r, "train_flops_saved": r.pop("train_flops_executed_saved"), "kind": "executed"}
-        for r in figure_rows(results, "train_flops_executed_saved", scale)
-    ]
-    it = [{**r, "kind": "last epoch"} for r in figure_rows(results, "iter_ms", scale)] + [
-        {**r, "iter_ms": r.pop("run_iter_ms"), "kind": "whole run"}
-        for r in figure_rows(results, "run_iter_ms", scale)
-    ]
+    flops = _by_kind(
+        results,
+        scale,
+        "train_flops_saved",
+        {"nominal": "train_flops_saved", "executed": "train_flops_executed_saved"},
+    )
+    it = _by_kind(results, scale, "iter_ms", {"last epoch": "iter_ms", "whole run": "run_iter_ms"})
     cost = seed_pairs(results, "train_flops_saved", "delta_top1", scale)
     curves = []
     for res in results:

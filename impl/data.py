@@ -96,7 +96,7 @@ class DatasetMissingError(FileNotFoundError):
         super().__init__(message)
         self.dataset = dataset
         self.reason = reason or message
-        self.remedy = remedy or f"give it with --data-dir {dataset}=DIR"
+        self.remedy = remedy or f"give it with --data-dir {dataset}=DIR (or {DATA_DIR_ENV})"
 
 
 @dataclass(frozen=True)

@@ -240,9 +240,9 @@ def _with_data(
 ) -> tuple[list[PlannedRun], dict[str, str]]:
     """``todo`` without the runs whose dataset is not found, and ``{run directory: error}``
     of those; logs one line per dataset and directory that is missing."""
-    from impl.data import DATA_DIR_ENV, DatasetMissingError, check_dataset
+    from impl.data import DatasetMissingError, check_dataset
 
-    reasons: dict[tuple[str, str | None], str | None] = {}
+    reasons: dict[tuple[str, str | None], DatasetMissingError | None] = {}
     keep: list[PlannedRun] = []
     failures: dict[str, str] = {}
     waiting: dict[tuple[str, str | None], int] = {}
@@ -253,7 +253,7 @@ def _with_data(
                 check_dataset(*key)
                 reasons[key] = None
             except DatasetMissingError as err:
-                reasons[key] = str(err)
+                reasons[key] = err
             except ValueError:  # an unknown dataset: the run reports its own error
                 reasons[key] = None
         if reasons[key] is None:
@@ -261,11 +261,9 @@ def _with_data(
         else:
             failures[p.out] = f"DatasetMissingError: {reasons[key]}"
             waiting[key] = waiting.get(key, 0) + 1
-    for (name, directory), count in waiting.items():
-        log(
-            f"not training {count} runs on {name}: {reasons[(name, directory)]} Pass its directory "
-            f"with --data-dir {name}=DIR (or {DATA_DIR_ENV})."
-        )
+    for key, count in waiting.items():
+        err = reasons[key]
+        log(f"not training {count} runs on {key[0]}: {err.reason}; {err.remedy}")
     return keep, failures
 
 

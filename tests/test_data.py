@@ -369,7 +369,7 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
     with pytest.raises(DatasetMissingError, match="no data_dir") as err:
         check_dataset("imagenet", None)
     assert (err.value.dataset, err.value.reason) == ("imagenet", "no data directory")
-    assert err.value.remedy == "give it with --data-dir imagenet=DIR"
+    assert err.value.remedy == "give it with --data-dir imagenet=DIR (or PDTBENCH_DATA_DIR)"
     (tmp_path / "train").mkdir()
     with pytest.raises(DatasetMissingError, match="val"):
         check_dataset("imagenet", tmp_path)

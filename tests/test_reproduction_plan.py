@@ -158,8 +158,8 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     assert all(e.startswith("DatasetMissingError: cifar10: no data directory")
                for e in failures.values())  # fmt: skip
     (line,) = [x for x in lines if x.startswith("not training")]
-    assert line.startswith("not training 2 runs on cifar10: ")
-    assert f"--data-dir cifar10=DIR (or {DATA_DIR_ENV})" in line
+    assert line.startswith("not training 2 runs on cifar10: no data directory; ")
+    assert line.endswith(f"give it with --data-dir cifar10=DIR (or {DATA_DIR_ENV})")
     # Pointed at the dataset (its parent directory will do), the same runs start, and their
     # run directories are the same: where the data is read from is not part of the hash.
     _fake_cifar(tmp_path / "data", "cifar10", np.random.default_rng(0))
@@ -171,3 +171,25 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     STARTED.clear()
     assert train_all(again, 1, log=lines.append, progress=False, worker=recording_worker) == {}
     assert sorted(STARTED) == ["cifar10", "cifar10", "digits"]
+
+
+def test_a_dataset_missing_for_another_reason_logs_its_own_remedy(tmp_path, monkeypatch):
+    import impl.data
+    from impl.data import DatasetMissingError
+
+    def no_torchvision(name, data_dir):
+        raise DatasetMissingError("imagenet: needs torchvision", dataset="imagenet",
+                                  reason="torchvision is not installed",
+                                  remedy="pip install torchvision")  # fmt: skip
+
+    monkeypatch.setattr(impl.data, "check_dataset", no_torchvision)
+    plan = plan_runs([_target("a.b", [Row("r", "dense", train=TINY)])], "smoke", tmp_path)
+    lines: list[str] = []
+    STARTED.clear()
+    failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
+    assert STARTED == [] and list(failures) == [plan[0].out]
+    assert (
+        "not training 1 runs on digits: torchvision is not installed; pip install torchvision"
+        in lines
+    )
+    assert not any("--data-dir" in x for x in lines)  # not told to point at a directory

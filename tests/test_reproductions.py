@@ -904,7 +904,8 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     lines: list[str] = []
     (res,) = common.execute_rows(target, "smoke", tmp_path / "runs", log=lines.append)
     assert res.error == (
-        "needs its dataset: cifar100: no data directory; give it with --data-dir cifar100=DIR"
+        "needs its dataset: cifar100: no data directory; give it with --data-dir cifar100=DIR "
+        "(or PDTBENCH_DATA_DIR)"
     )
     assert lines == ["  x.y | c100: not run, cifar100: no data directory"]  # no traceback
     _fake_cifar(tmp_path / "data", "cifar100", np.random.default_rng(0))

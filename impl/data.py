@@ -53,6 +53,7 @@ __all__ = [
     "LOCAL_DATASETS",
     "check_dataset",
     "dataset_dirs",
+    "default_data_dir",
     "Loader",
     "TensorLoader",
     "make_loaders",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from impl.data import DatasetMissingError, dataset_dirs
+from impl.data import DatasetMissingError, default_data_dir
 from impl.methods import identity_change
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
 from reproductions.published import lookup, paper_values
@@ -133,7 +133,8 @@ class Row:
 
     def configs(self, scale: str, runs_root: str | Path = RUNS_ROOT) -> list[Any]:
         """The resolved TrainConfig of each seed, each with its run directory (by hash) and,
-        for CIFAR and ImageNet, the dataset's directory from :func:`dataset_dirs`."""
+        for CIFAR and ImageNet, the dataset's directory from
+        :func:`impl.data.default_data_dir`."""
         from impl.config import resolve
 
         if self.measure is not None:
@@ -141,9 +142,6 @@ class Row:
         values = dict(SCALE_TRAIN[scale])
         values.update(self.train)
         seeds = self.seeds if self.seeds is not None else SCALE_SEEDS[scale]
-        from impl.data import LOCAL_DATASETS as local
-
-        dirs = dataset_dirs()  # where CIFAR / ImageNet are (not part of the run's hash)
         out = []
         for seed in seeds:
             cfg = resolve(
@@ -153,8 +151,8 @@ class Row:
                 seed=seed,
                 **values,
             )
-            if cfg.data_dir is None:
-                cfg.data_dir = dirs.get(cfg.data, dirs.get("*")) if cfg.data in local else None
+            if cfg.data_dir is None:  # where CIFAR / ImageNet are (not part of the run's hash)
+                cfg.data_dir = default_data_dir(cfg.data)
             cfg.out = cfg.default_out(runs_root)
             out.append(cfg)
         return out

@@ -263,7 +263,8 @@ def _with_data(
             waiting[key] = waiting.get(key, 0) + 1
     for key, count in waiting.items():
         err = reasons[key]
-        log(f"not training {count} runs on {key[0]}: {err.reason}; {err.remedy}")
+        # what to do here first, then the whole message (what is expected, where to get it)
+        log(f"not training {count} runs on {key[0]}: {err.remedy}. {err}")
     return keep, failures
 
 

@@ -140,7 +140,7 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     import numpy as np
     from test_data import _fake_cifar  # tests/ is on sys.path
 
-    from impl.data import DATA_DIR_ENV
+    from impl.data import CIFAR_URL, DATA_DIR_ENV
 
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     cifar = {**TINY, "data": "cifar10"}
@@ -158,8 +158,11 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     assert all(e.startswith("DatasetMissingError: cifar10: no data directory")
                for e in failures.values())  # fmt: skip
     (line,) = [x for x in lines if x.startswith("not training")]
-    assert line.startswith("not training 2 runs on cifar10: no data directory; ")
-    assert line.endswith(f"give it with --data-dir cifar10=DIR (or {DATA_DIR_ENV})")
+    assert line.startswith(
+        f"not training 2 runs on cifar10: give it with --data-dir cifar10=DIR (or {DATA_DIR_ENV})"
+        ". cifar10: no data directory"
+    )
+    assert CIFAR_URL in line  # and where to obtain it
     # Pointed at the dataset (its parent directory will do), the same runs start, and their
     # run directories are the same: where the data is read from is not part of the hash.
     _fake_cifar(tmp_path / "data", "cifar10", np.random.default_rng(0))
@@ -189,7 +192,7 @@ def test_a_dataset_missing_for_another_reason_logs_its_own_remedy(tmp_path, monk
     failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
     assert STARTED == [] and list(failures) == [plan[0].out]
     assert (
-        "not training 1 runs on digits: torchvision is not installed; pip install torchvision"
+        "not training 1 runs on digits: pip install torchvision. imagenet: needs torchvision"
         in lines
     )
     assert not any("--data-dir" in x for x in lines)  # not told to point at a directory

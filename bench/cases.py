@@ -48,6 +48,7 @@ Derived figures and their formulas (next to each benchmark, as a row's columns):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -433,7 +434,26 @@ def _spmm_impls(dev: str) -> list[Impl]:
         out.append(_impl("torch_mm", "torch.mm float32, dense (CPU BLAS)", dev, baseline=True))
     else:
         out += [
-            _impl("pattern_spmm[cuda]", "impl.ops.pattern_spmm, CUDA kernel", dev, impl="cuda"),
+            _impl(
+                "pattern_spmm[cuda]",
+                "impl.ops.pattern_spmm, CUDA kernel (the faster of the two, timed once)",
+                dev,
+                impl="cuda",
+            ),
+            _impl(
+                "pattern_spmm[cuda,warp_row]",
+                "impl.ops.pattern_spmm, CUDA kernel, one warp per row (Sec. 5.2's design)",
+                dev,
+                impl="cuda",
+                variant="warp_row",
+            ),
+            _impl(
+                "pattern_spmm[cuda,row_tiled]",
+                "impl.ops.pattern_spmm, CUDA kernel, several rows per warp",
+                dev,
+                impl="cuda",
+                variant="row_tiled",
+            ),
             _impl(
                 "cublas_fp32", "torch.mm float32, TF32 off (cuBLAS)", dev, baseline=True, tf32=False
             ),
@@ -866,6 +886,31 @@ def _cupy():
     return cp, csp
 
 
+def _spmm_variant(variant: str | None) -> contextlib.AbstractContextManager:
+    """The SpMM kernel ``variant`` forced (:func:`impl.ops.pattern_cuda.forced_spmm_variant`),
+    or nothing forced (the timed choice) when None."""
+    if variant is None:
+        return contextlib.nullcontext()
+    from impl.ops import pattern_cuda
+
+    return pattern_cuda.forced_spmm_variant(variant)
+
+
+def _timed_spmm_choice(problem: str) -> dict[str, Any]:
+    """The row columns of the SpMM kernel the timed choice picked for ``problem`` (a prefix
+    of :func:`impl.ops.pattern_cuda.spmm_choices`' keys after the dtype): the variant and
+    each variant's milliseconds in the one timing that chose it; empty if none was timed."""
+    from impl.ops import pattern_cuda
+
+    for key, choice in pattern_cuda.spmm_choices().items():
+        if key.split(" ", 1)[1].startswith(problem):
+            cols: dict[str, Any] = {"spmm_variant": f"timed: {choice['variant']}"}
+            for v, ms in choice["ms"].items():  # type: ignore[union-attr]
+                cols[f"spmm_choice_ms_{v}"] = ms
+            return cols
+    return {}
+
+
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     _pattern_cuda_check(impl)
@@ -891,12 +936,18 @@ def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if name.startswith("pattern_spmm"):
         mode = impl.options["impl"]
         values = a[mask.reshape(f, k)].contiguous()
+        variant = impl.options.get("variant")
+        if variant is not None:
+            info["spmm_variant"] = variant
 
         def fn(i):
-            with torch.no_grad():
-                return pattern_spmm(
+            with torch.no_grad(), _spmm_variant(variant):
+                out = pattern_spmm(
                     values, index.row_ptr, index.col_ind, bs[i % n_sets], impl=mode, index=index
                 )
+            if mode == "cuda" and variant is None and "spmm_variant" not in info:
+                info.update(_timed_spmm_choice(f"{f}x{k}x{n} batch 1 nnz {nnz} "))
+            return out
 
         flops, nbytes = 2.0 * nnz * n, io_bytes + nnz * (4 + 8) + (f + 1) * 8.0
     elif name == "torch_csr_spmm":

@@ -94,6 +94,8 @@ def test_implementations_per_device():
     assert set(gpu) == {
         "pattern_spmm[ref]@cuda",
         "pattern_spmm[cuda]@cuda",
+        "pattern_spmm[cuda,warp_row]@cuda",
+        "pattern_spmm[cuda,row_tiled]@cuda",
         "torch_csr_spmm@cuda",
         "cublas_fp32@cuda",
         "cublas_tf32@cuda",
@@ -290,3 +292,24 @@ def test_allreduce_payload_agrees_with_impl_comm():
     for name in ("clicktrain@cpu", "campfire@cpu"):
         row = cases.run_pair(case, cases.find("allreduce", case.name, name, "smoke")[1], "smoke")
         assert row["comm_payload_bytes"] == row["payload_bytes"]
+
+
+def test_spmm_rows_name_the_kernel_variant_they_timed(monkeypatch):
+    """A forced variant is pushed for the call only; the timed choice's pick and its timings
+    become row columns, found by problem (dimensions, batch, nnz)."""
+    from impl.ops import pattern_cuda
+
+    key = (0, "torch.float32", 256, 1152, 50176, 1, 117964, True)
+    monkeypatch.setattr(pattern_cuda, "_SPMM_CHOICE", {key: "row_tiled"})
+    monkeypatch.setattr(pattern_cuda, "_SPMM_TIMES", {key: {"row_tiled": 1.0, "warp_row": 2.0}})
+    assert cases._timed_spmm_choice("256x1152x50176 batch 1 nnz 117964 ") == {
+        "spmm_variant": "timed: row_tiled",
+        "spmm_choice_ms_row_tiled": 1.0,
+        "spmm_choice_ms_warp_row": 2.0,
+    }
+    assert cases._timed_spmm_choice("256x1152x50176 batch 1 nnz 11796 ") == {}
+    with cases._spmm_variant("warp_row"):
+        assert pattern_cuda._SPMM_FORCED == ["warp_row"]
+    assert pattern_cuda._SPMM_FORCED == []
+    with cases._spmm_variant(None):
+        assert pattern_cuda._SPMM_FORCED == []

@@ -336,6 +336,58 @@ def test_spmm_grid_covers_rows_and_columns_and_rejects_too_many_columns():
         pattern_cuda.spmm_grid(torch.float32, 8, 65536 * tn, 1)
 
 
+def test_row_tiled_grid_has_a_block_per_warps_times_rows_per_warp_rows():
+    rw32 = pattern_cuda.ROWS_PER_WARP[torch.float32]
+    rw64 = pattern_cuda.ROWS_PER_WARP[torch.float64]
+    w = pattern_cuda.WARPS
+    assert pattern_cuda.spmm_grid(torch.float32, 256, 50176, 1, "row_tiled")[0] == math.ceil(
+        256 / (w * rw32)
+    )
+    assert pattern_cuda.spmm_grid(torch.float64, w * rw64 + 1, 7, 2, "row_tiled") == (2, 1, 2)
+    with pytest.raises(ValueError, match="unknown SpMM variant 'tiled'"):
+        pattern_cuda.spmm_grid(torch.float32, 8, 8, 1, "tiled")
+
+
+def test_spmm_variants_prefer_row_tiled_within_its_32_bit_offsets():
+    assert pattern_cuda.spmm_variants(torch.float32, 1152) == ("row_tiled", "warp_row")
+    too_long = 2**31 // pattern_cuda.ROWS_PER_WARP[torch.float64]
+    assert pattern_cuda.spmm_variants(torch.float64, too_long - 1)[0] == "row_tiled"
+    assert pattern_cuda.spmm_variants(torch.float64, too_long) == ("warp_row",)
+
+
+@pytest.fixture
+def fresh_spmm_choice(monkeypatch):
+    monkeypatch.setattr(pattern_cuda, "_SPMM_CHOICE", {})
+    monkeypatch.setattr(pattern_cuda, "_SPMM_TIMES", {})
+
+
+def test_choose_timed_takes_the_fastest_once_per_problem(fresh_spmm_choice):
+    timed = []
+
+    def time_ms(v):
+        timed.append(v)
+        return {"row_tiled": 2.5, "warp_row": 1.5}[v]
+
+    key = (0, "torch.float32", 256, 1152, 50176, 1, 117964, True)
+    assert pattern_cuda.choose_timed(key, ("row_tiled", "warp_row"), time_ms) == "warp_row"
+    assert pattern_cuda.choose_timed(key, ("row_tiled", "warp_row"), time_ms) == "warp_row"
+    assert timed == ["row_tiled", "warp_row"], "a problem is timed once"
+    assert pattern_cuda.spmm_choices() == {
+        "torch.float32 256x1152x50176 batch 1 nnz 117964 vec": {
+            "variant": "warp_row",
+            "ms": {"row_tiled": 2.5, "warp_row": 1.5},
+        }
+    }
+    other = key[:-1] + (False,)
+    assert pattern_cuda.choose_timed(other, ("row_tiled", "warp_row"), lambda v: 1.0) == (
+        "row_tiled"
+    ), "a tie goes to the first candidate"
+    assert pattern_cuda.choose_timed(key[:1] + (9,) + key[2:], ("warp_row",), time_ms) == (
+        "warp_row"
+    )
+    assert timed == ["row_tiled", "warp_row"], "a lone candidate is not timed"
+
+
 @pytest.mark.parametrize(
     "case",
     [(256, 50176, 1, 132, 4), (64, 1024, 128, 132, 4), (7, 29, 3, 108, 1), (1, 5, 1, 132, 2)],
@@ -729,6 +781,69 @@ def test_emulated_spmm_and_its_gradients_match_the_reference(emulated, case, dty
     )
 
 
+EMU_VARIANT = [
+    (70, 70, 37, None, 0.4),  # three row-tiled blocks, the last one partly empty
+    (9, 70, 64, 2, 0.3),
+    (66, 33, 12, None, 1.0),  # every column of every K-step
+    (11, 96, 16, None, 0.05),  # mostly empty K-steps and rows
+]
+EMU_VARIANT_IDS = ["multi-block-odd", "batched-vec", "dense", "sparse"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", EMU_VARIANT, ids=EMU_VARIANT_IDS)
+def test_emulated_spmm_variants_give_the_same_bits(emulated, case, dtype):
+    """warp_row and row_tiled sum each row in the same order: equal to the last bit, and
+    within the reference's tolerance."""
+    f_out, k, n, batch, density = case
+    gen = torch.Generator().manual_seed(f_out * 31 + k)
+    mask = torch.rand(f_out, k, generator=gen) < density
+    mask[f_out // 2] = False  # one empty row
+    idx = pattern_index(mask)
+    shape = (k, n) if batch is None else (batch, k, n)
+    b = torch.randn(shape, generator=gen, dtype=dtype)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen, dtype=dtype)
+    outs = {}
+    for variant in pattern_cuda.SPMM_VARIANTS:
+        poisoned = torch.full((batch or 1, f_out, n), float("nan"), dtype=dtype)
+        outs[variant] = pattern_cuda._spmm(
+            vals, idx.row_ptr, idx.col_ind, b, out=poisoned, variant=variant
+        )
+        assert torch.isfinite(poisoned).all(), f"{variant}: some outputs were not written"
+    suf = "f32" if dtype == torch.float32 else "f64"
+    kind = "vec" if n % (4 if dtype == torch.float32 else 2) == 0 else "scalar"
+    assert emulated == [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
+    assert torch.equal(outs["warp_row"], outs["row_tiled"])
+    ref64 = pattern_spmm(vals.double(), idx.row_ptr, idx.col_ind, b.double(), impl="ref")
+    same = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
+    bound = pattern_spmm(
+        vals.abs().double(), idx.row_ptr, idx.col_ind, b.abs().double(), impl="ref"
+    )
+    assert_within_tolerance(outs["row_tiled"], ref64, same, bound, k, dtype, "row-tiled spmm")
+
+
+def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
+    gen = torch.Generator().manual_seed(3)
+    idx = pattern_index(torch.rand(10, 20, generator=gen) < 0.5)
+    b = torch.randn(20, 5, generator=gen)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen)
+    pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)  # untimed off a GPU: first choice
+    with pattern_cuda.forced_spmm_variant("warp_row"):
+        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
+        with pattern_cuda.forced_spmm_variant("row_tiled"):
+            pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
+        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
+    assert emulated == [
+        "pdt_spmm_tiled_f32_scalar",
+        "pdt_spmm_f32_scalar",
+        "pdt_spmm_tiled_f32_scalar",
+        "pdt_spmm_f32_scalar",
+    ]
+    with pytest.raises(ValueError, match="valid: warp_row, row_tiled"):
+        with pattern_cuda.forced_spmm_variant("fastest"):
+            pass
+
+
 def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
     gen = torch.Generator().manual_seed(8)
     mask = torch.rand(9, 40, generator=gen) < 0.4
@@ -1034,16 +1149,20 @@ def _spmm_bound(values, row_ptr, col_ind, b):
     return pattern_spmm(values.abs().double(), row_ptr, col_ind, b.abs().double(), impl="ref")
 
 
+VARIANT_IDS = list(pattern_cuda.SPMM_VARIANTS)
+
+
 @gpu
+@pytest.mark.parametrize("variant", pattern_cuda.SPMM_VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtype):
+def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtype, variant):
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     batched = b.dim() == 3
     out_shape = (b.shape[0] if batched else 1, mask.shape[0], b.shape[-1])
     out = torch.full(out_shape, float("nan"), dtype=dtype, device=cuda_kernels)
-    got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out)
+    got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out, variant=variant)
     assert torch.isfinite(out).all(), "some output elements were not written"
     ref64 = pattern_spmm(values.double(), row_ptr, col_ind, b.double(), impl="ref")
     same = pattern_spmm(values, row_ptr, col_ind, b, impl="ref")
@@ -1056,20 +1175,31 @@ def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtyp
 @pytest.mark.slow
 @pytest.mark.parametrize("density", [0.5, 0.35, 0.1, 0.05], ids=["50%", "65%", "90%", "95%"])
 def test_spmm_paper_shape(cuda_kernels, density):
-    """256 x 1152 filters times the 1152 x 50176 im2col matrix (Sec. 5.1-5.2), float32."""
+    """256 x 1152 filters times the 1152 x 50176 im2col matrix (Sec. 5.1-5.2), float32: each
+    kernel within the reference's tolerance, both giving the same bits, and the timed choice
+    (the default) recording which one it picked."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     dtype = torch.float32
     mask = _mask((256, 1152), density, gen, cuda_kernels)
     row_ptr, col_ind = pattern_positions(mask)
     values = torch.randn(col_ind.numel(), generator=gen, device=cuda_kernels)
     b = torch.randn(1152, 50176, generator=gen, device=cuda_kernels)
-    out = torch.full((1, 256, 50176), float("nan"), device=cuda_kernels)
-    got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out)
-    assert torch.isfinite(out).all()
     ref64 = pattern_spmm(values.double(), row_ptr, col_ind, b.double(), impl="ref")
     same = pattern_spmm(values, row_ptr, col_ind, b, impl="ref")
     bound = _spmm_bound(values, row_ptr, col_ind, b)
-    assert_within_tolerance(got, ref64, same, bound, 1152, dtype, "spmm paper shape")
+    outs = {}
+    for variant in (*pattern_cuda.SPMM_VARIANTS, None):
+        out = torch.full((1, 256, 50176), float("nan"), device=cuda_kernels)
+        got = pattern_cuda._spmm(values, row_ptr, col_ind, b, out=out, variant=variant)
+        assert torch.isfinite(out).all(), variant
+        assert_within_tolerance(got, ref64, same, bound, 1152, dtype, f"spmm paper {variant}")
+        outs[variant] = got
+    assert torch.equal(outs["warp_row"], outs["row_tiled"])
+    assert torch.equal(outs[None], outs["warp_row"])
+    nnz = col_ind.numel()
+    picked = [v for k, v in pattern_cuda.spmm_choices().items() if f"nnz {nnz} " in k]
+    assert picked and picked[0]["variant"] in pattern_cuda.SPMM_VARIANTS
+    assert set(picked[0]["ms"]) == set(pattern_cuda.SPMM_VARIANTS)
 
 
 @gpu

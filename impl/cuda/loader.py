@@ -46,6 +46,8 @@ DEFINES: dict[str, int] = {
     "PDT_SPMM_TK": 32,
     "PDT_SPMM_TN_F32": 256,
     "PDT_SPMM_TN_F64": 128,
+    "PDT_SPMM_RW_F32": 8,
+    "PDT_SPMM_RW_F64": 4,
     "PDT_CONV_CPT": 4,
     "PDT_SDDMM_SEG": 1024,
     "PDT_SDDMM_EB": 1024,

@@ -49,6 +49,32 @@ __device__ __forceinline__ void pdt_csr_scatter_body(const T* __restrict__ val, 
 }
 
 // ---------------------------------------------------------------------------------------
+// Staging for the SpMM kernels: rows k0 + kk of B (those with bit kk of `used` set), columns
+// [n0, n0 + TN), into tile[kk * TN + ...] (coalesced VEC-wide loads; columns >= N read as 0).
+// ---------------------------------------------------------------------------------------
+template <typename T, int VEC, int TN>
+__device__ __forceinline__ void pdt_stage_b_rows(const T* __restrict__ Bz, i64 ldb, int k0,
+                                                 int n0, int N, u32 used,
+                                                 T* __restrict__ tile) {
+  constexpr int NV = TN / VEC;  // vectors per tile row
+  for (int t = threadIdx.x; t < PDT_SPMM_TK * NV; t += blockDim.x) {
+    const int kk = t / NV;
+    const int cv = t - kk * NV;
+    if ((used >> kk) & 1u) {
+      const int n = n0 + cv * VEC;
+      T r[VEC];
+      if (n < N) {
+        pdt_load_vec<T, VEC>(Bz + (i64)(k0 + kk) * ldb + n, r);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) r[j] = T(0);
+      }
+      pdt_store_vec<T, VEC>(tile + kk * TN + cv * VEC, r);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // 2. Pattern SpMM (Sec. 5.2): C[z] = A * B[z], A sparse F x K (CSR), B[z] dense K x N.
 //    values  [nnz], row_ptr [F + 1], col_ind [nnz]  global
 //    B       [batch][K x N] global, row stride ldb, batch stride sb; read once per block
@@ -73,7 +99,6 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
   constexpr int TK = PDT_SPMM_TK;
   static_assert(TK <= 32, "a K-step must fit one warp-wide load and the 32-bit 'used' mask");
   constexpr int TN = 32 * VEC * CPT;
-  constexpr int NV = TN / VEC;  // vectors per tile row
   __shared__ __align__(16) T tile[TK * TN];
   __shared__ u32 used;
   const int lane = threadIdx.x & 31;
@@ -108,21 +133,7 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
     const u32 u = used;
     if (u == 0u) continue;  // block-uniform: no row of this block has a nonzero here
     // Phase 2: stage the used rows of B's K-step tile in shared memory (coalesced).
-    for (int t = threadIdx.x; t < TK * NV; t += blockDim.x) {
-      const int kk = t / NV;
-      const int cv = t - kk * NV;
-      if ((u >> kk) & 1u) {
-        const int n = n0 + cv * VEC;
-        T r[VEC];
-        if (n < N) {
-          pdt_load_vec<T, VEC>(Bz + (i64)(k0 + kk) * ldb + n, r);
-        } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) r[j] = T(0);
-        }
-        pdt_store_vec<T, VEC>(tile + kk * TN + cv * VEC, r);
-      }
-    }
+    pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
     __syncthreads();
     // Phase 3: multiply-accumulate from shared memory.
     for (int e = 0; e < cnt; ++e) {
@@ -144,6 +155,132 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
     for (int i = 0; i < CPT; ++i) {
       const int n = n0 + (i * 32 + lane) * VEC;
       if (n < N) pdt_store_vec<T, VEC>(Cr + n, acc[i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2b. Row-tiled pattern SpMM: the product of 2 with RW rows per warp, so that each element of
+//    B read from shared memory serves every row of the warp that has a nonzero there.
+//    Kernel 2 reads one B element from shared memory per multiply-add, which caps it at the
+//    shared-memory bandwidth (128 bytes per clock per SM on sm_80/sm_90: a quarter of the
+//    FP32 FMA rate). Here a warp walks the union of its RW rows' columns in a K-step, loads
+//    B's row there once into registers, and multiplies it into every row that keeps that
+//    column (a warp-uniform branch: rows without it do no work, so absent positions are
+//    never multiplied, as in 2). Each row's sum runs over its nonzeros in ascending column
+//    order, the order of 2, so both kernels give the same bits.
+//    Same arguments, layout and vector rule as 2.
+//    atile   [WARPS][TK x RW] shared: the warp's rows' values in the K-step, zero elsewhere
+//    grid:   (ceil(F / (WARPS * RW)), ceil(N / TN), batch); block: 32 * WARPS threads.
+// ---------------------------------------------------------------------------------------
+template <typename T, int VEC, int CPT, int RW>
+__device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values,
+                                                    const i64* __restrict__ row_ptr,
+                                                    const i64* __restrict__ col_ind,
+                                                    const T* __restrict__ B, T* __restrict__ C,
+                                                    int F, int K, int N, i64 ldb, i64 sb,
+                                                    i64 ldc, i64 sc) {
+  constexpr int TK = PDT_SPMM_TK;
+  static_assert(TK <= 32, "a K-step must fit one warp-wide load and a 32-bit column mask");
+  constexpr int TN = 32 * VEC * CPT;
+  constexpr int AV = 16 / sizeof(T);  // values per 16-byte load of the warp's value tile
+  static_assert(RW % AV == 0, "a row group must fill whole 16-byte loads");
+  __shared__ __align__(16) T tile[TK * TN];
+  __shared__ __align__(16) T atile[PDT_SPMM_WARPS * TK * RW];
+  __shared__ u32 used;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int f0 = (blockIdx.x * PDT_SPMM_WARPS + warp) * RW;
+  const int n0 = blockIdx.y * TN;
+  const T* __restrict__ Bz = B + (i64)blockIdx.z * sb;
+  T* __restrict__ aw = atile + warp * (TK * RW);  // [TK][RW]: this warp's values
+  // Row r's next nonzero and its end, as offsets from the warp's first nonzero (32-bit: the
+  // host launches this kernel only where RW * K < 2^31).
+  const i64 base = f0 < F ? row_ptr[f0] : 0;
+  const T* __restrict__ vw = values + base;
+  const i64* __restrict__ cw = col_ind + base;
+  int p[RW], pend[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    p[r] = 0;
+    pend[r] = 0;
+    if (f0 + r < F) {
+      p[r] = (int)(row_ptr[f0 + r] - base);
+      pend[r] = (int)(row_ptr[f0 + r + 1] - base);
+    }
+  }
+  T acc[RW][CPT][VEC];
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int i = 0; i < CPT; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
+
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    if (threadIdx.x == 0) used = 0u;
+    __syncthreads();  // every read of the last K-step's tiles and `used` is done
+    for (int i = lane; i < TK * RW; i += 32) aw[i] = T(0);
+    __syncwarp();
+    // Phase 1: each row's nonzeros in [k0, k0 + TK) are the first of its next 32; their
+    // values go to the warp's tile and their columns to one bit mask per row.
+    u32 rmask[RW];
+    u32 wmask = 0u;
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      int c = 0x7fffffff;
+      T v = T(0);
+      if (p[r] + lane < pend[r]) {
+        c = (int)cw[p[r] + lane];
+        v = vw[p[r] + lane];
+      }
+      const bool in = c < k0 + TK;
+      if (in) aw[(c - k0) * RW + r] = v;
+      rmask[r] = __reduce_or_sync(PDT_FULL_MASK, in ? 1u << (c - k0) : 0u);
+      p[r] += __popc(rmask[r]);  // columns are unique: one bit per nonzero
+      wmask |= rmask[r];
+    }
+    if (lane == 0 && wmask != 0u) atomicOr(&used, wmask);
+    __syncthreads();
+    const u32 u = used;
+    if (u == 0u) continue;  // block-uniform
+    // Phase 2: stage the used rows of B's K-step tile in shared memory (as kernel 2).
+    pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
+    __syncthreads();
+    // Phase 3: one pass over the union of the warp's columns, ascending.
+    for (u32 m = wmask; m != 0u; m &= m - 1u) {
+      const int kk = __ffs((int)m) - 1;
+      T b[CPT][VEC];
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+        pdt_load_vec<T, VEC>(tile + kk * TN + (i * 32 + lane) * VEC, b[i]);
+      T a[RW];  // the rows' values at column kk: broadcast 16-byte loads
+#pragma unroll
+      for (int q = 0; q < RW; q += AV) {
+        T aq[AV];
+        pdt_load_vec<T, AV>(aw + kk * RW + q, aq);
+#pragma unroll
+        for (int j = 0; j < AV; ++j) a[q + j] = aq[j];
+      }
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        if ((rmask[r] >> kk) & 1u) {  // warp-uniform
+#pragma unroll
+          for (int i = 0; i < CPT; ++i)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[r][i][j] += a[r] * b[i][j];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    if (f0 + r >= F) continue;
+    T* __restrict__ Cr = C + (i64)blockIdx.z * sc + (i64)(f0 + r) * ldc;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int n = n0 + (i * 32 + lane) * VEC;
+      if (n < N) pdt_store_vec<T, VEC>(Cr + n, acc[r][i]);
     }
   }
 }
@@ -307,7 +444,7 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
 // ---------------------------------------------------------------------------------------
 // extern "C" entry points, one per dtype (and per vector width where it applies)
 // ---------------------------------------------------------------------------------------
-#define PDT_PATTERN_KERNELS(SUF, T, VEC, TN)                                                  \
+#define PDT_PATTERN_KERNELS(SUF, T, VEC, TN, RW)                                              \
   extern "C" __global__ void pdt_csr_gather_##SUF(const T* dense, i64 ld, const i64* row_ptr, \
                                                   const i64* col_ind, T* val, i64 n_rows) {   \
     pdt_csr_gather_body<T>(dense, ld, row_ptr, col_ind, val, n_rows);                         \
@@ -331,6 +468,20 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
     pdt_spmm_body<T, 1, (TN) / 32>(values, row_ptr, col_ind, B, C, F, K, N, ldb, sb, ldc,     \
                                    sc);                                                       \
   }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 2)                        \
+      pdt_spmm_tiled_##SUF##_vec(const T* values, const i64* row_ptr, const i64* col_ind,     \
+                                 const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,      \
+                                 i64 ldc, i64 sc) {                                           \
+    pdt_spmm_tiled_body<T, VEC, (TN) / (32 * VEC), RW>(values, row_ptr, col_ind, B, C, F, K,  \
+                                                       N, ldb, sb, ldc, sc);                  \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 2)                        \
+      pdt_spmm_tiled_##SUF##_scalar(const T* values, const i64* row_ptr, const i64* col_ind,  \
+                                    const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,   \
+                                    i64 ldc, i64 sc) {                                        \
+    pdt_spmm_tiled_body<T, 1, (TN) / 32, RW>(values, row_ptr, col_ind, B, C, F, K, N, ldb,    \
+                                             sb, ldc, sc);                                    \
+  }                                                                                           \
   extern "C" __global__ void pdt_sddmm_##SUF##_vec(                                           \
       const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int N,     \
       int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group, i64 nnz) {       \
@@ -351,5 +502,5 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
                               Ho, Wo, sh, sw, ph, pw, dh, dw, has_bias, tile0);               \
   }
 
-PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32)
-PDT_PATTERN_KERNELS(f64, double, 2, PDT_SPMM_TN_F64)
+PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32, PDT_SPMM_RW_F32)
+PDT_PATTERN_KERNELS(f64, double, 2, PDT_SPMM_TN_F64, PDT_SPMM_RW_F64)

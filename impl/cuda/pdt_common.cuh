@@ -24,6 +24,12 @@ typedef unsigned short u16;
 #ifndef PDT_SPMM_TN_F64
 #define PDT_SPMM_TN_F64 128  // output columns of one SpMM block, float64
 #endif
+#ifndef PDT_SPMM_RW_F32
+#define PDT_SPMM_RW_F32 8  // rows per warp of the row-tiled SpMM, float32
+#endif
+#ifndef PDT_SPMM_RW_F64
+#define PDT_SPMM_RW_F64 4  // rows per warp of the row-tiled SpMM, float64
+#endif
 #ifndef PDT_CONV_CPT
 #define PDT_CONV_CPT 4  // output positions per thread of the implicit-im2col conv
 #endif

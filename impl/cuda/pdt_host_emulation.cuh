@@ -279,3 +279,19 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   pdt_emu::warp_barrier();
   return bits;
 }
+inline unsigned __reduce_or_sync(unsigned, unsigned value) {
+  pdt_emu::State& s = pdt_emu::st();
+  const unsigned lin = s.fibers[s.cur].lin;
+  const unsigned base = lin & ~31u;
+  memcpy(s.slot[lin], &value, sizeof value);
+  pdt_emu::warp_barrier();
+  unsigned bits = 0, v;
+  for (unsigned l = 0; l < 32 && base + l < s.nthreads; ++l)
+    if (!s.fibers[base + l].done) {
+      memcpy(&v, s.slot[base + l], sizeof v);
+      bits |= v;
+    }
+  pdt_emu::warp_barrier();
+  return bits;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }

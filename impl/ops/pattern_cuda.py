@@ -22,8 +22,9 @@ Nothing here touches the GPU or CuPy at import time.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +55,15 @@ TILE_N = {
     torch.float32: loader.DEFINES["PDT_SPMM_TN_F32"],
     torch.float64: loader.DEFINES["PDT_SPMM_TN_F64"],
 }
+ROWS_PER_WARP = {  # rows of one warp of the row-tiled SpMM kernel
+    torch.float32: loader.DEFINES["PDT_SPMM_RW_F32"],
+    torch.float64: loader.DEFINES["PDT_SPMM_RW_F64"],
+}
+#: The SpMM kernels (``impl/cuda/pattern.cu``): ``warp_row`` is the paper's design (Sec. 5.2,
+#: one warp per output row, B's tile in shared memory); ``row_tiled`` gives each warp several
+#: rows so that one shared-memory read of B serves all of them. Both sum each row in the same
+#: order, so they give the same bits; which is faster depends on the sparsity and the GPU.
+SPMM_VARIANTS: tuple[str, ...] = ("warp_row", "row_tiled")
 CONV_TILE: int = 32 * loader.DEFINES["PDT_CONV_CPT"]  # output positions per conv block
 SDDMM_SEG: int = loader.DEFINES["PDT_SDDMM_SEG"]
 _GATHER_BLOCK = 128
@@ -67,7 +77,8 @@ def _kernel_names() -> tuple[str, ...]:
     for suf in _SUFFIX.values():
         names += [f"pdt_csr_gather_{suf}", f"pdt_csr_scatter_{suf}", f"pdt_conv_implicit_{suf}"]
         for kind in ("vec", "scalar"):
-            names += [f"pdt_spmm_{suf}_{kind}", f"pdt_sddmm_{suf}_{kind}"]
+            names += [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
+            names += [f"pdt_sddmm_{suf}_{kind}"]
     return tuple(names)
 
 
@@ -92,15 +103,97 @@ def vector_ok(dtype: torch.dtype, n: int, strides: Sequence[int], ptrs: Sequence
     return n % vec == 0 and all(s % vec == 0 for s in strides) and all(p % 16 == 0 for p in ptrs)
 
 
-def spmm_grid(dtype: torch.dtype, n_rows: int, n_cols: int, batch: int) -> tuple[int, int, int]:
-    """Grid of the SpMM kernel: (row tiles of WARPS rows, column tiles of TILE_N, batch)."""
-    grid = (math.ceil(n_rows / WARPS), math.ceil(n_cols / TILE_N[dtype]), batch)
+def spmm_grid(
+    dtype: torch.dtype, n_rows: int, n_cols: int, batch: int, variant: str = "warp_row"
+) -> tuple[int, int, int]:
+    """Grid of an SpMM kernel (:data:`SPMM_VARIANTS`): (row tiles of WARPS rows, or of WARPS
+    x :data:`ROWS_PER_WARP` rows for ``row_tiled``; column tiles of TILE_N; batch)."""
+    rows = WARPS * (ROWS_PER_WARP[dtype] if _check_variant(variant) == "row_tiled" else 1)
+    grid = (math.ceil(n_rows / rows), math.ceil(n_cols / TILE_N[dtype]), batch)
     if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
         raise ValueError(
             f"pattern_spmm: {n_cols} columns x batch {batch} exceed one launch "
             f"(at most {_MAX_GRID_YZ * TILE_N[dtype]} columns and {_MAX_GRID_YZ} batches)"
         )
     return grid
+
+
+def _check_variant(variant: str) -> str:
+    if variant not in SPMM_VARIANTS:
+        raise ValueError(f"unknown SpMM variant {variant!r}; valid: {', '.join(SPMM_VARIANTS)}")
+    return variant
+
+
+def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
+    """The SpMM kernels that can run an ``F x n_cols_a`` sparse matrix of ``dtype``, in
+    order of preference when none has been timed: ``row_tiled`` first (its shared-memory
+    traffic per useful multiply-add is at most that of ``warp_row``), except where a warp's
+    rows could hold 2^31 nonzeros or more (its 32-bit offsets)."""
+    if ROWS_PER_WARP[dtype] * n_cols_a < 2**31:
+        return ("row_tiled", "warp_row")
+    return ("warp_row",)
+
+
+# -- SpMM kernel choice: timed once per problem, like cuDNN's benchmark mode ------------------
+
+_SPMM_CHOICE: dict[tuple, str] = {}
+_SPMM_TIMES: dict[tuple, dict[str, float]] = {}
+_SPMM_FORCED: list[str] = []
+
+
+@contextlib.contextmanager
+def forced_spmm_variant(variant: str) -> Iterator[None]:
+    """Within the block every SpMM runs ``variant`` (:data:`SPMM_VARIANTS`) where it can
+    (:func:`spmm_variants`), untimed; the benchmarks use it to time each kernel apart."""
+    _SPMM_FORCED.append(_check_variant(variant))
+    try:
+        yield
+    finally:
+        _SPMM_FORCED.pop()
+
+
+def spmm_choices() -> dict[str, dict[str, object]]:
+    """What the timed choice picked so far: ``{problem: {"variant": ..., "ms": {variant:
+    milliseconds per call}}}``, a problem being ``dtype FxKxN batch B nnz Z vec|scalar``."""
+    return {
+        f"{k[1]} {k[2]}x{k[3]}x{k[4]} batch {k[5]} nnz {k[6]} {'vec' if k[7] else 'scalar'}": {
+            "variant": v,
+            "ms": dict(_SPMM_TIMES.get(k, {})),
+        }
+        for k, v in _SPMM_CHOICE.items()
+    }
+
+
+def choose_timed(key: tuple, candidates: Sequence[str], time_ms: Callable[[str], float]) -> str:
+    """The fastest of ``candidates`` by ``time_ms(variant)`` (milliseconds), timed once per
+    ``key`` and remembered; the first candidate wins a tie. One candidate is not timed."""
+    if key in _SPMM_CHOICE and _SPMM_CHOICE[key] in candidates:
+        return _SPMM_CHOICE[key]
+    if len(candidates) == 1:
+        return candidates[0]
+    times = {v: float(time_ms(v)) for v in candidates}
+    best = min(candidates, key=lambda v: times[v])
+    _SPMM_CHOICE[key] = best
+    _SPMM_TIMES[key] = times
+    return best
+
+
+def _cuda_ms(fn: Callable[[], None], reps: int = 3) -> float:
+    """Milliseconds per call of ``fn`` on the current stream (CUDA events, after a warm-up)."""
+    fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _tunable(t: torch.Tensor) -> bool:
+    """Whether timing kernels here is allowed: a CUDA tensor, outside CUDA-graph capture."""
+    return t.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 def sddmm_split(
@@ -210,9 +303,12 @@ def _spmm(
     col_ind: torch.Tensor,
     dense_b: torch.Tensor,
     out: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:
     """``A @ dense_b`` for CSR ``A`` (``[F, K]``) and ``dense_b`` ``[K, N]`` or ``[B, K, N]``;
-    ``out`` (tests poison it) must be a contiguous ``[B, F, N]`` tensor."""
+    ``out`` (tests poison it) must be a contiguous ``[B, F, N]`` tensor. ``variant`` picks the
+    kernel (:data:`SPMM_VARIANTS`); by default the faster one, timed once per problem on a
+    GPU (:func:`choose_timed`), or the one :func:`forced_spmm_variant` names."""
     op = "pattern_spmm"
     suf = _suffix(dense_b.dtype, op)
     _check_index(op, row_ptr, col_ind)
@@ -235,30 +331,45 @@ def _spmm(
         if values.numel() == 0 or k == 0:
             out.zero_()
         else:
-            grid = spmm_grid(dense_b.dtype, n_rows, n, batch)
             ldb, sb = b3.stride(1), b3.stride(0)
             vec = vector_ok(dense_b.dtype, n, (ldb, sb), (b3.data_ptr(), out.data_ptr()))
-            loader.launch(
-                _SRC,
-                f"pdt_spmm_{suf}_{'vec' if vec else 'scalar'}",
-                grid,
-                (32 * WARPS, 1, 1),
-                [
-                    values.contiguous(),
-                    row_ptr.contiguous(),
-                    col_ind.contiguous(),
-                    b3,
-                    out,
-                    np.int32(n_rows),
-                    np.int32(k),
-                    np.int32(n),
-                    np.int64(ldb),
-                    np.int64(sb),
-                    np.int64(n),
-                    np.int64(n_rows * n),
-                ],
-                dev,
-            )
+            args = [
+                values.contiguous(),
+                row_ptr.contiguous(),
+                col_ind.contiguous(),
+                b3,
+                out,
+                np.int32(n_rows),
+                np.int32(k),
+                np.int32(n),
+                np.int64(ldb),
+                np.int64(sb),
+                np.int64(n),
+                np.int64(n_rows * n),
+            ]
+
+            def run(v: str) -> None:
+                name = "pdt_spmm_tiled" if v == "row_tiled" else "pdt_spmm"
+                loader.launch(
+                    _SRC,
+                    f"{name}_{suf}_{'vec' if vec else 'scalar'}",
+                    spmm_grid(dense_b.dtype, n_rows, n, batch, v),
+                    (32 * WARPS, 1, 1),
+                    args,
+                    dev,
+                )
+
+            candidates = spmm_variants(dense_b.dtype, k)
+            if variant is not None:
+                chosen = _check_variant(variant)
+            elif _SPMM_FORCED:
+                chosen = _SPMM_FORCED[-1] if _SPMM_FORCED[-1] in candidates else candidates[0]
+            elif _tunable(out):
+                key = (dev, str(dense_b.dtype), n_rows, k, n, batch, values.numel(), vec)
+                chosen = choose_timed(key, candidates, lambda v: _cuda_ms(lambda: run(v)))
+            else:
+                chosen = candidates[0]
+            run(chosen)
     return out if batched else out[0]
 
 
@@ -635,5 +746,11 @@ __all__ = [
     "pattern_spmm_cuda",
     "sddmm_split",
     "spmm_grid",
+    "spmm_variants",
+    "SPMM_VARIANTS",
+    "ROWS_PER_WARP",
+    "choose_timed",
+    "forced_spmm_variant",
+    "spmm_choices",
     "vector_ok",
 ]

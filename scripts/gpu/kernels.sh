@@ -51,7 +51,7 @@ common_steps
 step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
-step kernel-bench gpu 75 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+step kernel-bench gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
   --suite spmm --suite nm_prune --out \"$DEST/kernel-bench\""
 step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \

@@ -445,14 +445,14 @@ def _spmm_impls(dev: str) -> list[Impl]:
                 "impl.ops.pattern_spmm, CUDA kernel, one warp per row (Sec. 5.2's design)",
                 dev,
                 impl="cuda",
-                variant="warp_row",
+                paths={"spmm": "warp_row"},
             ),
             _impl(
                 "pattern_spmm[cuda,row_tiled]",
                 "impl.ops.pattern_spmm, CUDA kernel, several rows per warp",
                 dev,
                 impl="cuda",
-                variant="row_tiled",
+                paths={"spmm": "row_tiled"},
             ),
             _impl(
                 "cublas_fp32", "torch.mm float32, TF32 off (cuBLAS)", dev, baseline=True, tf32=False
@@ -485,7 +485,18 @@ def _conv_impls(dev: str) -> list[Impl]:
     else:
         out += [
             _impl(
-                "pattern_conv2d[cuda]", "impl.ops.pattern_conv2d, CUDA kernels", dev, impl="cuda"
+                "pattern_conv2d[cuda]",
+                "impl.ops.pattern_conv2d, CUDA kernels (gradient paths timed with cuDNN's)",
+                dev,
+                impl="cuda",
+            ),
+            _impl(
+                "pattern_conv2d[cuda,sparse_grads]",
+                "impl.ops.pattern_conv2d, CUDA kernels, transposed SpMM and SDDMM gradients",
+                dev,
+                kinds=("conv_backward",),
+                impl="cuda",
+                paths={"input_grad": "spmm", "weight_grad": "sddmm"},
             ),
             _impl(
                 "cudnn_fp32",
@@ -661,7 +672,7 @@ def grid(suite: str, scale: str | None = None) -> list[Case]:
                         suite,
                         name,
                         {
-                            "kind": "conv",
+                            "kind": "conv" if p == "forward" else "conv_backward",
                             "weight_shape": list(PAPER_WEIGHT),
                             "input_shape": list(cfg.conv_input),
                             "padding": 1,
@@ -886,29 +897,37 @@ def _cupy():
     return cp, csp
 
 
-def _spmm_variant(variant: str | None) -> contextlib.AbstractContextManager:
-    """The SpMM kernel ``variant`` forced (:func:`impl.ops.pattern_cuda.forced_spmm_variant`),
-    or nothing forced (the timed choice) when None."""
-    if variant is None:
-        return contextlib.nullcontext()
-    from impl.ops import pattern_cuda
+def _forced_paths(paths: dict[str, str] | None) -> contextlib.ExitStack:
+    """A context pinning each op's path in ``paths`` (:func:`impl.ops.pattern_cuda.forced_path`);
+    nothing pinned (the timed choice) for None."""
+    stack = contextlib.ExitStack()
+    if paths:
+        from impl.ops import pattern_cuda
 
-    return pattern_cuda.forced_spmm_variant(variant)
+        for op, path in paths.items():
+            stack.enter_context(pattern_cuda.forced_path(op, path))
+    return stack
 
 
-def _timed_spmm_choice(problem: str) -> dict[str, Any]:
-    """The row columns of the SpMM kernel the timed choice picked for ``problem`` (a prefix
-    of :func:`impl.ops.pattern_cuda.spmm_choices`' keys after the dtype): the variant and
-    each variant's milliseconds in the one timing that chose it; empty if none was timed."""
-    from impl.ops import pattern_cuda
+def _path_columns(impl: Impl, problem_part: str) -> dict[str, Any]:
+    """Row columns naming the CUDA path of each op a pattern op ran (``path_<op>``): the
+    forced one, or what the timed choice (:mod:`impl.ops.timed_choice`) picked for a problem
+    whose name contains ``problem_part``, with each candidate's milliseconds in that one
+    timing (``path_<op>_ms_<path>``)."""
+    cols: dict[str, Any] = {}
+    for op, path in (impl.options.get("paths") or {}).items():
+        cols[f"path_{op}"] = f"forced: {path}"
+    if impl.options.get("impl") != "cuda":
+        return cols
+    from impl.ops import timed_choice
 
-    for key, choice in pattern_cuda.spmm_choices().items():
-        if key.split(" ", 1)[1].startswith(problem):
-            cols: dict[str, Any] = {"spmm_variant": f"timed: {choice['variant']}"}
-            for v, ms in choice["ms"].items():  # type: ignore[union-attr]
-                cols[f"spmm_choice_ms_{v}"] = ms
-            return cols
-    return {}
+    for key, choice in timed_choice.timed_choices().items():
+        op, problem = key.split(": ", 1)
+        if problem_part in problem and f"path_{op}" not in cols:
+            cols[f"path_{op}"] = f"timed: {choice['path']}"
+            for p, ms in choice["ms"].items():  # type: ignore[union-attr]
+                cols[f"path_{op}_ms_{p}"] = ms
+    return cols
 
 
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
@@ -936,17 +955,15 @@ def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if name.startswith("pattern_spmm"):
         mode = impl.options["impl"]
         values = a[mask.reshape(f, k)].contiguous()
-        variant = impl.options.get("variant")
-        if variant is not None:
-            info["spmm_variant"] = variant
+        paths = impl.options.get("paths")
 
         def fn(i):
-            with torch.no_grad(), _spmm_variant(variant):
+            with torch.no_grad(), _forced_paths(paths):
                 out = pattern_spmm(
                     values, index.row_ptr, index.col_ind, bs[i % n_sets], impl=mode, index=index
                 )
-            if mode == "cuda" and variant is None and "spmm_variant" not in info:
-                info.update(_timed_spmm_choice(f"{f}x{k}x{n} batch 1 nnz {nnz} "))
+            if i == 0:
+                info.update(_path_columns(impl, f" {f}x{k}x{n} batch 1 nnz {nnz} "))
             return out
 
         flops, nbytes = 2.0 * nnz * n, io_bytes + nnz * (4 + 8) + (f + 1) * 8.0
@@ -1015,7 +1032,10 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             x = xs[i % n_sets]
             x.grad = None
             weight.grad = None
-            conv(x, weight).backward(grad_out)
+            with _forced_paths(paths):
+                conv(x, weight).backward(grad_out)
+            if i == 0 and sparse:
+                info.update(_path_columns(impl, f"x{list(x.shape)} w{list(shape)} nnz {nnz} "))
 
     else:
 
@@ -1027,6 +1047,7 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dense_flops = 2.0 * b * ho * wo * fo * c * r * q * passes
     sparse_flops = 2.0 * b * ho * wo * nnz * passes
     info = {"nnz": nnz, "mask": kind, "sparsity_actual": round(1 - nnz / w.numel(), 4)}
+    paths = impl.options.get("paths")
     return Prepared(
         [("op", fn)],
         dev,

@@ -294,22 +294,43 @@ def test_allreduce_payload_agrees_with_impl_comm():
         assert row["comm_payload_bytes"] == row["payload_bytes"]
 
 
-def test_spmm_rows_name_the_kernel_variant_they_timed(monkeypatch):
-    """A forced variant is pushed for the call only; the timed choice's pick and its timings
-    become row columns, found by problem (dimensions, batch, nnz)."""
-    from impl.ops import pattern_cuda
+def test_pattern_rows_name_the_cuda_paths_they_ran(monkeypatch):
+    """A forced path is pinned for the call only and named as forced; the timed choice's
+    pick and its timings become row columns, found by problem."""
+    from impl.ops import pattern_cuda, timed_choice
 
-    key = (0, "torch.float32", 256, 1152, 50176, 1, 117964, True)
-    monkeypatch.setattr(pattern_cuda, "_SPMM_CHOICE", {key: "row_tiled"})
-    monkeypatch.setattr(pattern_cuda, "_SPMM_TIMES", {key: {"row_tiled": 1.0, "warp_row": 2.0}})
-    assert cases._timed_spmm_choice("256x1152x50176 batch 1 nnz 117964 ") == {
-        "spmm_variant": "timed: row_tiled",
-        "spmm_choice_ms_row_tiled": 1.0,
-        "spmm_choice_ms_warp_row": 2.0,
+    problem = "torch.float32 256x1152x50176 batch 1 nnz 117964 vec cuda:0"
+    monkeypatch.setattr(timed_choice, "_CHOICE", {("spmm", problem): "row_tiled"})
+    monkeypatch.setattr(
+        timed_choice, "_TIMES", {("spmm", problem): {"row_tiled": 1.0, "warp_row": 2.0}}
+    )
+    timed = cases.implementations("spmm", "gpu")["pattern_spmm[cuda]@cuda"]
+    assert cases._path_columns(timed, " 256x1152x50176 batch 1 nnz 117964 ") == {
+        "path_spmm": "timed: row_tiled",
+        "path_spmm_ms_row_tiled": 1.0,
+        "path_spmm_ms_warp_row": 2.0,
     }
-    assert cases._timed_spmm_choice("256x1152x50176 batch 1 nnz 11796 ") == {}
-    with cases._spmm_variant("warp_row"):
-        assert pattern_cuda._SPMM_FORCED == ["warp_row"]
-    assert pattern_cuda._SPMM_FORCED == []
-    with cases._spmm_variant(None):
-        assert pattern_cuda._SPMM_FORCED == []
+    assert cases._path_columns(timed, " 256x1152x50176 batch 1 nnz 11796 ") == {}
+    forced = cases.implementations("spmm", "gpu")["pattern_spmm[cuda,warp_row]@cuda"]
+    assert cases._path_columns(forced, " 256x1152x50176 batch 1 nnz 117964 ") == {
+        "path_spmm": "forced: warp_row"
+    }
+    ref = cases.implementations("spmm", "gpu")["pattern_spmm[ref]@cuda"]
+    assert cases._path_columns(ref, " 256x1152x50176 batch 1 nnz 117964 ") == {}
+    with cases._forced_paths({"spmm": "warp_row", "weight_grad": "dense"}):
+        assert timed_choice.forced_path("spmm") == "warp_row"
+        assert timed_choice.forced_path("weight_grad") == "dense"
+    assert timed_choice.forced_path("spmm") is None
+    with cases._forced_paths(None):
+        assert timed_choice.forced_path("spmm") is None
+    with pytest.raises(ValueError, match="unknown op"):
+        cases._forced_paths({"sddmm": "dense"})
+    assert pattern_cuda.PATHS["weight_grad"] == ("sddmm", "dense")
+
+
+def test_sparse_gradient_conv_rows_only_where_there_is_a_backward():
+    impls = cases.implementations("conv", "gpu")
+    pinned = impls["pattern_conv2d[cuda,sparse_grads]@cuda"]
+    kinds = {c.params["pass"]: c for c in cases.grid("conv", "gpu")}
+    assert pinned.accepts(kinds["forward+backward"]) and not pinned.accepts(kinds["forward"])
+    assert pinned.options["paths"] == {"input_grad": "spmm", "weight_grad": "sddmm"}

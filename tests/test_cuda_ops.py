@@ -14,6 +14,7 @@ checked written; N:M magnitude bit for bit; pack/unpack round trips.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -32,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from impl.cuda import loader
 from impl.methods.sdgp import nm_prune_ref
-from impl.ops import device_check, nm_cuda, pack_cuda, pattern_cuda
+from impl.ops import device_check, nm_cuda, pack_cuda, pattern_cuda, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
     pattern_conv2d,
@@ -356,36 +357,42 @@ def test_spmm_variants_prefer_row_tiled_within_its_32_bit_offsets():
 
 
 @pytest.fixture
-def fresh_spmm_choice(monkeypatch):
-    monkeypatch.setattr(pattern_cuda, "_SPMM_CHOICE", {})
-    monkeypatch.setattr(pattern_cuda, "_SPMM_TIMES", {})
+def timing_allowed(monkeypatch):
+    """The ops' choice as on a GPU: timing allowed, a fresh cache, fake timings by path."""
+    monkeypatch.setattr(timed_choice, "_CHOICE", {})
+    monkeypatch.setattr(timed_choice, "_TIMES", {})
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
+    ms = {"row_tiled": 2.0, "warp_row": 1.0, "sddmm": 3.0, "dense": 1.0, "spmm": 4.0}
+    monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn: ms[fn()])
+    return ms
 
 
-def test_choose_timed_takes_the_fastest_once_per_problem(fresh_spmm_choice):
-    timed = []
+@pytest.mark.parametrize("benchmark_mode", [False, True], ids=["cudnn-fixed", "cudnn-benchmark"])
+def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
+    timing_allowed, monkeypatch, benchmark_mode
+):
+    """SpMM kernels (same bits) are timed wherever timing is allowed; the gradient paths
+    (different summation orders) only under cudnn.benchmark, else the default runs."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark_mode)
+    like = torch.zeros(1)
+    spmm = pattern_cuda._pick("spmm", "p", pattern_cuda.PATHS["spmm"], lambda p: p, like)
+    assert spmm == "warp_row"
+    wgrad = pattern_cuda._pick("weight_grad", "p", ("sddmm", "dense"), lambda p: p, like)
+    igrad = pattern_cuda._pick("input_grad", "p", ("spmm", "dense"), lambda p: p, like)
+    assert (wgrad, igrad) == (("dense", "dense") if benchmark_mode else ("sddmm", "spmm"))
+    with pattern_cuda.forced_path("weight_grad", "sddmm"):
+        assert pattern_cuda._pick("weight_grad", "q", ("sddmm", "dense"), lambda p: p, like) == (
+            "sddmm"
+        )
+    with pattern_cuda.forced_path("spmm", "row_tiled"):  # not possible here: the first runs
+        assert pattern_cuda._pick("spmm", "q", ("warp_row",), lambda p: p, like) == "warp_row"
 
-    def time_ms(v):
-        timed.append(v)
-        return {"row_tiled": 2.5, "warp_row": 1.5}[v]
 
-    key = (0, "torch.float32", 256, 1152, 50176, 1, 117964, True)
-    assert pattern_cuda.choose_timed(key, ("row_tiled", "warp_row"), time_ms) == "warp_row"
-    assert pattern_cuda.choose_timed(key, ("row_tiled", "warp_row"), time_ms) == "warp_row"
-    assert timed == ["row_tiled", "warp_row"], "a problem is timed once"
-    assert pattern_cuda.spmm_choices() == {
-        "torch.float32 256x1152x50176 batch 1 nnz 117964 vec": {
-            "variant": "warp_row",
-            "ms": {"row_tiled": 2.5, "warp_row": 1.5},
-        }
-    }
-    other = key[:-1] + (False,)
-    assert pattern_cuda.choose_timed(other, ("row_tiled", "warp_row"), lambda v: 1.0) == (
-        "row_tiled"
-    ), "a tie goes to the first candidate"
-    assert pattern_cuda.choose_timed(key[:1] + (9,) + key[2:], ("warp_row",), time_ms) == (
-        "warp_row"
-    )
-    assert timed == ["row_tiled", "warp_row"], "a lone candidate is not timed"
+def test_forced_path_names_the_valid_ops_and_paths():
+    with pytest.raises(ValueError, match="unknown op 'conv'; valid: spmm, weight_grad"):
+        pattern_cuda.forced_path("conv", "dense")
+    with pytest.raises(ValueError, match="unknown weight_grad path 'cusparse'; valid: sddmm"):
+        pattern_cuda.forced_path("weight_grad", "cusparse")
 
 
 @pytest.mark.parametrize(
@@ -781,6 +788,33 @@ def test_emulated_spmm_and_its_gradients_match_the_reference(emulated, case, dty
     )
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+def test_emulated_spmm_dense_gradient_paths_match_the_reference(emulated, batched):
+    """pattern_spmm's dense gradient paths (cuBLAS dA at the kept positions; A^T @ grad with
+    A dense) give the reference's gradients and launch no sparse kernel in backward."""
+    gen = torch.Generator().manual_seed(21)
+    mask = torch.rand(13, 30, generator=gen) < 0.4
+    idx = pattern_index(mask)
+    shape = (3, 30, 9) if batched else (30, 9)
+    b = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(idx.col_ind.numel(), generator=gen, dtype=torch.float64, requires_grad=True)
+    out = pattern_cuda.pattern_spmm_cuda(v, idx.row_ptr, idx.col_ind, b, index=idx)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    launched = len(emulated)
+    with (
+        pattern_cuda.forced_path("weight_grad", "dense"),
+        pattern_cuda.forced_path("input_grad", "dense"),
+    ):
+        gv, gb = torch.autograd.grad(out, (v, b), g)
+    assert not [k for k in emulated[launched:] if k.startswith(("pdt_sddmm", "pdt_spmm"))]
+    v64 = v.detach().clone().requires_grad_(True)
+    b64 = b.detach().clone().requires_grad_(True)
+    r = pattern_spmm(v64, idx.row_ptr, idx.col_ind, b64, impl="ref", index=idx)
+    rv, rb = torch.autograd.grad(r, (v64, b64), g)
+    assert torch.allclose(gv, rv, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(gb, rb, rtol=1e-12, atol=1e-12)
+
+
 EMU_VARIANT = [
     (70, 70, 37, None, 0.4),  # three row-tiled blocks, the last one partly empty
     (9, 70, 64, 2, 0.3),
@@ -812,7 +846,7 @@ def test_emulated_spmm_variants_give_the_same_bits(emulated, case, dtype):
         assert torch.isfinite(poisoned).all(), f"{variant}: some outputs were not written"
     suf = "f32" if dtype == torch.float32 else "f64"
     kind = "vec" if n % (4 if dtype == torch.float32 else 2) == 0 else "scalar"
-    assert emulated == [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
+    assert emulated == [f"pdt_spmm_tiled_{suf}_{kind}", f"pdt_spmm_{suf}_{kind}"]
     assert torch.equal(outs["warp_row"], outs["row_tiled"])
     ref64 = pattern_spmm(vals.double(), idx.row_ptr, idx.col_ind, b.double(), impl="ref")
     same = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
@@ -828,9 +862,9 @@ def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
     b = torch.randn(20, 5, generator=gen)
     vals = torch.randn(idx.col_ind.numel(), generator=gen)
     pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)  # untimed off a GPU: first choice
-    with pattern_cuda.forced_spmm_variant("warp_row"):
+    with pattern_cuda.forced_path("spmm", "warp_row"):
         pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
-        with pattern_cuda.forced_spmm_variant("row_tiled"):
+        with pattern_cuda.forced_path("spmm", "row_tiled"):
             pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
         pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
     assert emulated == [
@@ -839,9 +873,8 @@ def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
         "pdt_spmm_tiled_f32_scalar",
         "pdt_spmm_f32_scalar",
     ]
-    with pytest.raises(ValueError, match="valid: warp_row, row_tiled"):
-        with pattern_cuda.forced_spmm_variant("fastest"):
-            pass
+    with pytest.raises(ValueError, match="valid: row_tiled, warp_row"):
+        pattern_cuda.forced_path("spmm", "fastest")
 
 
 def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
@@ -869,21 +902,33 @@ EMU_CONV_IDS = ["odd", "stride2-dil2", "1x1", "rect"]
 
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
 @pytest.mark.parametrize("case", EMU_CONV, ids=EMU_CONV_IDS)
-def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit):
+@pytest.mark.parametrize("grads", ["sparse", "dense"], ids=["sparse-grads", "dense-grads"])
+def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit, grads):
+    """Forward and both gradient paths (transposed SpMM + SDDMM, or cuDNN's dense backward
+    with pruned weights as zeros and its weight gradient kept at the pattern) match the
+    masked dense conv; pruned weights get no gradient either way."""
     xs, f_out, (r, s), stride, padding, dilation = case
     gen = torch.Generator().manual_seed(9)
     mask = torch.rand(f_out, xs[1], r, s, generator=gen) < 0.5
     idx = pattern_index(mask)
     x = torch.randn(xs, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(f_out, xs[1], r, s, generator=gen, dtype=torch.float64) * mask
-    w.requires_grad_(True)
+    w = torch.randn(f_out, xs[1], r, s, generator=gen, dtype=torch.float64)
+    w.requires_grad_(True)  # pruned positions hold nonzero values: the op must ignore them
     bias = torch.randn(f_out, generator=gen, dtype=torch.float64, requires_grad=True)
     out = pattern_cuda.pattern_conv2d_cuda(
         x, w, idx, bias, stride, padding, dilation, implicit=implicit
     )
     ref = F.conv2d(x, w * mask, bias, stride, padding, dilation)
     g = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(out, (x, w, bias), g)
+    forward_launches = len(emulated)
+    with contextlib.ExitStack() as paths:
+        if grads == "dense":
+            paths.enter_context(pattern_cuda.forced_path("input_grad", "dense"))
+            paths.enter_context(pattern_cuda.forced_path("weight_grad", "dense"))
+        got = torch.autograd.grad(out, (x, w, bias), g)
+    backward = emulated[forward_launches:]
+    sparse_kernels = [k for k in backward if k.startswith(("pdt_sddmm", "pdt_spmm"))]
+    assert bool(sparse_kernels) == (grads == "sparse"), backward
     exp = torch.autograd.grad(ref, (x, w, bias), g)
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
     for a, e in zip(got, exp):
@@ -1197,15 +1242,39 @@ def test_spmm_paper_shape(cuda_kernels, density):
     assert torch.equal(outs["warp_row"], outs["row_tiled"])
     assert torch.equal(outs[None], outs["warp_row"])
     nnz = col_ind.numel()
-    picked = [v for k, v in pattern_cuda.spmm_choices().items() if f"nnz {nnz} " in k]
-    assert picked and picked[0]["variant"] in pattern_cuda.SPMM_VARIANTS
+    choices = timed_choice.timed_choices().items()
+    picked = [v for k, v in choices if k.startswith("spmm: ") and f"nnz {nnz} " in k]
+    assert picked and picked[0]["path"] in pattern_cuda.SPMM_VARIANTS
     assert set(picked[0]["ms"]) == set(pattern_cuda.SPMM_VARIANTS)
 
 
+@contextlib.contextmanager
+def grad_paths(grads: str):
+    """Both gradient paths pinned to the sparse kernels or to the dense libraries, with TF32
+    off (the dense paths follow torch's TF32 settings, as torch's own conv does)."""
+    sparse = grads == "sparse"
+    with (
+        torch.backends.cudnn.flags(enabled=True, allow_tf32=False),
+        pattern_cuda.forced_path("input_grad", "spmm" if sparse else "dense"),
+        pattern_cuda.forced_path("weight_grad", "sddmm" if sparse else "dense"),
+    ):
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+GRADS = ["sparse", "dense"]
+GRADS_IDS = ["sparse-grads", "dense-grads"]
+
+
 @gpu
+@pytest.mark.parametrize("grads", GRADS, ids=GRADS_IDS)
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
+def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
     gen = torch.Generator(device="cuda").manual_seed(1 + zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     index = pattern_index(mask)
@@ -1229,9 +1298,11 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
             bb = bb.detach().clone().requires_grad_(True)
         if impl == "cuda":
             out = pattern_cuda.pattern_spmm_cuda(vals, row_ptr, col_ind, bb, index=index)
+            with grad_paths(grads):
+                out.backward(g.to(out.dtype))
         else:
             out = pattern_spmm(vals, row_ptr, col_ind, bb, impl="ref", index=index)
-        out.backward(g.to(out.dtype))
+            out.backward(g.to(out.dtype))
         return vals.grad, bb.grad
 
     gv, gb = grads("cuda", values, b, g64)
@@ -1239,8 +1310,8 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype):
     sv, sb = grads("ref", values, b, g64)
     bv, bb = grads("ref", values.abs().double(), b.abs().double(), g64.abs())  # magnitude bounds
     n_terms = b.shape[-1] * (b.shape[0] if batched else 1)
-    assert_within_tolerance(gv, rv, sv, bv, n_terms, dtype, "spmm grad values (SDDMM)")
-    assert_within_tolerance(gb, rb, sb, bb, mask.shape[0], dtype, "spmm grad B (transposed SpMM)")
+    assert_within_tolerance(gv, rv, sv, bv, n_terms, dtype, f"spmm grad values ({grads})")
+    assert_within_tolerance(gb, rb, sb, bb, mask.shape[0], dtype, f"spmm grad B ({grads})")
 
 
 @gpu
@@ -1289,20 +1360,26 @@ def _conv_inputs(case, dtype, device, gen):
     return mask, x, w, bias, stride, padding, dilation
 
 
-def _conv_run(fn, x, w, bias, g):
+def _conv_run(fn, x, w, bias, g, grads=None):
+    """(output, grad x, grad w, grad bias) of ``fn``; the backward under
+    :func:`grad_paths` when ``grads`` is given."""
     x = x.detach().clone().requires_grad_(True)
     w = w.detach().clone().requires_grad_(True)
     bias = bias.detach().clone().requires_grad_(True)
     out = fn(x, w, bias)
-    out.backward(g.to(out.dtype))
+    with grad_paths(grads) if grads else contextlib.nullcontext():
+        out.backward(g.to(out.dtype))
     return out.detach(), x.grad, w.grad, bias.grad
 
 
 @gpu
+@pytest.mark.parametrize("grads", GRADS, ids=GRADS_IDS)
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=CONV_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_pattern_conv2d_forward_and_backward_match_reference(cuda_kernels, case, dtype, implicit):
+def test_pattern_conv2d_forward_and_backward_match_reference(
+    cuda_kernels, case, dtype, implicit, grads
+):
     gen = torch.Generator(device="cuda").manual_seed(3)
     mask, x, w, bias, stride, padding, dilation = _conv_inputs(case, dtype, cuda_kernels, gen)
     index = pattern_index(mask)
@@ -1317,7 +1394,7 @@ def test_pattern_conv2d_forward_and_backward_match_reference(cuda_kernels, case,
 
     out_shape = F.conv2d(x, w, bias, stride, padding, dilation).shape
     g = torch.randn(out_shape, generator=gen, device=cuda_kernels, dtype=torch.float64)
-    got = _conv_run(cuda_fn, x, w, bias, g)
+    got = _conv_run(cuda_fn, x, w, bias, g, grads)
     ref = _conv_run(ref_fn, x.double(), w.double(), bias.double(), g)
     same = _conv_run(ref_fn, x, w, bias, g)
     bounds = _conv_run(ref_fn, x.abs().double(), w.abs().double(), bias.abs().double(), g.abs())

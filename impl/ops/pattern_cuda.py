@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from impl.cuda import loader
-from impl.ops import device_check
+from impl.ops import device_check, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
     conv_output_size,
@@ -63,7 +63,7 @@ ROWS_PER_WARP = {  # rows of one warp of the row-tiled SpMM kernel
 #: one warp per output row, B's tile in shared memory); ``row_tiled`` gives each warp several
 #: rows so that one shared-memory read of B serves all of them. Both sum each row in the same
 #: order, so they give the same bits; which is faster depends on the sparsity and the GPU.
-SPMM_VARIANTS: tuple[str, ...] = ("warp_row", "row_tiled")
+SPMM_VARIANTS: tuple[str, ...] = ("row_tiled", "warp_row")
 CONV_TILE: int = 32 * loader.DEFINES["PDT_CONV_CPT"]  # output positions per conv block
 SDDMM_SEG: int = loader.DEFINES["PDT_SDDMM_SEG"]
 _GATHER_BLOCK = 128
@@ -119,7 +119,7 @@ def spmm_grid(
 
 
 def _check_variant(variant: str) -> str:
-    if variant not in SPMM_VARIANTS:
+    if variant not in PATHS["spmm"]:
         raise ValueError(f"unknown SpMM variant {variant!r}; valid: {', '.join(SPMM_VARIANTS)}")
     return variant
 
@@ -130,70 +130,58 @@ def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
     traffic per useful multiply-add is at most that of ``warp_row``), except where a warp's
     rows could hold 2^31 nonzeros or more (its 32-bit offsets)."""
     if ROWS_PER_WARP[dtype] * n_cols_a < 2**31:
-        return ("row_tiled", "warp_row")
+        return SPMM_VARIANTS
     return ("warp_row",)
 
 
-# -- SpMM kernel choice: timed once per problem, like cuDNN's benchmark mode ------------------
+# -- interchangeable paths, timed once per problem (impl.ops.timed_choice) --------------------
 
-_SPMM_CHOICE: dict[tuple, str] = {}
-_SPMM_TIMES: dict[tuple, dict[str, float]] = {}
-_SPMM_FORCED: list[str] = []
-
-
-@contextlib.contextmanager
-def forced_spmm_variant(variant: str) -> Iterator[None]:
-    """Within the block every SpMM runs ``variant`` (:data:`SPMM_VARIANTS`) where it can
-    (:func:`spmm_variants`), untimed; the benchmarks use it to time each kernel apart."""
-    _SPMM_FORCED.append(_check_variant(variant))
-    try:
-        yield
-    finally:
-        _SPMM_FORCED.pop()
-
-
-def spmm_choices() -> dict[str, dict[str, object]]:
-    """What the timed choice picked so far: ``{problem: {"variant": ..., "ms": {variant:
-    milliseconds per call}}}``, a problem being ``dtype FxKxN batch B nnz Z vec|scalar``."""
-    return {
-        f"{k[1]} {k[2]}x{k[3]}x{k[4]} batch {k[5]} nnz {k[6]} {'vec' if k[7] else 'scalar'}": {
-            "variant": v,
-            "ms": dict(_SPMM_TIMES.get(k, {})),
-        }
-        for k, v in _SPMM_CHOICE.items()
-    }
+#: The interchangeable CUDA paths of each op, the default (where none is timed) first.
+#: ``spmm``: the SpMM kernel (:data:`SPMM_VARIANTS`); both give the same bits, so they are
+#: always timed on a GPU. ``weight_grad``: the gradient of the kept weights, by the SDDMM
+#: kernel (only the kept positions; the issue's design) or ``dense`` (the dense weight
+#: gradient by cuBLAS / cuDNN, then gathered at the kept positions). ``input_grad``: the
+#: gradient of the dense operand (the conv input), by the transposed pattern SpMM (ClickTrain
+#: Sec. 5.2: the backward handles the sparse weight as the forward does) or ``dense``
+#: (cuBLAS / cuDNN with the pruned weights as zeros). The gradient paths sum in different
+#: orders, so they are timed only where the user has let cuDNN pick its algorithms by timing
+#: too (``torch.backends.cudnn.benchmark``); otherwise the default runs.
+PATHS: dict[str, tuple[str, ...]] = {
+    "spmm": SPMM_VARIANTS,
+    "weight_grad": ("sddmm", "dense"),
+    "input_grad": ("spmm", "dense"),
+}
 
 
-def choose_timed(key: tuple, candidates: Sequence[str], time_ms: Callable[[str], float]) -> str:
-    """The fastest of ``candidates`` by ``time_ms(variant)`` (milliseconds), timed once per
-    ``key`` and remembered; the first candidate wins a tie. One candidate is not timed."""
-    if key in _SPMM_CHOICE and _SPMM_CHOICE[key] in candidates:
-        return _SPMM_CHOICE[key]
-    if len(candidates) == 1:
-        return candidates[0]
-    times = {v: float(time_ms(v)) for v in candidates}
-    best = min(candidates, key=lambda v: times[v])
-    _SPMM_CHOICE[key] = best
-    _SPMM_TIMES[key] = times
-    return best
+def forced_path(op: str, path: str) -> contextlib.AbstractContextManager:
+    """A context in which ``op`` (a key of :data:`PATHS`) runs ``path``, untimed, wherever
+    that path can run; the benchmarks time each path apart this way."""
+    if op not in PATHS:
+        raise ValueError(f"unknown op {op!r}; valid: {', '.join(PATHS)}")
+    if path not in PATHS[op]:
+        raise ValueError(f"unknown {op} path {path!r}; valid: {', '.join(PATHS[op])}")
+    return timed_choice.forced(op, path)
 
 
-def _cuda_ms(fn: Callable[[], None], reps: int = 3) -> float:
-    """Milliseconds per call of ``fn`` on the current stream (CUDA events, after a warm-up)."""
-    fn()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def _tunable(t: torch.Tensor) -> bool:
-    """Whether timing kernels here is allowed: a CUDA tensor, outside CUDA-graph capture."""
-    return t.is_cuda and not torch.cuda.is_current_stream_capturing()
+def _pick(
+    op: str,
+    problem: str,
+    candidates: Sequence[str],
+    run: Callable[[str], object],
+    like: torch.Tensor,
+) -> str:
+    """The path of ``op`` to run: the forced one (:func:`forced_path`) where it is among
+    ``candidates``, else the timed choice where timing is allowed (:data:`PATHS`), else
+    the first candidate."""
+    forced = timed_choice.forced_path(op)
+    if forced is not None:
+        return forced if forced in candidates else candidates[0]
+    same_bits = op == "spmm"
+    if timed_choice.can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
+        return timed_choice.choose_timed(
+            op, problem, candidates, lambda p: timed_choice.cuda_ms(lambda: run(p))
+        )
+    return candidates[0]
 
 
 def sddmm_split(
@@ -308,7 +296,7 @@ def _spmm(
     """``A @ dense_b`` for CSR ``A`` (``[F, K]``) and ``dense_b`` ``[K, N]`` or ``[B, K, N]``;
     ``out`` (tests poison it) must be a contiguous ``[B, F, N]`` tensor. ``variant`` picks the
     kernel (:data:`SPMM_VARIANTS`); by default the faster one, timed once per problem on a
-    GPU (:func:`choose_timed`), or the one :func:`forced_spmm_variant` names."""
+    GPU (:mod:`impl.ops.timed_choice`), or the one :func:`forced_path` names."""
     op = "pattern_spmm"
     suf = _suffix(dense_b.dtype, op)
     _check_index(op, row_ptr, col_ind)
@@ -359,16 +347,14 @@ def _spmm(
                     dev,
                 )
 
-            candidates = spmm_variants(dense_b.dtype, k)
             if variant is not None:
                 chosen = _check_variant(variant)
-            elif _SPMM_FORCED:
-                chosen = _SPMM_FORCED[-1] if _SPMM_FORCED[-1] in candidates else candidates[0]
-            elif _tunable(out):
-                key = (dev, str(dense_b.dtype), n_rows, k, n, batch, values.numel(), vec)
-                chosen = choose_timed(key, candidates, lambda v: _cuda_ms(lambda: run(v)))
             else:
-                chosen = candidates[0]
+                problem = (
+                    f"{dense_b.dtype} {n_rows}x{k}x{n} batch {batch} nnz {values.numel()} "
+                    f"{'vec' if vec else 'scalar'} {out.device}"
+                )
+                chosen = _pick("spmm", problem, spmm_variants(dense_b.dtype, k), run, out)
             run(chosen)
     return out if batched else out[0]
 
@@ -572,13 +558,40 @@ def _pattern_spmm_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b)
 
 
+def _spmm_problem(values: torch.Tensor, row_ptr: torch.Tensor, dense_b: torch.Tensor) -> str:
+    """The name of a ``pattern_spmm`` problem for :func:`_pick`."""
+    return (
+        f"pattern_spmm {dense_b.dtype} {row_ptr.numel() - 1} rows nnz {values.numel()} "
+        f"b{list(dense_b.shape)} {dense_b.device}"
+    )
+
+
 def _pattern_spmm_backward(ctx, grad):
     values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b = ctx.saved_tensors
     grad_values = grad_b = None
-    if ctx.needs_input_grad[0]:  # SDDMM: dL/dA = grad @ B^T at the stored positions only
-        grad_values = torch.ops.pdtbench.sddmm(row_ptr, col_ind, grad, dense_b)
+    problem = _spmm_problem(values, row_ptr, dense_b)
+    k = dense_b.shape[-2]
+    if ctx.needs_input_grad[0]:  # dL/dA = grad @ B^T at the stored positions only
+
+        def weight_grad(path: str) -> torch.Tensor:
+            if path == "dense":  # cuBLAS, then the kept positions
+                full = torch.einsum("...fn,...kn->fk", grad, dense_b)
+                return torch.ops.pdtbench.pattern_csr(full, row_ptr, col_ind)
+            return torch.ops.pdtbench.sddmm(row_ptr, col_ind, grad, dense_b)
+
+        paths = PATHS["weight_grad"]
+        grad_values = weight_grad(_pick("weight_grad", problem, paths, weight_grad, grad))
     if ctx.needs_input_grad[6]:  # dL/dB = A^T @ grad, A^T from the precomputed transpose
-        grad_b = torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, grad)
+
+        def input_grad(path: str) -> torch.Tensor:
+            if path == "dense":  # the sparse matrix as a dense one with zeros, cuBLAS
+                shape = [row_ptr.numel() - 1, k]
+                a = torch.ops.pdtbench.csr_scatter(values, row_ptr, col_ind, shape)
+                return torch.matmul(a.t(), grad)
+            return torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, grad)
+
+        paths = PATHS["input_grad"]
+        grad_b = input_grad(_pick("input_grad", problem, paths, input_grad, grad))
     return grad_values, None, None, None, None, None, grad_b
 
 
@@ -620,20 +633,52 @@ def _pattern_conv2d_setup(ctx, inputs, output) -> None:
     ctx.has_bias = bias is not None
 
 
+def _conv_backward_dense(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, conv: tuple, want: list[bool]
+) -> tuple[torch.Tensor | None, ...]:
+    """torch's (cuDNN's) dense convolution backward: ``want`` = [input, weight, bias]."""
+    stride, padding, dilation = conv
+    return torch.ops.aten.convolution_backward(
+        grad, x, weight, None, stride, padding, dilation, False, [0, 0], 1, want
+    )
+
+
 def _pattern_conv2d_backward(ctx, grad):
     x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm = ctx.saved_tensors
     stride, padding, dilation = ctx.conv
     f_out, _, r, s = weight.shape
     g = grad.reshape(grad.shape[0], f_out, -1)  # [B, F, L]
     grad_x = grad_w = grad_b = None
-    if ctx.needs_input_grad[0]:  # col2im(A^T @ grad)
-        values = torch.ops.pdtbench.pattern_csr(weight.reshape(f_out, -1), row_ptr, col_ind)
-        cols = torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, g)  # [B, K, L]
-        grad_x = F.fold(cols, x.shape[2:], (r, s), dilation, padding, stride)
-    if ctx.needs_input_grad[1]:  # SDDMM on the im2col matrix, scattered into the weight
-        cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)
-        gv = torch.ops.pdtbench.sddmm(row_ptr, col_ind, g, cols)
-        grad_w = torch.ops.pdtbench.csr_scatter(gv, row_ptr, col_ind, list(weight.shape))
+    problem = (
+        f"pattern_conv2d {x.dtype} x{list(x.shape)} w{list(weight.shape)} nnz {col_ind.numel()} "
+        f"stride {stride} padding {padding} dilation {dilation} {x.device}"
+    )
+    w2d = weight.reshape(f_out, -1)
+    if ctx.needs_input_grad[0]:
+
+        def input_grad(path: str) -> torch.Tensor:
+            values = torch.ops.pdtbench.pattern_csr(w2d, row_ptr, col_ind)
+            if path == "dense":  # cuDNN with the pruned weights as zeros
+                kept = torch.ops.pdtbench.csr_scatter(values, row_ptr, col_ind, list(weight.shape))
+                return _conv_backward_dense(grad, x, kept, ctx.conv, [True, False, False])[0]
+            cols = torch.ops.pdtbench.spmm(values[t_perm], t_row_ptr, t_col_ind, g)  # [B, K, L]
+            return F.fold(cols, x.shape[2:], (r, s), dilation, padding, stride)  # col2im
+
+        paths = PATHS["input_grad"]
+        grad_x = input_grad(_pick("input_grad", problem, paths, input_grad, grad))
+    if ctx.needs_input_grad[1]:  # the kept positions only, scattered into the weight's shape
+
+        def weight_grad(path: str) -> torch.Tensor:
+            if path == "dense":  # cuDNN's dense weight gradient, then the kept positions
+                full = _conv_backward_dense(grad, x, weight, ctx.conv, [False, True, False])[1]
+                gv = torch.ops.pdtbench.pattern_csr(full.reshape(f_out, -1), row_ptr, col_ind)
+            else:  # SDDMM on the im2col matrix
+                cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)
+                gv = torch.ops.pdtbench.sddmm(row_ptr, col_ind, g, cols)
+            return torch.ops.pdtbench.csr_scatter(gv, row_ptr, col_ind, list(weight.shape))
+
+        paths = PATHS["weight_grad"]
+        grad_w = weight_grad(_pick("weight_grad", problem, paths, weight_grad, grad))
     if ctx.has_bias and ctx.needs_input_grad[7]:
         grad_b = grad.sum(dim=(0, 2, 3))
     return grad_x, grad_w, None, None, None, None, None, grad_b, None, None, None
@@ -749,8 +794,7 @@ __all__ = [
     "spmm_variants",
     "SPMM_VARIANTS",
     "ROWS_PER_WARP",
-    "choose_timed",
-    "forced_spmm_variant",
-    "spmm_choices",
+    "PATHS",
+    "forced_path",
     "vector_ok",
 ]

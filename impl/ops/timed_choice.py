@@ -1,0 +1,96 @@
+"""Choosing between equivalent GPU code paths by timing them once per problem.
+
+Some ops of :mod:`impl.ops` have several CUDA paths that compute the same thing (two SpMM
+kernels; a sparse or a dense weight gradient). Which is faster depends on the sizes, the
+sparsity and the GPU, and nothing here has been measured on every GPU, so the ops time the
+candidates on the first call of each problem (CUDA events, a warm-up then a few calls) and
+keep the fastest for the rest of the process, as cuDNN's benchmark mode does for its
+convolution algorithms. What was picked, and the times that picked it, are readable
+(:func:`timed_choices`) so that benchmark rows can say which path they measured.
+
+:func:`forced` pins one path (the benchmarks time each path apart this way). Nothing here
+touches the GPU at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+_CHOICE: dict[tuple[str, str], str] = {}
+_TIMES: dict[tuple[str, str], dict[str, float]] = {}
+_FORCED: dict[str, list[str]] = {}
+
+
+@contextlib.contextmanager
+def forced(op: str, path: str) -> Iterator[None]:
+    """Within the block, :func:`forced_path` of ``op`` is ``path`` (innermost block wins).
+    The op checks that ``path`` is one of its own (it knows its candidates)."""
+    stack = _FORCED.setdefault(op, [])
+    stack.append(path)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def forced_path(op: str) -> str | None:
+    """The path :func:`forced` pins for ``op`` now, or None."""
+    stack = _FORCED.get(op)
+    return stack[-1] if stack else None
+
+
+def choose_timed(
+    op: str, problem: str, candidates: Sequence[str], time_ms: Callable[[str], float]
+) -> str:
+    """The fastest of ``candidates`` for ``op`` on ``problem`` (a string naming the sizes,
+    dtype and device) by ``time_ms(path)`` in milliseconds, timed once per ``(op, problem)``
+    and remembered; the first candidate wins a tie. A lone candidate is not timed."""
+    if not candidates:
+        raise ValueError(f"{op}: no candidate path for {problem}")
+    key = (op, problem)
+    if key in _CHOICE and _CHOICE[key] in candidates:
+        return _CHOICE[key]
+    if len(candidates) == 1:
+        return candidates[0]
+    times = {p: float(time_ms(p)) for p in candidates}
+    best = min(candidates, key=lambda p: times[p])
+    _CHOICE[key] = best
+    _TIMES[key] = times
+    return best
+
+
+def timed_choices() -> dict[str, dict[str, object]]:
+    """What :func:`choose_timed` picked so far: ``{"op: problem": {"path": ..., "ms":
+    {path: milliseconds per call}}}``."""
+    return {
+        f"{op}: {problem}": {"path": path, "ms": dict(_TIMES.get((op, problem), {}))}
+        for (op, problem), path in _CHOICE.items()
+    }
+
+
+def cuda_ms(fn: Callable[[], object], reps: int = 3) -> float:
+    """Milliseconds per call of ``fn`` on the current CUDA stream: one warm-up call, then
+    ``reps`` calls between two CUDA events (it synchronises once)."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def can_time(t: torch.Tensor) -> bool:
+    """Whether paths may be timed for a tensor: it is on a GPU and no CUDA graph is being
+    captured (a capture must not synchronise)."""
+    return t.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+__all__ = ["can_time", "choose_timed", "cuda_ms", "forced", "forced_path", "timed_choices"]

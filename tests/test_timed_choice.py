@@ -1,0 +1,72 @@
+"""impl.ops.timed_choice: the fastest path, timed once per problem; pinning; what it picked."""
+
+import pytest
+import torch
+
+from impl.ops import timed_choice
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(timed_choice, "_CHOICE", {})
+    monkeypatch.setattr(timed_choice, "_TIMES", {})
+
+
+def test_choose_timed_takes_the_fastest_once_per_problem():
+    timed = []
+
+    def time_ms(p):
+        timed.append(p)
+        return {"row_tiled": 2.5, "warp_row": 1.5}[p]
+
+    both = ("row_tiled", "warp_row")
+    problem = "torch.float32 256x1152x50176 batch 1 nnz 117964 vec cuda:0"
+    assert timed_choice.choose_timed("spmm", problem, both, time_ms) == "warp_row"
+    assert timed_choice.choose_timed("spmm", problem, both, time_ms) == "warp_row"
+    assert timed == ["row_tiled", "warp_row"], "a problem is timed once"
+    assert timed_choice.timed_choices() == {
+        f"spmm: {problem}": {"path": "warp_row", "ms": {"row_tiled": 2.5, "warp_row": 1.5}}
+    }
+    assert timed_choice.choose_timed("spmm", "other", both, lambda p: 1.0) == "row_tiled", (
+        "a tie goes to the first candidate"
+    )
+    assert timed_choice.choose_timed("weight_grad", problem, ("sddmm",), time_ms) == "sddmm"
+    assert timed == ["row_tiled", "warp_row"], "a lone candidate is not timed"
+    with pytest.raises(ValueError, match="no candidate path"):
+        timed_choice.choose_timed("spmm", "none", (), time_ms)
+
+
+def test_a_remembered_choice_that_cannot_run_is_not_used():
+    timed_choice.choose_timed("spmm", "p", ("row_tiled", "warp_row"), lambda p: len(p))
+    assert timed_choice.choose_timed("spmm", "p", ("warp_row",), lambda p: 0.0) == "warp_row"
+
+
+def test_forced_paths_nest_and_end_with_their_block():
+    assert timed_choice.forced_path("spmm") is None
+    with timed_choice.forced("spmm", "warp_row"):
+        assert timed_choice.forced_path("spmm") == "warp_row"
+        with timed_choice.forced("spmm", "row_tiled"):
+            assert timed_choice.forced_path("spmm") == "row_tiled"
+        assert timed_choice.forced_path("spmm") == "warp_row"
+        assert timed_choice.forced_path("weight_grad") is None
+    assert timed_choice.forced_path("spmm") is None
+    with pytest.raises(RuntimeError), timed_choice.forced("spmm", "warp_row"):
+        raise RuntimeError("the block fails")
+    assert timed_choice.forced_path("spmm") is None
+
+
+def test_no_timing_off_a_gpu():
+    assert not timed_choice.can_time(torch.zeros(3))
+
+
+def test_cuda_ms_rejects_no_repeats():
+    with pytest.raises(ValueError, match="reps must be >= 1"):
+        timed_choice.cuda_ms(lambda: None, reps=0)
+
+
+@pytest.mark.gpu
+def test_cuda_ms_times_a_sleep_kernel():
+    """Two calls of a 2 ms device sleep take about 2 ms each by the events."""
+    cycles = int(2e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    ms = timed_choice.cuda_ms(lambda: torch.cuda._sleep(cycles), reps=2)
+    assert 1.0 < ms < 10.0

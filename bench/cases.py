@@ -1041,7 +1041,10 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
         def fn(i):
             with torch.no_grad():
-                return conv(xs[i % n_sets], w)
+                out = conv(xs[i % n_sets], w)
+            if i == 0 and sparse:
+                info.update(_path_columns(impl, f"x{list(xs[0].shape)} w{list(shape)} nnz {nnz} "))
+            return out
 
     passes = 3.0 if backward else 1.0
     dense_flops = 2.0 * b * ho * wo * fo * c * r * q * passes

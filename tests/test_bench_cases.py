@@ -334,3 +334,32 @@ def test_sparse_gradient_conv_rows_only_where_there_is_a_backward():
     kinds = {c.params["pass"]: c for c in cases.grid("conv", "gpu")}
     assert pinned.accepts(kinds["forward+backward"]) and not pinned.accepts(kinds["forward"])
     assert pinned.options["paths"] == {"input_grad": "spmm", "weight_grad": "sddmm"}
+
+
+def test_conv_rows_name_each_timed_path_of_their_problem(monkeypatch):
+    from impl.ops import timed_choice
+
+    fwd = "torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 stride [1, 1]"
+    grad = "pattern_conv2d torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 s"
+    other = "torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 5 stride [1, 1]"
+    monkeypatch.setattr(
+        timed_choice,
+        "_CHOICE",
+        {
+            ("conv_forward", fwd): "implicit_tiled",
+            ("weight_grad", grad): "dense",
+            ("conv_forward", other): "implicit",
+        },
+    )
+    monkeypatch.setattr(timed_choice, "_TIMES", {})
+    timed = cases.implementations("conv", "gpu")["pattern_conv2d[cuda]@cuda"]
+    cols = cases._path_columns(timed, "x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 ")
+    assert cols == {
+        "path_conv_forward": "timed: implicit_tiled",
+        "path_weight_grad": "timed: dense",
+    }
+    pinned = cases.implementations("conv", "gpu")["pattern_conv2d[cuda,sparse_grads]@cuda"]
+    cols = cases._path_columns(pinned, "x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 ")
+    assert cols["path_weight_grad"] == "forced: sddmm"
+    assert cols["path_input_grad"] == "forced: spmm"
+    assert cols["path_conv_forward"] == "timed: implicit_tiled"

@@ -363,6 +363,7 @@ def timing_allowed(monkeypatch):
     monkeypatch.setattr(timed_choice, "_TIMES", {})
     monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
     ms = {"row_tiled": 2.0, "warp_row": 1.0, "sddmm": 3.0, "dense": 1.0, "spmm": 4.0}
+    ms.update(implicit_tiled=2.0, implicit=1.0)
     monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn: ms[fn()])
     return ms
 
@@ -371,12 +372,16 @@ def timing_allowed(monkeypatch):
 def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
     timing_allowed, monkeypatch, benchmark_mode
 ):
-    """SpMM kernels (same bits) are timed wherever timing is allowed; the gradient paths
+    """SpMM and conv kernels (same bits) are timed wherever timing is allowed; the gradient paths
     (different summation orders) only under cudnn.benchmark, else the default runs."""
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark_mode)
     like = torch.zeros(1)
     spmm = pattern_cuda._pick("spmm", "p", pattern_cuda.PATHS["spmm"], lambda p: p, like)
     assert spmm == "warp_row"
+    conv = pattern_cuda._pick(
+        "conv_forward", "p", ("implicit_tiled", "implicit"), lambda p: p, like
+    )
+    assert conv == "implicit"
     wgrad = pattern_cuda._pick("weight_grad", "p", ("sddmm", "dense"), lambda p: p, like)
     igrad = pattern_cuda._pick("input_grad", "p", ("spmm", "dense"), lambda p: p, like)
     assert (wgrad, igrad) == (("dense", "dense") if benchmark_mode else ("sddmm", "spmm"))
@@ -389,7 +394,9 @@ def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
 
 
 def test_forced_path_names_the_valid_ops_and_paths():
-    with pytest.raises(ValueError, match="unknown op 'conv'; valid: spmm, weight_grad"):
+    with pytest.raises(
+        ValueError, match="unknown op 'conv'; valid: spmm, conv_forward, weight_grad, input_grad"
+    ):
         pattern_cuda.forced_path("conv", "dense")
     with pytest.raises(ValueError, match="unknown weight_grad path 'cusparse'; valid: sddmm"):
         pattern_cuda.forced_path("weight_grad", "cusparse")
@@ -936,6 +943,49 @@ def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit, 
     assert (got[1][~mask] == 0).all()
 
 
+EMU_CONV_VARIANT = [
+    ((2, 3, 7, 9), 70, (3, 3), 1, 1, 1),  # two row-tiled blocks (f32), partly empty
+    ((1, 4, 9, 7), 9, (5, 3), (2, 1), (2, 1), 1),
+    ((2, 5, 6, 6), 12, (3, 3), 1, 2, 2),
+]
+EMU_CONV_VARIANT_IDS = ["multi-block", "rect-stride2", "dilated"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", EMU_CONV_VARIANT, ids=EMU_CONV_VARIANT_IDS)
+def test_emulated_implicit_conv_kernels_give_the_same_bits(emulated, case, dtype):
+    """The one-filter-per-warp and row-tiled implicit convs: every output written, equal to
+    the last bit, and within the masked dense conv's tolerance."""
+    xs, f_out, (r, s), stride, padding, dilation = case
+    gen = torch.Generator().manual_seed(f_out + r)
+    mask = torch.rand(f_out, xs[1], r, s, generator=gen) < 0.45
+    mask[f_out // 3] = False  # an empty filter
+    idx = pattern_index(mask)
+    x = torch.randn(xs, generator=gen, dtype=dtype)
+    w = torch.randn(f_out, xs[1], r, s, generator=gen, dtype=dtype) * mask
+    bias = torch.randn(f_out, generator=gen, dtype=dtype)
+    vals = w[mask]
+    st, pad, dil = (pattern_cuda._pair(v) for v in (stride, padding, dilation))
+    ref = F.conv2d(x, w, bias, st, pad, dil)
+    outs = []
+    for variant in pattern_cuda.PATHS["conv_forward"]:
+        out = torch.full(ref.shape, float("nan"), dtype=dtype)
+        pattern_cuda._conv_implicit(
+            x, w.shape, vals, idx.row_ptr, idx.col_ind, bias, st, pad, dil, out, variant
+        )
+        assert torch.isfinite(out).all(), f"{variant}: some outputs were not written"
+        outs.append(out)
+    suf = "f32" if dtype == torch.float32 else "f64"
+    assert emulated == [f"pdt_conv_implicit_tiled_{suf}", f"pdt_conv_implicit_{suf}"]
+    assert torch.equal(outs[0], outs[1])
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(outs[0], ref, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="unknown conv_forward path 'tiled'"):
+        pattern_cuda._conv_implicit(
+            x, w.shape, vals, idx.row_ptr, idx.col_ind, bias, st, pad, dil, variant="tiled"
+        )
+
+
 EMU_NM = [
     ((4, 8, 5, 7), 1),
     ((3, 10, 6, 6), 1),
@@ -1266,6 +1316,7 @@ def grad_paths(grads: str):
             torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+CONV_VARIANTS = list(pattern_cuda.PATHS["conv_forward"])
 GRADS = ["sparse", "dense"]
 GRADS_IDS = ["sparse-grads", "dense-grads"]
 
@@ -1410,7 +1461,8 @@ def test_pattern_conv2d_forward_and_backward_match_reference(
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_implicit_conv_writes_every_output(cuda_kernels, dtype):
+@pytest.mark.parametrize("variant", CONV_VARIANTS, ids=CONV_VARIANTS)
+def test_implicit_conv_writes_every_output(cuda_kernels, dtype, variant):
     gen = torch.Generator(device="cuda").manual_seed(4)
     mask, x, w, bias, stride, padding, dilation = _conv_inputs(
         CONV_CASES[1], dtype, cuda_kernels, gen
@@ -1421,7 +1473,7 @@ def test_implicit_conv_writes_every_output(cuda_kernels, dtype):
     out = torch.full(shape, float("nan"), dtype=dtype, device=cuda_kernels)
     st, pad, dil = (pattern_cuda._pair(v) for v in (stride, padding, dilation))
     pattern_cuda._conv_implicit(
-        x, w.shape, vals, index.row_ptr, index.col_ind, bias, st, pad, dil, out=out
+        x, w.shape, vals, index.row_ptr, index.col_ind, bias, st, pad, dil, out=out, variant=variant
     )
     assert torch.isfinite(out).all()
 
@@ -1429,17 +1481,23 @@ def test_implicit_conv_writes_every_output(cuda_kernels, dtype):
 @gpu
 @pytest.mark.slow
 def test_implicit_conv_paper_layer(cuda_kernels):
-    """128 x 224 x 224 input, 256 x 128 x 3 x 3 pattern filters (the layer of Sec. 5.1)."""
+    """128 x 224 x 224 input, 256 x 128 x 3 x 3 pattern filters (the layer of Sec. 5.1): each
+    kernel within the reference's tolerance and both giving the same bits."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     mask = _pattern_mask(256, 128, gen, cuda_kernels)
     x = torch.randn(1, 128, 224, 224, generator=gen, device=cuda_kernels)
     w = torch.randn(256, 128, 3, 3, generator=gen, device=cuda_kernels) * mask
     index = pattern_index(mask)
-    got = pattern_cuda.pattern_conv2d_cuda(x, w, index, None, 1, 1)
     ref64 = F.conv2d(x.double(), w.double(), None, 1, 1)
     same = pattern_conv2d(x, w, index, None, 1, 1, impl="ref")
     bound = F.conv2d(x.abs().double(), w.abs().double(), None, 1, 1)
-    assert_within_tolerance(got, ref64, same, bound, 1152, torch.float32, "paper layer")
+    outs = []
+    for variant in CONV_VARIANTS:
+        with pattern_cuda.forced_path("conv_forward", variant):
+            got = pattern_cuda.pattern_conv2d_cuda(x, w, index, None, 1, 1)
+        assert_within_tolerance(got, ref64, same, bound, 1152, torch.float32, variant)
+        outs.append(got)
+    assert torch.equal(outs[0], outs[1])
 
 
 # -- N:M pruning ------------------------------------------------------------------------------

@@ -160,6 +160,79 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
 }
 
 // ---------------------------------------------------------------------------------------
+// Row groups of the row-tiled kernels (2b, 3c): a warp's RW CSR rows f0 .. f0 + RW - 1 (rows
+// at or past F are empty), walked in K-steps of 32 columns. Offsets are 32-bit, from the
+// group's first nonzero (the host launches these kernels only where RW * K < 2^31). TK <= 32:
+// one warp-wide load holds a row's nonzeros of a step, and one 32-bit mask its columns.
+// ---------------------------------------------------------------------------------------
+template <typename T, int RW, int TK>
+struct PdtRowGroup {
+  static_assert(TK <= 32, "a K-step must fit one warp-wide load and a 32-bit column mask");
+  const T* __restrict__ vw;    // values of the group, from its first nonzero
+  const i64* __restrict__ cw;  // their columns
+  int p[RW], pend[RW];         // row r's next nonzero and its end
+
+  __device__ __forceinline__ PdtRowGroup(const T* __restrict__ values,
+                                         const i64* __restrict__ row_ptr,
+                                         const i64* __restrict__ col_ind, int f0, int F) {
+    const i64 base = f0 < F ? row_ptr[f0] : 0;
+    vw = values + base;
+    cw = col_ind + base;
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      p[r] = 0;
+      pend[r] = 0;
+      if (f0 + r < F) {
+        p[r] = (int)(row_ptr[f0 + r] - base);
+        pend[r] = (int)(row_ptr[f0 + r + 1] - base);
+      }
+    }
+  }
+
+  // The K-step [k0, k0 + TK): each row's nonzeros there are the first of its next 32 (sorted,
+  // unique columns). Their values go to aw[(col - k0) * RW + r] (the warp's [TK][RW] tile,
+  // zero elsewhere), their columns to rmask[r] (bit col - k0); returns the union of the masks.
+  // The whole warp calls it; it synchronises the warp before writing aw and after.
+  __device__ __forceinline__ u32 gather(int k0, int lane, T* __restrict__ aw,
+                                        u32 (&rmask)[RW]) {
+    __syncwarp();  // every lane is done reading the last step's values
+    for (int i = lane; i < TK * RW; i += 32) aw[i] = T(0);
+    __syncwarp();
+    u32 wmask = 0u;
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      int c = 0x7fffffff;
+      T v = T(0);
+      if (p[r] + lane < pend[r]) {
+        c = (int)cw[p[r] + lane];
+        v = vw[p[r] + lane];
+      }
+      const bool in = c < k0 + TK;
+      if (in) aw[(c - k0) * RW + r] = v;
+      rmask[r] = __reduce_or_sync(PDT_FULL_MASK, in ? 1u << (c - k0) : 0u);
+      p[r] += __popc(rmask[r]);  // one bit per nonzero
+      wmask |= rmask[r];
+    }
+    __syncwarp();
+    return wmask;
+  }
+};
+
+// The RW values of a row group at one column: broadcast 16-byte loads from its tile row.
+template <typename T, int RW>
+__device__ __forceinline__ void pdt_load_group(const T* __restrict__ ak, T (&a)[RW]) {
+  constexpr int AV = 16 / sizeof(T);
+  static_assert(RW % AV == 0, "a row group must fill whole 16-byte loads");
+#pragma unroll
+  for (int q = 0; q < RW; q += AV) {
+    T aq[AV];
+    pdt_load_vec<T, AV>(ak + q, aq);
+#pragma unroll
+    for (int j = 0; j < AV; ++j) a[q + j] = aq[j];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // 2b. Row-tiled pattern SpMM: the product of 2 with RW rows per warp, so that each element of
 //    B read from shared memory serves every row of the warp that has a nonzero there.
 //    Kernel 2 reads one B element from shared memory per multiply-add, which caps it at the
@@ -181,10 +254,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
                                                     int F, int K, int N, i64 ldb, i64 sb,
                                                     i64 ldc, i64 sc) {
   constexpr int TK = PDT_SPMM_TK;
-  static_assert(TK <= 32, "a K-step must fit one warp-wide load and a 32-bit column mask");
   constexpr int TN = 32 * VEC * CPT;
-  constexpr int AV = 16 / sizeof(T);  // values per 16-byte load of the warp's value tile
-  static_assert(RW % AV == 0, "a row group must fill whole 16-byte loads");
   __shared__ __align__(16) T tile[TK * TN];
   __shared__ __align__(16) T atile[PDT_SPMM_WARPS * TK * RW];
   __shared__ u32 used;
@@ -194,21 +264,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
   const int n0 = blockIdx.y * TN;
   const T* __restrict__ Bz = B + (i64)blockIdx.z * sb;
   T* __restrict__ aw = atile + warp * (TK * RW);  // [TK][RW]: this warp's values
-  // Row r's next nonzero and its end, as offsets from the warp's first nonzero (32-bit: the
-  // host launches this kernel only where RW * K < 2^31).
-  const i64 base = f0 < F ? row_ptr[f0] : 0;
-  const T* __restrict__ vw = values + base;
-  const i64* __restrict__ cw = col_ind + base;
-  int p[RW], pend[RW];
-#pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    p[r] = 0;
-    pend[r] = 0;
-    if (f0 + r < F) {
-      p[r] = (int)(row_ptr[f0 + r] - base);
-      pend[r] = (int)(row_ptr[f0 + r + 1] - base);
-    }
-  }
+  PdtRowGroup<T, RW, TK> rows(values, row_ptr, col_ind, f0, F);
   T acc[RW][CPT][VEC];
 #pragma unroll
   for (int r = 0; r < RW; ++r)
@@ -220,26 +276,9 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
   for (int k0 = 0; k0 < K; k0 += TK) {
     if (threadIdx.x == 0) used = 0u;
     __syncthreads();  // every read of the last K-step's tiles and `used` is done
-    for (int i = lane; i < TK * RW; i += 32) aw[i] = T(0);
-    __syncwarp();
-    // Phase 1: each row's nonzeros in [k0, k0 + TK) are the first of its next 32; their
-    // values go to the warp's tile and their columns to one bit mask per row.
+    // Phase 1: the rows' values and column masks in this K-step.
     u32 rmask[RW];
-    u32 wmask = 0u;
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      int c = 0x7fffffff;
-      T v = T(0);
-      if (p[r] + lane < pend[r]) {
-        c = (int)cw[p[r] + lane];
-        v = vw[p[r] + lane];
-      }
-      const bool in = c < k0 + TK;
-      if (in) aw[(c - k0) * RW + r] = v;
-      rmask[r] = __reduce_or_sync(PDT_FULL_MASK, in ? 1u << (c - k0) : 0u);
-      p[r] += __popc(rmask[r]);  // columns are unique: one bit per nonzero
-      wmask |= rmask[r];
-    }
+    const u32 wmask = rows.gather(k0, lane, aw, rmask);
     if (lane == 0 && wmask != 0u) atomicOr(&used, wmask);
     __syncthreads();
     const u32 u = used;
@@ -254,14 +293,8 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
 #pragma unroll
       for (int i = 0; i < CPT; ++i)
         pdt_load_vec<T, VEC>(tile + kk * TN + (i * 32 + lane) * VEC, b[i]);
-      T a[RW];  // the rows' values at column kk: broadcast 16-byte loads
-#pragma unroll
-      for (int q = 0; q < RW; q += AV) {
-        T aq[AV];
-        pdt_load_vec<T, AV>(aw + kk * RW + q, aq);
-#pragma unroll
-        for (int j = 0; j < AV; ++j) a[q + j] = aq[j];
-      }
+      T a[RW];
+      pdt_load_group<T, RW>(aw + kk * RW, a);
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
         if ((rmask[r] >> kk) & 1u) {  // warp-uniform
@@ -356,6 +389,49 @@ __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
 }
 
 // ---------------------------------------------------------------------------------------
+// The implicit convs' output positions: lane `lane` owns positions n0 + lane + 32 t (t < CPT)
+// of the Bt x Ho x Wo outputs; for each, whether it exists (ok), the top-left input pixel of
+// its window (ih0, iw0) and that pixel's offset in x (xb, before the channel offset).
+// ---------------------------------------------------------------------------------------
+template <int CPT>
+struct PdtConvPositions {
+  i64 xb[CPT];
+  int ih0[CPT], iw0[CPT];
+  bool ok[CPT];
+
+  __device__ __forceinline__ PdtConvPositions(i64 n0, int lane, i64 total, i64 L, int Wo,
+                                              int sh, int sw, int ph, int pw, i64 chw,
+                                              int W) {
+#pragma unroll
+    for (int t = 0; t < CPT; ++t) {
+      const i64 n = n0 + t * 32 + lane;
+      ok[t] = n < total;
+      const i64 z = ok[t] ? n / L : 0;
+      const int l = ok[t] ? (int)(n - z * L) : 0;
+      const int pp = l / Wo, qq = l - (l / Wo) * Wo;
+      ih0[t] = pp * sh - ph;
+      iw0[t] = qq * sw - pw;
+      xb[t] = z * chw + (i64)ih0[t] * W + iw0[t];
+    }
+  }
+
+  // out[z, f, position] = acc[t] + bias[f] (when has_bias) for each existing position.
+  template <typename T>
+  __device__ __forceinline__ void store(T* __restrict__ out, const T (&acc)[CPT],
+                                        const T* __restrict__ bias, int has_bias, int f, int F,
+                                        i64 n0, int lane, i64 L) const {
+    const T bf = has_bias ? bias[f] : T(0);
+#pragma unroll
+    for (int t = 0; t < CPT; ++t) {
+      if (!ok[t]) continue;
+      const i64 n = n0 + t * 32 + lane;
+      const i64 z = n / L;
+      out[(z * F + f) * L + (n - z * L)] = acc[t] + bf;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // 3b. Implicit-im2col pattern convolution (forward): never materialises the im2col matrix.
 //     out[z, f, p, q] = bias[f] + sum_j values[j] * x[z, c_j, p*sh - ph + r_j*dh,
 //                                                    q*sw - pw + s_j*dw]
@@ -383,21 +459,7 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
   const i64 L = (i64)Ho * Wo;
   const i64 total = (i64)Bt * L;
   const i64 n0 = (tile0 + blockIdx.y) * (32 * CPT);
-  const i64 chw = (i64)C * H * W;
-  i64 xb[CPT];
-  int ih0[CPT], iw0[CPT];
-  bool ok[CPT];
-#pragma unroll
-  for (int t = 0; t < CPT; ++t) {
-    const i64 n = n0 + t * 32 + lane;
-    ok[t] = n < total;
-    const i64 z = ok[t] ? n / L : 0;
-    const int l = ok[t] ? (int)(n - z * L) : 0;
-    const int pp = l / Wo, qq = l - (l / Wo) * Wo;
-    ih0[t] = pp * sh - ph;
-    iw0[t] = qq * sw - pw;
-    xb[t] = z * chw + (i64)ih0[t] * W + iw0[t];
-  }
+  const PdtConvPositions<CPT> pos(n0, lane, total, L, Wo, sh, sw, ph, pw, (i64)C * H * W, W);
   T acc[CPT];
 #pragma unroll
   for (int t = 0; t < CPT; ++t) acc[t] = T(0);
@@ -425,20 +487,94 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
       const T ve = __shfl_sync(PDT_FULL_MASK, v, e);
 #pragma unroll
       for (int t = 0; t < CPT; ++t) {
-        const int ih = ih0[t] + dre, iw = iw0[t] + dse;
-        if (ok[t] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
-          acc[t] += ve * x[xb[t] + oe];
+        const int ih = pos.ih0[t] + dre, iw = pos.iw0[t] + dse;
+        if (pos.ok[t] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
+          acc[t] += ve * x[pos.xb[t] + oe];
       }
     }
   }
-  const T bf = has_bias ? bias[f] : T(0);
+  pos.store<T>(out, acc, bias, has_bias, f, F, n0, lane, L);
+}
+
+// ---------------------------------------------------------------------------------------
+// 3c. Row-tiled implicit-im2col pattern convolution: the output of 3b with RW filters per
+//     warp. Per K-step of 32 columns each warp gathers its filters' values into `atile` and
+//     one column mask per filter, lane i decodes column k0 + i once, and the warp walks the
+//     union of its filters' columns in ascending order: each lane reads its CPT input pixels
+//     for the column once (with the bounds test once) and multiplies them into every filter
+//     that keeps the column. Each filter's sum runs over its nonzeros in ascending column
+//     order and skips out-of-image pixels, as in 3b: the same bits.
+//    atile   [WARPS][TK x RW] shared, per warp (no block-wide barrier in this kernel)
+//    grid:   (ceil(F / (WARPS * RW)), tiles, 1); block: 32 * WARPS threads.
+// ---------------------------------------------------------------------------------------
+template <typename T, int RW>
+__device__ __forceinline__ void pdt_conv_implicit_tiled_body(
+    const T* __restrict__ x, const T* __restrict__ values, const i64* __restrict__ row_ptr,
+    const i64* __restrict__ col_ind, const T* __restrict__ bias, T* __restrict__ out, int Bt,
+    int C, int H, int W, int F, int R, int S, int Ho, int Wo, int sh, int sw, int ph, int pw,
+    int dh, int dw, int has_bias, i64 tile0) {
+  constexpr int CPT = PDT_CONV_CPT;
+  constexpr int TK = 32;
+  __shared__ __align__(16) T atile[PDT_SPMM_WARPS * TK * RW];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int f0 = (blockIdx.x * PDT_SPMM_WARPS + warp) * RW;
+  if (f0 >= F) return;  // warp-uniform; only warp-level collectives below
+  T* __restrict__ aw = atile + warp * (TK * RW);
+  const i64 L = (i64)Ho * Wo;
+  const i64 total = (i64)Bt * L;
+  const i64 n0 = (tile0 + blockIdx.y) * (32 * CPT);
+  const PdtConvPositions<CPT> pos(n0, lane, total, L, Wo, sh, sw, ph, pw, (i64)C * H * W, W);
+  PdtRowGroup<T, RW, TK> rows(values, row_ptr, col_ind, f0, F);
+  T acc[RW][CPT];
 #pragma unroll
-  for (int t = 0; t < CPT; ++t) {
-    if (!ok[t]) continue;
-    const i64 n = n0 + t * 32 + lane;
-    const i64 z = n / L;
-    out[(z * F + f) * L + (n - z * L)] = acc[t] + bf;
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int t = 0; t < CPT; ++t) acc[r][t] = T(0);
+  const int RS = R * S;
+  const int K = C * RS;
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    u32 rmask[RW];
+    const u32 wmask = rows.gather(k0, lane, aw, rmask);
+    if (wmask == 0u) continue;  // warp-uniform
+    int off = 0, dr = 0, ds = 0;  // lane i: column k0 + i decoded once
+    if (k0 + lane < K) {
+      const int col = k0 + lane;
+      const int c = col / RS;
+      const int rs = col - c * RS;
+      const int r = rs / S;
+      dr = r * dh;
+      ds = (rs - r * S) * dw;
+      off = c * H * W + dr * W + ds;
+    }
+    for (u32 m = wmask; m != 0u; m &= m - 1u) {
+      const int kk = __ffs((int)m) - 1;
+      const int oe = __shfl_sync(PDT_FULL_MASK, off, kk);
+      const int dre = __shfl_sync(PDT_FULL_MASK, dr, kk);
+      const int dse = __shfl_sync(PDT_FULL_MASK, ds, kk);
+      T xv[CPT];
+      bool inb[CPT];
+#pragma unroll
+      for (int t = 0; t < CPT; ++t) {
+        const int ih = pos.ih0[t] + dre, iw = pos.iw0[t] + dse;
+        inb[t] = pos.ok[t] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+        xv[t] = inb[t] ? x[pos.xb[t] + oe] : T(0);
+      }
+      T a[RW];
+      pdt_load_group<T, RW>(aw + kk * RW, a);
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        if ((rmask[r] >> kk) & 1u) {  // warp-uniform
+#pragma unroll
+          for (int t = 0; t < CPT; ++t)
+            if (inb[t]) acc[r][t] += a[r] * xv[t];
+        }
+      }
+    }
   }
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+    if (f0 + r < F) pos.store<T>(out, acc[r], bias, has_bias, f0 + r, F, n0, lane, L);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -500,6 +636,16 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
       int sw, int ph, int pw, int dh, int dw, int has_bias, i64 tile0) {                      \
     pdt_conv_implicit_body<T>(x, values, row_ptr, col_ind, bias, out, Bt, C, H, W, F, R, S,   \
                               Ho, Wo, sh, sw, ph, pw, dh, dw, has_bias, tile0);               \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 2)                        \
+      pdt_conv_implicit_tiled_##SUF(const T* x, const T* values, const i64* row_ptr,          \
+                                    const i64* col_ind, const T* bias, T* out, int Bt, int C, \
+                                    int H, int W, int F, int R, int S, int Ho, int Wo, int sh, \
+                                    int sw, int ph, int pw, int dh, int dw, int has_bias,     \
+                                    i64 tile0) {                                              \
+    pdt_conv_implicit_tiled_body<T, RW>(x, values, row_ptr, col_ind, bias, out, Bt, C, H, W,  \
+                                        F, R, S, Ho, Wo, sh, sw, ph, pw, dh, dw, has_bias,    \
+                                        tile0);                                               \
   }
 
 PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32, PDT_SPMM_RW_F32)

@@ -76,6 +76,7 @@ def _kernel_names() -> tuple[str, ...]:
     names = []
     for suf in _SUFFIX.values():
         names += [f"pdt_csr_gather_{suf}", f"pdt_csr_scatter_{suf}", f"pdt_conv_implicit_{suf}"]
+        names += [f"pdt_conv_implicit_tiled_{suf}"]
         for kind in ("vec", "scalar"):
             names += [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
             names += [f"pdt_sddmm_{suf}_{kind}"]
@@ -137,17 +138,20 @@ def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
 # -- interchangeable paths, timed once per problem (impl.ops.timed_choice) --------------------
 
 #: The interchangeable CUDA paths of each op, the default (where none is timed) first.
-#: ``spmm``: the SpMM kernel (:data:`SPMM_VARIANTS`); both give the same bits, so they are
-#: always timed on a GPU. ``weight_grad``: the gradient of the kept weights, by the SDDMM
-#: kernel (only the kept positions; the issue's design) or ``dense`` (the dense weight
-#: gradient by cuBLAS / cuDNN, then gathered at the kept positions). ``input_grad``: the
-#: gradient of the dense operand (the conv input), by the transposed pattern SpMM (ClickTrain
-#: Sec. 5.2: the backward handles the sparse weight as the forward does) or ``dense``
-#: (cuBLAS / cuDNN with the pruned weights as zeros). The gradient paths sum in different
-#: orders, so they are timed only where the user has let cuDNN pick its algorithms by timing
-#: too (``torch.backends.cudnn.benchmark``); otherwise the default runs.
+#: ``spmm``: the SpMM kernel (:data:`SPMM_VARIANTS`). ``conv_forward``: the implicit-im2col
+#: conv kernel, :data:`ROWS_PER_WARP` filters per warp or one. The kernels of each of these
+#: give the same bits, so they are always timed on a GPU. ``weight_grad``: the gradient of
+#: the kept weights, by the SDDMM kernel (only the kept positions; the issue's design) or
+#: ``dense`` (the dense weight gradient by cuBLAS / cuDNN, then gathered at the kept
+#: positions). ``input_grad``: the gradient of the dense operand (the conv input), by the
+#: transposed pattern SpMM (ClickTrain Sec. 5.2: the backward handles the sparse weight as the
+#: forward does) or ``dense`` (cuBLAS / cuDNN with the pruned weights as zeros). The gradient
+#: paths sum in different orders, so they are timed only where the user has let cuDNN pick
+#: its algorithms by timing too (``torch.backends.cudnn.benchmark``); otherwise the default
+#: runs.
 PATHS: dict[str, tuple[str, ...]] = {
     "spmm": SPMM_VARIANTS,
+    "conv_forward": ("implicit_tiled", "implicit"),
     "weight_grad": ("sddmm", "dense"),
     "input_grad": ("spmm", "dense"),
 }
@@ -176,7 +180,7 @@ def _pick(
     forced = timed_choice.forced_path(op)
     if forced is not None:
         return forced if forced in candidates else candidates[0]
-    same_bits = op == "spmm"
+    same_bits = op in ("spmm", "conv_forward")
     if timed_choice.can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
         return timed_choice.choose_timed(
             op, problem, candidates, lambda p: timed_choice.cuda_ms(lambda: run(p))
@@ -422,7 +426,11 @@ def _conv_implicit(
     padding: Sequence[int],
     dilation: Sequence[int],
     out: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:
+    """The implicit-im2col pattern convolution (kernels 3b/3c of ``pattern.cu``): ``variant``
+    (``PATHS["conv_forward"]``) picks the kernel, by default the faster, timed once per
+    problem on a GPU (both give the same bits)."""
     op = "pattern_conv2d"
     suf = _suffix(x.dtype, op)
     _check_index(op, row_ptr, col_ind)
@@ -441,28 +449,35 @@ def _conv_implicit(
     if out.numel() == 0:
         return out
     tiles = math.ceil(batch * ho * wo / CONV_TILE)
-    rows = math.ceil(f_out / WARPS)
     b = bias.contiguous() if bias is not None else None
-    for tile0 in range(0, tiles, _MAX_GRID_YZ):
-        loader.launch(
-            _SRC,
-            f"pdt_conv_implicit_{suf}",
-            (rows, min(_MAX_GRID_YZ, tiles - tile0), 1),
-            (32 * WARPS, 1, 1),
-            [
-                xc,
-                values.contiguous(),
-                row_ptr.contiguous(),
-                col_ind.contiguous(),
-                b,
-                out,
-                *(np.int32(v) for v in (batch, c, h, w, f_out, r, s, ho, wo)),
-                *(np.int32(v) for v in (*stride, *padding, *dilation)),
-                np.int32(b is not None),
-                np.int64(tile0),
-            ],
-            dev,
+    args = [xc, values.contiguous(), row_ptr.contiguous(), col_ind.contiguous(), b, out]
+    args += [np.int32(v) for v in (batch, c, h, w, f_out, r, s, ho, wo)]
+    args += [np.int32(v) for v in (*stride, *padding, *dilation)]
+    args += [np.int32(b is not None)]
+
+    def run(v: str) -> None:
+        tiled = v == "implicit_tiled"
+        rows = math.ceil(f_out / (WARPS * (ROWS_PER_WARP[x.dtype] if tiled else 1)))
+        name = f"pdt_conv_implicit_{'tiled_' if tiled else ''}{suf}"
+        for tile0 in range(0, tiles, _MAX_GRID_YZ):
+            grid = (rows, min(_MAX_GRID_YZ, tiles - tile0), 1)
+            loader.launch(_SRC, name, grid, (32 * WARPS, 1, 1), [*args, np.int64(tile0)], dev)
+
+    if variant is not None:
+        if variant not in PATHS["conv_forward"]:
+            raise ValueError(
+                f"unknown conv_forward path {variant!r}; valid: {', '.join(PATHS['conv_forward'])}"
+            )
+        chosen = variant
+    else:
+        fits = ROWS_PER_WARP[x.dtype] * c * r * s < 2**31  # the tiled kernel's 32-bit offsets
+        candidates = PATHS["conv_forward"] if fits else ("implicit",)
+        problem = (
+            f"{x.dtype} x{list(xc.shape)} w{[f_out, c, r, s]} nnz {col_ind.numel()} "
+            f"stride {list(stride)} padding {list(padding)} dilation {list(dilation)} {x.device}"
         )
+        chosen = _pick("conv_forward", problem, candidates, run, out)
+    run(chosen)
     return out
 
 

@@ -13,10 +13,10 @@
 #                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out)
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
-#   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM tests and part of the rescaled
-#                N:M tests ($RACECHECK_K, 110 tests) -> racecheck.log
+#   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM/implicit-conv tests and part
+#                of the rescaled N:M tests ($RACECHECK_K, 114 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
-#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 275 of 619;
+#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 277 of 621;
 #                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got
 # The sanitizer steps run pytest in one process (compute-sanitizer follows the process it
@@ -42,8 +42,8 @@ SAN_TESTS="-m 'gpu and not slow' tests/test_cuda_ops.py --maxfail=5 -v"
 # (the dense-gradient tests launch only the gather and scatter kernels: the tests step has them)
 MEMCHECK_K=${MEMCHECK_K-"(not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf16))) \
 and not dense-grads"}
-RACECHECK_K=${RACECHECK_K-"(spmm or sddmm or (rescaled and (2:4 or 5:16) and (f32 or bf16))) \
-and not dense-grads"}
+RACECHECK_K=${RACECHECK_K-"(spmm or sddmm or implicit_conv_writes \
+or (rescaled and (2:4 or 5:16) and (f32 or bf16))) and not dense-grads"}
 # compute-sanitizer's kernel filter (--kernel-name, key kns: a substring of the mangled name)
 SAN_KERNELS=${SAN_KERNELS-pdt_}
 SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"

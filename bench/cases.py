@@ -930,6 +930,18 @@ def _path_columns(impl: Impl, problem_part: str) -> dict[str, Any]:
     return cols
 
 
+def _path_uses(before: dict[str, int] | None = None) -> Any:
+    """:func:`impl.ops.timed_choice.uses` now, or, given an earlier reading, the calls since
+    as ``"op path xN; ..."`` ("" when none)."""
+    from impl.ops import timed_choice
+
+    now = timed_choice.uses()
+    if before is None:
+        return now
+    ran = {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
+    return "; ".join(f"{k} x{n}" for k, n in ran.items())
+
+
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     _pattern_cuda_check(impl)
@@ -1111,9 +1123,12 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         for _ in range(2)
     ]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    held: dict[str, torch.Tensor] = {}
+    held: dict[str, Any] = {}
+    info: dict[str, Any] = {}
 
     def forward(i):
+        if i == 0:
+            held["uses"] = _path_uses()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xs[i % 2]), ys[i % 2])
         if state.regularizer is not None:
@@ -1129,6 +1144,10 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         opt.step()
         if state.after_step is not None:
             state.after_step(opt)
+        if i == 0:  # the CUDA paths one iteration ran (impl.ops.timed_choice), if any
+            ran = _path_uses(held.pop("uses"))
+            if ran:
+                info["paths_per_iteration"] = ran
 
     phase_flops: dict[str, float] = {}
     flops = nominal = None
@@ -1145,7 +1164,7 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         nominal = nom.total * p["batch"]
     except Exception as exc:  # the counter may not know a module of some build
         state.info["flops_error"] = f"{type(exc).__name__}: {exc}"
-    info = {f"state_{k}": v for k, v in state.info.items()}
+    info.update({f"state_{k}": v for k, v in state.info.items()})
     return Prepared(
         [("forward", forward), ("backward", backward), ("step", step)],
         dev,

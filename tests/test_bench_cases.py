@@ -363,3 +363,18 @@ def test_conv_rows_name_each_timed_path_of_their_problem(monkeypatch):
     assert cols["path_weight_grad"] == "forced: sddmm"
     assert cols["path_input_grad"] == "forced: spmm"
     assert cols["path_conv_forward"] == "timed: implicit_tiled"
+
+
+def test_iteration_rows_say_which_cuda_paths_one_iteration_ran(monkeypatch):
+    import collections
+
+    from impl.ops import timed_choice
+
+    monkeypatch.setattr(timed_choice, "_USES", collections.Counter())
+    timed_choice.record_use("spmm", "warp_row")
+    before = cases._path_uses()
+    for _ in range(3):
+        timed_choice.record_use("conv_forward", "implicit_tiled")
+    timed_choice.record_use("weight_grad", "sddmm")
+    assert cases._path_uses(before) == "conv_forward implicit_tiled x3; weight_grad sddmm x1"
+    assert cases._path_uses(cases._path_uses()) == ""

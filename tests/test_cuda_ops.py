@@ -14,6 +14,7 @@ checked written; N:M magnitude bit for bit; pack/unpack round trips.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import math
@@ -375,6 +376,7 @@ def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
     """SpMM and conv kernels (same bits) are timed wherever timing is allowed; the gradient paths
     (different summation orders) only under cudnn.benchmark, else the default runs."""
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark_mode)
+    monkeypatch.setattr(timed_choice, "_USES", collections.Counter())
     like = torch.zeros(1)
     spmm = pattern_cuda._pick("spmm", "p", pattern_cuda.PATHS["spmm"], lambda p: p, like)
     assert spmm == "warp_row"
@@ -385,6 +387,12 @@ def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
     wgrad = pattern_cuda._pick("weight_grad", "p", ("sddmm", "dense"), lambda p: p, like)
     igrad = pattern_cuda._pick("input_grad", "p", ("spmm", "dense"), lambda p: p, like)
     assert (wgrad, igrad) == (("dense", "dense") if benchmark_mode else ("sddmm", "spmm"))
+    assert timed_choice.uses() == {
+        "conv_forward implicit": 1,
+        "spmm warp_row": 1,
+        f"weight_grad {wgrad}": 1,
+        f"input_grad {igrad}": 1,
+    }, "every pick is counted"
     with pattern_cuda.forced_path("weight_grad", "sddmm"):
         assert pattern_cuda._pick("weight_grad", "q", ("sddmm", "dense"), lambda p: p, like) == (
             "sddmm"

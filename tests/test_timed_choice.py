@@ -72,3 +72,12 @@ def test_cuda_ms_measures_device_time():
     two = timed_choice.cuda_ms(lambda: torch.cuda._sleep(2 * cycles))
     assert one > 0.1
     assert 1.5 < two / one < 2.5
+
+
+def test_uses_count_each_path_an_op_ran(monkeypatch):
+    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
+    assert timed_choice.uses() == {}
+    timed_choice.record_use("spmm", "row_tiled")
+    timed_choice.record_use("spmm", "row_tiled")
+    timed_choice.record_use("weight_grad", "sddmm")
+    assert timed_choice.uses() == {"spmm row_tiled": 2, "weight_grad sddmm": 1}

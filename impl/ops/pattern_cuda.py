@@ -178,14 +178,17 @@ def _pick(
     ``candidates``, else the timed choice where timing is allowed (:data:`PATHS`), else
     the first candidate."""
     forced = timed_choice.forced_path(op)
-    if forced is not None:
-        return forced if forced in candidates else candidates[0]
     same_bits = op in ("spmm", "conv_forward")
-    if timed_choice.can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
-        return timed_choice.choose_timed(
+    if forced is not None:
+        path = forced if forced in candidates else candidates[0]
+    elif timed_choice.can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
+        path = timed_choice.choose_timed(
             op, problem, candidates, lambda p: timed_choice.cuda_ms(lambda: run(p))
         )
-    return candidates[0]
+    else:
+        path = candidates[0]
+    timed_choice.record_use(op, path)
+    return path
 
 
 def sddmm_split(

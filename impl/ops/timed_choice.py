@@ -6,7 +6,8 @@ sparsity and the GPU, and nothing here has been measured on every GPU, so the op
 candidates on the first call of each problem (CUDA events, a warm-up then a few calls) and
 keep the fastest for the rest of the process, as cuDNN's benchmark mode does for its
 convolution algorithms. What was picked, and the times that picked it, are readable
-(:func:`timed_choices`) so that benchmark rows can say which path they measured.
+(:func:`timed_choices`), and so is how often each path ran (:func:`uses`), so that benchmark
+rows can say which paths they measured.
 
 :func:`forced` pins one path (the benchmarks time each path apart this way). Nothing here
 touches the GPU at import time.
@@ -14,6 +15,7 @@ touches the GPU at import time.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
@@ -22,6 +24,18 @@ import torch
 _CHOICE: dict[tuple[str, str], str] = {}
 _TIMES: dict[tuple[str, str], dict[str, float]] = {}
 _FORCED: dict[str, list[str]] = {}
+_USES: collections.Counter[tuple[str, str]] = collections.Counter()
+
+
+def record_use(op: str, path: str) -> None:
+    """Count one call of ``op`` that ran ``path`` (the ops call it for every choice)."""
+    _USES[(op, path)] += 1
+
+
+def uses() -> dict[str, int]:
+    """Calls so far by ``"op path"``: the difference of two readings says which paths a
+    piece of work (say one training iteration) ran, and how often."""
+    return {f"{op} {path}": n for (op, path), n in sorted(_USES.items())}
 
 
 @contextlib.contextmanager
@@ -93,4 +107,13 @@ def can_time(t: torch.Tensor) -> bool:
     return t.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-__all__ = ["can_time", "choose_timed", "cuda_ms", "forced", "forced_path", "timed_choices"]
+__all__ = [
+    "can_time",
+    "choose_timed",
+    "cuda_ms",
+    "forced",
+    "forced_path",
+    "record_use",
+    "timed_choices",
+    "uses",
+]

@@ -1079,6 +1079,7 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     xs = _rotated(p["shape"], dev, 0)
     n_sets = len(xs)
     numel = math.prod(p["shape"])
+    info: dict[str, Any] = {"numel": numel}
     name = impl.name.split("@")[0]
     if name.startswith("nm_prune"):
         try:
@@ -1092,8 +1093,14 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             except RuntimeError as exc:
                 raise Unavailable(f"nm_prune's CUDA kernel is not available: {exc}") from exc
 
+        shape, dim = p["shape"], p["dim"]
+        problem = f" O{math.prod(shape[:dim])} C{shape[dim]} I{math.prod(shape[dim + 1 :])} "
+
         def fn(i):
-            return nm_prune(xs[i % n_sets], p["n"], p["m"], p["method"], p["dim"], impl=mode)
+            out = nm_prune(xs[i % n_sets], p["n"], p["m"], p["method"], p["dim"], impl=mode)
+            if i == 0:
+                info.update(_path_columns(impl, problem))
+            return out
 
     else:
         out = torch.empty_like(xs[0])
@@ -1101,9 +1108,7 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         def fn(i):
             return out.copy_(xs[i % n_sets])
 
-    return Prepared(
-        [("op", fn)], dev, bytes=2.0 * numel * 4, flags=_flag_options(impl), info={"numel": numel}
-    )
+    return Prepared([("op", fn)], dev, bytes=2.0 * numel * 4, flags=_flag_options(impl), info=info)
 
 
 def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:

@@ -24,6 +24,7 @@ test suite (:func:`nvcc_command`), so that both compile the same code.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -148,6 +149,8 @@ def clear_caches() -> None:
         _loaded.clear()
         _errors.clear()
         _functions.clear()
+        _dynamic_smem_set.clear()
+        max_shared_per_block.cache_clear()
         _last_error = None
         _environment_ok = False
 
@@ -315,7 +318,8 @@ def launch(
     ``args``: torch tensors (passed as device pointers, :func:`kernel_args`), ``None`` (a
     null pointer) and numpy scalars whose types match the kernel's parameters exactly
     (``numpy.int32`` for ``int``, ``numpy.int64`` for ``long long``, ``numpy.float64`` for
-    ``double``).
+    ``double``). ``shared_mem``: dynamic shared memory per block, in bytes; above 48 KiB
+    the kernel is opted in once (up to :func:`max_shared_per_block`).
     """
     import cupy
 
@@ -324,8 +328,27 @@ def launch(
     index = _device_index(device)
     kernel = get_function(source, name, index)
     cargs = kernel_args(args, index, name)
+    key = (source, name, index)
+    if shared_mem > max(_DEFAULT_DYNAMIC_SMEM, _dynamic_smem_set.get(key, 0)):
+        with cupy.cuda.Device(index):
+            kernel.max_dynamic_shared_size_bytes = shared_mem  # the opt-in above 48 KiB
+        _dynamic_smem_set[key] = shared_mem
     with cupy.cuda.Device(index), torch_stream(index):
         kernel(grid, block, cargs, shared_mem=shared_mem)
+
+
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024  # what a kernel may use without opting in
+_dynamic_smem_set: dict[tuple[str, str, int], int] = {}  # the opt-in made per kernel
+
+
+@functools.cache
+def max_shared_per_block(device: int) -> int:
+    """The most shared memory (bytes) one block may use on GPU ``device`` after opting in
+    (sm_80: 163 KiB, sm_90: 227 KiB), static and dynamic together."""
+    import cupy
+
+    attrs = cupy.cuda.Device(device).attributes
+    return int(attrs.get("MaxSharedMemoryPerBlockOptin", _DEFAULT_DYNAMIC_SMEM))
 
 
 def kernel_args(args: Sequence[Any], index: int, name: str = "kernel") -> tuple[Any, ...]:
@@ -383,6 +406,7 @@ def multiprocessor_count(device: torch.device | int | None = None) -> int:
 
 
 __all__ = [
+    "max_shared_per_block",
     "CUPY_NVRTC_OPTIONS",
     "CXX_STD",
     "DEFINES",

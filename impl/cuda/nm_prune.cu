@@ -148,6 +148,47 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
 }
 
 // ---------------------------------------------------------------------------------------
+// The rescale sums of a block (the statistics and fused kernels): thread (ii, k) sums |x| and
+// |kept x| of channel k over positions i = ii, ii + ith, ... in that order (load(i) reads
+// element (k, i)); then a fixed-order tree over ii (threads tid and tid + s * row) leaves the
+// sums of channel k in red_x / red_y at the threads with ii = 0. Every thread of the block
+// calls it (it synchronises the block).
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W, class Load>
+__device__ __forceinline__ void pdt_nm_block_sums(Load load, int I, int ith, int ii, int k,
+                                                  int r, int n, int row,
+                                                  typename Tr::A* __restrict__ red_x,
+                                                  typename Tr::A* __restrict__ red_y) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  const int tid = threadIdx.x;
+  A ax = A(0), ay = A(0);
+  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
+    const int i = i0 + ii;
+    const int ri = i < I ? r : 0;
+    const bool act = k < ri;
+    const T v = act ? load(i) : T(0);
+    const A va = Tr::to_a(v);
+    const A a = pdt_abs(va);
+    const int rank = pdt_nm_rank<W>(pdt_mag_key(va), k, ri);
+    if (act) {
+      ax = pdt_add_rn(ax, a);
+      if (rank < n) ay = pdt_add_rn(ay, a);
+    }
+  }
+  red_x[tid] = ax;
+  red_y[tid] = ay;
+  __syncthreads();
+  for (int s = ith >> 1; s > 0; s >>= 1) {
+    if (ii < s) {
+      red_x[tid] = pdt_add_rn(red_x[tid], red_x[tid + s * row]);
+      red_y[tid] = pdt_add_rn(red_y[tid], red_y[tid + s * row]);
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Statistics of the rescale: sx[o, c] = sum_i |x[o, c, i]|, sy[o, c] = the same over the
 // elements kept by magnitude, accumulated in A.
 //    x       [O, C, I] global, strides (so, sc, si)
@@ -183,41 +224,28 @@ __device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restri
   const int c = g * m + k;
   const int r = g < G ? min(m, C - g * m) : 0;
   const bool mine = k < r;
-  A ax = A(0), ay = A(0);
   const i64 base = (i64)o * so + (i64)c * sc;
-  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
-    const int i = i0 + ii;
-    const int ri = i < I ? r : 0;
-    const bool act = k < ri;
-    const T v = act ? x[base + (i64)i * si] : T(0);
-    const A va = Tr::to_a(v);
-    const A a = pdt_abs(va);
-    const int rank = pdt_nm_rank<W>(pdt_mag_key(va), k, ri);
-    if (act) {
-      ax = pdt_add_rn(ax, a);
-      if (rank < n) ay = pdt_add_rn(ay, a);
-    }
-  }
-  red_x[tid] = ax;
-  red_y[tid] = ay;
-  __syncthreads();
-  for (int s = ith >> 1; s > 0; s >>= 1) {
-    if (ii < s) {
-      red_x[tid] = pdt_add_rn(red_x[tid], red_x[tid + s * row]);
-      red_y[tid] = pdt_add_rn(red_y[tid], red_y[tid + s * row]);
-    }
-    __syncthreads();
-  }
+  pdt_nm_block_sums<Tr, W>([&](int i) { return x[base + (i64)i * si]; }, I, ith, ii, k, r, n,
+                           row, red_x, red_y);
   if (ii == 0 && mine) {
     sx[(i64)o * C + c] = red_x[tid];
     sy[(i64)o * C + c] = red_y[tid];
   }
 }
 
+// The rescale factor of sums sx = sum |x|, sy = sum |kept x|: sx / (sy + eps), and 0 where
+// sy > 0 fails (nothing nonzero kept, or a NaN in the plane), as the reference's
+// torch.where(sy > 0, sx / (sy + eps), 0).
+template <typename A>
+__device__ __forceinline__ A pdt_nm_ratio_of(A sx, A sy, double eps) {
+  return sy > A(0) ? pdt_div_rn(sx, pdt_add_rn(sy, (A)eps)) : A(0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Rescale ratios: ratio[b, c] = (sum_{q < o2} sx[b*o2 + q, c]) / ((sum_q sy[...]) + eps),
-// summed in increasing q. Plane rule (authors' code): o2 = the dims between the batch and
-// the grouping dim (1 for NCHW); channel rule (paper text): one b, o2 = O.
+// summed in increasing q (pdt_nm_ratio_of: 0 where the sy sum is not > 0). Plane rule
+// (authors' code): o2 = the dims between the batch and the grouping dim (1 for NCHW); channel
+// rule (paper text): one b, o2 = O.
 //    sx, sy  [O, C] A global; ratio [(O / o2) * C] A global, written in full
 //    grid:   1-D over (O / o2) * C threads.
 // ---------------------------------------------------------------------------------------
@@ -234,7 +262,78 @@ __device__ __forceinline__ void pdt_nm_ratio_body(const A* __restrict__ sx,
       ax = pdt_add_rn(ax, sx[(b * o2 + q) * C + c]);
       ay = pdt_add_rn(ay, sy[(b * o2 + q) * C + c]);
     }
-    ratio[t] = pdt_div_rn(ax, pdt_add_rn(ay, (A)eps));
+    ratio[t] = pdt_nm_ratio_of(ax, ay, eps);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused rescaled N:M (plane rule, one plane per (o, c): o2 == 1; a strided group: GT = 1):
+// the statistics, ratio and selection above in one kernel that reads x once. One block per
+// (o, g) copies the group's r x I elements into shared memory, position-major (element
+// (k, i) at tile[i * W + k], so a warp's accesses below are conflict-free); then computes
+// sx, sy with the statistics kernel's own thread mapping, order and tree reduction, the
+// ratio as the ratio kernel does (0 + sx) / ((0 + sy) + eps), and y with the selection
+// kernel's formula, in place in the tile; then writes the tile to y. The same bits as the
+// three kernels, with one read and one write of x instead of two reads and one write.
+//    x, y    [O, C, I] global, strides (so, sc, si); y written in full for the group
+//    tile    [I x W] T dynamic shared (the host passes I * W * sizeof(T) bytes)
+//    red_x, red_y [PDT_NM_BLOCK] A shared; ratio_s [W] A shared
+//    grid:   (O, G); block: PDT_NM_BLOCK threads; lane mapping of the statistics kernel with
+//            GT = 1: k = tid % W, positions i = tid / W + q * (BLOCK / W).
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restrict__ x,
+                                                  typename Tr::T* __restrict__ y, int O, int C,
+                                                  int I, i64 so, i64 sc, i64 si, int n, int m,
+                                                  double eps) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  PDT_DYNAMIC_SHARED(T, tile);
+  __shared__ A red_x[PDT_NM_BLOCK];
+  __shared__ A red_y[PDT_NM_BLOCK];
+  __shared__ A ratio_s[W];
+  const int tid = threadIdx.x;
+  const int ith = PDT_NM_BLOCK / W;  // positions per pass of the block
+  const int k = tid & (W - 1);
+  const int ii = tid / W;
+  const int o = blockIdx.x;
+  const int g = blockIdx.y;
+  const int c = g * m + k;
+  const int r = min(m, C - g * m);
+  const bool mine = k < r;
+  const i64 base = (i64)o * so + (i64)c * sc;
+  // Copy in: the loads of a thread are independent (unrolled), sector-complete per warp.
+#pragma unroll 8
+  for (int i0 = 0; i0 < I; i0 += ith) {
+    const int i = i0 + ii;
+    if (mine && i < I) tile[(i64)i * W + k] = x[base + (i64)i * si];
+  }
+  __syncthreads();
+  // The statistics: exactly the statistics kernel's loop and reduction (GT = 1).
+  pdt_nm_block_sums<Tr, W>([&](int i) { return tile[(i64)i * W + k]; }, I, ith, ii, k, r, n, W,
+                           red_x, red_y);
+  if (ii == 0 && mine)  // the ratio kernel's arithmetic with o2 = 1
+    ratio_s[k] =
+        pdt_nm_ratio_of(pdt_add_rn(A(0), red_x[tid]), pdt_add_rn(A(0), red_y[tid]), eps);
+  __syncthreads();
+  // The selection, in place: each element is read and written by its own thread only.
+  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
+    const int i = i0 + ii;
+    const int ri = i < I ? r : 0;
+    const bool act = k < ri;
+    const T v = act ? tile[(i64)i * W + k] : T(0);
+    const int rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k, ri);
+    if (act) {
+      const bool keep = rank < n;
+      tile[(i64)i * W + k] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v) : A(0), ratio_s[k]));
+    }
+  }
+  __syncthreads();
+  // Copy out.
+#pragma unroll 8
+  for (int i0 = 0; i0 < I; i0 += ith) {
+    const int i = i0 + ii;
+    if (mine && i < I) y[base + (i64)i * si] = tile[(i64)i * W + k];
   }
 }
 
@@ -249,6 +348,11 @@ __device__ __forceinline__ void pdt_nm_ratio_body(const A* __restrict__ sx,
       const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int gt_log2,  \
       TR::A* sx, TR::A* sy) {                                                                  \
     pdt_nm_stats_body<TR, W>(x, O, C, I, so, sc, si, n, m, gt_log2, sx, sy);                \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_fused_##SUF##_w##W(     \
+      const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
+      double eps) {                                                                            \
+    pdt_nm_fused_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, eps);                          \
   }
 
 #define PDT_NM_ALL_M(SUF, TR) \

@@ -45,6 +45,16 @@ typedef unsigned short u16;
 
 #define PDT_FULL_MASK 0xffffffffu
 
+// A kernel's dynamic shared memory (the launch's shared_mem bytes) as a T*, 16-byte aligned.
+// Every kernel that uses it declares the same extern array, as CUDA requires.
+#ifdef PDT_HOST_EMULATION
+#define PDT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(pdt_emu::dynamic_shared())
+#else
+#define PDT_DYNAMIC_SHARED(T, name)                            \
+  extern __shared__ __align__(16) unsigned char pdt_dynamic_smem[]; \
+  T* name = reinterpret_cast<T*>(pdt_dynamic_smem)
+#endif
+
 #ifdef PDT_HOST_EMULATION
 // Host builds for the CPU emulation tests (pdt_host_emulation.cuh): the same semantics in C++.
 inline float pdt_half_to_float(u16 h) {

@@ -17,6 +17,7 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -109,6 +110,7 @@ struct State {
   unsigned w_size[kMaxThreads / 32], w_arrived[kMaxThreads / 32], w_gen[kMaxThreads / 32];
   unsigned char slot[kMaxThreads][8];
   char error[256] = {0};
+  std::vector<unsigned char> dynamic_smem;  // the launch's dynamic shared memory, per block
 };
 
 inline State& st() {
@@ -233,21 +235,31 @@ inline int run_block(unsigned nthreads) {
   }
 }
 
+// Dynamic shared memory (PDT_DYNAMIC_SHARED): `smem_bytes` of it, refilled with 0xA5 before
+// each block so that a read before any write sees garbage, as on a GPU.
 template <class F>
 inline int launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                  F body) {
+                  F body, size_t smem_bytes = 0) {
   std::function<void()> fn = body;
   st().body = &fn;
   st().error[0] = 0;
+  st().dynamic_smem.assign(smem_bytes + 16, 0xA5);
   gridDim = {gx, gy, gz};
   blockDim = {bx, by, bz};
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
       for (unsigned x = 0; x < gx; ++x) {
         blockIdx = {x, y, z};
+        std::fill(st().dynamic_smem.begin(), st().dynamic_smem.end(), 0xA5);
         if (run_block(bx * by * bz)) return 1;
       }
   return 0;
+}
+
+// The block's dynamic shared memory, 16-byte aligned.
+inline unsigned char* dynamic_shared() {
+  unsigned char* p = st().dynamic_smem.data();
+  return p + ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15);
 }
 
 }  // namespace pdt_emu

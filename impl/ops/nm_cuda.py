@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from impl.cuda import loader
-from impl.ops import device_check
+from impl.ops import device_check, timed_choice
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -39,6 +39,15 @@ RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
 NM_BLOCK: int = loader.DEFINES["PDT_NM_BLOCK"]
 _MAX_U31 = 2**31 - 1
+#: The rescaled mode's paths (:mod:`impl.ops.timed_choice`): ``fused`` reads x once (one block
+#: per group keeps its elements in shared memory; the plane rule on strided groups, where they
+#: fit), ``three_pass`` runs the statistics, ratio and selection kernels (every layout). Both
+#: give the same bits, so they are timed once per problem on a GPU.
+RESCALED_PATHS: tuple[str, ...] = timed_choice.register(
+    "nm_rescaled", ("fused", "three_pass"), same_bits=True
+)
+#: Static shared memory of the fused kernel at most (its reduction arrays and ratios, float64).
+_FUSED_STATIC_SMEM = 2 * NM_BLOCK * 8 + 32 * 8
 
 
 def _kernel_names() -> tuple[str, ...]:
@@ -46,6 +55,7 @@ def _kernel_names() -> tuple[str, ...]:
     for suf in _SUFFIX.values():
         for w in WIDTHS:
             names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_stats_{suf}_w{w}"]
+            names += [f"pdt_nm_fused_{suf}_w{w}"]
     return (*names, "pdt_nm_ratio_f32", "pdt_nm_ratio_f64")
 
 
@@ -128,6 +138,16 @@ def sub_warp_width(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
 
+def fused_shared_bytes(view: NMView, m: int, itemsize: int) -> int | None:
+    """Dynamic shared memory (bytes) of the fused rescaled kernel for ``view``: a group's
+    ``I x W`` elements; ``None`` where it does not apply (the channel rule or several planes
+    per ratio, ``o2 != 1``; contiguous groups, which the statistics kernel reads several to a
+    block)."""
+    if view.o2 != 1 or stats_groups_per_block(view, m) != 1:
+        return None
+    return view.I * sub_warp_width(m) * itemsize
+
+
 def stats_groups_per_block(view: NMView, m: int) -> int:
     """Groups per block of the statistics kernel (a power of two): 1 when a group is strided
     (NCHW), enough to cover 32 neighbouring channels when a group is contiguous."""
@@ -199,8 +219,33 @@ def _nm_launch(
     suf = _SUFFIX[x.dtype]
     w = sub_warp_width(m)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ratio = None
-    if mode == METHODS["rescaled"]:
+    args = [*(np.int32(v) for v in (view.O, view.C, view.I))]
+    args += [*(np.int64(v) for v in (view.so, view.sc, view.si))]
+
+    def select(ratio: torch.Tensor | None) -> None:
+        warps = _cdiv(groups, 32 // w)
+        blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
+        loader.launch(
+            _SRC,
+            f"pdt_nm_select_{suf}_w{w}",
+            (blocks, 1, 1),
+            (256, 1, 1),
+            [
+                src,
+                dst,
+                *args,
+                np.int32(n),
+                np.int32(m),
+                np.int32(mode),
+                seed,
+                ratio,
+                np.int32(max(view.o2, 1)),
+                np.int32(view.sc == 1 and view.C > 1),
+            ],
+            dev,
+        )
+
+    def three_pass() -> None:
         sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
         sy = torch.empty_like(sx)
         gt = stats_groups_per_block(view, m)
@@ -209,16 +254,7 @@ def _nm_launch(
             f"pdt_nm_stats_{suf}_w{w}",
             (view.O, _cdiv(_cdiv(view.C, m), gt), 1),
             (NM_BLOCK, 1, 1),
-            [
-                src,
-                *(np.int32(v) for v in (view.O, view.C, view.I)),
-                *(np.int64(v) for v in (view.so, view.sc, view.si)),
-                np.int32(n),
-                np.int32(m),
-                np.int32(gt.bit_length() - 1),
-                sx,
-                sy,
-            ],
+            [src, *args, np.int32(n), np.int32(m), np.int32(gt.bit_length() - 1), sx, sy],
             dev,
         )
         ratio = torch.empty(view.nb, view.C, dtype=acc, device=x.device)
@@ -230,28 +266,34 @@ def _nm_launch(
             [sx, sy, ratio, *(np.int32(v) for v in (view.nb, view.o2, view.C)), np.float64(eps)],
             dev,
         )
-    warps = _cdiv(groups, 32 // w)
-    blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
-    loader.launch(
-        _SRC,
-        f"pdt_nm_select_{suf}_w{w}",
-        (blocks, 1, 1),
-        (256, 1, 1),
-        [
-            src,
-            dst,
-            *(np.int32(v) for v in (view.O, view.C, view.I)),
-            *(np.int64(v) for v in (view.so, view.sc, view.si)),
-            np.int32(n),
-            np.int32(m),
-            np.int32(mode),
-            seed,
-            ratio,
-            np.int32(max(view.o2, 1)),
-            np.int32(view.sc == 1 and view.C > 1),
-        ],
-        dev,
-    )
+        select(ratio)
+
+    if mode != METHODS["rescaled"]:
+        select(None)
+    else:
+        smem = fused_shared_bytes(view, m, x.element_size())
+        fits = smem is not None and smem + _FUSED_STATIC_SMEM <= loader.max_shared_per_block(dev)
+        candidates = RESCALED_PATHS if fits else ("three_pass",)
+
+        def run(path: str) -> None:
+            if path == "three_pass":
+                three_pass()
+                return
+            loader.launch(
+                _SRC,
+                f"pdt_nm_fused_{suf}_w{w}",
+                (view.O, _cdiv(view.C, m), 1),
+                (NM_BLOCK, 1, 1),
+                [src, dst, *args, np.int32(n), np.int32(m), np.float64(eps)],
+                dev,
+                shared_mem=smem,
+            )
+
+        problem = (
+            f"{x.dtype} O{view.O} C{view.C} I{view.I} strides {view.so},{view.sc},{view.si} "
+            f"{n}:{m} {x.device}"
+        )
+        run(timed_choice.pick("nm_rescaled", problem, candidates, run, src))
     if dst is not out:
         out.copy_(dst)
     return out
@@ -318,5 +360,7 @@ __all__ = [
     "nm_prune_cuda",
     "nm_view",
     "stats_groups_per_block",
+    "fused_shared_bytes",
+    "RESCALED_PATHS",
     "sub_warp_width",
 ]

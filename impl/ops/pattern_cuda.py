@@ -22,9 +22,8 @@ Nothing here touches the GPU or CuPy at import time.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -150,45 +149,16 @@ def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
 #: its algorithms by timing too (``torch.backends.cudnn.benchmark``); otherwise the default
 #: runs.
 PATHS: dict[str, tuple[str, ...]] = {
-    "spmm": SPMM_VARIANTS,
-    "conv_forward": ("implicit_tiled", "implicit"),
-    "weight_grad": ("sddmm", "dense"),
-    "input_grad": ("spmm", "dense"),
+    "spmm": timed_choice.register("spmm", SPMM_VARIANTS, same_bits=True),
+    "conv_forward": timed_choice.register(
+        "conv_forward", ("implicit_tiled", "implicit"), same_bits=True
+    ),
+    "weight_grad": timed_choice.register("weight_grad", ("sddmm", "dense"), same_bits=False),
+    "input_grad": timed_choice.register("input_grad", ("spmm", "dense"), same_bits=False),
 }
-
-
-def forced_path(op: str, path: str) -> contextlib.AbstractContextManager:
-    """A context in which ``op`` (a key of :data:`PATHS`) runs ``path``, untimed, wherever
-    that path can run; the benchmarks time each path apart this way."""
-    if op not in PATHS:
-        raise ValueError(f"unknown op {op!r}; valid: {', '.join(PATHS)}")
-    if path not in PATHS[op]:
-        raise ValueError(f"unknown {op} path {path!r}; valid: {', '.join(PATHS[op])}")
-    return timed_choice.forced(op, path)
-
-
-def _pick(
-    op: str,
-    problem: str,
-    candidates: Sequence[str],
-    run: Callable[[str], object],
-    like: torch.Tensor,
-) -> str:
-    """The path of ``op`` to run: the forced one (:func:`forced_path`) where it is among
-    ``candidates``, else the timed choice where timing is allowed (:data:`PATHS`), else
-    the first candidate."""
-    forced = timed_choice.forced_path(op)
-    same_bits = op in ("spmm", "conv_forward")
-    if forced is not None:
-        path = forced if forced in candidates else candidates[0]
-    elif timed_choice.can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
-        path = timed_choice.choose_timed(
-            op, problem, candidates, lambda p: timed_choice.cuda_ms(lambda: run(p))
-        )
-    else:
-        path = candidates[0]
-    timed_choice.record_use(op, path)
-    return path
+#: ``forced_path(op, path)``: ``op`` runs ``path`` within the block (``timed_choice.forced``).
+forced_path = timed_choice.forced
+_pick = timed_choice.pick
 
 
 def sddmm_split(

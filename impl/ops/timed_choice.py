@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+_PATHS: dict[str, tuple[tuple[str, ...], bool]] = {}
 _CHOICE: dict[tuple[str, str], str] = {}
 _TIMES: dict[tuple[str, str], dict[str, float]] = {}
 _FORCED: dict[str, list[str]] = {}
@@ -38,16 +39,68 @@ def uses() -> dict[str, int]:
     return {f"{op} {path}": n for (op, path), n in sorted(_USES.items())}
 
 
+def register(op: str, paths: Sequence[str], same_bits: bool) -> tuple[str, ...]:
+    """Declare ``op``'s interchangeable paths, the default (where none is timed) first.
+    ``same_bits``: whether they give identical results, so that timing may always choose;
+    otherwise :func:`pick` times them only under ``torch.backends.cudnn.benchmark``, where
+    the user has let cuDNN choose its algorithms by timing too. Returns ``paths``."""
+    paths = tuple(paths)
+    if not paths:
+        raise ValueError(f"{op}: no paths")
+    _PATHS[op] = (paths, same_bits)
+    return paths
+
+
+def registered() -> dict[str, tuple[str, ...]]:
+    """Every registered op and its paths."""
+    return {op: paths for op, (paths, _) in _PATHS.items()}
+
+
+def pick(
+    op: str,
+    problem: str,
+    candidates: Sequence[str],
+    run: Callable[[str], object],
+    like: torch.Tensor,
+) -> str:
+    """The path of ``op`` to run on ``problem``: the forced one (:func:`forced`) where it is
+    among ``candidates`` (the paths that can run this problem), else the timed choice
+    where timing is allowed (:func:`can_time`, and :func:`register`'s rule), else the first
+    candidate. ``run(path)`` runs one path (for timing). Every pick is counted
+    (:func:`uses`)."""
+    if op not in _PATHS:
+        raise ValueError(f"unknown op {op!r}; registered: {', '.join(sorted(_PATHS))}")
+    same_bits = _PATHS[op][1]
+    path_forced = forced_path(op)
+    if path_forced is not None:
+        path = path_forced if path_forced in candidates else candidates[0]
+    elif can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
+        path = choose_timed(op, problem, candidates, lambda p: cuda_ms(lambda: run(p)))
+    else:
+        path = candidates[0]
+    record_use(op, path)
+    return path
+
+
 @contextlib.contextmanager
-def forced(op: str, path: str) -> Iterator[None]:
-    """Within the block, :func:`forced_path` of ``op`` is ``path`` (innermost block wins).
-    The op checks that ``path`` is one of its own (it knows its candidates)."""
+def _forced(op: str, path: str) -> Iterator[None]:
     stack = _FORCED.setdefault(op, [])
     stack.append(path)
     try:
         yield
     finally:
         stack.pop()
+
+
+def forced(op: str, path: str) -> contextlib.AbstractContextManager:
+    """A context in which :func:`forced_path` of ``op`` (a registered op) is ``path`` (one of
+    its paths; the innermost block wins): ``op`` runs ``path``, untimed, wherever that path
+    can run. The benchmarks time each path apart this way."""
+    if op not in _PATHS:
+        raise ValueError(f"unknown op {op!r}; valid: {', '.join(sorted(_PATHS))}")
+    if path not in _PATHS[op][0]:
+        raise ValueError(f"unknown {op} path {path!r}; valid: {', '.join(_PATHS[op][0])}")
+    return _forced(op, path)
 
 
 def forced_path(op: str) -> str | None:
@@ -113,7 +166,10 @@ __all__ = [
     "cuda_ms",
     "forced",
     "forced_path",
+    "pick",
     "record_use",
+    "register",
+    "registered",
     "timed_choices",
     "uses",
 ]

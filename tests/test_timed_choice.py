@@ -10,6 +10,8 @@ from impl.ops import timed_choice
 def fresh(monkeypatch):
     monkeypatch.setattr(timed_choice, "_CHOICE", {})
     monkeypatch.setattr(timed_choice, "_TIMES", {})
+    monkeypatch.setattr(timed_choice, "_PATHS", {})
+    timed_choice.register("spmm", ("row_tiled", "warp_row"), same_bits=True)
 
 
 def test_choose_timed_takes_the_fastest_once_per_problem():
@@ -81,3 +83,19 @@ def test_uses_count_each_path_an_op_ran(monkeypatch):
     timed_choice.record_use("spmm", "row_tiled")
     timed_choice.record_use("weight_grad", "sddmm")
     assert timed_choice.uses() == {"spmm row_tiled": 2, "weight_grad sddmm": 1}
+
+
+def test_registered_ops_name_their_paths_and_pick_checks_the_op(monkeypatch):
+    assert timed_choice.register("demo", ["a", "b"], same_bits=True) == ("a", "b")
+    assert timed_choice.registered() == {"spmm": ("row_tiled", "warp_row"), "demo": ("a", "b")}
+    with pytest.raises(ValueError, match="demo: no paths"):
+        timed_choice.register("demo", [], same_bits=True)
+    with pytest.raises(ValueError, match="unknown op 'other'; registered: demo, spmm"):
+        timed_choice.pick("other", "p", ("a",), lambda p: None, torch.zeros(1))
+    with pytest.raises(ValueError, match="unknown demo path 'c'; valid: a, b"):
+        timed_choice.forced("demo", "c")
+    # off a GPU nothing is timed: the first candidate, or the forced one where it can run
+    assert timed_choice.pick("demo", "p", ("b", "a"), lambda p: None, torch.zeros(1)) == "b"
+    with timed_choice.forced("demo", "a"):
+        assert timed_choice.pick("demo", "p", ("b", "a"), lambda p: None, torch.zeros(1)) == "a"
+        assert timed_choice.pick("demo", "p", ("b",), lambda p: None, torch.zeros(1)) == "b"

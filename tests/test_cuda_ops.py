@@ -1115,6 +1115,18 @@ def test_fused_shared_bytes_is_a_group_of_planes_and_only_where_it_applies():
     assert nm_cuda.fused_shared_bytes(last, 4, 4) is None
 
 
+def test_emulated_nm_random_partial_groups_keep_n_of_their_own_channels(emulated):
+    """Lanes past a partial group's channels never outrank its own (their keys are zeroed):
+    2:4 over 7 channels keeps 2 of channels 0-3 and 2 of channels 4-6 in every row, each of
+    the last three about equally often."""
+    x = torch.ones(3000, 7)
+    keep = nm_cuda.nm_prune_cuda(x, 2, 4, "random", 1, generator=torch.Generator().manual_seed(5))
+    kept = keep != 0
+    assert (kept[:, :4].sum(1) == 2).all() and (kept[:, 4:].sum(1) == 2).all()
+    share = kept[:, 4:].float().mean(0)  # each of 3 channels: 2/3 of the rows
+    assert ((share - 2 / 3).abs() < 0.05).all(), share.tolist()
+
+
 def test_emulated_nm_random_is_uniform_reproducible_and_layout_independent(emulated):
     x = torch.ones(3000, 4)
     keep = nm_cuda.nm_prune_cuda(x, 2, 4, "random", 1, generator=torch.Generator().manual_seed(1))

@@ -38,16 +38,19 @@ __device__ __forceinline__ u64 pdt_mag_key(double a) {
   return b > 0x7ff0000000000000ull ? 0x7ff0000000000001ull : b;
 }
 
-// Rank of this lane's key among the r valid lanes of its W-lane sub-warp: the number of
-// lanes that sort before it (greater key, or equal key and lower index). Every lane of
-// the warp must call it (shuffles); lanes k >= r take no part in the ranking.
+// Rank of this lane's key among the valid lanes of its W-lane sub-warp: the number of lanes
+// j that sort before it (greater key, or equal key and j < k). Every lane of the warp must
+// call it (shuffles). The lanes outside the group (k >= r) must pass key 0: they then never
+// count for a lane inside it (0 is no greater than any key, and they all have j >= r > k),
+// so no bounds test is needed; their own rank is meaningless. A lane does not count itself
+// (equal key, j == k).
 template <int W, typename S>
-__device__ __forceinline__ int pdt_nm_rank(S s, int k, int r) {
+__device__ __forceinline__ int pdt_nm_rank(S s, int k) {
   int rank = 0;
 #pragma unroll
   for (int j = 0; j < W; ++j) {
     const S sj = __shfl_sync(PDT_FULL_MASK, s, j, W);
-    if (j < r && j != k) rank += (sj > s || (sj == s && j < k)) ? 1 : 0;
+    rank += (sj > s || (sj == s && j < k)) ? 1 : 0;
   }
   return rank;
 }
@@ -131,9 +134,9 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
       const PdtU4 q = pdt_philox(ctr, k0, k1);
       const int w = k & 3;
       const u32 s = w == 0 ? q.x : (w == 1 ? q.y : (w == 2 ? q.z : q.w));
-      rank = pdt_nm_rank<W>(s, k, r);
+      rank = pdt_nm_rank<W>(mine ? s : 0u, k);
     } else {
-      rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k, r);
+      rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k);  // v = 0 outside the group
     }
     const bool keep = rank < n;
     if (mine) {
@@ -170,7 +173,7 @@ __device__ __forceinline__ void pdt_nm_block_sums(Load load, int I, int ith, int
     const T v = act ? load(i) : T(0);
     const A va = Tr::to_a(v);
     const A a = pdt_abs(va);
-    const int rank = pdt_nm_rank<W>(pdt_mag_key(va), k, ri);
+    const int rank = pdt_nm_rank<W>(pdt_mag_key(va), k);  // v = 0 where not act
     if (act) {
       ax = pdt_add_rn(ax, a);
       if (rank < n) ay = pdt_add_rn(ay, a);
@@ -322,7 +325,7 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
     const int ri = i < I ? r : 0;
     const bool act = k < ri;
     const T v = act ? tile[(i64)i * W + k] : T(0);
-    const int rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k, ri);
+    const int rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k);  // v = 0 where not act
     if (act) {
       const bool keep = rank < n;
       tile[(i64)i * W + k] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v) : A(0), ratio_s[k]));
@@ -349,7 +352,7 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
       TR::A* sx, TR::A* sy) {                                                                  \
     pdt_nm_stats_body<TR, W>(x, O, C, I, so, sc, si, n, m, gt_log2, sx, sy);                \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_fused_##SUF##_w##W(     \
+  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK, 2) pdt_nm_fused_##SUF##_w##W(  \
       const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
       double eps) {                                                                            \
     pdt_nm_fused_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, eps);                          \

@@ -909,37 +909,44 @@ def _forced_paths(paths: dict[str, str] | None) -> contextlib.ExitStack:
     return stack
 
 
-def _path_columns(impl: Impl, problem_part: str) -> dict[str, Any]:
-    """Row columns naming the CUDA path of each op a pattern op ran (``path_<op>``): the
-    forced one, or what the timed choice (:mod:`impl.ops.timed_choice`) picked for a problem
-    whose name contains ``problem_part``, with each candidate's milliseconds in that one
-    timing (``path_<op>_ms_<path>``)."""
-    cols: dict[str, Any] = {}
-    for op, path in (impl.options.get("paths") or {}).items():
-        cols[f"path_{op}"] = f"forced: {path}"
-    if impl.options.get("impl") != "cuda":
-        return cols
+def _path_columns(impl: Impl, problem_part: str, ran: dict[str, int]) -> dict[str, Any]:
+    """Row columns naming the CUDA path each op of one call ran (``ran``: :func:`_uses_since`
+    of the call) and how it was chosen (:func:`impl.ops.timed_choice.how_chosen`):
+    ``path_<op>`` = ``forced: p``, ``fallback: p`` (a forced path that cannot run the
+    problem), ``timed: p`` or ``default: p``; for a timed op whose problem name contains
+    ``problem_part``, each candidate's milliseconds in that one timing
+    (``path_<op>_ms_<path>``)."""
     from impl.ops import timed_choice
 
+    how = timed_choice.how_chosen()
+    timed: dict[str, dict[str, Any]] = {}
     for key, choice in timed_choice.timed_choices().items():
         op, problem = key.split(": ", 1)
-        if problem_part in problem and f"path_{op}" not in cols:
-            cols[f"path_{op}"] = f"timed: {choice['path']}"
-            for p, ms in choice["ms"].items():  # type: ignore[union-attr]
+        if problem_part in problem:
+            timed.setdefault(op, choice)
+    cols: dict[str, Any] = {}
+    for key in ran:
+        op, path = key.split(" ", 1)
+        label = how.get(key, "default")
+        if label == "timed" and op in timed and timed[op]["path"] == path:
+            for p, ms in timed[op]["ms"].items():
                 cols[f"path_{op}_ms_{p}"] = ms
+        entry = f"{label}: {path}"
+        cols[f"path_{op}"] = f"{cols[f'path_{op}']}, {entry}" if f"path_{op}" in cols else entry
     return cols
 
 
-def _path_uses(before: dict[str, int] | None = None) -> Any:
-    """:func:`impl.ops.timed_choice.uses` now, or, given an earlier reading, the calls since
-    as ``"op path xN; ..."`` ("" when none)."""
+def _path_uses() -> dict[str, int]:
+    """:func:`impl.ops.timed_choice.uses` now (a reading for :func:`_uses_since`)."""
     from impl.ops import timed_choice
 
-    now = timed_choice.uses()
-    if before is None:
-        return now
-    ran = {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
-    return "; ".join(f"{k} x{n}" for k, n in ran.items())
+    return timed_choice.uses()
+
+
+def _uses_since(before: dict[str, int]) -> dict[str, int]:
+    """The picks made since the reading ``before``, ``{"op path": calls}``."""
+    now = _path_uses()
+    return {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
 
 
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
@@ -970,12 +977,14 @@ def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         paths = impl.options.get("paths")
 
         def fn(i):
+            before = _path_uses() if i == 0 else {}
             with torch.no_grad(), _forced_paths(paths):
                 out = pattern_spmm(
                     values, index.row_ptr, index.col_ind, bs[i % n_sets], impl=mode, index=index
                 )
             if i == 0:
-                info.update(_path_columns(impl, f" {f}x{k}x{n} batch 1 nnz {nnz} "))
+                problem = f" {f}x{k}x{n} batch 1 nnz {nnz} "
+                info.update(_path_columns(impl, problem, _uses_since(before)))
             return out
 
         flops, nbytes = 2.0 * nnz * n, io_bytes + nnz * (4 + 8) + (f + 1) * 8.0
@@ -1035,6 +1044,7 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         def conv(x, weight):
             return F.conv2d(x, weight, stride=stride, padding=pad)
 
+    problem = f"x{list(p['input_shape'])} w{list(shape)} nnz {nnz} "  # of the ops' problems
     if backward:
         weight = w.clone().requires_grad_(True)
         xs = [x.requires_grad_(True) for x in xs]
@@ -1044,18 +1054,20 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             x = xs[i % n_sets]
             x.grad = None
             weight.grad = None
+            before = _path_uses() if i == 0 else {}
             with _forced_paths(paths):
                 conv(x, weight).backward(grad_out)
-            if i == 0 and sparse:
-                info.update(_path_columns(impl, f"x{list(x.shape)} w{list(shape)} nnz {nnz} "))
+            if i == 0:
+                info.update(_path_columns(impl, problem, _uses_since(before)))
 
     else:
 
         def fn(i):
+            before = _path_uses() if i == 0 else {}
             with torch.no_grad():
                 out = conv(xs[i % n_sets], w)
-            if i == 0 and sparse:
-                info.update(_path_columns(impl, f"x{list(xs[0].shape)} w{list(shape)} nnz {nnz} "))
+            if i == 0:
+                info.update(_path_columns(impl, problem, _uses_since(before)))
             return out
 
     passes = 3.0 if backward else 1.0
@@ -1097,9 +1109,10 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         problem = f" O{math.prod(shape[:dim])} C{shape[dim]} I{math.prod(shape[dim + 1 :])} "
 
         def fn(i):
+            before = _path_uses() if i == 0 else {}
             out = nm_prune(xs[i % n_sets], p["n"], p["m"], p["method"], p["dim"], impl=mode)
             if i == 0:
-                info.update(_path_columns(impl, problem))
+                info.update(_path_columns(impl, problem, _uses_since(before)))
             return out
 
     else:
@@ -1150,9 +1163,9 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         if state.after_step is not None:
             state.after_step(opt)
         if i == 0:  # the CUDA paths one iteration ran (impl.ops.timed_choice), if any
-            ran = _path_uses(held.pop("uses"))
+            ran = _uses_since(held.pop("uses"))
             if ran:
-                info["paths_per_iteration"] = ran
+                info["paths_per_iteration"] = "; ".join(f"{k} x{n}" for k, n in ran.items())
 
     phase_flops: dict[str, float] = {}
     flops = nominal = None

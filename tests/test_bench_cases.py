@@ -294,38 +294,56 @@ def test_allreduce_payload_agrees_with_impl_comm():
         assert row["comm_payload_bytes"] == row["payload_bytes"]
 
 
-def test_pattern_rows_name_the_cuda_paths_they_ran(monkeypatch):
-    """A forced path is pinned for the call only and named as forced; the timed choice's
-    pick and its timings become row columns, found by problem."""
-    from impl.ops import pattern_cuda, timed_choice
+@pytest.fixture
+def fresh_choices(monkeypatch):
+    import collections
 
+    from impl.ops import timed_choice
+
+    monkeypatch.setattr(timed_choice, "_CHOICE", {})
+    monkeypatch.setattr(timed_choice, "_TIMES", {})
+    monkeypatch.setattr(timed_choice, "_USES", collections.Counter())
+    monkeypatch.setattr(timed_choice, "_HOW", {})
+    return timed_choice
+
+
+def test_pattern_rows_name_the_cuda_paths_they_ran(fresh_choices):
+    """The columns name the path each op ran in the call and how it was chosen, with the
+    timing's milliseconds where a timing of this problem chose it."""
+    tc = fresh_choices
     problem = "torch.float32 256x1152x50176 batch 1 nnz 117964 vec cuda:0"
-    monkeypatch.setattr(timed_choice, "_CHOICE", {("spmm", problem): "row_tiled"})
-    monkeypatch.setattr(
-        timed_choice, "_TIMES", {("spmm", problem): {"row_tiled": 1.0, "warp_row": 2.0}}
+    tc.choose_timed(
+        "spmm", problem, ("row_tiled", "warp_row"), {"row_tiled": 1.0, "warp_row": 2.0}.get
     )
-    timed = cases.implementations("spmm", "gpu")["pattern_spmm[cuda]@cuda"]
-    assert cases._path_columns(timed, " 256x1152x50176 batch 1 nnz 117964 ") == {
+    impls = cases.implementations("spmm", "gpu")
+    part = " 256x1152x50176 batch 1 nnz 117964 "
+    before = cases._path_uses()
+    tc.record_use("spmm", "row_tiled", "timed")
+    ran = cases._uses_since(before)
+    assert ran == {"spmm row_tiled": 1}
+    assert cases._path_columns(impls["pattern_spmm[cuda]@cuda"], part, ran) == {
         "path_spmm": "timed: row_tiled",
         "path_spmm_ms_row_tiled": 1.0,
         "path_spmm_ms_warp_row": 2.0,
     }
-    assert cases._path_columns(timed, " 256x1152x50176 batch 1 nnz 11796 ") == {}
-    forced = cases.implementations("spmm", "gpu")["pattern_spmm[cuda,warp_row]@cuda"]
-    assert cases._path_columns(forced, " 256x1152x50176 batch 1 nnz 117964 ") == {
-        "path_spmm": "forced: warp_row"
-    }
-    ref = cases.implementations("spmm", "gpu")["pattern_spmm[ref]@cuda"]
-    assert cases._path_columns(ref, " 256x1152x50176 batch 1 nnz 117964 ") == {}
+    assert cases._path_columns(impls["pattern_spmm[cuda]@cuda"], " 1x1x1 ", ran) == {
+        "path_spmm": "timed: row_tiled"
+    }, "no timing of this problem: no milliseconds"
+    before = cases._path_uses()
+    tc.record_use("spmm", "warp_row", "forced")
+    tc.record_use("weight_grad", "sddmm", "fallback")
+    ran = cases._uses_since(before)
+    cols = cases._path_columns(impls["pattern_spmm[cuda,warp_row]@cuda"], part, ran)
+    assert cols == {"path_spmm": "forced: warp_row", "path_weight_grad": "fallback: sddmm"}
+    assert cases._path_columns(impls["pattern_spmm[ref]@cuda"], part, {}) == {}
     with cases._forced_paths({"spmm": "warp_row", "weight_grad": "dense"}):
-        assert timed_choice.forced_path("spmm") == "warp_row"
-        assert timed_choice.forced_path("weight_grad") == "dense"
-    assert timed_choice.forced_path("spmm") is None
+        assert tc.forced_path("spmm") == "warp_row"
+        assert tc.forced_path("weight_grad") == "dense"
+    assert tc.forced_path("spmm") is None
     with cases._forced_paths(None):
-        assert timed_choice.forced_path("spmm") is None
+        assert tc.forced_path("spmm") is None
     with pytest.raises(ValueError, match="unknown op"):
         cases._forced_paths({"sddmm": "dense"})
-    assert pattern_cuda.PATHS["weight_grad"] == ("sddmm", "dense")
 
 
 def test_sparse_gradient_conv_rows_only_where_there_is_a_backward():
@@ -336,45 +354,47 @@ def test_sparse_gradient_conv_rows_only_where_there_is_a_backward():
     assert pinned.options["paths"] == {"input_grad": "spmm", "weight_grad": "sddmm"}
 
 
-def test_conv_rows_name_each_timed_path_of_their_problem(monkeypatch):
-    from impl.ops import timed_choice
-
+def test_conv_rows_name_only_the_ops_their_call_ran(fresh_choices):
+    """A forward-only row does not take the gradient paths an earlier backward row of the same
+    shape timed; each op's label is how it was chosen."""
+    tc = fresh_choices
     fwd = "torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 stride [1, 1]"
     grad = "pattern_conv2d torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 s"
-    other = "torch.float32 x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 5 stride [1, 1]"
-    monkeypatch.setattr(
-        timed_choice,
-        "_CHOICE",
-        {
-            ("conv_forward", fwd): "implicit_tiled",
-            ("weight_grad", grad): "dense",
-            ("conv_forward", other): "implicit",
-        },
+    tc.choose_timed(
+        "conv_forward",
+        fwd,
+        ("implicit_tiled", "implicit"),
+        {"implicit_tiled": 1.0, "implicit": 3.0}.get,
     )
-    monkeypatch.setattr(timed_choice, "_TIMES", {})
+    tc.choose_timed("weight_grad", grad, ("sddmm", "dense"), {"sddmm": 5.0, "dense": 2.0}.get)
+    part = "x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 "
     timed = cases.implementations("conv", "gpu")["pattern_conv2d[cuda]@cuda"]
-    cols = cases._path_columns(timed, "x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 ")
-    assert cols == {
+    forward_only = {"conv_forward implicit_tiled": 1}
+    tc.record_use("conv_forward", "implicit_tiled", "timed")
+    assert cases._path_columns(timed, part, forward_only) == {
         "path_conv_forward": "timed: implicit_tiled",
-        "path_weight_grad": "timed: dense",
+        "path_conv_forward_ms_implicit_tiled": 1.0,
+        "path_conv_forward_ms_implicit": 3.0,
     }
     pinned = cases.implementations("conv", "gpu")["pattern_conv2d[cuda,sparse_grads]@cuda"]
-    cols = cases._path_columns(pinned, "x[1, 128, 224, 224] w[256, 128, 3, 3] nnz 117964 ")
+    tc.record_use("weight_grad", "sddmm", "forced")
+    tc.record_use("input_grad", "spmm", "forced")
+    tc.record_use("spmm", "row_tiled", "default")
+    ran = {"conv_forward implicit_tiled": 1, "weight_grad sddmm": 1, "input_grad spmm": 1}
+    ran["spmm row_tiled"] = 1
+    cols = cases._path_columns(pinned, part, ran)
     assert cols["path_weight_grad"] == "forced: sddmm"
     assert cols["path_input_grad"] == "forced: spmm"
-    assert cols["path_conv_forward"] == "timed: implicit_tiled"
+    assert cols["path_spmm"] == "default: row_tiled"
+    assert "path_weight_grad_ms_dense" not in cols, "a forced path carries no timing"
 
 
-def test_iteration_rows_say_which_cuda_paths_one_iteration_ran(monkeypatch):
-    import collections
-
-    from impl.ops import timed_choice
-
-    monkeypatch.setattr(timed_choice, "_USES", collections.Counter())
-    timed_choice.record_use("spmm", "warp_row")
+def test_uses_since_is_the_picks_between_two_readings(fresh_choices):
+    tc = fresh_choices
+    tc.record_use("spmm", "warp_row")
     before = cases._path_uses()
     for _ in range(3):
-        timed_choice.record_use("conv_forward", "implicit_tiled")
-    timed_choice.record_use("weight_grad", "sddmm")
-    assert cases._path_uses(before) == "conv_forward implicit_tiled x3; weight_grad sddmm x1"
-    assert cases._path_uses(cases._path_uses()) == ""
+        tc.record_use("conv_forward", "implicit_tiled")
+    tc.record_use("weight_grad", "sddmm")
+    assert cases._uses_since(before) == {"conv_forward implicit_tiled": 3, "weight_grad sddmm": 1}
+    assert cases._uses_since(cases._path_uses()) == {}

@@ -99,3 +99,42 @@ def test_registered_ops_name_their_paths_and_pick_checks_the_op(monkeypatch):
     with timed_choice.forced("demo", "a"):
         assert timed_choice.pick("demo", "p", ("b", "a"), lambda p: None, torch.zeros(1)) == "a"
         assert timed_choice.pick("demo", "p", ("b",), lambda p: None, torch.zeros(1)) == "b"
+
+
+def test_no_timing_of_fake_tensors_that_torch_compile_traces():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(2, device="cuda")  # no GPU needed: nothing runs
+    assert fake.is_cuda and not timed_choice.can_time(fake)
+
+
+def test_calls_made_while_timing_are_not_uses(monkeypatch):
+    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
+
+    def time_ms(p):
+        timed_choice.record_use("spmm", p)  # an inner op run by the candidate being timed
+        return {"row_tiled": 2.0, "warp_row": 1.0}[p]
+
+    assert timed_choice.choose_timed("spmm", "q", ("row_tiled", "warp_row"), time_ms) == "warp_row"
+    assert timed_choice.uses() == {}
+    timed_choice.record_use("spmm", "warp_row")
+    assert timed_choice.uses() == {"spmm warp_row": 1}
+
+
+def test_pick_uses_the_remembered_choice_where_it_cannot_time(monkeypatch):
+    """Where timing is not possible (CUDA-graph capture; here a CPU tensor), an op whose
+    paths give the same bits runs what an earlier timing chose; an op with different bits
+    runs its default unless cuDNN may choose by timing."""
+    timed_choice.register("grad", ("sparse", "dense"), same_bits=False)
+    for op, best in (("spmm", "warp_row"), ("grad", "dense")):
+        times = {p: 1.0 if p == best else 2.0 for p in timed_choice.registered()[op]}
+        timed_choice.choose_timed(op, "p", timed_choice.registered()[op], times.get)
+    cpu = torch.zeros(1)
+    none = lambda p: None  # noqa: E731
+    assert timed_choice.pick("spmm", "p", ("row_tiled", "warp_row"), none, cpu) == "warp_row"
+    assert timed_choice.pick("spmm", "other", ("row_tiled", "warp_row"), none, cpu) == "row_tiled"
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    assert timed_choice.pick("grad", "p", ("sparse", "dense"), none, cpu) == "sparse"
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert timed_choice.pick("grad", "p", ("sparse", "dense"), none, cpu) == "dense"

@@ -318,8 +318,8 @@ def launch(
     ``args``: torch tensors (passed as device pointers, :func:`kernel_args`), ``None`` (a
     null pointer) and numpy scalars whose types match the kernel's parameters exactly
     (``numpy.int32`` for ``int``, ``numpy.int64`` for ``long long``, ``numpy.float64`` for
-    ``double``). ``shared_mem``: dynamic shared memory per block, in bytes; above 48 KiB
-    the kernel is opted in once (up to :func:`max_shared_per_block`).
+    ``double``). ``shared_mem``: dynamic shared memory per block, in bytes; the kernel is
+    opted in to it once per size (up to :func:`max_shared_per_block`, static included).
     """
     import cupy
 
@@ -329,15 +329,17 @@ def launch(
     kernel = get_function(source, name, index)
     cargs = kernel_args(args, index, name)
     key = (source, name, index)
-    if shared_mem > max(_DEFAULT_DYNAMIC_SMEM, _dynamic_smem_set.get(key, 0)):
+    if shared_mem > _dynamic_smem_set.get(key, 0):
+        # Opt in to this much dynamic shared memory whatever its size: without it the limit
+        # is 48 KiB less the kernel's static shared memory, not 48 KiB.
         with cupy.cuda.Device(index):
-            kernel.max_dynamic_shared_size_bytes = shared_mem  # the opt-in above 48 KiB
+            kernel.max_dynamic_shared_size_bytes = shared_mem
         _dynamic_smem_set[key] = shared_mem
     with cupy.cuda.Device(index), torch_stream(index):
         kernel(grid, block, cargs, shared_mem=shared_mem)
 
 
-_DEFAULT_DYNAMIC_SMEM = 48 * 1024  # what a kernel may use without opting in
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024  # static + dynamic without opting in
 _dynamic_smem_set: dict[tuple[str, str, int], int] = {}  # the opt-in made per kernel
 
 

@@ -209,7 +209,7 @@ struct PdtRowGroup {
       }
       const bool in = c < k0 + TK;
       if (in) aw[(c - k0) * RW + r] = v;
-      rmask[r] = __reduce_or_sync(PDT_FULL_MASK, in ? 1u << (c - k0) : 0u);
+      rmask[r] = pdt_warp_or(in ? 1u << (c - k0) : 0u);
       p[r] += __popc(rmask[r]);  // one bit per nonzero
       wmask |= rmask[r];
     }

@@ -190,6 +190,18 @@ __device__ __forceinline__ void pdt_store_vec(T* __restrict__ p, const T (&r)[VE
   *reinterpret_cast<V*>(p) = v;
 }
 
+// The OR of v over the 32 lanes of the warp (every lane must call it): one __reduce_or_sync
+// on sm_80 and newer, a shuffle butterfly on older GPUs (which lack it).
+__device__ __forceinline__ u32 pdt_warp_or(u32 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(PDT_FULL_MASK, v, o);
+  return v;
+#else
+  return __reduce_or_sync(PDT_FULL_MASK, v);
+#endif
+}
+
 // -- Philox-4x32-10 (Salmon et al., SC'11), the generator of cuRAND and torch --------------
 struct PdtU4 {
   u32 x, y, z, w;

@@ -325,7 +325,9 @@ def _spmm(
                 )
 
             if variant is not None:
-                chosen = _check_variant(variant)
+                if _check_variant(variant) not in spmm_variants(dense_b.dtype, k):
+                    raise ValueError(f"{op}: the {variant} kernel cannot take K = {k} columns")
+                chosen = variant
             else:
                 problem = (
                     f"{dense_b.dtype} {n_rows}x{k}x{n} batch {batch} nnz {values.numel()} "
@@ -436,15 +438,17 @@ def _conv_implicit(
             grid = (rows, min(_MAX_GRID_YZ, tiles - tile0), 1)
             loader.launch(_SRC, name, grid, (32 * WARPS, 1, 1), [*args, np.int64(tile0)], dev)
 
+    fits = ROWS_PER_WARP[x.dtype] * c * r * s < 2**31  # the tiled kernel's 32-bit offsets
+    candidates = PATHS["conv_forward"] if fits else ("implicit",)
     if variant is not None:
         if variant not in PATHS["conv_forward"]:
             raise ValueError(
                 f"unknown conv_forward path {variant!r}; valid: {', '.join(PATHS['conv_forward'])}"
             )
+        if variant not in candidates:
+            raise ValueError(f"{op}: the {variant} kernel cannot take C*R*S = {c * r * s}")
         chosen = variant
     else:
-        fits = ROWS_PER_WARP[x.dtype] * c * r * s < 2**31  # the tiled kernel's 32-bit offsets
-        candidates = PATHS["conv_forward"] if fits else ("implicit",)
         problem = (
             f"{x.dtype} x{list(xc.shape)} w{[f_out, c, r, s]} nnz {col_ind.numel()} "
             f"stride {list(stride)} padding {list(padding)} dilation {list(dilation)} {x.device}"
@@ -546,11 +550,18 @@ def _pattern_spmm_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b)
 
 
+def _tf32() -> str:
+    """torch's TF32 switches, part of a gradient problem's name: the dense paths follow them,
+    so a choice timed with TF32 on is not reused with it off."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    return f"tf32 {int(matmul)}{int(cudnn)}"
+
+
 def _spmm_problem(values: torch.Tensor, row_ptr: torch.Tensor, dense_b: torch.Tensor) -> str:
-    """The name of a ``pattern_spmm`` problem for :func:`_pick`."""
+    """The name of a ``pattern_spmm`` gradient problem for :func:`_pick`."""
     return (
         f"pattern_spmm {dense_b.dtype} {row_ptr.numel() - 1} rows nnz {values.numel()} "
-        f"b{list(dense_b.shape)} {dense_b.device}"
+        f"b{list(dense_b.shape)} {_tf32()} {dense_b.device}"
     )
 
 
@@ -639,7 +650,7 @@ def _pattern_conv2d_backward(ctx, grad):
     grad_x = grad_w = grad_b = None
     problem = (
         f"pattern_conv2d {x.dtype} x{list(x.shape)} w{list(weight.shape)} nnz {col_ind.numel()} "
-        f"stride {stride} padding {padding} dilation {dilation} {x.device}"
+        f"stride {stride} padding {padding} dilation {dilation} {_tf32()} {x.device}"
     )
     w2d = weight.reshape(f_out, -1)
     if ctx.needs_input_grad[0]:

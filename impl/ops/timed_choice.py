@@ -26,11 +26,25 @@ _CHOICE: dict[tuple[str, str], str] = {}
 _TIMES: dict[tuple[str, str], dict[str, float]] = {}
 _FORCED: dict[str, list[str]] = {}
 _USES: collections.Counter[tuple[str, str]] = collections.Counter()
+_HOW: dict[tuple[str, str], str] = {}
 
 
-def record_use(op: str, path: str) -> None:
-    """Count one call of ``op`` that ran ``path`` (the ops call it for every choice)."""
-    _USES[(op, path)] += 1
+_timing_depth = 0  # > 0 while choose_timed times candidates
+
+
+def record_use(op: str, path: str, how: str = "default") -> None:
+    """Count one call of ``op`` that ran ``path`` (the ops call it for every choice), except
+    calls made while :func:`choose_timed` times candidates; ``how`` it was chosen (``forced``,
+    ``fallback`` from a forced path that cannot run the problem, ``timed``, ``default``)
+    is kept per (op, path) for :func:`how_chosen`."""
+    if _timing_depth == 0:
+        _USES[(op, path)] += 1
+        _HOW[(op, path)] = how
+
+
+def how_chosen() -> dict[str, str]:
+    """How each ``"op path"`` of :func:`uses` was chosen the last time it ran."""
+    return {f"{op} {path}": how for (op, path), how in sorted(_HOW.items())}
 
 
 def uses() -> dict[str, int]:
@@ -64,21 +78,33 @@ def pick(
     like: torch.Tensor,
 ) -> str:
     """The path of ``op`` to run on ``problem``: the forced one (:func:`forced`) where it is
-    among ``candidates`` (the paths that can run this problem), else the timed choice
-    where timing is allowed (:func:`can_time`, and :func:`register`'s rule), else the first
-    candidate. ``run(path)`` runs one path (for timing). Every pick is counted
-    (:func:`uses`)."""
+    among ``candidates`` (the paths that can run this problem); else, where
+    :func:`register`'s rule lets ``op`` be chosen by timing, the timed choice (timed now if
+    :func:`can_time`, else the one remembered from an earlier timing, say during CUDA-graph
+    capture); else the first candidate. ``run(path)`` runs one path (for timing). Every pick
+    is counted (:func:`uses`)."""
     if op not in _PATHS:
         raise ValueError(f"unknown op {op!r}; registered: {', '.join(sorted(_PATHS))}")
     same_bits = _PATHS[op][1]
     path_forced = forced_path(op)
-    if path_forced is not None:
-        path = path_forced if path_forced in candidates else candidates[0]
-    elif can_time(like) and (same_bits or torch.backends.cudnn.benchmark):
-        path = choose_timed(op, problem, candidates, lambda p: cuda_ms(lambda: run(p)))
+    remembered = _CHOICE.get((op, problem))
+    if path_forced in candidates:
+        path, how = path_forced, "forced"
+    elif path_forced is not None:
+        path, how = candidates[0], "fallback"
+    elif not (same_bits or torch.backends.cudnn.benchmark):
+        path, how = candidates[0], "default"
+    elif can_time(like):
+        device = like.device
+        path = choose_timed(
+            op, problem, candidates, lambda p: cuda_ms(lambda: run(p), device=device)
+        )
+        how = "timed" if len(candidates) > 1 else "default"
+    elif remembered in candidates:  # say during CUDA-graph capture: what eager timing chose
+        path, how = remembered, "timed"
     else:
-        path = candidates[0]
-    record_use(op, path)
+        path, how = candidates[0], "default"
+    record_use(op, path, how)
     return path
 
 
@@ -122,7 +148,12 @@ def choose_timed(
         return _CHOICE[key]
     if len(candidates) == 1:
         return candidates[0]
-    times = {p: float(time_ms(p)) for p in candidates}
+    global _timing_depth
+    _timing_depth += 1  # the calls made while timing are not uses
+    try:
+        times = {p: float(time_ms(p)) for p in candidates}
+    finally:
+        _timing_depth -= 1
     best = min(candidates, key=lambda p: times[p])
     _CHOICE[key] = best
     _TIMES[key] = times
@@ -138,26 +169,38 @@ def timed_choices() -> dict[str, dict[str, object]]:
     }
 
 
-def cuda_ms(fn: Callable[[], object], reps: int = 3) -> float:
-    """Milliseconds per call of ``fn`` on the current CUDA stream: one warm-up call, then
-    ``reps`` calls between two CUDA events (it synchronises once)."""
+def cuda_ms(fn: Callable[[], object], reps: int = 3, device: torch.device | None = None) -> float:
+    """Milliseconds per call of ``fn`` on the current CUDA stream of ``device`` (the current
+    device by default; the ops pass their tensors' device, whose stream their kernels use):
+    one warm-up call, then ``reps`` calls between two CUDA events (it synchronises once)."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
-    fn()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
+    with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
 
 
 def can_time(t: torch.Tensor) -> bool:
-    """Whether paths may be timed for a tensor: it is on a GPU and no CUDA graph is being
-    captured (a capture must not synchronise)."""
-    return t.is_cuda and not torch.cuda.is_current_stream_capturing()
+    """Whether paths may be timed for a tensor: a real GPU tensor (not one that torch.compile
+    traces with fake tensors, where nothing runs), and no CUDA graph being captured (a
+    capture must not synchronise)."""
+    if not t.is_cuda or _tracing(t):
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _tracing(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor or torch.compile is tracing."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or torch.compiler.is_compiling()
 
 
 __all__ = [
@@ -166,6 +209,7 @@ __all__ = [
     "cuda_ms",
     "forced",
     "forced_path",
+    "how_chosen",
     "pick",
     "record_use",
     "register",

@@ -39,7 +39,8 @@ print(e.find_tool('compute-sanitizer', e.SANITIZER_GLOBS) or '')" 2>/dev/null)
 export XDIST CS
 PYTEST="\"$PY\" -m pytest -p no:cacheprovider"
 SAN_TESTS="-m 'gpu and not slow' tests/test_cuda_ops.py --maxfail=5 -v"
-# (the dense-gradient tests launch only the gather and scatter kernels: the tests step has them)
+# (dense-gradient tests: their forward kernels are checked by other tests, and besides them they
+# launch only the gather and scatter kernels; the tests step runs them)
 MEMCHECK_K=${MEMCHECK_K-"(not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf16))) \
 and not dense-grads"}
 RACECHECK_K=${RACECHECK_K-"(spmm or sddmm or implicit_conv_writes \

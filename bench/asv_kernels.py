@@ -190,3 +190,17 @@ class NMPruneFraction(_Fraction):
 
     suite, rate = "nm_prune", "gbps"
     params = _names(suite, device="cuda")
+
+
+class GradPack(_GBps):
+    """Gradient pack and unpack of the sparse Allreduce (ClickTrain Sec. 5.3) against torch."""
+
+    suite = "pack"
+    params = _names(suite)
+
+
+class GradPackFraction(_Fraction):
+    """Pack / unpack bandwidth as a fraction of the GPU's data-sheet bandwidth."""
+
+    suite, rate = "pack", "gbps"
+    params = _names(suite, device="cuda")

@@ -19,6 +19,10 @@ Suites (``SUITES``) and what a case of each holds:
   plus backward.
 * ``nm_prune``: SDGP's N:M pruning of an output gradient, kernel against the torch
   reference and a device copy of the same bytes, m in 4, 8, 16, 32 (n = m / 2).
+* ``pack``: the sparse Allreduce's gradient pack (gather at a mask's kept positions) and
+  unpack (scatter back in place) of ClickTrain Sec. 5.3, kernel against torch indexing,
+  pattern masks at 50 and 75% sparsity; at the gpu scale a 72 MiB float32 gradient (the
+  issue's bandwidth target is for tensors of 64 MB or more).
 * ``iteration``: forward, backward and step time of one training iteration for each method
   in its post-pruning state (:mod:`bench.method_states`), ResNet-18/34/50 and VGG-16.
 * ``allreduce``: bytes a data-parallel step all-reduces per method (deterministic).
@@ -71,6 +75,7 @@ SUITES: tuple[str, ...] = (
     "spmm",
     "conv",
     "nm_prune",
+    "pack",
     "iteration",
     "allreduce",
 )
@@ -84,6 +89,8 @@ PAPER_WEIGHT = (256, 128, 3, 3)
 PAPER_SPARSITIES = (0.5, 0.65, 0.75, 0.8, 0.9, 0.95)
 SPMM_SPARSITIES = (0.0, 0.5, 0.65, 0.75, 0.8, 0.9, 0.95)
 NM_MS = (4, 8, 16, 32)
+#: Sparsities of the pack / unpack masks: half and a quarter of the gradients kept.
+PACK_SPARSITIES = (0.5, 0.75)
 CSR_MODELS = ("resnet18", "resnet50", "vgg16")
 ITERATION_METHODS = ("dense", "clicktrain", "prunetrain", "sdgp", "campfire")
 
@@ -111,6 +118,7 @@ class ScaleConfig:
         cuda_warmup_ms, cuda_rep_ms: GPU timing budget of a kernel (do_bench style).
         iter_warmup, iter_repeats: iterations before and during timing of the iteration suite.
         pytest_cuda_rounds: rounds of a GPU kernel in the pytest-benchmark suite.
+        pack_weight: the conv weight ``(F, C, R, S)`` whose gradient the pack suite packs.
     """
 
     name: str
@@ -135,6 +143,7 @@ class ScaleConfig:
     iter_warmup: int = 1
     iter_repeats: int = 3
     pytest_cuda_rounds: int = 20
+    pack_weight: tuple[int, int, int, int] = (64, 32, 3, 3)
 
 
 _ALLREDUCE_MODELS = tuple(
@@ -179,6 +188,7 @@ SCALE_CONFIGS: dict[str, ScaleConfig] = {
         conv_input=(1, 128, 56, 56),
         conv_passes=("forward", "forward+backward"),
         nm_shape=(16, 256, 28, 28),
+        pack_weight=(512, 256, 3, 3),
         iteration=(
             ("resnet18", "cifar", 32, 8),
             ("resnet34", "cifar", 32, 4),
@@ -208,6 +218,7 @@ SCALE_CONFIGS: dict[str, ScaleConfig] = {
         conv_input=(1, 128, 224, 224),
         conv_passes=("forward", "forward+backward"),
         nm_shape=(128, 256, 56, 56),
+        pack_weight=(1024, 2048, 3, 3),
         iteration=tuple(
             (m, stem, res, batch)
             for m in ("resnet18", "resnet34", "resnet50", "vgg16")
@@ -542,6 +553,35 @@ def _nm_impls(dev: str) -> list[Impl]:
     return out
 
 
+def _pack_impls(dev: str) -> list[Impl]:
+    out = []
+    for op in ("pack", "unpack"):
+        what = "gather at" if op == "pack" else "scatter in place to"
+        out.append(
+            _impl(
+                f"grad_{op}[ref]",
+                f"torch indexing: {what} the kept positions",
+                dev,
+                "memory",
+                baseline=True,
+                kinds=(op,),
+                impl="ref",
+            )
+        )
+        if dev == "cuda":
+            out.append(
+                _impl(
+                    f"grad_{op}[cuda]",
+                    f"impl.ops.pack_cuda.{op}, CUDA kernel",
+                    dev,
+                    "memory",
+                    kinds=(op,),
+                    impl="cuda",
+                )
+            )
+    return out
+
+
 def _iteration_impls(dev: str) -> list[Impl]:
     from bench.method_states import METHOD_STATES
 
@@ -573,6 +613,7 @@ _IMPLS: dict[str, Callable[[str], list[Impl]]] = {
     "spmm": _spmm_impls,
     "conv": _conv_impls,
     "nm_prune": _nm_impls,
+    "pack": _pack_impls,
     "iteration": _iteration_impls,
     "allreduce": _allreduce_impls,
 }
@@ -700,6 +741,17 @@ def grid(suite: str, scale: str | None = None) -> list[Case]:
                     },
                 )
             )
+    elif suite == "pack":
+        shape = list(cfg.pack_weight)
+        for op in ("pack", "unpack"):
+            for s in PACK_SPARSITIES:
+                cases.append(
+                    Case(
+                        suite,
+                        f"{op}-{'x'.join(map(str, shape))}-{_pct(s)}",
+                        {"kind": op, "weight_shape": shape, "sparsity": s},
+                    )
+                )
     elif suite == "iteration":
         for model, stem, res, batch in cfg.iteration:
             cases.append(
@@ -1124,6 +1176,42 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     return Prepared([("op", fn)], dev, bytes=2.0 * numel * 4, flags=_flag_options(impl), info=info)
 
 
+def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
+    dev = _device(impl)
+    from impl.ops import pack_cuda
+
+    p = case.params
+    shape, op = p["weight_shape"], p["kind"]
+    mask = _masked_weight(shape, p["sparsity"], dev, 0)[1]
+    index = pack_cuda.mask_index(mask)  # int32 below 2^31 elements
+    nnz = int(index.numel())
+    cuda = impl.options["impl"] == "cuda"
+    if cuda:
+        _pattern_cuda_check(impl)
+    long_index = index.to(torch.int64)
+    if op == "pack":
+        grads = _rotated(shape, dev, 1)
+
+        def fn(i):
+            g = grads[i % len(grads)]
+            return pack_cuda.pack(g, index) if cuda else g.reshape(-1)[long_index]
+
+    else:
+        buffers = _rotated((nnz,), dev, 1)
+        out = torch.zeros(tuple(shape), device=dev)
+
+        def fn(i):
+            b = buffers[i % len(buffers)]
+            if cuda:
+                return pack_cuda.unpack(b, index, out)
+            out.view(-1)[long_index] = b
+            return out
+
+    info = {"nnz": nnz, "numel": math.prod(shape), "index_dtype": str(index.dtype)}
+    nbytes = nnz * (4.0 + index.element_size() + 4.0)  # read value and index, write value
+    return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)
+
+
 def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     from bench.method_states import build_state
@@ -1247,6 +1335,7 @@ _PREPARE: dict[str, Callable[[Case, Impl, ScaleConfig], Prepared]] = {
     "spmm": _prepare_spmm,
     "conv": _prepare_conv,
     "nm_prune": _prepare_nm,
+    "pack": _prepare_pack,
     "iteration": _prepare_iteration,
     "allreduce": _prepare_allreduce,
 }

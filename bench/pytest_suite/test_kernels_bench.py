@@ -34,3 +34,9 @@ def test_conv(benchmark, case, impl):
 def test_nm_prune(benchmark, case, impl):
     """SDGP's N:M pruning: the kernel against the torch reference and a device copy."""
     run_benchmark(benchmark, case, impl)
+
+
+@pytest.mark.parametrize(("case", "impl"), params("pack"))
+def test_pack(benchmark, case, impl):
+    """Gradient pack and unpack for the sparse Allreduce: the kernels against torch indexing."""
+    run_benchmark(benchmark, case, impl)

@@ -11,7 +11,7 @@
 #   iteration  bench.run --scale gpu --suite iteration, the cases in $ITER_CASES' order (the
 #              CIFAR shapes first, VGG-16 at 224 px last) -> reports/bench/gpu/iteration/
 #   rows       bench.run --scale gpu, suites calibration, csr, conv -> reports/bench/gpu/rows.{csv,
-#              json}, summary.md (spmm and nm_prune: kernels.sh's kernel-bench step writes them
+#              json}, summary.md (spmm, nm_prune and pack: kernels.sh's kernel-bench step writes them
 #              to reports/gpu/kernel-bench/; allreduce is deterministic byte counts, measured
 #              once on the CPU: reports/bench/cpu/)
 #   pytest     pytest-benchmark on the paper-shape kernel cases ($PYTEST_K) ->

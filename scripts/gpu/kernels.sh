@@ -9,7 +9,7 @@
 #   compile      NVRTC compile of impl/cuda/*.cu through the loader, per-kernel registers and
 #                local memory -> reports/gpu/kernels.json
 #   tests        pytest -m gpu tests/test_cuda_ops.py (slow ones too) -> reports/gpu/tests.{xml,log}
-#   kernel-bench bench.run --scale gpu, suites spmm and nm_prune (with calibration; the rows
+#   kernel-bench bench.run --scale gpu, suites spmm, nm_prune and pack (with calibration; the rows
 #                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out)
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
@@ -56,7 +56,7 @@ step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kerne
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
 step kernel-bench gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-  --suite spmm --suite nm_prune --out \"$DEST/kernel-bench\""
+  --suite spmm --suite nm_prune --suite pack --out \"$DEST/kernel-bench\""
 step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
   --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""

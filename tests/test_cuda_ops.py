@@ -1951,3 +1951,33 @@ def test_emulated_benchmark_rows_find_the_timings_of_the_ops_problems(
     cols = cases._path_columns(nm_impl, " O2 C8 I9 ", cases._uses_since(before))
     assert cols["path_nm_rescaled"] == "timed: fused"
     assert cols["path_nm_rescaled_ms_three_pass"] == 2.0
+
+
+@pytest.mark.parametrize("source", ["attributes", "properties", "runtime", "none"], ids=str)
+def test_max_shared_per_block_asks_cupy_three_ways_then_assumes_48_kib(monkeypatch, source):
+    import types
+
+    def fail(*a):
+        raise AttributeError("not in this CuPy")
+
+    value = 232448  # sm_90's opt-in limit
+    device = types.SimpleNamespace(attributes={"MaxSharedMemoryPerBlockOptin": value})
+    runtime = types.SimpleNamespace(
+        getDeviceProperties=lambda d: {"sharedMemPerBlockOptin": value},
+        deviceGetAttribute=lambda attr, d: value if attr == 97 else 0,
+    )
+    if source != "attributes":
+        device = types.SimpleNamespace(attributes={})
+    if source not in ("attributes", "properties"):
+        runtime.getDeviceProperties = fail
+    if source == "none":
+        runtime.deviceGetAttribute = fail
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Device=lambda d: device, runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    loader.max_shared_per_block.cache_clear()
+    try:
+        expected = 48 * 1024 if source == "none" else value
+        assert loader.max_shared_per_block(0) == expected
+    finally:
+        loader.max_shared_per_block.cache_clear()

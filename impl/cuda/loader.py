@@ -340,6 +340,7 @@ def launch(
 
 
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024  # static + dynamic without opting in
+_ATTR_SMEM_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 _dynamic_smem_set: dict[tuple[str, str, int], int] = {}  # the opt-in made per kernel
 
 
@@ -349,8 +350,19 @@ def max_shared_per_block(device: int) -> int:
     (sm_80: 163 KiB, sm_90: 227 KiB), static and dynamic together."""
     import cupy
 
-    attrs = cupy.cuda.Device(device).attributes
-    return int(attrs.get("MaxSharedMemoryPerBlockOptin", _DEFAULT_DYNAMIC_SMEM))
+    queries = (  # CuPy's device attributes, its device properties, the runtime attribute 97
+        lambda: cupy.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"],
+        lambda: cupy.cuda.runtime.getDeviceProperties(device)["sharedMemPerBlockOptin"],
+        lambda: cupy.cuda.runtime.deviceGetAttribute(_ATTR_SMEM_OPTIN, device),
+    )
+    for query in queries:
+        try:
+            value = int(query())
+        except Exception:  # noqa: BLE001 (an older CuPy lacks one of these)
+            continue
+        if value > 0:
+            return value
+    return _DEFAULT_DYNAMIC_SMEM
 
 
 def kernel_args(args: Sequence[Any], index: int, name: str = "kernel") -> tuple[Any, ...]:

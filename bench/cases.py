@@ -1188,7 +1188,7 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     cuda = impl.options["impl"] == "cuda"
     if cuda:
         _pattern_cuda_check(impl)
-    long_index = index.to(torch.int64)
+    long_index = None if cuda else index.to(torch.int64)  # torch indexing takes int64
     if op == "pack":
         grads = _rotated(shape, dev, 1)
 

@@ -346,7 +346,7 @@ def test_row_tiled_grid_has_a_block_per_warps_times_rows_per_warp_rows():
         256 / (w * rw32)
     )
     assert pattern_cuda.spmm_grid(torch.float64, w * rw64 + 1, 7, 2, "row_tiled") == (2, 1, 2)
-    with pytest.raises(ValueError, match="unknown SpMM variant 'tiled'"):
+    with pytest.raises(ValueError, match="unknown spmm path 'tiled'; valid: row_tiled, warp_row"):
         pattern_cuda.spmm_grid(torch.float32, 8, 8, 1, "tiled")
 
 

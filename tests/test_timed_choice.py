@@ -94,6 +94,9 @@ def test_registered_ops_name_their_paths_and_pick_checks_the_op(monkeypatch):
         timed_choice.pick("other", "p", ("a",), lambda p: None, torch.zeros(1))
     with pytest.raises(ValueError, match="unknown demo path 'c'; valid: a, b"):
         timed_choice.forced("demo", "c")
+    assert timed_choice.check_path("demo", "b") == "b"
+    with pytest.raises(ValueError, match="unknown demo path 'c'; valid: a, b"):
+        timed_choice.check_path("demo", "c")
     # off a GPU nothing is timed: the first candidate, or the forced one where it can run
     assert timed_choice.pick("demo", "p", ("b", "a"), lambda p: None, torch.zeros(1)) == "b"
     with timed_choice.forced("demo", "a"):

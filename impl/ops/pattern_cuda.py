@@ -108,7 +108,8 @@ def spmm_grid(
 ) -> tuple[int, int, int]:
     """Grid of an SpMM kernel (:data:`SPMM_VARIANTS`): (row tiles of WARPS rows, or of WARPS
     x :data:`ROWS_PER_WARP` rows for ``row_tiled``; column tiles of TILE_N; batch)."""
-    rows = WARPS * (ROWS_PER_WARP[dtype] if _check_variant(variant) == "row_tiled" else 1)
+    tiled = timed_choice.check_path("spmm", variant) == "row_tiled"
+    rows = WARPS * (ROWS_PER_WARP[dtype] if tiled else 1)
     grid = (math.ceil(n_rows / rows), math.ceil(n_cols / TILE_N[dtype]), batch)
     if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
         raise ValueError(
@@ -116,12 +117,6 @@ def spmm_grid(
             f"(at most {_MAX_GRID_YZ * TILE_N[dtype]} columns and {_MAX_GRID_YZ} batches)"
         )
     return grid
-
-
-def _check_variant(variant: str) -> str:
-    if variant not in PATHS["spmm"]:
-        raise ValueError(f"unknown SpMM variant {variant!r}; valid: {', '.join(SPMM_VARIANTS)}")
-    return variant
 
 
 def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
@@ -325,7 +320,7 @@ def _spmm(
                 )
 
             if variant is not None:
-                if _check_variant(variant) not in spmm_variants(dense_b.dtype, k):
+                if timed_choice.check_path("spmm", variant) not in spmm_variants(dense_b.dtype, k):
                     raise ValueError(f"{op}: the {variant} kernel cannot take K = {k} columns")
                 chosen = variant
             else:
@@ -441,10 +436,7 @@ def _conv_implicit(
     fits = ROWS_PER_WARP[x.dtype] * c * r * s < 2**31  # the tiled kernel's 32-bit offsets
     candidates = PATHS["conv_forward"] if fits else ("implicit",)
     if variant is not None:
-        if variant not in PATHS["conv_forward"]:
-            raise ValueError(
-                f"unknown conv_forward path {variant!r}; valid: {', '.join(PATHS['conv_forward'])}"
-            )
+        timed_choice.check_path("conv_forward", variant)
         if variant not in candidates:
             raise ValueError(f"{op}: the {variant} kernel cannot take C*R*S = {c * r * s}")
         chosen = variant

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 _PATHS: dict[str, tuple[tuple[str, ...], bool]] = {}
 _CHOICE: dict[tuple[str, str], str] = {}
@@ -118,15 +119,21 @@ def _forced(op: str, path: str) -> Iterator[None]:
         stack.pop()
 
 
-def forced(op: str, path: str) -> contextlib.AbstractContextManager:
-    """A context in which :func:`forced_path` of ``op`` (a registered op) is ``path`` (one of
-    its paths; the innermost block wins): ``op`` runs ``path``, untimed, wherever that path
-    can run. The benchmarks time each path apart this way."""
+def check_path(op: str, path: str) -> str:
+    """``path`` when it is one of the registered ``op``'s paths; ValueError naming the valid
+    ops or paths otherwise."""
     if op not in _PATHS:
         raise ValueError(f"unknown op {op!r}; valid: {', '.join(sorted(_PATHS))}")
     if path not in _PATHS[op][0]:
         raise ValueError(f"unknown {op} path {path!r}; valid: {', '.join(_PATHS[op][0])}")
-    return _forced(op, path)
+    return path
+
+
+def forced(op: str, path: str) -> contextlib.AbstractContextManager:
+    """A context in which :func:`forced_path` of ``op`` (a registered op) is ``path`` (one of
+    its paths, :func:`check_path`; the innermost block wins): ``op`` runs ``path``, untimed,
+    wherever that path can run. The benchmarks time each path apart this way."""
+    return _forced(op, check_path(op, path))
 
 
 def forced_path(op: str) -> str | None:
@@ -198,14 +205,13 @@ def can_time(t: torch.Tensor) -> bool:
 
 def _tracing(t: torch.Tensor) -> bool:
     """Whether ``t`` is a fake tensor or torch.compile is tracing."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(t, FakeTensor) or torch.compiler.is_compiling()
 
 
 __all__ = [
     "can_time",
     "choose_timed",
+    "check_path",
     "cuda_ms",
     "forced",
     "forced_path",

@@ -961,20 +961,23 @@ def _forced_paths(paths: dict[str, str] | None) -> contextlib.ExitStack:
     return stack
 
 
-def _path_columns(impl: Impl, problem_part: str, ran: dict[str, int]) -> dict[str, Any]:
+def _path_columns(
+    impl: Impl, problem_part: str | tuple[str, ...], ran: dict[str, int]
+) -> dict[str, Any]:
     """Row columns naming the CUDA path each op of one call ran (``ran``: :func:`_uses_since`
     of the call) and how it was chosen (:func:`impl.ops.timed_choice.how_chosen`):
     ``path_<op>`` = ``forced: p``, ``fallback: p`` (a forced path that cannot run the
     problem), ``timed: p`` or ``default: p``; for a timed op whose problem name contains
-    ``problem_part``, each candidate's milliseconds in that one timing
-    (``path_<op>_ms_<path>``)."""
+    ``problem_part`` (or one of several: the ops of one call name their problems apart),
+    each candidate's milliseconds in that one timing (``path_<op>_ms_<path>``)."""
     from impl.ops import timed_choice
 
+    parts = (problem_part,) if isinstance(problem_part, str) else problem_part
     how = timed_choice.how_chosen()
     timed: dict[str, dict[str, Any]] = {}
     for key, choice in timed_choice.timed_choices().items():
         op, problem = key.split(": ", 1)
-        if problem_part in problem:
+        if any(part in problem for part in parts):
             timed.setdefault(op, choice)
     cols: dict[str, Any] = {}
     for key in ran:
@@ -986,6 +989,19 @@ def _path_columns(impl: Impl, problem_part: str, ran: dict[str, int]) -> dict[st
         entry = f"{label}: {path}"
         cols[f"path_{op}"] = f"{cols[f'path_{op}']}, {entry}" if f"path_{op}" in cols else entry
     return cols
+
+
+def _conv_problem_parts(
+    input_shape: Sequence[int], weight_shape: Sequence[int], nnz: int, positions: int
+) -> tuple[str, str]:
+    """Parts of the problem names a pattern conv's ops time under (for :func:`_path_columns`):
+    the conv's own (forward and gradient paths), and the SDDMM's on the im2col matrix
+    (filters x C*R*S x ``positions`` output positions, batch N)."""
+    fo = weight_shape[0]
+    return (
+        f"x{list(input_shape)} w{list(weight_shape)} nnz {nnz} ",
+        f" {fo}x{math.prod(weight_shape[1:])}x{positions} batch {input_shape[0]} nnz {nnz} ",
+    )
 
 
 def _path_uses() -> dict[str, int]:
@@ -1096,7 +1112,7 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         def conv(x, weight):
             return F.conv2d(x, weight, stride=stride, padding=pad)
 
-    problem = f"x{list(p['input_shape'])} w{list(shape)} nnz {nnz} "  # of the ops' problems
+    problem = _conv_problem_parts(p["input_shape"], shape, nnz, ho * wo)
     if backward:
         weight = w.clone().requires_grad_(True)
         xs = [x.requires_grad_(True) for x in xs]

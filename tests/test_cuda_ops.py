@@ -878,6 +878,74 @@ def test_emulated_spmm_variants_give_the_same_bits(emulated, case, dtype):
     assert_within_tolerance(outs["row_tiled"], ref64, same, bound, k, dtype, "row-tiled spmm")
 
 
+EMU_SDDMM = [
+    (19, 300, 37, None, 0.4, 0),  # 3 row blocks (f32), 3 column chunks (the last partial)
+    (9, 40, 2500, 8, 0.5, 0),  # 2 batches and 3 segments per split, 4 splits
+    (9, 70, 64, 3, 1.0, 0),  # every column of every row
+    (11, 96, 16, None, 0.05, 0),  # mostly empty rows, chunks and row blocks
+    (6, 33, 12, 2, 0.5, 1),  # misaligned: the scalar kernels
+]
+EMU_SDDMM_IDS = ["multi-block-odd", "segments-splits", "dense", "sparse", "misaligned"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", EMU_SDDMM, ids=EMU_SDDMM_IDS)
+def test_emulated_sddmm_variants_give_the_same_bits(emulated, case, dtype):
+    """block_row and row_tiled SDDMM: every partial sum written, equal to the last bit (the
+    same split and order), and within the reference's tolerance of sum_z G[z] B[z]^T at the
+    kept positions."""
+    f_out, k, n, batch, density, offset = case
+    gen = torch.Generator().manual_seed(f_out * 17 + n)
+    mask = torch.rand(f_out, k, generator=gen) < density
+    mask[f_out // 2] = False  # an empty row
+    idx = pattern_index(mask)
+    lead = () if batch is None else (batch,)
+    g = torch.randn(*lead, f_out, n + offset, generator=gen, dtype=dtype)[..., offset:]
+    b = torch.randn(*lead, k, n + offset, generator=gen, dtype=dtype)[..., offset:]
+    nnz = idx.col_ind.numel()
+    vec = not offset and n % pattern_cuda._VEC[dtype] == 0
+    _, _, gy, gz = pattern_cuda.sddmm_split(
+        pattern_cuda.sddmm_row_blocks(dtype, f_out),
+        n,
+        batch or 1,
+        loader.multiprocessor_count(),
+        pattern_cuda._VEC[dtype] if vec else 1,
+    )
+    sums, parts = {}, {}
+    for variant in pattern_cuda.SDDMM_VARIANTS:
+        parts[variant] = torch.full((gy * gz, nnz), float("nan"), dtype=dtype)
+        sums[variant] = pattern_cuda._sddmm(
+            idx.row_ptr, idx.col_ind, g, b, partial=parts[variant], variant=variant
+        )
+        assert torch.isfinite(parts[variant]).all(), f"{variant}: some sums were not written"
+    suf = "f32" if dtype == torch.float32 else "f64"
+    kind = "vec" if vec else "scalar"
+    assert emulated == [f"pdt_sddmm_tiled_{suf}_{kind}", f"pdt_sddmm_{suf}_{kind}"]
+    assert torch.equal(parts["row_tiled"], parts["block_row"])
+    assert torch.equal(sums["row_tiled"], sums["block_row"])
+    g64, b64 = g.double().reshape(-1, f_out, n), b.double().reshape(-1, k, n)
+    ref = torch.einsum("zfn,zkn->fk", g64, b64)[mask]
+    bound = torch.einsum("zfn,zkn->fk", g64.abs(), b64.abs())[mask]
+    eps = torch.finfo(dtype).eps
+    terms = (batch or 1) * n
+    assert ((sums["row_tiled"].double() - ref).abs() <= 2 * terms * eps * bound + 1e-300).all()
+
+
+def test_emulated_sddmm_prefers_row_tiled_and_runs_the_forced_variant(emulated):
+    gen = torch.Generator().manual_seed(5)
+    idx = pattern_index(torch.rand(10, 20, generator=gen) < 0.5)
+    g, b = torch.randn(10, 7, generator=gen), torch.randn(20, 7, generator=gen)
+    first = pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b)  # untimed off a GPU
+    with pattern_cuda.forced_path("sddmm", "block_row"):
+        forced = pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b)
+    assert emulated == ["pdt_sddmm_tiled_f32_scalar", "pdt_sddmm_f32_scalar"]
+    assert torch.equal(first, forced)
+    with pytest.raises(ValueError, match="unknown sddmm path 'tiled'; valid: row_tiled, block_row"):
+        pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b, variant="tiled")
+    with pytest.raises(ValueError, match=r"partial must be a contiguous \[1, "):
+        pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b, partial=torch.empty(2, 3))
+
+
 def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
     gen = torch.Generator().manual_seed(3)
     idx = pattern_index(torch.rand(10, 20, generator=gen) < 0.5)
@@ -1400,6 +1468,76 @@ def test_spmm_paper_shape(cuda_kernels, density):
     picked = [v for k, v in choices if k.startswith("spmm: ") and f"nnz {nnz} " in k]
     assert picked and picked[0]["path"] in pattern_cuda.SPMM_VARIANTS
     assert set(picked[0]["ms"]) == set(pattern_cuda.SPMM_VARIANTS)
+
+
+def _sddmm_check(g, b, row_ptr, col_ind, mask, dtype, what):
+    """Both SDDMM kernels on (g, b): every partial sum written, the same bits, and within the
+    reference's tolerance of sum_z g[z] b[z]^T at the kept positions. Returns the sums."""
+    batch, n = (g.shape[0] if g.dim() == 3 else 1), g.shape[-1]
+    vec = pattern_cuda.vector_ok(
+        dtype,
+        n,
+        (g.stride(-2), g.stride(0), b.stride(-2), b.stride(0)),
+        (g.data_ptr(), b.data_ptr()),
+    )
+    _, _, gy, gz = pattern_cuda.sddmm_split(
+        pattern_cuda.sddmm_row_blocks(dtype, mask.shape[0]),
+        n,
+        batch,
+        loader.multiprocessor_count(g.device),
+        pattern_cuda._VEC[dtype] if vec else 1,
+    )
+    sums, parts = {}, {}
+    for variant in pattern_cuda.SDDMM_VARIANTS:
+        parts[variant] = torch.full(
+            (gy * gz, col_ind.numel()), float("nan"), dtype=dtype, device=g.device
+        )
+        sums[variant] = pattern_cuda._sddmm(
+            row_ptr, col_ind, g, b, partial=parts[variant], variant=variant
+        )
+        assert torch.isfinite(parts[variant]).all(), f"{what} {variant}: sums not written"
+    assert torch.equal(parts["row_tiled"], parts["block_row"]), what
+    g3, b3 = g.reshape(-1, *g.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    ref64 = torch.einsum("zfn,zkn->fk", g3.double(), b3.double())[mask]
+    same = torch.einsum("zfn,zkn->fk", g3, b3)[mask]
+    bound = torch.einsum("zfn,zkn->fk", g3.double().abs(), b3.double().abs())[mask]
+    assert_within_tolerance(sums["row_tiled"], ref64, same, bound, batch * n, dtype, what)
+    return sums
+
+
+@gpu
+@pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sddmm_kernels_give_the_same_bits_within_tolerance(cuda_kernels, case, dtype):
+    """The weight gradient's SDDMM (block_row and row_tiled) on odd, batched, empty-row,
+    dense and misaligned cases: every partial sum written, equal bits, reference tolerance."""
+    gen = torch.Generator(device="cuda").manual_seed(3 + zlib.crc32(str(case).encode()))
+    mask, row_ptr, col_ind, _, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
+    g_shape = (*b.shape[:-2], mask.shape[0], b.shape[-1] + 1)
+    g = torch.randn(g_shape, generator=gen, device=cuda_kernels, dtype=dtype)
+    g = g[..., 1:] if case[5] else g[..., :-1].contiguous()
+    _sddmm_check(g, b, row_ptr, col_ind, mask, dtype, f"sddmm {case}")
+
+
+@gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("density", [0.4, 0.1], ids=["60%", "90%"])
+def test_sddmm_paper_shape(cuda_kernels, density):
+    """The weight gradient at the paper's shape (256 x 1152 kept positions of 256 x 50176
+    times 1152 x 50176; ClickTrain Sec. 5.2), float32: both kernels, equal bits, within
+    tolerance, and the timed choice (the default) recording which one it picked."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    mask = _mask((256, 1152), density, gen, cuda_kernels)
+    row_ptr, col_ind = pattern_positions(mask)
+    g = torch.randn(256, 50176, generator=gen, device=cuda_kernels)
+    b = torch.randn(1152, 50176, generator=gen, device=cuda_kernels)
+    sums = _sddmm_check(g, b, row_ptr, col_ind, mask, torch.float32, "sddmm paper")
+    default = pattern_cuda._sddmm(row_ptr, col_ind, g, b)
+    assert torch.equal(default, sums["block_row"])
+    nnz = col_ind.numel()
+    choices = timed_choice.timed_choices().items()
+    picked = [v for k, v in choices if k.startswith("sddmm: ") and f"nnz {nnz} " in k]
+    assert picked and set(picked[0]["ms"]) == set(pattern_cuda.SDDMM_VARIANTS)
 
 
 @contextlib.contextmanager
@@ -1940,10 +2078,20 @@ def test_emulated_benchmark_rows_find_the_timings_of_the_ops_problems(
     pattern_cuda._conv_implicit(
         x, w.shape, w[mask], cidx.row_ptr, cidx.col_ind, None, ones, ones, ones
     )
-    part = f"x[1, 2, 5, 5] w[6, 2, 3, 3] nnz {int(mask.sum())} "
-    cols = cases._path_columns(conv_impl, part, cases._uses_since(before))
+    parts = cases._conv_problem_parts([1, 2, 5, 5], [6, 2, 3, 3], int(mask.sum()), 25)
+    cols = cases._path_columns(conv_impl, parts, cases._uses_since(before))
     assert cols["path_conv_forward"] == "timed: implicit_tiled"
     assert cols["path_conv_forward_ms_implicit"] == 2.0
+    # the backward's SDDMM (on the im2col matrix) is found by the conv's second part
+    wq = w.clone().requires_grad_(True)
+    before = cases._path_uses()
+    with pattern_cuda.forced_path("weight_grad", "sddmm"):
+        out = pattern_cuda.pattern_conv2d_cuda(x, wq, cidx, None, 1, 1, 1)
+        out.sum().backward()
+    cols = cases._path_columns(conv_impl, parts, cases._uses_since(before))
+    assert cols["path_weight_grad"] == "forced: sddmm"
+    assert cols["path_sddmm"] == "timed: row_tiled"
+    assert (cols["path_sddmm_ms_row_tiled"], cols["path_sddmm_ms_block_row"]) == (1.0, 2.0)
 
     nm_impl = cases.implementations("nm_prune", "gpu")["nm_prune[cuda]@cuda"]
     before = cases._path_uses()

@@ -52,6 +52,9 @@ DEFINES: dict[str, int] = {
     "PDT_CONV_CPT": 4,
     "PDT_SDDMM_SEG": 1024,
     "PDT_SDDMM_EB": 1024,
+    "PDT_SDDMM_KC": 128,
+    "PDT_SDDMM_RT_F32": 8,
+    "PDT_SDDMM_RT_F64": 4,
     "PDT_NM_BLOCK": 256,
 }
 CXX_STD = "c++17"

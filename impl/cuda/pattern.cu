@@ -332,6 +332,23 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
 //    A warp per nonzero; its lanes stride the segment (VEC-wide when aligned) and reduce
 //    with shuffles in a fixed order.
 // ---------------------------------------------------------------------------------------
+// The split of an SDDMM block (both kernels): columns [nlo, nhi) and batches [blo, bhi) of the
+// reduction (blockIdx.y, blockIdx.z), and the split's row of partial sums.
+template <typename T>
+struct PdtSddmmSplit {
+  int nlo, nhi, blo, bhi;
+  T* out;
+
+  __device__ __forceinline__ PdtSddmmSplit(T* partial, int N, int batch, int n_chunk,
+                                           int b_group, i64 nnz) {
+    nlo = blockIdx.y * n_chunk;
+    nhi = min(N, nlo + n_chunk);
+    blo = blockIdx.z * b_group;
+    bhi = min(batch, blo + b_group);
+    out = partial + ((i64)blockIdx.z * gridDim.y + blockIdx.y) * nnz;
+  }
+};
+
 template <typename T, int VEC>
 __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
                                                const i64* __restrict__ col_ind,
@@ -345,11 +362,9 @@ __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
   __shared__ T accs[EB];
   const int f = blockIdx.x;
   const i64 rb = row_ptr[f], re = row_ptr[f + 1];
-  const int nlo = blockIdx.y * n_chunk;
-  const int nhi = min(N, nlo + n_chunk);
-  const int blo = blockIdx.z * b_group;
-  const int bhi = min(batch, blo + b_group);
-  T* __restrict__ out = partial + ((i64)blockIdx.z * gridDim.y + blockIdx.y) * nnz;
+  const PdtSddmmSplit<T> sp(partial, N, batch, n_chunk, b_group, nnz);
+  const int nlo = sp.nlo, nhi = sp.nhi, blo = sp.blo, bhi = sp.bhi;
+  T* __restrict__ out = sp.out;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   for (i64 eb = rb; eb < re; eb += EB) {
     const int ne = (int)min((i64)EB, re - eb);
@@ -385,6 +400,143 @@ __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
     __syncthreads();
     for (int e = threadIdx.x; e < ne; e += blockDim.x) out[eb + e] = accs[e];
     __syncthreads();  // before the next group of nonzeros resets accs
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3d. Row-tiled SDDMM: the weight gradient of 3a with RT rows of the filter matrix per block,
+//    so that a segment of a row of Bm, read once from global memory (L2), serves every row of
+//    the block that keeps that column. 3a reads Bm's row k once per nonzero (f, k): at the
+//    paper's shape (256 x 1152 at 60% sparsity, N = 50176) that is about 24 GB through L2
+//    per call; here once per block that keeps k, about RT * density times less.
+//    The columns are walked in chunks of KC: for each chunk, the block's rows' nonzeros there
+//    (a column's bit r in keep[] when row f0 + r keeps it), the union of their columns
+//    (ucol, ascending), then for each batch z and segment of SEG columns of the split: the RT
+//    rows of G's segment go to shared memory, a warp per union column loads Bm's segment
+//    into registers, and every row keeping the column adds its dot product to accs. Each
+//    nonzero's sum runs over (z, segment) in the order of 3a, with 3a's lane-strided partial
+//    sums and shuffle tree, so with the same split (the host computes it from the number of
+//    row blocks, for both kernels) both kernels write the same bits.
+//    Same arguments as 3a, plus F (rows) and K (columns of the filter matrix; < 2^30).
+//    gseg    [RT x SEG] shared: the block's rows of G's segment (row r at r * SEG)
+//    accs    [KC x RT] shared: running sums of the chunk's nonzeros, by (column, row)
+//    keep    [KC] shared: the rows (bits) that keep each column of the chunk
+//    ucol    [KC] shared: the chunk's union columns, ascending; n_union of them
+//    grid:   (ceil(F / RT), ceil(N / n_chunk), ceil(batch / b_group)); block: 32 * 8 threads.
+// ---------------------------------------------------------------------------------------
+template <typename T, int VEC, int RT>
+__device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row_ptr,
+                                                     const i64* __restrict__ col_ind,
+                                                     const T* __restrict__ G,
+                                                     const T* __restrict__ Bm,
+                                                     T* __restrict__ partial, int F, int K,
+                                                     int N, int batch, i64 ldg, i64 sg,
+                                                     i64 ldb, i64 sb, int n_chunk, int b_group,
+                                                     i64 nnz) {
+  constexpr int SEG = PDT_SDDMM_SEG;
+  constexpr int KC = PDT_SDDMM_KC;
+  static_assert(KC % 32 == 0, "the union is compacted 32 columns per ballot");
+  static_assert(RT >= 1 && RT <= 32, "a column's rows are the bits of one 32-bit word");
+  __shared__ __align__(16) T gseg[RT * SEG];
+  __shared__ T accs[KC * RT];
+  __shared__ u32 keep[KC];
+  __shared__ int ucol[KC];
+  __shared__ int n_union;
+  __shared__ i64 pbeg[RT], pnext[RT];  // row r's first nonzero in the chunk, and past its last
+  const int f0 = blockIdx.x * RT;
+  const int rows = min(RT, F - f0);
+  const PdtSddmmSplit<T> sp(partial, N, batch, n_chunk, b_group, nnz);
+  const int nlo = sp.nlo, nhi = sp.nhi, blo = sp.blo, bhi = sp.bhi;
+  T* __restrict__ out = sp.out;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) pbeg[r] = row_ptr[f0 + r];
+  for (int kc0 = 0; kc0 < K; kc0 += KC) {
+    __syncthreads();  // the last chunk's readers of keep, accs and pbeg are done
+    for (int c = threadIdx.x; c < KC; c += blockDim.x) keep[c] = 0u;
+    for (int i = threadIdx.x; i < KC * RT; i += blockDim.x) accs[i] = T(0);
+    __syncthreads();
+    // The rows' nonzeros in [kc0, kc0 + KC): the first of each row's remaining ones (sorted).
+    for (int r = warp; r < rows; r += nwarps) {
+      const i64 re = row_ptr[f0 + r + 1];
+      i64 q = pbeg[r];
+      for (;;) {
+        const i64 i = q + lane;
+        const int c = i < re ? (int)col_ind[i] : 0x7fffffff;
+        const bool in = c < kc0 + KC;
+        if (in) atomicOr(&keep[c - kc0], 1u << r);
+        const int cnt = __popc(__ballot_sync(PDT_FULL_MASK, in));
+        q += cnt;
+        if (cnt < 32) break;  // warp-uniform
+      }
+      if (lane == 0) pnext[r] = q;
+    }
+    __syncthreads();
+    if (warp == 0) {  // compact the union columns, ascending
+      int base = 0;
+      for (int c0 = 0; c0 < KC; c0 += 32) {
+        const bool any = keep[c0 + lane] != 0u;
+        const u32 bal = __ballot_sync(PDT_FULL_MASK, any);
+        if (any) ucol[base + __popc(bal & ((1u << lane) - 1u))] = c0 + lane;
+        base += __popc(bal);
+      }
+      if (lane == 0) n_union = base;
+    }
+    __syncthreads();
+    const int nu = n_union;
+    if (nu > 0) {  // block-uniform
+      for (int z = blo; z < bhi; ++z) {
+        for (int s0 = nlo; s0 < nhi; s0 += SEG) {
+          const int len = min(SEG, nhi - s0);
+          __syncthreads();  // earlier readers of gseg are done
+          const T* __restrict__ Gz = G + (i64)z * sg + (i64)f0 * ldg + s0;
+          for (int t = threadIdx.x * VEC; t < rows * SEG; t += blockDim.x * VEC) {
+            const int r = t / SEG, o = t - (t / SEG) * SEG;
+            if (o < len) {
+              T v[VEC];
+              pdt_load_vec<T, VEC>(Gz + (i64)r * ldg + o, v);
+              pdt_store_vec<T, VEC>(gseg + t, v);
+            }
+          }
+          __syncthreads();
+          for (int u = warp; u < nu; u += nwarps) {
+            const int c = ucol[u];
+            const u32 m = keep[c];
+            const T* __restrict__ Br = Bm + (i64)z * sb + (i64)(kc0 + c) * ldb + s0;
+            T sum[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) sum[r] = T(0);
+            for (int t = lane * VEC; t < len; t += 32 * VEC) {
+              T b[VEC];
+              pdt_load_vec<T, VEC>(Br + t, b);
+#pragma unroll
+              for (int r = 0; r < RT; ++r) {
+                if ((m >> r) & 1u) {  // warp-uniform
+                  T a[VEC];
+                  pdt_load_vec<T, VEC>(gseg + r * SEG + t, a);
+#pragma unroll
+                  for (int j = 0; j < VEC; ++j) sum[r] += a[j] * b[j];
+                }
+              }
+            }
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              if ((m >> r) & 1u) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                  sum[r] += __shfl_xor_sync(PDT_FULL_MASK, sum[r], o);
+                if (lane == 0) accs[c * RT + r] += sum[r];
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+    for (int r = 0; r < rows; ++r)
+      for (i64 j = pbeg[r] + threadIdx.x; j < pnext[r]; j += blockDim.x)
+        out[j] = accs[((int)col_ind[j] - kc0) * RT + r];
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) pbeg[r] = pnext[r];
   }
 }
 
@@ -580,7 +732,7 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
 // ---------------------------------------------------------------------------------------
 // extern "C" entry points, one per dtype (and per vector width where it applies)
 // ---------------------------------------------------------------------------------------
-#define PDT_PATTERN_KERNELS(SUF, T, VEC, TN, RW)                                              \
+#define PDT_PATTERN_KERNELS(SUF, T, VEC, TN, RW, RT)                                          \
   extern "C" __global__ void pdt_csr_gather_##SUF(const T* dense, i64 ld, const i64* row_ptr, \
                                                   const i64* col_ind, T* val, i64 n_rows) {   \
     pdt_csr_gather_body<T>(dense, ld, row_ptr, col_ind, val, n_rows);                         \
@@ -630,6 +782,20 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
     pdt_sddmm_body<T, 1>(row_ptr, col_ind, G, Bm, partial, N, batch, ldg, sg, ldb, sb,        \
                          n_chunk, b_group, nnz);                                              \
   }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(256) pdt_sddmm_tiled_##SUF##_vec(              \
+      const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int F,     \
+      int K, int N, int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group,    \
+      i64 nnz) {                                                                              \
+    pdt_sddmm_tiled_body<T, VEC, RT>(row_ptr, col_ind, G, Bm, partial, F, K, N, batch, ldg,   \
+                                     sg, ldb, sb, n_chunk, b_group, nnz);                     \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(256) pdt_sddmm_tiled_##SUF##_scalar(           \
+      const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int F,     \
+      int K, int N, int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group,    \
+      i64 nnz) {                                                                              \
+    pdt_sddmm_tiled_body<T, 1, RT>(row_ptr, col_ind, G, Bm, partial, F, K, N, batch, ldg, sg, \
+                                   ldb, sb, n_chunk, b_group, nnz);                           \
+  }                                                                                           \
   extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS) pdt_conv_implicit_##SUF(  \
       const T* x, const T* values, const i64* row_ptr, const i64* col_ind, const T* bias,     \
       T* out, int Bt, int C, int H, int W, int F, int R, int S, int Ho, int Wo, int sh,       \
@@ -648,5 +814,5 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
                                         tile0);                                               \
   }
 
-PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32, PDT_SPMM_RW_F32)
-PDT_PATTERN_KERNELS(f64, double, 2, PDT_SPMM_TN_F64, PDT_SPMM_RW_F64)
+PDT_PATTERN_KERNELS(f32, float, 4, PDT_SPMM_TN_F32, PDT_SPMM_RW_F32, PDT_SDDMM_RT_F32)
+PDT_PATTERN_KERNELS(f64, double, 2, PDT_SPMM_TN_F64, PDT_SPMM_RW_F64, PDT_SDDMM_RT_F64)

@@ -39,6 +39,15 @@ typedef unsigned short u16;
 #ifndef PDT_SDDMM_EB
 #define PDT_SDDMM_EB 1024  // nonzeros of one row accumulated in shared memory at a time
 #endif
+#ifndef PDT_SDDMM_KC
+#define PDT_SDDMM_KC 128  // columns of the filter matrix per chunk of the row-tiled SDDMM
+#endif
+#ifndef PDT_SDDMM_RT_F32
+#define PDT_SDDMM_RT_F32 8  // rows of the filter matrix per row-tiled SDDMM block, float32
+#endif
+#ifndef PDT_SDDMM_RT_F64
+#define PDT_SDDMM_RT_F64 4  // rows of the filter matrix per row-tiled SDDMM block, float64
+#endif
 #ifndef PDT_NM_BLOCK
 #define PDT_NM_BLOCK 256  // threads of the N:M statistics kernel (a power of two)
 #endif

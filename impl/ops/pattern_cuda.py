@@ -65,6 +65,16 @@ ROWS_PER_WARP = {  # rows of one warp of the row-tiled SpMM kernel
 SPMM_VARIANTS: tuple[str, ...] = ("row_tiled", "warp_row")
 CONV_TILE: int = 32 * loader.DEFINES["PDT_CONV_CPT"]  # output positions per conv block
 SDDMM_SEG: int = loader.DEFINES["PDT_SDDMM_SEG"]
+SDDMM_ROWS = {  # rows of the filter matrix per block of the row-tiled SDDMM kernel
+    torch.float32: loader.DEFINES["PDT_SDDMM_RT_F32"],
+    torch.float64: loader.DEFINES["PDT_SDDMM_RT_F64"],
+}
+#: The SDDMM kernels of the weight gradient (``impl/cuda/pattern.cu``): ``row_tiled`` gives a
+#: block several rows of the filter matrix, so that one read of the dense operand's row
+#: serves each of them that keeps it; ``block_row`` is a block per row and a warp per kept
+#: weight. Both sum each weight in the same order over the same split, so they give the same
+#: bits.
+SDDMM_VARIANTS: tuple[str, ...] = ("row_tiled", "block_row")
 _GATHER_BLOCK = 128
 _SDDMM_BLOCK = 256
 _MAX_GRID_YZ = 65535
@@ -78,7 +88,7 @@ def _kernel_names() -> tuple[str, ...]:
         names += [f"pdt_conv_implicit_tiled_{suf}"]
         for kind in ("vec", "scalar"):
             names += [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
-            names += [f"pdt_sddmm_{suf}_{kind}"]
+            names += [f"pdt_sddmm_{suf}_{kind}", f"pdt_sddmm_tiled_{suf}_{kind}"]
     return tuple(names)
 
 
@@ -133,8 +143,9 @@ def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
 
 #: The interchangeable CUDA paths of each op, the default (where none is timed) first.
 #: ``spmm``: the SpMM kernel (:data:`SPMM_VARIANTS`). ``conv_forward``: the implicit-im2col
-#: conv kernel, :data:`ROWS_PER_WARP` filters per warp or one. The kernels of each of these
-#: give the same bits, so they are always timed on a GPU. ``weight_grad``: the gradient of
+#: conv kernel, :data:`ROWS_PER_WARP` filters per warp or one. ``sddmm``: the SDDMM kernel
+#: (:data:`SDDMM_VARIANTS`). The kernels of each of these give the same bits, so they are
+#: always timed on a GPU. ``weight_grad``: the gradient of
 #: the kept weights, by the SDDMM kernel (only the kept positions; the issue's design) or
 #: ``dense`` (the dense weight gradient by cuBLAS / cuDNN, then gathered at the kept
 #: positions). ``input_grad``: the gradient of the dense operand (the conv input), by the
@@ -148,6 +159,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     "conv_forward": timed_choice.register(
         "conv_forward", ("implicit_tiled", "implicit"), same_bits=True
     ),
+    "sddmm": timed_choice.register("sddmm", SDDMM_VARIANTS, same_bits=True),
     "weight_grad": timed_choice.register("weight_grad", ("sddmm", "dense"), same_bits=False),
     "input_grad": timed_choice.register("input_grad", ("spmm", "dense"), same_bits=False),
 }
@@ -160,8 +172,10 @@ def sddmm_split(
     n_rows: int, n_cols: int, batch: int, sms: int, vec: int
 ) -> tuple[int, int, int, int]:
     """How the SDDMM splits its reduction over (batch, columns): ``(n_chunk, b_group,
-    grid_y, grid_z)``, aiming at about 4 blocks per SM in total. ``n_chunk`` is a multiple
-    of ``vec`` (aligned vector loads); each split writes one row of partial sums."""
+    grid_y, grid_z)``, aiming at about 4 blocks per SM in total for ``n_rows`` blocks per
+    split. ``n_chunk`` is a multiple of ``vec`` (aligned vector loads); each split writes one
+    row of partial sums. The split fixes the summation order, so both SDDMM kernels take the
+    one for the row-tiled kernel's row blocks (:func:`sddmm_row_blocks`)."""
     target = max(1, math.ceil(4 * sms / max(n_rows, 1)))
     if batch >= target:
         b_group = math.ceil(batch / target)
@@ -174,6 +188,13 @@ def sddmm_split(
     grid_y = math.ceil(n_cols / n_chunk) if n_cols else 1
     grid_z = math.ceil(batch / b_group)
     return n_chunk, b_group, grid_y, grid_z
+
+
+def sddmm_row_blocks(dtype: torch.dtype, n_rows: int) -> int:
+    """Blocks of the row-tiled SDDMM along the ``n_rows`` rows of the filter matrix (one per
+    :data:`SDDMM_ROWS` rows): the ``n_rows`` argument of :func:`sddmm_split` for both SDDMM
+    kernels, so that they split the reduction alike and give the same bits."""
+    return math.ceil(n_rows / SDDMM_ROWS[dtype])
 
 
 def _pair(v: int | Sequence[int]) -> list[int]:
@@ -334,9 +355,18 @@ def _spmm(
 
 
 def _sddmm(
-    row_ptr: torch.Tensor, col_ind: torch.Tensor, grad_out: torch.Tensor, dense_b: torch.Tensor
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    grad_out: torch.Tensor,
+    dense_b: torch.Tensor,
+    partial: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:
-    """``(grad_out @ dense_b^T)`` at the CSR positions, summed over the batch: ``[nnz]``."""
+    """``(grad_out @ dense_b^T)`` at the CSR positions, summed over the batch: ``[nnz]``.
+    ``partial`` (tests poison it) must be a contiguous ``[splits, nnz]`` tensor, one row per
+    split of :func:`sddmm_split`. ``variant`` picks the kernel (:data:`SDDMM_VARIANTS`); by
+    default the faster one, timed once per problem on a GPU, or the one :func:`forced_path`
+    names."""
     op = "pattern_spmm (weight gradient)"
     suf = _suffix(grad_out.dtype, op)
     _check_index(op, row_ptr, col_ind)
@@ -348,6 +378,9 @@ def _sddmm(
     batch, n_rows, n = g3.shape
     if b3.shape[0] != batch or b3.shape[2] != n:
         raise ValueError(f"{op}: grad {tuple(g3.shape)} and dense {tuple(b3.shape)} disagree")
+    k = b3.shape[1]
+    if max(k, n, n_rows) > _MAX_INT // 2:
+        raise ValueError(f"{op}: sizes {(n_rows, k, n)} exceed the 32-bit range of the kernel")
     nnz = col_ind.numel()
     if nnz == 0 or n == 0 or batch == 0:
         return torch.zeros(nnz, dtype=grad_out.dtype, device=grad_out.device)
@@ -355,33 +388,44 @@ def _sddmm(
     ptrs = (g3.data_ptr(), b3.data_ptr())
     strides = (g3.stride(1), g3.stride(0), b3.stride(1), b3.stride(0))
     vec = vector_ok(grad_out.dtype, n, strides, ptrs)
+    row_blocks = sddmm_row_blocks(grad_out.dtype, n_rows)
     n_chunk, b_group, gy, gz = sddmm_split(
-        n_rows, n, batch, loader.multiprocessor_count(dev), vec_w if vec else 1
+        row_blocks, n, batch, loader.multiprocessor_count(dev), vec_w if vec else 1
     )
-    partial = torch.empty(gy * gz, nnz, dtype=grad_out.dtype, device=grad_out.device)
-    loader.launch(
-        _SRC,
-        f"pdt_sddmm_{suf}_{'vec' if vec else 'scalar'}",
-        (n_rows, gy, gz),
-        (_SDDMM_BLOCK, 1, 1),
-        [
-            row_ptr.contiguous(),
-            col_ind.contiguous(),
-            g3,
-            b3,
-            partial,
-            np.int32(n),
-            np.int32(batch),
-            np.int64(g3.stride(1)),
-            np.int64(g3.stride(0)),
-            np.int64(b3.stride(1)),
-            np.int64(b3.stride(0)),
-            np.int32(n_chunk),
-            np.int32(b_group),
-            np.int64(nnz),
-        ],
-        dev,
-    )
+    if partial is None:
+        partial = torch.empty(gy * gz, nnz, dtype=grad_out.dtype, device=grad_out.device)
+    elif partial.shape != (gy * gz, nnz) or not partial.is_contiguous():
+        raise ValueError(f"{op}: partial must be a contiguous [{gy * gz}, {nnz}] tensor")
+    index = [row_ptr.contiguous(), col_ind.contiguous()]
+    tail = [
+        np.int64(g3.stride(1)),
+        np.int64(g3.stride(0)),
+        np.int64(b3.stride(1)),
+        np.int64(b3.stride(0)),
+        np.int32(n_chunk),
+        np.int32(b_group),
+        np.int64(nnz),
+    ]
+    kind = "vec" if vec else "scalar"
+
+    def run(v: str) -> None:
+        if v == "row_tiled":
+            sizes = [np.int32(n_rows), np.int32(k), np.int32(n), np.int32(batch)]
+            name, grid = f"pdt_sddmm_tiled_{suf}_{kind}", (row_blocks, gy, gz)
+        else:
+            sizes = [np.int32(n), np.int32(batch)]
+            name, grid = f"pdt_sddmm_{suf}_{kind}", (n_rows, gy, gz)
+        args = [*index, g3, b3, partial, *sizes, *tail]
+        loader.launch(_SRC, name, grid, (_SDDMM_BLOCK, 1, 1), args, dev)
+
+    if variant is not None:
+        chosen = timed_choice.check_path("sddmm", variant)
+    else:
+        problem = (
+            f"{grad_out.dtype} {n_rows}x{k}x{n} batch {batch} nnz {nnz} {kind} {grad_out.device}"
+        )
+        chosen = _pick("sddmm", problem, SDDMM_VARIANTS, run, partial)
+    run(chosen)
     return partial[0] if partial.shape[0] == 1 else partial.sum(0)
 
 
@@ -780,9 +824,12 @@ __all__ = [
     "pattern_conv2d_cuda",
     "pattern_csr_cuda",
     "pattern_spmm_cuda",
+    "sddmm_row_blocks",
     "sddmm_split",
     "spmm_grid",
     "spmm_variants",
+    "SDDMM_ROWS",
+    "SDDMM_VARIANTS",
     "SPMM_VARIANTS",
     "ROWS_PER_WARP",
     "PATHS",

@@ -190,6 +190,9 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help=say("seed"))
     p.add_argument("--device", help=say("device"))
     p.add_argument("--bf16", action="store_true", help=say("bf16", default=False))
+    p.add_argument(
+        "--cudnn-benchmark", action="store_true", help=say("cudnn_benchmark", default=False)
+    )
     p.add_argument("--threads", type=int, help=say("threads", default=False))
     p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
     p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")
@@ -282,6 +285,7 @@ def cmd_train(argv: list[str]) -> int:
         seed=args.seed,
         device=args.device,
         bf16=True if args.bf16 else None,
+        cudnn_benchmark=True if args.cudnn_benchmark else None,
         threads=args.threads,
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,

@@ -55,6 +55,10 @@ class TrainConfig:
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
         bf16: bfloat16 autocast for forward and backward on a GPU (ignored on CPU).
+        cudnn_benchmark: ``torch.backends.cudnn.benchmark`` for the run: cuDNN picks its
+            convolution algorithms by timing on the first call of each shape, and so do the
+            pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
+            a GPU; off (the default), every choice is fixed and a rerun gives the same bits.
         threads: torch intra-op threads on CPU (None: torch's default).
         max_steps_per_epoch: stop each epoch after this many iterations (smoke runs only).
         out: the run directory.
@@ -84,6 +88,7 @@ class TrainConfig:
     scale: str = "cpu"
     device: str = "auto"
     bf16: bool = False
+    cudnn_benchmark: bool = False
     threads: int | None = None
     max_steps_per_epoch: int | None = None
     out: str | None = None

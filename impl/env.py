@@ -304,6 +304,7 @@ def _torch_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 
@@ -328,7 +329,8 @@ def collect() -> dict[str, Any]:
     ``python_executable`` (:func:`python_executable`), ``platform``, ``cpu_model``,
     ``cpu_count`` (logical cores), ``cpu_affinity`` (cores this
     process may use), ``torch_threads``, ``tf32_matmul`` / ``tf32_cudnn`` (the
-    ``allow_tf32`` flags), ``float32_matmul_precision``, the GPU fields of ``gpu_info()``,
+    ``allow_tf32`` flags), ``cudnn_benchmark``, ``float32_matmul_precision``, the GPU fields
+    of ``gpu_info()``,
     and ``env_vars`` (the thread and device variables that change timings).
     """
     commit, dirty = git_state()

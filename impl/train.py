@@ -136,6 +136,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         seed_everything(cfg.seed)
         method = create_method(cfg.method, cfg.method_options)
         method.validate(cfg)

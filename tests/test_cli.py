@@ -119,6 +119,31 @@ def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
     assert 0.2 < summary["inference_flops"] / 82_040_074 < 0.3
 
 
+@pytest.mark.parametrize("flag", [True, False], ids=["cudnn-benchmark", "default"])
+def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, flag):
+    """--cudnn-benchmark reaches the config, switches torch's cuDNN benchmark mode for the
+    run, and the run's recorded environment says so; without it the mode is off."""
+    import json
+
+    import torch
+
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--threads", "1",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    argv += ["--cudnn-benchmark"] if flag else []
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not flag
+    try:
+        assert cli.main(argv) == 0
+        assert torch.backends.cudnn.benchmark is flag
+    finally:
+        torch.backends.cudnn.benchmark = before
+    cfg = json.loads((out / "config.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert cfg["cudnn_benchmark"] is flag
+    assert summary["environment"]["cudnn_benchmark"] is flag
+
+
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 

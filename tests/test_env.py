@@ -31,6 +31,7 @@ EXPECTED_KEYS = {
     "torch_threads",
     "tf32_matmul",
     "tf32_cudnn",
+    "cudnn_benchmark",
     "gpu_name",
     "gpu_driver",
     "gpu_memory_mib",
@@ -54,6 +55,7 @@ def test_collect_keys_and_types() -> None:
     assert info["torch_threads"] == torch.get_num_threads()
     assert info["tf32_matmul"] is torch.backends.cuda.matmul.allow_tf32
     assert info["tf32_cudnn"] is torch.backends.cudnn.allow_tf32
+    assert info["cudnn_benchmark"] is torch.backends.cudnn.benchmark
     # GPU fields: filled together, or all None with a reason.
     if info["gpu_name"] is None:
         assert isinstance(info["nvml_error"], str) and info["nvml_error"]

@@ -8,7 +8,8 @@ writes ``<out>/rows.csv`` (one row per case and implementation, every column of
 (``{"provenance": {...}, "scale": ..., "suites": [...], "complete": ..., "cut_at": ...,
 "rows": [...]}``) and ``<out>/summary.md`` (a short table per suite). Reproductions and
 reports read these files; they never re-run the benchmarks. Exit status 1 when a row ended
-in ``"error"``.
+in ``"error"``; status 2 (nothing run) when ``--match``/``--case`` selects no case of the
+chosen suites, or CUDA-only suites are asked for at the gpu scale without a GPU.
 
 A run cut short keeps what it measured: each row is appended to ``<out>/rows.partial.jsonl``
 as soon as it is measured, the CSV, JSON and summary are rewritten after every suite, and a
@@ -367,6 +368,47 @@ def check_device(scale: str, suites: Sequence[str]) -> None:
         )
 
 
+def _listed(names: Sequence[str], limit: int = 12) -> str:
+    """``names`` joined by commas, the first ``limit`` of them and a count of the rest."""
+    shown = ", ".join(names[:limit])
+    more = len(names) - limit
+    return f"{shown}, ... ({more} more)" if more > 0 else shown
+
+
+def check_filter(
+    scale: str,
+    suites: Sequence[str],
+    match: str | None = None,
+    case_names: Sequence[str] | None = None,
+) -> None:
+    """Refuse a ``--match``/``--case`` filter that selects no pair of the chosen suites.
+
+    Calibration is never filtered (:func:`bench.cases.select_pairs`) and does not count:
+    without this check such a run measures calibration alone and reports success. Suites
+    other than calibration only are checked; no filter, nothing to check. Raises
+    ``ValueError`` naming the filter and the case names of the chosen suites at ``scale``
+    (the first few of them when there are many).
+    """
+    chosen = [s for s in suites if s != "calibration"]
+    if not chosen or (not match and not case_names):
+        return
+    if any(cases.select_pairs(s, scale, match=match, case_names=case_names) for s in chosen):
+        return
+    names: dict[str, None] = {}
+    for s in chosen:
+        for case, _ in cases.pairs(s, scale):
+            names.setdefault(case.name, None)
+    what = []
+    if case_names:
+        what.append("--case " + " --case ".join(case_names))
+    if match:
+        what.append(f"--match {match!r} (tested against suite/case/impl)")
+    raise ValueError(
+        f"{' and '.join(what)} selects no case of suite(s) {', '.join(chosen)} at scale "
+        f"{cases.resolve_scale(scale)}; their cases: {_listed(list(names)) or '<none>'}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of ``python -m bench.run``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
@@ -389,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     suites = args.suite or list(cases.SUITES)
     try:
         check_device(args.scale, suites)
+        check_filter(args.scale, suites, args.match, args.cases)
     except ValueError as exc:
         print(f"python -m bench.run: {exc}", file=sys.stderr)
         return 2

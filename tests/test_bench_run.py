@@ -300,3 +300,27 @@ def test_gpu_scale_without_a_gpu_still_counts_allreduce_bytes(monkeypatch):
     monkeypatch.setattr(run.cases, "_gpu_visible", lambda: False)
     run.check_device("gpu", ["allreduce"])  # CPU pairs: no refusal
     run.check_device("cpu", ["csr", "spmm"])  # other scales are never refused
+
+
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [(["--case", "nope"], "--case nope"), (["--match", "zzz"], "--match 'zzz'")],
+    ids=["case", "match"],
+)
+def test_a_filter_that_selects_no_case_is_refused_before_running(tmp_path, capsys, flag, text):
+    # calibration alone used to run and exit 0 ("wrote 5 rows")
+    out = tmp_path / "none"
+    assert run.main(["--scale", "smoke", "--out", str(out), "--suite", "csr", *flag]) == 2
+    err = capsys.readouterr().err
+    assert text in err and "selects no case of suite(s) csr at scale smoke" in err
+    assert "37x13x3x3-s95" in err  # the valid names of the chosen suite
+    assert not out.exists()
+
+
+def test_check_filter_shortens_long_lists_and_passes_what_selects_something():
+    with pytest.raises(ValueError, match=r"more\)$"):
+        run.check_filter("smoke", ["csr", "spmm", "conv"], match="zzz")
+    run.check_filter("smoke", ["csr"], match="37x13x3x3-s95")  # selects a case: no refusal
+    run.check_filter("smoke", ["csr", "spmm"], case_names=["37x13x3x3-s95"])  # one suite has it
+    run.check_filter("smoke", ["calibration"], match="zzz")  # calibration alone: never filtered
+    run.check_filter("smoke", ["csr"])  # no filter

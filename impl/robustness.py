@@ -16,6 +16,7 @@ full intensity range, whatever the dataset's statistics.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -118,14 +119,48 @@ def fgsm_accuracy(
     return 100.0 * correct / seen
 
 
+def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The summary of the finished run in ``run_dir``; a clear ValueError for anything else.
+
+    Refuses a directory that is not a run directory (no ``config.json``, as
+    :func:`impl.train.resume` does) and a run whose ``summary.json`` is missing, unreadable or
+    not ``"status": "complete"`` (killed or still training): its checkpoint holds the
+    weights of an unfinished schedule, and its top-1 under attack would read like a result.
+    The message names the epochs done (the lines of ``metrics.jsonl``) out of the configured
+    ones and the command that finishes it.
+    """
+    from impl import rundir
+
+    run_dir = Path(run_dir)
+    if not (run_dir / rundir.CONFIG_FILE).is_file():
+        why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
+        raise ValueError(f"{run_dir} is not a run directory (it {why})")
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = rundir.read_json(run_dir / rundir.SUMMARY_FILE)
+    if isinstance(summary, dict) and summary.get("status") == "complete":
+        return summary
+    done = len(rundir.read_metrics(run_dir))
+    total: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        total = rundir.read_json(run_dir / rundir.CONFIG_FILE).get("epochs")
+    epochs = f"{done} of {total}" if total is not None else str(done)
+    raise ValueError(
+        f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}; {epochs} "
+        f"epochs done): finish it with `pdtbench train --resume {run_dir}` before attacking it"
+    )
+
+
 def eval_fgsm_run(
     run_dir: str | os.PathLike, eps_list: Sequence[float], device: str = "cpu"
 ) -> list[dict[str, Any]]:
     """FGSM top-1 of a finished run's model on its test set, for each ``eps`` (pixel units).
 
-    Loads the model with :func:`impl.train.load_trained_model`, rebuilds the test loader with
-    :func:`impl.data.make_loaders` from the run's config (no augmentation), and writes
-    ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how).
+    Refuses, with a ValueError, a directory that is not a finished run
+    (:func:`check_finished_run`). Loads the model with :func:`impl.train.load_trained_model`,
+    rebuilds the test loader with :func:`impl.data.make_loaders` from the run's config (no
+    augmentation), and writes ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked
+    and how).
 
     Returns:
         One ``{"eps": float, "top1": float}`` per entry of ``eps_list``, in order.
@@ -139,6 +174,7 @@ def eval_fgsm_run(
     if not eps_values or bad:
         raise ValueError(f"eps_list needs values >= 0, got {list(eps_list)}")
     run_dir = Path(run_dir)
+    check_finished_run(run_dir)
     model, cfg = load_trained_model(run_dir, device=device)
     _, test_loader, spec = make_loaders(
         cfg.data,
@@ -174,4 +210,4 @@ def eval_fgsm_run(
     return rows
 
 
-__all__ = ["FGSM_FILE", "eval_fgsm_run", "fgsm_accuracy", "fgsm_attack"]
+__all__ = ["FGSM_FILE", "check_finished_run", "eval_fgsm_run", "fgsm_accuracy", "fgsm_attack"]

@@ -9,7 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impl.robustness import FGSM_FILE, eval_fgsm_run, fgsm_accuracy, fgsm_attack
+from impl.robustness import (
+    FGSM_FILE,
+    check_finished_run,
+    eval_fgsm_run,
+    fgsm_accuracy,
+    fgsm_attack,
+)
 
 MEAN, STD = (0.3, 0.6), (0.2, 0.45)
 
@@ -131,3 +137,40 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size) -> None:
     assert "pixel" in record["eps_units"]
     with pytest.raises(ValueError, match="eps_list"):
         eval_fgsm_run(run, [-1.0])
+
+
+@pytest.mark.parametrize(
+    "make", ["missing", "empty", "file"], ids=["missing-dir", "no-config", "a-file"]
+)
+def test_eval_fgsm_refuses_what_is_not_a_run_directory(tmp_path, make) -> None:
+    path = tmp_path / "run"
+    if make == "empty":
+        path.mkdir()
+    elif make == "file":
+        path.write_text("x")
+    with pytest.raises(ValueError, match="is not a run directory"):
+        eval_fgsm_run(path, [0.0])  # not a raw "[Errno 2] ... config.json"
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [None, '{"status": "running"}', "{torn"],
+    ids=["no-summary", "not-complete", "unreadable"],
+)
+def test_eval_fgsm_refuses_an_unfinished_run_naming_its_epochs(tmp_path, summary) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"epochs": 31, "method": "dense"}))
+    (run / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n{"epo')  # killed mid-line
+    if summary is not None:
+        (run / "summary.json").write_text(summary)
+    with pytest.raises(ValueError, match=r"not a finished run .*2 of 31 epochs done") as err:
+        eval_fgsm_run(run, [0.0, 0.1])
+    assert f"pdtbench train --resume {run}" in str(err.value)
+    assert not (run / FGSM_FILE).exists()
+
+
+def test_check_finished_run_returns_the_summary_of_a_complete_run(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
+    assert check_finished_run(tmp_path)["top1"] == 91.5

@@ -545,3 +545,21 @@ def test_cross_page_title_counts_the_methods_shown(tmp_path, n):
     title = re.search(r"<title>(.*?)</title>", page).group(1)
     assert title.startswith(f"{n} method{'s' if n > 1 else ''} on equal terms")
     assert "five" not in page.lower().split("<body")[0]
+
+
+def test_report_of_plain_runs_says_there_are_no_reproductions(tmp_path, runs_root):
+    # the index used to show an empty "Reproductions" table, headers only
+    assert main([str(runs_root), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "index.html").read_text()
+    assert "No reproduction results" in text and "runs.html" in text
+    assert "<table" not in text.split("<footer>")[0]  # no empty table above the footer
+    assert "<th>target</th>" not in text
+
+
+def test_runs_page_footer_shows_the_whole_environment(tmp_path, runs_root):
+    runs = load_runs([runs_root])
+    assert runs.attrs["environments"][str(runs_root / "dense-s0")] == ENV
+    render_reports([], tmp_path, runs=runs, metrics=load_metrics(runs))
+    footer = (tmp_path / "runs.html").read_text().split("<footer>")[1]
+    assert "?/?" not in footer and "False/True" in footer  # tf32 matmul/cudnn of ENV
+    assert "aaaaaaaaaaaa" in footer and "Test CPU" in footer

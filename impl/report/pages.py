@@ -49,6 +49,21 @@ def _status(result: ResultSet) -> str:
     return "empty"
 
 
+# The fields of a run's environment kept in the runs frame's columns (impl.report.runs._flat).
+_ENV_COLUMNS: tuple[str, ...] = ("commit", "date", "torch", "gpu_name", "cpu_model")
+
+
+def run_environment(runs: pd.DataFrame, run: dict[str, Any]) -> dict[str, Any]:
+    """The whole saved environment of one row ``run`` of ``runs`` (from
+    ``runs.attrs["environments"]``, see :func:`impl.report.runs.load_runs`), so that the
+    footer shows CUDA, driver, TF32 and a modified tree; a frame without it (built by hand)
+    gives the few fields its columns hold."""
+    env = runs.attrs.get("environments", {}).get(str(run.get("path")))
+    if env:
+        return dict(env)
+    return {k: run.get(k) for k in _ENV_COLUMNS}
+
+
 def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Section:
     """Complete runs as a table (with their scale), top-1 per method, and test accuracy per
     epoch; the incomplete runs of ``runs.attrs["incomplete"]`` are listed as missing."""
@@ -171,13 +186,7 @@ def render_reports(
                     }
                 )
     if runs is not None:
-        envs = [
-            (
-                str(r.get("scale")),
-                {k: r.get(k) for k in ("commit", "date", "torch", "gpu_name", "cpu_model")},
-            )
-            for r in runs.to_dict("records")
-        ]
+        envs = [(str(r.get("scale")), run_environment(runs, r)) for r in runs.to_dict("records")]
         render_html(
             "Runs",
             [runs_section(runs, metrics)],
@@ -197,6 +206,11 @@ def render_reports(
         "(or the scale it needs), and the cross-method table no paper has.",
         tables=[Table(index, "one row per table or figure and scale; 'ours': numbers of ours")],
     )
+    if index.empty:
+        section.tables = []
+        section.text = "No reproduction results: the paths given held no result.json" + (
+            "; the training runs are on the runs page (runs.html)." if runs is not None else "."
+        )
     # The claims come first on the index: what a reader asks before any table.
     claims = [result_section(r) for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]
     prov = provenance_rows((r.scale, r.environment) for r in results)
@@ -206,4 +220,4 @@ def render_reports(
     )  # fmt: skip
 
 
-__all__ = ["RUN_TABLE_COLUMNS", "render_reports", "runs_section"]
+__all__ = ["RUN_TABLE_COLUMNS", "render_reports", "run_environment", "runs_section"]

@@ -94,10 +94,13 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
 
     Columns begin with :data:`SUMMARY_COLUMNS` (``run`` is the directory name, ``path`` the
     directory). Runs that are not complete are not rows: they are listed in
-    ``frame.attrs["incomplete"]`` as dicts ``{"path", "status", "reason"}``.
+    ``frame.attrs["incomplete"]`` as dicts ``{"path", "status", "reason"}``. Each run's whole
+    ``environment`` (:func:`impl.env.collect`, for the provenance footer) is in
+    ``frame.attrs["environments"]``, keyed by ``path``.
     """
     rows: list[dict[str, Any]] = []
     incomplete: list[dict[str, str]] = []
+    environments: dict[str, dict[str, Any]] = {}
     for run_dir in find_run_dirs(paths):
         summary_path = run_dir / SUMMARY_FILE
         if not summary_path.exists():
@@ -120,12 +123,15 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
         row["run"] = run_dir.name
         row["path"] = str(run_dir)
         rows.append(row)
+        env = summary.get("environment")
+        environments[str(run_dir)] = env if isinstance(env, dict) else {}
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     ordered = [c for c in SUMMARY_COLUMNS if c in frame.columns]
     frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
     frame.attrs["incomplete"] = incomplete
+    frame.attrs["environments"] = environments
     return frame
 
 

@@ -15,7 +15,10 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from impl.config import TrainConfig
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -290,6 +293,7 @@ def cmd_train(argv: list[str]) -> int:
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,
     )
+    _check_scale_device(cfg)
     if cfg.out is None:
         cfg.out = cfg.default_out()
     with _interrupt_hint(Path(cfg.out)):
@@ -298,6 +302,20 @@ def cmd_train(argv: list[str]) -> int:
         )
     _print_result(Path(cfg.out), summary)
     return 0
+
+
+def _check_scale_device(cfg: TrainConfig) -> None:
+    """Refuse the ``gpu`` and ``paper`` scales where the run would not train on a CUDA GPU:
+    its results would carry that scale's name, beside the papers' GPU numbers, for a CPU
+    run (``reproduce`` refuses them alike)."""
+    from impl.train import pick_device
+
+    device = pick_device(cfg.device)
+    if cfg.scale in ("gpu", "paper") and device.type != "cuda":
+        raise UsageError(
+            f"--scale {cfg.scale} trains on a CUDA GPU and this run would train on {device} "
+            "(its results would be labelled with that scale); here use --scale cpu or smoke"
+        )
 
 
 # What --resume may be given with: how to run, not what to train.

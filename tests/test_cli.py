@@ -144,6 +144,17 @@ def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, f
     assert summary["environment"]["cudnn_benchmark"] is flag
 
 
+@pytest.mark.parametrize("scale", ["gpu", "paper"], ids=str)
+def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, scale):
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", scale, "--device", "cpu", "--no-progress",
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--scale {scale} trains on a CUDA GPU and this run would train on cpu" in err
+    assert not out.exists(), "nothing is written for a refused run"
+
+
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 

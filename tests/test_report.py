@@ -34,6 +34,7 @@ from impl.report import (
 )
 from impl.report.figures import t_interval
 from impl.report.html import Section, Table, provenance_rows
+from impl.report.pages import unfilled
 
 ENV = {"commit": "a" * 40, "dirty": False, "date": "2025-01-02T03:04:05+00:00", "torch": "2.x",
        "cpu_model": "Test CPU", "tf32_matmul": False, "tf32_cudnn": True}  # fmt: skip
@@ -563,3 +564,42 @@ def test_runs_page_footer_shows_the_whole_environment(tmp_path, runs_root):
     footer = (tmp_path / "runs.html").read_text().split("<footer>")[1]
     assert "?/?" not in footer and "False/True" in footer  # tf32 matmul/cudnn of ENV
     assert "aaaaaaaaaaaa" in footer and "Test CPU" in footer
+
+
+def _index_cells(text, target):
+    """The cells of ``target``'s row in the index table."""
+    row = re.search(rf"<td>{re.escape(target)}</td>(.*?)</tr>", text, re.S)
+    assert row, target
+    return re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+
+
+def test_index_counts_paper_rows_without_ours_whether_or_not_listed_as_missing(tmp_path):
+    # clicktrain.table2 at the cpu scale: 36 paper rows with no number of ours (methods we do
+    # not implement, ImageNet) were counted "missing 0" because no entry of result.missing named
+    # them, while sdgp.table1 counted its 9 listed entries
+    paper_rows = [{"row": f"paper: resnet18 / imagenet / m{k}", "metric": "top1", "ours": None,
+                   "scale": None, "paper": 70.0 + k} for k in range(5)]  # fmt: skip
+    unlisted = ResultSet(
+        target="clicktrain.table2", title="T2", scale="cpu",
+        rows=[{"row": "ours: clicktrain", "metric": "top1", "ours": 90.0, "scale": "cpu"},
+              *paper_rows],
+    )  # fmt: skip
+    listed = _result("cpu")
+    listed.rows = listed.rows + paper_rows[:2]
+    listed.missing = [{"row": r["row"], "reason": "needs the paper scale"} for r in paper_rows[:2]]
+    listed.missing.append({"row": "regnetx (all rows)", "reason": "not in impl.models"})
+    text = render_reports(
+        [unlisted, listed], tmp_path,
+        expected=[{"target": "sdgp.fig9", "title": "SDGP Fig. 9", "needs": "gpu scale"}],
+    ).read_text()  # fmt: skip
+    assert "<th>no number of ours</th>" in text and "<th>missing</th>" not in text
+    # ours, no number of ours, status
+    assert _index_cells(text, "clicktrain.table2")[2:] == [
+        "1", "5", "filled (some rows need more; see the page)"
+    ]  # fmt: skip
+    # listed rows are counted once, a listed item naming no row of the table is counted too
+    assert _index_cells(text, "sdgp.table1")[2:4] == ["1", "3"]
+    assert _index_cells(text, "sdgp.fig9")[2:4] == ["0", "all"]
+    filled = ResultSet(target="sdgp.fig8", title="F8", scale="cpu",
+                       rows=[{"row": "a", "metric": "m", "ours": 1.0, "scale": "cpu"}])  # fmt: skip
+    assert unfilled(filled) == 0 and unfilled(unlisted) == 5 and unfilled(listed) == 3

@@ -27,6 +27,8 @@ from impl.report.runs import SUMMARY_COLUMNS
 RUN_TABLE_COLUMNS: tuple[str, ...] = tuple(
     c for c in SUMMARY_COLUMNS if c not in ("best_top1", "device", "commit", "path")
 )
+#: The index column counting the rows of a result without a number of ours (:func:`unfilled`).
+UNFILLED = "no number of ours"
 PAPER_ORDER: tuple[str, ...] = ("claims", "clicktrain", "prunetrain", "sdgp", "campfire", "cross")
 
 
@@ -38,10 +40,20 @@ def _item_key(target: str) -> tuple[int, int, str]:
     return (2, 0, item)
 
 
+def unfilled(result: ResultSet) -> int:
+    """How many of a result's rows have no number of ours at its scale: the comparison rows
+    whose "Ours" is empty (a paper row that needs another scale, data set, model or method),
+    plus the entries of ``result.missing`` that name no row of the table (an item the page
+    lists as not shown). The index's "no number of ours" column; the page says why."""
+    labels = {str(x.get("row", "")) for x in result.rows}
+    empty = sum(1 for x in result.rows if x.get("ours") is None)
+    return empty + sum(1 for m in result.missing if str(m.get("row", "")) not in labels)
+
+
 def _status(result: ResultSet) -> str:
     """'filled' when some number of ours is there, else what the rows need."""
     if any(x.get("ours") is not None for x in result.rows):
-        return "filled" + (" (some rows need more; see the page)" if result.missing else "")
+        return "filled" + (" (some rows need more; see the page)" if unfilled(result) else "")
     reasons = sorted({m.get("reason", "") for m in result.missing})
     if reasons:
         more = f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
@@ -168,7 +180,7 @@ def render_reports(
                     "title": r.title,
                     "scale": r.scale,
                     "ours": sum(1 for x in r.rows if x.get("ours") is not None),
-                    "missing": len(r.missing),
+                    UNFILLED: unfilled(r),
                     "status": _status(r),
                 }
             )
@@ -181,7 +193,7 @@ def render_reports(
                         "title": e.get("title", ""),
                         "scale": "-",
                         "ours": 0,
-                        "missing": 1,
+                        UNFILLED: "all",
                         "status": f"not run: {e.get('needs', '')}",
                     }
                 )
@@ -197,14 +209,21 @@ def render_reports(
     order = {p: i for i, p in enumerate(papers)}
     index_rows.sort(key=lambda r: (order.get(r["page"][:-5], 99), _item_key(r["target"])))
     index = pd.DataFrame(
-        index_rows, columns=["page", "target", "title", "scale", "ours", "missing", "status"]
+        index_rows, columns=["page", "target", "title", "scale", "ours", UNFILLED, "status"]
     )
     section = Section(
         title="Reproductions",
         anchor="index",
         text="Each table and figure of the four papers, with the scale that produced it "
         "(or the scale it needs), and the cross-method table no paper has.",
-        tables=[Table(index, "one row per table or figure and scale; 'ours': numbers of ours")],
+        tables=[
+            Table(
+                index,
+                "one row per table or figure and scale; 'ours': rows with a number of ours at "
+                f"that scale; '{UNFILLED}': rows without one (they need another scale, data "
+                "set, model or method; the page says why)",
+            )
+        ],
     )
     if index.empty:
         section.tables = []
@@ -220,4 +239,11 @@ def render_reports(
     )  # fmt: skip
 
 
-__all__ = ["RUN_TABLE_COLUMNS", "render_reports", "run_environment", "runs_section"]
+__all__ = [
+    "RUN_TABLE_COLUMNS",
+    "UNFILLED",
+    "render_reports",
+    "run_environment",
+    "runs_section",
+    "unfilled",
+]

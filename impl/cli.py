@@ -181,9 +181,14 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help=say("batch_size"))
     p.add_argument("--lr", type=float, help=say("lr"))
     p.add_argument("--momentum", type=float, help=say("momentum"))
+    p.add_argument(
+        "--nesterov", action=argparse.BooleanOptionalAction, default=None, help=say("nesterov")
+    )
     p.add_argument("--weight-decay", type=float, help=say("weight_decay"))
     p.add_argument("--schedule", choices=SCHEDULES, help=say("schedule"))
     p.add_argument("--milestones", type=int, nargs="+", help=say("milestones"))
+    p.add_argument("--gamma", type=float, help=say("gamma"))
+    p.add_argument("--warmup-fraction", type=float, help=say("warmup_fraction"))
     p.add_argument("--label-smoothing", type=float, help=say("label_smoothing"))
     p.add_argument(
         "--no-augment",
@@ -280,9 +285,12 @@ def cmd_train(argv: list[str]) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         momentum=args.momentum,
+        nesterov=args.nesterov,
         weight_decay=args.weight_decay,
         schedule=args.schedule,
         milestones=args.milestones,
+        gamma=args.gamma,
+        warmup_fraction=args.warmup_fraction,
         label_smoothing=args.label_smoothing,
         augment=False if args.no_augment else None,
         seed=args.seed,

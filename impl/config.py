@@ -107,6 +107,15 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.schedule == "step" and not self.milestones:
+            raise ValueError(
+                "schedule 'step' needs milestones (--milestones: the epochs at which the rate "
+                "is multiplied by gamma); without them use schedule 'constant'"
+            )
+        if any(m < 0 for m in self.milestones):
+            raise ValueError(f"milestones must be epochs >= 0, got {self.milestones}")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if self.threads is not None and self.threads < 1:

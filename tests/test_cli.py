@@ -155,6 +155,21 @@ def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, s
     assert not out.exists(), "nothing is written for a refused run"
 
 
+def test_train_schedule_flags_reach_the_config(tmp_path):
+    """--nesterov/--no-nesterov, --gamma and --warmup-fraction set their TrainConfig fields
+    (the presets' values otherwise)."""
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--threads", "1", "--no-progress",
+            "--schedule", "step", "--milestones", "1", "--gamma", "0.5", "--no-nesterov",
+            "--warmup-fraction", "0.1", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["gamma"], cfg["nesterov"], cfg["warmup_fraction"]) == (0.5, False, 0.1)
+    assert cfg["schedule"] == "step" and cfg["milestones"] == [1]
+
+
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 

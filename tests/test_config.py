@@ -39,8 +39,15 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
 
 @pytest.mark.parametrize(
     "kw, match",
-    [({"epochs": 0}, "epochs"), ({"schedule": "zigzag"}, "schedule"), ({"lr": -1.0}, "lr")],
-    ids=["epochs", "schedule", "lr"],
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"schedule": "zigzag"}, "schedule"),
+        ({"lr": -1.0}, "lr"),
+        ({"schedule": "step"}, "schedule 'step' needs milestones"),
+        ({"schedule": "step", "milestones": [3, -1]}, r"milestones must be epochs >= 0"),
+        ({"gamma": 0.0}, "gamma must be > 0"),
+    ],
+    ids=["epochs", "schedule", "lr", "step-without-milestones", "negative-milestone", "gamma"],
 )
 def test_bad_values_are_rejected(kw, match):
     with pytest.raises(ValueError, match=match):

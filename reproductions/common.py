@@ -59,6 +59,11 @@ SMOKE_RESULT_NOTE = (
     "Smoke scale is a pipeline check: runs of a few SGD steps on one seed show that every "
     "number is produced end to end, not how the methods compare (models sit near chance)."
 )
+# The same for a target that trains nothing (every row a measurement: kernel timings).
+SMOKE_MEASURE_NOTE = (
+    "Smoke scale is a pipeline check: small shapes and few timed calls show that every "
+    "number is produced end to end, not what the paper's shapes cost."
+)
 SCALE_SEEDS: dict[str, tuple[int, ...]] = {
     "smoke": (0,),
     "cpu": (0,),
@@ -768,8 +773,10 @@ def run_target(
             log(f"  {target.key}: figures FAILED\n{traceback.format_exc(limit=4)}")
     runs = [run.path for r in results for run in r.runs]
     notes = list(target.notes(scale)) if target.notes else []
+    # a target whose every row is a measurement trains no model: no note about runs
+    trains = not results or any(r.row.measure is None for r in results)
     if scale == "smoke":
-        notes.insert(0, SMOKE_RESULT_NOTE)
+        notes.insert(0, SMOKE_RESULT_NOTE if trains else SMOKE_MEASURE_NOTE)
     for method in sorted({r.row.method for r in results if r.runs}):
         note = METHOD_SCALE_NOTES[method](scale) if method in METHOD_SCALE_NOTES else None
         if note and note not in notes:
@@ -777,10 +784,11 @@ def run_target(
     trained = sum(1 for r in results for run in r.runs if not run.reused)
     reused = sum(1 for r in results for run in r.runs if run.reused)
     train_s = sum(float(run.summary.get("wall_seconds") or 0) for r in results for run in r.runs)
-    notes.append(
-        f"{trained} runs trained and {reused} reused for this result; the runs' training wall "
-        f"time, from their summaries: {train_s:.0f} s in total."
-    )
+    if trains:
+        notes.append(
+            f"{trained} runs trained and {reused} reused for this result; the runs' training "
+            f"wall time, from their summaries: {train_s:.0f} s in total."
+        )
     settings, setup = settings_lines(results, scale)
     title, description = target.title, target.description
     if target.heading is not None:

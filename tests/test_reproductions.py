@@ -939,3 +939,19 @@ def test_the_gpu_scales_are_refused_where_torch_sees_no_gpu(monkeypatch, capsys)
     assert cli.main(["reproduce", "--list", "--scale", "gpu"]) == 0  # listing needs no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     reproductions.check_scale_device("gpu")
+
+
+def test_clicktrain_fig9_names_the_matrix_it_timed_and_no_training_notes(tmp_path):
+    # smoke times 32 x 144, not the paper's 256 x 1152; and this target trains nothing, so
+    # "models sit near chance" and "0 runs trained and 0 reused ... 0 s" do not apply
+    from reproductions.clicktrain import fig9
+
+    result = run_target(fig9.TARGET, "smoke", tmp_path, log=lambda *a: None)
+    assert "convert the 32 x 144 filter matrix (the paper's is 256 x 1152)" in result.description
+    assert result.figures[0].caption.startswith("32 x 144 filter matrix; median over")
+    notes = " ".join(result.notes)
+    assert result.notes[0] == common.SMOKE_MEASURE_NOTE
+    assert "near chance" not in notes and "runs trained" not in notes
+    # before anything is measured, the scale's shape; the paper's own shape says so
+    _, described = fig9.heading([], "cpu")
+    assert "the 256 x 1152 filter matrix (the paper's shape)" in described

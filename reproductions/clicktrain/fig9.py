@@ -10,10 +10,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.clicktrain.kernels import conversion_note
+from reproductions.clicktrain.kernels import PAPER_SHAPE, SCALE_SHAPES, conversion_note
 from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
+
+
+def _dims(shape: dict[str, int]) -> str:
+    return f"{shape['filters']} x {9 * shape['channels']}"
+
+
+def matrix_shape(results, scale: str) -> str:
+    """The filter matrix timed, "rows x columns": as the measurement recorded it (a reused
+    one keeps its own), else the scale's shape (:data:`kernels.SCALE_SHAPES`)."""
+    for r in results:
+        shape = (r.measured or {}).get("shape")
+        if shape:
+            return str(shape).replace("x", " x ")
+    return _dims(SCALE_SHAPES[scale])
+
+
+def heading(results, scale: str) -> tuple[str, str]:
+    """The title and a description naming the matrix this scale timed (the paper's is
+    256 x 1152, Sec. 5.1)."""
+    shape, paper = matrix_shape(results, scale), _dims(PAPER_SHAPE)
+    which = "the paper's shape" if shape == paper else f"the paper's is {paper}"
+    return TARGET.title, (
+        f"ClickTrain Fig. 9: time to convert the {shape} filter matrix ({which}) to CSR, "
+        "cuSPARSE's dense2csr against ClickTrain's conversion with predefined nonzero "
+        "positions (Sec. 5.1)."
+    )
 
 
 def rows(scale: str) -> list[Row]:
@@ -43,8 +69,9 @@ def figures(results, scale, paper):
             break
     return [FigureSpec(kind="bar", x="impl", y="time_us", data=data,
                        title=f"CSR conversion time ({scale} scale)", ylabel="time (us)",
-                       xlabel="", caption=f"median over {TIMING_SWEEPS[scale]} sweeps of 20 "
-                       "calls each, after warm-up")]  # fmt: skip
+                       xlabel="", caption=f"{matrix_shape(results, scale)} filter matrix; "
+                       f"median over {TIMING_SWEEPS[scale]} sweeps of 20 calls each, after "
+                       "warm-up")]  # fmt: skip
 
 
 TARGET = Target(
@@ -60,6 +87,7 @@ TARGET = Target(
         "speedup_vs_cusparse": "x",
     },  # fmt: skip
     row_note=conversion_note,
+    heading=heading,
     notes=lambda scale: [
         "The paper's numbers are from an NVIDIA Quadro RTX 5000; each row's note names the "
         "routines we timed and the device they ran on.",

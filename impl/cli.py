@@ -223,6 +223,26 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     return p
 
 
+def _other_methods_options(unknown: list[str], method: str) -> str:
+    """For flags ``--x`` that ``method`` does not take but other methods do (their config
+    fields), a message naming which methods take them; "" when none is such a flag."""
+    from impl.methods import available_methods, method_class
+
+    owners: dict[str, list[str]] = {}
+    for token in unknown:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        for name in available_methods():
+            fields = {_flag(f.name) for f in dataclasses.fields(method_class(name).Config)}
+            if name != method and flag in fields:
+                owners.setdefault(flag, []).append(name)
+    return "; ".join(
+        f"{flag} is an option of --method {' or '.join(names)}, not of --method {method}"
+        for flag, names in owners.items()
+    )
+
+
 def cmd_train(argv: list[str]) -> int:
     """``pdtbench train``: parse, resolve the config, train, print where the results are."""
     from impl import distributed, models
@@ -240,6 +260,10 @@ def cmd_train(argv: list[str]) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     parser = _train_parser(config_cls)
+    _, unknown = parser.parse_known_args(argv)
+    hint = _other_methods_options(unknown, known.method)
+    if hint:
+        raise UsageError(hint)
     args = parser.parse_args(argv)
     progress = not args.no_progress
     if args.nproc < 1:

@@ -170,6 +170,14 @@ def test_train_schedule_flags_reach_the_config(tmp_path):
     assert cfg["schedule"] == "step" and cfg["milestones"] == [1]
 
 
+def test_train_names_the_method_that_owns_a_foreign_option(capsys):
+    argv = ["train", "--method", "dense", "--final-sparsity", "0.5", "--no-progress"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--final-sparsity is an option of --method campfire, not of --method dense" in err
+    assert cli._other_methods_options(["--typo-flag", "1"], "dense") == ""
+
+
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 

@@ -435,6 +435,9 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
                                                      i64 nnz) {
   constexpr int SEG = PDT_SDDMM_SEG;
   constexpr int KC = PDT_SDDMM_KC;
+  // a lane's loads of Bm in flight at once: 64 bytes (16 for a float32 lane's 16-byte loads)
+  constexpr int NB = 64 / (int)(sizeof(T) * VEC);
+  static_assert(SEG % (32 * VEC * NB) == 0, "a segment is whole groups of warp-wide loads");
   static_assert(KC % 32 == 0, "the union is compacted 32 columns per ballot");
   static_assert(RT >= 1 && RT <= 32, "a column's rows are the bits of one 32-bit word");
   __shared__ __align__(16) T gseg[RT * SEG];
@@ -502,19 +505,31 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
             const int c = ucol[u];
             const u32 m = keep[c];
             const T* __restrict__ Br = Bm + (i64)z * sb + (i64)(kc0 + c) * ldb + s0;
+            // The lane's part of Bm's segment (t = lane * VEC + i * 32 * VEC, 3a's order),
+            // NB loads in flight at a time, then each kept row's products in that order.
             T sum[RT];
 #pragma unroll
             for (int r = 0; r < RT; ++r) sum[r] = T(0);
-            for (int t = lane * VEC; t < len; t += 32 * VEC) {
-              T b[VEC];
-              pdt_load_vec<T, VEC>(Br + t, b);
+            for (int i0 = 0; i0 * 32 * VEC < len; i0 += NB) {  // warp-uniform
+              T b[NB][VEC];
 #pragma unroll
-              for (int r = 0; r < RT; ++r) {
-                if ((m >> r) & 1u) {  // warp-uniform
-                  T a[VEC];
-                  pdt_load_vec<T, VEC>(gseg + r * SEG + t, a);
+              for (int i = 0; i < NB; ++i) {
+                const int t = ((i0 + i) * 32 + lane) * VEC;
+                if (t < len) pdt_load_vec<T, VEC>(Br + t, b[i]);
+              }
 #pragma unroll
-                  for (int j = 0; j < VEC; ++j) sum[r] += a[j] * b[j];
+              for (int i = 0; i < NB; ++i) {
+                const int t = ((i0 + i) * 32 + lane) * VEC;
+                if (t < len) {
+#pragma unroll
+                  for (int r = 0; r < RT; ++r) {
+                    if ((m >> r) & 1u) {  // warp-uniform
+                      T a[VEC];
+                      pdt_load_vec<T, VEC>(gseg + r * SEG + t, a);
+#pragma unroll
+                      for (int j = 0; j < VEC; ++j) sum[r] += a[j] * b[i][j];
+                    }
+                  }
                 }
               }
             }
@@ -782,14 +797,14 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
     pdt_sddmm_body<T, 1>(row_ptr, col_ind, G, Bm, partial, N, batch, ldg, sg, ldb, sb,        \
                          n_chunk, b_group, nnz);                                              \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(256) pdt_sddmm_tiled_##SUF##_vec(              \
+  extern "C" __global__ void __launch_bounds__(256, 2) pdt_sddmm_tiled_##SUF##_vec(           \
       const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int F,     \
       int K, int N, int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group,    \
       i64 nnz) {                                                                              \
     pdt_sddmm_tiled_body<T, VEC, RT>(row_ptr, col_ind, G, Bm, partial, F, K, N, batch, ldg,   \
                                      sg, ldb, sb, n_chunk, b_group, nnz);                     \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(256) pdt_sddmm_tiled_##SUF##_scalar(           \
+  extern "C" __global__ void __launch_bounds__(256, 2) pdt_sddmm_tiled_##SUF##_scalar(        \
       const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int F,     \
       int K, int N, int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group,    \
       i64 nnz) {                                                                              \

@@ -193,7 +193,7 @@ def test_gradual_magnitude_state_round_trips(gmp_env):
     assert (again.target, again.fixed) == (0.5, True)
 
 
-def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env, tmp_path):
+def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env, tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["train", "--method", "gmp", "--final-sparsity", "0.5", "--interval", "1"]
     assert cli.main([*argv, "--scale", "smoke", "--out", str(run), "--threads", "1"]) == 0
@@ -202,8 +202,14 @@ def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env,
     config = json.loads((run / "config.json").read_text())
     assert config["method"] == "gmp"
     assert config["method_options"] == {"final_sparsity": 0.5, "interval": 1}
-    with pytest.raises(SystemExit):  # a flag the example's config does not have
-        cli.main(["train", "--method", "gmp", "--penalty-ratio", "0.2", "--out", str(run)])
+    capsys.readouterr()
+    # a flag the example's config does not have (another method's): refused, naming its owner
+    argv = ["train", "--method", "gmp", "--penalty-ratio", "0.2", "--out", str(run)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--penalty-ratio is an option of --method prunetrain, not of --method gmp" in err
+    with pytest.raises(SystemExit):  # a flag no method has: argparse's own refusal
+        cli.main(["train", "--method", "gmp", "--no-such-flag", "1", "--out", str(run)])
 
 
 def test_cross_method_table_gives_every_registered_method_a_row(gmp_env):

@@ -15,10 +15,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from impl.config import TrainConfig
+from typing import Any
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -274,6 +271,8 @@ def cmd_train(argv: list[str]) -> int:
             f"--resume continues the run with its saved config; {', '.join(given)} cannot "
             "change it (start a new run with another --out to train differently)"
         )
+    if not args.resume:  # refused once, before torchrun starts N workers
+        _check_scale_device(args.scale, args.device or "auto")
     if args.nproc > 1 and distributed.env_world() is None:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
@@ -325,7 +324,6 @@ def cmd_train(argv: list[str]) -> int:
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,
     )
-    _check_scale_device(cfg)
     if cfg.out is None:
         cfg.out = cfg.default_out()
     with _interrupt_hint(Path(cfg.out)):
@@ -336,16 +334,16 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-def _check_scale_device(cfg: TrainConfig) -> None:
-    """Refuse the ``gpu`` and ``paper`` scales where the run would not train on a CUDA GPU:
-    its results would carry that scale's name, beside the papers' GPU numbers, for a CPU
-    run (``reproduce`` refuses them alike)."""
+def _check_scale_device(scale: str, device_name: str) -> None:
+    """Refuse the ``gpu`` and ``paper`` scales where the run would not train on a CUDA GPU
+    (``device_name`` as --device gives it): its results would carry that scale's name,
+    beside the papers' GPU numbers, for a CPU run (``reproduce`` refuses them alike)."""
     from impl.train import pick_device
 
-    device = pick_device(cfg.device)
-    if cfg.scale in ("gpu", "paper") and device.type != "cuda":
+    device = pick_device(device_name)
+    if scale in ("gpu", "paper") and device.type != "cuda":
         raise UsageError(
-            f"--scale {cfg.scale} trains on a CUDA GPU and this run would train on {device} "
+            f"--scale {scale} trains on a CUDA GPU and this run would train on {device} "
             "(its results would be labelled with that scale); here use --scale cpu or smoke"
         )
 

@@ -107,11 +107,6 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.schedule == "step" and not self.milestones:
-            raise ValueError(
-                "schedule 'step' needs milestones (--milestones: the epochs at which the rate "
-                "is multiplied by gamma); without them use schedule 'constant'"
-            )
         if any(m < 0 for m in self.milestones):
             raise ValueError(f"milestones must be epochs >= 0, got {self.milestones}")
         if not self.gamma > 0:
@@ -205,4 +200,10 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
     values["scale"] = scale
     cfg = TrainConfig.from_dict(values)
     cfg.validate()
+    # A new run only (a saved one that did this still resumes and loads as it trained).
+    if cfg.schedule == "step" and not cfg.milestones:
+        raise ValueError(
+            "schedule 'step' needs milestones (--milestones: the epochs at which the rate "
+            "is multiplied by gamma); without them use schedule 'constant'"
+        )
     return cfg

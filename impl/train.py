@@ -13,6 +13,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,18 @@ def evaluate(
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
 
 
+@contextlib.contextmanager
+def _cudnn_benchmark(on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark = on`` for a run (TrainConfig.cudnn_benchmark), the
+    caller's setting restored after it."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 class Trainer:
     """Trains one config into one run directory, resumably."""
 
@@ -136,7 +149,6 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         seed_everything(cfg.seed)
         method = create_method(cfg.method, cfg.method_options)
         method.validate(cfg)
@@ -200,6 +212,7 @@ class Trainer:
         same directory is refused (:class:`impl.rundir.RunBusyError`).
         """
         with contextlib.ExitStack() as held:
+            held.enter_context(_cudnn_benchmark(self.cfg.cudnn_benchmark))
             return self._run(resume, held)
 
     def _run(self, resume: bool, held: contextlib.ExitStack) -> dict[str, Any]:

@@ -122,7 +122,8 @@ def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
 @pytest.mark.parametrize("flag", [True, False], ids=["cudnn-benchmark", "default"])
 def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, flag):
     """--cudnn-benchmark reaches the config, switches torch's cuDNN benchmark mode for the
-    run, and the run's recorded environment says so; without it the mode is off."""
+    run (the run's recorded environment says so; without it the mode is off), and the
+    caller's mode is back afterwards."""
     import json
 
     import torch
@@ -135,7 +136,7 @@ def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, f
     torch.backends.cudnn.benchmark = not flag
     try:
         assert cli.main(argv) == 0
-        assert torch.backends.cudnn.benchmark is flag
+        assert torch.backends.cudnn.benchmark is (not flag)
     finally:
         torch.backends.cudnn.benchmark = before
     cfg = json.loads((out / "config.json").read_text())
@@ -144,11 +145,13 @@ def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, f
     assert summary["environment"]["cudnn_benchmark"] is flag
 
 
+@pytest.mark.parametrize("nproc", ["1", "2"], ids=["1-process", "2-processes"])
 @pytest.mark.parametrize("scale", ["gpu", "paper"], ids=str)
-def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, scale):
+def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, scale, nproc):
+    """Refused once, before any worker is launched, and before anything is written."""
     out = tmp_path / "run"
     argv = ["train", "--method", "dense", "--scale", scale, "--device", "cpu", "--no-progress",
-            "--out", str(out)]  # fmt: skip
+            "--nproc", nproc, "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert f"--scale {scale} trains on a CUDA GPU and this run would train on cpu" in err

@@ -884,8 +884,29 @@ EMU_SDDMM = [
     (9, 70, 64, 3, 1.0, 0),  # every column of every row
     (11, 96, 16, None, 0.05, 0),  # mostly empty rows, chunks and row blocks
     (6, 33, 12, 2, 0.5, 1),  # misaligned: the scalar kernels
+    (5, 40, 2100, None, 0.5, 0),  # the columns split over 3 blocks (nlo > 0)
 ]
-EMU_SDDMM_IDS = ["multi-block-odd", "segments-splits", "dense", "sparse", "misaligned"]
+EMU_SDDMM_IDS = [
+    "multi-block-odd",
+    "segments-splits",
+    "dense",
+    "sparse",
+    "misaligned",
+    "column-splits",
+]
+
+
+def test_emulated_sddmm_cases_split_the_columns_and_the_batches():
+    """The emulated cases (2 SMs) cover splits along both axes of the reduction, where a
+    block's columns or batches start past 0, and several row blocks."""
+    splits = []
+    for f_out, _k, n, batch, _, offset in EMU_SDDMM:
+        vec = 1 if offset or n % 4 else 4
+        blocks = pattern_cuda.sddmm_row_blocks(torch.float32, f_out)
+        splits.append((blocks, *pattern_cuda.sddmm_split(blocks, n, batch or 1, 2, vec)[2:]))
+    assert max(gy for _, gy, _ in splits) > 1, splits
+    assert max(gz for _, _, gz in splits) > 1, splits
+    assert max(blocks for blocks, _, _ in splits) > 1, splits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -923,12 +944,12 @@ def test_emulated_sddmm_variants_give_the_same_bits(emulated, case, dtype):
     assert emulated == [f"pdt_sddmm_tiled_{suf}_{kind}", f"pdt_sddmm_{suf}_{kind}"]
     assert torch.equal(parts["row_tiled"], parts["block_row"])
     assert torch.equal(sums["row_tiled"], sums["block_row"])
-    g64, b64 = g.double().reshape(-1, f_out, n), b.double().reshape(-1, k, n)
-    ref = torch.einsum("zfn,zkn->fk", g64, b64)[mask]
-    bound = torch.einsum("zfn,zkn->fk", g64.abs(), b64.abs())[mask]
-    eps = torch.finfo(dtype).eps
+    g3, b3 = g.reshape(-1, f_out, n), b.reshape(-1, k, n)
+    ref64 = torch.einsum("zfn,zkn->fk", g3.double(), b3.double())[mask]
+    same = torch.einsum("zfn,zkn->fk", g3, b3)[mask]
+    bound = torch.einsum("zfn,zkn->fk", g3.double().abs(), b3.double().abs())[mask]
     terms = (batch or 1) * n
-    assert ((sums["row_tiled"].double() - ref).abs() <= 2 * terms * eps * bound + 1e-300).all()
+    assert_within_tolerance(sums["row_tiled"], ref64, same, bound, terms, dtype, "sddmm")
 
 
 def test_emulated_sddmm_prefers_row_tiled_and_runs_the_forced_variant(emulated):
@@ -942,8 +963,12 @@ def test_emulated_sddmm_prefers_row_tiled_and_runs_the_forced_variant(emulated):
     assert torch.equal(first, forced)
     with pytest.raises(ValueError, match="unknown sddmm path 'tiled'; valid: row_tiled, block_row"):
         pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b, variant="tiled")
-    with pytest.raises(ValueError, match=r"partial must be a contiguous \[1, "):
-        pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b, partial=torch.empty(2, 3))
+    nnz = idx.col_ind.numel()
+    for bad in (torch.empty(2, 3), torch.empty(1, nnz, dtype=torch.float64)):
+        with pytest.raises(
+            ValueError, match=r"partial must be a contiguous \[1, \d+\] torch.float32"
+        ):
+            pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, g, b, partial=bad)
 
 
 def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
@@ -1505,8 +1530,12 @@ def _sddmm_check(g, b, row_ptr, col_ind, mask, dtype, what):
     return sums
 
 
+SDDMM_CASES = [*SPMM_CASES, (37, 300, 4100, None, 0.3, False)]  # the last splits the columns
+SDDMM_IDS = [*SPMM_IDS, "column-splits"]
+
+
 @gpu
-@pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
+@pytest.mark.parametrize("case", SDDMM_CASES, ids=SDDMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_sddmm_kernels_give_the_same_bits_within_tolerance(cuda_kernels, case, dtype):
     """The weight gradient's SDDMM (block_row and row_tiled) on odd, batched, empty-row,

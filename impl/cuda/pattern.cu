@@ -452,6 +452,7 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
   const int nlo = sp.nlo, nhi = sp.nhi, blo = sp.blo, bhi = sp.bhi;
   T* __restrict__ out = sp.out;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (row_ptr[f0] == row_ptr[f0 + rows]) return;  // block-uniform: no nonzero, nothing to write
   for (int r = threadIdx.x; r < rows; r += blockDim.x) pbeg[r] = row_ptr[f0 + r];
   for (int kc0 = 0; kc0 < K; kc0 += KC) {
     __syncthreads();  // the last chunk's readers of keep, accs and pbeg are done
@@ -466,7 +467,8 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
         const i64 i = q + lane;
         const int c = i < re ? (int)col_ind[i] : 0x7fffffff;
         const bool in = c < kc0 + KC;
-        if (in) atomicOr(&keep[c - kc0], 1u << r);
+        // (a guard, not a rule: columns are sorted and < K, so every counted one is in range)
+        if (in && c >= kc0) atomicOr(&keep[c - kc0], 1u << r);
         const int cnt = __popc(__ballot_sync(PDT_FULL_MASK, in));
         q += cnt;
         if (cnt < 32) break;  // warp-uniform
@@ -549,7 +551,9 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
     __syncthreads();
     for (int r = 0; r < rows; ++r)
       for (i64 j = pbeg[r] + threadIdx.x; j < pnext[r]; j += blockDim.x)
-        out[j] = accs[((int)col_ind[j] - kc0) * RT + r];
+        out[j] = (unsigned)((int)col_ind[j] - kc0) < (unsigned)KC  // the same guard
+                     ? accs[((int)col_ind[j] - kc0) * RT + r]
+                     : T(0);
     __syncthreads();
     for (int r = threadIdx.x; r < rows; r += blockDim.x) pbeg[r] = pnext[r];
   }
@@ -797,7 +801,7 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
     pdt_sddmm_body<T, 1>(row_ptr, col_ind, G, Bm, partial, N, batch, ldg, sg, ldb, sb,        \
                          n_chunk, b_group, nnz);                                              \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(256, 2) pdt_sddmm_tiled_##SUF##_vec(           \
+  extern "C" __global__ void __launch_bounds__(256) pdt_sddmm_tiled_##SUF##_vec(              \
       const i64* row_ptr, const i64* col_ind, const T* G, const T* Bm, T* partial, int F,     \
       int K, int N, int batch, i64 ldg, i64 sg, i64 ldb, i64 sb, int n_chunk, int b_group,    \
       i64 nnz) {                                                                              \

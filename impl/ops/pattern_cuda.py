@@ -76,7 +76,7 @@ SDDMM_ROWS = {  # rows of the filter matrix per block of the row-tiled SDDMM ker
 #: bits.
 SDDMM_VARIANTS: tuple[str, ...] = ("row_tiled", "block_row")
 _GATHER_BLOCK = 128
-_SDDMM_BLOCK = 256
+_SDDMM_BLOCK = 256  # threads of both SDDMM kernels (the row-tiled one's __launch_bounds__)
 _MAX_GRID_YZ = 65535
 _MAX_INT = 2**31 - 1
 
@@ -394,8 +394,16 @@ def _sddmm(
     )
     if partial is None:
         partial = torch.empty(gy * gz, nnz, dtype=grad_out.dtype, device=grad_out.device)
-    elif partial.shape != (gy * gz, nnz) or not partial.is_contiguous():
-        raise ValueError(f"{op}: partial must be a contiguous [{gy * gz}, {nnz}] tensor")
+    elif (
+        partial.shape != (gy * gz, nnz)
+        or not partial.is_contiguous()
+        or partial.dtype != grad_out.dtype
+        or partial.device != grad_out.device
+    ):
+        raise ValueError(
+            f"{op}: partial must be a contiguous [{gy * gz}, {nnz}] {grad_out.dtype} tensor "
+            f"on {grad_out.device}"
+        )
     index = [row_ptr.contiguous(), col_ind.contiguous()]
     tail = [
         np.int64(g3.stride(1)),

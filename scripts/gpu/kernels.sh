@@ -14,9 +14,9 @@
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
 #   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM/implicit-conv tests and part
-#                of the rescaled N:M tests ($RACECHECK_K, 133 tests) -> racecheck.log
+#                of the rescaled N:M tests ($RACECHECK_K, 135 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
-#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 299 of 647;
+#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 301 of 649;
 #                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got
 # The sanitizer steps run pytest in one process (compute-sanitizer follows the process it

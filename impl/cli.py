@@ -533,11 +533,27 @@ COMMANDS = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version, or pyproject's where it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("pdtbench")
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+        return str(tomllib.loads(text)["project"]["version"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pdtbench`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--version":
+        print(f"pdtbench {_version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: pdtbench {" + ",".join(COMMANDS) + "} ...")
+        print("usage: pdtbench {" + ",".join(COMMANDS) + "} ... | --version")
         print("  train       train one model with one method (--resume DIR continues a run)")
         print("  demo        the main job on the embedded default data")
         print("  env         describe this machine")

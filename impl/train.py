@@ -114,6 +114,15 @@ def evaluate(
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
 
 
+def _is_complete(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s summary.json says the run finished."""
+    try:
+        summary = rundir.read_json(run_dir / rundir.SUMMARY_FILE)
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") == "complete"
+
+
 @contextlib.contextmanager
 def _cudnn_benchmark(on: bool) -> Iterator[None]:
     """``torch.backends.cudnn.benchmark = on`` for a run (TrainConfig.cudnn_benchmark), the
@@ -231,6 +240,11 @@ class Trainer:
             # A bad method option is an error before anything is written.
             create_method(cfg.method, cfg.method_options).validate(cfg)
             if dp.broadcast_flag(main and config_path.exists()):
+                if _is_complete(run_dir):
+                    raise RunExistsError(
+                        f"{run_dir} already holds a finished run (its summary.json); "
+                        "choose another --out"
+                    )
                 raise RunExistsError(
                     f"{run_dir} already holds a run; continue it with "
                     f"`pdtbench train --resume {run_dir}` or choose another --out"

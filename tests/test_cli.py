@@ -192,6 +192,16 @@ def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     assert cfg["method"] == "sdgp" and cfg["method_options"]["m"] == 8
 
 
+def test_version_prints_the_package_version(capsys):
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = tomllib.loads((Path(cli.__file__).parents[1] / "pyproject.toml").read_text())
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"pdtbench {pyproject['project']['version']}"
+
+
 def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
     import json
 

@@ -110,9 +110,12 @@ def test_existing_run_is_never_overwritten(tmp_path):
     cfg = _smoke_cfg(tmp_path / "run", epochs=1)
     train(cfg, progress=False)
     before = (tmp_path / "run" / "summary.json").read_bytes()
-    with pytest.raises(RunExistsError, match="--resume"):
+    with pytest.raises(RunExistsError, match="already holds a finished run .* another --out"):
         train(_smoke_cfg(tmp_path / "run", epochs=1), progress=False)
     assert (tmp_path / "run" / "summary.json").read_bytes() == before
+    (tmp_path / "run" / "summary.json").unlink()  # as if killed before the end: resumable
+    with pytest.raises(RunExistsError, match="continue it with `pdtbench train --resume"):
+        train(_smoke_cfg(tmp_path / "run", epochs=1), progress=False)
 
 
 def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path):

@@ -31,6 +31,7 @@ from typing import Any
 from impl.data import DatasetMissingError, default_data_dir
 from impl.methods import identity_change
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
+from reproductions.parallel import trained_here
 from reproductions.published import lookup, paper_values
 from reproductions.settings import settings_lines, setup_name
 
@@ -609,11 +610,19 @@ def execute_rows(
                 for cfg in row.configs(scale, runs_root):
                     t0 = time.perf_counter()
                     summary, reused = run_or_reuse(cfg)
+                    above = reused and trained_here(cfg.out)  # by train_all, this command
+                    reused = reused and not above
                     res.runs.append(
                         RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused,
                                   _read_config(Path(cfg.out), cfg))
                     )  # fmt: skip
-                    how = "reused" if reused else f"trained in {time.perf_counter() - t0:.0f} s"
+                    how = (
+                        "trained above"
+                        if above
+                        else "reused"
+                        if reused
+                        else f"trained in {time.perf_counter() - t0:.0f} s"
+                    )
                     log(
                         f"  {target.key} | {row.label} seed {cfg.seed}: top-1 "
                         f"{summary.get('top1', float('nan')):.2f}% ({how}) -> {cfg.out}"

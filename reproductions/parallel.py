@@ -47,6 +47,16 @@ class PlannedRun:
         return float(c.epochs) * METHOD_COST.get(c.method, 1.0) * (128.0 / c.batch_size) ** 0.1
 
 
+#: The run directories :func:`train_all` trained in this process (not found finished).
+_TRAINED_HERE: set[Path] = set()
+
+
+def trained_here(run_dir: str | Path) -> bool:
+    """Whether :func:`train_all` trained ``run_dir`` in this process: the targets then read
+    it as a finished run, but it was trained by this command, not reused from before."""
+    return Path(run_dir).resolve() in _TRAINED_HERE
+
+
 def plan_runs(targets: Iterable[Any], scale: str, runs_root: str | Path) -> list[PlannedRun]:
     """The distinct training configs of every row of ``targets`` at ``scale``.
 
@@ -206,6 +216,7 @@ def train_all(
     def done(out: str, err: str | None, seconds: float) -> None:
         name = Path(out).name
         if err is None:
+            _TRAINED_HERE.add(Path(out).resolve())
             say(f"  trained {name} in {seconds:.0f} s")
         else:
             failures[out] = err

@@ -78,6 +78,10 @@ def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path
     # Complete runs are not trained again; the failed one is tried again.
     assert list(train_all(plan, jobs=2, log=lines.append, progress=False)) == [bad.out]
     assert lines[0].startswith("training 1 runs (2 of 3 already complete)")
+    # the runs it trained are known as trained by this process (the targets, reading them
+    # next, count them as trained, not reused); the failed one and others are not
+    assert [parallel.trained_here(p.out) for p in plan] == [True, True, False]
+    assert not parallel.trained_here(tmp_path / "elsewhere")
 
 
 def test_planned_run_names_its_run_directory(tmp_path):

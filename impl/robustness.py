@@ -135,10 +135,8 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not (run_dir / rundir.CONFIG_FILE).is_file():
         why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
         raise ValueError(f"{run_dir} is not a run directory (it {why})")
-    summary: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        summary = rundir.read_json(run_dir / rundir.SUMMARY_FILE)
-    if isinstance(summary, dict) and summary.get("status") == "complete":
+    summary = rundir.complete_summary(run_dir)
+    if summary is not None:
         return summary
     done = len(rundir.read_metrics(run_dir))
     total: Any = None

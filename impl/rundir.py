@@ -145,6 +145,16 @@ def read_json(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
+def complete_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary where it says the run finished (``"status": "complete"``, written
+    last); ``None`` where it is missing, unreadable or not complete (killed, or training)."""
+    try:
+        summary = read_json(Path(run_dir) / SUMMARY_FILE)
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("status") == "complete" else None
+
+
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
     """Append one epoch's metrics as a JSON line, flushed and fsynced."""
     with open(Path(run_dir) / METRICS_FILE, "a") as f:

@@ -114,15 +114,6 @@ def evaluate(
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
 
 
-def _is_complete(run_dir: Path) -> bool:
-    """Whether ``run_dir``'s summary.json says the run finished."""
-    try:
-        summary = rundir.read_json(run_dir / rundir.SUMMARY_FILE)
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("status") == "complete"
-
-
 @contextlib.contextmanager
 def _cudnn_benchmark(on: bool) -> Iterator[None]:
     """``torch.backends.cudnn.benchmark = on`` for a run (TrainConfig.cudnn_benchmark), the
@@ -240,7 +231,7 @@ class Trainer:
             # A bad method option is an error before anything is written.
             create_method(cfg.method, cfg.method_options).validate(cfg)
             if dp.broadcast_flag(main and config_path.exists()):
-                if _is_complete(run_dir):
+                if rundir.complete_summary(run_dir) is not None:
                     raise RunExistsError(
                         f"{run_dir} already holds a finished run (its summary.json); "
                         "choose another --out"
@@ -565,14 +556,9 @@ def resume(run_dir: str | os.PathLike, *, progress: bool = True) -> dict[str, An
     config_path = run_dir / rundir.CONFIG_FILE
     if not config_path.exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
-    summary_path = run_dir / rundir.SUMMARY_FILE
-    if summary_path.exists():
-        try:
-            summary = rundir.read_json(summary_path)
-        except (OSError, ValueError):  # unreadable: continue from the checkpoint
-            summary = {}
-        if summary.get("status") == "complete":
-            return summary
+    summary = rundir.complete_summary(run_dir)  # unreadable: continue from the checkpoint
+    if summary is not None:
+        return summary
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
     cfg.out = str(run_dir)
     return Trainer(cfg, progress=progress).run(resume=True)

@@ -31,6 +31,7 @@ from typing import Any
 from impl.data import DatasetMissingError, default_data_dir
 from impl.methods import identity_change
 from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
+from impl.rundir import complete_summary
 from reproductions.parallel import trained_here
 from reproductions.published import lookup, paper_values
 from reproductions.settings import settings_lines, setup_name
@@ -194,17 +195,6 @@ class RowResult:
 
 
 # ------------------------------------------------------------------------------------------
-def _read_complete(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return summary if summary.get("status") == "complete" else None
-
-
 def reuse_refusal(summary: dict[str, Any], method: str) -> str | None:
     """Why a complete run cannot stand for ``method`` now: the method's code changed
     (:func:`impl.methods.identity_change`) or its summary predates a measurement the reports
@@ -217,7 +207,7 @@ def reuse_refusal(summary: dict[str, Any], method: str) -> str | None:
 def reusable_summary(run_dir: Path, method: str) -> dict[str, Any] | None:
     """The complete run's summary in ``run_dir`` where it can be reused as it is
     (:func:`reuse_refusal`), else None."""
-    summary = _read_complete(run_dir)
+    summary = complete_summary(run_dir)
     if summary is None or reuse_refusal(summary, method) is not None:
         return None
     return summary
@@ -247,7 +237,7 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
         run_dir.rename(aside)
         print(f"not reusing {run_dir}: {why}; moved to {aside}, training again", file=sys.stderr)
 
-    summary = _read_complete(run_dir)
+    summary = complete_summary(run_dir)
     if summary is not None:
         why = reuse_refusal(summary, cfg.method)
         if why is None:

@@ -327,3 +327,21 @@ def test_time_per_iteration_counts_the_methods_per_step_work(tmp_path, monkeypat
     assert row["step_ms"] >= pause_ms  # outside forward and backward ...
     assert row["fwd_ms"] + row["bwd_ms"] < row["iter_ms"] - pause_ms + 1e-6  # ... but counted
     assert summary["step_ms"] == row["step_ms"] and summary["iter_ms"] == row["iter_ms"]
+
+
+@pytest.mark.parametrize(
+    "content, complete",
+    [
+        (None, False),
+        ("{not json", False),
+        ('["a list"]', False),
+        ('{"status": "running"}', False),
+        ('{"status": "complete", "top1": 91.0}', True),
+    ],
+    ids=["missing", "unreadable", "not-an-object", "not-complete", "complete"],
+)
+def test_complete_summary_is_the_summary_of_a_finished_run_only(tmp_path, content, complete):
+    if content is not None:
+        (tmp_path / rundir.SUMMARY_FILE).write_text(content)
+    got = rundir.complete_summary(tmp_path)
+    assert got == ({"status": "complete", "top1": 91.0} if complete else None)

@@ -247,7 +247,7 @@ def cmd_train(argv: list[str]) -> int:
     from impl.data import DATASETS
     from impl.methods import method_class
     from impl.rundir import CONFIG_FILE, read_json
-    from impl.train import resume, train
+    from impl.train import check_scale_device, resume, train
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
     pre.add_argument("--method", default="dense")
@@ -272,7 +272,7 @@ def cmd_train(argv: list[str]) -> int:
             "change it (start a new run with another --out to train differently)"
         )
     if not args.resume:  # refused once, before torchrun starts N workers
-        _check_scale_device(args.scale, args.device or "auto")
+        check_scale_device(args.scale, args.device or "auto")
     if args.nproc > 1 and distributed.env_world() is None:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
@@ -332,20 +332,6 @@ def cmd_train(argv: list[str]) -> int:
         )
     _print_result(Path(cfg.out), summary)
     return 0
-
-
-def _check_scale_device(scale: str, device_name: str) -> None:
-    """Refuse the ``gpu`` and ``paper`` scales where the run would not train on a CUDA GPU
-    (``device_name`` as --device gives it): its results would carry that scale's name,
-    beside the papers' GPU numbers, for a CPU run (``reproduce`` refuses them alike)."""
-    from impl.train import pick_device
-
-    device = pick_device(device_name)
-    if scale in ("gpu", "paper") and device.type != "cuda":
-        raise UsageError(
-            f"--scale {scale} trains on a CUDA GPU and this run would train on {device} "
-            "(its results would be labelled with that scale); here use --scale cpu or smoke"
-        )
 
 
 # What --resume may be given with: how to run, not what to train.

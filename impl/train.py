@@ -37,6 +37,23 @@ class RunExistsError(FileExistsError):
     """The output directory already holds a run (resume it, or choose another directory)."""
 
 
+def check_scale_device(scale: str, device: str = "auto") -> None:
+    """Refuse the ``gpu`` and ``paper`` scales where the work would not run on a CUDA GPU
+    (``device`` as ``--device`` gives it, :func:`pick_device`): its timings and results would
+    carry that scale's name beside the papers' GPU numbers, for a CPU run. Raises
+    ``ValueError`` saying so."""
+    if scale not in ("gpu", "paper") or pick_device(device).type == "cuda":
+        return
+    why = (
+        f"torch sees none here (torch {torch.__version__})"
+        if device == "auto"
+        else f"--device {device} is not one"
+    )
+    raise ValueError(
+        f"--scale {scale} times and trains on a CUDA GPU and {why}; on this machine use --scale cpu"
+    )
+
+
 def pick_device(name: str) -> torch.device:
     """``"auto"`` -> CUDA when available, else CPU; anything else as given.
 

@@ -154,7 +154,7 @@ def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, s
             "--nproc", nproc, "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert f"--scale {scale} trains on a CUDA GPU and this run would train on cpu" in err
+    assert f"--scale {scale} times and trains on a CUDA GPU and --device cpu is not one" in err
     assert not out.exists(), "nothing is written for a refused run"
 
 

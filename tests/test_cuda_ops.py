@@ -923,33 +923,10 @@ def test_emulated_sddmm_variants_give_the_same_bits(emulated, case, dtype):
     lead = () if batch is None else (batch,)
     g = torch.randn(*lead, f_out, n + offset, generator=gen, dtype=dtype)[..., offset:]
     b = torch.randn(*lead, k, n + offset, generator=gen, dtype=dtype)[..., offset:]
-    nnz = idx.col_ind.numel()
-    vec = not offset and n % pattern_cuda._VEC[dtype] == 0
-    _, _, gy, gz = pattern_cuda.sddmm_split(
-        pattern_cuda.sddmm_row_blocks(dtype, f_out),
-        n,
-        batch or 1,
-        loader.multiprocessor_count(),
-        pattern_cuda._VEC[dtype] if vec else 1,
-    )
-    sums, parts = {}, {}
-    for variant in pattern_cuda.SDDMM_VARIANTS:
-        parts[variant] = torch.full((gy * gz, nnz), float("nan"), dtype=dtype)
-        sums[variant] = pattern_cuda._sddmm(
-            idx.row_ptr, idx.col_ind, g, b, partial=parts[variant], variant=variant
-        )
-        assert torch.isfinite(parts[variant]).all(), f"{variant}: some sums were not written"
+    _sddmm_check(g, b, idx.row_ptr, idx.col_ind, mask, dtype, f"emulated sddmm {case}")
     suf = "f32" if dtype == torch.float32 else "f64"
-    kind = "vec" if vec else "scalar"
+    kind = "scalar" if offset or n % pattern_cuda._VEC[dtype] else "vec"
     assert emulated == [f"pdt_sddmm_tiled_{suf}_{kind}", f"pdt_sddmm_{suf}_{kind}"]
-    assert torch.equal(parts["row_tiled"], parts["block_row"])
-    assert torch.equal(sums["row_tiled"], sums["block_row"])
-    g3, b3 = g.reshape(-1, f_out, n), b.reshape(-1, k, n)
-    ref64 = torch.einsum("zfn,zkn->fk", g3.double(), b3.double())[mask]
-    same = torch.einsum("zfn,zkn->fk", g3, b3)[mask]
-    bound = torch.einsum("zfn,zkn->fk", g3.double().abs(), b3.double().abs())[mask]
-    terms = (batch or 1) * n
-    assert_within_tolerance(sums["row_tiled"], ref64, same, bound, terms, dtype, "sddmm")
 
 
 def test_emulated_sddmm_prefers_row_tiled_and_runs_the_forced_variant(emulated):
@@ -1522,6 +1499,7 @@ def _sddmm_check(g, b, row_ptr, col_ind, mask, dtype, what):
         )
         assert torch.isfinite(parts[variant]).all(), f"{what} {variant}: sums not written"
     assert torch.equal(parts["row_tiled"], parts["block_row"]), what
+    assert torch.equal(sums["row_tiled"], sums["block_row"]), what
     g3, b3 = g.reshape(-1, *g.shape[-2:]), b.reshape(-1, *b.shape[-2:])
     ref64 = torch.einsum("zfn,zkn->fk", g3.double(), b3.double())[mask]
     same = torch.einsum("zfn,zkn->fk", g3, b3)[mask]

@@ -223,20 +223,20 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
 def _other_methods_options(unknown: list[str], method: str) -> str:
     """For flags ``--x`` that ``method`` does not take but other methods do (their config
     fields), a message naming which methods take them; "" when none is such a flag."""
+    flags = dict.fromkeys(t.split("=", 1)[0] for t in unknown if t.startswith("--"))
+    if not flags:
+        return ""
     from impl.methods import available_methods, method_class
 
     owners: dict[str, list[str]] = {}
-    for token in unknown:
-        flag = token.split("=", 1)[0]
-        if not flag.startswith("--"):
-            continue
-        for name in available_methods():
-            fields = {_flag(f.name) for f in dataclasses.fields(method_class(name).Config)}
-            if name != method and flag in fields:
-                owners.setdefault(flag, []).append(name)
+    for name in available_methods():
+        if name != method:
+            for f in dataclasses.fields(method_class(name).Config):
+                owners.setdefault(_flag(f.name), []).append(name)
     return "; ".join(
-        f"{flag} is an option of --method {' or '.join(names)}, not of --method {method}"
-        for flag, names in owners.items()
+        f"{flag} is an option of --method {' or '.join(owners[flag])}, not of --method {method}"
+        for flag in flags
+        if flag in owners
     )
 
 
@@ -257,11 +257,12 @@ def cmd_train(argv: list[str]) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     parser = _train_parser(config_cls)
-    _, unknown = parser.parse_known_args(argv)
-    hint = _other_methods_options(unknown, known.method)
-    if hint:
-        raise UsageError(hint)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # another method's option is named as such; anything else, argparse's error
+        hint = _other_methods_options(unknown, known.method)
+        if hint:
+            raise UsageError(hint)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     progress = not args.no_progress
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.clicktrain.kernels import PAPER_SHAPE, SCALE_SHAPES, conversion_note
+from reproductions.clicktrain.kernels import (
+    PAPER_SHAPE,
+    SCALE_SHAPES,
+    conversion_note,
+    filter_matrix,
+)
 from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
 
 
 def _dims(shape: dict[str, int]) -> str:
-    return f"{shape['filters']} x {9 * shape['channels']}"
+    return filter_matrix(shape).replace("x", " x ")
 
 
 def matrix_shape(results, scale: str) -> str:

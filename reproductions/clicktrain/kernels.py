@@ -52,6 +52,11 @@ def pattern_mask(filters: int, channels: int, sparsity: float, seed: int = 0) ->
     return pool_t[choice] & kept[:, :, None, None]
 
 
+def filter_matrix(shape: dict[str, int]) -> str:
+    """The filter matrix of a shape of :data:`SCALE_SHAPES`, ``"FxK"`` (K = C*3*3, im2col)."""
+    return f"{shape['filters']}x{9 * shape['channels']}"
+
+
 def _shape(scale: str) -> dict[str, int]:
     return SCALE_SHAPES[scale]
 
@@ -89,7 +94,7 @@ def csr_conversion(
         "pattern_conversion_time": o_us,
         "speedup_vs_cusparse": per_sweep(speedups),
         "sweeps": sweeps,
-        "shape": f"{s['filters']}x{9 * s['channels']}",
+        "shape": filter_matrix(s),
         "sparsity": float(1 - mask.float().mean()),
         "device": device_name(),
         "device_type": dev.type,
@@ -173,7 +178,7 @@ def spmm_sweep(
         "crossover_sparsity_vs_cublas_cudnn": per_sweep(cross_per_sweep),
         "crossover_sparsity_pooled": min(cross) if cross else math.nan,
         "sweeps": sweeps,
-        "shape": f"{s['filters']}x{9 * s['channels']} times {9 * s['channels']}x{s['columns']}",
+        "shape": f"{filter_matrix(s)} times {9 * s['channels']}x{s['columns']}",
         "device": device_name(),
         "device_type": dev.type,
     }

@@ -206,4 +206,10 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
             "schedule 'step' needs milestones (--milestones: the epochs at which the rate "
             "is multiplied by gamma); without them use schedule 'constant'"
         )
+    if cfg.schedule == "step" and min(cfg.milestones) >= cfg.epochs:
+        raise ValueError(
+            f"schedule 'step' with milestones {cfg.milestones} never changes the rate in "
+            f"{cfg.epochs} epochs (a milestone is an epoch, 0 to {cfg.epochs - 1}): give "
+            "--milestones below --epochs, or use schedule 'constant'"
+        )
     return cfg

@@ -46,14 +46,32 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"schedule": "step"}, "schedule 'step' needs milestones"),
         ({"schedule": "step", "milestones": [3, -1]}, r"milestones must be epochs >= 0"),
         ({"gamma": 0.0}, "gamma must be > 0"),
+        ({"schedule": "step", "milestones": [15, 20]}, r"never changes the rate in 15 epochs"),
     ],
-    ids=["epochs", "schedule", "lr", "step-without-milestones", "negative-milestone", "gamma"],
+    ids=[
+        "epochs",
+        "schedule",
+        "lr",
+        "step-without-milestones",
+        "negative-milestone",
+        "gamma",
+        "milestones-past-the-end",
+    ],  # fmt: skip
 )
 def test_bad_values_are_rejected(kw, match):
     with pytest.raises(ValueError, match=match):
         resolve("cpu", **kw)
     with pytest.raises(ValueError, match="scale"):
         resolve("huge")
+
+
+def test_step_schedule_needs_only_one_milestone_inside_the_run():
+    # Campfire's smoke timeline puts its last drop on the final epoch: still a step schedule.
+    cfg = resolve("cpu", epochs=4, schedule="step", milestones=[1, 4])
+    assert cfg.milestones == [1, 4]
+    assert lr_multiplier("step", 1.5, 4, milestones=cfg.milestones) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="give --milestones below --epochs"):
+        resolve("paper", epochs=50)  # the paper's drops at 91 and 136 would never come
 
 
 def test_onecycle_rises_then_falls_to_zero():

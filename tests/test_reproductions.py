@@ -165,6 +165,22 @@ def test_row_configs_resolve_scale_defaults_and_seeds(tmp_path):
     assert Row("m", measure="a:b").configs("cpu", tmp_path) == []
 
 
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu", "paper"])
+def test_every_target_row_resolves_to_valid_configs_at_every_scale(scale, tmp_path):
+    # resolve() refuses what no run can use (e.g. a step schedule whose drops all fall past
+    # the last epoch): no table may hold a row that would fail only once it is run.
+    import importlib
+
+    trained = 0
+    for key in reproductions.TARGETS:
+        target = importlib.import_module(f"reproductions.{key}").TARGET
+        for row in target.rows(scale):
+            cfgs = row.configs(scale, tmp_path)
+            assert all(c.scale == scale for c in cfgs), (key, row)
+            trained += len(cfgs)
+    assert trained > 0
+
+
 def test_measurements_are_cached_by_function_params_and_scale(tmp_path):
     CALLS["n"] = 0
     fn = "test_reproductions:counted_measure"

@@ -130,7 +130,7 @@ def _synthetic(model: str, imagenet: bool) -> dict[str, Any]:
     return {"model": model, "data": "synthetic", "stem": "imagenet" if imagenet else "cifar",
             "data_options": {"image_size": size, "in_channels": 3, "num_classes": classes,
                              "train_size": batch * 12, "test_size": batch},
-            "epochs": 4, "batch_size": batch, "eval_batch_size": batch,
+            "epochs": 4, "schedule": "constant", "batch_size": batch, "eval_batch_size": batch,
             "max_steps_per_epoch": 12}  # fmt: skip
 
 

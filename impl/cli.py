@@ -220,6 +220,17 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     return p
 
 
+def _as_flag(parser: argparse.ArgumentParser, message: str) -> str:
+    """``message`` with a leading config field name ("batch_size must be >= 1") written as
+    the option that sets it ("--batch-size must be >= 1"), so a CLI error names what was
+    typed; a message that starts with anything else is returned as it is."""
+    head, sep, rest = message.partition(" ")
+    for action in parser._actions:
+        if action.option_strings and head in (action.dest, action.dest.removeprefix("method__")):
+            return f"{action.option_strings[0]}{sep}{rest}"
+    return message
+
+
 def _other_methods_options(unknown: list[str], method: str) -> str:
     """For flags ``--x`` that ``method`` does not take but other methods do (their config
     fields), a message naming which methods take them; "" when none is such a flag."""
@@ -240,12 +251,47 @@ def _other_methods_options(unknown: list[str], method: str) -> str:
     )
 
 
+def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any:
+    """The run's TrainConfig: the scale's preset, then every flag given (None = not given)."""
+    from impl.config import resolve
+
+    return resolve(
+        args.scale,
+        method=args.method,
+        method_options=options,
+        model=args.model,
+        stem=args.stem,
+        data=args.data,
+        data_dir=args.data_dir,
+        data_options=None if args.image_size is None else {"image_size": args.image_size},
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+        nesterov=args.nesterov,
+        weight_decay=args.weight_decay,
+        schedule=args.schedule,
+        milestones=args.milestones,
+        gamma=args.gamma,
+        warmup_fraction=args.warmup_fraction,
+        label_smoothing=args.label_smoothing,
+        augment=False if args.no_augment else None,
+        seed=args.seed,
+        device=args.device,
+        bf16=True if args.bf16 else None,
+        cudnn_benchmark=True if args.cudnn_benchmark else None,
+        threads=args.threads,
+        max_steps_per_epoch=args.max_steps_per_epoch,
+        out=args.out,
+    )
+
+
 def cmd_train(argv: list[str]) -> int:
     """``pdtbench train``: parse, resolve the config, train, print where the results are."""
     from impl import distributed, models
-    from impl.config import TrainConfig, resolve
+    from impl.config import TrainConfig
     from impl.data import DATASETS
-    from impl.methods import method_class
+    from impl.methods import create_method, method_class
     from impl.rundir import CONFIG_FILE, read_json
     from impl.train import check_scale_device, resume, train
 
@@ -296,35 +342,11 @@ def cmd_train(argv: list[str]) -> int:
         for k, v in vars(args).items()
         if k.startswith("method__") and v is not None
     }
-    cfg = resolve(
-        args.scale,
-        method=args.method,
-        method_options=options,
-        model=args.model,
-        stem=args.stem,
-        data=args.data,
-        data_dir=args.data_dir,
-        data_options=None if args.image_size is None else {"image_size": args.image_size},
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        momentum=args.momentum,
-        nesterov=args.nesterov,
-        weight_decay=args.weight_decay,
-        schedule=args.schedule,
-        milestones=args.milestones,
-        gamma=args.gamma,
-        warmup_fraction=args.warmup_fraction,
-        label_smoothing=args.label_smoothing,
-        augment=False if args.no_augment else None,
-        seed=args.seed,
-        device=args.device,
-        bf16=True if args.bf16 else None,
-        cudnn_benchmark=True if args.cudnn_benchmark else None,
-        threads=args.threads,
-        max_steps_per_epoch=args.max_steps_per_epoch,
-        out=args.out,
-    )
+    try:  # the method's own checks too, so either names the flag (train() repeats them)
+        cfg = _resolve_from_args(args, options)
+        create_method(cfg.method, cfg.method_options).validate(cfg)
+    except ValueError as err:
+        raise UsageError(_as_flag(parser, str(err))) from err
     if cfg.out is None:
         cfg.out = cfg.default_out()
     with _interrupt_hint(Path(cfg.out)):
@@ -488,7 +510,7 @@ def cmd_demo(argv: list[str]) -> int:
         default="runs/reproductions",
         help="where the runs go (default: runs/reproductions)",
     )
-    add_jobs_argument(p)
+    add_jobs_argument(p, gpu_scales=False)
     args = p.parse_args(argv)
     failed: list[str] = []
     demo(scale=args.scale, out=args.out, runs_root=args.runs, jobs=args.jobs, failed=failed)

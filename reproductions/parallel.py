@@ -131,9 +131,11 @@ def _train_one(job: tuple[Any, int]) -> tuple[str, str | None, float]:
             )
 
 
-def add_jobs_argument(parser: Any) -> None:
+def add_jobs_argument(parser: Any, *, gpu_scales: bool = True) -> None:
     """Add ``--jobs N`` (training runs at a time, one process each; N >= 1, else a usage
-    error) to an ``argparse`` parser: ``pdtbench reproduce`` and ``pdtbench demo`` share it."""
+    error) to an ``argparse`` parser: ``pdtbench reproduce`` and ``pdtbench demo`` share it.
+    ``gpu_scales=False`` (demo, which runs only smoke and cpu) leaves the gpu and paper
+    default out of the help."""
 
     import argparse
 
@@ -150,8 +152,8 @@ def add_jobs_argument(parser: Any) -> None:
         "--jobs",
         type=positive,
         default=None,
-        help="training runs at a time, each in its own process (default: one per core at "
-        "the smoke and cpu scales, 1 at gpu and paper)",
+        help="training runs at a time, each in its own process (default: one per core, at "
+        "most 8" + (", at the smoke and cpu scales; 1 at gpu and paper)" if gpu_scales else ")"),
     )
 
 

@@ -296,10 +296,21 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
             "--device 'cuda",
         ),  # fmt: skip
         (["--device", "gpu"], "is not a device"),
-        (["--threads", "0"], "threads must be >= 1"),
+        (["--threads", "0"], "error: --threads must be >= 1"),
+        (["--batch-size", "0"], "error: --batch-size must be >= 1"),
         (["--method", "sdgp", "--prune-method", "foo"], "unknown N:M pruning function 'foo'"),
+        (["--method", "campfire", "--final-sparsity", "2"], "error: --final-sparsity must be"),
     ],
-    ids=["missing-data", "image-size", "absent-cuda", "device-name", "threads", "sdgp-option"],
+    ids=[
+        "missing-data",
+        "image-size",
+        "absent-cuda",
+        "device-name",
+        "threads",
+        "batch-size",
+        "sdgp-option",
+        "method-option-named-as-its-flag",
+    ],  # fmt: skip
 )
 def test_a_bad_setting_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, flags, needle):
     out = tmp_path / "run"

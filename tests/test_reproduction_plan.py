@@ -128,6 +128,18 @@ def test_jobs_flag_takes_a_count_of_at_least_one_for_both_commands(command, caps
         assert "--jobs" in capsys.readouterr().err
 
 
+def test_jobs_help_names_the_gpu_default_only_where_gpu_scales_can_run(capsys):
+    from impl import cli
+    from reproductions import build_parser
+
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])  # demo runs smoke and cpu only
+    demo_help = " ".join(capsys.readouterr().out.split())
+    assert "one per core, at most 8)" in demo_help and "1 at gpu" not in demo_help
+    reproduce_help = " ".join(build_parser().format_help().split())
+    assert "1 at gpu and paper" in reproduce_help
+
+
 STARTED: list[str] = []
 
 

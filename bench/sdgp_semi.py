@@ -636,6 +636,7 @@ def run(
                 for dtype_name in cfg.dtypes:
                     at["dtype"] = dtype_name
                     layer_rows = []
+                    said = ""  # a reason is printed once, until it changes
                     for layer in layers:
                         at["layer"] = layer.names[0]
                         r = measure_layer(layer, dtype_name, device, cfg)
@@ -644,11 +645,13 @@ def run(
                         layer_rows.append(r)
                         finish_row(r)
                         dense, sparse = r.get("dense_dgrad_ms"), r.get("sparse_dgrad_ms")
+                        reason = r["reason"][:60] if r["reason"] != said else "(same reason)"
+                        said = r["reason"] or said
                         quiet_print(
                             f"{model_name} {dtype_name} {r['layer']:<22} x{r['count']:<2} "
                             f"{r['status']:<8} dense {_fmt(dense)} ms, est "
                             f"{_fmt(r['est_sparse_ms'])} ms, sparse {_fmt(sparse)} ms "
-                            f"{r['reason'][:60]}"
+                            f"{reason if r['reason'] else ''}"
                         )
                     at["layer"] = "iteration"
                     finish_row(iteration_row(model_name, dtype_name, layer_rows, device, cfg))

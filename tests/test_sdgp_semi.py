@@ -624,13 +624,16 @@ def test_bench_derived_columns_and_slower_sentence():
 
 
 @pytest.mark.slow
-def test_bench_smoke_pipeline_on_cpu(tmp_path):
+def test_bench_smoke_pipeline_on_cpu(tmp_path, capsys):
     from bench import sdgp_semi as bs
 
     cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=1, resolution=32)
     cfg = bs.BenchConfig(**{**cfg.__dict__, "iteration": False, "small": True})
     rows, meta = bs.run(cfg, torch.device("cpu"))
     layers = [r for r in rows if r["kind"] == "layer"]
+    printed = [line for line in capsys.readouterr().out.splitlines() if " fallback " in line]
+    assert len(printed) == len(layers) and "device cpu" in printed[0]  # a line per layer
+    assert all(line.endswith("(same reason)") for line in printed[1:])  # the reason said once
     (it,) = [r for r in rows if r["kind"] == "iteration"]
     assert sum(r["count"] for r in layers) == 19
     for r in layers:  # a fallback is never a sparse timing

@@ -124,6 +124,10 @@ def test_comm_stats_per_iteration_and_epoch():
     s.record(64)
     s.end_iteration()
     assert s.epoch_metrics()["comm_bytes_per_iter"] == 64  # constant: the exact int
+    s.reset_epoch()
+    s.record(32)
+    s.end_iteration()
+    assert s.epoch_metrics()["comm_bytes_per_iter"] == 32  # an epoch of one iteration
 
 
 def test_comm_state_masks_change_detection_and_checksum():

@@ -104,7 +104,7 @@ def test_dense_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
     b = rundir.read_metrics(tmp_path / "one")
     assert [r["train_loss"] for r in a] == pytest.approx([r["train_loss"] for r in b], rel=1e-6)
     assert [r["test_loss"] for r in a] == pytest.approx([r["test_loss"] for r in b], rel=1e-6)
-    assert all(r["comm_ms"] > 0 for r in a)
+    assert all(0 < r["comm_ms"] < 1e3 * r["train_seconds"] for r in a)  # a part of the epoch
 
 
 def test_only_rank_zero_writes_the_run_directory(job):

@@ -293,3 +293,43 @@ def test_paper_cost_agrees_with_training_flops_on_inference() -> None:
     # Overall: forward + weight gradient (2x) + a data gradient inflated by 13% at 32x32 up
     # to 56% at 8x8, and 4x for the strided convs (input extent): 3.44x the forward here.
     assert cost.train_macs / 128 / cost.inference_macs == pytest.approx(3.44, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "padding, extent", [("same", 5 + 2 * 2), ("valid", 5), (1, 5 + 2)], ids=["same", "valid", "1"]
+)
+def test_paper_cost_data_gradient_extent_follows_the_padding(padding, extent) -> None:
+    # A dilated 3x3 (dilation 2): "same" pads 2 a side, "valid" nothing, 1 pads 1 a side.
+    conv = nn.Conv2d(2, 3, 3, padding=padding, dilation=2 if padding != 1 else 1, bias=False)
+    (row,) = paper_training_cost(nn.Sequential(conv), (2, 5, 5), batch=1).layers
+    assert (row["pad_h"], row["pad_w"]) == (extent - 5, extent - 5)
+    forward = 2 * 9 * 3 * row["P"] * row["Q"]
+    assert row["train_macs"] == 2 * forward + extent * extent * 3 * 9 * 2  # batch 1 is valid
+
+
+def test_paper_cost_linear_counts_every_row_it_is_applied_to() -> None:
+    # A Linear over a (rows, features) sample runs once per row: 6 rows of 4 -> 5.
+    model = nn.Sequential(nn.Unflatten(1, (6, 4)), nn.Linear(4, 5))
+    (row,) = paper_training_cost(model, (24,), batch=2).layers
+    assert row["inference_macs"] == 6 * 4 * 5 and row["train_macs"] == 3 * 2 * 6 * 4 * 5
+
+
+class HalfLinear(nn.Module):
+    """A sparse fully connected layer that is not an nn.Linear (a 2-D weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(5, 4))
+
+    def executed_density(self) -> LayerDensity:
+        return LayerDensity.uniform(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+def test_a_sparse_module_with_a_matrix_weight_is_counted_as_linear() -> None:
+    report = training_flops(nn.Sequential(nn.Flatten(), HalfLinear()), (4,))
+    (layer,) = report.layers
+    assert (layer.kind, layer.macs) == ("linear", 20)
+    assert layer.executed.forward == 0.5 * 2 * 20

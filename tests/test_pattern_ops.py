@@ -18,7 +18,7 @@ from impl.ops import (
     pattern_positions,
     pattern_spmm,
 )
-from impl.ops.pattern import conv_output_size
+from impl.ops.pattern import conv_output_size, im2col
 
 F64 = torch.float64
 
@@ -80,6 +80,7 @@ def test_pattern_csr_gradient_only_at_positions():
     assert torch.equal(dense.grad, expected)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 @pytest.mark.parametrize("shape", [(5, 7), (13, 29), (16, 144)], ids=["5x7", "13x29", "16x144"])
 def test_csr_transpose_matches_dense_transpose(shape):
     gen = torch.Generator().manual_seed(3)
@@ -89,6 +90,13 @@ def test_csr_transpose_matches_dense_transpose(shape):
     row_ptr_t, col_ind_t, perm = csr_transpose(row_ptr, col_ind, shape[1])
     rebuilt = _csr_to_dense(values[perm], row_ptr_t, col_ind_t, shape[0])
     assert torch.equal(rebuilt, dense.t())
+    # The same CSR as torch's, entry for entry: each transposed row's columns ascending (the
+    # order check_csr asks of every structure the kernels read).
+    expected = dense.t().contiguous().to_sparse_csr()
+    assert torch.equal(row_ptr_t, expected.crow_indices())
+    assert torch.equal(col_ind_t, expected.col_indices())
+    assert torch.equal(values[perm], expected.values())
+    check_csr(row_ptr_t, col_ind_t, shape[1], shape[0])
 
 
 SPMM_CASES = [
@@ -603,3 +611,35 @@ def test_check_csr_reads_no_contents_off_the_cpu():
         check_csr(ptr.to("meta", torch.int32), bad_cols.to("meta"), 1, 4)
     with pytest.raises(ValueError, match="col_ind must lie in"):
         check_csr(ptr, bad_cols, 1, 4, contents=True)
+
+
+def test_a_kernel_the_size_of_the_input_gives_one_output_pixel_and_one_less_is_refused():
+    gen = torch.Generator().manual_seed(12)
+    mask = _random_mask((4, 2, 3, 3), 0.5, gen)
+    weight = torch.randn(4, 2, 3, 3, generator=gen, dtype=F64)
+    x = torch.randn(2, 2, 3, 3, generator=gen, dtype=F64)
+    out = pattern_conv2d(x, weight, mask, impl="ref")  # stride 1, no padding: the defaults
+    assert out.shape == (2, 4, 1, 1)
+    torch.testing.assert_close(out, F.conv2d(x, weight * mask), rtol=1e-12, atol=1e-12)
+    assert torch.equal(im2col(x, (3, 3)), F.unfold(x, (3, 3)).transpose(0, 1).reshape(18, 2))
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        pattern_conv2d(x[:, :, :2], weight, mask, impl="ref")
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        im2col(x[:, :, :, :2], (3, 3))
+
+
+def test_pattern_conv2d_module_defaults_are_a_plain_conv():
+    gen = torch.Generator().manual_seed(13)
+    weight = nn.Parameter(torch.randn(3, 2, 3, 3, generator=gen, dtype=F64))
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(1, 2, 5, 6, generator=gen, dtype=F64)
+    module = PatternConv2d(weight, mask, impl="ref")
+    assert (module.stride, module.padding, module.dilation) == ((1, 1), (0, 0), (1, 1))
+    torch.testing.assert_close(module(x), F.conv2d(x, weight * mask), rtol=1e-12, atol=1e-12)
+
+
+def test_check_csr_of_no_rows():
+    empty = torch.zeros(0, dtype=torch.long)
+    check_csr(torch.zeros(1, dtype=torch.long), empty, 0, 5)  # 0 rows: row_ptr = [0]
+    with pytest.raises(ValueError, match="rows \\+ 1 >= 1 entries, got 0"):
+        check_csr(empty, empty, None, 5)

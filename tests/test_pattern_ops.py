@@ -465,6 +465,7 @@ BAD_INDEX = [
     ([1, 1, 2, 3], [0, 1, 2], r"row_ptr\[0\] must be 0, got 1"),
     ([0, 1, 2, 4], [0, 1, 2], r"row_ptr\[-1\] = 4 must equal the number of entries"),
     ([0, 1, 2, 2], [0, 1, 2], r"row_ptr\[-1\] = 2 must equal the number of entries"),
+    ([0, 0, 1, 3], [5, 3, 3], r"strictly increase.*row 2 has col_ind\[2\] = 3 after"),
 ]
 BAD_IDS = [
     "negative-col",
@@ -476,6 +477,7 @@ BAD_IDS = [
     "row-ptr-not-from-0",
     "row-ptr-past-nnz",
     "row-ptr-short-of-nnz",
+    "duplicate-at-the-end-after-an-empty-first-row",
 ]
 
 
@@ -643,3 +645,8 @@ def test_check_csr_of_no_rows():
     check_csr(torch.zeros(1, dtype=torch.long), empty, 0, 5)  # 0 rows: row_ptr = [0]
     with pytest.raises(ValueError, match="rows \\+ 1 >= 1 entries, got 0"):
         check_csr(empty, empty, None, 5)
+
+
+def test_check_csr_accepts_empty_rows_first_and_last():
+    # Rows 0 and 3 empty (a start of 0 and a start equal to nnz): nothing to compare there.
+    check_csr(torch.tensor([0, 0, 2, 3, 3], dtype=I64), torch.tensor([1, 4, 4], dtype=I64), 4, 7)

@@ -572,3 +572,34 @@ def test_nan_ranks_first():
     assert mask.tolist() == [[False, True, True, False]]
     y = nm_prune(x, 2, 4, "magnitude", dim=1)
     assert torch.isnan(y[0, 1]) and y[0, 2] == 3.0 and y[0, 0] == 0.0 and y[0, 3] == 0.0
+
+
+def test_nm_keep_mask_groups_the_last_dim_by_default():
+    scores = torch.randn(3, 5, 8)
+    assert torch.equal(nm_keep_mask(scores, 2, 4), nm_keep_mask(scores, 2, 4, dim=2))
+    assert not torch.equal(nm_keep_mask(scores, 2, 4), nm_keep_mask(scores, 2, 4, dim=1))
+
+
+def test_plane_rescale_without_a_batch_dim_is_the_channel_rule():
+    # "plane" sums over every dim but the batch (0) and the grouped one; grouped along dim 0,
+    # or on a 1-D tensor, there is no separate batch dim: the sums run over all other dims.
+    x = torch.randn(8, 3, 5, dtype=torch.float64)
+    assert torch.equal(
+        nm_prune_ref(x, 2, 4, dim=0, rescale="plane"),
+        nm_prune_ref(x, 2, 4, dim=0, rescale="channel"),
+    )
+    assert not torch.equal(
+        nm_prune_ref(x, 2, 4, dim=1, rescale="plane"),
+        nm_prune_ref(x, 2, 4, dim=1, rescale="channel"),
+    )
+    v = torch.randn(12, dtype=torch.float64)
+    assert torch.equal(
+        nm_prune_ref(v, 2, 4, dim=0, rescale="plane"),
+        nm_prune_ref(v, 2, 4, dim=0, rescale="channel"),
+    )
+
+
+def test_an_empty_gradient_prunes_to_an_empty_tensor():
+    for method in ("magnitude", "rescaled", "random"):
+        y = nm_prune_ref(torch.empty(0, 8, 3, 3), 2, 4, method)
+        assert y.shape == (0, 8, 3, 3)

@@ -223,8 +223,8 @@ def test_pattern_pool_with_fewer_candidates_than_size_and_resume():
 
 @pytest.mark.parametrize(
     ("n", "fraction", "expected"),
-    [(16, 0.75, 12), (13, 0.72, 9), (4, 0.99, 3), (7, 0.0, 0), (1, 0.5, 0)],
-    ids=["16_075", "13_072", "cap_keep_one", "none", "single"],
+    [(16, 0.75, 12), (13, 0.72, 9), (4, 0.99, 3), (7, 0.0, 0), (1, 0.5, 0), (1, 0.75, 0)],
+    ids=["16_075", "13_072", "cap_keep_one", "none", "single", "single-kernel-always-kept"],
 )
 def test_removal_count(n, fraction, expected):
     assert removal_count(n, fraction) == expected

@@ -258,6 +258,11 @@ def test_ranking_ties_go_to_the_secondary_key():
     secondary = torch.tensor([[3.0, 1.0, 2.0, 0.5]], dtype=F64)
     removed = rank_for_removal(primary, secondary, 0.5, balanced=True)
     assert removed.tolist() == [[False, True, False, True]]
+    # Layer-wide: the secondary key breaks the ties across filters too (not row by row).
+    primary = torch.zeros(2, 3, dtype=F64)
+    secondary = torch.tensor([[5.0, 4.0, 3.0], [0.0, 1.0, 2.0]], dtype=F64)
+    removed = rank_for_removal(primary, secondary, 0.5, balanced=False)
+    assert removed.tolist() == [[False, False, False], [True, True, True]]
 
 
 def test_loss_rose_margin():

@@ -216,6 +216,9 @@ def test_pattern_pool_with_fewer_candidates_than_size_and_resume():
     restored = PatternPool(4)
     restored.load_state_dict(pool.state_dict())
     assert restored.size == 12 and torch.equal(restored.patterns(), pool.patterns())
+    single = PatternPool(4)  # one kernel's vote (a score of exactly 1) is a pool of one
+    single.update(w[:1, :1].contiguous(), torch.ones(1, 1, 3, 3, dtype=F64))
+    assert single.finalize().shape[0] == 1
 
 
 # -- finalization (Sec. 4.3) ------------------------------------------------------------------

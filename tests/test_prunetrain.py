@@ -211,6 +211,20 @@ def test_threshold_uses_absolute_value_and_removes_small_weights() -> None:
     assert rep.layers["3"].in_before == 5 and rep.layers["3"].in_after == 4
 
 
+def test_a_channel_exactly_at_the_threshold_is_kept_and_threshold_zero_is_valid() -> None:
+    # "below the threshold counts as zero": a channel whose largest |w| equals it stays.
+    model = tiny_model()
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)  # channels 0, 3 and 4 well above the threshold
+        model[0].weight[1] = 0.25
+        model[3].weight[:, 1] = -0.25
+        model[0].weight[2] = 0.0
+        model[3].weight[:, 2] = 0.0
+    rep = reconfigure(model, None, threshold=0.25)
+    assert rep.kept["0"] == [0, 1, 3, 4]
+    assert reconfigure(tiny_model(), None, threshold=0.0).params_after > 0  # only exact zeros
+
+
 def test_nothing_removed_on_a_dense_model() -> None:
     model = M.create("resnet20")
     before = {k: v.clone() for k, v in model.state_dict().items()}

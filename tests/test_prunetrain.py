@@ -222,6 +222,8 @@ def test_a_channel_exactly_at_the_threshold_is_kept_and_threshold_zero_is_valid(
         model[3].weight[:, 2] = 0.0
     rep = reconfigure(model, None, threshold=0.25)
     assert rep.kept["0"] == [0, 1, 3, 4]
+    assert rep.layers["0"].kept_out == [0, 1, 3, 4] and rep.layers["3"].kept_in == [0, 1, 3, 4]
+    assert rep.layers["0"].kept_in is None  # the image's channels are never pruned
     assert reconfigure(tiny_model(), None, threshold=0.0).params_after > 0  # only exact zeros
 
 

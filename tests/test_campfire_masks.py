@@ -536,6 +536,16 @@ def test_select_is_the_stable_argsort_prefix(mode, n_frac, monkeypatch) -> None:
                 assert torch.equal(cm._select(values, n), expected), (size, kind, n, desc)
 
 
+def test_select_dim0_is_the_stable_argsort_prefix_of_every_column() -> None:
+    # CK pruning per input channel (Algorithm 1's loops) selects along dim 0 of [K, C] scores.
+    for kind in KINDS:
+        v = _tied((9, 5), kind, seed=3).abs()
+        for n in range(0, 10):
+            expected = torch.zeros(9, 5, dtype=torch.bool)
+            expected.scatter_(0, torch.argsort(v, dim=0, stable=True)[:n], True)
+            assert torch.equal(cm._select_dim0(v, n), expected), (kind, n)
+
+
 def test_weighted_prefix_is_the_sorted_cumsum_prefix(path) -> None:
     g = torch.Generator().manual_seed(11)
     for size in (1, 5, 97, 2003):

@@ -425,3 +425,8 @@ def test_shrink_to_channels_rebuilds_a_logged_stage() -> None:
     assert sum(p.numel() for p in fresh.parameters()) == sum(p.numel() for p in model.parameters())
     with pytest.raises(ValueError, match="requested"):
         shrink_to_channels(M.create("resnet20"), {"conv1": 17})
+    with pytest.raises(ValueError, match="0 channels requested"):
+        shrink_to_channels(M.create("resnet20"), {"conv1": 0})
+    one = M.create("resnet20")
+    shrink_to_channels(one, {"conv1": 1})  # one channel is a valid size
+    assert channels_per_layer(one)["conv1"] == 1

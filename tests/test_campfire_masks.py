@@ -326,6 +326,12 @@ def test_dead_inputs_need_zero_filter_and_nonpositive_constant() -> None:
     # a positive bias reaching the eval-mode BN output keeps the channel alive
     net.conv.bias[0] = 1.0
     assert not bool(dead_inputs(net, feed)[0])
+    # ... unless the running statistics scale it below -beta: (1 - 0) / sqrt(100) - 0.2 < 0
+    net.bn.bias[0] = -0.2
+    net.bn.running_var[0] = 100.0
+    assert bool(dead_inputs(net, feed)[0])
+    net.bn.running_var[0] = 1.0  # 1 / sqrt(1) - 0.2 > 0
+    assert not bool(dead_inputs(net, feed)[0])
     # the same in the real model that has such a classifier
     out = net(torch.randn(2, 2, 6, 6))
     assert out.shape == (2, 3)

@@ -73,6 +73,24 @@ def test_hierarchical_sends_fewer_network_bytes_than_the_flat_ring():
         assert h.seconds < f.seconds
 
 
+def test_flat_ring_splits_its_bytes_by_node_boundaries():
+    # 16 ranks on 2 nodes of 8: each rank sends 2 * 15 / 16 * S; on average 2 of 16 ranks
+    # send across the network (one per node boundary), the rest stays inside a node.
+    s = 1024.0
+    f = cm.flat_ring_allreduce(s, 16, 8)
+    assert f.bytes_sent == pytest.approx(2 * 15 / 16 * s)
+    assert f.bytes_inter == pytest.approx(f.bytes_sent * 2 / 16)
+    assert f.bytes_intra == pytest.approx(f.bytes_sent * 14 / 16)
+    one_node = cm.flat_ring_allreduce(s, 8, 8)  # no network at all
+    assert one_node.bytes_inter == 0.0 and one_node.bytes_intra == one_node.bytes_sent
+    # a partial last node: 12 ranks on nodes of 8 make 2 nodes
+    assert cm.flat_ring_allreduce(s, 12, 8).bytes_inter == pytest.approx(2 * 11 / 12 * s * 2 / 12)
+    # the time is a ring on the slowest link it crosses
+    assert one_node.seconds == pytest.approx(cm.ring_allreduce(s, 8, cm.NVLINK_H100).seconds)
+    assert f.seconds == pytest.approx(cm.ring_allreduce(s, 16, cm.INFINIBAND_NDR).seconds)
+    assert cm.ring_allreduce(s, 1).seconds == 0.0  # nothing to exchange
+
+
 @pytest.mark.parametrize("algorithm", cm.ALGORITHMS, ids=list(cm.ALGORITHMS))
 def test_monotone_in_payload_and_ranks(algorithm):
     payloads = [1, 1000, 10**6, 10**8]

@@ -645,13 +645,13 @@ def run(
                         layer_rows.append(r)
                         finish_row(r)
                         dense, sparse = r.get("dense_dgrad_ms"), r.get("sparse_dgrad_ms")
-                        reason = r["reason"][:60] if r["reason"] != said else "(same reason)"
-                        said = r["reason"] or said
+                        reason = r["reason"]
+                        shown = "(same reason)" if reason and reason == said else reason[:60]
+                        said = reason or said
                         quiet_print(
                             f"{model_name} {dtype_name} {r['layer']:<22} x{r['count']:<2} "
                             f"{r['status']:<8} dense {_fmt(dense)} ms, est "
-                            f"{_fmt(r['est_sparse_ms'])} ms, sparse {_fmt(sparse)} ms "
-                            f"{reason if r['reason'] else ''}"
+                            f"{_fmt(r['est_sparse_ms'])} ms, sparse {_fmt(sparse)} ms {shown}"
                         )
                     at["layer"] = "iteration"
                     finish_row(iteration_row(model_name, dtype_name, layer_rows, device, cfg))

@@ -600,19 +600,16 @@ def execute_rows(
                 for cfg in row.configs(scale, runs_root):
                     t0 = time.perf_counter()
                     summary, reused = run_or_reuse(cfg)
-                    above = reused and trained_here(cfg.out)  # by train_all, this command
-                    reused = reused and not above
+                    if not reused:
+                        how = f"trained in {time.perf_counter() - t0:.0f} s"
+                    elif trained_here(cfg.out):  # by train_all, earlier in this command
+                        how, reused = "trained above", False
+                    else:
+                        how = "reused"
                     res.runs.append(
                         RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused,
                                   _read_config(Path(cfg.out), cfg))
                     )  # fmt: skip
-                    how = (
-                        "trained above"
-                        if above
-                        else "reused"
-                        if reused
-                        else f"trained in {time.perf_counter() - t0:.0f} s"
-                    )
                     log(
                         f"  {target.key} | {row.label} seed {cfg.seed}: top-1 "
                         f"{summary.get('top1', float('nan')):.2f}% ({how}) -> {cfg.out}"

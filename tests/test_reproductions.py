@@ -981,3 +981,21 @@ def test_clicktrain_fig9_names_the_matrix_it_timed_and_no_training_notes(tmp_pat
     # before anything is measured, the scale's shape; the paper's own shape says so
     _, described = fig9.heading([], "cpu")
     assert "the 256 x 1152 filter matrix (the paper's shape)" in described
+
+
+def test_execute_rows_says_how_each_run_came_and_counts_only_older_runs_as_reused(
+    tmp_path, monkeypatch
+):
+    from reproductions import parallel
+
+    rows = [Row("r", "dense", train=TINY, seeds=(0, 1, 2))]
+    target = Target(key="x.y", title="x", description="x", rows=lambda scale: list(rows))
+    outs = [c.out for c in rows[0].configs("smoke", tmp_path)]
+    # seed 0 trained by this call, seed 1 by train_all earlier in this command, seed 2 older
+    came = {outs[0]: False, outs[1]: True, outs[2]: True}
+    monkeypatch.setattr(common, "run_or_reuse", lambda cfg: ({"top1": 50.0}, came[cfg.out]))
+    monkeypatch.setattr(parallel, "_TRAINED_HERE", {Path(outs[1]).resolve()})
+    lines: list[str] = []
+    (res,) = common.execute_rows(target, "smoke", tmp_path, log=lines.append)
+    assert [run.reused for run in res.runs] == [False, False, True]
+    assert "(trained in " in lines[0] and "(trained above)" in lines[1] and "(reused)" in lines[2]

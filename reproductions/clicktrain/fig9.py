@@ -21,8 +21,9 @@ from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
 
 
-def _dims(shape: dict[str, int]) -> str:
-    return filter_matrix(shape).replace("x", " x ")
+def _spaced(dims: str) -> str:
+    """``"256x1152"`` as ``"256 x 1152"``."""
+    return dims.replace("x", " x ")
 
 
 def matrix_shape(results, scale: str) -> str:
@@ -31,14 +32,14 @@ def matrix_shape(results, scale: str) -> str:
     for r in results:
         shape = (r.measured or {}).get("shape")
         if shape:
-            return str(shape).replace("x", " x ")
-    return _dims(SCALE_SHAPES[scale])
+            return _spaced(str(shape))
+    return _spaced(filter_matrix(SCALE_SHAPES[scale]))
 
 
 def heading(results, scale: str) -> tuple[str, str]:
     """The title and a description naming the matrix this scale timed (the paper's is
     256 x 1152, Sec. 5.1)."""
-    shape, paper = matrix_shape(results, scale), _dims(PAPER_SHAPE)
+    shape, paper = matrix_shape(results, scale), _spaced(filter_matrix(PAPER_SHAPE))
     which = "the paper's shape" if shape == paper else f"the paper's is {paper}"
     return TARGET.title, (
         f"ClickTrain Fig. 9: time to convert the {shape} filter matrix ({which}) to CSR, "

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,9 +26,14 @@ SCALE_SHAPES = {
 }
 
 
-# torch warns that sparse CSR is beta on the first construction; the conversions and
-# products timed here are stable since torch 2.0, so the warning says nothing to a reader.
-_CSR_BETA = "Sparse CSR tensor support is in beta"
+@contextlib.contextmanager
+def _quiet_csr_beta() -> Iterator[None]:
+    """Silence torch's "sparse CSR is beta" warning (given on the first construction): the
+    conversions and products timed here are stable since torch 2.0, so it says nothing to a
+    reader. Entered once around a timing loop: no cost per timed call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        yield
 
 
 def pattern_mask(filters: int, channels: int, sparsity: float, seed: int = 0) -> torch.Tensor:
@@ -80,8 +87,7 @@ def csr_conversion(
     flat = w.reshape(s["filters"], -1)
     idx = pattern_index(mask)
     generic, ours, speedups = [], [], []
-    with warnings.catch_warnings():  # once around the timing loop: no cost per timed call
-        warnings.filterwarnings("ignore", message=_CSR_BETA)
+    with _quiet_csr_beta():
         for _ in range(sweeps):
             g = time_ms(lambda: flat.to_sparse_csr(), repeats=repeats)
             o = time_ms(lambda: pattern_csr(w, idx.row_ptr, idx.col_ind), repeats=repeats)
@@ -133,8 +139,7 @@ def spmm_sweep(
         w = (torch.randn(mask.shape, device=dev) * mask).reshape(s["filters"], -1)
         idx = pattern_index(mask)
         values = w[mask.reshape(s["filters"], -1)]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_CSR_BETA)
+        with _quiet_csr_beta():
             csr = w.to_sparse_csr()
         achieved = round(100 * float(1 - mask.float().mean()), 1)
         cases = {

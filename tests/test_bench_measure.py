@@ -36,6 +36,25 @@ def test_cpu_timing_calls_with_increasing_indices():
 def test_cpu_timing_rejects_bad_counts(warmup, repeats):
     with pytest.raises(ValueError):
         measure.cpu_timing(lambda i: None, warmup=warmup, repeats=repeats)
+    with pytest.raises(ValueError):
+        measure.phase_timing([("op", lambda i: None)], "cpu", warmup=warmup, repeats=repeats)
+
+
+def test_the_fewest_counts_are_accepted():
+    """One timed call and no warm-up is a valid (if noisy) timing, for every timer."""
+    seen = []
+    assert measure.cpu_timing(seen.append, warmup=0, repeats=1).n == 1
+    assert measure.phase_timing([("op", seen.append)], "cpu", warmup=0, repeats=1)["op"].n == 1
+    assert seen == [0, 0]
+
+
+def test_synchronize_waits_only_on_a_cuda_device(monkeypatch):
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    measure.synchronize("cpu")
+    assert waited == []
+    measure.synchronize("cuda:0")
+    assert waited == ["cuda:0"]
 
 
 def test_phase_timing_times_each_phase_apart():
@@ -51,6 +70,7 @@ def test_phase_timing_times_each_phase_apart():
     out = measure.phase_timing([("slow", slow), ("fast", fast)], "cpu", warmup=1, repeats=2)
     assert set(out) == {"slow", "fast"}
     assert out["slow"].median_ms > out["fast"].median_ms
+    assert 3.5 <= out["slow"].median_ms < 1000  # milliseconds of one call, not a clock reading
     assert order == [("slow", 0), ("fast", 0), ("slow", 1), ("fast", 1), ("slow", 2), ("fast", 2)]
 
 
@@ -122,9 +142,12 @@ def test_cuda_timing_on_a_gpu():
         (1.000, 0.050, 0.400, True),  # back-to-back calls 2.5x faster than one alone
         (1.000, 0.050, 0.700, False),  # 1.43x: within the ratio
         (1.000, 0.050, 0.0, False),  # no usable back-to-back time: only the 20-us rule
+        (0.020, None, None, False),  # exactly 20 us is not under 20 us
+        (0.060, 0.055, 0.055, True),  # issuing takes as long as running: the GPU may wait
+        (0.750, 0.050, 0.500, False),  # exactly 1.5x is within the ratio
     ],
     ids=["3us", "19us", "21us", "host-ahead", "host-behind", "amortized-fast",
-         "amortized-near", "no-amortized"],
+         "amortized-near", "no-amortized", "20us-exact", "issue-equal", "ratio-exact"],
 )  # fmt: skip
 def test_host_bound_flags_timings_that_may_be_host_time(event_ms, issue_ms, amortized_ms, expected):
     assert measure.host_bound(event_ms, issue_ms, amortized_ms) is expected
@@ -161,6 +184,8 @@ def test_cuda_timing_records_host_and_amortized_time(monkeypatch):
     assert t.host_ms is not None and t.host_ms >= 0.4
     assert t.amortized_ms is not None and t.amortized_ms >= 0.4
     assert t.issue_ms is not None and t.issue_ms >= 0.4
+    # per call, not per batch: each measures about one 0.5-ms call
+    assert t.amortized_ms < 8 * t.host_ms and t.issue_ms < 8 * t.host_ms
     assert len(slept) == 1 and slept[0] >= int(1.5 * 4 * t.host_ms * 2_000_000) - 1
     assert t.host_bound is True  # fake events run on the host: issuing takes the call's time
     assert measure.Timing(**t.to_dict()) == t
@@ -174,6 +199,21 @@ def test_cuda_timing_without_a_sleep_kernel_skips_the_amortized_batch(monkeypatc
     assert t.amortized_ms is None and t.host_bound is True and 2 <= t.n <= 7
     with pytest.raises(ValueError, match="amortize"):
         measure.cuda_timing(lambda i: None, amortize=-1)
+    for min_reps, max_reps in [(0, 5), (4, 3)]:
+        with pytest.raises(ValueError, match="min_reps"):
+            measure.cuda_timing(lambda i: None, min_reps=min_reps, max_reps=max_reps)
+
+
+def test_cuda_timing_edge_counts_are_accepted(monkeypatch):
+    """One timed call; no batch at amortize=0; a batch of one at amortize=1."""
+    slept = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+    t = measure.cuda_timing(lambda i: None, rep_ms=0.0, min_reps=1, max_reps=1, amortize=0)
+    assert t.n == 1 and t.amortized_ms is None and slept == []
+    t = measure.cuda_timing(lambda i: None, rep_ms=0.0, min_reps=1, max_reps=1, amortize=1)
+    assert t.amortized_ms is not None and len(slept) == 1
 
 
 def test_cuda_timing_skips_the_batch_for_calls_over_a_millisecond(monkeypatch):

@@ -134,7 +134,7 @@ def _stat(
 def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evidence:
     mean, sd, n = stat
     sep = "" if unit in ("x", "%") else " "
-    half = ci95_half_width(sd, n) if sd is not None and n > 1 else math.nan
+    half = ci95_half_width(sd, n)  # NaN for one value or no sd
     if math.isnan(half):
         return Evidence(mean, sd, n, mean, mean, f"{mean:{fmt}}{sep}{unit} (one measurement)")
     text = f"{mean:{fmt}}{sep}{unit}, 95% CI [{mean - half:{fmt}}, {mean + half:{fmt}}] (n={n})"

@@ -35,6 +35,16 @@ def test_judge_compares_the_whole_interval_with_the_papers_number(higher, low, h
     assert C.judge(_claim(higher_is_better=higher), _ev(low, high)) == verdict
 
 
+def test_judge_at_the_edges_two_seeds_and_an_interval_ending_on_the_bound():
+    claim = _claim(paper_value=10.0)
+    assert C.judge(claim, _ev(10.5, 12.0, n=C.MIN_N)) == "holds"  # two seeds are judged
+    assert C.judge(claim, _ev(10.5, 12.0, n=C.MIN_N - 1)) == "inconclusive"
+    assert C.judge(claim, _ev(8.0, 10.0)) == "inconclusive"  # touches the bound: not below it
+    assert C.judge(_claim(higher_is_better=False), _ev(10.0, 12.0)) == "inconclusive"
+    zero = _claim(paper_value=-0.1, zero_bound=True)
+    assert C.judge(zero, _ev(-0.8, 0.0)) == "holds"  # an interval ending at 0 reaches it
+
+
 def test_judge_zero_bound_asks_only_whether_the_interval_reaches_zero():
     claim = _claim(paper_value=-0.1, zero_bound=True)
     assert C.judge(claim, _ev(-0.8, 0.2)) == "holds"
@@ -82,6 +92,7 @@ def test_evaluate_reads_the_cross_table_and_marks_what_is_missing():
     assert sdgp["verdict"] == "holds" and "95% CI [-0.80, 0.20]" in sdgp["note"]
     fig9 = rows["clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"]
     assert fig9["verdict"] == "not measured at this scale" and fig9["ours"] is None
+    assert fig9["n"] == 0 and fig9["ours_sd"] is None
     assert "pdtbench reproduce clicktrain.fig9 --scale cpu" in fig9["note"]
 
 
@@ -89,6 +100,44 @@ def test_more_accuracy_at_less_compression_does_not_hold():
     rows = _by_claim(C.evaluate({"cross.methods": _cross(click_cr=1.2, prune_cr=1.5)}, "cpu"))
     row = rows["clicktrain: more accuracy and more compression than PruneTrain"]
     assert row["verdict"] == "does not hold" and "compresses less" in row["note"]
+
+
+def test_equal_compression_is_not_more_compression():
+    rows = _by_claim(C.evaluate({"cross.methods": _cross(click_cr=1.5, prune_cr=1.5)}, "cpu"))
+    row = rows["clicktrain: more accuracy and more compression than PruneTrain"]
+    assert row["verdict"] == "does not hold" and "compresses less" in row["note"]
+
+
+def test_two_seeds_are_enough_for_an_interval_paired_or_not():
+    """MIN_N = 2: two seeds give a t interval (t(0.975, 1) = 12.706205), paired by seed where
+    both rows kept per-seed values, else from each row's own interval."""
+    t1 = 12.706205
+    unpaired = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        _row("clicktrain", "delta_top1", -0.5, 0.1, 2),
+        _row("prunetrain", "delta_top1", -2.3, 0.1, 2),
+        _row("clicktrain", "compression_ratio", 8.33), _row("prunetrain", "compression_ratio", 1.5),
+        _row("sdgp", "delta_top1", 0.0, 0.5, 2),
+    ])  # fmt: skip
+    rows = _by_claim(C.evaluate({"cross.methods": unpaired}, "cpu"))
+    row = rows["clicktrain: more accuracy and more compression than PruneTrain"]
+    half = t1 * 0.1 / math.sqrt(2)
+    assert row["n"] == 2 and "non-overlap" in row["note"]
+    assert f"95% interval [{1.8 - 2 * half:+.2f}, {1.8 + 2 * half:+.2f}]" in row["note"]
+    one = rows["sdgp: 2:4 rescaled gradient pruning without significant loss of accuracy"]
+    half = t1 * 0.5 / math.sqrt(2)  # one row's mean with its own interval, n = 2
+    assert f"95% CI [{0.0 - half:.2f}, {0.0 + half:.2f}] (n=2)" in one["note"]
+    paired = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[
+        {**_row("SDGP rescaled 2:4", "delta_top1", 0.0, 0.5, 2), "seeds": [3, 7],
+         "values": [0.5, -0.5]},
+        {**_row("SDGP random 2:4", "delta_top1", -1.0, 0.5, 2), "seeds": [3, 7],
+         "values": [-0.4, -1.6]},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"sdgp.table1": paired}, "cpu"))[
+        "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
+    ]
+    half = t1 * math.sqrt(0.02) / math.sqrt(2)  # differences 0.9 and 1.1: sd 0.1414
+    assert "paired over seeds [3, 7]" in row["note"]
+    assert f"[{1.0 - half:+.2f}, {1.0 + half:+.2f}]" in row["note"]
 
 
 def test_overlapping_intervals_are_inconclusive():
@@ -107,6 +156,7 @@ def test_save_writes_the_claims_target_and_the_index_shows_it_first(tmp_path):
     assert {r["verdict"] for r in saved.rows} <= set(C.VERDICTS)
     assert any("holds" in n for n in saved.notes)
     assert any("time CPU implementations" in n for n in saved.notes)  # said at cpu scale
+    assert C.SMOKE_NOTE not in saved.notes  # the pipeline-check note is the smoke scale's only
     index = render_reports([saved, _cross()], tmp_path / "reports")
     html = index.read_text()
     assert html.index("headline claims") < html.index("Reproductions")
@@ -205,6 +255,21 @@ def test_time_ratio_without_per_seed_values_is_one_number():
     assert row["ours"] == pytest.approx(2.0) and row["n"] == 1
     assert row["verdict"] == "inconclusive" and row["verdict_reason"] == C.NO_INTERVAL
     assert "means over 5 seeds" in row["note"]
+
+
+@pytest.mark.parametrize(("n", "said"), [(None, "one seed"), (2, "means over 2 seeds")],
+                         ids=["no-n", "two-seeds"])  # fmt: skip
+def test_a_ratio_of_means_says_how_many_seeds_each_mean_is_over(n, said):
+    rows = [_row("dense", "run_iter_ms", 30.0), _row("clicktrain", "run_iter_ms", 45.0)]
+    for r in rows:
+        r.pop("ours_sd")
+        if n is None:
+            r.pop("n")
+        else:
+            r["n"] = n
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=rows)
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
+    assert row["ours"] == pytest.approx(1.5) and said in row["note"]
 
 
 def test_a_timing_measured_in_sweeps_is_judged_on_its_interval():
@@ -360,3 +425,13 @@ def test_a_single_crossover_is_one_number_without_a_verdict():
         _row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 56.0, None, 1)])  # fmt: skip
     row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
     assert row["verdict"] == "inconclusive" and row["verdict_reason"] == C.NO_INTERVAL
+    assert "(one measurement)" in row["note"] and row["ours_sd"] is None
+
+
+def test_two_sweeps_give_a_range_and_a_spread():
+    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
+        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 60.0, None, 2),
+         "values": [55.0, 65.0]}])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == "holds" and "(2 sweeps)" in row["note"]
+    assert row["ours"] == 60.0 and row["ours_sd"] == pytest.approx(math.sqrt(50.0))

@@ -206,12 +206,21 @@ def test_interval_figure_draws_the_ci_of_each_group_and_the_zero_line():
     ("value", "text"),
     [(None, "-"), (math.nan, "-"), (3, "3"), (95.25, "95.25"), (0.000123456, "0.0001235"),
      (2.5e9, "2.5G"), (41_000_000.0, "41M"), (123_457.0, "123,457"), (1.0, "1"), ("x", "x"),
-     (True, "True"), (math.inf, "inf")],
+     (True, "True"), (math.inf, "inf"), (-math.inf, "-inf"), (10_000.0, "10,000"),
+     (9_999.0, "9999"), (1e6, "1M"), (999_999.0, "999,999"), (-2.5e9, "-2.5G")],
     ids=["none", "nan", "int", "float", "small", "giga", "mega", "thousands", "whole", "str",
-         "bool", "inf"],
+         "bool", "inf", "minus-inf", "ten-thousand", "under-ten-thousand", "one-million",
+         "under-a-million", "minus-giga"],
 )  # fmt: skip
 def test_format_number(value, text):
     assert format_number(value) == text
+
+
+def test_format_number_groups_from_1e5_or_from_its_digits():
+    assert format_number(100_000.0, 6) == "100,000"  # 1e5 groups whatever the digits
+    assert format_number(99_999.0, 6) == "99999"
+    assert format_number(150.0, 2) == "150"
+    assert format_number(1_500.0, 3) == "1,500"
 
 
 def test_ci95_half_width_is_students_t_over_root_n():
@@ -243,10 +252,19 @@ def test_mean_ci95_drops_nans_and_gives_the_t_interval():
      # paired: mean -2.13, sd 0.42, n 3 -> half-width 4.302653 * 0.42 / sqrt(3) = 1.043
      ((-2.13, 0.42, 3, True), "-2.13 ± 0.42 (n=3) [95% CI -3.2, -1.1]"),
      ((0.0, 0.28, 3, True), "0.00 ± 0.28 (n=3) [95% CI -0.70, 0.70]"),
-     ((0.5, 0.0, 3, True), "0.5 ± 0 (n=3)")],
+     ((0.5, 0.0, 3, True), "0.5 ± 0 (n=3)"),
+     ((1234.0, 250.0, 5), "1,234 ± 250 (n=5)"),
+     ((5.0, 0.1, 3), "5.00 ± 0.10 (n=3)"),
+     ((50_000.0, 1000.0, 3), "50,000 ± 1,000 (n=3)"),
+     ((12_345.678, 1.5, 3), "12,346 ± 1.5 (n=3)"),  # at most 4 significant digits
+     ((100_000.0, None, 1, False, "%"), "100,000 (n=1)"),
+     ((99_999.0, None, 1, False, "%"), "99999.00 (n=1)"),
+     # two seeds: t(0.975, 1) = 12.706205; half-width 12.706205 * 0.5 / sqrt(2) = 4.49
+     ((1.0, 0.5, 2, True), "1.00 ± 0.50 (n=2) [95% CI -3.5, 5.5]")],
     ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "single-seed",
          "single-seed-ratio", "paired",
-         "paired-zero", "paired-no-spread"],
+         "paired-zero", "paired-no-spread", "sd-hundreds", "sd-tenth", "sd-thousand",
+         "grouped-mean", "single-pct-1e5", "single-pct-under-1e5", "paired-two-seeds"],
 )  # fmt: skip
 def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
     assert format_mean_sd(*args) == text
@@ -337,6 +355,15 @@ def _assert_self_contained(text: str) -> None:
     for s in srcs:
         assert s.startswith("data:image/") or s.endswith(".html"), s
     assert "<script" not in text and "<link" not in text
+
+
+def test_provenance_rows_shorten_the_commit_and_date_and_flag_a_modified_tree():
+    rows = provenance_rows([("cpu", ENV), ("cpu", ENV), ("smoke", {**ENV, "dirty": True})])
+    assert len(rows) == 2  # the same environment twice is one row
+    first, second = rows.to_dict("records")
+    assert first["commit"] == "a" * 12 and first["date"] == "2025-01-02"
+    assert second["commit"] == "a" * 12 + " (modified tree)" and second["scale"] == "smoke"
+    assert first["device"] == "Test CPU" and first["tf32 (matmul/cudnn)"] == "False/True"
 
 
 def test_render_html_is_self_contained_and_escaped(tmp_path):

@@ -95,7 +95,7 @@ def format_number(value: Any, digits: int = 4) -> str:
             return f"{v / factor:.{digits}g}{suffix}"
     if a >= 1e5 or a >= 10**digits:
         return f"{v:,.0f}"
-    if v == int(v) and a < 1e5:
+    if v == int(v):
         return str(int(v))
     return f"{v:.{digits}g}"
 
@@ -132,7 +132,7 @@ def format_mean_sd(
         text = f"{mean:.2f}"
     if has_sd and sd > 0 and abs(mean) < 1e5:
         places = _places(sd, 2) if mean == 0 else min(_places(sd, 2), _places(mean, 4))
-        text = f"{mean:.{places}f}"
+        text = f"{mean:,.{places}f}"
     if has_sd:
         sd_text = f"{sd:.{_places(sd, 2)}f}" if 0 < sd < 1000 else format_number(sd, 2)
         text = f"{text} ± {sd_text}"

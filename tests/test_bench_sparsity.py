@@ -29,12 +29,36 @@ def test_pattern_pool_distinct_four_entry_patterns():
     assert len({tuple(p.flatten().tolist()) for p in pool}) == 12
     with pytest.raises(ValueError):
         sparsity.pattern_pool(127)
+    with pytest.raises(ValueError):
+        sparsity.pattern_pool(0)
+    every = sparsity.pattern_pool(126)  # C(9, 4): every 4-of-9 pattern once
+    assert len({tuple(p.flatten().tolist()) for p in every}) == 126
+    assert sparsity.pattern_pool(1).shape == (1, 3, 3)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(0, 5), (5, 0)], ids=["no-rows", "no-cols"])
+def test_row_uniform_mask_rejects_an_empty_matrix(rows, cols):
+    with pytest.raises(ValueError, match=">= 1"):
+        sparsity.row_uniform_mask(rows, cols, 0.5)
+    assert sparsity.row_uniform_mask(1, 1, 0.5).tolist() == [[True]]  # at least one kept
+
+
+def test_pattern_mask_draws_from_the_whole_pool():
+    mask = sparsity.pattern_mask((256, 128, 3, 3), 0.75, seed=2)
+    kept = mask.flatten(2)[mask.flatten(2).any(2)]
+    used = {tuple(k.tolist()) for k in kept}
+    assert used == {tuple(p.flatten().tolist()) for p in sparsity.pattern_pool(seed=2)}
 
 
 @pytest.mark.parametrize(
     ("shape", "s"),
-    [((256, 128, 3, 3), 0.8444), ((37, 13, 3, 3), 0.9), ((8, 5, 3, 3), 5 / 9)],
-    ids=["paper-clicktrain", "odd", "patterns-only"],
+    [
+        ((256, 128, 3, 3), 0.8444),
+        ((37, 13, 3, 3), 0.9),
+        ((8, 5, 3, 3), 5 / 9),
+        ((6, 4, 3, 3), 0.99),
+    ],
+    ids=["paper-clicktrain", "odd", "patterns-only", "one-kernel-left"],
 )
 def test_pattern_mask_kernels_and_patterns(shape, s):
     mask = sparsity.pattern_mask(shape, s, seed=1)
@@ -68,8 +92,9 @@ def test_pattern_mask_rejects(shape, s, match):
         ((256, 128, 3, 3), 0.5, "row-uniform"),
         ((64, 256, 1, 1), 0.9, "row-uniform"),
         ((37, 13, 3, 3), 0.0, "row-uniform"),
+        ((8, 9, 3, 3), 5 / 9, "pattern"),
     ],
-    ids=["pattern", "below-5/9", "pointwise", "dense"],
+    ids=["pattern", "below-5/9", "pointwise", "dense", "at-5/9"],
 )
 def test_benchmark_mask_kind_and_shape(shape, s, kind):
     mask, got = sparsity.benchmark_mask(shape, s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -79,6 +81,15 @@ def test_time_accounting_totals_and_estimate():
     assert acc["est_saved_fraction_of_iteration"] == pytest.approx(
         acc["est_saved_ms"] / acc["iteration_ms_measured"]
     )
+    assert acc["est_saved_net_fraction_of_iteration"] == pytest.approx(
+        (acc["est_saved_ms"] - acc["prune_ms"]) / acc["iteration_ms_measured"]
+    )
+    assert acc["dgrad_fraction_of_conv"] == pytest.approx(acc["dgrad_ms"] / acc["conv_total_ms"])
+    assert acc["est_saved_fraction_of_conv"] == pytest.approx(
+        acc["est_saved_ms"] / acc["conv_total_ms"]
+    )
+    assert acc["prune_ms"] > 0
+    assert acc["prune_ms"] == pytest.approx(sum(r["prune_ms"] for r in rows[1:]))
     after = model.state_dict()  # the timed iteration ran on a copy
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -89,6 +100,16 @@ def test_time_ms_median_and_errors():
     assert len(calls) == 5
     with pytest.raises(ValueError, match="repeats >= 1"):
         time_ms(lambda: None, torch.device("cpu"), repeats=0)
+    with pytest.raises(ValueError, match="warmup >= 0"):
+        time_ms(lambda: None, torch.device("cpu"), warmup=-1)
+    calls.clear()
+    assert time_ms(lambda: calls.append(1), torch.device("cpu"), repeats=1, warmup=0) >= 0.0
+    assert len(calls) == 1
+
+
+def test_time_ms_is_in_milliseconds_per_call():
+    t = time_ms(lambda: time.sleep(0.003), torch.device("cpu"), repeats=3, warmup=0)
+    assert 2.5 <= t < 1000
 
 
 @pytest.mark.gpu

@@ -229,6 +229,62 @@ def test_samples_and_run_training_flops_per_method():
         run_training_flops(dense.summary, dense.metrics, "peak")
 
 
+# Every metric of METRICS on one run against its dense baseline (``_run`` defaults: top-1 90,
+# inference 100 FLOPs, training 300 FLOPs per sample, fwd 2 / bwd 4 / step 1 / iteration 7 ms,
+# 10 s; 100 samples over two epochs whose median iterations are 6 and 8 ms).
+EVERY_METRIC = {
+    "top1": 85.0, "best_top1": 87.0, "base_top1": 90.0, "delta_top1": -5.0,
+    "compression_ratio": 4.0, "conv_sparsity": 75.0, "inference_flops": 25.0,
+    "inference_flops_saved": 75.0, "train_flops": 50.0, "train_flops_saved": 50.0,
+    "train_flops_executed_saved": 100.0 / 3, "train_time": 80.0, "fwd_ms": 0.5,
+    "bwd_ms": 3.0, "step_ms": 0.5, "iter_ms": 4.5, "run_iter_ms": 7.0, "forward_speedup": 4.0,
+    "backward_speedup": 4.0 / 3, "wall_seconds": 8.0, "comm_bytes_per_iter": 1000.0,
+    "peak_gpu_memory_mib": 12.5, "true_sparsity": 60.0, "train_flops_per_sample": 150.0,
+    "train_flops_executed_per_sample": 200.0, "inference_flops_per_sample": 25.0,
+    "inference_flops_executed_per_sample": 30.0,
+}  # fmt: skip
+
+
+def test_every_metric_of_a_run_against_its_baseline():
+    base = RowResult(Row("dense"), runs=[_run(0)])
+    ours = RowResult(Row("x", baseline="dense"), runs=[_run(
+        0, method="campfire", top1=85.0, best_top1=87.0, compression_ratio=4.0,
+        inference_flops=25.0, inference_flops_executed=30.0, train_flops_nominal=150.0,
+        train_flops_executed=200.0, fwd_ms=0.5, bwd_ms=3.0, step_ms=0.5, iter_ms=4.5,
+        wall_seconds=8.0, comm_bytes_per_iter=1000, peak_gpu_memory_mib=12.5,
+        true_sparsity=0.6)])  # fmt: skip
+    assert set(EVERY_METRIC) == set(common.METRICS)  # a new metric needs its expected value
+    for metric, expected in EVERY_METRIC.items():
+        assert row_metric(ours, metric, base) == [pytest.approx(expected)], metric
+
+
+def test_samples_without_a_rate_count_iterations_times_batch():
+    metrics = [{"iterations": 3, "batch_size": 16}, {"iterations": 2, "batch_size": 16}]
+    assert samples_seen(metrics) == 80.0
+    rated = [{"samples_per_second": 10.0, "train_seconds": 5.0, "iterations": 9}]
+    assert samples_seen(rated) == 50.0
+
+
+def test_clicktrain_run_flops_spread_over_any_number_of_epochs():
+    per = {"flops": {"train_flops_run_per_sample": {"nominal": 400.0, "executed": 500.0}}}
+    for epochs in (1, 3):
+        run = _run(method="clicktrain", clicktrain=per)
+        run.metrics[:] = [dict(run.metrics[0], epoch=e) for e in range(epochs)]  # 50 each
+        # the per-sample cost covers the whole run: times the samples of one epoch
+        assert run_training_flops(run.summary, run.metrics) == 400.0 * 50
+
+
+def test_executed_inference_flops_fall_back_to_clicktrains_account():
+    from reproductions.common import inference_executed
+
+    assert inference_executed({"inference_flops_executed": 30}) == 30.0
+    click = {"clicktrain": {"flops": {"per_sample_final": {"dense": {"forward": 1000.0}},
+                                      "inference_flops_saved_executed": 0.25}}}  # fmt: skip
+    assert inference_executed(click) == 750.0
+    assert inference_executed({"clicktrain": {"flops": {}}}) is None
+    assert inference_executed({}) is None
+
+
 def test_time_per_iteration_over_the_run_weights_each_epoch_by_its_iterations():
     from reproductions.common import run_iteration_ms
 
@@ -293,6 +349,42 @@ def test_compare_rows_mean_sd_and_paper_value():
     assert top1["paper_source"] == "Table I, Sec. IV-A"
     missing = [r for r in rows if r["row"] == "imagenet row"]
     assert len(missing) == 1 and missing[0]["ours"] is None and missing[0]["note"] == "needs x"
+    # a paper row one of ours stands beside is not listed again as a paper-only row
+    assert [r["row"] for r in rows if r["paper"] == 95.3] == ["dense"]
+    paper_only = [r for r in rows if r["row"].startswith("paper: ")]
+    assert len(paper_only) == 16 - 2  # all but the two matched
+    assert all(r["n"] == 0 and r["ours"] is None and r["scale"] is None for r in paper_only)
+
+
+def test_compare_rows_says_when_several_paper_rows_match_and_lists_them():
+    target = _tiny_target()
+    vague = RowResult(Row("vague", paper={"model": "resnet9"}), runs=[_run(0, top1=96.0)])
+    rows = compare_rows(target, [vague], "cpu")
+    top1 = next(r for r in rows if r["row"] == "vague" and r["metric"] == "top1")
+    assert top1["paper"] is None and top1["ours"] == 96.0
+    assert top1["note"] == "4 paper rows match; see the paper's rows below"
+    listed = [r for r in rows if r["row"].startswith("paper: resnet9")]
+    assert sorted(r["paper"] for r in listed) == [94.5, 95.2, 95.2, 95.3]
+    one = RowResult(Row("one", paper={"model": "resnet9", "method": "dense"}), runs=[_run(0)])
+    top1 = next(r for r in compare_rows(target, [one], "cpu") if r["metric"] == "top1")
+    assert top1["paper"] == 95.3 and top1["note"] == ""
+    failed = RowResult(Row("failed", paper={"model": "resnet9"}), error="needs x")
+    top1 = next(r for r in compare_rows(target, [failed], "cpu") if r["row"] == "failed")
+    assert top1["note"] == "4 paper rows match; see the paper's rows below; needs x"
+
+
+def test_compare_rows_keeps_per_sweep_values_of_a_measurement_only_when_there_are_several():
+    target = _tiny_target()
+    sweeps = RowResult(Row("sweeps"), measured={"top1": [1.0, 3.0]})
+    gap = RowResult(Row("gap"), measured={"top1": [2.0, float("nan"), 4.0]})
+    single = RowResult(Row("single"), measured={"top1": 3.0})
+    rows = {r["row"]: r for r in compare_rows(target, [sweeps, gap, single], "cpu")}
+    assert rows["sweeps"]["values"] == [1.0, 3.0] and rows["sweeps"]["ours"] == 2.0
+    assert rows["gap"]["values"][:1] == [2.0] and math.isnan(rows["gap"]["values"][1])
+    assert rows["gap"]["ours"] == 3.0 and rows["gap"]["n"] == 2  # NaN left out of the mean
+    assert rows["sweeps"]["paper"] is None  # no selector: no paper number
+    assert "values" not in rows["single"] and "seeds" not in rows["single"]
+    assert rows["single"]["ours"] == 3.0 and rows["single"]["ours_sd"] is None
 
 
 # The paper states no number of these that a run of ours measures (only recommendations).
@@ -810,6 +902,10 @@ def test_a_row_without_runs_gets_no_setup_label():
         "ours_setup": "ResNet-18 on ImageNet (16x16 px)",
         "paper_setup": "ResNet-18 on ImageNet",
     }
+    bare = Row("dense", paper={"model": "resnet20", "dataset": "cifar10"})  # scale defaults
+    ran = RowResult(bare, runs=[RunRecord("r", 0, {"top1": 1.0}, [], True)])
+    assert common.setups(bare, "paper", ran)["ours_setup"] == "ResNet-20 on CIFAR-10"
+    assert common.setups(bare, "cpu", ran)["ours_setup"].startswith("ResNet-20 on digits")
 
 
 def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale():

@@ -69,13 +69,20 @@ def test_schedule_rejects_bad_arguments(kwargs) -> None:
 # -- config and validation ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("epochs", "expected"),
-    [(90, (30, 20)), (15, (5, 3)), (2, (1, 1)), (1, (0, 1)), (7, (2, 2))],
-    ids=["e90", "e15", "e2", "e1", "e7"],
+    [(90, (30, 20)), (15, (5, 3)), (2, (1, 1)), (1, (0, 1)), (7, (2, 2)), (3, (1, 1))],
+    ids=["e90", "e15", "e2", "e1", "e7", "e3"],
 )
 def test_default_era(epochs, expected) -> None:
     start, era = resolve_era(CampfireConfig(), epochs)
     assert (start, era) == expected
     assert start + era <= epochs
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"), [(9, (9, 1)), (10, (10, 0))], ids=["one-left", "none-left"]
+)
+def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expected) -> None:
+    assert resolve_era(CampfireConfig(start_epoch=start), 10) == expected
 
 
 @pytest.mark.parametrize(
@@ -92,6 +99,10 @@ def test_default_era(epochs, expected) -> None:
         (dict(ck_scope="filter"), "ck_scope"),
         (dict(era_epochs=-1), "era_epochs"),
         (dict(r=0.0), "r must"),
+        (dict(r=float("nan")), "r must"),
+        (dict(window_max_nonzero=0), "window_max_nonzero"),
+        (dict(fc_block=0), "fc_block"),
+        (dict(start_epoch=-1), "start_epoch"),
     ],
     ids=[
         "final-1",
@@ -105,6 +116,10 @@ def test_default_era(epochs, expected) -> None:
         "scope",
         "era-neg",
         "r",
+        "r-nan",
+        "window-cap-0",
+        "fc-block-0",
+        "start-neg",
     ],
 )
 def test_validate_rejects_bad_config(options, match) -> None:
@@ -118,6 +133,15 @@ def test_validate_accepts_good_config(mask) -> None:
     method = create_method("campfire", dict(mask=mask, start_epoch=7, era_epochs=5))
     method.validate(TrainConfig(method="campfire", epochs=12))  # era ends exactly at the end
     assert isinstance(method, Campfire) and method.name == "campfire"
+
+
+def test_validate_accepts_the_edges_of_every_range() -> None:
+    edges = dict(window_max_nonzero=1, fc_block=4, era_epochs=0, start_epoch=12,
+                 final_sparsity=0.0, window_fraction=1.0, fc_block_fraction=0.0, r=0.5)  # fmt: skip
+    create_method("campfire", edges).validate(TrainConfig(method="campfire", epochs=12))
+    create_method("campfire", dict(fc_block=1, window_fraction=0.0)).validate(
+        TrainConfig(method="campfire", epochs=12)
+    )
 
 
 def test_unknown_option_is_rejected_by_registry() -> None:
@@ -265,6 +289,34 @@ def test_loop_schedule_monotone_zeros_and_fixed_masks(mask) -> None:
     assert bool((model.stem.weight != 0).all())  # the stem stays dense
     fc_rows = (model.fc.weight != 0).sum(dim=1)
     assert bool((fc_rows >= 1).all())
+
+
+@pytest.mark.parametrize("mask", ["window", "ck", "combined"], ids=["window", "ck", "combined"])
+def test_a_conv_layer_gets_the_configured_mask_type(mask) -> None:
+    from impl.methods.campfire_masks import ck_mask, combined_mask, window_mask
+
+    torch.manual_seed(0)
+    model = Tiny()
+    c = CampfireConfig(mask=mask)
+    method = Campfire(c)
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=9), "cpu"))
+    conv = next(x for x in method.layers if x.module == "conv")
+    w = model.get_parameter(conv.param).detach()
+    by_type = {
+        "window": window_mask(w, 0.6, rounding=c.window_rounding,
+                              max_nonzero=c.window_max_nonzero),
+        "ck": ck_mask(w, 0.6, scope=c.ck_scope),
+        "combined": combined_mask(w, 0.6, c.window_fraction, rounding=c.window_rounding),
+    }  # fmt: skip
+    got = method.layer_mask(model, conv, 0.6)
+    assert torch.equal(got, by_type[mask])
+    assert all(not torch.equal(got, m) for k, m in by_type.items() if k != mask)
+
+
+def test_one_step_epochs_advance_the_schedule_a_whole_epoch_per_step() -> None:
+    method = Campfire(CampfireConfig(final_sparsity=0.5, start_epoch=0, era_epochs=1))
+    next(_loop(method, Tiny(), 3, 1))  # one step: the end of epoch 0
+    assert method.fixed and method.target == pytest.approx(0.5)
 
 
 def test_window_loop_respects_per_kernel_cap() -> None:

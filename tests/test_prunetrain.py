@@ -166,6 +166,22 @@ def test_bad_lasso_loss_and_interval_are_errors() -> None:
         PruneTrainConfig(reconfig_interval=0)
     with pytest.raises(ValueError, match="threshold"):
         PruneTrainConfig(threshold=-1e-4)
+    with pytest.raises(ValueError, match="threshold"):
+        PruneTrainConfig(threshold=float("nan"))
+    for bad in ({"batch_step": 0}, {"max_batch": 0}):
+        with pytest.raises(ValueError, match="batch_step and max_batch"):
+            PruneTrainConfig(**bad)
+    with pytest.raises(ValueError, match="cross-entropy"):
+        lasso_coefficient(-1e-3, 100.0, 0.2)
+    with pytest.raises(ValueError, match="cross-entropy"):
+        lasso_coefficient(float("inf"), 100.0, 0.2)
+
+
+def test_edge_settings_are_accepted() -> None:
+    """Zero threshold, steps and batches of one, and a cross-entropy of exactly 0 (lambda 0)."""
+    cfg = PruneTrainConfig(threshold=0.0, batch_step=1, max_batch=1, reconfig_interval=1)
+    assert (cfg.threshold, cfg.batch_step, cfg.max_batch) == (0.0, 1, 1)
+    assert lasso_coefficient(0.0, 100.0, 0.2) == 0.0
 
 
 # -- supported models ------------------------------------------------------------------------

@@ -126,6 +126,20 @@ def test_lambda_set_at_first_iteration_and_kept() -> None:
     assert method.lam == pytest.approx(expected_lam, rel=1e-6)
 
 
+def test_epoch_lasso_loss_is_the_mean_over_the_epochs_steps() -> None:
+    """With a learning rate of 0 the weights stay put: every step's group lasso is the same,
+    and so is their mean, whatever the number of steps."""
+    model = prezeroed_resnet20()
+    ctx = make_ctx(model, epochs=3)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=10))
+    method.setup(ctx)
+    ctx.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    expected = float(group_lasso(model).detach())
+    for epoch, steps in enumerate((3, 1)):
+        row = run_epoch(method, ctx, batches(steps, 8, seed=epoch), epoch)
+        assert row["lasso_loss"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_reconfigures_on_interval_and_at_the_end() -> None:
     model = prezeroed_resnet20()
     ctx = make_ctx(model, epochs=3)
@@ -142,6 +156,18 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     assert rows[1]["params"] < rows[0]["params"]
     assert rows[1]["inference_flops"] < rows[0]["inference_flops"]
     assert rows[2]["train_flops_run"] > rows[1]["train_flops_run"] > rows[0]["train_flops_run"]
+    # each epoch adds its model's per-sample cost (before that epoch's reconfiguration) times
+    # the 16 samples it trained on
+    dense = method.initial["train_flops_per_sample"]
+    assert rows[0]["train_flops_epoch"] == pytest.approx(16 * dense)
+    assert rows[1]["train_flops_epoch"] == pytest.approx(16 * dense)  # reconfigured after it
+    assert rows[2]["train_flops_epoch"] == pytest.approx(16 * rows[1]["train_flops_per_sample"])
+    assert rows[2]["train_flops_run"] == pytest.approx(sum(r["train_flops_epoch"] for r in rows))
+    bn = method.initial["bn_bytes_per_sample"]
+    assert rows[0]["bn_traffic_bytes_run"] == pytest.approx(16 * bn)
+    assert rows[2]["bn_traffic_bytes_run"] == pytest.approx(
+        32 * bn + 16 * rows[1]["bn_traffic_bytes_per_sample"]
+    )
     # the epoch trained on the pruned model costs less than one on the dense model
     assert rows[2]["train_flops_epoch"] < rows[0]["train_flops_epoch"]
     assert isinstance(model.layer2[1], ShortcutOnly)
@@ -149,6 +175,11 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     summary = method.summary(ctx)
     json.dumps(summary)
     assert summary["inference_flops_reduction"] > 0.4
+    assert summary["inference_flops_reduction"] == pytest.approx(
+        1 - summary["inference_flops_final"] / summary["inference_flops_dense"]
+    )
+    assert summary["inference_flops_dense"] == method.initial["inference_flops"]
+    assert summary["train_flops_run"] == rows[2]["train_flops_run"]
     assert [s["stage"] for s in summary["stage_timing"]] == [0, 1]
     # medians of (10, 9) and (20, 19)
     assert summary["stage_timing"][0]["iter_ms"] == pytest.approx(9.5 + 19.5)

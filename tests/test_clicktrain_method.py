@@ -12,6 +12,7 @@ from torch import nn
 
 from impl.methods.base import TrainContext
 from impl.methods.clicktrain import ClickTrain, ClickTrainConfig, prunable_layers
+from impl.methods.masking import conv_weight_counts
 from impl.ops import PatternConv2d
 
 
@@ -211,6 +212,20 @@ def test_stage_one_ends_when_loss_derivative_falls_below_threshold():
     assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
 
 
+def test_stage_one_reads_each_epochs_mean_loss_from_its_first_derivative_on():
+    method = ClickTrain(ClickTrainConfig())
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    for epoch, batches in enumerate([(2.0, 3.0), (2.4, 2.4)]):  # means 2.5, 2.4: 0.1 < 0.27
+        ctx.epoch = epoch
+        method.on_epoch_start(ctx)
+        for value in batches:
+            method.loss(ctx, torch.tensor(value), None, None)
+        method.on_epoch_end(ctx)
+    assert method.epoch_losses == pytest.approx([2.5, 2.4])
+    assert method.stage_start["pool"] == 2  # the first derivative already ends stage one
+
+
 def test_stage_one_does_not_end_on_a_rising_loss():
     method = ClickTrain(ClickTrainConfig())
     ctx = _context(TinyNet(), 30)
@@ -304,6 +319,86 @@ def test_resume_gives_the_same_result(stop):
         torch.testing.assert_close(
             ctx2.model.get_submodule(name).weight, ref_ctx.model.get_submodule(name).weight
         )
+
+
+def _penalty_of(method: ClickTrain, model: nn.Module) -> torch.Tensor:
+    """Stage 4's modified group lasso, computed apart from ClickTrain.loss."""
+    from impl.methods.clicktrain_patterns import modified_group_lasso
+
+    return sum(
+        modified_group_lasso(
+            model.get_submodule(n).weight, method.keep[n], method.removed[n]
+        ).detach()
+        for n in method.layers
+    )
+
+
+def test_loss_adds_the_weighted_penalty_only_in_the_regularization_stage():
+    """Sec. 4.3: stage 4 minimises CE + penalty x (modified group lasso); the dense and sparse
+    stages train on the cross-entropy alone. The epoch's metric is the mean penalty."""
+    torch.manual_seed(0)
+    method = ClickTrain(ClickTrainConfig(**{**FAST, "hard_prune_epoch": 4, "penalty": 0.01}))
+    ctx = _context(TinyNet(), 5)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    _run_epochs(method, ctx, range(3), _data())  # dense, pool, finalize
+    assert method.stage == "regularize"
+    model = ctx.model
+    x, y = _data(1)[0]
+    ctx.epoch = 3
+    method.on_epoch_start(ctx)
+    expected = _penalty_of(method, model)
+    assert float(expected) > 0
+    for _ in range(2):  # the weights do not move: the same penalty twice
+        ce = F.cross_entropy(model(x), y)
+        total = method.loss(ctx, ce, None, y)
+        assert float(total.detach()) == pytest.approx(
+            float(ce.detach()) + 0.01 * float(expected), rel=1e-6
+        )
+    metrics = method.epoch_metrics(ctx)
+    assert metrics["clicktrain_penalty"] == pytest.approx(float(expected), rel=1e-6)
+    assert metrics["clicktrain_stage"] == "regularize"
+    assert "clicktrain_counted_batches" not in metrics  # finalize epochs only
+    assert "clicktrain_conv_compression" not in metrics  # once sparse only
+    dense = ClickTrain(ClickTrainConfig(penalty=0.01))
+    dctx = _context(TinyNet(), 30)
+    dense.setup(dctx)
+    ce = F.cross_entropy(dctx.model(x), y)
+    assert dense.stage == "dense" and dense.loss(dctx, ce, None, y) is ce
+
+
+def test_sparse_stage_masks_gradients_and_reports_compression_and_finalize_counts():
+    from impl.methods.clicktrain_patterns import loss_rose
+
+    steps = []  # (stage, batch loss, the finalize epoch's count so far)
+
+    def record(method, ctx):
+        counted = method.epoch_metrics(ctx).get("clicktrain_counted_batches")
+        steps.append((method._epoch_stage, float(method._batch_loss), counted))
+
+    method, ctx = _train(FAST, epochs=4, on_step=record)
+    margin = method.cfg.loss_margin
+    expected = sum(
+        not loss_rose(steps[i - 1][1], steps[i][1], margin)
+        for i in range(len(steps))
+        if steps[i][0] == "finalize"
+    )
+    assert [c for stage, _, c in steps if stage == "finalize"][-1] == expected
+    assert all(c is None for stage, _, c in steps if stage != "finalize")
+    assert method.stage == "sparse"
+    model = ctx.model
+    x, y = _data(1)[0]
+    model.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    assert method.loss(ctx, loss, None, y) is loss  # no penalty once sparse
+    loss.backward()
+    method.after_backward(ctx)
+    for name in method.layers:
+        keep = method.masks[f"{name}.weight"]
+        assert not model.get_submodule(name).weight.grad[~keep].any()
+    total, nonzero = conv_weight_counts(model)
+    got = method.epoch_metrics(ctx)["clicktrain_conv_compression"]
+    assert got == pytest.approx(total / nonzero) and got > 1
 
 
 def test_summary_and_cost_report_the_pruned_model():

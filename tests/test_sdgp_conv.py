@@ -63,6 +63,60 @@ CONV_CASES = [
 CONV_IDS = ["2of4", "2of8-s2", "4of32-s2", "1of16", "2of8-partial"]
 
 
+def test_the_stem_rule_keeps_three_input_channels_dense_and_prunes_four():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1),
+                          nn.Conv2d(4, 8, 3, padding=1))  # fmt: skip
+    plan = sdgp_plan(model, 2, 4)
+    assert [p.sparse for p in plan] == [False, True, True]
+    assert plan[0].reason == "in_channels=3 <= 3 (stem)"
+
+
+def test_no_pruning_where_the_input_needs_no_gradient():
+    """The stem's dL/dD is never computed in training: nothing to prune there."""
+    sd = SDGPConv2d.from_conv(nn.Conv2d(4, 8, 3, padding=1), 2, 4, "magnitude")
+    sd(torch.randn(2, 4, 6, 6)).sum().backward()  # the input is a leaf without grad
+    assert sd.prune_calls == 0 and sd.weight.grad is not None
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    sd(x).sum().backward()
+    assert sd.prune_calls == 1 and x.grad is not None
+
+
+def test_extra_repr_names_the_rescale_rule_only_for_rescaled_pruning():
+    conv = nn.Conv2d(4, 8, 3)
+    assert "rescale=plane" in repr(SDGPConv2d.from_conv(conv, 2, 4, "rescaled"))
+    text = repr(SDGPConv2d.from_conv(conv, 2, 4, "magnitude"))
+    assert "sdgp=2:4 magnitude" in text and "rescale" not in text
+
+
+@pytest.mark.parametrize(
+    ("padding", "kernel", "dilation"),
+    [("same", 3, 1), ("same", 5, 2), ("same", (3, 5), 1), ("same", (5, 3), (1, 2)),
+     ("valid", 3, 1), ("valid", 1, 1), ((1, 2), (3, 5), 1), ((0, 1), 3, 1)],
+    ids=["same-3", "same-5-dil2", "same-3x5", "same-5x3-dil1x2", "valid-3", "valid-1",
+         "int-1x2", "int-0x1"],
+)  # fmt: skip
+def test_every_padding_gives_the_dense_gradients_when_nothing_is_pruned(padding, kernel, dilation):
+    """padding="same" / "valid" are turned into the integer padding of dL/dD's transposed conv
+    (per dimension: dilation x (kernel - 1) / 2), and integer paddings are kept per dimension;
+    with n = m nothing is pruned, so every gradient must be the dense conv's."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, kernel, padding=padding, dilation=dilation, bias=True).double()
+    x = torch.randn(2, 4, 11, 13, dtype=torch.float64)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    dense = _grads(conv, x, g)
+    sparse = _grads(SDGPConv2d.from_conv(conv, 4, 4, "magnitude"), x, g)
+    for got, want in zip(sparse, dense, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("kernel", "dilation"), [(4, 1), ((3, 2), 1)], ids=["4x4", "3x2"])
+def test_same_padding_that_pads_asymmetrically_is_refused(kernel, dilation):
+    conv = nn.Conv2d(4, 8, kernel, padding="same", dilation=dilation)
+    with pytest.raises(ValueError, match="pads asymmetrically"):
+        SDGPConv2d.from_conv(conv, 2, 4)
+
+
 @pytest.mark.parametrize(("n", "m", "cout", "stride", "hw"), CONV_CASES, ids=CONV_IDS)
 @pytest.mark.parametrize("method", ["magnitude", "rescaled"], ids=["magnitude", "rescaled"])
 def test_sdgp_conv_gradients(n, m, cout, stride, hw, method):
@@ -296,6 +350,9 @@ def test_method_registry_setup_train_and_summary():
     assert list(summary["sdgp_dense_layers"]) == ["0"]
     t = summary["sdgp_time"]
     assert len(t["layers"]) == 3 and t["iteration_ms_measured"] > 0
+    assert t["iteration_ms_trainer"] is None  # no Trainer medians in this context
+    ctx.extra.update(epoch_fwd_ms=3.0, epoch_bwd_ms=4.5)
+    assert method.summary(ctx)["sdgp_time"]["iteration_ms_trainer"] == 7.5  # fwd + bwd
     assert t["est_saved_ms"] == pytest.approx(
         sum(r["dgrad_ms"] * 0.5 for r in t["layers"] if r["sparse"])
     )
@@ -358,13 +415,19 @@ def test_method_load_state_converts_an_unconverted_model():
         ({"rescale": "batch"}, "valid: plane, channel"),
         ({"nondivisible": "skip"}, "valid: pad, dense"),
         ({"profile_repeats": 0}, "profile_repeats must be >= 1"),
+        ({"rescale_eps": -1e-12}, "rescale_eps"),
+        ({"rescale_eps": float("nan")}, "rescale_eps"),
     ],
-    ids=["n>m", "m>32", "method", "rescale", "nondivisible", "repeats"],
+    ids=["n>m", "m>32", "method", "rescale", "nondivisible", "repeats", "eps-neg", "eps-nan"],
 )
 def test_method_validate(options, match):
     method = create_method("sdgp", options)
     with pytest.raises(ValueError, match=match):
         method.validate(SimpleNamespace(seed=0))
+
+
+def test_method_validate_accepts_a_zero_rescale_eps():
+    create_method("sdgp", {"rescale_eps": 0.0}).validate(SimpleNamespace(seed=0))
 
 
 def test_method_cost_densities():

@@ -182,6 +182,7 @@ def test_edge_settings_are_accepted() -> None:
     cfg = PruneTrainConfig(threshold=0.0, batch_step=1, max_batch=1, reconfig_interval=1)
     assert (cfg.threshold, cfg.batch_step, cfg.max_batch) == (0.0, 1, 1)
     assert lasso_coefficient(0.0, 100.0, 0.2) == 0.0
+    assert lasso_coefficient(1.0, 0.5, 0.5) == pytest.approx(2.0)  # any positive lasso loss
 
 
 # -- supported models ------------------------------------------------------------------------

@@ -367,7 +367,8 @@ def test_loss_adds_the_weighted_penalty_only_in_the_regularization_stage():
     assert dense.stage == "dense" and dense.loss(dctx, ce, None, y) is ce
 
 
-def test_sparse_stage_masks_gradients_and_reports_compression_and_finalize_counts():
+@pytest.mark.parametrize("sparse_impl", ["none", "auto"], ids=["masked_dense", "pattern_conv"])
+def test_sparse_stage_masks_gradients_and_reports_compression_and_finalize_counts(sparse_impl):
     from impl.methods.clicktrain_patterns import loss_rose
 
     steps = []  # (stage, batch loss, the finalize epoch's count so far)
@@ -376,7 +377,7 @@ def test_sparse_stage_masks_gradients_and_reports_compression_and_finalize_count
         counted = method.epoch_metrics(ctx).get("clicktrain_counted_batches")
         steps.append((method._epoch_stage, float(method._batch_loss), counted))
 
-    method, ctx = _train(FAST, epochs=4, on_step=record)
+    method, ctx = _train({**FAST, "sparse_impl": sparse_impl}, epochs=4, on_step=record)
     margin = method.cfg.loss_margin
     expected = sum(
         not loss_rose(steps[i - 1][1], steps[i][1], margin)

@@ -82,6 +82,13 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
     assert summary["compression_ratio"] == pytest.approx(1.0)
     assert summary["inference_flops"] > 0
     assert summary["train_flops_nominal"] > summary["inference_flops"]
+    for row in map(json.loads, lines):  # per epoch: samples per second, training top-1 in %
+        seen = row["samples_per_second"] * row["train_seconds"]
+        assert seen == pytest.approx(round(seen), abs=1e-6)
+        assert row["iterations"] <= round(seen) <= row["iterations"] * row["batch_size"]
+        correct = row["train_top1"] * round(seen) / 100
+        assert 0.0 <= row["train_top1"] <= 100.0
+        assert correct == pytest.approx(round(correct), abs=1e-6)
     # No temporary files are left behind by the atomic writes.
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 

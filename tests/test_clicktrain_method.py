@@ -423,6 +423,46 @@ def test_summary_and_cost_report_the_pruned_model():
     assert cost["block_a"].forward == pytest.approx(1 - summary["layers"]["block_a"]["sparsity"])
 
 
+def test_summary_flops_over_the_run_and_per_layer_kernel_counts():
+    """Sec. 6.2 / Table 1: epochs before hard pruning train at the dense cost, the rest at the
+    final model's; "saved" is 1 - run / (epochs x dense)."""
+    from impl.flops import training_flops
+
+    method, ctx = _train({**FAST, "connectivity": 0.5}, epochs=5)  # hard pruning at epoch 3
+    summary = method.summary(ctx)["clicktrain"]
+    flops = summary["flops"]
+    final = flops["per_sample_final"]
+    dense_train, nominal_train = final["dense"]["train"], final["nominal"]["train"]
+    unpruned = training_flops(TinyNet(), (1, 9, 9))  # the same architecture before pruning
+    assert (final["dense"]["forward"], dense_train) == pytest.approx(
+        (unpruned.forward, unpruned.total)
+    )
+    assert nominal_train < dense_train
+    run = flops["train_flops_run_per_sample"]
+    assert run["dense"] == pytest.approx(5 * dense_train)
+    assert run["nominal"] == pytest.approx(3 * dense_train + 2 * nominal_train)
+    assert run["executed"] == pytest.approx(3 * dense_train + 2 * final["executed"]["train"])
+    assert flops["train_flops_saved_nominal"] == pytest.approx(1 - run["nominal"] / run["dense"])
+    assert flops["train_flops_saved_executed"] == pytest.approx(1 - run["executed"] / run["dense"])
+    assert flops["inference_flops_saved_nominal"] == pytest.approx(
+        1 - final["nominal"]["forward"] / final["dense"]["forward"]
+    )
+    for name in method.layers:
+        info = summary["layers"][name]
+        removed = method.removed[name]
+        w = ctx.model.get_submodule(name).weight
+        assert info["kernels"] == removed.numel() == w.shape[0] * w.shape[1]
+        assert info["kernels_removed"] == int(removed.sum()) > 0
+        kept = (~removed).sum(dim=1)
+        assert (info["kept_kernels_per_filter_min"], info["kept_kernels_per_filter_max"]) == (
+            int(kept.min()), int(kept.max()))  # fmt: skip
+        assert info["sparsity"] == pytest.approx(1 - info["nonzero"] / info["weights"])
+    pruned = [summary["layers"][n] for n in method.layers]
+    assert summary["compression_ratio_pruned_layers"] == pytest.approx(
+        sum(i["weights"] for i in pruned) / sum(i["nonzero"] for i in pruned)
+    )
+
+
 @pytest.mark.gpu
 def test_stages_run_on_gpu():
     torch.manual_seed(0)

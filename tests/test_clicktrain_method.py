@@ -447,6 +447,9 @@ def test_summary_flops_over_the_run_and_per_layer_kernel_counts():
     assert flops["inference_flops_saved_nominal"] == pytest.approx(
         1 - final["nominal"]["forward"] / final["dense"]["forward"]
     )
+    assert flops["inference_flops_saved_executed"] == pytest.approx(
+        1 - final["executed"]["forward"] / final["dense"]["forward"]
+    )
     for name in method.layers:
         info = summary["layers"][name]
         removed = method.removed[name]

@@ -47,6 +47,12 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"schedule": "step", "milestones": [3, -1]}, r"milestones must be epochs >= 0"),
         ({"gamma": 0.0}, "gamma must be > 0"),
         ({"schedule": "step", "milestones": [15, 20]}, r"never changes the rate in 15 epochs"),
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"lr": float("nan")}, "lr must be > 0"),
+        ({"warmup_fraction": 1.0}, r"warmup_fraction must be in \[0, 1\)"),
+        ({"warmup_fraction": -0.1}, r"warmup_fraction must be in \[0, 1\)"),
+        ({"threads": 0}, "threads must be >= 1"),
     ],
     ids=[
         "epochs",
@@ -56,6 +62,12 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "negative-milestone",
         "gamma",
         "milestones-past-the-end",
+        "batch-0",
+        "lr-0",
+        "lr-nan",
+        "warmup-1",
+        "warmup-neg",
+        "threads-0",
     ],  # fmt: skip
 )
 def test_bad_values_are_rejected(kw, match):
@@ -63,6 +75,27 @@ def test_bad_values_are_rejected(kw, match):
         resolve("cpu", **kw)
     with pytest.raises(ValueError, match="scale"):
         resolve("huge")
+
+
+def test_the_smallest_valid_values_are_accepted():
+    cfg = resolve("cpu", epochs=1, batch_size=1, threads=1, warmup_fraction=0.0,
+                  schedule="step", milestones=[0])  # fmt: skip
+    assert (cfg.epochs, cfg.batch_size, cfg.threads, cfg.milestones) == (1, 1, 1, [0])
+
+
+def test_paper_preset_is_the_shared_cifar_recipe():
+    """PruneTrain's CIFAR recipe (p. 7), which the papers share: 182 epochs of batch 128 at
+    lr 0.1, divided by 10 at 50% and 75% of training (epochs 91 and 136)."""
+    cfg = resolve("paper")
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.schedule) == (182, 128, 0.1, "step")
+    assert cfg.milestones == [91, 136] and cfg.gamma == pytest.approx(0.1)
+    assert (resolve("cpu").epochs, resolve("smoke").epochs) == (15, 2)
+
+
+def test_default_run_directory_names_method_model_data_scale_and_digest():
+    cfg = resolve("cpu", method="sdgp", model="resnet32", data="digits")
+    name = f"sdgp-resnet32-digits-cpu-{cfg.digest()}"
+    assert cfg.default_out("runs") == f"runs/{name}" and len(cfg.digest()) == 12
 
 
 def test_step_schedule_needs_only_one_milestone_inside_the_run():

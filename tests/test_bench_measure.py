@@ -166,11 +166,19 @@ class _FakeEvent:
         return (end.t - self.t) * 1e3
 
 
-def test_cuda_timing_records_host_and_amortized_time(monkeypatch):
-    slept = []
+@pytest.fixture
+def host_clock_cuda(monkeypatch) -> list[int]:
+    """torch.cuda's events, synchronisation and sleep kernel on the host clock; returns the
+    list of sleep lengths (cycles) requested."""
+    slept: list[int] = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
+    return slept
+
+
+def test_cuda_timing_records_host_and_amortized_time(host_clock_cuda):
+    slept = host_clock_cuda
     calls = []
 
     def fn(i):
@@ -191,10 +199,8 @@ def test_cuda_timing_records_host_and_amortized_time(monkeypatch):
     assert measure.Timing(**t.to_dict()) == t
 
 
-def test_cuda_timing_without_a_sleep_kernel_skips_the_amortized_batch(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.delattr(torch.cuda, "_sleep", raising=False)
+def test_cuda_timing_without_a_sleep_kernel_skips_the_amortized_batch(host_clock_cuda, monkeypatch):
+    monkeypatch.delattr(torch.cuda, "_sleep")
     t = measure.cuda_timing(lambda i: None, warmup_ms=0.1, rep_ms=0.5, min_reps=2, max_reps=7)
     assert t.amortized_ms is None and t.host_bound is True and 2 <= t.n <= 7
     with pytest.raises(ValueError, match="amortize"):
@@ -204,23 +210,17 @@ def test_cuda_timing_without_a_sleep_kernel_skips_the_amortized_batch(monkeypatc
             measure.cuda_timing(lambda i: None, min_reps=min_reps, max_reps=max_reps)
 
 
-def test_cuda_timing_edge_counts_are_accepted(monkeypatch):
+def test_cuda_timing_edge_counts_are_accepted(host_clock_cuda):
     """One timed call; no batch at amortize=0; a batch of one at amortize=1."""
-    slept = []
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+    slept = host_clock_cuda
     t = measure.cuda_timing(lambda i: None, rep_ms=0.0, min_reps=1, max_reps=1, amortize=0)
     assert t.n == 1 and t.amortized_ms is None and slept == []
     t = measure.cuda_timing(lambda i: None, rep_ms=0.0, min_reps=1, max_reps=1, amortize=1)
     assert t.amortized_ms is not None and len(slept) == 1
 
 
-def test_cuda_timing_skips_the_batch_for_calls_over_a_millisecond(monkeypatch):
-    slept = []
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+def test_cuda_timing_skips_the_batch_for_calls_over_a_millisecond(host_clock_cuda):
+    slept = host_clock_cuda
     t = measure.cuda_timing(lambda i: time.sleep(0.0015), warmup_ms=1, rep_ms=5, min_reps=2)
     assert slept == [] and t.amortized_ms is None and t.issue_ms is None
     assert t.host_bound is False  # over 20 us, and nothing to compare against

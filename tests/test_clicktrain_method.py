@@ -374,8 +374,9 @@ def test_sparse_stage_masks_gradients_and_reports_compression_and_finalize_count
     steps = []  # (stage, batch loss, the finalize epoch's count so far)
 
     def record(method, ctx):
-        counted = method.epoch_metrics(ctx).get("clicktrain_counted_batches")
-        steps.append((method._epoch_stage, float(method._batch_loss), counted))
+        metrics = method.epoch_metrics(ctx)
+        stage, counted = metrics["clicktrain_stage"], metrics.get("clicktrain_counted_batches")
+        steps.append((stage, float(method._batch_loss), counted))
 
     method, ctx = _train({**FAST, "sparse_impl": sparse_impl}, epochs=4, on_step=record)
     margin = method.cfg.loss_margin

@@ -18,6 +18,7 @@ from impl.methods.sdgp import (
     SDGPConfig,
     SDGPConv2d,
     nm_prune,
+    sdgp_conv_forward,
     sdgp_convert,
     sdgp_modules,
     sdgp_plan,
@@ -115,6 +116,21 @@ def test_same_padding_that_pads_asymmetrically_is_refused(kernel, dilation):
     conv = nn.Conv2d(4, 8, kernel, padding="same", dilation=dilation)
     with pytest.raises(ValueError, match="pads asymmetrically"):
         SDGPConv2d.from_conv(conv, 2, 4)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_sdgp_conv_forward_is_the_dense_conv_and_saves_what_backward_reads(bias):
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=1, bias=bias).double()
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    saved = []
+    ctx = SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
+    w, b = conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
+    out = sdgp_conv_forward(ctx, x, w, b, (2, 2), (1, 1), (1, 1), 1, (1, 1))
+    assert torch.equal(out, conv(x).detach())
+    assert saved[0] is x and saved[1] is w and len(saved) == 2
+    assert ctx.conv_args == ((2, 2), (1, 1), (1, 1), 1)
+    assert ctx.bias_shape == ([6] if bias else None)
+    assert ctx.bias_dtype == (torch.float64 if bias else None)
 
 
 @pytest.mark.parametrize(("n", "m", "cout", "stride", "hw"), CONV_CASES, ids=CONV_IDS)

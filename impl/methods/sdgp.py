@@ -564,14 +564,10 @@ class _SDGPConv2dFunction(torch.autograd.Function):
         int_padding: tuple[int, int],
         prune: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        # The very call nn.Conv2d makes, so the output is bit-identical.
-        out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
-        ctx.save_for_backward(x, weight)
-        ctx.conv_args = (stride, int_padding, dilation, groups)
-        ctx.bias_shape = None if bias is None else list(bias.shape)
-        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.prune = prune
-        return out
+        return sdgp_conv_forward(
+            ctx, x, weight, bias, stride, padding, dilation, groups, int_padding
+        )
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -583,6 +579,31 @@ class _SDGPConv2dFunction(torch.autograd.Function):
             )
 
         return sdgp_conv_backward(ctx, grad_out, data_grad)
+
+
+def sdgp_conv_forward(
+    ctx: Any,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: tuple[int, int],
+    padding: Any,
+    dilation: tuple[int, int],
+    groups: int,
+    int_padding: tuple[int, int],
+) -> torch.Tensor:
+    """Forward of an SDGP conv's autograd function: the dense conv, unchanged (SDGP Sec. III-A).
+
+    Makes the very ``F.conv2d`` call ``nn.Conv2d`` makes, so the output is bit-identical, and
+    saves on ``ctx`` what :func:`sdgp_conv_backward` reads: ``(x, weight)``, ``conv_args =
+    (stride, int_padding, dilation, groups)``, ``bias_shape`` and ``bias_dtype``.
+    """
+    out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    ctx.save_for_backward(x, weight)
+    ctx.conv_args = (stride, int_padding, dilation, groups)
+    ctx.bias_shape = None if bias is None else list(bias.shape)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    return out
 
 
 def sdgp_conv_backward(

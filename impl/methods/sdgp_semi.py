@@ -64,6 +64,7 @@ from impl.methods.sdgp import (
     nm_prune_ref,
     random_generator,
     sdgp_conv_backward,
+    sdgp_conv_forward,
     sdgp_plan,
 )
 
@@ -501,14 +502,10 @@ class _SDGPSemiConv2dFunction(torch.autograd.Function):
         int_padding: tuple[int, int],
         module: SDGPSemiConv2d,
     ) -> torch.Tensor:
-        # The very call nn.Conv2d makes, so the output is bit-identical.
-        out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
-        ctx.save_for_backward(x, weight)
-        ctx.conv_args = (stride, int_padding, dilation, groups)
-        ctx.bias_shape = None if bias is None else list(bias.shape)
-        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.module = module
-        return out
+        return sdgp_conv_forward(
+            ctx, x, weight, bias, stride, padding, dilation, groups, int_padding
+        )
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]

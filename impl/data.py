@@ -201,7 +201,9 @@ class CropFlip:
         flip = torch.rand(n, generator=g) < 0.5 if self.flip else torch.zeros(n, dtype=torch.bool)
         return dy, dx, flip
 
-    def apply(self, x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor):
+    def apply(
+        self, x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor
+    ) -> torch.Tensor:
         """Crop each image of ``x`` (B, C, H, W) at its offset in the padded frame; flip some."""
         b, c, h, w = x.shape
         p = self.pad

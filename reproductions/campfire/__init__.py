@@ -7,9 +7,10 @@ at cpu scale is the same run (same config hash) as the matching row of Tables 3,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from reproductions.common import Row
+from reproductions.common import Row, RunRecord
 
 # Epochs of a run at each scale, standing for the paper's 100 (ImageNet, Sec. 3 / App. B.3).
 EPOCHS = {"smoke": 4, "cpu": 10, "gpu": 30, "paper": 100}
@@ -80,10 +81,10 @@ def dense_row(scale: str, *, batch: int | None = None, last_drop: int = 90) -> R
                paper={"method": "dense"}, metrics=("top1",))  # fmt: skip
 
 
-def top1_at(fraction: float):
+def top1_at(fraction: float) -> Callable[[RunRecord, RunRecord | None], float]:
     """A metric: test top-1 at ``fraction`` of the run (e.g. 0.9: epoch 90 of 100)."""
 
-    def fn(run, base=None) -> float:
+    def fn(run: RunRecord, base: RunRecord | None = None) -> float:
         idx = max(0, round(fraction * len(run.metrics)) - 1)
         return float(run.metrics[idx]["test_top1"])
 

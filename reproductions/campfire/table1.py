@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 SPARSITIES = {"smoke": (60,), "cpu": (40, 80), "gpu": (20, 40, 60, 80), "paper": (20, 40, 60, 80)}
 
 
-def epoch_of_convergence(run, base=None) -> float:
+def epoch_of_convergence(run: RunRecord, base: RunRecord | None = None) -> float:
     """First epoch (1-based) whose test top-1 is within 0.5 pp of the run's best."""
     best = max(m["test_top1"] for m in run.metrics)
     return float(next(i + 1 for i, m in enumerate(run.metrics) if m["test_top1"] >= best - 0.5))

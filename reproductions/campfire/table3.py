@@ -10,10 +10,10 @@ from pathlib import Path
 
 from reproductions.campfire import top1_at
 from reproductions.campfire.table2 import rows as table2_rows
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 
-def delta_at_90(run, base) -> float:
+def delta_at_90(run: RunRecord, base: RunRecord | None) -> float:
     """Top-1 at 90% of the run minus the dense run's at the same point."""
     return top1_at(0.9)(run) - top1_at(0.9)(base)
 

@@ -8,10 +8,11 @@ test set; paper attacks the ImageNet models.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, Target, reproduce
 
 EPS = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
 MODELS = [("combined", 40, 60), ("combined", 40, 70), ("window", 30, 60), ("window", 30, 70),
@@ -39,7 +40,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """FGSM top-1 against epsilon, one line per model."""
     data = []
     for r in results:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from reproductions.campfire import top1_at
 from reproductions.campfire.table2 import rows as table2_rows
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 
-def gain(run, base=None) -> float:
+def gain(run: RunRecord, base: RunRecord | None = None) -> float:
     """Final top-1 minus top-1 at 90% of the run (pp)."""
     return top1_at(1.0)(run) - top1_at(0.9)(run)
 

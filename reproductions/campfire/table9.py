@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 CASES = [("ck", 40), ("ck", 30), ("ck", 20), ("combined", 40), ("combined", 30),
          ("combined", 20), ("window", 0)]  # fmt: skip
 
 
-def improvement(run, base) -> float:
+def improvement(run: RunRecord, base: RunRecord | None) -> float:
     """Top-1 with the drop at 80 minus top-1 with the drop at 90 (same seed)."""
     return run.summary["top1"] - base.summary["top1"]
 

@@ -9,10 +9,11 @@ columns (a 56 x 56 map) on the CPU; gpu and paper the paper's full shape on the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.clicktrain.kernels import spmm_note
-from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:spmm_sweep"
 
@@ -25,7 +26,7 @@ def rows(scale: str) -> list[Row]:
     ]
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Time against sparsity, one line per implementation (the paper's axes)."""
     data = next((r.measured["points"] for r in results if r.measured), [])
     return [FigureSpec(kind="line", x="sparsity", y="time_ms", hue="impl", data=data,

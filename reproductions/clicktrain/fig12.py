@@ -11,16 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 
-def time_saved_h(run, base) -> float:
+def time_saved_h(run: RunRecord, base: RunRecord | None) -> float:
     """Hours of wall time (training and the evaluation after every epoch: the summary's
     ``wall_seconds``) ClickTrain saves against the dense run of the same seed."""
     return (base.summary["wall_seconds"] - run.summary["wall_seconds"]) / 3600.0
 
 
-def time_saved_pct(run, base) -> float:
+def time_saved_pct(run: RunRecord, base: RunRecord | None) -> float:
     """The share of the dense run's wall time (incl. evaluation) ClickTrain saves, in %
     (same seed): 100 * (1 - ClickTrain's / dense's)."""
     return 100.0 * (1.0 - run.summary["wall_seconds"] / base.summary["wall_seconds"])

@@ -10,10 +10,11 @@ Smoke/cpu/gpu project the Table 1 ClickTrain run; paper projects ImageNet ClickT
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, Target, reproduce
 
 GPUS = (4, 8, 16)
 
@@ -39,7 +40,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Projected communication time saved against GPU count, ours and the paper's."""
     data = []
     for r in results:

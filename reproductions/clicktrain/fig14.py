@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import CONNECTIVITY, train_for
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 GPUS = (4, 8, 16)
 
@@ -32,7 +32,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def hours_saved(run, base) -> float:
+def hours_saved(run: RunRecord, base: RunRecord | None) -> float:
     """Hours of wall time ClickTrain saves against dense."""
     return (base.summary["wall_seconds"] - run.summary["wall_seconds"]) / 3600.0
 

@@ -9,14 +9,16 @@ paper time it on the GPU (cuSPARSE through ``to_sparse_csr`` against the CUDA ke
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from impl.report.results import FigureSpec
 from reproductions.clicktrain.kernels import (
     PAPER_SHAPE,
     SCALE_SHAPES,
     conversion_note,
     filter_matrix,
 )
-from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
 
@@ -26,7 +28,7 @@ def _spaced(dims: str) -> str:
     return dims.replace("x", " x ")
 
 
-def matrix_shape(results, scale: str) -> str:
+def matrix_shape(results: list[RowResult], scale: str) -> str:
     """The filter matrix timed, "rows x columns": as the measurement recorded it (a reused
     one keeps its own), else the scale's shape (:data:`kernels.SCALE_SHAPES`)."""
     for r in results:
@@ -36,7 +38,7 @@ def matrix_shape(results, scale: str) -> str:
     return _spaced(filter_matrix(SCALE_SHAPES[scale]))
 
 
-def heading(results, scale: str) -> tuple[str, str]:
+def heading(results: list[RowResult], scale: str) -> tuple[str, str]:
     """The title and a description naming the matrix this scale timed (the paper's is
     256 x 1152, Sec. 5.1)."""
     shape, paper = matrix_shape(results, scale), _spaced(filter_matrix(PAPER_SHAPE))
@@ -60,10 +62,8 @@ def rows(scale: str) -> list[Row]:
     ]  # fmt: skip
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Bars of the two conversion times (us)."""
-    from impl.report.results import FigureSpec
-
     data = []
     for r in results:
         if r.measured:

@@ -8,8 +8,10 @@ ResNet-32 on digits with 2, 5 and 10 (of 30); paper ResNet-50 on CIFAR-10 with 5
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from reproductions.common import Row, Target, figure_rows, reproduce
+from impl.report.results import FigureSpec
+from reproductions.common import Row, RowResult, Target, figure_rows, reproduce
 from reproductions.prunetrain import pair
 
 INTERVALS = {"smoke": (1, 2), "cpu": (1, 2, 4), "gpu": (2, 5, 10), "paper": (5, 10, 20)}
@@ -30,10 +32,8 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 against inference FLOPs, one point per interval."""
-    from impl.report.results import FigureSpec
-
     acc = figure_rows(results, "top1", scale)
     inf = figure_rows(results, "inference_flops", scale)
     for a, i in zip(acc, inf):

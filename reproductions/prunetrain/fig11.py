@@ -13,9 +13,10 @@ gpu ResNet-32; paper ResNet-50 on ImageNet.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
 from reproductions.prunetrain import pair
 
@@ -30,7 +31,7 @@ def _costs(run) -> tuple[list[float], list[float]]:
     return per_iter, per_epoch
 
 
-def comm_cost_saved(run, base=None) -> float:
+def comm_cost_saved(run: RunRecord, base: RunRecord | None = None) -> float:
     """Communication cost saved over the run (%), per epoch (bytes x iterations)."""
     _, per_epoch = _costs(run)
     return 100.0 * (1 - sum(per_epoch) / len(per_epoch))
@@ -56,7 +57,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Normalised communication cost per iteration and per epoch over the epochs."""
     data = []
     for r in results:

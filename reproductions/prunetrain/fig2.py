@@ -9,15 +9,16 @@ ResNet-32 on digits; paper ResNet-50 on CIFAR-10 (182 epochs).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
 from reproductions.prunetrain import pair
 
 RATIOS = (0.1, 0.2, 0.25)
 
 
-def one_time_extra(run, base) -> float:
+def one_time_extra(run: RunRecord, base: RunRecord | None) -> float:
     """Extra training FLOPs (%) of a single reconfiguration at the best epoch against
     PruneTrain's periodic one, from the per-epoch costs: the one-time model trains densely
     until epoch e, then at the cost PruneTrain's model had after epoch e (pruned channels do
@@ -44,7 +45,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Training FLOPs per sample, normalised to dense, against the epoch (Fig. 2a)."""
     base = next((r for r in results if r.row.method == "dense" and r.runs), None)
     data = []

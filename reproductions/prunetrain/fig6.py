@@ -11,9 +11,10 @@ smoke/cpu ResNet-20 on digits, gpu ResNet-32 on digits, paper ResNet-50 on CIFAR
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, Target, reproduce
 from reproductions.prunetrain import fig8
 
 MEASURE = "reproductions.prunetrain.measure:union_vs_gating"
@@ -39,7 +40,7 @@ def rows(scale: str) -> list[Row]:
     return [*sweep, count]  # fmt: skip
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Inference conv FLOPs (% of dense) per penalty ratio, union beside gating."""
     measured = next((r.measured for r in results if r.measured), None) or {}
     ratio = {r.row.label: r.row.group.get("ratio") for r in results}

@@ -12,9 +12,10 @@ ResNet-50 on ImageNet. The paper's one stated number is union's 1.9x over dense 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, Target, reproduce
 from reproductions.prunetrain import pair
 
 MEASURE = "reproductions.prunetrain.measure:union_gating_layer_times"
@@ -34,7 +35,7 @@ def rows(scale: str) -> list[Row]:
     return [dense, pt, timing]
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Per-layer forward + backward time: dense, union and gating (the paper's bars)."""
     measured = next((r.measured for r in results if r.measured), None) or {}
     data = [

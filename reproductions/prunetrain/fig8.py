@@ -9,15 +9,16 @@ on digits; paper ResNet-50 on CIFAR-10 (182 epochs).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, figure_rows, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
 from reproductions.prunetrain import pair
 
 RATIOS = (0.05, 0.1, 0.15, 0.2)
 
 
-def inference_mflops(run, base) -> float:
+def inference_mflops(run: RunRecord, base: RunRecord | None) -> float:
     """Inference MFLOPs per sample of the final model (nominal)."""
     return float(run.summary["inference_flops"]) / 1e6
 
@@ -38,7 +39,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 against inference MFLOPs (Fig. 8a) and against training FLOPs (Fig. 8b)."""
     table = {"inference_mflops": ("MFLOPs", inference_mflops)}
     inf = figure_rows(results, "inference_mflops", scale, table=table)

@@ -8,13 +8,14 @@ on digits; paper ResNet-50 on CIFAR-100 and ImageNet.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
 from reproductions.prunetrain.table4 import rows as table4_rows
 
 
-def final_batch(run, base=None) -> float:
+def final_batch(run: RunRecord, base: RunRecord | None = None) -> float:
     """The mini-batch size of the last epoch."""
     return float(run.metrics[-1]["batch_size"]) if run.metrics else float("nan")
 
@@ -33,7 +34,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Batch size against epoch (ours), beside the paper's schedule."""
     data = []
     for r in results:

@@ -8,9 +8,10 @@ machine; paper times the CIFAR-100 models and the three ImageNet ResNet-50 model
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, reproduce
+from reproductions.common import Row, RowResult, Target, reproduce
 from reproductions.prunetrain import pair
 
 MEASURE = "reproductions.prunetrain.measure:inference_throughput"
@@ -46,7 +47,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Images per second per model and batch size."""
     data = []
     for r in results:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 from reproductions.prunetrain import pair
 
 
-def train_time_reduction(run, base) -> float:
+def train_time_reduction(run: RunRecord, base: RunRecord | None) -> float:
     """Training wall time saved against dense, in %."""
     return 100.0 * (1 - run.summary["wall_seconds"] / base.summary["wall_seconds"])
 

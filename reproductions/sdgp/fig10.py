@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, figure_rows, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
 from reproductions.sdgp.table1 import rows as table1_rows
 
 TARGET_TOP1 = {"smoke": 10.0, "cpu": 90.0, "gpu": 94.5, "paper": 94.5}
@@ -41,7 +42,7 @@ def _epochs_to_target(run) -> float:
     return math.nan
 
 
-def estimated_tta(run, base) -> float:
+def estimated_tta(run: RunRecord, base: RunRecord | None) -> float:
     """Seconds to the scale's target: the dense run's epoch training times, each reduced by
     the fraction of the iteration this setting's data-gradient pruning saves (the SDGP run's
     profile), summed over the epochs this run needs to reach the target; NaN if it never
@@ -57,7 +58,7 @@ def estimated_tta(run, base) -> float:
     return math.nan
 
 
-def relative_speedup(run, base) -> float:
+def relative_speedup(run: RunRecord, base: RunRecord | None) -> float:
     """Estimated time-to-accuracy of the reference setting ``base`` over this one's, minus 1
     (%), with equal dense epoch times: epochs to target x (1 - saved fraction) of each."""
     ours = _epochs_to_target(run) * (1 - _saved(run))
@@ -82,7 +83,7 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Estimated time to accuracy per setting."""
     table = {"estimated_tta": ("s", estimated_tta)}
     data = figure_rows(results, "estimated_tta", scale, table=table)

@@ -9,9 +9,10 @@ m >= 8 (ResNet-9 on digits; on CIFAR-10 with the ffcv recipe at paper).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, Target, figure_rows, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
 from reproductions.sdgp.table1 import rows as table1_rows
 
 
@@ -40,12 +41,12 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
-def top1_change(run, base) -> float:
+def top1_change(run: RunRecord, base: RunRecord | None) -> float:
     """Top-1 of this setting minus that of 2:4 (pp)."""
     return run.summary["top1"] - base.summary["top1"]
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 as a grid: group size m (columns) by sparsity ratio (rows), as the paper."""
     data = figure_rows(results, "top1", scale)
     return [FigureSpec(kind="heatmap", x="m", y="top1", hue="ratio", data=data,

@@ -9,9 +9,10 @@ the CPU; gpu and paper the paper's shape on the GPU.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import TIMING_SWEEPS, Row, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
 
 MEASURE = "reproductions.sdgp.measure:conv_times"
 
@@ -32,7 +33,7 @@ def rows(scale: str) -> list[Row]:
     ]  # fmt: skip
 
 
-def figures(results, scale, paper):
+def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Per-layer time of the three passes (the paper's grouped bars); no data-gradient bar
     for a layer that never computes one in training (the first conv)."""
     measured = next((r.measured for r in results if r.measured), None)

@@ -144,7 +144,7 @@ def payload_index(
         else:
             parts.append(mask.nonzero().reshape(-1).to(p.device) + offset)
         offset += n
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    return torch.cat(parts)  # not empty: some parameter has a mask
 
 
 def payload_bytes(model: nn.Module, masks: dict[str, torch.Tensor] | None = None) -> int:

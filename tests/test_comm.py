@@ -161,6 +161,17 @@ def one_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
+def test_a_timed_all_reduce_takes_the_seconds_between_its_two_clock_readings(
+    one_rank_group, monkeypatch
+):
+    readings = iter([100.0, 100.25])
+    monkeypatch.setattr(comm.time, "perf_counter", lambda: next(readings))
+    payload = torch.arange(4.0)
+    seconds = comm._all_reduce_timed(comm.CommState(timing=True), payload)
+    assert seconds == 0.25
+    assert torch.equal(payload, torch.arange(4.0))  # one rank: the sum is the tensor itself
+
+
 @pytest.mark.parametrize("timing", [True, False], ids=["timed", "async"])
 def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing):
     m = small_model()

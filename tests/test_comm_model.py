@@ -160,9 +160,27 @@ def test_project_run_reproduces_the_shape_of_prunetrain_fig11():
         assert per_epoch == pytest.approx([1.0, 0.8, 0.6 * iters[2] / iters[0]])
         assert per_epoch[2] < per_iter[2]  # the dynamic batch cut the epoch's share further
     first = [r for r in proj if r["epoch"] == 0 and r["gpus"] == 128][0]
-    assert first["bytes_per_iter"] == pytest.approx(
-        cm.hierarchical_ring_allreduce(100e6, 128).bytes_sent
-    )
+    cost = cm.hierarchical_ring_allreduce(100e6, 128)
+    assert first["bytes_per_iter"] == pytest.approx(cost.bytes_sent)
+    assert first["seconds_per_iter"] == pytest.approx(cost.seconds)
+    for r in proj:  # an epoch is its iterations' worth of Allreduces, in bytes and in time
+        assert r["bytes_per_epoch"] == pytest.approx(r["bytes_per_iter"] * r["iterations"])
+        assert r["seconds_per_epoch"] == pytest.approx(r["seconds_per_iter"] * r["iterations"])
+
+
+def test_the_smallest_valid_inputs_are_accepted():
+    """One sample, a batch of one, an empty payload, a zero-latency link, a sub-byte/s one,
+    and a batch scale small enough to round a batch to nothing (it stays one sample)."""
+    assert cm.iterations_per_epoch(1, 1) == 1 == cm.iterations_per_epoch(1, 1, drop_last=True)
+    with pytest.raises(ValueError, match="train_size"):
+        cm.iterations_per_epoch(0, 1)
+    slow = cm.Link(bandwidth=0.5, latency=0.0)
+    assert (slow.bandwidth, slow.latency) == (0.5, 0.0)
+    empty = cm.allreduce_cost(0, 8, "ring")
+    assert empty.bytes_sent == 0
+    rows = [{"epoch": 0, "batch_size": 8, "comm_bytes_per_iter": 1000}]
+    (row,) = cm.project_run(rows, (8,), train_size=10, batch_scale=0.01)
+    assert (row["batch_size"], row["iterations"]) == (1, 10)
 
 
 def test_project_run_rejects_rows_without_payload():

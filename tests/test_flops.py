@@ -173,6 +173,9 @@ def test_bad_arguments_raise() -> None:
         training_flops(model, (3, 7, 7), density={"1": LayerDensity()})
     with pytest.raises(ValueError, match="positive ints"):
         training_flops(model, (3, 0, 7))
+    # a size of 1 is valid: one input channel, one row (5 x 1 output positions of 2 filters)
+    one = training_flops(nn.Sequential(nn.Conv2d(1, 2, (1, 3), bias=False)), (1, 1, 7))
+    assert one.forward == 2 * (2 * 5) * 3
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         LayerDensity(forward=1.5)
     with pytest.raises(ValueError, match="batch"):
@@ -266,6 +269,7 @@ def test_paper_cost_hand_count() -> None:
     assert conv["inference_macs"] == 13_824
     assert conv["train_macs"] == 16 * (2 * 13_824 + 21_600)
     assert bn["bn_accesses"] == 8 * 16 * 8 * 64
+    assert (bn["K"], bn["inference_macs"], bn["train_macs"]) == (8, 0, 0)  # channels; no MACs
     assert fc["train_macs"] == 3 * 16 * 8 * 4
     assert cost.train_macs == 16 * 49_248 + 1_536
     assert cost.train_flops == 2 * cost.train_macs

@@ -121,6 +121,8 @@ def test_step_and_cosine_schedules():
     assert lr_multiplier("step", 91, 182, milestones=[91, 136]) == pytest.approx(0.1)
     assert lr_multiplier("step", 140, 182, milestones=[91, 136]) == pytest.approx(0.01)
     assert lr_multiplier("cosine", 5, 10) == pytest.approx(0.5)
+    cosine = [lr_multiplier("cosine", e, 8) for e in (0, 2, 6, 8, 9)]  # 9: past the end
+    assert cosine == pytest.approx([1.0, (1 + 0.5**0.5) / 2, (1 - 0.5**0.5) / 2, 0.0, 0.0])
     assert lr_multiplier("constant", 3, 10) == 1.0
 
 

@@ -136,6 +136,22 @@ def test_load_metrics_long_form(runs_root):
     assert list(one["epoch"]) == [0, 1]
 
 
+def test_load_metrics_keeps_a_torn_files_whole_lines_and_skips_runs_with_none(tmp_path):
+    _run(tmp_path, "missing", epochs=2)
+    _run(tmp_path, "torn", epochs=3, seed=1)
+    _run(tmp_path, "unreadable", epochs=2, seed=2)
+    (tmp_path / "missing" / "metrics.jsonl").unlink()
+    torn = tmp_path / "torn" / "metrics.jsonl"
+    torn.write_text(torn.read_text()[:-20])  # killed mid-write: the last line is cut
+    (tmp_path / "unreadable" / "metrics.jsonl").write_text('{"epoch": 0, "test_')
+    runs = load_runs([tmp_path])
+    metrics = load_metrics(runs)
+    assert list(metrics["run"]) == ["torn", "torn"] and list(metrics["epoch"]) == [0, 1]
+    # no run with a readable line: an empty frame that still has the columns to select on
+    none = load_metrics(runs[runs["run"] != "torn"])
+    assert none.empty and {"run", "method", "seed", "epoch"} <= set(none.columns)
+
+
 @pytest.mark.parametrize(
     ("target", "expected"),
     [(40.0, 20.0), (59.9, 20.0), (90.0, 30.0), (90.1, math.nan), (0.0, 10.0)],

@@ -114,6 +114,11 @@ def test_onecycle_rises_then_falls_to_zero():
     assert values[-1] == pytest.approx(0.0)
     assert all(a <= b for a, b in zip(values[:3], values[1:3]))
     assert all(a >= b for a, b in zip(values[2:], values[3:]))
+    # linear both ways: 0.04 + 0.96 t / 0.2 up, then (1 - t) / 0.8 down
+    assert values[1] == pytest.approx(0.52) and values[5] == pytest.approx(0.625)
+    assert lr_multiplier("onecycle", 0.5, 10, warmup_fraction=0.2) == pytest.approx(0.28)
+    # without warm-up it starts at its peak
+    assert lr_multiplier("onecycle", 0, 10, warmup_fraction=0.0) == 1.0
 
 
 def test_step_and_cosine_schedules():

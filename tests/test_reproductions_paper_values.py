@@ -5,7 +5,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from reproductions.published import COLUMNS, paper_values, read_value_file, value_files
+from reproductions.published import (
+    COLUMNS,
+    lookup,
+    paper_values,
+    read_value_file,
+    value_files,
+)
 
 REQUIRED = {
     "clicktrain": [
@@ -136,8 +142,8 @@ def test_unknown_paper_or_item_is_an_error():
 def test_malformed_file_is_rejected(tmp_path):
     bad = tmp_path / "sdgp_table1.csv"
     bad.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,95.3,%,,\n")
-    with pytest.raises(ValueError, match="without a source"):
-        read_value_file(bad)
+    with pytest.raises(ValueError, match=r"sdgp_table1.csv:2: row without a source"):
+        read_value_file(bad)  # the first row after the header is line 2 of the file
     bad.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,n/a,%,Table I,\n")
     with pytest.raises(ValueError, match="not a number"):
         read_value_file(bad)
@@ -145,3 +151,15 @@ def test_malformed_file_is_rejected(tmp_path):
     wrong.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,1,%,Table I,\n")
     with pytest.raises(ValueError, match="file name"):
         read_value_file(wrong)
+
+
+def test_one_papers_values_and_one_items_are_selected_exactly():
+    sdgp = paper_values("sdgp")
+    assert len(sdgp) and set(sdgp["paper"]) == {"sdgp"}
+    table1 = paper_values("sdgp", "table1")
+    assert len(table1) and set(table1["item"]) == {"table1"} and set(table1["paper"]) == {"sdgp"}
+    assert len(table1) < len(sdgp)
+    rows = lookup(table1, method="dense", dataset="cifar10")
+    assert len(rows) == 1 and rows["value"].iloc[0] == 95.3  # Table I: the dense baseline
+    with pytest.raises(ValueError, match="unknown column"):
+        lookup(table1, colour="red")

@@ -17,7 +17,7 @@ from bench import cases, run
 from impl.env import REPO_ROOT
 
 
-def test_run_writes_tidy_rows_with_provenance(tmp_path):
+def test_run_writes_tidy_rows_with_provenance(tmp_path, capsys):
     out = tmp_path / "bench"
     status = run.main(
         ["--scale", "smoke", "--out", str(out), "--suite", "csr", "--match", "37x13x3x3-s95"]
@@ -42,6 +42,18 @@ def test_run_writes_tidy_rows_with_provenance(tmp_path):
     assert "torch" in table[0] and "tf32_matmul" in table[0]
     text = (out / "summary.md").read_text()
     assert "## csr" in text and "37x13x3x3-s95" in text
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    assert sum(counts.values()) == len(rows) and all(n > 0 for n in counts.values())
+    assert capsys.readouterr().out.strip().endswith(f"({counts})")  # rows per status
+
+
+def test_a_long_list_names_its_first_twelve_and_counts_the_rest():
+    names = [f"case{i}" for i in range(14)]
+    assert run._listed(names) == ", ".join(names[:12]) + ", ... (2 more)"
+    assert run._listed(names[:12]) == ", ".join(names[:12])  # exactly the limit: all of them
+    assert run._listed(names, limit=3) == "case0, case1, case2, ... (11 more)"
 
 
 def test_run_rejects_an_unknown_suite(tmp_path):

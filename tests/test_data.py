@@ -121,6 +121,10 @@ def test_set_epoch_reproducible_and_changes_order() -> None:
     assert not torch.equal(_all(third)[1], ya)
     with pytest.raises(ValueError, match="epoch"):
         train.set_epoch(-1)
+    with pytest.raises(ValueError, match="epoch"):
+        train.set_epoch(True)  # a bool is not an epoch
+    train.set_epoch(0)  # the first epoch, as a fresh loader starts
+    assert not torch.equal(_all(train)[1], ya)
 
 
 def test_augmentation_independent_of_batch_size() -> None:

@@ -47,6 +47,14 @@ def test_run_writes_tidy_rows_with_provenance(tmp_path, capsys):
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     assert sum(counts.values()) == len(rows) and all(n > 0 for n in counts.values())
     assert capsys.readouterr().out.strip().endswith(f"({counts})")  # rows per status
+    assert 0 <= payload["wall_seconds"] < 600  # seconds this run took, not a clock reading
+
+
+def test_a_run_with_an_error_row_exits_1(tmp_path, monkeypatch, capsys):
+    rows = [{"status": "ok"}, {"status": "error"}, {"status": "ok"}]
+    monkeypatch.setattr(run, "run", lambda *a, **k: rows)
+    assert run.main(["--scale", "smoke", "--out", str(tmp_path), "--suite", "csr"]) == 1
+    assert "({'ok': 2, 'error': 1})" in capsys.readouterr().out
 
 
 def test_a_long_list_names_its_first_twelve_and_counts_the_rest():

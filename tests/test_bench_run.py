@@ -48,6 +48,11 @@ def test_run_writes_tidy_rows_with_provenance(tmp_path, capsys):
     assert sum(counts.values()) == len(rows) and all(n > 0 for n in counts.values())
     assert capsys.readouterr().out.strip().endswith(f"({counts})")  # rows per status
     assert 0 <= payload["wall_seconds"] < 600  # seconds this run took, not a clock reading
+    skipped = [r for r in csr if r["status"] == "skipped"]  # the GPU implementations, here
+    assert skipped and f"Not measured ({len(skipped)} rows):" in text
+    for reason in {r["reason"] for r in skipped}:
+        n = sum(r["reason"] == reason for r in skipped)
+        assert f"- {n} x skipped: {reason}" in text
 
 
 def test_a_run_with_an_error_row_exits_1(tmp_path, monkeypatch, capsys):

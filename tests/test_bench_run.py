@@ -66,6 +66,7 @@ def test_a_long_list_names_its_first_twelve_and_counts_the_rest():
     names = [f"case{i}" for i in range(14)]
     assert run._listed(names) == ", ".join(names[:12]) + ", ... (2 more)"
     assert run._listed(names[:12]) == ", ".join(names[:12])  # exactly the limit: all of them
+    assert run._listed(names[:13]).endswith("case11, ... (1 more)")
     assert run._listed(names, limit=3) == "case0, case1, case2, ... (11 more)"
 
 

@@ -253,6 +253,28 @@ def test_nothing_removed_on_a_dense_model() -> None:
         torch.testing.assert_close(v, before[k])
 
 
+@pytest.mark.parametrize("zero_norms", [True, False], ids=["bn-zeroed", "bn-kept"])
+def test_zero_channels_zeroes_every_layer_touching_them_and_nothing_else(zero_norms) -> None:
+    model = tiny_model()
+    model[3] = nn.Conv2d(5, 7, 3, padding=1, bias=True)  # a writer with a bias
+    randomize_bn(model, torch.Generator().manual_seed(0))
+    graph = build_graph(model)
+    (space,) = [k for k, s in graph.spaces.items() if s.writers == ["3"]]
+    before = copy.deepcopy(model.state_dict())
+    idx = torch.tensor([1, 4])
+    zero_channels(model, graph, space, idx, zero_norms=zero_norms)
+    rest = torch.tensor([0, 2, 3, 5, 6])
+    conv, bn, fc = model[3], model[4], model[8]
+    assert not conv.weight[idx].any() and not conv.bias[idx].any()  # the writer's rows
+    assert not fc.weight[:, idx].any()  # the reader's columns
+    assert bool(not bn.weight[idx].any() and not bn.bias[idx].any()) is zero_norms
+    assert torch.equal(conv.weight[rest], before["3.weight"][rest])
+    assert torch.equal(conv.bias[rest], before["3.bias"][rest])
+    assert torch.equal(bn.bias[rest], before["4.bias"][rest])
+    assert torch.equal(fc.weight[:, rest], before["8.weight"][:, rest])
+    assert torch.equal(model[0].weight, before["0.weight"])  # another space: untouched
+
+
 def test_vgg_space_keeps_one_channel_when_all_are_zero() -> None:
     model = M.create("vgg11")
     graph = build_graph(model)

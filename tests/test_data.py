@@ -90,6 +90,12 @@ def test_stratified_split_sizes(n_per_class: tuple[int, ...], fraction: float) -
     assert len(np.intersect1d(train, test)) == 0 and len(train) + len(test) == len(labels)
     for c, n in enumerate(n_per_class):
         assert abs((labels[test] == c).sum() - fraction * n) < 1.0 + 1e-9
+    # largest remainder: the classes rounded up have the largest fractional shares
+    exact = np.array(n_per_class) * (len(test) / len(labels))
+    up = np.array([(labels[test] == c).sum() for c in range(len(n_per_class))]) > exact // 1
+    remainder = exact - exact // 1
+    if up.any() and (~up).any():
+        assert remainder[up].min() >= remainder[~up].max()
     again = stratified_split(labels, fraction)
     assert np.array_equal(test, again[1])
     assert not np.array_equal(test, stratified_split(labels, fraction, seed=7)[1])
@@ -198,6 +204,10 @@ def test_crop_flip_is_a_shifted_window(pad: int, flip: bool) -> None:
     assert torch.equal(crop.apply(x, centre, centre, torch.zeros(5, dtype=torch.bool)), x)
     if not flip:
         assert not fl.any()
+    # every offset in [0, 2 pad] is drawn (shifts of -pad..+pad), and flips half the time
+    dy, dx, fl = crop.draw(4000, torch.Generator().manual_seed(1))
+    assert set(dy.tolist()) == set(range(2 * pad + 1)) == set(dx.tolist())
+    assert abs(fl.float().mean().item() - (0.5 if flip else 0.0)) < 0.05
 
 
 def test_tensor_loader_validates_shapes() -> None:

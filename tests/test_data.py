@@ -356,6 +356,15 @@ def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
         make_loaders("cifar10", 8, data_dir=tmp_path)
 
 
+@pytest.mark.parametrize("label", [10, -1], ids=["one-past-the-last", "negative"])
+def test_cifar_labels_outside_the_classes_are_refused(tmp_path: Path, label: int) -> None:
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(4))
+    data = np.zeros((2, 3072), np.uint8)
+    _write_batch(tmp_path / "cifar-10-batches-py" / "test_batch", data, [9, label], b"labels")
+    with pytest.raises(ValueError, match=r"cifar10 test labels outside \[0, 9\]"):
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+
+
 # ----------------------------------------------------------------------------- others
 
 

@@ -284,6 +284,35 @@ def test_vgg_space_keeps_one_channel_when_all_are_zero() -> None:
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
+def test_a_path_whose_last_conv_is_all_below_the_threshold_is_removed_as_if_zeroed() -> None:
+    """Its last conv's weights are small but not zero: the path is removed, and the model
+    computes what it computed with that conv zeroed (not with another conv zeroed); a path
+    whose last conv holds one weight exactly at the threshold is kept, as a channel is."""
+    gen = torch.Generator().manual_seed(5)
+    model = M.create("resnet20")
+    randomize_bn(model, gen)
+    graph = build_graph(model)
+    path = graph.paths[1]
+    last = model.get_submodule(path.convs[-1])
+    with torch.no_grad():
+        last.weight.uniform_(-5e-3, 5e-3, generator=gen)  # all below a threshold of 0.01
+    kept = copy.deepcopy(model)
+    with torch.no_grad():
+        kept.get_submodule(path.convs[-1]).weight.view(-1)[7] = 0.01
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.get_submodule(path.convs[-1]).weight.zero_()
+    x = torch.randn(2, 3, 32, 32, generator=gen)
+    for m in (model, kept, zeroed):
+        m.eval()
+    with torch.no_grad():
+        want = zeroed(x)
+        rep = reconfigure(model, None, threshold=0.01)
+        assert rep.removed_paths == [path.block]
+        assert rel_err(model(x), want) < 1e-5
+        assert reconfigure(kept, None, threshold=0.01).removed_paths == []
+
+
 def _union_models() -> list:
     names = [("resnet20", "cifar"), ("resnet32", "cifar"), ("resnet56", "cifar")]
     for n in ("resnet18", "resnet34", "resnet50", "resnet101"):

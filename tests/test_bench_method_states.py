@@ -38,6 +38,10 @@ def test_prunetrain_state_is_physically_smaller():
     assert state.model.layer1[0].conv1.out_channels == 8  # half of 16 removed
     reg = state.regularizer(state.model)
     assert reg.requires_grad and float(reg.detach()) > 0
+    from impl.methods.prunetrain import group_lasso
+
+    want = ms.PRUNETRAIN_LASSO_COEFF * group_lasso(state.model)
+    assert float(reg.detach()) == pytest.approx(float(want.detach()))
     out = state.model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10)
     assert ms.allreduce_payload(state)["payload_bytes"] == 4 * after
@@ -47,6 +51,10 @@ def test_sdgp_state_converts_convs_and_sends_dense_gradients():
     state = ms.build_state("sdgp", "resnet20")
     assert state.info["sdgp_layers"] > 0 and state.info["nm"] == "2:4"
     assert all(d.data_grad == 0.5 and d.forward == 1.0 for d in state.cost.values())
+    from impl.methods.sdgp import SDGPConv2d
+
+    sdgp = {n for n, m in state.model.named_modules() if isinstance(m, SDGPConv2d)}
+    assert set(state.cost) == sdgp and len(sdgp) == state.info["sdgp_layers"]
     payload = ms.allreduce_payload(state)
     assert payload["payload_bytes"] == payload["dense_bytes"] == _dense_bytes(create("resnet20"))
 

@@ -160,6 +160,26 @@ def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["gpu_source"] == "nvml"
 
 
+def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+    fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
+    fake.nvmlInit = fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 1
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetName = lambda h: b"Fake H100"
+    fake.nvmlSystemGetDriverVersion = lambda: "999.01"
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**30)
+    fake.nvmlDeviceGetClockInfo = fake.nvmlDeviceGetMaxClockInfo = lambda h, c: 1000
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000  # NVML reports milliwatts
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert env.gpu_info()["gpu_power_limit_w"] == 700.0
+    fake.nvmlDeviceGetCount = lambda: 0
+    _no_fallbacks(monkeypatch)
+    info = env.gpu_info()
+    assert info["gpu_count"] == 0 and info["nvml_error"] == "NVML sees no GPU"
+
+
 def test_format_env_mentions_versions() -> None:
     info = env.collect()
     text = env.format_env(info)

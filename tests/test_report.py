@@ -512,6 +512,7 @@ def test_model_data_seed_and_n_labels():
         "CIFAR-10", "ImageNet", "digits")  # fmt: skip
     assert (seeds_text([4, 0, 1, 2, 3]), seeds_text([0]), seeds_text([0, 2, 7])) == (
         "0-4", "0", "0, 2, 7")  # fmt: skip
+    assert (seeds_text([1, 0]), seeds_text([0, 1, 2]), seeds_text([])) == ("0, 1", "0-2", "-")
     assert (n_label(1, [3]), n_label(1), n_label(5, [0, 1, 2, 3, 4]), n_label(0)) == (
         "(n=1, seed 3)", "(n=1)", "(n=5)", "")  # fmt: skip
 

@@ -647,3 +647,30 @@ def test_index_counts_paper_rows_without_ours_whether_or_not_listed_as_missing(t
     filled = ResultSet(target="sdgp.fig8", title="F8", scale="cpu",
                        rows=[{"row": "a", "metric": "m", "ours": 1.0, "scale": "cpu"}])  # fmt: skip
     assert unfilled(filled) == 0 and unfilled(unlisted) == 5 and unfilled(listed) == 3
+
+
+def test_a_papers_items_are_ordered_tables_then_figures_by_number():
+    from impl.report.pages import _item_key
+
+    targets = ["cp.fig10", "cp.table10", "cp.notes", "cp.fig9", "cp.table2", "cp.headline"]
+    assert sorted(targets, key=_item_key) == [
+        "cp.table2", "cp.table10", "cp.fig9", "cp.fig10", "cp.headline", "cp.notes"]  # fmt: skip
+
+
+def test_a_result_without_numbers_of_ours_says_why_in_the_index():
+    from types import SimpleNamespace
+
+    from impl.report.pages import _status
+
+    need = [{"row": "a", "reason": "needs gpu"}, {"row": "b", "reason": "needs ImageNet"}]
+    paper_only = SimpleNamespace(rows=[{"row": "a", "ours": None}], missing=need)
+    assert _status(paper_only) == "paper numbers only: needs ImageNet (+1 other reason)"
+    three = SimpleNamespace(rows=[], missing=[*need, {"row": "c", "reason": "needs time"}])
+    assert _status(three) == "paper numbers only: needs ImageNet (+2 other reasons)"
+    one = SimpleNamespace(rows=[], missing=need[:1])
+    assert _status(one) == "paper numbers only: needs gpu"
+    assert _status(SimpleNamespace(rows=[], missing=[])) == "empty"
+    rows = [{"row": "a", "ours": 1.0}, {"row": "b", "ours": None}]
+    partly = SimpleNamespace(rows=rows, missing=[])
+    assert _status(partly) == "filled (some rows need more; see the page)"
+    assert _status(SimpleNamespace(rows=[{"row": "a", "ours": 1.0}], missing=[])) == "filled"

@@ -56,7 +56,8 @@ def _status(result: ResultSet) -> str:
         return "filled" + (" (some rows need more; see the page)" if unfilled(result) else "")
     reasons = sorted({m.get("reason", "") for m in result.missing})
     if reasons:
-        more = f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+        others = len(reasons) - 1
+        more = f" (+{others} other reason{'s' if others > 1 else ''})" if others else ""
         return f"paper numbers only: {reasons[0]}{more}"
     return "empty"
 

@@ -674,3 +674,12 @@ def test_a_result_without_numbers_of_ours_says_why_in_the_index():
     partly = SimpleNamespace(rows=rows, missing=[])
     assert _status(partly) == "filled (some rows need more; see the page)"
     assert _status(SimpleNamespace(rows=[{"row": "a", "ours": 1.0}], missing=[])) == "filled"
+
+
+def test_the_index_lists_papers_in_their_order_before_their_items(tmp_path):
+    """ClickTrain comes before SDGP although its item (a figure) sorts after SDGP's table."""
+    index = render_reports(
+        [_result(target="sdgp.table1"), _result(target="clicktrain.fig10")], tmp_path
+    )
+    text = index.read_text().split("<footer>")[0]
+    assert text.index("clicktrain.fig10</") < text.index("sdgp.table1</")

@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SCALE ?= cpu
 STAMP := $(VENV)/.pdtbench-installed
+# Test processes for `make test` (pytest-xdist); 0 runs the suite in one process.
+TEST_JOBS ?= 2
 
 .PHONY: demo test lint format setup clean bench-gpu gpu-check
 
@@ -20,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark tests
 	PDTBENCH_BENCH_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-disable
 
 lint: $(STAMP)

@@ -1,5 +1,7 @@
-"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA GPU is present, and
-the shell's dataset directories (PDTBENCH_DATA_DIR) do not reach the tests."""
+"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA GPU is present (and
+where one is, the GPU tests share one pytest-xdist worker, so no two time the GPU at once),
+the shell's dataset directories (PDTBENCH_DATA_DIR) do not reach the tests, and a process a
+test starts is not taken for an xdist worker."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ import torch
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Queried at collection, never at import: an import must not touch the GPU.
     if torch.cuda.is_available():
+        # Under `pytest -n N --dist loadgroup` one worker runs every GPU test, in turn.
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(pytest.mark.xdist_group("gpu"))
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is present on this machine")
     for item in items:
@@ -28,3 +34,18 @@ def _seed() -> None:
 def _no_dataset_directories_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
     """A user's PDTBENCH_DATA_DIR must not change what the tests see."""
     monkeypatch.delenv("PDTBENCH_DATA_DIR", raising=False)
+
+
+XDIST_WORKER_VARIABLES = (
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+    "PYTEST_XDIST_TESTRUNUID",
+)
+
+
+@pytest.fixture(autouse=True)
+def _subprocesses_are_not_xdist_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest a test starts (the benchmark suites) must run as a user's would: pytest-benchmark
+    turns benchmarking off in any process that sees an xdist worker's variables."""
+    for name in XDIST_WORKER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)

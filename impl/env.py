@@ -297,8 +297,13 @@ def _torch_info() -> dict[str, Any]:
         cudnn = torch.backends.cudnn.version()
     except Exception:
         cudnn = None
+    try:  # the vector ISA torch's CPU kernels dispatch to; it can change float rounding
+        cpu_capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        cpu_capability = None
     return {
         "torch": torch.__version__,
+        "cpu_capability": cpu_capability,
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "torch_threads": torch.get_num_threads(),
@@ -327,6 +332,8 @@ def collect() -> dict[str, Any]:
     ``date`` (UTC, ISO 8601), ``python``, ``torch``, ``cuda`` (``torch.version.cuda``),
     ``cudnn`` (int, e.g. 90100, or None), ``cupy``, ``numpy`` (versions or None),
     ``python_executable`` (:func:`python_executable`), ``platform``, ``cpu_model``,
+    ``cpu_capability`` (the vector instruction set torch's CPU kernels use, e.g. ``"AVX2"`` or
+    ``"AVX512"``: two CPUs of one model name can differ, and so can their float results),
     ``cpu_count`` (logical cores), ``cpu_affinity`` (cores this
     process may use), ``torch_threads``, ``tf32_matmul`` / ``tf32_cudnn`` (the
     ``allow_tf32`` flags), ``cudnn_benchmark``, ``float32_matmul_precision``, the GPU fields

@@ -27,6 +27,7 @@ EXPECTED_KEYS = {
     "numpy",
     "platform",
     "cpu_model",
+    "cpu_capability",
     "cpu_count",
     "torch_threads",
     "tf32_matmul",
@@ -53,6 +54,7 @@ def test_collect_keys_and_types() -> None:
     assert info["numpy"] is not None
     assert isinstance(info["cpu_count"], int) and info["cpu_count"] >= 1
     assert info["torch_threads"] == torch.get_num_threads()
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert info["tf32_matmul"] is torch.backends.cuda.matmul.allow_tf32
     assert info["tf32_cudnn"] is torch.backends.cudnn.allow_tf32
     assert info["cudnn_benchmark"] is torch.backends.cudnn.benchmark

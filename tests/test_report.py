@@ -382,6 +382,15 @@ def test_provenance_rows_shorten_the_commit_and_date_and_flag_a_modified_tree():
     assert first["device"] == "Test CPU" and first["tf32 (matmul/cudnn)"] == "False/True"
 
 
+def test_provenance_device_names_the_cpus_vector_isa_so_two_cpus_of_one_model_differ():
+    # Two "AMD EPYC" machines, one with AVX-512 and one without, trained the same commit to
+    # different cpu-scale accuracies: the footer must tell them apart.
+    avx2, avx512 = {**ENV, "cpu_capability": "AVX2"}, {**ENV, "cpu_capability": "AVX512"}
+    gpu = {**avx2, "gpu_name": "NVIDIA H100"}
+    rows = provenance_rows([("cpu", avx2), ("cpu", avx512), ("gpu", gpu)])
+    assert list(rows["device"]) == ["Test CPU (AVX2)", "Test CPU (AVX512)", "NVIDIA H100"]
+
+
 def test_render_html_is_self_contained_and_escaped(tmp_path):
     section = result_section(_result())
     section.tables.append(Table(pd.DataFrame({"a": [1.5e9], "b": ["<x>"]}), "raw"))

@@ -360,6 +360,8 @@ def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.Da
     for scale, env in environments:
         env = env or {}
         device = env.get("gpu_name") or env.get("cpu_model") or "?"
+        if not env.get("gpu_name") and env.get("cpu_model") and env.get("cpu_capability"):
+            device = f"{device} ({env['cpu_capability']})"
         commit = env.get("commit") or "?"
         if env.get("dirty"):
             commit = f"{commit[:12]} (modified tree)"

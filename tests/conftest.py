@@ -5,6 +5,8 @@ test starts is not taken for an xdist worker."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -13,16 +15,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Queried at collection, never at import: an import must not touch the GPU.
     if torch.cuda.is_available():
         # Under `pytest -n N --dist loadgroup` one worker runs every GPU test, in turn.
-        for item in items:
-            if item.get_closest_marker("gpu") is not None:
-                item.add_marker(pytest.mark.xdist_group("gpu"))
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is present on this machine")
+        mark = pytest.mark.xdist_group("gpu")
+    else:
+        mark = pytest.mark.skip(reason="needs a CUDA GPU; none is present on this machine")
     for item in items:
         # The marker, not the keyword: a test parametrized with an id "gpu" (a scale) is not
         # a GPU test.
         if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+            item.add_marker(mark)
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +43,12 @@ XDIST_WORKER_VARIABLES = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _subprocesses_are_not_xdist_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _subprocesses_are_not_xdist_workers() -> Iterator[None]:
     """A pytest a test starts (the benchmark suites) must run as a user's would: pytest-benchmark
-    turns benchmarking off in any process that sees an xdist worker's variables."""
-    for name in XDIST_WORKER_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    turns benchmarking off in any process that sees an xdist worker's variables. Removed once
+    per session (xdist sets them when the worker starts), restored at its end."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in XDIST_WORKER_VARIABLES:
+            patch.delenv(name, raising=False)
+        yield

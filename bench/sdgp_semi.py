@@ -9,12 +9,12 @@ data gradient and *estimated* SDGP's as that time times n/m. This script measure
 distinct conv layer of ResNet-18 and ResNet-50 (ImageNet stem, ``impl.models``) at the paper's
 batch and resolution, in bf16 and fp16, channels-last (the authors' layout, Sec. III-A):
 
-* ``dense_dgrad_ms``: cuDNN's data gradient (``torch.nn.grad.conv2d_input``, cudnn.benchmark);
+* ``dense_dgrad_ms``: cuDNN's data gradient (``impl.methods.sdgp.conv_grad``, cudnn.benchmark);
 * ``sparse_dgrad_ms``: SDGP's data gradient on sparse tensor cores
   (:mod:`impl.methods.sdgp_semi`: 2:4 pruning, compression, sparse GEMM, fold) in one timed
   call, and its phases ``prune_ms``, ``compress_ms``, ``spmm_ms``, ``assemble_ms``;
 * ``est_sparse_ms = dense_dgrad_ms * n / m``: the paper's estimate (Sec. IV-C);
-* ``reference_ms``: the reference SDGP backend (``nm_prune`` then cuDNN ``conv2d_input``);
+* ``reference_ms``: the reference SDGP backend (``nm_prune`` then cuDNN's ``conv_grad``);
 * ``dense_mm_ms`` / ``spmm_ms``: the GEMM alone, dense ``torch.mm`` against the sparse product
   of the same shapes (what sparse tensor cores buy, without the fold around them);
   ``dense_gemm_ms``: the whole column path with a dense GEMM;
@@ -237,7 +237,7 @@ def measure_layer(
 ) -> dict[str, Any]:
     """One row: the dense, reference, estimated and sparse data-gradient times of ``layer``."""
     from impl.methods import sdgp_semi as semi
-    from impl.methods.sdgp import nm_prune
+    from impl.methods.sdgp import conv_grad, nm_prune
 
     dtype = DTYPES[dtype_name]
     fmt = _memory_format(cfg)
@@ -288,6 +288,8 @@ def measure_layer(
     weight = torch.randn(k, c // layer.groups, r, s, device=device, dtype=dtype) / math.sqrt(cols)
     weight = weight.contiguous(memory_format=fmt)
     grad = torch.randn(n, k, ho, wo, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    # the layer's input: the data gradient is timed as training computes it, on the real input
+    x = torch.randn(shape4, device=device, dtype=dtype).contiguous(memory_format=fmt)
     rows = semi.grad_rows(grad)
     a_dense = rows.reshape(rows_m, k)
     w2 = weight.reshape(k, -1)
@@ -300,16 +302,18 @@ def measure_layer(
         _attempt(
             row,
             "dense_dgrad",
-            lambda: _timed(
-                lambda: torch.nn.grad.conv2d_input(shape4, weight, grad, *args), device, cfg
-            ),
+            lambda: _timed(lambda: conv_grad("input", grad, x, weight, args), device, cfg),
         )
         _attempt(
             row,
             "reference",
             lambda: _timed(
-                lambda: torch.nn.grad.conv2d_input(
-                    shape4, weight, nm_prune(grad, N_KEEP, M_GROUP, method, 1, rescale, gen), *args
+                lambda: conv_grad(
+                    "input",
+                    nm_prune(grad, N_KEEP, M_GROUP, method, 1, rescale, gen),
+                    x,
+                    weight,
+                    args,
                 ),
                 device,
                 cfg,

@@ -17,6 +17,7 @@ from impl.methods.sdgp import (
     SDGP,
     SDGPConfig,
     SDGPConv2d,
+    conv_grad,
     nm_prune,
     sdgp_conv_forward,
     sdgp_convert,
@@ -109,6 +110,61 @@ def test_every_padding_gives_the_dense_gradients_when_nothing_is_pruned(padding,
     sparse = _grads(SDGPConv2d.from_conv(conv, 4, 4, "magnitude"), x, g)
     for got, want in zip(sparse, dense, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+GRAD_CASES = [  # (in, out, kernel, stride, padding, dilation, groups, input size)
+    (8, 16, 3, 1, 1, 1, 1, (9, 9)),
+    (8, 16, 3, 2, 1, 1, 1, (9, 8)),
+    (16, 8, 1, 2, 0, 1, 1, (8, 8)),
+    (6, 12, (3, 5), 1, (1, 2), (2, 1), 1, (11, 13)),
+    (8, 8, 3, 1, 1, 1, 4, (7, 7)),
+]
+GRAD_IDS = ["3x3", "3x3-s2", "1x1-s2", "3x5-dil", "groups4"]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=GRAD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_conv_input_and_weight_grads_are_torch_nn_grads_bit_for_bit(case, dtype):
+    """The convolution backward on the real input and weight, one gradient at a time, gives
+    exactly what ``torch.nn.grad`` gives from their shapes (and so what the reference SDGP
+    computed before it called the former); float32 too, not only within a tolerance."""
+    cin, cout, k, stride, padding, dilation, groups, hw = case
+    conv = nn.Conv2d(cin, cout, k, stride, padding, dilation, groups, bias=False, dtype=dtype)
+    x = torch.randn(4, cin, *hw, dtype=dtype)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    w = conv.weight.detach()
+    args = (conv.stride, conv.padding, conv.dilation, groups)
+    gx = conv_grad("input", g, x, w, args)
+    gw = conv_grad("weight", g, x, w, args)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    assert torch.equal(gx, torch.nn.grad.conv2d_input(x.shape, w, g, *args))
+    assert torch.equal(gw, torch.nn.grad.conv2d_weight(x, w.shape, g, *args))
+    # and they are the gradients autograd gives the dense conv
+    _, gx_dense, gw_dense, _ = _grads(conv, x, g)
+    torch.testing.assert_close(gx, gx_dense, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw, gw_dense, rtol=1e-5, atol=1e-5)
+
+
+def test_sdgp_backward_uses_the_saved_input_not_a_stand_in(monkeypatch):
+    """dL/dD comes from the convolution backward on the saved input (the path dense training
+    takes), not from ``torch.nn.grad.conv2d_input``'s stride-0 stand-in for it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.nn.grad.conv2d_input called")
+
+    monkeypatch.setattr(torch.nn.grad, "conv2d_input", refuse)
+    conv = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False)
+    x = torch.randn(2, 8, 9, 9)
+    with torch.no_grad():
+        g = torch.randn_like(conv(x))
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    _, gx, _, _ = _grads(sd, x, g)
+    pruned = nm_prune(g, 2, 4, "magnitude", dim=1)
+    args = (conv.stride, conv.padding, conv.dilation, 1)
+    assert torch.equal(gx, conv_grad("input", pruned, x, conv.weight.detach(), args))
+    with pytest.raises(ValueError, match="which must be"):
+        conv_grad("bias", pruned, x, conv.weight.detach(), args)
 
 
 @pytest.mark.parametrize(("kernel", "dilation"), [(4, 1), ((3, 2), 1)], ids=["4x4", "3x2"])

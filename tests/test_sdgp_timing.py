@@ -65,6 +65,20 @@ def test_profile_conv_layers_rows(n, m):
     assert last["est_saved_ms"] == pytest.approx(last["dgrad_ms"] * (1 - density))
 
 
+def test_profile_times_the_backward_on_the_real_input_and_weight(monkeypatch):
+    """The data and weight gradients are timed as dense training computes them (the
+    convolution backward on the layer's input and weight), not through ``torch.nn.grad``'s
+    stride-0 stand-ins, which can run a slower path on the CPU than training does)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.nn.grad stand-in called")
+
+    monkeypatch.setattr(torch.nn.grad, "conv2d_input", refuse)
+    monkeypatch.setattr(torch.nn.grad, "conv2d_weight", refuse)
+    rows = profile_conv_layers(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert len(rows) == 3 and all(r["dgrad_ms"] > 0 and r["wgrad_ms"] > 0 for r in rows)
+
+
 def test_time_accounting_totals_and_estimate():
     model = sdgp_convert(_model(), 2, 4)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -548,6 +548,36 @@ def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
     return (int(conv.padding[0]), int(conv.padding[1]))
 
 
+def conv_grad(
+    which: str,
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_args: tuple[Any, Any, Any, int],
+) -> torch.Tensor:
+    """One gradient of ``conv2d(x, weight, None, *conv_args)`` for the output gradient
+    ``grad_out``: ``which="input"`` gives dL/dD (the product SDGP prunes, Sec. III-A) in
+    ``x``'s layout, ``"weight"`` gives dL/dW (the dense product SDGP keeps). ``conv_args``
+    is ``(stride, padding, dilation, groups)`` with integer padding. It is the convolution
+    backward dense training runs, on the real input and weight, asked for one gradient.
+
+    ``torch.nn.grad.conv2d_input`` / ``conv2d_weight`` compute the same values (bit for bit in
+    the tests) but stand a stride-0 tensor in for ``x`` / ``weight``; on the CPU (oneDNN) the
+    stand-in can take a slower path than training's own backward: on ResNet-20's stride-2
+    layer at batch 32, one thread, 2.4-3.3 ms against 0.9-1.4 ms for dL/dD. So SDGP's
+    backward and its time accounting (Fig. 9) call this.
+    """
+    if which not in ("input", "weight"):
+        raise ValueError(f"which must be 'input' or 'weight', got {which!r}")
+    stride, padding, dilation, groups = conv_args
+    mask = [which == "input", which == "weight", False]
+    grads = torch.ops.aten.convolution_backward(
+        grad_out, x, weight, None, list(stride), list(padding), list(dilation),
+        False, [0, 0], groups, mask,
+    )  # fmt: skip
+    return grads[0] if which == "input" else grads[1]
+
+
 class _SDGPConv2dFunction(torch.autograd.Function):
     """conv2d whose input gradient uses the pruned output gradient (SDGP, Fig. 2)."""
 
@@ -572,11 +602,7 @@ class _SDGPConv2dFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         def data_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            stride, padding, dilation, groups = ctx.conv_args
-            pruned = ctx.prune(g)
-            return torch.nn.grad.conv2d_input(
-                x.shape, weight, pruned, stride, padding, dilation, groups
-            )
+            return conv_grad("input", ctx.prune(g), x, weight, ctx.conv_args)
 
         return sdgp_conv_backward(ctx, grad_out, data_grad)
 
@@ -967,7 +993,7 @@ class SDGPConfig(MethodConfig):
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.
         profile_repeats: timed repeats per measurement (median; one warm-up before).
-        backend: ``reference`` (``conv2d_input`` on the pruned dL/dO) or ``semi_structured``
+        backend: ``reference`` (:func:`conv_grad` of the pruned dL/dO) or ``semi_structured``
             (2:4 sparse tensor cores through torch semi-structured sparsity where they run,
             the reference path elsewhere with the reason in summary.json; see
             impl/methods/sdgp_semi.py and docs/sdgp_semi.md).

@@ -61,6 +61,7 @@ from impl.methods.sdgp import (
     _set_submodule,
     check_method,
     check_nm,
+    conv_grad,
     nm_prune_ref,
     random_generator,
     sdgp_conv_backward,
@@ -523,7 +524,7 @@ class SDGPSemiConv2d(SDGPConv2d):
     Forward, the weight gradient and the pruning rule are the reference's. For each backward
     the layer either multiplies the compressed 2:4 dL/dO rows on sparse tensor cores
     (``semi_calls`` counts them) or, where :func:`unsupported_reason` gives a reason or the
-    library raises, computes the reference's ``conv2d_input`` of the pruned dL/dO
+    library raises, computes the reference's ``conv_grad`` of the pruned dL/dO
     (``fallback_calls``; each distinct reason is logged once and kept in ``fallback_reasons``).
     Build with :meth:`from_conv` or :func:`sdgp_semi_convert`.
     """
@@ -639,9 +640,7 @@ class SDGPSemiConv2d(SDGPConv2d):
         if reason:
             self._note_fallback(reason)
             pruned = self.prune_grad(grad_out)  # the reference's own pruning and statistics
-            return torch.nn.grad.conv2d_input(
-                x.shape, weight, pruned, stride, padding, dilation, groups
-            )
+            return conv_grad("input", pruned, x, weight, (stride, padding, dilation, groups))
         rows = self.prune_rows_grad(grad_out)
         try:
             grad_x = sparse_data_grad(
@@ -654,9 +653,7 @@ class SDGPSemiConv2d(SDGPConv2d):
             self._failed[self._key(grad_out, x.shape)] = reason
             self._note_fallback(reason)
             pruned = rows_to_nchw(rows, tuple(grad_out.shape[2:]))  # type: ignore[arg-type]
-            return torch.nn.grad.conv2d_input(
-                x.shape, weight, pruned, stride, padding, dilation, groups
-            )
+            return conv_grad("input", pruned, x, weight, (stride, padding, dilation, groups))
         self.semi_calls += 1
         return grad_x.contiguous(memory_format=_memory_format(x))
 

@@ -4,10 +4,12 @@ The SDGP paper never measured a speed-up; it estimated one (Sec. IV-C, Fig. 9): 
 convolution's three passes (forward, dL/dD, dL/dW) separately, sum them, and divide the
 data-gradient share by the sparsity ratio m/n. Here the three passes are timed as three
 separate calls on each layer's real shapes (captured by a forward hook on one batch):
-``F.conv2d``, ``torch.nn.grad.conv2d_input`` and ``torch.nn.grad.conv2d_weight``; the
-pruning (:func:`impl.methods.sdgp.nm_prune`) is timed too, since the estimate ignores it.
-Times are medians over ``repeats`` after ``warmup`` calls, in milliseconds: CUDA events on a
-GPU, ``time.perf_counter`` on the CPU. Inputs are random normal, never zeros.
+``F.conv2d``, then :func:`impl.methods.sdgp.conv_grad` for dL/dD and for dL/dW (the
+convolution backward of dense training, one gradient at a time, on the layer's real input
+and weight); the pruning (:func:`impl.methods.sdgp.nm_prune`) is timed too, since the
+estimate ignores it. Times are medians over ``repeats`` after ``warmup`` calls, in
+milliseconds: CUDA events on a GPU, ``time.perf_counter`` on the CPU. Inputs are random
+normal, never zeros.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from impl.methods.sdgp import (
     _explicit_padding,
     check_method,
     check_nm,
+    conv_grad,
     nm_prune,
     sdgp_plan,
 )
@@ -153,13 +156,13 @@ def profile_conv_layers(
         with torch.no_grad():
             fwd = time_ms(lambda: F.conv2d(x, w, b, *args), device, repeats, warmup)  # noqa: B023
             dgrad = time_ms(
-                lambda: torch.nn.grad.conv2d_input(x.shape, w, g, *args),  # noqa: B023
+                lambda: conv_grad("input", g, x, w, args),  # noqa: B023
                 device,
                 repeats,
                 warmup,
             )
             wgrad = time_ms(
-                lambda: torch.nn.grad.conv2d_weight(x, w.shape, g, *args),  # noqa: B023
+                lambda: conv_grad("weight", g, x, w, args),  # noqa: B023
                 device,
                 repeats,
                 warmup,

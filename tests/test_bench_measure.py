@@ -177,9 +177,30 @@ def host_clock_cuda(monkeypatch) -> list[int]:
     return slept
 
 
-def test_cuda_timing_records_host_and_amortized_time(host_clock_cuda):
+def test_cuda_timing_skips_the_back_to_back_batch_for_a_long_call(host_clock_cuda, monkeypatch):
+    """A call estimated above AMORTIZE_MAX_MS is timed without the amortised batch: the
+    host's launch overhead cannot be what its timing measures."""
+    monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 0.1)  # a 0.5-ms call is long here
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        time.sleep(0.0005)
+
+    t = measure.cuda_timing(fn, warmup_ms=1, rep_ms=5, min_reps=3, amortize=4)
+    assert t.n >= 3 and t.host_ms is not None
+    assert t.amortized_ms is None and t.issue_ms is None and not t.host_bound
+    assert host_clock_cuda == []  # no sleep kernel queued for a batch
+    # 3 estimate calls, at most 2 warm-up calls (1 ms of >= 0.5-ms calls), the timed ones;
+    # a batch would add min(4, n) >= 3 more
+    assert len(calls) <= 3 + 2 + t.n
+
+
+def test_cuda_timing_records_host_and_amortized_time(host_clock_cuda, monkeypatch):
     slept = host_clock_cuda
     calls = []
+    # a 0.5-ms sleep is a short call, also on a loaded machine where it oversleeps past 1 ms
+    monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 50.0)
 
     def fn(i):
         calls.append(i)

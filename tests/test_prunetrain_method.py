@@ -412,15 +412,20 @@ def test_cpu_time_of_an_iteration_falls_after_reconfiguration() -> None:
     """Process CPU time (not inflated by other processes on the cores) of one iteration, on
     one intra-op thread so that no spinning worker thread adds to it. The pruned network keeps
     ~65% of the FLOPs; idle, it takes 0.59-0.72x the dense CPU time at batch 64, so the bound
-    leaves room for a loaded machine and still fails if reconfiguring saved nothing."""
+    leaves room for a loaded machine and still fails if reconfiguring saved nothing. The two
+    are probed in turn, three times each, and each keeps its fastest probe, so that a burst of
+    load on a shared machine (caches, clock) falls on both or is left out (one probe of each
+    read 0.91x once under such load)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         model = M.create("resnet20", in_channels=1)
-        dense = sum(probe_iteration_ms(model, (1, 32, 32), 64, repeats=3, clock="cpu"))
         pruned = prezeroed_resnet20(seed=12)  # 40% of every space and one path: ~35% of FLOPs
         reconfigure(pruned, None)
-        small = sum(probe_iteration_ms(pruned, (1, 32, 32), 64, repeats=3, clock="cpu"))
+        dense, small = [], []
+        for _ in range(3):
+            dense.append(sum(probe_iteration_ms(model, (1, 32, 32), 64, repeats=2, clock="cpu")))
+            small.append(sum(probe_iteration_ms(pruned, (1, 32, 32), 64, repeats=2, clock="cpu")))
     finally:
         torch.set_num_threads(threads)
-    assert small < 0.85 * dense
+    assert min(small) < 0.85 * min(dense)

@@ -163,8 +163,15 @@ def test_sdgp_backward_uses_the_saved_input_not_a_stand_in(monkeypatch):
     pruned = nm_prune(g, 2, 4, "magnitude", dim=1)
     args = (conv.stride, conv.padding, conv.dilation, 1)
     assert torch.equal(gx, conv_grad("input", pruned, x, conv.weight.detach(), args))
+
+
+def test_conv_grad_refuses_a_gradient_it_does_not_compute():
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    x = torch.randn(2, 4, 5, 5)
+    g = torch.randn(2, 8, 5, 5)
+    args = (conv.stride, conv.padding, conv.dilation, 1)
     with pytest.raises(ValueError, match="which must be"):
-        conv_grad("bias", pruned, x, conv.weight.detach(), args)
+        conv_grad("bias", g, x, conv.weight.detach(), args)
 
 
 @pytest.mark.parametrize(("kernel", "dilation"), [(4, 1), ((3, 2), 1)], ids=["4x4", "3x2"])

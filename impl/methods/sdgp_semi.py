@@ -511,8 +511,7 @@ class _SDGPSemiConv2dFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         def data_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            stride, padding, dilation, groups = ctx.conv_args
-            return ctx.module.data_grad(g, x, weight, stride, padding, dilation, groups)
+            return ctx.module.data_grad(g, x, weight, ctx.conv_args)
 
         # dL/dW and dL/db from the dense dL/dO, exactly as the reference computes them.
         return sdgp_conv_backward(ctx, grad_out, data_grad)
@@ -630,17 +629,16 @@ class SDGPSemiConv2d(SDGPConv2d):
         grad_out: torch.Tensor,
         x: torch.Tensor,
         weight: torch.Tensor,
-        stride: tuple[int, int],
-        padding: tuple[int, int],
-        dilation: tuple[int, int],
-        groups: int,
+        conv_args: tuple[tuple[int, int], tuple[int, int], tuple[int, int], int],
     ) -> torch.Tensor:
-        """SDGP's dL/dD: sparse tensor cores where supported, the reference path otherwise."""
+        """SDGP's dL/dD: sparse tensor cores where supported, the reference path otherwise.
+        ``conv_args`` is ``(stride, padding, dilation, groups)``, integer padding."""
+        stride, padding, dilation, groups = conv_args
         reason = self.support_reason(grad_out, x.shape, weight, groups)
         if reason:
             self._note_fallback(reason)
             pruned = self.prune_grad(grad_out)  # the reference's own pruning and statistics
-            return conv_grad("input", pruned, x, weight, (stride, padding, dilation, groups))
+            return conv_grad("input", pruned, x, weight, conv_args)
         rows = self.prune_rows_grad(grad_out)
         try:
             grad_x = sparse_data_grad(
@@ -653,7 +651,7 @@ class SDGPSemiConv2d(SDGPConv2d):
             self._failed[self._key(grad_out, x.shape)] = reason
             self._note_fallback(reason)
             pruned = rows_to_nchw(rows, tuple(grad_out.shape[2:]))  # type: ignore[arg-type]
-            return conv_grad("input", pruned, x, weight, (stride, padding, dilation, groups))
+            return conv_grad("input", pruned, x, weight, conv_args)
         self.semi_calls += 1
         return grad_x.contiguous(memory_format=_memory_format(x))
 

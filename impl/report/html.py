@@ -359,9 +359,11 @@ def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.Da
     seen = []
     for scale, env in environments:
         env = env or {}
-        device = env.get("gpu_name") or env.get("cpu_model") or "?"
-        if not env.get("gpu_name") and env.get("cpu_model") and env.get("cpu_capability"):
-            device = f"{device} ({env['cpu_capability']})"
+        device = env.get("gpu_name")
+        if not device:  # a CPU run: the model, and the vector ISA that can change rounding
+            device = env.get("cpu_model") or "?"
+            if env.get("cpu_model") and env.get("cpu_capability"):
+                device = f"{device} ({env['cpu_capability']})"
         commit = env.get("commit") or "?"
         if env.get("dirty"):
             commit = f"{commit[:12]} (modified tree)"

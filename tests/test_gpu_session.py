@@ -2,7 +2,8 @@
 
 Each script is valid bash and names files, suites, targets and modules that exist; the wheel
 list pins one version of each package and what travels to the device stays far under its
-64 MiB; the plan table of docs/gpu-session.md fits the 30 device-minutes and 10-minute calls;
+64 MiB; the plan table of docs/gpu-session.md fits the 15 device-minutes and 10-minute calls;
+``session.sh`` runs every step of the four scripts as its parts, the checks side by side;
 the step runner of ``common.sh`` records ok, failed, timed-out, skipped and out-of-budget steps;
 and every device script runs to its end in ``DRY_RUN=1`` mode on this machine, its GPU steps
 reported as skipped, its results packed as the device would return them. The helpers
@@ -27,13 +28,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT / "scripts" / "gpu"
 DEVICE_SCRIPTS = ("kernels", "bench", "sdgp_semi", "reproduce")
+#: The driver that runs the four as parts of one or two device calls.
+SESSION = "session"
 ALL_SH = sorted(p.name for p in GPU_DIR.glob("*.sh"))
 #: What the device tool brings back: names of letters, digits, '.', '_', '-'; at most 8 files.
 OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_OUT_FILES = 8
 #: The lent GPU machine's limits.
 CALL_LIMIT_S = 600
-SESSION_LIMIT_S = 30 * 60
+SESSION_LIMIT_S = 15 * 60
 COMMAND_CHARS = 2000
 TRANSFER_LIMIT = 64 * 2**20
 HAS_GPU = torch.cuda.is_available()
@@ -76,7 +79,7 @@ def test_script_is_valid_bash(name):
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
+@pytest.mark.parametrize("name", (*DEVICE_SCRIPTS, SESSION), ids=(*DEVICE_SCRIPTS, SESSION))
 def test_device_script_sources_common_and_names_its_report(name):
     text = _text(f"{name}.sh")
     assert _default(name, "NAME") == name
@@ -118,14 +121,60 @@ def test_suites_parts_and_targets_named_by_the_scripts_exist():
     assert "prunetrain.fig7" in targets  # trained and timed on the GPU
 
 
-@pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
-def test_preflight_modules_of_the_project_exist(name):
+def _preflight(name: str) -> list[str]:
     text = _text(f"{name}.sh").replace("\\\n", " ")
-    mods = re.search(r'^PREFLIGHT="([^"]*)"', text, re.M).group(1).split()
-    ours = [m for m in mods if m.split(".")[0] in ("impl", "bench", "reproductions")]
+    return re.search(r'^PREFLIGHT="([^"]*)"', text, re.M).group(1).split()
+
+
+@pytest.mark.parametrize("name", (*DEVICE_SCRIPTS, SESSION), ids=(*DEVICE_SCRIPTS, SESSION))
+def test_preflight_modules_of_the_project_exist(name):
+    ours = [m for m in _preflight(name) if m.split(".")[0] in ("impl", "bench", "reproductions")]
     assert ours, f"{name}.sh checks no project module"
     for mod in ours:
         assert importlib.util.find_spec(mod) is not None, mod
+
+
+def test_session_checks_every_module_the_four_scripts_need():
+    """Its parts run with the environment step skipped, so it imports what they would."""
+    need = {m for name in DEVICE_SCRIPTS for m in _preflight(name) if "${" not in m}
+    targets = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
+    need |= {f"reproductions.{t}" for t in targets.group(1).split()}
+    assert need <= set(_preflight(SESSION)), need - set(_preflight(SESSION))
+
+
+def _session_parts() -> dict[str, str]:
+    """{part: its command} of session.sh's dispatch."""
+    text = _text("session.sh").replace("\\\n", "")
+    body = text[text.index("case $p in") :]
+    return dict(re.findall(r'^\s*([\w-]+)\) part [\w"$-]+ \d+ "?([^;]*?)"? ;;', body, re.M))
+
+
+def test_session_runs_every_step_of_the_four_scripts_as_a_part():
+    parts = _session_parts()
+    text = _text("session.sh").replace("\\\n", "")
+    order = re.search(r'^DEFAULT_PARTS="([^"]*)"', text, re.M).group(1).split()
+    assert list(parts) == order  # dispatched in the order of value
+    assert order[:3] == ["compile", "check", "kernel-bench"]  # the kernels first
+    # (ONLY_STEPS=..., script) pairs, in the parts and in check's side-by-side commands
+    only = re.findall(r"ONLY_STEPS=([\w-]+)[^\n\"]*? sub [\w-]+ (\w+)", text)
+    for script in ("kernels", "sdgp_semi"):
+        steps = {n for n, _, _ in _steps_of(script)}
+        assert {st for st, sc in only if sc == script} == steps, script
+    bench = re.findall(r"sub [\w-]+ bench (\w+)", text)
+    bench_parts = re.search(r"\|\| PARTS=\(([^)]*)\)", _text("bench.sh")).group(1).split()
+    assert sorted(bench) == sorted(bench_parts)
+    repro = re.findall(r"sub [\w-]+ reproduce ([\w. ]+)", text)
+    targets = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
+    assert sorted(t for r in repro for t in r.split()) == sorted(targets.group(1).split())
+    # the check part: the tests and sanitizers side by side, none of them a timing step
+    check = text[text.index("check() {") :].split("\n}\n")[0]
+    assert "together" in check
+    assert set(re.findall(r"ONLY_STEPS=([\w-]+)", check)) == {
+        "tests",
+        "tests-other",
+        "racecheck",
+        "memcheck",
+    }
 
 
 def test_makefile_targets_the_docs_name_exist():
@@ -190,21 +239,28 @@ START_S, PER_SCRIPT_S, GAP_S, MARGIN_S = 90, 30, 15, 60
 def test_plan_fits_the_device_limits():
     plan = _plan()
     assert [r["n"] for r in plan] == [str(i) for i in range(1, len(plan) + 1)]
-    covered = set()
     total = START_S + GAP_S * (len(plan) - 1)
     for row in plan:
         command = row["command"].strip("`")
         assert len(command) <= COMMAND_CHARS
-        scripts = re.findall(r"bash scripts/gpu/(\w+)\.sh", command)
-        assert scripts and all((GPU_DIR / f"{s}.sh").exists() for s in scripts)
-        covered |= set(scripts)
+        assert re.findall(r"bash scripts/gpu/(\w+)\.sh", command) == [SESSION]
         assert {c.strip() for c in row["carry"].split(",")} == {".whl", ".gpu"}
-        budget = sum(int(_default(s, "DEFAULT_BUDGET_S")) for s in scripts)
-        assert int(row["budget"]) == budget  # the table says what the scripts do
-        assert budget + PER_SCRIPT_S * len(scripts) <= int(row["timeout"]) <= CALL_LIMIT_S
-        total += budget + PER_SCRIPT_S * len(scripts)
-    assert covered == set(DEVICE_SCRIPTS)
+        given = re.match(r"BUDGET_S=(\d+) ", command)
+        budget = int(given.group(1)) if given else int(_default(SESSION, "DEFAULT_BUDGET_S"))
+        assert int(row["budget"]) == budget  # the table says what the command does
+        assert budget + PER_SCRIPT_S <= int(row["timeout"]) <= CALL_LIMIT_S
+        total += budget + PER_SCRIPT_S
     assert total <= SESSION_LIMIT_S - MARGIN_S, f"{total} s of {SESSION_LIMIT_S} s"
+    doc = (ROOT / "docs" / "gpu-session.md").read_text()
+    assert f"= **{total} s of {SESSION_LIMIT_S}**" in doc  # the arithmetic the doc states
+
+
+def test_session_parts_table_gives_each_part_its_limit():
+    table = _doc_table("### `session.sh`: the parts")
+    text = _text("session.sh").replace("\\\n", "")
+    body = text[text.index("case $p in") :]
+    limits = dict(re.findall(r"^\s*[\w-]+\) part ([\w-]+) (\d+) ", body, re.M))
+    assert list(limits) == list(_session_parts()) and table == limits
 
 
 def _steps_of(script: str) -> list[tuple[str, str, int]]:
@@ -213,10 +269,13 @@ def _steps_of(script: str) -> list[tuple[str, str, int]]:
     return [(n, k, int(s)) for n, k, s in found]
 
 
-def _doc_table(title: str) -> dict[str, int]:
-    """{step: limit (s)} of the step table under ``title`` in docs/gpu-session.md."""
+def _doc_table(title: str) -> dict[str, str]:
+    """{step: limit (s)} of the first table under the heading that starts ``title`` in
+    docs/gpu-session.md."""
     doc = (ROOT / "docs" / "gpu-session.md").read_text()
-    part = doc[doc.index(title) :]
+    heading = re.search(rf"^#+ (?:\d+\. )?{re.escape(title.lstrip('# '))}", doc, re.M)
+    assert heading, title
+    part = doc[heading.start() :]
     rows = {}
     for line in part[part.index("|---") :].splitlines()[1:]:
         if not line.startswith("|"):
@@ -329,12 +388,53 @@ def test_step_runner_records_every_outcome_and_packs_the_results(tmp_path):
     assert "oops" in (out / "fake.log").read_text()
 
 
+SIDE_BY_SIDE = """NAME=fake2
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=120
+source {common}
+common_steps
+step pair cpu 30 'together a="sleep 2; echo from-a" b="sleep 2; echo from-b; exit 4"'
+step quick cpu 30 'together c="echo from-c"'
+step capped cpu 30 'sleep 5'
+step left-out cpu 30 'echo never'
+"""
+
+
+def test_together_runs_side_by_side_and_the_caller_selects_and_caps_steps(tmp_path):
+    """``together`` runs its commands at once and fails when one fails; ONLY_STEPS keeps the
+    named steps, STEP_LIMIT_S replaces their limits, COMMON_DONE=1 skips env, wheels and git."""
+    script = tmp_path / "fake2.sh"
+    script.write_text(SIDE_BY_SIDE.format(common=GPU_DIR / "common.sh"))
+    out = tmp_path / "out"
+    env = _env(
+        tmp_path,
+        OUT=str(out),
+        DRY_RUN="1",
+        ONLY_STEPS="pair quick capped",
+        STEP_LIMIT_S="3",
+        COMMON_DONE="1",
+    )
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    steps = {s["step"]: s for s in _steps(out / "fake2-steps.tsv")}
+    assert list(steps) == ["pair", "quick", "capped"], res.stdout  # no env/wheels/git, no left-out
+    assert (steps["pair"]["status"], steps["pair"]["rc"]) == ("failed", "1")  # b exited 4
+    assert int(steps["pair"]["seconds"]) < 4  # two 2-s sleeps at once, not one after the other
+    assert steps["quick"]["status"] == "ok"
+    assert steps["capped"]["status"] == "timeout" and steps["capped"]["limit_s"] == "3"
+    assert res.returncode == 1
+    assert "[b] ended, rc 4" in res.stdout and "from-b" in res.stdout  # each one's last lines
+    with tarfile.open(out / "fake2.tar.gz") as tar:
+        log_a = tar.extractfile("./reports/fake-check/session/fake2/logs/a.log").read().decode()
+    assert log_a == "from-a\n"
+
+
 # -- every device script in DRY_RUN mode -------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
-    """Run the four device scripts at once with DRY_RUN=1: {name: (rc, output, OUT)}.
+    """Run the four device scripts and session.sh at once with DRY_RUN=1: {name: (rc, output,
+    OUT)}.
 
     The carried wheels (if any) are installed once first, with the scripts' own function;
     the scripts then find them installed, as on a warm device machine."""
@@ -353,9 +453,11 @@ def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
         timeout=120,
     )
     procs = {}
-    for name in DEVICE_SCRIPTS:
+    for name in (*DEVICE_SCRIPTS, SESSION):
         out = tmp / f"out-{name}"
         env = _env(tmp, DRY_RUN="1", OUT=str(out), GPU_SITE=str(site))
+        if name == SESSION:
+            env["RUN_TAG"] = "session-dry"  # its default names the UTC time
         procs[name] = (
             subprocess.Popen(
                 ["bash", str(GPU_DIR / f"{name}.sh")],
@@ -404,6 +506,84 @@ def test_dry_run_of_reproduce_renders_the_report(dry_runs):
     with tarfile.open(out / "reproduce.tar.gz") as tar:
         members = set(tar.getnames())
     assert "./reports/gpu-scale/index.html" in members  # every target listed, none run here
+
+
+def test_dry_run_of_session_runs_every_part_and_returns_one_tarball(dry_runs):
+    rc, text, out = dry_runs[SESSION]
+    tag = "session-dry"
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted([f"{tag}.tar.gz", f"{tag}.log", f"{tag}-steps.tsv"]), files
+    steps = {s["step"]: s for s in _steps(out / f"{tag}-steps.tsv")}
+    parts = [s for s in steps.values() if s["kind"] == "part"]
+    assert [s["step"] for s in parts] == list(_session_parts())
+    assert all(s["status"] == "ok" for s in parts), text[-3000:]
+    assert list(steps)[:3] == ["env", "wheels", "git"]  # once, for every part
+    assert rc == (0 if steps["wheels"]["status"] == "ok" else 1), text[-3000:]
+    with tarfile.open(out / f"{tag}.tar.gz") as tar:
+        members = set(tar.getnames())
+        status = tar.extractfile(f"./reports/gpu/session/{tag}/STATUS.md").read().decode()
+    # every script's results under its own report folder, one session folder per part
+    for folder in (
+        "reports/gpu/session/kernels-compile",
+        "reports/gpu/session/kernels-tests",
+        "reports/gpu/session/kernels-tests-other",
+        "reports/gpu/session/kernels-racecheck",
+        "reports/gpu/session/kernels-memcheck",
+        "reports/gpu/session/kernels-bench",
+        "reports/sdgp-semi/no-gpu/session/sdgp_semi-tests",
+        "reports/bench/gpu/session/bench-iteration",
+        "reports/bench/gpu/session/bench-asv",
+        "reports/gpu-scale/session/reproduce-figs",
+        "reports/gpu-scale/session/reproduce-fig7",
+        "reports/sdgp-semi/no-gpu/session/sdgp_semi-fp16",
+    ):
+        assert f"./{folder}/STATUS.md" in members, folder
+    assert "./reports/gpu-scale/index.html" in members
+    # the session's status lists the steps of the scripts it ran, each skipped for want of a GPU
+    sub = [ln for ln in status.splitlines() if ln.startswith("| kernels-memcheck ")]
+    assert sub and "| memcheck | gpu | skipped |" in sub[0]
+    assert "| reproduce-fig7 | prunetrain.fig7 | gpu | skipped |" in status
+
+
+def test_session_goes_on_where_an_earlier_call_stopped(tmp_path):
+    """A call that names no part leaves out the parts that ran before on the machine; a named
+    part runs again."""
+    state = tmp_path / "state"
+    state.mkdir()
+    others = [p for p in _session_parts() if p != "rows"]
+    (state / "ran").write_text("".join(f"{p} ok 2026-01-01T00:00:00Z\n" for p in others))
+    env = _env(tmp_path, DRY_RUN="1", DRY_STATE_DIR=str(state), COMMON_DONE="1")
+
+    def call(*parts: str) -> dict[str, dict[str, str]]:
+        out = tmp_path / f"out{len(parts)}"
+        run_env = dict(env, OUT=str(out), RUN_TAG=f"session-t{len(parts)}")
+        res = subprocess.run(
+            ["bash", str(GPU_DIR / "session.sh"), *parts],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stdout[-3000:]
+        return {s["step"]: s for s in _steps(out / f"session-t{len(parts)}-steps.tsv")}
+
+    first = call()
+    assert first["rows"]["status"] == "ok"
+    assert all(
+        first[p]["status"] == "skipped" and first[p]["note"].startswith("ran in an earlier call")
+        for p in others
+    )
+    assert (state / "ran").read_text().splitlines()[-1].startswith("rows ok ")
+    again = call("rows", "asv")  # named: run whatever the state says
+    assert list(again) == ["rows", "asv"] and again["asv"]["status"] == "ok"
+    bad = subprocess.run(
+        ["bash", str(GPU_DIR / "session.sh"), "no-such-part"],
+        env=dict(env, OUT=str(tmp_path / "bad")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "unknown part 'no-such-part'" in bad.stderr
 
 
 # -- the helpers -------------------------------------------------------------------------------

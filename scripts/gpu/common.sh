@@ -14,6 +14,11 @@
 #   BUDGET_S     seconds the whole script may take (default DEFAULT_BUDGET_S); each step's own
 #                limit is cut to what is left, keeping RESERVE_S (default 30) for packaging
 #   GPU_SITE     where the carried wheels are installed (default /tmp/site)
+#   ONLY_STEPS   space-separated step names: run only these (and the standard first steps);
+#                the others are left out silently (scripts/gpu/session.sh runs a script's
+#                steps in separate parts this way)
+#   STEP_LIMIT_S every step's limit in place of its own (the budget still cuts it)
+#   COMMON_DONE=1  the caller already ran env, wheels and git on this machine: skip them
 #
 # Every step runs under `timeout`; its output goes to the console and to
 # $REPORT/session/<tag>/logs/<step>.log (<tag>: RUN_TAG, else NAME); a failed or timed-out
@@ -46,7 +51,10 @@ mkdir -p "$OUT"
 # -- GPU detection (nvidia-smi sees one and torch can use it) ---------------------------------
 HAVE_GPU=0
 GPU_NAME=""
-if command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L >/dev/null 2>&1; then
+if [ "${COMMON_DONE:-0}" = 1 ] && [ -n "${CALLER_HAVE_GPU:-}" ]; then
+  HAVE_GPU=$CALLER_HAVE_GPU   # the caller (session.sh) looked already
+  GPU_NAME=${CALLER_GPU_NAME:-}
+elif command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L >/dev/null 2>&1; then
   GPU_NAME=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   if timeout 120 "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
       >/dev/null 2>&1; then
@@ -97,6 +105,11 @@ step() {
   local name=$1 kind=$2 limit=$3 cmd=$4
   local log="$SESSION/logs/$name.log"
   local left=$((BUDGET_S - RESERVE_S - (SECONDS - T0)))
+  STEP_STATUS=""
+  if [ -n "${ONLY_STEPS:-}" ] && [[ " $ONLY_STEPS " != *" $name "* ]]; then
+    return 0   # not selected by the caller
+  fi
+  [ -n "${STEP_LIMIT_S:-}" ] && limit=$STEP_LIMIT_S
   if [ "$kind" = gpu ] && { [ "$HAVE_GPU" != 1 ] || [ "$DRY_RUN" = 1 ]; }; then
     local why="no GPU"
     [ "$HAVE_GPU" = 1 ] && why="DRY_RUN=1"
@@ -104,15 +117,18 @@ step() {
       echo "[$name] failed: the command is not valid bash: $(cat "$log")"
       _record "$name" "$kind" failed 2 0 "$limit" "syntax error (skipped: $why)"
       _FAILED=1
+      STEP_STATUS=failed
       return 0
     fi
     echo "[$name] skipped: $why"
     _record "$name" "$kind" skipped "" 0 "$limit" "$why"
+    STEP_STATUS=skipped
     return 0
   fi
   if [ "$left" -lt 15 ]; then
     echo "[$name] skipped: out of time budget (${left}s left of ${BUDGET_S}s)"
     _record "$name" "$kind" skipped "" 0 "$limit" "out of time budget"
+    STEP_STATUS=skipped
     return 0
   fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -129,7 +145,33 @@ step() {
   [ "$status" = ok ] || _FAILED=1
   echo "[$name] $status (rc $rc) after $((SECONDS - t))s"
   _record "$name" "$kind" "$status" "$rc" "$((SECONDS - t))" "$limit" ""
+  STEP_STATUS=$status
   return 0
+}
+
+# together NAME=COMMAND ...: run the commands at the same time (each by `bash -o pipefail -c`,
+# its output in $SESSION/logs/<NAME>.log), wait for all of them, print each one's status and
+# last lines, and fail if one failed. For work that may share the GPU because it times nothing
+# (tests, sanitizers); the enclosing step's limit bounds them all, so each command should end
+# by itself before it (a device script given BUDGET_S does).
+together() {
+  local spec name i rc=0 r
+  local -a pids=() names=()
+  for spec in "$@"; do
+    name=${spec%%=*}
+    bash -o pipefail -c "${spec#*=}" > "$SESSION/logs/$name.log" 2>&1 &
+    pids+=("$!")
+    names+=("$name")
+    echo "[$name] started: ${spec#*=}"
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    r=$?
+    [ "$r" = 0 ] || rc=1
+    echo "[${names[$i]}] ended, rc $r; its last lines:"
+    tail -n 5 "$SESSION/logs/${names[$i]}.log" | sed 's/^/    /'
+  done
+  return $rc
 }
 
 # xdist_args N: pytest's "-n N" where pytest-xdist is installed (it spreads many small tests
@@ -202,15 +244,20 @@ restore_git() {
   fi
   return 0
 }
-export -f install_wheels restore_git
+export -f install_wheels restore_git together
 
 # The standard first steps: the environment report (nvidia-smi, torch, CuPy, NVRTC, tools,
 # versions) with an import check of $PREFLIGHT (the project modules the later steps need; a
 # failed import fails this step), then the carried wheels, then git.
 common_steps() {
-  step env cpu 90 "\"$PY\" scripts/gpu/env_report.py --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
-  step wheels cpu 90 install_wheels
-  step git cpu 60 restore_git
+  if [ "${COMMON_DONE:-0}" = 1 ]; then
+    echo "== env, wheels, git: done by the caller on this machine (COMMON_DONE=1)"
+    return 0
+  fi
+  ONLY_STEPS="" STEP_LIMIT_S="" step env cpu 90 "\"$PY\" scripts/gpu/env_report.py \
+    --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
+  ONLY_STEPS="" STEP_LIMIT_S="" step wheels cpu 90 install_wheels
+  ONLY_STEPS="" STEP_LIMIT_S="" step git cpu 60 restore_git
 }
 
 finish() {
@@ -232,6 +279,8 @@ finish() {
     echo "|---|---|---|---|---|---|---|"
     tail -n +2 "$STEPS" | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s | %s |\n", \
       $1, $2, $3, $4, $5, $6, $7}'
+    # a caller's own summary (session.sh: the steps of the scripts it ran)
+    [ -f "$SESSION/status-extra.md" ] && { echo; cat "$SESSION/status-extra.md"; }
   } > "$SESSION/STATUS.md"
   cp "$WORK/console.log" "$SESSION/console.log"
   local tarball="$OUT/$TAG.tar.gz"
@@ -247,9 +296,11 @@ finish() {
   cp "$STEPS" "$OUT/$TAG-steps.tsv"
   echo "== files in $OUT (and $TAG.log, the console):"
   ls -l "$OUT" | tail -n +2
-  echo "== unpack here with: tar -xzf <files_at>/$TAG.tar.gz -C <repository root>"
+  # (a part of session.sh: the session unpacks it)
+  [ -n "${PART_OF:-}" ] || echo "== unpack here with: tar -xzf <files_at>/$TAG.tar.gz -C <repository root>"
   echo "== $TAG steps (exit code $code, $((SECONDS - T0))s of ${BUDGET_S}s):"
   column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"
+  [ -f "$SESSION/status-extra.md" ] && { echo; cat "$SESSION/status-extra.md"; }
   exec 1>&- 2>&-   # let the console tee drain, then keep its whole log
   wait "$_TEE_PID" 2>/dev/null
   cp "$WORK/console.log" "$OUT/$TAG.log"

@@ -156,10 +156,11 @@ def test_session_runs_every_step_of_the_four_scripts_as_a_part():
     assert list(parts) == order  # dispatched in the order of value
     assert order[:3] == ["compile", "check", "kernel-bench"]  # the kernels first
     # (ONLY_STEPS=..., script) pairs, in the parts and in check's side-by-side commands
-    only = re.findall(r"ONLY_STEPS=([\w-]+)[^\n\"]*? sub [\w-]+ (\w+)", text)
+    only = re.findall(r"ONLY_STEPS=('[^']*'|[\w-]+)[^\n\"]*? sub [\w-]+ (\w+)", text)
     for script in ("kernels", "sdgp_semi"):
         steps = {n for n, _, _ in _steps_of(script)}
-        assert {st for st, sc in only if sc == script} == steps, script
+        named = {st for sts, sc in only if sc == script for st in sts.strip("'").split()}
+        assert named == steps, script
     bench = re.findall(r"sub [\w-]+ bench (\w+)", text)
     bench_parts = re.search(r"\|\| PARTS=\(([^)]*)\)", _text("bench.sh")).group(1).split()
     assert sorted(bench) == sorted(bench_parts)
@@ -169,12 +170,13 @@ def test_session_runs_every_step_of_the_four_scripts_as_a_part():
     # the check part: the tests and sanitizers side by side, none of them a timing step
     check = text[text.index("check() {") :].split("\n}\n")[0]
     assert "together" in check
-    assert set(re.findall(r"ONLY_STEPS=([\w-]+)", check)) == {
+    assert "sanitizers=STEP_LIMIT_S= ONLY_STEPS=" in check  # racecheck keeps its own limit
+    assert re.findall(r"ONLY_STEPS=('[^']*'|[\w-]+)", check) == [
         "tests",
         "tests-other",
-        "racecheck",
-        "memcheck",
-    }
+        "tests",
+        "'racecheck memcheck'",  # one after the other: never two sanitizers at once
+    ]
 
 
 def test_makefile_targets_the_docs_name_exist():
@@ -527,8 +529,7 @@ def test_dry_run_of_session_runs_every_part_and_returns_one_tarball(dry_runs):
         "reports/gpu/session/kernels-compile",
         "reports/gpu/session/kernels-tests",
         "reports/gpu/session/kernels-tests-other",
-        "reports/gpu/session/kernels-racecheck",
-        "reports/gpu/session/kernels-memcheck",
+        "reports/gpu/session/kernels-sanitizers",
         "reports/gpu/session/kernels-bench",
         "reports/sdgp-semi/no-gpu/session/sdgp_semi-tests",
         "reports/bench/gpu/session/bench-iteration",
@@ -540,23 +541,38 @@ def test_dry_run_of_session_runs_every_part_and_returns_one_tarball(dry_runs):
         assert f"./{folder}/STATUS.md" in members, folder
     assert "./reports/gpu-scale/index.html" in members
     # the session's status lists the steps of the scripts it ran, each skipped for want of a GPU
-    sub = [ln for ln in status.splitlines() if ln.startswith("| kernels-memcheck ")]
-    assert sub and "| memcheck | gpu | skipped |" in sub[0]
+    sub = [ln for ln in status.splitlines() if ln.startswith("| kernels-sanitizers ")]
+    assert [ln.split("|")[2].strip() for ln in sub] == ["racecheck", "memcheck"]
+    assert all("| gpu | skipped |" in ln for ln in sub)
     assert "| reproduce-fig7 | prunetrain.fig7 | gpu | skipped |" in status
 
 
-def test_session_goes_on_where_an_earlier_call_stopped(tmp_path):
-    """A call that names no part leaves out the parts that ran before on the machine; a named
-    part runs again."""
+def test_session_goes_on_where_an_earlier_call_or_lease_stopped(tmp_path):
+    """A call that names no part leaves out the parts that ran before on the machine and those
+    an earlier lease's committed step table says ended ok; a named part runs again; a part
+    whose script had no time left for a step reads "partial" and is not noted as run."""
     state = tmp_path / "state"
     state.mkdir()
-    others = [p for p in _session_parts() if p != "rows"]
+    earlier = tmp_path / "earlier-steps.tsv"  # as a lease commits it
+    earlier.write_text(
+        "step\tkind\tstatus\trc\tseconds\tlimit_s\tnote\n"
+        "rows\tpart\tok\t0\t80\t140\t\n"
+        "iteration\tpart\ttimeout\t124\t200\t200\t\n"
+    )
+    left = {"rows", "iteration", "figs"}
+    others = [p for p in _session_parts() if p not in left]
     (state / "ran").write_text("".join(f"{p} ok 2026-01-01T00:00:00Z\n" for p in others))
-    env = _env(tmp_path, DRY_RUN="1", DRY_STATE_DIR=str(state), COMMON_DONE="1")
+    env = _env(
+        tmp_path,
+        DRY_RUN="1",
+        DRY_STATE_DIR=str(state),
+        COMMON_DONE="1",
+        EARLIER_STEPS=str(earlier),
+    )
 
-    def call(*parts: str) -> dict[str, dict[str, str]]:
-        out = tmp_path / f"out{len(parts)}"
-        run_env = dict(env, OUT=str(out), RUN_TAG=f"session-t{len(parts)}")
+    def call(tag: str, *parts: str, **extra: str) -> dict[str, dict[str, str]]:
+        out = tmp_path / tag
+        run_env = dict(env, OUT=str(out), RUN_TAG=tag, **extra)
         res = subprocess.run(
             ["bash", str(GPU_DIR / "session.sh"), *parts],
             env=run_env,
@@ -565,16 +581,29 @@ def test_session_goes_on_where_an_earlier_call_stopped(tmp_path):
             timeout=120,
         )
         assert res.returncode == 0, res.stdout[-3000:]
-        return {s["step"]: s for s in _steps(out / f"session-t{len(parts)}-steps.tsv")}
+        return {s["step"]: s for s in _steps(out / f"{tag}-steps.tsv")}
 
-    first = call()
-    assert first["rows"]["status"] == "ok"
-    assert all(
-        first[p]["status"] == "skipped" and first[p]["note"].startswith("ran in an earlier call")
-        for p in others
+    first = call("session-a")
+    assert first["rows"]["note"].startswith("ran earlier: ok in an earlier lease")
+    assert first["iteration"]["status"] == "ok"  # cut in that lease: runs again
+    assert first["figs"]["status"] == "ok"
+    for p in others:
+        assert first[p]["status"] == "skipped" and first[p]["note"].startswith("ran earlier")
+    ran = (state / "ran").read_text().splitlines()
+    assert [ln.split()[0] for ln in ran[len(others) :]] == ["rows", "iteration", "figs"]
+    assert ran[-1].startswith("figs ok ")
+
+    (state / "ran").write_text("".join(f"{p} ok 2026-01-01T00:00:00Z\n" for p in others))
+    # 47 s, 30 kept for packing: figs gets ~17 s, its script ~12, too few for its render step
+    short = call("session-b", "figs", BUDGET_S="47", EARLIER_STEPS="/nonexistent")
+    assert list(short) == ["figs"]
+    assert (short["figs"]["status"], short["figs"]["note"]) == (
+        "partial",
+        "a step had no time left",
     )
-    assert (state / "ran").read_text().splitlines()[-1].startswith("rows ok ")
-    again = call("rows", "asv")  # named: run whatever the state says
+    assert "figs" not in (state / "ran").read_text()  # the next call runs it
+
+    again = call("session-c", "rows", "asv")  # named: run whatever the notes say
     assert list(again) == ["rows", "asv"] and again["asv"]["status"] == "ok"
     bad = subprocess.run(
         ["bash", str(GPU_DIR / "session.sh"), "no-such-part"],

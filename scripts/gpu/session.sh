@@ -12,7 +12,7 @@
 # part, after one environment report, wheel install and git restore for all of them:
 #   compile       kernels.sh compile (fills CuPy's kernel cache before the tests run)
 #   check         at the same time, since none of them times anything: the CUDA kernels' GPU
-#                 tests, the other GPU tests, SDGP's GPU tests, racecheck and memcheck
+#                 tests, the other GPU tests, SDGP's GPU tests, and racecheck then memcheck
 #   kernel-bench  kernels.sh kernel-bench   (alone on the GPU, like every part below)
 #   rows, iteration, pytest, asv            bench.sh's parts
 #   figs          reproduce.sh clicktrain.fig9 clicktrain.fig10 sdgp.fig9 clicktrain.fig11
@@ -52,19 +52,22 @@ RAN=$STATE_DIR/ran
 touch "$RAN"
 export STATE_DIR
 
-# sub PART SCRIPT [ARG ...]: run the device script SCRIPT (.sh) as one part (the caller sets ONLY_STEPS
-# and the like before it). It gets the part's time less 5 s as its budget, keeps 10 s of it
-# for packing, and writes its files to $WORK/sub/PART, where `merge` finds them.
+# sub PART SCRIPT [ARG ...]: run the device script SCRIPT (.sh) as one part (the caller sets
+# ONLY_STEPS and the like before it). It gets the part's time less 5 s as its budget, keeps
+# 10 s of it for packing, and writes its files to $WORK/sub/PART, where `merge` finds them.
 sub() {
   local part=$1 script=$2
   shift 2
   local budget=$(( ${STEP_LIMIT:-120} - 5 ))
-  [ "$budget" -lt 20 ] && budget=20
+  [ "$budget" -lt 1 ] && budget=1
   PART_OF=$TAG OUT="$WORK/sub/$part" COMMON_DONE=1 CALLER_HAVE_GPU=$HAVE_GPU CALLER_GPU_NAME=$GPU_NAME \
     BUDGET_S=${SUB_BUDGET_S:-$budget} RESERVE_S=10 bash "scripts/gpu/$script.sh" "$@"
 }
-# check: the tests and the sanitizers at once. Each gets the part's time as its own step
-# limit (slower side by side than alone) and xdist workers that add up to the 16 cores.
+# check: the three test runs and the sanitizers at once. Each test run gets the part's time as
+# its step limit (slower side by side than alone) and xdist workers that add up to the 16
+# cores. The two sanitizer runs go one after the other (racecheck under its own limit, then
+# memcheck with the time left), so that no two compute-sanitizer instances look for the same
+# local port at once.
 check() {
   local b=$(( ${STEP_LIMIT:-240} - 5 ))
   local lim=$(( b - 15 ))
@@ -74,8 +77,8 @@ check() {
     "other-tests=ONLY_STEPS=tests-other XDIST_N=4 RUN_TAG=kernels-tests-other \
 sub check-other kernels" \
     "sdgp-tests=ONLY_STEPS=tests XDIST_N=2 RUN_TAG=sdgp_semi-tests sub check-sdgp sdgp_semi" \
-    "racecheck=ONLY_STEPS=racecheck RUN_TAG=kernels-racecheck sub check-racecheck kernels" \
-    "memcheck=ONLY_STEPS=memcheck RUN_TAG=kernels-memcheck sub check-memcheck kernels"
+    "sanitizers=STEP_LIMIT_S= ONLY_STEPS='racecheck memcheck' RUN_TAG=kernels-sanitizers \
+sub check-sanitizers kernels"
 }
 export -f sub check
 
@@ -83,6 +86,7 @@ export -f sub check
 # tree), list their steps in status-extra.md, and rewrite $OUT/<tag>.tar.gz.
 merge() {
   local d f tag
+  : > "$WORK/part-steps.tsv"
   for d in "$WORK"/sub/*/; do
     [ -d "$d" ] || continue
     for f in "$d"*.tar.gz "$d"*.tar.gz.part0; do
@@ -95,10 +99,12 @@ merge() {
         tar -xzf "$f" -C "$STAGE" || echo "merge: could not unpack $f"
         [ "$HAVE_GPU" = 1 ] && [ "$DRY_RUN" != 1 ] && tar -xzf "$f" -C "$ROOT"
       fi
-      [ -f "$d$tag-steps.tsv" ] && tail -n +2 "$d$tag-steps.tsv" | sed "s/^/$tag\t/" >> "$WORK/substeps.tsv"
+      [ -f "$d$tag-steps.tsv" ] && tail -n +2 "$d$tag-steps.tsv" | sed "s/^/$tag\t/" \
+        >> "$WORK/part-steps.tsv"
     done
     rm -rf "$d"
   done
+  cat "$WORK/part-steps.tsv" >> "$WORK/substeps.tsv"
   if [ -s "$WORK/substeps.tsv" ]; then
     {
       echo "## The scripts' steps"
@@ -113,20 +119,38 @@ merge() {
 }
 
 # part NAME LIMIT COMMAND: one part as a step, skipped when it ran in an earlier call (unless
-# named on the command line), noted in $RAN when it ran, then merged.
+# named on the command line), then merged, then noted in $RAN: as ok, failed or timeout, or
+# not at all when a step of its script was skipped for want of time (the part then reads
+# "partial" in the step table, and the next call runs it).
 part() {
   local name=$1 limit=$2 cmd=$3 before
   if [ ${#PARTS[@]} -eq 0 ] && before=$(grep -m1 "^$name " "$RAN"); then
-    echo "[$name] skipped: ran in an earlier call on this machine (${before#* })"
-    _record "$name" part skipped "" 0 "$limit" "ran in an earlier call: ${before#* }"
+    echo "[$name] skipped: ran earlier (${before#* })"
+    _record "$name" part skipped "" 0 "$limit" "ran earlier: ${before#* }"
     return 0
   fi
   step "$name" part "$limit" "$cmd"
+  merge
+  if [ "$STEP_STATUS" = ok ] && grep -q $'\tout of time budget$' "$WORK/part-steps.tsv"; then
+    echo "[$name] partial: a step of its script had no time left; the next call runs it"
+    sed -i '$ s/^\([^\t]*\tpart\t\)ok\t\(.*\)\t$/\1partial\t\2\ta step had no time left/' "$STEPS"
+    return 0
+  fi
   case $STEP_STATUS in
     ok | failed | timeout) echo "$name $STEP_STATUS $(date -u +%FT%TZ)" >> "$RAN" ;;
   esac
-  merge
 }
+
+# Parts that ended ok in an earlier lease, as its committed step tables say (the device's copy
+# of the tree holds them), count as run: each lease's first call goes on from there. Not in a
+# dry run, unless EARLIER_STEPS names the tables.
+if [ "$DRY_RUN" != 1 ] || [ -n "${EARLIER_STEPS:-}" ]; then
+  for f in ${EARLIER_STEPS:-reports/gpu/session/session-*/steps.tsv}; do
+    [ -f "$f" ] || continue
+    awk -F'\t' -v src="$f" '$2 == "part" && $3 == "ok" {print $1 " ok in an earlier lease (" src ")"}' \
+      "$f" >> "$RAN"
+  done
+fi
 
 common_steps
 if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then

@@ -44,11 +44,16 @@ bench-gpu: $(STAMP)
 	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run -E existing:same --quick --set-commit-hash $$(git rev-parse HEAD)
 	$(VENV)/bin/asv publish
 
-## GPU evidence of the CUDA kernels: GPU tests, sanitizers and a short benchmark of each
-## kernel against its baselines -> reports/gpu/
+## GPU evidence of the CUDA kernels: compile report, GPU tests, racecheck and memcheck (each
+## with the kernel families it launched), and a short benchmark of each kernel against its
+## baselines -> reports/gpu/ (scripts/gpu/kernels.sh, the device runs' script, with this
+## Python and no wheels; every step runs, and the target fails if one failed).
+## GPU_CHECK_INTO: where the results are unpacked (default: here).
+GPU_CHECK_BUDGET_S ?= 570
+GPU_CHECK_INTO ?= .
 gpu-check: $(STAMP)
-	mkdir -p reports/gpu
-	$(PY) -m pytest -q -m gpu tests/test_cuda_ops.py --junitxml=reports/gpu/tests.xml 2>&1 | tee reports/gpu/tests.log
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 --report-api-errors no --kernel-name kns=pdt_ $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py 2>&1 | tee reports/gpu/memcheck.log
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 --report-api-errors no --kernel-name kns=pdt_ $(PY) -m pytest -q -x -m "gpu and not slow" tests/test_cuda_ops.py -k "spmm or sddmm or rescaled" 2>&1 | tee reports/gpu/racecheck.log
-	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/gpu/kernel-bench --suite calibration --suite csr --suite spmm --suite nm_prune --suite pack
+	@out=$$(mktemp -d); rc=0; \
+	OUT=$$out PY=$(PY) WHEELS=0 BUDGET_S=$(GPU_CHECK_BUDGET_S) \
+	  KERNEL_BENCH_SUITES="csr spmm nm_prune pack" bash scripts/gpu/kernels.sh || rc=$$?; \
+	mkdir -p $(GPU_CHECK_INTO) && tar -xzf $$out/kernels.tar.gz -C $(GPU_CHECK_INTO) || rc=1; \
+	echo "gpu-check: results in $(GPU_CHECK_INTO)/reports/gpu/ (exit $$rc)"; rm -rf $$out; exit $$rc

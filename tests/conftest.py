@@ -1,14 +1,22 @@
 """Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA GPU is present (and
 where one is, the GPU tests share one pytest-xdist worker, so no two time the GPU at once),
-the shell's dataset directories (PDTBENCH_DATA_DIR) do not reach the tests, and a process a
-test starts is not taken for an xdist worker."""
+the shell's dataset directories (PDTBENCH_DATA_DIR) do not reach the tests, a process a
+test starts is not taken for an xdist worker, and a session run with PDT_KERNEL_LAUNCH_LOG set
+records the CUDA kernels it launched."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+#: Where a test session appends the CUDA kernels it launched (one JSON line per process),
+#: when set: the sanitizer steps of scripts/gpu/kernels.sh read it to show what they checked.
+LAUNCH_LOG_VARIABLE = "PDT_KERNEL_LAUNCH_LOG"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,6 +31,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # a GPU test.
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(mark)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get(LAUNCH_LOG_VARIABLE)
+    if not path:
+        return
+    loader = sys.modules.get("impl.cuda.loader")  # not imported: nothing was launched
+    record = {
+        "pid": os.getpid(),
+        "exitstatus": int(exitstatus),
+        "launched": loader.launched() if loader is not None else {},
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 @pytest.fixture(autouse=True)

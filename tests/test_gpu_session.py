@@ -108,7 +108,12 @@ def test_suites_parts_and_targets_named_by_the_scripts_exist():
     from bench import cases
     from reproductions import TARGETS
 
-    suites = set(re.findall(r"--suite (\w+)", _text("bench.sh") + _text("kernels.sh")))
+    kernel_suites = _default("kernels", "KERNEL_BENCH_SUITES").split(':-"')[1].rstrip('"}')
+    suites = set(re.findall(r"--suite (\w+)", _text("bench.sh"))) | set(kernel_suites.split())
+    # make gpu-check: the kernel suites and csr, the suite of the pattern CSR conversion kernel
+    makefile = (ROOT / "Makefile").read_text()
+    gpu_check = re.search(r'KERNEL_BENCH_SUITES="([^"]*)" bash scripts/gpu/kernels.sh', makefile)
+    assert set(gpu_check.group(1).split()) == set(kernel_suites.split()) | {"csr"}
     # every suite is measured by some step, but the Allreduce byte counts: deterministic, they
     # were measured once on the CPU and committed (no device minutes for them)
     assert suites == set(cases.SUITES) - {"allreduce"}
@@ -687,3 +692,173 @@ def test_compile_kernels_on_a_gpu_reads_every_kernel():
     assert all(
         a["num_regs"] > 0 and a["max_threads_per_block"] > 0 for a in report["kernels"].values()
     )
+
+
+# -- what a sanitizer run launched -------------------------------------------------------------
+
+FAMILIES = {
+    "pdt_csr_gather",
+    "pdt_csr_scatter",
+    "pdt_conv_implicit",
+    "pdt_conv_implicit_tiled",
+    "pdt_spmm",
+    "pdt_spmm_tiled",
+    "pdt_sddmm",
+    "pdt_sddmm_tiled",
+    "pdt_nm_select",
+    "pdt_nm_stats",
+    "pdt_nm_fused",
+    "pdt_nm_ratio",
+    "pdt_pack",
+    "pdt_unpack",
+}
+
+
+def _all_kernels() -> list[str]:
+    return [k for ks in _module("compile_kernels").kernels_by_source().values() for k in ks]
+
+
+def test_kernel_families_strip_type_and_variant_only():
+    cov = _module("sanitizer_coverage")
+    assert cov.family("pdt_spmm_tiled_f32_vec") == "pdt_spmm_tiled"
+    assert cov.family("pdt_nm_fused_bf16_w16") == "pdt_nm_fused"
+    assert cov.family("pdt_pack_b8_i64") == "pdt_pack"
+    assert cov.family("pdt_nm_ratio_f64") == "pdt_nm_ratio"
+    assert {cov.family(k) for k in _all_kernels()} == FAMILIES
+
+
+def _launch_log(path: Path, *records: dict[str, int]) -> Path:
+    path.write_text("".join(json.dumps({"pid": 1, "launched": r}) + "\n" for r in records))
+    return path
+
+
+def test_sanitizer_coverage_fails_on_a_family_that_never_ran(tmp_path, capsys):
+    cov = _module("sanitizer_coverage")
+    one_each = {}
+    for k in _all_kernels():
+        one_each.setdefault(cov.family(k), k)
+    everything = _launch_log(tmp_path / "all.jsonl", {k: 2 for k in one_each.values()})
+    out = tmp_path / "cov.json"
+    assert cov.main([str(everything), "--tool", "memcheck", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["families_missing"] == [] and set(got["families_launched"]) == FAMILIES
+    assert len(got["kernels_launched"]) == len(FAMILIES) and got["records"] == 1
+    assert got["kernels_total"] == len(set(_all_kernels())) and got["launches"] == 28
+    # two processes' records add up; a family with no launch is named
+    no_pack = {k: 1 for f, k in one_each.items() if f != "pdt_pack"}
+    split = _launch_log(
+        tmp_path / "split.jsonl", dict(list(no_pack.items())[:5]), dict(list(no_pack.items())[5:])
+    )
+    assert cov.main([str(split), "--tool", "memcheck"]) == 1
+    assert "NOT LAUNCHED (not checked): pdt_pack" in capsys.readouterr().out
+    # a cut run writes no record: not a pass
+    assert cov.main([str(tmp_path / "absent.jsonl"), "--tool", "memcheck"]) == 1
+    assert "no launch record" in capsys.readouterr().out
+
+
+def test_racecheck_coverage_asks_for_the_families_with_shared_memory(tmp_path, capsys):
+    cov = _module("sanitizer_coverage")
+    kernels = _all_kernels()
+    shared = [k for k in kernels if cov.family(k) in ("pdt_spmm", "pdt_nm_stats")]
+    report = tmp_path / "kernels.json"
+    report.write_text(
+        json.dumps(
+            {"kernels": {k: {"shared_size_bytes": 4096 if k in shared else 0} for k in kernels}}
+        )
+    )
+    ran = _launch_log(tmp_path / "r.jsonl", {shared[0]: 1, "pdt_nm_stats_f32_w1": 3})
+    argv = [str(ran), "--tool", "racecheck"]
+    assert (
+        cov.main([*argv, "--kernels", str(tmp_path / "none.json"), "--kernels", str(report)]) == 0
+    )
+    assert "required 2 (families with shared memory" in capsys.readouterr().out
+    # without the compile step's report every family is asked for
+    assert cov.main(argv) == 1
+    assert "every family is required" in capsys.readouterr().out
+
+
+def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
+    """``covered`` of kernels.sh: a failed sanitizer run fails the step whatever the coverage;
+    a clean run fails it only when a family it must check never ran."""
+    cov = _module("sanitizer_coverage")
+    one_each = {}
+    for k in _all_kernels():
+        one_each.setdefault(cov.family(k), k)
+    _launch_log(tmp_path / "memcheck-launches.jsonl", {k: 1 for k in one_each.values()})
+    _launch_log(tmp_path / "racecheck-launches.jsonl", {"pdt_spmm_f32_vec": 1})
+    fn = f"source <(sed -n '/^covered() {{/,/^}}/p' {GPU_DIR / 'kernels.sh'})"
+
+    def rc(tool: str, run_rc: int) -> int:
+        cmd = f"set -o pipefail; {fn}; covered {tool} {run_rc}"
+        env = _env(tmp_path, DEST=str(tmp_path), PY=sys.executable)
+        return subprocess.run(
+            ["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True
+        ).returncode
+
+    assert rc("memcheck", 0) == 0
+    assert rc("memcheck", 7) == 7  # the sanitizer found something: that is the result
+    assert rc("racecheck", 0) == 1  # no kernels.json here: every family asked, one ran
+    assert "launched 14 kernel families" in (tmp_path / "memcheck.log").read_text()
+    assert json.loads((tmp_path / "racecheck-coverage.json").read_text())["families_missing"]
+
+
+def test_loader_records_each_launch_by_kernel_name(monkeypatch):
+    import types
+    from contextlib import nullcontext
+
+    from impl.cuda import loader
+
+    ran = []
+    fake_cupy = types.ModuleType("cupy")
+    fake_cupy.cuda = types.SimpleNamespace(Device=lambda index: nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(loader, "_device_index", lambda device: 0)
+    monkeypatch.setattr(
+        loader, "get_function", lambda source, name, index: lambda *a, **k: ran.append(name)
+    )
+    monkeypatch.setattr(loader, "kernel_args", lambda args, index, name: tuple(args))
+    monkeypatch.setattr(loader, "torch_stream", lambda index: nullcontext())
+    monkeypatch.setattr(loader, "_launches", __import__("collections").Counter())
+    for name in ("pdt_pack_b4_i64", "pdt_pack_b4_i64", "pdt_unpack_b4_i64"):
+        loader.launch("pack.cu", name, (1, 1, 1), (32, 1, 1), [])
+    assert ran == ["pdt_pack_b4_i64", "pdt_pack_b4_i64", "pdt_unpack_b4_i64"]
+    assert loader.launched() == {"pdt_pack_b4_i64": 2, "pdt_unpack_b4_i64": 1}
+    with pytest.raises(ValueError, match="empty launch"):
+        loader.launch("pack.cu", "pdt_pack_b4_i64", (0, 1, 1), (32, 1, 1), [])
+    assert loader.launched()["pdt_pack_b4_i64"] == 2  # a refused launch is not counted
+
+
+def test_a_test_session_writes_its_launch_record_when_asked(tmp_path):
+    log = tmp_path / "launches.jsonl"
+    env = _env(tmp_path, PDT_KERNEL_LAUNCH_LOG=str(log))
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+    target = "tests/test_bench_measure.py::test_kernel_args_pass_pointers_and_exact_scalars"
+    res = subprocess.run([*args, target], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:]
+    (record,) = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert record["exitstatus"] == 0 and record["launched"] == {}  # loaded, nothing launched
+    env.pop("PDT_KERNEL_LAUNCH_LOG")
+    subprocess.run([*args, target], cwd=ROOT, env=env, capture_output=True, check=True)
+    assert len(log.read_text().splitlines()) == 1  # unset: nothing written
+
+
+def test_make_gpu_check_runs_the_kernels_script_and_unpacks_its_results(tmp_path):
+    """``make gpu-check`` is kernels.sh with the installed Python and no wheels: its results
+    land under reports/gpu/ even when a step fails, and a failure fails the target."""
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    stamp = ROOT / ".venv" / ".pdtbench-installed"
+    if not stamp.exists():
+        pytest.skip("needs the installed .venv (make's stamp), as make test makes it")
+    into = tmp_path / "into"
+    args = ["make", "-s", "-C", str(ROOT), "gpu-check", f"GPU_CHECK_INTO={into}"]
+    res = subprocess.run(args, env=_env(tmp_path, DRY_RUN="1"), capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    steps = {s["step"]: s for s in _steps(into / "reports/gpu/session/kernels/steps.tsv")}
+    assert steps["wheels"]["status"] == "ok"  # WHEELS=0: none wanted, none missing
+    assert "none wanted" in (into / "reports/gpu/session/kernels/logs/wheels.log").read_text()
+    assert [n for n in steps][3:] == [n for n, _, _ in _steps_of("kernels")]
+    if not HAS_GPU:  # not a dry run: no GPU is a failure, and the results still come back
+        res = subprocess.run(args, env=_env(tmp_path), capture_output=True, text=True)
+        assert res.returncode != 0 and "gpu-check: results in" in res.stdout
+        assert (into / "reports/gpu/session/kernels/STATUS.md").exists()

@@ -24,6 +24,7 @@ test suite (:func:`nvcc_command`), so that both compile the same code.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
@@ -142,6 +143,9 @@ _last_error: str | None = None
 # (source, kernel name, device index) -> RawKernel of the module loaded with compile_options()
 _functions: dict[tuple[str, str, int], Any] = {}
 _environment_ok = False  # a GPU and CuPy were found once: that does not change in a process
+# kernel name -> launches in this process (a dict increment per launch); what a sanitizer run
+# launched is read from it (launched())
+_launches: collections.Counter[str] = collections.Counter()
 
 
 def clear_caches() -> None:
@@ -340,6 +344,14 @@ def launch(
         _dynamic_smem_set[key] = shared_mem
     with cupy.cuda.Device(index), torch_stream(index):
         kernel(grid, block, cargs, shared_mem=shared_mem)
+    _launches[name] += 1
+
+
+def launched() -> dict[str, int]:
+    """``{kernel name: launches}`` of this process so far, every kernel :func:`launch` has
+    started (the record a sanitizer run uses to show which kernels it checked,
+    ``scripts/gpu/compile_kernels.py --coverage``)."""
+    return dict(_launches)
 
 
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024  # static + dynamic without opting in
@@ -438,6 +450,7 @@ __all__ = [
     "has_cuda_kernels",
     "kernel_args",
     "launch",
+    "launched",
     "load",
     "multiprocessor_count",
     "nvcc_command",

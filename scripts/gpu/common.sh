@@ -14,6 +14,7 @@
 #   BUDGET_S     seconds the whole script may take (default DEFAULT_BUDGET_S); each step's own
 #                limit is cut to what is left, keeping RESERVE_S (default 30) for packaging
 #   GPU_SITE     where the carried wheels are installed (default /tmp/site)
+#   WHEELS=0     install no wheels (a machine of one's own, with the stack installed: make gpu-check)
 #   ONLY_STEPS   space-separated step names: run only these (and the standard first steps);
 #                the others are left out silently (scripts/gpu/session.sh runs a script's
 #                steps in separate parts this way)
@@ -184,6 +185,10 @@ xdist_args() {
 
 # Install the carried wheels (.whl/*.whl) into $SITE once per set of wheels.
 install_wheels() {
+  if [ "${WHEELS:-1}" = 0 ]; then
+    echo "wheels: none wanted (WHEELS=0: the Python in use has what the steps need)"
+    return 0
+  fi
   local whls
   whls=$(ls .whl/*.whl 2>/dev/null)
   if [ -z "$whls" ]; then

@@ -19,6 +19,10 @@
 #                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 301 of 649;
 #                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got
+# After each sanitizer run, scripts/gpu/sanitizer_coverage.py reads the kernels its tests
+# launched (PDT_KERNEL_LAUNCH_LOG, tests/conftest.py) -> <tool>-coverage.json: the step fails
+# when a kernel family it must check never ran (memcheck: every one; racecheck: those with
+# shared memory).
 # The sanitizer steps run pytest in one process (compute-sanitizer follows the process it
 # starts; pytest-xdist's workers talk to it through pipes, a path not tried here), with
 # --report-api-errors no (torch probes the driver with calls that fail by design) and
@@ -49,6 +53,9 @@ or (rescaled and (2:4 or 5:16) and (f32 or bf16))) and not dense-grads"}
 SAN_KERNELS=${SAN_KERNELS-pdt_}
 SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"
 export MEMCHECK_K RACECHECK_K SAN_FLAGS
+# the kernel-bench suites (bench.sh's rows part times csr; make gpu-check adds it here)
+KERNEL_BENCH_SUITES=${KERNEL_BENCH_SUITES:-"spmm nm_prune pack"}
+KERNEL_BENCH_ARGS=$(for s in $KERNEL_BENCH_SUITES; do printf -- '--suite %s ' "$s"; done)
 need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/cuda*)"; exit 3; }'
 
 common_steps
@@ -56,13 +63,27 @@ step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kerne
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
 step kernel-bench gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-  --suite spmm --suite nm_prune --suite pack --out \"$DEST/kernel-bench\""
+  $KERNEL_BENCH_ARGS--out \"$DEST/kernel-bench\""
 step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
   --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""
-step racecheck gpu 90 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool racecheck \
-  \$SAN_FLAGS $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
-  | tee \"$DEST/racecheck.log\""
-step memcheck gpu 180 "$need_cs; PYTORCH_NO_CUDA_MEMORY_CACHING=1 \"\$CS\" --tool memcheck \
-  \$SAN_FLAGS --leak-check no $PYTEST $SAN_TESTS \
-  \${MEMCHECK_K:+-k \"\$MEMCHECK_K\"} | tee \"$DEST/memcheck.log\""
+# covered TOOL RC: after a sanitizer run, which kernel families it launched against those it
+# must check (scripts/gpu/sanitizer_coverage.py) -> TOOL-coverage.json, appended to TOOL.log;
+# exits with the run's status RC, else the coverage's (1: a family it must check never ran).
+covered() {
+  "$PY" scripts/gpu/sanitizer_coverage.py "$DEST/$1-launches.jsonl" --tool "$1" \
+    --kernels "$DEST/kernels.json" --kernels reports/gpu/kernels.json \
+    --json "$DEST/$1-coverage.json" | tee -a "$DEST/$1.log"
+  local c=$?
+  [ "$2" -ne 0 ] && return "$2"
+  return $c
+}
+export -f covered
+step racecheck gpu 90 "$need_cs; rm -f \"$DEST/racecheck-launches.jsonl\"; \
+  PDT_KERNEL_LAUNCH_LOG=\"$DEST/racecheck-launches.jsonl\" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+  \"\$CS\" --tool racecheck \$SAN_FLAGS $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
+  | tee \"$DEST/racecheck.log\"; covered racecheck \$?"
+step memcheck gpu 180 "$need_cs; rm -f \"$DEST/memcheck-launches.jsonl\"; \
+  PDT_KERNEL_LAUNCH_LOG=\"$DEST/memcheck-launches.jsonl\" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+  \"\$CS\" --tool memcheck \$SAN_FLAGS --leak-check no $PYTEST $SAN_TESTS \
+  \${MEMCHECK_K:+-k \"\$MEMCHECK_K\"} | tee \"$DEST/memcheck.log\"; covered memcheck \$?"

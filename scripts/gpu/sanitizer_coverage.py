@@ -1,0 +1,129 @@
+"""Which CUDA kernels a compute-sanitizer run launched, and whether it launched every one it
+must check.
+
+    python scripts/gpu/sanitizer_coverage.py LOG --tool memcheck|racecheck
+        [--kernels reports/gpu/kernels.json ...] [--json PATH]
+
+LOG holds the launch records that the test session under the sanitizer wrote at its end
+(``PDT_KERNEL_LAUNCH_LOG``, one JSON line per pytest process: ``impl.cuda.loader.launched()``).
+Kernels are counted by family, the name without its element type and variant (``pdt_spmm_
+tiled_f32_vec`` is of ``pdt_spmm_tiled``). memcheck must launch every family of the kernels the
+ops launch; racecheck every family with a kernel that uses shared memory (the compile step's
+``kernels.json``, ``shared_size_bytes``; the first ``--kernels`` file that exists). A sanitizer
+that reports nothing says nothing of a kernel it never ran: this makes that visible. Exit
+status 1 when a family it must check was not launched, or no record was written (the run was
+cut or crashed). Used by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Name parts that say a kernel's element type, index type, width or load path, not what it
+#: computes.
+_VARIANT = re.compile(r"_(?:f16|bf16|f32|f64|i32|i64|vec|scalar|w\d+|b\d+)$")
+
+
+def family(name: str) -> str:
+    """The kernel family of a kernel name: its name without variant parts at the end."""
+    while (shorter := _VARIANT.sub("", name)) != name:
+        name = shorter
+    return name
+
+
+def read_launches(log: Path) -> tuple[Counter[str], int]:
+    """``(launches per kernel name, number of records)`` of a launch log (absent: none)."""
+    total: Counter[str] = Counter()
+    records = 0
+    if not log.exists():
+        return total, 0
+    for line in log.read_text().splitlines():
+        if line.strip():
+            total.update(json.loads(line)["launched"])
+            records += 1
+    return total, records
+
+
+def shared_memory_kernels(kernels_json: Path) -> set[str] | None:
+    """Names of the kernels with static shared memory, from the compile step's report; ``None``
+    when the report is absent or holds no kernel."""
+    if not kernels_json.exists():
+        return None
+    kernels = json.loads(kernels_json.read_text()).get("kernels", {})
+    if not kernels:
+        return None
+    return {n for n, a in kernels.items() if (a.get("shared_size_bytes") or 0) > 0}
+
+
+def coverage(launched: Counter[str], kernels: Iterable[str], must: Iterable[str]) -> dict[str, Any]:
+    """Coverage by family: which of the ``must`` families were launched, which were not, and
+    how many of all ``kernels`` (names) ran."""
+    kernels = sorted(set(kernels))
+    must_families = sorted({family(k) for k in must})
+    ran_families = {family(k) for k, n in launched.items() if n > 0}
+    return {
+        "families_required": must_families,
+        "families_launched": sorted(ran_families & {family(k) for k in kernels}),
+        "families_missing": [f for f in must_families if f not in ran_families],
+        "kernels_launched": sorted(k for k in kernels if launched.get(k, 0) > 0),
+        "kernels_total": len(kernels),
+        "launches": sum(launched.values()),
+        "unknown_launched": sorted(k for k in launched if k not in set(kernels)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line; prints the coverage, returns 1 when a required family did not run."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("log", type=Path, help="PDT_KERNEL_LAUNCH_LOG of the sanitizer's run")
+    p.add_argument("--tool", choices=("memcheck", "racecheck"), required=True)
+    p.add_argument("--kernels", type=Path, action="append", default=[], help="kernels.json")
+    p.add_argument("--json", type=Path, help="write the coverage here")
+    args = p.parse_args(argv)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compile_kernels import kernels_by_source
+
+    kernels = [k for ks in kernels_by_source().values() for k in ks]
+    launched, records = read_launches(args.log)
+    note = ""
+    if args.tool == "memcheck":
+        must: list[str] = kernels
+    else:
+        found = next((k for k in args.kernels if k.exists()), None)
+        shared = shared_memory_kernels(found) if found else None
+        if shared is None:
+            must = kernels  # not known which use shared memory: ask for every family
+            note = "no kernels.json with shared-memory sizes: every family is required"
+        else:
+            must = sorted(shared)
+            note = f"families with shared memory, from {found}"
+    cov = coverage(launched, kernels, must)
+    cov.update(tool=args.tool, records=records, note=note)
+    print(
+        f"{args.tool}: launched {len(cov['families_launched'])} kernel families "
+        f"({len(cov['kernels_launched'])} of {cov['kernels_total']} kernels, "
+        f"{cov['launches']} launches, {records} record(s)); required "
+        f"{len(cov['families_required'])}{' (' + note + ')' if note else ''}"
+    )
+    print("  launched: " + ", ".join(cov["families_launched"]))
+    if cov["families_missing"]:
+        print("  NOT LAUNCHED (not checked): " + ", ".join(cov["families_missing"]))
+    if records == 0:
+        print(f"  no launch record in {args.log}: the test session was cut or did not end")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(cov, indent=1) + "\n")
+    return 1 if cov["families_missing"] or records == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.exit(main())

@@ -100,7 +100,9 @@ _record() {  # name kind status rc seconds limit note
 }
 
 # step NAME KIND LIMIT_S COMMAND
-#   KIND gpu: needs the GPU (skipped without one, or with DRY_RUN=1); cpu: runs everywhere.
+#   KIND gpu: needs the GPU (skipped without one, or with DRY_RUN=1); cpu (or any other kind,
+#   session.sh's "part"): runs everywhere. Sets STEP_STATUS (ok, failed, timeout, skipped;
+#   empty when ONLY_STEPS left the step out) for the caller.
 #   COMMAND is one string run by `bash -c` (with pipefail) under `timeout`.
 step() {
   local name=$1 kind=$2 limit=$3 cmd=$4

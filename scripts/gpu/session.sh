@@ -19,8 +19,10 @@
 #   fig7          reproduce.sh prunetrain.fig7
 #   sdgp-r18, sdgp-r50, sdgp-fp16           sdgp_semi.sh's timing steps
 # A part that ran (ok, failed or cut) is noted in $STATE_DIR/ran (on the device, /tmp survives
-# between calls while the machine stays warm) and left out of a later call that names no part.
-# A part whose time is gone is "skipped: out of time budget" and runs in the next call.
+# between calls while the machine stays warm) and left out of a later call that names no part;
+# so is a part that an earlier lease's committed step table (reports/gpu/session/session-*/
+# steps.tsv) records as ok. A part whose time is gone is "skipped: out of time budget", one
+# whose script had a step skipped for time reads "partial"; both run in the next call.
 # After each part its scripts' results are unpacked into one stage and $OUT/<tag>.tar.gz is
 # rewritten (so a call killed later still returns what ended), and into the tree on the
 # device, so clicktrain.fig11 reads the iteration rows. What comes back: <tag>.tar.gz (paths

@@ -80,8 +80,8 @@ def run_epoch(method: PruneTrain, ctx: TrainContext, data: list, epoch: int) -> 
     return method.epoch_metrics(ctx)
 
 
-def prezeroed_resnet20(seed: int = 0) -> nn.Module:
-    """ResNet-20 (1 input channel) with 40% of every space and one whole path zeroed,
+def prezeroed_resnet20(seed: int = 0, fraction: float = 0.4) -> nn.Module:
+    """ResNet-20 (1 input channel) with ``fraction`` of every space and one whole path zeroed,
     BatchNorms included: training keeps those weights exactly zero."""
     torch.manual_seed(seed)
     model = M.create("resnet20", in_channels=1)
@@ -91,7 +91,7 @@ def prezeroed_resnet20(seed: int = 0) -> nn.Module:
         if space.path == "layer2.1":
             idx = torch.arange(space.size)
         else:
-            idx = torch.randperm(space.size, generator=gen)[: int(0.4 * space.size)]
+            idx = torch.randperm(space.size, generator=gen)[: int(fraction * space.size)]
         zero_channels(model, graph, name, idx)
     return model
 
@@ -411,16 +411,17 @@ def test_estimate_is_linear_in_the_batch() -> None:
 def test_cpu_time_of_an_iteration_falls_after_reconfiguration() -> None:
     """Process CPU time (not inflated by other processes on the cores) of one iteration, on
     one intra-op thread so that no spinning worker thread adds to it. The pruned network keeps
-    ~65% of the FLOPs; idle, it takes 0.59-0.72x the dense CPU time at batch 64, so the bound
-    leaves room for a loaded machine and still fails if reconfiguring saved nothing. The two
-    are probed in turn, three times each, and each keeps its fastest probe, so that a burst of
-    load on a shared machine (caches, clock) falls on both or is left out (one probe of each
-    read 0.91x once under such load)."""
+    ~9% of the FLOPs (70% of every channel space and one whole path removed); at batch 64 it
+    took 0.22-0.23x the dense CPU time idle and 0.21-0.30x beside a two-thread matrix product,
+    so the 0.85x bound holds on a loaded machine and still fails if reconfiguring saved
+    nothing. (Pruned 40%, ~34% of the FLOPs, it took 0.58-0.65x idle and once 0.93x in a
+    loaded CI run.) The two are probed in turn, three times each, and each keeps its fastest
+    probe, so that a burst of load falls on both or is left out."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         model = M.create("resnet20", in_channels=1)
-        pruned = prezeroed_resnet20(seed=12)  # 40% of every space and one path: ~35% of FLOPs
+        pruned = prezeroed_resnet20(seed=12, fraction=0.7)  # ~9% of the dense FLOPs
         reconfigure(pruned, None)
         dense, small = [], []
         for _ in range(3):

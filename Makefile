@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 tests
 	PDTBENCH_BENCH_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-disable
 
 lint: $(STAMP)

@@ -350,7 +350,7 @@ def launch(
 def launched() -> dict[str, int]:
     """``{kernel name: launches}`` of this process so far, every kernel :func:`launch` has
     started (the record a sanitizer run uses to show which kernels it checked,
-    ``scripts/gpu/compile_kernels.py --coverage``)."""
+    ``scripts/gpu/sanitizer_coverage.py``)."""
     return dict(_launches)
 
 

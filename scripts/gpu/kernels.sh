@@ -17,7 +17,7 @@
 #                of the rescaled N:M tests ($RACECHECK_K, 135 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
 #                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 301 of 649;
-#                MEMCHECK_K="" takes them all, as `make gpu-check`) -> memcheck.log; it runs
+#                MEMCHECK_K="" takes them all) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got
 # After each sanitizer run, scripts/gpu/sanitizer_coverage.py reads the kernels its tests
 # launched (PDT_KERNEL_LAUNCH_LOG, tests/conftest.py) -> <tool>-coverage.json: the step fails

@@ -50,6 +50,11 @@ def _parse_ptxas(log: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+#: The tests that read the module's nvcc runs: one xdist worker runs them, so that nvcc runs
+#: once, not once per worker.
+NVCC_GROUP = pytest.mark.xdist_group("nvcc-compile")
+
+
 @pytest.fixture(scope="module")
 def nvcc_logs(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
     """Compile all sources once per arch (the archs in parallel): {arch: (rc, log, seconds)}."""
@@ -75,6 +80,7 @@ def nvcc_logs(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+@NVCC_GROUP
 def test_nvcc_compiles_every_source_without_errors_or_warnings(nvcc_logs, arch):
     rc, log, seconds = nvcc_logs[arch]
     bad = [ln for ln in log.splitlines() if re.search(r"\b(error|warning)\b", ln, re.I)]
@@ -83,6 +89,7 @@ def test_nvcc_compiles_every_source_without_errors_or_warnings(nvcc_logs, arch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+@NVCC_GROUP
 def test_no_kernel_spills_registers(nvcc_logs, arch):
     rc, log, _ = nvcc_logs[arch]
     assert rc == 0, log
@@ -94,6 +101,7 @@ def test_no_kernel_spills_registers(nvcc_logs, arch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+@NVCC_GROUP
 def test_every_kernel_the_ops_launch_is_compiled(nvcc_logs, arch):
     rc, log, _ = nvcc_logs[arch]
     assert rc == 0, log

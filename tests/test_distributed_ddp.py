@@ -21,7 +21,9 @@ import torch
 
 from impl import distributed, rundir
 
-pytestmark = pytest.mark.slow
+#: The module's tests read one 2-rank job (a module fixture): one xdist worker runs them all,
+#: so that the job runs once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ddp-job")]
 
 TESTS_DIR = Path(__file__).resolve().parent
 JOB_TIMEOUT_S = 900  # the whole job; each collective has its own 120 s timeout

@@ -17,7 +17,8 @@ import pytest
 
 from impl import distributed
 
-pytestmark = pytest.mark.slow
+#: The cases share one run of every failure (a module fixture): one xdist worker runs them all.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed-failures")]
 
 TIMEOUT_S = 4.0  # the collective timeout of the test's group
 SLACK_S = 20.0  # the survivor's own start-up and exit on a loaded machine

@@ -12,6 +12,7 @@ reported as skipped, its results packed as the device would return them. The hel
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -120,8 +121,7 @@ def test_suites_parts_and_targets_named_by_the_scripts_exist():
     cpu_rows = json.loads((ROOT / "reports" / "bench" / "cpu" / "rows.json").read_text())["rows"]
     assert any(r["suite"] == "allreduce" and r["status"] == "ok" for r in cpu_rows)
     assert "allreduce" not in _default("bench", "ASV_BENCH").lower()
-    m = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
-    targets = m.group(1).split()
+    targets = _reproduce_targets()
     assert targets and set(targets) <= set(TARGETS)
     assert "prunetrain.fig7" in targets  # trained and timed on the GPU
 
@@ -142,16 +142,27 @@ def test_preflight_modules_of_the_project_exist(name):
 def test_session_checks_every_module_the_four_scripts_need():
     """Its parts run with the environment step skipped, so it imports what they would."""
     need = {m for name in DEVICE_SCRIPTS for m in _preflight(name) if "${" not in m}
-    targets = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
-    need |= {f"reproductions.{t}" for t in targets.group(1).split()}
+    need |= {f"reproductions.{t}" for t in _reproduce_targets()}
     assert need <= set(_preflight(SESSION)), need - set(_preflight(SESSION))
+
+
+def _reproduce_targets() -> list[str]:
+    """reproduce.sh's default targets."""
+    text = _text("reproduce.sh").replace("\\\n", " ")
+    return re.search(r"\|\| TARGETS=\(([^)]*)\)", text).group(1).split()
+
+
+def _session_dispatch() -> list[tuple[str, int, str]]:
+    """(part, limit in s, command) of every line of session.sh's dispatch, in order."""
+    text = _text("session.sh").replace("\\\n", "")
+    body = text[text.index("case $p in") :]
+    found = re.findall(r'^\s*([\w-]+)\) part [\w"$-]+ (\d+) "?([^;]*?)"? ;;', body, re.M)
+    return [(name, int(limit), cmd) for name, limit, cmd in found]
 
 
 def _session_parts() -> dict[str, str]:
     """{part: its command} of session.sh's dispatch."""
-    text = _text("session.sh").replace("\\\n", "")
-    body = text[text.index("case $p in") :]
-    return dict(re.findall(r'^\s*([\w-]+)\) part [\w"$-]+ \d+ "?([^;]*?)"? ;;', body, re.M))
+    return {name: cmd for name, _, cmd in _session_dispatch()}
 
 
 def test_session_runs_every_step_of_the_four_scripts_as_a_part():
@@ -170,8 +181,7 @@ def test_session_runs_every_step_of_the_four_scripts_as_a_part():
     bench_parts = re.search(r"\|\| PARTS=\(([^)]*)\)", _text("bench.sh")).group(1).split()
     assert sorted(bench) == sorted(bench_parts)
     repro = re.findall(r"sub [\w-]+ reproduce ([\w. ]+)", text)
-    targets = re.search(r"\|\| TARGETS=\(([^)]*)\)", _text("reproduce.sh").replace("\\\n", " "))
-    assert sorted(t for r in repro for t in r.split()) == sorted(targets.group(1).split())
+    assert sorted(t for r in repro for t in r.split()) == sorted(_reproduce_targets())
     # the check part: the tests and sanitizers side by side, none of them a timing step
     check = text[text.index("check() {") :].split("\n}\n")[0]
     assert "together" in check
@@ -264,10 +274,8 @@ def test_plan_fits_the_device_limits():
 
 def test_session_parts_table_gives_each_part_its_limit():
     table = _doc_table("### `session.sh`: the parts")
-    text = _text("session.sh").replace("\\\n", "")
-    body = text[text.index("case $p in") :]
-    limits = dict(re.findall(r"^\s*[\w-]+\) part ([\w-]+) (\d+) ", body, re.M))
-    assert list(limits) == list(_session_parts()) and table == limits
+    limits = {name: str(limit) for name, limit, _ in _session_dispatch()}
+    assert table == limits
 
 
 def _steps_of(script: str) -> list[tuple[str, str, int]]:
@@ -735,6 +743,15 @@ def test_kernel_families_strip_type_and_variant_only():
     assert {cov.family(k) for k in _all_kernels()} == FAMILIES
 
 
+def _one_kernel_per_family() -> dict[str, str]:
+    """{family: its first kernel name}."""
+    cov = _module("sanitizer_coverage")
+    first: dict[str, str] = {}
+    for k in _all_kernels():
+        first.setdefault(cov.family(k), k)
+    return first
+
+
 def _launch_log(path: Path, *records: dict[str, int]) -> Path:
     path.write_text("".join(json.dumps({"pid": 1, "launched": r}) + "\n" for r in records))
     return path
@@ -742,9 +759,7 @@ def _launch_log(path: Path, *records: dict[str, int]) -> Path:
 
 def test_sanitizer_coverage_fails_on_a_family_that_never_ran(tmp_path, capsys):
     cov = _module("sanitizer_coverage")
-    one_each = {}
-    for k in _all_kernels():
-        one_each.setdefault(cov.family(k), k)
+    one_each = _one_kernel_per_family()
     everything = _launch_log(tmp_path / "all.jsonl", {k: 2 for k in one_each.values()})
     out = tmp_path / "cov.json"
     assert cov.main([str(everything), "--tool", "memcheck", "--json", str(out)]) == 0
@@ -788,10 +803,7 @@ def test_racecheck_coverage_asks_for_the_families_with_shared_memory(tmp_path, c
 def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
     """``covered`` of kernels.sh: a failed sanitizer run fails the step whatever the coverage;
     a clean run fails it only when a family it must check never ran."""
-    cov = _module("sanitizer_coverage")
-    one_each = {}
-    for k in _all_kernels():
-        one_each.setdefault(cov.family(k), k)
+    one_each = _one_kernel_per_family()
     _launch_log(tmp_path / "memcheck-launches.jsonl", {k: 1 for k in one_each.values()})
     _launch_log(tmp_path / "racecheck-launches.jsonl", {"pdt_spmm_f32_vec": 1})
     fn = f"source <(sed -n '/^covered() {{/,/^}}/p' {GPU_DIR / 'kernels.sh'})"
@@ -827,7 +839,7 @@ def test_loader_records_each_launch_by_kernel_name(monkeypatch):
     )
     monkeypatch.setattr(loader, "kernel_args", lambda args, index, name: tuple(args))
     monkeypatch.setattr(loader, "torch_stream", lambda index: nullcontext())
-    monkeypatch.setattr(loader, "_launches", __import__("collections").Counter())
+    monkeypatch.setattr(loader, "_launches", collections.Counter())
     for name in ("pdt_pack_b4_i64", "pdt_pack_b4_i64", "pdt_unpack_b4_i64"):
         loader.launch("pack.cu", name, (1, 1, 1), (32, 1, 1), [])
     assert ran == ["pdt_pack_b4_i64", "pdt_pack_b4_i64", "pdt_unpack_b4_i64"]
@@ -845,7 +857,7 @@ def test_a_test_session_writes_its_launch_record_when_asked(tmp_path, monkeypatc
     spec.loader.exec_module(conftest)
     from impl.cuda import loader
 
-    monkeypatch.setattr(loader, "_launches", __import__("collections").Counter(pdt_spmm_f32_vec=3))
+    monkeypatch.setattr(loader, "_launches", collections.Counter(pdt_spmm_f32_vec=3))
     log = tmp_path / "launches.jsonl"
     monkeypatch.delenv(conftest.LAUNCH_LOG_VARIABLE, raising=False)
     conftest.pytest_sessionfinish(None, 0)

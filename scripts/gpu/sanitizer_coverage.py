@@ -65,17 +65,18 @@ def shared_memory_kernels(kernels_json: Path) -> set[str] | None:
 def coverage(launched: Counter[str], kernels: Iterable[str], must: Iterable[str]) -> dict[str, Any]:
     """Coverage by family: which of the ``must`` families were launched, which were not, and
     how many of all ``kernels`` (names) ran."""
-    kernels = sorted(set(kernels))
+    names = set(kernels)
+    kernels = sorted(names)
     must_families = sorted({family(k) for k in must})
     ran_families = {family(k) for k, n in launched.items() if n > 0}
     return {
         "families_required": must_families,
-        "families_launched": sorted(ran_families & {family(k) for k in kernels}),
+        "families_launched": sorted(ran_families & {family(k) for k in names}),
         "families_missing": [f for f in must_families if f not in ran_families],
         "kernels_launched": sorted(k for k in kernels if launched.get(k, 0) > 0),
         "kernels_total": len(kernels),
         "launches": sum(launched.values()),
-        "unknown_launched": sorted(k for k in launched if k not in set(kernels)),
+        "unknown_launched": sorted(k for k in launched if k not in names),
     }
 
 

@@ -94,13 +94,11 @@ merge() {
     for f in "$d"*.tar.gz "$d"*.tar.gz.part0; do
       [ -e "$f" ] || continue
       tag=$(basename "${f%.tar.gz*}")
-      if [[ $f == *.part0 ]]; then
-        cat "${f%0}"* | tar -xz -C "$STAGE" || echo "merge: could not unpack $f"
-        [ "$HAVE_GPU" = 1 ] && [ "$DRY_RUN" != 1 ] && cat "${f%0}"* | tar -xz -C "$ROOT"
-      else
-        tar -xzf "$f" -C "$STAGE" || echo "merge: could not unpack $f"
-        [ "$HAVE_GPU" = 1 ] && [ "$DRY_RUN" != 1 ] && tar -xzf "$f" -C "$ROOT"
-      fi
+      # a tarball over 15 MiB comes in parts (finish in common.sh): x.tar.gz.part0, part1, ...
+      local parts=("$f")
+      [[ $f == *.part0 ]] && parts=("${f%0}"*)
+      cat "${parts[@]}" | tar -xz -C "$STAGE" || echo "merge: could not unpack $f"
+      [ "$HAVE_GPU" = 1 ] && [ "$DRY_RUN" != 1 ] && cat "${parts[@]}" | tar -xz -C "$ROOT"
       [ -f "$d$tag-steps.tsv" ] && tail -n +2 "$d$tag-steps.tsv" | sed "s/^/$tag\t/" \
         >> "$WORK/part-steps.tsv"
     done

@@ -124,7 +124,8 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
     ``default``, its default at each scale (a preset's value where it sets one)."""
     from impl.config import SCALE_PRESETS, SCALES, TrainConfig
 
-    text = field_help(TrainConfig)[name].rstrip(".").replace("``", "")
+    # argparse %-formats help strings: a literal % is written %%
+    text = field_help(TrainConfig)[name].rstrip(".").replace("``", "").replace("%", "%%")
     if not default:
         return text
     field = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
@@ -197,6 +198,9 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help=say("bf16", default=False))
     p.add_argument(
         "--cudnn-benchmark", action="store_true", help=say("cudnn_benchmark", default=False)
+    )
+    p.add_argument(
+        "--memory-format", choices=("contiguous", "channels_last"), help=say("memory_format")
     )
     p.add_argument("--threads", type=int, help=say("threads", default=False))
     p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
@@ -280,6 +284,7 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         device=args.device,
         bf16=True if args.bf16 else None,
         cudnn_benchmark=True if args.cudnn_benchmark else None,
+        memory_format=args.memory_format,
         threads=args.threads,
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,

@@ -19,6 +19,7 @@ SCALE_HELP = (
     "the papers' shapes on one GPU; paper: the papers' full protocol (their datasets)"
 )
 SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
+MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last", "auto")
 
 
 @dataclass
@@ -59,6 +60,13 @@ class TrainConfig:
             convolution algorithms by timing on the first call of each shape, and so do the
             pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
             a GPU; off (the default), every choice is fixed and a rerun gives the same bits.
+        memory_format: layout of the model's 4-D weights, and so of its activations and
+            gradients: "contiguous" (NCHW, the default), "channels_last" (NHWC: oneDNN's
+            convolutions on a CPU skip a layout reorder per call; a dense ResNet-20 step at
+            16x16, batch 32, one thread, about 17% faster, docs/reproductions.md) or "auto"
+            (the cpu preset: channels_last on a CPU for a method that gains from it,
+            ``Method.channels_last_on_cpu``, else contiguous; the summary records which).
+            Values differ from NCHW's in the last bits (other summation orders).
         threads: torch intra-op threads on CPU (None: torch's default).
         max_steps_per_epoch: stop each epoch after this many iterations (smoke runs only).
         out: the run directory.
@@ -89,6 +97,7 @@ class TrainConfig:
     device: str = "auto"
     bf16: bool = False
     cudnn_benchmark: bool = False
+    memory_format: str = "contiguous"
     threads: int | None = None
     max_steps_per_epoch: int | None = None
     out: str | None = None
@@ -100,6 +109,10 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(
                 f"unknown schedule {self.schedule!r}; valid schedules: {', '.join(SCHEDULES)}"
+            )
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ValueError(
+                f"unknown memory_format {self.memory_format!r}; valid: {', '.join(MEMORY_FORMATS)}"
             )
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
@@ -177,7 +190,7 @@ def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]
 # lr 0.1 decayed 10x at 50% and 75% of 182 epochs, as PruneTrain's CIFAR recipe, p. 7).
 SCALE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"epochs": 2, "batch_size": 32, "max_steps_per_epoch": 3, "eval_batch_size": 256},
-    "cpu": {"epochs": 15, "batch_size": 128},
+    "cpu": {"epochs": 15, "batch_size": 128, "memory_format": "auto"},
     "gpu": {"epochs": 30, "batch_size": 128},
     "paper": {
         "data": "cifar10",

@@ -104,6 +104,34 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+def resolve_memory_format(memory_format: str, method: Method, device: torch.device) -> str:
+    """The layout a run trains in: ``TrainConfig.memory_format`` as given, or for "auto"
+    "channels_last" on a CPU when ``method`` gains from it (``Method.channels_last_on_cpu``)
+    and "contiguous" otherwise (on a GPU too: unmeasured there)."""
+    if memory_format != "auto":
+        return memory_format
+    on_cpu = device.type == "cpu"
+    return "channels_last" if on_cpu and type(method).channels_last_on_cpu else "contiguous"
+
+
+def apply_memory_format(model: nn.Module, memory_format: str) -> bool:
+    """Lay out every 4-D parameter and buffer of ``model`` in ``memory_format``
+    (``TrainConfig.memory_format``: "contiguous" or "channels_last"), in place: the same
+    ``Parameter`` objects, so an optimizer built on them stays valid. Returns whether any
+    tensor had to move. A method that rebuilds layers (PruneTrain's reconfiguration) makes
+    them NCHW; the trainer calls this again after every epoch."""
+    fmt = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}.get(
+        memory_format
+    )
+    if fmt is None:
+        raise ValueError(f"unknown memory_format {memory_format!r}")
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.dim() != 4 or t.is_contiguous(memory_format=fmt) for t in tensors):
+        return False
+    model.to(memory_format=fmt)
+    return True
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, loader: Any, device: torch.device, dp: Any = None
@@ -279,6 +307,8 @@ class Trainer:
         if state is not None:
             method.load_state_dict(state["method"], ctx)
             ctx.model.load_state_dict(state["model"])
+        ctx.extra["memory_format"] = resolve_memory_format(cfg.memory_format, method, self.device)
+        apply_memory_format(ctx.model, ctx.extra["memory_format"])
         ctx.optimizer = self._optimizer(ctx.model)
         wall_before = 0.0
         if state is not None:
@@ -450,6 +480,7 @@ class Trainer:
         ctx.extra["epoch_train_loss"] = train_loss
         cost_end = _step_cost(ctx, method)
         method.on_epoch_end(ctx)
+        apply_memory_format(ctx.model, ctx.extra["memory_format"])  # layers a method rebuilt
         dp.refresh(ctx, method)
         comm_row = dp.epoch_metrics(ctx)
         return comm_row | {
@@ -525,6 +556,7 @@ class Trainer:
             "batch_size": ctx.batch_size,
             "wall_seconds": wall,
             "device": str(self.device),
+            "memory_format": ctx.extra["memory_format"],  # TrainConfig's, "auto" resolved
             "environment": collect(),
         }
         summary.update(method.summary(ctx))
@@ -604,6 +636,8 @@ def load_trained_model(
 __all__ = [
     "RunExistsError",
     "Trainer",
+    "apply_memory_format",
+    "resolve_memory_format",
     "check_out_dir",
     "conv_weight_counts",
     "evaluate",

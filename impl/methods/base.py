@@ -80,6 +80,11 @@ class Method:
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type[MethodConfig]] = MethodConfig
+    #: Whether the method's training step runs faster with channels_last weights on a CPU:
+    #: ``TrainConfig.memory_format="auto"`` (the cpu preset) picks that layout only then.
+    #: False unless measured (docs/reproductions.md, "make demo"): a method whose own ops
+    #: read NCHW pays a layout copy per call instead.
+    channels_last_on_cpu: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()

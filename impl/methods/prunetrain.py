@@ -161,7 +161,7 @@ class PruneTrain(Method):
     """PruneTrain as a Trainer method (Algorithm 1 of the paper); see the module docstring."""
 
     name = "prunetrain"
-    channels_last_on_cpu = True  # dense layers after every reconfiguration: ~30% faster per step
+    channels_last_on_cpu = True  # dense (reconfigured) layers: 48.7 vs 69.2 ms per step, once
     Config = PruneTrainConfig
     config: PruneTrainConfig
 

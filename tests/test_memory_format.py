@@ -11,7 +11,7 @@ from torch import nn
 
 from impl import cli, rundir
 from impl.config import SCALE_PRESETS, TrainConfig, resolve
-from impl.methods import create_method, method_class, register_method
+from impl.methods import create_method, method_class, register_method, unregister_method
 from impl.methods.dense import Dense
 from impl.models import create
 from impl.train import apply_memory_format, resolve_memory_format, train
@@ -82,11 +82,19 @@ class _RebuildsAConv(Dense):
         ctx.model.layer3[2].conv2 = new
 
 
-def test_the_trainer_lays_out_layers_a_method_rebuilt_and_records_the_layout(tmp_path):
-    register_method(_RebuildsAConv.name, _RebuildsAConv, replace=True)
+@pytest.fixture
+def rebuilding_method():
+    register_method(_RebuildsAConv.name, _RebuildsAConv)
+    yield _RebuildsAConv.name
+    unregister_method(_RebuildsAConv.name)  # the registry is the process's: others list it
+
+
+def test_the_trainer_lays_out_layers_a_method_rebuilt_and_records_the_layout(
+    tmp_path, rebuilding_method
+):
     cfg = resolve(
         "smoke",
-        method=_RebuildsAConv.name,
+        method=rebuilding_method,
         data="digits",
         epochs=2,
         threads=1,

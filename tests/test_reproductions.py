@@ -852,6 +852,22 @@ def test_cross_table_states_its_setup_in_words_and_labels_every_metric(scale):
     assert set(methods.METRICS_SHOWN) <= set(METRIC_LABELS)  # no internal key as a row label
 
 
+def test_cross_table_says_which_layout_each_method_trained_in(monkeypatch):
+    from impl.methods.dense import Dense
+    from reproductions.cross import methods
+
+    cpu = methods.layout_note("cpu")
+    assert cpu in methods.notes("cpu")
+    assert "dense, PruneTrain, Campfire train channels_last" in cpu
+    assert "ClickTrain, SDGP NCHW" in cpu
+    assert methods.layout_note("smoke") == (
+        "Memory layout: NCHW (memory_format contiguous) for every method."
+    )
+    monkeypatch.setattr(Dense, "channels_last_on_cpu", False)  # read from the classes
+    assert "PruneTrain, Campfire train channels_last" in methods.layout_note("cpu")
+    assert "dense, ClickTrain, SDGP NCHW" in methods.layout_note("cpu")
+
+
 def _shown_metrics(target, scale):
     """Every metric key a target's report can show at ``scale``: its metrics, each row's,
     its own metrics and units, and the metrics of the paper's rows (shown when unmatched)."""

@@ -207,6 +207,36 @@ def shared_setup(scale: str) -> str:
     return setup_text({k: cfg[k] for k in SETUP_FIELDS if k in cfg})
 
 
+def layout_note(scale: str) -> str:
+    """Which memory layout each method trains in at ``scale`` (``TrainConfig.memory_format``;
+    "auto" resolved per method on a CPU, :func:`impl.train.resolve_memory_format`)."""
+    import torch
+
+    from impl.config import resolve
+    from impl.methods import create_method
+    from impl.train import resolve_memory_format
+
+    values = {**SCALE_TRAIN[scale], **TRAIN[scale]}
+    fmt = resolve(scale, method="dense", **values).memory_format
+    cpu = torch.device("cpu")
+    if fmt != "auto":
+        name = "NCHW" if fmt == "contiguous" else fmt
+        return f"Memory layout: {name} (memory_format {fmt}) for every method."
+    methods = (*METHOD_ORDER, *registered_methods())
+    on_cpu = [
+        m for m in methods if resolve_memory_format(fmt, create_method(m), cpu) != "contiguous"
+    ]
+    rest = [m for m in methods if m not in on_cpu]
+    words = ", ".join(METHOD_NAMES.get(m, m) for m in on_cpu) or "no method"
+    others = ", ".join(METHOD_NAMES.get(m, m) for m in rest) or "none"
+    return (
+        f"Memory layout: on a CPU {words} train channels_last, the layout measured faster "
+        f"for them, and {others} NCHW (memory_format auto; each summary.json records its "
+        "layout): times per iteration compare each method in its faster layout. On a GPU "
+        "every method trains NCHW."
+    )
+
+
 def notes(scale: str) -> list[str]:
     """How the table is measured at ``scale``."""
     extra = registered_methods()
@@ -246,6 +276,7 @@ def notes(scale: str) -> list[str]:
         "(comm_bytes_per_iter: the gradients kept by the method's communication masks, all "
         "gradients for a method that declares none; ClickTrain's pattern Allreduce is "
         "projected in the ClickTrain Fig. 13 reproduction).",
+        layout_note(scale),
         "Times (per iteration, to accuracy, wall) are measured on the machine of the run while "
         "`pdtbench reproduce` trains its runs side by side (one single-threaded process per "
         "core, --jobs): they compare methods as far as the load on the machine was the same for "

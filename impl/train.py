@@ -637,11 +637,11 @@ __all__ = [
     "RunExistsError",
     "Trainer",
     "apply_memory_format",
-    "resolve_memory_format",
     "check_out_dir",
     "conv_weight_counts",
     "evaluate",
     "load_trained_model",
+    "resolve_memory_format",
     "resume",
     "train",
 ]

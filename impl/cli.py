@@ -146,7 +146,7 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
 
 
 def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
-    from impl.config import SCALE_HELP, SCALES, SCHEDULES
+    from impl.config import MEMORY_FORMATS, SCALE_HELP, SCALES, SCHEDULES
 
     p = argparse.ArgumentParser(
         prog="pdtbench train",
@@ -199,9 +199,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--cudnn-benchmark", action="store_true", help=say("cudnn_benchmark", default=False)
     )
-    p.add_argument(
-        "--memory-format", choices=("contiguous", "channels_last"), help=say("memory_format")
-    )
+    p.add_argument("--memory-format", choices=MEMORY_FORMATS, help=say("memory_format"))
     p.add_argument("--threads", type=int, help=say("threads", default=False))
     p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
     p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")

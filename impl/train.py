@@ -185,6 +185,7 @@ class Trainer:
         self.device = distributed.rank_device(pick_device(cfg.device), self.dist)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
+        self.memory_format = cfg.memory_format  # "auto" resolved once the method is built
 
     # ------------------------------------------------------------------------------------------
     def _build(self) -> tuple[TrainContext, Method, Any, Any, Any]:
@@ -307,8 +308,8 @@ class Trainer:
         if state is not None:
             method.load_state_dict(state["method"], ctx)
             ctx.model.load_state_dict(state["model"])
-        ctx.extra["memory_format"] = resolve_memory_format(cfg.memory_format, method, self.device)
-        apply_memory_format(ctx.model, ctx.extra["memory_format"])
+        self.memory_format = resolve_memory_format(cfg.memory_format, method, self.device)
+        apply_memory_format(ctx.model, self.memory_format)
         ctx.optimizer = self._optimizer(ctx.model)
         wall_before = 0.0
         if state is not None:
@@ -480,7 +481,7 @@ class Trainer:
         ctx.extra["epoch_train_loss"] = train_loss
         cost_end = _step_cost(ctx, method)
         method.on_epoch_end(ctx)
-        apply_memory_format(ctx.model, ctx.extra["memory_format"])  # layers a method rebuilt
+        apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)
         comm_row = dp.epoch_metrics(ctx)
         return comm_row | {
@@ -556,7 +557,7 @@ class Trainer:
             "batch_size": ctx.batch_size,
             "wall_seconds": wall,
             "device": str(self.device),
-            "memory_format": ctx.extra["memory_format"],  # TrainConfig's, "auto" resolved
+            "memory_format": self.memory_format,  # TrainConfig's, "auto" resolved
             "environment": collect(),
         }
         summary.update(method.summary(ctx))

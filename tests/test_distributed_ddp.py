@@ -10,7 +10,6 @@ order of reductions drift apart by more than that within a few steps (docs/distr
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -64,20 +63,6 @@ def single_run(out: Path, values: dict[str, Any], float64: bool, monkeypatch) ->
     return worker.train_run(out, values)
 
 
-def weights_rel_diff(a_dir: Path, b_dir: Path) -> float:
-    """||a - b|| / ||b|| over every floating parameter and buffer of the two checkpoints."""
-    a = rundir.load_checkpoint(a_dir)["model"]
-    b = rundir.load_checkpoint(b_dir)["model"]
-    assert a.keys() == b.keys()
-    num = den = 0.0
-    for k in a:
-        if a[k].is_floating_point():
-            assert a[k].shape == b[k].shape, k
-            num += float(((a[k].double() - b[k].double()) ** 2).sum())
-            den += float((b[k].double() ** 2).sum())
-    return math.sqrt(num / den)
-
-
 def test_sparse_hook_equals_dense_allreduce_at_kept_positions(job):
     for rank in (0, 1):
         res = result(job, "hook", rank)
@@ -95,7 +80,7 @@ def test_sparse_hook_equals_dense_allreduce_at_kept_positions(job):
 def test_dense_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
     ddp = result(job, "dense64")
     one = single_run(tmp_path / "one", worker.DENSE, True, monkeypatch)
-    rel = weights_rel_diff(job["out"] / "dense64", tmp_path / "one")
+    rel = worker.weights_rel_diff(job["out"] / "dense64", tmp_path / "one")
     assert rel <= 1e-5, rel
     assert ddp["world_size"] == 2 and one["world_size"] == 1
     assert ddp["comm_bytes_source"] == "measured"
@@ -136,7 +121,7 @@ def test_clicktrain_bytes_after_hard_pruning(job, tmp_path, monkeypatch):
         assert row["comm_bytes_per_iter"] == pytest.approx(dense_bytes * nonzero_fraction, rel=0.01)
     one = single_run(tmp_path / "one", worker.CLICKTRAIN, True, monkeypatch)
     assert one["comm_bytes_per_iter"] == sparse_bytes  # computed the same way in one process
-    rel = weights_rel_diff(run, tmp_path / "one")
+    rel = worker.weights_rel_diff(run, tmp_path / "one")
     assert rel <= 1e-5, rel
 
 
@@ -149,7 +134,7 @@ def test_prunetrain_reconfiguration_rebuilds_ddp(job, tmp_path, monkeypatch):
     assert bytes_[-1] == ddp["parameters"] * 8
     one = single_run(tmp_path / "one", worker.PRUNETRAIN, True, monkeypatch)
     assert one["parameters"] == ddp["parameters"]
-    rel = weights_rel_diff(job["out"] / "prunetrain64", tmp_path / "one")
+    rel = worker.weights_rel_diff(job["out"] / "prunetrain64", tmp_path / "one")
     assert rel <= 1e-5, rel
 
 
@@ -185,4 +170,4 @@ def test_cli_nproc_path_float32(job, tmp_path):
     a = rundir.read_metrics(job["out"] / "cli")
     b = rundir.read_metrics(out)
     assert a[0]["train_loss"] == pytest.approx(b[0]["train_loss"], rel=1e-5)
-    assert weights_rel_diff(job["out"] / "cli", out) <= 1e-3  # float32 noise, see docstring
+    assert worker.weights_rel_diff(job["out"] / "cli", out) <= 1e-3  # float32 noise, see docstring

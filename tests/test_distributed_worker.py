@@ -17,6 +17,7 @@ On rank 1 every run-directory write is recorded (there must be none).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import traceback
@@ -41,6 +42,21 @@ SMOKE = dict(
     augment=False,
     eval_batch_size=16,
 )
+
+
+def weights_rel_diff(a_dir: Path, b_dir: Path) -> float:
+    """||a - b|| / ||b|| over every floating parameter and buffer of the two checkpoints."""
+    a = rundir.load_checkpoint(a_dir)["model"]
+    b = rundir.load_checkpoint(b_dir)["model"]
+    assert a.keys() == b.keys()
+    num = den = 0.0
+    for k in a:
+        if a[k].is_floating_point():
+            assert a[k].shape == b[k].shape, k
+            num += float(((a[k].double() - b[k].double()) ** 2).sum())
+            den += float((b[k].double() ** 2).sum())
+    return math.sqrt(num / den)
+
 
 DENSE = dict(SMOKE, epochs=2, batch_size=33, max_steps_per_epoch=1, lr=0.02)
 CLICKTRAIN = dict(

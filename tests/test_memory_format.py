@@ -3,9 +3,8 @@ every method computes the same step in channels_last as in NCHW."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
+import test_distributed_worker as worker
 import torch
 from torch import nn
 
@@ -114,41 +113,15 @@ def test_the_trainer_lays_out_layers_a_method_rebuilt_and_records_the_layout(
     assert plain["memory_format"] == "contiguous"
 
 
-def _rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    num = den = 0.0
-    for k in a:
-        if a[k].is_floating_point():
-            num += float(((a[k].double() - b[k].double()) ** 2).sum())
-            den += float((b[k].double() ** 2).sum())
-    return math.sqrt(num / den)
-
-
-STEP = dict(
-    model="resnet20",
-    data="synthetic",
-    data_options=dict(image_size=8, in_channels=3, train_size=64, test_size=16),
-    threads=1,
-    schedule="constant",
-    lr=0.02,
-    augment=False,
-    batch_size=32,
-    eval_batch_size=16,
-)
+# the distributed tests' small settings: 8x8 synthetic images, a constant rate, no augmentation
+STEP = dict(worker.SMOKE, lr=0.02, batch_size=32)
 METHOD_STEPS = {
     "dense": dict(epochs=1, max_steps_per_epoch=1),
     # a step in each pattern phase, the last on pattern convolutions after the hard prune
     "clicktrain": dict(
         epochs=3,
         max_steps_per_epoch=1,
-        method_options=dict(
-            dense_epochs=0,
-            pool_epochs=1,
-            finalize_epochs=1,
-            hard_prune_epoch=2,
-            pool_size=4,
-            connectivity=0.5,
-            sparse_impl="ref",
-        ),
+        method_options=worker.CLICKTRAIN["method_options"],
     ),
     "prunetrain": dict(epochs=1, max_steps_per_epoch=1),
     # random N:M selection: a magnitude ranking may keep the other of two near-equal
@@ -183,4 +156,4 @@ def test_each_method_takes_the_same_step_in_channels_last_as_in_nchw(method, tmp
     cl = _four_d(states["channels_last"])
     assert cl and all(v.is_contiguous(memory_format=torch.channels_last) for v in cl.values())
     assert states["channels_last"].keys() == states["contiguous"].keys()
-    assert _rel_diff(states["channels_last"], states["contiguous"]) < 1e-5
+    assert worker.weights_rel_diff(tmp_path / "channels_last", tmp_path / "contiguous") < 1e-5

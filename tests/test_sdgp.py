@@ -508,6 +508,7 @@ FAST_CASES = [
     ((2, 37, 3, 3), 5, 16),  # partial last group of 5 channels
     ((2, 64, 3, 2), 16, 32),
     ((2, 16, 3, 3), 4, 32),  # one partial group only
+    ((2, 16, 3, 3), 16, 32),  # one partial group that keeps all (ResNet-20's layer1 at 16:32)
     ((3, 12, 5, 7), 3, 6),
 ]
 FAST_IDS = [f"{'x'.join(map(str, s))}-{n}of{m}" for s, n, m in FAST_CASES]

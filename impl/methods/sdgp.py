@@ -293,33 +293,39 @@ def _keep_bits_mask(keys: torch.Tensor, n: int, m: int) -> torch.Tensor:
 
     ``keys`` are (O, C, I) nonnegative, NaN-free float scores viewed as their integer bits
     (int32 for float32, int64 for float64), which order like the floats (``+inf`` last).
-    Same groups, order and ties as :func:`_stable_ranks` (the lowest index wins), in integer
-    arithmetic that vectorises: for a pair ``j < k``, ``(key_j - key_k) >> (bits - 1)`` is -1
-    when ``k`` scores strictly higher (no overflow: the keys are below ``2**(bits - 1)``), 0
-    otherwise; element ``k`` starts at rank ``k`` (it loses every tie to a lower index) and
-    each pair moves one rank between its two elements. Returns contiguous (O, C, I) of the
-    keys' dtype: -1 where the rank is below ``n``, 0 elsewhere.
+    Same groups, order and ties as :func:`_stable_ranks` (the lowest index wins): element
+    ``j`` of a group starts at ``j - n`` (it loses every tie to a lower index), and for each
+    pair ``j < k`` one comparison ``key_j < key_k`` (0 or 1, written as the keys' integer
+    type) moves one rank from ``k`` to ``j``; an element is kept where its rank ends below
+    zero, and the sign bit spread by an arithmetic shift is the mask. A group of no more than
+    ``n`` elements (a partial last group, or ``m <= n``'s layers) keeps all without a
+    comparison. Per offset ``d`` of the pairs: one comparison and two in-place updates over
+    the whole tensor, so the operator count grows with ``m``, not with the size.
+
+    Returns contiguous (O, C, I) of the keys' dtype: -1 where kept, 0 elsewhere.
     """
     o, c, i = keys.shape
-    shift = keys.element_size() * 8 - 1
-    rank = _scratch("rank", (o, c, i), keys.dtype, keys.device)
+    dtype, dev = keys.dtype, keys.device
+    rank = _scratch("rank", (o, c, i), dtype, dev)
     full = c - c % m
     spans = [(0, full, m)] if full else []
     if full < c:
         spans.append((full, c, c - full))
     for lo, hi, k in spans:
+        if k <= n:  # every element of these groups is kept
+            rank[:, lo:hi].fill_(-1)
+            continue
         g = (hi - lo) // k
         s4 = keys[:, lo:hi].reshape(o, g, k, i)
         r4 = rank[:, lo:hi].view(o, g, k, i)
-        for j in range(k):
-            r4[:, :, j].fill_(j)
+        r4.copy_(torch.arange(-n, k - n, dtype=dtype, device=dev).view(k, 1))
         for d in range(1, k):
-            later_wins = _scratch("pair", (o, g, k - d, i), keys.dtype, keys.device)
-            torch.sub(s4[:, :, : k - d], s4[:, :, d:], out=later_wins)
-            later_wins.bitwise_right_shift_(shift)  # -1 where element j + d scores higher
-            r4[:, :, : k - d] -= later_wins
-            r4[:, :, d:] += later_wins
-    return rank.sub_(n).bitwise_right_shift_(shift)
+            later_wins = _scratch("pair", (o, g, k - d, i), dtype, dev)
+            torch.lt(s4[:, :, : k - d], s4[:, :, d:], out=later_wins)  # 1: j + d scores higher
+            r4[:, :, : k - d] += later_wins
+            r4[:, :, d:] -= later_wins
+    shift = torch.tensor(keys.element_size() * 8 - 1, dtype=dtype, device=dev)
+    return torch.bitwise_right_shift(rank, shift, out=rank)
 
 
 def _keep_grouped(s3: torch.Tensor, n: int, m: int, descending: bool) -> torch.Tensor:
@@ -483,8 +489,9 @@ def _prune_ref_fast(
     every sum stays within one index of the dims before ``dim`` (magnitude, random, and the
     plane rule on dim 1) this runs on slices of about :data:`CHUNK_ELEMENTS` elements: the
     same per-plane sums, elementwise steps and groups. With ``stats``, ``sum|x|`` and
-    ``sum|y|``: float64 copies of ``|x|`` and ``|y * scale| == |y| * scale`` (``scale >= 0``),
-    each summed whole as ``t.sum(dtype=torch.float64)`` does.
+    ``sum|y|`` of ``|x|`` and ``|y * scale| == |y| * scale`` (``scale >= 0``), each summed
+    whole as ``t.sum(dtype=torch.float64)`` does: in one slice that very sum, over slices a
+    sum of float64 copies gathered from every slice.
     """
     bits = _BITS.get(x.dtype)
     rescaled = method == "rescaled"
@@ -499,25 +506,32 @@ def _prune_ref_fast(
     out = torch.empty_like(x)
     out3 = out.view(o, c, i)
     f64, dev = torch.float64, x.device
-    wide_x = _scratch("l1_dense", (o, c, i), f64, dev) if stats else None
-    wide_y = _scratch("l1_pruned", (o, c, i), f64, dev) if stats else None
+    # The L1 sums of a run in slices are taken over float64 copies of the whole, as one sum
+    # of it does; in one slice, of the slice itself (the same sum of the same values).
+    wide = stats and step < o
+    wide_x = _scratch("l1_dense", (o, c, i), f64, dev) if wide else None
+    wide_y = _scratch("l1_pruned", (o, c, i), f64, dev) if wide else None
+    l1_x = l1_y = None
     zero = torch.zeros((), dtype=x.dtype, device=dev)
     for lo in range(0, o, step):
         hi = min(o, lo + step)
         xs = x3[lo:hi]
         a = torch.abs(xs, out=_scratch("abs", tuple(xs.shape), x.dtype, dev))
+        if wide_x is not None:
+            wide_x[lo:hi].copy_(a)
+        elif stats:
+            l1_x = a.sum(dtype=f64)
         if rescaled:
             al = a.view(x.shape if step == o else (hi - lo, *x.shape[1:]))
             sx = al.sum(dim=reduce, keepdim=True, dtype=x.dtype)
             if bool(torch.isnan(sx).any()):  # a NaN |x| (sums of |x| >= 0 are NaN only so)
                 return None
-        elif method == "magnitude" and bool(torch.isnan(a.sum())):
+        elif method == "magnitude" and bool(torch.isnan(a.sum() if l1_x is None else l1_x)):
             return None
-        keys = a if scores is None else scores[lo:hi]
+        # Random keys are drawn transposed (see _random_scores): ranked in a contiguous copy.
+        keys = a if scores is None else scores[lo:hi].contiguous()
         mask = _keep_bits_mask(keys.view(_BITS[keys.dtype]), n, m).to(bits)
         torch.bitwise_and(xs.view(bits), mask, out=out3[lo:hi].view(bits))
-        if wide_x is not None:
-            wide_x[lo:hi].copy_(a)
         if rescaled or stats:
             a.view(bits).bitwise_and_(mask)  # |y|
         if rescaled:
@@ -528,9 +542,11 @@ def _prune_ref_fast(
                 al.mul_(scale)  # |y * scale|
         if wide_y is not None:
             wide_y[lo:hi].copy_(a)
-    if wide_x is None or wide_y is None:
-        return out, None, None
-    return out, wide_x.sum(), wide_y.sum()
+        elif stats:
+            l1_y = a.sum(dtype=f64)
+    if wide_x is not None and wide_y is not None:
+        return out, wide_x.sum(), wide_y.sum()
+    return out, l1_x, l1_y
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
+import os
+import select
 import sys
 import types
 import typing
@@ -19,6 +21,7 @@ from typing import Any
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
 
 
 class UsageError(Exception):
@@ -558,6 +561,17 @@ def _version() -> str:
         return str(tomllib.loads(text)["project"]["version"])
 
 
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``pdtbench ... | head``
+    after ``head`` exits). ``False`` where it cannot tell (no ``poll``, no file descriptor)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pdtbench`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -584,6 +598,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return COMMANDS[command](rest)
+    except BrokenPipeError as err:
+        if not stdout_reader_gone():  # another pipe (a worker's): an error like any other
+            print(f"pdtbench {command}: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        # The reader of our output left (`pdtbench reproduce --list | head`): stop quietly,
+        # with standard output on /dev/null so that the interpreter's last flush is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (
         UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError
     ) as err:  # fmt: skip

@@ -469,3 +469,40 @@ def test_every_train_flag_says_what_it_sets_and_its_default_at_each_scale():
     assert f"number of training epochs (default by --scale: {presets})" in text
     assert "SGD momentum (default: 0.9)" in text  # no preset sets it
     assert "(default by --scale: smoke none, cpu none, gpu none, paper 91 136)" in text
+
+
+def test_output_piped_into_a_reader_that_leaves_stops_quietly_with_141():
+    # `pdtbench reproduce --list | head -1`: once the reader has closed the pipe, the next
+    # write fails; that is the user's doing, not an error to print.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impl.cli", "reproduce", "--list"],
+        cwd=Path(cli.__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # before the interpreter has started: its first write meets no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == cli.EXIT_BROKEN_PIPE
+    assert err == ""
+
+
+def test_a_broken_pipe_other_than_stdout_is_an_error(capsys, monkeypatch):
+    def worker_gone(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(cli.COMMANDS, "reproduce", worker_gone)
+    assert cli.main(["reproduce", "all"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == "pdtbench reproduce: error: [Errno 32] Broken pipe\n"
+
+
+def test_stdout_reader_gone_sees_a_pipe_whose_reader_closed(monkeypatch):
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "w") as writer:
+        monkeypatch.setattr("sys.stdout", writer)
+        assert not cli.stdout_reader_gone()
+        os.close(read_fd)
+        assert cli.stdout_reader_gone()

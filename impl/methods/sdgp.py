@@ -298,7 +298,7 @@ def _keep_bits_mask(keys: torch.Tensor, n: int, m: int) -> torch.Tensor:
     pair ``j < k`` one comparison ``key_j < key_k`` (0 or 1, written as the keys' integer
     type) moves one rank from ``k`` to ``j``; an element is kept where its rank ends below
     zero, and the sign bit spread by an arithmetic shift is the mask. A group of no more than
-    ``n`` elements (a partial last group, or ``m <= n``'s layers) keeps all without a
+    ``n`` elements (a partial last group, or every group when ``n == m``) keeps all without a
     comparison. Per offset ``d`` of the pairs: one comparison and two in-place updates over
     the whole tensor, so the operator count grows with ``m``, not with the size.
 
@@ -506,8 +506,8 @@ def _prune_ref_fast(
     out = torch.empty_like(x)
     out3 = out.view(o, c, i)
     f64, dev = torch.float64, x.device
-    # The L1 sums of a run in slices are taken over float64 copies of the whole, as one sum
-    # of it does; in one slice, of the slice itself (the same sum of the same values).
+    # Over several slices the L1 sums are taken over float64 copies of the whole tensor, as one
+    # sum of it does; in one slice, over the slice itself (the same sum of the same values).
     wide = stats and step < o
     wide_x = _scratch("l1_dense", (o, c, i), f64, dev) if wide else None
     wide_y = _scratch("l1_pruned", (o, c, i), f64, dev) if wide else None

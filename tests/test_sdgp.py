@@ -510,6 +510,7 @@ FAST_CASES = [
     ((2, 16, 3, 3), 4, 32),  # one partial group only
     ((2, 16, 3, 3), 16, 32),  # one partial group that keeps all (ResNet-20's layer1 at 16:32)
     ((3, 12, 5, 7), 3, 6),
+    ((2, 8, 3, 3), 4, 4),  # n == m: every group keeps all
 ]
 FAST_IDS = [f"{'x'.join(map(str, s))}-{n}of{m}" for s, n, m in FAST_CASES]
 

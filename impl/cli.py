@@ -573,7 +573,20 @@ def stdout_reader_gone() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``pdtbench`` console script."""
+    """Entry point of the ``pdtbench`` console script: runs the command, and stops quietly
+    with :data:`EXIT_BROKEN_PIPE` once the reader of its output has left
+    (``pdtbench reproduce --list | head``), standard output then on /dev/null so that the
+    interpreter's last flush is silent."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
         print(f"pdtbench {_version()}")
@@ -599,13 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[command](rest)
     except BrokenPipeError as err:
-        if not stdout_reader_gone():  # another pipe (a worker's): an error like any other
-            print(f"pdtbench {command}: error: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        # The reader of our output left (`pdtbench reproduce --list | head`): stop quietly,
-        # with standard output on /dev/null so that the interpreter's last flush is silent.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        if stdout_reader_gone():  # the reader of our output left: main stops quietly
+            raise
+        print(f"pdtbench {command}: error: {err}", file=sys.stderr)  # another pipe (a worker's)
+        return EXIT_USAGE
     except (
         UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError
     ) as err:  # fmt: skip

@@ -471,15 +471,16 @@ def test_every_train_flag_says_what_it_sets_and_its_default_at_each_scale():
     assert "(default by --scale: smoke none, cpu none, gpu none, paper 91 136)" in text
 
 
-def test_output_piped_into_a_reader_that_leaves_stops_quietly_with_141():
+@pytest.mark.parametrize("argv", [["reproduce", "--list"], ["env"], ["--help"], ["--version"]])
+def test_output_piped_into_a_reader_that_leaves_stops_quietly_with_141(argv):
     # `pdtbench reproduce --list | head -1`: once the reader has closed the pipe, the next
-    # write fails; that is the user's doing, not an error to print.
+    # write fails; that is the user's doing, not an error to print (nor a traceback).
     import subprocess
     import sys
     from pathlib import Path
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "impl.cli", "reproduce", "--list"],
+        [sys.executable, "-m", "impl.cli", *argv],
         cwd=Path(cli.__file__).resolve().parents[1],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -611,16 +611,14 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         return COMMANDS[command](rest)
-    except BrokenPipeError as err:
-        if stdout_reader_gone():  # the reader of our output left: main stops quietly
-            raise
-        print(f"pdtbench {command}: error: {err}", file=sys.stderr)  # another pipe (a worker's)
-        return EXIT_USAGE
     except (
         UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError
     ) as err:  # fmt: skip
         # OSError: an output path that cannot be made or written (not a directory, no
-        # permission, disk full); the message names the path.
+        # permission, disk full); the message names the path. A broken pipe is one too,
+        # unless it is our output's reader that left: main then stops quietly.
+        if isinstance(err, BrokenPipeError) and stdout_reader_gone():
+            raise
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except Interrupted as err:

@@ -104,14 +104,17 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def resolve_memory_format(memory_format: str, method: Method, device: torch.device) -> str:
+def resolve_memory_format(
+    memory_format: str, method: Method | type[Method], device: torch.device
+) -> str:
     """The layout a run trains in: ``TrainConfig.memory_format`` as given, or for "auto"
-    "channels_last" on a CPU when ``method`` gains from it (``Method.channels_last_on_cpu``)
-    and "contiguous" otherwise (on a GPU too: unmeasured there)."""
+    "channels_last" on a CPU when ``method`` (a method or its class) gains from it
+    (``Method.channels_last_on_cpu``) and "contiguous" otherwise (on a GPU too: unmeasured
+    there)."""
     if memory_format != "auto":
         return memory_format
     on_cpu = device.type == "cpu"
-    return "channels_last" if on_cpu and type(method).channels_last_on_cpu else "contiguous"
+    return "channels_last" if on_cpu and method.channels_last_on_cpu else "contiguous"
 
 
 def apply_memory_format(model: nn.Module, memory_format: str) -> bool:

@@ -213,7 +213,7 @@ def layout_note(scale: str) -> str:
     import torch
 
     from impl.config import resolve
-    from impl.methods import create_method
+    from impl.methods import method_class
     from impl.train import resolve_memory_format
 
     values = {**SCALE_TRAIN[scale], **TRAIN[scale]}
@@ -224,7 +224,7 @@ def layout_note(scale: str) -> str:
         return f"Memory layout: {name} (memory_format {fmt}) for every method."
     methods = (*METHOD_ORDER, *registered_methods())
     on_cpu = [
-        m for m in methods if resolve_memory_format(fmt, create_method(m), cpu) != "contiguous"
+        m for m in methods if resolve_memory_format(fmt, method_class(m), cpu) != "contiguous"
     ]
     rest = [m for m in methods if m not in on_cpu]
     words = ", ".join(METHOD_NAMES.get(m, m) for m in on_cpu) or "no method"

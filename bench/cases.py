@@ -532,7 +532,7 @@ def _nm_impls(dev: str) -> list[Impl]:
     out = [
         _impl(
             "nm_prune[ref]",
-            "impl.methods.sdgp.nm_prune, torch reference",
+            "impl.ops.nm_prune, torch reference",
             dev,
             "memory",
             baseline=True,
@@ -544,7 +544,7 @@ def _nm_impls(dev: str) -> list[Impl]:
         out.append(
             _impl(
                 "nm_prune[cuda]",
-                "impl.methods.sdgp.nm_prune, CUDA kernel",
+                "impl.ops.nm_prune, CUDA kernel",
                 dev,
                 "memory",
                 impl="cuda",
@@ -1163,9 +1163,9 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     name = impl.name.split("@")[0]
     if name.startswith("nm_prune"):
         try:
-            from impl.methods.sdgp import nm_prune
+            from impl.ops.nm import nm_prune
         except ImportError as exc:
-            raise Unavailable(f"impl.methods.sdgp.nm_prune is not in this build ({exc})") from exc
+            raise Unavailable(f"impl.ops.nm_prune is not in this build ({exc})") from exc
         mode = impl.options["impl"]
         if mode == "cuda":
             try:

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from impl.cuda import loader
-from impl.methods.sdgp import nm_prune_ref
 from impl.ops import device_check, nm_cuda, pack_cuda, pattern_cuda, timed_choice
+from impl.ops.nm import nm_prune_ref
 from impl.ops.pattern import (
     PatternIndex,
     pattern_conv2d,
@@ -113,8 +113,8 @@ CPU_CALL_PUBLIC = {
     "pattern_spmm": "impl.ops.pattern_spmm",
     "pattern_conv2d": "impl.ops.pattern_conv2d",
     "pattern_conv2d_explicit": "impl.ops.pattern_conv2d",
-    "nm_prune": "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)",
-    "nm_prune_op": "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)",
+    "nm_prune": "impl.ops.nm_prune",
+    "nm_prune_op": "impl.ops.nm_prune",
     "grad_pack": "impl.ops.grad_pack",
     "grad_unpack": "impl.ops.grad_unpack",
 }

@@ -1,4 +1,4 @@
-"""Tests of ``impl.methods.sdgp.nm_prune`` against a plainly written reference (Python loops)."""
+"""Tests of ``impl.ops.nm.nm_prune`` against a plainly written reference (Python loops)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from impl.methods.sdgp import (
-    data_grad_density,
-    nm_keep_mask,
-    nm_prune,
-    nm_prune_ref,
-)
+from impl.methods.sdgp import data_grad_density
+from impl.ops.nm import nm_keep_mask, nm_prune, nm_prune_ref
 
 EPS = 1e-4
 
@@ -379,9 +375,9 @@ def test_nm_prune_is_exported_by_impl_ops():
     assert impl.ops.nm_prune is sdgp.nm_prune and "nm_prune" in impl.ops.__all__
     code = (
         "import sys, torch, impl.ops; "
-        "assert 'impl.methods.sdgp' not in sys.modules; "  # lazy: imported on first use
+        "assert 'impl.methods.sdgp' not in sys.modules; "  # the op needs no method machinery
         "from impl.ops import nm_prune; "
-        "assert nm_prune.__module__ == 'impl.methods.sdgp'; "
+        "assert nm_prune.__module__ == 'impl.ops.nm'; "
         "assert not torch.cuda.is_initialized()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -452,13 +448,13 @@ def test_pairwise_and_sort_rankings_agree(monkeypatch, m, descending):
     # Groups are ranked by pairwise comparisons, or by a stable sort (scores with a NaN, or
     # PAIRWISE_MAX_M lowered): the two must give the same mask, ties (many, from rounding)
     # and a partial last group included.
-    import impl.methods.sdgp as sdgp
+    import impl.ops.nm as nm_ops
 
     scores = torch.round(torch.randn(3, 4 * m + 1, 5) * 1.5)
     for n in range(1, m + 1):
-        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 32)
+        monkeypatch.setattr(nm_ops, "PAIRWISE_MAX_M", 32)
         pairwise = nm_keep_mask(scores, n, m, dim=1, descending=descending)
-        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 0)
+        monkeypatch.setattr(nm_ops, "PAIRWISE_MAX_M", 0)
         sorted_ = nm_keep_mask(scores, n, m, dim=1, descending=descending)
         assert torch.equal(pairwise, sorted_)
     # and the loop reference agrees on the descending magnitude order
@@ -471,7 +467,7 @@ def test_pairwise_and_sort_rankings_agree(monkeypatch, m, descending):
 def test_infinities_of_both_signs_rank_like_the_sort(monkeypatch, dtype):
     # +inf and -inf together sum to NaN: the NaN pre-check must then look closer, find no NaN
     # and rank pairwise, with the sort's order (inf first, -inf last, ties to the lower index).
-    import impl.methods.sdgp as sdgp
+    import impl.ops.nm as nm_ops
 
     scores = torch.round(torch.randn(4, 13, 6, dtype=dtype) * 1.5)
     scores[:, ::3] = math.inf
@@ -479,7 +475,7 @@ def test_infinities_of_both_signs_rank_like_the_sort(monkeypatch, dtype):
     assert torch.isnan(scores.sum()) and not torch.isnan(scores).any()
     for n, m in [(2, 4), (3, 8), (5, 16)]:
         pairwise = nm_keep_mask(scores, n, m, dim=1)
-        monkeypatch.setattr(sdgp, "PAIRWISE_MAX_M", 0)
+        monkeypatch.setattr(nm_ops, "PAIRWISE_MAX_M", 0)
         sorted_ = nm_keep_mask(scores, n, m, dim=1)
         monkeypatch.undo()
         assert torch.equal(pairwise, sorted_)
@@ -525,10 +521,10 @@ def test_fast_path_equals_general_path_bit_for_bit(monkeypatch, shape, n, m, dty
     # -0.0 and infinities included, for every method, rescale rule and eps, whatever the
     # slice size, and its float64 L1 sums must be those of x.abs().sum(dtype=float64) and
     # y.abs().sum(dtype=float64) exactly.
-    import impl.methods.sdgp as sdgp
+    import impl.ops.nm as nm_ops
 
     if chunk is not None:
-        monkeypatch.setattr(sdgp, "CHUNK_ELEMENTS", chunk)
+        monkeypatch.setattr(nm_ops, "CHUNK_ELEMENTS", chunk)
 
     gen = torch.Generator().manual_seed(sum(shape) + n + m)
     x = torch.randn(shape, generator=gen, dtype=torch.float64)
@@ -539,11 +535,11 @@ def test_fast_path_equals_general_path_bit_for_bit(monkeypatch, shape, n, m, dty
     for method, rule, eps in cases:
         for dim in (1, 0, -1):
             args = (x, n, m, method, dim % x.dim(), rule)
-            fast = sdgp._prune_ref_fast(*args, torch.Generator().manual_seed(3), eps, stats=True)
+            fast = nm_ops._prune_ref_fast(*args, torch.Generator().manual_seed(3), eps, stats=True)
             assert fast is not None  # the fast path ran
             y, l1_dense, l1_pruned = fast
             with monkeypatch.context() as mp:
-                mp.setattr(sdgp, "_prune_ref_fast", lambda *a, **k: None)
+                mp.setattr(nm_ops, "_prune_ref_fast", lambda *a, **k: None)
                 want = nm_prune_ref(
                     x, n, m, method, dim, rule, torch.Generator().manual_seed(3), eps=eps
                 )
@@ -554,15 +550,15 @@ def test_fast_path_equals_general_path_bit_for_bit(monkeypatch, shape, n, m, dty
 
 
 def test_fast_path_declines_what_it_does_not_cover():
-    import impl.methods.sdgp as sdgp
+    import impl.ops.nm as nm_ops
 
     x = torch.randn(2, 8, 3, 3)
     args = (2, 4, "rescaled", 1, "plane", None, EPS)
-    assert sdgp._prune_ref_fast(x.transpose(2, 3), *args, stats=False) is None  # strided
-    assert sdgp._prune_ref_fast(x.half(), *args, stats=False) is None  # float16
+    assert nm_ops._prune_ref_fast(x.transpose(2, 3), *args, stats=False) is None  # strided
+    assert nm_ops._prune_ref_fast(x.half(), *args, stats=False) is None  # float16
     nan = x.clone()
     nan[0, 1, 2, 2] = math.nan
-    assert sdgp._prune_ref_fast(nan, *args, stats=False) is None  # NaN: ranked by sort
+    assert nm_ops._prune_ref_fast(nan, *args, stats=False) is None  # NaN: ranked by sort
     # and the general path still gives the sort's answer for it
     y = nm_prune_ref(nan, 2, 4, "magnitude")
     assert torch.isnan(y[0, 1, 2, 2])

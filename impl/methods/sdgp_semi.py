@@ -30,7 +30,7 @@ computed another way: the reference is the same pruning followed by
 
 Pruning runs on the ``(N, Ho*Wo, K)`` view of dL/dO (contiguous when dL/dO is channels-last;
 for NCHW a strided view, read through one transpose copy) with the reference op
-:func:`impl.methods.sdgp.nm_prune_ref` along the last dim, or the project's N:M CUDA kernel
+:func:`impl.ops.nm.nm_prune_ref` along the last dim, or the project's N:M CUDA kernel
 (:mod:`impl.ops.nm_cuda`) where it loads. Along its last dim the ``(N, L, K)`` view has the
 groups of ``nm_prune(dL/dO, dim=1)``, its ``rescale="plane"`` factors are the same per
 (sample, channel) sums over the pixels, and the reference draws ``random`` scores in the same
@@ -56,18 +56,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from impl.methods.sdgp import (
-    RESCALE_EPS,
     SDGPConv2d,
     _set_submodule,
-    check_method,
-    check_nm,
     conv_grad,
-    nm_prune_ref,
     random_generator,
     sdgp_conv_backward,
     sdgp_conv_forward,
     sdgp_plan,
 )
+from impl.ops.nm import RESCALE_EPS, check_method, check_nm, nm_prune_ref
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ data-gradient share by the sparsity ratio m/n. Here the three passes are timed a
 separate calls on each layer's real shapes (captured by a forward hook on one batch):
 ``F.conv2d``, then :func:`impl.methods.sdgp.conv_grad` for dL/dD and for dL/dW (the
 convolution backward of dense training, one gradient at a time, on the layer's real input
-and weight); the pruning (:func:`impl.methods.sdgp.nm_prune`) is timed too, since the
+and weight); the pruning (:func:`impl.ops.nm.nm_prune`) is timed too, since the
 estimate ignores it. Times are medians over ``repeats`` after ``warmup`` calls, in
 milliseconds: CUDA events on a GPU, ``time.perf_counter`` on the CPU. Inputs are random
 normal, never zeros.
@@ -24,14 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impl.methods.sdgp import (
-    _explicit_padding,
-    check_method,
-    check_nm,
-    conv_grad,
-    nm_prune,
-    sdgp_plan,
-)
+from impl.methods.sdgp import _explicit_padding, conv_grad, sdgp_plan
+from impl.ops.nm import check_method, check_nm, nm_prune
 
 
 def time_ms(

@@ -6,13 +6,14 @@ the reference otherwise; ``"ref"`` and ``"cuda"`` force one.
 * ClickTrain's pattern ops (Sec. 5.1, 5.2): :func:`pattern_positions`, :func:`pattern_index`,
   :func:`pattern_csr`, :func:`pattern_spmm`, :func:`pattern_conv2d`, :class:`PatternConv2d`
   (:mod:`impl.ops.pattern`);
-* SDGP's N:M pruning (Sec. III-A/B): :func:`nm_prune` (defined in :mod:`impl.methods.sdgp`);
+* SDGP's N:M pruning (Sec. III-A/B): :func:`nm_prune` (:mod:`impl.ops.nm`, its CUDA path in
+  :mod:`impl.ops.nm_cuda`);
 * ClickTrain's sparse gradient communication (Sec. 5.3): :func:`mask_index`,
   :func:`grad_pack`, :func:`grad_unpack` (:mod:`impl.ops.pack_cuda`).
 
-``nm_prune`` and the pack ops are imported on first use (module ``__getattr__``), so that
-``import impl.ops`` loads neither the method machinery nor the CUDA loader. Nothing here
-touches the GPU at import time. docs/kernels.md, "On a CPU", runs each op.
+The pack ops are imported on first use (module ``__getattr__``), so that ``import impl.ops``
+does not load the CUDA loader. Nothing here touches the GPU at import time. docs/kernels.md,
+"On a CPU", runs each op.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from impl.ops.nm import nm_prune
 from impl.ops.pattern import (
     IMPLS,
     PatternConv2d,
@@ -35,12 +37,10 @@ from impl.ops.pattern import (
 )
 
 if TYPE_CHECKING:
-    from impl.methods.sdgp import nm_prune
     from impl.ops.pack_cuda import grad_pack, grad_unpack, mask_index
 
 # name -> module that defines it, imported on first access
 _LAZY: dict[str, str] = {
-    "nm_prune": "impl.methods.sdgp",
     "grad_pack": "impl.ops.pack_cuda",
     "grad_unpack": "impl.ops.pack_cuda",
     "mask_index": "impl.ops.pack_cuda",

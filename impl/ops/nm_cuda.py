@@ -1,7 +1,7 @@
-"""CUDA path of SDGP's N:M pruning (``impl.methods.sdgp.nm_prune``), as a torch custom op.
+"""CUDA path of SDGP's N:M pruning (``impl.ops.nm.nm_prune``), as a torch custom op.
 
 The kernels live in ``impl/cuda/nm_prune.cu``. :func:`nm_prune_cuda` takes the arguments of
-:func:`impl.methods.sdgp.nm_prune_ref` (which defines the op) and returns what it returns:
+:func:`impl.ops.nm.nm_prune_ref` (which defines the op) and returns what it returns:
 
 * ``magnitude``: the same tensor, bit for bit (same tie rule: among equal magnitudes the
   lowest index is kept; NaN ranks above every number, as in torch's descending sort);
@@ -112,7 +112,7 @@ def nm_view(
     """The ``[O, C, I]`` view of a tensor for grouping along ``dim``, or ``None`` when the
     dims before or after ``dim`` do not merge into one stride (the caller then copies).
 
-    The rescale batch follows :func:`impl.methods.sdgp.nm_prune_ref`: the plane rule sums
+    The rescale batch follows :func:`impl.ops.nm.nm_prune_ref`: the plane rule sums
     per (``shape[0]`` index, channel) when ``dim > 0`` and the tensor has more than one dim;
     otherwise (and for the channel rule) per channel over everything else.
     """
@@ -199,9 +199,7 @@ def _nm_launch(
     """Run the kernels; ``out`` (tests poison it) must be ``torch.empty_like(x)``-shaped."""
     op = "nm_prune"
     tensors = [x] + ([seed] if seed is not None else [])
-    dev = device_check.require_cuda(
-        op, "impl.ops.nm_prune (= impl.methods.sdgp.nm_prune)", *tensors, sources=(_SRC,)
-    )
+    dev = device_check.require_cuda(op, "impl.ops.nm_prune", *tensors, sources=(_SRC,))
     if out is None:
         out = torch.empty_like(x)  # preserve_format: NCHW stays NCHW, channels-last stays so
     if x.numel() == 0:
@@ -338,7 +336,7 @@ def nm_prune_cuda(
 ) -> torch.Tensor:
     """N:M-prune ``x`` along ``dim`` on the GPU (SDGP Sec. III-A/B; see the module docstring).
 
-    The arguments and result of :func:`impl.methods.sdgp.nm_prune_ref`: of every ``m``
+    The arguments and result of :func:`impl.ops.nm.nm_prune_ref`: of every ``m``
     consecutive elements along ``dim`` keep ``n`` (a partial last group of ``r`` keeps
     ``min(n, r)``); ``method`` ``"magnitude"``, ``"random"`` or ``"rescaled"``; ``rescale``
     ``"plane"`` (per sample and channel) or ``"channel"`` (per channel); ``eps`` the

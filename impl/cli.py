@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import inspect
 import os
+import re
 import select
 import sys
 import types
@@ -77,6 +78,16 @@ def field_help(config_cls: type) -> dict[str, str]:
     return out
 
 
+_ROLE = re.compile(r":(?:func|meth|class|mod|data|attr|obj):`~?([^`]+)`")
+
+
+def plain_help(text: str) -> str:
+    """Docstring markup made terminal text for a flag's help: ``:func:`x``` and the other
+    Sphinx roles become ``x``, double backquotes go, and a ``%`` is doubled (argparse
+    %-formats help strings)."""
+    return _ROLE.sub(r"\1", text).replace("``", "").replace("%", "%%")
+
+
 def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> list[str]:
     """Add one flag per field of ``config_cls`` (its help from the ``Args:`` docstring);
     return the field names added."""
@@ -93,7 +104,7 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
         else:
             default = None
         help_text = f"{helps.get(f.name, '')} (default: {default})".strip()
-        help_text = help_text.replace("``", "").replace("%", "%%")
+        help_text = plain_help(help_text)
         kwargs: dict[str, Any] = {
             "dest": f"method__{f.name}",
             "default": None,
@@ -127,8 +138,7 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
     ``default``, its default at each scale (a preset's value where it sets one)."""
     from impl.config import SCALE_PRESETS, SCALES, TrainConfig
 
-    # argparse %-formats help strings: a literal % is written %%
-    text = field_help(TrainConfig)[name].rstrip(".").replace("``", "").replace("%", "%%")
+    text = plain_help(field_help(TrainConfig)[name].rstrip("."))
     if not default:
         return text
     field = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]

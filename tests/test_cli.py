@@ -262,6 +262,21 @@ def test_field_help_reads_each_fields_args_entry_with_its_continuation_lines():
     }
 
 
+def test_plain_help_turns_docstring_markup_into_terminal_text():
+    text = "uses :func:`conv_grad` and :class:`~impl.X`, ``n <= m`` at 50% (:mod:`impl.data`)"
+    assert cli.plain_help(text) == "uses conv_grad and impl.X, n <= m at 50%% (impl.data)"
+
+
+@pytest.mark.parametrize("method", [None, "dense", "clicktrain", "prunetrain", "sdgp", "campfire"])
+def test_train_help_shows_no_docstring_markup(method, capsys):
+    argv = ["train", "--help"] if method is None else ["train", "--method", method, "--help"]
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    out = capsys.readouterr().out
+    assert "options" in out
+    assert "`" not in out and ":func:" not in out and ":class:" not in out
+
+
 @pytest.mark.parametrize("method", ["clicktrain", "prunetrain", "sdgp", "campfire"], ids=str)
 def test_every_method_option_is_documented_and_its_flag_says_so(method, capsys):
     from impl.methods import method_class

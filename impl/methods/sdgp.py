@@ -521,8 +521,8 @@ class SDGPConfig(MethodConfig):
             (the last group keeps min(n, r) of its r channels) or ``dense`` (layer unpruned).
         rescale_eps: additive constant in the rescale denominator. Default 1e-4 / 2**16:
             the authors' 1e-4 acted on gradients loss-scaled by GradScaler (2**16 at start),
-            this Trainer's gradients are unscaled (module docstring); pass 1e-4 for the
-            literal constant.
+            this Trainer's gradients are unscaled (the docstring of impl.methods.sdgp says
+            more); pass 1e-4 for the literal constant.
         prune_seed: seed of the random-pruning generator; ``None`` uses the run's seed.
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.

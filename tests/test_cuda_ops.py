@@ -352,9 +352,32 @@ def test_row_tiled_grid_has_a_block_per_warps_times_rows_per_warp_rows():
 
 def test_spmm_variants_prefer_row_tiled_within_its_32_bit_offsets():
     assert pattern_cuda.spmm_variants(torch.float32, 1152) == ("row_tiled", "warp_row")
-    too_long = 2**31 // pattern_cuda.ROWS_PER_WARP[torch.float64]
+    # A warp's rows hold at most RW * K nonzeros: offsets up to RW * K - 1, plus a lane (31).
+    rw = pattern_cuda.ROWS_PER_WARP[torch.float64]
+    too_long = -(-(2**31 - 32) // rw)  # the first K with RW * K >= 2^31 - 32
+    assert rw * (too_long - 1) - 1 + 31 <= 2**31 - 1  # the largest K taken: offsets fit
     assert pattern_cuda.spmm_variants(torch.float64, too_long - 1)[0] == "row_tiled"
     assert pattern_cuda.spmm_variants(torch.float64, too_long) == ("warp_row",)
+
+
+def test_implicit_conv_refuses_a_column_offset_past_32_bits(monkeypatch):
+    # A tiny image with a dilation so large that c*H*W + r*dh*W overflows int32: the kernels
+    # would read from a wrapped offset, so the launcher refuses before launching anything.
+    monkeypatch.setattr(device_check, "require_cuda", lambda op, public, *t, sources=(): 0)
+    monkeypatch.setattr(loader, "launch", lambda *a, **k: pytest.fail("launched"))
+    x = torch.zeros(1, 2, 4, 4)
+    row_ptr, col_ind = torch.tensor([0, 1]), torch.tensor([5])  # c = 1, r = 2, s = 0
+    values = torch.ones(1)
+    dh = 2**29  # (r - 1) * dh * W = 2^31
+    args = (x, (1, 2, 3, 1), values, row_ptr, col_ind, None, (1, 1), (dh, 0), (dh, 1))
+    with pytest.raises(ValueError, match="32-bit range"):
+        pattern_cuda._conv_implicit(*args)
+    ok = (x, (1, 2, 3, 1), values, row_ptr, col_ind, None, (1, 1), (1, 0), (1, 1))
+    monkeypatch.setattr(pattern_cuda, "_pick", lambda op, problem, cands, run, out: cands[0])
+    launched = []
+    monkeypatch.setattr(loader, "launch", lambda *a, **k: launched.append(a[1]))
+    pattern_cuda._conv_implicit(*ok)  # the same problem at dilation 1 goes on to launch
+    assert launched
 
 
 @pytest.fixture

@@ -117,7 +117,9 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
     for (int j = 0; j < VEC; ++j) acc[i][j] = T(0);
 
   for (int k0 = 0; k0 < K; k0 += TK) {
-    if (threadIdx.x == 0) used = 0u;
+    // Cleared only when set: after a K-step that every thread skipped (`used` == 0) others
+    // may still be reading it, and a store there would race with those reads.
+    if (threadIdx.x == 0 && used != 0u) used = 0u;
     __syncthreads();
     // Phase 1: the row's nonzeros in columns [k0, k0 + TK) are the first `cnt` of the next 32.
     int c = 0x7fffffff;
@@ -274,7 +276,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
       for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
 
   for (int k0 = 0; k0 < K; k0 += TK) {
-    if (threadIdx.x == 0) used = 0u;
+    if (threadIdx.x == 0 && used != 0u) used = 0u;  // as kernel 2: no store while read
     __syncthreads();  // every read of the last K-step's tiles and `used` is done
     // Phase 1: the rows' values and column masks in this K-step.
     u32 rmask[RW];

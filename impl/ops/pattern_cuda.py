@@ -133,8 +133,8 @@ def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
     """The SpMM kernels that can run an ``F x n_cols_a`` sparse matrix of ``dtype``, in
     order of preference when none has been timed: ``row_tiled`` first (its shared-memory
     traffic per useful multiply-add is at most that of ``warp_row``), except where a warp's
-    rows could hold 2^31 nonzeros or more (its 32-bit offsets)."""
-    if ROWS_PER_WARP[dtype] * n_cols_a < 2**31:
+    rows could hold 2^31 - 32 nonzeros or more (its 32-bit offsets, plus a lane)."""
+    if ROWS_PER_WARP[dtype] * n_cols_a < _MAX_INT - 31:
         return SPMM_VARIANTS
     return ("warp_row",)
 
@@ -464,7 +464,10 @@ def _conv_implicit(
     ho, wo = conv_output_size(h, w, r, s, stride, padding, dilation)
     if ho <= 0 or wo <= 0:
         raise ValueError(f"{op}: output size {(ho, wo)} is empty for input {(h, w)}")
-    if c * h * w > _MAX_INT or batch * ho * wo > _MAX_INT:
+    dh, dw = _pair(dilation)
+    # The kernels' 32-bit offset of a column's first pixel: c*H*W + r*dh*W + s*dw at most.
+    last_offset = (c - 1) * h * w + (r - 1) * dh * w + (s - 1) * dw
+    if c * h * w > _MAX_INT or batch * ho * wo > _MAX_INT or last_offset > _MAX_INT:
         raise ValueError(f"{op}: sizes exceed the 32-bit range of the kernel")
     if out is None:
         out = torch.empty(batch, f_out, ho, wo, dtype=x.dtype, device=x.device)
@@ -485,7 +488,7 @@ def _conv_implicit(
             grid = (rows, min(_MAX_GRID_YZ, tiles - tile0), 1)
             loader.launch(_SRC, name, grid, (32 * WARPS, 1, 1), [*args, np.int64(tile0)], dev)
 
-    fits = ROWS_PER_WARP[x.dtype] * c * r * s < 2**31  # the tiled kernel's 32-bit offsets
+    fits = ROWS_PER_WARP[x.dtype] * c * r * s < _MAX_INT - 31  # its 32-bit offsets (+ a lane)
     candidates = PATHS["conv_forward"] if fits else ("implicit",)
     if variant is not None:
         timed_choice.check_path("conv_forward", variant)

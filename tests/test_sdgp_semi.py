@@ -184,7 +184,7 @@ def test_semi_matmul_pads_and_slices_dense_operand():
 
 
 @pytest.mark.parametrize(
-    ("backend", "rows_out"), [("cusparselt", 48), ("cutlass", 64)], ids=["cslt", "cutlass"]
+    ("backend", "rows_out"), [("cusparselt", 128), ("cutlass", 64)], ids=["cslt", "cutlass"]
 )
 def test_compress_pads_rows_to_the_backend_multiple(monkeypatch, backend, rows_out):
     class Identity:  # stands in for the library class: returns what it is given
@@ -197,6 +197,8 @@ def test_compress_pads_rows_to_the_backend_multiple(monkeypatch, backend, rows_o
     out = semi.compress(a, backend)
     assert out.shape == (rows_out, 64) and out.is_contiguous()
     assert torch.equal(out[:40], a) and torch.count_nonzero(out[40:]) == 0
+    if backend == "cusparselt":  # a multiple of 128 rows is kept as it is
+        assert semi.compress(torch.randn(256, 64, dtype=torch.bfloat16), backend).shape[0] == 256
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,6 +654,27 @@ def test_bench_smoke_pipeline_on_cpu(tmp_path, capsys):
     assert "CPU only" in text and "every conv took the reference path" in text
     assert (tmp_path / "rows.csv").read_text().count("\n") == len(rows) + 1
     assert len(__import__("json").loads((tmp_path / "rows.json").read_text())["rows"]) == len(rows)
+
+
+def test_bench_sparse_row_is_checked_against_cudnn_before_it_is_timed(monkeypatch):
+    # The library stood in by its dense algebra (so the sparse phases run on a CPU): a right
+    # product is timed, a wrong one (rows out of order) is an error row with no sparse time.
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kwargs: "")
+    monkeypatch.setattr(semi, "compress", lambda a, backend="auto": a.contiguous())
+    monkeypatch.setattr(semi, "semi_matmul", lambda sa, b, rows: torch.mm(sa, b)[:rows])
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), cfg)
+    assert row["status"] == "ok", row.get("reason")
+    assert row["check_rel_max_err"] < bs.CHECK_REL_TOL and row["sparse_dgrad_ms"] > 0
+    monkeypatch.setattr(semi, "semi_matmul", lambda sa, b, rows: torch.mm(sa.flip(0), b)[:rows])
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), cfg)
+    assert row["status"] == "error" and "differs from cuDNN" in row["reason"]
+    assert row["check_rel_max_err"] > bs.CHECK_REL_TOL
+    assert row.get("sparse_dgrad_ms") is None and row.get("spmm_ms") is None
+    assert row["speedup"] is None
 
 
 def test_bench_training_iteration_semi_variant_on_cpu():

@@ -90,6 +90,13 @@ _DEFAULT_CONSTRAINTS: dict[str, tuple[int, int, int, int]] = {
     "cutlass": (32, 64, 8, 8),
 }
 _PROTOTYPE_WARNING = "The PyTorch API of SparseSemiStructuredTensor is in prototype stage"
+#: Rows of a matrix compressed for cuSPARSELt are padded to a multiple of this, beyond the
+#: table's 16: torch sizes the compressed buffer by a formula (``numel * 9 / 16`` for 16-bit
+#: types) that its maintainers say may not hold for small matrices (pytorch/pytorch#163125),
+#: and ``_cslt_sparse_mm`` reads the row count back from that size. 128 rows is the size class
+#: of the benchmarked layers (every N*Ho*Wo at batch 256 is a multiple of 128), so the padding
+#: costs nothing there and keeps small problems in the same class.
+CUSPARSELT_ROW_MULTIPLE = 128
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,13 +425,16 @@ def _round_up(v: int, mult: int) -> int:
 def compress(a: torch.Tensor, backend: str = "auto") -> Any:
     """Compress a 2:4-pruned ``rows x K`` matrix for sparse tensor cores.
 
-    Rows are zero-padded to the backend's row multiple (a zero row is a valid 2:4 row); the
+    Rows are zero-padded to the backend's row multiple (cuSPARSELt: also to
+    :data:`CUSPARSELT_ROW_MULTIPLE`; a zero row is a valid 2:4 row); the
     columns must already be a multiple (:func:`unsupported_reason` checks it). cuSPARSELt:
     ``from_dense`` = one ``torch._cslt_compress`` kernel; CUTLASS: torch's Python conversion
     (several elementwise kernels). Returns a ``SparseSemiStructuredTensor`` of the padded shape.
     """
     backend = resolve_backend(backend)
     min_rows = shape_constraints(backend, a.dtype)[0]
+    if backend == "cusparselt":
+        min_rows = math.lcm(min_rows, CUSPARSELT_ROW_MULTIPLE)
     pad = _round_up(a.shape[0], min_rows) - a.shape[0]
     if pad:
         a = F.pad(a, (0, 0, 0, pad))

@@ -97,10 +97,12 @@ def test_pinned_flags_restore_after_an_error():
         (2**20, "cpu", 8),
         (48 * 2**20, "cpu", 2),
         (100 * 2**20, "cuda", 2),
-        (7, "cuda", 8),
+        (7, "cuda", 128),
+        (1152 * 256 * 4, "cuda", 114),
+        (7, "cpu", 8),
         (0, "cpu", 1),
     ],
-    ids=["big", "small-capped", "cpu-two", "cuda-two", "tiny", "zero"],
+    ids=["big", "small-capped", "cpu-two", "cuda-two", "tiny", "paper-filter", "cpu-tiny", "zero"],
 )
 def test_rotation_sets(nbytes, device, expected):
     assert measure.rotation_sets(nbytes, device) == expected
@@ -191,9 +193,24 @@ def test_cuda_timing_skips_the_back_to_back_batch_for_a_long_call(host_clock_cud
     assert t.n >= 3 and t.host_ms is not None
     assert t.amortized_ms is None and t.issue_ms is None and not t.host_bound
     assert host_clock_cuda == []  # no sleep kernel queued for a batch
-    # 3 estimate calls, at most 2 warm-up calls (1 ms of >= 0.5-ms calls), the timed ones;
-    # a batch would add min(4, n) >= 3 more
-    assert len(calls) <= 3 + 2 + t.n
+    # 1 untimed and 3 estimate calls, at most 2 warm-up calls (1 ms of >= 0.5-ms calls), the
+    # timed ones; a batch would add min(4, n) >= 3 more
+    assert len(calls) <= 1 + 3 + 2 + t.n
+
+
+def test_cuda_timing_keeps_a_slow_first_call_out_of_its_estimate(host_clock_cuda):
+    # A first call that does one-time work (here 60 ms, as an autotuning search) must not set
+    # the number of timed calls: 10 ms of 0.5-ms calls is about 20 (10 at 1 ms on a loaded
+    # machine), not the minimum of 3 that an estimate of (60 + 0.5 + 0.5) / 3 ms would give.
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        time.sleep(0.06 if i == 0 else 0.0005)
+
+    t = measure.cuda_timing(fn, warmup_ms=1, rep_ms=10, min_reps=3, amortize=0)
+    assert calls[0] == 0 and t.n >= 6
+    assert t.median_ms < 30  # the slow call is not among the timed ones
 
 
 def test_cuda_timing_records_host_and_amortized_time(host_clock_cuda, monkeypatch):
@@ -279,10 +296,22 @@ class _FakeModule:
 
 
 def test_loader_looks_up_each_kernel_function_once(monkeypatch):
+    import contextlib
+    import sys
+    import types
+
     from impl.cuda import loader
 
     loader.clear_caches()
     module = _FakeModule()
+    devices = []  # the device each lookup ran under: CuPy loads onto the current one
+
+    def device(index):
+        devices.append(index)
+        return contextlib.nullcontext()
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=device))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setattr(loader, "_environment_error", lambda: None)
     monkeypatch.setitem(loader._loaded, ("pattern.cu", 0), module)
     try:
@@ -292,6 +321,7 @@ def test_loader_looks_up_each_kernel_function_once(monkeypatch):
             )
         loader.get_function("pattern.cu", "pdt_csr_scatter_f32", 0)
         assert module.lookups == ["pdt_csr_gather_f32", "pdt_csr_scatter_f32"]
+        assert devices == [0, 0]
     finally:
         loader.clear_caches()
     assert loader._functions == {} and loader._loaded == {}

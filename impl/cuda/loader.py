@@ -277,7 +277,10 @@ def get_function(source: str, name: str, device: torch.device | int | None = Non
     key = (source, name, index)
     kernel = _functions.get(key)
     if kernel is None:
-        kernel = load(source, index).get_function(name)
+        import cupy
+
+        with cupy.cuda.Device(index):  # CuPy loads a function onto the current device
+            kernel = load(source, index).get_function(name)
         _functions[key] = kernel
     return kernel
 

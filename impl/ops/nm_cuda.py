@@ -46,8 +46,11 @@ _MAX_U31 = 2**31 - 1
 RESCALED_PATHS: tuple[str, ...] = timed_choice.register(
     "nm_rescaled", ("fused", "three_pass"), same_bits=True
 )
-#: Static shared memory of the fused kernel at most (its reduction arrays and ratios, float64).
-_FUSED_STATIC_SMEM = 2 * NM_BLOCK * 8 + 32 * 8
+#: Static shared memory of the fused kernel at most (its reduction arrays and ratios, float64),
+#: plus the 1 KiB per block that sm_80 and later reserve (NVRTC 13 reports the kernels' shared
+#: size with it): a problem within that much of the limit takes the three-pass path instead
+#: of a launch the driver might refuse. Both give the same bits.
+_FUSED_STATIC_SMEM = 2 * NM_BLOCK * 8 + 32 * 8 + 1024
 
 
 def _kernel_names() -> tuple[str, ...]:

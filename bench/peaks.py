@@ -105,12 +105,18 @@ TABLE: tuple[GPUPeaks, ...] = (
 def lookup(gpu_name: str) -> GPUPeaks:
     """The :class:`GPUPeaks` row matching ``gpu_name``, an NVML name ("NVIDIA H100 80GB HBM3").
 
-    Raises :class:`UnknownGPUError` naming the known models when nothing matches.
+    Raises :class:`UnknownGPUError` naming the known models when nothing matches, and for a
+    MIG slice (the data sheets give the whole GPU's peaks).
     """
     known = ", ".join(r.key for r in TABLE)
     if not isinstance(gpu_name, str) or not gpu_name.strip():
         raise UnknownGPUError(f"no GPU name given ({gpu_name!r}); known: {known}")
     name = gpu_name.strip().lower().replace("_", " ")
+    if re.search(r"\bmig\b", name):  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb": a slice of the chip
+        raise UnknownGPUError(
+            f"{gpu_name!r} is a MIG slice: its peaks are a fraction of the whole GPU's, and the "
+            "data sheets give the whole GPU's only"
+        )
     for row in TABLE:
         if re.search(row.pattern, name):
             return row

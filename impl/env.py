@@ -366,7 +366,16 @@ def collect() -> dict[str, Any]:
     info.update(gpu_info())
     info["env_vars"] = {
         k: os.environ[k]
-        for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        for k in (
+            "CUDA_VISIBLE_DEVICES",
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            # these change float32 math or memory behind torch's flags
+            "NVIDIA_TF32_OVERRIDE",
+            "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+            "CUBLAS_WORKSPACE_CONFIG",
+            "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        )
         if k in os.environ
     }
     return info

@@ -431,3 +431,40 @@ def test_pack_reference_rows_move_the_kept_values(op):
     else:
         assert out.shape == tuple(case.params["weight_shape"]) and int((out != 0).sum()) == nnz
     assert 0.2 * prepared.info["numel"] < nnz < 0.55 * prepared.info["numel"]
+
+
+def test_measure_prepared_notes_flags_that_read_back_otherwise(monkeypatch):
+    # A row records the flags it asked for; where torch reads back others inside the pinned
+    # block, the row says which.
+    import contextlib
+
+    flags = {"tf32_cudnn": True}
+    prepared = cases.Prepared([("op", lambda i: None)], torch.device("cpu"), flags=flags)
+    cases.measure_prepared(prepared, "smoke")
+    assert "flags_read_back" not in prepared.info  # the CPU honours what was asked
+
+    @contextlib.contextmanager
+    def stuck(**requested):
+        yield {"tf32_matmul": True, "tf32_cudnn": True, "cudnn_benchmark": False}
+
+    monkeypatch.setattr(measure, "pinned_flags", stuck)
+    cases.measure_prepared(prepared, "smoke")
+    assert prepared.info["flags_read_back"] == '{"tf32_matmul": true}'
+
+
+def test_conv_rows_count_a_dense_gradient_path_as_dense_flops(monkeypatch):
+    # Where the timed choice computes a gradient densely (cuBLAS / cuDNN), the row's executed
+    # FLOPs (and so its TFLOP/s) count that pass as dense, the other two as sparse.
+    case = next(c for c in cases.grid("conv", "smoke") if c.name.endswith("fwdbwd-s75"))
+    impls = cases.implementations("conv", "smoke")
+    dense = cases.prepare(case, impls["torch_conv2d@cpu"], "smoke").flops
+    prepared = cases.prepare(case, impls["pattern_conv2d[ref]@cpu"], "smoke")
+    sparse = prepared.flops
+    assert sparse == prepared.flops_nominal < dense
+    prepared.phases[0][1](0)  # the CPU reference runs no CUDA path: the count stays sparse
+    assert prepared.flops == sparse
+    ran = {"path_weight_grad": "timed: dense", "path_input_grad": "default: spmm"}
+    monkeypatch.setattr(cases, "_path_columns", lambda impl, problem, uses: dict(ran))
+    prepared.phases[0][1](0)
+    assert prepared.flops == pytest.approx((2 * sparse + dense) / 3)
+    assert prepared.info["path_weight_grad"] == "timed: dense"

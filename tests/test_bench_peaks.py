@@ -77,3 +77,12 @@ def test_missing_unit_and_unknown_math_raise():
         peaks.peak_tflops("Quadro RTX 5000", "tf32")
     with pytest.raises(ValueError, match="valid: fp32"):
         peaks.peak_tflops("NVIDIA H200", "fp64")
+
+
+@pytest.mark.parametrize(
+    "name", ["NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H200 MIG 3g.71gb"], ids=["h100", "h200"]
+)
+def test_a_mig_slice_has_no_peaks_of_its_own(name):
+    with pytest.raises(peaks.UnknownGPUError, match="MIG slice"):
+        peaks.lookup(name)
+    assert peaks.lookup(name.split(" MIG")[0]).key.startswith("H")  # the whole GPU matches

@@ -10,6 +10,7 @@ the exact path the loader takes at run time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
@@ -192,6 +193,11 @@ def test_nvrtc_compiles_the_expanded_sources_with_the_loader_options():
     path = _find_nvrtc()
     if path is None:
         pytest.skip("no libnvrtc found (set PDT_NVRTC_LIB, or install nvidia-cuda-nvrtc)")
+    # NVRTC opens its builtins library by name at the first compile: load it first from the
+    # same directory, so that a copy outside the loader's search path (a wheel) works too.
+    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(path)
     for src in loader.SOURCES:
         rc, log = _nvrtc_compile(

@@ -1111,3 +1111,23 @@ def test_execute_rows_says_how_each_run_came_and_counts_only_older_runs_as_reuse
     (res,) = common.execute_rows(target, "smoke", tmp_path, log=lines.append)
     assert [run.reused for run in res.runs] == [False, False, True]
     assert "(trained in " in lines[0] and "(trained above)" in lines[1] and "(reused)" in lines[2]
+
+
+def test_fig10_generic_csr_product_is_the_library_product_without_extra_passes():
+    # ClickTrain Fig. 10's generic CSR SpMM: the same product as torch.sparse.mm, into a new
+    # result (no zero fill and copy around it), so that it is compared as a product.
+    import warnings
+
+    from reproductions.clicktrain.kernels import csr_mm
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 36) * (torch.rand(16, 36) < 0.3)
+    b = torch.randn(36, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "sparse CSR is in beta"
+        csr = w.to_sparse_csr()
+        got, again = csr_mm(csr, b), csr_mm(csr, b)
+        expected = torch.sparse.mm(csr, b)
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, w @ b, atol=1e-5)
+    assert torch.equal(got, again) and got.data_ptr() != again.data_ptr()  # a new result

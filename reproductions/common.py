@@ -15,6 +15,7 @@ available, or a run that fails appears in the result's ``missing`` list with the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -23,7 +24,7 @@ import math
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,6 +290,29 @@ def _measure_path(fn: str, params: dict[str, Any], scale: str, root: Path) -> Pa
     return root / "measurements" / f"{name}-{scale}-{digest}.json"
 
 
+@contextlib.contextmanager
+def float32_math() -> Iterator[dict[str, bool]]:
+    """TF32 off for matmul and cuDNN during the block, restored after; yields the flags.
+
+    The papers' timings ran in float32 on GPUs without TF32 (V100, RTX 5000), and the project's
+    kernels compute in float32: a dense cuDNN baseline left at torch's default (cuDNN TF32 on)
+    would run tensor-core TF32 against them. Measurements run under this (it changes nothing
+    on a CPU); the saved measurement records the flags.
+    """
+    import torch
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield {
+            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        }
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def measure_or_reuse(
     fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: str | Path
 ) -> tuple[dict[str, Any], bool]:
@@ -306,13 +330,14 @@ def measure_or_reuse(
     if path.exists():
         data = json.loads(path.read_text())
         return data["values"], True
-    values = _measure_function(fn)(scale=scale, context=context, **params)
+    with float32_math() as flags:
+        values = _measure_function(fn)(scale=scale, context=context, **params)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
         json.dumps(
             {"fn": fn, "params": params, "scale": scale, "values": values,
-             "environment": collect()},
+             "environment": collect(), "flags": flags},
             indent=1, sort_keys=True, default=str,
         )
     )  # fmt: skip

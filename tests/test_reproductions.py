@@ -202,6 +202,31 @@ def test_measurements_are_cached_by_function_params_and_scale(tmp_path):
     assert v2 == v1 and v1["seen"] == ["dense"]
 
 
+def tf32_seen_measure(scale, context):
+    """A measurement that reports the TF32 flags it ran under."""
+    return {
+        "matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn": bool(torch.backends.cudnn.allow_tf32),
+    }
+
+
+def test_measurements_run_in_float32_and_record_the_flags(tmp_path):
+    # Timings compare float32 kernels with cuBLAS / cuDNN: TF32 is off while a measurement
+    # runs (whatever it was before), restored after, and saved beside the values.
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        values, _ = measure_or_reuse(
+            "test_reproductions:tf32_seen_measure", {}, "smoke", {}, tmp_path
+        )
+        assert values == {"matmul": False, "cudnn": False}
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    (saved,) = list(tmp_path.rglob("*.json"))
+    assert json.loads(saved.read_text())["flags"] == {"tf32_matmul": False, "tf32_cudnn": False}
+
+
 def _run(seed=0, **summary):
     base = {"method": "dense", "scale": "cpu", "top1": 90.0, "compression_ratio": 1.0,
             "inference_flops": 100.0, "train_flops_nominal": 300.0, "train_flops_executed": 300.0,

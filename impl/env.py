@@ -48,7 +48,8 @@ _GPU_FIELDS = (
 
 
 def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git checkout at ``root``; (None, None) outside a checkout.
+    """(commit, dirty) of the git checkout at ``root``; outside a checkout (None, None), or
+    (``$PDTBENCH_COMMIT``, None) where that variable names the commit a copy was made at.
 
     ``commit`` is the 40-hex SHA of HEAD; ``dirty`` is True when tracked files differ from
     HEAD (untracked files do not count).
@@ -69,7 +70,11 @@ def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
 
     commit = git("rev-parse", "HEAD")
     if not commit:
-        return None, None
+        # A copy of the tree without git (a lent GPU machine): the commit it was copied at,
+        # where the copy says (PDTBENCH_COMMIT; scripts/gpu set it from .gpu/commit.txt);
+        # whether it differs from that commit is unknown.
+        named = os.environ.get("PDTBENCH_COMMIT", "").strip()
+        return (named or None), None
     status = git("status", "--porcelain", "--untracked-files=no")
     return commit, (None if status is None else bool(status))
 

@@ -443,6 +443,70 @@ def test_together_runs_side_by_side_and_the_caller_selects_and_caps_steps(tmp_pa
     assert log_a == "from-a\n"
 
 
+CUT = """NAME=fake3
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=120
+CUT_OK_STEPS="runs-to-its-limit"
+source {common}
+step runs-to-its-limit cpu 1 'sleep 30'
+step other-slow cpu 1 'sleep 30'
+"""
+
+
+def test_a_step_made_to_run_to_its_limit_reads_cut_not_failed(tmp_path):
+    # memcheck takes what time is left: cut at its limit it is "cut" and fails nothing; any
+    # other step cut at its limit is still a timeout that fails the script.
+    out = tmp_path / "out"
+    env = _env(tmp_path, OUT=str(out), DRY_RUN="1", COMMON_DONE="1")
+    script = tmp_path / "fake3.sh"
+    for text, rc in ((CUT, 1), (CUT.replace("step other-slow", "# step other-slow"), 0)):
+        script.write_text(text.format(common=GPU_DIR / "common.sh"))
+        res = subprocess.run(
+            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=90
+        )
+        steps = {s["step"]: s for s in _steps(out / "fake3-steps.tsv")}
+        cut = steps["runs-to-its-limit"]
+        assert (cut["status"], cut["rc"]) == ("cut", "124")
+        assert res.returncode == rc, res.stdout  # a cut step alone fails nothing
+    assert "other-slow" not in steps
+
+
+def test_a_cut_reproduction_target_leaves_time_to_render_the_finished_ones(tmp_path):
+    # A target that runs into the budget must not take render's time: the pages and results
+    # of the targets that ended are what the part brings back.
+    fake_py = tmp_path / "py"
+    fake_py.write_text(
+        "#!/bin/bash\n"
+        'for a in "$@"; do [ "$a" = impl.cli ] && { sleep 100; exit 0; }; done\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake_py.chmod(0o755)
+    out = tmp_path / "out"
+    env = _env(
+        tmp_path, OUT=str(out), PY=str(fake_py), COMMON_DONE="1", CALLER_HAVE_GPU="1",
+        CALLER_GPU_NAME="fake", BUDGET_S="60", RESERVE_S="10", RUNS_ROOT=str(tmp_path / "runs"),
+    )  # fmt: skip
+    res = subprocess.run(
+        ["bash", str(GPU_DIR / "reproduce.sh"), "prunetrain.fig7"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    steps = {s["step"]: s for s in _steps(out / "reproduce-steps.tsv")}
+    assert steps["prunetrain.fig7"]["status"] == "timeout", res.stdout
+    assert steps["render"]["status"] == "ok", res.stdout
+    with tarfile.open(out / "reproduce.tar.gz") as tar:
+        assert "./reports/gpu-scale/index.html" in tar.getnames()
+
+
+def test_git_state_names_the_copied_commit_where_there_is_no_git(tmp_path, monkeypatch):
+    from impl.env import git_state
+
+    monkeypatch.delenv("PDTBENCH_COMMIT", raising=False)
+    assert git_state(tmp_path) == (None, None)  # not a checkout, nothing named
+    monkeypatch.setenv("PDTBENCH_COMMIT", "a" * 40)
+    assert git_state(tmp_path) == ("a" * 40, None)  # the copy's commit; dirty unknown
+    assert git_state(ROOT)[0] != "a" * 40  # a real checkout says its own HEAD
+
+
 # -- every device script in DRY_RUN mode -------------------------------------------------------
 
 

@@ -55,12 +55,14 @@ touch "$RAN"
 export STATE_DIR
 
 # sub PART SCRIPT [ARG ...]: run the device script SCRIPT (.sh) as one part (the caller sets
-# ONLY_STEPS and the like before it). It gets the part's time less 5 s as its budget, keeps
-# 10 s of it for packing, and writes its files to $WORK/sub/PART, where `merge` finds them.
+# ONLY_STEPS and the like before it). It gets the part's time less 15 s as its budget and
+# keeps 10 s of that for packing: a step cut at its limit may take its 10 s of kill grace and
+# still leave the script time to pack before the part's own limit. Its files go to
+# $WORK/sub/PART, where `merge` finds them.
 sub() {
   local part=$1 script=$2
   shift 2
-  local budget=$(( ${STEP_LIMIT:-120} - 5 ))
+  local budget=$(( ${STEP_LIMIT:-120} - 15 ))
   [ "$budget" -lt 1 ] && budget=1
   PART_OF=$TAG OUT="$WORK/sub/$part" COMMON_DONE=1 CALLER_HAVE_GPU=$HAVE_GPU CALLER_GPU_NAME=$GPU_NAME \
     BUDGET_S=${SUB_BUDGET_S:-$budget} RESERVE_S=10 bash "scripts/gpu/$script.sh" "$@"
@@ -71,7 +73,7 @@ sub() {
 # memcheck with the time left), so that no two compute-sanitizer instances look for the same
 # local port at once.
 check() {
-  local b=$(( ${STEP_LIMIT:-240} - 5 ))
+  local b=$(( ${STEP_LIMIT:-240} - 15 ))
   local lim=$(( b - 15 ))
   export SUB_BUDGET_S=$b STEP_LIMIT_S=$lim
   together \

@@ -787,6 +787,8 @@ def test_emulated_spmm_and_its_gradients_match_the_reference(emulated, case, dty
     f_out, k, n, batch, density, misaligned = case
     gen = torch.Generator().manual_seed(f_out * 1000 + k)
     mask = torch.rand(f_out, k, generator=gen) < density
+    if EMU_SPMM_IDS[EMU_SPMM.index(case)] == "empty-rows":
+        mask = _with_empty_rows(mask)
     idx = pattern_index(mask)
     shape = (k, n) if batch is None else (batch, k, n)
     b = torch.randn(*shape[:-1], n + int(misaligned), generator=gen, dtype=dtype)
@@ -1363,12 +1365,17 @@ DTYPE_IDS = ["f32", "f64"]
 
 @pytest.fixture
 def cuda_kernels():
-    """Fail (not skip) when a GPU is present but the kernels do not load: that is a bug."""
+    """Fail (not skip) when a GPU is present but the kernels do not load: that is a bug.
+    TF32 is off for the test (the float32 references) and restored after it."""
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    if not loader.has_cuda_kernels():
-        pytest.fail(f"CUDA kernels failed to load: {loader.cuda_kernels_error()}")
-    return torch.device("cuda")
+    try:
+        if not loader.has_cuda_kernels():
+            pytest.fail(f"CUDA kernels failed to load: {loader.cuda_kernels_error()}")
+        yield torch.device("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def assert_within_tolerance(out, ref64, same_precision, bound, terms, dtype, what=""):
@@ -1398,11 +1405,14 @@ def _pattern_mask(f_out, c, gen, device, kernel_keep=0.7):
     return mask & keep
 
 
+#: The "empty-rows" case: every fourth row of its masks is emptied (:func:`_with_empty_rows`);
+#: a random 33 x 70 mask at 5% would have no empty row about 40% of the time.
+EMPTY_ROWS_CASE = (33, 70, 64, None, 0.05, False)
 SPMM_CASES = [
     (1, 1, 1, None, 1.0, False),
     (7, 13, 29, None, 0.4, False),
     (31, 97, 257, None, 0.3, False),
-    (33, 70, 64, None, 0.05, False),
+    EMPTY_ROWS_CASE,
     (64, 576, 1024, None, 0.5, False),
     (17, 45, 100, 3, 0.35, False),
     (16, 144, 33, 2, 0.5, False),
@@ -1422,9 +1432,20 @@ SPMM_IDS = [
 ]
 
 
+def _with_empty_rows(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with every fourth row emptied (rows 0, 4, 8, ...): the kernels' empty-row
+    paths run whatever the draw."""
+    mask = mask.clone()
+    mask[::4] = False
+    assert (mask.sum(dim=1) == 0).any()
+    return mask
+
+
 def _spmm_inputs(case, dtype, device, gen):
     f_out, k, n, batch, density, misaligned = case
     mask = _mask((f_out, k), density, gen, device)
+    if case == EMPTY_ROWS_CASE:
+        mask = _with_empty_rows(mask)
     row_ptr, col_ind = pattern_positions(mask)
     values = torch.randn(col_ind.numel(), generator=gen, device=device, dtype=dtype)
     shape = (k, n) if batch is None else (batch, k, n)
@@ -1574,6 +1595,8 @@ def test_sddmm_paper_shape(cuda_kernels, density):
 def grad_paths(grads: str):
     """Both gradient paths pinned to the sparse kernels or to the dense libraries, with TF32
     off (the dense paths follow torch's TF32 settings, as torch's own conv does)."""
+    if grads not in ("sparse", "dense"):
+        raise ValueError(f"grads must be 'sparse' or 'dense', got {grads!r}")
     sparse = grads == "sparse"
     with (
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False),
@@ -1608,7 +1631,7 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
     )
     g64 = torch.randn(out_shape, generator=gen, device=cuda_kernels, dtype=torch.float64)
 
-    def grads(impl, vals, bb, g):
+    def run_grads(impl, vals, bb, g):
         vals = vals.detach().clone().requires_grad_(True)
         if impl == "cuda" and bb.data_ptr() % 16:
             # keep the misaligned view (a clone would be aligned): the backward's scalar
@@ -1628,10 +1651,11 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
             out.backward(g.to(out.dtype))
         return vals.grad, bb.grad
 
-    gv, gb = grads("cuda", values, b, g64)
-    rv, rb = grads("ref", values.double(), b.double(), g64)
-    sv, sb = grads("ref", values, b, g64)
-    bv, bb = grads("ref", values.abs().double(), b.abs().double(), g64.abs())  # magnitude bounds
+    # (named apart from the `grads` parameter, which grad_paths reads: "sparse" or "dense")
+    gv, gb = run_grads("cuda", values, b, g64)
+    rv, rb = run_grads("ref", values.double(), b.double(), g64)
+    sv, sb = run_grads("ref", values, b, g64)
+    bv, bb = run_grads("ref", values.abs().double(), b.abs().double(), g64.abs())  # bounds
     n_terms = b.shape[-1] * (b.shape[0] if batched else 1)
     assert_within_tolerance(gv, rv, sv, bv, n_terms, dtype, f"spmm grad values ({grads})")
     assert_within_tolerance(gb, rb, sb, bb, mask.shape[0], dtype, f"spmm grad B ({grads})")
@@ -1646,6 +1670,8 @@ def test_pattern_csr_is_an_exact_gather_and_its_gradient_an_exact_scatter(
     gen = torch.Generator(device="cuda").manual_seed(2)
     f_out, k = case[0], case[1]
     mask = _mask((f_out, k), case[4], gen, cuda_kernels)
+    if case == EMPTY_ROWS_CASE:
+        mask = _with_empty_rows(mask)
     row_ptr, col_ind = pattern_positions(mask)
     dense = torch.randn(f_out, k, generator=gen, device=cuda_kernels, dtype=dtype)
     out = torch.full((col_ind.numel(),), float("nan"), dtype=dtype, device=cuda_kernels)

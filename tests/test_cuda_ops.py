@@ -1350,7 +1350,13 @@ def test_emulated_kernels_under_address_and_undefined_behaviour_sanitizers():
 # On a GPU
 # =============================================================================================
 
-gpu = pytest.mark.gpu
+#: PDT_EMU_GPU_TESTS=1 runs the GPU tests below on the CPU, against the kernels' emulation
+#: (``PDT_EMU_GPU_TESTS=1 pytest tests/test_cuda_ops.py -m "not slow" -k <selection>``): their
+#: own code (inputs, poisoning, references, tolerances, path pinning) is checked before a GPU
+#: run. What the emulation cannot show (-ftz, FMA, the memory model) still needs the GPU.
+EMULATE_GPU_TESTS = os.environ.get("PDT_EMU_GPU_TESTS") == "1"
+GPU_DEV = "cpu" if EMULATE_GPU_TESTS else "cuda"
+gpu = (lambda f: f) if EMULATE_GPU_TESTS else pytest.mark.gpu
 
 # kernel error vs float64 reference <= K * (same-precision reference's error vs float64)
 #                                       + FLOOR * eps(dtype) * sqrt(terms) * bound,
@@ -1364,13 +1370,23 @@ DTYPE_IDS = ["f32", "f64"]
 
 
 @pytest.fixture
-def cuda_kernels():
+def cuda_kernels(request, monkeypatch):
     """Fail (not skip) when a GPU is present but the kernels do not load: that is a bug.
-    TF32 is off for the test (the float32 references) and restored after it."""
+    TF32 is off for the test (the float32 references) and restored after it. Under
+    ``PDT_EMU_GPU_TESTS=1`` the device is the CPU and the kernels run in their CPU emulation
+    (the ``emulated`` fixture; paths are "timed" by running them once)."""
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     try:
+        if EMULATE_GPU_TESTS:
+            request.getfixturevalue("emulated")
+            monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
+            monkeypatch.setattr(
+                timed_choice, "cuda_ms", lambda fn, reps=3, device=None: (fn(), 1.0)[1]
+            )
+            yield torch.device("cpu")
+            return
         if not loader.has_cuda_kernels():
             pytest.fail(f"CUDA kernels failed to load: {loader.cuda_kernels_error()}")
         yield torch.device("cuda")
@@ -1470,7 +1486,7 @@ VARIANT_IDS = list(pattern_cuda.SPMM_VARIANTS)
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_spmm_matches_reference_and_writes_every_output(cuda_kernels, case, dtype, variant):
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(str(case).encode()))
+    gen = torch.Generator(device=GPU_DEV).manual_seed(zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     batched = b.dim() == 3
     out_shape = (b.shape[0] if batched else 1, mask.shape[0], b.shape[-1])
@@ -1491,7 +1507,7 @@ def test_spmm_paper_shape(cuda_kernels, density):
     """256 x 1152 filters times the 1152 x 50176 im2col matrix (Sec. 5.1-5.2), float32: each
     kernel within the reference's tolerance, both giving the same bits, and the timed choice
     (the default) recording which one it picked."""
-    gen = torch.Generator(device="cuda").manual_seed(7)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(7)
     dtype = torch.float32
     mask = _mask((256, 1152), density, gen, cuda_kernels)
     row_ptr, col_ind = pattern_positions(mask)
@@ -1562,7 +1578,7 @@ SDDMM_IDS = [*SPMM_IDS, "column-splits"]
 def test_sddmm_kernels_give_the_same_bits_within_tolerance(cuda_kernels, case, dtype):
     """The weight gradient's SDDMM (block_row and row_tiled) on odd, batched, empty-row,
     dense and misaligned cases: every partial sum written, equal bits, reference tolerance."""
-    gen = torch.Generator(device="cuda").manual_seed(3 + zlib.crc32(str(case).encode()))
+    gen = torch.Generator(device=GPU_DEV).manual_seed(3 + zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, _, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     g_shape = (*b.shape[:-2], mask.shape[0], b.shape[-1] + 1)
     g = torch.randn(g_shape, generator=gen, device=cuda_kernels, dtype=dtype)
@@ -1577,7 +1593,7 @@ def test_sddmm_paper_shape(cuda_kernels, density):
     """The weight gradient at the paper's shape (256 x 1152 kept positions of 256 x 50176
     times 1152 x 50176; ClickTrain Sec. 5.2), float32: both kernels, equal bits, within
     tolerance, and the timed choice (the default) recording which one it picked."""
-    gen = torch.Generator(device="cuda").manual_seed(11)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(11)
     mask = _mask((256, 1152), density, gen, cuda_kernels)
     row_ptr, col_ind = pattern_positions(mask)
     g = torch.randn(256, 50176, generator=gen, device=cuda_kernels)
@@ -1621,7 +1637,7 @@ GRADS_IDS = ["sparse-grads", "dense-grads"]
 @pytest.mark.parametrize("case", SPMM_CASES, ids=SPMM_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
-    gen = torch.Generator(device="cuda").manual_seed(1 + zlib.crc32(str(case).encode()))
+    gen = torch.Generator(device=GPU_DEV).manual_seed(1 + zlib.crc32(str(case).encode()))
     mask, row_ptr, col_ind, values, b = _spmm_inputs(case, dtype, cuda_kernels, gen)
     index = pattern_index(mask)
 
@@ -1652,7 +1668,12 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
         return vals.grad, bb.grad
 
     # (named apart from the `grads` parameter, which grad_paths reads: "sparse" or "dense")
+    before = timed_choice.uses()
     gv, gb = run_grads("cuda", values, b, g64)
+    ran = {k for k, v in timed_choice.uses().items() if v > before.get(k, 0)}
+    paths = ("spmm", "sddmm") if grads == "sparse" else ("dense", "dense")
+    if values.numel():  # the pinned gradient paths really ran
+        assert {f"input_grad {paths[0]}", f"weight_grad {paths[1]}"} <= ran, ran
     rv, rb = run_grads("ref", values.double(), b.double(), g64)
     sv, sb = run_grads("ref", values, b, g64)
     bv, bb = run_grads("ref", values.abs().double(), b.abs().double(), g64.abs())  # bounds
@@ -1667,7 +1688,7 @@ def test_spmm_gradients_match_reference(cuda_kernels, case, dtype, grads):
 def test_pattern_csr_is_an_exact_gather_and_its_gradient_an_exact_scatter(
     cuda_kernels, case, dtype
 ):
-    gen = torch.Generator(device="cuda").manual_seed(2)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(2)
     f_out, k = case[0], case[1]
     mask = _mask((f_out, k), case[4], gen, cuda_kernels)
     if case == EMPTY_ROWS_CASE:
@@ -1729,7 +1750,7 @@ def _conv_run(fn, x, w, bias, g, grads=None):
 def test_pattern_conv2d_forward_and_backward_match_reference(
     cuda_kernels, case, dtype, implicit, grads
 ):
-    gen = torch.Generator(device="cuda").manual_seed(3)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(3)
     mask, x, w, bias, stride, padding, dilation = _conv_inputs(case, dtype, cuda_kernels, gen)
     index = pattern_index(mask)
 
@@ -1761,7 +1782,7 @@ def test_pattern_conv2d_forward_and_backward_match_reference(
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("variant", CONV_VARIANTS, ids=CONV_VARIANTS)
 def test_implicit_conv_writes_every_output(cuda_kernels, dtype, variant):
-    gen = torch.Generator(device="cuda").manual_seed(4)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(4)
     mask, x, w, bias, stride, padding, dilation = _conv_inputs(
         CONV_CASES[1], dtype, cuda_kernels, gen
     )
@@ -1781,7 +1802,7 @@ def test_implicit_conv_writes_every_output(cuda_kernels, dtype, variant):
 def test_implicit_conv_paper_layer(cuda_kernels):
     """128 x 224 x 224 input, 256 x 128 x 3 x 3 pattern filters (the layer of Sec. 5.1): each
     kernel within the reference's tolerance and both giving the same bits."""
-    gen = torch.Generator(device="cuda").manual_seed(5)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(5)
     mask = _pattern_mask(256, 128, gen, cuda_kernels)
     x = torch.randn(1, 128, 224, 224, generator=gen, device=cuda_kernels)
     w = torch.randn(256, 128, 3, 3, generator=gen, device=cuda_kernels) * mask
@@ -1824,9 +1845,9 @@ _BITS = {
 
 def _nm_input(shape, dtype, gen, ties: bool, special: bool):
     if ties:  # few distinct magnitudes: ties everywhere
-        x = torch.randint(-3, 4, shape, generator=gen, device="cuda").to(dtype) * 0.5
+        x = torch.randint(-3, 4, shape, generator=gen, device=GPU_DEV).to(dtype) * 0.5
     else:
-        x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float64).to(dtype)
+        x = torch.randn(shape, generator=gen, device=GPU_DEV, dtype=torch.float64).to(dtype)
     if special and x.numel() > 8:
         flat = x.view(-1)
         flat[0], flat[3], flat[5], flat[7] = float("nan"), float("inf"), -float("inf"), -0.0
@@ -1850,7 +1871,7 @@ def _bits_equal(a, b):
 def test_nm_magnitude_is_bit_exact(cuda_kernels, case, nm, dtype):
     shape, dim = case
     n, m = nm
-    gen = torch.Generator(device="cuda").manual_seed(11)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(11)
     for fmt in _formats(shape):
         for ties, special in ((True, True), (False, False)):
             x = _nm_input(shape, dtype, gen, ties, special)
@@ -1874,7 +1895,7 @@ def test_nm_rescaled_keeps_the_same_positions_and_is_within_tolerance(
 ):
     shape, dim = case
     n, m = nm
-    gen = torch.Generator(device="cuda").manual_seed(12)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(12)
     for fmt in _formats(shape):
         for ties in (True, False):
             x = _nm_input(shape, dtype, gen, ties, special=False)
@@ -1903,10 +1924,10 @@ def test_nm_rescaled_keeps_the_same_positions_and_is_within_tolerance(
 @pytest.mark.parametrize("nm", [(2, 4), (1, 3), (5, 8), (7, 32)], ids=["2:4", "1:3", "5:8", "7:32"])
 def test_nm_random_keeps_n_per_group_reproducibly_and_layout_independently(cuda_kernels, nm):
     n, m = nm
-    x = torch.randn(6, 37, 5, 4, device="cuda").abs() + 0.1  # no zeros: kept == nonzero
-    g1 = torch.Generator(device="cuda").manual_seed(21)
+    x = torch.randn(6, 37, 5, 4, device=GPU_DEV).abs() + 0.1  # no zeros: kept == nonzero
+    g1 = torch.Generator(device=GPU_DEV).manual_seed(21)
     a = nm_cuda.nm_prune_cuda(x, n, m, "random", generator=g1)
-    g2 = torch.Generator(device="cuda").manual_seed(21)
+    g2 = torch.Generator(device=GPU_DEV).manual_seed(21)
     b = nm_cuda.nm_prune_cuda(x.to(memory_format=torch.channels_last), n, m, "random", generator=g2)
     c = nm_cuda.nm_prune_cuda(x, n, m, "random", generator=g1)  # generator advanced
     assert torch.equal(a, b.contiguous()), "the draw must not depend on the memory format"
@@ -1922,10 +1943,10 @@ def test_nm_random_keeps_n_per_group_reproducibly_and_layout_independently(cuda_
 
 @gpu
 def test_nm_random_draws_every_subset_uniformly(cuda_kernels):
-    x = torch.ones(60000, 4, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.ones(60000, 4, device=GPU_DEV)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(5)
     keep = nm_cuda.nm_prune_cuda(x, 2, 4, "random", dim=1, generator=gen) != 0
-    code = (keep.long() * torch.tensor([1, 2, 4, 8], device="cuda")).sum(1)
+    code = (keep.long() * torch.tensor([1, 2, 4, 8], device=GPU_DEV)).sum(1)
     counts = torch.bincount(code, minlength=16)
     subsets = [sum(1 << i for i in s) for s in combinations(range(4), 2)]
     assert int(counts.sum()) == int(counts[subsets].sum()) == 60000
@@ -1937,8 +1958,8 @@ def test_nm_random_draws_every_subset_uniformly(cuda_kernels):
 @gpu
 @pytest.mark.slow
 def test_nm_magnitude_and_rescaled_on_a_64_mb_gradient(cuda_kernels):
-    gen = torch.Generator(device="cuda").manual_seed(13)
-    x = torch.randn(64, 256, 32, 32, generator=gen, device="cuda")  # 64 MiB float32
+    gen = torch.Generator(device=GPU_DEV).manual_seed(13)
+    x = torch.randn(64, 256, 32, 32, generator=gen, device=GPU_DEV)  # 64 MiB float32
     for fmt in ("nchw", "channels_last"):
         xf = x if fmt == "nchw" else x.to(memory_format=torch.channels_last)
         got = nm_cuda.nm_prune_cuda(xf, 2, 4, "magnitude")
@@ -1966,8 +1987,8 @@ def test_nm_rescaled_fused_gives_the_three_kernels_bits_on_gpu(cuda_kernels, nm,
     equals statistics + ratio + selection bit for bit, and the timed choice records both
     times; where it does not fit, the three kernels run."""
     n, m = nm
-    gen = torch.Generator(device="cuda").manual_seed(31 + m)
-    x = torch.randn(4, 64, 56, 56, generator=gen, device="cuda", dtype=dtype)
+    gen = torch.Generator(device=GPU_DEV).manual_seed(31 + m)
+    x = torch.randn(4, 64, 56, 56, generator=gen, device=GPU_DEV, dtype=dtype)
     x[1, 5, 7, 9] = float("nan")
     view = nm_cuda.nm_view(x.shape, x.stride(), 1, "plane")
     smem = nm_cuda.fused_shared_bytes(view, m, x.element_size())
@@ -2001,12 +2022,12 @@ PACK_DTYPE_IDS = ["f32", "f64", "f16", "bf16", "u8"]
     "shape", [(1,), (37,), (64, 3, 3, 3), (1000003,)], ids=["1", "37", "conv", "1000003"]
 )
 def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtype):
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    g = (torch.randn(shape, generator=gen, device="cuda") * 50).to(dtype)
-    mask = torch.rand(shape, generator=gen, device="cuda") < 0.3
+    gen = torch.Generator(device=GPU_DEV).manual_seed(6)
+    g = (torch.randn(shape, generator=gen, device=GPU_DEV) * 50).to(dtype)
+    mask = torch.rand(shape, generator=gen, device=GPU_DEV) < 0.3
     mask.view(-1)[0] = True
     idx = pack_cuda.mask_index(mask, index_dtype)
-    out = torch.full((idx.numel(),), 7, dtype=dtype, device="cuda")
+    out = torch.full((idx.numel(),), 7, dtype=dtype, device=GPU_DEV)
     if dtype.is_floating_point:
         out.fill_(float("nan"))
     buf = pack_cuda._pack(g, idx, out=out)
@@ -2014,8 +2035,8 @@ def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtyp
     back = pack_cuda.grad_unpack(buf, idx, shape, impl="cuda")
     expected = pack_cuda.grad_unpack_ref(buf, idx, shape)
     assert torch.equal(back.view(torch.uint8), expected.view(torch.uint8))
-    assert torch.equal(back, torch.where(mask, g, torch.zeros((), dtype=dtype, device="cuda")))
-    flat = torch.full((g.numel(),), 3, dtype=dtype, device="cuda")
+    assert torch.equal(back, torch.where(mask, g, torch.zeros((), dtype=dtype, device=GPU_DEV)))
+    flat = torch.full((g.numel(),), 3, dtype=dtype, device=GPU_DEV)
     pack_cuda.unpack(buf, idx, flat)  # in place: off-index elements untouched
     assert torch.equal(flat[~mask.view(-1)], torch.full_like(flat[~mask.view(-1)], 3))
     assert torch.equal(flat[mask.view(-1)], g.view(-1)[mask.view(-1)])
@@ -2024,8 +2045,8 @@ def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtyp
 @gpu
 @pytest.mark.slow
 def test_pack_unpack_64_mb(cuda_kernels):
-    g = torch.randn(16 * 2**20, device="cuda")  # 64 MiB float32
-    mask = torch.rand(g.shape, device="cuda") < 0.5
+    g = torch.randn(16 * 2**20, device=GPU_DEV)  # 64 MiB float32
+    mask = torch.rand(g.shape, device=GPU_DEV) < 0.5
     idx = pack_cuda.mask_index(mask)
     buf = pack_cuda.grad_pack(g, idx)
     assert torch.equal(buf, g[mask])

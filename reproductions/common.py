@@ -15,7 +15,6 @@ available, or a run that fails appears in the result's ``missing`` list with the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -24,7 +23,7 @@ import math
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,29 +289,6 @@ def _measure_path(fn: str, params: dict[str, Any], scale: str, root: Path) -> Pa
     return root / "measurements" / f"{name}-{scale}-{digest}.json"
 
 
-@contextlib.contextmanager
-def float32_math() -> Iterator[dict[str, bool]]:
-    """TF32 off for matmul and cuDNN during the block, restored after; yields the flags.
-
-    The papers' timings ran in float32 on GPUs without TF32 (V100, RTX 5000), and the project's
-    kernels compute in float32: a dense cuDNN baseline left at torch's default (cuDNN TF32 on)
-    would run tensor-core TF32 against them. Measurements run under this (it changes nothing
-    on a CPU); the saved measurement records the flags.
-    """
-    import torch
-
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield {
-            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        }
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
 def measure_or_reuse(
     fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: str | Path
 ) -> tuple[dict[str, Any], bool]:
@@ -330,7 +306,15 @@ def measure_or_reuse(
     if path.exists():
         data = json.loads(path.read_text())
         return data["values"], True
-    with float32_math() as flags:
+    import torch
+
+    from bench.measure import pinned_flags
+
+    # In float32: TF32 off for cuBLAS and cuDNN (cuDNN's benchmark mode as it was). The
+    # papers timed float32 on GPUs without TF32 (V100, RTX 5000), and the project's kernels
+    # compute in float32: a dense cuDNN baseline at torch's default (cuDNN TF32 on) would run
+    # tensor-core TF32 against them. Nothing changes on a CPU; the saved file records the flags.
+    with pinned_flags(cudnn_benchmark=torch.backends.cudnn.benchmark) as flags:
         values = _measure_function(fn)(scale=scale, context=context, **params)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

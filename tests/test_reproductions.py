@@ -224,7 +224,10 @@ def test_measurements_run_in_float32_and_record_the_flags(tmp_path):
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     (saved,) = list(tmp_path.rglob("*.json"))
-    assert json.loads(saved.read_text())["flags"] == {"tf32_matmul": False, "tf32_cudnn": False}
+    benchmark = bool(torch.backends.cudnn.benchmark)  # left as it was
+    assert json.loads(saved.read_text())["flags"] == {
+        "tf32_matmul": False, "tf32_cudnn": False, "cudnn_benchmark": benchmark,
+    }  # fmt: skip
 
 
 def _run(seed=0, **summary):

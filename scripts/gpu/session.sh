@@ -59,10 +59,11 @@ export STATE_DIR
 # keeps 10 s of that for packing: a step cut at its limit may take its 10 s of kill grace and
 # still leave the script time to pack before the part's own limit. Its files go to
 # $WORK/sub/PART, where `merge` finds them.
+SUB_MARGIN_S=15
 sub() {
   local part=$1 script=$2
   shift 2
-  local budget=$(( ${STEP_LIMIT:-120} - 15 ))
+  local budget=$(( ${STEP_LIMIT:-120} - SUB_MARGIN_S ))
   [ "$budget" -lt 1 ] && budget=1
   PART_OF=$TAG OUT="$WORK/sub/$part" COMMON_DONE=1 CALLER_HAVE_GPU=$HAVE_GPU CALLER_GPU_NAME=$GPU_NAME \
     BUDGET_S=${SUB_BUDGET_S:-$budget} RESERVE_S=10 bash "scripts/gpu/$script.sh" "$@"
@@ -73,7 +74,7 @@ sub() {
 # memcheck with the time left), so that no two compute-sanitizer instances look for the same
 # local port at once.
 check() {
-  local b=$(( ${STEP_LIMIT:-240} - 15 ))
+  local b=$(( ${STEP_LIMIT:-240} - SUB_MARGIN_S ))
   local lim=$(( b - 15 ))
   export SUB_BUDGET_S=$b STEP_LIMIT_S=$lim
   together \
@@ -84,6 +85,7 @@ sub check-other kernels" \
     "sanitizers=STEP_LIMIT_S= ONLY_STEPS='racecheck memcheck' RUN_TAG=kernels-sanitizers \
 sub check-sanitizers kernels"
 }
+export SUB_MARGIN_S
 export -f sub check
 
 # merge: fold what the part's scripts wrote into the stage (and, on the device, into the

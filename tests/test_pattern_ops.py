@@ -18,7 +18,7 @@ from impl.ops import (
     pattern_positions,
     pattern_spmm,
 )
-from impl.ops.pattern import conv_output_size, im2col
+from impl.ops.pattern import conv_output_size, csr_rows, im2col
 
 F64 = torch.float64
 
@@ -650,3 +650,41 @@ def test_check_csr_of_no_rows():
 def test_check_csr_accepts_empty_rows_first_and_last():
     # Rows 0 and 3 empty (a start of 0 and a start equal to nnz): nothing to compare there.
     check_csr(torch.tensor([0, 0, 2, 3, 3], dtype=I64), torch.tensor([1, 4, 4], dtype=I64), 4, 7)
+
+
+@pytest.mark.parametrize("path", ["ref", "cuda-argument-checks"])
+@pytest.mark.parametrize(
+    "mismatch", ["other-structure", "other-length", "other-width"], ids=lambda s: s
+)
+def test_pattern_spmm_refuses_an_index_of_another_structure(path, mismatch):
+    # The product is taken with the index's structure and the gradients with its transpose:
+    # an index built for another (row_ptr, col_ind) would give a wrong product silently.
+    import impl.ops.pattern_cuda as pattern_cuda
+
+    gen = torch.Generator().manual_seed(8)
+    mask = _random_mask((4, 9), 0.5, gen)
+    row_ptr, col_ind = pattern_positions(mask)
+    other = mask.clone()
+    if mismatch == "other-structure":  # same number of entries, one moved
+        (r, c) = next((r, c) for r in range(4) for c in range(9) if mask[r, c] and not mask[r, -1])
+        other[r, c], other[r, -1] = False, True
+    elif mismatch == "other-length":
+        other[0] = ~other[0]
+    index = pattern_index(other)
+    width = 10 if mismatch == "other-width" else 9
+    values = torch.randn(col_ind.numel(), generator=gen)
+    b = torch.randn(width, 3, generator=gen)
+    message = "index is for a" if mismatch == "other-width" else "index.(row_ptr|col_ind) differs"
+    if path == "ref":
+        with pytest.raises(ValueError, match=message):
+            pattern_spmm(values, row_ptr, col_ind, b, impl="ref", index=index)
+    else:  # the CUDA path checks before it reaches a kernel
+        with pytest.raises(ValueError, match=message):
+            pattern_cuda.pattern_spmm_cuda(values, row_ptr, col_ind, b, index=index)
+    # The index of this very structure passes, as its own tensors or as equal copies.
+    own = pattern_index(mask)
+    if path == "ref" and mismatch == "other-structure":
+        want = (values.new_zeros(4, 9).index_put_((csr_rows(row_ptr), col_ind), values)) @ b[:9]
+        for rp, ci in ((own.row_ptr, own.col_ind), (row_ptr.clone(), col_ind.clone())):
+            got = pattern_spmm(values, rp, ci, b[:9], impl="ref", index=own)
+            torch.testing.assert_close(got, want)

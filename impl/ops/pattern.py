@@ -161,6 +161,33 @@ def pattern_index(mask: torch.Tensor) -> PatternIndex:
     return PatternIndex(row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (n_rows, n_cols))
 
 
+def check_index_matches(
+    index: PatternIndex, row_ptr: torch.Tensor, col_ind: torch.Tensor, n_cols: int
+) -> None:
+    """Refuse (``ValueError``) a :class:`PatternIndex` that is not the index of the CSR
+    structure ``(row_ptr, col_ind)`` of an ``F x n_cols`` matrix.
+
+    The SpMM multiplies with the index's structure and its gradients read the index's
+    transpose, so an index of another structure would give a wrong product silently. The
+    index's own tensors (``index.row_ptr``, ``index.col_ind``) pass at no cost; other tensors
+    are compared by contents, which on a GPU copies a flag to the host.
+    """
+    want = (row_ptr.numel() - 1, n_cols)
+    if tuple(index.shape) != want:
+        raise ValueError(f"index is for a {index.shape} matrix, the arguments for {want}")
+    for name, given, own in (
+        ("row_ptr", row_ptr, index.row_ptr),
+        ("col_ind", col_ind, index.col_ind),
+    ):
+        if given is own:
+            continue
+        if given.shape != own.shape or given.device != own.device or not torch.equal(given, own):
+            raise ValueError(
+                f"index.{name} differs from the {name} passed: build the index of this "
+                "structure (pattern_index) or pass index=None"
+            )
+
+
 def check_csr(
     row_ptr: torch.Tensor,
     col_ind: torch.Tensor,
@@ -369,8 +396,9 @@ def pattern_spmm(
     dense_b``: ``[F, N]`` or ``[B, F, N]``. Differentiable in ``values`` (gradient at the
     stored positions only, an SDDMM) and in ``dense_b`` (``A^T @ grad``). ``index`` may pass
     a precomputed :class:`PatternIndex` with the transposed structure, saving its
-    construction on every call (its transposed fields are trusted as built by
-    :func:`pattern_index`). The reference path raises ``ValueError`` on an index that
+    construction on every call: it must be the index of ``(row_ptr, col_ind)`` (``ValueError``
+    otherwise, :func:`check_index_matches`), and its transposed fields are trusted as built by
+    :func:`pattern_index`. The reference path raises ``ValueError`` on an index that
     :func:`check_csr` refuses (columns must lie in ``[0, K)``).
     """
     use = _resolve_impl(impl, values, dense_b)
@@ -389,6 +417,8 @@ def pattern_spmm(
         index = PatternIndex(
             row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (row_ptr.numel() - 1, n_cols)
         )
+    else:
+        check_index_matches(index, row_ptr, col_ind, n_cols)
     return _PatternSpMM.apply(values, dense_b, index)
 
 

@@ -33,6 +33,7 @@ from impl.cuda import loader
 from impl.ops import device_check, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
+    check_index_matches,
     conv_output_size,
     conv_pattern_index,
 )
@@ -773,8 +774,7 @@ def pattern_spmm_cuda(
     if index is None:
         t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
     else:
-        if index.shape[1] != n_cols:
-            raise ValueError(f"index is for {index.shape[1]} columns, dense_b has {n_cols} rows")
+        check_index_matches(index, row_ptr, col_ind, n_cols)
         t_row_ptr, t_col_ind, t_perm = index.t_row_ptr, index.t_col_ind, index.t_perm
     return torch.ops.pdtbench.pattern_spmm(
         values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b

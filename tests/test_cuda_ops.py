@@ -606,6 +606,36 @@ def test_pack_dispatch_errors():
         pack_cuda.mask_index(g > 0, torch.int16)
 
 
+@pytest.mark.parametrize(
+    ("op", "index", "buffer", "message"),
+    [
+        ("pack", [0, -1], None, r"index must lie in \[0, 6\).*got -1"),
+        ("pack", [0, 6], None, r"index must lie in \[0, 6\).*got 6"),
+        ("unpack", [1, -2], [1.0, 2.0], r"index must lie in \[0, 6\).*got -2"),
+        ("unpack", [1, 7], [1.0, 2.0], r"index must lie in \[0, 6\).*got 7"),
+        ("unpack", [1, 1], [1.0, 2.0], "must not repeat a position"),
+        ("unpack", [0, 2, 4], [1.0], r"buffer \(1,\) must match index \(3,\)"),
+        ("unpack", [0, 2], [[1.0, 2.0]], r"buffer \(1, 2\) must match index \(2,\)"),
+    ],
+    ids=["pack-negative", "pack-past-end", "unpack-negative", "unpack-past-end",
+         "unpack-duplicate", "unpack-broadcast-buffer", "unpack-2d-buffer"],
+)  # fmt: skip
+def test_pack_references_refuse_what_the_kernels_cannot_take(op, index, buffer, message):
+    # The CUDA kernels trust their index (a negative or past-the-end position reads or writes
+    # out of bounds, a repeated one races): the references, which define the ops, refuse them
+    # instead of wrapping, broadcasting or picking a winner.
+    idx = torch.tensor(index, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        if op == "pack":
+            pack_cuda.grad_pack(torch.randn(2, 3), idx, impl="ref")
+        else:
+            pack_cuda.grad_unpack(torch.tensor(buffer), idx, (2, 3), impl="ref")
+    ok = torch.tensor([0, 5], dtype=torch.int64)  # the range's two edges pass
+    assert torch.equal(
+        pack_cuda.grad_pack(torch.arange(6.0).view(2, 3), ok), torch.tensor([0.0, 5.0])
+    )
+
+
 # =============================================================================================
 # Emulated on the CPU: the real kernels, compiled by g++ against pdt_host_emulation.cuh
 # =============================================================================================

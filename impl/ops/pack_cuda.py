@@ -15,6 +15,7 @@ CuPy at import time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,9 +61,25 @@ def _check(index: torch.Tensor) -> None:
         )
 
 
+def _check_positions(index: torch.Tensor, numel: int, *, unique: bool) -> None:
+    """Every flat position in ``[0, numel)`` (and with ``unique`` none twice), read where the
+    index lives on the CPU: the CUDA kernels trust the index, and on a GPU the read would
+    stall the device (the same rule as :func:`impl.ops.pattern.check_csr`)."""
+    if index.is_cuda or not index.numel():
+        return
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0 or hi >= numel:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"index must lie in [0, {numel}) (the flat positions); got {bad}")
+    if unique and torch.unique(index).numel() != index.numel():
+        raise ValueError("index must not repeat a position (each is written once)")
+
+
 def grad_pack_ref(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The reference of :func:`grad_pack`: ``grad.flatten()[index]`` (``[nnz]``)."""
+    """The reference of :func:`grad_pack`: ``grad.flatten()[index]`` (``[nnz]``); positions
+    outside ``[0, grad.numel())`` raise ``ValueError`` (read on the CPU only)."""
     _check(index)
+    _check_positions(index, grad.numel(), unique=False)
     return grad.reshape(-1)[index.to(torch.int64)]
 
 
@@ -70,8 +87,12 @@ def grad_unpack_ref(
     buffer: torch.Tensor, index: torch.Tensor, shape: Sequence[int]
 ) -> torch.Tensor:
     """The reference of :func:`grad_unpack`: a zero tensor of ``shape`` holding ``buffer`` at
-    the flat positions ``index`` (unique)."""
+    the flat positions ``index``. As on the CUDA path, ``buffer`` has ``index``'s shape; the
+    positions (read on the CPU only) lie in the tensor and are unique, or ``ValueError``."""
     _check(index)
+    if buffer.shape != index.shape:
+        raise ValueError(f"buffer {tuple(buffer.shape)} must match index {tuple(index.shape)}")
+    _check_positions(index, math.prod(shape), unique=True)
     out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
     out.view(-1)[index.to(torch.int64)] = buffer
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -688,3 +689,36 @@ def test_pattern_spmm_refuses_an_index_of_another_structure(path, mismatch):
         for rp, ci in ((own.row_ptr, own.col_ind), (row_ptr.clone(), col_ind.clone())):
             got = pattern_spmm(values, rp, ci, b[:9], impl="ref", index=own)
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stride": 0}, r"stride must be at least 1 in both dims, got \(0, 0\)"),
+        ({"stride": (1, 0)}, r"stride must be at least 1 in both dims, got \(1, 0\)"),
+        ({"padding": -1}, r"padding must be at least 0 in both dims, got \(-1, -1\)"),
+        ({"dilation": 0}, r"dilation must be at least 1 in both dims, got \(0, 0\)"),
+        ({"padding": "same"}, "padding must be an int or two ints, got 'same'"),
+        ({"stride": (1, 2, 3)}, r"stride must be an int or two ints, got \(1, 2, 3\)"),
+        ({"dilation": 1.5}, "dilation must be an int or two ints, got 1.5"),
+        ({"stride": True}, "stride must be an int or two ints, got True"),
+    ],
+    ids=["stride-0", "stride-pair-0", "padding-neg", "dilation-0", "padding-same",
+         "three-strides", "float-dilation", "bool-stride"],
+)  # fmt: skip
+def test_pattern_conv2d_refuses_the_geometry_conv2d_refuses(kwargs, message):
+    # conv2d refuses these (or, for strings, computes "same" padding, which the pattern conv
+    # does not): the pattern conv must not return a tensor or fail with a bare arithmetic error.
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(4, 3, 3, 3, generator=gen)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(2, 3, 8, 8, generator=gen)
+    for call in (
+        lambda: pattern_conv2d(x, weight, mask, impl="ref", **kwargs),
+        lambda: PatternConv2d(weight, mask, **kwargs),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+    # numpy and torch integers are integers; the result is conv2d's.
+    got = pattern_conv2d(x, weight, mask, stride=np.int64(2), padding=(torch.tensor(1), 1))
+    torch.testing.assert_close(got, F.conv2d(x, weight * mask, stride=2, padding=1))

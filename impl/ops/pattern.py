@@ -28,6 +28,7 @@ contents would synchronise with the GPU.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -463,8 +464,36 @@ def conv_pattern_index(
     return index
 
 
-def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _pair(v: int | Sequence[int], name: str = "value") -> tuple[int, int]:
+    """``v`` as two ints: an integer for both dims, or a sequence of two integers."""
+
+    def integer(e: Any) -> int:
+        if isinstance(e, (bool, str)):
+            raise TypeError
+        return operator.index(e)
+
+    try:
+        if not isinstance(v, Sequence):
+            return (integer(v), integer(v))
+        if len(v) == 2:
+            return (integer(v[0]), integer(v[1]))
+    except TypeError:
+        pass
+    raise ValueError(f"{name} must be an int or two ints, got {v!r}")
+
+
+def conv_geometry(
+    stride: int | Sequence[int], padding: int | Sequence[int], dilation: int | Sequence[int]
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``(stride, padding, dilation)`` of a pattern conv as pairs of ints, checked as
+    ``torch.nn.functional.conv2d`` checks them: stride and dilation at least 1, padding at
+    least 0, integers only (``"same"``-style strings are not supported); ``ValueError``
+    otherwise."""
+    st, pad, dil = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    for name, pair, least in (("stride", st, 1), ("padding", pad, 0), ("dilation", dil, 1)):
+        if min(pair) < least:
+            raise ValueError(f"{name} must be at least {least} in both dims, got {pair}")
+    return st, pad, dil
 
 
 def _im2col_values(
@@ -531,7 +560,10 @@ def im2col(
     position ``(r, s)`` of output pixel ``(p, q)`` of sample ``b``: ``F.unfold(x)`` with the
     batch moved into the columns.
     """
-    kernel, stride, padding, dilation = (_pair(v) for v in (kernel, stride, padding, dilation))
+    kernel = _pair(kernel, "kernel")
+    if min(kernel) < 1:
+        raise ValueError(f"kernel must be at least 1 in both dims, got {kernel}")
+    stride, padding, dilation = conv_geometry(stride, padding, dilation)
     ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
     wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
     if ho < 1 or wo < 1:
@@ -566,7 +598,7 @@ def pattern_conv2d(
     structure: again only after the index tensors are written).
     """
     index = conv_pattern_index(x, weight, pattern)
-    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    stride, padding, dilation = conv_geometry(stride, padding, dilation)
     if _resolve_impl(impl, x, weight) == "cuda":
         from impl.ops.pattern_cuda import pattern_conv2d_cuda
 
@@ -752,15 +784,16 @@ class PatternConv2d(nn.Conv2d):
         if mask.shape != weight.shape:
             raise ValueError(f"mask {tuple(mask.shape)} must match weight {tuple(weight.shape)}")
         _resolve_impl(impl)
+        stride, padding, dilation = conv_geometry(stride, padding, dilation)
         f_out, c_in, r, s = weight.shape
         # Built on the meta device: no memory, the real parameters are assigned right after.
         super().__init__(
             c_in,
             f_out,
             (r, s),
-            stride=_pair(stride),
-            padding=_pair(padding),
-            dilation=_pair(dilation),
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
             bias=bias is not None,
             device="meta",
             dtype=weight.dtype,

@@ -34,6 +34,7 @@ from impl.ops import device_check, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
     check_index_matches,
+    conv_geometry,
     conv_output_size,
     conv_pattern_index,
 )
@@ -803,7 +804,7 @@ def pattern_conv2d_cuda(
     """
     device_check.check_devices("pattern_conv2d", _PUBLIC["pattern_conv2d"], x, weight)
     index = conv_pattern_index(x, weight, pattern)
-    st, pad, dil = _pair(stride), _pair(padding), _pair(dilation)
+    st, pad, dil = (list(v) for v in conv_geometry(stride, padding, dilation))
     if implicit:
         return torch.ops.pdtbench.pattern_conv2d(
             x,

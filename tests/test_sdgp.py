@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from impl.methods.sdgp import data_grad_density
+from impl.methods.sdgp import SDGP, SDGPConfig, SDGPConv2d, data_grad_density
 from impl.ops.nm import nm_keep_mask, nm_prune, nm_prune_ref
 
 EPS = 1e-4
@@ -397,13 +398,30 @@ def test_nm_prune_is_exported_by_impl_ops():
         ({"n": 2, "m": 4, "rescale": "batch"}, r"valid: plane, channel"),
         ({"n": 2, "m": 4, "impl": "triton"}, r"valid: auto, ref, cuda"),
         ({"n": 2, "m": 4, "dim": 4}, r"dim must be an int in \[-4, 3\]"),
+        ({"n": 2, "m": 4, "eps": -1e-4}, r"eps must be a finite number >= 0; got -0.0001"),
+        ({"n": 2, "m": 4, "eps": math.nan}, r"eps must be a finite number >= 0; got nan"),
+        ({"n": 2, "m": 4, "eps": math.inf}, r"eps must be a finite number >= 0; got inf"),
+        ({"n": 2, "m": 4, "eps": "1e-4"}, r"eps must be a finite number >= 0; got '1e-4'"),
     ],
-    ids=["n>m", "m>32", "n=0", "n<0", "float-n", "method", "rescale", "impl", "dim"],
-)
+    ids=["n>m", "m>32", "n=0", "n<0", "float-n", "method", "rescale", "impl", "dim",
+         "eps<0", "eps-nan", "eps-inf", "eps-str"],
+)  # fmt: skip
 def test_bad_arguments_raise_value_error(kwargs, match):
+    # nm_prune, its reference and the SDGP conv refuse the same arguments (a NaN eps made
+    # every rescaled value NaN; whatever the method: a bad eps fails before the method uses it).
     x = torch.randn(2, 8, 3, 3)
     with pytest.raises(ValueError, match=match):
         nm_prune(x, **kwargs)
+    ref_kwargs = {k: v for k, v in kwargs.items() if k != "impl"}
+    if "impl" not in kwargs:
+        with pytest.raises(ValueError, match=match):
+            nm_prune_ref(x, **ref_kwargs)
+    if "eps" in kwargs:
+        conv = nn.Conv2d(4, 8, 3)
+        with pytest.raises(ValueError, match=match):
+            SDGPConv2d.from_conv(conv, 2, 4, eps=kwargs["eps"])
+        with pytest.raises(ValueError, match=match.replace("eps", "rescale_eps")):
+            SDGP(SDGPConfig(rescale_eps=kwargs["eps"])).validate(None)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ from impl.ops.nm import (
     RESCALE_RULES,
     _check_tensor,
     _prune_ref,
+    check_eps,
     check_method,
     check_nm,
     nm_keep_mask,
@@ -273,6 +274,7 @@ class SDGPConv2d(nn.Conv2d):
         """Set the pruning of this layer's output gradient."""
         check_nm(n, m)
         check_method(method, rescale)
+        check_eps(eps)
         self.n, self.m, self.prune_method, self.rescale = n, m, method, rescale
         self.generator, self.eps = generator, eps
         self.reset_stats()
@@ -472,6 +474,7 @@ def sdgp_convert(
     """
     check_nm(n, m)
     check_method(method, rescale)
+    check_eps(eps)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "semi_structured":
@@ -572,8 +575,12 @@ class SDGP(Method):
             raise ValueError(
                 f"unknown nondivisible {c.nondivisible!r}; valid: {', '.join(NONDIVISIBLE_RULES)}"
             )
-        if not c.rescale_eps >= 0:
-            raise ValueError(f"rescale_eps must be >= 0; got {c.rescale_eps}")
+        try:
+            check_eps(c.rescale_eps)
+        except ValueError:
+            raise ValueError(
+                f"rescale_eps must be a finite number >= 0; got {c.rescale_eps!r}"
+            ) from None
         if c.profile_repeats < 1:
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
         if c.backend not in BACKENDS:
@@ -701,6 +708,7 @@ __all__ = [
     "LayerPlan",
     "SDGPConfig",
     "SDGPConv2d",
+    "check_eps",
     "check_method",
     "check_nm",
     "data_grad_density",

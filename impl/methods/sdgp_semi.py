@@ -64,7 +64,7 @@ from impl.methods.sdgp import (
     sdgp_conv_forward,
     sdgp_plan,
 )
-from impl.ops.nm import RESCALE_EPS, check_method, check_nm, nm_prune_ref
+from impl.ops.nm import RESCALE_EPS, check_eps, check_method, check_nm, nm_prune_ref
 
 logger = logging.getLogger(__name__)
 
@@ -341,6 +341,7 @@ def prune_rows(
     """
     check_nm(n, m)
     check_method(method, rescale)
+    check_eps(eps)
     if impl not in PRUNE_IMPLS:
         raise ValueError(f"unknown prune impl {impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
     if rows.dim() != 3:
@@ -715,6 +716,7 @@ def sdgp_semi_convert(
     """
     check_nm(n, m)
     check_method(method, rescale)
+    check_eps(eps)
     _check_backend(sparse_backend)
     if prune_impl not in PRUNE_IMPLS:
         raise ValueError(f"unknown prune impl {prune_impl!r}; valid: {', '.join(PRUNE_IMPLS)}")

@@ -79,6 +79,14 @@ def check_method(method: str, rescale: str) -> None:
         )
 
 
+def check_eps(eps: float) -> None:
+    """Raise ``ValueError`` unless ``eps`` (the rescale denominator's additive constant, Sec.
+    III-B) is a finite real number >= 0: a negative one can divide by zero or flip a sign,
+    a NaN makes every rescaled value NaN, an infinite one every value zero."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+
+
 def _check_tensor(x: torch.Tensor, dim: int) -> int:
     """``dim`` as a non-negative index after checking ``x`` (a floating tensor with a dim to
     group along, not part of an autograd graph) and ``dim``; ``ValueError`` otherwise."""
@@ -164,11 +172,13 @@ def nm_prune(
     Raises:
         ValueError: ``n``/``m`` outside ``1 <= n <= m <= 32``, a non-floating ``x``, an
             ``x`` that requires grad while grad mode is on, a bad ``dim``, an unknown
-            ``method``, ``rescale`` (whatever the method) or ``impl``.
+            ``method``, ``rescale`` (whatever the method) or ``impl``, an ``eps`` that is
+            not a finite number >= 0.
         RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available.
     """
     check_nm(n, m)
     check_method(method, rescale)
+    check_eps(eps)
     dim = _check_tensor(x, dim)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
@@ -381,6 +391,7 @@ def nm_prune_ref(
     """
     check_nm(n, m)
     check_method(method, rescale)
+    check_eps(eps)
     dim = _check_tensor(x, dim)
     return _prune_ref(x, n, m, method, dim, rescale, generator, eps, stats=False)[0]
 
@@ -534,6 +545,7 @@ __all__ = [
     "PRUNE_METHODS",
     "RESCALE_EPS",
     "RESCALE_RULES",
+    "check_eps",
     "check_method",
     "check_nm",
     "nm_keep_mask",

@@ -714,6 +714,13 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _saves(ms: Any) -> str:
+    """``"saves X"`` for a saving, ``"slower by X"`` for a negative one (ms)."""
+    if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms < 0:
+        return f"slower by {_fmt(-float(ms))}"
+    return f"saves {_fmt(ms)}"
+
+
 def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     """Markdown: per model and dtype, the side-by-side layer table and the iteration totals."""
     prov = meta["provenance"]
@@ -803,8 +810,8 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         if it["convs_sparse"]:
             semi_text = (
-                f"semi-structured backend {_fmt(it.get('semi_backend_dgrad_ms'))} ms (saves "
-                f"{_fmt(it.get('measured_saved_ms'))}; {it['convs_fallback']} convs on the "
+                f"semi-structured backend {_fmt(it.get('semi_backend_dgrad_ms'))} ms "
+                f"({_saves(it.get('measured_saved_ms'))}; {it['convs_fallback']} convs on the "
                 "reference path)"
             )
         else:
@@ -816,7 +823,7 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             f"Per iteration ({it['convs']} convs, {it['convs_sparse']} on sparse tensor cores): "
             f"dense data gradients {_fmt(it.get('dense_dgrad_ms'))} ms; paper's estimate "
-            f"{_fmt(it.get('est_sparse_ms'))} ms (saves {_fmt(it.get('est_saved_ms'))}); "
+            f"{_fmt(it.get('est_sparse_ms'))} ms ({_saves(it.get('est_saved_ms'))}); "
             f"{semi_text}; reference SDGP backend {_fmt(it.get('reference_ms'))} ms.",
         ]
         if it.get("dense_iter_ms") is not None:

@@ -60,7 +60,7 @@ def test_prune_rows_equals_nm_prune_on_nchw(shape, method, rescale):
         torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-15)
     else:  # the same mask (random: the same draw), hence the same values
         assert torch.equal(got, ref)
-    assert torch.equal(got != 0, ref != 0) or method == "rescaled"
+    assert torch.equal(got != 0, ref != 0)  # the same kept positions, rescaled included
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -484,7 +484,10 @@ def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize(("n", "c", "k", "kernel", "stride", "hw"), GPU_CASES, ids=GPU_IDS)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"], ids=["nchw", "cl"])
-def test_gpu_sparse_data_grad_vs_float64(n, c, k, kernel, stride, hw, dtype, backend, layout):
+@pytest.mark.parametrize("method", ["magnitude", "rescaled"], ids=["magnitude", "rescaled"])
+def test_gpu_sparse_data_grad_vs_float64(
+    n, c, k, kernel, stride, hw, dtype, backend, layout, method
+):
     if backend == "cusparselt" and not semi.cusparselt_available():
         pytest.skip("this torch build has no cuSPARSELt")
     if backend == "cutlass" and torch.cuda.get_device_capability()[0] != 8:
@@ -496,13 +499,15 @@ def test_gpu_sparse_data_grad_vs_float64(n, c, k, kernel, stride, hw, dtype, bac
     x = torch.randn(n, c, *hw, device=dev, dtype=dtype).contiguous(memory_format=fmt)
     with torch.no_grad():
         g = torch.randn_like(conv(x))
-    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", sparse_backend=backend)
+    # The pruning's reference on both sides, so that the float64 product below multiplies
+    # the very values the sparse GEMM did (the kernel's rescaled values may differ in the last
+    # bits, docs/kernels.md): what is measured is the sparse product's error alone.
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, method, sparse_backend=backend, prune_impl="ref")
     gx = _grads(mod, x, g)[1]
     assert mod.fallback_reasons == [] and mod.semi_calls == 1  # the sparse path really ran
     assert gx.dtype == dtype and gx.shape == x.shape
     assert torch.isfinite(gx).all()
-    # float64 reference of the same pruned gradient (magnitude: the mask is exact in any dtype)
-    pruned = prune_rows(grad_rows(g), 2, 4, "magnitude", impl="ref")
+    pruned = prune_rows(grad_rows(g), 2, 4, method, impl="ref")
     w64 = conv.weight.detach().double()
     ref64 = torch.nn.grad.conv2d_input(
         x.shape, w64, rows_to_nchw(pruned, g.shape[2:]).double(), conv.stride, conv.padding
@@ -623,6 +628,37 @@ def test_bench_derived_columns_and_slower_sentence():
     fallback = {"status": "fallback", "dense_dgrad_ms": 4.0, "sparse_dgrad_ms": None, "flops": 1}
     bs._derive(fallback)
     assert fallback["speedup"] is None and fallback["measured_saved_ms"] is None
+
+
+def test_bench_summary_says_which_layers_and_totals_are_slower():
+    # The issue asks the summary to say where sparse is slower than dense: the sentence names
+    # the slower layers, and a negative saving reads "slower by", never "saves -3".
+    from bench import sdgp_semi as bs
+
+    def layer(name, dense, sparse):
+        row = {"kind": "layer", "model": "resnet18", "dtype": "bf16", "layer": name, "count": 1}
+        row.update(C=64, K=64, kernel="3x3", stride=1, H=56, W=56, status="ok", flops=1e9)
+        row.update(dense_dgrad_ms=dense, sparse_dgrad_ms=sparse, dense_mm_ms=1.0, spmm_ms=0.6)
+        bs._derive(row)
+        return row
+
+    it = {"kind": "iteration", "model": "resnet18", "dtype": "bf16", "convs": 2}
+    it.update(convs_sparse=2, convs_fallback=0, iterations_per_epoch=5005)
+    it.update(dense_dgrad_ms=6.0, est_sparse_ms=3.0, est_saved_ms=3.0)
+    it.update(semi_backend_dgrad_ms=9.0, measured_saved_ms=-3.0, reference_ms=7.0)
+    rows = [layer("layer1.0.conv1", 4.0, 2.5), layer("layer1.0.conv2", 2.0, 6.5), it]
+    meta = {
+        "provenance": {"commit": "abc", "dirty": False, "date": "d", "gpu_name": "H100"},
+        "library": {"torch": "2.11", "cusparselt_available": False},
+        "device": "cuda:0",
+        "config": {"batch": 256, "resolution": 224, "memory_format": "nchw"},
+        "wall_seconds": 1,
+    }
+    meta["config"]["prune_method"] = "rescaled"
+    text = bs.summary(rows, meta)
+    assert "Sparse slower than dense on 1 of 2 distinct layers: layer1.0.conv2." in text
+    assert "semi-structured backend 9 ms (slower by 3; 0 convs" in text
+    assert "paper's estimate 3 ms (saves 3)" in text and "saves -" not in text
 
 
 @pytest.mark.slow

@@ -530,6 +530,22 @@ def test_gpu_sparse_data_grad_vs_float64(
 
 
 @pytest.mark.gpu
+def test_gpu_fallback_path_prunes_with_the_chosen_prune_impl(monkeypatch):
+    # A call that falls back (float32 here) prunes through SDGPConv2d.prune_grad: it must use
+    # the pruning implementation the layer was given, not nm_prune's own choice.
+    import impl.ops.nm_cuda as nm_cuda
+
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).cuda()
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", prune_impl="ref")
+    monkeypatch.setattr(nm_cuda, "nm_prune_cuda", lambda *a, **k: pytest.fail("the kernel ran"))
+    x = torch.randn(2, 8, 6, 6, device="cuda", requires_grad=True)
+    mod(x).sum().backward()
+    assert mod.fallback_calls == 1 and mod.semi_calls == 0
+    assert any("dtype float32" in r for r in mod.fallback_reasons), mod.fallback_reasons
+    assert mod.prune_calls == 1
+
+
+@pytest.mark.gpu
 def test_gpu_rescaled_model_step_uses_sparse_cores_under_autocast():
     if not semi.cusparselt_available() and torch.cuda.get_device_capability()[0] != 8:
         pytest.skip("no 2:4 backend runs on this GPU (no cuSPARSELt, CUTLASS needs sm_8x)")

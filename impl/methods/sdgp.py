@@ -226,6 +226,7 @@ class SDGPConv2d(nn.Conv2d):
     rescale: str
     eps: float
     generator: torch.Generator | None
+    prune_impl: str = "auto"  # nm_prune's impl for CUDA gradients (CPU ones: the reference)
 
     @classmethod
     def from_conv(
@@ -303,6 +304,7 @@ class SDGPConv2d(nn.Conv2d):
                 dim=1,
                 rescale=self.rescale,
                 generator=self.generator,
+                impl=self.prune_impl,
                 eps=self.eps,
             )
         else:  # the reference, which also returns the L1 sums when it has them at hand

@@ -398,6 +398,28 @@ def test_library_error_falls_back_once_and_keeps_pruning_once(monkeypatch):
     assert mod.prune_calls == 2  # one pruning per backward, never two
 
 
+@pytest.mark.parametrize(
+    "error",
+    [torch.cuda.OutOfMemoryError("CUDA out of memory"), RuntimeError("CUDA error: out of memory")],
+    ids=["OutOfMemoryError", "out-of-memory-message"],
+)
+def test_out_of_memory_is_raised_not_a_fallback(monkeypatch, error):
+    # Running out of memory is not a library limitation: falling back would hide it and make
+    # the shape skip the sparse path for good, so it is raised and nothing is recorded.
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+
+    def oom(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(semi, "sparse_data_grad", oom)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    x = torch.randn(2, 8, 5, 7)
+    with pytest.raises(type(error), match="out of memory"):
+        _grads(mod, x, torch.randn(2, 16, 5, 7))
+    assert mod.fallback_reasons == [] and mod.fallback_calls == 0 and not mod._failed
+
+
 def test_set_backend_rejects_unknown_names():
     conv = nn.Conv2d(8, 16, 3)
     with pytest.raises(ValueError, match="unknown sparse backend"):

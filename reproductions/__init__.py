@@ -69,13 +69,14 @@ def load_target(key: str) -> Any:
     return importlib.import_module(f"reproductions.{paper}.{item}").TARGET
 
 
-def expected_targets() -> list[dict[str, str]]:
-    """Every target with its title, for the index of a report (missing ones are listed)."""
+def expected_targets(scale: str = "cpu") -> list[dict[str, str]]:
+    """Every target with its title and the command that makes its result at ``scale``, for
+    the index of a report (the ones without a result are listed as missing)."""
     out = []
     for key in TARGETS:
         try:
             title = load_target(key).title
-            needs = f"pdtbench reproduce {key} --scale cpu"
+            needs = f"pdtbench reproduce {key} --scale {scale}"
         except ModuleNotFoundError:
             title, needs = key, "not implemented"
         out.append({"target": key, "title": title, "needs": needs})
@@ -143,7 +144,7 @@ def run(
             print("\n".join(summary_lines(claims)))
     except Exception as err:  # noqa: BLE001 - the tables stand without the claims
         print(f"[claims] FAILED: {type(err).__name__}: {err}")
-    return render(runs_root, reports_root, expected=expected_targets())
+    return render(runs_root, reports_root, expected=expected_targets(scale))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -842,8 +842,10 @@ def reproduce(
     reports_root: str | Path = REPORTS_ROOT,
 ) -> Path:
     """Run ``target`` at ``scale`` and render the reports; return the path of its paper's page."""
+    from reproductions import expected_targets
+
     run_target(target, scale, runs_root)
-    render(runs_root, reports_root)
+    render(runs_root, reports_root, expected=expected_targets(scale))
     return Path(reports_root) / f"{target.paper}.html"
 
 

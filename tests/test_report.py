@@ -432,6 +432,15 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
     printed = capsys.readouterr().out
     assert "1 results, 3 complete runs, 3 incomplete" in printed
     assert (tmp_path / "out" / "index.html").exists() and (tmp_path / "out" / "sdgp.html").exists()
+    # A target without a saved result is listed, with the command that makes it at the
+    # results' scale, not dropped (here every target but sdgp.table1).
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "not run: pdtbench reproduce sdgp.fig9 --scale smoke" in index
+    assert "not run: pdtbench reproduce sdgp.table1" not in index
+    assert "clicktrain.html" in index  # a paper with no result at all still has its page
+    # Plain runs without reproduction results list no reproduction target.
+    assert main([str(runs_root / "dense-s0"), "--out", str(tmp_path / "runs-only")]) == 0
+    assert "not run:" not in (tmp_path / "runs-only" / "index.html").read_text()
     with pytest.raises(FileNotFoundError):
         main([str(tmp_path / "missing")])
     (tmp_path / "empty").mkdir()

@@ -487,7 +487,7 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
 
     bad = Target(key="sdgp.table1", title="bad", description="d", rows=boom)
     monkeypatch.setattr(reproductions, "load_target", lambda key: bad)
-    monkeypatch.setattr(reproductions, "expected_targets", lambda: [])
+    monkeypatch.setattr(reproductions, "expected_targets", lambda scale="cpu": [])
     index = reproductions.run(["sdgp.table1"], "smoke", tmp_path / "runs", tmp_path / "rep")
     assert "FAILED: RuntimeError: boom" in capsys.readouterr().out
     saved = json.loads((tmp_path / "runs/results/sdgp.table1/smoke/result.json").read_text())

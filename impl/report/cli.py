@@ -23,11 +23,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _expected_targets(results: list) -> list[dict[str, str]]:
+    """Every reproduction target, where the results hold one: the pages then list a target
+    without a result as missing, as ``pdtbench reproduce`` renders them (reports read saved
+    results and list what is missing instead of hiding it); nothing for other results."""
+    from reproductions import TARGETS, expected_targets
+
+    scales = {r.scale for r in results if r.target in TARGETS}
+    if not scales:
+        return []
+    return expected_targets(scales.pop() if len(scales) == 1 else "cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench report``; prints the path of the index and returns 0.
 
-    Raises ``FileNotFoundError`` for a path that does not exist and ``ValueError`` when the
-    paths hold neither results nor run directories.
+    Where the results are reproductions', every reproduction target without a result is
+    listed as missing, with the command that makes it. Raises ``FileNotFoundError`` for a path
+    that does not exist and ``ValueError`` when the paths hold neither results nor run
+    directories.
     """
     args = build_parser().parse_args(argv)
     for p in args.paths:
@@ -40,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics = load_metrics(runs)
     if not results and runs is None:
         raise ValueError(f"no result.json and no run directory under {args.paths}")
-    index = render_reports(results, args.out, runs=runs, metrics=metrics)
+    index = render_reports(
+        results, args.out, runs=runs, metrics=metrics, expected=_expected_targets(results)
+    )
     n_runs = 0 if runs is None else len(runs)
     n_bad = 0 if runs is None else len(runs.attrs.get("incomplete", []))
     print(f"{len(results)} results, {n_runs} complete runs, {n_bad} incomplete (listed)")

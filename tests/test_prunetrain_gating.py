@@ -128,3 +128,26 @@ def test_dense_channels_are_the_filters_and_inputs_with_a_weight_above_the_thres
     w[1, 1] = 5e-5  # below
     idx_out, idx_in = dense_channels(w, 1e-4)
     assert idx_out.tolist() == [0, 3] and idx_in.tolist() == [0, 2]
+
+
+def test_fig7_at_gpu_scale_times_the_papers_shapes_untrained():
+    # Fig. 7's gpu scale is the paper's ResNet-50 at 224 x 224 (batch 64), built untrained in
+    # PruneTrain's reconfigured state: no training row, and the measure runs on any device
+    # (here a small model at a small size, with the same code).
+    from reproductions.prunetrain import fig7
+    from reproductions.prunetrain.measure import union_gating_layer_times_at_shape
+
+    (row,) = fig7.rows("gpu")
+    assert row.measure == fig7.MEASURE_AT_SHAPE  # a measurement: it trains nothing
+    assert row.params == {"model": "resnet50", "image": 224, "stem": "imagenet",
+                          "num_classes": 1000, "batch": 64}  # fmt: skip
+    t = union_gating_layer_times_at_shape(scale="smoke", context={}, model="resnet50", batch=2,
+                                          image=32, num_classes=10, repeats=1)  # fmt: skip
+    names = [layer["name"] for layer in t["layers"]]
+    assert len(names) == 16 and all(n.endswith(".conv3") for n in names)  # 3+4+6+3 blocks
+    for layer in t["layers"]:  # union: half of each residual path's inner channels left
+        dense_in = {"layer1": 64, "layer2": 128, "layer3": 256, "layer4": 512}[layer["name"][:6]]
+        assert layer["union_channels"][0] == dense_in // 2
+        assert layer["gating_channels"] == layer["union_channels"]  # nothing more to drop
+        assert all(layer[k] > 0 for k in ("dense_ms", "union_ms", "gating_ms"))
+    assert t["batch"] == 2 and "not trained" in t["state"]

@@ -128,7 +128,6 @@ def union_gating_layer_times(
     (sum of dense over sum of union times) and ``gating_over_union``.
     """
     from impl.methods.prunetrain import PruneTrainConfig
-    from impl.methods.prunetrain_gating import GatedConv
     from impl.train import load_trained_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -140,6 +139,54 @@ def union_gating_layer_times(
     dense, _ = load_trained_model(dense_dir, device=device)
     threshold = cfg.method_options.get("threshold", PruneTrainConfig().threshold)
     x = torch.randn(batch, *_sample_shape(pt_dir), device=device)
+    return _layer_times(dense, pruned, threshold, x, repeats)
+
+
+def union_gating_layer_times_at_shape(
+    *,
+    scale: str,
+    context: dict,
+    model: str,
+    batch: int,
+    image: int,
+    stem: str = "imagenet",
+    num_classes: int = 1000,
+    repeats: int = 10,
+) -> dict[str, Any]:
+    """:func:`union_gating_layer_times` at a paper's shapes without training: ``model``
+    (:func:`impl.models.create`) at ``image`` x ``image``, ``batch`` synthetic samples (timing
+    needs no data), dense as created and reconfigured in PruneTrain's state of the benchmark
+    suite (:func:`bench.method_states.build_state`: half of the channels inside every
+    residual path removed, :data:`bench.method_states.PRUNETRAIN_CHANNEL_PRUNE`). Same
+    return value, plus ``state``, which says so."""
+    from bench.method_states import PRUNETRAIN_CHANNEL_PRUNE, build_state
+    from impl.methods.prunetrain import PruneTrainConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw = {"stem": stem, "num_classes": num_classes, "device": device}
+    dense = build_state("dense", model, **kw).model
+    pruned = build_state("prunetrain", model, **kw).model
+    x = torch.randn(batch, 3, image, image, device=device)
+    out = _layer_times(dense, pruned, PruneTrainConfig().threshold, x, repeats)
+    out["state"] = (
+        f"{model} at {image}x{image}, synthetic inputs; PruneTrain's state reconfigured from "
+        f"{PRUNETRAIN_CHANNEL_PRUNE:.0%} of the channels inside each residual path removed "
+        "(bench.method_states), not trained"
+    )
+    return out
+
+
+def _layer_times(
+    dense: torch.nn.Module,
+    pruned: torch.nn.Module,
+    threshold: float,
+    x: torch.Tensor,
+    repeats: int,
+) -> dict[str, Any]:
+    """Dense, union and gating fwd + bwd times of the last conv of each residual block (the
+    return value of :func:`union_gating_layer_times`) for the input batch ``x``."""
+    from impl.methods.prunetrain_gating import GatedConv
+
     mods_p, mods_d = dict(pruned.named_modules()), dict(dense.named_modules())
     names = [n for n in _last_convs(dense) if n in mods_p]
     x_pruned = _conv_inputs(pruned, names, x)
@@ -168,5 +215,5 @@ def union_gating_layer_times(
         raise ValueError("no residual-block convolution left to time")
     total = {k: sum(r[k] for r in layers) for k in ("dense_ms", "union_ms", "gating_ms")}
     return {"layers": layers, "conv_speedup_vs_dense": total["dense_ms"] / total["union_ms"],
-            "gating_over_union": total["gating_ms"] / total["union_ms"], "batch": batch,
-            "device": device_name()}  # fmt: skip
+            "gating_over_union": total["gating_ms"] / total["union_ms"],
+            "batch": int(x.shape[0]), "device": device_name()}  # fmt: skip

@@ -108,3 +108,33 @@ def test_smoke_report_opens_in_headless_chromium(tmp_path):
         assert probe["tables"] >= 1 and probe["empty_tables"] == 0, (page.name, probe)
         assert probe["images"] == images[page.name], (page.name, probe)
     assert _probe(index)["tables"] >= 2  # the claims, then the list of targets
+
+
+# Committed cpu-scale results whose figures are of the kinds the test above does not draw:
+# scatter (PruneTrain Figs. 8 and 10), heatmap (SDGP Fig. 8), trade-off and interval (the
+# cross-method table).
+REAL_TARGETS = ("prunetrain.fig8", "prunetrain.fig10", "sdgp.fig8", "cross.methods")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
+def test_committed_cpu_results_render_and_open_in_headless_chromium(tmp_path):
+    # Real results, rendered as `pdtbench report` renders them: every figure kind decodes in
+    # a browser and no table is empty.
+    from pathlib import Path
+
+    from impl.report.results import load_result
+
+    root = Path(__file__).resolve().parents[1] / "reports" / "cpu" / "results"
+    results = [load_result(root / t / "cpu") for t in REAL_TARGETS]
+    kinds = {f.kind for r in results for f in r.figures}
+    assert {"scatter", "heatmap", "tradeoff", "interval"} <= kinds
+    index = render_reports(results, tmp_path / "reports")
+    pages = {p.name: p for p in index.parent.glob("*.html")}
+    assert set(pages) == {"index.html", "prunetrain.html", "sdgp.html", "cross.html"}
+    for name in ("prunetrain.html", "sdgp.html", "cross.html"):
+        probe = _probe(pages[name])
+        assert probe["broken"] == 0, (name, probe)
+        assert probe["tables"] >= 1 and probe["empty_tables"] == 0, (name, probe)
+        want = sum(len(r.figures) for r in results if r.target.startswith(name[:-5] + "."))
+        assert probe["images"] == want, (name, probe)

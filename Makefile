@@ -50,10 +50,14 @@ bench-gpu: $(STAMP)
 ## Python and no wheels; every step runs, and the target fails if one failed).
 ## GPU_CHECK_INTO: where the results are unpacked (default: here).
 GPU_CHECK_BUDGET_S ?= 570
+## The conv cases (at the paper's 128 x 224 x 224 input, 90% sparsity) that time the implicit
+## conv and the SDDMM / transposed-SpMM gradients against cuDNN.
+GPU_CHECK_CONV_CASES ?= paper-1x128x224x224-fwd-s90 paper-1x128x224x224-fwdbwd-s90
 GPU_CHECK_INTO ?= .
 gpu-check: $(STAMP)
 	@out=$$(mktemp -d); rc=0; \
 	OUT=$$out PY=$(PY) WHEELS=0 BUDGET_S=$(GPU_CHECK_BUDGET_S) \
-	  KERNEL_BENCH_SUITES="csr spmm nm_prune pack" bash scripts/gpu/kernels.sh || rc=$$?; \
+	  KERNEL_BENCH_SUITES="csr spmm nm_prune pack" \
+	  KERNEL_BENCH_CONV_CASES="$(GPU_CHECK_CONV_CASES)" bash scripts/gpu/kernels.sh || rc=$$?; \
 	mkdir -p $(GPU_CHECK_INTO) && tar -xzf $$out/kernels.tar.gz -C $(GPU_CHECK_INTO) || rc=1; \
 	echo "gpu-check: results in $(GPU_CHECK_INTO)/reports/gpu/ (exit $$rc)"; rm -rf $$out; exit $$rc

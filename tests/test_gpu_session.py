@@ -113,8 +113,18 @@ def test_suites_parts_and_targets_named_by_the_scripts_exist():
     suites = set(re.findall(r"--suite (\w+)", _text("bench.sh"))) | set(kernel_suites.split())
     # make gpu-check: the kernel suites and csr, the suite of the pattern CSR conversion kernel
     makefile = (ROOT / "Makefile").read_text()
-    gpu_check = re.search(r'KERNEL_BENCH_SUITES="([^"]*)" bash scripts/gpu/kernels.sh', makefile)
+    gpu_check = re.search(r'KERNEL_BENCH_SUITES="([^"]*)" \\\n', makefile)
     assert set(gpu_check.group(1).split()) == set(kernel_suites.split()) | {"csr"}
+    # and two conv cases, for the implicit conv and the sparse-gradient kernels vs cuDNN
+    assert 'KERNEL_BENCH_CONV_CASES="$(GPU_CHECK_CONV_CASES)" bash scripts/gpu/kernels.sh' in (
+        makefile
+    )
+    conv_cases = re.search(r"GPU_CHECK_CONV_CASES \?= (.*)", makefile).group(1).split()
+    conv_pairs = {(c.name, i.name) for c, i in cases.pairs("conv", "gpu")}
+    for case in conv_cases:
+        timed = {i for c, i in conv_pairs if c == case}
+        assert {"cudnn_fp32@cuda", "pattern_conv2d[cuda]@cuda"} <= timed, case
+    assert any(c.endswith("fwdbwd-s90") for c in conv_cases)  # the SDDMM gradient path
     # every suite is measured by some step, but the Allreduce byte counts: deterministic, they
     # were measured once on the CPU and committed (no device minutes for them)
     assert suites == set(cases.SUITES) - {"allreduce"}

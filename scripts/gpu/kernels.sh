@@ -10,7 +10,8 @@
 #                local memory -> reports/gpu/kernels.json
 #   tests        pytest -m gpu tests/test_cuda_ops.py (slow ones too) -> reports/gpu/tests.{xml,log}
 #   kernel-bench bench.run --scale gpu, suites spmm, nm_prune and pack (with calibration; the rows
-#                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out)
+#                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out);
+#                then the conv cases of $KERNEL_BENCH_CONV_CASES, if any -> kernel-bench/conv/
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
 #   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM/implicit-conv tests and part
@@ -58,14 +59,22 @@ CUT_OK_STEPS="memcheck"   # made to run until its limit: cut there, it reads "cu
 # the kernel-bench suites (bench.sh's rows part times csr; make gpu-check adds it here)
 KERNEL_BENCH_SUITES=${KERNEL_BENCH_SUITES:-"spmm nm_prune pack"}
 KERNEL_BENCH_ARGS=$(for s in $KERNEL_BENCH_SUITES; do printf -- '--suite %s ' "$s"; done)
+# conv cases timed after those suites, into kernel-bench/conv (make gpu-check names two at the
+# paper's shape, so that the implicit-im2col conv and the SDDMM / transposed-SpMM gradients
+# are timed against cuDNN too; bench.sh times the whole conv suite in a session)
+KERNEL_BENCH_CONV_CASES=${KERNEL_BENCH_CONV_CASES:-}
+KERNEL_BENCH_CONV_ARGS=$(for c in $KERNEL_BENCH_CONV_CASES; do printf -- '--case %s ' "$c"; done)
 need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/cuda*)"; exit 3; }'
 
 common_steps
 step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
-step kernel-bench gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
-  $KERNEL_BENCH_ARGS--out \"$DEST/kernel-bench\""
+# (140 s: the suites' 45-75 s, and up to 25 s per conv case; a session's part budget clamps it)
+step kernel-bench gpu 140 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu \
+  $KERNEL_BENCH_ARGS--out \"$DEST/kernel-bench\"${KERNEL_BENCH_CONV_ARGS:+ && \
+  PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m bench.run --scale gpu --suite conv \
+  $KERNEL_BENCH_CONV_ARGS--out \"$DEST/kernel-bench/conv\"}"
 step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.py \
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
   --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""

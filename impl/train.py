@@ -474,6 +474,7 @@ class Trainer:
             bar.close()
         train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
         correct, seen = dp.reduce([int(correct), seen])
+        ctx.extra["epoch_samples"] = int(seen)  # every rank's samples this epoch
         ctx.last_loss = train_loss
         fwd = timer.times("fwd")
         bwd = timer.times("bwd")

@@ -134,6 +134,8 @@ def test_prunetrain_reconfiguration_rebuilds_ddp(job, tmp_path, monkeypatch):
     assert bytes_[-1] == ddp["parameters"] * 8
     one = single_run(tmp_path / "one", worker.PRUNETRAIN, True, monkeypatch)
     assert one["parameters"] == ddp["parameters"]
+    # Its training cost counts every rank's samples (it counted rank 0's half of each batch).
+    assert ddp["train_flops_run"] == pytest.approx(one["train_flops_run"], rel=1e-9)
     rel = worker.weights_rel_diff(job["out"] / "prunetrain64", tmp_path / "one")
     assert rel <= 1e-5, rel
 

@@ -238,7 +238,15 @@ class PruneTrain(Method):
         return loss + self.lam * gl
 
     def on_epoch_end(self, ctx: TrainContext) -> None:
-        """Account the epoch's cost; reconfigure (and grow the batch) when it is time."""
+        """Account the epoch's cost; reconfigure (and grow the batch) when it is time.
+
+        The epoch's samples are the Trainer's count over every rank (``epoch_samples``):
+        ``loss`` sees this rank's share of each batch only, so with several processes its
+        own count would leave out the other ranks' samples; it stands in where the Trainer
+        gives none (hooks driven by hand)."""
+        samples = ctx.extra.get("epoch_samples")
+        if isinstance(samples, int) and not isinstance(samples, bool):
+            self._samples = samples
         cost = self._costs(ctx)
         self.train_flops_run += cost["train_flops_per_sample"] * self._samples
         self.bn_bytes_run += cost["bn_bytes_per_sample"] * self._samples

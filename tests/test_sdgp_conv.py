@@ -23,6 +23,7 @@ from impl.methods.sdgp import (
     sdgp_convert,
     sdgp_modules,
     sdgp_plan,
+    sdgp_restore,
 )
 
 
@@ -378,6 +379,25 @@ def test_nondivisible_rule(rule):
         sdgp_plan(model, 2, 4, "crop")
 
 
+def test_restore_and_reconvert_to_dense_give_plain_convs_sharing_the_parameters():
+    # sdgp_restore undoes sdgp_convert; converting again with a plan that marks a converted
+    # layer dense makes it a plain conv again (it went on pruning at the old n:m).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 16, 3), nn.Conv2d(16, 12, 1))
+    weights = [m.weight for m in model]
+    x = torch.randn(2, 3, 9, 9)
+    want = model(x)
+    sdgp_convert(model, 2, 4)
+    assert list(sdgp_modules(model)) == ["1", "2"]
+    sdgp_convert(model, 2, 16, nondivisible="dense")  # 8 and 12 channels: not multiples of 16
+    assert list(sdgp_modules(model)) == ["1"] and sdgp_modules(model)["1"].m == 16
+    assert type(model[2]) is nn.Conv2d and model[2].weight is weights[2]
+    sdgp_restore(model)
+    assert not sdgp_modules(model) and all(type(m) is nn.Conv2d for m in model)
+    assert [m.weight for m in model] == weights
+    assert torch.equal(model(x), want)
+
+
 def test_convert_rejects_bad_arguments():
     with pytest.raises(ValueError, match="1 <= n <= m <= 32"):
         sdgp_convert(_tiny(), 3, 2)
@@ -435,6 +455,13 @@ def test_method_registry_setup_train_and_summary():
     assert t["est_saved_ms"] == pytest.approx(
         sum(r["dgrad_ms"] * 0.5 for r in t["layers"] if r["sparse"])
     )
+    # Fig. 10 rescales dense epoch times: the saving's share is of a dense iteration (it was
+    # of one with SDGP on, its pruning included, which understated the share)
+    assert t["iteration_ms_dense"] > 0
+    assert t["est_saved_fraction_of_iteration"] == pytest.approx(
+        t["est_saved_ms"] / t["iteration_ms_dense"]
+    )
+    assert sdgp_modules(model)  # timing the dense iteration left the model converted
 
 
 def test_method_summary_names_the_rescale_rule():

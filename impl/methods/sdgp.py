@@ -465,7 +465,8 @@ def sdgp_convert(
     The new modules share the original ``Parameter`` objects (an optimizer built before or
     after keeps working); forward is bit-identical; backward computes dL/dD from the N:M-pruned
     dL/dO and dL/dW, dL/db from the dense dL/dO (SDGP Sec. III-A). A conv already converted is
-    reconfigured. For ``method="random"`` all layers draw from one ``generator``; when none is
+    reconfigured, or made a plain conv again (:func:`plain_conv`) where the plan now marks it
+    dense. For ``method="random"`` all layers draw from one ``generator``; when none is
     given one is created on the model's device and seeded with ``seed``.
 
     ``backend="semi_structured"`` converts to :class:`impl.methods.sdgp_semi.SDGPSemiConv2d`
@@ -491,6 +492,9 @@ def sdgp_convert(
     generator = random_generator(model, method, generator, seed)
     for plan in plans:
         mod = model.get_submodule(plan.name)
+        if isinstance(mod, SDGPConv2d) and not plan.sparse:  # converted before, dense now
+            _set_submodule(model, plan.name, plain_conv(mod))
+            continue
         if type(mod) is SDGPConv2d:  # a semi-structured layer is replaced by the reference
             if plan.sparse:
                 mod.configure(n, m, method, rescale, generator, eps)
@@ -501,6 +505,38 @@ def sdgp_convert(
                 _set_submodule(model, plan.name, new)
             else:
                 raise ValueError("the model itself is a Conv2d: wrap it in a module to convert it")
+    return model
+
+
+def plain_conv(conv: nn.Conv2d) -> nn.Conv2d:
+    """A plain ``nn.Conv2d`` with ``conv``'s geometry and its parameters (shared, not copied):
+    an SDGP conv back to dense training (its forward was the same conv all along)."""
+    new = nn.Conv2d(
+        conv.in_channels,
+        conv.out_channels,
+        conv.kernel_size,  # type: ignore[arg-type]
+        stride=conv.stride,  # type: ignore[arg-type]
+        padding=conv.padding,  # type: ignore[arg-type]
+        dilation=conv.dilation,  # type: ignore[arg-type]
+        groups=conv.groups,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device="meta",  # nothing allocated: the parameters are conv's
+        dtype=conv.weight.dtype,
+    )
+    new.weight = conv.weight
+    new.bias = conv.bias
+    new.train(conv.training)
+    return new
+
+
+def sdgp_restore(model: nn.Module) -> nn.Module:
+    """Replace, in place, every SDGP conv of ``model`` by a :func:`plain_conv` sharing its
+    parameters: dense training again, the undoing of :func:`sdgp_convert`. Returns ``model``."""
+    for name in list(sdgp_modules(model)):
+        if not name:
+            raise ValueError("the model itself is an SDGP conv: restore it with plain_conv")
+        _set_submodule(model, name, plain_conv(model.get_submodule(name)))  # type: ignore[arg-type]
     return model
 
 
@@ -717,9 +753,11 @@ __all__ = [
     "nm_keep_mask",
     "nm_prune",
     "nm_prune_ref",
+    "plain_conv",
     "random_generator",
     "sdgp_conv_backward",
     "sdgp_convert",
     "sdgp_modules",
     "sdgp_plan",
+    "sdgp_restore",
 ]

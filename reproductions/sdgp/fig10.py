@@ -4,8 +4,11 @@ settings, from measured epoch times reduced by the data-gradient time the settin
 As the paper: the estimate takes real epoch times and subtracts SDGP's saving (the
 data-gradient share of the iteration divided by the sparsity ratio). Ours take the dense
 run's epoch times on the same machine and each setting's own accuracy curve, and the share
-measured by the SDGP run's profile at the end of training. Scales: smoke/cpu train ResNet-20
-on digits (target 90%); gpu ResNet-9 on digits and paper ResNet-9 on CIFAR-10 (94.5%).
+measured by the SDGP run's profile at the end of training: the data-gradient time saved over
+a dense iteration's time (timed with the convs made plain again; the profiles of runs before
+this rule divided by the iteration with SDGP's pruning on, which understated the share).
+Scales: smoke/cpu train ResNet-20 on digits (target 90%); gpu ResNet-9 on digits and paper
+ResNet-9 on CIFAR-10 (94.5%).
 """
 
 from __future__ import annotations

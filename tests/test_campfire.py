@@ -103,6 +103,9 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expect
         (dict(window_max_nonzero=0), "window_max_nonzero"),
         (dict(fc_block=0), "fc_block"),
         (dict(start_epoch=-1), "start_epoch"),
+        (dict(start_epoch=12), "nothing would be pruned"),
+        (dict(ck_scope="input_channel"), "applies to mask='ck' only"),
+        (dict(ck_scope="input_channel", mask="window"), "applies to mask='ck' only"),
     ],
     ids=[
         "final-1",
@@ -120,6 +123,9 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expect
         "window-cap-0",
         "fc-block-0",
         "start-neg",
+        "era-after-the-last-epoch",
+        "scope-with-combined",
+        "scope-with-window",
     ],
 )
 def test_validate_rejects_bad_config(options, match) -> None:
@@ -291,13 +297,16 @@ def test_loop_schedule_monotone_zeros_and_fixed_masks(mask) -> None:
     assert bool((fc_rows >= 1).all())
 
 
+@pytest.mark.parametrize("cap", [None, 2], ids=["uncapped", "cap-2"])
 @pytest.mark.parametrize("mask", ["window", "ck", "combined"], ids=["window", "ck", "combined"])
-def test_a_conv_layer_gets_the_configured_mask_type(mask) -> None:
+def test_a_conv_layer_gets_the_configured_mask_type(mask, cap) -> None:
+    # ... with the configured options (window_max_nonzero reaches the combined mask's window
+    # phase too: it was dropped there)
     from impl.methods.campfire_masks import ck_mask, combined_mask, window_mask
 
     torch.manual_seed(0)
     model = Tiny()
-    c = CampfireConfig(mask=mask)
+    c = CampfireConfig(mask=mask, window_max_nonzero=cap)
     method = Campfire(c)
     method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=9), "cpu"))
     conv = next(x for x in method.layers if x.module == "conv")
@@ -306,11 +315,15 @@ def test_a_conv_layer_gets_the_configured_mask_type(mask) -> None:
         "window": window_mask(w, 0.6, rounding=c.window_rounding,
                               max_nonzero=c.window_max_nonzero),
         "ck": ck_mask(w, 0.6, scope=c.ck_scope),
-        "combined": combined_mask(w, 0.6, c.window_fraction, rounding=c.window_rounding),
+        "combined": combined_mask(w, 0.6, c.window_fraction, rounding=c.window_rounding,
+                                  max_nonzero=c.window_max_nonzero),
     }  # fmt: skip
     got = method.layer_mask(model, conv, 0.6)
     assert torch.equal(got, by_type[mask])
-    assert all(not torch.equal(got, m) for k, m in by_type.items() if k != mask)
+    if cap is None:  # (capped at 2 of 9, window and combined coincide: 78% > 60% pruned)
+        assert all(not torch.equal(got, m) for k, m in by_type.items() if k != mask)
+    else:
+        assert int((got.flatten(2) != 0).sum(-1).max()) <= (9 if mask == "ck" else cap)
 
 
 def test_one_step_epochs_advance_the_schedule_a_whole_epoch_per_step() -> None:

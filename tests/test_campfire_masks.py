@@ -171,6 +171,18 @@ def test_combined_extremes() -> None:
     assert int((per_kernel == 0).sum()) == math.ceil(count_at(0.6, w.numel()) / 9)
 
 
+def test_combined_mask_window_phase_honours_the_nonzero_cap() -> None:
+    # window_max_nonzero caps every kernel's nonzeros in window pruning, alone or as the first
+    # phase of the combined mask (which ignored it); the CK phase only removes whole kernels.
+    w = _w((9, 7, 3, 3), seed=4)
+    capped = combined_mask(w, 0.3, 0.8, max_nonzero=2)
+    assert int(_nonzeros_per_kernel(capped).max()) <= 2
+    assert torch.equal(
+        combined_mask(w, 0.3, 1.0, max_nonzero=2), window_mask(w, 0.3, max_nonzero=2)
+    )
+    assert int(_nonzeros_per_kernel(combined_mask(w, 0.3, 0.8)).max()) > 2  # uncapped
+
+
 @pytest.mark.parametrize(
     "fn", [window_mask, ck_mask, combined_mask], ids=["window", "ck", "combined"]
 )

@@ -109,9 +109,11 @@ class CampfireConfig(MethodConfig):
         window_rounding: "layer" (exact layer sparsity, floor or ceil nonzeros per kernel) or
             "kernel" (the same count in every kernel); see ``window_mask``.
         window_max_nonzero: optional cap on the nonzeros per kernel (Algorithm 3's
-            ``max_non_zero``); None for none.
+            ``max_non_zero``) of window pruning, alone or as the first phase of "combined";
+            None for none.
         ck_scope: "layer" (rank all kernels of a layer together, the text) or "input_channel"
-            (rank per input channel, Algorithm 1's loops).
+            (rank per input channel, Algorithm 1's loops); the latter with ``mask="ck"`` only,
+            where it applies to the 1x1 convolutions too.
         prune_fc: prune linear layers too (Sec. 2.1.2).
         fc_block: block size n of block FC pruning, 1..4 (1: fine pruning only).
         fc_block_fraction: share of an FC layer's target reached by block pruning before fine
@@ -213,6 +215,11 @@ class Campfire(Method):
             raise ValueError(f"window_max_nonzero must be >= 1 or None, got {c.window_max_nonzero}")
         if c.ck_scope not in CK_SCOPES:
             raise ValueError(f"unknown ck_scope {c.ck_scope!r}; valid: {', '.join(CK_SCOPES)}")
+        if c.ck_scope != "layer" and c.mask != "ck":
+            raise ValueError(
+                f"ck_scope={c.ck_scope!r} applies to mask='ck' only (the combined mask ranks "
+                f"a layer's kernels together); got mask={c.mask!r}"
+            )
         if not isinstance(c.fc_block, int) or not 1 <= c.fc_block <= 4:
             raise ValueError(f"fc_block must be an int in 1..4 (n < 5), got {c.fc_block!r}")
         if not 0.0 <= c.fc_block_fraction <= 1.0:
@@ -229,6 +236,11 @@ class Campfire(Method):
             raise ValueError(
                 f"the pruning era (epochs {start} to {start + era}) ends after training "
                 f"({epochs} epochs); need start_epoch + era_epochs <= epochs"
+            )
+        if c.final_sparsity > 0 and start >= epochs:
+            raise ValueError(
+                f"the pruning era starts at epoch {start}, after the last epoch ({epochs - 1}): "
+                "nothing would be pruned; need start_epoch < epochs (or final_sparsity 0)"
             )
 
     # -- events -----------------------------------------------------------------------------
@@ -285,15 +297,21 @@ class Campfire(Method):
             return fc_mask(
                 w, sparsity, block=c.fc_block, block_fraction=c.fc_block_fraction, dead_inputs=dead
             )
-        if layer.kind == "pointwise":
-            return ck_mask(w, sparsity)
+        if layer.kind == "pointwise":  # CK on single-weight kernels (the ck mask's scope)
+            return ck_mask(w, sparsity, scope=c.ck_scope if c.mask == "ck" else "layer")
         if c.mask == "window":
             return window_mask(
                 w, sparsity, rounding=c.window_rounding, max_nonzero=c.window_max_nonzero
             )
         if c.mask == "ck":
             return ck_mask(w, sparsity, scope=c.ck_scope)
-        return combined_mask(w, sparsity, c.window_fraction, rounding=c.window_rounding)
+        return combined_mask(
+            w,
+            sparsity,
+            c.window_fraction,
+            rounding=c.window_rounding,
+            max_nonzero=c.window_max_nonzero,
+        )
 
     @torch.no_grad()
     def update_masks(self, model: nn.Module, sparsity: float) -> None:

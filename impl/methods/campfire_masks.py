@@ -418,10 +418,12 @@ def combined_mask(
     window_fraction: float = 0.8,
     *,
     rounding: str = "layer",
+    max_nonzero: int | None = None,
 ) -> torch.Tensor:
     """Combined pruning (Sec. 2.1.1, Appendix A, Algorithm 4 as the text describes it).
 
-    First window pruning (:func:`window_mask`) at ``window_fraction * sparsity``; then CK
+    First window pruning (:func:`window_mask`, with its ``rounding`` and ``max_nonzero``) at
+    ``window_fraction * sparsity``; then CK
     pruning of the window-pruned weights removes whole kernels, ranked by the ``max |w|`` of
     what the window left, smallest first, until the layer reaches ``round(s * N)`` pruned
     weights. A kernel removed in the second phase holds several kept weights, so the total can
@@ -434,7 +436,7 @@ def combined_mask(
     s = _check_sparsity(sparsity)
     wf = _check_sparsity(window_fraction, "window_fraction")
     at = _kernels_t(weight)
-    keep = _window_keep_t(at, wf * s, rounding, None)  # [R*S, K*C]
+    keep = _window_keep_t(at, wf * s, rounding, max_nonzero)  # [R*S, K*C]
     need = count_at(s, keep.numel()) - (keep.numel() - int(torch.count_nonzero(keep)))
     if need > 0:
         small = torch.int16 if keep.shape[0] < 2**15 else torch.int64

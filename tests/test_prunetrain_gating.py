@@ -151,3 +151,16 @@ def test_fig7_at_gpu_scale_times_the_papers_shapes_untrained():
         assert layer["gating_channels"] == layer["union_channels"]  # nothing more to drop
         assert all(layer[k] > 0 for k in ("dense_ms", "union_ms", "gating_ms"))
     assert t["batch"] == 2 and "not trained" in t["state"]
+
+
+def test_gating_keeps_a_channel_at_the_threshold_as_the_reconfiguration_does():
+    # Sec. 4.2 removes a channel whose weights are all below the threshold: one whose largest
+    # |w| equals it is kept by both the reconfiguration and the gating count (gating used >).
+    from impl.methods.prunetrain_gating import dense_channels
+
+    w = torch.zeros(4, 3, 1, 1)
+    w[0, 0] = 1.0
+    w[1, 1] = 1e-4  # exactly at the threshold
+    w[2, 2] = 0.99e-4  # below it
+    idx_out, idx_in = dense_channels(w, 1e-4)
+    assert idx_out.tolist() == [0, 1] and idx_in.tolist() == [0, 1]

@@ -23,8 +23,11 @@ from torch import nn
 
 def dense_channels(weight: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of the dense filters and of the dense input channels of a conv weight
-    [F, C/g, R, S]: those with some ``|w|`` above ``threshold`` (PruneTrain Sec. 4.2)."""
-    alive = weight.detach().abs() > threshold
+    [F, C/g, R, S]: those with some nonzero ``|w| >= threshold``, the rule of the
+    reconfiguration (PruneTrain Sec. 4.2 removes a channel whose weights are all below it);
+    an all-zero channel is never dense, also at ``threshold=0``."""
+    a = weight.detach().abs()
+    alive = (a >= threshold) & (a > 0)
     idx_out = alive.flatten(1).any(dim=1).nonzero().flatten()
     idx_in = alive.transpose(0, 1).flatten(1).any(dim=1).nonzero().flatten()
     return idx_out, idx_in

@@ -41,15 +41,19 @@ def test_judge_at_the_edges_two_seeds_and_an_interval_ending_on_the_bound():
     assert C.judge(claim, _ev(10.5, 12.0, n=C.MIN_N - 1)) == "inconclusive"
     assert C.judge(claim, _ev(8.0, 10.0)) == "inconclusive"  # touches the bound: not below it
     assert C.judge(_claim(higher_is_better=False), _ev(10.0, 12.0)) == "inconclusive"
-    zero = _claim(paper_value=-0.1, zero_bound=True)
-    assert C.judge(zero, _ev(-0.8, 0.0)) == "holds"  # an interval ending at 0 reaches it
 
 
-def test_judge_zero_bound_asks_only_whether_the_interval_reaches_zero():
-    claim = _claim(paper_value=-0.1, zero_bound=True)
-    assert C.judge(claim, _ev(-0.8, 0.2)) == "holds"
-    assert C.judge(claim, _ev(-0.8, -0.05)) == "does not hold"
-    assert C.judge(claim, None) == "not measured at this scale"
+def test_a_no_significant_loss_claim_is_judged_against_the_papers_margin():
+    # SDGP's "without significant loss" is "within 0.3% across all models" (Sec. V): a
+    # non-inferiority bound. An interval that merely reaches 0 used to count as "holds", so
+    # noisier data (a wider interval) made "holds" easier.
+    (sdgp,) = [c for c in C.CLAIMS if c.paper == "sdgp" and "significant loss" in c.claim]
+    assert sdgp.paper_value == -0.3 and sdgp.higher_is_better
+    assert C.judge(sdgp, _ev(-0.25, 0.4)) == "holds"
+    assert C.judge(sdgp, _ev(-0.9, -0.35)) == "does not hold"
+    assert C.judge(sdgp, _ev(-0.77, 0.21)) == "inconclusive"  # the committed cpu interval
+    assert C.judge(sdgp, _ev(-17.6, 14.1, n=2)) == "inconclusive"  # wide: never "holds"
+    assert C.judge(sdgp, None) == "not measured at this scale"
 
 
 def _row(row, metric, ours, sd=None, n=1, scale="cpu"):
@@ -86,10 +90,11 @@ def test_evaluate_reads_the_cross_table_and_marks_what_is_missing():
     # a ratio of two means without per-seed values is one number: no interval, no verdict
     assert slow["ours"] == pytest.approx(2.0) and slow["verdict"] == "inconclusive"
     assert slow["verdict_reason"] == C.NO_INTERVAL
-    assert rows["prunetrain: 40% fewer training FLOPs"]["verdict"] == "holds"  # CI [43.8, 46.2]
+    flops = [k for k in rows if k.startswith("prunetrain: 30% fewer training FLOPs")]
+    assert len(flops) == 1 and rows[flops[0]]["verdict"] == "holds"  # CI [43.8, 46.2] >= 30
     assert rows["campfire: under 1% accuracy loss at 70% sparsity"]["verdict"] == "holds"
     sdgp = rows["sdgp: 2:4 rescaled gradient pruning without significant loss of accuracy"]
-    assert sdgp["verdict"] == "holds" and "95% CI [-0.80, 0.20]" in sdgp["note"]
+    assert sdgp["verdict"] == "inconclusive" and "95% CI [-0.80, 0.20]" in sdgp["note"]
     fig9 = rows["clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"]
     assert fig9["verdict"] == "not measured at this scale" and fig9["ours"] is None
     assert fig9["n"] == 0 and fig9["ours_sd"] is None
@@ -285,9 +290,9 @@ def test_a_timing_measured_in_sweeps_is_judged_on_its_interval():
 
 
 def test_training_time_saved_is_paired_by_seed_from_wall_seconds():
-    claim = "prunetrain: 39% less end-to-end training time"
+    (claim,) = [c.paper + ": " + c.claim for c in C.CLAIMS if "training time at" in c.claim]
     seeds = [0, 1, 2]
-    dense, prune = [100.0, 110.0, 90.0], [60.0, 66.0, 55.0]  # 40%, 40%, 38.9% saved
+    dense, prune = [100.0, 110.0, 90.0], [76.0, 83.0, 69.0]  # 24%, 24.5%, 23.3% saved
     cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
         {**_row("dense", "wall_seconds", 100.0, 10.0, 3), "seeds": seeds, "values": dense},
         {**_row("prunetrain", "wall_seconds", 60.3, 5.5, 3), "seeds": seeds, "values": prune},
@@ -295,7 +300,7 @@ def test_training_time_saved_is_paired_by_seed_from_wall_seconds():
     row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[claim]
     saved = [100 * (1 - p / d) for p, d in zip(prune, dense)]
     assert row["ours"] == pytest.approx(sum(saved) / 3)
-    assert row["verdict"] == "inconclusive"  # 38.9-40% with n=3: the interval reaches below 39
+    assert row["verdict"] == "inconclusive"  # 23.3-24.5% with n=3: the interval straddles 24
     assert "paired over seeds [0, 1, 2]" in row["note"]
     rows = [_row("dense", "wall_seconds", 100.0), _row("prunetrain", "wall_seconds", 70.0)]
     one_seed = ResultSet(target="cross.methods", title="t", scale="cpu", rows=rows)
@@ -329,9 +334,7 @@ def test_a_seed_whose_timing_is_missing_is_left_out_of_the_pairing():
 def test_one_seed_is_never_judged_whatever_its_value(low, high, higher):
     claim = _claim(higher_is_better=higher)
     assert C.judge_why(claim, _ev(low, high, n=1), "cpu") == ("inconclusive", C.NO_INTERVAL)
-    assert C.judge(_claim(paper_value=-0.1, zero_bound=True), _ev(low, high, n=1)) == (
-        "inconclusive"
-    )
+    assert C.judge(_claim(paper_value=-0.3), _ev(low, high, n=1)) == "inconclusive"
     assert C.judge(claim, _ev(9.0, 11.0, n=2), "cpu") == "inconclusive"  # n=2: judged
 
 
@@ -374,7 +377,7 @@ def test_claims_table_names_the_bound_apart_from_the_published_number_and_our_se
     assert "Paper" not in frame.columns and "Tested against" in frame.columns
     assert {"Published", "Paper source", "Our setting", "Verdict"} <= set(frame.columns)
     sdgp = frame[frame["Claim"].str.startswith("sdgp: 2:4")].iloc[0]
-    assert sdgp["Tested against"] == "-0.1" and "95.2 vs 95.3" in sdgp["Published"]
+    assert sdgp["Tested against"] == "-0.3" and "95.2 vs 95.3" in sdgp["Published"]
     slow = frame[frame["Claim"] == NO_EXTRA_TIME].iloc[0]
     assert slow["Verdict"] == f"inconclusive: {C.NO_INTERVAL}"
     assert all(c.published for c in C.CLAIMS)

@@ -487,9 +487,11 @@ def row_metric(
     baseline: RowResult | None,
     table: dict[str, tuple[str, Callable]] | None = None,
 ) -> list[float]:
-    """Values of ``metric`` for each seed of a training row (seed-matched to the baseline;
-    the baseline's first run where it lacks that seed). Measurement rows return their value
-    (a number, or a list of numbers, one per repeat). ``table`` defaults to :data:`METRICS`."""
+    """Values of ``metric`` for each seed of a training row, seed-matched to the baseline: a
+    seed the baseline has no run of gets no value of a metric that needs the baseline (never
+    another seed's baseline, which would pair unlike runs). Measurement rows return their
+    value (a number, or a list of numbers, one per repeat). ``table`` defaults to
+    :data:`METRICS`."""
     table = METRICS if table is None else table
     if result.measured is not None:
         v = result.measured.get(result.row.measure_keys.get(metric, metric))
@@ -503,7 +505,7 @@ def row_metric(
     base_runs = _by_seed(baseline)
     out = []
     for run in result.runs:
-        base = base_runs.get(run.seed) or (baseline.runs[0] if baseline and baseline.runs else None)
+        base = base_runs.get(run.seed)  # None where the baseline's run of it is missing
         try:
             v = fn(run, base)
         except (AttributeError, KeyError, TypeError, ZeroDivisionError, IndexError):
@@ -709,6 +711,14 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             if not values and paper_value is None and (res.ok or metric != first):
                 continue  # the metric does not apply to this row (e.g. a delta of the baseline)
             mean, sd, n = _stat(values)
+            if res.measured is None and 0 < n < len(res.runs):
+                missing = len(res.runs) - n
+                note = (note + "; " if note else "") + (
+                    f"{missing} of {len(res.runs)} seeds without a value (no run of that seed "
+                    f"in {row.baseline!r}, or the run never reached it): the mean is over {n}"
+                    if row.baseline
+                    else f"{missing} of {len(res.runs)} seeds without a value: the mean is over {n}"
+                )
             entry = {
                 "row": row.label,
                 "metric": metric,

@@ -347,8 +347,9 @@ def test_row_metric_seed_matched_mean_and_unknown_metric():
     ours = RowResult(Row("x", baseline="dense"),
                      runs=[_run(1, top1=81.0, compression_ratio=4.0, inference_flops=25.0),
                            _run(2, top1=70.0)])  # fmt: skip
-    # seed 1 against the baseline's seed 1; seed 2 (absent there) against its first run
-    assert row_metric(ours, "delta_top1", base) == [pytest.approx(1.0), pytest.approx(-20.0)]
+    # seed 1 against the baseline's seed 1; seed 2, absent there, has no delta (never one
+    # against another seed's run)
+    assert row_metric(ours, "delta_top1", base) == [pytest.approx(1.0)]
     assert row_metric(ours, "conv_sparsity", None)[0] == pytest.approx(75.0)
     assert row_metric(ours, "inference_flops_saved", base)[0] == pytest.approx(75.0)
     assert row_metric(ours, "iter_ms", None) == [7.0, 7.0]  # the whole iteration, step too
@@ -1159,3 +1160,21 @@ def test_fig10_generic_csr_product_is_the_library_product_without_extra_passes()
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
     assert torch.allclose(got, w @ b, atol=1e-5)
     assert torch.equal(got, again) and got.data_ptr() != again.data_ptr()  # a new result
+
+
+def test_a_seed_without_a_baseline_run_gets_no_value_and_the_row_says_so():
+    # A delta is each seed's value minus the baseline's of the same seed: where the baseline's
+    # run of a seed failed, that seed has no value (it was paired with the baseline's first
+    # run, another seed), and the row's note counts the seeds left out.
+    dense = RowResult(Row("dense", "dense"), runs=[_run(s, top1=90.0 + s) for s in (0, 1, 2)])
+    method_row = Row("m", "sdgp", baseline="dense")
+    method = RowResult(method_row, runs=[_run(s, top1=89.0 + s) for s in range(5)])
+    assert row_metric(method, "delta_top1", dense) == [-1.0, -1.0, -1.0]
+    assert len(row_metric(method, "top1", dense)) == 5  # a metric of the run alone: every seed
+    target = Target(key="cross.test", title="t", description="d",
+                    rows=lambda scale: [dense.row, method_row],
+                    metrics=("delta_top1",))  # fmt: skip
+    rows = compare_rows(target, [dense, method], "cpu")
+    (entry,) = [r for r in rows if r["row"] == "m" and r["metric"] == "delta_top1"]
+    assert entry["n"] == 3 and entry["ours"] == -1.0 and "seeds" not in entry  # not paired
+    assert "2 of 5 seeds without a value" in entry["note"] and "'dense'" in entry["note"]

@@ -365,7 +365,10 @@ def test_metrics_summary_and_cost() -> None:
     assert row["true_sparsity"] == pytest.approx(0.5, abs=9 / 372)
     assert set(row["layer_sparsity"]) == {"conv", "point", "fc"}
     assert 0 < row["true_conv_sparsity"] < row["true_sparsity"]  # the dense stem dilutes it
-    assert row["train_flops_nominal"] < row["train_flops_executed"]
+    # the epoch's training FLOPs are the Trainer's (its start/end mean), not overwritten with
+    # the cost at the epoch's end, the sparsest point of an era epoch
+    assert "train_flops_nominal" not in row and "train_flops_executed" not in row
+    assert row["inference_flops"] > 0
     cost = method.cost(model)
     for name, density in cost.items():
         assert isinstance(density, LayerDensity)

@@ -364,15 +364,17 @@ class Campfire(Method):
         }
 
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
-        """True sparsity per layer and overall; per-sample training FLOPs, nominal and executed."""
+        """True sparsity per layer and overall; the inference FLOPs of the model as the epoch
+        ends. The epoch's training FLOPs are the Trainer's (the mean of the cost as the epoch
+        began and ended): the cost at its end alone, the sparsest point of an epoch in the
+        pruning era, overstated the run's saving (42.1% against 38.8% step by step, at the
+        cpu scale's schedule)."""
         row = self.sparsity_report(ctx.model)
         try:
             from impl.flops import training_flops
         except ImportError:  # pragma: no cover - impl.flops ships with the package
             return row
         report = training_flops(ctx.model, ctx.input_shape, density=self.cost(ctx.model))
-        row["train_flops_nominal"] = report.total
-        row["train_flops_executed"] = report.executed.total
         row["inference_flops"] = report.inference_flops
         return row
 

@@ -128,6 +128,19 @@ class TrainConfig:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
+        # torch's SGD and cross-entropy refuse these only once the run directory is written,
+        # which then holds a run that neither a retry nor --resume can continue
+        if not self.momentum >= 0:
+            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.label_smoothing <= 1:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {self.label_smoothing}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
+            raise ValueError(
+                f"max_steps_per_epoch must be >= 1 (unset: whole epochs), "
+                f"got {self.max_steps_per_epoch}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable)."""

@@ -952,7 +952,7 @@ def make_loaders(
     eval_batch_size: int = 512,
     drop_last: bool = False,
     num_workers: int = 8,
-    image_size: int = 32,
+    image_size: int | None = None,
     in_channels: int = 3,
     num_classes: int = 10,
     train_size: int = 2048,
@@ -974,8 +974,10 @@ def make_loaders(
         eval_batch_size: test images per batch.
         drop_last: drop the last incomplete training batch.
         num_workers: DataLoader workers (imagenet only).
-        image_size, in_channels, num_classes, train_size, test_size: shape and size of
-            the ``synthetic`` dataset (ignored by the others).
+        image_size: side of the images of ``digits`` and ``synthetic`` (None: 32 pixels);
+            the other datasets have their own and refuse it.
+        in_channels, num_classes, train_size, test_size: shape and size of the
+            ``synthetic`` dataset (ignored by the others).
 
     Raises:
         ValueError: unknown ``name`` (the message lists ``DATASETS``) or bad sizes.
@@ -987,6 +989,12 @@ def make_loaders(
     _check_batch_size(batch_size)
     _check_batch_size(eval_batch_size)
     _check_seed(seed)
+    if image_size is not None and name not in ("digits", "synthetic"):
+        raise ValueError(
+            f"image_size applies to digits and synthetic only; {name} has its own image size "
+            f"(got image_size={image_size})"
+        )
+    image_size = 32 if image_size is None else image_size
     if name == "imagenet":
         return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
     if name == "digits":

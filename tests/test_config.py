@@ -53,6 +53,11 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"warmup_fraction": 1.0}, r"warmup_fraction must be in \[0, 1\)"),
         ({"warmup_fraction": -0.1}, r"warmup_fraction must be in \[0, 1\)"),
         ({"threads": 0}, "threads must be >= 1"),
+        ({"momentum": -0.5}, "momentum must be >= 0"),
+        ({"weight_decay": -1.0}, "weight_decay must be >= 0"),
+        ({"label_smoothing": 2.0}, r"label_smoothing must be in \[0, 1\]"),
+        ({"max_steps_per_epoch": 0}, "max_steps_per_epoch must be >= 1"),
+        ({"max_steps_per_epoch": -1}, "max_steps_per_epoch must be >= 1"),
     ],
     ids=[
         "epochs",
@@ -68,6 +73,11 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "warmup-1",
         "warmup-neg",
         "threads-0",
+        "momentum-neg",
+        "weight-decay-neg",
+        "label-smoothing-2",
+        "max-steps-0",
+        "max-steps-neg",
     ],  # fmt: skip
 )
 def test_bad_values_are_rejected(kw, match):

@@ -671,3 +671,13 @@ def test_imagenet_ranks_read_only_their_shares(
     # step of the images' shape (ranks take every step together).
     assert [len(y) for _, y in train_loader(0, 5)] == [1, 1, 1, 1]
     assert [tuple(x.shape) for x, _ in train_loader(4, 5)] == [(0, 3, 8, 8)] * 4
+
+
+@pytest.mark.parametrize("name", ["mnist5k", "cifar10", "imagenet"])
+def test_image_size_is_refused_by_datasets_of_their_own_size(name, tmp_path):
+    # --image-size with mnist5k, cifar or imagenet was stored in the config (and the run's
+    # digest) and then ignored: the run trained at the dataset's own size.
+    with pytest.raises(
+        ValueError, match=f"image_size applies to digits and synthetic only; {name}"
+    ):
+        make_loaders(name, 32, data_dir=str(tmp_path), image_size=16)

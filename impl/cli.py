@@ -398,13 +398,15 @@ def _interrupt_hint(run_dir: Path):
     try:
         yield
     except KeyboardInterrupt:
-        from impl.rundir import CONFIG_FILE, read_metrics
+        from impl.rundir import CONFIG_FILE, load_checkpoint
 
         if not (run_dir / CONFIG_FILE).exists():
             raise Interrupted("interrupted before the run began; nothing was written") from None
-        try:
-            done = len(read_metrics(run_dir))
-        except (OSError, ValueError):
+        try:  # what resume keeps: the checkpoint's epochs (an epoch's metrics line is written
+            # before its checkpoint, so counting lines could claim one epoch too many)
+            state = load_checkpoint(run_dir)
+            done = int(state.get("epoch", 0)) if state else 0
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint: nothing to resume from
             done = 0
         kept = f"{done} finished epoch(s) are saved" if done else "no epoch had finished"
         raise Interrupted(

@@ -16,7 +16,8 @@ SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 #: One line per scale, for the command lines' help.
 SCALE_HELP = (
     "smoke: seconds, for tests; cpu: digits and small models, minutes on 2 cores; gpu: "
-    "the papers' shapes on one GPU; paper: the papers' full protocol (their datasets)"
+    "one GPU, deeper models on digits for longer (and, in the reproductions' timing figures, "
+    "the papers' shapes); paper: the papers' full protocol (their datasets)"
 )
 SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
 MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last", "auto")

@@ -462,9 +462,8 @@ class Trainer:
             correct += (out.detach().argmax(1) == y).sum()
             seen += y.numel()
             if bar is not None and (i % 5 == 0 or i == steps - 1):
-                ctx.last_loss = loss.item()
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(loss=f"{ctx.last_loss:.3f}", img_s=f"{rate:.0f}")
+                bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:.0f}")
             if bar is not None:
                 bar.update(1)
             model = dp.module(ctx)  # a method may have replaced it

@@ -102,7 +102,7 @@ def test_scale_help_says_what_each_scale_is_and_the_default(command, capsys):
     assert "smoke: seconds, for tests; cpu: digits and small models" in text
     assert "(default: cpu)" in text
     if command != "demo":
-        assert "gpu: the papers' shapes on one GPU" in text
+        assert "gpu: one GPU, deeper models on digits for longer" in text
 
 
 def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
@@ -368,14 +368,18 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
     out = tmp_path / "run"
 
     def interrupted_after_one_epoch(cfg, progress=True):
-        out.mkdir()
+        out.mkdir(exist_ok=True)
         rundir.write_json(out / rundir.CONFIG_FILE, cfg.to_dict())
         rundir.append_metrics(out, {"epoch": 0, "train_loss": 1.0})
+        rundir.save_checkpoint(out, {"epoch": 1}, cfg.digest())
+        rundir.append_metrics(out, {"epoch": 1, "train_loss": 0.9})  # its checkpoint: not yet
         raise KeyboardInterrupt
 
     monkeypatch.setattr(impl.train, "train", interrupted_after_one_epoch)
     assert cli.main([*SMOKE, "--out", str(out)]) == 130
     err = capsys.readouterr().err.strip()
+    # what resume keeps: the checkpoint's epochs, not the metrics lines (an epoch's line is
+    # written before its checkpoint)
     assert err == (
         f"pdtbench train: interrupted; 1 finished epoch(s) are saved: continue with "
         f"`pdtbench train --resume {out}`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -370,3 +371,24 @@ def test_complete_summary_is_the_summary_of_a_finished_run_only(tmp_path, conten
         (tmp_path / rundir.SUMMARY_FILE).write_text(content)
     got = rundir.complete_summary(tmp_path)
     assert got == ({"status": "complete", "top1": 91.0} if complete else None)
+
+
+def test_last_loss_is_the_last_epochs_mean_whatever_the_progress_display(tmp_path, monkeypatch):
+    # A plug-in reading ctx.last_loss saw values that depended on whether a progress bar was
+    # shown (it was updated every fifth step, only with the bar): now it is the mean training
+    # loss of the last finished epoch, NaN during the first, with or without the display.
+    from impl.methods.dense import Dense
+
+    seen: list[float] = []
+    monkeypatch.setattr(Dense, "after_step", lambda self, ctx: seen.append(ctx.last_loss))
+    runs = []
+    for progress in (True, False):
+        seen.clear()
+        train(_smoke_cfg(tmp_path / f"p{progress}", epochs=2), progress=progress)
+        runs.append(list(seen))
+    as_seen = [[None if math.isnan(v) else v for v in r] for r in runs]
+    assert as_seen[0] == as_seen[1]
+    steps = len(runs[1]) // 2
+    assert all(math.isnan(v) for v in runs[1][:steps])  # the first epoch: none finished yet
+    losses = [r["train_loss"] for r in rundir.read_metrics(tmp_path / "pFalse")]
+    assert runs[1][steps:] == [pytest.approx(losses[0])] * steps

@@ -58,7 +58,9 @@ class TrainContext:
         batch_size: the current training batch size (a method may change it; the Trainer
             rebuilds its loader and rescales the learning rate linearly when it does).
         input_shape: shape of one input sample, ``(C, H, W)``.
-        last_loss: the cross-entropy of the last batch (before regularisation).
+        last_loss: the mean training cross-entropy (before regularisation) of the last
+            finished epoch; NaN during the first. Set once per epoch, whatever the progress
+            display (a per-step value would cost a device sync every step).
         extra: free-form per-run scratch space for the method.
     """
 

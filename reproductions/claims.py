@@ -686,7 +686,8 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
             "At this scale: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + ".",
             "A verdict is about the scale that produced our number (see the Scale column), "
             "not about the paper's models, data and hardware. 'Tested against' is the bound "
-            "the rule compares with (0 for a claim of no loss, for instance); 'Published' is "
+            "the rule compares with (for a claim of little or no loss, the paper's margin); "
+            "'Published' is "
             "the paper's own number, with its citation; 'Our setting' names the setting of "
             "our runs where it differs from the paper's.",
             "Means over seeds, and the speed ratios measured in repeated sweeps (or per seed), "

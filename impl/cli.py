@@ -344,7 +344,9 @@ def cmd_train(argv: list[str]) -> int:
         device = TrainConfig.from_dict(read_json(saved)).device if saved.exists() else "auto"
         with _interrupt_hint(Path(args.resume)):
             summary = distributed.run_worker(
-                lambda: resume(args.resume, progress=progress), device, args.dist_timeout
+                lambda: resume(args.resume, progress=progress, data_dir=args.data_dir),
+                device,
+                args.dist_timeout,
             )
         _print_result(Path(args.resume), summary)
         return 0
@@ -374,7 +376,7 @@ def cmd_train(argv: list[str]) -> int:
 
 
 # What --resume may be given with: how to run, not what to train.
-_RESUME_FLAGS = ("resume", "no_progress", "nproc", "dist_timeout")
+_RESUME_FLAGS = ("resume", "no_progress", "nproc", "dist_timeout", "data_dir")
 
 
 def _flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, allowed) -> list[str]:

@@ -600,10 +600,14 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     return Trainer(cfg, progress=progress).run(resume=False)
 
 
-def resume(run_dir: str | os.PathLike, *, progress: bool = True) -> dict[str, Any]:
+def resume(
+    run_dir: str | os.PathLike, *, progress: bool = True, data_dir: str | None = None
+) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint; a complete run is returned as is.
 
     The result equals that of an uninterrupted run (same weights and metrics on the CPU).
+    ``data_dir``: where the dataset is now, for a run whose data moved (where it is read
+    from is not part of the run's identity); saved in its ``config.json`` for later resumes.
     """
     run_dir = Path(run_dir)
     config_path = run_dir / rundir.CONFIG_FILE
@@ -613,6 +617,9 @@ def resume(run_dir: str | os.PathLike, *, progress: bool = True) -> dict[str, An
     if summary is not None:
         return summary
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
+    if data_dir is not None and data_dir != cfg.data_dir:
+        cfg.data_dir = data_dir
+        rundir.write_json(config_path, cfg.to_dict())  # atomic; the digest leaves it out
     cfg.out = str(run_dir)
     return Trainer(cfg, progress=progress).run(resume=True)
 

@@ -526,3 +526,30 @@ def test_stdout_reader_gone_sees_a_pipe_whose_reader_closed(monkeypatch):
         assert not cli.stdout_reader_gone()
         os.close(read_fd)
         assert cli.stdout_reader_gone()
+
+
+def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, capsys):
+    # Where the dataset is read from is not part of the run: a run whose data moved can be
+    # resumed with --data-dir (it was refused as a change to the run), and the new place is
+    # saved for the next resume.
+    import impl.train
+    from impl import rundir
+
+    out = tmp_path / "run"
+    from impl.config import resolve
+
+    cfg = resolve("smoke", method="dense", out=str(out), data_dir=str(tmp_path / "old"))
+    out.mkdir()
+    rundir.write_json(out / rundir.CONFIG_FILE, cfg.to_dict())  # a run stopped before its end
+    seen = {}
+
+    def fake_run(self, resume=False):
+        seen.update(data_dir=self.cfg.data_dir, resume=resume, digest=self.cfg.digest())
+        return {"status": "complete", "top1": 1.0}
+
+    monkeypatch.setattr(impl.train.Trainer, "run", fake_run)
+    monkeypatch.setattr(cli, "_print_result", lambda *a: None)
+    new = str(tmp_path / "new")
+    assert cli.main(["train", "--resume", str(out), "--data-dir", new]) == 0
+    assert seen == {"data_dir": new, "resume": True, "digest": cfg.digest()}
+    assert rundir.read_json(out / rundir.CONFIG_FILE)["data_dir"] == new

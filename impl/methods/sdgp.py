@@ -109,6 +109,29 @@ def conv_grad(
     return grads[0] if which == "input" else grads[1]
 
 
+def _conv_like(cls: type[nn.Conv2d], conv: nn.Conv2d) -> Any:
+    """A ``cls`` (``nn.Conv2d`` or a subclass) with ``conv``'s geometry, mode and training flag,
+    holding ``conv``'s very parameters: built on the meta device, so nothing is allocated or
+    initialised."""
+    new = cls(
+        conv.in_channels,
+        conv.out_channels,
+        conv.kernel_size,  # type: ignore[arg-type]
+        stride=conv.stride,  # type: ignore[arg-type]
+        padding=conv.padding,  # type: ignore[arg-type]
+        dilation=conv.dilation,  # type: ignore[arg-type]
+        groups=conv.groups,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device="meta",
+        dtype=conv.weight.dtype,
+    )
+    new.weight = conv.weight
+    new.bias = conv.bias
+    new.train(conv.training)
+    return new
+
+
 class _SDGPConv2dFunction(torch.autograd.Function):
     """conv2d whose input gradient uses the pruned output gradient (SDGP, Fig. 2)."""
 
@@ -243,22 +266,7 @@ class SDGPConv2d(nn.Conv2d):
         int_padding = _explicit_padding(conv)
         if int_padding is None:
             raise ValueError(f"padding={conv.padding!r} pads asymmetrically; not supported")
-        new = cls(
-            conv.in_channels,
-            conv.out_channels,
-            conv.kernel_size,  # type: ignore[arg-type]
-            stride=conv.stride,  # type: ignore[arg-type]
-            padding=conv.padding,  # type: ignore[arg-type]
-            dilation=conv.dilation,  # type: ignore[arg-type]
-            groups=conv.groups,
-            bias=conv.bias is not None,
-            padding_mode=conv.padding_mode,
-            device="meta",  # nothing allocated or initialised: the parameters are conv's
-            dtype=conv.weight.dtype,
-        )
-        new.weight = conv.weight
-        new.bias = conv.bias
-        new.train(conv.training)
+        new = _conv_like(cls, conv)
         new._int_padding = int_padding
         new.configure(n, m, method, rescale, generator, eps)
         return new
@@ -511,23 +519,7 @@ def sdgp_convert(
 def plain_conv(conv: nn.Conv2d) -> nn.Conv2d:
     """A plain ``nn.Conv2d`` with ``conv``'s geometry and its parameters (shared, not copied):
     an SDGP conv back to dense training (its forward was the same conv all along)."""
-    new = nn.Conv2d(
-        conv.in_channels,
-        conv.out_channels,
-        conv.kernel_size,  # type: ignore[arg-type]
-        stride=conv.stride,  # type: ignore[arg-type]
-        padding=conv.padding,  # type: ignore[arg-type]
-        dilation=conv.dilation,  # type: ignore[arg-type]
-        groups=conv.groups,
-        bias=conv.bias is not None,
-        padding_mode=conv.padding_mode,
-        device="meta",  # nothing allocated: the parameters are conv's
-        dtype=conv.weight.dtype,
-    )
-    new.weight = conv.weight
-    new.bias = conv.bias
-    new.train(conv.training)
-    return new
+    return _conv_like(nn.Conv2d, conv)
 
 
 def sdgp_restore(model: nn.Module) -> nn.Module:

@@ -496,10 +496,14 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
         help="perturbations per pixel, on the [0, 1] scale of the raw images (default: 0 0.05 0.1)",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
+    p.add_argument(
+        "--data-dir",
+        help="where the runs' dataset is now, if it moved since training (default: the run's)",
+    )
     args = p.parse_args(argv)
     device = str(pick_device(args.device))
     for run_dir in args.run_dirs:
-        rows = eval_fgsm_run(run_dir, args.eps, device=device)
+        rows = eval_fgsm_run(run_dir, args.eps, device=device, data_dir=args.data_dir)
         for row in rows:
             print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")
     return 0

@@ -150,9 +150,14 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def eval_fgsm_run(
-    run_dir: str | os.PathLike, eps_list: Sequence[float], device: str = "cpu"
+    run_dir: str | os.PathLike,
+    eps_list: Sequence[float],
+    device: str = "cpu",
+    data_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """FGSM top-1 of a finished run's model on its test set, for each ``eps`` (pixel units).
+    ``data_dir``: where the run's dataset is now, where it moved since training (None: the
+    run's own).
 
     Refuses, with a ValueError, a directory that is not a finished run
     (:func:`check_finished_run`). Loads the model with :func:`impl.train.load_trained_model`,
@@ -173,7 +178,7 @@ def eval_fgsm_run(
         raise ValueError(f"eps_list needs values >= 0, got {list(eps_list)}")
     run_dir = Path(run_dir)
     check_finished_run(run_dir)
-    model, cfg = load_trained_model(run_dir, device=device)
+    model, cfg = load_trained_model(run_dir, device=device, data_dir=data_dir)
     _, test_loader, spec = make_loaders(
         cfg.data,
         cfg.batch_size,

@@ -625,13 +625,17 @@ def resume(
 
 
 def load_trained_model(
-    run_dir: str | os.PathLike, device: str = "cpu"
+    run_dir: str | os.PathLike, device: str = "cpu", data_dir: str | None = None
 ) -> tuple[nn.Module, TrainConfig]:
-    """Rebuild a run's model from its config and last checkpoint, in eval mode."""
+    """Rebuild a run's model from its config and last checkpoint, in eval mode. ``data_dir``:
+    where the run's dataset is now, if it moved (None: the run's own); the returned config
+    names it."""
     run_dir = Path(run_dir)
     cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
     digest = cfg.digest()  # of the run as trained, before the device is changed for loading
     cfg.device = device
+    if data_dir is not None:
+        cfg.data_dir = data_dir  # not part of the digest: the same run
     trainer = Trainer(cfg, progress=False)
     ctx, method, _, _, _ = trainer._build()
     method.setup(ctx)

@@ -117,7 +117,8 @@ def test_fgsm_rejects_bad_input() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [None, 16], ids=["default-32", "16"])
-def test_eval_fgsm_run_on_a_finished_run(tmp_path, size) -> None:
+def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
+    import impl.data
     from impl.config import resolve
     from impl.train import train
 
@@ -137,6 +138,14 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size) -> None:
     assert "pixel" in record["eps_units"]
     with pytest.raises(ValueError, match="eps_list"):
         eval_fgsm_run(run, [-1.0])
+    # a dataset that moved since training is read from where it is now
+    real, dirs = impl.data.make_loaders, []
+    monkeypatch.setattr(
+        impl.data, "make_loaders", lambda *a, **k: dirs.append(k["data_dir"]) or real(*a, **k)
+    )
+    moved = eval_fgsm_run(run, [0.0], data_dir=str(tmp_path / "moved"))
+    assert dirs == [str(tmp_path / "moved")] * 2  # the model's build and the test set
+    assert moved[0]["top1"] == rows[0]["top1"]
 
 
 @pytest.mark.parametrize(

@@ -712,13 +712,13 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 continue  # the metric does not apply to this row (e.g. a delta of the baseline)
             mean, sd, n = _stat(values)
             if res.measured is None and 0 < n < len(res.runs):
-                missing = len(res.runs) - n
-                note = (note + "; " if note else "") + (
-                    f"{missing} of {len(res.runs)} seeds without a value (no run of that seed "
-                    f"in {row.baseline!r}, or the run never reached it): the mean is over {n}"
+                why = (
+                    f" (no run of that seed in {row.baseline!r}, or the run never reached it)"
                     if row.baseline
-                    else f"{missing} of {len(res.runs)} seeds without a value: the mean is over {n}"
+                    else ""
                 )
+                left_out = f"{len(res.runs) - n} of {len(res.runs)} seeds without a value"
+                note = (note + "; " if note else "") + f"{left_out}{why}: the mean is over {n}"
             entry = {
                 "row": row.label,
                 "metric": metric,

@@ -61,7 +61,10 @@ class TrainContext:
         last_loss: the mean training cross-entropy (before regularisation) of the last
             finished epoch; NaN during the first. Set once per epoch, whatever the progress
             display (a per-step value would cost a device sync every step).
-        extra: free-form per-run scratch space for the method.
+        extra: free-form per-run scratch space for the method. The Trainer writes ``seed``
+            at setup and, before ``on_epoch_end``, the epoch's ``epoch_samples`` (training
+            samples over every rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per
+            iteration) and ``epoch_train_loss``.
     """
 
     model: nn.Module

@@ -244,9 +244,7 @@ class PruneTrain(Method):
         ``loss`` sees this rank's share of each batch only, so with several processes its
         own count would leave out the other ranks' samples; it stands in where the Trainer
         gives none (hooks driven by hand)."""
-        samples = ctx.extra.get("epoch_samples")
-        if isinstance(samples, int) and not isinstance(samples, bool):
-            self._samples = samples
+        self._samples = int(ctx.extra.get("epoch_samples", self._samples))
         cost = self._costs(ctx)
         self.train_flops_run += cost["train_flops_per_sample"] * self._samples
         self.bn_bytes_run += cost["bn_bytes_per_sample"] * self._samples

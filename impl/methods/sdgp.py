@@ -605,12 +605,7 @@ class SDGP(Method):
             raise ValueError(
                 f"unknown nondivisible {c.nondivisible!r}; valid: {', '.join(NONDIVISIBLE_RULES)}"
             )
-        try:
-            check_eps(c.rescale_eps)
-        except ValueError:
-            raise ValueError(
-                f"rescale_eps must be a finite number >= 0; got {c.rescale_eps!r}"
-            ) from None
+        check_eps(c.rescale_eps, "rescale_eps")
         if c.profile_repeats < 1:
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
         if c.backend not in BACKENDS:

@@ -79,12 +79,13 @@ def check_method(method: str, rescale: str) -> None:
         )
 
 
-def check_eps(eps: float) -> None:
+def check_eps(eps: float, name: str = "eps") -> None:
     """Raise ``ValueError`` unless ``eps`` (the rescale denominator's additive constant, Sec.
     III-B) is a finite real number >= 0: a negative one can divide by zero or flip a sign,
-    a NaN makes every rescaled value NaN, an infinite one every value zero."""
+    a NaN makes every rescaled value NaN, an infinite one every value zero. ``name`` names
+    it in the message."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+        raise ValueError(f"{name} must be a finite number >= 0; got {eps!r}")
 
 
 def _check_tensor(x: torch.Tensor, dim: int) -> int:

@@ -465,19 +465,13 @@ def conv_pattern_index(
 
 
 def _pair(v: int | Sequence[int], name: str = "value") -> tuple[int, int]:
-    """``v`` as two ints: an integer for both dims, or a sequence of two integers."""
-
-    def integer(e: Any) -> int:
-        if isinstance(e, (bool, str)):
-            raise TypeError
-        return operator.index(e)
-
+    """``v`` as two ints: an integer for both dims, or a sequence of two integers (bools and
+    strings are neither)."""
+    items = v if isinstance(v, Sequence) else (v, v)
     try:
-        if not isinstance(v, Sequence):
-            return (integer(v), integer(v))
-        if len(v) == 2:
-            return (integer(v[0]), integer(v[1]))
-    except TypeError:
+        if len(items) == 2 and not any(isinstance(e, (bool, str)) for e in items):
+            return (operator.index(items[0]), operator.index(items[1]))
+    except TypeError:  # not an integer (a float, a float tensor)
         pass
     raise ValueError(f"{name} must be an int or two ints, got {v!r}")
 

@@ -26,6 +26,11 @@ MEASURE_AT_SHAPE = "reproductions.prunetrain.measure:union_gating_layer_times_at
 BATCH = {"smoke": 4, "cpu": 32, "gpu": 64, "paper": 64}
 #: gpu scale: the paper's model and resolution (ImageNet ResNet-50), timed untrained.
 GPU_SHAPE = {"model": "resnet50", "image": 224, "stem": "imagenet", "num_classes": 1000}
+GPU_NOTE = (
+    "At gpu scale the models are not trained: PruneTrain's channels are removed at random "
+    "(half of those inside each residual path), so the layer shapes, not the channels a run "
+    "would keep, are the paper's."
+)
 
 
 def rows(scale: str) -> list[Row]:
@@ -69,22 +74,16 @@ TARGET = Target(
     metrics=("conv_speedup_vs_dense", "gating_over_union"),
     metric_units={"conv_speedup_vs_dense": "x", "gating_over_union": "x"},
     figures=figures,
-    notes=lambda scale: [
-        "conv_speedup_vs_dense: summed dense time over summed union time of the timed layers; "
-        "gating_over_union: summed gating time over summed union time (above 1: gating is "
-        "slower, as the paper finds).",
-        "Times at the smoke and cpu scales are CPU times of small layers; the paper's are a "
-        "V100's at ImageNet shapes.",
-        *(
-            [
-                "At gpu scale the models are not trained: PruneTrain's channels are removed at "
-                "random (half of those inside each residual path), so the layer shapes, not the "
-                "channels a run would keep, are the paper's."
-            ]
-            if scale == "gpu"
-            else []
-        ),
-    ],
+    notes=lambda scale: (
+        [
+            "conv_speedup_vs_dense: summed dense time over summed union time of the timed layers; "
+            "gating_over_union: summed gating time over summed union time (above 1: gating is "
+            "slower, as the paper finds).",
+            "Times at the smoke and cpu scales are CPU times of small layers; the paper's are a "
+            "V100's at ImageNet shapes.",
+        ]
+        + ([GPU_NOTE] if scale == "gpu" else [])
+    ),
 )
 
 

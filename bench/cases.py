@@ -550,6 +550,16 @@ def _nm_impls(dev: str) -> list[Impl]:
                 impl="cuda",
             )
         )
+    else:
+        out.append(
+            _impl(
+                "nm_prune[cpu]",
+                "impl.ops.nm_prune, compiled CPU kernel (one thread)",
+                dev,
+                "memory",
+                impl="cpu",
+            )
+        )
     return out
 
 
@@ -1184,11 +1194,11 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         except ImportError as exc:
             raise Unavailable(f"impl.ops.nm_prune is not in this build ({exc})") from exc
         mode = impl.options["impl"]
-        if mode == "cuda":
+        if mode in ("cuda", "cpu"):
             try:
-                nm_prune(xs[0][:1], p["n"], p["m"], p["method"], p["dim"], impl="cuda")
+                nm_prune(xs[0][:1], p["n"], p["m"], p["method"], p["dim"], impl=mode)
             except RuntimeError as exc:
-                raise Unavailable(f"nm_prune's CUDA kernel is not available: {exc}") from exc
+                raise Unavailable(f"nm_prune's {mode} kernel is not available: {exc}") from exc
 
         shape, dim = p["shape"], p["dim"]
         problem = f" O{math.prod(shape[:dim])} C{shape[dim]} I{math.prod(shape[dim + 1 :])} "

@@ -380,6 +380,9 @@ def collect() -> dict[str, Any]:
             "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
             "CUBLAS_WORKSPACE_CONFIG",
             "PYTORCH_NO_CUDA_MEMORY_CACHING",
+            # which N:M pruning path runs on the CPU (impl.ops.nm_cpu)
+            "PDT_CPU_KERNELS",
+            "CC",
         )
         if k in os.environ
     }

@@ -308,3 +308,12 @@ def test_bench_sees_a_gpu_through_torch_not_nvml(monkeypatch) -> None:
         assert cases._gpu_visible() is True and cases.resolve_scale() == "gpu"
     finally:
         cases._gpu_visible.cache_clear()
+
+
+def test_env_vars_record_what_changes_timings_or_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    monkeypatch.delenv("CC", raising=False)
+    got = env.collect()["env_vars"]
+    assert got["OMP_NUM_THREADS"] == "1" and got["PDT_CPU_KERNELS"] == "0"
+    assert "CC" not in got

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from impl.methods.sdgp import SDGP, SDGPConfig, SDGPConv2d, data_grad_density
+from impl.ops import nm_cpu
 from impl.ops.nm import nm_keep_mask, nm_prune, nm_prune_ref
 
 EPS = 1e-4
@@ -324,10 +325,13 @@ def test_random_reproducible_from_generator():
 # ---------------------------------------------------------------------------------------------
 # implementations and errors
 # ---------------------------------------------------------------------------------------------
-def test_auto_uses_reference_on_cpu_and_cuda_raises():
+def test_auto_on_cpu_is_the_compiled_kernel_or_the_reference_and_cuda_raises(monkeypatch):
     x = torch.randn(2, 8, 3, 3)
-    assert torch.equal(nm_prune(x, 2, 4, impl="auto"), nm_prune_ref(x, 2, 4))
     assert torch.equal(nm_prune(x, 2, 4, impl="ref"), nm_prune_ref(x, 2, 4))
+    if nm_cpu.is_available():
+        assert torch.equal(nm_prune(x, 2, 4, impl="auto"), nm_prune(x, 2, 4, impl="cpu"))
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    assert torch.equal(nm_prune(x, 2, 4, impl="auto"), nm_prune_ref(x, 2, 4))
     with pytest.raises(RuntimeError, match="CUDA kernel of nm_prune is not available"):
         nm_prune(x, 2, 4, impl="cuda")
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from impl.methods.base import Method, MethodConfig, TrainContext
+from impl.ops import nm_cpu
 from impl.ops.nm import (
     IMPLS,
     MAX_GROUP,
@@ -249,7 +250,9 @@ class SDGPConv2d(nn.Conv2d):
     rescale: str
     eps: float
     generator: torch.Generator | None
-    prune_impl: str = "auto"  # nm_prune's impl for CUDA gradients (CPU ones: the reference)
+    # nm_prune's impl: "auto" runs the CUDA kernel on CUDA gradients and the compiled CPU
+    # kernel (impl.ops.nm_cpu) on CPU ones, each where it loads; "ref" the reference.
+    prune_impl: str = "auto"
 
     @classmethod
     def from_conv(
@@ -315,25 +318,8 @@ class SDGPConv2d(nn.Conv2d):
                 impl=self.prune_impl,
                 eps=self.eps,
             )
-        else:  # the reference, which also returns the L1 sums when it has them at hand
-            check_nm(self.n, self.m)
-            check_method(self.prune_method, self.rescale)
-            dim = _check_tensor(grad_out, 1)
-            # Its fast path reads NCHW: a channels_last gradient (TrainConfig.memory_format)
-            # is copied there and back rather than pruned by the general path's many passes.
-            pruned, l1_dense, l1_pruned = _prune_ref(
-                grad_out.contiguous(),
-                self.n,
-                self.m,
-                self.prune_method,
-                dim,
-                self.rescale,
-                self.generator,
-                self.eps,
-                stats=True,
-            )
-            if not grad_out.is_contiguous():  # nm_prune's layout: the gradient's own
-                pruned = torch.empty_like(grad_out).copy_(pruned)
+        else:  # compiled or reference; each also returns the L1 sums when it has them
+            pruned, l1_dense, l1_pruned = self._prune_cpu(grad_out)
         with torch.no_grad():  # device-side sums: no host sync per step
             if l1_dense is None or l1_pruned is None:
                 l1_dense = grad_out.abs().sum(dtype=torch.float64)
@@ -342,6 +328,28 @@ class SDGPConv2d(nn.Conv2d):
             self._l1_pruned = self._l1_pruned + l1_pruned
         self.prune_calls += 1
         return pruned
+
+    def _prune_cpu(
+        self, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(pruned, sum|dL/dO|, sum|pruned|)`` of a CPU gradient: by the compiled kernel
+        where ``prune_impl`` allows it (``auto``, ``cpu``) and it applies, else the reference
+        (the sums ``None`` where it does not have them at hand)."""
+        check_nm(self.n, self.m)
+        check_method(self.prune_method, self.rescale)
+        dim = _check_tensor(grad_out, 1)
+        args = (self.n, self.m, self.prune_method, dim, self.rescale, self.generator, self.eps)
+        if self.prune_impl in ("auto", "cpu"):  # nm_prune's dispatch for CPU tensors
+            compiled = nm_cpu.nm_prune_cpu(grad_out, *args, stats=True)
+            if compiled is not None:
+                return compiled
+        # The reference's fast path reads NCHW: a channels_last gradient
+        # (TrainConfig.memory_format) is copied there and back rather than pruned by the
+        # general path's many passes.
+        pruned, l1_dense, l1_pruned = _prune_ref(grad_out.contiguous(), *args, stats=True)
+        if not grad_out.is_contiguous():  # nm_prune's layout: the gradient's own
+            pruned = torch.empty_like(grad_out).copy_(pruned)
+        return pruned, l1_dense, l1_pruned
 
     def _padded(self, input: torch.Tensor) -> tuple[torch.Tensor, Any, tuple[int, int]]:
         """``(input, padding, int_padding)`` for the autograd function: a padding mode other

@@ -39,9 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from impl.ops import nm_cpu
+
 PRUNE_METHODS: tuple[str, ...] = ("random", "magnitude", "rescaled")
 RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
-IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+IMPLS: tuple[str, ...] = ("auto", "ref", "cuda", "cpu")
 MAX_GROUP = 32  # the authors' kernel keeps one group per thread in registers, m <= 32
 RESCALE_EPS = 1e-4  # the constant of the authors' rescale rule
 
@@ -145,13 +147,15 @@ def nm_prune(
         x: a floating-point tensor (any layout; the output keeps the input's memory format).
             Not modified. Not part of an autograd graph: SDGP prunes gradients, so pass
             ``x.detach()`` (or call under ``torch.no_grad()``) for a tensor that requires
-            grad. NCHW and channels-last give bit-identical results on the reference path
-            (``impl="ref"``, and ``"auto"`` on CPU tensors), for every ``method``. On the
-            CUDA path they keep the same positions (bit for bit for ``"magnitude"``, the
-            same draw for ``"random"``); ``"rescaled"`` values may differ in the last bits
-            between layouts and from the reference (the factors' sums run in the kernel's
-            order: float32 rounding of the factor; docs/kernels.md gives the bound the GPU
-            tests check).
+            grad. NCHW and channels-last give bit-identical results on the CPU (the
+            reference, ``impl="ref"``, and the compiled kernel, which prunes a contiguous
+            copy), for every ``method``; the compiled kernel keeps the reference's positions
+            and, but for ``"rescaled"`` (last bits, :data:`impl.ops.nm_cpu.RESCALE_RTOL`), its
+            values. On the CUDA path they keep the same positions (bit for bit for
+            ``"magnitude"``, the same draw for ``"random"``); ``"rescaled"`` values may
+            differ in the last bits between layouts and from the reference (the factors'
+            sums run in the kernel's order: float32 rounding of the factor; docs/kernels.md
+            gives the bound the GPU tests check).
         n: elements kept per group, ``1 <= n <= m``.
         m: group size, ``m <= 32``.
         method: ``"random"``, ``"magnitude"`` or ``"rescaled"`` (rescaled magnitude).
@@ -162,8 +166,10 @@ def nm_prune(
             ``ValueError`` with every ``method``.
         generator: the random source of ``method="random"`` (reproducible draws); ``None``
             uses torch's global generator.
-        impl: ``"auto"`` (the CUDA kernel for CUDA tensors when it is available, the
-            reference otherwise), ``"ref"`` or ``"cuda"``.
+        impl: ``"auto"`` (the CUDA kernel for CUDA tensors, the compiled CPU kernel of
+            :mod:`impl.ops.nm_cpu` for CPU tensors, each where it is available and applies;
+            the reference otherwise), ``"ref"``, ``"cuda"`` or ``"cpu"`` (the compiled CPU
+            kernel; the reference for what it does not take: other dtypes, NaN magnitudes).
         eps: the additive constant of the rescale denominator (authors: ``1e-4``).
 
     Returns:
@@ -175,7 +181,8 @@ def nm_prune(
             ``x`` that requires grad while grad mode is on, a bad ``dim``, an unknown
             ``method``, ``rescale`` (whatever the method) or ``impl``, an ``eps`` that is
             not a finite number >= 0.
-        RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available.
+        RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available, ``impl="cpu"``
+            for a tensor not on the CPU or where the compiled CPU kernel does not build.
     """
     check_nm(n, m)
     check_method(method, rescale)
@@ -183,6 +190,17 @@ def nm_prune(
     dim = _check_tensor(x, dim)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl in ("auto", "cpu") and not x.is_cuda:
+        compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps)
+        if compiled is not None:
+            return compiled[0]
+        if impl == "cpu" and (x.device.type != "cpu" or not nm_cpu.is_available()):
+            why = "a tensor on " + x.device.type if x.device.type != "cpu" else None
+            raise RuntimeError(
+                f"the compiled CPU path of nm_prune is not available "
+                f"({why or nm_cpu.unavailable_reason()}); use impl='ref' or impl='auto'"
+            )
+        return nm_prune_ref(x, n, m, method, dim, rescale, generator, eps=eps)
     if impl != "ref":
         cuda = _load_cuda() if x.is_cuda else None
         if cuda is not None:

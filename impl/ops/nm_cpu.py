@@ -1,0 +1,225 @@
+"""The compiled CPU path of N:M pruning (SDGP Sec. III-A, Algorithm 1, and III-B).
+
+:func:`impl.ops.nm.nm_prune_ref` defines the op in torch operations: per group offset one
+comparison and two updates over the whole tensor, then the masks, the values and the rescale
+sums, so that on the gradients of a small network the op costs far more in per-operation
+overhead than in arithmetic (ResNet-20 at 16x16, batch 32, one core: 52-81 ms of a step of
+82-89 ms without pruning, rescaled 2:4 to 16:32; docs/kernels.md). ``impl/cpu/nm_prune.c``
+computes the same op in one pass per group of ``m`` channels (15-17 ms there). It is
+compiled at first use by the system C compiler (``$CC``, else ``cc``; ``-O3``, no
+fast-math) into a cache directory (``$PDT_CPU_KERNEL_CACHE``, else
+``~/.cache/pdtbench/cpu-kernels``) under a name that hashes the source, the compiler and its
+flags, and loaded with :mod:`ctypes`. No torch headers: compiling takes about a second.
+
+What it computes against the reference: the same kept positions for every method; for
+``magnitude`` and ``random`` the same values bit for bit; for ``rescaled`` each plane's (or
+channel's) two L1 sums are accumulated in float64 and rounded to the input's type, where the
+reference sums in the input's type in torch's order, so a rescaled value may differ from the
+reference's in its last bits (relative difference below :data:`RESCALE_RTOL` for float32).
+
+It runs on one thread (on large tensors and many cores the reference's multi-threaded
+operations may be faster: ``impl="ref"``). Where it does not apply, :func:`nm_prune_cpu`
+returns ``None`` and the caller runs the reference: a dtype other than float32 and float64,
+a NaN magnitude (ranked as ``torch.sort`` ranks it), the plane rule along a dim after the
+second (its sums span dims before the grouping dim), a rescale with nothing to sum over. A
+failure to compile or load is logged once; ``PDT_CPU_KERNELS=0`` turns the path off (the
+reference then runs everywhere).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE: Path = Path(__file__).resolve().parent.parent / "cpu" / "nm_prune.c"
+CFLAGS: tuple[str, ...] = ("-O3", "-std=c11", "-shared", "-fPIC", "-Wall")
+# Bound on |rescaled - reference| / |reference| for float32 (sums of up to 2**20 terms in
+# another order; measured differences are a few units in the last place, ~1e-7).
+RESCALE_RTOL = 1e-5
+_RESULTS = {0: "ok", 1: "NaN magnitude", 2: "out of memory", 3: "bad arguments"}
+_RESCALE_CODES = {None: 0, "plane": 1, "channel": 2}
+_FUNCTIONS = {torch.float32: "pdt_nm_prune_float", torch.float64: "pdt_nm_prune_double"}
+
+
+def enabled() -> bool:
+    """Whether the compiled path may be used (``PDT_CPU_KERNELS`` is not ``0``)."""
+    return os.environ.get("PDT_CPU_KERNELS", "1") != "0"
+
+
+def cache_dir() -> Path:
+    """Where the compiled library is kept: ``$PDT_CPU_KERNEL_CACHE``, else
+    ``~/.cache/pdtbench/cpu-kernels``."""
+    env = os.environ.get("PDT_CPU_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "pdtbench" / "cpu-kernels"
+
+
+def compiler() -> str | None:
+    """The C compiler: ``$CC`` when set, else ``cc`` or ``gcc`` on the PATH (``None``: none)."""
+    cc = os.environ.get("CC")
+    if cc:
+        return cc
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def library_name(cc: str) -> str:
+    """File name of the library built by ``cc``: hashes the source, compiler and flags."""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(CFLAGS).encode()):
+        h.update(part)
+        h.update(b"\0")
+    h.update(platform.machine().encode())
+    return f"nm_prune-{h.hexdigest()[:16]}.so"
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile ``impl/cpu/nm_prune.c`` into ``directory`` (default :func:`cache_dir`) unless
+    the library of this source, compiler and flags is there already; returns its path.
+
+    The library is written under a temporary name and renamed, so processes building at once
+    never load a partial file. Raises ``RuntimeError`` (with the compiler's message) when
+    there is no compiler or it fails."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
+    directory = cache_dir() if directory is None else directory
+    target = directory / library_name(cc)
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        cmd = [cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The loaded library, or the reason it could not be built or loaded (logged once)."""
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        log.warning("the compiled CPU N:M pruning is unavailable, using the reference: %s", err)
+        return str(err)
+    i64, c_int, ptr, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
+    for name in _FUNCTIONS.values():
+        fn = getattr(lib, name)
+        fn.restype = c_int
+        fn.argtypes = [ptr, ptr, ptr, i64, i64, i64, c_int, c_int, c_int, dbl, ptr]
+    return lib
+
+
+def is_available() -> bool:
+    """Whether the compiled path is enabled and builds and loads here."""
+    return enabled() and not isinstance(_library(), str)
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled path cannot run (``None`` when it can)."""
+    if not enabled():
+        return "turned off by PDT_CPU_KERNELS=0"
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def nm_prune_cpu(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    method: str,
+    dim: int,
+    rescale: str,
+    generator: torch.Generator | None,
+    eps: float,
+    stats: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """:func:`impl.ops.nm.nm_prune` of a CPU tensor on checked arguments, by the compiled
+    kernel; ``None`` where it does not apply (see the module docstring) or is unavailable.
+
+    Returns ``(y, l1_x, l1_y)``: ``y`` in ``x``'s memory format; with ``stats`` the float64
+    sums ``sum|x|`` and ``sum|y|`` as 0-dim tensors (``None`` otherwise). ``random`` draws
+    its keys with :func:`impl.ops.nm._random_scores`, the reference's draw, so a generator in
+    the same state keeps the same positions on both paths.
+    """
+    from impl.ops.nm import _random_scores, _rescale_dims  # the reference's draw and rules
+
+    fn_name = _FUNCTIONS.get(x.dtype)
+    if fn_name is None or x.device.type != "cpu" or not is_available():
+        return None
+    rule = rescale if method == "rescaled" else None
+    if rule is not None:
+        reduce = _rescale_dims(x, dim, rule)
+        plane = [d for d in range(x.dim()) if d > dim]
+        if rule == "plane" and reduce != plane or not reduce:
+            return None  # a plane rule that also sums over dims before dim, or nothing to sum
+        if rule == "plane" and dim == 0:
+            rule = "channel"  # no batch dim: the plane is the whole channel
+    xc = x.contiguous()
+    o = math.prod(x.shape[:dim])
+    c = x.shape[dim]
+    i = math.prod(x.shape[dim + 1 :])
+    keys = None
+    if method == "random":  # drawn (O, I, C): the kernel reads them in that order
+        keys = _random_scores(x, dim, generator).transpose(1, 2).contiguous()
+    out = torch.empty_like(xc)
+    sums = (ctypes.c_double * 2)() if stats else None
+    lib = _library()
+    assert not isinstance(lib, str)
+    code = getattr(lib, fn_name)(
+        xc.data_ptr(),
+        None if keys is None else keys.data_ptr(),
+        out.data_ptr(),
+        o,
+        c,
+        i,
+        n,
+        m,
+        _RESCALE_CODES[rule],
+        float(eps),
+        None if sums is None else ctypes.addressof(sums),
+    )
+    if code == 1:
+        return None
+    if code != 0:
+        raise RuntimeError(f"compiled N:M pruning failed: {_RESULTS.get(code, code)}")
+    if not x.is_contiguous():
+        out = torch.empty_like(x).copy_(out)
+    if sums is None:
+        return out, None, None
+    l1_x, l1_y = (torch.tensor(v, dtype=torch.float64) for v in sums)
+    return out, l1_x, l1_y
+
+
+__all__ = [
+    "CFLAGS",
+    "RESCALE_RTOL",
+    "SOURCE",
+    "build",
+    "cache_dir",
+    "compiler",
+    "enabled",
+    "is_available",
+    "library_name",
+    "nm_prune_cpu",
+    "unavailable_reason",
+]

@@ -1,0 +1,188 @@
+"""The compiled CPU kernel of N:M pruning (impl/cpu/nm_prune.c via impl.ops.nm_cpu) against
+the torch reference that defines the op (SDGP Sec. III-A, III-B)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from impl.methods.sdgp import SDGPConv2d
+from impl.ops import nm_cpu
+from impl.ops.nm import nm_prune, nm_prune_ref
+
+needs_kernel = pytest.mark.skipif(
+    not nm_cpu.is_available(), reason=f"compiled CPU kernel: {nm_cpu.unavailable_reason()}"
+)
+
+CASES = [  # (shape, dim, n, m)
+    ((3, 12, 5, 7), 1, 2, 4),
+    ((3, 12, 5, 7), 1, 3, 6),
+    ((2, 16, 3, 5), 1, 2, 8),
+    ((2, 32, 3, 3), 1, 4, 32),
+    ((2, 32, 3, 3), 1, 16, 32),
+    ((2, 13, 3, 5), 1, 2, 4),  # partial last group of 1
+    ((2, 10, 3, 5), 1, 3, 4),  # partial last group of 2
+    ((2, 5, 2, 2), 1, 2, 32),  # one partial group only
+    ((4, 64, 4, 4), 1, 8, 16),
+    ((9, 20), 0, 2, 4),  # grouping dim first: the plane rule is the channel rule
+    ((5, 12, 3, 3), 2, 2, 4),  # grouping dim inside: the plane rule falls back
+    ((6, 10), -1, 1, 4),  # last dim: one element per plane
+]
+IDS = [f"{'x'.join(map(str, s))}-d{d}-{n}of{m}" for s, d, n, m in CASES]
+
+
+def _pair(x, n, m, method, dim, rule, seed=5):
+    got = nm_prune(x, n, m, method, dim, rule, torch.Generator().manual_seed(seed), impl="cpu")
+    want = nm_prune_ref(x, n, m, method, dim, rule, torch.Generator().manual_seed(seed))
+    return got, want
+
+
+@needs_kernel
+@pytest.mark.parametrize(("shape", "dim", "n", "m"), CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("method", ["magnitude", "random"])
+def test_same_positions_and_bits_as_the_reference(shape, dim, n, m, dtype, method):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
+    got, want = _pair(x, n, m, method, dim, "plane")
+    assert torch.equal(got, want)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("shape", "dim", "n", "m"), CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("rule", ["plane", "channel"])
+def test_rescaled_same_positions_values_to_the_last_bits(shape, dim, n, m, dtype, rule):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
+    got, want = _pair(x, n, m, "rescaled", dim, rule)
+    assert torch.equal(got != 0, want != 0)
+    rtol = nm_cpu.RESCALE_RTOL if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+
+
+@needs_kernel
+def test_where_it_applies_and_where_the_reference_runs():
+    x = torch.randn(4, 8, 3, 3)
+    args = (2, 4, "rescaled", 1, "plane", None, 1e-4)
+    assert nm_cpu.nm_prune_cpu(x, *args) is not None
+    assert nm_cpu.nm_prune_cpu(x.half(), *args) is None  # other dtypes: the reference
+    assert nm_cpu.nm_prune_cpu(x, 2, 4, "rescaled", 2, "plane", None, 1e-4) is None
+    assert nm_cpu.nm_prune_cpu(torch.randn(8), 2, 4, "rescaled", 0, "plane", None, 1e-4) is None
+    x[1, 2, 0, 0] = math.nan  # a NaN magnitude: ranked by the reference (torch.sort order)
+    assert nm_cpu.nm_prune_cpu(x, *args) is None
+    assert nm_cpu.nm_prune_cpu(x, 2, 4, "magnitude", 1, "plane", None, 1e-4) is None
+    for method in ("magnitude", "rescaled"):
+        got = nm_prune(x, 2, 4, method, impl="cpu")
+        assert torch.equal(got.isnan(), nm_prune_ref(x, 2, 4, method).isnan())
+        assert torch.equal(got.nan_to_num(), nm_prune_ref(x, 2, 4, method).nan_to_num())
+    # random ranks its own keys, so a NaN value is only carried
+    got, want = _pair(x, 2, 4, "random", 1, "plane")
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()) and got.isnan().sum() <= 1
+    half = torch.randn(2, 8, 3, 3).half()
+    assert torch.equal(nm_prune(half, 2, 4, impl="cpu"), nm_prune_ref(half, 2, 4))
+
+
+@needs_kernel
+def test_ties_infinities_and_signed_zeros_as_the_reference():
+    x = torch.tensor(
+        [[1.0, 1.0, 1.0, 1.0, -0.0, 0.0, -0.0, 0.0, math.inf, -math.inf, 2.0, math.inf]]
+    ).view(1, 12, 1)
+    for method in ("magnitude", "rescaled"):
+        got = nm_prune(x, 2, 4, method, impl="cpu")
+        want = nm_prune_ref(x, 2, 4, method)
+        assert torch.equal(got.isnan(), want.isnan())
+        same = got.nan_to_num() == want.nan_to_num()
+        assert bool(same.all())
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
+    kept = nm_prune(x, 2, 4, "magnitude", impl="cpu").view(-1)
+    assert kept[:4].tolist() == [1.0, 1.0, 0.0, 0.0]  # ties: the lowest index
+
+
+@needs_kernel
+def test_sums_channels_last_and_input_untouched():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, 5, 5, generator=gen)
+    before = x.clone()
+    out, l1_x, l1_y = nm_cpu.nm_prune_cpu(x, 2, 4, "rescaled", 1, "plane", None, 1e-4, True)
+    assert torch.equal(x, before)
+    assert l1_x.dtype == torch.float64
+    torch.testing.assert_close(l1_x, x.abs().sum(dtype=torch.float64), rtol=1e-12, atol=0)
+    torch.testing.assert_close(l1_y, out.abs().sum(dtype=torch.float64), rtol=1e-12, atol=0)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    got = nm_prune(cl, 2, 4, "rescaled", impl="cpu")
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, nm_prune(x, 2, 4, "rescaled", impl="cpu"))
+
+
+@needs_kernel
+def test_sdgp_conv_prunes_cpu_gradients_with_the_kernel_and_ref_opts_out(monkeypatch):
+    conv = torch.nn.Conv2d(4, 16, 3, padding=1)
+    x = torch.randn(3, 4, 6, 6, requires_grad=True)
+    original, seen = nm_cpu.nm_prune_cpu, []
+    monkeypatch.setattr(nm_cpu, "nm_prune_cpu", lambda *a, **k: seen.append(1) or original(*a, **k))
+    grads = {}
+    for impl in ("auto", "ref"):
+        layer = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+        layer.prune_impl = impl
+        seen.clear()
+        (g,) = torch.autograd.grad(layer(x).square().sum(), x)
+        grads[impl] = (g, layer.l1_ratio(), len(seen))
+    assert grads["auto"][2] == 1 and grads["ref"][2] == 0
+    assert torch.equal(grads["auto"][0], grads["ref"][0])  # magnitude: the same bits
+    assert grads["auto"][1] == pytest.approx(grads["ref"][1], rel=1e-12)
+    assert 0 < grads["auto"][1] < 1
+
+
+def test_turned_off_or_unbuildable_runs_the_reference(monkeypatch, tmp_path):
+    x = torch.randn(2, 8, 3, 3)
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    assert not nm_cpu.is_available()
+    assert "PDT_CPU_KERNELS=0" in nm_cpu.unavailable_reason()
+    assert nm_cpu.nm_prune_cpu(x, 2, 4, "rescaled", 1, "plane", None, 1e-4) is None
+    assert torch.equal(nm_prune(x, 2, 4), nm_prune_ref(x, 2, 4))
+    with pytest.raises(RuntimeError, match="compiled CPU path of nm_prune is not available"):
+        nm_prune(x, 2, 4, impl="cpu")
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    with pytest.raises(RuntimeError, match="failed"):
+        nm_cpu.build(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no partial library left behind
+
+
+@pytest.mark.skipif(nm_cpu.compiler() is None, reason="no C compiler")
+def test_build_is_cached_by_source_compiler_and_flags(tmp_path, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    first = nm_cpu.build(tmp_path)
+    assert first.parent == tmp_path and first.name.startswith("nm_prune-")
+    stamp = first.stat().st_mtime_ns
+    assert nm_cpu.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
+    assert nm_cpu.library_name("some-other-cc") != first.name
+    monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(tmp_path / "elsewhere"))
+    assert nm_cpu.cache_dir() == tmp_path / "elsewhere"
+    monkeypatch.delenv("PDT_CPU_KERNEL_CACHE")
+    assert nm_cpu.cache_dir() == Path.home() / ".cache" / "pdtbench" / "cpu-kernels"
+    assert os.access(first, os.R_OK)
+
+
+@needs_kernel
+def test_step_timing_script_prints_each_configuration():
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "sdgp_cpu_step.py"
+    bad = subprocess.run(
+        [sys.executable, str(script), "--steps", "2"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--steps" in bad.stderr
+    proc = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=script.parent.parent,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["2:4", "2:4", "8:16", "16:32"]
+    assert all("compiled" in ln and "no pruning" in ln for ln in lines)

@@ -186,3 +186,91 @@ def test_step_timing_script_prints_each_configuration():
     lines = proc.stdout.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == ["2:4", "2:4", "8:16", "16:32"]
     assert all("compiled" in ln and "no pruning" in ln for ln in lines)
+
+
+@needs_kernel
+def test_a_sum_beyond_float32_runs_the_reference():
+    # sum|x| of the plane is finite in float64 but rounds to inf in float32, where the
+    # reference's float32 sum saturates at the largest float: the reference runs.
+    x = torch.zeros(1, 4, 1, 3)
+    x[0, 0, 0] = torch.tensor([3.4028234663852886e38, 2.0**102, 2.0**102])
+    assert nm_cpu.nm_prune_cpu(x, 1, 4, "rescaled", 1, "plane", None, 1e-4) is None
+    assert torch.equal(nm_prune(x, 1, 4, "rescaled", impl="cpu"), nm_prune_ref(x, 1, 4))
+    assert bool(torch.isfinite(nm_prune(x, 1, 4, "rescaled", impl="cpu")).all())
+
+
+@needs_kernel
+def test_denormal_ties_rank_by_bits_whatever_the_denormal_mode():
+    x = torch.tensor([1, 1, 2, 3], dtype=torch.int32).view(torch.float32).view(1, 4, 1)
+    want = nm_prune_ref(x, 2, 4, "magnitude")
+    assert want.view(torch.int32).flatten().tolist() == [0, 0, 2, 3]
+    flushed = torch.set_flush_denormal(True)
+    try:
+        got = nm_prune(x, 2, 4, "magnitude", impl="cpu")
+    finally:
+        torch.set_flush_denormal(False)
+    if flushed:  # the CPU supports the mode: the kernel must not rank flushed values
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@needs_kernel
+def test_empty_tensors_and_other_devices():
+    for shape in ((0, 8, 3, 3), (2, 8, 0, 3), (2, 0, 3, 3)):
+        x = torch.empty(shape)
+        out, l1_x, l1_y = nm_cpu.nm_prune_cpu(x, 2, 4, "rescaled", 1, "plane", None, 1e-4, True)
+        assert out.shape == x.shape and float(l1_x) == 0.0 and float(l1_y) == 0.0
+        assert nm_prune(x, 2, 4, impl="cpu").shape == x.shape
+    meta = torch.empty(2, 8, 3, 3, device="meta")
+    with pytest.raises(RuntimeError, match="takes CPU tensors, got a tensor on meta"):
+        nm_prune(meta, 2, 4, impl="cpu")
+
+
+def test_sdgp_conv_counts_its_paths_and_cpu_raises_where_unavailable(monkeypatch):
+    from impl.methods.sdgp import prune_path_counts
+
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    model = torch.nn.Sequential(SDGPConv2d.from_conv(conv, 2, 4, "magnitude"))
+    layer = model[0]
+    for impl in ("ref", "auto", "auto"):
+        layer.prune_impl = impl
+        torch.autograd.grad(model(x).sum(), x)
+    auto_path = "cpu kernel" if nm_cpu.is_available() else "reference"
+    want = {"reference": 1, auto_path: 2} if auto_path != "reference" else {"reference": 3}
+    assert layer.prune_paths == want and prune_path_counts(model) == want
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    layer.prune_impl = "cpu"
+    with pytest.raises(RuntimeError, match="prune_impl='cpu'.*PDT_CPU_KERNELS=0"):
+        torch.autograd.grad(model(x).sum(), x)
+
+
+@pytest.mark.skipif(nm_cpu.compiler() is None, reason="no C compiler")
+def test_build_takes_a_compiler_with_arguments_and_says_why_it_cannot(tmp_path, monkeypatch):
+    import shutil
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    monkeypatch.setenv("CC", f"{gcc} -O2")  # a command with arguments, as ccache gcc
+    lib = nm_cpu.build(tmp_path / "args")
+    assert lib.exists() and (lib.stat().st_mode & 0o777) == 0o755  # loadable by other users
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(RuntimeError, match="could not run"):
+        nm_cpu.build(tmp_path / "missing")
+    unwritable = tmp_path / "file"
+    unwritable.write_text("not a directory")
+    monkeypatch.setenv("CC", gcc)
+    with pytest.raises(RuntimeError, match="cannot write the kernel cache"):
+        nm_cpu.build(unwritable / "cache")
+
+
+@pytest.mark.skipif(nm_cpu.compiler() is None, reason="no C compiler")
+def test_a_cached_library_that_does_not_load_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(tmp_path))
+    target = tmp_path / nm_cpu.library_name(nm_cpu.compiler())
+    target.write_bytes(b"truncated")
+    nm_cpu._library.cache_clear()
+    try:
+        assert nm_cpu.is_available(), nm_cpu.unavailable_reason()
+        assert target.stat().st_size > 1000
+    finally:
+        nm_cpu._library.cache_clear()  # the next test loads from the default cache again

@@ -22,6 +22,8 @@
 #define PDT_NAN 1    /* a NaN magnitude: the caller ranks with the reference (torch.sort order) */
 #define PDT_NOMEM 2  /* scratch allocation failed */
 #define PDT_ARGS 3   /* bad arguments */
+#define PDT_RANGE 4  /* a rescale sum finite in double but not in the input's type: the caller
+                      * runs the reference, whose sums saturate in that type's own order */
 
 enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
 
@@ -88,9 +90,13 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
         for (int64_t e = 0; e < len; ++e) yb[e] = xb[e] & (BITS)(-(BITS)(rank[e] < 0)); \
     }
 
-#define PDT_ABS_INTO(T, ABS)                                                            \
-    PDT_INLINE void abs_##T(const T *restrict x, T *restrict a, int64_t len) {              \
-        for (int64_t e = 0; e < len; ++e) a[e] = ABS(x[e]);                             \
+/* |x| as its bits (sign cleared): for non-NaN floats the integers order as the magnitudes,
+ * whatever the CPU's denormal mode (the reference's fast path ranks the same integers). */
+#define PDT_ABS_BITS(T, BITS)                                                            \
+    PDT_INLINE void abs_bits_##T(const T *restrict x, BITS *restrict a, int64_t len) {      \
+        const BITS *restrict xb = (const BITS *)x;                                      \
+        const BITS mag = (BITS)~((BITS)1 << (8 * sizeof(BITS) - 1));                      \
+        for (int64_t e = 0; e < len; ++e) a[e] = xb[e] & mag;                           \
     }
 
 #define PDT_SCALE(T)                                                                    \
@@ -106,22 +112,28 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
         return bad;                                                                     \
     }
 
-/* One entry point per value type T. x, out: contiguous (no, nc, ni) of T; rkeys: NULL, or
- * the float64 random keys, contiguous (no, ni, nc) (the order the reference draws them in); stats: NULL, or double[2] receiving
+/* One entry point per value type T (BITS: the unsigned integer of its width). x, out:
+ * contiguous (no, nc, ni) of T; rkeys: NULL, or the float64 random keys, contiguous
+ * (no, ni, nc) (the order the reference draws them in); stats: NULL, or double[2] receiving
  * sum|x| and sum|out|. eps is the rescale constant, converted to T as torch converts a
- * Python scalar. Returns PDT_OK, PDT_NAN (nothing usable written), PDT_NOMEM or PDT_ARGS. */
-#define PDT_PRUNE(T, ABS)                                                                 \
+ * Python scalar. Returns PDT_OK, or PDT_NAN / PDT_RANGE (out is not usable: the caller runs
+ * the reference), PDT_NOMEM or PDT_ARGS. */
+#define PDT_PRUNE(T, BITS)                                                                \
     PDT_CLONES int pdt_nm_prune_##T(const T *x, const double *rkeys, T *out, int64_t no, int64_t nc,   \
                          int64_t ni, int n, int m, int rescale, double eps, double *stats) { \
         if (no < 0 || nc < 0 || ni < 0 || n < 1 || m < n || m > 32) return PDT_ARGS;       \
         if (rescale < RESCALE_NONE || rescale > RESCALE_CHANNEL) return PDT_ARGS;          \
         const int64_t total = no * nc * ni;                                                 \
+        if (total == 0) { /* nothing to prune (empty tensors may come with NULL pointers) */ \
+            if (stats != NULL) stats[0] = stats[1] = 0.0;                                   \
+            return PDT_OK;                                                                  \
+        }                                                                                   \
         if ((rkeys == NULL || rescale != RESCALE_NONE) && has_nan_##T(x, total))            \
             return PDT_NAN;                                                                 \
         const T teps = (T)eps;                                                              \
         const size_t span = (size_t)m * (size_t)(ni > 0 ? ni : 1);                          \
         int32_t *rank = malloc(sizeof(int32_t) * span);                                     \
-        T *key = rkeys == NULL ? malloc(sizeof(T) * span) : NULL;                           \
+        BITS *key = rkeys == NULL ? malloc(sizeof(BITS) * span) : NULL;                     \
         double *rkey = rkeys != NULL ? malloc(sizeof(double) * span) : NULL;                \
         double *csum = rescale == RESCALE_CHANNEL                                           \
                            ? calloc(2 * (size_t)(nc > 0 ? nc : 1), sizeof(double))          \
@@ -134,6 +146,7 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
             free(csum);                                                                     \
             return PDT_NOMEM;                                                               \
         }                                                                                   \
+        int code = PDT_OK;                                                                  \
         for (int64_t o = 0; o < no; ++o) {                                                  \
             for (int64_t c0 = 0; c0 < nc; c0 += m) {                                        \
                 const int k = (int)(nc - c0 < m ? nc - c0 : m);                             \
@@ -150,8 +163,8 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
                                 rkey[(int64_t)j * ni + t] = rg[t * nc + j];                 \
                         rank_double(rkey, rank, k, n, ni);                                  \
                     } else {                                                                \
-                        abs_##T(xg, key, len);                                              \
-                        rank_##T(key, rank, k, n, ni);                                      \
+                        abs_bits_##T(xg, key, len);                                         \
+                        rank_##BITS(key, rank, k, n, ni);                                   \
                     }                                                                       \
                     select_##T(xg, rank, yg, len);                                          \
                 }                                                                           \
@@ -166,6 +179,10 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
                         continue;                                                           \
                     }                                                                       \
                     const T fx = (T)sx, fy = (T)sy;                                         \
+                    if ((isinf(fx) && !isinf(sx)) || (isinf(fy) && !isinf(sy))) {          \
+                        code = PDT_RANGE;                                                   \
+                        goto done;                                                          \
+                    }                                                                       \
                     scale_##T(yp, fy > 0 ? fx / (fy + teps) : (T)0, ni);                    \
                 }                                                                           \
             }                                                                               \
@@ -173,6 +190,11 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
         if (rescale == RESCALE_CHANNEL) {                                                   \
             for (int64_t c = 0; c < nc; ++c) {                                              \
                 const T fx = (T)csum[2 * c], fy = (T)csum[2 * c + 1];                       \
+                if ((isinf(fx) && !isinf(csum[2 * c])) ||                                   \
+                    (isinf(fy) && !isinf(csum[2 * c + 1]))) {                               \
+                    code = PDT_RANGE;                                                       \
+                    goto done;                                                              \
+                }                                                                           \
                 const T s = fy > 0 ? fx / (fy + teps) : (T)0;                               \
                 for (int64_t o = 0; o < no; ++o) scale_##T(out + (o * nc + c) * ni, s, ni); \
             }                                                                               \
@@ -181,24 +203,26 @@ enum { RESCALE_NONE = 0, RESCALE_PLANE = 1, RESCALE_CHANNEL = 2 };
             stats[0] = l1_##T(x, total);                                                    \
             stats[1] = l1_##T(out, total);                                                  \
         }                                                                                   \
+    done:                                                                                   \
         free(rank);                                                                         \
         free(key);                                                                          \
         free(rkey);                                                                         \
         free(csum);                                                                         \
-        return PDT_OK;                                                                      \
+        return code;                                                                        \
     }
 
 PDT_L1(float, fabsf)
 PDT_L1(double, fabs)
-PDT_RANK(float)
+PDT_RANK(uint32_t)
+PDT_RANK(uint64_t)
 PDT_RANK(double)
 PDT_SELECT(float, uint32_t)
 PDT_SELECT(double, uint64_t)
-PDT_ABS_INTO(float, fabsf)
-PDT_ABS_INTO(double, fabs)
+PDT_ABS_BITS(float, uint32_t)
+PDT_ABS_BITS(double, uint64_t)
 PDT_SCALE(float)
 PDT_SCALE(double)
 PDT_HAS_NAN(float)
 PDT_HAS_NAN(double)
-PDT_PRUNE(float, fabsf)
-PDT_PRUNE(double, fabs)
+PDT_PRUNE(float, uint32_t)
+PDT_PRUNE(double, uint64_t)

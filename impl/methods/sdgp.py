@@ -292,10 +292,24 @@ class SDGPConv2d(nn.Conv2d):
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        """Forget the L1 sums accumulated by :meth:`prune_grad`."""
+        """Forget the L1 sums accumulated by :meth:`prune_grad` (not :attr:`prune_paths`)."""
         self._l1_dense: torch.Tensor | float = 0.0
         self._l1_pruned: torch.Tensor | float = 0.0
         self.prune_calls = 0
+
+    @property
+    def prune_paths(self) -> dict[str, int]:
+        """Calls of :meth:`prune_grad` per path that pruned (``"cpu kernel"``, ``"reference"``,
+        ``"cuda tensor"``: nm_prune's dispatch by ``prune_impl``), since the layer was built;
+        compiled and reference rescaled values differ in their last bits, so a run says which
+        ran."""
+        paths = self.__dict__.get("_prune_paths")
+        if paths is None:
+            paths = self.__dict__["_prune_paths"] = {}
+        return paths
+
+    def _count_path(self, path: str) -> None:
+        self.prune_paths[path] = self.prune_paths.get(path, 0) + 1
 
     def l1_ratio(self) -> float:
         """sum|pruned dL/dO| / sum|dense dL/dO| since the last reset (NaN before any backward)."""
@@ -307,6 +321,7 @@ class SDGPConv2d(nn.Conv2d):
         """The pruned output gradient used for dL/dD (channels = dim 1)."""
         l1_dense = l1_pruned = None
         if grad_out.is_cuda:  # nm_prune's dispatch: the CUDA kernel where it loads
+            self._count_path("cuda tensor")
             pruned = nm_prune(
                 grad_out,
                 self.n,
@@ -334,7 +349,8 @@ class SDGPConv2d(nn.Conv2d):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``(pruned, sum|dL/dO|, sum|pruned|)`` of a CPU gradient: by the compiled kernel
         where ``prune_impl`` allows it (``auto``, ``cpu``) and it applies, else the reference
-        (the sums ``None`` where it does not have them at hand)."""
+        (the sums ``None`` where it does not have them at hand). ``prune_impl="cpu"`` raises
+        ``RuntimeError`` where the kernel cannot build, as ``nm_prune(impl="cpu")`` does."""
         check_nm(self.n, self.m)
         check_method(self.prune_method, self.rescale)
         dim = _check_tensor(grad_out, 1)
@@ -342,7 +358,14 @@ class SDGPConv2d(nn.Conv2d):
         if self.prune_impl in ("auto", "cpu"):  # nm_prune's dispatch for CPU tensors
             compiled = nm_cpu.nm_prune_cpu(grad_out, *args, stats=True)
             if compiled is not None:
+                self._count_path("cpu kernel")
                 return compiled
+            if self.prune_impl == "cpu" and not nm_cpu.is_available():
+                raise RuntimeError(
+                    "prune_impl='cpu': the compiled CPU path of nm_prune is not available "
+                    f"({nm_cpu.unavailable_reason()}); use prune_impl='ref' or 'auto'"
+                )
+        self._count_path("reference")
         # The reference's fast path reads NCHW: a channels_last gradient
         # (TrainConfig.memory_format) is copied there and back rather than pruned by the
         # general path's many passes.
@@ -540,6 +563,16 @@ def sdgp_restore(model: nn.Module) -> nn.Module:
     return model
 
 
+def prune_path_counts(model: nn.Module) -> dict[str, int]:
+    """Calls of each pruning path over the SDGP convs of ``model`` (:attr:`SDGPConv2d.prune_paths`),
+    e.g. ``{"cpu kernel": 6840}``: which code pruned the gradients of a run."""
+    total: dict[str, int] = {}
+    for mod in sdgp_modules(model).values():
+        for path, calls in mod.prune_paths.items():
+            total[path] = total.get(path, 0) + calls
+    return dict(sorted(total.items()))
+
+
 def sdgp_modules(model: nn.Module) -> dict[str, SDGPConv2d]:
     """The converted convs of ``model`` by qualified name."""
     return {k: v for k, v in model.named_modules() if isinstance(v, SDGPConv2d)}
@@ -687,6 +720,7 @@ class SDGP(Method):
             "sdgp_dense_layers": {p.name: p.reason for p in plan if not p.sparse},
             "sdgp_layers": [dataclasses.asdict(p) for p in plan],
             "sdgp_backend": c.backend,
+            "sdgp_prune_paths": prune_path_counts(ctx.model),
         }
         if c.backend == "semi_structured":
             from impl.methods.sdgp_semi import semi_summary
@@ -752,6 +786,7 @@ __all__ = [
     "random_generator",
     "sdgp_conv_backward",
     "sdgp_convert",
+    "prune_path_counts",
     "sdgp_modules",
     "sdgp_plan",
     "sdgp_restore",

@@ -190,15 +190,19 @@ def nm_prune(
     dim = _check_tensor(x, dim)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "cpu" and x.device.type != "cpu":
+        raise RuntimeError(
+            f"the compiled CPU path of nm_prune takes CPU tensors, got a tensor on "
+            f"{x.device.type}; use impl='auto'"
+        )
     if impl in ("auto", "cpu") and not x.is_cuda:
         compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps)
         if compiled is not None:
             return compiled[0]
-        if impl == "cpu" and (x.device.type != "cpu" or not nm_cpu.is_available()):
-            why = "a tensor on " + x.device.type if x.device.type != "cpu" else None
+        if impl == "cpu" and not nm_cpu.is_available():
             raise RuntimeError(
                 f"the compiled CPU path of nm_prune is not available "
-                f"({why or nm_cpu.unavailable_reason()}); use impl='ref' or impl='auto'"
+                f"({nm_cpu.unavailable_reason()}); use impl='ref' or impl='auto'"
             )
         return nm_prune_ref(x, n, m, method, dim, rescale, generator, eps=eps)
     if impl != "ref":

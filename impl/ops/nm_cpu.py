@@ -22,9 +22,13 @@ It runs on one thread (on large tensors and many cores the reference's multi-thr
 operations may be faster: ``impl="ref"``). Where it does not apply, :func:`nm_prune_cpu`
 returns ``None`` and the caller runs the reference: a dtype other than float32 and float64,
 a NaN magnitude (ranked as ``torch.sort`` ranks it), the plane rule along a dim after the
-second (its sums span dims before the grouping dim), a rescale with nothing to sum over. A
-failure to compile or load is logged once; ``PDT_CPU_KERNELS=0`` turns the path off (the
-reference then runs everywhere).
+second (its sums span dims before the grouping dim), a rescale with nothing to sum over, a
+rescale sum that fits float64 but not the input's type (the reference's sums saturate in
+that type, in its own order). Magnitudes are ranked by their integer bits, as the
+reference's fast path ranks them, so a flush-denormals mode does not change the positions.
+A failure to compile or load is logged once (a cached library that does not load is rebuilt
+once); ``PDT_CPU_KERNELS=0`` turns the path off (the reference then runs everywhere), and
+SDGP's run summary counts the calls of each path (``sdgp_prune_paths``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -50,7 +55,9 @@ CFLAGS: tuple[str, ...] = ("-O3", "-std=c11", "-shared", "-fPIC", "-Wall")
 # Bound on |rescaled - reference| / |reference| for float32 (sums of up to 2**20 terms in
 # another order; measured differences are a few units in the last place, ~1e-7).
 RESCALE_RTOL = 1e-5
-_RESULTS = {0: "ok", 1: "NaN magnitude", 2: "out of memory", 3: "bad arguments"}
+_RESULTS = {0: "ok", 1: "NaN magnitude", 2: "out of memory", 3: "bad arguments",
+            4: "a rescale sum beyond the input type's range"}  # fmt: skip
+_FALLBACK = (1, 4)  # codes after which the reference runs (nothing usable was written)
 _RESCALE_CODES = {None: 0, "plane": 1, "channel": 2}
 _FUNCTIONS = {torch.float32: "pdt_nm_prune_float", torch.float64: "pdt_nm_prune_double"}
 
@@ -68,8 +75,9 @@ def cache_dir() -> Path:
 
 
 def compiler() -> str | None:
-    """The C compiler: ``$CC`` when set, else ``cc`` or ``gcc`` on the PATH (``None``: none)."""
-    cc = os.environ.get("CC")
+    """The C compiler command: ``$CC`` when set (it may carry arguments, e.g. ``ccache gcc``),
+    else ``cc`` or ``gcc`` on the PATH (``None``: none)."""
+    cc = os.environ.get("CC", "").strip()
     if cc:
         return cc
     return shutil.which("cc") or shutil.which("gcc")
@@ -85,28 +93,37 @@ def library_name(cc: str) -> str:
     return f"nm_prune-{h.hexdigest()[:16]}.so"
 
 
-def build(directory: Path | None = None) -> Path:
+def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
     """Compile ``impl/cpu/nm_prune.c`` into ``directory`` (default :func:`cache_dir`) unless
     the library of this source, compiler and flags is there already; returns its path.
 
     The library is written under a temporary name and renamed, so processes building at once
-    never load a partial file. Raises ``RuntimeError`` (with the compiler's message) when
-    there is no compiler or it fails."""
+    never load a partial file; it is made readable by every user (mode 0755: a shared
+    cache). ``rebuild=True`` replaces a library that is there (one that failed to load).
+    Raises ``RuntimeError`` (with the compiler's message) when there is no compiler, it
+    cannot run, or it fails."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
     directory = cache_dir() if directory is None else directory
     target = directory / library_name(cc)
-    if target.exists():
+    if target.exists() and not rebuild:
         return target
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(fd)
     try:
-        cmd = [cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+        os.close(fd)
+    except OSError as err:
+        raise RuntimeError(f"cannot write the kernel cache {directory}: {err}") from err
+    try:
+        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.SubprocessError) as err:
+            raise RuntimeError(f"{' '.join(cmd)} could not run: {err}") from err
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
+        os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache load it
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -118,8 +135,11 @@ def build(directory: Path | None = None) -> Path:
 def _library() -> ctypes.CDLL | str:
     """The loaded library, or the reason it could not be built or loaded (logged once)."""
     try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except OSError:  # a cached library that does not load (truncated, foreign): rebuild
+            lib = ctypes.CDLL(str(build(rebuild=True)))
+    except (OSError, RuntimeError) as err:
         log.warning("the compiled CPU N:M pruning is unavailable, using the reference: %s", err)
         return str(err)
     i64, c_int, ptr, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
@@ -199,7 +219,7 @@ def nm_prune_cpu(
         float(eps),
         None if sums is None else ctypes.addressof(sums),
     )
-    if code == 1:
+    if code in _FALLBACK:
         return None
     if code != 0:
         raise RuntimeError(f"compiled N:M pruning failed: {_RESULTS.get(code, code)}")

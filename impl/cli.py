@@ -215,7 +215,9 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, help=say("memory_format"))
     p.add_argument("--threads", type=int, help=say("threads", default=False))
     p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
-    p.add_argument("--out", help="run directory (default: runs/<method>-<model>-<data>-<hash>)")
+    p.add_argument(
+        "--out", help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--nproc",

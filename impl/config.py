@@ -62,14 +62,16 @@ class TrainConfig:
             pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
             a GPU; off (the default), every choice is fixed and a rerun gives the same bits.
         memory_format: layout of the model's 4-D weights, and so of its activations and
-            gradients: "contiguous" (NCHW, the default), "channels_last" (NHWC: oneDNN's
+            gradients: "contiguous" (NCHW; the smoke, gpu and paper presets' default),
+            "channels_last" (NHWC: oneDNN's
             convolutions on a CPU skip a layout reorder per call; a dense ResNet-20 step at
             16x16, batch 32, one thread, 15-19% faster, docs/reproductions.md) or "auto"
             (the cpu preset: channels_last on a CPU for a method that gains from it,
             ``Method.channels_last_on_cpu``, else contiguous; the summary records which).
             Values differ from NCHW's in the last bits (other summation orders).
         threads: torch intra-op threads on CPU (None: torch's default).
-        max_steps_per_epoch: stop each epoch after this many iterations (smoke runs only).
+        max_steps_per_epoch: stop each epoch after this many iterations, at any scale
+            (None: every batch).
         out: the run directory.
     """
 

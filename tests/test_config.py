@@ -172,3 +172,14 @@ def test_method_class_names_the_valid_methods_for_an_unknown_one():
     assert {method_class(name).__name__ for name in METHODS} >= {"ClickTrain", "PruneTrain"}
     with pytest.raises(ValueError, match="valid methods: dense"):
         method_class("magic")
+
+
+def test_train_help_names_the_default_run_directory_as_it_is_made(capsys):
+    from impl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "runs/<method>-<model>-<data>-<scale>-<hash>" in text
+    cfg = resolve("smoke", method="dense", model="resnet20", data="digits")
+    assert cfg.default_out("runs") == f"runs/dense-resnet20-digits-smoke-{cfg.digest()}"

@@ -464,15 +464,23 @@ def _result_note(summary: dict[str, Any]) -> str | None:
 
 # -- env -------------------------------------------------------------------------------------------
 def cmd_env(argv: list[str]) -> int:
-    """``pdtbench env``: print what this machine is (versions, CPU, GPU, clocks)."""
+    """``pdtbench env``: print what this machine is (versions, CPU, GPU, clocks) and which
+    N:M pruning runs on CPU tensors (``nm_prune_cpu``: the compiled kernel or the reference,
+    with the reason)."""
     import json
 
     from impl.env import collect, format_env
+    from impl.ops import nm_cpu
 
     p = argparse.ArgumentParser(prog="pdtbench env", description="Describe this machine.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     info = collect()
+    # Which N:M pruning runs on CPU tensors (builds the compiled kernel when it can).
+    why = nm_cpu.unavailable_reason()
+    info["nm_prune_cpu"] = (
+        "compiled kernel (impl/cpu/nm_prune.c)" if why is None else f"torch reference: {why}"
+    )
     print(json.dumps(info, indent=2, default=str) if args.json else format_env(info))
     return 0
 

@@ -210,6 +210,19 @@ def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
     assert info["torch"] == __import__("torch").__version__
     assert cli.main(["env"]) == 0
     assert info["torch"] in capsys.readouterr().out
+    from impl.ops import nm_cpu
+
+    want = "compiled kernel" if nm_cpu.is_available() else "torch reference"
+    assert info["nm_prune_cpu"].startswith(want)
+
+
+def test_env_says_the_reference_prunes_when_the_kernel_is_off(capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    assert cli.main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["nm_prune_cpu"] == "torch reference: turned off by PDT_CPU_KERNELS=0"
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@
 McDanel, Dinh and Magallanes, "Accelerating DNN Training with Structured Data Gradient
 Pruning" (2022), Sec. III-A (Algorithm 1) and III-B. :func:`nm_prune` keeps ``n`` of every
 ``m`` consecutive elements along ``dim``; :func:`nm_prune_ref` is its torch reference, which
-defines the op, and :mod:`impl.ops.nm_cuda` its CUDA path. The method that applies it to
-every convolution's dL/dO during training is :mod:`impl.methods.sdgp`.
+defines the op, :mod:`impl.ops.nm_cuda` its CUDA path and :mod:`impl.ops.nm_cpu` its compiled
+CPU path. The method that applies it to every convolution's dL/dO during training is
+:mod:`impl.methods.sdgp`.
 
 Three pruning functions (Sec. III-B):
 

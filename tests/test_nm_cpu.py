@@ -274,3 +274,23 @@ def test_a_cached_library_that_does_not_load_is_rebuilt(tmp_path, monkeypatch):
         assert target.stat().st_size > 1000
     finally:
         nm_cpu._library.cache_clear()  # the next test loads from the default cache again
+
+
+@pytest.mark.skipif(nm_cpu.compiler() is None, reason="no C compiler")
+def test_an_unwritable_default_cache_builds_under_the_temporary_directory(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.write_text("a file, so nothing can be made under it")  # an unwritable home
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
+    monkeypatch.delenv("PDT_CPU_KERNEL_CACHE", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    nm_cpu._library.cache_clear()
+    try:
+        assert nm_cpu.is_available(), nm_cpu.unavailable_reason()
+        built = list(nm_cpu.fallback_cache_dir().glob("nm_prune-*.so"))
+        assert len(built) == 1 and nm_cpu.fallback_cache_dir().parent == tmp_path / "tmp"
+        monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(home / "cache"))  # the user's choice
+        nm_cpu._library.cache_clear()
+        assert "cannot write the kernel cache" in nm_cpu.unavailable_reason()
+    finally:
+        nm_cpu._library.cache_clear()

@@ -69,9 +69,17 @@ def enabled() -> bool:
 
 def cache_dir() -> Path:
     """Where the compiled library is kept: ``$PDT_CPU_KERNEL_CACHE``, else
-    ``~/.cache/pdtbench/cpu-kernels``."""
+    ``~/.cache/pdtbench/cpu-kernels`` (:func:`fallback_cache_dir` where that cannot be
+    written and the variable is unset)."""
     env = os.environ.get("PDT_CPU_KERNEL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "pdtbench" / "cpu-kernels"
+
+
+def fallback_cache_dir() -> Path:
+    """The per-user directory under the system's temporary directory used when the default
+    cache cannot be written (a read-only home)."""
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"pdtbench-cpu-kernels-{uid}"
 
 
 def compiler() -> str | None:
@@ -134,11 +142,21 @@ def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The loaded library, or the reason it could not be built or loaded (logged once)."""
+    directory = cache_dir()
     try:
         try:
-            lib = ctypes.CDLL(str(build()))
+            path = build(directory)
+        except RuntimeError as err:
+            if "cannot write the kernel cache" not in str(err):
+                raise
+            if os.environ.get("PDT_CPU_KERNEL_CACHE"):
+                raise  # the user's choice: say why it failed rather than build elsewhere
+            directory = fallback_cache_dir()
+            path = build(directory)
+        try:
+            lib = ctypes.CDLL(str(path))
         except OSError:  # a cached library that does not load (truncated, foreign): rebuild
-            lib = ctypes.CDLL(str(build(rebuild=True)))
+            lib = ctypes.CDLL(str(build(directory, rebuild=True)))
     except (OSError, RuntimeError) as err:
         log.warning("the compiled CPU N:M pruning is unavailable, using the reference: %s", err)
         return str(err)
@@ -239,6 +257,7 @@ __all__ = [
     "cache_dir",
     "compiler",
     "enabled",
+    "fallback_cache_dir",
     "is_available",
     "library_name",
     "nm_prune_cpu",

@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from impl.methods.base import Method, MethodConfig, TrainContext
-from impl.ops import nm_cpu
 from impl.ops.nm import (
     IMPLS,
     MAX_GROUP,
@@ -47,7 +46,7 @@ from impl.ops.nm import (
     RESCALE_EPS,
     RESCALE_RULES,
     _check_tensor,
-    _prune_ref,
+    _prune_cpu,
     check_eps,
     check_method,
     check_nm,
@@ -289,24 +288,17 @@ class SDGPConv2d(nn.Conv2d):
         check_eps(eps)
         self.n, self.m, self.prune_method, self.rescale = n, m, method, rescale
         self.generator, self.eps = generator, eps
+        # Calls of prune_grad per path that pruned ("cpu kernel", "reference", "cuda tensor":
+        # nm_prune's dispatch by prune_impl) since the layer was configured: compiled and
+        # reference rescaled values differ in their last bits, so a run says which ran.
+        self.prune_paths: dict[str, int] = {}
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        """Forget the L1 sums accumulated by :meth:`prune_grad` (not :attr:`prune_paths`)."""
+        """Forget the L1 sums accumulated by :meth:`prune_grad` (not ``prune_paths``)."""
         self._l1_dense: torch.Tensor | float = 0.0
         self._l1_pruned: torch.Tensor | float = 0.0
         self.prune_calls = 0
-
-    @property
-    def prune_paths(self) -> dict[str, int]:
-        """Calls of :meth:`prune_grad` per path that pruned (``"cpu kernel"``, ``"reference"``,
-        ``"cuda tensor"``: nm_prune's dispatch by ``prune_impl``), since the layer was built;
-        compiled and reference rescaled values differ in their last bits, so a run says which
-        ran."""
-        paths = self.__dict__.get("_prune_paths")
-        if paths is None:
-            paths = self.__dict__["_prune_paths"] = {}
-        return paths
 
     def _count_path(self, path: str) -> None:
         self.prune_paths[path] = self.prune_paths.get(path, 0) + 1
@@ -334,7 +326,14 @@ class SDGPConv2d(nn.Conv2d):
                 eps=self.eps,
             )
         else:  # compiled or reference; each also returns the L1 sums when it has them
-            pruned, l1_dense, l1_pruned = self._prune_cpu(grad_out)
+            check_nm(self.n, self.m)
+            check_method(self.prune_method, self.rescale)
+            dim = _check_tensor(grad_out, 1)
+            args = (self.n, self.m, self.prune_method, dim, self.rescale, self.generator)
+            pruned, l1_dense, l1_pruned, path = _prune_cpu(
+                grad_out, *args, self.eps, impl=self.prune_impl, stats=True, option="prune_impl"
+            )
+            self._count_path(path)
         with torch.no_grad():  # device-side sums: no host sync per step
             if l1_dense is None or l1_pruned is None:
                 l1_dense = grad_out.abs().sum(dtype=torch.float64)
@@ -343,36 +342,6 @@ class SDGPConv2d(nn.Conv2d):
             self._l1_pruned = self._l1_pruned + l1_pruned
         self.prune_calls += 1
         return pruned
-
-    def _prune_cpu(
-        self, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``(pruned, sum|dL/dO|, sum|pruned|)`` of a CPU gradient: by the compiled kernel
-        where ``prune_impl`` allows it (``auto``, ``cpu``) and it applies, else the reference
-        (the sums ``None`` where it does not have them at hand). ``prune_impl="cpu"`` raises
-        ``RuntimeError`` where the kernel cannot build, as ``nm_prune(impl="cpu")`` does."""
-        check_nm(self.n, self.m)
-        check_method(self.prune_method, self.rescale)
-        dim = _check_tensor(grad_out, 1)
-        args = (self.n, self.m, self.prune_method, dim, self.rescale, self.generator, self.eps)
-        if self.prune_impl in ("auto", "cpu"):  # nm_prune's dispatch for CPU tensors
-            compiled = nm_cpu.nm_prune_cpu(grad_out, *args, stats=True)
-            if compiled is not None:
-                self._count_path("cpu kernel")
-                return compiled
-            if self.prune_impl == "cpu" and not nm_cpu.is_available():
-                raise RuntimeError(
-                    "prune_impl='cpu': the compiled CPU path of nm_prune is not available "
-                    f"({nm_cpu.unavailable_reason()}); use prune_impl='ref' or 'auto'"
-                )
-        self._count_path("reference")
-        # The reference's fast path reads NCHW: a channels_last gradient
-        # (TrainConfig.memory_format) is copied there and back rather than pruned by the
-        # general path's many passes.
-        pruned, l1_dense, l1_pruned = _prune_ref(grad_out.contiguous(), *args, stats=True)
-        if not grad_out.is_contiguous():  # nm_prune's layout: the gradient's own
-            pruned = torch.empty_like(grad_out).copy_(pruned)
-        return pruned, l1_dense, l1_pruned
 
     def _padded(self, input: torch.Tensor) -> tuple[torch.Tensor, Any, tuple[int, int]]:
         """``(input, padding, int_padding)`` for the autograd function: a padding mode other
@@ -564,7 +533,7 @@ def sdgp_restore(model: nn.Module) -> nn.Module:
 
 
 def prune_path_counts(model: nn.Module) -> dict[str, int]:
-    """Calls of each pruning path over the SDGP convs of ``model`` (:attr:`SDGPConv2d.prune_paths`),
+    """Calls of each pruning path over the SDGP convs of ``model`` (their ``prune_paths``),
     e.g. ``{"cpu kernel": 6840}``: which code pruned the gradients of a run."""
     total: dict[str, int] = {}
     for mod in sdgp_modules(model).values():

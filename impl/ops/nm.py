@@ -197,15 +197,7 @@ def nm_prune(
             f"{x.device.type}; use impl='auto'"
         )
     if impl in ("auto", "cpu") and not x.is_cuda:
-        compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps)
-        if compiled is not None:
-            return compiled[0]
-        if impl == "cpu" and not nm_cpu.is_available():
-            raise RuntimeError(
-                f"the compiled CPU path of nm_prune is not available "
-                f"({nm_cpu.unavailable_reason()}); use impl='ref' or impl='auto'"
-            )
-        return nm_prune_ref(x, n, m, method, dim, rescale, generator, eps=eps)
+        return _prune_cpu(x, n, m, method, dim, rescale, generator, eps, impl=impl)[0]
     if impl != "ref":
         cuda = _load_cuda() if x.is_cuda else None
         if cuda is not None:
@@ -472,6 +464,42 @@ def _prune_ref(
     out = torch.empty_like(x)  # preserve_format: keeps NCHW / channels-last strides
     out.copy_(y)
     return out, None, None
+
+
+def _prune_cpu(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    method: str,
+    dim: int,
+    rescale: str,
+    generator: torch.Generator | None,
+    eps: float,
+    *,
+    impl: str = "auto",
+    stats: bool = False,
+    option: str = "impl",
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str]:
+    """:func:`nm_prune`'s dispatch for a tensor off the GPU, on checked arguments:
+    ``(y, l1_x, l1_y, path)``, by the compiled kernel (``path == "cpu kernel"``) where
+    ``impl`` (``"auto"``, ``"cpu"``; ``"ref"`` skips it) allows it and it applies, else by the
+    reference (``"reference"``; the sums ``None`` where it does not have them at hand).
+    The reference prunes a contiguous copy, whose fast path gives the general path's bits,
+    and the result takes ``x``'s layout. ``impl="cpu"`` raises ``RuntimeError`` where the
+    kernel cannot build; ``option`` names the setting in that message."""
+    if impl in ("auto", "cpu"):
+        compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps, stats)
+        if compiled is not None:
+            return (*compiled, "cpu kernel")
+        if impl == "cpu" and not nm_cpu.is_available():
+            raise RuntimeError(
+                f"{option}='cpu': the compiled CPU path of nm_prune is not available "
+                f"({nm_cpu.unavailable_reason()}); use {option}='ref' or {option}='auto'"
+            )
+    y, l1_x, l1_y = _prune_ref(x.contiguous(), n, m, method, dim, rescale, generator, eps, stats)
+    if not x.is_contiguous():
+        y = torch.empty_like(x).copy_(y)
+    return y, l1_x, l1_y, "reference"
 
 
 # Elements of x the fast path handles at once (a slice of whole samples, 2 MB of float32): its

@@ -37,7 +37,6 @@ import ctypes
 import functools
 import hashlib
 import logging
-import math
 import os
 import platform
 import shlex
@@ -200,7 +199,7 @@ def nm_prune_cpu(
     its keys with :func:`impl.ops.nm._random_scores`, the reference's draw, so a generator in
     the same state keeps the same positions on both paths.
     """
-    from impl.ops.nm import _random_scores, _rescale_dims  # the reference's draw and rules
+    from impl.ops.nm import _as_oci, _random_scores, _rescale_dims  # the reference's own
 
     fn_name = _FUNCTIONS.get(x.dtype)
     if fn_name is None or x.device.type != "cpu" or not is_available():
@@ -214,9 +213,7 @@ def nm_prune_cpu(
         if rule == "plane" and dim == 0:
             rule = "channel"  # no batch dim: the plane is the whole channel
     xc = x.contiguous()
-    o = math.prod(x.shape[:dim])
-    c = x.shape[dim]
-    i = math.prod(x.shape[dim + 1 :])
+    o, c, i = _as_oci(xc, dim).shape
     keys = None
     if method == "random":  # drawn (O, I, C): the kernel reads them in that order
         keys = _random_scores(x, dim, generator).transpose(1, 2).contiguous()

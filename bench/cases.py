@@ -554,7 +554,7 @@ def _nm_impls(dev: str) -> list[Impl]:
         out.append(
             _impl(
                 "nm_prune[cpu]",
-                "impl.ops.nm_prune, compiled CPU kernel (one thread)",
+                "impl.ops.nm_prune, compiled CPU kernel (on torch's threads)",
                 dev,
                 "memory",
                 impl="cpu",

@@ -166,24 +166,21 @@ def test_build_is_cached_by_source_compiler_and_flags(tmp_path, monkeypatch):
     assert os.access(first, os.R_OK)
 
 
-@needs_kernel
-def test_step_timing_script_prints_each_configuration():
+def _script(name, *args, check=True):
+    """Run ``scripts/<name>`` with ``args`` from the repository root; the finished process."""
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "sdgp_cpu_step.py"
-    bad = subprocess.run(
-        [sys.executable, str(script), "--steps", "2"], capture_output=True, text=True
-    )
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, str(root / "scripts" / name), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, cwd=root)
+
+
+@needs_kernel
+def test_step_timing_script_prints_each_configuration():
+    bad = _script("sdgp_cpu_step.py", "--steps", "2", check=False)
     assert bad.returncode == 2 and "--steps" in bad.stderr
-    proc = subprocess.run(
-        [sys.executable, str(script), "--rounds", "1", "--steps", "3"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=script.parent.parent,
-    )
-    lines = proc.stdout.strip().splitlines()
+    lines = _script("sdgp_cpu_step.py", "--rounds", "1", "--steps", "3").stdout.splitlines()
     assert [ln.split()[0] for ln in lines] == ["2:4", "2:4", "8:16", "16:32"]
     assert all("compiled" in ln and "no pruning" in ln for ln in lines)
 
@@ -294,3 +291,99 @@ def test_an_unwritable_default_cache_builds_under_the_temporary_directory(tmp_pa
         assert "cannot write the kernel cache" in nm_cpu.unavailable_reason()
     finally:
         nm_cpu._library.cache_clear()
+
+
+def _prune_with_threads(threads, x, method, rule):
+    """nm_prune_cpu on ``threads`` torch threads (restored after): its slices and result."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = nm_cpu.slices(x.numel(), x.shape[0], rule)
+        gen = torch.Generator().manual_seed(5)
+        out = nm_cpu.nm_prune_cpu(x, 2, 4, method, 1, rule or "plane", gen, 1e-4, True)
+    finally:
+        torch.set_num_threads(before)
+    return parts, out
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("method", "rule"),
+    [("magnitude", None), ("random", None), ("rescaled", "plane"), ("rescaled", "channel")],
+)
+def test_slices_on_threads_give_the_bits_of_one_call(monkeypatch, method, rule):
+    monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)  # slice even a small tensor
+    pools = []
+    original = nm_cpu._pool
+    monkeypatch.setattr(nm_cpu, "_pool", lambda *a: pools.append(a) or original(*a))
+    x = torch.randn(7, 12, 3, 5, generator=torch.Generator().manual_seed(3))  # 7 = 2 + 2 + 3
+    one, (y1, sx1, sy1) = _prune_with_threads(1, x, method, rule)
+    assert one == [(0, 7)] and pools == []
+    three, (y3, sx3, sy3) = _prune_with_threads(3, x, method, rule)
+    if rule == "channel":  # its sums span every slice: one call
+        assert three == [(0, 7)] and pools == []
+    else:
+        assert three == [(0, 2), (2, 4), (4, 7)] and pools == [(2, os.getpid())]
+    assert torch.equal(y3, y1)
+    want = nm_prune_ref(x, 2, 4, method, 1, rule or "plane", torch.Generator().manual_seed(5))
+    if method == "rescaled":
+        torch.testing.assert_close(y3, want, rtol=nm_cpu.RESCALE_RTOL, atol=0)
+    else:
+        assert torch.equal(y3, want)
+    torch.testing.assert_close(sx3, x.abs().sum(dtype=torch.float64), rtol=1e-12, atol=0)
+    torch.testing.assert_close(sy3, sy1, rtol=1e-12, atol=0)
+
+
+def test_slices_follow_the_threads_and_the_size():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        big = 10 * nm_cpu.PARALLEL_MIN_ELEMENTS
+        assert nm_cpu.slices(big, 10, None) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+        assert nm_cpu.slices(big, 3, "plane") == [(0, 1), (1, 2), (2, 3)]  # no more than O
+        assert nm_cpu.slices(2 * nm_cpu.PARALLEL_MIN_ELEMENTS, 10, None) == [(0, 5), (5, 10)]
+        assert nm_cpu.slices(nm_cpu.PARALLEL_MIN_ELEMENTS - 1, 10, None) == [(0, 10)]
+        assert nm_cpu.slices(big, 10, "channel") == [(0, 10)]
+        assert nm_cpu.slices(0, 0, None) == [(0, 0)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def _prune_in_forked_child(x, want):
+    ok = len(nm_cpu.slices(x.numel(), x.shape[0], None)) > 1
+    got = nm_cpu.nm_prune_cpu(x, 2, 4, "magnitude", 1, "plane", None, 1e-4)
+    os._exit(0 if ok and torch.equal(got[0], want) else 3)
+
+
+@needs_kernel
+def test_a_forked_child_slices_on_a_pool_of_its_own(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)
+    x = torch.randn(6, 8, 3, 3, generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = nm_cpu.nm_prune_cpu(x, 2, 4, "magnitude", 1, "plane", None, 1e-4)[0]  # the pool
+        child = multiprocessing.get_context("fork").Process(
+            target=_prune_in_forked_child, args=(x, want)
+        )
+        child.start()
+        child.join(30)  # the parent's pool has no threads in the child: it would wait forever
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+    finally:
+        torch.set_num_threads(before)
+    assert not hung and child.exitcode == 0
+
+
+@needs_kernel
+def test_threads_timing_script_prints_each_configuration():
+    bad = _script("nm_cpu_threads.py", "--calls", "0", check=False)
+    assert bad.returncode == 2 and "--calls" in bad.stderr
+    args = ("--rounds", "1", "--calls", "1", "--shape", "4", "8", "3", "3")
+    head, *rows = _script("nm_cpu_threads.py", *args).stdout.strip().splitlines()
+    assert head == "shape 4x8x3x3, 2 threads, 1 slice"  # too small to slice
+    assert [r.split()[0] for r in rows] == ["2:4", "4:8", "8:16", "16:32"]
+    assert all("reference" in r and "one call" in r and "sliced" in r for r in rows)

@@ -114,7 +114,9 @@ class ScaleConfig:
         iteration: ``(model, stem, resolution, batch)`` per iteration case.
         allreduce: ``(model, stem, num_classes)`` per Allreduce case.
         copy_bytes: bytes of the calibration copy; ``gemm_n``: size of the calibration GEMM.
-        cpu_warmup, cpu_repeats: CPU timing of a kernel.
+        cpu_warmup, cpu_repeats: CPU timing of a kernel; ``cpu_min_time_s``,
+            ``cpu_max_repeats``: more calls while the timed ones sum to less than that time
+            (:func:`bench.measure.cpu_timing`).
         cuda_warmup_ms, cuda_rep_ms: GPU timing budget of a kernel (do_bench style).
         iter_warmup, iter_repeats: iterations before and during timing of the iteration suite.
         pytest_cuda_rounds: rounds of a GPU kernel in the pytest-benchmark suite.
@@ -138,6 +140,8 @@ class ScaleConfig:
     gemm_n: int
     cpu_warmup: int = 1
     cpu_repeats: int = 5
+    cpu_min_time_s: float = 0.0
+    cpu_max_repeats: int | None = None
     cuda_warmup_ms: float = 25.0
     cuda_rep_ms: float = 100.0
     iter_warmup: int = 1
@@ -200,6 +204,8 @@ SCALE_CONFIGS: dict[str, ScaleConfig] = {
         gemm_n=1024,
         cpu_warmup=1,
         cpu_repeats=5,
+        cpu_min_time_s=0.25,
+        cpu_max_repeats=50,
         iter_warmup=1,
         iter_repeats=3,
     ),
@@ -1423,7 +1429,14 @@ def measure_prepared(prepared: Prepared, scale: str | None = None) -> dict[str, 
             return {
                 "op": measure.cuda_timing(fn, warmup_ms=cfg.cuda_warmup_ms, rep_ms=cfg.cuda_rep_ms)
             }
-        return {"op": measure.cpu_timing(fn, warmup=cfg.cpu_warmup, repeats=cfg.cpu_repeats)}
+        timing = measure.cpu_timing(
+            fn,
+            warmup=cfg.cpu_warmup,
+            repeats=cfg.cpu_repeats,
+            min_time_s=cfg.cpu_min_time_s,
+            max_repeats=cfg.cpu_max_repeats,
+        )
+        return {"op": timing}
 
 
 @functools.lru_cache(maxsize=1)

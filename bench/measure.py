@@ -18,7 +18,9 @@ calls between one pair of events (``amortized_ms``: device time without launch g
 launch overheads, not kernels.
 
 CPU (:func:`cpu_timing`): ``warmup`` untimed calls, then ``repeats`` calls each bracketed by
-``time.perf_counter``; the median.
+``time.perf_counter``, and more while the timed calls add up to less than ``min_time_s`` (at
+most ``max_repeats``): a millisecond op gets enough samples that a few slow ones (page faults
+of a fresh output, the other core busy) do not move the median; the median.
 
 TF32 and cuDNN flags change what a float32 matmul or convolution computes, so they are set
 explicitly around every measurement (:func:`pinned_flags`) and recorded with each row.
@@ -187,17 +189,32 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def cpu_timing(fn: Callable[[int], Any], *, warmup: int = 1, repeats: int = 5) -> Timing:
-    """Median of ``repeats`` calls ``fn(i)`` timed with ``time.perf_counter``, after ``warmup``."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
+def cpu_timing(
+    fn: Callable[[int], Any],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    min_time_s: float = 0.0,
+    max_repeats: int | None = None,
+) -> Timing:
+    """Median, in ms, of calls ``fn(i)`` timed with ``time.perf_counter`` after ``warmup``
+    untimed ones: ``repeats`` calls, then more until the timed calls sum to ``min_time_s``
+    seconds or their number reaches ``max_repeats`` (default ``repeats``: no more)."""
+    max_repeats = repeats if max_repeats is None else max_repeats
+    if repeats < 1 or warmup < 0 or max_repeats < repeats or not min_time_s >= 0:
+        raise ValueError(
+            f"need repeats >= 1, warmup >= 0, max_repeats >= repeats and min_time_s >= 0; "
+            f"got {repeats}, {warmup}, {max_repeats}, {min_time_s}"
+        )
     for i in range(warmup):
         fn(i)
-    times = []
-    for i in range(warmup, warmup + repeats):
+    times: list[float] = []
+    i = warmup
+    while len(times) < repeats or (len(times) < max_repeats and sum(times) < min_time_s * 1e3):
         t0 = time.perf_counter()
         fn(i)
         times.append((time.perf_counter() - t0) * 1e3)
+        i += 1
     return summarize(times, "perf_counter")
 
 

@@ -378,3 +378,35 @@ def test_kernel_args_pass_pointers_and_exact_scalars():
         loader.kernel_args([t], 0, "k")
     with pytest.raises(TypeError, match="exact types"):
         loader.kernel_args([3], 0, "k")
+
+
+def test_cpu_timing_adds_calls_until_the_minimum_time_within_the_cap():
+    seen = []
+
+    def fn(i):
+        seen.append(i)
+        time.sleep(0.01)
+
+    t = measure.cpu_timing(fn, warmup=1, repeats=2, min_time_s=0.05, max_repeats=40)
+    assert 5 <= t.n <= 7 and seen == list(range(t.n + 1))  # ~10 ms each: 5 reach 50 ms
+    seen.clear()
+    capped = measure.cpu_timing(fn, warmup=0, repeats=2, min_time_s=10.0, max_repeats=4)
+    assert capped.n == 4 and seen == [0, 1, 2, 3]
+    assert measure.cpu_timing(fn, warmup=0, repeats=3, min_time_s=10.0).n == 3  # no cap: none
+    for bad in ({"max_repeats": 1}, {"min_time_s": -1.0}, {"min_time_s": float("nan")}):
+        with pytest.raises(ValueError):
+            measure.cpu_timing(fn, warmup=0, repeats=2, **bad)
+
+
+def test_a_fast_kernel_at_cpu_scale_is_timed_for_a_quarter_second_and_once_at_smoke():
+    import torch
+
+    from bench import cases
+
+    def prepared(calls):
+        return cases.Prepared([("op", calls.append)], torch.device("cpu"))
+
+    at_cpu, at_smoke = [], []
+    fast = cases.measure_prepared(prepared(at_cpu), "cpu")["op"]  # ~1 us a call
+    assert fast.n == 50 and len(at_cpu) == 51  # the cap (one warm-up call untimed)
+    assert cases.measure_prepared(prepared(at_smoke), "smoke")["op"].n == 3  # CI: no minimum

@@ -218,6 +218,18 @@ def cpu_timing(
     return summarize(times, "perf_counter")
 
 
+def cpu_rounds(
+    seconds_per_call: float, repeats: int, min_time_s: float, max_repeats: int | None
+) -> int:
+    """Calls :func:`cpu_timing` would time for an op of ``seconds_per_call``: ``repeats``, or
+    as many as add up to ``min_time_s``, at most ``max_repeats`` (default ``repeats``). For
+    timers that take a count up front (pytest-benchmark's rounds)."""
+    cap = repeats if max_repeats is None else max_repeats
+    if seconds_per_call <= 0:
+        return cap if min_time_s > 0 else repeats
+    return max(repeats, min(cap, math.ceil(min_time_s / seconds_per_call)))
+
+
 def _sleep_kernel(ms: float) -> bool:
     """Keep the current stream busy for about ``ms`` (torch's spin kernel); False if absent."""
     sleep = getattr(torch.cuda, "_sleep", None)

@@ -128,3 +128,52 @@ def test_a_session_that_ends_says_it_is_complete(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads(out.read_text())["pdtbench_run"] == {"complete": True, "cut_at": None}
     assert len((tmp_path / "pb.partial.jsonl").read_text().splitlines()) == 1
+
+
+def _helpers_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "pytest_suite"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_suite_helpers", ROOT / "bench" / "pytest_suite" / "_helpers.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Recorder:
+    """The part of pytest-benchmark's fixture that run_benchmark uses, disabled."""
+
+    disabled = True
+
+    def __init__(self):
+        self.rounds = None
+
+    def pedantic(self, fn, rounds, warmup_rounds, iterations):
+        self.rounds = rounds
+        fn()
+
+
+def test_cpu_kernels_get_the_rounds_that_bench_run_times(monkeypatch):
+    import dataclasses
+
+    from bench import cases, measure
+
+    helpers = _helpers_module(monkeypatch)
+    monkeypatch.setattr(helpers, "SCALE", "smoke")
+    case, impl = cases.find(
+        "nm_prune", cases.grid("nm_prune", "smoke")[0].name, "copy@cpu", "smoke"
+    )
+    plain = _Recorder()
+    assert helpers.run_benchmark(plain, case, impl) is None
+    assert plain.rounds == cases.SCALE_CONFIGS["smoke"].cpu_repeats == 3  # no minimum time
+    timed = dataclasses.replace(
+        cases.SCALE_CONFIGS["smoke"], cpu_min_time_s=0.25, cpu_max_repeats=50
+    )
+    monkeypatch.setitem(cases.SCALE_CONFIGS, "smoke", timed)
+    fast = _Recorder()
+    helpers.run_benchmark(fast, case, impl)  # a copy of 64 KiB: microseconds a call
+    assert fast.rounds == 50
+    assert measure.cpu_rounds(0.01, 5, 0.25, 50) == 25
+    assert measure.cpu_rounds(1.0, 5, 0.25, 50) == 5
+    assert measure.cpu_rounds(0.001, 5, 0.25, None) == 5  # no cap given: repeats
+    assert measure.cpu_rounds(0.0, 5, 0.25, 50) == 50 and measure.cpu_rounds(0.0, 5, 0.0, 50) == 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -79,6 +80,13 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
     if len(prepared.phases) > 1:
         rounds = cfg.iter_repeats
     with measure.pinned_flags(**prepared.flags):
+        if not cuda and len(prepared.phases) == 1 and cfg.cpu_min_time_s > 0:
+            # as bench.run times a CPU kernel: enough rounds to add up to cpu_min_time_s
+            t0 = time.perf_counter()
+            call()
+            rounds = measure.cpu_rounds(
+                time.perf_counter() - t0, rounds, cfg.cpu_min_time_s, cfg.cpu_max_repeats
+            )
         benchmark.pedantic(call, rounds=rounds, warmup_rounds=cfg.cpu_warmup, iterations=1)
     median = _median_ms(benchmark)
     if getattr(benchmark, "disabled", False) or median is None:

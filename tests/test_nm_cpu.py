@@ -387,3 +387,28 @@ def test_threads_timing_script_prints_each_configuration():
     assert head == "shape 4x8x3x3, 2 threads, 1 slice"  # too small to slice
     assert [r.split()[0] for r in rows] == ["2:4", "4:8", "8:16", "16:32"]
     assert all("reference" in r and "one call" in r and "sliced" in r for r in rows)
+
+
+@pytest.mark.skipif(nm_cpu.compiler() is None, reason="no C compiler")
+def test_building_removes_libraries_unused_for_a_month_and_loading_marks_use(tmp_path, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    day = 86400
+    old_lib, recent_lib = tmp_path / "nm_prune-0000000000000000.so", tmp_path / "nm_prune-1.so"
+    killed_build, other = tmp_path / "tmpab12.so", tmp_path / "unrelated-old.so"
+    for path in (old_lib, recent_lib, killed_build, other):
+        path.write_bytes(b"x")
+        os.utime(path, (0, 0))  # 1970
+    os.utime(recent_lib)  # loaded just now
+    built = nm_cpu.build(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [built.name, recent_lib.name, other.name]
+    )
+    os.utime(built, (0, 0))  # a cached library last used long ago, then loaded
+    monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(tmp_path))
+    nm_cpu._library.cache_clear()
+    try:
+        assert nm_cpu.is_available()
+        assert built.stat().st_mtime > 30 * day  # marked used: a later build keeps it
+    finally:
+        nm_cpu._library.cache_clear()
+    assert nm_cpu.prune_stale(tmp_path, built) == []

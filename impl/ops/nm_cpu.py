@@ -9,7 +9,8 @@ computes the same op in one pass per group of ``m`` channels (15-17 ms there). I
 compiled at first use by the system C compiler (``$CC``, else ``cc``; ``-O3``, no
 fast-math) into a cache directory (``$PDT_CPU_KERNEL_CACHE``, else
 ``~/.cache/pdtbench/cpu-kernels``) under a name that hashes the source, the compiler and its
-flags, and loaded with :mod:`ctypes`. No torch headers: compiling takes 1.6 s (gcc 12 on a
+flags (a build there removes libraries not loaded for :data:`STALE_DAYS` days), and loaded
+with :mod:`ctypes`. No torch headers: compiling takes 1.6 s (gcc 12 on a
 2-core machine).
 
 What it computes against the reference: the same kept positions for every method; for
@@ -49,6 +50,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,6 +114,28 @@ def library_name(cc: str) -> str:
     return f"nm_prune-{h.hexdigest()[:16]}.so"
 
 
+# A cached library not loaded for this many days is removed when another is built there
+# (each source change builds a new one, ~50 KB; loading marks a library used).
+STALE_DAYS = 30
+
+
+def prune_stale(directory: Path, keep: Path) -> list[Path]:
+    """Remove, from ``directory``, the libraries of this kernel (``nm_prune-*.so``) not
+    loaded or built for :data:`STALE_DAYS` days and temporary files of builds killed over a
+    day ago, all but ``keep``; returns what it removed. Best effort: a file it cannot
+    remove is left."""
+    now, removed = time.time(), []
+    for pattern, days in (("nm_prune-*.so", STALE_DAYS), ("tmp*.so", 1)):
+        for path in directory.glob(pattern):
+            try:
+                if path != keep and now - path.stat().st_mtime > days * 86400:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                continue
+    return removed
+
+
 def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
     """Compile ``impl/cpu/nm_prune.c`` into ``directory`` (default :func:`cache_dir`) unless
     the library of this source, compiler and flags is there already; returns its path.
@@ -147,6 +171,7 @@ def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    prune_stale(directory, target)
     return target
 
 
@@ -167,7 +192,12 @@ def _library() -> ctypes.CDLL | str:
         try:
             lib = ctypes.CDLL(str(path))
         except OSError:  # a cached library that does not load (truncated, foreign): rebuild
-            lib = ctypes.CDLL(str(build(directory, rebuild=True)))
+            path = build(directory, rebuild=True)
+            lib = ctypes.CDLL(str(path))
+        try:
+            os.utime(path)  # used now: prune_stale keeps it
+        except OSError:
+            pass  # a cache of another user's, read-only here
     except (OSError, RuntimeError) as err:
         log.warning("the compiled CPU N:M pruning is unavailable, using the reference: %s", err)
         return str(err)
@@ -295,6 +325,7 @@ __all__ = [
     "PARALLEL_MIN_ELEMENTS",
     "RESCALE_RTOL",
     "SOURCE",
+    "STALE_DAYS",
     "build",
     "cache_dir",
     "compiler",
@@ -303,6 +334,7 @@ __all__ = [
     "is_available",
     "library_name",
     "nm_prune_cpu",
+    "prune_stale",
     "slices",
     "unavailable_reason",
 ]

@@ -225,6 +225,11 @@ def cpu_rounds(
     as many as add up to ``min_time_s``, at most ``max_repeats`` (default ``repeats``). For
     timers that take a count up front (pytest-benchmark's rounds)."""
     cap = repeats if max_repeats is None else max_repeats
+    if repeats < 1 or cap < repeats or not min_time_s >= 0:
+        raise ValueError(
+            f"need repeats >= 1, max_repeats >= repeats and min_time_s >= 0; "
+            f"got {repeats}, {max_repeats}, {min_time_s}"
+        )
     if seconds_per_call <= 0:
         return cap if min_time_s > 0 else repeats
     return max(repeats, min(cap, math.ceil(min_time_s / seconds_per_call)))

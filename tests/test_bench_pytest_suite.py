@@ -155,6 +155,9 @@ class _Recorder:
 
 def test_cpu_kernels_get_the_rounds_that_bench_run_times(monkeypatch):
     import dataclasses
+    import time
+
+    import torch
 
     from bench import cases, measure
 
@@ -173,7 +176,22 @@ def test_cpu_kernels_get_the_rounds_that_bench_run_times(monkeypatch):
     fast = _Recorder()
     helpers.run_benchmark(fast, case, impl)  # a copy of 64 KiB: microseconds a call
     assert fast.rounds == 50
+    calls = []
+
+    def slow_first(i):  # 0.4 s the first call (growing buffers, say), 20 ms after
+        calls.append(i)
+        time.sleep(0.4 if len(calls) == 1 else 0.02)
+
+    monkeypatch.setattr(
+        helpers, "prepare", lambda c, i: cases.Prepared([("op", slow_first)], torch.device("cpu"))
+    )
+    paced = _Recorder()
+    helpers.run_benchmark(paced, case, impl)
+    assert 9 <= paced.rounds <= 13  # 0.25 s / 20 ms, from a call after the warm-up
     assert measure.cpu_rounds(0.01, 5, 0.25, 50) == 25
     assert measure.cpu_rounds(1.0, 5, 0.25, 50) == 5
     assert measure.cpu_rounds(0.001, 5, 0.25, None) == 5  # no cap given: repeats
     assert measure.cpu_rounds(0.0, 5, 0.25, 50) == 50 and measure.cpu_rounds(0.0, 5, 0.0, 50) == 5
+    for bad in ((5, 0.25, 4), (0, 0.25, 50), (5, -1.0, 50), (5, float("nan"), 50)):
+        with pytest.raises(ValueError):
+            measure.cpu_rounds(0.01, *bad)

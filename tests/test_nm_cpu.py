@@ -313,9 +313,9 @@ def _prune_with_threads(threads, x, method, rule):
 )
 def test_slices_on_threads_give_the_bits_of_one_call(monkeypatch, method, rule):
     monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)  # slice even a small tensor
-    pools = []
-    original = nm_cpu._pool
-    monkeypatch.setattr(nm_cpu, "_pool", lambda *a: pools.append(a) or original(*a))
+    pools = []  # the number of slices handed to the pool, per call
+    original = nm_cpu._POOL.submit
+    monkeypatch.setattr(nm_cpu._POOL, "submit", lambda t: pools.append(len(t)) or original(t))
     x = torch.randn(7, 12, 3, 5, generator=torch.Generator().manual_seed(3))  # 7 = 2 + 2 + 3
     one, (y1, sx1, sy1) = _prune_with_threads(1, x, method, rule)
     assert one == [(0, 7)] and pools == []
@@ -323,7 +323,7 @@ def test_slices_on_threads_give_the_bits_of_one_call(monkeypatch, method, rule):
     if rule == "channel":  # its sums span every slice: one call
         assert three == [(0, 7)] and pools == []
     else:
-        assert three == [(0, 2), (2, 4), (4, 7)] and pools == [(2, os.getpid())]
+        assert three == [(0, 2), (2, 4), (4, 7)] and pools == [2]
     assert torch.equal(y3, y1)
     want = nm_prune_ref(x, 2, 4, method, 1, rule or "plane", torch.Generator().manual_seed(5))
     if method == "rescaled":
@@ -412,3 +412,36 @@ def test_building_removes_libraries_unused_for_a_month_and_loading_marks_use(tmp
     finally:
         nm_cpu._library.cache_clear()
     assert nm_cpu.prune_stale(tmp_path, built) == []
+
+
+@needs_kernel
+def test_one_pool_per_process_grows_to_the_most_slices_and_no_further(monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)
+    pool = nm_cpu._SlicePool()  # a fresh one, as a process starts with
+    monkeypatch.setattr(nm_cpu, "_POOL", pool)
+    existing = set(threading.enumerate())
+    x = torch.randn(12, 8, 3, 3, generator=torch.Generator().manual_seed(2))
+    want = nm_prune_ref(x, 2, 4, "magnitude")
+    before = torch.get_num_threads()
+    try:
+        for threads in (3, 2, 4, 2, 4, 3):  # 2, 1, 3, 1, 3, 2 slices on the pool
+            torch.set_num_threads(threads)
+            got = nm_cpu.nm_prune_cpu(x, 2, 4, "magnitude", 1, "plane", None, 0.0)[0]
+            assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(before)
+    assert pool.workers == 3  # grown once, from 2 to 3; never rebuilt for fewer
+
+    def ours():
+        return [
+            t for t in threading.enumerate()
+            if t not in existing and t.name.startswith("pdt-nm-prune")
+        ]  # fmt: skip
+
+    deadline = time.monotonic() + 10
+    while len(ours()) > 3 and time.monotonic() < deadline:  # the smaller pool's threads leave
+        time.sleep(0.05)
+    assert 1 <= len(ours()) <= 3  # one pool's threads, not one pool per slice count

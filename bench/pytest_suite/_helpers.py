@@ -81,7 +81,10 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
         rounds = cfg.iter_repeats
     with measure.pinned_flags(**prepared.flags):
         if not cuda and len(prepared.phases) == 1 and cfg.cpu_min_time_s > 0:
-            # as bench.run times a CPU kernel: enough rounds to add up to cpu_min_time_s
+            # as bench.run times a CPU kernel: enough rounds to add up to cpu_min_time_s,
+            # from one call timed after the warm-up (a first call may cost several)
+            for _ in range(cfg.cpu_warmup):
+                call()
             t0 = time.perf_counter()
             call()
             rounds = measure.cpu_rounds(

@@ -20,12 +20,13 @@ reference sums in the input's type in torch's order, so a rescaled value may dif
 reference's in its last bits (relative difference below :data:`RESCALE_RTOL` for float32).
 
 It runs on as many threads as torch's intra-op pool (``torch.get_num_threads()``), as the
-reference's operations do: the groups of a tensor of at least :data:`PARALLEL_MIN_ELEMENTS`
-elements are split by their leading dims (``O`` of the ``(O, C, I)`` view) into one slice per
-thread, each pruned by one call of the kernel on a thread of a small pool (:mod:`ctypes`
-releases the GIL during the call). Every group is computed alone, so the values are the same
-bits whatever the thread count; only the float64 statistics ``sum|x|`` and ``sum|y|`` are
-added up by slice (a different order in their last bits). The channel rule, whose sums span
+reference's operations do: a tensor is split by its leading dims (``O`` of the ``(O, C, I)``
+view) into at most one slice per thread, each of at least :data:`PARALLEL_MIN_ELEMENTS` elements,
+and each slice is one call of the kernel, the first on the calling thread and the others on
+the threads of one per-process pool (:mod:`ctypes` releases the GIL during the call). Every
+group is computed alone, so the values are the same bits whatever the thread count; only the
+float64 statistics ``sum|x|`` and ``sum|y|`` are added up by slice (a different order in
+their last bits). The channel rule, whose sums span
 all of ``O``, runs on one thread. Where it does not apply, :func:`nm_prune_cpu`
 returns ``None`` and the caller runs the reference: a dtype other than float32 and float64,
 a NaN magnitude (ranked as ``torch.sort`` ranks it), the plane rule along a dim after the
@@ -50,8 +51,10 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -232,12 +235,37 @@ def slices(total: int, o: int, rule: str | None) -> list[tuple[int, int]]:
     return [(o * k // count, o * (k + 1) // count) for k in range(count)]
 
 
-@functools.cache
-def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
-    """A pool of ``workers`` threads for the kernel's slices, one per process (``pid``: a
-    forked child, which inherits the parent's pool object but none of its threads, makes its
-    own)."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdt-nm-prune")
+class _SlicePool:
+    """The threads that run the kernel's slices beyond the caller's: one pool per process,
+    grown (the smaller one shut down) when a call needs more threads than it has.
+
+    A forked child forgets the parent's pool (``os.register_at_fork``): the copy has none of
+    the parent's threads, so work submitted to it would never run. Submission holds a lock,
+    so a pool is never shut down between another caller's choice of it and its submit."""
+
+    def __init__(self) -> None:
+        self.forget()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.forget)
+
+    def forget(self) -> None:
+        """Drop the pool (without touching its threads) and the lock: a fresh start."""
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+        self.workers = 0
+
+    def submit(self, tasks: list[Callable[[], int]]) -> list[Future[int]]:
+        """Start ``tasks`` on the pool, each on a thread of its own; their futures."""
+        with self.lock:
+            if self.pool is None or self.workers < len(tasks):
+                if self.pool is not None:
+                    self.pool.shutdown(wait=False)  # its running tasks still finish
+                self.pool = ThreadPoolExecutor(len(tasks), thread_name_prefix="pdt-nm-prune")
+                self.workers = len(tasks)
+            return [self.pool.submit(task) for task in tasks]
+
+
+_POOL = _SlicePool()
 
 
 def nm_prune_cpu(
@@ -304,8 +332,7 @@ def nm_prune_cpu(
     if len(parts) == 1:
         codes = [run(0)]
     else:  # the first slice on this thread, the others on the pool's
-        pool = _pool(len(parts) - 1, os.getpid())
-        pending = [pool.submit(run, k) for k in range(1, len(parts))]
+        pending = _POOL.submit([functools.partial(run, k) for k in range(1, len(parts))])
         codes = [run(0), *(f.result() for f in pending)]
     if any(code in _FALLBACK for code in codes):
         return None

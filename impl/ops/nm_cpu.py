@@ -10,8 +10,7 @@ compiled at first use by the system C compiler (``$CC``, else ``cc``; ``-O3``, n
 fast-math) into a cache directory (``$PDT_CPU_KERNEL_CACHE``, else
 ``~/.cache/pdtbench/cpu-kernels``) under a name that hashes the source, the compiler and its
 flags (a build there removes libraries not loaded for :data:`STALE_DAYS` days), and loaded
-with :mod:`ctypes`. No torch headers: compiling takes 1.6 s (gcc 12 on a
-2-core machine).
+with :mod:`ctypes`. No torch headers: compiling takes 1.6 s (gcc 12 on a 2-core machine).
 
 What it computes against the reference: the same kept positions for every method; for
 ``magnitude`` and ``random`` the same values bit for bit; for ``rescaled`` each plane's (or
@@ -21,22 +20,24 @@ reference's in its last bits (relative difference below :data:`RESCALE_RTOL` for
 
 It runs on as many threads as torch's intra-op pool (``torch.get_num_threads()``), as the
 reference's operations do: a tensor is split by its leading dims (``O`` of the ``(O, C, I)``
-view) into at most one slice per thread, each of at least :data:`PARALLEL_MIN_ELEMENTS` elements,
-and each slice is one call of the kernel, the first on the calling thread and the others on
-the threads of one per-process pool (:mod:`ctypes` releases the GIL during the call). Every
-group is computed alone, so the values are the same bits whatever the thread count; only the
-float64 statistics ``sum|x|`` and ``sum|y|`` are added up by slice (a different order in
-their last bits). The channel rule, whose sums span
-all of ``O``, runs on one thread. Where it does not apply, :func:`nm_prune_cpu`
-returns ``None`` and the caller runs the reference: a dtype other than float32 and float64,
-a NaN magnitude (ranked as ``torch.sort`` ranks it), the plane rule along a dim after the
-second (its sums span dims before the grouping dim), a rescale with nothing to sum over, a
-rescale sum that fits float64 but not the input's type (the reference's sums saturate in
-that type, in its own order). Magnitudes are ranked by their integer bits, as the
-reference's fast path ranks them, so a flush-denormals mode does not change the positions.
-A failure to compile or load is logged once (a cached library that does not load is rebuilt
-once); ``PDT_CPU_KERNELS=0`` turns the path off (the reference then runs everywhere), and
-SDGP's run summary counts the calls of each path (``sdgp_prune_paths``).
+view) into at most one slice per thread, each of at least :data:`PARALLEL_MIN_ELEMENTS`
+elements, and each slice is one call of the kernel, the first on the calling thread and the
+others on the threads of one per-process pool (:mod:`ctypes` releases the GIL during the
+call). Every group is computed alone, so the values are the same bits whatever the thread
+count; only the float64 statistics ``sum|x|`` and ``sum|y|`` are added up by slice (a
+different order in their last bits). The channel rule, whose sums span all of ``O``, runs
+on one thread.
+
+Where it does not apply, :func:`nm_prune_cpu` returns ``None`` and the caller runs the
+reference: a dtype other than float32 and float64, a NaN magnitude (ranked as ``torch.sort``
+ranks it), the plane rule along a dim after the second (its sums span dims before the
+grouping dim), a rescale with nothing to sum over, a rescale sum that fits float64 but not
+the input's type (the reference's sums saturate in that type, in its own order). Magnitudes
+are ranked by their integer bits, as the reference's fast path ranks them, so a
+flush-denormals mode does not change the positions. A failure to compile or load is logged
+once (a cached library that does not load is rebuilt once); ``PDT_CPU_KERNELS=0`` turns the
+path off (the reference then runs everywhere), and SDGP's run summary counts the calls of
+each path (``sdgp_prune_paths``).
 """
 
 from __future__ import annotations

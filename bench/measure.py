@@ -189,6 +189,18 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def _repeat_cap(repeats: int, max_repeats: int | None, min_time_s: float, warmup: int = 0) -> int:
+    """The most calls a CPU timing takes (``max_repeats``, default ``repeats``), after
+    checking the counts of :func:`cpu_timing` and :func:`cpu_rounds`."""
+    cap = repeats if max_repeats is None else max_repeats
+    if repeats < 1 or warmup < 0 or cap < repeats or not min_time_s >= 0:
+        raise ValueError(
+            f"need repeats >= 1, warmup >= 0, max_repeats >= repeats and min_time_s >= 0; "
+            f"got {repeats}, {warmup}, {max_repeats}, {min_time_s}"
+        )
+    return cap
+
+
 def cpu_timing(
     fn: Callable[[int], Any],
     *,
@@ -200,12 +212,7 @@ def cpu_timing(
     """Median, in ms, of calls ``fn(i)`` timed with ``time.perf_counter`` after ``warmup``
     untimed ones: ``repeats`` calls, then more until the timed calls sum to ``min_time_s``
     seconds or their number reaches ``max_repeats`` (default ``repeats``: no more)."""
-    max_repeats = repeats if max_repeats is None else max_repeats
-    if repeats < 1 or warmup < 0 or max_repeats < repeats or not min_time_s >= 0:
-        raise ValueError(
-            f"need repeats >= 1, warmup >= 0, max_repeats >= repeats and min_time_s >= 0; "
-            f"got {repeats}, {warmup}, {max_repeats}, {min_time_s}"
-        )
+    max_repeats = _repeat_cap(repeats, max_repeats, min_time_s, warmup)
     for i in range(warmup):
         fn(i)
     times: list[float] = []
@@ -224,12 +231,7 @@ def cpu_rounds(
     """Calls :func:`cpu_timing` would time for an op of ``seconds_per_call``: ``repeats``, or
     as many as add up to ``min_time_s``, at most ``max_repeats`` (default ``repeats``). For
     timers that take a count up front (pytest-benchmark's rounds)."""
-    cap = repeats if max_repeats is None else max_repeats
-    if repeats < 1 or cap < repeats or not min_time_s >= 0:
-        raise ValueError(
-            f"need repeats >= 1, max_repeats >= repeats and min_time_s >= 0; "
-            f"got {repeats}, {max_repeats}, {min_time_s}"
-        )
+    cap = _repeat_cap(repeats, max_repeats, min_time_s)
     if seconds_per_call <= 0:
         return cap if min_time_s > 0 else repeats
     return max(repeats, min(cap, math.ceil(min_time_s / seconds_per_call)))

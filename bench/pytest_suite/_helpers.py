@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any
 
 import pytest
@@ -83,12 +82,9 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
         if not cuda and len(prepared.phases) == 1 and cfg.cpu_min_time_s > 0:
             # as bench.run times a CPU kernel: enough rounds to add up to cpu_min_time_s,
             # from one call timed after the warm-up (a first call may cost several)
-            for _ in range(cfg.cpu_warmup):
-                call()
-            t0 = time.perf_counter()
-            call()
+            one = measure.cpu_timing(lambda i: call(), warmup=cfg.cpu_warmup, repeats=1)
             rounds = measure.cpu_rounds(
-                time.perf_counter() - t0, rounds, cfg.cpu_min_time_s, cfg.cpu_max_repeats
+                one.median_ms / 1e3, rounds, cfg.cpu_min_time_s, cfg.cpu_max_repeats
             )
         benchmark.pedantic(call, rounds=rounds, warmup_rounds=cfg.cpu_warmup, iterations=1)
     median = _median_ms(benchmark)

@@ -401,9 +401,9 @@ def nm_prune_ref(
     order of ``x.movedim(dim, -1)`` so that the memory format does not change the draw; in
     each group the ``n`` best scores are kept (ties: lowest index). Groups are ranked by
     pairwise comparisons, or by a stable sort when a score is NaN (same result). Rescaling
-    accumulates in float32 (float64 for float64 inputs), on a contiguous copy of a strided
-    ``x`` so that the sums, and so the values, do not depend on the memory format; a plane
-    or channel with nothing kept stays zero.
+    accumulates in float32 (float64 for float64 inputs); a plane or channel with nothing kept
+    stays zero. A strided ``x`` (channels-last) is pruned as its contiguous copy and the
+    result takes its layout, so the memory format changes neither the sums nor the values.
     """
     check_nm(n, m)
     check_method(method, rescale)
@@ -434,10 +434,11 @@ def _prune_ref(
     ``sum|x|`` and ``sum|y|`` (``None`` where the general path ran: compute them apart)."""
     if x.numel() == 0:
         return x.clone(), None, None
-    if method == "rescaled" and not x.is_contiguous():
-        # The rescale sums of a strided tensor (channels-last) would be reduced in another
-        # order than those of its contiguous copy: prune the copy, so that every layout gets
-        # the contiguous result bit for bit (the mask is layout independent either way).
+    if not x.is_contiguous():
+        # Prune the contiguous copy, so that every layout (channels-last) gets the contiguous
+        # result bit for bit (the rescale sums of a strided tensor would be reduced in another
+        # order; the mask is layout independent) and the fast path runs rather than the
+        # general path's many passes.
         out, sum_x, sum_y = _prune_ref(
             x.contiguous(), n, m, method, dim, rescale, generator, eps, stats
         )
@@ -445,7 +446,7 @@ def _prune_ref(
     fast = _prune_ref_fast(x, n, m, method, dim, rescale, generator, eps, stats)
     if fast is not None:
         return fast
-    x3 = _as_oci(x, dim)  # a view of contiguous NCHW; a logical-order copy otherwise
+    x3 = _as_oci(x, dim)  # a view: x is contiguous here
     scores = _random_scores(x, dim, generator) if method == "random" else x3.abs()
     keep = _keep_grouped(scores, n, m, descending=True)
     y = torch.where(keep, x3, torch.zeros((), dtype=x.dtype, device=x.device)).reshape(x.shape)
@@ -461,9 +462,7 @@ def _prune_ref(
         # A plane with nothing kept stays zero (also when eps = 0, where 0/0 would be NaN).
         scale = torch.where(sy > 0, sx / (sy + eps), torch.zeros((), dtype=acc, device=x.device))
         y = (y.to(acc) * scale).to(x.dtype)
-    out = torch.empty_like(x)  # preserve_format: keeps NCHW / channels-last strides
-    out.copy_(y)
-    return out, None, None
+    return y, None, None  # contiguous, as x is here
 
 
 def _prune_cpu(
@@ -484,8 +483,7 @@ def _prune_cpu(
     ``(y, l1_x, l1_y, path)``, by the compiled kernel (``path == "cpu kernel"``) where
     ``impl`` (``"auto"``, ``"cpu"``; ``"ref"`` skips it) allows it and it applies, else by the
     reference (``"reference"``; the sums ``None`` where it does not have them at hand).
-    The reference prunes a contiguous copy, whose fast path gives the general path's bits,
-    and the result takes ``x``'s layout. ``impl="cpu"`` raises ``RuntimeError`` where the
+    The result takes ``x``'s layout. ``impl="cpu"`` raises ``RuntimeError`` where the
     kernel cannot build; ``option`` names the setting in that message."""
     if impl in ("auto", "cpu"):
         compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps, stats)
@@ -496,10 +494,7 @@ def _prune_cpu(
                 f"{option}='cpu': the compiled CPU path of nm_prune is not available "
                 f"({nm_cpu.unavailable_reason()}); use {option}='ref' or {option}='auto'"
             )
-    y, l1_x, l1_y = _prune_ref(x.contiguous(), n, m, method, dim, rescale, generator, eps, stats)
-    if not x.is_contiguous():
-        y = torch.empty_like(x).copy_(y)
-    return y, l1_x, l1_y, "reference"
+    return (*_prune_ref(x, n, m, method, dim, rescale, generator, eps, stats), "reference")
 
 
 # Elements of x the fast path handles at once (a slice of whole samples, 2 MB of float32): its

@@ -586,6 +586,20 @@ def test_fast_path_declines_what_it_does_not_cover():
     assert torch.isnan(y[0, 1, 2, 2])
 
 
+def test_fast_path_slices_only_on_the_cpu():
+    # On the CPU the batch is cut into cache-sized slices; on a GPU one slice: slicing there
+    # only multiplies launches and host syncs (a GPU reference 128 slices deep is no baseline).
+    import impl.ops.nm as nm_ops
+
+    plane = 256 * 56 * 56
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert nm_ops._slice_rows(128, plane, True, cpu) == 1
+    assert nm_ops._slice_rows(128, 1024, True, cpu) == nm_ops.CHUNK_ELEMENTS // 1024
+    assert nm_ops._slice_rows(128, plane, True, gpu) == 128
+    assert nm_ops._slice_rows(128, 1024, True, gpu) == 128
+    assert nm_ops._slice_rows(128, 1024, False, cpu) == 128
+
+
 def test_nan_ranks_first():
     x = torch.tensor([[1.0, float("nan"), 3.0, 2.0]])
     mask = nm_keep_mask(x.abs(), 2, 4, dim=1)

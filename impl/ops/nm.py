@@ -497,11 +497,21 @@ def _prune_cpu(
     return (*_prune_ref(x, n, m, method, dim, rescale, generator, eps, stats), "reference")
 
 
-# Elements of x the fast path handles at once (a slice of whole samples, 2 MB of float32): its
-# temporaries then stay in the CPU's last-level cache instead of streaming through memory
-# several times (measured on ResNet-20 gradients: 8.2 ms per 2M-element call against 10.3
-# unsliced and 10.0 with slices of 2**17).
+# Elements of x the fast path handles at once on the CPU (a slice of whole samples, 2 MB of
+# float32): its temporaries then stay in the CPU's last-level cache instead of streaming through
+# memory several times (measured on ResNet-20 gradients: 8.2 ms per 2M-element call against
+# 10.3 unsliced and 10.0 with slices of 2**17).
 CHUNK_ELEMENTS = 1 << 19
+
+
+def _slice_rows(o: int, plane: int, sliced: bool, device: torch.device) -> int:
+    """Rows of the ``[o, plane]`` tensor the fast path handles at once: about
+    :data:`CHUNK_ELEMENTS` elements on the CPU where the sums allow slicing, else all ``o``.
+    On a GPU slicing only multiplies launches (a dozen or more kernels per slice, and a
+    host-device sync for the NaN check), and its caches are no reason to cut the work."""
+    if not sliced or device.type != "cpu":
+        return o
+    return max(1, CHUNK_ELEMENTS // max(plane, 1))
 
 
 def _prune_ref_fast(
@@ -525,7 +535,8 @@ def _prune_ref_fast(
     sums over ``|x|`` and its masked copy (exactly ``|y|``), and ``y * scale`` in place. When
     every sum stays within one index of the dims before ``dim`` (magnitude, random, and the
     plane rule on dim 1) this runs on slices of about :data:`CHUNK_ELEMENTS` elements: the
-    same per-plane sums, elementwise steps and groups. With ``stats``, ``sum|x|`` and
+    same per-plane sums, elementwise steps and groups (on the CPU only:
+    :func:`_slice_rows`). With ``stats``, ``sum|x|`` and
     ``sum|y|`` of ``|x|`` and ``|y * scale| == |y| * scale`` (``scale >= 0``), each summed
     whole as ``t.sum(dtype=torch.float64)`` does: in one slice that very sum, over slices a
     sum of float64 copies gathered from every slice.
@@ -538,7 +549,7 @@ def _prune_ref_fast(
     x3 = _as_oci(x, dim)  # a view
     o, c, i = x3.shape
     sliced = not rescaled or (dim == 1 and 0 not in reduce)
-    step = max(1, CHUNK_ELEMENTS // max(c * i, 1)) if sliced else o
+    step = _slice_rows(o, c * i, sliced, x.device)
     scores = _random_scores(x, dim, generator) if method == "random" else None
     out = torch.empty_like(x)
     out3 = out.view(o, c, i)

@@ -76,11 +76,12 @@ def _check_positions(index: torch.Tensor, numel: int, *, unique: bool) -> None:
 
 
 def grad_pack_ref(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The reference of :func:`grad_pack`: ``grad.flatten()[index]`` (``[nnz]``); positions
-    outside ``[0, grad.numel())`` raise ``ValueError`` (read on the CPU only)."""
+    """The reference of :func:`grad_pack`: ``grad.flatten()[index]`` (``[nnz]``, by
+    ``index_select``, which reads int32 positions as they are); positions outside
+    ``[0, grad.numel())`` raise ``ValueError`` (read on the CPU only)."""
     _check(index)
     _check_positions(index, grad.numel(), unique=False)
-    return grad.reshape(-1)[index.to(torch.int64)]
+    return grad.reshape(-1).index_select(0, index)
 
 
 def grad_unpack_ref(
@@ -94,7 +95,7 @@ def grad_unpack_ref(
         raise ValueError(f"buffer {tuple(buffer.shape)} must match index {tuple(index.shape)}")
     _check_positions(index, math.prod(shape), unique=True)
     out = torch.zeros(list(shape), dtype=buffer.dtype, device=buffer.device)
-    out.view(-1)[index.to(torch.int64)] = buffer
+    out.view(-1).scatter_(0, index.to(torch.int64), buffer)  # scatter_ takes int64 only
     return out
 
 

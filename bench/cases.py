@@ -1576,6 +1576,8 @@ def fill_row(
             row["median_ms"] = sum(timings[p].median_ms for p in prepared.timed_phases)
             row.update(n_runs=first.n, clock=first.clock)
             row["timed_phases"] = "+".join(prepared.timed_phases)
+            if "step" in timings:  # the whole iteration, the method's per-step work included
+                row["iteration_ms"] = sum(t.median_ms for t in timings.values())
     row["flops"] = prepared.flops
     row["flops_nominal"] = prepared.flops_nominal
     row["bytes"] = prepared.bytes
@@ -1632,8 +1634,11 @@ def add_derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add, in place, the columns that compare rows: speedups and fractions of measured limits.
 
     ``speedup_vs_<b> = median_ms(b) / median_ms`` for every baseline ``b`` of the same suite,
-    case and device (also ``forward_speedup_vs_<b>`` and ``backward_speedup_vs_<b>`` for the
-    iteration suite); ``frac_bw_measured = gbps / gbps(calibration copy)`` and
+    case and device (also ``<phase>_speedup_vs_<b>`` for the iteration suite's forward,
+    backward and step, and ``iteration_speedup_vs_<b>`` over all three: ``median_ms`` there is
+    forward + backward, which leaves out the per-step work of a method such as Campfire's
+    masking and the cheaper optimizer step of PruneTrain's smaller model);
+    ``frac_bw_measured = gbps / gbps(calibration copy)`` and
     ``frac_peak_measured = tflops / tflops(calibration GEMM of the same math)`` on the same
     device, where this row set holds the calibration rows.
     """
@@ -1657,7 +1662,7 @@ def add_derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 short = b["impl"].split("@")[0]
                 if r.get("median_ms"):
                     r[f"speedup_vs_{short}"] = b["median_ms"] / r["median_ms"]
-                for phase in ("forward", "backward"):
+                for phase in ("forward", "backward", "step", "iteration"):
                     if r.get(f"{phase}_ms") and b.get(f"{phase}_ms"):
                         r[f"{phase}_speedup_vs_{short}"] = b[f"{phase}_ms"] / r[f"{phase}_ms"]
     for r in ok:

@@ -51,6 +51,7 @@ LEADING = (
     "forward_ms",
     "backward_ms",
     "step_ms",
+    "iteration_ms",
     "host_bound",
     "host_ms",
     "amortized_ms",
@@ -156,14 +157,18 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         ok = [r for r in srows if r["status"] == "ok"]
         lines += [f"## {suite}", ""]
         if ok:
-            speed_cols = sorted({k for r in ok for k in r if k.startswith("speedup_vs_")})
+            speed_cols = sorted(
+                {k for r in ok for k in r if k.startswith(("speedup_vs_", "iteration_speedup_vs_"))}
+            )
             value_cols = [
                 k
                 for k in ("payload_bytes", "payload_fraction", "peak_memory_mib")
                 if any(r.get(k) is not None for r in ok)
             ]
             time_cols = [
-                k for k in ("median_ms", "forward_ms", "backward_ms", "step_ms") if k in ok[0]
+                k
+                for k in ("median_ms", "forward_ms", "backward_ms", "step_ms", "iteration_ms")
+                if k in ok[0]
             ]
             rate_cols = [k for k in ("tflops", "gbps") if any(r.get(k) for r in ok)]
             host_cols = [

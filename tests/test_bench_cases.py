@@ -244,9 +244,27 @@ def test_iteration_rows_report_forward_and_backward_apart():
     row = cases.fill_row(cases.base_row(case, impl, "smoke"), prepared, timings, impl)
     assert row["median_ms"] == 5.0 and row["timed_phases"] == "forward+backward"
     assert row["forward_ms"] == 2.0 and row["step_ms"] == 1.0
+    assert row["iteration_ms"] == 6.0  # the step (a method's per-step work) included
     fwd = prepared.phase_flops["forward"]
     assert row["forward_tflops"] == pytest.approx(fwd / 2e-3 / 1e12)
     assert prepared.phase_flops["backward"] > fwd  # data + weight gradient
+
+
+def test_iteration_speedups_cover_the_step_and_the_whole_iteration():
+    # A method as fast as dense in forward and backward but slower in its step (Campfire's
+    # masking) is no faster per iteration: iteration_speedup_vs_dense says so.
+    base = {"suite": "iteration", "case": "c", "device": "cpu", "status": "ok", "math": "fp32"}
+    rows = [
+        base | {"impl": "dense@cpu", "baseline": True, "median_ms": 5.0, "forward_ms": 2.0,
+                "backward_ms": 3.0, "step_ms": 1.0, "iteration_ms": 6.0},
+        base | {"impl": "campfire@cpu", "median_ms": 5.0, "forward_ms": 2.0,
+                "backward_ms": 3.0, "step_ms": 4.0, "iteration_ms": 9.0},
+    ]  # fmt: skip
+    cases.add_derived(rows)
+    method = rows[1]
+    assert method["speedup_vs_dense"] == 1.0
+    assert method["step_speedup_vs_dense"] == pytest.approx(0.25)
+    assert method["iteration_speedup_vs_dense"] == pytest.approx(6.0 / 9.0)
 
 
 def test_iteration_peak_memory_is_measured_on_a_gpu_only():

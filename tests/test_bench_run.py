@@ -115,6 +115,9 @@ def test_summary_shows_peak_memory_where_rows_have_it():
     ]  # fmt: skip
     text = run.summary(rows, meta)
     assert "| case | impl | median_ms | peak_memory_mib |" in text and "| 1.23e+03 |" in text
+    whole = [r | {"iteration_ms": 2.5, "iteration_speedup_vs_dense": 1.0} for r in rows]
+    assert "| iteration_ms |" in run.summary(whole, meta)
+    assert "| iteration_speedup_vs_dense |" in run.summary(whole, meta)
     cpu_rows = [{k: v for k, v in r.items() if k != "peak_memory_mib"} for r in rows]
     assert "peak_memory_mib" not in run.summary(cpu_rows, meta)
 

@@ -628,6 +628,26 @@ def test_runs_page_footer_shows_the_whole_environment(tmp_path, runs_root):
     assert "aaaaaaaaaaaa" in footer and "Test CPU" in footer
 
 
+def test_report_renders_a_run_saved_without_an_environment_beside_others(tmp_path, runs_root):
+    # a summary without "environment" (hand-made, or from an older version) beside runs with
+    # one: its NaN cells used to crash the runs page's footer (commit[:12] of a float)
+    summary_path = runs_root / "dense-s1" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["environment"]
+    summary_path.write_text(json.dumps(summary))
+    assert main([str(runs_root), "--out", str(tmp_path / "out")]) == 0
+    footer = (tmp_path / "out" / "runs.html").read_text().split("<footer>")[1]
+    assert "aaaaaaaaaaaa" in footer and ">nan<" not in footer.lower()
+
+
+def test_report_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path, runs_root):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile, afile / "sub"):
+        with pytest.raises(ValueError, match="afile is a file, not a directory"):
+            main([str(runs_root), "--out", str(out)])
+
+
 def _index_cells(text, target):
     """The cells of ``target``'s row in the index table."""
     row = re.search(rf"<td>{re.escape(target)}</td>(.*?)</tr>", text, re.S)

@@ -41,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     Where the results are reproductions', every reproduction target without a result is
     listed as missing, with the command that makes it. Raises ``FileNotFoundError`` for a path
     that does not exist and ``ValueError`` when the paths hold neither results nor run
-    directories.
+    directories, or when ``--out`` (or a folder above it) is a file.
     """
     args = build_parser().parse_args(argv)
     for p in args.paths:
         if not Path(p).exists():
             raise FileNotFoundError(f"{p} does not exist")
+    out = Path(args.out)
+    taken = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
+    if taken is not None:
+        raise ValueError(f"--out {out}: {taken} is a file, not a directory")
     results = [load_result(p) for p in find_results(args.paths)]
     runs = metrics = None
     if not args.no_runs and find_run_dirs(args.paths):

@@ -74,7 +74,9 @@ def run_environment(runs: pd.DataFrame, run: dict[str, Any]) -> dict[str, Any]:
     env = runs.attrs.get("environments", {}).get(str(run.get("path")))
     if env:
         return dict(env)
-    return {k: run.get(k) for k in _ENV_COLUMNS}
+    # a run saved without an environment (by hand, or by an older version) beside runs with
+    # one: its cells in those columns are NaN, which is no value
+    return {k: v for k in _ENV_COLUMNS if isinstance(v := run.get(k), str)}
 
 
 def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Section:

@@ -164,6 +164,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pdtbench train",
         description="Train one model with one method into a run directory.",
+        allow_abbrev=False,  # --m and --n are SDGP's, not prefixes of --method or --nproc
     )
     p.add_argument("--resume", metavar="DIR", help="continue the killed run in DIR")
     p.add_argument(
@@ -314,8 +315,14 @@ def cmd_train(argv: list[str]) -> int:
     from impl.train import check_scale_device, resume, train
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
-    pre.add_argument("--method", default="dense")
+    pre.add_argument("--method")
+    pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
+    saved_cfg = None
+    if known.resume and (Path(known.resume) / CONFIG_FILE).is_file():
+        saved_cfg = TrainConfig.from_dict(read_json(Path(known.resume) / CONFIG_FILE))
+    if known.method is None:  # a resumed run's own method options are its flags
+        known.method = saved_cfg.method if saved_cfg is not None else "dense"
     try:
         config_cls = method_class(known.method).Config
     except ValueError as err:
@@ -330,7 +337,7 @@ def cmd_train(argv: list[str]) -> int:
     progress = not args.no_progress
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
-    given = _flags_given(parser, args, _RESUME_FLAGS) if args.resume else []
+    given = _resume_changes(parser, args, argv, saved_cfg) if args.resume else []
     if given:  # refused before torchrun starts N workers that would each refuse it
         raise UsageError(
             f"--resume continues the run with its saved config; {', '.join(given)} cannot "
@@ -342,8 +349,7 @@ def cmd_train(argv: list[str]) -> int:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
     if args.resume:
-        saved = Path(args.resume) / CONFIG_FILE  # resume() reports a missing one itself
-        device = TrainConfig.from_dict(read_json(saved)).device if saved.exists() else "auto"
+        device = saved_cfg.device if saved_cfg is not None else "auto"  # resume() reports
         with _interrupt_hint(Path(args.resume)):
             summary = distributed.run_worker(
                 lambda: resume(args.resume, progress=progress, data_dir=args.data_dir),
@@ -381,15 +387,42 @@ def cmd_train(argv: list[str]) -> int:
 _RESUME_FLAGS = ("resume", "no_progress", "nproc", "dist_timeout", "data_dir")
 
 
-def _flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, allowed) -> list[str]:
-    """The flags of ``args`` set away from their defaults, but for ``allowed`` (dests)."""
-    given = []
+def _resume_changes(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], saved: Any
+) -> list[str]:
+    """The flags typed in ``argv`` with ``--resume`` that would change the saved run: all
+    but :data:`_RESUME_FLAGS` whose value differs from the saved config ``saved`` (a
+    :class:`impl.config.TrainConfig`; with ``None``, every such flag). A flag that repeats
+    the saved value (``--out`` the resumed directory, ``--epochs`` as saved) changes nothing."""
+    typed = {t.split("=", 1)[0] for t in argv if t.startswith("--")}
+    changes = []
     for action in parser._actions:
-        if action.dest in allowed or action.dest == "help" or not action.option_strings:
+        if action.dest in _RESUME_FLAGS or not typed.intersection(action.option_strings):
             continue
-        if getattr(args, action.dest, action.default) != action.default:
-            given.append(action.option_strings[0])
-    return given
+        value = getattr(args, action.dest)
+        if saved is None or not _is_saved_value(action.dest, value, saved, args.resume):
+            changes.append(action.option_strings[0])
+    return changes
+
+
+def _is_saved_value(dest: str, value: Any, saved: Any, run_dir: str) -> bool:
+    """Whether the flag ``dest`` set to ``value`` repeats what the saved config holds."""
+    if dest == "out":
+        return Path(value).resolve() == Path(run_dir).resolve()
+    if dest.startswith("method__"):
+        return saved.method_options.get(dest.removeprefix("method__")) == value
+    if dest == "image_size":
+        return (saved.data_options or {}).get("image_size") == value
+    if dest == "no_augment":
+        return saved.augment is not value
+    if dest == "device" and value != saved.device:
+        from impl.train import pick_device
+
+        try:  # "cpu" for a run saved with "auto" on a machine without a GPU
+            return pick_device(value) == pick_device(saved.device)
+        except (RuntimeError, ValueError):
+            return False
+    return dest in saved.__dataclass_fields__ and getattr(saved, dest) == value
 
 
 class Interrupted(Exception):

@@ -285,6 +285,9 @@ class Trainer:
                         f"{run_dir} already holds a finished run (its summary.json); "
                         "choose another --out"
                     )
+                if main:  # RunBusyError while another process trains it: not "resume it"
+                    with rundir.locked(run_dir):
+                        pass
                 raise RunExistsError(
                     f"{run_dir} already holds a run; continue it with "
                     f"`pdtbench train --resume {run_dir}` or choose another --out"

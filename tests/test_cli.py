@@ -181,6 +181,24 @@ def test_train_names_the_method_that_owns_a_foreign_option(capsys):
     assert cli._other_methods_options(["--typo-flag", "1"], "dense") == ""
 
 
+@pytest.mark.parametrize("flag", ["--m", "--n"])
+def test_sdgps_short_options_under_another_method_name_their_owner(capsys, flag):
+    # argparse took --m for an abbreviation ("ambiguous option: --m could match --method,
+    # --model, --momentum"); abbreviations are off, so the owner is named
+    assert cli.main(["train", "--scale", "smoke", flag, "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} is an option of --method sdgp, not of --method dense" in err
+
+
+def test_train_takes_no_abbreviated_flag(tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error: --epochs spelled out
+        cli.main([*SMOKE, "--epoch", "2", "--out", str(out)])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --epoch 2" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 
@@ -372,6 +390,24 @@ def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
     assert "--epochs cannot change it" in capsys.readouterr().err
     # how to run is not what to train: these are accepted, and a complete run is reported
     assert cli.main(["train", "--resume", str(out), "--no-progress", "--nproc", "1"]) == 0
+    # a flag that repeats the saved value changes nothing: accepted; another method is not
+    same = ["--out", str(out), "--epochs", "1", "--device", "cpu", "--method", "dense"]
+    assert cli.main(["train", "--resume", str(out), "--no-progress", *same]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--method", "sdgp"]) == 2
+    assert "--method cannot change it" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(out), "--out", str(tmp_path / "other")]) == 2
+    assert "--out cannot change it" in capsys.readouterr().err
+
+
+def test_resume_reads_a_resumed_runs_method_options_as_its_flags(tmp_path, capsys):
+    out = tmp_path / "sdgp"
+    assert cli.main([*SMOKE, "--method", "sdgp", "--m", "8", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--no-progress", "--m", "8"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--m", "4"]) == 2
+    assert "--m cannot change it" in capsys.readouterr().err
 
 
 def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
@@ -481,6 +517,10 @@ def test_a_run_directory_in_use_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert f"being trained by another process (pid {os.getpid()})" in err
         assert len(err.splitlines()) == 1
+        # a new run into it is told the same, not to resume a run that is being trained
+        assert cli.main([*SMOKE, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"being trained by another process (pid {os.getpid()})" in err, err
         fresh = tmp_path / "fresh"
         fresh.mkdir()
         with rundir.locked(fresh):

@@ -312,7 +312,7 @@ def cmd_train(argv: list[str]) -> int:
     from impl.data import DATASETS
     from impl.methods import create_method, method_class
     from impl.rundir import CONFIG_FILE, read_json
-    from impl.train import check_scale_device, resume, train
+    from impl.train import check_run_method, check_scale_device, resume, train
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
     pre.add_argument("--method")
@@ -324,6 +324,8 @@ def cmd_train(argv: list[str]) -> int:
     if known.method is None:  # a resumed run's own method options are its flags
         known.method = saved_cfg.method if saved_cfg is not None else "dense"
     try:
+        if saved_cfg is not None:  # a plug-in's run without its registration: how to register
+            check_run_method(Path(known.resume), saved_cfg)
         config_cls = method_class(known.method).Config
     except ValueError as err:
         raise UsageError(str(err)) from err

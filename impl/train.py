@@ -25,7 +25,15 @@ from torch import nn
 from impl import distributed, rundir
 from impl.config import TrainConfig
 from impl.memory import TrainingPeak
-from impl.methods import Method, TrainContext, create_method, identity_change, method_identity
+from impl.methods import (
+    ENV_VAR,
+    Method,
+    TrainContext,
+    create_method,
+    identity_change,
+    method_class,
+    method_identity,
+)
 from impl.methods.masking import conv_weight_counts
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
@@ -598,6 +606,28 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     )
 
 
+def check_run_method(run_dir: Path, cfg: TrainConfig) -> None:
+    """Check that the method ``run_dir`` was trained with can be built here; else a
+    ``ValueError`` that names the class the run recorded (its summary, or its checkpoint for a
+    killed run) and how to register it: a plug-in's run read without its registration."""
+    try:
+        method_class(cfg.method)
+    except ValueError as err:
+        record: dict[str, Any] | None = rundir.complete_summary(run_dir)
+        if record is None:
+            try:
+                record = rundir.load_checkpoint(run_dir, cfg.digest())
+            except rundir.CheckpointError:
+                record = None
+        target = (record or {}).get("method_class")
+        if not target:
+            raise
+        raise ValueError(
+            f"{err}; {run_dir} was trained with {target}: register it, e.g. "
+            f"{ENV_VAR}={cfg.method}={target} (docs/new-method.md)"
+        ) from err
+
+
 def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     """Run ``cfg`` into ``cfg.out`` and return its summary (see shared/DESIGN.md)."""
     return Trainer(cfg, progress=progress).run(resume=False)
@@ -620,6 +650,7 @@ def resume(
     if summary is not None:
         return summary
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
+    check_run_method(run_dir, cfg)
     if data_dir is not None and data_dir != cfg.data_dir:
         cfg.data_dir = data_dir
         rundir.write_json(config_path, cfg.to_dict())  # atomic; the digest leaves it out
@@ -635,6 +666,7 @@ def load_trained_model(
     names it."""
     run_dir = Path(run_dir)
     cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
+    check_run_method(run_dir, cfg)
     digest = cfg.digest()  # of the run as trained, before the device is changed for loading
     cfg.device = device
     if data_dir is not None:
@@ -656,6 +688,7 @@ __all__ = [
     "Trainer",
     "apply_memory_format",
     "check_out_dir",
+    "check_run_method",
     "conv_weight_counts",
     "evaluate",
     "load_trained_model",

@@ -105,8 +105,16 @@ def test_environment_variable_registers_methods_for_every_process(gmp_env, monke
     monkeypatch.setenv(registry.ENV_VAR, "gmp")
     with pytest.raises(ValueError, match="name=package.module:ClassName"):
         available_methods()
+    # a built-in name is never shadowed, nor the attempt ignored: training dense (or any
+    # built-in) with the variable set so is an error, as is a malformed variable
     monkeypatch.setenv(registry.ENV_VAR, "dense=examples.gradual_magnitude:GradualMagnitude")
-    assert method_class("dense").__name__ == "Dense"  # a built-in name is never shadowed
+    with pytest.raises(ValueError, match="'dense' is a built-in method and cannot be replaced"):
+        method_class("dense")
+    monkeypatch.setenv(registry.ENV_VAR, "gmp")
+    with pytest.raises(ValueError, match="name=package.module:ClassName"):
+        method_class("sdgp")
+    monkeypatch.delenv(registry.ENV_VAR)
+    assert method_class("dense").__name__ == "Dense"
 
 
 def test_a_registered_target_that_does_not_import_is_a_clear_error(monkeypatch):
@@ -424,3 +432,26 @@ def test_identity_change_names_what_changed():
         assert "trained by None" in registry.identity_change({}, "tiny")  # unknown code
     finally:
         registry.unregister_method("tiny")
+
+
+def test_a_plugin_run_read_without_its_registration_says_how_to_register_it(
+    gmp_env, tmp_path, monkeypatch, capsys
+):
+    from impl.rundir import SUMMARY_FILE
+    from impl.train import load_trained_model
+
+    run_dir = tmp_path / "gmp"
+    cfg = resolve("smoke", method="gmp", epochs=1, max_steps_per_epoch=1, threads=1)
+    cfg.out = str(run_dir)
+    train(cfg, progress=False)
+    monkeypatch.delenv(registry.ENV_VAR)
+    hint = f"was trained with {TARGET}: register it, e.g. {registry.ENV_VAR}=gmp={TARGET}"
+    with pytest.raises(ValueError, match="unknown method 'gmp'") as err:  # from the summary
+        load_trained_model(run_dir)
+    assert hint in str(err.value)
+    assert cli.main(["eval-fgsm", str(run_dir), "--eps", "0.1"]) == 2
+    out = capsys.readouterr().err.strip()
+    assert hint in out and "\n" not in out  # one line
+    (run_dir / SUMMARY_FILE).unlink()  # a killed run: the checkpoint names the class
+    assert cli.main(["train", "--resume", str(run_dir), "--no-progress"]) == 2
+    assert hint in capsys.readouterr().err

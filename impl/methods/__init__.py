@@ -206,12 +206,15 @@ def available_methods() -> tuple[str, ...]:
 def method_class(name: str) -> type[Method]:
     """Return the :class:`Method` subclass registered under ``name``.
 
-    Raises ``ValueError`` naming the valid methods for an unknown name, and for a registered
-    target that cannot be imported or is not a :class:`Method`.
+    Raises ``ValueError`` naming the valid methods for an unknown name, for a registered
+    target that cannot be imported or is not a :class:`Method`, and for a malformed
+    ``PDTBENCH_METHODS`` or one that names a built-in method (for a built-in name too).
     """
     target = _REGISTRY.get(name)
     if target is None:
         target = _registered().get(name)
+    else:  # a mistake in the variable is an error whatever method is trained: not ignored
+        _from_environment()
     if target is None:
         raise ValueError(
             f"unknown method {name!r}; valid methods: {', '.join(available_methods())}"

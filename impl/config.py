@@ -235,6 +235,15 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
             "schedule 'step' needs milestones (--milestones: the epochs at which the rate "
             "is multiplied by gamma); without them use schedule 'constant'"
         )
+    # a schedule's own settings given for another schedule would be silently ignored
+    owners = {"milestones": "step", "gamma": "step", "warmup_fraction": "onecycle"}
+    for name, schedule in owners.items():
+        if overrides.get(name) not in (None, []) and cfg.schedule != schedule:  # [] clears
+            raise ValueError(
+                f"{name} is a setting of schedule {schedule!r}, and the schedule is "
+                f"{cfg.schedule!r} (set --schedule {schedule}, or leave --{name.replace('_', '-')} "
+                "out)"
+            )
     if cfg.schedule == "step" and min(cfg.milestones) >= cfg.epochs:
         raise ValueError(
             f"schedule 'step' with milestones {cfg.milestones} never changes the rate in "

@@ -155,7 +155,8 @@ def eval_fgsm_run(
     device: str = "cpu",
     data_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """FGSM top-1 of a finished run's model on its test set, for each ``eps`` (pixel units).
+    """FGSM top-1 of a finished run's model on its test set, for each ``eps`` (pixel units:
+    a value in [0, 1], the raw images' scale, else ``ValueError``).
     ``data_dir``: where the run's dataset is now, where it moved since training (None: the
     run's own).
 
@@ -173,9 +174,12 @@ def eval_fgsm_run(
     from impl.train import load_trained_model
 
     eps_values = [float(e) for e in eps_list]
-    bad = [e for e in eps_values if not e >= 0]
+    bad = [e for e in eps_values if not 0 <= e <= 1]
     if not eps_values or bad:
-        raise ValueError(f"eps_list needs values >= 0, got {list(eps_list)}")
+        raise ValueError(
+            "--eps needs values in [0, 1] (a perturbation per pixel of the raw images, on "
+            f"their [0, 1] scale), got {eps_values}"
+        )
     run_dir = Path(run_dir)
     check_finished_run(run_dir)
     model, cfg = load_trained_model(run_dir, device=device, data_dir=data_dir)

@@ -88,9 +88,9 @@ def test_bad_values_are_rejected(kw, match):
 
 
 def test_the_smallest_valid_values_are_accepted():
-    cfg = resolve("cpu", epochs=1, batch_size=1, threads=1, warmup_fraction=0.0,
-                  schedule="step", milestones=[0])  # fmt: skip
+    cfg = resolve("cpu", epochs=1, batch_size=1, threads=1, schedule="step", milestones=[0])
     assert (cfg.epochs, cfg.batch_size, cfg.threads, cfg.milestones) == (1, 1, 1, [0])
+    assert resolve("cpu", warmup_fraction=0.0).warmup_fraction == 0.0  # one-cycle's setting
 
 
 def test_paper_preset_is_the_shared_cifar_recipe():
@@ -183,3 +183,20 @@ def test_train_help_names_the_default_run_directory_as_it_is_made(capsys):
     assert "runs/<method>-<model>-<data>-<scale>-<hash>" in text
     cfg = resolve("smoke", method="dense", model="resnet20", data="digits")
     assert cfg.default_out("runs") == f"runs/dense-resnet20-digits-smoke-{cfg.digest()}"
+
+
+@pytest.mark.parametrize(
+    ("given", "owner"),
+    [
+        ({"milestones": [1]}, "step"),
+        ({"gamma": 0.5}, "step"),
+        ({"warmup_fraction": 0.1, "schedule": "cosine"}, "onecycle"),
+    ],
+    ids=["milestones", "gamma", "warmup"],
+)
+def test_a_schedules_setting_given_for_another_schedule_is_refused(given, owner):
+    # --milestones under the default one-cycle schedule was silently ignored
+    with pytest.raises(ValueError, match=f"is a setting of schedule '{owner}'"):
+        resolve("smoke", **given)
+    own = {"schedule": owner} | ({"milestones": [1]} if owner == "step" else {})
+    resolve("smoke", **(given | own))  # under its own schedule: accepted

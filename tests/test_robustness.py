@@ -136,8 +136,9 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
     assert record["rows"] == rows and record["method"] == "dense"
     assert record["image_size"] == (size or 32)  # attacked on the images it was trained on
     assert "pixel" in record["eps_units"]
-    with pytest.raises(ValueError, match="eps_list"):
-        eval_fgsm_run(run, [-1.0])
+    for bad in ([-1.0], [0.1, 2.0], []):  # the budget is per pixel on the [0, 1] scale
+        with pytest.raises(ValueError, match=r"--eps needs values in \[0, 1\]"):
+            eval_fgsm_run(run, bad)
     # a dataset that moved since training is read from where it is now
     real, dirs = impl.data.make_loaders, []
     monkeypatch.setattr(

@@ -146,10 +146,10 @@ class _Recorder:
     disabled = True
 
     def __init__(self):
-        self.rounds = None
+        self.rounds = self.warmup_rounds = None
 
     def pedantic(self, fn, rounds, warmup_rounds, iterations):
-        self.rounds = rounds
+        self.rounds, self.warmup_rounds = rounds, warmup_rounds
         fn()
 
 
@@ -195,3 +195,23 @@ def test_cpu_kernels_get_the_rounds_that_bench_run_times(monkeypatch):
     for bad in ((5, 0.25, 4), (0, 0.25, 50), (5, -1.0, 50), (5, float("nan"), 50)):
         with pytest.raises(ValueError):
             measure.cpu_rounds(0.01, *bad)
+
+
+def test_iterations_get_the_warm_up_and_rounds_that_bench_run_gives_them(monkeypatch):
+    # at the gpu scale bench.run warms an iteration up 3 times (cuDNN's autotuning, the
+    # allocator); pytest-benchmark's rounds did 1, so its first rounds timed the warm-up
+    import dataclasses
+
+    from bench import cases
+
+    helpers = _helpers_module(monkeypatch)
+    monkeypatch.setattr(helpers, "SCALE", "smoke")
+    smoke = cases.SCALE_CONFIGS["smoke"]
+    monkeypatch.setitem(
+        cases.SCALE_CONFIGS, "smoke", dataclasses.replace(smoke, iter_warmup=3, iter_repeats=4)
+    )
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "dense@cpu", "smoke")
+    rec = _Recorder()
+    helpers.run_benchmark(rec, case, impl)
+    assert (rec.rounds, rec.warmup_rounds) == (4, 3)

@@ -76,8 +76,9 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
 
     cuda = prepared.device.type == "cuda"
     rounds = cfg.pytest_cuda_rounds if cuda else cfg.cpu_repeats
-    if len(prepared.phases) > 1:
-        rounds = cfg.iter_repeats
+    warmup = cfg.cpu_warmup
+    if len(prepared.phases) > 1:  # training iterations: as many as bench.run's, after as many
+        rounds, warmup = cfg.iter_repeats, cfg.iter_warmup
     with measure.pinned_flags(**prepared.flags):
         if not cuda and len(prepared.phases) == 1 and cfg.cpu_min_time_s > 0:
             # as bench.run times a CPU kernel: enough rounds to add up to cpu_min_time_s,
@@ -86,7 +87,7 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
             rounds = measure.cpu_rounds(
                 one.median_ms / 1e3, rounds, cfg.cpu_min_time_s, cfg.cpu_max_repeats
             )
-        benchmark.pedantic(call, rounds=rounds, warmup_rounds=cfg.cpu_warmup, iterations=1)
+        benchmark.pedantic(call, rounds=rounds, warmup_rounds=warmup, iterations=1)
     median = _median_ms(benchmark)
     if getattr(benchmark, "disabled", False) or median is None:
         return None
@@ -95,7 +96,7 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
         timings = cases.measure_prepared(prepared, SCALE)
     row = cases.fill_row(cases.base_row(case, impl, SCALE), prepared, timings, impl)
     benchmark.extra_info.update({k: row.get(k) for k in EXTRA if k in row})
-    for key in ("forward_ms", "backward_ms", "step_ms"):
+    for key in ("forward_ms", "backward_ms", "step_ms", "iteration_ms"):
         if key in row:
             benchmark.extra_info[key] = row[key]
     return row

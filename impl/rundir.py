@@ -82,6 +82,25 @@ def locked(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def wait_until_free(run_dir: Path) -> None:
+    """Block until no process holds ``run_dir``'s lock (:func:`locked`); return at once when
+    it has none. For a caller that would rather wait for another process's training of the
+    same run (two reproductions sharing runs) than fail."""
+    import fcntl
+
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the trainer's exclusive lock is gone
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:  # a file system without locks: nothing to wait on
+        pass
+    finally:
+        os.close(fd)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that is corrupt, truncated, or belongs to another run."""
 

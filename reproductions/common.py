@@ -222,9 +222,23 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     or a summary older than what the reports read) is moved aside to
     ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
     last checkpoint was written by other code of the method
-    (:class:`impl.rundir.StaleRunError`). Raises :class:`MethodUnavailable` when the method's
-    module is missing.
+    (:class:`impl.rundir.StaleRunError`). A run another process is training (two
+    reproductions sharing runs) is waited for, then reused or resumed. Raises
+    :class:`MethodUnavailable` when the method's module is missing.
     """
+    import sys
+
+    from impl.rundir import RunBusyError, wait_until_free
+
+    while True:
+        try:
+            return _run_or_reuse(cfg, progress)
+        except RunBusyError as err:  # another reproduction trains this run: wait, then reuse
+            print(f"{err.args[0].split(';')[0]}: waiting for it", file=sys.stderr)
+            wait_until_free(Path(cfg.out))
+
+
+def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
     import sys
 
     from impl.rundir import StaleRunError

@@ -233,19 +233,62 @@ def train_all(
     else:
         # A pool that fails loudly: a worker killed from outside (out of memory, a signal)
         # breaks the executor, and every run not finished is reported, never waited on.
+        # Ctrl-C reaches the whole process group: the workers ignore it (a worker would drop
+        # its run and take the next queued one) and this process stops them.
         ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(
+            max_workers=min(jobs, len(todo)),
+            mp_context=ctx,
+            initializer=_worker_init,
+            initargs=(os.getpid(),),
+        )
+        try:
             futures = {pool.submit(worker, job): str(job[0].out) for job in work}
             for fut in as_completed(futures):
                 try:
                     done(*fut.result())
                 except BrokenProcessPool as err:
                     done(futures[fut], f"the worker process died: {err}", 0.0)
+        except BaseException:  # Ctrl-C, or this process failing: no run goes on without it
+            stop_workers(pool)
+            if bar is not None:
+                bar.close()
+            raise
+        pool.shutdown(wait=True)
     if bar is not None:
         bar.close()
     failed = len(failures) - no_dataset
     log(f"trained {len(todo) - failed} runs in {time.perf_counter() - t0:.0f} s")
     return failures
+
+
+def _worker_init(parent_pid: int) -> None:
+    """In each worker process: leave Ctrl-C to the parent (:func:`train_all` stops the
+    workers), and exit when the parent is gone (killed, say), so that no orphan goes on
+    training queued runs and holding their locks."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)  # the run directory keeps its last checkpoint; its lock goes with us
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def stop_workers(pool: ProcessPoolExecutor, timeout_s: float = 10.0) -> None:
+    """Terminate the worker processes of ``pool`` and drop its queued jobs, without waiting
+    for a run to finish (each run directory keeps its last checkpoint: the next call resumes
+    it)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout_s)
 
 
 def _with_data(
@@ -296,5 +339,6 @@ __all__ = [
     "default_jobs",
     "log_path",
     "plan_runs",
+    "stop_workers",
     "train_all",
 ]

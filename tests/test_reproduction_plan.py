@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,128 @@ def test_a_dataset_missing_for_another_reason_logs_its_own_remedy(tmp_path, monk
         in lines
     )
     assert not any("--data-dir" in x for x in lines)  # not told to point at a directory
+
+
+def sleeping_worker(job):
+    """A worker that records its pid, then trains for a minute (a run of the cpu scale)."""
+    import os
+    import time
+    from pathlib import Path
+
+    cfg, _ = job
+    Path(str(cfg.out) + ".started").write_text(str(os.getpid()))
+    if cfg.method != "dense":
+        time.sleep(60)
+    return str(cfg.out), None, 0.0
+
+
+def _three_runs(tmp_path):
+    rows = [Row(m, m, train=TINY) for m in ("dense", "campfire", "sdgp")]
+    return plan_runs([_target("cross.methods", rows)], "smoke", tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_instead_of_training_the_queued_runs(tmp_path):
+    # Ctrl-C reached the workers too: each dropped its run and took the next queued one, and
+    # the pool's exit then waited for them all (minutes at the cpu scale, or forever)
+    import multiprocessing
+    import time
+
+    plan = _three_runs(tmp_path)
+
+    def interrupt(line):
+        if "trained" in line:  # the quick run finished: the user presses Ctrl-C
+            raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        train_all(plan, jobs=2, log=interrupt, progress=False, worker=sleeping_worker)
+    assert time.monotonic() - t0 < 30  # not the 60 s of a run, let alone two
+    # every worker is gone (the pool's own thread may reap one a moment after our join)
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.slow
+def test_workers_exit_when_the_process_that_started_them_is_killed(tmp_path):
+    # kill -9 of `pdtbench reproduce` left its workers training the queued runs, holding
+    # their locks, so the next reproduce found them "being trained by another process"
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_reproduction_plan import _three_runs, sleeping_worker
+from pathlib import Path
+from reproductions.parallel import train_all
+train_all(_three_runs(Path({str(tmp_path)!r})), jobs=2, log=lambda s: None, progress=False,
+          worker=sleeping_worker)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        started = []
+        while len(started) < 2 and time.monotonic() < deadline:
+            started = list(tmp_path.rglob("*.started"))
+            time.sleep(0.2)
+        assert len(started) >= 2, "the workers did not start"
+        pids = [int(p.read_text()) for p in started]
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [p for p in pids if alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors
+
+
+@pytest.mark.slow
+def test_a_run_another_reproduction_is_training_is_waited_for_then_resumed(tmp_path, capsys):
+    # two reproductions sharing a --runs-root: the second printed a traceback for a run the
+    # first was training (RunBusyError), saved its result without that row, and exited 0
+    import subprocess
+    import sys
+    import time
+
+    from impl.config import resolve
+    from impl.rundir import SUMMARY_FILE
+    from reproductions.common import run_or_reuse
+
+    cfg = resolve("smoke", epochs=1, max_steps_per_epoch=1, threads=1)
+    cfg.out = str(tmp_path / "run")
+    first, reused = run_or_reuse(cfg)
+    assert not reused
+    (tmp_path / "run" / SUMMARY_FILE).unlink()  # killed before its end: to be resumed
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from impl.rundir import locked; "
+         f"cm = locked({cfg.out!r}); cm.__enter__(); print('held', flush=True); time.sleep(3)"],
+        cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        summary, reused = run_or_reuse(cfg)
+        waited = time.monotonic() - t0
+    finally:
+        holder.wait()
+    assert summary["top1"] == first["top1"] and not reused  # resumed once the lock was free
+    assert waited > 1.0
+    assert "being trained by another process" in capsys.readouterr().err

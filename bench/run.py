@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 
 from bench import cases
+from impl import rundir
 
 #: Rows appended one JSON line each as they are measured (removed when a run completes).
 PARTIAL_NAME = "rows.partial.jsonl"
@@ -81,19 +84,45 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lead + [c for c in seen if c not in lead]
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a part: written beside it, then
+    renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, newline="")
+    os.replace(tmp, path)
+
+
 def write_rows(rows: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
-    """Write ``rows.csv``, ``rows.json`` and ``summary.md`` into ``out`` (created if needed)."""
+    """Write ``rows.csv``, ``rows.json`` and ``summary.md`` into ``out`` (created if needed),
+    each atomically (a kill mid-write leaves the previous file whole)."""
     out.mkdir(parents=True, exist_ok=True)
     cols = columns(rows)
-    with open(out / "rows.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    _write_atomic(out / "rows.csv", buf.getvalue())
     payload = dict(meta)
     payload["rows"] = [{k: _json_value(v) for k, v in row.items()} for row in rows]
-    (out / "rows.json").write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
-    (out / "summary.md").write_text(summary(rows, meta))
+    _write_atomic(out / "rows.json", json.dumps(payload, indent=1, sort_keys=False) + "\n")
+    _write_atomic(out / "summary.md", summary(rows, meta))
+
+
+def keep_cut_run(out: Path) -> Path | None:
+    """Move the files of a run of ``out`` that was cut (its ``rows.partial.jsonl``, and the
+    ``rows.*`` / ``summary.md`` written beside it) into ``out/cut-<time>/``, so that a new
+    run into ``out`` does not write over rows measured before the cut; returns that folder,
+    or None when ``out`` holds no cut run."""
+    partial = out / PARTIAL_NAME
+    if not partial.exists():
+        return None
+    aside = out / time.strftime("cut-%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in (PARTIAL_NAME, "rows.csv", "rows.json", "summary.md"):
+        if (out / name).exists():
+            os.replace(out / name, aside / name)
+    return aside
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -309,6 +338,23 @@ def run(
         "wall_seconds": None,
         "provenance": cases.provenance(scale),
     }
+    out.mkdir(parents=True, exist_ok=True)
+    with rundir.locked(out, "wait for it to end, or use another --out", doing="written"):
+        kept = keep_cut_run(out)
+        if kept is not None:
+            quiet_print(f"{out} held a cut run: its rows are kept in {kept}")
+        return _run(scale, out, suites, match, case_names, meta, start)
+
+
+def _run(
+    scale: str,
+    out: Path,
+    suites: Sequence[str],
+    match: str | None,
+    case_names: Sequence[str] | None,
+    meta: dict[str, Any],
+    start: float,
+) -> list[dict[str, Any]]:
     partial = PartialRows(out)
     rows: list[dict[str, Any]] = []
     running: dict[str, str | None] = {"pair": None}
@@ -442,8 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if "calibration" not in suites:
         suites = ["calibration", *suites]
-    with terminate_gracefully():
-        rows = run(args.scale, args.out, suites, args.match, args.cases)
+    try:
+        with terminate_gracefully():
+            rows = run(args.scale, args.out, suites, args.match, args.cases)
+    except rundir.RunBusyError as exc:  # another bench.run writes into --out
+        print(f"python -m bench.run: {exc}", file=sys.stderr)
+        return 2
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

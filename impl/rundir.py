@@ -46,12 +46,17 @@ class RunBusyError(RuntimeError):
 
 
 @contextlib.contextmanager
-def locked(run_dir: Path) -> Iterator[None]:
+def locked(
+    run_dir: Path,
+    busy: str = "wait for it to end, or stop it before --resume",
+    doing: str = "trained",
+) -> Iterator[None]:
     """Hold an exclusive lock on ``run_dir`` (``flock`` on its ``.lock`` file, which records
     the holder's pid) while training into it, so that a second ``train`` or ``--resume`` of
     the same directory is refused instead of interleaving epochs and overwriting the summary.
 
-    Raises :class:`RunBusyError` naming the holder's pid. The lock goes with the process (a
+    Raises :class:`RunBusyError` naming what the holder is ``doing`` and its pid, then
+    ``busy`` (what to do about it). The lock goes with the process (a
     killed run leaves no stale lock). Where the file system has no locks, this warns once and
     runs unlocked.
     """
@@ -65,8 +70,7 @@ def locked(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise RunBusyError(
-                f"{run_dir} is being trained by another process (pid {holder}); wait for it "
-                "to end, or stop it before --resume"
+                f"{run_dir} is being {doing} by another process (pid {holder}); {busy}"
             ) from None
         except OSError as err:  # e.g. ENOLCK on a file system without locks
             log.warning("%s: cannot lock (%s); running without a lock", run_dir, err)

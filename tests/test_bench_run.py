@@ -220,6 +220,48 @@ def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
     assert {r["suite"] for r in payload["rows"]} == {"calibration"}
     assert (out / run.PARTIAL_NAME).exists()
 
+    # the next run into the same --out keeps the cut run's rows (it truncated them)
+    monkeypatch.setattr(cases, "run_pair", real)
+    cut_rows = (out / run.PARTIAL_NAME).read_text()
+    run.run("smoke", out, ["calibration"])
+    (kept,) = out.glob("cut-*")
+    assert (kept / run.PARTIAL_NAME).read_text() == cut_rows
+    assert json.loads((kept / "rows.json").read_text())["complete"] is False
+    assert json.loads((out / "rows.json").read_text())["complete"] is True
+    assert not (out / run.PARTIAL_NAME).exists()  # complete: everything is in rows.json
+
+
+def test_a_second_run_into_the_same_out_is_refused_while_the_first_writes(tmp_path, capsys):
+    # two runs into one --out tore each other's rows.partial.jsonl lines
+    from impl import rundir
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    with rundir.locked(out):  # another bench.run writing there (flock: per open file)
+        assert run.main(["--scale", "smoke", "--suite", "calibration", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is being written by another process" in err and "use another --out" in err
+    assert not (out / "rows.json").exists()
+
+
+def test_rows_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    # a kill mid-write left rows.json empty (JSONDecodeError) and the previous rows lost
+    out = tmp_path / "atomic"
+    run.write_rows([{"suite": "s", "case": "c", "impl": "i", "status": "ok"}], out, {"x": 1})
+    before = (out / "rows.json").read_text()
+
+    real = Path.write_text
+
+    def killed(self, data, *args, **kwargs):  # a signal arriving halfway through the write
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.write_rows([], out, {"x": 2})
+    monkeypatch.undo()
+    assert (out / "rows.json").read_text() == before
+
 
 @pytest.mark.parametrize(
     ("exc", "expected"),

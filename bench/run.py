@@ -15,7 +15,9 @@ A run cut short keeps what it measured: each row is appended to ``<out>/rows.par
 as soon as it is measured, the CSV, JSON and summary are rewritten after every suite, and a
 SIGTERM (what ``timeout`` sends) or Ctrl-C writes them once more before the process ends,
 with ``"complete": false`` and ``"cut_at"`` (the pair that was running and why). A complete
-run removes ``rows.partial.jsonl``.
+run removes ``rows.partial.jsonl``; a new run into an ``--out`` that holds a cut one first
+moves the cut run's files into ``<out>/cut-<time>/`` (:func:`keep_cut_run`). The files are
+written atomically, and one ``--out`` takes one run at a time (a second is refused).
 """
 
 from __future__ import annotations
@@ -281,7 +283,8 @@ def cut_reason(exc: BaseException | None) -> str:
 
 class PartialRows:
     """Appends each measured row to ``<out>/rows.partial.jsonl`` at once (flushed), so that a
-    process killed outright (SIGKILL) still leaves its rows. Truncated when opened."""
+    process killed outright (SIGKILL) still leaves its rows. Truncated when opened
+    (:func:`run` first moves a cut run's file aside: :func:`keep_cut_run`)."""
 
     def __init__(self, out: Path, name: str = PARTIAL_NAME) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,7 @@ def locked(
     the holder's pid) while training into it, so that a second ``train`` or ``--resume`` of
     the same directory is refused instead of interleaving epochs and overwriting the summary.
 
+    Taking the lock removes the temporary files (``.*.tmp``) a writer killed mid-write left.
     Raises :class:`RunBusyError` naming what the holder is ``doing`` and its pid, then
     ``busy`` (what to do about it). The lock goes with the process (a
     killed run leaves no stale lock). Where the file system has no locks, this warns once and
@@ -78,6 +79,10 @@ def locked(
             return
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # What a writer killed mid-write left (atomic_write's temporaries, a checkpoint's
+        # megabytes): while this lock is held, nothing else writes here.
+        for stale in path.parent.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
         try:
             yield
         finally:

@@ -21,3 +21,14 @@ def test_a_resume_keeps_the_epochs_its_checkpoint_holds_and_drops_the_rest(tmp_p
 
 def test_read_metrics_of_a_run_without_metrics_is_empty(tmp_path):
     assert rundir.read_metrics(tmp_path) == []
+
+
+def test_taking_a_run_directorys_lock_removes_what_a_killed_writer_left(tmp_path):
+    # a kill mid-checkpoint left .checkpoint.pt.XXXX.tmp (megabytes) in the run for good
+    stale = tmp_path / ".checkpoint.pt.k3j2.tmp"
+    stale.write_bytes(b"x" * 100)
+    kept = tmp_path / "metrics.jsonl"
+    kept.write_text("{}\n")
+    with rundir.locked(tmp_path):
+        assert not stale.exists()
+    assert kept.read_text() == "{}\n"

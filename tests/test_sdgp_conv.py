@@ -576,3 +576,22 @@ def test_random_generator_is_shared_seeded_and_only_for_random_pruning():
     a, b = random_generator(model, "random", None, 7), random_generator(model, "random", None, 7)
     assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
     assert random_generator(torch.nn.Identity(), "random", None, 1).device.type == "cpu"
+
+
+def test_a_resumed_run_reports_the_whole_runs_pruning_paths(tmp_path):
+    # the counts lived only in the layers: a run resumed after its last checkpoint reported
+    # {} (or the calls since the resume), not the whole run's
+    from impl.config import resolve
+    from impl.rundir import SUMMARY_FILE
+    from impl.train import resume, train
+
+    def cfg(out):
+        c = resolve("smoke", method="sdgp", epochs=2, max_steps_per_epoch=2, threads=1)
+        c.out = str(out)
+        return c
+
+    whole = train(cfg(tmp_path / "whole"), progress=False)["sdgp_prune_paths"]
+    assert whole and sum(whole.values()) > 0
+    train(cfg(tmp_path / "cut"), progress=False)
+    (tmp_path / "cut" / SUMMARY_FILE).unlink()  # killed after its last checkpoint
+    assert resume(tmp_path / "cut", progress=False)["sdgp_prune_paths"] == whole

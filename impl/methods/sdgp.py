@@ -605,6 +605,7 @@ class SDGP(Method):
         super().__init__(config)
         self.generator: torch.Generator | None = None
         self.plan: list[LayerPlan] = []
+        self._prune_paths: dict[str, dict[str, int]] = {}  # per layer, at the last epoch's end
 
     def validate(self, train_config: Any) -> None:
         """Check n, m, the pruning function, the rescale and nondivisible rules."""
@@ -652,6 +653,11 @@ class SDGP(Method):
 
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
         """Mean over layers of sum|pruned dL/dO| / sum|dense dL/dO| this epoch."""
+        # what the epoch's checkpoint keeps of the layers' pruning-path counts (a resumed run
+        # then reports the whole run's calls, not those since the resume)
+        self._prune_paths = {
+            name: dict(mod.prune_paths) for name, mod in sdgp_modules(ctx.model).items()
+        }
         ratios = [r for r in (v.l1_ratio() for v in sdgp_modules(ctx.model).values())]
         ratios = [r for r in ratios if not math.isnan(r)]
         if not ratios:
@@ -717,17 +723,25 @@ class SDGP(Method):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The random-pruning generator's state (a uint8 tensor)."""
-        if self.generator is None:
-            return {}
-        return {"generator_state": self.generator.get_state()}
+        """The random-pruning generator's state (a uint8 tensor) and each layer's calls per
+        pruning path up to the last epoch's end."""
+        out: dict[str, Any] = {"prune_paths": dict(self._prune_paths)}
+        if self.generator is not None:
+            out["generator_state"] = self.generator.get_state()
+        return out
 
     def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
-        """Restore the generator; (re)convert ``ctx.model`` if ``setup`` has not done it."""
+        """Restore the generator and the pruning-path counts; (re)convert ``ctx.model`` if
+        ``setup`` has not done it."""
         if self.generator is None or not sdgp_modules(ctx.model):
             self.setup(ctx)
         if "generator_state" in state and self.generator is not None:
             self.generator.set_state(state["generator_state"].to(torch.uint8).cpu())
+        modules = sdgp_modules(ctx.model)
+        for name, paths in state.get("prune_paths", {}).items():
+            if name in modules:
+                modules[name].prune_paths = dict(paths)
+        self._prune_paths = dict(state.get("prune_paths", {}))
 
 
 __all__ = [

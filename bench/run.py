@@ -497,6 +497,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except rundir.RunBusyError as exc:  # another bench.run writes into --out
         print(f"python -m bench.run: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the rows measured are written (run's last write): no traceback
+        print(
+            f"python -m bench.run: interrupted; the rows measured are in {args.out}",
+            file=sys.stderr,
+        )
+        return 130  # 128 + SIGINT, as a shell reports Ctrl-C
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -231,6 +231,25 @@ def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
     assert not (out / run.PARTIAL_NAME).exists()  # complete: everything is in rows.json
 
 
+def test_ctrl_c_ends_bench_run_in_one_line_with_its_rows_written(tmp_path, monkeypatch, capsys):
+    # SIGINT kept the rows but ended in a KeyboardInterrupt traceback
+    real = cases.run_pair
+
+    def interrupted(case, impl, scale=None):
+        if case.suite == "nm_prune":
+            raise KeyboardInterrupt
+        return real(case, impl, scale)
+
+    monkeypatch.setattr(cases, "run_pair", interrupted)
+    out = tmp_path / "int"
+    argv = ["--scale", "smoke", "--suite", "nm_prune", "--out", str(out)]
+    assert run.main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"interrupted; the rows measured are in {out}") and "Traceback" not in err
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["complete"] is False and {r["suite"] for r in payload["rows"]} == {"calibration"}
+
+
 def test_a_second_run_into_the_same_out_is_refused_while_the_first_writes(tmp_path, capsys):
     # two runs into one --out tore each other's rows.partial.jsonl lines
     from impl import rundir

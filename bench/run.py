@@ -86,14 +86,6 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lead + [c for c in seen if c not in lead]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, never a part: written beside it, then
-    renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, newline="")
-    os.replace(tmp, path)
-
-
 def write_rows(rows: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     """Write ``rows.csv``, ``rows.json`` and ``summary.md`` into ``out`` (created if needed),
     each atomically (a kill mid-write leaves the previous file whole)."""
@@ -104,11 +96,12 @@ def write_rows(rows: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) 
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
-    _write_atomic(out / "rows.csv", buf.getvalue())
+    rundir.atomic_write_bytes(out / "rows.csv", buf.getvalue().encode())
     payload = dict(meta)
     payload["rows"] = [{k: _json_value(v) for k, v in row.items()} for row in rows]
-    _write_atomic(out / "rows.json", json.dumps(payload, indent=1, sort_keys=False) + "\n")
-    _write_atomic(out / "summary.md", summary(rows, meta))
+    text = json.dumps(payload, indent=1, sort_keys=False) + "\n"
+    rundir.atomic_write_bytes(out / "rows.json", text.encode())
+    rundir.atomic_write_bytes(out / "summary.md", summary(rows, meta).encode())
 
 
 def keep_cut_run(out: Path) -> Path | None:

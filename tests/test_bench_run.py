@@ -269,17 +269,15 @@ def test_rows_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     run.write_rows([{"suite": "s", "case": "c", "impl": "i", "status": "ok"}], out, {"x": 1})
     before = (out / "rows.json").read_text()
 
-    real = Path.write_text
-
-    def killed(self, data, *args, **kwargs):  # a signal arriving halfway through the write
-        real(self, data[: len(data) // 2], *args, **kwargs)
+    def killed(fd):  # a signal arriving once the new bytes are written, before they count
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Path, "write_text", killed)
+    monkeypatch.setattr(os, "fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         run.write_rows([], out, {"x": 2})
     monkeypatch.undo()
     assert (out / "rows.json").read_text() == before
+    assert not list(out.glob(".*.tmp"))  # the half-done file is gone too
 
 
 @pytest.mark.parametrize(

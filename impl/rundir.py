@@ -42,7 +42,12 @@ log = logging.getLogger(__name__)
 
 
 class RunBusyError(RuntimeError):
-    """Another process is training into the run directory right now."""
+    """Another process is training into the run directory right now: ``holder`` is its pid
+    (as its lock file records it; "?" where it holds none)."""
+
+    def __init__(self, message: str, holder: str = "?") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 @contextlib.contextmanager
@@ -71,7 +76,7 @@ def locked(
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise RunBusyError(
-                f"{run_dir} is being {doing} by another process (pid {holder}); {busy}"
+                f"{run_dir} is being {doing} by another process (pid {holder}); {busy}", holder
             ) from None
         except OSError as err:  # e.g. ENOLCK on a file system without locks
             log.warning("%s: cannot lock (%s); running without a lock", run_dir, err)

@@ -234,7 +234,10 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
         try:
             return _run_or_reuse(cfg, progress)
         except RunBusyError as err:  # another reproduction trains this run: wait, then reuse
-            print(f"{err.args[0].split(';')[0]}: waiting for it", file=sys.stderr)
+            print(
+                f"{cfg.out} is being trained by another process (pid {err.holder}): waiting for it",
+                file=sys.stderr,
+            )
             wait_until_free(Path(cfg.out))
 
 

@@ -62,7 +62,7 @@ def test_resnet20_param_count_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("resnet32", 466_906), ("resnet56", 855_770), ("resnet9", 6_573_120)],
+    [("resnet32", 466_906), ("resnet56", 855_770), ("resnet9", 2_274_880)],
     ids=["resnet32", "resnet56", "resnet9"],
 )
 def test_cifar_param_counts(name: str, expected: int) -> None:
@@ -75,11 +75,12 @@ def test_cifar_param_counts(name: str, expected: int) -> None:
     elif name == "resnet56":
         assert expected == 272_474 + 6 * per_triple
     else:
-        # ResNet-9: convs 3*64, 64*128, 2*128*128, 128*256, 256*512, 2*512*512 (x9), BNs 2c,
-        # classifier 512*10 without bias.
-        convs = [(3, 64), (64, 128), (128, 128), (128, 128), (128, 256), (256, 512)]
-        convs += [(512, 512), (512, 512)]
-        assert expected == sum(9 * a * b + 2 * b for a, b in convs) + 512 * 10
+        # ffcv's ResNet-9 (SDGP's CIFAR model): 3x3 convs 3*64, 2*128*128, 128*256,
+        # 2*256*256, 256*128, one 5x5 conv 64*128, BNs 2c, classifier 128*10 without bias.
+        convs = [(3, 64), (128, 128), (128, 128), (128, 256), (256, 256), (256, 256)]
+        convs += [(256, 128)]
+        five = 25 * 64 * 128 + 2 * 128
+        assert expected == sum(9 * a * b + 2 * b for a, b in convs) + five + 128 * 10
     assert n_params(create(name)) == expected
 
 
@@ -191,12 +192,18 @@ def test_resnet_cifar_stem_for_imagenet_resnets() -> None:
 
 def test_resnet9_scaled_classifier() -> None:
     model = create("resnet9").eval()
-    assert model.fc.bias is None and model.fc.in_features == 512
+    assert model.fc.bias is None and model.fc.in_features == 128
     seen = {}
     model.fc.register_forward_hook(lambda m, i, o: seen.setdefault("fc", o))
+    model.pool.register_forward_hook(lambda m, i, o: seen.update(pool_in=i[0].shape))
     with torch.no_grad():
         out = model(torch.randn(2, 3, 32, 32))
     torch.testing.assert_close(out, 0.2 * seen["fc"])
+    # ffcv's layout: a 5x5 stride-2 conv then one max-pool (32 -> 16 -> 8), then the last
+    # 3x3 conv without padding (8 -> 6) narrows to 128 channels.
+    first = model.layer1[0].conv
+    assert (first.kernel_size, first.stride, first.padding) == ((5, 5), (2, 2), (2, 2))
+    assert seen["pool_in"] == (2, 128, 6, 6)
     assert isinstance(model.pool, nn.AdaptiveMaxPool2d)
 
 

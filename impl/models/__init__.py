@@ -10,7 +10,7 @@ resnet50 resnet101         ``"imagenet"``      ``"imagenet"`` stem is torchvisio
 vgg11 vgg13 vgg16          ``"cifar"``,        VGG with BatchNorm; the stem selects the
                            ``"imagenet"``      head (global pool + Linear, or torchvision's
                                                3-layer classifier), :mod:`.vgg`
-resnet9                    ``"cifar"``         DAWNBench ResNet-9, :mod:`.resnet9`
+resnet9                    ``"cifar"``         ffcv ResNet-9 (SDGP), :mod:`.resnet9`
 =========================  ==================  ===========================================
 """
 

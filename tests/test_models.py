@@ -224,10 +224,30 @@ def test_init_kaiming_and_batchnorm(name: str) -> None:
     assert big.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.05)
 
 
+def test_prunetrain_resnet50_is_the_papers_cifar_model() -> None:
+    """PruneTrain's CIFAR ResNet-50: 3 stages of 8 bottlenecks at 16/32/64 base channels, whose
+    dense cost the paper gives as 230 MFLOPs per inference (Sec. 5.2); the ImageNet layout on a
+    CIFAR stem is 11x that."""
+    from impl.flops import training_flops
+
+    model = create("prunetrain_resnet50")
+    stages = [model.layer1, model.layer2, model.layer3]
+    assert not hasattr(model, "layer4")
+    assert [len(s) for s in stages] == [8, 8, 8]
+    assert all(isinstance(b, Bottleneck) for s in stages for b in s)
+    assert [s[0].conv1.out_channels for s in stages] == [16, 32, 64]
+    assert model.fc.in_features == 256
+    assert [s[0].conv2.stride for s in stages] == [(1, 1), (2, 2), (2, 2)]
+    mflops = training_flops(model, (3, 32, 32)).forward / 1e6
+    assert mflops == pytest.approx(230, rel=0.03)
+    imagenet_layout = training_flops(create("resnet50"), (3, 32, 32)).forward / 1e6
+    assert imagenet_layout > 10 * mflops
+
+
 def test_models_and_stems_listed() -> None:
     assert set(MODELS) == {
         "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50", "resnet101",
-        "vgg11", "vgg13", "vgg16", "resnet9",
+        "vgg11", "vgg13", "vgg16", "resnet9", "prunetrain_resnet50",
     }  # fmt: skip
     assert STEMS["resnet20"] == ("cifar",) and STEMS["resnet9"] == ("cifar",)
     assert STEMS["resnet50"] == ("cifar", "imagenet") and STEMS["vgg16"] == ("cifar", "imagenet")

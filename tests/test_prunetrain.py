@@ -347,7 +347,9 @@ def test_channel_union_keeps_shapes_consistent(name: str, stem: str) -> None:
     out.sum().backward()
 
 
-@pytest.mark.parametrize("name", ["resnet20", "resnet56", "resnet50", "vgg11"], ids=str)
+@pytest.mark.parametrize(
+    "name", ["resnet20", "resnet56", "resnet50", "prunetrain_resnet50", "vgg11"], ids=str
+)
 @pytest.mark.parametrize("zero_norms", [True, False], ids=["bn-zeroed", "bn-kept"])
 def test_zero_then_reconfigure_is_equivalent(name: str, zero_norms: bool) -> None:
     """Required: outputs unchanged (eval mode, 1e-5 relative), dead paths included."""

@@ -77,3 +77,19 @@ def test_a_paper_row_whose_schedule_does_not_fit_is_refused_before_training(tmp_
     cfg = row.configs("paper", tmp_path)[0]
     with pytest.raises(ValueError, match="after the end of training"):
         create_method(cfg.method, cfg.method_options).validate(cfg)
+
+
+def test_paper_rows_train_each_papers_own_network():
+    """The paper's name maps to the network it trained: PruneTrain's CIFAR "ResNet50" is its
+    3-stage bottleneck layout (230 MFLOPs, Sec. 5.2), its ImageNet ResNet-50 torchvision's;
+    SDGP's CIFAR ResNet-9 is ffcv's (impl.models.resnet9)."""
+    trained = {}
+    for key in ("prunetrain.table1", "prunetrain.fig8", "prunetrain.table4", "sdgp.table1"):
+        for r in _training_rows(key):
+            sel = r.paper or {}
+            trained.setdefault((key.split(".")[0], sel.get("model"), r.train.get("data")), set())
+            trained[key.split(".")[0], sel.get("model"), r.train.get("data")].add(r.train["model"])
+    assert trained["prunetrain", "resnet50", "cifar10"] == {"prunetrain_resnet50"}
+    assert trained["prunetrain", "resnet50", "cifar100"] == {"prunetrain_resnet50"}
+    assert trained["prunetrain", "resnet50", "imagenet"] == {"resnet50"}
+    assert trained["sdgp", "resnet9", "cifar10"] == {"resnet9"}

@@ -11,6 +11,8 @@ vgg11 vgg13 vgg16          ``"cifar"``,        VGG with BatchNorm; the stem sele
                            ``"imagenet"``      head (global pool + Linear, or torchvision's
                                                3-layer classifier), :mod:`.vgg`
 resnet9                    ``"cifar"``         ffcv ResNet-9 (SDGP), :mod:`.resnet9`
+prunetrain_resnet50        ``"cifar"``         PruneTrain's CIFAR ResNet-50 (3 stages of 8
+                                               bottlenecks, 16/32/64), :mod:`.resnet`
 =========================  ==================  ===========================================
 """
 
@@ -18,7 +20,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from .resnet import IMAGENET_RESNETS, BasicBlock, Bottleneck, ResNet, cifar_resnet, imagenet_resnet
+from .resnet import (
+    IMAGENET_RESNETS,
+    BasicBlock,
+    Bottleneck,
+    ResNet,
+    cifar_resnet,
+    imagenet_resnet,
+    prunetrain_resnet50,
+)
 from .resnet9 import ResNet9
 from .vgg import CONFIGS as VGG_CONFIGS
 from .vgg import VGG, vgg
@@ -30,6 +40,7 @@ MODELS: tuple[str, ...] = (
     *IMAGENET_RESNETS,
     *VGG_CONFIGS,
     "resnet9",
+    "prunetrain_resnet50",
 )
 
 STEMS: dict[str, tuple[str, ...]] = {
@@ -37,6 +48,7 @@ STEMS: dict[str, tuple[str, ...]] = {
     **{n: ("cifar", "imagenet") for n in IMAGENET_RESNETS},
     **{n: ("cifar", "imagenet") for n in VGG_CONFIGS},
     "resnet9": ("cifar",),
+    "prunetrain_resnet50": ("cifar",),
 }
 
 
@@ -71,6 +83,8 @@ def create(
         return imagenet_resnet(name, num_classes, in_channels, stem)
     if name in VGG_CONFIGS:
         return vgg(name, num_classes, in_channels, stem)
+    if name == "prunetrain_resnet50":
+        return prunetrain_resnet50(num_classes, in_channels)
     return ResNet9(num_classes, in_channels)
 
 

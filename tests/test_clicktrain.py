@@ -415,3 +415,23 @@ def test_validate_rejects_bad_options(options, match):
 def test_validate_accepts_real_models_and_pool_bounds(model):
     for size in (1, 126):
         ClickTrain(ClickTrainConfig(pool_size=size)).validate(TrainConfig(model=model, epochs=30))
+
+
+def test_validate_refuses_cuda_pattern_convs_where_they_cannot_run(monkeypatch):
+    """sparse_impl='cuda' is refused before training, not at hard pruning half-way through."""
+    method = ClickTrain(ClickTrainConfig(sparse_impl="cuda"))
+    with pytest.raises(ValueError, match="sparse_impl='cuda' cannot run here: the run trains on"):
+        method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device is present"):
+        method.validate(TrainConfig(model="resnet20", epochs=30, device="auto"))
+
+
+def test_validate_accepts_cuda_pattern_convs_where_the_kernels_load(monkeypatch):
+    import impl.ops.pattern as pattern
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pattern, "has_cuda_kernels", lambda: True)
+    ClickTrain(ClickTrainConfig(sparse_impl="cuda")).validate(
+        TrainConfig(model="resnet20", epochs=30, device="cuda")
+    )

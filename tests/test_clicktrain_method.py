@@ -483,3 +483,24 @@ def test_stages_run_on_gpu():
         module = ctx.model.get_submodule(name)
         assert isinstance(module, PatternConv2d)
         assert torch.count_nonzero(module.weight[~method.masks[f"{name}.weight"]]) == 0
+
+
+def test_the_row_of_the_hard_pruning_epoch_says_it_was_tested_after_pruning():
+    """Hard pruning ends the last regularization epoch, before it is evaluated: its row keeps
+    the stage it trained in and says the model it describes is the pruned one."""
+    method = ClickTrain(ClickTrainConfig(**{**FAST, "hard_prune_epoch": 4}))
+    ctx = _context(TinyNet(), 6)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    data = _data()
+    _run_epochs(method, ctx, range(3), data)
+    rows = []
+    for epoch in (3, 4):
+        _run_epochs(method, ctx, range(epoch, epoch + 1), data)
+        rows.append(method.epoch_metrics(ctx))
+    regularize, sparse = rows
+    assert regularize["clicktrain_stage"] == "regularize" and method.stage == "sparse"
+    assert regularize["clicktrain_evaluated_after_hard_prune"] is True
+    assert regularize["clicktrain_conv_compression"] > 1
+    assert sparse["clicktrain_stage"] == "sparse"
+    assert "clicktrain_evaluated_after_hard_prune" not in sparse

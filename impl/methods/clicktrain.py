@@ -59,6 +59,22 @@ FINALIZE_FRACTION = 0.05
 HARD_PRUNE_FRACTION = 0.5
 
 
+def cuda_pattern_kernels_missing(device: str) -> str | None:
+    """Why the CUDA pattern kernels cannot run for a run on ``device`` ("auto", "cpu",
+    "cuda[:N]"), or None when they load (compiling them on first use)."""
+    if str(device).startswith("cpu"):
+        return "the run trains on the CPU"
+    if not torch.cuda.is_available():
+        return "no CUDA device is present"
+    from impl.ops.pattern import has_cuda_kernels
+
+    if has_cuda_kernels():
+        return None
+    from impl.cuda import cuda_kernels_error
+
+    return cuda_kernels_error() or "the CUDA pattern kernels do not load"
+
+
 @dataclass
 class ClickTrainConfig(MethodConfig):
     """Options of ClickTrain (defaults: the paper's, Sec. 6.1, unless noted).
@@ -68,8 +84,8 @@ class ClickTrainConfig(MethodConfig):
             loss-derivative rule, at the latest after ``max_dense_epochs``.
         loss_derivative_threshold: stage 1 ends after the first epoch ``e >= 1`` with
             ``|L[e-1] - L[e]| < threshold``, where ``L[e]`` is the mean training
-            cross-entropy over epoch ``e``'s batches (paper: 0.27); a rising loss does not
-            end it.
+            cross-entropy over epoch ``e``'s batches (paper: 0.27); a loss that rises by less
+            than the threshold ends it too, one that jumps up by more does not.
         max_dense_epochs: latest end of stage 1 by the derivative rule; None: 25% of the
             epochs (at least 1), shortened if needed so that pool generation and
             finalization end by ``hard_prune_epoch`` (0 in a 2-epoch run: no stage 1).
@@ -272,6 +288,15 @@ class ClickTrain(Method):
             raise ValueError(
                 f"sparse_impl must be one of {', '.join(SPARSE_IMPLS)}, got {c.sparse_impl!r}"
             )
+        if c.sparse_impl == "cuda":
+            # The pattern convs are built at hard pruning, half-way through the run: say now,
+            # not then, that the kernels asked for cannot run.
+            reason = cuda_pattern_kernels_missing(getattr(train_config, "device", "auto"))
+            if reason is not None:
+                raise ValueError(
+                    f"sparse_impl='cuda' cannot run here: {reason}; use 'auto' (the CUDA "
+                    "kernels where they run, the reference elsewhere) or 'ref'"
+                )
         if not c.loss_derivative_threshold > 0:
             raise ValueError(
                 f"loss_derivative_threshold must be > 0, got {c.loss_derivative_threshold}"
@@ -490,6 +515,8 @@ class ClickTrain(Method):
         if self.stage == "sparse":
             total, nonzero = conv_weight_counts(ctx.model)
             out["clicktrain_conv_compression"] = total / max(nonzero, 1)
+            if self._epoch_stage != "sparse":  # hard-pruned at this epoch's end, then tested
+                out["clicktrain_evaluated_after_hard_prune"] = True
         return out
 
     def cost(self, model: nn.Module) -> dict[str, Any]:

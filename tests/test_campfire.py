@@ -68,21 +68,29 @@ def test_schedule_rejects_bad_arguments(kwargs) -> None:
 
 # -- config and validation ---------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("epochs", "expected"),
-    [(90, (30, 20)), (15, (5, 3)), (2, (1, 1)), (1, (0, 1)), (7, (2, 2)), (3, (1, 1))],
+    ("epochs", "per_epoch", "per_step"),
+    [(90, (30, 20), (30, 20)), (15, (5, 3), (5, 3)), (2, (1, 0), (1, 1)), (1, (0, 0), (0, 1)),
+     (7, (2, 2), (2, 2)), (3, (1, 1), (1, 1))],
     ids=["e90", "e15", "e2", "e1", "e7", "e3"],
-)
-def test_default_era(epochs, expected) -> None:
+)  # fmt: skip
+def test_default_era(epochs, per_epoch, per_step) -> None:
+    # per epoch, the final sparsity is set in epoch start + era, which must be in the run
     start, era = resolve_era(CampfireConfig(), epochs)
-    assert (start, era) == expected
+    assert (start, era) == per_epoch
+    assert start + era <= epochs - 1
+    start, era = resolve_era(CampfireConfig(schedule_every="step"), epochs)
+    assert (start, era) == per_step
     assert start + era <= epochs
 
 
 @pytest.mark.parametrize(
-    ("start", "expected"), [(9, (9, 1)), (10, (10, 0))], ids=["one-left", "none-left"]
+    ("every", "start", "expected"),
+    [("step", 9, (9, 1)), ("step", 10, (10, 0)), ("epoch", 8, (8, 1)), ("epoch", 9, (9, 0))],
+    ids=["step-one-left", "step-none-left", "epoch-one-left", "epoch-none-left"],
 )
-def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expected) -> None:
-    assert resolve_era(CampfireConfig(start_epoch=start), 10) == expected
+def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(every, start, expected):
+    config = CampfireConfig(start_epoch=start, schedule_every=every)
+    assert resolve_era(config, 10) == expected
 
 
 @pytest.mark.parametrize(
@@ -91,7 +99,10 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expect
         (dict(final_sparsity=1.0), "final_sparsity"),
         (dict(final_sparsity=-0.01), "final_sparsity"),
         (dict(start_epoch=8, era_epochs=5), "ends after training"),
-        (dict(start_epoch=13), "ends after training"),
+        (dict(start_epoch=13), "nothing would be pruned"),
+        (dict(start_epoch=7, era_epochs=5), "must be an epoch of the run"),
+        (dict(start_epoch=13, schedule_every="step"), "ends after training"),
+        (dict(schedule_every="batch"), "unknown schedule_every"),
         (dict(mask="filter"), "unknown mask"),
         (dict(fc_block=5), "fc_block"),
         (dict(window_fraction=1.5), "window_fraction"),
@@ -112,6 +123,9 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(start, expect
         "final-neg",
         "era-past-end",
         "start-past-end",
+        "era-ends-with-the-run-per-epoch",
+        "start-past-end-per-step",
+        "schedule-every",
         "mask",
         "fc-block",
         "window-fraction",
@@ -136,9 +150,12 @@ def test_validate_rejects_bad_config(options, match) -> None:
 
 @pytest.mark.parametrize("mask", ["combined", "window", "ck"], ids=["combined", "window", "ck"])
 def test_validate_accepts_good_config(mask) -> None:
-    method = create_method("campfire", dict(mask=mask, start_epoch=7, era_epochs=5))
-    method.validate(TrainConfig(method="campfire", epochs=12))  # era ends exactly at the end
+    # per epoch: the final sparsity set in the last epoch (11); per step: reached on its last step
+    method = create_method("campfire", dict(mask=mask, start_epoch=7, era_epochs=4))
+    method.validate(TrainConfig(method="campfire", epochs=12))
     assert isinstance(method, Campfire) and method.name == "campfire"
+    options = dict(mask=mask, start_epoch=7, era_epochs=5, schedule_every="step")
+    create_method("campfire", options).validate(TrainConfig(method="campfire", epochs=12))
 
 
 def test_validate_accepts_the_edges_of_every_range() -> None:
@@ -257,7 +274,7 @@ def _zeros(model: nn.Module, method: Campfire) -> dict[str, torch.Tensor]:
 def test_loop_schedule_monotone_zeros_and_fixed_masks(mask) -> None:
     model = Tiny()
     method = Campfire(CampfireConfig(final_sparsity=0.7, mask=mask, start_epoch=START,
-                                     era_epochs=ERA))  # fmt: skip
+                                     era_epochs=ERA, schedule_every="step"))  # fmt: skip
     prev = None
     fixed_zeros = None
     steps_after = 0
@@ -327,7 +344,9 @@ def test_a_conv_layer_gets_the_configured_mask_type(mask, cap) -> None:
 
 
 def test_one_step_epochs_advance_the_schedule_a_whole_epoch_per_step() -> None:
-    method = Campfire(CampfireConfig(final_sparsity=0.5, start_epoch=0, era_epochs=1))
+    method = Campfire(
+        CampfireConfig(final_sparsity=0.5, start_epoch=0, era_epochs=1, schedule_every="step")
+    )
     next(_loop(method, Tiny(), 3, 1))  # one step: the end of epoch 0
     assert method.fixed and method.target == pytest.approx(0.5)
 
@@ -344,7 +363,7 @@ def test_window_loop_respects_per_kernel_cap() -> None:
 
 def test_no_pruning_before_the_era() -> None:
     model = Tiny()
-    method = Campfire(CampfireConfig(start_epoch=2, era_epochs=1))
+    method = Campfire(CampfireConfig(start_epoch=2, era_epochs=1, schedule_every="step"))
     for epoch, i, _ in _loop(method, model, 3, 4):
         if epoch == 2:  # the first step of the era prunes
             assert i == 0 and len(method.masks) == 3
@@ -354,9 +373,48 @@ def test_no_pruning_before_the_era() -> None:
         assert method.sparsity_report(model)["true_sparsity"] == 0.0
 
 
+@pytest.mark.parametrize("mask", ["window", "ck", "combined"], ids=["window", "ck", "combined"])
+def test_per_epoch_schedule_is_the_papers_eq_1_at_each_epoch(mask) -> None:
+    """The default, as Eq. (1) reads: the target is set from the epoch's number, 0 in the era's
+    first epoch ("Before or during the first epoch of pruning ... zero"), constant inside an
+    epoch, the final sparsity from epoch start + era on, then fixed masks."""
+    method = Campfire(CampfireConfig(final_sparsity=0.7, mask=mask, start_epoch=START,
+                                     era_epochs=ERA))  # fmt: skip
+    model = Tiny()
+    seen: dict[int, set[float]] = {}
+    fixed_at = None
+    for epoch, i, _ in _loop(method, model, EPOCHS, STEPS):
+        seen.setdefault(epoch, set()).add(round(method.target, 12))
+        if epoch < START + 1:
+            assert len(method.masks) == 0 and method.sparsity_report(model)["true_sparsity"] == 0
+        if method.fixed and fixed_at is None:
+            fixed_at = (epoch, i)
+    expected = {e: round(sparsity_at(e, START, ERA, 0.7), 12) for e in range(EPOCHS)}
+    assert seen == {e: {v} for e, v in expected.items()}
+    assert expected[START] == 0.0 and expected[START + 1] == pytest.approx(0.7 * 7 / 8)
+    assert expected[START + ERA] == pytest.approx(0.7)
+    assert fixed_at == (START + ERA, 0)
+    layer = method.sparsity_report(model)["layer_sparsity"]["conv"]
+    assert layer == pytest.approx(0.7, abs=9 / model.conv.weight.numel())
+
+
+def test_per_epoch_schedule_prunes_one_epoch_after_the_per_step_ramp() -> None:
+    """Per step, the target at the end of epoch e is what the per-epoch schedule sets in e + 1."""
+    targets = {}
+    for every in ("epoch", "step"):
+        method = Campfire(CampfireConfig(start_epoch=START, era_epochs=ERA, schedule_every=every))
+        for epoch, i, _ in _loop(method, Tiny(), START + ERA + 1, STEPS):
+            if i == STEPS - 1:
+                targets[every, epoch] = method.target
+    for e in range(START, START + ERA):
+        assert targets["step", e] == pytest.approx(targets["epoch", e + 1])
+    assert targets["epoch", START] == 0.0 < targets["step", START]
+
+
 def test_metrics_summary_and_cost() -> None:
     model = Tiny()
-    method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", start_epoch=0, era_epochs=1))
+    method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", start_epoch=0, era_epochs=1,
+                                     schedule_every="step"))  # fmt: skip
     ctx = _run(method, model, 1, 4)
     ctx.input_shape = (1, 6, 6)
     row = method.epoch_metrics(ctx)
@@ -472,7 +530,7 @@ def test_smoke_run_through_trainer(tmp_path) -> None:
     )
     summary = train(cfg, progress=False)
     assert summary["status"] == "complete"
-    assert summary["pruning_era"] == [1, 2]
+    assert summary["pruning_era"] == [1, 1]  # 2 epochs: no room for a ramp, pruned at once
     assert summary["true_sparsity"] == pytest.approx(0.6, abs=0.01)
     assert summary["train_flops_nominal"] < summary["train_flops_executed"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]

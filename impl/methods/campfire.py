@@ -6,12 +6,20 @@ corrections listed in shared/PAPERS.md ("Campfire") and in :mod:`impl.methods.ca
 
 What the method does (Sec. 2):
 
-* Dense training until ``start_epoch``. During the *pruning era* ``[start, start + era)`` the
-  target sparsity follows the cubic schedule :func:`sparsity_at`, evaluated at the fractional
-  epoch ``epoch + steps_done_in_epoch / steps_per_epoch``, and the masks are recomputed after
-  every optimizer step ("we evaluate the pruning mask after every training step until we
-  reach the final epoch of pruning"). The last step of the era's last epoch lands exactly on
-  ``start + era`` and so on the final sparsity; from then on the masks are fixed.
+* Dense training until ``start_epoch``. The target sparsity follows the cubic schedule
+  :func:`sparsity_at` of the pruning era ``start .. start + era``. By default
+  (``schedule_every="epoch"``) it is set once per epoch from the epoch's number, as Eq. (1)
+  reads (``e_c`` "the current epoch"; "Before or during the first epoch of pruning, we will
+  have a sparsity threshold of zero", "setting the threshold ... in each epoch within the
+  pruning window"): 0 in epoch ``start``, rising over epochs ``start + 1 ..``, the final
+  sparsity from epoch ``start + era`` on, which must be an epoch of the run. The masks are
+  recomputed after every optimizer step ("we evaluate the pruning mask after every training
+  step until we reach the final epoch of pruning"); with the threshold constant inside an
+  epoch, in practice at the epoch's first step, where it rises. Once the final sparsity is in
+  force the masks are fixed. ``schedule_every="step"`` instead evaluates the schedule at the
+  fractional epoch ``epoch + steps_done / steps_per_epoch`` after every step: a smooth ramp
+  one epoch ahead of the paper's, reaching the final sparsity on the last step of epoch
+  ``start + era - 1``.
 * "If a weight is already zero, the gradient is also set to zero. This means that once a
   weight becomes zero, it will remain zero for the rest of the training period" (Sec. 2). So a
   recomputed mask is ANDed with the previous one (pruning never grows a weight back) and,
@@ -25,7 +33,8 @@ What the method does (Sec. 2):
   Each layer is ranked on its own, at the same target sparsity.
 * The first convolution (the stem, which reads the image) stays dense unless ``prune_stem``:
   the paper's ResNet-50 stem is a 7x7 convolution that none of its rules (3x3 window/CK,
-  1x1, FC) covers.
+  1x1, FC) covers. The 3x3 stems of the small models (ResNet-20/32, ResNet-9) stay dense too,
+  so that every scale prunes the same layers.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from impl.methods.campfire_masks import (
 from impl.methods.masking import MaskSet, true_sparsity
 
 MASK_TYPES: tuple[str, ...] = ("combined", "window", "ck")
+SCHEDULE_EVERY: tuple[str, ...] = ("epoch", "step")
 
 # Default pruning era as fractions of the run: the paper's main ImageNet setting prunes from
 # epoch 30 for 20 epochs of 90 (Sec. 3.1, Tables 2-3: "start 30", era 30-50).
@@ -120,6 +130,10 @@ class CampfireConfig(MethodConfig):
             pruning takes the rest, in [0, 1].
         prune_stem: also prune the first convolution (the one that reads the image).
         r: exponent of the sparsity schedule (the paper's r = 3).
+        schedule_every: "epoch" (the paper's Eq. (1): the target set from each epoch's number;
+            the era's last value, the final sparsity, needs ``start + era < epochs``) or
+            "step" (the schedule at the fractional epoch after every step; ``start + era <=
+            epochs``). See the module docstring.
     """
 
     final_sparsity: float = 0.7
@@ -135,6 +149,7 @@ class CampfireConfig(MethodConfig):
     fc_block_fraction: float = 0.5
     prune_stem: bool = False
     r: float = 3.0
+    schedule_every: str = "epoch"
 
 
 @dataclass(frozen=True)
@@ -173,8 +188,16 @@ def resolve_era(config: CampfireConfig, epochs: int) -> tuple[int, int]:
         start = int(round(epochs * DEFAULT_START_FRACTION))
     if era is None:
         era = max(1, int(round(epochs * DEFAULT_ERA_FRACTION)))
-        era = min(era, max(0, epochs - start))
+        era = min(era, max(0, last_era_end(config, epochs) - start))
     return start, era
+
+
+def last_era_end(config: CampfireConfig, epochs: int) -> int:
+    """The latest ``start + era`` a run of ``epochs`` epochs allows: under the per-epoch
+    schedule the final sparsity is set in epoch ``start + era``, which must be one of the run's
+    (``epochs - 1``); under the per-step one it is reached on the last step of epoch ``start +
+    era - 1`` (``epochs``)."""
+    return epochs - 1 if config.schedule_every == "epoch" else epochs
 
 
 class Campfire(Method):
@@ -230,12 +253,24 @@ class Campfire(Method):
             raise ValueError(f"start_epoch must be >= 0, got {c.start_epoch}")
         if c.era_epochs is not None and c.era_epochs < 0:
             raise ValueError(f"era_epochs must be >= 0, got {c.era_epochs}")
+        if c.schedule_every not in SCHEDULE_EVERY:
+            raise ValueError(
+                f"unknown schedule_every {c.schedule_every!r}; valid: {', '.join(SCHEDULE_EVERY)}"
+            )
         epochs = int(train_config.epochs)
         start, era = resolve_era(c, epochs)
-        if start + era > epochs:
+        end = last_era_end(c, epochs)
+        # (an era of 0 epochs prunes at once in epoch start: checked below as a start)
+        if start + era > end and not (era == 0 and c.schedule_every == "epoch"):
+            rule = (
+                "the final sparsity is set in epoch start_epoch + era_epochs, which must be an "
+                "epoch of the run (schedule_every='step' ends the era one epoch earlier)"
+                if c.schedule_every == "epoch"
+                else "the final sparsity is reached on the era's last step"
+            )
             raise ValueError(
                 f"the pruning era (epochs {start} to {start + era}) ends after training "
-                f"({epochs} epochs); need start_epoch + era_epochs <= epochs"
+                f"({epochs} epochs): {rule}; need start_epoch + era_epochs <= {end}"
             )
         if c.final_sparsity > 0 and start >= epochs:
             raise ValueError(
@@ -267,12 +302,15 @@ class Campfire(Method):
             self.masks.apply_to_grads(ctx.model)
 
     def after_step(self, ctx: TrainContext) -> None:
-        """Inside the era: recompute the masks at this step's sparsity; always re-apply them."""
+        """Inside the era: recompute the masks at this step's target sparsity (per epoch or
+        per step, ``schedule_every``); always re-apply them."""
         self._step_in_epoch += 1
         if not self.fixed:
-            epoch = ctx.epoch + self._step_in_epoch / max(ctx.steps_per_epoch, 1)
+            epoch = float(ctx.epoch)
+            if self.config.schedule_every == "step":
+                epoch += self._step_in_epoch / max(ctx.steps_per_epoch, 1)
             s = self.sparsity_at(epoch)
-            if s > self.target:  # the schedule rises at every step inside the era
+            if s > self.target:  # the schedule rises (every epoch, or every step)
                 self.update_masks(ctx.model, s)
             if epoch >= self.start + self.era:
                 self.fixed = True

@@ -324,7 +324,9 @@ def window_mask(
       evenly as integers allow: every kernel keeps its ``floor(n / (K*C))`` largest weights and
       the remaining ``n mod (K*C)`` slots go to the kernels whose next-largest weight is the
       largest. So each kernel holds ``floor`` or ``ceil`` of ``n / (K*C)`` nonzeros (the fixed
-      per-kernel maximum is the ceiling), and the layer sparsity is exact.
+      per-kernel maximum is the ceiling), and the layer sparsity is exact. Above
+      ``1 - 1 / (R*S)`` (88.9% for 3x3) the floor is 0: some kernels lose every weight (10%
+      of them at 90%), which the paper's fixed per-kernel budget (Fig. 2a) never does.
     * ``rounding="kernel"``: every kernel keeps exactly ``k = round_half_up((1 - s) * R*S)``
       weights (the paper's fixed per-kernel budget, Fig. 2a keeps 4 of 9); the layer's sparsity
       is then ``1 - k / (R*S)``, which can miss the target by up to ``0.5 / (R*S)``.

@@ -500,3 +500,33 @@ def test_shrink_to_channels_rebuilds_a_logged_stage() -> None:
     one = M.create("resnet20")
     shrink_to_channels(one, {"conv1": 1})  # one channel is a valid size
     assert channels_per_layer(one)["conv1"] == 1
+
+
+def test_groups_below_the_threshold_that_union_keeps_are_zeroed():
+    """Sec. 4.1 "zero out these weights": a sub-threshold output row of a conv whose channel
+    the next conv still reads, and a sub-threshold input column of a channel the writer still
+    fills, are kept by channel union but set to zero, with their momentum; a group just above
+    the threshold is untouched."""
+    torch.manual_seed(0)
+    model = M.create("resnet20")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    opt.step()
+    conv1, conv2 = model.layer1[0].conv1, model.layer1[0].conv2
+    fc = model.fc
+    with torch.no_grad():
+        conv1.weight[3].uniform_(-5e-5, 5e-5)  # row 3 small; conv2 still reads channel 3
+        conv2.weight[:, 5].uniform_(-5e-5, 5e-5)  # column 5 small; conv1 still writes 5
+        conv1.weight[7].uniform_(-2e-4, 2e-4)
+        conv1.weight[7, 0, 0, 0] = 2e-4  # just above: kept as it is
+        fc.weight[:, 9].uniform_(-5e-5, 5e-5)  # a classifier input read by no one else
+    above = conv1.weight[7].clone()
+    rep = reconfigure(model, opt, threshold=1e-4)
+    assert rep.spaces["layer1.0.conv1"] == (16, 16)  # nothing removed: union keeps both
+    assert rep.zeroed_groups >= 3
+    assert not conv1.weight[3].any() and not opt.state[conv1.weight]["momentum_buffer"][3].any()
+    assert not conv2.weight[:, 5].any()
+    assert not opt.state[conv2.weight]["momentum_buffer"][:, 5].any()
+    assert not fc.weight[:, 9].any()
+    assert torch.equal(conv1.weight[7], above)
+    assert rep.to_dict()["zeroed_groups"] == rep.zeroed_groups

@@ -92,7 +92,10 @@ def lasso_coefficient(
 
     Plausibility (not a test: it depends on the initialisation): the authors' stored values
     for CIFAR ResNet-32 are 8.5e-5 (r=0.1), 3.79e-4 (r=0.2), 1.01e-3 (r=0.4); the last two
-    imply the same CE/GL = 1.52e-3 (e.g. CE = ln 10 and GL ~ 1.5e3).
+    imply CE/GL = 1.52e-3 and the first 7.7e-4, so they are not from one initialisation.
+    This project's ResNet-32 has GL ~ 3.24e3 at initialisation (seeds 0 and 1), so with
+    CE = ln 10: lambda = 7.9e-5, 1.78e-4 and 4.7e-4 for those ratios (same order of
+    magnitude; a different initialisation and shortcut layout).
 
     Raises:
         ValueError: ``ratio`` outside (0, 1), a negative or non-finite ``ce_loss``, or a

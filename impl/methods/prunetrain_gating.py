@@ -44,7 +44,8 @@ def conv_flops_union_vs_gating(
         input_shape: one sample's shape (C, H, W); the spatial size of each convolution's
             output is read off one forward pass of a zero input
             (:func:`impl.flops.training_flops`, which leaves BatchNorm statistics alone).
-        threshold: a weight with ``|w| <= threshold`` counts as zero (PruneTrain's 1e-4).
+        threshold: a weight with ``|w| < threshold`` counts as zero (PruneTrain's 1e-4), as
+            reconfiguration removes it; one equal to it counts as nonzero.
 
     Returns:
         ``union`` and ``gating`` (FLOPs per sample summed over convs, 2 per multiply-add),

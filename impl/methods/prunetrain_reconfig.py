@@ -15,11 +15,21 @@ Because a removed channel is read by no layer (its reader columns are all below 
 threshold), removing it changes the function only by those sub-threshold weights: exactly
 nothing when they are zero, whatever the BatchNorm of that channel holds.
 
+Zeroing. A group below the threshold whose channel another layer still uses (channel union
+keeps it) is not removed but set to zero, weights and momentum ("we use a small threshold of
+10^-4 to zero out these weights", Sec. 4.1; Fig. 4's channels below it are "zeroed out"), so
+every group the regulariser has driven under the threshold is exactly zero afterwards.
+
 Layer removal. A residual path is removed whole when one of its internal spaces has no
 channel left, or its last conv has no weight above the threshold: it then outputs one
 constant per channel (its BatchNorm's eval-mode value at zero input), which
 :class:`~impl.methods.channel_graph.ShortcutOnly` keeps as ``path_bias``. The block is
-replaced by a ``ShortcutOnly`` at the same name, keeping its shortcut module.
+replaced by a ``ShortcutOnly`` at the same name, keeping its shortcut module. Evaluation is
+unchanged by the removal; a training-mode forward is not exactly: there the zero path gave
+its BatchNorm's bias ``beta`` (batch statistics of a zero input), while ``path_bias`` is
+``beta - gamma * running_mean / sqrt(running_var + eps)``. The step is small when the path's
+running statistics are near zero, as for a path whose weights all fell below the threshold;
+the paper (Sec. 4.1) does not say what a removed path leaves behind.
 
 Everything happens in place: the model keeps its module objects (except replaced blocks), a
 kept parameter keeps its ``nn.Parameter`` object (its ``.data`` is swapped for the smaller
@@ -80,6 +90,8 @@ class ReconfigReport:
         params_before: parameter count before.
         params_after: parameter count after.
         kept: per surviving space: kept channel indices (into the space as it was before).
+        zeroed_groups: groups below the threshold kept by channel union and set to zero
+            (output rows of writers, input columns of readers).
     """
 
     threshold: float
@@ -90,6 +102,7 @@ class ReconfigReport:
     params_before: int = 0
     params_after: int = 0
     kept: dict[str, list[int]] = field(default_factory=dict)
+    zeroed_groups: int = 0
 
     @property
     def channels_before(self) -> int:
@@ -123,6 +136,7 @@ class ReconfigReport:
             "channels_after": self.channels_after,
             "removed_paths": list(self.removed_paths),
             "removed_layers": list(self.removed_layers),
+            "zeroed_groups": self.zeroed_groups,
             "spaces": {k: list(v) for k, v in self.spaces.items()},
             "layers": layers,
         }
@@ -207,6 +221,42 @@ def _slice_tensor_param(
                     state[key] = value.index_select(dim, idx.to(value.device)).contiguous()
     else:  # a buffer
         setattr(owner, attr, t.index_select(dim, idx.to(t.device)).contiguous())
+
+
+@torch.no_grad()
+def _zero_small_groups(
+    graph: ChannelGraph,
+    model: nn.Module,
+    threshold: float,
+    optimizer: torch.optim.Optimizer | None,
+) -> int:
+    """Set to zero, with their momentum, the groups whose largest |w| is below ``threshold``
+    (writer rows, reader columns) that reconfiguration kept; return how many."""
+    modules = dict(model.named_modules())
+    count = 0
+
+    def zero(w: torch.Tensor, where: torch.Tensor) -> None:
+        w[where] = 0
+        state = optimizer.state.get(w) if optimizer is not None else None
+        for buf in (state or {}).values():
+            if isinstance(buf, torch.Tensor) and buf.shape == w.shape:
+                buf[where] = 0
+
+    for space in graph.spaces.values():
+        for name in space.writers:
+            w = modules[name].weight
+            small = _row_max(w) < threshold
+            if bool(small.any()):
+                zero(w, small.to(w.device))
+                count += int(small.sum())
+        for name, fan in space.readers:
+            w = modules[name].weight
+            small = _col_max(w, fan) < threshold
+            if bool(small.any()):
+                cols = small.repeat_interleave(fan) if w.dim() == 2 else small
+                zero(w, (slice(None), cols.to(w.device)))
+                count += int(small.sum())
+    return count
 
 
 def _expand(idx: torch.Tensor, fan: int) -> torch.Tensor:
@@ -358,6 +408,7 @@ def reconfigure(
             _slice_tensor_param(modules[owner], attr, 0, idx, None)
     for m in modules.values():
         sync_attributes(m)
+    report.zeroed_groups = _zero_small_groups(build_graph(model), model, threshold, optimizer)
 
     # 3. report per layer that still exists
     io_space: dict[str, dict[str, tuple[str, int]]] = {}

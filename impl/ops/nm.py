@@ -26,8 +26,10 @@ Groups are ``m`` consecutive elements along ``dim`` (the channel dim of NCHW gra
 authors run channels-last so a group is contiguous). **When the length of ``dim`` is not a
 multiple of ``m``** the last, partial group of ``r < m`` elements is treated as a full group
 padded with ``m - r`` elements that can never be kept (magnitude score ``-inf``): it keeps
-``min(n, r)`` of its ``r`` elements. This is exactly what an N:M kernel computes on a tensor
-zero-padded to a multiple of ``m``. Groups never span another axis.
+``min(n, r)`` of its ``r`` elements. For magnitude pruning this is what an N:M kernel computes
+on a tensor padded to a multiple of ``m`` with elements it never keeps; random pruning draws
+its ``min(n, r)`` among the ``r`` real elements (a padded random kernel would sometimes keep a
+padding slot). Groups never span another axis.
 """
 
 from __future__ import annotations

@@ -77,7 +77,17 @@ def rows(scale: str) -> list[Row]:
 
 def notes(scale: str) -> list[str]:
     """What differs from the paper at ``scale``."""
-    n = ["Rescaled magnitude uses the authors' code's rule (per sample and channel plane)."]
+    n = [
+        "Rescaled magnitude uses the authors' code's rule (per sample and channel plane), with "
+        "eps = 1e-4 / 2^16 in its denominator instead of their literal 1e-4, which is not "
+        "negligible against the L1 sums of unscaled float32 gradients "
+        "(impl.methods.sdgp.METHOD_RESCALE_EPS)."
+    ]
+    if scale == "paper":
+        n.append(
+            "ResNet-9 is ffcv's; where the recipe still differs from ffcv's (augmentation, "
+            "flip test-time averaging, float16) is listed in reproductions/sdgp/table1.py."
+        )
     if scale in ("smoke", "cpu"):
         n.append("ResNet-20 on digits stands in for ResNet-9 on CIFAR-10.")
     if scale == "cpu":

@@ -86,7 +86,7 @@ PRUNETRAIN = dict(
 CAMPFIRE = dict(
     SMOKE,
     method="campfire",
-    epochs=2,
+    epochs=3,  # dense epoch 0, pruned (and fixed) in epoch 1, sparse gradients in epoch 2
     batch_size=16,
     max_steps_per_epoch=1,
     method_options=dict(start_epoch=0, era_epochs=1, final_sparsity=0.5),

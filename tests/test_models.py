@@ -244,10 +244,29 @@ def test_prunetrain_resnet50_is_the_papers_cifar_model() -> None:
     assert imagenet_layout > 10 * mflops
 
 
+def test_resnet50_v1_puts_a_stages_stride_on_its_first_1x1() -> None:
+    """ResNet-50 v1 (He et al.; Campfire Tables 4-5) against v1.5 (torchvision's): the same
+    parameters and output, the stride on conv1 instead of conv2, so fewer FLOPs."""
+    from impl.flops import training_flops
+
+    v1, v15 = create("resnet50_v1", stem="imagenet"), create("resnet50", stem="imagenet")
+    assert n_params(v1) == n_params(v15)
+    for stage in ("layer2", "layer3", "layer4"):
+        b1, b15 = getattr(v1, stage)[0], getattr(v15, stage)[0]
+        assert (b1.conv1.stride, b1.conv2.stride) == ((2, 2), (1, 1))
+        assert (b15.conv1.stride, b15.conv2.stride) == ((1, 1), (2, 2))
+        assert all(b.conv1.stride == (1, 1) for b in getattr(v1, stage)[1:])
+    with torch.no_grad():
+        assert v1.eval()(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    f1 = training_flops(v1, (3, 224, 224)).forward
+    f15 = training_flops(v15, (3, 224, 224)).forward
+    assert f1 < 0.97 * f15
+
+
 def test_models_and_stems_listed() -> None:
     assert set(MODELS) == {
         "resnet20", "resnet32", "resnet56", "resnet18", "resnet34", "resnet50", "resnet101",
-        "vgg11", "vgg13", "vgg16", "resnet9", "prunetrain_resnet50",
+        "vgg11", "vgg13", "vgg16", "resnet9", "prunetrain_resnet50", "resnet50_v1",
     }  # fmt: skip
     assert STEMS["resnet20"] == ("cifar",) and STEMS["resnet9"] == ("cifar",)
     assert STEMS["resnet50"] == ("cifar", "imagenet") and STEMS["vgg16"] == ("cifar", "imagenet")

@@ -93,3 +93,8 @@ def test_paper_rows_train_each_papers_own_network():
     assert trained["prunetrain", "resnet50", "cifar100"] == {"prunetrain_resnet50"}
     assert trained["prunetrain", "resnet50", "imagenet"] == {"resnet50"}
     assert trained["sdgp", "resnet9", "cifar10"] == {"resnet9"}
+    # Campfire: Tables 2-3 and 6 train ResNet-50 v1.5 (torchvision's), Tables 4-5 v1
+    v15 = {r.train["model"] for r in _training_rows("campfire.table2")}
+    v1 = {r.train["model"] for k in ("campfire.table4", "campfire.table5")
+          for r in _training_rows(k) if r.method == "campfire"}  # fmt: skip
+    assert v15 == {"resnet50"} and v1 == {"resnet50_v1"}

@@ -7,6 +7,7 @@ resnet20 resnet32 resnet56 ``"cifar"``         CIFAR ResNets (16/32/64 channels,
                                                projection shortcuts), :mod:`.resnet`
 resnet18 resnet34          ``"cifar"``,        ResNets with torchvision naming; the
 resnet50 resnet101         ``"imagenet"``      ``"imagenet"`` stem is torchvision's model
+resnet50_v1                                    (resnet50_v1: stride on the first 1x1)
 vgg11 vgg13 vgg16          ``"cifar"``,        VGG with BatchNorm; the stem selects the
                            ``"imagenet"``      head (global pool + Linear, or torchvision's
                                                3-layer classifier), :mod:`.vgg`

@@ -8,7 +8,8 @@ One :class:`ResNet` class builds both families used by the papers:
   zero-padding identity ("option A"), so that every path holds plain ``nn.Conv2d`` layers that
   channel pruning can slice;
 * the ImageNet ResNets (He et al. 2016, Table 1): ResNet-18/34 (basic blocks) and
-  ResNet-50/101 (bottleneck blocks, stride on the 3x3 convolution as in torchvision's "v1.5"),
+  ResNet-50/101 (bottleneck blocks, stride on the 3x3 convolution as in torchvision's "v1.5";
+  ``resnet50_v1`` puts it on the first 1x1, as He et al. and Campfire's Tables 4-5),
   with either the ImageNet stem (7x7 stride-2 convolution + 3x3 stride-2 max-pool) or a CIFAR
   stem (3x3 stride-1 convolution, no max-pool);
 * PruneTrain's CIFAR "ResNet-50" (:func:`prunetrain_resnet50`): three stages of 8 bottleneck
@@ -73,8 +74,10 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1x1 - 3x3 - 1x1 bottleneck block (He et al. 2016, Fig. 5 right), stride on the 3x3.
+    """1x1 - 3x3 - 1x1 bottleneck block (He et al. 2016, Fig. 5 right).
 
+    The stride is on the 3x3 convolution ("v1.5", torchvision's), or on the first 1x1 when
+    ``stride_in_1x1`` (the original "v1" of He et al., which Campfire's Tables 4-5 train).
     Children: ``conv1 bn1 conv2 bn2 conv3 bn3 relu downsample``; output channels are
     ``planes * 4``.
     """
@@ -87,11 +90,12 @@ class Bottleneck(nn.Module):
         planes: int,
         stride: int = 1,
         downsample: nn.Module | None = None,
+        stride_in_1x1: bool = False,
     ) -> None:
         super().__init__()
-        self.conv1 = conv1x1(inplanes, planes)
+        self.conv1 = conv1x1(inplanes, planes, stride if stride_in_1x1 else 1)
         self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = conv3x3(planes, planes, stride)
+        self.conv2 = conv3x3(planes, planes, 1 if stride_in_1x1 else stride)
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = conv1x1(planes, planes * self.expansion)
         self.bn3 = nn.BatchNorm2d(planes * self.expansion)
@@ -118,6 +122,8 @@ class ResNet(nn.Module):
         in_channels: input image channels.
         stem: ``"cifar"`` (3x3 stride-1 convolution to ``widths[0]`` channels, no max-pool) or
             ``"imagenet"`` (7x7 stride-2 convolution, 3x3 stride-2 max-pool).
+        stride_in_1x1: bottleneck blocks put their stride on the first 1x1 convolution
+            (ResNet v1) instead of the 3x3 (v1.5); ignored by basic blocks.
     """
 
     def __init__(
@@ -128,8 +134,10 @@ class ResNet(nn.Module):
         num_classes: int = 10,
         in_channels: int = 3,
         stem: str = "cifar",
+        stride_in_1x1: bool = False,
     ) -> None:
         super().__init__()
+        self.stride_in_1x1 = stride_in_1x1 and block is Bottleneck
         if stem not in STEMS:
             raise ValueError(f"unknown stem {stem!r}; valid stems: {', '.join(STEMS)}")
         if len(layers) != len(widths):
@@ -166,7 +174,12 @@ class ResNet(nn.Module):
                 conv1x1(self.inplanes, planes * block.expansion, stride),
                 nn.BatchNorm2d(planes * block.expansion),
             )
-        stage = [block(self.inplanes, planes, stride, downsample)]
+        first = (
+            Bottleneck(self.inplanes, planes, stride, downsample, stride_in_1x1=True)
+            if self.stride_in_1x1
+            else block(self.inplanes, planes, stride, downsample)
+        )
+        stage = [first]
         self.inplanes = planes * block.expansion
         stage += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*stage)
@@ -212,6 +225,7 @@ IMAGENET_RESNETS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], list[int]
     "resnet34": (BasicBlock, [3, 4, 6, 3]),
     "resnet50": (Bottleneck, [3, 4, 6, 3]),
     "resnet101": (Bottleneck, [3, 4, 23, 3]),
+    "resnet50_v1": (Bottleneck, [3, 4, 6, 3]),
 }
 
 
@@ -222,12 +236,22 @@ def imagenet_resnet(
 
     ``stem="imagenet"`` reproduces torchvision's architecture (same parameter names and shapes);
     ``stem="cifar"`` replaces the 7x7 stride-2 convolution and max-pool by one 3x3 stride-1
-    convolution, for 32x32 inputs.
+    convolution, for 32x32 inputs. ``resnet50_v1`` is ResNet-50 with the original
+    placement of a stage's stride, on the first 1x1 convolution of its first block (the
+    others, like torchvision, put it on the 3x3: "v1.5"); same parameters, fewer FLOPs.
     """
     if name not in IMAGENET_RESNETS:
         raise ValueError(f"unknown ResNet {name!r}; valid: {', '.join(IMAGENET_RESNETS)}")
     block, layers = IMAGENET_RESNETS[name]
-    return ResNet(block, layers, [64, 128, 256, 512], num_classes, in_channels, stem)
+    return ResNet(
+        block,
+        layers,
+        [64, 128, 256, 512],
+        num_classes,
+        in_channels,
+        stem,
+        stride_in_1x1=name.endswith("_v1"),
+    )
 
 
 # PruneTrain's CIFAR ResNet-50: blocks per stage and base channels (the authors' CIFAR model).

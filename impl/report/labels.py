@@ -117,6 +117,7 @@ MODEL_NAMES: dict[str, str] = {
     "resnet34": "ResNet-34",
     "resnet50": "ResNet-50",
     "resnet50_v1.5": "ResNet-50 v1.5",
+    "resnet50_v1": "ResNet-50 v1",
     "prunetrain_resnet50": "ResNet-50 (PruneTrain's CIFAR layout)",
     "resnet56": "ResNet-56",
     "resnet101": "ResNet-101",

@@ -12,6 +12,20 @@ from typing import Any
 
 from reproductions.common import Row, RunRecord
 
+# The paper-scale network of the tables that train ResNet-50 v1 (Tables 4-5; the others v1.5,
+# torchvision's resnet50): impl.models' resnet50_v1, stride on the first 1x1 of a block.
+RESNET50_V1 = "resnet50_v1"
+
+
+def train_v1(rows: list[Row], scale: str) -> list[Row]:
+    """``rows`` with the paper scale's ResNet-50 made v1 (Campfire's Tables 4-5)."""
+    if scale == "paper":
+        for r in rows:
+            if r.train.get("model") == "resnet50":
+                r.train["model"] = RESNET50_V1
+    return rows
+
+
 # Epochs of a run at each scale, standing for the paper's 100 (ImageNet, Sec. 3 / App. B.3).
 EPOCHS = {"smoke": 4, "cpu": 10, "gpu": 30, "paper": 100}
 PAPER_EPOCHS = 100

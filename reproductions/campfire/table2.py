@@ -3,8 +3,8 @@ and window pruning, first pruning epoch 20, 30 or 40 (window also 0), era 20 epo
 40-70), at 40-80% sparsity.
 
 Scales map the paper's 100-epoch timeline (drops at 30, 60, 90) onto the run: smoke 4
-epochs, cpu 10 (ResNet-20, digits), gpu 30 (ResNet-32, digits), paper 100 (ResNet-50,
-ImageNet; impl.models has one ResNet-50, v1.5's stride placement is not distinguished).
+epochs, cpu 10 (ResNet-20, digits), gpu 30 (ResNet-32, digits), paper 100 (ResNet-50 v1.5,
+torchvision's ``resnet50``, on ImageNet).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.campfire import campfire_row, dense_row, top1_at
+from reproductions.campfire import campfire_row, dense_row, top1_at, train_v1
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
 from reproductions.prunetrain import pair
 
@@ -30,6 +30,7 @@ def rows(scale: str) -> list[Row]:
             r.paper = {"method": "campfire", "setting": f"{mask}, start {start}, epoch {epoch}"}
             r.measure_keys = {"top1": reading, "sparsity": "sparsity_pct"}
             out.append(r)
+    train_v1(out, scale)  # the paper's ResNet-50 v1; PruneTrain's rows keep its own network
     model, dataset = ("resnet50", "imagenet") if scale == "paper" else ("resnet32", "cifar10")
     pt_dense, pt = pair(scale, model, dataset)
     pt_dense.label = "dense (PruneTrain's recipe)"

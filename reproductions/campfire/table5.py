@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.campfire import campfire_row, dense_row
+from reproductions.campfire import campfire_row, dense_row, train_v1
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
 
 FULL = [("ck", 20, 70, 20), ("ck", 30, 70, 20), ("window", 20, 70, 20), ("window", 30, 70, 20),
@@ -23,7 +23,7 @@ def rows(scale: str) -> list[Row]:
     cases = [c for c in FULL if c[1] == 30] if scale in ("smoke", "cpu") else FULL
     out = [dense_row(scale, batch=256)]
     out += [campfire_row(scale, m, s, sp, era=e, batch=256) for m, s, sp, e in cases]
-    return out
+    return train_v1(out, scale)
 
 
 TARGET = Target(

@@ -172,6 +172,9 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     assert [h["epoch"] for h in method.history] == [1, 2]
     first = method.history[0]
     assert first["removed_paths"] == ["layer2.1"]
+    # the run's record says how many kept sub-threshold groups were zeroed (Sec. 4.1)
+    assert first["zeroed_groups"] == rows[1]["zeroed_groups"] >= 0
+    assert "zeroed_groups" not in rows[0]
     assert first["inference_flops_after"] < 0.6 * first["inference_flops_before"]
     assert rows[1]["params"] < rows[0]["params"]
     assert rows[1]["inference_flops"] < rows[0]["inference_flops"]

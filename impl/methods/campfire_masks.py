@@ -8,7 +8,9 @@ zero rank lowest and are pruned first; ties are broken by position (the lower fl
 first, as in a stable sort), which makes every mask deterministic and the same on CPU and GPU.
 Weights must be finite (no NaN): the selections compare values with ``<`` and ``==``.
 
-Speed: these masks are recomputed after every training step of the pruning era, so where only
+Speed: these masks are recomputed whenever the target rises inside the pruning era (at one
+step per era epoch under Campfire's default per-epoch target, after every step under
+``schedule_every="step"``), so where only
 "the n smallest (or largest)" of a set is needed the functions select rather than sort
 (``torch.kthvalue`` finds the threshold, then ties at the threshold are taken by position):
 exactly the set a stable sort would give, in linear rather than ``n log n`` time.

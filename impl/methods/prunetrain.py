@@ -285,6 +285,7 @@ class PruneTrain(Method):
             "channels_after": report.channels_after,
             "removed_paths": list(report.removed_paths),
             "removed_layers": list(report.removed_layers),
+            "zeroed_groups": report.zeroed_groups,
             "batch_size_before": ctx.batch_size,
         }
         if self.config.dynamic_batch and not last:
@@ -320,6 +321,7 @@ class PruneTrain(Method):
         if self._last_report is not None:
             rep = self._last_report
             row["removed_paths"] = list(rep.removed_paths)
+            row["zeroed_groups"] = rep.zeroed_groups
             row["removed_channels"] = {
                 n: [c.out_before, c.out_after]
                 for n, c in rep.layers.items()

@@ -159,7 +159,7 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
 
 
 def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
-    from impl.config import MEMORY_FORMATS, SCALE_HELP, SCALES, SCHEDULES
+    from impl.config import AUGMENT_RECIPES, MEMORY_FORMATS, SCALE_HELP, SCALES, SCHEDULES
 
     p = argparse.ArgumentParser(
         prog="pdtbench train",
@@ -201,11 +201,20 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--milestones", type=int, nargs="+", help=say("milestones"))
     p.add_argument("--gamma", type=float, help=say("gamma"))
     p.add_argument("--warmup-fraction", type=float, help=say("warmup_fraction"))
+    p.add_argument("--warmup-start", type=float, help=say("warmup_start"))
     p.add_argument("--label-smoothing", type=float, help=say("label_smoothing"))
     p.add_argument(
         "--no-augment",
         action="store_true",
         help="turn off the " + say("augment", default=False) + ", on by default",
+    )
+    p.add_argument("--augment-recipe", choices=AUGMENT_RECIPES, help=say("augment_recipe"))
+    p.add_argument("--eval-flip", action="store_true", help=say("eval_flip", default=False))
+    p.add_argument(
+        "--no-bn-weight-decay",
+        action="store_true",
+        help="no weight decay on BatchNorm weights and biases, as ffcv's recipe, which SDGP "
+        "trains with (by default they decay like every parameter)",
     )
     p.add_argument("--seed", type=int, help=say("seed"))
     p.add_argument("--device", help=say("device"))
@@ -292,8 +301,12 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         milestones=args.milestones,
         gamma=args.gamma,
         warmup_fraction=args.warmup_fraction,
+        warmup_start=args.warmup_start,
         label_smoothing=args.label_smoothing,
         augment=False if args.no_augment else None,
+        augment_recipe=args.augment_recipe,
+        eval_flip=True if args.eval_flip else None,
+        bn_weight_decay=False if args.no_bn_weight_decay else None,
         seed=args.seed,
         device=args.device,
         bf16=True if args.bf16 else None,
@@ -417,6 +430,8 @@ def _is_saved_value(dest: str, value: Any, saved: Any, run_dir: str) -> bool:
         return (saved.data_options or {}).get("image_size") == value
     if dest == "no_augment":
         return saved.augment is not value
+    if dest == "no_bn_weight_decay":
+        return saved.bn_weight_decay is not value
     if dest == "device" and value != saved.device:
         from impl.train import pick_device
 

@@ -21,6 +21,9 @@ SCALE_HELP = (
 )
 SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
 MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last", "auto")
+# training augmentation recipes (impl.data.AUGMENT_RECIPES, repeated so that this module
+# imports nothing heavy; a test checks they agree)
+AUGMENT_RECIPES: tuple[str, ...] = ("standard", "ffcv")
 
 
 @dataclass
@@ -49,10 +52,18 @@ class TrainConfig:
         schedule: "onecycle" (linear warm-up then linear decay to 0), "cosine", "step"
             (multiply by ``gamma`` at each of ``milestones``), or "constant".
         warmup_fraction: fraction of training spent warming up (one-cycle only).
+        warmup_start: the one-cycle rate's starting multiplier of ``lr``, where its warm-up
+            begins (0.04, the DAWNBench recipes'; ffcv's, which SDGP trains with: 1e-4).
         milestones: epochs at which the step schedule multiplies the rate by ``gamma``.
         gamma: the step schedule's factor.
         label_smoothing: cross-entropy label smoothing.
         augment: random training-set augmentation (per dataset; see ``impl.data``).
+        augment_recipe: "standard" (per dataset) or "ffcv" (ffcv's CIFAR-10 example, SDGP's:
+            flip, translation by up to 2 pixels and a 4x4 cutout, filled with the mean).
+        eval_flip: test-time flip averaging: a test image is scored by the sum of the logits
+            of it and of its horizontal mirror (ffcv's ``lr_tta``, SDGP's evaluation).
+        bn_weight_decay: weight decay on BatchNorm weights and biases too (off in ffcv's
+            recipe, which SDGP trains with).
         seed: seed of everything random in the run (init, shuffling, augmentation, methods).
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
@@ -91,10 +102,14 @@ class TrainConfig:
     weight_decay: float = 5e-4
     schedule: str = "onecycle"
     warmup_fraction: float = 0.2
+    warmup_start: float = 0.04
     milestones: list[int] = field(default_factory=list)
     gamma: float = 0.1
     label_smoothing: float = 0.0
     augment: bool = True
+    augment_recipe: str = "standard"
+    eval_flip: bool = False
+    bn_weight_decay: bool = True
     seed: int = 0
     scale: str = "cpu"
     device: str = "auto"
@@ -129,6 +144,13 @@ class TrainConfig:
             raise ValueError(f"gamma must be > 0, got {self.gamma}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if not 0 <= self.warmup_start <= 1:
+            raise ValueError(f"warmup_start must be in [0, 1], got {self.warmup_start}")
+        if self.augment_recipe not in AUGMENT_RECIPES:
+            raise ValueError(
+                f"unknown augment_recipe {self.augment_recipe!r}; "
+                f"valid: {', '.join(AUGMENT_RECIPES)}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
         # torch's SGD and cross-entropy refuse these only once the run directory is written,
@@ -236,7 +258,12 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
             "is multiplied by gamma); without them use schedule 'constant'"
         )
     # a schedule's own settings given for another schedule would be silently ignored
-    owners = {"milestones": "step", "gamma": "step", "warmup_fraction": "onecycle"}
+    owners = {
+        "milestones": "step",
+        "gamma": "step",
+        "warmup_fraction": "onecycle",
+        "warmup_start": "onecycle",
+    }
     for name, schedule in owners.items():
         if overrides.get(name) not in (None, []) and cfg.schedule != schedule:  # [] clears
             raise ValueError(

@@ -176,38 +176,75 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- augmentation
 
 
+AUGMENT_RECIPES: tuple[str, ...] = ("standard", "ffcv")
+# ffcv's CIFAR-10 example, the recipe SDGP trains with (Sec. IV): flip, translation by up to 2
+# pixels and one 4x4 cutout, both filled with the dataset's mean.
+FFCV_TRANSLATE = 2
+FFCV_CUTOUT = 4
+
+
 @dataclass(frozen=True)
 class CropFlip:
-    """Batched random translation (zero-pad ``pad``, random crop back) and optional h-flip.
+    """Batched random translation (pad ``pad``, random crop back), optional h-flip and an
+    optional cutout.
 
-    The random offsets and flips are drawn for a whole epoch at once (``draw``), so the
-    augmentation of an image depends on (seed, epoch, its index) and not on the batch size.
-    Padding is with raw value 0 (black), before normalisation, as torchvision's
-    ``RandomCrop(size, padding)`` on an image does.
+    The random offsets, flips and cutout positions are drawn for a whole epoch at once
+    (``draw``), so the augmentation of an image depends on (seed, epoch, its index) and not on
+    the batch size. Padding is with raw value 0 (black), before normalisation, as
+    torchvision's ``RandomCrop(size, padding)`` on an image does, or with ``fill`` (one raw
+    value per channel, e.g. the dataset's mean, as ffcv's ``RandomTranslate``). ``cutout`` > 0
+    then sets one ``cutout`` x ``cutout`` square, placed uniformly inside the image, to
+    ``fill`` (0 when None), as ffcv's ``Cutout``.
     """
 
     pad: int
     flip: bool
+    fill: tuple[float, ...] | None = None
+    cutout: int = 0
 
     def describe(self) -> str:
         """The augmentation in words, as a report's data section prints it."""
-        text = f"random crop with {self.pad}-pixel zero padding"
-        return text + (" + horizontal flip" if self.flip else " (no flip)")
+        filled = "mean" if self.fill is not None else "zero"
+        text = f"random crop with {self.pad}-pixel {filled} padding"
+        text += " + horizontal flip" if self.flip else " (no flip)"
+        if self.cutout:
+            text += f" + {self.cutout}x{self.cutout} {filled} cutout"
+        return text
 
-    def draw(self, n: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
-        """Per-sample (dy, dx, flip) for ``n`` samples, drawn on the CPU from ``g``."""
+    def draw(self, n: int, g: torch.Generator, size: tuple[int, int] = (0, 0)) -> tuple:
+        """Per-sample (dy, dx, flip[, cy, cx]) for ``n`` samples of ``size`` (H, W), drawn on
+        the CPU from ``g`` (the cutout's corner last, so the other draws do not depend on it)."""
         dy = torch.randint(0, 2 * self.pad + 1, (n,), generator=g)
         dx = torch.randint(0, 2 * self.pad + 1, (n,), generator=g)
         flip = torch.rand(n, generator=g) < 0.5 if self.flip else torch.zeros(n, dtype=torch.bool)
-        return dy, dx, flip
+        if not self.cutout:
+            return dy, dx, flip
+        h, w = size
+        if not (0 < self.cutout <= min(h, w)):
+            raise ValueError(f"cutout {self.cutout} does not fit images of {h}x{w}")
+        cy = torch.randint(0, h - self.cutout + 1, (n,), generator=g)
+        cx = torch.randint(0, w - self.cutout + 1, (n,), generator=g)
+        return dy, dx, flip, cy, cx
 
     def apply(
-        self, x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor
+        self,
+        x: torch.Tensor,
+        dy: torch.Tensor,
+        dx: torch.Tensor,
+        flip: torch.Tensor,
+        cy: torch.Tensor | None = None,
+        cx: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Crop each image of ``x`` (B, C, H, W) at its offset in the padded frame; flip some."""
+        """Crop each image of ``x`` (B, C, H, W) at its offset in the padded frame; flip some;
+        cut out a square at (cy, cx) when ``cutout``."""
         b, c, h, w = x.shape
         p = self.pad
-        padded = F.pad(x, (p, p, p, p))
+        fill = (
+            None
+            if self.fill is None
+            else torch.tensor(self.fill, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        )
+        padded = F.pad(x, (p, p, p, p)) if fill is None else F.pad(x - fill, (p, p, p, p)) + fill
         rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
         cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
         bi = torch.arange(b, device=x.device)[:, None, None, None]
@@ -215,6 +252,15 @@ class CropFlip:
         out = padded[bi, ci, rows, cols]
         if self.flip:
             out = torch.where(flip[:, None, None, None], out.flip(3), out)
+        if self.cutout and cy is not None and cx is not None:
+            k = self.cutout
+            ys = torch.arange(h, device=x.device)[None, :]
+            xs = torch.arange(w, device=x.device)[None, :]
+            in_y = (ys >= cy[:, None]) & (ys < cy[:, None] + k)
+            in_x = (xs >= cx[:, None]) & (xs < cx[:, None] + k)
+            square = (in_y[:, :, None] & in_x[:, None, :])[:, None]
+            out = torch.where(square, fill if fill is not None else torch.zeros((), dtype=x.dtype,
+                              device=x.device), out)  # fmt: skip
         return out
 
 
@@ -356,7 +402,8 @@ class TensorLoader(Loader):
         params = None
         if self.augment is not None:
             # Drawn per image index (not per position), so independent of order and batch size.
-            drawn = self.augment.draw(n, _generator(self.seed, self.epoch, _AUGMENT))
+            size = (int(self.images.shape[-2]), int(self.images.shape[-1]))
+            drawn = self.augment.draw(n, _generator(self.seed, self.epoch, _AUGMENT), size)
             params = tuple(p.to(self.device) for p in drawn)  # one copy per epoch
         order_dev = order.to(self.device)
         for i in range(len(self)):
@@ -365,8 +412,7 @@ class TensorLoader(Loader):
             if self._scale != 1.0:
                 x = x * self._scale
             if params is not None:
-                dy, dx, flip = (p[idx] for p in params)
-                x = self.augment.apply(x, dy, dx, flip)
+                x = self.augment.apply(x, *(p[idx] for p in params))
             x = (x - self._mean) * self._inv_std
             yield x.contiguous(), self.labels[idx]
 
@@ -948,6 +994,7 @@ def make_loaders(
     data_dir: str | Path | None = None,
     seed: int = 0,
     augment: bool = True,
+    augment_recipe: str = "standard",
     device: str | torch.device = "cpu",
     eval_batch_size: int = 512,
     drop_last: bool = False,
@@ -970,6 +1017,9 @@ def make_loaders(
         augment: training augmentation on (digits/mnist5k: 2-pixel random translation;
             cifar/synthetic: 4-pixel padded random crop + horizontal flip; imagenet:
             random-resized-crop + flip). The test loader is never augmented nor shuffled.
+        augment_recipe: "standard" (the above) or "ffcv" (ffcv's CIFAR-10 example, which
+            SDGP trains with: the dataset's flip, translation by up to 2 pixels and one 4x4
+            cutout, both filled with the dataset's mean; in-memory datasets only).
         device: where batches are delivered (in-memory datasets are moved there whole).
         eval_batch_size: test images per batch.
         drop_last: drop the last incomplete training batch.
@@ -995,6 +1045,14 @@ def make_loaders(
             f"(got image_size={image_size})"
         )
     image_size = 32 if image_size is None else image_size
+    if augment_recipe not in AUGMENT_RECIPES:
+        raise ValueError(
+            f"unknown augment_recipe {augment_recipe!r}; valid: {', '.join(AUGMENT_RECIPES)}"
+        )
+    if augment_recipe != "standard" and name == "imagenet":
+        raise ValueError(
+            f"augment_recipe {augment_recipe!r} is for in-memory datasets, not imagenet"
+        )
     if name == "imagenet":
         return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
     if name == "digits":
@@ -1008,6 +1066,10 @@ def make_loaders(
     else:
         arrays = _synthetic(image_size, in_channels, num_classes, train_size, test_size)
     spec = arrays.spec
+    crop = arrays.crop
+    if augment_recipe == "ffcv":
+        crop = CropFlip(FFCV_TRANSLATE, crop.flip, fill=tuple(spec.mean), cutout=FFCV_CUTOUT)
+        spec = replace(spec, augmentation=crop.describe())
     if not augment:
         spec = replace(spec, augmentation="none")
     norm = {"mean": spec.mean, "std": spec.std, "seed": seed, "device": device}
@@ -1016,7 +1078,7 @@ def make_loaders(
         arrays.train_y,
         batch_size,
         shuffle=True,
-        augment=arrays.crop if augment else None,
+        augment=crop if augment else None,
         drop_last=drop_last,
         **norm,
     )

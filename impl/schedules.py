@@ -18,12 +18,14 @@ def lr_multiplier(
     warmup_fraction: float = 0.2,
     milestones: Sequence[int] = (),
     gamma: float = 0.1,
+    warmup_start: float = 0.04,
 ) -> float:
     """Multiplier of the base learning rate at ``epoch_progress`` (fractional epochs done).
 
-    "onecycle": linear from 0.04 up to 1 over ``warmup_fraction`` of training, then linear down
-    to 0 (the piecewise-linear one-cycle of the DAWNBench CIFAR recipes); "cosine": half a cosine
-    from 1 to 0; "step": ``gamma`` to the number of milestones passed; "constant": 1.
+    "onecycle": linear from ``warmup_start`` (0.04, the DAWNBench CIFAR recipes'; ffcv's:
+    1e-4) up to 1 over ``warmup_fraction`` of training, then linear down to 0 (a
+    piecewise-linear one-cycle); "cosine": half a cosine from 1 to 0; "step": ``gamma`` to the
+    number of milestones passed; "constant": 1.
     """
     t = min(max(epoch_progress / epochs, 0.0), 1.0)
     if schedule == "constant":
@@ -33,7 +35,7 @@ def lr_multiplier(
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * t))
     if schedule == "onecycle":
-        start = 0.04
+        start = warmup_start
         if warmup_fraction > 0 and t < warmup_fraction:
             return start + (1.0 - start) * t / warmup_fraction
         return max(0.0, (1.0 - t) / (1.0 - warmup_fraction))

@@ -143,15 +143,42 @@ def apply_memory_format(model: nn.Module, memory_format: str) -> bool:
     return True
 
 
+def parameter_groups(
+    model: nn.Module, weight_decay: float, bn_weight_decay: bool = True
+) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: one with ``weight_decay`` for every parameter, or,
+    without ``bn_weight_decay``, BatchNorm weights and biases in a second group without it (as
+    ffcv's recipe, which SDGP trains with). Groups keep the order of ``model.parameters()``."""
+    if bn_weight_decay:
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+    norm = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase)
+        for p in m.parameters(recurse=False)
+    }
+    params = list(model.parameters())
+    return [
+        {"params": [p for p in params if id(p) not in norm], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in norm], "weight_decay": 0.0},
+    ]
+
+
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Any, device: torch.device, dp: Any = None
+    model: nn.Module,
+    loader: Any,
+    device: torch.device,
+    dp: Any = None,
+    flip: bool = False,
 ) -> tuple[float, float]:
     """(mean cross-entropy, top-1 accuracy in %) of ``model`` over ``loader``.
 
     With ``dp`` (a :class:`impl.distributed.DataParallel` of several processes) each rank
     scores its share of every batch (the loader's, when it delivers shares:
-    :meth:`impl.data.Loader.set_shard`) and the sums are all-reduced.
+    :meth:`impl.data.Loader.set_shard`) and the sums are all-reduced. With ``flip`` an image
+    is scored by the sum of the logits of it and of its horizontal mirror (test-time flip
+    averaging, ffcv's ``lr_tta``); the loss is that of the summed logits.
     """
     was_training = model.training
     model.eval()
@@ -161,6 +188,8 @@ def evaluate(
         if dp is not None and not getattr(loader, "sharded", False):
             x, y = distributed.shard(x, y, dp.info)
         out = model(x)
+        if flip:
+            out = out + model(x.flip(-1))
         loss_sum += float(F.cross_entropy(out.float(), y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
         count += y.numel()
@@ -215,6 +244,7 @@ class Trainer:
             data_dir=cfg.data_dir,
             seed=cfg.seed,
             augment=cfg.augment,
+            augment_recipe=cfg.augment_recipe,
             device=self.device,
             eval_batch_size=cfg.eval_batch_size,
             **cfg.data_options,
@@ -236,7 +266,7 @@ class Trainer:
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         cfg = self.cfg
         return torch.optim.SGD(
-            model.parameters(),
+            parameter_groups(model, cfg.weight_decay, cfg.bn_weight_decay),
             lr=cfg.lr,
             momentum=cfg.momentum,
             nesterov=cfg.nesterov and cfg.momentum > 0,
@@ -252,6 +282,7 @@ class Trainer:
             warmup_fraction=cfg.warmup_fraction,
             milestones=cfg.milestones,
             gamma=cfg.gamma,
+            warmup_start=cfg.warmup_start,
         )
         # Linear scaling with the batch when a method (dynamic mini-batch) changes it.
         lr = cfg.lr * mult * ctx.batch_size / cfg.batch_size
@@ -352,7 +383,11 @@ class Trainer:
             t_epoch = time.perf_counter()
             row = self._train_epoch(ctx, method, train_loader, epoch, dp, peak)
             test_loss, top1 = evaluate(
-                ctx.model, test_loader, self.device, dp if dp.active else None
+                ctx.model,
+                test_loader,
+                self.device,
+                dp if dp.active else None,
+                flip=self.cfg.eval_flip,
             )
             epoch_seconds = time.perf_counter() - t_epoch
             wall += epoch_seconds

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # TrainConfig fields that make a run's training setup (the rest: method, seed, where it runs).
 SETUP_FIELDS: tuple[str, ...] = (
     "model", "stem", "data", "data_options", "epochs", "max_steps_per_epoch", "batch_size",
-    "lr", "schedule", "warmup_fraction", "milestones", "gamma", "momentum", "nesterov",
-    "weight_decay", "label_smoothing", "augment", "bf16",
+    "lr", "schedule", "warmup_fraction", "warmup_start", "milestones", "gamma", "momentum",
+    "nesterov", "weight_decay", "bn_weight_decay", "label_smoothing", "augment",
+    "augment_recipe", "eval_flip", "bf16",
 )  # fmt: skip
 
 
@@ -67,10 +68,16 @@ def setup_text(cfg: dict[str, Any]) -> str:
         parts.append("Nesterov momentum" if cfg["nesterov"] else "no Nesterov momentum")
     if "weight_decay" in cfg:
         parts.append(f"weight decay {cfg['weight_decay']:g}")
+    if cfg.get("bn_weight_decay") is False:
+        parts.append("none on BatchNorm")
     if cfg.get("label_smoothing"):
         parts.append(f"label smoothing {cfg['label_smoothing']:g}")
     if cfg.get("augment") is False:
         parts.append("no augmentation")
+    elif cfg.get("augment_recipe") not in (None, "standard"):
+        parts.append(f"{cfg['augment_recipe']} augmentation")
+    if cfg.get("eval_flip"):
+        parts.append("flip test-time averaging")
     if cfg.get("bf16"):
         parts.append("bf16")
     return ", ".join(parts)
@@ -93,6 +100,8 @@ def _schedule_parts(cfg: dict[str, Any]) -> list[str]:
             how += " at milestones given per row"
     if sched == "onecycle" and "warmup_fraction" in cfg:
         how += f", {cfg['warmup_fraction']:.0%} warm-up"
+        if cfg.get("warmup_start") not in (None, 0.04):
+            how += f" from {cfg['warmup_start']:g} of the peak"
     parts = []
     if "lr" in cfg or "schedule" in cfg:
         lr = f"SGD lr {cfg['lr']:g}" if "lr" in cfg else "SGD"
@@ -107,6 +116,8 @@ def _schedule_parts(cfg: dict[str, Any]) -> list[str]:
             parts.append("lr decayed " + " ".join(decay))
         if "warmup_fraction" in cfg:
             parts.append(f"{cfg['warmup_fraction']:.0%} warm-up")
+        if cfg.get("warmup_start") is not None:
+            parts.append(f"warm-up from {cfg['warmup_start']:g} of the peak lr")
     return parts
 
 

@@ -779,6 +779,14 @@ def test_setup_text_reads_a_saved_config_in_words():
     assert step == ("at most 3 steps per epoch, SGD lr 0.1 (decayed 0.1x at epochs [91, 136]), "
                     "label smoothing 0.1")  # fmt: skip
     assert settings.setup_text({}) == ""
+    ffcv = settings.setup_text({"schedule": "onecycle", "lr": 0.5, "warmup_fraction": 0.02,
+                                "warmup_start": 1e-4, "weight_decay": 5e-4,
+                                "bn_weight_decay": False, "augment_recipe": "ffcv",
+                                "eval_flip": True})  # fmt: skip
+    assert ffcv == (
+        "SGD lr 0.5 (one-cycle, 2% warm-up from 0.0001 of the peak), weight decay "
+        "0.0005, none on BatchNorm, ffcv augmentation, flip test-time averaging"
+    )
 
 
 def test_settings_lines_read_the_runs_configs_and_name_what_differs():
@@ -826,7 +834,9 @@ def test_a_setup_field_that_differs_between_rows_is_in_each_rows_differs_not_non
 @pytest.mark.parametrize("field", settings.SETUP_FIELDS, ids=list(settings.SETUP_FIELDS))
 def test_every_setup_field_alone_reads_as_words_without_none(field):
     cfg = _cfg(schedule="step", milestones=[3, 5], gamma=0.2, max_steps_per_epoch=4,
-               stem="imagenet", augment=False, bf16=True, label_smoothing=0.1)  # fmt: skip
+               stem="imagenet", augment=False, bf16=True, label_smoothing=0.1,
+               warmup_start=1e-4, bn_weight_decay=False, augment_recipe="ffcv",
+               eval_flip=True)  # fmt: skip
     text = settings.setup_text({field: cfg[field]})
     assert text and "None" not in text, field
 

@@ -93,6 +93,11 @@ def test_paper_rows_train_each_papers_own_network():
     assert trained["prunetrain", "resnet50", "cifar100"] == {"prunetrain_resnet50"}
     assert trained["prunetrain", "resnet50", "imagenet"] == {"resnet50"}
     assert trained["sdgp", "resnet9", "cifar10"] == {"resnet9"}
+    # ... with ffcv's recipe, which the paper trains with (Sec. IV)
+    for r in _training_rows("sdgp.table1"):
+        if r.train.get("data") == "cifar10":
+            assert r.train["augment_recipe"] == "ffcv" and r.train["eval_flip"] is True
+            assert r.train["bn_weight_decay"] is False and r.train["warmup_start"] == 1e-4
     # Campfire: Tables 2-3 and 6 train ResNet-50 v1.5 (torchvision's), Tables 4-5 v1
     v15 = {r.train["model"] for r in _training_rows("campfire.table2")}
     v1 = {r.train["model"] for k in ("campfire.table4", "campfire.table5")

@@ -213,8 +213,8 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-bn-weight-decay",
         action="store_true",
-        help="no weight decay on BatchNorm weights and biases, as ffcv's recipe, which SDGP "
-        "trains with (by default they decay like every parameter)",
+        help="no weight decay on BatchNorm weights and biases, as the SDGP authors' CIFAR-10 "
+        "script (by default they decay like every parameter)",
     )
     p.add_argument("--seed", type=int, help=say("seed"))
     p.add_argument("--device", help=say("device"))

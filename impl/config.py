@@ -53,17 +53,18 @@ class TrainConfig:
             (multiply by ``gamma`` at each of ``milestones``), or "constant".
         warmup_fraction: fraction of training spent warming up (one-cycle only).
         warmup_start: the one-cycle rate's starting multiplier of ``lr``, where its warm-up
-            begins (0.04, the DAWNBench recipes'; ffcv's, which SDGP trains with: 1e-4).
+            begins (0.04, the DAWNBench recipes'; the SDGP authors' CIFAR-10 script: 1e-4).
         milestones: epochs at which the step schedule multiplies the rate by ``gamma``.
         gamma: the step schedule's factor.
         label_smoothing: cross-entropy label smoothing.
         augment: random training-set augmentation (per dataset; see ``impl.data``).
-        augment_recipe: "standard" (per dataset) or "ffcv" (ffcv's CIFAR-10 example, SDGP's:
-            flip, translation by up to 2 pixels and a 4x4 cutout, filled with the mean).
+        augment_recipe: "standard" (per dataset) or "ffcv" (ffcv's CIFAR-10 augmentation, which
+            the SDGP authors train with: flip, translation by up to 2 pixels and a 4x4 cutout,
+            filled with the mean).
         eval_flip: test-time flip averaging: a test image is scored by the sum of the logits
             of it and of its horizontal mirror (ffcv's ``lr_tta``, SDGP's evaluation).
-        bn_weight_decay: weight decay on BatchNorm weights and biases too (off in ffcv's
-            recipe, which SDGP trains with).
+        bn_weight_decay: weight decay on BatchNorm weights and biases too (the SDGP authors'
+            CIFAR-10 script exempts them).
         seed: seed of everything random in the run (init, shuffling, augmentation, methods).
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".

@@ -177,8 +177,8 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 AUGMENT_RECIPES: tuple[str, ...] = ("standard", "ffcv")
-# ffcv's CIFAR-10 example, the recipe SDGP trains with (Sec. IV): flip, translation by up to 2
-# pixels and one 4x4 cutout, both filled with the dataset's mean.
+# ffcv's CIFAR-10 augmentation, which the SDGP authors train with (Sec. IV): flip, translation
+# by up to 2 pixels and one 4x4 cutout, both filled with the dataset's mean.
 FFCV_TRANSLATE = 2
 FFCV_CUTOUT = 4
 
@@ -1017,7 +1017,7 @@ def make_loaders(
         augment: training augmentation on (digits/mnist5k: 2-pixel random translation;
             cifar/synthetic: 4-pixel padded random crop + horizontal flip; imagenet:
             random-resized-crop + flip). The test loader is never augmented nor shuffled.
-        augment_recipe: "standard" (the above) or "ffcv" (ffcv's CIFAR-10 example, which
+        augment_recipe: "standard" (the above) or "ffcv" (ffcv's CIFAR-10 augmentation, which
             SDGP trains with: the dataset's flip, translation by up to 2 pixels and one 4x4
             cutout, both filled with the dataset's mean; in-memory datasets only).
         device: where batches are delivered (in-memory datasets are moved there whole).
@@ -1068,6 +1068,11 @@ def make_loaders(
     spec = arrays.spec
     crop = arrays.crop
     if augment_recipe == "ffcv":
+        if min(spec.image_size, int(arrays.train_x.shape[-1])) < FFCV_CUTOUT:
+            raise ValueError(
+                f"augment_recipe 'ffcv' cuts out {FFCV_CUTOUT}x{FFCV_CUTOUT} squares; images of "
+                f"{spec.image_size}x{spec.image_size} are smaller"
+            )
         crop = CropFlip(FFCV_TRANSLATE, crop.flip, fill=tuple(spec.mean), cutout=FFCV_CUTOUT)
         spec = replace(spec, augmentation=crop.describe())
     if not augment:

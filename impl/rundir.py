@@ -29,12 +29,15 @@ CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
 
-#: What each version of ``summary.json`` added that the reports read; a complete run whose
-#: summary is older than :data:`SUMMARY_VERSION` lacks a measurement and is trained again
-#: by ``pdtbench reproduce`` (:func:`outdated_summary`). A summary without the field is 1.
+#: What each version of ``summary.json`` added that the reports read, or changed in how runs
+#: train; a complete run whose summary is older than :data:`SUMMARY_VERSION` lacks a
+#: measurement or ran older code, and is trained again by ``pdtbench reproduce``
+#: (:func:`outdated_summary`). A summary without the field is 1.
 SUMMARY_VERSIONS: dict[int, str] = {
     1: "the first summaries",
     2: "the step phase (optimizer and per-step method work) in the time per iteration",
+    3: "Campfire's per-epoch target and step-weighted training FLOPs, PruneTrain's zeroing of "
+    "sub-threshold groups and ffcv's ResNet-9 (earlier runs trained or counted these otherwise)",
 }
 SUMMARY_VERSION = max(SUMMARY_VERSIONS)
 
@@ -164,7 +167,7 @@ def outdated_summary(summary: dict[str, Any]) -> str | None:
     if not isinstance(version, int) or version >= SUMMARY_VERSION:
         return None
     added = "; ".join(SUMMARY_VERSIONS[v] for v in range(version + 1, SUMMARY_VERSION + 1))
-    return f"its summary (version {version}) was written before {added} was recorded"
+    return f"its summary (version {version}) was written before {added}"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

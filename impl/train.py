@@ -143,12 +143,51 @@ def apply_memory_format(model: nn.Module, memory_format: str) -> bool:
     return True
 
 
+def check_input_fits(cfg: TrainConfig, spec: Any) -> None:
+    """Refuse, before a run directory is written, a model that cannot take the dataset's
+    images (ffcv's ResNet-9, for one, needs 12 px or more): one forward pass on the meta
+    device (no memory, no time, the random state untouched).
+
+    Raises:
+        ValueError: the model's forward pass fails at ``spec``'s image size.
+    """
+    from impl.models import create
+
+    size = (1, spec.in_channels, spec.image_size, spec.image_size)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        net = create(cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels,
+                     stem=cfg.stem)  # fmt: skip
+        try:
+            net.eval()(torch.empty(size))
+        except RuntimeError as err:
+            raise ValueError(
+                f"model {cfg.model!r} cannot take {spec.image_size}x{spec.image_size} images "
+                f"of {cfg.data!r} ({str(err).splitlines()[0]}); choose a larger --image-size "
+                "or another --model"
+            ) from None
+
+
+def epoch_step_cost(start: float, after_first: float, end: float, steps: int) -> float:
+    """Per-sample training FLOPs of an epoch of ``steps`` steps, from the model's cost as the
+    epoch began (``start``), after its first step (``after_first``) and as it ended (``end``):
+    the first step at ``start``, the others at the mean of ``after_first`` and ``end``.
+
+    Exact for a cost that changes once, on the first step (Campfire's per-epoch target) or
+    not within the epoch (dense, SDGP, PruneTrain and ClickTrain, which change between
+    epochs); a trapezoid for one that changes step by step (Campfire's per-step ramp). The
+    mean of ``start`` and ``end`` alone counted half of a per-epoch Campfire epoch at the
+    previous epoch's density, understating its saving."""
+    if steps < 1:
+        return (start + end) / 2
+    return (start + (steps - 1) * (after_first + end) / 2) / steps
+
+
 def parameter_groups(
     model: nn.Module, weight_decay: float, bn_weight_decay: bool = True
 ) -> list[dict[str, Any]]:
     """The optimizer's parameter groups: one with ``weight_decay`` for every parameter, or,
     without ``bn_weight_decay``, BatchNorm weights and biases in a second group without it (as
-    ffcv's recipe, which SDGP trains with). Groups keep the order of ``model.parameters()``."""
+    the SDGP authors' CIFAR-10 script). Groups keep the order of ``model.parameters()``."""
     if bn_weight_decay:
         return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
     norm = {
@@ -249,6 +288,7 @@ class Trainer:
             eval_batch_size=cfg.eval_batch_size,
             **cfg.data_options,
         )
+        check_input_fits(cfg, spec)
         model = create(
             cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels, stem=cfg.stem
         ).to(self.device)
@@ -472,9 +512,16 @@ class Trainer:
         bar = _progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", self.progress)
         peak.open()
         t0 = time.perf_counter()
+        cost_first = cost_start
         for i, (x, y) in enumerate(loader):
             if i >= steps:
                 break
+            if i == 1:
+                # the cost after the first step (a method's masks may change on it, as
+                # Campfire's per-epoch target does); its counting is not training time
+                t_cost = time.perf_counter()
+                cost_first = _step_cost(ctx, method)
+                t0 += time.perf_counter() - t_cost
             lr = self._set_lr(ctx, epoch + i / steps)
             # This rank's share of the global batch (the loader's own share when sharded).
             sharded = getattr(loader, "sharded", False)
@@ -546,10 +593,15 @@ class Trainer:
             "iter_ms": _median(whole),
             "train_seconds": train_seconds,
             "samples_per_second": seen / max(train_seconds, 1e-9),
-            # Per-sample cost of this epoch's training steps: the mean of the model's cost as
-            # the epoch began and as it ended (before on_epoch_end reconfigures anything).
-            "train_flops_nominal": (cost_start[0] + cost_end[0]) / 2,
-            "train_flops_executed": (cost_start[1] + cost_end[1]) / 2,
+            # Per-sample cost of this epoch's training steps (before on_epoch_end reconfigures
+            # anything): the first step at the cost as the epoch began, the others at the mean
+            # of the cost after the first step and as the epoch ended (epoch_step_cost).
+            "train_flops_nominal": epoch_step_cost(
+                cost_start[0], cost_first[0], cost_end[0], len(fwd)
+            ),
+            "train_flops_executed": epoch_step_cost(
+                cost_start[1], cost_first[1], cost_end[1], len(fwd)
+            ),
             # peak GPU memory allocated by tensors during this epoch's steps (None on the CPU)
             "peak_gpu_memory_mib": None if epoch_peak is None else epoch_peak / 2**20,
         }

@@ -557,3 +557,22 @@ def test_comm_masks_only_once_masks_are_fixed() -> None:
                 assert keep.dtype == torch.bool and keep.shape == weight.shape
                 assert torch.all(weight[~keep] == 0)
     assert seen_before_fixed and method.fixed
+
+
+def test_an_epoch_pruned_on_its_first_step_counts_its_steps_at_the_new_cost(tmp_path) -> None:
+    """Under the per-epoch target the masks change on the era epoch's first step: that epoch's
+    training FLOPs are one step at the old cost and the rest at the new one, not their mean."""
+    from impl.train import epoch_step_cost, train
+
+    # era epochs 1-2: epoch 1 at target 0, epoch 2 pruned to the final sparsity on its first step
+    cfg = resolve("smoke", method="campfire", epochs=4, model="resnet20", data="digits",
+                  method_options={"start_epoch": 1, "era_epochs": 1, "final_sparsity": 0.6},
+                  out=str(tmp_path / "run"), threads=1)  # fmt: skip
+    train(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    _, dense, pruned_epoch, after = (r["train_flops_nominal"] for r in rows)
+    steps = rows[2]["iterations"]
+    assert steps == 3 and after < dense
+    assert pruned_epoch == pytest.approx((dense + (steps - 1) * after) / steps, rel=1e-9)
+    assert epoch_step_cost(10.0, 4.0, 2.0, 4) == pytest.approx((10 + 3 * 3) / 4)
+    assert epoch_step_cost(10.0, 4.0, 2.0, 0) == 6.0

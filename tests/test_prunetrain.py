@@ -530,3 +530,21 @@ def test_groups_below_the_threshold_that_union_keeps_are_zeroed():
     assert not fc.weight[:, 9].any()
     assert torch.equal(conv1.weight[7], above)
     assert rep.to_dict()["zeroed_groups"] == rep.zeroed_groups
+
+
+def test_the_channel_kept_to_stay_connected_is_not_zeroed():
+    """A VGG layer whose every channel is below the threshold keeps its strongest one so the
+    network stays connected; zeroing that channel's groups would make the output constant."""
+    torch.manual_seed(0)
+    model = M.create("vgg11")
+    conv, reader = model.features[4], model.features[8]
+    with torch.no_grad():
+        conv.weight.uniform_(-5e-5, 5e-5)  # every group touching features.4's channels small
+        reader.weight[:, :].uniform_(-5e-5, 5e-5)
+        conv.weight[7].mul_(1.5)  # the strongest channel, still below the threshold
+    rep = reconfigure(model, None, threshold=1e-4)
+    assert rep.spaces["features.4"] == (128, 1)
+    assert conv.weight.abs().max() > 0 and reader.weight.abs().max() > 0
+    with torch.no_grad():  # train mode: BatchNorm's batch statistics carry a tiny signal
+        a, b = model(torch.randn(2, 3, 32, 32)), model(torch.randn(2, 3, 32, 32))
+    assert not torch.allclose(a, b)

@@ -113,7 +113,9 @@ class CampfireConfig(MethodConfig):
         start_epoch: first epoch of the pruning era (None: a third of the run, rounded, as the
             paper's start 30 of 90 epochs).
         era_epochs: length of the pruning era in epochs (None: 2/9 of the run, rounded, at least
-            1, as the paper's era of 20 of 90 epochs). The era must end by the last epoch.
+            1, as the paper's era of 20 of 90 epochs, shortened to fit the run: under the
+            per-epoch schedule down to 0, pruning at once, in a run too short for a ramp).
+            The era must end by the last epoch.
         window_fraction: share of the target sparsity reached by window pruning in "combined"
             (the paper's 0.8), in [0, 1].
         window_rounding: "layer" (exact layer sparsity, floor or ceil nonzeros per kernel) or
@@ -403,10 +405,10 @@ class Campfire(Method):
 
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
         """True sparsity per layer and overall; the inference FLOPs of the model as the epoch
-        ends. The epoch's training FLOPs are the Trainer's (the mean of the cost as the epoch
-        began and ended): the cost at its end alone, the sparsest point of an epoch in the
-        pruning era, overstated the run's saving (42.1% against 38.8% step by step, at the
-        cpu scale's schedule)."""
+        ends. The epoch's training FLOPs are the Trainer's (:func:`impl.train.epoch_step_cost`:
+        the first step at the cost as the epoch began, the others between the cost after it
+        and at the end), exact for the per-epoch target, whose masks change on an era epoch's
+        first step; the cost at the epoch's end alone overstated the run's saving."""
         row = self.sparsity_report(ctx.model)
         try:
             from impl.flops import training_flops

@@ -229,9 +229,14 @@ def _zero_small_groups(
     model: nn.Module,
     threshold: float,
     optimizer: torch.optim.Optimizer | None,
+    skip: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> int:
     """Set to zero, with their momentum, the groups whose largest |w| is below ``threshold``
-    (writer rows, reader columns) that reconfiguration kept; return how many."""
+    (writer rows, reader columns) that reconfiguration kept; return how many. The spaces in
+    ``skip`` keep their one channel as it is: it was kept, though below the threshold, so that
+    the network stays connected, and zeroing would cut the network (a constant output): no
+    weight of a layer that writes or reads such a space is zeroed (a layer reading only
+    sub-threshold channels is itself all below the threshold)."""
     modules = dict(model.named_modules())
     count = 0
 
@@ -242,14 +247,24 @@ def _zero_small_groups(
             if isinstance(buf, torch.Tensor) and buf.shape == w.shape:
                 buf[where] = 0
 
+    kept = {
+        name
+        for s in skip
+        if s in graph.spaces
+        for name in [*graph.spaces[s].writers, *(r for r, _ in graph.spaces[s].readers)]
+    }
     for space in graph.spaces.values():
         for name in space.writers:
+            if name in kept:
+                continue
             w = modules[name].weight
             small = _row_max(w) < threshold
             if bool(small.any()):
                 zero(w, small.to(w.device))
                 count += int(small.sum())
         for name, fan in space.readers:
+            if name in kept:
+                continue
             w = modules[name].weight
             small = _col_max(w, fan) < threshold
             if bool(small.any()):
@@ -380,12 +395,14 @@ def reconfigure(
     keep = _keep_masks(graph, model, threshold)
     modules = dict(model.named_modules())
     kept_idx: dict[str, torch.Tensor] = {}
+    forced: set[str] = set()  # spaces kept at their one strongest channel, all below threshold
     for name, space in graph.spaces.items():
         mask = keep[name]
         if not bool(mask.any()):
             strength = _space_strength(space, modules)
             mask = torch.zeros_like(mask)
             mask[int(strength.argmax())] = True
+            forced.add(name)
         idx = mask.nonzero().reshape(-1)
         kept_idx[name] = idx
         report.kept[name] = idx.tolist()
@@ -408,7 +425,9 @@ def reconfigure(
             _slice_tensor_param(modules[owner], attr, 0, idx, None)
     for m in modules.values():
         sync_attributes(m)
-    report.zeroed_groups = _zero_small_groups(build_graph(model), model, threshold, optimizer)
+    report.zeroed_groups = _zero_small_groups(
+        build_graph(model), model, threshold, optimizer, skip=forced
+    )
 
     # 3. report per layer that still exists
     io_space: dict[str, dict[str, tuple[str, int]]] = {}

@@ -3,13 +3,14 @@ magnitude pruning of the output data gradients (n=2, m=4).
 
 Scales: smoke and cpu train ResNet-20 on digits (ResNet-9, ffcv's CIFAR-10 model that the
 paper trains, is 7x the FLOPs of ResNet-20: 584 against 83 MFLOPs per 32x32 image); gpu
-trains ResNet-9 on digits; paper trains ResNet-9 on CIFAR-10 with ffcv's recipe (150 epochs,
-batch 512, lr 0.5 on a triangular schedule from 1e-4 of it, peaking at epoch 2, label
-smoothing 0.1, flip + 2-pixel translation + 4x4 cutout filled with the mean, no weight decay
-on BatchNorm, flip test-time averaging) and ResNet-18/50 on ImageNet (88 epochs). RegNetX-400MF
-is not in impl.models.
+trains ResNet-9 on digits; paper trains ResNet-9 on CIFAR-10 with the recipe of the SDGP
+authors' CIFAR-10 training script, built on ffcv's example (150 epochs, batch 512, lr 0.5 on a
+triangular schedule from 1e-4 of it, peaking at epoch 2, label smoothing 0.1, ffcv's flip +
+2-pixel translation + 4x4 cutout filled with the mean and flip test-time averaging, no weight
+decay on BatchNorm) and ResNet-18/50 on ImageNet (88 epochs). RegNetX-400MF is not in
+impl.models.
 
-Where the paper scale still differs from ffcv's recipe: training is float32 (ffcv: float16
+Where the paper scale still differs from that script: training is float32 (theirs: float16
 autocast with a gradient scaler), and the weight decay is the paper's 5e-4.
 """
 
@@ -86,9 +87,9 @@ def notes(scale: str) -> list[str]:
     ]
     if scale == "paper":
         n.append(
-            "ResNet-9 and its recipe are ffcv's (augmentation, flip test-time averaging, no "
-            "weight decay on BatchNorm, the triangular rate from 1e-4), trained in float32 "
-            "(ffcv: float16 autocast)."
+            "ResNet-9 and its recipe are the SDGP authors' CIFAR-10 script's (ffcv's model, "
+            "augmentation and flip test-time averaging; no weight decay on BatchNorm; the "
+            "triangular rate from 1e-4), trained in float32 (theirs: float16 autocast)."
         )
     if scale in ("smoke", "cpu"):
         n.append("ResNet-20 on digits stands in for ResNet-9 on CIFAR-10.")

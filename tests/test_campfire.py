@@ -454,6 +454,13 @@ def test_state_dict_round_trip_restores_masks() -> None:
     bad = {"masks": {"nope.weight": torch.ones(2, dtype=torch.bool)}}
     with pytest.raises(ValueError, match="does not prune"):
         other.load_state_dict(bad, ctx)
+    assert state["schedule_every"] == other.config.schedule_every == "epoch"
+    # a checkpoint of the code before the per-epoch schedule resumes with the per-step ramp
+    older = {k: v for k, v in state.items() if k != "schedule_every"}
+    again = Campfire(CampfireConfig(mask="combined", start_epoch=0, era_epochs=1))
+    again.setup(ctx)
+    again.load_state_dict(older, ctx)
+    assert again.config.schedule_every == "step"
 
 
 @pytest.mark.parametrize("stop", [2, 3], ids=["mid-era", "after-era"])

@@ -39,6 +39,7 @@ What the method does (Sec. 2):
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,8 @@ from impl.methods.campfire_masks import (
     window_mask,
 )
 from impl.methods.masking import MaskSet, true_sparsity
+
+log = logging.getLogger(__name__)
 
 MASK_TYPES: tuple[str, ...] = ("combined", "window", "ck")
 SCHEDULE_EVERY: tuple[str, ...] = ("epoch", "step")
@@ -449,11 +452,19 @@ class Campfire(Method):
         return dict(self.masks.items()) if self.fixed and len(self.masks) else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Masks, the target they were built for, and whether they are fixed."""
-        return {"masks": self.masks.state_dict(), "target": self.target, "fixed": self.fixed}
+        """Masks, the target they were built for, whether they are fixed, and the schedule's
+        granularity the run trains with."""
+        return {
+            "masks": self.masks.state_dict(),
+            "target": self.target,
+            "fixed": self.fixed,
+            "schedule_every": self.config.schedule_every,
+        }
 
     def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
-        """Restore the masks (no structural change: the model keeps its shapes)."""
+        """Restore the masks (no structural change: the model keeps its shapes). A run goes on
+        with the schedule it trained with: a checkpoint without ``schedule_every`` was written
+        when the per-step ramp was the only schedule, and resumes with it."""
         self.masks.load_state_dict(state.get("masks", {}))
         self.target = float(state.get("target", 0.0))
         self.fixed = bool(state.get("fixed", False))
@@ -461,6 +472,15 @@ class Campfire(Method):
         unknown = sorted(set(self.masks) - known)
         if unknown:
             raise ValueError(f"saved masks name parameters this model does not prune: {unknown}")
+        every = state.get("schedule_every", "step")
+        if every != self.config.schedule_every:
+            log.warning(
+                "campfire: the checkpoint trained with schedule_every=%r; resuming with it "
+                "(the config says %r)",
+                every,
+                self.config.schedule_every,
+            )
+            self.config.schedule_every = every
 
 
 __all__ = [

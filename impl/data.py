@@ -259,8 +259,7 @@ class CropFlip:
             in_y = (ys >= cy[:, None]) & (ys < cy[:, None] + k)
             in_x = (xs >= cx[:, None]) & (xs < cx[:, None] + k)
             square = (in_y[:, :, None] & in_x[:, None, :])[:, None]
-            out = torch.where(square, fill if fill is not None else torch.zeros((), dtype=x.dtype,
-                              device=x.device), out)  # fmt: skip
+            out = torch.where(square, fill if fill is not None else x.new_zeros(()), out)
         return out
 
 
@@ -1068,7 +1067,7 @@ def make_loaders(
     spec = arrays.spec
     crop = arrays.crop
     if augment_recipe == "ffcv":
-        if min(spec.image_size, int(arrays.train_x.shape[-1])) < FFCV_CUTOUT:
+        if spec.image_size < FFCV_CUTOUT:
             raise ValueError(
                 f"augment_recipe 'ffcv' cuts out {FFCV_CUTOUT}x{FFCV_CUTOUT} squares; images of "
                 f"{spec.image_size}x{spec.image_size} are smaller"

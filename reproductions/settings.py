@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from impl.config import TrainConfig
+
 if TYPE_CHECKING:
     from reproductions.common import RowResult
 
@@ -100,7 +102,7 @@ def _schedule_parts(cfg: dict[str, Any]) -> list[str]:
             how += " at milestones given per row"
     if sched == "onecycle" and "warmup_fraction" in cfg:
         how += f", {cfg['warmup_fraction']:.0%} warm-up"
-        if cfg.get("warmup_start") not in (None, 0.04):
+        if cfg.get("warmup_start") not in (None, TrainConfig.warmup_start):
             how += f" from {cfg['warmup_start']:g} of the peak"
     parts = []
     if "lr" in cfg or "schedule" in cfg:

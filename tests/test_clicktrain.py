@@ -423,7 +423,7 @@ def test_validate_refuses_cuda_pattern_convs_where_they_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="sparse_impl='cuda' cannot run here: the run trains on"):
         method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="no CUDA device is present"):
+    with pytest.raises(ValueError, match=r"the run trains on the CPU \(--device auto\)"):
         method.validate(TrainConfig(model="resnet20", epochs=30, device="auto"))
 
 

@@ -208,6 +208,10 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     assert summary["stage_timing"][0]["iter_ms"] == pytest.approx(9.5 + 19.5)
     assert summary["stage_timing"][1]["epochs"] == [2]
     assert summary["layers_removed"] == ["layer2.1"]
+    # Table 3's count of removed conv layers reads the reconfigurations: a BasicBlock path is 2
+    from reproductions.prunetrain import conv_layers_removed
+
+    assert conv_layers_removed(SimpleNamespace(summary=summary)) == 2.0
     # FLOPs agree with impl.flops on the final model
     flops = training_flops(model, ctx.input_shape)
     assert summary["inference_flops_final"] == pytest.approx(flops.forward)

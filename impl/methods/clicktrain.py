@@ -61,11 +61,16 @@ HARD_PRUNE_FRACTION = 0.5
 
 def cuda_pattern_kernels_missing(device: str) -> str | None:
     """Why the CUDA pattern kernels cannot run for a run on ``device`` ("auto", "cpu",
-    "cuda[:N]"), or None when they load (compiling them on first use)."""
-    if str(device).startswith("cpu"):
-        return "the run trains on the CPU"
-    if not torch.cuda.is_available():
-        return "no CUDA device is present"
+    "cuda[:N]", resolved as the Trainer does: :func:`impl.train.pick_device`), or None when
+    they load (compiling them on first use)."""
+    from impl.train import pick_device
+
+    try:
+        resolved = pick_device(str(device))
+    except ValueError as err:
+        return str(err)
+    if resolved.type != "cuda":
+        return f"the run trains on the CPU (--device {device})"
     from impl.ops.pattern import has_cuda_kernels
 
     if has_cuda_kernels():

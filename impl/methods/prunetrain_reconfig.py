@@ -40,6 +40,7 @@ parameter, so a Trainer's optimizer and scheduler stay valid.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,7 +230,7 @@ def _zero_small_groups(
     model: nn.Module,
     threshold: float,
     optimizer: torch.optim.Optimizer | None,
-    skip: set[str] = frozenset(),  # type: ignore[assignment]
+    skip: Collection[str] = (),
 ) -> int:
     """Set to zero, with their momentum, the groups whose largest |w| is below ``threshold``
     (writer rows, reader columns) that reconfiguration kept; return how many. The spaces in
@@ -425,9 +426,8 @@ def reconfigure(
             _slice_tensor_param(modules[owner], attr, 0, idx, None)
     for m in modules.values():
         sync_attributes(m)
-    report.zeroed_groups = _zero_small_groups(
-        build_graph(model), model, threshold, optimizer, skip=forced
-    )
+    # the graph of step 2 still holds: slicing changed sizes, not who writes or reads what
+    report.zeroed_groups = _zero_small_groups(graph, model, threshold, optimizer, skip=forced)
 
     # 3. report per layer that still exists
     io_space: dict[str, dict[str, tuple[str, int]]] = {}

@@ -174,12 +174,8 @@ class ResNet(nn.Module):
                 conv1x1(self.inplanes, planes * block.expansion, stride),
                 nn.BatchNorm2d(planes * block.expansion),
             )
-        first = (
-            Bottleneck(self.inplanes, planes, stride, downsample, stride_in_1x1=True)
-            if self.stride_in_1x1
-            else block(self.inplanes, planes, stride, downsample)
-        )
-        stage = [first]
+        v1 = {"stride_in_1x1": True} if self.stride_in_1x1 else {}
+        stage = [block(self.inplanes, planes, stride, downsample, **v1)]
         self.inplanes = planes * block.expansion
         stage += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*stage)

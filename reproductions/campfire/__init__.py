@@ -12,20 +12,6 @@ from typing import Any
 
 from reproductions.common import Row, RunRecord
 
-# The paper-scale network of the tables that train ResNet-50 v1 (Tables 4-5; the others v1.5,
-# torchvision's resnet50): impl.models' resnet50_v1, stride on the first 1x1 of a block.
-RESNET50_V1 = "resnet50_v1"
-
-
-def train_v1(rows: list[Row], scale: str) -> list[Row]:
-    """``rows`` with the paper scale's ResNet-50 made v1 (Campfire's Tables 4-5)."""
-    if scale == "paper":
-        for r in rows:
-            if r.train.get("model") == "resnet50":
-                r.train["model"] = RESNET50_V1
-    return rows
-
-
 # Epochs of a run at each scale, standing for the paper's 100 (ImageNet, Sec. 3 / App. B.3).
 EPOCHS = {"smoke": 4, "cpu": 10, "gpu": 30, "paper": 100}
 PAPER_EPOCHS = 100
@@ -36,11 +22,14 @@ def to_scale(paper_epoch: int, scale: str) -> int:
     return round(paper_epoch * EPOCHS[scale] / PAPER_EPOCHS)
 
 
-def train_for(scale: str, *, last_drop: int = 90, batch: int | None = None) -> dict[str, Any]:
+def train_for(
+    scale: str, *, last_drop: int = 90, batch: int | None = None, paper_model: str = "resnet50"
+) -> dict[str, Any]:
     """TrainConfig fields: the paper's step schedule (x0.1 at epochs 30, 60 and
     ``last_drop`` of 100, lr 0.05 at batch 64, momentum 0.9, weight decay 1e-4) on the
-    scale's timeline; ResNet-20 on digits (smoke/cpu), ResNet-32 on digits (gpu), ResNet-50
-    on ImageNet (paper)."""
+    scale's timeline; ResNet-20 on digits (smoke/cpu), ResNet-32 on digits (gpu),
+    ``paper_model`` on ImageNet (paper: ResNet-50 v1.5, torchvision's ``resnet50``; Tables 4-5
+    train v1, ``resnet50_v1``)."""
     milestones = [to_scale(e, scale) for e in (30, 60, last_drop)]
     out: dict[str, Any] = {
         "epochs": EPOCHS[scale],
@@ -55,7 +44,7 @@ def train_for(scale: str, *, last_drop: int = 90, batch: int | None = None) -> d
     if scale == "gpu":
         out["model"] = "resnet32"
     if scale == "paper":
-        out.update({"model": "resnet50", "stem": "imagenet", "data": "imagenet",
+        out.update({"model": paper_model, "stem": "imagenet", "data": "imagenet",
                     "batch_size": 64})  # fmt: skip
     if batch is not None:
         out["batch_size"] = batch
@@ -74,24 +63,29 @@ def campfire_row(
     batch: int | None = None,
     label: str | None = None,
     paper_setting: str | None = None,
+    paper_model: str = "resnet50",
 ) -> Row:
     """A Campfire row: ``mask`` (window, ck, combined) pruning from paper epoch ``start`` for
-    ``era`` paper epochs to ``sparsity`` %, on the scale's timeline."""
+    ``era`` paper epochs to ``sparsity`` %, on the scale's timeline (``paper_model``: the
+    network of the paper scale, see :func:`train_for`)."""
     e0 = to_scale(start, scale)
     length = max(1, to_scale(start + era, scale) - e0)
     opts = {"mask": mask, "final_sparsity": sparsity / 100, "start_epoch": e0,
             "era_epochs": length}  # fmt: skip
     era_txt = f", era {start}-{start + era}" if era != 20 else ""
     name = label or f"{mask}, start {start}{era_txt}, sparsity {sparsity}%"
-    return Row(name, "campfire", options=opts, train=train_for(scale, last_drop=last_drop,
-               batch=batch), baseline="dense",
+    train = train_for(scale, last_drop=last_drop, batch=batch, paper_model=paper_model)
+    return Row(name, "campfire", options=opts, train=train, baseline="dense",
                paper={"setting": paper_setting or name}, group={"mask": mask, "start": start,
                                                                 "sparsity": sparsity})  # fmt: skip
 
 
-def dense_row(scale: str, *, batch: int | None = None, last_drop: int = 90) -> Row:
+def dense_row(
+    scale: str, *, batch: int | None = None, last_drop: int = 90, paper_model: str = "resnet50"
+) -> Row:
     """The dense baseline on the same timeline (paper selector: the table's dense row)."""
-    return Row("dense", "dense", train=train_for(scale, last_drop=last_drop, batch=batch),
+    train = train_for(scale, last_drop=last_drop, batch=batch, paper_model=paper_model)
+    return Row("dense", "dense", train=train,
                paper={"method": "dense"}, metrics=("top1",))  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.campfire import campfire_row, dense_row, top1_at, train_v1
+from reproductions.campfire import campfire_row, dense_row, top1_at
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
 from reproductions.prunetrain import pair
 
@@ -21,16 +21,15 @@ CASES = [("ck", 40, 60), ("combined", 40, 60), ("window", 0, 60), ("ck", 30, 80)
 def rows(scale: str) -> list[Row]:
     """Each Campfire case read at epochs 90 and 100, dense, and PruneTrain."""
     cases = CASES[:2] if scale in ("smoke", "cpu") else CASES
-    out = [dense_row(scale)]
+    out = [dense_row(scale, paper_model="resnet50_v1")]  # the paper's ResNet-50 v1
     out[0].paper, out[0].metrics = {}, ("top1",)
     for mask, start, sp in cases:
         for epoch, reading in ((90, "top1_at_90"), (100, "top1")):
-            r = campfire_row(scale, mask, start, sp)
+            r = campfire_row(scale, mask, start, sp, paper_model="resnet50_v1")
             r.label = f"{mask}, start {start}, sparsity {sp}% (epoch {epoch})"
             r.paper = {"method": "campfire", "setting": f"{mask}, start {start}, epoch {epoch}"}
             r.measure_keys = {"top1": reading, "sparsity": "sparsity_pct"}
             out.append(r)
-    train_v1(out, scale)  # the paper's ResNet-50 v1; PruneTrain's rows keep its own network
     model, dataset = ("resnet50", "imagenet") if scale == "paper" else ("resnet32", "cifar10")
     pt_dense, pt = pair(scale, model, dataset)
     pt_dense.label = "dense (PruneTrain's recipe)"

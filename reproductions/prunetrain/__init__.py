@@ -123,8 +123,8 @@ def pair(
 
 
 def conv_layers_removed(run: Any, base: Any = None) -> float:
-    """Conv layers PruneTrain removed: 2 per removed residual path of a BasicBlock ResNet, 3
-    of a Bottleneck one (ResNet-50/101, PruneTrain's CIFAR ResNet-50)."""
-    paths = run.summary.get("layers_removed") or []
-    per = 3 if run.summary.get("model") in ("resnet50", "resnet101", *CIFAR_MODELS.values()) else 2
-    return float(per * len(paths))
+    """Conv layers PruneTrain removed: the convolutions of the residual paths it removed, as
+    each reconfiguration recorded them (2 per path of a BasicBlock ResNet, 3 of a Bottleneck
+    one)."""
+    history = run.summary.get("reconfigurations") or []
+    return float(sum(len(h.get("removed_layers") or []) for h in history))

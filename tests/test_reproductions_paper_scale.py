@@ -84,7 +84,8 @@ def test_paper_rows_train_each_papers_own_network():
     3-stage bottleneck layout (230 MFLOPs, Sec. 5.2), its ImageNet ResNet-50 torchvision's;
     SDGP's CIFAR ResNet-9 is ffcv's (impl.models.resnet9)."""
     trained = {}
-    for key in ("prunetrain.table1", "prunetrain.fig8", "prunetrain.table4", "sdgp.table1"):
+    for key in ("prunetrain.table1", "prunetrain.fig8", "prunetrain.table4", "sdgp.table1",
+                "clicktrain.table1", "clicktrain.fig12"):  # fmt: skip
         for r in _training_rows(key):
             sel = r.paper or {}
             trained.setdefault((key.split(".")[0], sel.get("model"), r.train.get("data")), set())
@@ -93,6 +94,13 @@ def test_paper_rows_train_each_papers_own_network():
     assert trained["prunetrain", "resnet50", "cifar100"] == {"prunetrain_resnet50"}
     assert trained["prunetrain", "resnet50", "imagenet"] == {"resnet50"}
     assert trained["sdgp", "resnet9", "cifar10"] == {"resnet9"}
+    # ClickTrain's CIFAR baselines are PruneTrain's (ResNet34 = PruneTrain's ResNet-32)
+    for dataset in ("cifar10", "cifar100"):
+        assert trained["clicktrain", "resnet34", dataset] == {"resnet32"}
+        assert trained["clicktrain", "resnet50", dataset] == {"prunetrain_resnet50"}
+        assert trained["clicktrain", "vgg11", dataset] == {"vgg11"}
+    assert trained["clicktrain", "resnet50", "imagenet"] == {"resnet50"}
+    assert trained["clicktrain", "resnet18", "cifar10"] == {"resnet18"}  # Fig. 12 only
     # ... with ffcv's recipe, which the paper trains with (Sec. IV)
     for r in _training_rows("sdgp.table1"):
         if r.train.get("data") == "cifar10":

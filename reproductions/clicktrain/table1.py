@@ -3,8 +3,9 @@ CIFAR-100 and ImageNet: accuracy drop, conv compression ratio, saved training an
 FLOPs, and the hard-pruning epoch.
 
 Scales: smoke and cpu train ResNet-20 on digits, gpu ResNet-32 on digits (standing for the
-paper's ResNet-50 CIFAR-10 rows); paper trains ResNet-34/50 and VGG-11/13 on CIFAR-10/100
-(190 epochs) and ResNet-50 on ImageNet (90 epochs).
+paper's ResNet-50 CIFAR-10 rows); paper trains the paper's ResNet34/50 (on CIFAR PruneTrain's
+ResNet-32 and CIFAR ResNet-50: reproductions.clicktrain.CIFAR_MODELS) and VGG-11/13 on
+CIFAR-10/100 (190 epochs) and ResNet-50 on ImageNet (90 epochs).
 """
 
 from __future__ import annotations

@@ -218,7 +218,9 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, help=say("seed"))
     p.add_argument("--device", help=say("device"))
-    p.add_argument("--bf16", action="store_true", help=say("bf16", default=False))
+    amp = p.add_mutually_exclusive_group()
+    amp.add_argument("--bf16", action="store_true", help=say("bf16", default=False))
+    amp.add_argument("--fp16", action="store_true", help=say("fp16", default=False))
     p.add_argument(
         "--cudnn-benchmark", action="store_true", help=say("cudnn_benchmark", default=False)
     )
@@ -310,6 +312,7 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         seed=args.seed,
         device=args.device,
         bf16=True if args.bf16 else None,
+        fp16=True if args.fp16 else None,
         cudnn_benchmark=True if args.cudnn_benchmark else None,
         memory_format=args.memory_format,
         threads=args.threads,

@@ -68,7 +68,14 @@ class TrainConfig:
         seed: seed of everything random in the run (init, shuffling, augmentation, methods).
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
-        bf16: bfloat16 autocast for forward and backward on a GPU (ignored on CPU).
+        bf16: bfloat16 autocast for forward and backward (on a CPU too, where it is slow
+            without a native bf16 unit).
+        fp16: float16 autocast for forward and backward with dynamic loss scaling
+            (``torch.amp.GradScaler``: initial scale 2**16, halved on an overflow, doubled
+            after 2,000 clean steps), as the SDGP authors train. A step whose gradients
+            overflow is skipped whole: no optimizer step and no ``after_backward`` of the
+            method (its gradients hold inf or NaN); ``after_step`` still runs. Counted per
+            epoch as ``amp_skipped_steps``. On a CPU too (slow; for checks).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark`` for the run: cuDNN picks its
             convolution algorithms by timing on the first call of each shape, and so do the
             pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
@@ -115,6 +122,7 @@ class TrainConfig:
     scale: str = "cpu"
     device: str = "auto"
     bf16: bool = False
+    fp16: bool = False
     cudnn_benchmark: bool = False
     memory_format: str = "contiguous"
     threads: int | None = None
@@ -152,6 +160,8 @@ class TrainConfig:
                 f"unknown augment_recipe {self.augment_recipe!r}; "
                 f"valid: {', '.join(AUGMENT_RECIPES)}"
             )
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16 and fp16 exclude each other: choose one autocast dtype")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
         # torch's SGD and cross-entropy refuse these only once the run directory is written,

@@ -167,6 +167,23 @@ def check_input_fits(cfg: TrainConfig, spec: Any) -> None:
             ) from None
 
 
+def autocast_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    """The dtype forward and backward autocast to: bfloat16 (``bf16``), float16 (``fp16``),
+    or ``None`` (float32 throughout)."""
+    if cfg.bf16:
+        return torch.bfloat16
+    return torch.float16 if cfg.fp16 else None
+
+
+def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every gradient of ``optimizer``'s parameters is finite (one host sync): an
+    fp16 step whose loss-scaled gradients overflowed is skipped."""
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
 def epoch_step_cost(start: float, after_first: float, end: float, steps: int) -> float:
     """Per-sample training FLOPs of an epoch of ``steps`` steps, from the model's cost as the
     epoch began (``start``), after its first step (``after_first``) and as it ended (``end``):
@@ -396,9 +413,12 @@ class Trainer:
         self.memory_format = resolve_memory_format(cfg.memory_format, method, self.device)
         apply_memory_format(ctx.model, self.memory_format)
         ctx.optimizer = self._optimizer(ctx.model)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.fp16)
         wall_before = 0.0
         if state is not None:
             ctx.optimizer.load_state_dict(state["optimizer"])
+            if cfg.fp16 and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
             torch.set_rng_state(state["rng_cpu"])
             if torch.cuda.is_available() and state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
@@ -458,6 +478,7 @@ class Trainer:
                     "batch_size": ctx.batch_size,
                     "model": ctx.model.state_dict(),
                     "optimizer": ctx.optimizer.state_dict(),
+                    "grad_scaler": self.scaler.state_dict() if cfg.fp16 else None,
                     "method": method.state_dict(),
                     **method_identity(type(method)),
                     "rng_cpu": torch.get_rng_state(),
@@ -504,7 +525,9 @@ class Trainer:
         model = dp.module(ctx)
         model.train()
         timer = PhaseTimer(self.device)
-        use_bf16 = cfg.bf16 and self.device.type == "cuda"
+        amp_dtype = autocast_dtype(cfg)
+        scaler = self.scaler
+        skipped = 0
         losses: list[torch.Tensor] = []
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         seen = 0
@@ -527,7 +550,9 @@ class Trainer:
             sharded = getattr(loader, "sharded", False)
             x, y = dp.shard(x, y, loader.global_batch_size(i) if sharded else None)
             timer.start("fwd")
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            with torch.autocast(
+                self.device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None
+            ):
                 out = model(x)
                 local = F.cross_entropy(out.float(), y, label_smoothing=cfg.label_smoothing)
                 loss = dp.global_loss(local, out)
@@ -535,7 +560,7 @@ class Trainer:
             timer.stop("fwd")
             ctx.optimizer.zero_grad(set_to_none=True)
             timer.start("bwd")
-            total.backward()
+            scaler.scale(total).backward()  # the loss itself when fp16 is off
             timer.stop("bwd")
             # No autograd graph outlives backward: when a method reshapes parameters the DDP
             # wrapper is rebuilt, and that needs the old gradient accumulators gone.
@@ -544,8 +569,18 @@ class Trainer:
             # the rest of the iteration: the method's per-step work (masks, mask updates), the
             # optimizer step and the communication tally, a training cost like fwd and bwd
             timer.start("step")
-            method.after_backward(ctx)
-            ctx.optimizer.step()
+            if scaler.is_enabled():
+                scaler.unscale_(ctx.optimizer)
+                finite = grads_finite(ctx.optimizer)
+                if finite:
+                    method.after_backward(ctx)
+                else:  # an fp16 overflow: GradScaler skips the step and halves its scale
+                    skipped += 1
+                scaler.step(ctx.optimizer)
+                scaler.update()
+            else:
+                method.after_backward(ctx)
+                ctx.optimizer.step()
             method.after_step(ctx)
             dp.end_iteration(ctx)
             dp.refresh(ctx, method)
@@ -580,6 +615,8 @@ class Trainer:
         apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)
         comm_row = dp.epoch_metrics(ctx)
+        if scaler.is_enabled():
+            comm_row |= {"amp_skipped_steps": skipped, "amp_loss_scale": float(scaler.get_scale())}
         return comm_row | {
             "train_loss": train_loss,
             "train_top1": 100.0 * int(correct) / max(seen, 1),

@@ -23,7 +23,7 @@ SETUP_FIELDS: tuple[str, ...] = (
     "model", "stem", "data", "data_options", "epochs", "max_steps_per_epoch", "batch_size",
     "lr", "schedule", "warmup_fraction", "warmup_start", "milestones", "gamma", "momentum",
     "nesterov", "weight_decay", "bn_weight_decay", "label_smoothing", "augment",
-    "augment_recipe", "eval_flip", "bf16",
+    "augment_recipe", "eval_flip", "bf16", "fp16",
 )  # fmt: skip
 
 
@@ -82,6 +82,8 @@ def setup_text(cfg: dict[str, Any]) -> str:
         parts.append("flip test-time averaging")
     if cfg.get("bf16"):
         parts.append("bf16")
+    if cfg.get("fp16"):
+        parts.append("fp16 with loss scaling")
     return ", ".join(parts)
 
 

@@ -834,7 +834,7 @@ def test_a_setup_field_that_differs_between_rows_is_in_each_rows_differs_not_non
 @pytest.mark.parametrize("field", settings.SETUP_FIELDS, ids=list(settings.SETUP_FIELDS))
 def test_every_setup_field_alone_reads_as_words_without_none(field):
     cfg = _cfg(schedule="step", milestones=[3, 5], gamma=0.2, max_steps_per_epoch=4,
-               stem="imagenet", augment=False, bf16=True, label_smoothing=0.1,
+               stem="imagenet", augment=False, bf16=True, fp16=True, label_smoothing=0.1,
                warmup_start=1e-4, bn_weight_decay=False, augment_recipe="ffcv",
                eval_flip=True)  # fmt: skip
     text = settings.setup_text({field: cfg[field]})

@@ -315,6 +315,11 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` in float32 when it is a 16-bit float (float64 and integers as they are)."""
+    return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _spmm_2d(
     values, row_ptr, col_ind, shape, b: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -365,6 +370,11 @@ class _PatternSpMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):  # as the forward ran
+            return _PatternSpMM._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         values, b2 = ctx.saved_tensors
         index: PatternIndex = ctx.index
         g2 = _to_2d(grad_out) if ctx.batch is not None else grad_out
@@ -402,6 +412,9 @@ def pattern_spmm(
     :func:`pattern_index`. The reference path raises ``ValueError`` on an index that
     :func:`check_csr` refuses (columns must lie in ``[0, K)``).
     """
+    if torch.is_autocast_enabled(dense_b.device.type):  # float32, as pattern_conv2d does
+        with torch.autocast(dense_b.device.type, enabled=False):
+            return pattern_spmm(_f32(values), row_ptr, col_ind, _f32(dense_b), impl, index=index)
     use = _resolve_impl(impl, values, dense_b)
     if use == "cuda":
         from impl.ops.pattern_cuda import pattern_spmm_cuda
@@ -591,6 +604,13 @@ def pattern_conv2d(
     ``row_ptr``/``col_ind`` with :func:`check_csr` (with a ``workspace``, once per
     structure: again only after the index tensors are written).
     """
+    if torch.is_autocast_enabled(x.device.type):
+        # No 16-bit pattern kernels: under autocast the op runs as autocast runs the ops it
+        # has no low-precision rule for, on float32 copies of 16-bit operands, autocast off
+        # inside (a float32 output; the next autocast op casts it again).
+        with torch.autocast(x.device.type, enabled=False):
+            return pattern_conv2d(_f32(x), _f32(weight), pattern, _f32(bias), stride, padding,
+                                  dilation, impl, workspace=workspace)  # fmt: skip
     index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = conv_geometry(stride, padding, dilation)
     if _resolve_impl(impl, x, weight) == "cuda":
@@ -722,6 +742,11 @@ class _PatternConvRef(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):  # as the forward ran
+            return _PatternConvRef._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         values, cols = ctx.saved_tensors
         index: PatternIndex = ctx.index
         g2 = grad_out.transpose(0, 1).reshape(index.shape[0], -1)  # [F, B*P*Q]

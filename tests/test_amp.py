@@ -1,0 +1,205 @@
+"""Mixed precision: bf16 and fp16 autocast in the Trainer (fp16 with dynamic loss scaling),
+for every method, on the CPU as on a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from impl import rundir
+from impl.config import TrainConfig, resolve
+from impl.train import autocast_dtype, grads_finite, train
+
+CLICKTRAIN_FAST = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1, "hard_prune_epoch": 3}
+# Each method's options that reach its structural step within a few smoke epochs.
+METHOD_RUNS = {
+    "dense": ({}, 2),
+    "clicktrain": (CLICKTRAIN_FAST, 4),  # pattern-sparse convs from epoch 3
+    "prunetrain": ({"penalty_ratio": 0.9, "threshold": 0.3, "reconfig_interval": 1}, 2),
+    "sdgp": ({}, 2),
+    "campfire": ({"start_epoch": 0, "era_epochs": 1, "final_sparsity": 0.6}, 3),
+}
+
+
+def _cfg(out, method="dense", options=None, epochs=2, **kw) -> TrainConfig:
+    """A smoke run, at batch 8 and 2 steps per epoch: float16 convolutions on a CPU without
+    a native fp16 unit run a slow fallback kernel."""
+    kw = {"batch_size": 8, "max_steps_per_epoch": 2, **kw}
+    return resolve(
+        "smoke", method=method, method_options=options or {}, model="resnet20", data="digits",
+        out=str(out), threads=1, epochs=epochs, **kw,
+    )  # fmt: skip
+
+
+def test_bf16_and_fp16_exclude_each_other():
+    with pytest.raises(ValueError, match="exclude each other"):
+        TrainConfig(bf16=True, fp16=True).validate()
+    assert autocast_dtype(TrainConfig()) is None
+    assert autocast_dtype(TrainConfig(bf16=True)) is torch.bfloat16
+    assert autocast_dtype(TrainConfig(fp16=True)) is torch.float16
+
+
+def test_grads_finite_sees_an_overflow_in_any_parameter():
+    a, b = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([a, b], lr=0.1)
+    assert grads_finite(opt)  # no gradients yet
+    a.grad, b.grad = torch.ones(3), torch.tensor([1.0, math.inf])
+    assert not grads_finite(opt)
+    b.grad = torch.tensor([math.nan, 0.0])
+    assert not grads_finite(opt)
+    b.grad = torch.zeros(2)
+    assert grads_finite(opt)
+
+
+@pytest.fixture
+def conv_output_dtypes():
+    """The dtypes of every convolution's output while the test trains (a global hook)."""
+    seen: set[torch.dtype] = set()
+
+    def hook(module, args, output):
+        if isinstance(module, nn.Conv2d) and isinstance(output, torch.Tensor):
+            seen.add(output.dtype)
+
+    handle = nn.modules.module.register_module_forward_hook(hook)
+    yield seen
+    handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("method", "amp"),
+    [(m, "bf16") for m in METHOD_RUNS] + [(m, "fp16") for m in METHOD_RUNS if m != "dense"],
+)  # dense under fp16: the overflow and resume tests below
+def test_every_method_trains_under_autocast(tmp_path, method, amp, conv_output_dtypes):
+    options, epochs = METHOD_RUNS[method]
+    summary = train(_cfg(tmp_path / "run", method, options, epochs, **{amp: True}), progress=False)
+    assert summary["status"] == "complete"
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert all(math.isfinite(r["train_loss"]) for r in rows)
+    # every conv ran in the autocast dtype (training), float32 only in evaluation
+    assert (torch.bfloat16 if amp == "bf16" else torch.float16) in conv_output_dtypes
+    assert conv_output_dtypes <= {torch.float32, torch.bfloat16, torch.float16}
+    if amp == "fp16":
+        assert all(r["amp_loss_scale"] > 0 and r["amp_skipped_steps"] >= 0 for r in rows)
+    else:
+        assert "amp_loss_scale" not in rows[0]
+    if method == "clicktrain":  # trained through hard pruning on pattern-sparse convs
+        assert rows[-1]["clicktrain_stage"] == "sparse"
+        assert any(layer["pattern_conv"] for layer in summary["clicktrain"]["layers"].values())
+    if method == "prunetrain":
+        assert summary["compression_ratio"] > 1.0  # channels were removed under autocast
+    if method == "campfire":
+        assert summary["compression_ratio"] > 1.5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("method", "amp"), [("clicktrain", "fp16"), ("sdgp", "bf16")])
+def test_methods_train_under_autocast_on_a_gpu(tmp_path, method, amp, conv_output_dtypes):
+    """On CUDA: ClickTrain through hard pruning (its pattern convs on the CUDA kernels, in
+    float32) under fp16 with loss scaling, SDGP's pruned backward under bf16."""
+    options, epochs = METHOD_RUNS[method]
+    cfg = _cfg(tmp_path / "run", method, options, epochs, device="cuda", **{amp: True})
+    summary = train(cfg, progress=False)
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert summary["status"] == "complete" and all(math.isfinite(r["train_loss"]) for r in rows)
+    assert (torch.float16 if amp == "fp16" else torch.bfloat16) in conv_output_dtypes
+    if method == "clicktrain":
+        assert rows[-1]["clicktrain_stage"] == "sparse"
+        assert any(layer["pattern_conv"] for layer in summary["clicktrain"]["layers"].values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_pattern_ops_run_in_float32_under_autocast(dtype):
+    """No 16-bit pattern kernels: under autocast ClickTrain's pattern-sparse convs (and the
+    SpMM) take float32 copies of 16-bit inputs and run with autocast off, forward and
+    backward (even a backward called inside autocast), equal to the float32 op."""
+    from impl.ops import PatternConv2d, pattern_index, pattern_spmm
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=True)
+    mask = torch.rand_like(conv.weight) < 0.3
+    sparse = PatternConv2d.from_conv(conv, mask, "ref")
+    x = torch.randn(2, 8, 6, 6, dtype=dtype)
+    with torch.autocast("cpu", dtype=dtype):
+        y = sparse(x)
+        y.sum().backward()
+    assert y.dtype == torch.float32 and sparse.weight.grad.dtype == torch.float32
+    ref = nn.functional.conv2d(x.float(), sparse.weight.detach() * mask, sparse.bias, padding=1)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+    idx = pattern_index(mask.reshape(16, -1))
+    values = torch.randn(idx.col_ind.numel(), requires_grad=True)
+    b = torch.randn(72, 5, dtype=dtype)
+    with torch.autocast("cpu", dtype=dtype):
+        out = pattern_spmm(values, idx.row_ptr, idx.col_ind, b, "ref", index=idx)
+        out.sum().backward()
+    dense = torch.zeros(16, 72).index_put_(
+        (torch.repeat_interleave(torch.arange(16), idx.row_ptr.diff()), idx.col_ind),
+        values.detach(),
+    )
+    assert out.dtype == torch.float32 and values.grad.dtype == torch.float32
+    torch.testing.assert_close(out, dense @ b.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_fp16_overflow_skips_the_step_and_the_methods_gradient_hook(tmp_path, monkeypatch):
+    """A loss scale so large that every gradient overflows: no step is taken (the weights
+    stay as initialised), after_backward never runs, after_step does, and each epoch
+    counts its skipped steps while the scale halves per step."""
+    from impl.methods.dense import Dense
+
+    calls = {"after_backward": 0, "after_step": 0}
+    initial = {}
+    monkeypatch.setattr(Dense, "setup", lambda self, ctx: initial.update(
+        {k: v.clone() for k, v in ctx.model.state_dict().items()}))  # fmt: skip
+    monkeypatch.setattr(Dense, "after_backward", lambda self, ctx: _count(calls, "after_backward"))
+    monkeypatch.setattr(Dense, "after_step", lambda self, ctx: _count(calls, "after_step"))
+    real = torch.amp.GradScaler.__init__
+
+    def huge(self, device="cuda", init_scale=2.0**16, *args, **kw):
+        real(self, device, 2.0**120, *args, **kw)  # overflows float32 sums too
+
+    monkeypatch.setattr(torch.amp.GradScaler, "__init__", huge)
+    train(_cfg(tmp_path / "run", epochs=2, fp16=True), progress=False)
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert [r["amp_skipped_steps"] for r in rows] == [2, 2]  # every step of both epochs
+    assert rows[-1]["amp_loss_scale"] == 2.0 ** (120 - 4)
+    assert calls == {"after_backward": 0, "after_step": 4}
+    trained = rundir.load_checkpoint(tmp_path / "run")["model"]
+    params = [k for k in initial if k.endswith(("weight", "bias"))]
+    assert params and all(torch.equal(trained[k], initial[k]) for k in params)
+
+
+def _count(calls: dict[str, int], key: str) -> None:
+    calls[key] += 1
+
+
+def test_an_fp16_run_resumes_with_its_loss_scale(tmp_path, monkeypatch):
+    """The GradScaler's state travels in the checkpoint: a run that dies after its first
+    epoch and is resumed ends where the uninterrupted one does, bit for bit."""
+    import impl.train as train_mod
+
+    whole = train(_cfg(tmp_path / "whole", epochs=2, fp16=True), progress=False)
+    real_epoch = train_mod.Trainer._train_epoch
+    done = []
+
+    def die_after_one(self, *args, **kw):
+        if done:
+            raise KeyboardInterrupt
+        done.append(1)
+        return real_epoch(self, *args, **kw)
+
+    monkeypatch.setattr(train_mod.Trainer, "_train_epoch", die_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tmp_path / "cut", epochs=2, fp16=True), progress=False)
+    monkeypatch.setattr(train_mod.Trainer, "_train_epoch", real_epoch)
+    ck = rundir.load_checkpoint(tmp_path / "cut")
+    assert ck["epoch"] == 1 and ck["grad_scaler"]["scale"] > 0
+    again = train_mod.resume(tmp_path / "cut", progress=False)
+    assert again["top1"] == whole["top1"]
+    a = rundir.load_checkpoint(tmp_path / "whole")
+    b = rundir.load_checkpoint(tmp_path / "cut")
+    assert a["grad_scaler"] == b["grad_scaler"]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key

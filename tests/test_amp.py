@@ -203,3 +203,32 @@ def test_an_fp16_run_resumes_with_its_loss_scale(tmp_path, monkeypatch):
     assert a["grad_scaler"] == b["grad_scaler"]
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def test_the_cli_takes_one_autocast_dtype_and_records_it(tmp_path, capsys):
+    from impl import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--scale", "smoke", "--bf16", "--fp16", "--out", str(tmp_path / "x")])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--scale",
+        "smoke",
+        "--fp16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--max-steps-per-epoch",
+        "1",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    assert cli.main(args) == 0
+    assert TrainConfig.from_dict(rundir.read_json(out / rundir.CONFIG_FILE)).fp16 is True

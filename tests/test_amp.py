@@ -25,9 +25,9 @@ METHOD_RUNS = {
 
 
 def _cfg(out, method="dense", options=None, epochs=2, **kw) -> TrainConfig:
-    """A smoke run, at batch 8 and 2 steps per epoch: float16 convolutions on a CPU without
-    a native fp16 unit run a slow fallback kernel."""
-    kw = {"batch_size": 8, "max_steps_per_epoch": 2, **kw}
+    """A smoke run on 8x8 digits, at batch 8 and 2 steps per epoch: float16 convolutions on
+    a CPU without a native fp16 unit run a slow fallback kernel."""
+    kw = {"batch_size": 8, "max_steps_per_epoch": 2, "data_options": {"image_size": 8}, **kw}
     return resolve(
         "smoke", method=method, method_options=options or {}, model="resnet20", data="digits",
         out=str(out), threads=1, epochs=epochs, **kw,

@@ -19,7 +19,9 @@ with ResNet-20: sum|pruned| / sum|dense| of 0.68 on average, 0.42 in the worst l
 0.999 with eps ~ 0). :func:`nm_prune` keeps the literal ``1e-4`` as its default; the ``SDGP``
 method defaults to ``1e-4 / 2**16`` (``METHOD_RESCALE_EPS``), the authors' constant in
 unscaled-gradient units, and records the value used and sum|pruned| / sum|dense| per epoch
-(``sdgp_l1_ratio_*``).
+(``sdgp_l1_ratio_*``). Under ``TrainConfig.fp16`` the Trainer scales the loss as the authors'
+``GradScaler`` did, so the gradients SDGP prunes are loss-scaled and the literal ``1e-4`` is
+the faithful constant (SDGP Table I's paper-scale CIFAR rows pass it).
 
 A conv whose output channels are not a multiple of ``m`` keeps ``min(n, r)`` of its last
 ``r`` channels (the op's partial-group rule); :func:`sdgp_convert` can instead leave such
@@ -564,8 +566,9 @@ class SDGPConfig(MethodConfig):
             (the last group keeps min(n, r) of its r channels) or ``dense`` (layer unpruned).
         rescale_eps: additive constant in the rescale denominator. Default 1e-4 / 2**16:
             the authors' 1e-4 acted on gradients loss-scaled by GradScaler (2**16 at start),
-            this Trainer's gradients are unscaled (the docstring of impl.methods.sdgp says
-            more); pass 1e-4 for the literal constant.
+            this Trainer's gradients are unscaled unless it trains under ``fp16`` (the
+            docstring of impl.methods.sdgp says more); pass 1e-4 for the literal constant,
+            the faithful one under ``fp16``.
         prune_seed: seed of the random-pruning generator; ``None`` uses the run's seed.
         profile: at the end of the run, time every conv's forward, data-gradient and
             weight-gradient passes and the pruning (Fig. 9) and write the paper's estimate.

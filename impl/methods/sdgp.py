@@ -21,7 +21,7 @@ method defaults to ``1e-4 / 2**16`` (``METHOD_RESCALE_EPS``), the authors' const
 unscaled-gradient units, and records the value used and sum|pruned| / sum|dense| per epoch
 (``sdgp_l1_ratio_*``). Under ``TrainConfig.fp16`` the Trainer scales the loss as the authors'
 ``GradScaler`` did, so the gradients SDGP prunes are loss-scaled and the literal ``1e-4`` is
-the faithful constant (SDGP Table I's paper-scale CIFAR rows pass it).
+the faithful constant (SDGP Table I's paper-scale rows pass it).
 
 A conv whose output channels are not a multiple of ``m`` keeps ``min(n, r)`` of its last
 ``r`` channels (the op's partial-group rule); :func:`sdgp_convert` can instead leave such

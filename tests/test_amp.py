@@ -92,6 +92,8 @@ def test_every_method_trains_under_autocast(tmp_path, method, amp, conv_output_d
         assert summary["compression_ratio"] > 1.0  # channels were removed under autocast
     if method == "campfire":
         assert summary["compression_ratio"] > 1.5
+    if method == "sdgp":  # its end-of-run profile (Fig. 9) timed the arithmetic the run trained in
+        assert summary["sdgp_time"]["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[amp]
 
 
 @pytest.mark.gpu

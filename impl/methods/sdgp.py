@@ -706,6 +706,7 @@ class SDGP(Method):
             out.update(semi_summary(ctx.model))
         if c.profile:
             from impl.methods.sdgp_timing import time_accounting
+            from impl.train import autocast_dtype
 
             trainer_ms = None
             fwd, bwd = ctx.extra.get("epoch_fwd_ms"), ctx.extra.get("epoch_bwd_ms")
@@ -722,6 +723,7 @@ class SDGP(Method):
                 repeats=c.profile_repeats,
                 nondivisible=c.nondivisible,
                 iteration_ms=trainer_ms,
+                amp_dtype=autocast_dtype(ctx.config),
             )
         return out
 

@@ -111,6 +111,7 @@ def profile_conv_layers(
     rescale: str = "plane",
     nondivisible: str = "pad",
     warmup: int = 1,
+    amp_dtype: torch.dtype | None = None,
 ) -> list[dict[str, Any]]:
     """Per-conv times of the three passes and of the pruning, on the layer's real shapes.
 
@@ -120,11 +121,13 @@ def profile_conv_layers(
     ``fwd_ms``, ``dgrad_ms``, ``wgrad_ms``, ``prune_ms`` (0.0 for dense layers) and
     ``est_saved_ms`` = ``dgrad_ms * (1 - density)`` (the paper's estimate, Sec. IV-C; 0.0
     when the layer is dense or its data gradient is never computed). Times in ms.
+    ``amp_dtype``: the dtype a run's autocast gives its convolutions (``bf16`` / ``fp16``
+    runs): inputs, weights and gradients are timed in it, as training ran them.
     """
     check_nm(n, m)
     check_method(method, rescale)
     param = next(model.parameters())
-    device, dtype = param.device, param.dtype
+    device, dtype = param.device, amp_dtype or param.dtype
     shapes = capture_conv_shapes(model, input_shape, batch_size)
     plans = {p.name: p for p in sdgp_plan(model, n, m, nondivisible)}
     gen = torch.Generator(device=device)
@@ -143,8 +146,8 @@ def profile_conv_layers(
             padding = _explicit_padding(mod)
         if padding is None:  # asymmetric 'same': only the forward can be timed as written
             continue
-        w = mod.weight.detach()
-        b = None if mod.bias is None else mod.bias.detach()
+        w = mod.weight.detach().to(dtype)
+        b = None if mod.bias is None else mod.bias.detach().to(dtype)
         g = torch.randn(shp["output_shape"], device=device, dtype=dtype)
         args = (mod.stride, padding, mod.dilation, mod.groups)
         with torch.no_grad():
@@ -199,12 +202,14 @@ def time_iteration(
     repeats: int = 3,
     *,
     dense: bool = False,
+    amp_dtype: torch.dtype | None = None,
 ) -> float:
     """Median ms of one training iteration's forward + backward (cross-entropy on random labels).
 
     Runs on a deep copy in train mode, so neither the weights nor the BatchNorm statistics nor
     any generator of ``model`` change. ``dense``: with the copy's SDGP convs made plain convs
     again (:func:`impl.methods.sdgp.sdgp_restore`), the iteration dense training runs.
+    ``amp_dtype``: the forward runs under autocast to it, as a ``bf16`` / ``fp16`` run trains.
     """
     clone = copy.deepcopy(model).train()
     if dense:
@@ -217,7 +222,9 @@ def time_iteration(
 
     def step() -> None:
         clone.zero_grad(set_to_none=True)
-        F.cross_entropy(clone(x), y).backward()
+        with torch.autocast(param.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.cross_entropy(clone(x).float(), y)
+        loss.backward()
 
     return time_ms(step, param.device, repeats, warmup=1)
 
@@ -234,6 +241,7 @@ def time_accounting(
     repeats: int = 3,
     nondivisible: str = "pad",
     iteration_ms: float | None = None,
+    amp_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """Per-layer times and the paper's estimate of SDGP's saving (Sec. IV-C, Fig. 9, Fig. 10).
 
@@ -246,6 +254,9 @@ def time_accounting(
     ``est_saved_fraction_of_iteration`` is ``est_saved_ms`` over the dense iteration: the share
     of a dense epoch's time the estimate removes (Fig. 10 rescales dense epoch times by it).
     ``est_saved_net_ms`` subtracts the measured pruning time, which the paper's estimate omits.
+    ``amp_dtype``: the run's autocast dtype (``bf16`` / ``fp16``): every time is taken in it,
+    so that the estimate and the Trainer's iteration speak of the same arithmetic; ``dtype``
+    in the result names what was timed.
     """
     layers = profile_conv_layers(
         model,
@@ -257,6 +268,7 @@ def time_accounting(
         method=method,
         rescale=rescale,
         nondivisible=nondivisible,
+        amp_dtype=amp_dtype,
     )
     fwd = sum(r["fwd_ms"] for r in layers)
     dgrad = sum(r["dgrad_ms"] for r in layers if r["data_grad_needed"])
@@ -264,14 +276,17 @@ def time_accounting(
     prune = sum(r["prune_ms"] for r in layers if r["data_grad_needed"])
     saved = sum(r["est_saved_ms"] for r in layers)
     conv_total = fwd + dgrad + wgrad
-    it_measured = time_iteration(model, input_shape, batch_size, repeats)
-    it_dense = time_iteration(model, input_shape, batch_size, repeats, dense=True)
+    it_measured = time_iteration(model, input_shape, batch_size, repeats, amp_dtype=amp_dtype)
+    it_dense = time_iteration(
+        model, input_shape, batch_size, repeats, dense=True, amp_dtype=amp_dtype
+    )
 
     def frac(a: float, b: float | None) -> float | None:
         return a / b if b else None
 
     return {
         "device": str(next(model.parameters()).device),
+        "dtype": str(amp_dtype or next(model.parameters()).dtype).removeprefix("torch."),
         "batch_size": batch_size,
         "repeats": repeats,
         "layers": layers,

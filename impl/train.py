@@ -167,12 +167,13 @@ def check_input_fits(cfg: TrainConfig, spec: Any) -> None:
             ) from None
 
 
-def autocast_dtype(cfg: TrainConfig) -> torch.dtype | None:
+def autocast_dtype(cfg: TrainConfig | Any) -> torch.dtype | None:
     """The dtype forward and backward autocast to: bfloat16 (``bf16``), float16 (``fp16``),
-    or ``None`` (float32 throughout)."""
-    if cfg.bf16:
+    or ``None`` (float32 throughout). A config without the fields (a method driven outside
+    the Trainer) means float32."""
+    if getattr(cfg, "bf16", False):
         return torch.bfloat16
-    return torch.float16 if cfg.fp16 else None
+    return torch.float16 if getattr(cfg, "fp16", False) else None
 
 
 def grads_finite(optimizer: torch.optim.Optimizer) -> bool:

@@ -234,3 +234,16 @@ def test_the_cli_takes_one_autocast_dtype_and_records_it(tmp_path, capsys):
     ]
     assert cli.main(args) == 0
     assert TrainConfig.from_dict(rundir.read_json(out / rundir.CONFIG_FILE)).fp16 is True
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prunetrains_time_probes_run_in_the_autocast_dtype(amp, conv_output_dtypes):
+    from impl.methods.prunetrain_memory import probe_iteration_ms
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    fwd, bwd = probe_iteration_ms(model, (3, 8, 8), 2, repeats=1, amp_dtype=amp)
+    assert fwd > 0 and bwd > 0
+    if amp is None:
+        assert conv_output_dtypes == {torch.float32}
+    else:  # (one float32 forward counts the model's outputs first)
+        assert amp in conv_output_dtypes

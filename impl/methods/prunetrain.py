@@ -452,11 +452,16 @@ class PruneTrain(Method):
         return estimate_iteration_bytes(ctx.model, ctx.input_shape, batch)
 
     def _probe(self, ctx: TrainContext) -> None:
+        from impl.train import autocast_dtype
+
         args = (ctx.model, ctx.input_shape, ctx.batch_size, self.config.probe_repeats)
-        fwd, bwd = probe_iteration_ms(*args)
+        amp = autocast_dtype(ctx.config)  # timed in the arithmetic the run trains in
+        fwd, bwd = probe_iteration_ms(*args, amp_dtype=amp)
         row = {"stage": self.stage, "batch_size": ctx.batch_size, "fwd_ms": fwd, "bwd_ms": bwd}
         if next(ctx.model.parameters()).device.type == "cpu":
-            row["cpu_fwd_ms"], row["cpu_bwd_ms"] = probe_iteration_ms(*args, clock="cpu")
+            row["cpu_fwd_ms"], row["cpu_bwd_ms"] = probe_iteration_ms(
+                *args, clock="cpu", amp_dtype=amp
+            )
         self.probes.append(row)
 
     def _grow_batch(self, ctx: TrainContext) -> int:

@@ -140,6 +140,7 @@ def probe_iteration_ms(
     batch: int,
     repeats: int = 3,
     clock: str = "wall",
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[float, float]:
     """(forward ms, backward ms) of one training iteration at ``batch``: minimum over
     ``repeats`` after one warm-up, on a copy of ``model`` in training mode with random data
@@ -148,7 +149,8 @@ def probe_iteration_ms(
     ``clock="wall"``: elapsed time (``time.perf_counter``, the GPU synchronised);
     ``clock="cpu"``: CPU time of the process, all threads (``time.process_time``), which other
     processes competing for the cores do not inflate: with one intra-op thread it is the
-    time the iteration takes on an idle core (CPU models only).
+    time the iteration takes on an idle core (CPU models only). ``amp_dtype``: the forward
+    runs under autocast to it, as a ``bf16`` / ``fp16`` run trains.
     """
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
@@ -172,7 +174,8 @@ def probe_iteration_ms(
         probe.zero_grad(set_to_none=True)
         sync()
         t0 = now()
-        loss = F.cross_entropy(probe(x).float(), y)
+        with torch.autocast(p.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.cross_entropy(probe(x).float(), y)
         sync()
         t1 = now()
         loss.backward()

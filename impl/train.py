@@ -176,13 +176,12 @@ def autocast_dtype(cfg: TrainConfig | Any) -> torch.dtype | None:
     return torch.float16 if getattr(cfg, "fp16", False) else None
 
 
-def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every gradient of ``optimizer``'s parameters is finite (one host sync): an
-    fp16 step whose loss-scaled gradients overflowed is skipped."""
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if not grads:
-        return True
-    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+def step_overflowed(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.step(optimizer)`` will skip this step: after ``scaler.unscale_``, the
+    inf/NaN flags the scaler found in the gradients (its own record, read as its ``step``
+    reads it, so the two always agree; one host sync, no kernel)."""
+    found = scaler._found_inf_per_device(optimizer)
+    return bool(sum(float(v.item()) for v in found.values()))
 
 
 def epoch_step_cost(start: float, after_first: float, end: float, steps: int) -> float:
@@ -571,13 +570,18 @@ class Trainer:
             # optimizer step and the communication tally, a training cost like fwd and bwd
             timer.start("step")
             if scaler.is_enabled():
-                scaler.unscale_(ctx.optimizer)
-                finite = grads_finite(ctx.optimizer)
-                if finite:
+                optimizer = ctx.optimizer
+                scaler.unscale_(optimizer)
+                if step_overflowed(scaler, optimizer):
+                    skipped += 1  # GradScaler skips the step and halves its scale
+                else:
                     method.after_backward(ctx)
-                else:  # an fp16 overflow: GradScaler skips the step and halves its scale
-                    skipped += 1
-                scaler.step(ctx.optimizer)
+                    if ctx.optimizer is not optimizer:  # its gradients were never unscaled
+                        raise RuntimeError(
+                            f"{type(method).__name__}.after_backward replaced the optimizer; "
+                            "under fp16 a method may do so in on_epoch_end only"
+                        )
+                scaler.step(optimizer)
                 scaler.update()
             else:
                 method.after_backward(ctx)

@@ -11,7 +11,7 @@ from torch import nn
 
 from impl import rundir
 from impl.config import TrainConfig, resolve
-from impl.train import autocast_dtype, grads_finite, train
+from impl.train import autocast_dtype, step_overflowed, train
 
 CLICKTRAIN_FAST = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1, "hard_prune_epoch": 3}
 # Each method's options that reach its structural step within a few smoke epochs.
@@ -42,16 +42,19 @@ def test_bf16_and_fp16_exclude_each_other():
     assert autocast_dtype(TrainConfig(fp16=True)) is torch.float16
 
 
-def test_grads_finite_sees_an_overflow_in_any_parameter():
+@pytest.mark.parametrize("bad", [None, math.inf, math.nan], ids=["finite", "inf", "nan"])
+def test_step_overflowed_reads_what_the_scalers_step_decides(bad):
     a, b = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([a, b], lr=0.1)
-    assert grads_finite(opt)  # no gradients yet
-    a.grad, b.grad = torch.ones(3), torch.tensor([1.0, math.inf])
-    assert not grads_finite(opt)
-    b.grad = torch.tensor([math.nan, 0.0])
-    assert not grads_finite(opt)
-    b.grad = torch.zeros(2)
-    assert grads_finite(opt)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))  # as a step scales its loss: the scale comes into being
+    a.grad, b.grad = torch.full((3,), 4.0), torch.tensor([4.0, 8.0 if bad is None else bad])
+    scaler.unscale_(opt)
+    assert step_overflowed(scaler, opt) is (bad is not None)
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(a.detach(), torch.ones(3) if bad is not None else torch.full((3,), 0.9))
+    assert scaler.get_scale() == (2.0 if bad is not None else 4.0)
 
 
 @pytest.fixture
@@ -81,8 +84,9 @@ def test_every_method_trains_under_autocast(tmp_path, method, amp, conv_output_d
     # every conv ran in the autocast dtype (training), float32 only in evaluation
     assert (torch.bfloat16 if amp == "bf16" else torch.float16) in conv_output_dtypes
     assert conv_output_dtypes <= {torch.float32, torch.bfloat16, torch.float16}
-    if amp == "fp16":
-        assert all(r["amp_loss_scale"] > 0 and r["amp_skipped_steps"] >= 0 for r in rows)
+    if amp == "fp16":  # the scale falls from 2**16 by half per overflow; some steps were taken
+        assert all(r["amp_loss_scale"] <= 2.0**16 for r in rows)
+        assert sum(r["amp_skipped_steps"] for r in rows) < sum(r["iterations"] for r in rows)
     else:
         assert "amp_loss_scale" not in rows[0]
     if method == "clicktrain":  # trained through hard pruning on pattern-sparse convs
@@ -247,3 +251,33 @@ def test_prunetrains_time_probes_run_in_the_autocast_dtype(amp, conv_output_dtyp
         assert conv_output_dtypes == {torch.float32}
     else:  # (one float32 forward counts the model's outputs first)
         assert amp in conv_output_dtypes
+
+
+def test_sdgps_l1_ratio_leaves_out_an_overflowed_gradient():
+    """An fp16 step that overflowed (its dL/dO holds an inf; the Trainer skips it) adds
+    nothing to SDGP's L1 statistics: one such call no longer makes the epoch's ratio NaN."""
+    from impl.methods.sdgp import SDGPConv2d
+
+    conv = nn.Conv2d(6, 8, 3, padding=1, bias=False)
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    g = torch.randn(2, 8, 5, 5)
+    bad = g.clone()
+    bad[0, 0, 0, 0] = math.inf
+    sd.prune_grad(bad)
+    assert math.isnan(sd.l1_ratio())  # no finite call yet
+    pruned = sd.prune_grad(g)
+    assert sd.prune_calls == 2
+    assert sd.l1_ratio() == pytest.approx(float(pruned.abs().sum() / g.abs().sum()))
+
+
+def test_an_optimizer_replaced_in_after_backward_is_refused_under_fp16(tmp_path, monkeypatch):
+    """Its gradients were never unscaled (GradScaler.unscale_ ran on the old one): stepping it
+    would apply gradients 2**16 times too large or, unscaled twice, too small."""
+    from impl.methods.dense import Dense
+
+    def replace(self, ctx):
+        ctx.optimizer = torch.optim.SGD(ctx.model.parameters(), lr=0.1)
+
+    monkeypatch.setattr(Dense, "after_backward", replace)
+    with pytest.raises(RuntimeError, match="replaced the optimizer"):
+        train(_cfg(tmp_path / "run", epochs=1, fp16=True), progress=False)

@@ -49,11 +49,14 @@ class TrainContext:
     Args:
         model: the network being trained (a method may replace it, or modules inside it).
         optimizer: the optimizer (``None`` during ``setup``); a method that changes the model's
-            parameters must update the optimizer's param_groups and state to match.
+            parameters must update the optimizer's param_groups and state to match. Under
+            ``fp16`` a method may replace it in ``on_epoch_end`` only (the Trainer refuses a
+            replacement in ``after_backward``: the new one's gradients were never unscaled).
         config: the run's resolved :class:`impl.config.TrainConfig`.
         device: where the model lives.
         epoch: the current epoch, from 0.
-        step: optimizer steps taken so far in the whole run.
+        step: training iterations run so far in the whole run (under ``fp16`` a step skipped
+            for an overflow counts too: the schedule moves on as the data does).
         steps_per_epoch: batches per epoch at the current batch size.
         batch_size: the current training batch size (a method may change it; the Trainer
             rebuilds its loader and rescales the learning rate linearly when it does).

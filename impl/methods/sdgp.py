@@ -300,14 +300,17 @@ class SDGPConv2d(nn.Conv2d):
         """Forget the L1 sums accumulated by :meth:`prune_grad` (not ``prune_paths``)."""
         self._l1_dense: torch.Tensor | float = 0.0
         self._l1_pruned: torch.Tensor | float = 0.0
+        self._l1_counted: torch.Tensor | int = 0  # calls whose sums were finite
         self.prune_calls = 0
 
     def _count_path(self, path: str) -> None:
         self.prune_paths[path] = self.prune_paths.get(path, 0) + 1
 
     def l1_ratio(self) -> float:
-        """sum|pruned dL/dO| / sum|dense dL/dO| since the last reset (NaN before any backward)."""
-        if self.prune_calls == 0:
+        """sum|pruned dL/dO| / sum|dense dL/dO| since the last reset, over the calls whose
+        gradients were finite (an fp16 step that overflowed, and is skipped, is left out);
+        NaN before any such call."""
+        if self.prune_calls == 0 or int(self._l1_counted) == 0:
             return float("nan")
         return float(self._l1_pruned) / max(float(self._l1_dense), 1e-30)
 
@@ -336,14 +339,28 @@ class SDGPConv2d(nn.Conv2d):
                 grad_out, *args, self.eps, impl=self.prune_impl, stats=True, option="prune_impl"
             )
             self._count_path(path)
-        with torch.no_grad():  # device-side sums: no host sync per step
-            if l1_dense is None or l1_pruned is None:
-                l1_dense = grad_out.abs().sum(dtype=torch.float64)
-                l1_pruned = pruned.abs().sum(dtype=torch.float64)
-            self._l1_dense = self._l1_dense + l1_dense
-            self._l1_pruned = self._l1_pruned + l1_pruned
-        self.prune_calls += 1
+        self._add_l1_sums(grad_out, pruned, l1_dense, l1_pruned)
         return pruned
+
+    @torch.no_grad()
+    def _add_l1_sums(
+        self,
+        grad_out: torch.Tensor,
+        pruned: torch.Tensor,
+        l1_dense: torch.Tensor | None = None,
+        l1_pruned: torch.Tensor | None = None,
+    ) -> None:
+        """Add one call's sum|dL/dO| and sum|pruned| (given, or summed here) to the layer's,
+        on the device (no host sync per step), unless either is inf or NaN (an fp16 step
+        that overflowed)."""
+        if l1_dense is None or l1_pruned is None:
+            l1_dense = grad_out.abs().sum(dtype=torch.float64)
+            l1_pruned = pruned.abs().sum(dtype=torch.float64)
+        finite = torch.isfinite(l1_dense) & torch.isfinite(l1_pruned)
+        self._l1_dense = self._l1_dense + torch.where(finite, l1_dense, 0.0)
+        self._l1_pruned = self._l1_pruned + torch.where(finite, l1_pruned, 0.0)
+        self._l1_counted = self._l1_counted + finite.to(torch.int64)
+        self.prune_calls += 1
 
     def _padded(self, input: torch.Tensor) -> tuple[torch.Tensor, Any, tuple[int, int]]:
         """``(input, padding, int_padding)`` for the autograd function: a padding mode other

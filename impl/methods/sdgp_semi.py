@@ -601,10 +601,7 @@ class SDGPSemiConv2d(SDGPConv2d):
             eps=self.eps,
             impl=self.prune_impl,
         )
-        with torch.no_grad():  # device-side sums: no host sync per step (as the reference)
-            self._l1_dense = self._l1_dense + grad_out.abs().sum(dtype=torch.float64)
-            self._l1_pruned = self._l1_pruned + pruned.abs().sum(dtype=torch.float64)
-        self.prune_calls += 1
+        self._add_l1_sums(grad_out, pruned)  # as the reference
         return pruned
 
     def support_reason(

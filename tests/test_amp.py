@@ -281,3 +281,26 @@ def test_an_optimizer_replaced_in_after_backward_is_refused_under_fp16(tmp_path,
     monkeypatch.setattr(Dense, "after_backward", replace)
     with pytest.raises(RuntimeError, match="replaced the optimizer"):
         train(_cfg(tmp_path / "run", epochs=1, fp16=True), progress=False)
+
+
+def test_sdgp_fig9_times_the_papers_16_bit_arithmetic_on_a_gpu(monkeypatch):
+    """Fig. 9's per-layer times: float16 at the gpu and paper scales (the paper trains in
+    16-bit, Sec. III-C), float32 on a CPU; the result names the dtype it timed."""
+    from reproductions.sdgp import measure
+
+    timed: set[torch.dtype] = set()
+    conv2d = nn.functional.conv2d
+
+    def spy(x, *args, **kw):
+        timed.add(x.dtype)
+        return conv2d(x, *args, **kw)
+
+    monkeypatch.setattr(nn.functional, "conv2d", spy)
+    assert measure.DTYPES["gpu"] is measure.DTYPES["paper"] is torch.float16
+    assert measure.DTYPES["cpu"] is measure.DTYPES["smoke"] is None
+    assert measure.conv_times(scale="smoke", context={}, repeats=1)["dtype"] == "float32"
+    assert timed == {torch.float32}
+    monkeypatch.setitem(measure.DTYPES, "smoke", torch.bfloat16)  # a 16-bit type a CPU runs
+    timed.clear()
+    assert measure.conv_times(scale="smoke", context={}, repeats=1)["dtype"] == "bfloat16"
+    assert torch.bfloat16 in timed

@@ -64,6 +64,10 @@ TARGET = Target(
         "Estimates as the paper's: data-gradient share x (1 - 1/ratio). They assume hardware "
         "that runs the pruned data-gradient product proportionally faster; none does here.",
         "The first conv never computes a data gradient; its time is not counted.",
+        "Timed in float16 (the 16-bit arithmetic the paper trains in, Sec. III-C; Fig. 9 "
+        "names no dtype)"
+        if scale in ("gpu", "paper")
+        else "Timed in float32 on the CPU.",
     ],
 )
 

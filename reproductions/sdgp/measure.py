@@ -16,13 +16,20 @@ SHAPES = {
     "gpu": {"model": "resnet18", "stem": "imagenet", "batch": 256, "image": 224},
     "paper": {"model": "resnet18", "stem": "imagenet", "batch": 256, "image": 224},
 }
+# The dtype each scale times in: on a GPU float16, the arithmetic the paper trains in on its
+# A100s (Sec. III-C: 16-bit floats, "roughly halves the training time"; Fig. 9 itself names
+# none); on a CPU float32 (float16 convolutions there run a slow fallback, no one's training).
+DTYPES: dict[str, torch.dtype | None] = {
+    "smoke": None, "cpu": None, "gpu": torch.float16, "paper": torch.float16,
+}  # fmt: skip
 
 
 def conv_times(
     *, scale: str, context: dict, n: int = 2, m: int = 4, repeats: int = 3, sweeps: int = 1
 ) -> dict[str, Any]:
     """Per-layer times (ms) and the data-gradient share of all conv time (%), with the
-    paper's estimates of the runtime saved at sparsity ratios 2 and 4 (Sec. IV-C).
+    paper's estimates of the runtime saved at sparsity ratios 2 and 4 (Sec. IV-C), timed in
+    the scale's dtype (:data:`DTYPES`; ``dtype`` in the result).
 
     ``sweeps`` profiles the whole network that many times: the share and the estimates are
     one value per sweep (so the report carries their spread and a claim its confidence
@@ -38,7 +45,9 @@ def conv_times(
                    in_channels=3, stem=s["stem"]).to(device)  # fmt: skip
     model = sdgp_convert(model, n=n, m=m)
     runs = [
-        profile_conv_layers(model, (3, s["image"], s["image"]), s["batch"], n, m, repeats)
+        profile_conv_layers(
+            model, (3, s["image"], s["image"]), s["batch"], n, m, repeats, amp_dtype=DTYPES[scale]
+        )  # fmt: skip
         for _ in range(sweeps)
     ]
     shares = []
@@ -62,5 +71,6 @@ def conv_times(
         "reduction_ratio4": per_sweep([x * (1 - 1 / 4) for x in shares]),
         "sweeps": sweeps,
         "shape": f"{s['model']} B={s['batch']} 3x{s['image']}x{s['image']}",
+        "dtype": str(DTYPES[scale] or torch.float32).removeprefix("torch."),
         "device": device_name(),
     }

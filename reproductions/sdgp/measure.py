@@ -18,7 +18,7 @@ SHAPES = {
 }
 # The dtype each scale times in: on a GPU float16, the arithmetic the paper trains in on its
 # A100s (Sec. III-C: 16-bit floats, "roughly halves the training time"; Fig. 9 itself names
-# none); on a CPU float32 (float16 convolutions there run a slow fallback, no one's training).
+# none); on a CPU float32 (float16 convolutions there run a slow fallback kernel).
 DTYPES: dict[str, torch.dtype | None] = {
     "smoke": None, "cpu": None, "gpu": torch.float16, "paper": torch.float16,
 }  # fmt: skip
@@ -47,7 +47,7 @@ def conv_times(
     runs = [
         profile_conv_layers(
             model, (3, s["image"], s["image"]), s["batch"], n, m, repeats, amp_dtype=DTYPES[scale]
-        )  # fmt: skip
+        )
         for _ in range(sweeps)
     ]
     shares = []

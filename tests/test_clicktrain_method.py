@@ -504,3 +504,66 @@ def test_the_row_of_the_hard_pruning_epoch_says_it_was_tested_after_pruning():
     assert regularize["clicktrain_conv_compression"] > 1
     assert sparse["clicktrain_stage"] == "sparse"
     assert "clicktrain_evaluated_after_hard_prune" not in sparse
+
+
+def test_prune_pointwise_adds_every_1x1_conv_but_the_stem():
+    from impl.methods.clicktrain import pointwise_layers
+    from impl.models import create
+
+    assert prunable_layers(TinyNet(), pointwise=True) == ["block_a", "block_b", "shortcut"]
+    assert pointwise_layers(TinyNet()) == ["shortcut"]
+    with torch.device("meta"):
+        net = create("prunetrain_resnet50")
+    ones = pointwise_layers(net)  # 24 bottlenecks x 2, and 3 projection shortcuts
+    assert len(ones) == 51 and len(prunable_layers(net)) == 24
+    assert all(net.get_submodule(n).kernel_size == (1, 1) for n in ones)
+
+
+def test_pointwise_convs_lose_whole_kernels_and_are_penalised_whole():
+    """With prune_pointwise the 1x1 shortcut loses the connectivity fraction of its kernels
+    (single weights) per filter, chosen by the stage-3 votes, penalised whole in stage 4 and
+    zeroed at hard pruning; the 3x3 layers keep their pool patterns, and the pattern usage
+    counts 3x3 kernels only."""
+    seen = {}
+
+    def penalty_grad(method, ctx):
+        if method.stage == "regularize" and "grad" not in seen:
+            w = ctx.model.shortcut.weight
+            (g,) = torch.autograd.grad(method._penalty(ctx.model), w)
+            seen["grad"], seen["removed"] = g, method.removed["shortcut"]
+
+    opts = {**FAST, "hard_prune_epoch": 4, "connectivity": 0.5, "prune_pointwise": True}
+    method, ctx = _train(opts, epochs=5, on_step=penalty_grad)
+    removed = seen["removed"]  # [12, 8]: 4 of each filter's 8 kernels
+    assert removed.shape == (12, 8) and bool((removed.sum(dim=1) == 4).all())
+    g = seen["grad"].flatten(1)
+    assert bool((g[removed] != 0).all()) and bool((g[~removed] == 0).all())
+    keep = method.masks["shortcut.weight"]
+    assert keep.shape == (12, 8, 1, 1) and torch.equal(keep.flatten(1), ~removed)
+    w = ctx.model.shortcut.weight.detach().flatten(1)
+    assert torch.count_nonzero(w[removed]) == 0 and bool((w[~removed] != 0).all())
+    pool = method.pool.patterns()
+    kept_3x3 = 0
+    for name in ("block_a", "block_b"):
+        k = method.masks[f"{name}.weight"]
+        kept = k.flatten(2).any(dim=2)
+        kept_3x3 += int(kept.sum())
+        assert all(any(torch.equal(k[f, c], p) for p in pool) for f, c in kept.nonzero())
+    usage = method.summary(ctx)["clicktrain"]["pattern_usage"]
+    assert sum(usage["kept_kernels_per_pattern"]) == kept_3x3
+    assert usage["removed_kernels"] == int(removed.sum()) + sum(
+        int(method.removed[n].sum()) for n in ("block_a", "block_b")
+    )
+
+
+def test_prune_pointwise_is_off_by_default_and_resumes():
+    method, ctx = _train(FAST, epochs=4)
+    assert "shortcut" not in method.layers and ctx.model.shortcut.weight.count_nonzero() == 96
+    opts = {**FAST, "prune_pointwise": True}
+    method, ctx = _train(opts, epochs=4)
+    again = ClickTrain(ClickTrainConfig(**opts))
+    again.setup(ctx)
+    again.load_state_dict(method.state_dict(), ctx)
+    assert again.pointwise == {"shortcut"} and torch.equal(
+        again.masks["shortcut.weight"], method.masks["shortcut.weight"]
+    )

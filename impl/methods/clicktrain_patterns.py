@@ -395,7 +395,7 @@ def loss_rose(prev_loss: float | None, loss: float, delta: float) -> bool:
 def kernel_keep_mask(
     pool: torch.Tensor, chosen: torch.Tensor, removed: torch.Tensor
 ) -> torch.Tensor:
-    """Final keep-mask ``[F, C, 3, 3]`` bool: each kernel's pool pattern, all-zero if removed."""
+    """Final keep-mask ``[F, C, R, S]`` bool: each kernel's pool pattern, all-zero if removed."""
     device = removed.device
     mask = pool.to(device)[chosen.to(device)]  # [F, C, 3, 3]
     return mask & ~removed.unsqueeze(-1).unsqueeze(-1)

@@ -58,8 +58,9 @@ def _usage(method: ClickTrain) -> dict[str, Any]:
     removed_total = 0
     for name, chosen in method.chosen.items():
         removed = method.removed[name].cpu()
-        counts += torch.bincount(chosen[~removed].flatten(), minlength=n)
         removed_total += int(removed.sum())
+        if name not in method.pointwise:  # a 1x1 kernel uses no pool pattern
+            counts += torch.bincount(chosen[~removed].flatten(), minlength=n)
     return {"kept_kernels_per_pattern": counts.tolist(), "removed_kernels": removed_total}
 
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reproductions.clicktrain import CONNECTIVITY, method_rows
+from reproductions.clicktrain import clicktrain_options, method_rows
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
 
 SHORT_CLICKTRAIN = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1,
@@ -149,7 +149,7 @@ def _trained_rows() -> list[Row]:
             out.append(
                 Row(f"{model} {dataset} ClickTrain", "clicktrain",
                     options={**SHORT_CLICKTRAIN,
-                             "connectivity": CONNECTIVITY["higher compression"]},
+                             **clicktrain_options("paper", train, "higher compression")},
                     train=train, baseline=dense,
                     paper={"model": model, "dataset": dataset, "method": "clicktrain"})
             )  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.clicktrain import CONNECTIVITY, train_for
+from reproductions.clicktrain import clicktrain_options, train_for
 from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
 
 GPUS = (4, 8, 16)
@@ -26,7 +26,8 @@ def rows(scale: str) -> list[Row]:
             out.append(Row(dense, "dense", train=train, needs=needs))
             out.append(
                 Row(f"{model} ClickTrain, {g} GPUs", "clicktrain",
-                    options={"connectivity": CONNECTIVITY["higher compression"]}, train=train,
+                    options=clicktrain_options("paper", train, "higher compression"),
+                train=train,
                     needs=needs, baseline=dense, paper={"model": model, "setting": f"{g} GPUs"})
             )  # fmt: skip
     return out

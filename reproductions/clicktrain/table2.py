@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.clicktrain import CONNECTIVITY, train_for
+from reproductions.clicktrain import clicktrain_options, train_for
 from reproductions.common import Row, Target, bar_vs_paper, reproduce
 
 
@@ -25,7 +25,8 @@ def rows(scale: str) -> list[Row]:
         out.append(Row(f"{tag}dense", "dense", train=train))
         out.append(
             Row(f"{tag}ClickTrain", "clicktrain",
-                options={"connectivity": CONNECTIVITY["higher compression"]}, train=train,
+                options=clicktrain_options(scale, train, "higher compression"),
+                train=train,
                 paper={"model": model, "method": "clicktrain"}, baseline=f"{tag}dense")
         )  # fmt: skip
     return out

@@ -17,7 +17,8 @@ CLICKTRAIN_FAST = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1, "h
 # Each method's options that reach its structural step within a few smoke epochs.
 METHOD_RUNS = {
     "dense": ({}, 2),
-    "clicktrain": (CLICKTRAIN_FAST, 4),  # pattern-sparse convs from epoch 3
+    # pattern-sparse convs from epoch 3, the 1x1 shortcuts too (prune_pointwise)
+    "clicktrain": ({**CLICKTRAIN_FAST, "prune_pointwise": True}, 4),
     "prunetrain": ({"penalty_ratio": 0.9, "threshold": 0.3, "reconfig_interval": 1}, 2),
     "sdgp": ({}, 2),
     "campfire": ({"start_epoch": 0, "era_epochs": 1, "final_sparsity": 0.6}, 3),
@@ -91,7 +92,10 @@ def test_every_method_trains_under_autocast(tmp_path, method, amp, conv_output_d
         assert "amp_loss_scale" not in rows[0]
     if method == "clicktrain":  # trained through hard pruning on pattern-sparse convs
         assert rows[-1]["clicktrain_stage"] == "sparse"
-        assert any(layer["pattern_conv"] for layer in summary["clicktrain"]["layers"].values())
+        layers = summary["clicktrain"]["layers"]
+        assert any(layer["pattern_conv"] for layer in layers.values())
+        assert any(name.endswith("downsample.0") for name, layer in layers.items()
+                   if layer["pattern_conv"])  # fmt: skip
     if method == "prunetrain":
         assert summary["compression_ratio"] > 1.0  # channels were removed under autocast
     if method == "campfire":

@@ -143,3 +143,49 @@ def test_clicktrains_paper_rows_prune_the_1x1_convs_of_bottleneck_networks():
     assert "prune_pointwise" not in clicktrain_options(
         "gpu", {"model": "resnet50"}, "higher compression"
     )
+
+
+def test_clicktrain_rows_reach_the_papers_compression_of_their_row():
+    """Each ClickTrain row's connectivity makes the network it trains reach the paper's conv
+    compression for that row (Tables 1-2), within the balanced rounding (3%); the cpu rows
+    stand for Table 1's ResNet-50 CIFAR-10 rows."""
+    from reproductions.clicktrain import STAND_IN, compression_at, paper_compression
+
+    checked = 0
+    for key in ("clicktrain.table1", "clicktrain.table2"):
+        for r in _training_rows(key):
+            if r.method != "clicktrain":
+                continue
+            sel = r.paper
+            target = paper_compression(sel["model"], sel.get("dataset", "imagenet"),
+                                       sel.get("setting"))  # fmt: skip
+            assert target is not None, (key, r.label)
+            got = compression_at(r.train["model"], r.train.get("stem", "cifar"),
+                                 r.options["connectivity"],
+                                 r.options.get("prune_pointwise", False))  # fmt: skip
+            assert got == pytest.approx(target, rel=0.03), (key, r.label, got, target)
+            checked += 1
+    assert checked == 16 + 1 + 4
+    rows = reproductions.load_target("clicktrain.table1").rows("cpu")
+    for r in rows:
+        if r.method == "clicktrain":
+            setting = "lower compression" if "lower" in r.label else "higher compression"
+            target = paper_compression(*STAND_IN, setting)
+            got = compression_at("resnet20", "cifar", r.options["connectivity"], in_channels=1)
+            assert got == pytest.approx(target, rel=0.01)
+
+
+def test_compression_at_is_what_a_hard_pruned_run_measures(tmp_path):
+    from impl.config import resolve
+    from impl.train import train
+    from reproductions.clicktrain import compression_at
+
+    options = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1,
+               "hard_prune_epoch": 3, "connectivity": 0.805}  # fmt: skip
+    cfg = resolve("smoke", method="clicktrain", method_options=options, epochs=3,
+                  batch_size=8, max_steps_per_epoch=1, data_options={"image_size": 8},
+                  threads=1, out=str(tmp_path / "run"))  # fmt: skip
+    summary = train(cfg, progress=False)
+    assert summary["compression_ratio"] == pytest.approx(
+        compression_at("resnet20", "cifar", 0.805, in_channels=1), rel=1e-12
+    )

@@ -144,12 +144,12 @@ def _trained_rows() -> list[Row]:
     ):
         for model in models:
             train = _synthetic(model, dataset == "imagenet")
+            ct = clicktrain_options("paper", train, "higher compression", model, dataset)
             dense = f"{model} {dataset} dense"
             out.append(Row(dense, "dense", train=train))
             out.append(
                 Row(f"{model} {dataset} ClickTrain", "clicktrain",
-                    options={**SHORT_CLICKTRAIN,
-                             **clicktrain_options("paper", train, "higher compression")},
+                    options={**SHORT_CLICKTRAIN, **ct},
                     train=train, baseline=dense,
                     paper={"model": model, "dataset": dataset, "method": "clicktrain"})
             )  # fmt: skip

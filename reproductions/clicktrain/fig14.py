@@ -20,14 +20,14 @@ def rows(scale: str) -> list[Row]:
     out = []
     for model in ("resnet50", "resnet101", "vgg16"):
         train = train_for("paper", model, "imagenet")
+        ct = clicktrain_options("paper", train, "higher compression", model, "imagenet")
         for g in GPUS:
             needs = f"needs {g} GPUs (torchrun) and ImageNet: the paper scale on a GPU cluster"
             dense = f"{model} dense, {g} GPUs"
             out.append(Row(dense, "dense", train=train, needs=needs))
             out.append(
                 Row(f"{model} ClickTrain, {g} GPUs", "clicktrain",
-                    options=clicktrain_options("paper", train, "higher compression"),
-                train=train,
+                    options=ct, train=train,
                     needs=needs, baseline=dense, paper={"model": model, "setting": f"{g} GPUs"})
             )  # fmt: skip
     return out

@@ -22,11 +22,12 @@ def rows(scale: str) -> list[Row]:
     for model in models:
         train = train_for(scale, model, "imagenet" if scale == "paper" else "cifar10")
         tag = f"{model} " if scale == "paper" else ""
+        dataset = "imagenet" if scale == "paper" else None
+        ct = clicktrain_options(scale, train, "higher compression", model, dataset)
         out.append(Row(f"{tag}dense", "dense", train=train))
         out.append(
             Row(f"{tag}ClickTrain", "clicktrain",
-                options=clicktrain_options(scale, train, "higher compression"),
-                train=train,
+                options=ct, train=train,
                 paper={"model": model, "method": "clicktrain"}, baseline=f"{tag}dense")
         )  # fmt: skip
     return out

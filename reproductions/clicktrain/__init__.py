@@ -30,6 +30,7 @@ STAND_IN = ("resnet50", "cifar10")
 CIFAR_MODELS: dict[str, str] = {"resnet34": "resnet32", "resnet50": "prunetrain_resnet50"}
 
 
+@functools.cache
 def has_bottlenecks(model: str, stem: str = "cifar") -> bool:
     """Whether network ``model`` (a name of :mod:`impl.models`) is built of bottleneck blocks
     (1x1 convs inside its residual paths), checked on the meta device."""

@@ -140,9 +140,10 @@ def test_clicktrains_paper_rows_prune_the_1x1_convs_of_bottleneck_networks():
     # the smaller scales keep the default (3x3 only): no committed result changes
     from reproductions.clicktrain import clicktrain_options
 
-    assert "prune_pointwise" not in clicktrain_options(
-        "gpu", {"model": "resnet50"}, "higher compression"
-    )
+    assert "prune_pointwise" not in clicktrain_options("gpu", {}, "higher compression")
+    # ... and a bottleneck network pruned at its 3x3 convs alone cannot reach the target
+    with pytest.raises(ValueError, match="cannot be hard-pruned to 10.8x"):
+        clicktrain_options("gpu", {"model": "resnet50"}, "higher compression")
 
 
 def test_clicktrain_rows_reach_the_papers_compression_of_their_row():
@@ -175,17 +176,49 @@ def test_clicktrain_rows_reach_the_papers_compression_of_their_row():
             assert got == pytest.approx(target, rel=0.01)
 
 
-def test_compression_at_is_what_a_hard_pruned_run_measures(tmp_path):
+@pytest.mark.parametrize(
+    ("model", "extra", "connectivity"),
+    [
+        ("resnet20", {}, 0.805),
+        ("resnet20", {"kernel_ranking": "layer"}, 0.805),
+        ("prunetrain_resnet50", {"prune_pointwise": True}, 0.8675),
+    ],
+    ids=["resnet20", "resnet20-layer-ranking", "prunetrain_resnet50-pointwise"],
+)
+def test_compression_at_is_what_a_hard_pruned_run_measures(tmp_path, model, extra, connectivity):
     from impl.config import resolve
     from impl.train import train
     from reproductions.clicktrain import compression_at
 
     options = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1,
-               "hard_prune_epoch": 3, "connectivity": 0.805}  # fmt: skip
-    cfg = resolve("smoke", method="clicktrain", method_options=options, epochs=3,
+               "hard_prune_epoch": 3, "connectivity": connectivity, **extra}  # fmt: skip
+    cfg = resolve("smoke", method="clicktrain", method_options=options, epochs=3, model=model,
                   batch_size=8, max_steps_per_epoch=1, data_options={"image_size": 8},
                   threads=1, out=str(tmp_path / "run"))  # fmt: skip
     summary = train(cfg, progress=False)
-    assert summary["compression_ratio"] == pytest.approx(
-        compression_at("resnet20", "cifar", 0.805, in_channels=1), rel=1e-12
-    )
+    expected = compression_at(model, "cifar", connectivity, "prune_pointwise" in extra,
+                              in_channels=1, balanced="kernel_ranking" not in extra)  # fmt: skip
+    assert summary["compression_ratio"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_compression_targets_are_the_papers_numbers():
+    """Pinned against the paper (Table 1, Sec. 6.2; Table 2), and the connectivities the
+    smaller scales train at (the committed cpu report's 8.68 / 10.81x and 4.09x)."""
+    from reproductions.clicktrain import clicktrain_options, paper_compression
+
+    assert paper_compression("resnet34", "cifar100", "lower compression") == 8.4
+    assert paper_compression("resnet34", "cifar100", "higher compression") == 9.8
+    assert paper_compression("resnet50", "cifar10", "lower compression") == 8.7
+    assert paper_compression("vgg13", "cifar10", "higher compression") == 9.1
+    assert paper_compression("resnet50", "imagenet") == 4.1  # Table 1's ImageNet row
+    assert paper_compression("resnet18", "imagenet") == 4.2  # Table 2 only
+    assert paper_compression("vgg16", "cifar10", "higher compression") is None
+    t1 = reproductions.load_target("clicktrain.table1").rows("cpu")
+    got = {r.label: r.options["connectivity"] for r in t1 if r.method == "clicktrain"}
+    assert got == {"ClickTrain (lower compression)": 0.76, "ClickTrain (higher compression)": 0.805}
+    (t2,) = [r for r in reproductions.load_target("clicktrain.table2").rows("cpu")
+             if r.method == "clicktrain"]  # fmt: skip
+    assert t2.options == {"connectivity": 0.4625}
+    assert clicktrain_options("paper", {"model": "prunetrain_resnet50"}, "higher compression",
+                              "resnet50", "cifar10") == {"connectivity": 0.8675,
+                                                         "prune_pointwise": True}  # fmt: skip

@@ -288,7 +288,7 @@ class ClickTrain(Method):
         self.finalizers: dict[str, LayerFinalizer] = {}
         self.chosen: dict[str, torch.Tensor] = {}  # [F, C] pool indices
         self.removed: dict[str, torch.Tensor] = {}  # [F, C] bool
-        self.keep: dict[str, torch.Tensor] = {}  # [F, C, 3, 3] bool, patterns of all kernels
+        self.keep: dict[str, torch.Tensor] = {}  # [F, C, R, S] bool, patterns of all kernels
         self.masks = MaskSet()
         self.sparse_layers: dict[str, dict[str, Any]] = {}
         # cross-entropy of the previous batch (a tensor: no device sync outside stage 3)

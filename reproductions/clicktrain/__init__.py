@@ -19,8 +19,12 @@ from reproductions.common import Row, cifar_step_recipe
 # (the authors' code uses 0.55 to 0.75 per layer).
 CONNECTIVITY = {"lower compression": 0.55, "higher compression": 0.75}
 GPU_MODEL = "resnet32"
-# What the smaller scales' rows stand for: ClickTrain Table 1's ResNet-50 CIFAR-10 rows.
+# What the smaller scales' rows stand for: ClickTrain Table 1's ResNet-50 CIFAR-10 rows (and
+# in Table 2, its ResNet-50 ImageNet row: :data:`STAND_IN_IMAGENET`).
 STAND_IN = ("resnet50", "cifar10")
+STAND_IN_IMAGENET = ("resnet50", "imagenet")
+# connectivity_for refuses a target the network cannot reach within this relative error.
+COMPRESSION_TOLERANCE = 0.03
 
 # The networks Table 1's CIFAR rows name, as trained: PruneTrain's CIFAR models. Its CIFAR dense
 # baselines are PruneTrain Table 1's, number for number (ResNet34 93.6 / 71.0% = PruneTrain's
@@ -64,7 +68,7 @@ def paper_compression(model: str, dataset: str, setting: str | None = None) -> f
 @functools.cache
 def _conv_layers(
     model: str, stem: str, pointwise: bool, in_channels: int
-) -> tuple[tuple[int, int, int, int], ...]:
+) -> tuple[tuple[int, int, int, int], ...]:  # (weights, F, C, kept per kernel)
     """``(weights, filters, channels, kept weights per kept kernel or 0 if dense)`` of every
     conv of ``model`` as ClickTrain prunes it (built once per model, on the meta device)."""
     import torch
@@ -85,21 +89,29 @@ def _conv_layers(
 
 
 def compression_at(
-    model: str, stem: str, connectivity: float, pointwise: bool = False, in_channels: int = 3
+    model: str,
+    stem: str,
+    connectivity: float,
+    pointwise: bool = False,
+    in_channels: int = 3,
+    balanced: bool = True,
 ) -> float:
     """Conv compression (total / nonzero weights) of ``model`` once ClickTrain hard-prunes it
-    at ``connectivity`` with the default balanced ranking: each pruned filter keeps ``C -
-    removal_count(C, connectivity)`` kernels, a 3x3 one 4 of its 9 weights (a 1x1 one its
-    weight); the other convs stay dense. Exact, from the shapes alone."""
+    at ``connectivity``: with the balanced ranking (the default) each pruned filter keeps ``C -
+    removal_count(C, connectivity)`` kernels, with ``kernel_ranking="layer"`` (``balanced=False``)
+    the layer keeps ``F*C - removal_count(F*C, connectivity)``; a kept 3x3 kernel keeps 4 of
+    its 9 weights, a 1x1 one its weight; the other convs stay dense. Exact, from the shapes."""
     from impl.methods.clicktrain_patterns import removal_count
 
     total = nonzero = 0
     for weights, f, c, per_kernel in _conv_layers(model, stem, pointwise, in_channels):
         total += weights
-        if per_kernel:
+        if not per_kernel:
+            nonzero += weights
+        elif balanced:
             nonzero += f * (c - removal_count(c, connectivity)) * per_kernel
         else:
-            nonzero += weights
+            nonzero += (f * c - removal_count(f * c, connectivity)) * per_kernel
     return total / nonzero
 
 
@@ -107,10 +119,18 @@ def connectivity_for(
     model: str, stem: str, target: float, pointwise: bool = False, in_channels: int = 3
 ) -> float:
     """The connectivity (multiple of 1/400 in [0, 0.99]) at which ``model`` reaches conv
-    compression ``target`` most closely (:func:`compression_at`; the lowest such)."""
+    compression ``target`` most closely (:func:`compression_at`; the lowest such). Raises
+    ``ValueError`` when even the closest misses ``target`` by more than
+    :data:`COMPRESSION_TOLERANCE` (a network whose dense layers cap its compression)."""
     grid = [i / 400 for i in range(0, 397)]
     best = min(grid, key=lambda c: abs(compression_at(model, stem, c, pointwise, in_channels)
                                        - target))  # fmt: skip
+    got = compression_at(model, stem, best, pointwise, in_channels)
+    if abs(got / target - 1) > COMPRESSION_TOLERANCE:
+        raise ValueError(
+            f"{model} cannot be hard-pruned to {target:g}x (closest: {got:.2f}x at "
+            f"connectivity {best:g}{', 1x1 convs pruned too' if pointwise else ''})"
+        )
     return best
 
 
@@ -120,12 +140,13 @@ def clicktrain_options(
     setting: str,
     paper_model: str | None = None,
     dataset: str | None = None,
+    stand_in: tuple[str, str] = STAND_IN,
 ) -> dict[str, Any]:
     """Options of a ClickTrain row at ``setting`` for the network ``train`` trains.
 
     The connectivity is the one at which that network reaches the paper's compression for
     the row (:func:`paper_compression` of ``paper_model`` on ``dataset``; at the smaller
-    scales of Table 1's ResNet-50 CIFAR-10 rows, :data:`STAND_IN`), so that accuracy is
+    scales of the paper row the row stands for, ``stand_in``), so that accuracy is
     compared at the paper's compression; :data:`CONNECTIVITY` where the paper gives none. At
     paper scale a bottleneck ResNet's 1x1 convs are pruned too (``prune_pointwise``): its 3x3
     convs hold about half its conv weights, so pruning them alone compresses it at most 1.9x,
@@ -140,7 +161,7 @@ def clicktrain_options(
     if scale == "paper":
         target = paper_compression(paper_model or model, dataset or cfg.data, setting)
     else:
-        target = paper_compression(*STAND_IN, setting)
+        target = paper_compression(*stand_in, setting)
     if target is None:
         options["connectivity"] = CONNECTIVITY[setting]
     else:

@@ -181,7 +181,8 @@ TARGET = Target(
             else [
                 "CIFAR-shape rows time the ImageNet networks on a CIFAR stem at 32 px (the "
                 "benchmark suite's iteration cases), not the PruneTrain CIFAR networks that "
-                "Table 1's accuracy rows train (reproductions.clicktrain.CIFAR_MODELS)."
+                "Table 1's accuracy rows train (reproductions.clicktrain.CIFAR_MODELS); at "
+                "paper scale they are pruned to Table 1's compression of the paper's name."
             ]
         )
     ),

@@ -634,7 +634,14 @@ def judge_why(claim: Claim, evidence: Evidence | None, scale: str | None = None)
         return "holds", ""
     if high < bound or (high == bound and claim.strict):
         return "does not hold", ""
-    return "inconclusive", f"the {evidence.interval} straddles {claim.paper_value:g}"
+    why = f"the {evidence.interval} straddles {claim.paper_value:g}"
+    # an end that reads as the bound at the two decimals shown: say where it lies
+    close = [v for v in (evidence.low, evidence.high)
+             if f"{v:.2f}" == f"{claim.paper_value:.2f}" and v != claim.paper_value]  # fmt: skip
+    if close:
+        why += " (" + ", ".join(f"{'low' if v == evidence.low else 'high'} end {v:.4g}"
+                                for v in close) + ")"  # fmt: skip
+    return "inconclusive", why
 
 
 def judge(claim: Claim, evidence: Evidence | None, scale: str | None = None) -> str:

@@ -493,3 +493,13 @@ def test_two_sweeps_give_a_range_and_a_spread():
     row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
     assert row["verdict"] == "holds" and "(2 sweeps)" in row["note"]
     assert row["ours"] == 60.0 and row["ours_sd"] == pytest.approx(math.sqrt(50.0))
+
+
+def test_an_interval_end_that_reads_as_the_bound_is_shown_in_full():
+    """Printed to two decimals, -0.3004 reads -0.30 beside "straddles -0.3": the reason
+    then gives the end in full."""
+    claim = _claim(paper_value=-0.3)
+    verdict, why = C.judge_why(claim, _ev(-0.3004, 0.39), "cpu")
+    assert verdict == "inconclusive"
+    assert why == "the 95% interval straddles -0.3 (low end -0.3004)"
+    assert C.judge_why(claim, _ev(-0.84, 0.39), "cpu")[1] == "the 95% interval straddles -0.3"

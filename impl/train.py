@@ -569,23 +569,22 @@ class Trainer:
             # the rest of the iteration: the method's per-step work (masks, mask updates), the
             # optimizer step and the communication tally, a training cost like fwd and bwd
             timer.start("step")
+            # (a disabled GradScaler, fp16 off, steps the optimizer as it is and updates nothing)
+            unscaled = ctx.optimizer
             if scaler.is_enabled():
-                optimizer = ctx.optimizer
-                scaler.unscale_(optimizer)
-                if step_overflowed(scaler, optimizer):
-                    skipped += 1  # GradScaler skips the step and halves its scale
-                else:
-                    method.after_backward(ctx)
-                    if ctx.optimizer is not optimizer:  # its gradients were never unscaled
-                        raise RuntimeError(
-                            f"{type(method).__name__}.after_backward replaced the optimizer; "
-                            "under fp16 a method may do so in on_epoch_end only"
-                        )
-                scaler.step(optimizer)
-                scaler.update()
+                scaler.unscale_(unscaled)
+            if scaler.is_enabled() and step_overflowed(scaler, unscaled):
+                skipped += 1  # GradScaler skips the step and halves its scale
             else:
                 method.after_backward(ctx)
-                ctx.optimizer.step()
+                if scaler.is_enabled() and ctx.optimizer is not unscaled:
+                    raise RuntimeError(
+                        f"{type(method).__name__}.after_backward replaced the optimizer; "
+                        "under fp16 a method may do so in on_epoch_end only (the new one's "
+                        "gradients were never unscaled)"
+                    )
+            scaler.step(ctx.optimizer)
+            scaler.update()
             method.after_step(ctx)
             dp.end_iteration(ctx)
             dp.refresh(ctx, method)

@@ -244,8 +244,11 @@ def prunable_layers(model: nn.Module, pointwise: bool = False) -> list[str]:
 
 def pointwise_layers(model: nn.Module) -> list[str]:
     """The 1x1 convs (``groups=1``, all but the first conv) that ``prune_pointwise`` adds."""
-    three = set(prunable_layers(model))
-    return [n for n in prunable_layers(model, pointwise=True) if n not in three]
+    return [
+        n
+        for n in prunable_layers(model, pointwise=True)
+        if tuple(model.get_submodule(n).kernel_size) == (1, 1)
+    ]
 
 
 # The one "pattern" of a 1x1 kernel: its single weight (connectivity pruning only).
@@ -446,18 +449,15 @@ class ClickTrain(Method):
             prev = None if self._prev_loss is None else float(self._prev_loss)
             count = not loss_rose(prev, loss, self.cfg.loss_margin)
             self._counted += int(count)
-            patterns = None
+            patterns: dict[bool, torch.Tensor] = {}  # per kind of layer, once per batch
             for name in self.layers:
                 w = self._weight(model, name)
                 if w.grad is None:
                     continue
-                if name in self.pointwise:
-                    layer_patterns = POINTWISE_PATTERNS.to(w.device)
-                else:
-                    if patterns is None:
-                        patterns = self.pool.patterns(w.device)
-                    layer_patterns = patterns
-                self.finalizers[name].update(w.detach(), w.grad.detach(), layer_patterns, count)
+                kind = name in self.pointwise
+                if kind not in patterns:
+                    patterns[kind] = self._patterns(name, w.device)
+                self.finalizers[name].update(w.detach(), w.grad.detach(), patterns[kind], count)
         elif self.stage == "sparse":
             self.masks.apply_to_grads(model)
         # The loss margin compares consecutive batches (across epoch boundaries too).

@@ -248,7 +248,7 @@ def _zero_small_groups(
             if isinstance(buf, torch.Tensor) and buf.shape == w.shape:
                 buf[where] = 0
 
-    kept = {
+    untouched = {
         name
         for s in skip
         if s in graph.spaces
@@ -256,7 +256,7 @@ def _zero_small_groups(
     }
     for space in graph.spaces.values():
         for name in space.writers:
-            if name in kept:
+            if name in untouched:
                 continue
             w = modules[name].weight
             small = _row_max(w) < threshold
@@ -264,7 +264,7 @@ def _zero_small_groups(
                 zero(w, small.to(w.device))
                 count += int(small.sum())
         for name, fan in space.readers:
-            if name in kept:
+            if name in untouched:
                 continue
             w = modules[name].weight
             small = _col_max(w, fan) < threshold

@@ -27,11 +27,12 @@ contents would synchronise with the GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -315,6 +316,19 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
+def _autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """An autograd backward run with autocast off on its gradient's device, as the pattern
+    ops' forward runs (:func:`pattern_conv2d`), even when ``.backward()`` is called inside
+    autocast (``torch.amp.custom_bwd`` needs one device type per function)."""
+
+    @functools.wraps(backward)
+    def run(ctx: Any, grad_out: torch.Tensor) -> Any:
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return backward(ctx, grad_out)
+
+    return run
+
+
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     """``t`` in float32 when it is a 16-bit float (float64 and integers as they are)."""
     return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
@@ -369,12 +383,8 @@ class _PatternSpMM(torch.autograd.Function):
         return _from_2d(out, b.shape[0]) if batched else out
 
     @staticmethod
+    @_autocast_off
     def backward(ctx, grad_out):  # type: ignore[override]
-        with torch.autocast(grad_out.device.type, enabled=False):  # as the forward ran
-            return _PatternSpMM._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx, grad_out):
         values, b2 = ctx.saved_tensors
         index: PatternIndex = ctx.index
         g2 = _to_2d(grad_out) if ctx.batch is not None else grad_out
@@ -741,12 +751,8 @@ class _PatternConvRef(torch.autograd.Function):
         return out.reshape(f_out, b, ho, wo).transpose(0, 1).contiguous()
 
     @staticmethod
+    @_autocast_off
     def backward(ctx, grad_out):  # type: ignore[override]
-        with torch.autocast(grad_out.device.type, enabled=False):  # as the forward ran
-            return _PatternConvRef._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx, grad_out):
         values, cols = ctx.saved_tensors
         index: PatternIndex = ctx.index
         g2 = grad_out.transpose(0, 1).reshape(index.shape[0], -1)  # [F, B*P*Q]

@@ -48,11 +48,12 @@ def has_bottlenecks(model: str, stem: str = "cifar") -> bool:
     return any(isinstance(m, Bottleneck) for m in net.modules())
 
 
+@functools.cache
 def paper_compression(model: str, dataset: str, setting: str | None = None) -> float | None:
     """ClickTrain's conv compression ratio (x) for the paper's ``model`` on ``dataset`` at
     ``setting`` ("lower compression" / "higher compression"; Table 1, Sec. 6.2), or its ImageNet
     row (Table 1, else Table 2, where one row per model has no setting); None where the paper
-    gives none."""
+    gives none. Cached: the two tables' files are read once, not on every row's call."""
     from reproductions.published import lookup, paper_values
 
     for item in ("table1", "table2"):

@@ -35,13 +35,17 @@ CIFAR_RECIPE = {"data": "cifar10", "epochs": 150, "batch_size": 512, "lr": 0.5,
                 "warmup_start": 1e-4, "nesterov": False, "milestones": [],
                 "augment_recipe": "ffcv", "eval_flip": True,
                 "bn_weight_decay": False, "fp16": True}  # fmt: skip
-# Under fp16 the data gradients SDGP prunes are loss-scaled (GradScaler, 2**16 at start), as
-# the authors': their literal constant, not its unscaled stand-in (METHOD_RESCALE_EPS).
-FP16_RESCALE_EPS = RESCALE_EPS
 IMAGENET_RECIPE = {"data": "imagenet", "stem": "imagenet", "epochs": 88, "batch_size": 512,
                    "lr": 1.7, "label_smoothing": 0.1, "schedule": "onecycle",
                    "warmup_fraction": 2 / 88, "nesterov": False, "milestones": [],
                    "fp16": True}  # fmt: skip
+
+
+def _eps(train: dict) -> dict[str, float]:
+    """SDGP's rescale constant for a row trained with ``train``: under fp16 the data gradients
+    it prunes are loss-scaled (GradScaler, 2**16 at start), as the authors', so their literal
+    constant; otherwise the method's unscaled stand-in (its default, METHOD_RESCALE_EPS)."""
+    return {"rescale_eps": RESCALE_EPS} if train.get("fp16") else {}
 
 
 def rows(scale: str) -> list[Row]:
@@ -53,13 +57,12 @@ def rows(scale: str) -> list[Row]:
     paper = {"model": "resnet9", "dataset": "cifar10"}
     seeds = CPU_SEEDS if scale == "cpu" else None  # None: the scale's default seeds
     out = [Row("dense", "dense", train=train, paper={**paper, "method": "dense"}, seeds=seeds)]
-    eps = {"rescale_eps": FP16_RESCALE_EPS} if train.get("fp16") else {}
     for label, method in PRUNE:
         out.append(
             Row(
                 f"SDGP {label} 2:4",
                 "sdgp",
-                options={"n": 2, "m": 4, "prune_method": method, "profile": True, **eps},
+                options={"n": 2, "m": 4, "prune_method": method, "profile": True, **_eps(train)},
                 train=train,
                 paper={**paper, "setting": f"{method} 2:4"},
                 baseline="dense",
@@ -68,7 +71,6 @@ def rows(scale: str) -> list[Row]:
         )
     for model in ("resnet18", "resnet50"):
         imagenet = {"model": model, **IMAGENET_RECIPE}
-        eps = {"rescale_eps": FP16_RESCALE_EPS}
         needs = None if scale == "paper" else "needs the paper scale (ImageNet, 88 epochs)"
         p = {"model": model, "dataset": "imagenet"}
         out.append(Row(f"{model} dense", "dense", train=imagenet, needs=needs,
@@ -76,7 +78,8 @@ def rows(scale: str) -> list[Row]:
         for label, method in PRUNE:
             out.append(
                 Row(f"{model} SDGP {label} 2:4", "sdgp",
-                    options={"n": 2, "m": 4, "prune_method": method, "profile": True, **eps},
+                    options={"n": 2, "m": 4, "prune_method": method, "profile": True,
+                             **_eps(imagenet)},
                     train=imagenet,
                     needs=needs, paper={**p, "setting": f"{method} 2:4"},
                     baseline=f"{model} dense")

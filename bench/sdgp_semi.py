@@ -35,6 +35,12 @@ est_saved_ms`` is the paper's way of turning the estimate into an iteration time
 Epoch figures multiply by ``ceil(1,281,167 / batch)`` iterations (the ImageNet-1k training
 set) and are in seconds.
 
+Every timing rotates through copies of its operands (the output gradient and what each phase
+derives from it: ``rotation_sets`` per row, :func:`rotated`), so that a call does not find
+them in the L2 cache the previous call filled: the small layers' gradients (ResNet-50's last
+stage: 12.8 MB in 16-bit at batch 256) would otherwise be read from cache, flattering
+whichever path reads them more often.
+
 Each sparse row is first checked against cuDNN on the same pruned gradient
 (``check_rel_max_err``, the largest error over the largest value); above
 :data:`CHECK_REL_TOL` the row is an error ("sparse result differs from cuDNN") and is not
@@ -203,17 +209,32 @@ def _release() -> None:
 
 
 def _timed(
-    fn: Callable[[], Any], device: torch.device, cfg: BenchConfig, *, iteration: bool = False
+    fn: Callable[[int], Any], device: torch.device, cfg: BenchConfig, *, iteration: bool = False
 ) -> measure.Timing:
+    """Median of calls ``fn(i)`` (``i``: the call's index, for rotating inputs)."""
     if device.type == "cuda":
         warm, rep = (ITER_WARMUP_MS, ITER_REP_MS) if iteration else (LAYER_WARMUP_MS, LAYER_REP_MS)
         # amortize=0: these rows keep only the median (layers of a ResNet at batch 256 take
         # far longer than a launch), so a back-to-back batch would be time spent for nothing.
-        return measure.cuda_timing(
-            lambda i: fn(), warmup_ms=warm, rep_ms=rep, min_reps=3, amortize=0
-        )
+        return measure.cuda_timing(fn, warmup_ms=warm, rep_ms=rep, min_reps=3, amortize=0)
     repeats = 2 if cfg.small else 3
-    return measure.cpu_timing(lambda i: fn(), warmup=1, repeats=repeats)
+    return measure.cpu_timing(fn, warmup=1, repeats=repeats)
+
+
+def rotated(make: Callable[[int], torch.Tensor], count: int | None = None) -> list[torch.Tensor]:
+    """``make(j)`` for ``j < count``, or as many of them as it takes to span the rotation bytes
+    of :func:`bench.measure.rotation_sets` (at least one): the inputs a timing rotates
+    through, so that a call does not find its operands in the cache the previous call left
+    (shared/DESIGN.md, Measurement); at most ``count`` when given (sets derived from another
+    rotated list cannot outnumber it)."""
+    first = make(0)
+    n = measure.rotation_sets(first.numel() * first.element_size(), first.device)
+    n = n if count is None else min(count, n)
+    return [first] + [make(j) for j in range(1, n)]
+
+
+def _pick(sets: Sequence[Any], i: int) -> Any:
+    return sets[i % len(sets)]
 
 
 def _attempt(row: dict[str, Any], key: str, fn: Callable[[], measure.Timing]) -> bool:
@@ -304,30 +325,39 @@ def measure_layer(
     gen.manual_seed(0)
     weight = torch.randn(k, c // layer.groups, r, s, device=device, dtype=dtype) / math.sqrt(cols)
     weight = weight.contiguous(memory_format=fmt)
-    grad = torch.randn(n, k, ho, wo, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    # the output gradients each timing rotates through (the weight is read once per call and
+    # is small beside them; the input is not read by the data gradient)
+    grads = rotated(
+        lambda j: torch.randn(n, k, ho, wo, device=device, dtype=dtype).contiguous(
+            memory_format=fmt
+        )
+    )
+    row["rotation_sets"] = len(grads)
     # the layer's input: the data gradient is timed as training computes it, on the real input
     x = torch.randn(shape4, device=device, dtype=dtype).contiguous(memory_format=fmt)
-    rows = semi.grad_rows(grad)
-    a_dense = rows.reshape(rows_m, k)
+    rows_sets = [semi.grad_rows(g) for g in grads]
+    a_sets = [r.reshape(rows_m, k) for r in rows_sets]
     w2 = weight.reshape(k, -1)
     method, rescale = cfg.prune_method, cfg.rescale
 
-    def prune() -> torch.Tensor:
-        return semi.prune_rows(rows, N_KEEP, M_GROUP, method, rescale, gen)
+    def prune(i: int) -> torch.Tensor:
+        return semi.prune_rows(_pick(rows_sets, i), N_KEEP, M_GROUP, method, rescale, gen)
 
     with torch.no_grad():
         _attempt(
             row,
             "dense_dgrad",
-            lambda: _timed(lambda: conv_grad("input", grad, x, weight, args), device, cfg),
+            lambda: _timed(
+                lambda i: conv_grad("input", _pick(grads, i), x, weight, args), device, cfg
+            ),
         )
         _attempt(
             row,
             "reference",
             lambda: _timed(
-                lambda: conv_grad(
+                lambda i: conv_grad(
                     "input",
-                    nm_prune(grad, N_KEEP, M_GROUP, method, 1, rescale, gen),
+                    nm_prune(_pick(grads, i), N_KEEP, M_GROUP, method, 1, rescale, gen),
                     x,
                     weight,
                     args,
@@ -337,13 +367,22 @@ def measure_layer(
             ),
         )
         if layer.groups == 1:
-            _attempt(row, "dense_mm", lambda: _timed(lambda: torch.mm(a_dense, w2), device, cfg))
+            _attempt(
+                row,
+                "dense_mm",
+                lambda: _timed(lambda i: torch.mm(_pick(a_sets, i), w2), device, cfg),
+            )
             _attempt(
                 row,
                 "dense_gemm",
                 lambda: _timed(
-                    lambda: semi.data_grad_from_rows(
-                        a_dense, weight, shape4, layer.stride, layer.padding, layer.dilation
+                    lambda i: semi.data_grad_from_rows(
+                        _pick(a_sets, i),
+                        weight,
+                        shape4,
+                        layer.stride,
+                        layer.padding,
+                        layer.dilation,
                     ).contiguous(memory_format=fmt),
                     device,
                     cfg,
@@ -363,7 +402,7 @@ def measure_layer(
         if reason:
             row.update(status="fallback", reason=reason, fallback_ms=row.get("reference_ms"))
         else:
-            _sparse_phases(row, layer, rows, weight, w2, a_dense, prune, device, cfg, fmt)
+            _sparse_phases(row, layer, weight, w2, a_sets, prune, device, cfg, fmt)
     _derive(row)
     if row.get("errors"):
         row["errors"] = " | ".join(row["errors"])
@@ -373,25 +412,28 @@ def measure_layer(
 def _sparse_phases(
     row: dict[str, Any],
     layer: LayerShape,
-    rows: torch.Tensor,
     weight: torch.Tensor,
     w2: torch.Tensor,
-    a_dense: torch.Tensor,
-    prune: Callable[[], torch.Tensor],
+    a_sets: Sequence[torch.Tensor],
+    prune: Callable[[int], torch.Tensor],
     device: torch.device,
     cfg: BenchConfig,
     fmt: torch.memory_format,
 ) -> None:
-    """Time the sparse path whole and by phase; record a library failure as the row's error."""
+    """Time the sparse path whole and by phase; record a library failure as the row's error.
+
+    ``a_sets``: the rotated dense output gradients as (rows, K) matrices; ``prune(i)`` prunes
+    the ``i``-th of them (modulo their number). Each phase rotates through its own inputs,
+    derived from those."""
     from impl.methods import sdgp_semi as semi
 
     n, c, h, w = layer.input_shape
     shape4 = (n, c, h, w)
     geo = (layer.stride, layer.padding, layer.dilation)
-    m = a_dense.shape[0]
+    m = a_sets[0].shape[0]
     backend = cfg.backend
     try:
-        pruned = prune()
+        pruned = prune(0)
         a = pruned.reshape(m, -1)
         sa = semi.compress(a, backend)
         col = semi.semi_matmul(sa, w2, m)
@@ -419,7 +461,7 @@ def _sparse_phases(
         row,
         "sparse_dgrad",
         lambda: _timed(
-            lambda: semi.sparse_data_grad(prune(), weight, shape4, *geo, backend).contiguous(
+            lambda i: semi.sparse_data_grad(prune(i), weight, shape4, *geo, backend).contiguous(
                 memory_format=fmt
             ),
             device,
@@ -427,28 +469,43 @@ def _sparse_phases(
         ),
     )
     _attempt(row, "prune", lambda: _timed(prune, device, cfg))
-    _attempt(row, "compress", lambda: _timed(lambda: semi.compress(a, backend), device, cfg))
-    _attempt(row, "spmm", lambda: _timed(lambda: semi.semi_matmul(sa, w2, m), device, cfg))
+    sets = len(a_sets)
+    pruned_sets = [a] + [prune(j).reshape(m, -1) for j in range(1, sets)]
+    _attempt(
+        row,
+        "compress",
+        lambda: _timed(lambda i: semi.compress(_pick(pruned_sets, i), backend), device, cfg),
+    )
+    sa_sets = [sa] + [semi.compress(p, backend) for p in pruned_sets[1:]]
+    _attempt(
+        row,
+        "spmm",
+        lambda: _timed(lambda i: semi.semi_matmul(_pick(sa_sets, i), w2, m), device, cfg),
+    )
+    col_sets = rotated(lambda j: col if j == 0 else semi.semi_matmul(sa_sets[j], w2, m), sets)
+    pruned_sets.clear()  # the column matrices can be large: free what is timed already
+    sa_sets.clear()
     _attempt(
         row,
         "assemble",
         lambda: _timed(
-            lambda: semi.assemble_data_grad(col, shape4, layer.kernel, *geo).contiguous(
-                memory_format=fmt
-            ),
+            lambda i: semi.assemble_data_grad(
+                _pick(col_sets, i), shape4, layer.kernel, *geo
+            ).contiguous(memory_format=fmt),
             device,
             cfg,
         ),
     )
+    col_sets.clear()
     try:
-        _tile_prune_compress(a_dense, backend)
+        _tile_prune_compress(a_sets[0], backend)
     except Exception as exc:  # noqa: BLE001
         row["tile_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     else:
         _attempt(
             row,
             "tile_prune_compress",
-            lambda: _timed(lambda: _tile_prune_compress(a_dense, backend), device, cfg),
+            lambda: _timed(lambda i: _tile_prune_compress(_pick(a_sets, i), backend), device, cfg),
         )
     row["status"] = "ok" if ok else "error"
     if not ok:
@@ -512,7 +569,7 @@ def training_iteration_times(
     y = torch.randint(0, 1000, (cfg.batch,), device=device)
     dtype = DTYPES[dtype_name]
 
-    def step() -> None:
+    def step(i: int = 0) -> None:
         with torch.autocast(device.type, dtype=dtype):
             loss = F.cross_entropy(model(x), y)
         loss.backward()

@@ -836,3 +836,46 @@ def test_rows_pruned_along_channels_of_the_transposed_view_are_the_same(method, 
     via_t = nm_prune_ref(rows.transpose(1, 2), 2, 4, method, 1, rescale).transpose(1, 2)
     assert torch.equal(direct != 0, via_t != 0)
     assert torch.allclose(direct, via_t, rtol=1e-12, atol=0)
+
+
+def test_bench_layer_timings_rotate_their_inputs(monkeypatch):
+    # Each timed call reads another copy of its operands: the dense data gradient, the
+    # reference and the sparse GEMM see as many distinct inputs as the row's rotation_sets.
+    from bench import sdgp_semi as bs
+    from impl.methods import sdgp
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    seen: dict[str, set[int]] = {"conv_grad": set(), "semi_matmul": set()}
+    conv_grad = sdgp.conv_grad
+
+    def spy_conv_grad(which, grad, x, weight, args):
+        seen["conv_grad"].add(grad.data_ptr())
+        return conv_grad(which, grad, x, weight, args)
+
+    def spy_matmul(sa, b, rows):
+        seen["semi_matmul"].add(sa.data_ptr())
+        return torch.mm(sa, b)[:rows]
+
+    def timed(fn, device, cfg, *, iteration=False):  # two rounds over every set
+        seen["conv_grad"].clear(), seen["semi_matmul"].clear()
+        for i in range(2 * bs.measure.MAX_SETS):
+            fn(i)
+        calls[len(calls)] = (len(seen["conv_grad"]), len(seen["semi_matmul"]))
+        return bs.measure.summarize([1.0], "perf_counter")
+
+    calls: dict[int, tuple[int, int]] = {}  # timing's order -> distinct inputs it saw
+    monkeypatch.setattr(bs, "_timed", timed)
+    monkeypatch.setattr(sdgp, "conv_grad", spy_conv_grad)
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kwargs: "")
+    monkeypatch.setattr(semi, "compress", lambda a, backend="auto": a.contiguous())
+    monkeypatch.setattr(semi, "semi_matmul", spy_matmul)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), cfg)
+    assert row["status"] == "ok", row.get("reason")
+    sets = row["rotation_sets"]
+    assert sets == bs.measure.MAX_SETS > 1  # a small layer: as many copies as allowed
+    assert calls[0] == (sets, 0)  # the dense data gradient: one output gradient per set
+    assert calls[7] == (0, sets)  # the sparse GEMM alone: one compressed operand per set
+    assert [t.shape for t in bs.rotated(lambda j: torch.zeros(3), count=2)] == [(3,), (3,)]
+    big = bs.rotated(lambda j: torch.zeros(bs.measure.ROTATE_BYTES_CPU // 4))
+    assert len(big) == 1  # one copy already spans the rotation bytes

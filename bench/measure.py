@@ -45,12 +45,14 @@ import torch
 ROTATE_BYTES_CUDA = 128 * 2**20
 #: The same on the CPU (over a typical last-level cache).
 ROTATE_BYTES_CPU = 64 * 2**20
-#: At most this many copies on a GPU: enough that inputs down to 1 MB (the paper's 256 x 1152
-#: filter is 1.2 MB) still span :data:`ROTATE_BYTES_CUDA`, past the L2 of an H100 or H200
-#: (50 MB), so a timing reads memory, not cache.
-MAX_SETS_CUDA = 128
-#: ... and on the CPU, where building the copies costs host time in every smoke run.
-MAX_SETS = 8
+#: At most this many copies on a GPU: enough that inputs down to 32 KB (the 95%-sparse values
+#: of the paper's 256 x 1152 filter are 59 KB; a 128 x 64 1x1 filter is 32 KB) still span
+#: :data:`ROTATE_BYTES_CUDA`, past the L2 of an H100 or H200 (50 MB), so a timing reads
+#: memory, not cache. (Each copy costs a launch or two to build: 4096 of them, milliseconds.)
+MAX_SETS_CUDA = 4096
+#: ... and on the CPU, where building the copies costs host time in every run: inputs down to
+#: 1 MB (the paper's filter is 1.2 MB) span :data:`ROTATE_BYTES_CPU`, past a 32 MB L3.
+MAX_SETS = 64
 #: A GPU call whose event median is below this (ms) is flagged host-bound (:func:`host_bound`).
 HOST_BOUND_DEVICE_MS = 0.020
 #: ... or whose event median exceeds its amortised per-call time by this factor.
@@ -181,6 +183,12 @@ def rotation_sets(bytes_per_set: float, device: torch.device | str) -> int:
     cuda = torch.device(device).type == "cuda"
     target, cap = (ROTATE_BYTES_CUDA, MAX_SETS_CUDA) if cuda else (ROTATE_BYTES_CPU, MAX_SETS)
     return int(min(cap, max(1, math.ceil(target / bytes_per_set))))
+
+
+def rotated_mib(bytes_per_set: float, sets: int) -> float:
+    """MiB that ``sets`` rotated copies of ``bytes_per_set`` bytes span: a row whose span is
+    below the device's last-level cache (50 MB of L2 on an H100 or H200) times cached reads."""
+    return round(bytes_per_set * sets / 2**20, 2)
 
 
 def synchronize(device: torch.device | str) -> None:

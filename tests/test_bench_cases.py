@@ -179,6 +179,29 @@ def test_pattern_csr_values_match_torch_csr():
     assert torch.equal(got["pattern_csr[ref]@cpu"], got["torch_to_sparse_csr@cpu"])
 
 
+def test_csr_copy_baseline_rotates_its_own_bytes(monkeypatch):
+    # The copy of the kept values rotates through copies sized by what it reads (nnz values),
+    # not by the dense matrix the conversions read: 16x fewer bytes at 95% sparsity.
+    monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 2**20)
+    case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
+    _, copy = cases.find("csr", case.name, "copy@cpu", "smoke")
+    prepared = cases.prepare(case, copy, "smoke")
+    nnz = prepared.info["nnz"]
+    sets = measure.rotation_sets(nnz * 4, "cpu")
+    assert sets > measure.rotation_sets(37 * 13 * 9 * 4, "cpu")
+    assert prepared.info["rotated_mib"] == measure.rotated_mib(nnz * 4, sets)
+    fn = prepared.phases[0][1]
+    outs = [fn(i).clone() for i in range(sets + 1)]
+    assert all(o.shape == (nnz,) for o in outs)
+    assert len({tuple(o.tolist()) for o in outs}) == sets  # every copy once, then the first
+    assert torch.equal(outs[0], outs[sets])
+    _, dense = cases.find("csr", case.name, "pattern_csr[ref]@cpu", "smoke")
+    info = cases.prepare(case, dense, "smoke").info
+    assert info["rotated_mib"] == measure.rotated_mib(
+        37 * 13 * 9 * 4, measure.rotation_sets(37 * 13 * 9 * 4, "cpu")
+    )
+
+
 def test_out_of_memory_is_a_value_and_errors_are_rows(monkeypatch):
     case, impl = cases.find(
         "nm_prune", cases.grid("nm_prune", "smoke")[0].name, "copy@cpu", "smoke"
@@ -248,6 +271,22 @@ def test_iteration_rows_report_forward_and_backward_apart():
     fwd = prepared.phase_flops["forward"]
     assert row["forward_tflops"] == pytest.approx(fwd / 2e-3 / 1e12)
     assert prepared.phase_flops["backward"] > fwd  # data + weight gradient
+
+
+def test_iteration_rows_count_gradients_that_ran_dense(monkeypatch):
+    # On a GPU a pattern layer's gradient may be timed onto cuBLAS / cuDNN (dense FLOPs) while
+    # impl.flops counts it sparse: the row says how many gradient calls ran dense.
+    ran = {"weight_grad dense": 3, "weight_grad sddmm": 5, "input_grad dense": 2, "spmm x": 9}
+    assert cases._dense_gradient_calls(ran) == 5
+    assert cases._dense_gradient_calls({"input_grad spmm": 4}) == 0
+    monkeypatch.setattr(cases, "_uses_since", lambda before: dict(ran))
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "dense@cpu", "smoke")
+    prepared = cases.prepare(case, impl, "smoke")
+    for _, phase in prepared.phases:
+        phase(0)
+    assert prepared.info["dense_gradient_calls"] == 5
+    assert "weight_grad dense x3" in prepared.info["paths_per_iteration"]
 
 
 def test_iteration_speedups_cover_the_step_and_the_whole_iteration():

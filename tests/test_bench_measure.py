@@ -94,15 +94,28 @@ def test_pinned_flags_restore_after_an_error():
     ("nbytes", "device", "expected"),
     [
         (2**30, "cpu", 1),
-        (2**20, "cpu", 8),
+        (2**20, "cpu", 64),
         (48 * 2**20, "cpu", 2),
         (100 * 2**20, "cuda", 2),
-        (7, "cuda", 128),
+        (7, "cuda", 4096),
         (1152 * 256 * 4, "cuda", 114),
-        (7, "cpu", 8),
+        (1152 * 256 * 4 * 0.05, "cuda", 2276),  # the paper filter's 95%-sparse values
+        (128 * 64 * 4, "cuda", 4096),  # a 128 x 64 1x1 filter: 128 MiB exactly
+        (7, "cpu", 64),
         (0, "cpu", 1),
     ],
-    ids=["big", "small-capped", "cpu-two", "cuda-two", "tiny", "paper-filter", "cpu-tiny", "zero"],
+    ids=[
+        "big",
+        "small-capped",
+        "cpu-two",
+        "cuda-two",
+        "tiny",
+        "paper-filter",
+        "paper-values",
+        "pointwise-filter",
+        "cpu-tiny",
+        "zero",
+    ],  # fmt: skip
 )
 def test_rotation_sets(nbytes, device, expected):
     assert measure.rotation_sets(nbytes, device) == expected

@@ -111,6 +111,52 @@ def test_every_kernel_the_ops_launch_is_compiled(nvcc_logs, arch):
     assert wanted <= compiled, f"launched but not compiled: {sorted(wanted - compiled)}"
 
 
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def _shared_memory(log: str) -> dict[str, int]:
+    """{kernel: static shared memory bytes} from ``-Xptxas -v`` output (0 where none)."""
+    out: dict[str, int] = {}
+    current = None
+    for line in log.splitlines():
+        m = _ENTRY_RE.search(line)
+        if m:
+            current = m.group(1)
+            out.setdefault(current, 0)
+            continue
+        m = _SMEM_RE.search(line)
+        if m and current is not None:
+            out[current] = int(m.group(1))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+@NVCC_GROUP
+def test_racecheck_fallback_lists_the_families_with_shared_memory(nvcc_logs, arch):
+    # scripts/gpu/sanitizer_coverage.py asks racecheck for these families where no
+    # kernels.json exists: they must be exactly those ptxas gives shared memory.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "gpu"))
+    import sanitizer_coverage as cov
+
+    rc, log, _ = nvcc_logs[arch]
+    assert rc == 0, log
+    launched = set(pattern_cuda.KERNELS) | set(nm_cuda.KERNELS) | set(pack_cuda.KERNELS)
+    smem = _shared_memory(log)
+    shared = {cov.family(k) for k, b in smem.items() if b > 0 and k in launched}
+    assert shared == set(cov.SHARED_MEMORY_FAMILIES)
+
+
+def test_shared_memory_parse():
+    log = (
+        "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n"
+        "ptxas info    : Used 71 registers, used 1 barriers, 37960 bytes smem\n"
+        "ptxas info    : Compiling entry function 'k2' for 'sm_90'\n"
+        "ptxas info    : Used 12 registers, used 0 barriers\n"
+    )
+    assert _shared_memory(log) == {"k1": 37960, "k2": 0}
+
+
 def test_parse_ptxas_reads_spills():
     log = (
         "ptxas info    : Compiling entry function 'k1' for 'sm_80'\n"

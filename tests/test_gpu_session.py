@@ -869,9 +869,16 @@ def test_racecheck_coverage_asks_for_the_families_with_shared_memory(tmp_path, c
         cov.main([*argv, "--kernels", str(tmp_path / "none.json"), "--kernels", str(report)]) == 0
     )
     assert "required 2 (families with shared memory" in capsys.readouterr().out
-    # without the compile step's report every family is asked for
+    # without the compile step's report: the families ptxas reports shared memory for
     assert cov.main(argv) == 1
-    assert "every family is required" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no kernels.json: the families with shared memory by ptxas" in out
+    assert f"required {len(cov.SHARED_MEMORY_FAMILIES)} " in out
+    assert "pdt_pack" not in out.split("NOT LAUNCHED")[1]  # no shared memory: not asked for
+    first = _one_kernel_per_family()
+    every_shared = {first[f]: 1 for f in cov.SHARED_MEMORY_FAMILIES}
+    log = _launch_log(tmp_path / "s.jsonl", every_shared)
+    assert cov.main([str(log), "--tool", "racecheck"]) == 0
 
 
 def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
@@ -890,7 +897,7 @@ def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
         ).returncode
 
     assert rc("memcheck", 7) == 7  # the sanitizer found something: that is the result
-    assert rc("racecheck", 0) == 1  # no kernels.json here: every family asked, one ran
+    assert rc("racecheck", 0) == 1  # no kernels.json here: seven families asked, one ran
     # the coverage still ran after the failed run (all 14 launched: it alone would pass)
     assert "launched 14 kernel families" in (tmp_path / "memcheck.log").read_text()
     assert json.loads((tmp_path / "memcheck-coverage.json").read_text())["families_missing"] == []
@@ -963,3 +970,58 @@ def test_make_gpu_check_runs_the_kernels_script_and_unpacks_its_results(tmp_path
     assert steps["wheels"]["status"] == "ok"  # WHEELS=0: none wanted, none missing
     assert "none wanted" in (into / "reports/gpu/session/kernels/logs/wheels.log").read_text()
     assert list(steps)[3:] == [n for n, _, _ in _steps_of("kernels")]
+
+
+def _fake_py(tmp_path: Path, bench_run: str) -> Path:
+    """A PY that runs ``bench_run`` (bash) for ``-m bench.run`` and the real Python otherwise."""
+    fake = tmp_path / "fake-py"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'for a in "$@"; do [ "$a" = bench.run ] && {{ {bench_run}; }}; done\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("bench_run", "status", "noted"),
+    [("sleep 100; exit 0", "partial", False), ("exit 3", "failed", True)],
+    ids=["out-of-time", "own-failure"],
+)
+def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
+    tmp_path, bench_run, status, noted
+):
+    """The session's budget left the rows part 40 s of its 140: its script's step ran out of
+    time, so the part reads "partial" and is not noted as run (the next call that names no
+    part runs it), and the session does not fail for it. A failure of its own, within the
+    same shortened limit, is a failure and noted."""
+    state = tmp_path / "state"
+    out = tmp_path / "out"
+    env = _env(
+        tmp_path,
+        PY=str(_fake_py(tmp_path, bench_run)),
+        COMMON_DONE="1",
+        CALLER_HAVE_GPU="1",
+        DRY_RUN="0",
+        STATE_DIR=str(state),
+        EARLIER_STEPS="/nonexistent",
+        OUT=str(out),
+        RUN_TAG="session-x",
+        BUDGET_S="70",
+    )
+    res = subprocess.run(
+        ["bash", str(GPU_DIR / "session.sh"), "rows"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (row,) = _steps(out / "session-x-steps.tsv")
+    assert (row["step"], row["status"], row["limit_s"]) == ("rows", status, "40"), res.stdout
+    ran = (state / "ran").read_text() if (state / "ran").exists() else ""
+    assert ("rows failed" in ran) is noted
+    assert res.returncode == (1 if noted else 0)
+    if not noted:
+        assert row["note"] == "failed within a shortened limit (own limit 140s)"

@@ -17,7 +17,7 @@
 #   pytest     pytest-benchmark on the paper-shape kernel cases ($PYTEST_K) ->
 #              reports/bench/gpu/pytest-benchmark.json (a cut keeps the benchmarks that
 #              ended, "pdtbench_run": {"complete": false}; .partial.jsonl: a line per benchmark)
-#   asv        asv machine + asv run --python=same --quick on $ASV_BENCH + asv publish ->
+#   asv        asv machine + asv run -E existing:same --quick on $ASV_BENCH + asv publish ->
 #              reports/asv/results/<machine>/, reports/asv/html/ (needs git: the git step
 #              restores it from .gpu/repo.bundle)
 # Results come back as $OUT/bench-<parts>.tar.gz (paths from the repository root), with

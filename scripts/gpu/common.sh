@@ -117,7 +117,7 @@ _record() {  # name kind status rc seconds limit note
 #   KIND gpu: needs the GPU (skipped without one, or with DRY_RUN=1); cpu (or any other kind,
 #   session.sh's "part"): runs everywhere. Sets STEP_STATUS (ok, failed, timeout, skipped,
 #   or cut: a step named in CUT_OK_STEPS that reached its limit; empty when ONLY_STEPS left
-#   the step out)
+#   the step out) and STEP_SHORTENED (1 when the time budget left gave it less than LIMIT_S)
 #   for the caller.
 #   COMMAND is one string run by `bash -c` (with pipefail) under `timeout`.
 step() {
@@ -125,6 +125,7 @@ step() {
   local log="$SESSION/logs/$name.log"
   local left=$((BUDGET_S - RESERVE_S - (SECONDS - T0)))
   STEP_STATUS=""
+  STEP_SHORTENED=0
   if [ -n "${ONLY_STEPS:-}" ] && [[ " $ONLY_STEPS " != *" $name "* ]]; then
     return 0   # not selected by the caller
   fi
@@ -150,7 +151,10 @@ step() {
     STEP_STATUS=skipped
     return 0
   fi
-  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -gt "$left" ]; then
+    limit=$left
+    STEP_SHORTENED=1   # the budget cut the step's own limit (session.sh: "partial", not "ran")
+  fi
   echo "[$name] start, limit ${limit}s: $cmd"
   local t=$SECONDS rc status
   export STEP_LIMIT=$limit   # a step that must keep time for its own last writes reads it
@@ -312,7 +316,12 @@ finish() {
   } > "$SESSION/STATUS.md"
   cp "$WORK/console.log" "$SESSION/console.log"
   local tarball="$OUT/$TAG.tar.gz"
-  tar -C "$STAGE" -czf "$tarball" . || code=1
+  # beside, then renamed: killed mid-write, the tarball an earlier merge wrote stays whole
+  if tar -C "$STAGE" -czf "$tarball.tmp" .; then
+    mv -f "$tarball.tmp" "$tarball"
+  else
+    code=1
+  fi
   local size
   size=$(wc -c < "$tarball")
   if [ "$size" -gt $((15 * 1024 * 1024)) ]; then

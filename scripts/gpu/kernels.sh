@@ -17,7 +17,7 @@
 #   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM/implicit-conv tests and part
 #                of the rescaled N:M tests ($RACECHECK_K, 135 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
-#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 301 of 649;
+#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, about 300 of 650;
 #                MEMCHECK_K="" takes them all) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got, and
 #                the step reads "cut", not a failure (a sanitizer report still fails it)

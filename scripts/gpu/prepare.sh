@@ -27,7 +27,9 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "prepare: WARNING: tracked files differ from HEAD; commit them, or the results say dirty"
 fi
 
-tree=$(git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null \
+# (a tracked file deleted in the work tree is listed but has no size: `|| true`, or stat's
+# failure would end the script here under pipefail, before the size check)
+tree=$({ git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null || true; } \
   | awk '{s += $1} END {print s + 0}')
 whl=$(du -cb .whl/*.whl | tail -1 | cut -f1)
 gpu=$(du -cb .gpu/* | tail -1 | cut -f1)

@@ -119,15 +119,29 @@ merge() {
         "$WORK/substeps.tsv"
     } > "$SESSION/status-extra.md"
   fi
-  tar -C "$STAGE" -czf "$OUT/$TAG.tar.gz" . || echo "merge: could not write $OUT/$TAG.tar.gz"
+  # written beside, then renamed: a call killed mid-write keeps the previous tarball whole
+  if tar -C "$STAGE" -czf "$OUT/$TAG.tar.gz.tmp" .; then
+    mv -f "$OUT/$TAG.tar.gz.tmp" "$OUT/$TAG.tar.gz"
+  else
+    echo "merge: could not write $OUT/$TAG.tar.gz"
+  fi
+}
+
+# _relabel_last STATUS NOTE: the status and note of the step table's last row.
+_relabel_last() {
+  awk -F'\t' -v OFS='\t' -v s="$1" -v n="$2" 'NR == FNR { last = NR; next }
+    FNR == last { $3 = s; $7 = n } { print }' "$STEPS" "$STEPS" > "$STEPS.tmp" &&
+    mv "$STEPS.tmp" "$STEPS"
 }
 
 # part NAME LIMIT COMMAND: one part as a step, skipped when it ran in an earlier call (unless
 # named on the command line), then merged, then noted in $RAN: as ok, failed or timeout, or
-# not at all when a step of its script was skipped for want of time (the part then reads
-# "partial" in the step table, and the next call runs it).
+# not at all when it did not have its time: a step of its script was skipped for want of
+# time, or the session's budget shortened the part's own limit and it, or a step of its
+# script, ran out of time there (the part then reads "partial" in the step table, and the
+# next call runs it; a failure of its own is noted as such).
 part() {
-  local name=$1 limit=$2 cmd=$3 before
+  local name=$1 limit=$2 cmd=$3 before failed_before=$_FAILED
   if [ ${#PARTS[@]} -eq 0 ] && before=$(grep -m1 "^$name " "$RAN"); then
     echo "[$name] skipped: ran earlier (${before#* })"
     _record "$name" part skipped "" 0 "$limit" "ran earlier: ${before#* }"
@@ -137,7 +151,15 @@ part() {
   merge
   if [ "$STEP_STATUS" = ok ] && grep -q $'\tout of time budget$' "$WORK/part-steps.tsv"; then
     echo "[$name] partial: a step of its script had no time left; the next call runs it"
-    sed -i '$ s/^\([^\t]*\tpart\t\)ok\t\(.*\)\t$/\1partial\t\2\ta step had no time left/' "$STEPS"
+    _relabel_last partial "a step had no time left"
+    return 0
+  fi
+  if [ "$STEP_SHORTENED" = 1 ] && { [ "$STEP_STATUS" = timeout ] ||
+    awk -F'\t' '$4 == "timeout" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv"; }; then
+    echo "[$name] partial: the budget left it less than its ${limit}s and it ended" \
+      "$STEP_STATUS; the next call runs it"
+    _relabel_last partial "$STEP_STATUS within a shortened limit (own limit ${limit}s)"
+    _FAILED=$failed_before   # for want of time, not a failure
     return 0
   fi
   case $STEP_STATUS in

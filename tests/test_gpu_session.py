@@ -18,9 +18,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -1025,3 +1027,62 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
     assert res.returncode == (1 if noted else 0)
     if not noted:
         assert row["note"] == "failed within a shortened limit (own limit 140s)"
+
+
+def test_a_stopped_script_stops_the_step_it_was_running(tmp_path):
+    # The step's command runs under `timeout` in a process group of its own: a SIGTERM to the
+    # script (its caller's limit) must not leave it running on.
+    pid_file = tmp_path / "pid"
+    script = tmp_path / "long.sh"
+    script.write_text(
+        "NAME=long\nREPORT=reports/long-check\nDEFAULT_BUDGET_S=120\n"
+        f"source {GPU_DIR / 'common.sh'}\n"
+        f"step long cpu 60 'sleep 45 & echo $! > {pid_file}; wait'\n"
+    )
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=_env(tmp_path, OUT=str(tmp_path / "out"), DRY_RUN="0"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    sleeper = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(sleeper, signal.SIGKILL)
+        pytest.fail("the step's command outlived its stopped script")
+
+
+@pytest.mark.slow
+def test_a_later_call_on_the_same_machine_skips_the_environment_report(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    env = _env(tmp_path, DRY_RUN="1", DRY_STATE_DIR=str(state), EARLIER_STEPS="/nonexistent")
+
+    def env_row(tag: str) -> dict[str, str]:
+        out = tmp_path / tag
+        subprocess.run(
+            ["bash", str(GPU_DIR / "session.sh"), "compile"],
+            env=dict(env, OUT=str(out), RUN_TAG=tag),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return {s["step"]: s for s in _steps(out / f"{tag}-steps.tsv")}["env"]
+
+    assert env_row("session-a")["status"] == "ok"
+    assert (state / "env-reported").read_text().startswith("session-a ")
+    second = env_row("session-b")
+    assert second["status"] == "skipped"
+    assert second["note"].startswith("reported by an earlier call on this machine (session-a ")

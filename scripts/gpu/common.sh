@@ -286,8 +286,13 @@ common_steps() {
     echo "== env, wheels, git: done by the caller on this machine (COMMON_DONE=1)"
     return 0
   fi
-  ONLY_STEPS="" STEP_LIMIT_S="" step env cpu 90 "\"$PY\" scripts/gpu/env_report.py \
-    --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
+  if [ -n "${ENV_REPORTED:-}" ]; then   # session.sh: an earlier call on this machine did it
+    echo "[env] skipped: $ENV_REPORTED"
+    _record env cpu skipped "" 0 90 "$ENV_REPORTED"
+  else
+    ONLY_STEPS="" STEP_LIMIT_S="" step env cpu 90 "\"$PY\" scripts/gpu/env_report.py \
+      --json \"$SESSION/env.json\" --import ${PREFLIGHT:-}"
+  fi
   ONLY_STEPS="" STEP_LIMIT_S="" step wheels cpu 90 install_wheels
   ONLY_STEPS="" STEP_LIMIT_S="" step git cpu 60 restore_git
 }
@@ -296,6 +301,11 @@ finish() {
   [ "$_FINISHED" = 1 ] && return
   _FINISHED=1
   local code=$_FAILED
+  # A step still running when this script is stopped from outside (its caller's limit) runs
+  # under its own `timeout`, whose process group the caller's signal does not reach: stop it
+  # (timeout passes the signal on to its command's group), so that nothing of this script
+  # goes on using the GPU while the caller's next part times something.
+  command -v pkill > /dev/null && pkill -TERM -P $$ -x timeout 2> /dev/null
   if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
     echo "== no GPU is visible and DRY_RUN is not 1: the GPU steps did not run"
     code=2

@@ -178,7 +178,14 @@ if [ "$DRY_RUN" != 1 ] || [ -n "${EARLIER_STEPS:-}" ]; then
   done
 fi
 
+# The environment report (torch, CUDA, CuPy, the preflight imports: 15-30 s) is the same for
+# every call on one machine: the first call's tarball has it, a later call skips it.
+ENV_MARK=$STATE_DIR/env-reported
+[ -f "$ENV_MARK" ] && export ENV_REPORTED="reported by an earlier call on this machine ($(cat "$ENV_MARK"))"
 common_steps
+[ -z "${ENV_REPORTED:-}" ] && [ "${COMMON_DONE:-0}" != 1 ] &&
+  awk -F'\t' '$1 == "env" && $3 == "ok" { found = 1 } END { exit !found }' "$STEPS" &&
+  echo "$TAG $(date -u +%FT%TZ)" > "$ENV_MARK"
 if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
   echo "== no GPU: no part runs (DRY_RUN=1 runs every script's CPU steps)"
   exit 2

@@ -442,6 +442,7 @@ class Trainer:
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
             row = self._train_epoch(ctx, method, train_loader, epoch, dp, peak)
+            t_eval = time.perf_counter()
             test_loss, top1 = evaluate(
                 ctx.model,
                 test_loader,
@@ -449,13 +450,16 @@ class Trainer:
                 dp if dp.active else None,
                 flip=self.cfg.eval_flip,
             )
-            epoch_seconds = time.perf_counter() - t_epoch
+            now = time.perf_counter()
+            eval_seconds = now - t_eval
+            epoch_seconds = now - t_epoch
             wall += epoch_seconds
             row.update(
                 epoch=epoch,
                 test_loss=test_loss,
                 test_top1=top1,
                 epoch_seconds=epoch_seconds,
+                eval_seconds=eval_seconds,
                 wall_seconds=wall,
             )
             row.update(method.epoch_metrics(ctx))

@@ -106,10 +106,20 @@ class Claim:
     strict: bool = False
 
 
+#: A row's label, or a function of the result's scale giving it (a label that names what the
+#: short runs of the cpu and gpu scales train with, as PruneTrain's "ratio 0.25, run at 0.85").
+RowName = str | Callable[[str], str]
+
+
+def row_label(row: RowName, scale: str) -> str:
+    """The label ``row`` reads at ``scale``."""
+    return row(scale) if callable(row) else row
+
+
 def _row(
     results: Mapping[str, ResultSet],
     target: str,
-    row: str,
+    row: RowName,
     metric: str,
     *,
     or_values: bool = False,
@@ -118,7 +128,10 @@ def _row(
     ``or_values``, at least per-sweep values, which may all be null), in the result of
     ``target``; None if absent."""
     res = results.get(target)
-    for r in res.rows if res is not None else []:
+    if res is None:
+        return None
+    row = row_label(row, res.scale)
+    for r in res.rows:
         if r.get("row") == row and r.get("metric") == metric:
             if r.get("ours") is not None or (or_values and r.get("values")):
                 return r
@@ -126,7 +139,7 @@ def _row(
 
 
 def _stat(
-    results: Mapping[str, ResultSet], target: str, row: str, metric: str
+    results: Mapping[str, ResultSet], target: str, row: RowName, metric: str
 ) -> tuple[float, float | None, int] | None:
     """(mean, sd, n) of ``metric`` of ``row`` in the result of ``target``; None if absent."""
     r = _row(results, target, row, metric)
@@ -146,7 +159,7 @@ def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evid
 
 
 def metric_reader(
-    target: str, row: str, metric: str, fmt: str = ".2f", unit: str = ""
+    target: str, row: RowName, metric: str, fmt: str = ".2f", unit: str = ""
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
     """A reader of one row's metric: its mean with the 95% CI over seeds where it has one."""
 
@@ -154,6 +167,7 @@ def metric_reader(
         stat = _stat(results, target, row, metric)
         return None if stat is None else _mean_ci(stat, fmt, unit)
 
+    read.reads = ((target, row),)  # type: ignore[attr-defined]
     return read
 
 
@@ -185,6 +199,7 @@ def sweep_range_reader(
         sd = statistics.stdev(finite) if len(finite) > 1 else None
         return Evidence(mean, sd, len(vals), min(vals), max(vals), text, "range over the sweeps")
 
+    read.reads = ((target, row),)  # type: ignore[attr-defined]
     return read
 
 
@@ -247,6 +262,7 @@ def _relative_reader(
         )
         return Evidence(mean, None, len(common), low, high, text)
 
+    read.reads = ((target, row), (target, base_row))  # type: ignore[attr-defined]
     return read
 
 
@@ -321,7 +337,16 @@ def difference_reader(
         )
         return Evidence(mean, None, n, low, high, text)
 
+    read.reads = ((target, better), (target, worse))  # type: ignore[attr-defined]
     return read
+
+
+def _prunetrain_dynamic_row(scale: str) -> str:
+    """PruneTrain Fig. 11's dynamic mini-batch row at ``scale`` (its label names the ratio the
+    short runs train with: "ratio 0.25, run at 0.85" at cpu and gpu, "ratio 0.25" at paper)."""
+    from reproductions.prunetrain import ratio_label
+
+    return f"PruneTrain ({ratio_label(scale, 0.25)}), dynamic mini-batch"
 
 
 def _clicktrain_vs_prunetrain(results: Mapping[str, ResultSet]) -> Evidence | None:
@@ -336,6 +361,12 @@ def _clicktrain_vs_prunetrain(results: Mapping[str, ResultSet]) -> Evidence | No
     if cc[0] <= pc[0]:  # more accuracy at no more compression is not what the paper claims
         return Evidence(ev.mean, None, ev.n, -math.inf, -math.inf, text + ": it compresses no more")
     return Evidence(ev.mean, ev.sd, ev.n, ev.low, ev.high, text)
+
+
+_clicktrain_vs_prunetrain.reads = (  # type: ignore[attr-defined]
+    ("cross.methods", "clicktrain"),
+    ("cross.methods", "prunetrain"),
+)
 
 
 def _needs_setting(target: str, scale: str) -> str:
@@ -526,10 +557,10 @@ CLAIMS: tuple[Claim, ...] = (
         "prunetrain.fig11",
         metric_reader(
             "prunetrain.fig11",
-            "PruneTrain (ratio 0.25, run at 0.85), dynamic mini-batch",
+            _prunetrain_dynamic_row,
             "comm_cost_saved",
             unit="%",
-        ),  # fmt: skip
+        ),
         published="55% (ResNet-50 ImageNet, penalty ratio 0.25, 16-256 GPUs; Fig. 11)",
     ),
     Claim(

@@ -503,3 +503,18 @@ def test_an_interval_end_that_reads_as_the_bound_is_shown_in_full():
     assert verdict == "inconclusive"
     assert why == "the 95% interval straddles -0.3 (low end -0.3004)"
     assert C.judge_why(claim, _ev(-0.84, 0.39), "cpu")[1] == "the 95% interval straddles -0.3"
+
+
+@pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
+def test_every_claim_reads_rows_its_target_produces_at_each_scale(scale):
+    # A claim that reads a row its target does not produce at a scale reads "not measured"
+    # there however the target ran (PruneTrain Fig. 11's row is "ratio 0.25, run at 0.85" on
+    # the short runs and "ratio 0.25" at paper scale).
+    from reproductions import load_target
+
+    for claim in C.CLAIMS:
+        reads = claim.read.reads
+        assert reads and all(target == claim.needs for target, _ in reads), claim.claim
+        for target, row in reads:
+            labels = [r.label for r in load_target(target).rows(scale)]
+            assert C.row_label(row, scale) in labels, (claim.claim, scale)

@@ -162,6 +162,11 @@ def test_time_to_accuracy(target, expected):
                       "wall_seconds": [30.0, 10.0, 20.0]})  # fmt: skip
     got = time_to_accuracy(m, target)
     assert (math.isnan(got) and math.isnan(expected)) or got == expected
+    # the evaluations up to the epoch are left out: 1 + 2 + 3 s of the 30 at epoch 2
+    m["eval_seconds"] = [3.0, 1.0, 2.0]
+    got = time_to_accuracy(m, target)
+    less = {10.0: 9.0, 20.0: 17.0, 30.0: 24.0}.get(expected, math.nan)
+    assert (math.isnan(got) and math.isnan(less)) or got == less
 
 
 @pytest.mark.parametrize("fmt", ["png", "svg"], ids=["png", "svg"])

@@ -55,6 +55,7 @@ TIMING_KEYS = {
     "step_ms",
     "iter_ms",
     "epoch_seconds",
+    "eval_seconds",
     "wall_seconds",
     "train_seconds",
     "samples_per_second",
@@ -91,6 +92,8 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
         correct = row["train_top1"] * round(seen) / 100
         assert 0.0 <= row["train_top1"] <= 100.0
         assert correct == pytest.approx(round(correct), abs=1e-6)
+        # the test pass, timed apart (time to accuracy leaves it out), is part of the epoch
+        assert 0.0 < row["eval_seconds"] < row["epoch_seconds"] - row["train_seconds"] + 1e-9
     # No temporary files are left behind by the atomic writes.
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 

@@ -242,10 +242,14 @@ def spmm_note(result: Any) -> str:
     m = result.measured or {}
     device = m.get("device") or "?"
     if measured_on_gpu(m):
-        dense, generic = "cuBLAS GEMM (torch.mm)", "cuSPARSE SpMM (torch.sparse.mm)"
+        dense = "cuBLAS GEMM (torch.mm)"
+        generic = "cuSPARSE SpMM (torch.addmm of the CSR matrix into a new result, beta 0)"
     else:
         dense = "the CPU's BLAS GEMM (torch.mm, not cuBLAS)"
-        generic = "torch's CPU CSR SpMM (torch.sparse.mm, not cuSPARSE)"
+        generic = (
+            "torch's CPU CSR SpMM (MKL; torch.addmm of the CSR matrix into a new result, "
+            "beta 0; not cuSPARSE)"
+        )
     at = m.get("speedup_sparsity")
     where = f" at {at:g}% achieved sparsity" if isinstance(at, (int, float)) else ""
     return (

@@ -262,7 +262,8 @@ def notes(scale: str) -> list[str]:
             else ""
         ),
         f"Time to accuracy: training seconds until test top-1 first reaches "
-        f"{TTA_TARGET[scale]}%; '-' when a method never reaches it.",
+        f"{TTA_TARGET[scale]}% (the test passes left out, a method's work between epochs "
+        "such as PruneTrain's reconfiguration counted); '-' when a method never reaches it.",
         "Training FLOPs saved: whole run, against the dense run of the same seed; nominal "
         "counts what the sparsity saves on hardware that exploits it, executed what this "
         "implementation runs (impl.flops).",

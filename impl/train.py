@@ -13,7 +13,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,19 +184,34 @@ def step_overflowed(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
     return bool(sum(float(v.item()) for v in found.values()))
 
 
-def epoch_step_cost(start: float, after_first: float, end: float, steps: int) -> float:
-    """Per-sample training FLOPs of an epoch of ``steps`` steps, from the model's cost as the
-    epoch began (``start``), after its first step (``after_first``) and as it ended (``end``):
-    the first step at ``start``, the others at the mean of ``after_first`` and ``end``.
+def epoch_step_cost(start: float, points: Sequence[tuple[int, float]], steps: int) -> float:
+    """Per-sample training FLOPs of an epoch of ``steps`` steps: the first step (step 0) at
+    ``start``, the model's cost as the epoch began; steps 1 to ``steps - 1`` at the polynomial
+    through ``points`` (``(step, cost at that step's start)``, up to three: the Trainer samples
+    step 1, the middle one and the last), averaged over exactly those steps; no point: all at
+    ``start``.
 
-    Exact for a cost that changes once, on the first step (Campfire's per-epoch target) or
-    not within the epoch (dense, SDGP, PruneTrain and ClickTrain, which change between
-    epochs); a trapezoid for one that changes step by step (Campfire's per-step ramp). The
-    mean of ``start`` and ``end`` alone counted half of a per-epoch Campfire epoch at the
-    previous epoch's density, understating its saving."""
-    if steps < 1:
-        return (start + end) / 2
-    return (start + (steps - 1) * (after_first + end) / 2) / steps
+    Exact for a cost that changes once, on the first step (Campfire's per-epoch target) or not
+    within the epoch (dense, SDGP, PruneTrain and ClickTrain, which change between epochs),
+    and for one that changes step by step along a quadratic (a cubic nearly: Campfire's
+    per-step ramp, within 0.1% where a trapezoid over the epoch's two ends overstated an era
+    epoch by 5%). The mean of ``start`` and the end alone counted half of a per-epoch Campfire
+    epoch at the previous epoch's density, understating its saving."""
+    if steps <= 1:
+        return float(start)
+    pts = sorted(dict(points).items())
+    if not pts:
+        return float(start)
+    xs = [float(x) for x, _ in pts]
+    total = 0.0
+    for k in range(1, steps):  # Lagrange form of the polynomial through the points
+        for a, (xa, (_, ya)) in enumerate(zip(xs, pts, strict=True)):
+            basis = 1.0
+            for b, xb in enumerate(xs):
+                if b != a:
+                    basis *= (k - xb) / (xa - xb)
+            total += ya * basis
+    return (start + total) / steps
 
 
 def parameter_groups(
@@ -539,15 +554,18 @@ class Trainer:
         bar = _progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", self.progress)
         peak.open()
         t0 = time.perf_counter()
-        cost_first = cost_start
+        # the cost at the start of steps 1, the middle one and the last (epoch_step_cost)
+        sampled = sorted({1, steps // 2, steps - 1} - {0}) if steps > 1 else []
+        costs: list[tuple[int, tuple[float, float]]] = []
         for i, (x, y) in enumerate(loader):
             if i >= steps:
                 break
-            if i == 1:
-                # the cost after the first step (a method's masks may change on it, as
-                # Campfire's per-epoch target does); its counting is not training time
+            if i in sampled:
+                # after the first step a method's masks may change (Campfire's per-epoch
+                # target); they may change every step (its per-step ramp): the cost is read
+                # at three steps, and reading it is not training time
                 t_cost = time.perf_counter()
-                cost_first = _step_cost(ctx, method)
+                costs.append((i, _step_cost(ctx, method)))
                 t0 += time.perf_counter() - t_cost
             lr = self._set_lr(ctx, epoch + i / steps)
             # This rank's share of the global batch (the loader's own share when sharded).
@@ -618,7 +636,9 @@ class Trainer:
         ctx.extra["epoch_fwd_ms"] = _median(fwd)
         ctx.extra["epoch_bwd_ms"] = _median(bwd)
         ctx.extra["epoch_train_loss"] = train_loss
-        cost_end = _step_cost(ctx, method)
+        ran = len(timer.times("fwd"))
+        if ran > 1 and (not costs or costs[-1][0] < ran - 1):  # the loader ended early
+            costs.append((ran, _step_cost(ctx, method)))  # the cost after its last step
         method.on_epoch_end(ctx)
         apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)
@@ -639,13 +659,13 @@ class Trainer:
             "train_seconds": train_seconds,
             "samples_per_second": seen / max(train_seconds, 1e-9),
             # Per-sample cost of this epoch's training steps (before on_epoch_end reconfigures
-            # anything): the first step at the cost as the epoch began, the others at the mean
-            # of the cost after the first step and as the epoch ended (epoch_step_cost).
+            # anything): the first step at the cost as the epoch began, the others along the
+            # costs read at three of them (epoch_step_cost).
             "train_flops_nominal": epoch_step_cost(
-                cost_start[0], cost_first[0], cost_end[0], len(fwd)
+                cost_start[0], [(k, c[0]) for k, c in costs], len(fwd)
             ),
             "train_flops_executed": epoch_step_cost(
-                cost_start[1], cost_first[1], cost_end[1], len(fwd)
+                cost_start[1], [(k, c[1]) for k, c in costs], len(fwd)
             ),
             # peak GPU memory allocated by tensors during this epoch's steps (None on the CPU)
             "peak_gpu_memory_mib": None if epoch_peak is None else epoch_peak / 2**20,

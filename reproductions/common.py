@@ -383,8 +383,9 @@ def run_training_flops(
     cost of the model of each epoch times its samples), ClickTrain's
     ``train_flops_run_per_sample`` (dense epochs then sparse epochs), else the per-epoch
     ``train_flops_nominal``/``_executed`` of metrics.jsonl times that epoch's samples (the
-    Trainer writes them for every method: the mean of the cost at the epoch's start and end;
-    Campfire's own values, at the epoch's end, replace them); for runs without them, the
+    Trainer writes them for every method: :func:`impl.train.epoch_step_cost`, the first step
+    at the cost as the epoch began, the others along the costs read at three steps); for runs
+    without them, the
     final per-sample ``train_flops_<kind>`` of the summary times all samples.
     """
     if kind not in ("nominal", "executed"):

@@ -581,5 +581,47 @@ def test_an_epoch_pruned_on_its_first_step_counts_its_steps_at_the_new_cost(tmp_
     steps = rows[2]["iterations"]
     assert steps == 3 and after < dense
     assert pruned_epoch == pytest.approx((dense + (steps - 1) * after) / steps, rel=1e-9)
-    assert epoch_step_cost(10.0, 4.0, 2.0, 4) == pytest.approx((10 + 3 * 3) / 4)
-    assert epoch_step_cost(10.0, 4.0, 2.0, 0) == 6.0
+    # steps 1-3 along the line through (1, 4) and (3, 2); a quadratic exactly; none: start
+    assert epoch_step_cost(10.0, [(1, 4.0), (3, 2.0)], 4) == pytest.approx((10 + 4 + 3 + 2) / 4)
+    sq = [(k, float(k * k)) for k in (1, 5, 9)]
+    assert epoch_step_cost(0.0, sq, 10) == pytest.approx(sum(k * k for k in range(1, 10)) / 10)
+    assert epoch_step_cost(10.0, [(1, 4.0)], 4) == pytest.approx((10 + 3 * 4) / 4)
+    assert epoch_step_cost(10.0, [], 4) == 10.0 and epoch_step_cost(10.0, [(1, 4.0)], 1) == 10.0
+
+
+@pytest.mark.slow
+def test_a_per_step_ramp_epoch_counts_its_flops_along_its_costs(tmp_path, monkeypatch) -> None:
+    """Under the per-step target the cost falls along a cubic within an era epoch: the epoch's
+    training FLOPs (the quadratic through the costs at steps 1, middle and last, averaged over
+    the steps) stay within 0.1% of the mean of every step's cost, where a trapezoid over the
+    epoch's two ends is off by several percent."""
+    from impl import train as trainer
+    from impl.methods.campfire import Campfire
+
+    seen: list[tuple[int, float]] = []  # (step, nominal cost the next step runs at)
+    after_step = Campfire.after_step
+
+    def recording(self, ctx):
+        after_step(self, ctx)
+        seen.append((ctx.step, trainer._step_cost(ctx, self)[0]))
+
+    monkeypatch.setattr(Campfire, "after_step", recording)
+    cfg = resolve("cpu", method="campfire", epochs=4, model="resnet20", data="digits",
+                  batch_size=32, max_steps_per_epoch=24, out=str(tmp_path / "run"),
+                  threads=1,
+                  method_options={"start_epoch": 1, "era_epochs": 2, "final_sparsity": 0.6,
+                                  "schedule_every": "step"})  # fmt: skip
+    trainer.train(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    costs = dict(seen)
+    for epoch in (1, 2):  # the era's epochs: the target rises every step
+        steps = rows[epoch]["iterations"]
+        assert steps == 24
+        first = epoch * steps  # global step of the epoch's first step
+        start = costs[first - 1]  # the cost the epoch's first step runs at
+        truth = (start + sum(costs[first + k] for k in range(steps - 1))) / steps
+        ends = [(1, costs[first]), (steps, costs[first + steps - 1])]  # after 1st, at the end
+        trapezoid = trainer.epoch_step_cost(start, ends, steps)
+        reported = rows[epoch]["train_flops_nominal"]
+        assert reported == pytest.approx(truth, rel=1e-3)
+        assert abs(trapezoid / truth - 1) > 2 * abs(reported / truth - 1)

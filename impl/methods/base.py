@@ -136,7 +136,8 @@ class Method:
         """Per-layer densities the method saves, for nominal FLOPs (see :mod:`impl.flops`).
 
         Returns a mapping from a module's qualified name to a
-        :class:`impl.flops.LayerDensity`; layers not named are dense.
+        :class:`impl.flops.LayerDensity`; a layer not named counts at the fraction of its
+        weights that are nonzero (dense for a dense layer; :func:`impl.flops.training_flops`).
         """
         return {}
 

@@ -202,6 +202,8 @@ def epoch_step_cost(start: float, points: Sequence[tuple[int, float]], steps: in
     pts = sorted(dict(points).items())
     if not pts:
         return float(start)
+    if len({c for _, c in pts}) == 1:  # no change after the first step: exact, no rounding
+        return (start + (steps - 1) * pts[0][1]) / steps
     xs = [float(x) for x, _ in pts]
     total = 0.0
     for k in range(1, steps):  # Lagrange form of the polynomial through the points

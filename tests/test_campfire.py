@@ -587,6 +587,9 @@ def test_an_epoch_pruned_on_its_first_step_counts_its_steps_at_the_new_cost(tmp_
     assert epoch_step_cost(0.0, sq, 10) == pytest.approx(sum(k * k for k in range(1, 10)) / 10)
     assert epoch_step_cost(10.0, [(1, 4.0)], 4) == pytest.approx((10 + 3 * 4) / 4)
     assert epoch_step_cost(10.0, [], 4) == 10.0 and epoch_step_cost(10.0, [(1, 4.0)], 1) == 10.0
+    # a cost that does not change after the first step: its value, not a sum of Lagrange terms
+    same = [(1, 123456789.0), (6, 123456789.0), (11, 123456789.0)]
+    assert epoch_step_cost(123456789.0, same, 12) == 123456789.0
 
 
 @pytest.mark.slow

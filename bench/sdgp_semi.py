@@ -469,20 +469,27 @@ def _sparse_phases(
         ),
     )
     _attempt(row, "prune", lambda: _timed(prune, device, cfg))
-    sets = len(a_sets)
-    pruned_sets = [a] + [prune(j).reshape(m, -1) for j in range(1, sets)]
+    try:  # the other copies (each call's own operands); a failure keeps the first alone
+        pruned_sets = [a] + [prune(j).reshape(m, -1) for j in range(1, len(a_sets))]
+        sa_sets = [sa] + [semi.compress(p, backend) for p in pruned_sets[1:]]
+        col_sets = rotated(
+            lambda j: col if j == 0 else semi.semi_matmul(sa_sets[j], w2, m), len(sa_sets)
+        )
+    except Exception as exc:  # noqa: BLE001 - fewer copies is a note, not a lost row
+        kind = "oom" if measure.is_out_of_memory(exc) else "error"
+        row.setdefault("errors", []).append(f"rotation copies: {kind}: {exc}"[:300])
+        pruned_sets, sa_sets, col_sets = [a], [sa], [col]
+    row["rotation_sets_columns"] = len(col_sets)  # the column matrices: fewer where large
     _attempt(
         row,
         "compress",
         lambda: _timed(lambda i: semi.compress(_pick(pruned_sets, i), backend), device, cfg),
     )
-    sa_sets = [sa] + [semi.compress(p, backend) for p in pruned_sets[1:]]
     _attempt(
         row,
         "spmm",
         lambda: _timed(lambda i: semi.semi_matmul(_pick(sa_sets, i), w2, m), device, cfg),
     )
-    col_sets = rotated(lambda j: col if j == 0 else semi.semi_matmul(sa_sets[j], w2, m), sets)
     pruned_sets.clear()  # the column matrices can be large: free what is timed already
     sa_sets.clear()
     _attempt(

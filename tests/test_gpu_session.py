@@ -1037,7 +1037,8 @@ def test_a_stopped_script_stops_the_step_it_was_running(tmp_path):
     script.write_text(
         "NAME=long\nREPORT=reports/long-check\nDEFAULT_BUDGET_S=120\n"
         f"source {GPU_DIR / 'common.sh'}\n"
-        f"step long cpu 60 'sleep 45 & echo $! > {pid_file}; wait'\n"
+        f'step long cpu 60 \'trap "echo last > \\"\\$DEST/last.txt\\"; exit 0" TERM; '
+        f"sleep 45 & echo $! > {pid_file}; wait'\n"
     )
     proc = subprocess.Popen(
         ["bash", str(script)],
@@ -1062,6 +1063,25 @@ def test_a_stopped_script_stops_the_step_it_was_running(tmp_path):
     else:
         os.kill(sleeper, signal.SIGKILL)
         pytest.fail("the step's command outlived its stopped script")
+    # what the step wrote as it was stopped is in the tarball
+    with tarfile.open(tmp_path / "out" / "long.tar.gz") as tar:
+        last = tar.extractfile("./reports/long-check/last.txt")
+        assert last is not None and last.read() == b"last\n"
+
+
+@pytest.mark.parametrize(("status", "packed"), [(0, True), (1, True), (2, False)])
+def test_pack_stage_takes_a_file_changed_while_read(tmp_path, status, packed):
+    # GNU tar's status 1 ("file changed as we read it": a stopped step writing its last rows)
+    # still leaves a whole archive; 2 and above are failures.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "tar").write_text(f'#!/bin/bash\necho archive > "$4"\nexit {status}\n')
+    (fake / "tar").chmod(0o755)
+    fn = f"source <(sed -n '/^pack_stage() {{/,/^}}/p' {GPU_DIR / 'common.sh'})"
+    cmd = f'{fn}; STAGE={tmp_path}; pack_stage "{tmp_path}/x.tgz" && echo packed'
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    res = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True)
+    assert ("packed" in res.stdout) is packed, res.stderr
 
 
 @pytest.mark.slow

@@ -879,3 +879,29 @@ def test_bench_layer_timings_rotate_their_inputs(monkeypatch):
     assert [t.shape for t in bs.rotated(lambda j: torch.zeros(3), count=2)] == [(3,), (3,)]
     big = bs.rotated(lambda j: torch.zeros(bs.measure.ROTATE_BYTES_CPU // 4))
     assert len(big) == 1  # one copy already spans the rotation bytes
+
+
+def test_bench_rotation_copies_that_fail_leave_one_copy_and_a_note(monkeypatch):
+    # Building the other copies of a phase's operands may fail (out of memory on a big
+    # layer): the row keeps its timings on the first copy and says why, it is not lost.
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    rotated = bs.rotated
+    calls = {"rotated": 0}
+
+    def failing_second(make, count=None):  # the gradients' copies, then the columns' fail
+        calls["rotated"] += 1
+        if calls["rotated"] == 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return rotated(make, count)
+
+    monkeypatch.setattr(bs, "rotated", failing_second)
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kwargs: "")
+    monkeypatch.setattr(semi, "compress", lambda a, backend="auto": a.contiguous())
+    monkeypatch.setattr(semi, "semi_matmul", lambda sa, b, rows: torch.mm(sa, b)[:rows])
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), cfg)
+    assert row["status"] == "ok" and row["spmm_ms"] > 0 and row["assemble_ms"] > 0
+    assert row["rotation_sets"] > 1 and row["rotation_sets_columns"] == 1
+    assert "rotation copies: oom" in row["errors"]

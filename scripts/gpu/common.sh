@@ -297,6 +297,15 @@ common_steps() {
   ONLY_STEPS="" STEP_LIMIT_S="" step git cpu 60 restore_git
 }
 
+# pack_stage FILE: the staged results as a gzipped tarball. GNU tar's status 1 ("file changed
+# as we read it": a stopped step still writing its last rows) still leaves a whole archive,
+# of the file as it was read; only 2 and above are failures.
+pack_stage() {
+  local rc=0
+  tar -C "$STAGE" -czf "$1" . || rc=$?
+  [ "$rc" -le 1 ]
+}
+
 finish() {
   [ "$_FINISHED" = 1 ] && return
   _FINISHED=1
@@ -305,7 +314,16 @@ finish() {
   # under its own `timeout`, whose process group the caller's signal does not reach: stop it
   # (timeout passes the signal on to its command's group), so that nothing of this script
   # goes on using the GPU while the caller's next part times something.
-  command -v pkill > /dev/null && pkill -TERM -P $$ -x timeout 2> /dev/null
+  # Then give it a few seconds to end, so that what it writes when stopped (bench.run's and
+  # bench.sdgp_semi's last rows) is packed whole: the caller kills this script 10 s after
+  # stopping it.
+  if command -v pkill > /dev/null && pkill -TERM -P $$ -x timeout 2> /dev/null; then
+    local waited=0
+    while [ "$waited" -lt 10 ] && pgrep -P $$ -x timeout > /dev/null 2>&1; do
+      sleep 0.5
+      waited=$((waited + 1))
+    done
+  fi
   if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
     echo "== no GPU is visible and DRY_RUN is not 1: the GPU steps did not run"
     code=2
@@ -327,13 +345,14 @@ finish() {
   cp "$WORK/console.log" "$SESSION/console.log"
   local tarball="$OUT/$TAG.tar.gz"
   # beside, then renamed: killed mid-write, the tarball an earlier merge wrote stays whole
-  if tar -C "$STAGE" -czf "$tarball.tmp" .; then
+  if pack_stage "$tarball.tmp"; then
     mv -f "$tarball.tmp" "$tarball"
   else
+    rm -f "$tarball.tmp"
     code=1
   fi
-  local size
-  size=$(wc -c < "$tarball")
+  local size=0
+  [ -f "$tarball" ] && size=$(wc -c < "$tarball")
   if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
     split -b 15m -d -a 1 "$tarball" "$tarball.part"
     rm -f "$tarball"

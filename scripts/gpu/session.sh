@@ -120,9 +120,10 @@ merge() {
     } > "$SESSION/status-extra.md"
   fi
   # written beside, then renamed: a call killed mid-write keeps the previous tarball whole
-  if tar -C "$STAGE" -czf "$OUT/$TAG.tar.gz.tmp" .; then
+  if pack_stage "$OUT/$TAG.tar.gz.tmp"; then
     mv -f "$OUT/$TAG.tar.gz.tmp" "$OUT/$TAG.tar.gz"
   else
+    rm -f "$OUT/$TAG.tar.gz.tmp"
     echo "merge: could not write $OUT/$TAG.tar.gz"
   fi
 }
@@ -138,8 +139,8 @@ _relabel_last() {
 # named on the command line), then merged, then noted in $RAN: as ok, failed or timeout, or
 # not at all when it did not have its time: a step of its script was skipped for want of
 # time, or the session's budget shortened the part's own limit and it, or a step of its
-# script, ran out of time there (the part then reads "partial" in the step table, and the
-# next call runs it; a failure of its own is noted as such).
+# script, ran out of time there with no step of it failing (the part then reads "partial" in
+# the step table, and the next call runs it; a failure of its own is noted as such).
 part() {
   local name=$1 limit=$2 cmd=$3 before failed_before=$_FAILED
   if [ ${#PARTS[@]} -eq 0 ] && before=$(grep -m1 "^$name " "$RAN"); then
@@ -154,8 +155,10 @@ part() {
     _relabel_last partial "a step had no time left"
     return 0
   fi
-  if [ "$STEP_SHORTENED" = 1 ] && { [ "$STEP_STATUS" = timeout ] ||
-    awk -F'\t' '$4 == "timeout" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv"; }; then
+  if [ "$STEP_SHORTENED" = 1 ] &&
+    ! awk -F'\t' '$4 == "failed" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv" &&
+    { [ "$STEP_STATUS" = timeout ] ||
+      awk -F'\t' '$4 == "timeout" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv"; }; then
     echo "[$name] partial: the budget left it less than its ${limit}s and it ended" \
       "$STEP_STATUS; the next call runs it"
     _relabel_last partial "$STEP_STATUS within a shortened limit (own limit ${limit}s)"

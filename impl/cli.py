@@ -321,12 +321,36 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
     )
 
 
+def _checked_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """The run's :class:`impl.config.TrainConfig` from ``pdtbench train``'s flags, checked as
+    far as it can be before training (model, dataset, every option, the method's own
+    checks), so that a bad flag is one line, once, before torchrun starts any worker."""
+    from impl import models
+    from impl.data import DATASETS
+    from impl.methods import create_method
+
+    if args.model is not None and args.model not in models.MODELS:
+        raise UsageError(f"unknown model {args.model!r}; valid models: {', '.join(models.MODELS)}")
+    if args.data is not None and args.data not in DATASETS:
+        raise UsageError(f"unknown dataset {args.data!r}; valid datasets: {', '.join(DATASETS)}")
+    options = {
+        k.removeprefix("method__"): v
+        for k, v in vars(args).items()
+        if k.startswith("method__") and v is not None
+    }
+    try:  # the method's own checks too, so either names the flag (train() repeats them)
+        cfg = _resolve_from_args(args, options)
+        create_method(cfg.method, cfg.method_options).validate(cfg)
+    except ValueError as err:
+        raise UsageError(_as_flag(parser, str(err))) from err
+    return cfg
+
+
 def cmd_train(argv: list[str]) -> int:
     """``pdtbench train``: parse, resolve the config, train, print where the results are."""
-    from impl import distributed, models
+    from impl import distributed
     from impl.config import TrainConfig
-    from impl.data import DATASETS
-    from impl.methods import create_method, method_class
+    from impl.methods import method_class
     from impl.rundir import CONFIG_FILE, read_json
     from impl.train import check_run_method, check_scale_device, resume, train
 
@@ -334,6 +358,8 @@ def cmd_train(argv: list[str]) -> int:
     pre.add_argument("--method")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
+    if known.resume is not None and not known.resume.strip():  # e.g. an unset "$RUN"
+        raise UsageError("--resume needs a run directory; got an empty one")
     saved_cfg = None
     if known.resume and (Path(known.resume) / CONFIG_FILE).is_file():
         saved_cfg = TrainConfig.from_dict(read_json(Path(known.resume) / CONFIG_FILE))
@@ -355,14 +381,20 @@ def cmd_train(argv: list[str]) -> int:
     progress = not args.no_progress
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.dist_timeout is not None and not args.dist_timeout > 0:
+        raise UsageError(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
+    if getattr(args, "out", None) is not None and not str(args.out).strip():
+        raise UsageError("--out needs a directory; got an empty one")
     given = _resume_changes(parser, args, argv, saved_cfg) if args.resume else []
     if given:  # refused before torchrun starts N workers that would each refuse it
         raise UsageError(
             f"--resume continues the run with its saved config; {', '.join(given)} cannot "
             "change it (start a new run with another --out to train differently)"
         )
-    if not args.resume:  # refused once, before torchrun starts N workers
+    cfg = None
+    if not args.resume:  # refused once, before torchrun starts N workers that would each
         check_scale_device(args.scale, args.device or "auto")
+        cfg = _checked_config(args, parser)
     if args.nproc > 1 and distributed.env_world() is None:
         return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
 
@@ -377,20 +409,7 @@ def cmd_train(argv: list[str]) -> int:
         _print_result(Path(args.resume), summary)
         return 0
 
-    if args.model is not None and args.model not in models.MODELS:
-        raise UsageError(f"unknown model {args.model!r}; valid models: {', '.join(models.MODELS)}")
-    if args.data is not None and args.data not in DATASETS:
-        raise UsageError(f"unknown dataset {args.data!r}; valid datasets: {', '.join(DATASETS)}")
-    options = {
-        k.removeprefix("method__"): v
-        for k, v in vars(args).items()
-        if k.startswith("method__") and v is not None
-    }
-    try:  # the method's own checks too, so either names the flag (train() repeats them)
-        cfg = _resolve_from_args(args, options)
-        create_method(cfg.method, cfg.method_options).validate(cfg)
-    except ValueError as err:
-        raise UsageError(_as_flag(parser, str(err))) from err
+    assert cfg is not None
     if cfg.out is None:
         cfg.out = cfg.default_out()
     with _interrupt_hint(Path(cfg.out)):
@@ -598,9 +617,17 @@ def cmd_demo(argv: list[str]) -> int:
         help="where the runs go (default: runs/reproductions)",
     )
     add_jobs_argument(p, gpu_scales=False)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     failed: list[str] = []
-    demo(scale=args.scale, out=args.out, runs_root=args.runs, jobs=args.jobs, failed=failed)
+    demo(
+        scale=args.scale,
+        out=args.out,
+        runs_root=args.runs,
+        jobs=args.jobs,
+        failed=failed,
+        progress=not args.no_progress,
+    )
     return report_failures(failed)
 
 
@@ -693,11 +720,14 @@ def _main(argv: list[str] | None) -> int:
     try:
         return COMMANDS[command](rest)
     except (
-        UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError
+        UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError,
+        ImportError,
     ) as err:  # fmt: skip
         # OSError: an output path that cannot be made or written (not a directory, no
         # permission, disk full); the message names the path. A broken pipe is one too,
-        # unless it is our output's reader that left: main then stops quietly.
+        # unless it is our output's reader that left: main then stops quietly. ImportError:
+        # an optional package a command needs (torchvision for ImageNet), named with how to
+        # install it.
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             raise
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)

@@ -606,8 +606,16 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def _load_pickle(path: Path) -> dict:
+    """One batch file of the CIFAR python tarball; a file that is not one is a ValueError
+    naming it (not a traceback from deep in pickle)."""
     with open(path, "rb") as fh:
-        return _ArrayUnpickler(fh, encoding="bytes").load()
+        try:
+            return _ArrayUnpickler(fh, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, IndexError) as err:
+            raise ValueError(
+                f"{path} is not a batch file of the CIFAR python tarball "
+                f"({type(err).__name__}: {err})"
+            ) from err
 
 
 def _missing_cifar(name: str, data_dir: str | Path | None, detail: str) -> DatasetMissingError:

@@ -28,6 +28,9 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
+#: The files a run writes atomically (and the FGSM evaluation's record): the lock clears the
+#: temporaries of these only, so a directory that also holds a user's files keeps them.
+ATOMIC_FILES = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, SUMMARY_FILE, "fgsm.json")
 
 #: What each version of ``summary.json`` added that the reports read, or changed in how runs
 #: train; a complete run whose summary is older than :data:`SUMMARY_VERSION` lacks a
@@ -63,7 +66,8 @@ def locked(
     the holder's pid) while training into it, so that a second ``train`` or ``--resume`` of
     the same directory is refused instead of interleaving epochs and overwriting the summary.
 
-    Taking the lock removes the temporary files (``.*.tmp``) a writer killed mid-write left.
+    Taking the lock removes the temporary files a writer killed mid-write left (``.NAME.*.tmp``
+    of the run's own files, :data:`ATOMIC_FILES`; nothing else in the directory).
     Raises :class:`RunBusyError` naming what the holder is ``doing`` and its pid, then
     ``busy`` (what to do about it). The lock goes with the process (a
     killed run leaves no stale lock). Where the file system has no locks, this warns once and
@@ -89,8 +93,9 @@ def locked(
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         # What a writer killed mid-write left (atomic_write's temporaries, a checkpoint's
         # megabytes): while this lock is held, nothing else writes here.
-        for stale in path.parent.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
+        for name in ATOMIC_FILES:
+            for stale in path.parent.glob(f".{name}.*.tmp"):
+                stale.unlink(missing_ok=True)
         try:
             yield
         finally:

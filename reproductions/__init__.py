@@ -236,13 +236,14 @@ def demo(
     runs_root: str | Path = "runs/reproductions",
     jobs: int | None = None,
     failed: list[str] | None = None,
+    progress: bool = True,
 ) -> Path:
     """The CPU-scale reproduction of ``make demo``: :data:`DEMO_TARGETS` at ``scale`` (``jobs``
     training processes), then the HTML report of everything saved under ``runs_root``;
     prints and returns the index path and the wall time in seconds. Failed targets are
-    appended to ``failed`` when given."""
+    appended to ``failed`` when given; ``progress``: a progress bar (on a terminal)."""
     t0 = time.perf_counter()
-    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, failed=failed)
+    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, progress=progress, failed=failed)
     print(f"demo ({scale} scale) finished in {time.perf_counter() - t0:.0f} s")
     print(f"report: {Path(index).resolve()}")
     return Path(index)

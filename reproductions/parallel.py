@@ -329,7 +329,9 @@ def _bar(total: int, enabled: bool) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True)
+    # disable=None: no bar where stderr is not a terminal (a log file is not filled with
+    # redrawn frames; each run's "trained ..." line still says where it is)
+    return tqdm(total=total, desc="runs", unit="run", dynamic_ncols=True, disable=None)
 
 
 __all__ = [

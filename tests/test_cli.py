@@ -610,3 +610,63 @@ def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, 
     assert cli.main(["train", "--resume", str(out), "--data-dir", new]) == 0
     assert seen == {"data_dir": new, "resume": True, "digest": cfg.digest()}
     assert rundir.read_json(out / rundir.CONFIG_FILE)["data_dir"] == new
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--resume", ""], "--resume needs a run directory"),
+        (["train", "--scale", "smoke", "--out", ""], "--out needs a directory"),
+        (["train", "--scale", "smoke", "--dist-timeout", "-5"], "--dist-timeout must be > 0"),
+        (["train", "--scale", "smoke", "--nproc", "2", "--model", "nosuch"], "valid models"),
+        (["train", "--scale", "smoke", "--nproc", "2", "--epochs", "0"], "--epochs must be"),
+        (["train", "--scale", "smoke", "--nproc", "2", "--method", "sdgp", "--n", "9"], "n <= m"),
+    ],
+    ids=["resume-empty", "out-empty", "dist-timeout", "nproc-model", "nproc-epochs", "nproc-sdgp"],
+)
+def test_bad_train_flags_are_refused_once_before_any_worker_starts(
+    argv, needle, capsys, monkeypatch, tmp_path
+):
+    # An unset "$RUN" in --resume "$RUN" started a fresh default run; under --nproc 2 each
+    # torchrun worker printed the error, then torchrun its traceback (exit 1).
+    from impl import distributed
+
+    def launch(*args, **kwargs):
+        raise AssertionError("torchrun was started for a run that cannot start")
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # no run directory made
+
+
+def test_an_unreadable_cifar_batch_is_one_line_naming_the_file(tmp_path, capsys):
+    from impl.data import _CIFAR
+
+    folder = tmp_path / _CIFAR["cifar10"][0]
+    folder.mkdir()
+    for name in ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                 "data_batch_5", "test_batch", "batches.meta"]:  # fmt: skip
+        (folder / name).write_bytes(b"not a pickle at all")
+    argv = ["train", "--scale", "smoke", "--data", "cifar10", "--data-dir", str(tmp_path),
+            "--out", str(tmp_path / "run"), "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a batch file of the CIFAR python tarball" in err and str(folder) in err
+    assert len(err.splitlines()) == 1
+
+
+def test_demo_and_reproduce_progress_bars_stay_off_a_log(monkeypatch):
+    # --no-progress reaches the demo; without a terminal the runs' bar draws nothing
+    import reproductions
+    from reproductions.parallel import _bar
+
+    seen = {}
+    monkeypatch.setattr(reproductions, "demo", lambda **kw: seen.update(kw))
+    assert cli.main(["demo", "--scale", "smoke", "--no-progress"]) == 0
+    assert seen["progress"] is False
+    bar = _bar(3, True)  # pytest's stderr is not a terminal
+    assert bar.disable
+    bar.close()

@@ -352,8 +352,10 @@ def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(3))
     evil = {b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Path("p")}
     (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps(evil))
-    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+    with pytest.raises(ValueError, match="refusing") as info:  # the CLI's one-line error
         make_loaders("cifar10", 8, data_dir=tmp_path)
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+    assert "test_batch is not a batch file" in str(info.value)
 
 
 @pytest.mark.parametrize("label", [10, -1], ids=["one-past-the-last", "negative"])

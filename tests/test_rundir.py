@@ -29,6 +29,8 @@ def test_taking_a_run_directorys_lock_removes_what_a_killed_writer_left(tmp_path
     stale.write_bytes(b"x" * 100)
     kept = tmp_path / "metrics.jsonl"
     kept.write_text("{}\n")
+    users = tmp_path / ".notes.tmp"  # --out may name a directory holding a user's files
+    users.write_text("mine")
     with rundir.locked(tmp_path):
         assert not stale.exists()
-    assert kept.read_text() == "{}\n"
+    assert kept.read_text() == "{}\n" and users.read_text() == "mine"

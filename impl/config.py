@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,8 @@ class TrainConfig:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:  # an infinite rate trains to NaN and "finishes"
+            raise ValueError(f"lr must be > 0 and finite, got {self.lr}")
         if any(m < 0 for m in self.milestones):
             raise ValueError(f"milestones must be epochs >= 0, got {self.milestones}")
         if not self.gamma > 0:
@@ -166,10 +167,10 @@ class TrainConfig:
             raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
         # torch's SGD and cross-entropy refuse these only once the run directory is written,
         # which then holds a run that neither a retry nor --resume can continue
-        if not self.momentum >= 0:
-            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.momentum < math.inf:
+            raise ValueError(f"momentum must be >= 0 and finite, got {self.momentum}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
         if not 0 <= self.label_smoothing <= 1:
             raise ValueError(f"label_smoothing must be in [0, 1], got {self.label_smoothing}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:

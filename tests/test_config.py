@@ -58,6 +58,9 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"label_smoothing": 2.0}, r"label_smoothing must be in \[0, 1\]"),
         ({"max_steps_per_epoch": 0}, "max_steps_per_epoch must be >= 1"),
         ({"max_steps_per_epoch": -1}, "max_steps_per_epoch must be >= 1"),
+        ({"lr": float("inf")}, "lr must be > 0 and finite"),  # trained to NaN and "finished"
+        ({"momentum": float("inf")}, "momentum must be >= 0 and finite"),
+        ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite"),
     ],
     ids=[
         "epochs",
@@ -78,6 +81,9 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "label-smoothing-2",
         "max-steps-0",
         "max-steps-neg",
+        "lr-inf",
+        "momentum-inf",
+        "weight-decay-inf",
     ],  # fmt: skip
 )
 def test_bad_values_are_rejected(kw, match):

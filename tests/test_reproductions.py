@@ -506,13 +506,18 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(keys, scale, runs_root, out, jobs=None, failed=None):
-        seen.update(keys=keys, scale=scale, out=out)
+    def fake_run(keys, scale, runs_root, out, jobs=None, progress=True, failed=None):
+        seen.update(keys=keys, scale=scale, out=out, progress=progress)
         return tmp_path / "index.html"
 
     monkeypatch.setattr(reproductions, "run", fake_run)
     path = reproductions.demo("smoke", out=tmp_path)
-    assert seen == {"keys": list(reproductions.DEMO_TARGETS), "scale": "smoke", "out": tmp_path}
+    assert seen == {
+        "keys": list(reproductions.DEMO_TARGETS), "scale": "smoke", "out": tmp_path,
+        "progress": True,
+    }  # fmt: skip
+    reproductions.demo("smoke", out=tmp_path, progress=False)
+    assert seen["progress"] is False
     assert seen["keys"] == list(reproductions.TARGETS)  # make demo is `reproduce all`
     assert "cross.methods" in seen["keys"] and path == tmp_path / "index.html"
     assert f"report: {(tmp_path / 'index.html').resolve()}" in capsys.readouterr().out

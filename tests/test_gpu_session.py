@@ -1001,6 +1001,12 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
     same shortened limit, is a failure and noted."""
     state = tmp_path / "state"
     out = tmp_path / "out"
+    # a tree of its own: with a GPU said present the session unpacks each part's results
+    # into the tree it runs in (on the device, the repository), here tmp_path/tree
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        GPU_DIR, tree / "scripts" / "gpu"
+    )  # the scripts take their tree from where they are
     env = _env(
         tmp_path,
         PY=str(_fake_py(tmp_path, bench_run)),
@@ -1014,7 +1020,7 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
         BUDGET_S="70",
     )
     res = subprocess.run(
-        ["bash", str(GPU_DIR / "session.sh"), "rows"],
+        ["bash", str(tree / "scripts" / "gpu" / "session.sh"), "rows"],
         env=env,
         capture_output=True,
         text=True,
@@ -1025,6 +1031,7 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
     ran = (state / "ran").read_text() if (state / "ran").exists() else ""
     assert ("rows failed" in ran) is noted
     assert res.returncode == (1 if noted else 0)
+    assert (tree / "reports" / "bench" / "gpu").is_dir()  # unpacked here, not into ROOT
     if not noted:
         assert row["note"] == "failed within a shortened limit (own limit 140s)"
 

@@ -638,7 +638,7 @@ class Trainer:
         ctx.extra["epoch_fwd_ms"] = _median(fwd)
         ctx.extra["epoch_bwd_ms"] = _median(bwd)
         ctx.extra["epoch_train_loss"] = train_loss
-        ran = len(timer.times("fwd"))
+        ran = len(fwd)
         if ran > 1 and (not costs or costs[-1][0] < ran - 1):  # the loader ended early
             costs.append((ran, _step_cost(ctx, method)))  # the cost after its last step
         method.on_epoch_end(ctx)

@@ -123,10 +123,12 @@ def connectivity_for(
     compression ``target`` most closely (:func:`compression_at`; the lowest such). Raises
     ``ValueError`` when even the closest misses ``target`` by more than
     :data:`COMPRESSION_TOLERANCE` (a network whose dense layers cap its compression)."""
-    grid = [i / 400 for i in range(0, 397)]
-    best = min(grid, key=lambda c: abs(compression_at(model, stem, c, pointwise, in_channels)
-                                       - target))  # fmt: skip
-    got = compression_at(model, stem, best, pointwise, in_channels)
+    reached = {
+        c: compression_at(model, stem, c, pointwise, in_channels)
+        for c in (i / 400 for i in range(0, 397))
+    }
+    best = min(reached, key=lambda c: abs(reached[c] - target))
+    got = reached[best]
     if abs(got / target - 1) > COMPRESSION_TOLERANCE:
         raise ValueError(
             f"{model} cannot be hard-pruned to {target:g}x (closest: {got:.2f}x at "

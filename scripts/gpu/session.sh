@@ -128,6 +128,13 @@ merge() {
   fi
 }
 
+# _has_row FILE FIELD VALUE [FIELD VALUE]: whether a row of the tab-separated FILE has VALUE
+# in column FIELD (and the second pair too, when given).
+_has_row() {
+  awk -F'\t' -v f="$2" -v v="$3" -v g="${4:-0}" -v w="${5:-}" \
+    '$f == v && (g == 0 || $g == w) { found = 1 } END { exit !found }' "$1"
+}
+
 # _relabel_last STATUS NOTE: the status and note of the step table's last row.
 _relabel_last() {
   awk -F'\t' -v OFS='\t' -v s="$1" -v n="$2" 'NR == FNR { last = NR; next }
@@ -156,9 +163,8 @@ part() {
     return 0
   fi
   if [ "$STEP_SHORTENED" = 1 ] &&
-    ! awk -F'\t' '$4 == "failed" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv" &&
-    { [ "$STEP_STATUS" = timeout ] ||
-      awk -F'\t' '$4 == "timeout" { found = 1 } END { exit !found }' "$WORK/part-steps.tsv"; }; then
+    ! _has_row "$WORK/part-steps.tsv" 4 failed &&
+    { [ "$STEP_STATUS" = timeout ] || _has_row "$WORK/part-steps.tsv" 4 timeout; }; then
     echo "[$name] partial: the budget left it less than its ${limit}s and it ended" \
       "$STEP_STATUS; the next call runs it"
     _relabel_last partial "$STEP_STATUS within a shortened limit (own limit ${limit}s)"
@@ -187,7 +193,7 @@ ENV_MARK=$STATE_DIR/env-reported
 [ -f "$ENV_MARK" ] && export ENV_REPORTED="reported by an earlier call on this machine ($(cat "$ENV_MARK"))"
 common_steps
 [ -z "${ENV_REPORTED:-}" ] && [ "${COMMON_DONE:-0}" != 1 ] &&
-  awk -F'\t' '$1 == "env" && $3 == "ok" { found = 1 } END { exit !found }' "$STEPS" &&
+  _has_row "$STEPS" 1 env 3 ok &&
   echo "$TAG $(date -u +%FT%TZ)" > "$ENV_MARK"
 if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
   echo "== no GPU: no part runs (DRY_RUN=1 runs every script's CPU steps)"

@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+EXIT_FAILED = 1  # the work itself failed (training diverged)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
@@ -715,7 +716,7 @@ def _main(argv: list[str] | None) -> int:
         )
         return EXIT_USAGE
     from impl.rundir import CheckpointError, RunBusyError
-    from impl.train import RunExistsError
+    from impl.train import RunExistsError, TrainingDiverged
 
     try:
         return COMMANDS[command](rest)
@@ -732,6 +733,9 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except TrainingDiverged as err:
+        print(f"pdtbench {command}: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except Interrupted as err:
         print(f"pdtbench {command}: {err}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -5,7 +5,8 @@ Layout (shared/DESIGN.md, "Run directories and reliability")::
     config.json      written first
     metrics.jsonl    one JSON line per finished epoch, flushed and fsynced
     checkpoint.pt    the latest end-of-epoch state, written to a temporary file and renamed
-    summary.json     written last, with "status": "complete"
+    summary.json     written last, with "status": "complete" (or "diverged", where
+                     training stopped on non-finite weights or losses)
     .lock            held (flock) by the process training into it, with its pid
 """
 
@@ -189,11 +190,22 @@ def read_json(path: Path) -> dict[str, Any]:
 def complete_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's summary where it says the run finished (``"status": "complete"``, written
     last); ``None`` where it is missing, unreadable or not complete (killed, or training)."""
+    return _summary_with_status(run_dir, "complete")
+
+
+def diverged_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's record of its divergence (``"status": "diverged"``, written where training
+    stopped on non-finite weights or losses, :class:`impl.train.TrainingDiverged`); ``None``
+    where the run did not diverge or its summary is missing or unreadable."""
+    return _summary_with_status(run_dir, "diverged")
+
+
+def _summary_with_status(run_dir: Path, status: str) -> dict[str, Any] | None:
     try:
         summary = read_json(Path(run_dir) / SUMMARY_FILE)
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and summary.get("status") == "complete" else None
+    return summary if isinstance(summary, dict) and summary.get("status") == status else None
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:

@@ -45,6 +45,61 @@ class RunExistsError(FileExistsError):
     """The output directory already holds a run (resume it, or choose another directory)."""
 
 
+class TrainingDiverged(RuntimeError):
+    """Training stopped because an epoch left non-finite weights or buffers, or no finite
+    loss. ``record`` is what the run directory's ``summary.json`` holds of it
+    (``"status": "diverged"``, :func:`impl.rundir.diverged_summary`); the message says in
+    which epoch, why, what was kept and what to do."""
+
+    def __init__(self, run_dir: Path, record: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.record = record
+        epoch = int(record.get("diverged_epoch", 0))
+        kept = (
+            f"the checkpoint of epoch {epoch} in {self.run_dir} is its last finite state"
+            if epoch
+            else "no epoch had finished"
+        )
+        super().__init__(
+            f"training diverged in epoch {epoch + 1} of {record.get('epochs')} (step "
+            f"{record.get('step')}, learning rate {float(record.get('lr', float('nan'))):.4g} "
+            f"at its last step): {record.get('reason')}; {kept}. Train again with a lower "
+            f"--lr (this run's peak was {float(record.get('peak_lr', float('nan'))):g}) into "
+            f"another --out, or "
+            f"remove {self.run_dir} to train it again"
+        )
+
+
+def nonfinite_state(model: nn.Module, limit: int = 3) -> list[str]:
+    """Names of up to ``limit`` floating-point parameters or buffers of ``model`` (its
+    ``state_dict``, batch-norm statistics included) holding a NaN or an infinity; empty when
+    every value is finite. One device synchronisation, whatever the model's size."""
+    tensors = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+    if not tensors:
+        return []
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()])
+    if bool(finite.all()):
+        return []
+    return [k for k, ok in zip(tensors, finite.tolist(), strict=True) if not ok][:limit]
+
+
+def divergence_reason(model: nn.Module, row: dict[str, Any]) -> str | None:
+    """Why the epoch that produced ``row`` (a ``metrics.jsonl`` row, before evaluation) has
+    diverged, or ``None``: a parameter or buffer of ``model`` is non-finite (an SGD step
+    took a NaN or infinite gradient), or no step of the epoch had a finite loss (under fp16
+    the gradient scaler skips such steps, so the weights stay finite while nothing trains).
+    A few non-finite losses under fp16, whose steps were skipped, are not a divergence."""
+    names = nonfinite_state(model)
+    steps = int(row.get("iterations", 0))
+    bad_steps = int(row.get("nonfinite_loss_steps", 0))
+    if names:
+        more = f" ({bad_steps} of {steps} steps had a non-finite loss)" if bad_steps else ""
+        return f"non-finite values in {', '.join(names)}{more}"
+    if steps and bad_steps == steps:
+        return f"every one of the epoch's {steps} steps had a non-finite loss"
+    return None
+
+
 def check_scale_device(scale: str, device: str = "auto") -> None:
     """Refuse the ``gpu`` and ``paper`` scales where the work would not run on a CUDA GPU
     (``device`` as ``--device`` gives it, :func:`pick_device`): its timings and results would
@@ -398,6 +453,13 @@ class Trainer:
                         f"{run_dir} already holds a finished run (its summary.json); "
                         "choose another --out"
                     )
+                diverged = rundir.diverged_summary(run_dir)
+                if diverged is not None:
+                    raise RunExistsError(
+                        f"{run_dir} already holds a run that diverged in epoch "
+                        f"{int(diverged.get('diverged_epoch', 0)) + 1} (its summary.json); "
+                        f"choose another --out, or remove {run_dir} to train it again"
+                    )
                 if main:  # RunBusyError while another process trains it: not "resume it"
                     with rundir.locked(run_dir):
                         pass
@@ -459,6 +521,12 @@ class Trainer:
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
             row = self._train_epoch(ctx, method, train_loader, epoch, dp, peak)
+            why = divergence_reason(ctx.model, row)
+            if why is not None:  # nothing of this epoch is kept: the checkpoint stays finite
+                record = self._divergence_record(ctx, method, epoch, row, why)
+                if main:
+                    rundir.write_json(run_dir / rundir.SUMMARY_FILE, record)
+                raise TrainingDiverged(run_dir, record)
             t_eval = time.perf_counter()
             test_loss, top1 = evaluate(
                 ctx.model,
@@ -627,7 +695,14 @@ class Trainer:
         epoch_peak = peak.close()  # before on_epoch_end, which may probe (and reset) memory
         if bar is not None:
             bar.close()
-        train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+        # the mean over the steps whose loss was finite (a step skipped under fp16 for an
+        # overflow in the forward pass is counted apart); NaN when none was
+        stacked = torch.stack(losses) if losses else torch.zeros(0)
+        finite = torch.isfinite(stacked)
+        nonfinite_steps = int((~finite).sum())
+        train_loss = (
+            float(stacked[finite].mean()) if nonfinite_steps < len(losses) else float("nan")
+        )
         correct, seen = dp.reduce([int(correct), seen])
         ctx.extra["epoch_samples"] = int(seen)  # every rank's samples this epoch
         ctx.last_loss = train_loss
@@ -649,6 +724,7 @@ class Trainer:
             comm_row |= {"amp_skipped_steps": skipped, "amp_loss_scale": float(scaler.get_scale())}
         return comm_row | {
             "train_loss": train_loss,
+            "nonfinite_loss_steps": nonfinite_steps,
             "train_top1": 100.0 * int(correct) / max(seen, 1),
             "lr": lr,
             "batch_size": ctx.batch_size,
@@ -671,6 +747,33 @@ class Trainer:
             ),
             # peak GPU memory allocated by tensors during this epoch's steps (None on the CPU)
             "peak_gpu_memory_mib": None if epoch_peak is None else epoch_peak / 2**20,
+        }
+
+    def _divergence_record(
+        self, ctx: TrainContext, method: Method, epoch: int, row: dict[str, Any], why: str
+    ) -> dict[str, Any]:
+        """``summary.json`` of a run that diverged in ``epoch`` (0-based, as in
+        ``metrics.jsonl``): what it was, where it stopped and why (:class:`TrainingDiverged`)."""
+        cfg = self.cfg
+        loss = row.get("train_loss")
+        return {
+            "status": "diverged",
+            "summary_version": rundir.SUMMARY_VERSION,
+            "method": cfg.method,
+            **method_identity(type(method)),
+            "model": cfg.model,
+            "data": cfg.data,
+            "scale": cfg.scale,
+            "seed": cfg.seed,
+            "epochs": cfg.epochs,
+            "diverged_epoch": epoch,
+            "step": ctx.step,
+            "lr": row.get("lr"),
+            "peak_lr": cfg.lr,
+            "train_loss": loss if isinstance(loss, float) and np.isfinite(loss) else None,
+            "nonfinite_loss_steps": row.get("nonfinite_loss_steps"),
+            "iterations": row.get("iterations"),
+            "reason": why,
         }
 
     def _summary(
@@ -791,6 +894,8 @@ def resume(
     run_dir: str | os.PathLike, *, progress: bool = True, data_dir: str | None = None
 ) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint; a complete run is returned as is.
+    A run that diverged raises :class:`TrainingDiverged` again (its last checkpoint would
+    take the same steps to the same place).
 
     The result equals that of an uninterrupted run (same weights and metrics on the CPU).
     ``data_dir``: where the dataset is now, for a run whose data moved (where it is read
@@ -803,6 +908,9 @@ def resume(
     summary = rundir.complete_summary(run_dir)  # unreadable: continue from the checkpoint
     if summary is not None:
         return summary
+    diverged = rundir.diverged_summary(run_dir)
+    if diverged is not None:  # resuming would repeat the same steps from the same state
+        raise TrainingDiverged(run_dir, diverged)
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
     check_run_method(run_dir, cfg)
     if data_dir is not None and data_dir != cfg.data_dir:
@@ -840,12 +948,15 @@ def load_trained_model(
 __all__ = [
     "RunExistsError",
     "Trainer",
+    "TrainingDiverged",
     "apply_memory_format",
     "check_out_dir",
     "check_run_method",
     "conv_weight_counts",
+    "divergence_reason",
     "evaluate",
     "load_trained_model",
+    "nonfinite_state",
     "resolve_memory_format",
     "resume",
     "train",

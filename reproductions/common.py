@@ -222,8 +222,10 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     or a summary older than what the reports read) is moved aside to
     ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
     last checkpoint was written by other code of the method
-    (:class:`impl.rundir.StaleRunError`). A run another process is training (two
-    reproductions sharing runs) is waited for, then reused or resumed. Raises
+    (:class:`impl.rundir.StaleRunError`) or a run that diverged under other code of a
+    registered method. A run that diverged under this code raises
+    :class:`impl.train.TrainingDiverged` again without training. A run another process is
+    training (two reproductions sharing runs) is waited for, then reused or resumed. Raises
     :class:`MethodUnavailable` when the method's module is missing.
     """
     import sys
@@ -244,7 +246,7 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
     import sys
 
-    from impl.rundir import StaleRunError
+    from impl.rundir import StaleRunError, diverged_summary
     from impl.train import resume, train
 
     run_dir = Path(cfg.out)
@@ -260,6 +262,10 @@ def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
         if why is None:
             return summary, True
         move_aside(why)
+    diverged = diverged_summary(run_dir)
+    changed = identity_change(diverged, cfg.method) if diverged is not None else None
+    if changed is not None:
+        move_aside(f"it diverged under other code ({changed})")
     reason = unavailable_reason(cfg.method)
     if reason is not None:
         raise MethodUnavailable(reason)

@@ -115,8 +115,13 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
             continue
         status = summary.get("status")
         if status != "complete":
+            why = summary.get("reason") if status == "diverged" else None
             incomplete.append(
-                {"path": str(run_dir), "status": str(status), "reason": "summary not complete"}
+                {
+                    "path": str(run_dir),
+                    "status": str(status),
+                    "reason": str(why or "summary not complete"),
+                }
             )
             continue
         row = _flat(summary)

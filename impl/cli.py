@@ -179,8 +179,8 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--data", help="dataset (default from --scale: digits)")
     p.add_argument(
         "--data-dir",
-        help="directory of a local dataset (CIFAR, ImageNet; default: where the "
-        "PDTBENCH_DATA_DIR variable says, NAME=DIR or DIR entries joined by ':')",
+        help="directory of a local dataset (CIFAR, ImageNet), as DIR or NAME=DIR (default: "
+        "where the PDTBENCH_DATA_DIR variable says, NAME=DIR or DIR entries joined by ':')",
     )
     p.add_argument(
         "--image-size",
@@ -284,8 +284,9 @@ def _other_methods_options(unknown: list[str], method: str) -> str:
 def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     """The run's TrainConfig: the scale's preset, then every flag given (None = not given)."""
     from impl.config import resolve
+    from impl.data import dataset_dir_for
 
-    return resolve(
+    cfg = resolve(
         args.scale,
         method=args.method,
         method_options=options,
@@ -320,6 +321,8 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,
     )
+    cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)  # NAME=DIR, as the variable takes
+    return cfg
 
 
 def _checked_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:

@@ -52,6 +52,7 @@ __all__ = [
     "DATA_DIR_ENV",
     "LOCAL_DATASETS",
     "check_dataset",
+    "dataset_dir_for",
     "dataset_dirs",
     "default_data_dir",
     "Loader",
@@ -862,12 +863,13 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
     return root
 
 
-def dataset_dirs(value: str | None = None) -> dict[str, str]:
+def dataset_dirs(value: str | None = None, source: str = DATA_DIR_ENV) -> dict[str, str]:
     """``{dataset: directory}`` from :data:`DATA_DIR_ENV` (or ``value``); the key ``"*"``
     holds the directory of every dataset not named.
 
     Raises ``ValueError`` on a name that is not one of :data:`LOCAL_DATASETS` or an entry
-    without a directory.
+    without a directory; the message begins with ``source``, where the text came from (the
+    variable, or a command-line flag).
     """
     text = os.environ.get(DATA_DIR_ENV, "") if value is None else value
     out: dict[str, str] = {}
@@ -877,13 +879,35 @@ def dataset_dirs(value: str | None = None) -> dict[str, str]:
             name, directory = "*", entry
         elif name not in LOCAL_DATASETS:
             raise ValueError(
-                f"{DATA_DIR_ENV}: {name!r} is not a dataset read from a directory; "
+                f"{source}: {name!r} is not a dataset read from a directory; "
                 f"valid: {', '.join(LOCAL_DATASETS)} (or a bare DIR for all of them)"
             )
         if not directory:
-            raise ValueError(f"{DATA_DIR_ENV}: no directory in {entry!r}")
+            raise ValueError(f"{source}: no directory in {entry!r}")
         out[name] = directory
     return out
+
+
+def dataset_dir_for(value: str | None, dataset: str) -> str | None:
+    """The directory of ``dataset`` that a ``--data-dir`` of one run means: ``value`` as it
+    is, or ``DIR`` where it is written ``NAME=DIR`` (as in :data:`DATA_DIR_ENV`) with
+    ``NAME`` this dataset and no directory of that literal name exists.
+
+    Raises ``ValueError`` where ``NAME`` is another local dataset (the directory given is not
+    this run's) or ``DIR`` is empty."""
+    if not value or Path(value).expanduser().exists():
+        return value
+    name, sep, directory = value.partition("=")
+    if not sep or name not in LOCAL_DATASETS:
+        return value
+    if name != dataset:
+        raise ValueError(
+            f"--data-dir {value!r} names {name}, and the run reads {dataset}: give "
+            f"{dataset}'s directory"
+        )
+    if not directory:
+        raise ValueError(f"--data-dir {value!r} names no directory")
+    return directory
 
 
 def default_data_dir(name: str) -> str | None:

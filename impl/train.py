@@ -24,6 +24,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
+from impl.data import dataset_dir_for
 from impl.memory import TrainingPeak
 from impl.methods import (
     ENV_VAR,
@@ -913,6 +914,7 @@ def resume(
         raise TrainingDiverged(run_dir, diverged)
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
     check_run_method(run_dir, cfg)
+    data_dir = dataset_dir_for(data_dir, cfg.data)
     if data_dir is not None and data_dir != cfg.data_dir:
         cfg.data_dir = data_dir
         rundir.write_json(config_path, cfg.to_dict())  # atomic; the digest leaves it out
@@ -932,7 +934,7 @@ def load_trained_model(
     digest = cfg.digest()  # of the run as trained, before the device is changed for loading
     cfg.device = device
     if data_dir is not None:
-        cfg.data_dir = data_dir  # not part of the digest: the same run
+        cfg.data_dir = dataset_dir_for(data_dir, cfg.data)  # not part of the digest
     trainer = Trainer(cfg, progress=False)
     ctx, method, _, _, _ = trainer._build()
     method.setup(ctx)

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         from impl.data import DATA_DIR_ENV, dataset_dirs
 
         value = os.pathsep.join(args.data_dir)
-        dataset_dirs(value)  # a bad entry is a ValueError now, before any work
+        dataset_dirs(value, "--data-dir")  # a bad entry is a ValueError now, before any work
         os.environ[DATA_DIR_ENV] = value  # the runs' configs read it, in this process
     failed: list[str] = []
     index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress,

@@ -1072,6 +1072,44 @@ def test_dataset_dirs_reads_named_and_bare_entries(monkeypatch):
         data_mod.dataset_dirs("digits=/x")
     with pytest.raises(ValueError, match="no directory"):
         data_mod.dataset_dirs("cifar10=")
+    with pytest.raises(ValueError, match="^--data-dir: 'bogus' is not a dataset"):
+        data_mod.dataset_dirs("bogus=", "--data-dir")  # what the message blames
+
+
+def test_reproduce_blames_its_flag_for_a_bad_data_dir_entry(tmp_path, capsys):
+    from impl import cli
+
+    args = ["--data-dir", "bogus=/x", "--runs-root", str(tmp_path / "r"), "--out", str(tmp_path)]
+    code = cli.main(["reproduce", "clicktrain.table1", "--scale", "smoke", *args])
+    assert code == 2
+    assert "error: --data-dir: 'bogus' is not a dataset" in capsys.readouterr().err
+
+
+def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path):
+    from impl.data import dataset_dir_for
+
+    assert dataset_dir_for(None, "cifar10") is None
+    assert dataset_dir_for("/data/c10", "cifar10") == "/data/c10"
+    assert dataset_dir_for("cifar10=/data/c10", "cifar10") == "/data/c10"
+    with pytest.raises(ValueError, match="names imagenet, and the run reads cifar10"):
+        dataset_dir_for("imagenet=/ilsvrc", "cifar10")
+    with pytest.raises(ValueError, match="names no directory"):
+        dataset_dir_for("cifar10=", "cifar10")
+    literal = tmp_path / "cifar10=old"  # a directory whose name has the form is itself
+    literal.mkdir()
+    assert dataset_dir_for(str(literal), "cifar100") == str(literal)
+    assert dataset_dir_for("other=/x", "cifar10") == "other=/x"  # not a dataset's name
+
+
+def test_train_reads_name_equals_dir_as_the_datasets_directory(tmp_path, capsys):
+    from impl import cli
+
+    missing = tmp_path / "c10"
+    code = cli.main(["train", "--data", "cifar10", "--data-dir", f"cifar10={missing}",
+                     "--out", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and f"directory {missing} does not exist" in err
+    assert "cifar10=" not in err.split("does not exist")[0]
 
 
 def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(

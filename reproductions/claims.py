@@ -718,12 +718,11 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
     save them as the target ``claims.headline``; return the result's path (None when no
     result of that scale exists)."""
     from impl.env import collect
-    from impl.report.results import find_results, load_result, save_result
+    from impl.report.results import load_results, save_result
     from reproductions.common import result_dir
 
     results = {}
-    for path in find_results([Path(runs_root) / "results"]):
-        res = load_result(path)
+    for res in load_results([Path(runs_root) / "results"])[0]:  # unreadable: not judged
         if res.scale == scale and res.target != TARGET_KEY:
             results[res.target] = res
     if not results:

@@ -21,6 +21,7 @@ import importlib
 import json
 import math
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 
 from impl.data import DatasetMissingError, default_data_dir
 from impl.methods import identity_change
-from impl.report.results import FigureSpec, ResultSet, find_results, load_result, save_result
+from impl.report.results import FigureSpec, ResultSet, load_results, save_result
 from impl.rundir import complete_summary
 from reproductions.parallel import trained_here
 from reproductions.published import lookup, paper_values
@@ -865,8 +866,10 @@ def render(
     """Render every saved result under ``runs_root`` into ``reports_root``; return the index."""
     from impl.report import render_reports
 
-    results = [load_result(p) for p in find_results([Path(runs_root) / "results"])]
-    return render_reports(results, reports_root, expected=expected)
+    results, unreadable = load_results([Path(runs_root) / "results"])
+    for u in unreadable:
+        print(f"unreadable, listed on the index: {u['path']}: {u['reason']}", file=sys.stderr)
+    return render_reports(results, reports_root, expected=expected, unreadable=unreadable)
 
 
 def reproduce(

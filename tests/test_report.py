@@ -453,6 +453,28 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
 
 
+def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, capsys):
+    results = tmp_path / "results"
+    save_result(_result(), results / "sdgp.table1" / "smoke")
+    broken = save_result(_result(target="sdgp.fig9"), results / "sdgp.fig9" / "smoke")
+    broken.write_text('{"target": "sdgp.fig9", "ti')  # a torn write
+    assert main([str(results), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "1 results" in captured.out
+    assert f"unreadable, listed on the index: {broken}: Unterminated string" in captured.err
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert f"unreadable: {broken}" in index  # the target's row, not "not run"
+    assert "not run: pdtbench reproduce sdgp.fig9" not in index
+    assert "unreadable result, not shown: Unterminated string" in index
+    assert "SDGP Table I" in (tmp_path / "out" / "sdgp.html").read_text()
+    broken.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=f"^{broken}: a JSON list, not an object"):
+        load_result(broken)
+    (results / "sdgp.table1" / "smoke" / "result.json").write_text('{"target": "x.y", "n": 1}')
+    with pytest.raises(ValueError, match="no readable result.json .*a JSON list, not an object"):
+        main([str(results), "--out", str(tmp_path / "o2")])
+
+
 def test_wide_frame_one_line_per_metric_one_column_per_row_with_scale():
     from impl.report.html import wide_frame
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from impl.report.pages import render_reports
-from impl.report.results import find_results, load_result
+from impl.report.results import load_results
 from impl.report.runs import find_run_dirs, load_metrics, load_runs
 
 
@@ -51,15 +52,27 @@ def main(argv: list[str] | None = None) -> int:
     taken = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
     if taken is not None:
         raise ValueError(f"--out {out}: {taken} is a file, not a directory")
-    results = [load_result(p) for p in find_results(args.paths)]
+    results, unreadable = load_results(args.paths)
     runs = metrics = None
     if not args.no_runs and find_run_dirs(args.paths):
         runs = load_runs(args.paths)
         metrics = load_metrics(runs)
     if not results and runs is None:
+        if unreadable:
+            raise ValueError(
+                "no readable result.json and no run directory under "
+                f"{args.paths}: {unreadable[0]['path']}: {unreadable[0]['reason']}"
+            )
         raise ValueError(f"no result.json and no run directory under {args.paths}")
+    for u in unreadable:
+        print(f"unreadable, listed on the index: {u['path']}: {u['reason']}", file=sys.stderr)
     index = render_reports(
-        results, args.out, runs=runs, metrics=metrics, expected=_expected_targets(results)
+        results,
+        args.out,
+        runs=runs,
+        metrics=metrics,
+        expected=_expected_targets(results),
+        unreadable=unreadable,
     )
     n_runs = 0 if runs is None else len(runs)
     n_bad = 0 if runs is None else len(runs.attrs.get("incomplete", []))

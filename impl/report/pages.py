@@ -128,14 +128,18 @@ def render_reports(
     runs: pd.DataFrame | None = None,
     metrics: pd.DataFrame | None = None,
     expected: Sequence[dict[str, str]] = (),
+    unreadable: Sequence[dict[str, str]] = (),
 ) -> Path:
     """Write ``<out_dir>/<paper>.html`` per paper, ``runs.html`` for ``runs``, and
     ``index.html``; return the index's path.
 
     ``expected`` lists every target a complete report should hold (``{"target", "title",
     "needs"}``); one without a result is shown in the index as missing, with the scale it
-    needs, instead of disappearing.
+    needs, instead of disappearing. ``unreadable`` lists the result files that could not be
+    read (:func:`impl.report.results.load_results`): the index names each with its error,
+    and an expected target whose only result is one of them says so instead of "not run".
     """
+    broken = {u["target"]: u for u in unreadable}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     by_paper: dict[str, list[ResultSet]] = {}
@@ -160,11 +164,14 @@ def render_reports(
         have = {r.target for r in items}
         for e in sorted(expected_by_paper.get(paper, []), key=lambda e: _item_key(e["target"])):
             if e["target"] not in have:
+                why = e.get("needs", "not run")
+                if e["target"] in broken:
+                    why = f"its result is unreadable ({broken[e['target']]['path']})"
                 sections.append(
                     Section(
                         title=e.get("title", e["target"]),
                         anchor=e["target"].replace(".", "-"),
-                        missing=[{"row": e["target"], "reason": e.get("needs", "not run")}],
+                        missing=[{"row": e["target"], "reason": why}],
                     )
                 )
         prov = provenance_rows((r.scale, r.environment) for r in items)
@@ -197,7 +204,9 @@ def render_reports(
                         "scale": "-",
                         "ours": 0,
                         UNFILLED: "all",
-                        "status": f"not run: {e.get('needs', '')}",
+                        "status": f"unreadable: {broken[e['target']]['path']}"
+                        if e["target"] in broken
+                        else f"not run: {e.get('needs', '')}",
                     }
                 )
     if runs is not None:
@@ -228,6 +237,10 @@ def render_reports(
             )
         ],
     )
+    section.missing = [
+        {"row": u["path"], "reason": f"unreadable result, not shown: {u['reason']}"}
+        for u in unreadable
+    ]
     if index.empty:
         section.tables = []
         section.text = "No reproduction results: the paths given held no result.json" + (

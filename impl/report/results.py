@@ -168,19 +168,45 @@ def save_result(result: ResultSet, directory: str | Path) -> Path:
 
 
 def load_result(path: str | Path) -> ResultSet:
-    """Read a ``result.json`` (a file, or a directory holding one) back into a ResultSet."""
+    """Read a ``result.json`` (a file, or a directory holding one) back into a ResultSet.
+
+    Raises ``ValueError`` naming the file when it is not JSON, not a result's form (unknown
+    or missing keys, a bad row) or fails :meth:`ResultSet.validate`."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_FILE
-    data = json.loads(path.read_text())
-    names = {f.name for f in dataclasses.fields(ResultSet)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}")
-    data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
-    result = ResultSet(**data)
-    result.validate()
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        names = {f.name for f in dataclasses.fields(ResultSet)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}")
+        data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
+        result = ResultSet(**data)
+        result.validate()
+    except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: {err}") from err
     return result
+
+
+def load_results(paths: list[str | Path]) -> tuple[list[ResultSet], list[dict[str, str]]]:
+    """Every ``result.json`` at or under ``paths`` (:func:`find_results`) that reads, and one
+    ``{"path", "target", "reason"}`` for each that does not (``target``: the folder two
+    above it, where results are saved, :func:`reproductions.common.result_dir`), so that
+    one damaged file is listed instead of stopping every report."""
+    results: list[ResultSet] = []
+    unreadable: list[dict[str, str]] = []
+    for path in find_results(paths):
+        try:
+            results.append(load_result(path))
+        except (OSError, ValueError) as err:
+            reason = str(err).removeprefix(f"{path}: ")
+            unreadable.append(
+                {"path": str(path), "target": path.parent.parent.name, "reason": reason}
+            )
+    return results, unreadable
 
 
 def find_results(paths: list[str | Path]) -> list[Path]:
@@ -203,5 +229,6 @@ __all__ = [
     "ResultSet",
     "find_results",
     "load_result",
+    "load_results",
     "save_result",
 ]

@@ -350,6 +350,7 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
         (["--batch-size", "0"], "error: --batch-size must be >= 1"),
         (["--method", "sdgp", "--prune-method", "foo"], "unknown N:M pruning function 'foo'"),
         (["--method", "campfire", "--final-sparsity", "2"], "error: --final-sparsity must be"),
+        (["--method", "prunetrain", "--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
     ],
     ids=[
         "missing-data",
@@ -360,6 +361,7 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
         "batch-size",
         "sdgp-option",
         "method-option-named-as-its-flag",
+        "second-of-two-options-named-as-its-flag",
     ],  # fmt: skip
 )
 def test_a_bad_setting_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, flags, needle):

@@ -168,9 +168,9 @@ def test_bad_lasso_loss_and_interval_are_errors() -> None:
         PruneTrainConfig(threshold=-1e-4)
     with pytest.raises(ValueError, match="threshold"):
         PruneTrainConfig(threshold=float("nan"))
-    for bad in ({"batch_step": 0}, {"max_batch": 0}):
-        with pytest.raises(ValueError, match="batch_step and max_batch"):
-            PruneTrainConfig(**bad)
+    for name in ("batch_step", "max_batch"):
+        with pytest.raises(ValueError, match=f"^{name} must be >= 1, got 0"):
+            PruneTrainConfig(**{name: 0})
     with pytest.raises(ValueError, match="cross-entropy"):
         lasso_coefficient(-1e-3, 100.0, 0.2)
     with pytest.raises(ValueError, match="cross-entropy"):

@@ -150,10 +150,9 @@ class PruneTrainConfig(MethodConfig):
             raise ValueError(f"reconfig_interval must be >= 1, got {self.reconfig_interval}")
         if not self.threshold >= 0:
             raise ValueError(f"threshold must be >= 0, got {self.threshold}")
-        if self.batch_step < 1 or self.max_batch < 1:
-            raise ValueError(
-                f"batch_step and max_batch must be >= 1, got {self.batch_step}, {self.max_batch}"
-            )
+        for name in ("batch_step", "max_batch"):  # one message each: the CLI names its flag
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.probe_repeats < 0:
             raise ValueError(f"probe_repeats must be >= 0, got {self.probe_repeats}")
         if not self.memory_budget_mb >= 0:

@@ -147,6 +147,28 @@ def test_racecheck_fallback_lists_the_families_with_shared_memory(nvcc_logs, arc
     assert shared == set(cov.SHARED_MEMORY_FAMILIES)
 
 
+@pytest.mark.slow
+@NVCC_GROUP
+def test_no_float32_comparison_flushes_a_denormal(tmp_path):
+    """Compiled as CuPy compiles (-ftz=true), a float32 comparison becomes ``setp.*.ftz``,
+    which takes a positive denormal for zero: the N:M rescale's "kept sum > 0" did so, and
+    with eps 0 a plane whose kept sum was denormal got the ratio 0 where the reference gives
+    sx / sy. The sources compare such values from their bits (``pdt_positive``): the PTX of
+    every source holds no flushing comparison."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on the PATH: the compile check needs the CUDA toolkit")
+    sources = [loader.KERNEL_DIR / s for s in loader.SOURCES]
+    cmd = [c for c in loader.nvcc_command(sources, "sm_90", tmp_path, nvcc=NVCC) if c != "-v"]
+    cmd.remove("-Xptxas")
+    cmd[cmd.index("-cubin")] = "-ptx"
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
+    assert len(ptx) == len(sources) and all("pdt_" in text for text in ptx.values())
+    flushing = {name: re.findall(r"setp\.\w+\.ftz\.f32[^;]*;", text) for name, text in ptx.items()}
+    assert not any(flushing.values()), flushing
+
+
 def test_shared_memory_parse():
     log = (
         "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n"

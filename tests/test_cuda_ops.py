@@ -1084,6 +1084,36 @@ def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit, 
     assert (got[1][~mask] == 0).all()
 
 
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
+def test_emulated_pattern_conv2d_refuses_operands_the_kernels_would_misread(emulated, implicit):
+    """The kernels read every operand in the input's dtype and one bias value per filter,
+    unchecked: a weight or bias of another dtype, or a short bias, is an error before any
+    launch (a float64 weight under a float32 input read 3.3e38 for outputs near 12)."""
+    mask = torch.rand(4, 3, 3, 3) < 0.5
+    idx = pattern_index(mask)
+    x32, w32, b32 = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    bad = [
+        ((x32, w32.double(), None), "input torch.float32 and weight torch.float64 differ"),
+        ((x32.double(), w32, None), "input torch.float64 and weight torch.float32 differ"),
+        ((x32, w32, b32.half()), "input torch.float32 and bias torch.float16 differ"),
+        ((x32, w32, b32[:2]), r"bias \(2,\) is not one value per filter \(4\)"),
+    ]
+    for (x, w, b), message in bad:
+        with pytest.raises(ValueError, match=message):
+            pattern_cuda.pattern_conv2d_cuda(x, w, idx, b, padding=1, implicit=implicit)
+    assert emulated == []  # nothing was launched
+    with pytest.raises(ValueError, match="is not one value per filter"):  # the op itself too
+        torch.ops.pdtbench.pattern_conv2d(x32, w32, idx.row_ptr, idx.col_ind, idx.t_row_ptr,
+                                          idx.t_col_ind, idx.t_perm, b32[:2], [1, 1], [1, 1],
+                                          [1, 1])  # fmt: skip
+    with pytest.raises(ValueError, match="grad torch.float32 and dense_b torch.float64 differ"):
+        torch.ops.pdtbench.sddmm(idx.row_ptr, idx.col_ind, torch.randn(4, 5),
+                                 torch.randn(27, 5, dtype=torch.float64))  # fmt: skip
+    out = pattern_cuda.pattern_conv2d_cuda(x32, w32, idx, b32, padding=1, implicit=implicit)
+    ref = F.conv2d(x32, w32 * mask, b32, padding=1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 EMU_CONV_VARIANT = [
     ((2, 3, 7, 9), 70, (3, 3), 1, 1, 1),  # two row-tiled blocks (f32), partly empty
     ((1, 4, 9, 7), 9, (5, 3), (2, 1), (2, 1), 1),

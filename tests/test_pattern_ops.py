@@ -433,8 +433,17 @@ class _Operand:
         ("auto", [_Operand(True)], False, "ref"),
         ("ref", [_Operand(True)], True, "ref"),
         ("cuda", [_Operand(True, torch.float64)], True, "cuda"),
+        ("auto", [_Operand(True), _Operand(True, torch.float64)], True, "ref"),
     ],
-    ids=["auto-gpu", "auto-mixed", "auto-fp16", "auto-noload", "ref", "cuda-f64"],
+    ids=[
+        "auto-gpu",
+        "auto-mixed",
+        "auto-fp16",
+        "auto-noload",
+        "ref",
+        "cuda-f64",
+        "auto-two-dtypes",
+    ],  # fmt: skip
 )
 def test_dispatch_rule_picks_cuda_only_where_it_runs(monkeypatch, impl, operands, loads, expected):
     from impl.ops import pattern as pattern_mod
@@ -449,6 +458,9 @@ def test_forced_cuda_without_kernels_names_the_reason(monkeypatch):
     monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA kernels not available"):
         pattern_mod._resolve_impl("cuda", _Operand(True))
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: True)
+    with pytest.raises(RuntimeError, match="not CUDA tensors of one dtype"):
+        pattern_mod._resolve_impl("cuda", _Operand(True), _Operand(True, torch.float64))
 
 
 # -- index validation of the reference path ---------------------------------------------------

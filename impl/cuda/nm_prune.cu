@@ -236,12 +236,22 @@ __device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restri
   }
 }
 
+// a > 0 as IEEE compares it, a positive denormal included: under -ftz=true a float32
+// comparison compiles to setp.*.ftz, which takes a denormal for zero (with eps = 0 a plane
+// whose kept sum is denormal would then get the ratio 0 where the reference gives sx / sy).
+// From the bits: positive, not +0, at most +inf (so no NaN).
+__device__ __forceinline__ bool pdt_positive(float a) {
+  const u32 b = __float_as_uint(a);
+  return b != 0u && b <= 0x7f800000u;
+}
+__device__ __forceinline__ bool pdt_positive(double a) { return a > 0.0; }  // -ftz: f32 only
+
 // The rescale factor of sums sx = sum |x|, sy = sum |kept x|: sx / (sy + eps), and 0 where
 // sy > 0 fails (nothing nonzero kept, or a NaN in the plane), as the reference's
 // torch.where(sy > 0, sx / (sy + eps), 0).
 template <typename A>
 __device__ __forceinline__ A pdt_nm_ratio_of(A sx, A sy, double eps) {
-  return sy > A(0) ? pdt_div_rn(sx, pdt_add_rn(sy, (A)eps)) : A(0);
+  return pdt_positive(sy) ? pdt_div_rn(sx, pdt_add_rn(sy, (A)eps)) : A(0);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -60,10 +60,16 @@ _CUDA_DTYPES = (torch.float32, torch.float64)
 
 def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
     """``"ref"`` or ``"cuda"`` for ``impl`` and the operands: "auto" takes the CUDA kernels
-    when every operand is a float32/float64 CUDA tensor and the kernels load."""
+    when every operand is a CUDA tensor of one dtype, float32 or float64, and the kernels
+    load (operands of two dtypes take the reference, which promotes them as torch does; the
+    kernels read every operand in one dtype)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
-    on_gpu = bool(tensors) and all(t.is_cuda and t.dtype in _CUDA_DTYPES for t in tensors)
+    on_gpu = (
+        bool(tensors)
+        and all(t.is_cuda and t.dtype in _CUDA_DTYPES for t in tensors)
+        and len({t.dtype for t in tensors}) == 1
+    )
     if impl == "ref" or (impl == "auto" and not on_gpu):
         return "ref"
     if on_gpu and has_cuda_kernels():
@@ -74,7 +80,11 @@ def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
         return "cuda"
     from impl.cuda import cuda_kernels_error
 
-    reason = cuda_kernels_error() if on_gpu else "operands are not float32/64 CUDA tensors"
+    reason = (
+        cuda_kernels_error()
+        if on_gpu
+        else "operands are not CUDA tensors of one dtype, float32 or float64"
+    )
     raise RuntimeError(
         f"CUDA kernels not available for the pattern ops ({reason}); use impl='ref' or impl='auto'"
     )
@@ -623,7 +633,7 @@ def pattern_conv2d(
                                   dilation, impl, workspace=workspace)  # fmt: skip
     index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = conv_geometry(stride, padding, dilation)
-    if _resolve_impl(impl, x, weight) == "cuda":
+    if _resolve_impl(impl, x, weight, *([] if bias is None else [bias])) == "cuda":
         from impl.ops.pattern_cuda import pattern_conv2d_cuda
 
         return pattern_conv2d_cuda(x, weight, index, bias, stride, padding, dilation)

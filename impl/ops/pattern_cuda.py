@@ -372,6 +372,8 @@ def _sddmm(
     op = "pattern_spmm (weight gradient)"
     suf = _suffix(grad_out.dtype, op)
     _check_index(op, row_ptr, col_ind)
+    if grad_out.dtype != dense_b.dtype:
+        raise ValueError(f"{op}: grad {grad_out.dtype} and dense_b {dense_b.dtype} differ")
     dev = device_check.require_cuda(
         op, _PUBLIC[op], row_ptr, col_ind, grad_out, dense_b, sources=(_SRC,)
     )
@@ -439,6 +441,22 @@ def _sddmm(
     return partial[0] if partial.shape[0] == 1 else partial.sum(0)
 
 
+def _check_conv_operands(
+    op: str, x: torch.Tensor, weight_dtype: torch.dtype, filters: int, bias: torch.Tensor | None
+) -> None:
+    """ValueError unless the weight (or its values) and the bias have ``x``'s dtype and the
+    bias has one value per filter: the kernels read every operand in ``x``'s dtype and one
+    bias value per filter, unchecked."""
+    if weight_dtype != x.dtype:
+        raise ValueError(f"{op}: input {x.dtype} and weight {weight_dtype} differ; cast one")
+    if bias is None:
+        return
+    if bias.dtype != x.dtype:
+        raise ValueError(f"{op}: input {x.dtype} and bias {bias.dtype} differ; cast one")
+    if tuple(bias.shape) != (filters,):
+        raise ValueError(f"{op}: bias {tuple(bias.shape)} is not one value per filter ({filters})")
+
+
 def _conv_implicit(
     x: torch.Tensor,
     weight_shape: Sequence[int],
@@ -458,6 +476,7 @@ def _conv_implicit(
     op = "pattern_conv2d"
     suf = _suffix(x.dtype, op)
     _check_index(op, row_ptr, col_ind)
+    _check_conv_operands(op, x, values.dtype, int(weight_shape[0]), bias)
     tensors = [x, values, row_ptr, col_ind] + ([bias] if bias is not None else [])
     dev = device_check.require_cuda(op, _PUBLIC[op], *tensors, sources=(_SRC,))
     f_out, c, r, s = (int(v) for v in weight_shape)
@@ -803,6 +822,7 @@ def pattern_conv2d_cuda(
     SDDMM at the kept positions only (zero elsewhere).
     """
     device_check.check_devices("pattern_conv2d", _PUBLIC["pattern_conv2d"], x, weight)
+    _check_conv_operands("pattern_conv2d", x, weight.dtype, weight.shape[0], bias)
     index = conv_pattern_index(x, weight, pattern)
     st, pad, dil = (list(v) for v in conv_geometry(stride, padding, dilation))
     if implicit:

@@ -18,6 +18,7 @@ from torch import nn
 
 import impl.methods.sdgp_semi as semi
 import impl.models
+from impl.flops import FlopCounts, LayerDensity
 from impl.methods.sdgp import SDGPConv2d, nm_prune, sdgp_convert
 from impl.methods.sdgp_semi import (
     SDGPSemiConv2d,
@@ -418,6 +419,30 @@ def test_out_of_memory_is_raised_not_a_fallback(monkeypatch, error):
     with pytest.raises(type(error), match="out of memory"):
         _grads(mod, x, torch.randn(2, 16, 5, 7))
     assert mod.fallback_reasons == [] and mod.fallback_calls == 0 and not mod._failed
+
+
+def test_executed_flops_count_the_sparse_calls_at_half_the_data_gradient(monkeypatch):
+    """The data gradient of a call on sparse tensor cores executes half of the dense conv's
+    multiply-adds, a reference call all of them; before any backward the layer counts as the
+    reference (it was counted dense whichever path ran)."""
+    from impl.flops import training_flops
+
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    model = nn.Sequential(nn.Conv2d(8, 8, 1, bias=False), SDGPSemiConv2d.from_conv(conv, 2, 4))
+    layer = model[1]
+
+    def executed() -> FlopCounts:
+        (row,) = [r for r in training_flops(model, (8, 6, 6)).layers if r.name == "1"]
+        return row.executed
+
+    dense = executed()
+    assert layer.executed_density().data_grad == 1.0 and dense.data_grad > 0
+    assert dense == FlopCounts(dense.forward, dense.forward, dense.forward)  # 1 of each
+    layer.semi_calls, layer.fallback_calls = 3, 1
+    assert layer.executed_density() == LayerDensity(1.0, 0.625, 1.0)
+    layer.fallback_calls = 0
+    counted = executed()
+    assert counted == FlopCounts(dense.forward, dense.data_grad / 2, dense.weight_grad)
 
 
 def test_set_backend_rejects_unknown_names():

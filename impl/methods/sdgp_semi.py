@@ -49,7 +49,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +65,9 @@ from impl.methods.sdgp import (
     sdgp_plan,
 )
 from impl.ops.nm import RESCALE_EPS, check_eps, check_method, check_nm, nm_prune_ref
+
+if TYPE_CHECKING:
+    from impl.flops import LayerDensity
 
 logger = logging.getLogger(__name__)
 
@@ -577,6 +580,18 @@ class SDGPSemiConv2d(SDGPConv2d):
         self.semi_calls = 0
         self.fallback_calls = 0
         self.fallback_reasons: list[str] = []
+
+    def executed_density(self) -> LayerDensity:
+        """Fractions of the dense conv's multiply-adds this layer executes (:mod:`impl.flops`):
+        forward and weight gradient all; the data gradient n/m = 1/2 on the calls that ran on
+        sparse tensor cores (the 2:4 GEMM skips the pruned half) and all on the reference's
+        calls (a dense conv backward of the pruned dL/dO), weighted by their counts so far
+        (``semi_calls``, ``fallback_calls``); all before the first backward."""
+        from impl.flops import LayerDensity
+
+        calls = self.semi_calls + self.fallback_calls
+        on_sparse = self.semi_calls / calls if calls else 0.0
+        return LayerDensity(1.0, on_sparse * self.n / self.m + (1.0 - on_sparse), 1.0)
 
     def _note_fallback(self, reason: str) -> None:
         self.fallback_calls += 1

@@ -65,7 +65,7 @@ class TrainConfig:
         eval_flip: test-time flip averaging: a test image is scored by the sum of the logits
             of it and of its horizontal mirror (ffcv's ``lr_tta``, SDGP's evaluation).
         bn_weight_decay: weight decay on BatchNorm weights and biases too (the SDGP authors'
-            CIFAR-10 script exempts them).
+            ImageNet script exempts them).
         seed: seed of everything random in the run (init, shuffling, augmentation, methods).
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".

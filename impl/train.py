@@ -277,7 +277,7 @@ def parameter_groups(
 ) -> list[dict[str, Any]]:
     """The optimizer's parameter groups: one with ``weight_decay`` for every parameter, or,
     without ``bn_weight_decay``, BatchNorm weights and biases in a second group without it (as
-    the SDGP authors' CIFAR-10 script). Groups keep the order of ``model.parameters()``."""
+    the SDGP authors' ImageNet script). Groups keep the order of ``model.parameters()``."""
     if bn_weight_decay:
         return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
     norm = {

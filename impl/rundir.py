@@ -23,9 +23,10 @@ from typing import Any, BinaryIO
 
 import torch
 
+from impl.metrics_file import METRICS_FILE, MetricsError, read_metrics
+
 CHECKPOINT_FORMAT = "pdtbench-checkpoint-v1"
 CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
@@ -149,15 +150,27 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file readable by its owner only; the run's files are read by
+        # others too (a shared results directory), as a plain open() would have made them
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # a full disk names no file
+            raise OSError(err.errno, f"{err.strerror or err}: writing {path}") from err
         raise
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it, and putting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -182,9 +195,17 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """Read a JSON object from ``path``."""
-    with open(path) as f:
-        return json.load(f)
+    """Read a JSON object from ``path``. Raises ``OSError`` where it cannot be read and
+    ``ValueError`` naming the file where it is not JSON or not an object."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError, or bytes that are not text
+        raise ValueError(f"{path}: not a JSON file ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def complete_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -210,37 +231,48 @@ def _summary_with_status(run_dir: Path, status: str) -> dict[str, Any] | None:
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
     """Append one epoch's metrics as a JSON line, flushed and fsynced."""
-    with open(Path(run_dir) / METRICS_FILE, "a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All complete metric lines of a run (a torn last line, from a kill, is dropped)."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, f"{err.strerror or err}: writing {path}") from err
 
 
 def truncate_metrics(run_dir: Path, epochs_done: int) -> None:
-    """Keep only the metric lines of epochs before ``epochs_done`` (used on resume)."""
+    """Keep only the metric lines of epochs before ``epochs_done`` (used on resume: the
+    checkpoint has finished that many). Raises :class:`MetricsError`, leaving the file as it
+    is, where the lines kept are not those of epochs 0 .. ``epochs_done`` - 1, one each (a
+    damaged or edited file: continuing would record a run with epochs missing)."""
+    path = Path(run_dir) / METRICS_FILE
     rows = [r for r in read_metrics(run_dir) if r.get("epoch", -1) < epochs_done]
+    epochs = [r.get("epoch") for r in rows]
+    if epochs != list(range(epochs_done)):
+        raise MetricsError(
+            f"{path} holds the metrics of epochs {epochs} (0-based), and the checkpoint has "
+            f"finished {epochs_done} epoch(s): continuing would record the run without them. "
+            f"Restore the file, or train the run again (another --out, or remove {run_dir})"
+        )
     data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-    atomic_write_bytes(Path(run_dir) / METRICS_FILE, data.encode())
+    atomic_write_bytes(path, data.encode())
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], config_digest: str) -> None:
     """Atomically save ``state`` (tensors and plain data only) as the run's checkpoint."""
     state = dict(state, format=CHECKPOINT_FORMAT, config_digest=config_digest)
-    atomic_write(Path(run_dir) / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+    path = Path(run_dir) / CHECKPOINT_FILE
+    try:
+        atomic_write(path, lambda f: torch.save(state, f))
+    except RuntimeError as err:  # torch's zip writer reports a failed write (a full disk) so
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OSError(
+            f"{path}: the checkpoint could not be written ({first}; is the disk full?); "
+            "the previous checkpoint is kept"
+        ) from err
 
 
 def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str, Any] | None:
@@ -255,7 +287,19 @@ def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise CheckpointError(f"{path}: cannot be read as a checkpoint ({err})") from err
+        # torch's first line says what failed; the rest of its message advises loading
+        # without weights_only, which a damaged file does not need
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        why = "not a file torch saved, or a damaged one"
+        if path.stat().st_size == 0:
+            why = "the file is empty"
+        elif not first.startswith("Weights only load failed"):
+            why += f": {type(err).__name__}: {first[:200]}"
+        raise CheckpointError(
+            f"{path}: cannot be read as a checkpoint ({why}); "
+            "remove it to train the run again from its first epoch, or train into another "
+            "--out"
+        ) from err
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a pdtbench checkpoint (expected {CHECKPOINT_FORMAT})")
     if config_digest is not None and state.get("config_digest") != config_digest:

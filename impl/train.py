@@ -508,6 +508,17 @@ class Trainer:
             ctx.extra.update(state.get("ctx_extra", {}))
             wall_before = float(state["wall_seconds"])
             dense_conv_total = int(state["dense_conv_total"])
+            threads = state.get("torch_threads")
+            if threads and threads != torch.get_num_threads():
+                # CPU kernels split their sums by thread: the same steps under another count
+                # give other bits, so a resumed run would not equal the uninterrupted one
+                if main:
+                    print(
+                        f"resuming with {threads} torch threads, as the run began (not "
+                        f"{torch.get_num_threads()}): its results depend on the count",
+                        file=sys.stderr,
+                    )
+                torch.set_num_threads(int(threads))
         if resume and main:
             rundir.truncate_metrics(run_dir, start_epoch)
         dp.prepare(ctx, method)
@@ -579,6 +590,7 @@ class Trainer:
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
                     "peak_gpu_memory_bytes": peak.bytes,
+                    "torch_threads": torch.get_num_threads(),
                 },
                 cfg.digest(),
             )
@@ -898,7 +910,8 @@ def resume(
     A run that diverged raises :class:`TrainingDiverged` again (its last checkpoint would
     take the same steps to the same place).
 
-    The result equals that of an uninterrupted run (same weights and metrics on the CPU).
+    The result equals that of an uninterrupted run (same weights and metrics on the CPU: the
+    run continues with the torch thread count it was checkpointed with).
     ``data_dir``: where the dataset is now, for a run whose data moved (where it is read
     from is not part of the run's identity); saved in its ``config.json`` for later resumes.
     """

@@ -100,7 +100,7 @@ def run(
     a time (default :func:`reproductions.parallel.default_jobs`); the targets then reuse
     them, and their measurements (timings) run with the machine to themselves. A target that
     fails is reported (and listed in its page) and the others go on; its key is appended to
-    ``failed`` when given.
+    ``failed`` when given, as is a target some of whose rows failed (with their count).
     """
     from impl.report.results import ResultSet, save_result
     from reproductions.common import render, result_dir, run_target
@@ -122,7 +122,12 @@ def run(
         try:
             if target is None:
                 raise ImportError(f"reproductions module of {key} failed to load")
-            run_target(target, scale, runs_root)
+            result = run_target(target, scale, runs_root)
+            broken = [m for m in result.missing if str(m.get("reason", "")).startswith("failed:")]
+            if broken:  # the other rows stand, and the command says it did not all work
+                print(f"[{key}] {len(broken)} row(s) FAILED (see its page)")
+                if failed is not None:
+                    failed.append(f"{key} ({len(broken)} row(s))")
         except Exception as err:  # noqa: BLE001 - one broken target must not stop the others
             print(f"[{key}] FAILED: {type(err).__name__}: {err}")
             if failed is not None:

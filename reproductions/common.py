@@ -223,10 +223,12 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     or a summary older than what the reports read) is moved aside to
     ``<run dir>.stale-<time>`` and trained again, as is a killed run whose
     last checkpoint was written by other code of the method
-    (:class:`impl.rundir.StaleRunError`) or a run that diverged under other code of a
-    registered method. A run that diverged under this code raises
-    :class:`impl.train.TrainingDiverged` again without training. A run another process is
-    training (two reproductions sharing runs) is waited for, then reused or resumed. Raises
+    (:class:`impl.rundir.StaleRunError`), a killed run whose checkpoint or metrics file is
+    damaged (:class:`impl.rundir.CheckpointError`, :class:`impl.rundir.MetricsError`), or a
+    run that diverged under other code of a registered method. A run that diverged under
+    this code raises :class:`impl.train.TrainingDiverged` again without training. A run
+    another process is training (two reproductions sharing runs) is waited for, then reused
+    or resumed. Raises
     :class:`MethodUnavailable` when the method's module is missing.
     """
     import sys
@@ -247,7 +249,7 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
     import sys
 
-    from impl.rundir import StaleRunError, diverged_summary
+    from impl.rundir import CheckpointError, MetricsError, StaleRunError, diverged_summary
     from impl.train import resume, train
 
     run_dir = Path(cfg.out)
@@ -275,6 +277,8 @@ def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
             return resume(run_dir, progress=progress), False
         except StaleRunError as err:  # a killed run of code that has changed since
             move_aside(err.why)
+        except (CheckpointError, MetricsError) as err:  # a damaged file: kept aside, not lost
+            move_aside(f"it cannot be continued ({err})")
     from impl.methods import create_method
 
     create_method(cfg.method, cfg.method_options).validate(cfg)  # fail before any file exists

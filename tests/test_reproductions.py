@@ -503,6 +503,39 @@ def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
     assert reproductions.report_failures([]) == 0
 
 
+def test_a_target_with_a_failed_row_makes_the_command_fail(tmp_path, monkeypatch, capsys):
+    """One row failing must not stop the others, nor let the command exit 0 as if all ran."""
+    failing = Row("bad option", "sdgp", options={"no_such_option": 1}, train=TINY)
+    target = Target(key="sdgp.table1", title="t", description="d",
+                    rows=lambda scale: [Row("dense", "dense", train=TINY), failing])  # fmt: skip
+    monkeypatch.setattr(reproductions, "load_target", lambda key: target)
+    monkeypatch.setattr(reproductions, "expected_targets", lambda scale="cpu": [])
+    failed: list[str] = []
+    reproductions.run(["sdgp.table1"], "smoke", tmp_path / "runs", tmp_path / "rep", jobs=1,
+                      progress=False, failed=failed)  # fmt: skip
+    assert failed == ["sdgp.table1 (1 row(s))"]
+    assert "[sdgp.table1] 1 row(s) FAILED (see its page)" in capsys.readouterr().out
+    assert reproductions.report_failures(failed) == 1
+
+
+def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(
+    tmp_path, capsys
+):
+    row = Row("dense", "dense", train=TINY)
+    cfg = row.configs("smoke", tmp_path)[0]
+    first, _ = common.run_or_reuse(cfg)
+    run_dir = Path(cfg.out)
+    (run_dir / "summary.json").unlink()  # killed ...
+    (run_dir / "checkpoint.pt").write_bytes(b"")  # ... while its disk failed
+    capsys.readouterr()
+    again, reused = common.run_or_reuse(cfg)
+    assert not reused and again["top1"] == first["top1"]
+    err = capsys.readouterr().err
+    assert "it cannot be continued" in err and "the file is empty" in err
+    (aside,) = run_dir.parent.glob(f"{run_dir.name}.stale-*")
+    assert (aside / "checkpoint.pt").read_bytes() == b""  # kept as it was
+
+
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
     seen = {}
 

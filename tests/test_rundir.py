@@ -1,4 +1,5 @@
-"""Tests of the run directory's metric lines: what a resume keeps of them."""
+"""Tests of the run directory's files: what a resume keeps of the metric lines, how damaged
+files and failed writes are reported, and who may read what is written."""
 
 from __future__ import annotations
 
@@ -34,3 +35,121 @@ def test_taking_a_run_directorys_lock_removes_what_a_killed_writer_left(tmp_path
     with rundir.locked(tmp_path):
         assert not stale.exists()
     assert kept.read_text() == "{}\n" and users.read_text() == "mine"
+
+
+def test_a_damaged_metrics_line_before_the_last_is_an_error_not_a_silent_cut(tmp_path):
+    """Only the last line may be torn (a kill while it was written). A damaged line before
+    it used to end the reading there: a resume then rewrote the file without the epochs
+    after it and recorded the run's top-1 from an early epoch."""
+    import pytest
+
+    for epoch in range(3):
+        rundir.append_metrics(tmp_path, {"epoch": epoch, "test_top1": 10.0 * epoch})
+    path = tmp_path / rundir.METRICS_FILE
+    good = path.read_text()
+    path.write_text(good.replace('"epoch": 1,', '"epoch": 1,,'))
+    with pytest.raises(rundir.MetricsError, match=r"metrics.jsonl: line 2 of 3 is not JSON"):
+        rundir.read_metrics(tmp_path)
+    with pytest.raises(rundir.MetricsError):
+        rundir.truncate_metrics(tmp_path, epochs_done=3)
+    assert "1,," in path.read_text()  # left as it was, for the user to repair
+    path.write_text(good.replace('{"epoch": 2', "[2").replace(', "test_top1": 20.0}', "]"))
+    with pytest.raises(rundir.MetricsError, match="line 3 is a JSON list, not an object"):
+        rundir.read_metrics(tmp_path)
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(rundir.MetricsError, match="not a text file"):
+        rundir.read_metrics(tmp_path)
+
+
+def test_a_resume_refuses_metrics_that_miss_an_epoch_of_its_checkpoint(tmp_path):
+    import pytest
+
+    for epoch in (0, 2):  # epoch 1's line is gone
+        rundir.append_metrics(tmp_path, {"epoch": epoch})
+    with pytest.raises(rundir.MetricsError, match=r"epochs \[0, 2\] .* finished 3 epoch"):
+        rundir.truncate_metrics(tmp_path, epochs_done=3)
+    rundir.truncate_metrics(tmp_path, epochs_done=1)  # what the checkpoint needs is there
+    assert [r["epoch"] for r in rundir.read_metrics(tmp_path)] == [0]
+
+
+def test_read_json_names_the_file_it_cannot_read(tmp_path):
+    import pytest
+
+    path = tmp_path / "config.json"
+    path.write_text('{"model": "resn')
+    with pytest.raises(ValueError, match=f"^{path}: not a JSON file"):
+        rundir.read_json(path)
+    path.write_text("[]")
+    with pytest.raises(ValueError, match=f"^{path}: a JSON list, not an object"):
+        rundir.read_json(path)
+    rundir.write_json(path, {"a": 1})
+    assert rundir.read_json(path) == {"a": 1}
+
+
+def test_run_files_are_readable_as_the_umask_says(tmp_path):
+    """mkstemp made every atomically written file readable by its owner only."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        rundir.write_json(tmp_path / "summary.json", {"a": 1})
+        rundir.save_checkpoint(tmp_path, {"epoch": 1}, "digest")
+    finally:
+        os.umask(old)
+    for name in ("summary.json", rundir.CHECKPOINT_FILE):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
+
+
+def test_a_damaged_checkpoint_says_what_to_do(tmp_path):
+    import pytest
+
+    path = tmp_path / rundir.CHECKPOINT_FILE
+    cases = [
+        (b"", "the file is empty"),
+        (b"not a checkpoint\n" * 100, "not a file torch saved, or a damaged one)"),
+        (bytes(range(256)) * 4, "not a file torch saved, or a damaged one"),
+    ]
+    for content, why in cases:
+        path.write_bytes(content)
+        with pytest.raises(rundir.CheckpointError) as caught:
+            rundir.load_checkpoint(tmp_path)
+        message = str(caught.value)
+        assert why in message and "remove it to train the run again" in message
+        assert "weights_only" not in message  # torch's advice does not fit a damaged file
+
+
+def test_a_failed_checkpoint_write_is_an_oserror_naming_it_and_keeps_the_last(
+    tmp_path, monkeypatch
+):
+    """torch reports a write that fails (a full disk) as a RuntimeError; the command line
+    shows OSErrors as one line, so it becomes one, naming the file."""
+    import pytest
+    import torch
+
+    rundir.save_checkpoint(tmp_path, {"epoch": 1}, "digest")
+
+    def full(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match=r"checkpoint.pt: the checkpoint could not be written"):
+        rundir.save_checkpoint(tmp_path, {"epoch": 2}, "digest")
+    monkeypatch.undo()
+    assert rundir.load_checkpoint(tmp_path)["epoch"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_write_error_without_a_file_name_gets_the_path(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import pytest
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match=r"No space left on device: writing .*summary.json"):
+        rundir.write_json(tmp_path / "summary.json", {"a": 1})
+    with pytest.raises(OSError, match=r"No space left on device: writing .*metrics.jsonl"):
+        rundir.append_metrics(tmp_path, {"epoch": 0})

@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
+from impl.metrics_file import MetricsError, read_metrics
+
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 
 # The summary fields a run table shows first (DESIGN.md, "Public contract"); others follow.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -142,20 +143,22 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
 
 def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
     """Per-epoch metrics (``metrics.jsonl``) of the runs in ``runs`` (from :func:`load_runs`),
-    long form: one row per (run, epoch), with the run's method, model, data, scale and seed."""
+    long form: one row per (run, epoch), with the run's method, model, data, scale and seed.
+    A run whose metrics file is damaged (:class:`impl.rundir.MetricsError`) has no rows and
+    is added to ``runs.attrs["incomplete"]`` with the reason."""
     frames = []
     keys = [k for k in ("run", "method", "model", "data", "scale", "seed") if k in runs.columns]
     for _, run in runs.iterrows():
-        path = Path(run["path"]) / METRICS_FILE
-        if not path.exists():
+        try:
+            records = read_metrics(Path(run["path"]))  # a torn last line is dropped
+        except MetricsError as err:  # listed with the runs not shown, instead of stopping all
+            runs.attrs.setdefault("incomplete", []).append(
+                {"path": str(run["path"]), "status": "metrics unreadable", "reason": str(err)}
+            )
             continue
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a torn last line
-            rows.append({k: v for k, v in rec.items() if not isinstance(v, (dict, list))})
+        rows = [
+            {k: v for k, v in rec.items() if not isinstance(v, (dict, list))} for rec in records
+        ]
         if not rows:
             continue
         frame = pd.DataFrame(rows)

@@ -1,0 +1,55 @@
+"""A run's ``metrics.jsonl`` read back: one JSON object per finished epoch.
+
+Kept apart from :mod:`impl.rundir` (which writes it, and needs torch for checkpoints) so that
+the reports, which never import torch, read it by the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsError(ValueError):
+    """A run's ``metrics.jsonl`` that is damaged (a line before the last is not a JSON
+    object, the file is not text) or does not match its checkpoint; the message names the
+    file, the line and what to do."""
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """All complete metric lines of a run: one JSON object per finished epoch (a torn last
+    line, from a kill while it was written, is dropped).
+
+    Raises :class:`MetricsError` naming the file and line where a line before the last is
+    not a JSON object (the file was damaged: dropping it would drop the epochs after it)
+    or the file is not text."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as err:
+        raise MetricsError(f"{path}: not a text file ({err})") from err
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break  # torn by a kill
+            raise MetricsError(
+                f"{path}: line {number} of {len(lines)} is not JSON ({err}); the lines after "
+                "it hold later epochs: repair or remove that line"
+            ) from err
+        if not isinstance(row, dict):
+            raise MetricsError(
+                f"{path}: line {number} is a JSON {type(row).__name__}, not an object"
+            )
+        rows.append(row)
+    return rows
+
+
+__all__ = ["METRICS_FILE", "MetricsError", "read_metrics"]

@@ -152,6 +152,25 @@ def test_load_metrics_keeps_a_torn_files_whole_lines_and_skips_runs_with_none(tm
     assert none.empty and {"run", "method", "seed", "epoch"} <= set(none.columns)
 
 
+def test_a_run_whose_metrics_are_damaged_is_listed_and_the_report_renders(tmp_path, capsys):
+    """A metrics file damaged before its last line (or not text) stopped the whole report."""
+    _run(tmp_path, "good", epochs=2)
+    _run(tmp_path, "binary", epochs=2, seed=1)
+    _run(tmp_path, "middle", epochs=3, seed=2)
+    (tmp_path / "binary" / "metrics.jsonl").write_bytes(b"\xff\xfe\x00\x01")
+    middle = tmp_path / "middle" / "metrics.jsonl"
+    middle.write_text(middle.read_text().replace('"epoch": 1', '"epoch": 1,,'))
+    runs = load_runs([tmp_path])
+    metrics = load_metrics(runs)
+    assert sorted(set(metrics["run"])) == ["good"]
+    listed = {r["path"].rsplit("/", 1)[-1]: r for r in runs.attrs["incomplete"]}
+    assert listed["binary"]["status"] == "metrics unreadable"
+    assert "not a text file" in listed["binary"]["reason"]
+    assert "line 2 of 3 is not JSON" in listed["middle"]["reason"]
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "line 2 of 3 is not JSON" in (tmp_path / "out" / "runs.html").read_text()
+
+
 @pytest.mark.parametrize(
     ("target", "expected"),
     [(40.0, 20.0), (59.9, 20.0), (90.0, 30.0), (90.1, math.nan), (0.0, 10.0)],

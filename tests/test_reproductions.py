@@ -518,9 +518,7 @@ def test_a_target_with_a_failed_row_makes_the_command_fail(tmp_path, monkeypatch
     assert reproductions.report_failures(failed) == 1
 
 
-def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(
-    tmp_path, capsys
-):
+def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(tmp_path, capsys):
     row = Row("dense", "dense", train=TINY)
     cfg = row.configs("smoke", tmp_path)[0]
     first, _ = common.run_or_reuse(cfg)

@@ -14,7 +14,9 @@ import inspect
 import os
 import re
 import select
+import signal
 import sys
+import threading
 import types
 import typing
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 EXIT_FAILED = 1  # the work itself failed (training diverged)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a job stopped by kill, Slurm, docker
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
 
 
@@ -469,19 +472,41 @@ def _is_saved_value(dest: str, value: Any, saved: Any, run_dir: str) -> bool:
 
 
 class Interrupted(Exception):
-    """Training was stopped by Ctrl-C; the message says what was kept and how to go on."""
+    """Training was stopped by Ctrl-C or SIGTERM; the message says what was kept and how to
+    go on, ``code`` the exit status that says which signal."""
+
+    def __init__(self, message: str, code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's time limit, ``docker stop``), raised where
+    Ctrl-C raises :class:`KeyboardInterrupt`, so that it stops the work the same way: what
+    finished is kept, the rest is cleaned up, and the command says how to go on."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _exit_code(err: BaseException) -> int:
+    return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
 
 
 @contextlib.contextmanager
 def _interrupt_hint(run_dir: Path):
-    """Turn Ctrl-C during training into :class:`Interrupted` naming the resume command."""
+    """Turn Ctrl-C (or SIGTERM) during training into :class:`Interrupted` naming the resume
+    command."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         from impl.rundir import CONFIG_FILE, load_checkpoint
 
         if not (run_dir / CONFIG_FILE).exists():
-            raise Interrupted("interrupted before the run began; nothing was written") from None
+            raise Interrupted(
+                "interrupted before the run began; nothing was written", _exit_code(stop)
+            ) from None
         try:  # what resume keeps: the checkpoint's epochs (an epoch's metrics line is written
             # before its checkpoint, so counting lines could claim one epoch too many)
             state = load_checkpoint(run_dir)
@@ -490,7 +515,8 @@ def _interrupt_hint(run_dir: Path):
             done = 0
         kept = f"{done} finished epoch(s) are saved" if done else "no epoch had finished"
         raise Interrupted(
-            f"interrupted; {kept}: continue with `pdtbench train --resume {run_dir}`"
+            f"interrupted; {kept}: continue with `pdtbench train --resume {run_dir}`",
+            _exit_code(stop),
         ) from None
 
 
@@ -721,6 +747,8 @@ def _main(argv: list[str] | None) -> int:
     from impl.rundir import CheckpointError, RunBusyError
     from impl.train import RunExistsError, TrainingDiverged
 
+    on_main_thread = threading.current_thread() is threading.main_thread()  # signals reach it
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         return COMMANDS[command](rest)
     except (
@@ -741,14 +769,17 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_FAILED
     except Interrupted as err:
         print(f"pdtbench {command}: {err}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
+        return err.code
+    except KeyboardInterrupt as stop:
         print(
             f"pdtbench {command}: interrupted; what finished is kept (runs, results): "
             "the same command continues from there",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return _exit_code(stop)
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -285,6 +285,39 @@ def test_resume_after_sigkill_mid_epoch_equals_uninterrupted_run(tmp_path):
         }
 
 
+def test_sigterm_stops_training_as_ctrl_c_does_and_names_the_resume(tmp_path):
+    """A batch scheduler's time limit (SIGTERM) ended the process silently with 143; it now
+    stops as Ctrl-C does: what finished is kept, the command says how to continue, and the
+    exit status still says SIGTERM."""
+    run = tmp_path / "run"
+    args = [
+        "train",
+        "--method",
+        "dense",
+        "--scale",
+        "smoke",
+        "--epochs",
+        "3",
+        "--max-steps-per-epoch",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(run),
+    ]
+    code = KILLER.replace("signal.SIGKILL", "signal.SIGTERM")
+    stopped = _cli(args, {"KILL_AT_STEP": "6"}, code=code)  # in the second epoch
+    assert stopped.returncode == 143, stopped.stderr
+    assert "1 finished epoch(s) are saved: continue with `pdtbench train --resume" in (
+        stopped.stderr
+    )
+    assert "Traceback" not in stopped.stderr
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    again = _cli(["train", "--resume", str(run), "--no-progress"])
+    assert again.returncode == 0, again.stderr
+
+
 def test_bad_method_option_fails_before_anything_is_written(tmp_path):
     cfg = _smoke_cfg(tmp_path / "run", method="campfire", method_options={"final_sparsity": 1.5})
     with pytest.raises(ValueError, match="final"):

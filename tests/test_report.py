@@ -109,6 +109,10 @@ def test_load_runs_reads_complete_runs_and_lists_the_others(runs_root):
         "failed": "failed",
         "corrupt": "unreadable",
     }
+    (killed,) = [r for r in runs.attrs["incomplete"] if r["status"] == "running or killed"]
+    assert killed["reason"].endswith(f"`pdtbench train --resume {runs_root / 'killed'}`")
+    (corrupt,) = [r for r in runs.attrs["incomplete"] if r["status"] == "unreadable"]
+    assert corrupt["reason"].startswith(str(runs_root / "corrupt" / "summary.json"))
 
 
 def test_load_runs_of_nothing_is_an_empty_frame(tmp_path):

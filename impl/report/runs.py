@@ -67,8 +67,12 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        data = json.load(f)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except ValueError as err:  # not JSON, or not text
+        raise ValueError(f"{path}: not a JSON file ({err})") from err
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
@@ -106,7 +110,12 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
         summary_path = run_dir / SUMMARY_FILE
         if not summary_path.exists():
             incomplete.append(
-                {"path": str(run_dir), "status": "running or killed", "reason": "no summary.json"}
+                {
+                    "path": str(run_dir),
+                    "status": "running or killed",
+                    "reason": "no summary.json; a killed run continues with "
+                    f"`pdtbench train --resume {run_dir}`",
+                }
             )
             continue
         try:

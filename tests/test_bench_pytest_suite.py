@@ -90,16 +90,31 @@ def test_three(benchmark):
 """
 
 
-def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path):
-    (tmp_path / "conftest.py").write_text(
-        CUT_CONFTEST.format(suite=str(ROOT / "bench" / "pytest_suite"))
+# The suite's own conftest, read where a copy of the suite's layout puts it.
+REAL_CONFTEST = """
+import sys
+sys.path[:0] = [{root!r}, {suite!r}]
+_path = {suite!r} + "/conftest.py"
+exec(compile(open(_path).read(), _path, "exec"))
+"""
+
+
+@pytest.mark.parametrize("given", ["suite", "parent"])
+def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path, given):
+    """Run as ``pytest bench/pytest_suite`` (the suite's conftest read at start-up) and as
+    ``pytest bench`` (read during collection, after the session began: the cut kept nothing
+    there, not even the partial file)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(
+        REAL_CONFTEST.format(root=str(ROOT), suite=str(ROOT / "bench" / "pytest_suite"))
     )
-    (tmp_path / "test_cut.py").write_text(CUT_TESTS)
+    (suite / "test_cut.py").write_text(CUT_TESTS)
     out = tmp_path / "out" / "pb.json"
     out.parent.mkdir()  # pytest-benchmark before 5.3 opens the file at start-up
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_cut.py",
-         "--benchmark-only", "--benchmark-json", str(out)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         "suite" if given == "suite" else ".", "--benchmark-only", "--benchmark-json", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # interrupted
@@ -110,7 +125,7 @@ def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path):
     partial = [
         json.loads(line) for line in (out.parent / "pb.partial.jsonl").read_text().splitlines()
     ]
-    assert [r["nodeid"] for r in partial] == ["test_cut.py::test_one"]
+    assert [r["nodeid"] for r in partial] == ["suite/test_cut.py::test_one"]
     assert partial[0]["stats"]["rounds"] >= 1
 
 

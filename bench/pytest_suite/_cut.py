@@ -63,11 +63,14 @@ class CutRecorder:
         self.cut_at = f"{self.current or 'between tests'} (SIGTERM: a time limit)"
         raise KeyboardInterrupt(self.cut_at)
 
-    @pytest.hookimpl
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def start(self, config: pytest.Config) -> None:
         """Install the SIGTERM handler (main thread of the main process only) and start an
-        empty partial file."""
-        config = session.config
+        empty partial file; once. Called where the recorder is registered: under
+        ``pytest bench`` this suite's conftest is read during collection, after the session
+        started, so a ``pytest_sessionstart`` of the recorder alone never ran there (a cut
+        then kept nothing)."""
+        if self._config is not None:
+            return
         self._config = config
         self.partial = partial_path(config.getoption("benchmark_json", default=None))
         if self.partial is not None:
@@ -75,6 +78,11 @@ class CutRecorder:
             self.partial.write_text("")
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """:meth:`start`, where the recorder was registered before the session began."""
+        self.start(session.config)
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:

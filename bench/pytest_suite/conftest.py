@@ -30,7 +30,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "byte_count: a deterministic count, reported apart from the timing table"
     )
     if not config.pluginmanager.has_plugin("pdtbench-cut"):
-        config.pluginmanager.register(CutRecorder(), "pdtbench-cut")
+        recorder = CutRecorder()
+        config.pluginmanager.register(recorder, "pdtbench-cut")
+        recorder.start(config)  # now: under `pytest bench` the session has already begun
 
 
 @pytest.fixture(scope="session")

@@ -403,7 +403,10 @@ def cmd_train(argv: list[str]) -> int:
         check_scale_device(args.scale, args.device or "auto")
         cfg = _checked_config(args, parser)
     if args.nproc > 1 and distributed.env_world() is None:
-        return distributed.launch(["train", *argv], args.nproc)  # torchrun runs it N times
+        # torchrun runs it N times; Ctrl-C here stops the job (launch), then says how to go on
+        run_dir = Path(args.resume) if args.resume else Path(cfg.out or cfg.default_out())
+        with _interrupt_hint(run_dir, f" --nproc {args.nproc}"):
+            return distributed.launch(["train", *argv], args.nproc)
 
     if args.resume:
         device = saved_cfg.device if saved_cfg is not None else "auto"  # resume() reports
@@ -495,9 +498,9 @@ def _exit_code(err: BaseException) -> int:
 
 
 @contextlib.contextmanager
-def _interrupt_hint(run_dir: Path):
+def _interrupt_hint(run_dir: Path, flags: str = ""):
     """Turn Ctrl-C (or SIGTERM) during training into :class:`Interrupted` naming the resume
-    command."""
+    command (with ``flags`` appended: how the run was launched)."""
     try:
         yield
     except KeyboardInterrupt as stop:
@@ -515,7 +518,7 @@ def _interrupt_hint(run_dir: Path):
             done = 0
         kept = f"{done} finished epoch(s) are saved" if done else "no epoch had finished"
         raise Interrupted(
-            f"interrupted; {kept}: continue with `pdtbench train --resume {run_dir}`",
+            f"interrupted; {kept}: continue with `pdtbench train --resume {run_dir}{flags}`",
             _exit_code(stop),
         ) from None
 

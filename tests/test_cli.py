@@ -448,6 +448,27 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
     assert "before the run began; nothing was written" in capsys.readouterr().err
 
 
+def test_ctrl_c_under_nproc_names_the_resume_with_its_processes(tmp_path, monkeypatch, capsys):
+    """The launcher of `--nproc 2` said "the same command continues from there", which the
+    run directory then refuses; it names the resume, with the processes."""
+    from impl import distributed, rundir
+
+    out = tmp_path / "run"
+
+    def job_stopped_after_two_epochs(argv, nproc, **kw):
+        out.mkdir()
+        rundir.write_json(out / rundir.CONFIG_FILE, {"method": "dense"})
+        rundir.save_checkpoint(out, {"epoch": 2}, "digest")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distributed, "launch", job_stopped_after_two_epochs)
+    assert cli.main([*SMOKE, "--nproc", "2", "--out", str(out)]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == (
+        f"pdtbench train: interrupted; 2 finished epoch(s) are saved: continue with "
+        f"`pdtbench train --resume {out} --nproc 2`"
+    )
+
+
 def test_ctrl_c_in_any_command_is_one_line_and_exits_130(capsys, monkeypatch):
     def stopped(argv):
         raise KeyboardInterrupt

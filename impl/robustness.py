@@ -138,6 +138,12 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     summary = rundir.complete_summary(run_dir)
     if summary is not None:
         return summary
+    diverged = rundir.diverged_summary(run_dir)
+    if diverged is not None:
+        raise ValueError(
+            f"{run_dir} diverged in epoch {int(diverged.get('diverged_epoch', 0)) + 1} "
+            f"({diverged.get('reason')}): it has no trained model to attack"
+        )
     done = len(rundir.read_metrics(run_dir))
     total: Any = None
     with contextlib.suppress(OSError, ValueError, AttributeError):

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from impl.metrics_file import METRICS_FILE, MetricsError, read_metrics
+from impl.run_files import METRICS_FILE, MetricsError, read_json, read_metrics
 
 CHECKPOINT_FORMAT = "pdtbench-checkpoint-v1"
 CONFIG_FILE = "config.json"
@@ -150,10 +150,12 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        # mkstemp makes the file readable by its owner only; the run's files are read by
-        # others too (a shared results directory), as a plain open() would have made them
-        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
+            # mkstemp makes the file readable by its owner only; the run's files are read by
+            # others too (a shared results directory), as a plain open() would make them. A
+            # file system without modes (vfat) refuses: the file is written all the same.
+            with contextlib.suppress(OSError):
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -161,16 +163,36 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(err, OSError) and err.filename is None:  # a full disk names no file
-            raise OSError(err.errno, f"{err.strerror or err}: writing {path}") from err
-        raise
+        named = _naming(err, path)
+        if named is err:
+            raise
+        raise named from err
+
+
+def _naming(err: BaseException, path: Path) -> BaseException:
+    """``err``, or where it is an ``OSError`` that names no file (a full disk's ENOSPC from
+    a write or fsync), an ``OSError`` of the same errno that names ``path``."""
+    if isinstance(err, OSError) and err.filename is None:
+        return OSError(err.errno, f"{err.strerror or err}: writing {path}")
+    return err
 
 
 def _umask() -> int:
-    """The process's file-creation mask (read by setting it, and putting it back)."""
-    mask = os.umask(0)
+    """The process's file-creation mask, read from /proc where Linux gives it (setting it to
+    read it, elsewhere, changes it for a moment for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (torch's messages go on with advice), or ``""``."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -192,20 +214,6 @@ def outdated_summary(summary: dict[str, Any]) -> str | None:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomically write ``data`` as indented JSON."""
     atomic_write_bytes(Path(path), (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """Read a JSON object from ``path``. Raises ``OSError`` where it cannot be read and
-    ``ValueError`` naming the file where it is not JSON or not an object."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        data = json.loads(raw)
-    except ValueError as err:  # JSONDecodeError, or bytes that are not text
-        raise ValueError(f"{path}: not a JSON file ({err})") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object")
-    return data
 
 
 def complete_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -238,9 +246,10 @@ def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:
-        if err.filename is not None:
+        named = _naming(err, path)
+        if named is err:
             raise
-        raise OSError(err.errno, f"{err.strerror or err}: writing {path}") from err
+        raise named from err
 
 
 def truncate_metrics(run_dir: Path, epochs_done: int) -> None:
@@ -267,11 +276,14 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], config_digest: str) ->
     path = Path(run_dir) / CHECKPOINT_FILE
     try:
         atomic_write(path, lambda f: torch.save(state, f))
-    except RuntimeError as err:  # torch's zip writer reports a failed write (a full disk) so
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except RuntimeError as err:
+        # torch's zip writer reports a failed write (a full disk) so; other errors (a CUDA
+        # error met while copying tensors) are not about the file
+        if not any(k in str(err) for k in ("inline_container", "PytorchStreamWriter")):
+            raise
         raise OSError(
-            f"{path}: the checkpoint could not be written ({first}; is the disk full?); "
-            "the previous checkpoint is kept"
+            f"{path}: the checkpoint could not be written ({_first_line(err)}; is the disk "
+            "full?); the previous checkpoint is kept"
         ) from err
 
 
@@ -286,10 +298,12 @@ def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str
         return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:  # not damage: the file is fine, and must not be removed
+        raise
     except Exception as err:  # torch raises several types for a damaged file
         # torch's first line says what failed; the rest of its message advises loading
         # without weights_only, which a damaged file does not need
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        first = _first_line(err)
         why = "not a file torch saved, or a damaged one"
         if path.stat().st_size == 0:
             why = "the file is empty"

@@ -62,9 +62,10 @@ class TrainingDiverged(RuntimeError):
             else "no epoch had finished"
         )
         super().__init__(
-            f"training diverged in epoch {epoch + 1} of {record.get('epochs')} (step "
-            f"{record.get('step')}, learning rate {float(record.get('lr', float('nan'))):.4g} "
-            f"at its last step): {record.get('reason')}; {kept}. Train again with a lower "
+            f"training diverged in epoch {epoch + 1} of {record.get('epochs')} (found at its "
+            f"end, step {record.get('found_at_step')}; learning rate "
+            f"{float(record.get('lr', float('nan'))):.4g} at its last step): "
+            f"{record.get('reason')}; {kept}. Train again with a lower "
             f"--lr (this run's peak was {float(record.get('peak_lr', float('nan'))):g}) into "
             f"another --out, or "
             f"remove {self.run_dir} to train it again"
@@ -518,6 +519,7 @@ class Trainer:
                         f"{torch.get_num_threads()}): its results depend on the count",
                         file=sys.stderr,
                     )
+                held.callback(torch.set_num_threads, torch.get_num_threads())  # after the run
                 torch.set_num_threads(int(threads))
         if resume and main:
             rundir.truncate_metrics(run_dir, start_epoch)
@@ -780,7 +782,9 @@ class Trainer:
             "seed": cfg.seed,
             "epochs": cfg.epochs,
             "diverged_epoch": epoch,
-            "step": ctx.step,
+            # the run's step count where the divergence was found: the epoch's end (the
+            # weights are checked once an epoch, not at every step)
+            "found_at_step": ctx.step,
             "lr": row.get("lr"),
             "peak_lr": cfg.lr,
             "train_loss": loss if isinstance(loss, float) and np.isfinite(loss) else None,

@@ -31,7 +31,13 @@ from typing import Any
 
 from impl.data import DatasetMissingError, default_data_dir
 from impl.methods import identity_change
-from impl.report.results import FigureSpec, ResultSet, load_results, save_result
+from impl.report.results import (
+    FigureSpec,
+    ResultSet,
+    load_results,
+    save_result,
+    warn_unreadable,
+)
 from impl.rundir import complete_summary
 from reproductions.parallel import trained_here
 from reproductions.published import lookup, paper_values
@@ -231,7 +237,6 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
     or resumed. Raises
     :class:`MethodUnavailable` when the method's module is missing.
     """
-    import sys
 
     from impl.rundir import RunBusyError, wait_until_free
 
@@ -247,7 +252,6 @@ def run_or_reuse(cfg: Any, *, progress: bool = False) -> tuple[dict[str, Any], b
 
 
 def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
-    import sys
 
     from impl.rundir import CheckpointError, MetricsError, StaleRunError, diverged_summary
     from impl.train import resume, train
@@ -255,7 +259,12 @@ def _run_or_reuse(cfg: Any, progress: bool) -> tuple[dict[str, Any], bool]:
     run_dir = Path(cfg.out)
 
     def move_aside(why: str) -> None:
-        aside = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        stamp = f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside = run_dir.with_name(stamp)
+        n = 1
+        while aside.exists():  # moved aside already within this second
+            n += 1
+            aside = run_dir.with_name(f"{stamp}-{n}")
         run_dir.rename(aside)
         print(f"not reusing {run_dir}: {why}; moved to {aside}, training again", file=sys.stderr)
 
@@ -871,8 +880,7 @@ def render(
     from impl.report import render_reports
 
     results, unreadable = load_results([Path(runs_root) / "results"])
-    for u in unreadable:
-        print(f"unreadable, listed on the index: {u['path']}: {u['reason']}", file=sys.stderr)
+    warn_unreadable(unreadable)
     return render_reports(results, reports_root, expected=expected, unreadable=unreadable)
 
 

@@ -62,7 +62,9 @@ def test_a_diverging_epoch_stops_training_and_keeps_the_last_finite_checkpoint(
     record = json.loads((run / rundir.SUMMARY_FILE).read_text())
     assert record["status"] == "diverged" and record["diverged_epoch"] == 1
     assert rundir.diverged_summary(run) == record and rundir.complete_summary(run) is None
-    assert record["step"] == 4 and record["iterations"] == 2  # two steps of each epoch ran
+    # found at the end of epoch 2, after two steps of each epoch
+    assert record["found_at_step"] == 4 and record["iterations"] == 2
+    assert "(found at its end, step 4;" in message
     json.dumps(record, allow_nan=False)  # a valid JSON file: no bare NaN in it
 
 
@@ -89,6 +91,16 @@ def test_the_command_line_names_the_divergence_and_exits_1(tmp_path, capsys):
     assert "pdtbench train: error: training diverged in epoch 1 of 2" in err
     assert "this run's peak was 1e+12" in err
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == cli.EXIT_FAILED
+
+
+def test_fgsm_refuses_a_diverged_run_without_sending_it_to_resume(tmp_path, monkeypatch):
+    from impl.robustness import eval_fgsm_run
+
+    _poison_in_epoch(monkeypatch, 0)
+    with pytest.raises(TrainingDiverged):
+        train(_cfg(tmp_path / "run"), progress=False)
+    with pytest.raises(ValueError, match="diverged in epoch 1 .* no trained model to attack"):
+        eval_fgsm_run(tmp_path / "run", [0.0])
 
 
 def test_the_report_lists_a_diverged_run_with_its_reason(tmp_path, monkeypatch):

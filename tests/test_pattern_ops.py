@@ -452,6 +452,25 @@ def test_dispatch_rule_picks_cuda_only_where_it_runs(monkeypatch, impl, operands
     assert pattern_mod._resolve_impl(impl, *operands) == expected
 
 
+def test_the_conv_dispatch_weighs_the_bias_too(monkeypatch):
+    """A bias of another dtype than input and weight must send the conv to the reference
+    (the kernels read the bias in the input's dtype)."""
+    from impl.ops import pattern as pattern_mod
+
+    seen = []
+
+    def record(impl, *operands):
+        seen.append(operands)
+        return "ref"
+
+    monkeypatch.setattr(pattern_mod, "_resolve_impl", record)
+    x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
+    pattern_mod.pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), b)
+    assert len(seen) == 1 and seen[0][2] is b
+    pattern_mod.pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool))
+    assert len(seen[1]) == 2  # no bias, nothing more to weigh
+
+
 def test_forced_cuda_without_kernels_names_the_reason(monkeypatch):
     from impl.ops import pattern as pattern_mod
 

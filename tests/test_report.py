@@ -173,6 +173,8 @@ def test_a_run_whose_metrics_are_damaged_is_listed_and_the_report_renders(tmp_pa
     assert "line 2 of 3 is not JSON" in listed["middle"]["reason"]
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "line 2 of 3 is not JSON" in (tmp_path / "out" / "runs.html").read_text()
+    printed = capsys.readouterr().out  # three complete runs, not three plus two incomplete
+    assert "3 complete runs, 2 of them with unreadable metrics (listed), 0 incomplete" in printed
 
 
 @pytest.mark.parametrize(
@@ -493,6 +495,12 @@ def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, ca
     broken.write_text("[1, 2]")
     with pytest.raises(ValueError, match=f"^{broken}: a JSON list, not an object"):
         load_result(broken)
+    for shape in ('{"rows": [["row", "metric"]]}', '{"missing": [1]}', '{"figures": [1]}'):
+        valid = json.loads(save_result(_result(), tmp_path / "v").read_text())
+        broken.write_text(json.dumps({**valid, **json.loads(shape)}))  # JSON of a wrong shape
+        with pytest.raises(ValueError, match=f"^{broken}: "):
+            load_result(broken)
+    broken.write_text("[1, 2]")
     (results / "sdgp.table1" / "smoke" / "result.json").write_text('{"target": "x.y", "n": 1}')
     with pytest.raises(ValueError, match="no readable result.json .*a JSON list, not an object"):
         main([str(results), "--out", str(tmp_path / "o2")])

@@ -518,7 +518,10 @@ def test_a_target_with_a_failed_row_makes_the_command_fail(tmp_path, monkeypatch
     assert reproductions.report_failures(failed) == 1
 
 
-def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(tmp_path, capsys):
+def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(common.time, "strftime", lambda fmt: "20261128-184421")  # one second
     row = Row("dense", "dense", train=TINY)
     cfg = row.configs("smoke", tmp_path)[0]
     first, _ = common.run_or_reuse(cfg)
@@ -532,6 +535,15 @@ def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(
     assert "it cannot be continued" in err and "the file is empty" in err
     (aside,) = run_dir.parent.glob(f"{run_dir.name}.stale-*")
     assert (aside / "checkpoint.pt").read_bytes() == b""  # kept as it was
+    # a damaged metrics file (before its last line) likewise
+    (run_dir / "summary.json").unlink()
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("{not json\n" + metrics.read_text())
+    again, reused = common.run_or_reuse(cfg)
+    assert not reused and again["top1"] == first["top1"]
+    assert "line 1 of 2 is not JSON" in capsys.readouterr().err
+    # both moved aside within one second: the second gets its own name
+    assert (run_dir.parent / f"{run_dir.name}.stale-20261128-184421-2").is_dir()
 
 
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):

@@ -107,13 +107,11 @@ def test_paper_rows_train_each_papers_own_network():
             assert r.train["augment_recipe"] == "ffcv" and r.train["eval_flip"] is True
             # their BatchNorm filter ("bn" in the name) matches none of ResNet-9's names
             assert "bn_weight_decay" not in r.train and r.train["warmup_start"] == 1e-4
-        else:  # the authors' ImageNet configurations, per model (global batch of 4 processes)
+        else:  # the authors' ImageNet configurations, per model, as one of their 4 processes
             assert r.train["bn_weight_decay"] is False and r.train["warmup_start"] == 1e-4
             recipe = (r.train["batch_size"], r.train["lr"], r.train["weight_decay"])
-            assert (
-                recipe
-                == {"resnet18": (4096, 1.0, 5e-5), "resnet50": (2048, 1.7, 1e-4)}[r.train["model"]]
-            )
+            expected = {"resnet18": (1024, 0.25, 5e-5), "resnet50": (512, 0.425, 1e-4)}
+            assert recipe == expected[r.train["model"]]
         # float16 with a gradient scaler (Sec. III-C, IV): the authors' literal constant
         assert r.train["fp16"] is True
         if r.method == "sdgp":

@@ -67,7 +67,7 @@ def test_a_resume_continues_with_the_thread_count_the_run_began_with(tmp_path, m
         capsys.readouterr()
         resume(tmp_path / "killed", progress=False)
         assert "resuming with 1 torch threads, as the run began (not 2)" in capsys.readouterr().err
-        assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2  # the caller's count is back after the run
     finally:
         torch.set_num_threads(before)
 
@@ -77,3 +77,16 @@ def test_a_resume_continues_with_the_thread_count_the_run_began_with(tmp_path, m
     assert losses(tmp_path / "killed") == losses(tmp_path / "whole")
     whole = json.loads((tmp_path / "whole" / rundir.SUMMARY_FILE).read_text())
     assert rundir.complete_summary(tmp_path / "killed")["top1"] == whole["top1"]
+
+
+def test_resume_and_loading_read_name_equals_dir_as_the_runs_datasets(tmp_path, monkeypatch):
+    """``--data-dir NAME=DIR`` (as PDTBENCH_DATA_DIR takes it) names the dataset it is for:
+    another dataset's directory is refused, not read as a path."""
+    from impl.train import load_trained_model
+
+    run = tmp_path / "run"
+    _killed_after_epoch(monkeypatch, _cfg(run, threads=1), 1)
+    with pytest.raises(ValueError, match="names cifar10, and the run reads digits"):
+        resume(run, progress=False, data_dir="cifar10=/elsewhere")
+    with pytest.raises(ValueError, match="names imagenet, and the run reads digits"):
+        load_trained_model(run, data_dir="imagenet=/elsewhere")

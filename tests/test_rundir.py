@@ -90,14 +90,31 @@ def test_run_files_are_readable_as_the_umask_says(tmp_path):
     """mkstemp made every atomically written file readable by its owner only."""
     import os
 
-    old = os.umask(0o022)
-    try:
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        old = os.umask(mask)
+        try:
+            rundir.write_json(tmp_path / "summary.json", {"a": 1})
+            rundir.save_checkpoint(tmp_path, {"epoch": 1}, "digest")
+        finally:
+            os.umask(old)
+        for name in ("summary.json", rundir.CHECKPOINT_FILE):
+            assert (tmp_path / name).stat().st_mode & 0o777 == mode, (oct(mask), name)
+
+
+def test_a_file_system_without_modes_still_gets_its_files(tmp_path, monkeypatch):
+    """vfat refuses chmod (EPERM): the file is written all the same, no descriptor left open."""
+    import errno
+    import os
+
+    def refuse(fd, mode):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
         rundir.write_json(tmp_path / "summary.json", {"a": 1})
-        rundir.save_checkpoint(tmp_path, {"epoch": 1}, "digest")
-    finally:
-        os.umask(old)
-    for name in ("summary.json", rundir.CHECKPOINT_FILE):
-        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
+    assert rundir.read_json(tmp_path / "summary.json") == {"a": 1}
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_a_damaged_checkpoint_says_what_to_do(tmp_path):
@@ -137,6 +154,13 @@ def test_a_failed_checkpoint_write_is_an_oserror_naming_it_and_keeps_the_last(
     monkeypatch.undo()
     assert rundir.load_checkpoint(tmp_path)["epoch"] == 1
     assert not list(tmp_path.glob(".*.tmp"))
+
+    def cuda_error(obj, f, *args, **kwargs):  # not about the file: passed on as it is
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "save", cuda_error)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        rundir.save_checkpoint(tmp_path, {"epoch": 2}, "digest")
 
 
 def test_a_write_error_without_a_file_name_gets_the_path(tmp_path, monkeypatch):

@@ -61,8 +61,8 @@ _CUDA_DTYPES = (torch.float32, torch.float64)
 def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
     """``"ref"`` or ``"cuda"`` for ``impl`` and the operands: "auto" takes the CUDA kernels
     when every operand is a CUDA tensor of one dtype, float32 or float64, and the kernels
-    load (operands of two dtypes take the reference, which promotes them as torch does; the
-    kernels read every operand in one dtype)."""
+    load (operands of two dtypes take the reference, which computes them as it does on the
+    CPU; the kernels read every operand in one dtype)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
     on_gpu = (

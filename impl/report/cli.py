@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from impl.report.pages import render_reports
-from impl.report.results import load_results
+from impl.report.results import load_results, warn_unreadable
 from impl.report.runs import find_run_dirs, load_metrics, load_runs
 
 
@@ -64,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.paths}: {unreadable[0]['path']}: {unreadable[0]['reason']}"
             )
         raise ValueError(f"no result.json and no run directory under {args.paths}")
-    for u in unreadable:
-        print(f"unreadable, listed on the index: {u['path']}: {u['reason']}", file=sys.stderr)
+    warn_unreadable(unreadable)
     index = render_reports(
         results,
         args.out,
@@ -74,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         expected=_expected_targets(results),
         unreadable=unreadable,
     )
+    listed = [] if runs is None else runs.attrs.get("incomplete", [])
     n_runs = 0 if runs is None else len(runs)
-    n_bad = 0 if runs is None else len(runs.attrs.get("incomplete", []))
-    print(f"{len(results)} results, {n_runs} complete runs, {n_bad} incomplete (listed)")
+    n_bad = sum(r["status"] != "metrics unreadable" for r in listed)  # the others are complete
+    damaged = len(listed) - n_bad
+    also = f", {damaged} of them with unreadable metrics (listed)" if damaged else ""
+    print(f"{len(results)} results, {n_runs} complete runs{also}, {n_bad} incomplete (listed)")
     print(f"report: {index}")
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,11 +119,19 @@ class ResultSet:
         return self.target.partition(".")[2]
 
     def validate(self) -> None:
-        """Raise ``ValueError`` on a bad target, scale or comparison row."""
+        """Raise ``ValueError`` on a bad target, scale, comparison row, missing entry or
+        settings line."""
         if "." not in self.target:
             raise ValueError(f"target {self.target!r} is not '<paper>.<item>'")
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
+        for part in ("rows", "missing", "settings"):
+            entries = getattr(self, part)
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise ValueError(f"{part} must be a list of objects")
+        for entry in self.missing:
+            if "row" not in entry or "reason" not in entry:
+                raise ValueError(f"missing entry without 'row' and 'reason': {entry}")
         for row in self.rows:
             unknown = sorted(set(row) - set(COMPARISON_COLUMNS))
             if unknown:
@@ -186,8 +195,9 @@ def load_result(path: str | Path) -> ResultSet:
         data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
         result = ResultSet(**data)
         result.validate()
-    except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
-        raise ValueError(f"{path}: {err}") from err
+    except (ValueError, TypeError, AttributeError, KeyError) as err:  # JSON, or its shape
+        detail = err if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{path}: {detail}") from err
     return result
 
 
@@ -207,6 +217,13 @@ def load_results(paths: list[str | Path]) -> tuple[list[ResultSet], list[dict[st
                 {"path": str(path), "target": path.parent.parent.name, "reason": reason}
             )
     return results, unreadable
+
+
+def warn_unreadable(unreadable: list[dict[str, str]]) -> None:
+    """One line on stderr for each result file :func:`load_results` could not read (the
+    index lists them too)."""
+    for u in unreadable:
+        print(f"unreadable, listed on the index: {u['path']}: {u['reason']}", file=sys.stderr)
 
 
 def find_results(paths: list[str | Path]) -> list[Path]:
@@ -230,5 +247,6 @@ __all__ = [
     "find_results",
     "load_result",
     "load_results",
+    "warn_unreadable",
     "save_result",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from impl.metrics_file import MetricsError, read_metrics
+from impl.run_files import MetricsError, read_json, read_metrics
 
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
@@ -66,18 +66,6 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        data = json.loads(raw)
-    except ValueError as err:  # not JSON, or not text
-        raise ValueError(f"{path}: not a JSON file ({err})") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    return data
-
-
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     """Scalar fields of a summary, plus the environment's commit/device fields."""
     row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
@@ -119,7 +107,7 @@ def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
             )
             continue
         try:
-            summary = _read_json(summary_path)
+            summary = read_json(summary_path)
         except (OSError, ValueError) as err:
             incomplete.append({"path": str(run_dir), "status": "unreadable", "reason": str(err)})
             continue

@@ -1,7 +1,8 @@
-"""A run's ``metrics.jsonl`` read back: one JSON object per finished epoch.
+"""A run directory's JSON files read back: ``metrics.jsonl`` (one JSON object per finished
+epoch) and the JSON objects (``config.json``, ``summary.json``).
 
-Kept apart from :mod:`impl.rundir` (which writes it, and needs torch for checkpoints) so that
-the reports, which never import torch, read it by the same rules.
+Kept apart from :mod:`impl.rundir` (which writes them, and needs torch for checkpoints) so
+that the reports, which never import torch, read them by the same rules.
 """
 
 from __future__ import annotations
@@ -52,4 +53,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["METRICS_FILE", "MetricsError", "read_metrics"]
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object from ``path``. Raises ``OSError`` where it cannot be read and
+    ``ValueError`` naming the file where it is not JSON or not an object."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError, or bytes that are not text
+        raise ValueError(f"{path}: not a JSON file ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object")
+    return data
+
+
+__all__ = ["METRICS_FILE", "MetricsError", "read_json", "read_metrics"]

@@ -1468,7 +1468,7 @@ def _env() -> dict[str, Any]:
 
 
 def provenance(scale: str | None = None) -> dict[str, Any]:
-    """What every row carries about where and how it was measured (shared/DESIGN.md).
+    """What every row carries about where and how it was measured (docs/benchmarks.md).
 
     Commit (and whether the tree was dirty), UTC date, GPU and driver (and where the name was
     read: ``gpu_source``), whether torch sees a GPU (``gpu_available``), CUDA, cuDNN, torch,

@@ -225,7 +225,7 @@ def rotated(make: Callable[[int], torch.Tensor], count: int | None = None) -> li
     """``make(j)`` for ``j < count``, or as many of them as it takes to span the rotation bytes
     of :func:`bench.measure.rotation_sets` (at least one): the inputs a timing rotates
     through, so that a call does not find its operands in the cache the previous call left
-    (shared/DESIGN.md, Measurement); at most ``count`` when given (sets derived from another
+    (docs/benchmarks.md); at most ``count`` when given (sets derived from another
     rotated list cannot outnumber it)."""
     first = make(0)
     n = measure.rotation_sets(first.numel() * first.element_size(), first.device)

@@ -259,7 +259,7 @@ def training_flops(
     model's device, in eval mode (so BatchNorm statistics are not touched; every module's
     training flag is restored afterwards) and with autograd on (to see which inputs need a
     gradient). Multiply-add = 2 FLOPs (the convention of PruneTrain's authors' cost script,
-    shared/PAPERS.md; the papers' text does not state it).
+    the papers' text does not state it).
 
     Args:
         model: the network.
@@ -416,7 +416,7 @@ def paper_training_cost(model: nn.Module, input_shape: Sequence[int], batch: int
 
     Source: Lym et al., "PruneTrain", SC 2019 (Tab. 1, Figs. 2 and 8 report it; the text does
     not give the formula), as computed by the authors' cost script (``scripts/calc_cost.py``
-    of their public code; shared/PAPERS.md):
+    of their public code):
 
     * convolution with weight ``[K, C, R, S]``, input ``H x W``, output ``P x Q``, total
       padding ``pad``: ``N * (2 * CRS*K*PQ + (H + pad_h)(W + pad_w) * KRS*C)`` multiply-adds,

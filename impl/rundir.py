@@ -1,6 +1,6 @@
 """Run directories: config first, metrics flushed per epoch, atomic checkpoints, summary last.
 
-Layout (shared/DESIGN.md, "Run directories and reliability")::
+Layout (README, "Run directories")::
 
     config.json      written first
     metrics.jsonl    one JSON line per finished epoch, flushed and fsynced

@@ -903,7 +903,7 @@ def check_run_method(run_dir: Path, cfg: TrainConfig) -> None:
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run ``cfg`` into ``cfg.out`` and return its summary (see shared/DESIGN.md)."""
+    """Run ``cfg`` into ``cfg.out`` and return its summary (README, "Run directories")."""
     return Trainer(cfg, progress=progress).run(resume=False)
 
 

@@ -1,4 +1,4 @@
-"""Compile checks of the CUDA kernels that need no GPU (DESIGN.md, Kernels).
+"""Compile checks of the CUDA kernels that need no GPU (docs/kernels.md).
 
 Where ``nvcc`` is on the PATH: every ``impl/cuda/*.cu`` compiles for sm_80 and sm_90 with the
 loader's options, without errors, warnings or register spills, and every kernel the ops

@@ -4,7 +4,7 @@ Without a GPU: the loader's behaviour (nothing touched at import, a recorded rea
 errors), the fake implementations (shapes, dtypes, memory formats, autograd), the launch
 planning, and the references of pack/unpack.
 
-On a GPU (``gpu`` marker): every kernel against its reference (STYLE.md): the kernel's error
+On a GPU (``gpu`` marker): every kernel against its reference (docs/kernels.md): the kernel's error
 against the float64 reference must be within ``k`` times the error of the same-precision
 reference (plus a floor of a few ulps of the result's magnitude bound), one tolerance table
 per dtype; odd sizes beside the paper's (256 x 1152 filters, 1152 x 50176 input), fresh

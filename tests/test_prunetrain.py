@@ -140,7 +140,7 @@ def test_lasso_coefficient_solves_eq3(ratio: float) -> None:
 
 
 def test_lasso_coefficient_plausible_against_authors_resnet32() -> None:
-    # Authors' stored values for CIFAR ResNet-32 (PAPERS.md): r=0.2 -> 3.79e-4. They depend on
+    # Authors' stored values for CIFAR ResNet-32 (public code): r=0.2 -> 3.79e-4. They depend on
     # the initialisation, so this only checks the order of magnitude with ours.
     model = M.create("resnet32")
     lam = lasso_coefficient(math.log(10), group_lasso(model).detach(), 0.2)

@@ -502,7 +502,8 @@ def test_convert_replaces_reference_layers_and_reconfigures():
 # --------------------------------------------------------------------------------------------
 # GPU: the sparse product against float64 (skipped cleanly without a GPU)
 # --------------------------------------------------------------------------------------------
-#: Tolerance table (STYLE.md): max |error vs float64| of the sparse path must be within k times
+#: Tolerance table (docs/sdgp_semi.md):
+#: max |error vs float64| of the sparse path must be within k times
 #: that of the same-precision dense computation. ``gemm``: the same algebra with a dense
 #: ``torch.mm`` (only the product differs); ``cudnn``: the reference ``conv2d_input``, which
 #: rounds once where the column path rounds each column before the fold.

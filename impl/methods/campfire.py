@@ -2,7 +2,7 @@
 
 Gamboa et al., "Campfire: Compressible, Regularization-Free, Structured Sparse Training for
 Hardware Accelerators" (2020). No public code exists; this follows the paper's text, with the
-corrections listed in shared/PAPERS.md ("Campfire") and in :mod:`impl.methods.campfire_masks`.
+corrections listed in :mod:`impl.methods.campfire_masks` and docs/methods.md.
 
 What the method does (Sec. 2):
 

@@ -19,7 +19,7 @@ Counting rule, shared by all functions: a layer of ``N`` weights at sparsity ``s
 ``round_half_up(s * N)`` weights (``floor(s * N + 0.5)``). Where whole kernels or blocks are
 removed the count is met to within one kernel or block (never below it).
 
-Readings of the paper's garbled parts (see also shared/PAPERS.md, "Campfire"):
+Readings of the paper's garbled parts (see also docs/methods.md, "Campfire"):
 
 * Algorithm 1 (CK) as printed computes, for each input channel ``c``, a cutoff over the ``K``
   kernels of that channel, with ``n = max(cutoff_index, size - max_non_zero - 1)`` and "the

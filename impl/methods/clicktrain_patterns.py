@@ -27,7 +27,7 @@ KEEP = 4
 N_POSITIONS = KERNEL_SIZE * KERNEL_SIZE
 N_PATTERNS = math.comb(N_POSITIONS, KEEP)  # 126
 GROUP_LASSO_EPS = 1e-8
-"""Added under each group's square root, as in the authors' code (PAPERS.md)."""
+"""Added under each group's square root, as in the authors' public code."""
 
 
 # -- importance (Sec. 4.1) ---------------------------------------------------------------------
@@ -411,7 +411,7 @@ def modified_group_lasso(
 
     ``sum_kernels sqrt(sum of w^2 outside the kernel's kept positions + eps) +
     sum_removed_kernels sqrt(sum of w^2 + eps)``, the form of the authors' code
-    (PAPERS.md), with ``eps = 1e-8``. Only the groups are penalised: weights inside a kept
+    (their public code), with ``eps = 1e-8``. Only the groups are penalised: weights inside a kept
     pattern of a kept kernel get no gradient.
 
     Args:

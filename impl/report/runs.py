@@ -21,7 +21,7 @@ from impl.run_files import MetricsError, read_json, read_metrics
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 
-# The summary fields a run table shows first (DESIGN.md, "Public contract"); others follow.
+# The summary fields a run table shows first (README, "Run directories"); others follow.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
     "method",

@@ -645,9 +645,11 @@ def cmd_demo(argv: list[str]) -> int:
     )
     p.add_argument("--out", default="reports", help="where the HTML report goes (default: reports)")
     p.add_argument(
+        "--runs-root",
         "--runs",
+        dest="runs",
         default="runs/reproductions",
-        help="where the runs go (default: runs/reproductions)",
+        help="where the runs go, as reproduce's --runs-root (default: runs/reproductions)",
     )
     add_jobs_argument(p, gpu_scales=False)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -690,6 +690,10 @@ def test_demo_and_reproduce_progress_bars_stay_off_a_log(monkeypatch):
     monkeypatch.setattr(reproductions, "demo", lambda **kw: seen.update(kw))
     assert cli.main(["demo", "--scale", "smoke", "--no-progress"]) == 0
     assert seen["progress"] is False
+    # the runs folder is named as reproduce names it, or as it was
+    for flag in ("--runs-root", "--runs"):
+        assert cli.main(["demo", "--scale", "smoke", "--no-progress", flag, "r/x"]) == 0
+        assert str(seen["runs_root"]) == "r/x"
     bar = _bar(3, True)  # pytest's stderr is not a terminal
     assert bar.disable
     bar.close()

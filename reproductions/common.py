@@ -335,14 +335,17 @@ def measure_or_reuse(
     dict of plain values (numbers, lists, dicts). The saved file holds the values and the
     environment; it is keyed by (fn, params, scale, and the function's ``measure_version``
     where it sets one). ``context["runs"]`` maps the labels of
-    rows run before to their run directories (for measurements on trained models).
+    rows run before to their run directories (for measurements on trained models). A saved
+    file that does not read (torn, edited) is measured again, with a line saying so.
     """
     from impl.env import collect
 
     path = _measure_path(fn, params, scale, Path(root))
     if path.exists():
-        data = json.loads(path.read_text())
-        return data["values"], True
+        try:
+            return json.loads(path.read_text())["values"], True
+        except (ValueError, KeyError, TypeError) as err:  # a cache: measured again, said so
+            print(f"not reusing {path}: unreadable ({err!r}); measuring again", file=sys.stderr)
     import torch
 
     from bench.measure import pinned_flags

@@ -202,6 +202,20 @@ def test_measurements_are_cached_by_function_params_and_scale(tmp_path):
     assert v2 == v1 and v1["seen"] == ["dense"]
 
 
+def test_a_damaged_saved_measurement_is_measured_again(tmp_path, capsys):
+    CALLS["n"] = 0
+    fn = "test_reproductions:counted_measure"
+    ctx = {"runs": {}}
+    measure_or_reuse(fn, {"x": 3}, "smoke", ctx, tmp_path)
+    (saved,) = [p for p in tmp_path.rglob("*.json")]
+    for damage in ('{"values": {"val', "[1, 2]", '{"no": "values"}'):
+        saved.write_text(damage)
+        values, reused = measure_or_reuse(fn, {"x": 3}, "smoke", ctx, tmp_path)
+        assert values["value"] == 6 and not reused
+        assert f"not reusing {saved}: unreadable" in capsys.readouterr().err
+    assert CALLS["n"] == 4 and measure_or_reuse(fn, {"x": 3}, "smoke", ctx, tmp_path)[1]
+
+
 def tf32_seen_measure(scale, context):
     """A measurement that reports the TF32 flags it ran under."""
     return {

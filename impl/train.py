@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import statistics
@@ -61,14 +62,14 @@ class TrainingDiverged(RuntimeError):
             if epoch
             else "no epoch had finished"
         )
+        lr, peak = record.get("lr"), record.get("peak_lr")
+        lr_text = f"learning rate {lr:.4g} at its last step" if lr is not None else "no step"
+        peak_text = f" (this run's peak was {peak:g})" if peak is not None else ""
         super().__init__(
             f"training diverged in epoch {epoch + 1} of {record.get('epochs')} (found at its "
-            f"end, step {record.get('found_at_step')}; learning rate "
-            f"{float(record.get('lr', float('nan'))):.4g} at its last step): "
-            f"{record.get('reason')}; {kept}. Train again with a lower "
-            f"--lr (this run's peak was {float(record.get('peak_lr', float('nan'))):g}) into "
-            f"another --out, or "
-            f"remove {self.run_dir} to train it again"
+            f"end, step {record.get('found_at_step')}; {lr_text}): {record.get('reason')}; "
+            f"{kept}. Train again with a lower --lr{peak_text} into another --out, or remove "
+            f"{self.run_dir} to train it again"
         )
 
 
@@ -785,9 +786,9 @@ class Trainer:
             # the run's step count where the divergence was found: the epoch's end (the
             # weights are checked once an epoch, not at every step)
             "found_at_step": ctx.step,
-            "lr": row.get("lr"),
+            "lr": _finite_or_none(row.get("lr")),
             "peak_lr": cfg.lr,
-            "train_loss": loss if isinstance(loss, float) and np.isfinite(loss) else None,
+            "train_loss": _finite_or_none(loss),
             "nonfinite_loss_steps": row.get("nonfinite_loss_steps"),
             "iterations": row.get("iterations"),
             "reason": why,
@@ -859,6 +860,11 @@ def _step_cost(ctx: TrainContext, method: Method) -> tuple[float, float]:
 
     report = training_flops(ctx.model, ctx.input_shape, density=method.cost(ctx.model))
     return report.total, report.executed.total
+
+
+def _finite_or_none(value: Any) -> float | None:
+    """``value`` as a float where it is a finite number, else None (JSON has no NaN)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _plain(value: Any) -> bool:

@@ -128,6 +128,22 @@ def test_a_reproduction_does_not_train_a_diverged_run_again(tmp_path, monkeypatc
         common.run_or_reuse(_cfg(tmp_path / "run"))
 
 
+def test_a_divergence_record_holds_no_nan_and_its_message_reads_without_a_rate():
+    """An epoch of no step has no learning rate (NaN in the row): the record says null, which
+    JSON can hold, and the message does without it."""
+    from impl.train import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = _cfg(Path("unused"))
+    ctx = type("Ctx", (), {"step": 0})()
+    row = {"lr": float("nan"), "train_loss": float("nan"), "iterations": 0}
+    record = trainer._divergence_record(ctx, Dense(), 0, row, "non-finite values in x")
+    assert record["lr"] is None and record["train_loss"] is None
+    json.dumps(record, allow_nan=False)
+    message = str(TrainingDiverged(Path("run"), record))
+    assert "(found at its end, step 0; no step)" in message and "peak was 0.2" in message
+
+
 def test_nonfinite_state_names_parameters_and_buffers():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Linear(2, 2))
     assert nonfinite_state(model) == []

@@ -995,10 +995,11 @@ def _fake_py(tmp_path: Path, bench_run: str) -> Path:
 def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
     tmp_path, bench_run, status, noted
 ):
-    """The session's budget left the rows part 40 s of its 140: its script's step ran out of
+    """The session's budget left the rows part 45 s of its 140: its script's step ran out of
     time, so the part reads "partial" and is not noted as run (the next call that names no
     part runs it), and the session does not fail for it. A failure of its own, within the
-    same shortened limit, is a failure and noted."""
+    same shortened limit, is a failure and noted. (At 40 s the script's own step had 15 s
+    left at its first second, the least a step starts with: one second's tick skipped it.)"""
     state = tmp_path / "state"
     out = tmp_path / "out"
     # a tree of its own: with a GPU said present the session unpacks each part's results
@@ -1017,7 +1018,7 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
         EARLIER_STEPS="/nonexistent",
         OUT=str(out),
         RUN_TAG="session-x",
-        BUDGET_S="70",
+        BUDGET_S="75",
     )
     res = subprocess.run(
         ["bash", str(tree / "scripts" / "gpu" / "session.sh"), "rows"],
@@ -1027,7 +1028,7 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
         timeout=120,
     )
     (row,) = _steps(out / "session-x-steps.tsv")
-    assert (row["step"], row["status"], row["limit_s"]) == ("rows", status, "40"), res.stdout
+    assert (row["step"], row["status"], row["limit_s"]) == ("rows", status, "45"), res.stdout
     ran = (state / "ran").read_text() if (state / "ran").exists() else ""
     assert ("rows failed" in ran) is noted
     assert res.returncode == (1 if noted else 0)

@@ -839,8 +839,7 @@ def _randn(shape: Sequence[int], device: torch.device, seed: int) -> torch.Tenso
 
 
 def _rotated(shape: Sequence[int], device: torch.device, seed: int) -> list[torch.Tensor]:
-    n = measure.rotation_sets(math.prod(shape) * 4, device)
-    return [_randn(shape, device, seed + k) for k in range(n)]
+    return measure.rotated(lambda k: _randn(shape, device, seed + k))
 
 
 def _pattern_cuda_check(impl: Impl) -> None:

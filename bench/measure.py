@@ -185,6 +185,18 @@ def rotation_sets(bytes_per_set: float, device: torch.device | str) -> int:
     return int(min(cap, max(1, math.ceil(target / bytes_per_set))))
 
 
+def rotated(make: Callable[[int], torch.Tensor], count: int | None = None) -> list[torch.Tensor]:
+    """``make(j)`` for ``j < count``, or as many of them as it takes to span the rotation bytes
+    of :func:`rotation_sets` (at least one): the inputs a timing rotates through, so that a
+    call does not find its operands in the cache the previous call left (docs/benchmarks.md);
+    at most ``count`` when given (sets derived from another rotated list cannot outnumber
+    it)."""
+    first = make(0)
+    n = rotation_sets(first.numel() * first.element_size(), first.device)
+    n = n if count is None else min(count, n)
+    return [first] + [make(j) for j in range(1, n)]
+
+
 def rotated_mib(bytes_per_set: float, sets: int) -> float:
     """MiB that ``sets`` rotated copies of ``bytes_per_set`` bytes span: a row whose span is
     below the device's last-level cache (50 MB of L2 on an H100 or H200) times cached reads."""

@@ -77,6 +77,7 @@ import torch.nn.functional as F
 
 from bench import measure
 from bench.cases import ENV_SMALL, provenance
+from bench.measure import rotated
 from bench.run import (
     PartialRows,
     columns,
@@ -219,18 +220,6 @@ def _timed(
         return measure.cuda_timing(fn, warmup_ms=warm, rep_ms=rep, min_reps=3, amortize=0)
     repeats = 2 if cfg.small else 3
     return measure.cpu_timing(fn, warmup=1, repeats=repeats)
-
-
-def rotated(make: Callable[[int], torch.Tensor], count: int | None = None) -> list[torch.Tensor]:
-    """``make(j)`` for ``j < count``, or as many of them as it takes to span the rotation bytes
-    of :func:`bench.measure.rotation_sets` (at least one): the inputs a timing rotates
-    through, so that a call does not find its operands in the cache the previous call left
-    (docs/benchmarks.md); at most ``count`` when given (sets derived from another
-    rotated list cannot outnumber it)."""
-    first = make(0)
-    n = measure.rotation_sets(first.numel() * first.element_size(), first.device)
-    n = n if count is None else min(count, n)
-    return [first] + [make(j) for j in range(1, n)]
 
 
 def _pick(sets: Sequence[Any], i: int) -> Any:

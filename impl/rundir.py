@@ -148,33 +148,36 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     process is killed), ``path`` keeps its previous content and the temporary file is removed
     (on an exception)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # mkstemp makes the file readable by its owner only; the run's files are read by
-            # others too (a shared results directory), as a plain open() would make them. A
-            # file system without modes (vfat) refuses: the file is written all the same.
-            with contextlib.suppress(OSError):
-                os.fchmod(f.fileno(), 0o666 & ~_umask())
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        named = _naming(err, path)
-        if named is err:
+    with _naming_the_file(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                # mkstemp makes the file readable by its owner only; the run's files are read
+                # by others too (a shared results directory), as a plain open() would make
+                # them. A file system without modes (vfat) refuses: it is written all the same.
+                with contextlib.suppress(OSError):
+                    os.fchmod(f.fileno(), 0o666 & ~_umask())
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
             raise
-        raise named from err
 
 
-def _naming(err: BaseException, path: Path) -> BaseException:
-    """``err``, or where it is an ``OSError`` that names no file (a full disk's ENOSPC from
-    a write or fsync), an ``OSError`` of the same errno that names ``path``."""
-    if isinstance(err, OSError) and err.filename is None:
-        return OSError(err.errno, f"{err.strerror or err}: writing {path}")
-    return err
+@contextlib.contextmanager
+def _naming_the_file(path: Path) -> Iterator[None]:
+    """Within the block, an ``OSError`` that names no file (a full disk's ENOSPC from a
+    write or fsync) becomes one of the same errno that names ``path``; others pass as
+    they are."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, f"{err.strerror or err}: writing {path}") from err
 
 
 def _umask() -> int:
@@ -234,22 +237,16 @@ def _summary_with_status(run_dir: Path, status: str) -> dict[str, Any] | None:
         summary = read_json(Path(run_dir) / SUMMARY_FILE)
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and summary.get("status") == status else None
+    return summary if summary.get("status") == status else None
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
     """Append one epoch's metrics as a JSON line, flushed and fsynced."""
     path = Path(run_dir) / METRICS_FILE
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        named = _naming(err, path)
-        if named is err:
-            raise
-        raise named from err
+    with _naming_the_file(path), open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def truncate_metrics(run_dir: Path, epochs_done: int) -> None:

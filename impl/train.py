@@ -771,9 +771,27 @@ class Trainer:
         """``summary.json`` of a run that diverged in ``epoch`` (0-based, as in
         ``metrics.jsonl``): what it was, where it stopped and why (:class:`TrainingDiverged`)."""
         cfg = self.cfg
-        loss = row.get("train_loss")
         return {
-            "status": "diverged",
+            **self._summary_head("diverged", method),
+            "diverged_epoch": epoch,
+            # the run's step count where the divergence was found: the epoch's end (the
+            # weights are checked once an epoch, not at every step)
+            "found_at_step": ctx.step,
+            "lr": _finite_or_none(row.get("lr")),
+            "peak_lr": cfg.lr,
+            "train_loss": _finite_or_none(row.get("train_loss")),
+            "nonfinite_loss_steps": row.get("nonfinite_loss_steps"),
+            "iterations": row.get("iterations"),
+            "reason": why,
+        }
+
+    def _summary_head(self, status: str, method: Method) -> dict[str, Any]:
+        """What every ``summary.json`` begins with: its status and version, the method (and
+        which code ran under its name: a registered method's name is the user's choice), the
+        model, data, scale, seed and epochs."""
+        cfg = self.cfg
+        return {
+            "status": status,
             "summary_version": rundir.SUMMARY_VERSION,
             "method": cfg.method,
             **method_identity(type(method)),
@@ -782,16 +800,6 @@ class Trainer:
             "scale": cfg.scale,
             "seed": cfg.seed,
             "epochs": cfg.epochs,
-            "diverged_epoch": epoch,
-            # the run's step count where the divergence was found: the epoch's end (the
-            # weights are checked once an epoch, not at every step)
-            "found_at_step": ctx.step,
-            "lr": _finite_or_none(row.get("lr")),
-            "peak_lr": cfg.lr,
-            "train_loss": _finite_or_none(loss),
-            "nonfinite_loss_steps": row.get("nonfinite_loss_steps"),
-            "iterations": row.get("iterations"),
-            "reason": why,
         }
 
     def _summary(
@@ -807,25 +815,15 @@ class Trainer:
         from impl.env import collect
         from impl.flops import training_flops
 
-        cfg = self.cfg
         model = ctx.model
         _, nonzero = conv_weight_counts(model)
         flops = training_flops(model, ctx.input_shape, density=method.cost(model))
         metrics = rundir.read_metrics(self.run_dir)
         summary: dict[str, Any] = {
-            "status": "complete",
-            "summary_version": rundir.SUMMARY_VERSION,
-            "method": cfg.method,
-            # which code that name ran: a registered method's name is the user's choice
-            **method_identity(type(method)),
+            **self._summary_head("complete", method),
             "method_options": method.config_dict(),
-            "model": cfg.model,
-            "data": cfg.data,
             "data_synthetic": bool(getattr(spec, "synthetic", False)),
             "data_spec": spec.to_dict(),
-            "scale": cfg.scale,
-            "seed": cfg.seed,
-            "epochs": cfg.epochs,
             "top1": last_row.get("test_top1"),
             "best_top1": max((r["test_top1"] for r in metrics), default=None),
             "compression_ratio": dense_conv_total / max(nonzero, 1),

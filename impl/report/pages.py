@@ -226,6 +226,10 @@ def render_reports(
     section = Section(
         title="Reproductions",
         anchor="index",
+        missing=[
+            {"row": u["path"], "reason": f"unreadable result, not shown: {u['reason']}"}
+            for u in unreadable
+        ],
         text="Each table and figure of the four papers, with the scale that produced it "
         "(or the scale it needs), and the cross-method table no paper has.",
         tables=[
@@ -237,10 +241,6 @@ def render_reports(
             )
         ],
     )
-    section.missing = [
-        {"row": u["path"], "reason": f"unreadable result, not shown: {u['reason']}"}
-        for u in unreadable
-    ]
     if index.empty:
         section.tables = []
         section.text = "No reproduction results: the paths given held no result.json" + (

@@ -931,3 +931,48 @@ def test_bench_rotation_copies_that_fail_leave_one_copy_and_a_note(monkeypatch):
     assert row["status"] == "ok" and row["spmm_ms"] > 0 and row["assemble_ms"] > 0
     assert row["rotation_sets"] > 1 and row["rotation_sets_columns"] == 1
     assert "rotation copies: oom" in row["errors"]
+
+
+def test_a_resumed_run_reports_the_whole_runs_semi_structured_calls(tmp_path, caplog):
+    # the counts lived only in the layers: a run resumed after its last checkpoint reported 0
+    # fallback calls and no reasons, and weighed its executed FLOPs as if no call had run
+    from impl.config import resolve
+    from impl.rundir import SUMMARY_FILE
+    from impl.train import resume, train
+
+    def cfg(out):
+        return resolve(
+            "smoke",
+            method="sdgp",
+            method_options={"backend": "semi_structured", "profile": False},
+            out=str(out),
+            threads=1,
+            epochs=2,
+            max_steps_per_epoch=2,
+        )
+
+    keys = ("sdgp_semi_calls", "sdgp_semi_fallback_calls", "sdgp_semi_fallback_reasons")
+    whole = train(cfg(tmp_path / "whole"), progress=False)
+    assert whole["sdgp_semi_fallback_calls"] > 0 and whole["sdgp_semi_fallback_reasons"]
+    train(cfg(tmp_path / "cut"), progress=False)
+    (tmp_path / "cut" / SUMMARY_FILE).unlink()  # killed after its last checkpoint
+    resumed = resume(tmp_path / "cut", progress=False)
+    assert {k: resumed[k] for k in keys} == {k: whole[k] for k in keys}
+
+
+def test_restored_counts_continue_and_a_restored_reason_is_logged_again(caplog):
+    conv = nn.Conv2d(6, 8, 3, padding=1)
+    x = torch.randn(2, 6, 5, 5)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", name="layer2.conv")
+    reason = "device cpu: semi-structured sparsity needs a CUDA GPU"
+    mod.load_semi_state({"semi_calls": 3, "fallback_calls": 5, "fallback_reasons": [reason]})
+    with caplog.at_level(logging.WARNING, logger="impl.methods.sdgp_semi"):
+        for _ in range(2):
+            mod(x.requires_grad_()).sum().backward()
+    assert mod.semi_state() == {
+        "semi_calls": 3,
+        "fallback_calls": 7,
+        "fallback_reasons": [reason],
+    }
+    assert mod.executed_density().data_grad == pytest.approx((3 * 0.5 + 7) / 10)
+    assert sum("layer2.conv" in r.getMessage() for r in caplog.records) == 1

@@ -626,6 +626,7 @@ class SDGP(Method):
         self.generator: torch.Generator | None = None
         self.plan: list[LayerPlan] = []
         self._prune_paths: dict[str, dict[str, int]] = {}  # per layer, at the last epoch's end
+        self._semi_state: dict[str, dict[str, Any]] = {}  # the same, semi-structured layers
 
     def validate(self, train_config: Any) -> None:
         """Check n, m, the pruning function, the rescale and nondivisible rules."""
@@ -677,6 +678,12 @@ class SDGP(Method):
         # then reports the whole run's calls, not those since the resume)
         self._prune_paths = {
             name: dict(mod.prune_paths) for name, mod in sdgp_modules(ctx.model).items()
+        }
+        # and of the semi-structured layers' call counts (the executed FLOPs weigh them)
+        self._semi_state = {
+            name: mod.semi_state()
+            for name, mod in sdgp_modules(ctx.model).items()
+            if callable(getattr(mod, "semi_state", None))
         }
         ratios = [r for r in (v.l1_ratio() for v in sdgp_modules(ctx.model).values())]
         ratios = [r for r in ratios if not math.isnan(r)]
@@ -745,15 +752,18 @@ class SDGP(Method):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The random-pruning generator's state (a uint8 tensor) and each layer's calls per
-        pruning path up to the last epoch's end."""
+        """The random-pruning generator's state (a uint8 tensor), each layer's calls per
+        pruning path and (semi-structured backend) its sparse and fallback calls and fallback
+        reasons, all up to the last epoch's end."""
         out: dict[str, Any] = {"prune_paths": dict(self._prune_paths)}
+        if self._semi_state:
+            out["semi_state"] = dict(self._semi_state)
         if self.generator is not None:
             out["generator_state"] = self.generator.get_state()
         return out
 
     def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
-        """Restore the generator and the pruning-path counts; (re)convert ``ctx.model`` if
+        """Restore the generator and the call counts; (re)convert ``ctx.model`` if
         ``setup`` has not done it."""
         if self.generator is None or not sdgp_modules(ctx.model):
             self.setup(ctx)
@@ -764,6 +774,10 @@ class SDGP(Method):
             if name in modules:
                 modules[name].prune_paths = dict(paths)
         self._prune_paths = dict(state.get("prune_paths", {}))
+        for name, semi in state.get("semi_state", {}).items():
+            if callable(getattr(modules.get(name), "load_semi_state", None)):
+                modules[name].load_semi_state(semi)
+        self._semi_state = dict(state.get("semi_state", {}))
 
 
 __all__ = [

@@ -580,6 +580,23 @@ class SDGPSemiConv2d(SDGPConv2d):
         self.semi_calls = 0
         self.fallback_calls = 0
         self.fallback_reasons: list[str] = []
+        self._logged_reasons: set[str] = set()
+
+    def semi_state(self) -> dict[str, Any]:
+        """The call counts and fallback reasons so far (what a checkpoint keeps of them)."""
+        return {
+            "semi_calls": self.semi_calls,
+            "fallback_calls": self.fallback_calls,
+            "fallback_reasons": list(self.fallback_reasons),
+        }
+
+    def load_semi_state(self, state: dict[str, Any]) -> None:
+        """Continue the counts of :meth:`semi_state` (a resumed run reports the whole run's
+        calls, and its executed FLOPs weigh them). A reason restored here is still logged once
+        by this process when a call meets it again."""
+        self.semi_calls = int(state.get("semi_calls", 0))
+        self.fallback_calls = int(state.get("fallback_calls", 0))
+        self.fallback_reasons = [str(r) for r in state.get("fallback_reasons", [])]
 
     def executed_density(self) -> LayerDensity:
         """Fractions of the dense conv's multiply-adds this layer executes (:mod:`impl.flops`):
@@ -597,6 +614,8 @@ class SDGPSemiConv2d(SDGPConv2d):
         self.fallback_calls += 1
         if reason not in self.fallback_reasons:
             self.fallback_reasons.append(reason)
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
             logger.warning(
                 "SDGP semi-structured backend, layer %s: reference data gradient (%s)",
                 self.layer_name or "<unnamed>",

@@ -732,6 +732,7 @@ class Trainer:
         ran = len(fwd)
         if ran > 1 and (not costs or costs[-1][0] < ran - 1):  # the loader ended early
             costs.append((ran, _step_cost(ctx, method)))  # the cost after its last step
+        epoch_batch = ctx.batch_size  # the batch these steps used: on_epoch_end may change it
         method.on_epoch_end(ctx)
         apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)
@@ -743,7 +744,7 @@ class Trainer:
             "nonfinite_loss_steps": nonfinite_steps,
             "train_top1": 100.0 * int(correct) / max(seen, 1),
             "lr": lr,
-            "batch_size": ctx.batch_size,
+            "batch_size": epoch_batch,
             "iterations": len(fwd),
             "fwd_ms": _median(fwd),
             "bwd_ms": _median(bwd),

@@ -1037,6 +1037,25 @@ def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale()
     assert all(r.seeds is None for r in fig11.rows("smoke"))  # smoke stays one seed
 
 
+@pytest.mark.parametrize("rows_store", ["own batch", "next batch"])
+def test_fig11_communication_saving_counts_each_epochs_own_batch(rows_store):
+    # The batch doubled at the end of epoch 0: epochs trained at 32, 64, 64, so with the same
+    # parameters the per-epoch cost is 1, 1/2, 1/2 of dense (33.3% saved). Metrics rows store
+    # the epoch's own batch; runs trained before that stored the next one. Both read 33.3%
+    # (the next-batch rows read 0.0 and the own-batch rows 16.7 when the first epoch's batch
+    # came from the first row).
+    from reproductions.prunetrain import epoch_batches, fig11
+
+    own = [32, 64, 64] if rows_store == "own batch" else [64, 64, 64]
+    metrics = [
+        {"epoch": e, "params": 1000, "batch_size": b, "next_batch_size": 64}
+        for e, b in enumerate(own)
+    ]
+    run = RunRecord("r", 0, {"params_dense": 1000}, metrics, True, {"batch_size": 32})
+    assert epoch_batches(run) == [32, 64, 64]
+    assert fig11.comm_cost_saved(run) == pytest.approx(100 / 3)
+
+
 def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch):
     from reproductions.clicktrain import kernels
 

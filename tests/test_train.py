@@ -428,3 +428,29 @@ def test_last_loss_is_the_last_epochs_mean_whatever_the_progress_display(tmp_pat
     assert all(math.isnan(v) for v in runs[1][:steps])  # the first epoch: none finished yet
     losses = [r["train_loss"] for r in rundir.read_metrics(tmp_path / "pFalse")]
     assert runs[1][steps:] == [pytest.approx(losses[0])] * steps
+
+
+def test_each_metrics_row_records_the_batch_its_own_steps_used(tmp_path):
+    # A method that grows the batch at an epoch's end (PruneTrain's dynamic mini-batch) made
+    # that epoch's row record the next epoch's batch beside its own iterations and samples.
+    from impl.methods import register_method, unregister_method
+    from impl.methods.dense import Dense
+
+    class _Doubling(Dense):
+        name = "doubling"
+
+        def on_epoch_end(self, ctx):
+            ctx.batch_size *= 2
+
+    register_method("doubling", _Doubling)
+    try:
+        cfg = _smoke_cfg(tmp_path / "run", method="doubling", epochs=3, batch_size=8)
+        summary = train(cfg, progress=False)
+    finally:
+        unregister_method("doubling")
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert [r["batch_size"] for r in rows] == [8, 16, 32]
+    for row in rows:  # the whole batches of the epoch's steps
+        seen = round(row["samples_per_second"] * row["train_seconds"])
+        assert seen == row["iterations"] * row["batch_size"]
+    assert summary["batch_size"] == 64  # the batch the run ended with, as its checkpoint

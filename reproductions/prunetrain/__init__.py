@@ -122,6 +122,19 @@ def pair(
     ]  # fmt: skip
 
 
+def epoch_batches(run: Any) -> list[float]:
+    """The mini-batch each epoch of ``run`` trained with: its config's for the first, then
+    the one each epoch's end set for the next (``next_batch_size`` of a dynamic mini-batch
+    run; the batch is fixed otherwise). Runs trained before the metrics' ``batch_size`` meant
+    the epoch's own batch stored the next one there; this reading holds for both."""
+    metrics = run.metrics
+    first = run.config.get("batch_size") or (metrics[0]["batch_size"] if metrics else 0)
+    out = [float(first)]
+    for m in metrics[:-1]:
+        out.append(float(m.get("next_batch_size", m["batch_size"])))
+    return out[: len(metrics)]
+
+
 def conv_layers_removed(run: Any, base: Any = None) -> float:
     """Conv layers PruneTrain removed: the convolutions of the residual paths it removed, as
     each reconfiguration recorded them (2 per path of a BasicBlock ResNet, 3 of a Bottleneck

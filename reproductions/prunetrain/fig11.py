@@ -18,14 +18,16 @@ from typing import Any
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
-from reproductions.prunetrain import pair
+from reproductions.prunetrain import epoch_batches, pair
 
 
 def _costs(run) -> tuple[list[float], list[float]]:
     p0 = float(run.summary.get("params_dense") or run.metrics[0]["params"])
-    b0 = float(run.metrics[0]["batch_size"])
-    params = [p0] + [float(m["params"]) for m in run.metrics[:-1]]  # each epoch trains the
-    batches = [b0] + [float(m["batch_size"]) for m in run.metrics[:-1]]  # previous one's model
+    # each epoch trains the model the previous one's end left (the metrics' params are after
+    # the epoch's reconfiguration)
+    params = [p0] + [float(m["params"]) for m in run.metrics[:-1]]
+    batches = epoch_batches(run)
+    b0 = batches[0]
     per_iter = [p / p0 for p in params]
     per_epoch = [(p / p0) * (b0 / b) for p, b in zip(params, batches)]
     return per_iter, per_epoch

@@ -12,12 +12,13 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
+from reproductions.prunetrain import epoch_batches
 from reproductions.prunetrain.table4 import rows as table4_rows
 
 
 def final_batch(run: RunRecord, base: RunRecord | None = None) -> float:
     """The mini-batch size of the last epoch."""
-    return float(run.metrics[-1]["batch_size"]) if run.metrics else float("nan")
+    return epoch_batches(run)[-1] if run.metrics else float("nan")
 
 
 def rows(scale: str) -> list[Row]:
@@ -41,8 +42,8 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         if "dynamic" not in r.row.label:
             continue
         for run in r.runs:
-            for m in run.metrics:
-                data.append({"epoch": m["epoch"] + 1, "batch_size": m["batch_size"],
+            for m, batch in zip(run.metrics, epoch_batches(run)):
+                data.append({"epoch": m["epoch"] + 1, "batch_size": batch,
                              "source": f"ours ({scale}), seed {run.seed}"})  # fmt: skip
     for p in paper.to_dict("records"):
         if p["dataset"] == "cifar100":

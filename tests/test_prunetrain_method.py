@@ -215,6 +215,20 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     # FLOPs agree with impl.flops on the final model
     flops = training_flops(model, ctx.input_shape)
     assert summary["inference_flops_final"] == pytest.approx(flops.forward)
+    # and, by the authors' cost formula (Table 1's "Train. FLOPs"), each epoch's model times
+    # its 16 samples over the dense model's cost times all 48
+    from impl.flops import paper_training_cost
+
+    dense_paper = method.initial["paper_train_flops_per_sample"]
+    pruned_paper = paper_training_cost(model, ctx.input_shape, 1).train_flops
+    dense_model = M.create("resnet20", in_channels=1)
+    assert dense_paper == pytest.approx(
+        paper_training_cost(dense_model, (1, 32, 32), 1).train_flops
+    )
+    want = 100 * (32 * dense_paper + 16 * pruned_paper) / (48 * dense_paper)
+    assert summary["paper_train_flops_pct_of_dense"] == pytest.approx(want)
+    assert summary["paper_train_flops_run"] == pytest.approx(32 * dense_paper + 16 * pruned_paper)
+    assert 0 < summary["paper_train_flops_pct_of_dense"] < 100
 
 
 def test_no_reconfiguration_at_the_end_when_disabled() -> None:
@@ -272,7 +286,8 @@ def test_state_dict_round_trip_recreates_the_smaller_model() -> None:
     run_epoch(method2, ctx2, data, 1)
     for (n, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=n)
-    assert method2.summary(ctx2)["train_flops_run"] == method.summary(ctx)["train_flops_run"]
+    for key in ("train_flops_run", "paper_train_flops_run", "paper_train_flops_pct_of_dense"):
+        assert method2.summary(ctx2)[key] == method.summary(ctx)[key]
 
 
 def test_setup_refuses_an_unsupported_model() -> None:

@@ -1037,6 +1037,22 @@ def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale()
     assert all(r.seeds is None for r in fig11.rows("smoke"))  # smoke stays one seed
 
 
+def test_prunetrain_training_flops_beside_the_paper_are_by_the_authors_formula():
+    # Table 1 and Fig. 8 print "Train. FLOPs" by the authors' cost formula; ours counted them
+    # by impl.flops, which weighs layers differently. Table 1 keeps impl.flops beside it.
+    from reproductions.prunetrain import fig8, table1
+
+    pt = RunRecord("p", 0, {"method": "prunetrain", "paper_train_flops_pct_of_dense": 61.5,
+                            "train_flops_run": 3.0}, [], True)  # fmt: skip
+    dense = RunRecord("d", 0, {"method": "dense", "train_flops_nominal": 1.0}, [], True)
+    for target in (table1.TARGET, fig8.TARGET):
+        unit, fn = target.metric_table["train_flops"]
+        assert unit == "% of dense" and fn(pt, dense) == 61.5 and fn(dense, None) == 100.0
+        with pytest.raises(KeyError):  # a run that did not count it has no value
+            fn(RunRecord("o", 0, {"method": "prunetrain"}, [], True), dense)
+    assert "train_flops_impl" in table1.TARGET.metrics
+
+
 @pytest.mark.parametrize("rows_store", ["own batch", "next batch"])
 def test_fig11_communication_saving_counts_each_epochs_own_batch(rows_store):
     # The batch doubled at the end of epoch 0: epochs trained at 32, 64, 64, so with the same

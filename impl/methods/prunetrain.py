@@ -174,6 +174,10 @@ class PruneTrain(Method):
         self.history: list[dict[str, Any]] = []
         self.epoch_log: list[dict[str, Any]] = []
         self.train_flops_run = 0.0
+        # the same by the authors' cost formula (impl.flops.paper_training_cost), and the
+        # samples it covers; None for a run resumed from a checkpoint saved before it was kept
+        self.paper_train_flops_run: float | None = 0.0
+        self.samples_run = 0
         self.bn_bytes_run = 0.0
         self.initial: dict[str, Any] = {}
         self.budget: float | None = None
@@ -207,6 +211,7 @@ class PruneTrain(Method):
             "params": _params(ctx.model),
             "inference_flops": cost["inference_flops"],
             "train_flops_per_sample": cost["train_flops_per_sample"],
+            "paper_train_flops_per_sample": cost["paper_train_flops_per_sample"],
             "bn_bytes_per_sample": cost["bn_bytes_per_sample"],
         }
         if self.config.dynamic_batch:
@@ -249,6 +254,9 @@ class PruneTrain(Method):
         self._samples = int(ctx.extra.get("epoch_samples", self._samples))
         cost = self._costs(ctx)
         self.train_flops_run += cost["train_flops_per_sample"] * self._samples
+        if self.paper_train_flops_run is not None:
+            self.paper_train_flops_run += cost["paper_train_flops_per_sample"] * self._samples
+        self.samples_run += self._samples
         self.bn_bytes_run += cost["bn_bytes_per_sample"] * self._samples
         self.epoch_log.append(
             {
@@ -345,10 +353,23 @@ class PruneTrain(Method):
             "params_dense": self.initial.get("params"),
             "params_final": _params(ctx.model),
             "train_flops_run": self.train_flops_run,
+            "paper_train_flops_run": self.paper_train_flops_run,
+            "paper_train_flops_pct_of_dense": self.paper_train_flops_pct_of_dense(),
             "bn_traffic_bytes_run": self.bn_bytes_run,
             "layers_removed": [p for h in self.history for p in h["removed_paths"]],
             "channels_final": channels_per_layer(ctx.model),
         }
+
+    def paper_train_flops_pct_of_dense(self) -> float | None:
+        """Training FLOPs of the run so far in % of dense training on the same samples, both
+        by the authors' cost formula (:func:`impl.flops.paper_training_cost`; PruneTrain
+        Table 1's "Train. FLOPs", Sec. 5.1): each epoch's model times its samples, over the
+        dense model's cost times all of them. None before any sample, or for a run resumed
+        from a checkpoint that did not keep the formula's count."""
+        dense = self.initial.get("paper_train_flops_per_sample")
+        if self.paper_train_flops_run is None or not dense or not self.samples_run:
+            return None
+        return 100.0 * self.paper_train_flops_run / (dense * self.samples_run)
 
     def stage_timing(self) -> list[dict[str, Any]]:
         """Per stage (the epochs between two reconfigurations): median fwd / bwd ms per
@@ -400,6 +421,8 @@ class PruneTrain(Method):
             "history": self.history,
             "epoch_log": self.epoch_log,
             "train_flops_run": self.train_flops_run,
+            "paper_train_flops_run": self.paper_train_flops_run,
+            "samples_run": self.samples_run,
             "bn_bytes_run": self.bn_bytes_run,
             "initial": self.initial,
             "budget": self.budget,
@@ -415,6 +438,9 @@ class PruneTrain(Method):
         self.history = list(state["history"])
         self.epoch_log = list(state["epoch_log"])
         self.train_flops_run = float(state["train_flops_run"])
+        paper_run = state.get("paper_train_flops_run")
+        self.paper_train_flops_run = None if paper_run is None else float(paper_run)
+        self.samples_run = int(state.get("samples_run", 0))
         self.bn_bytes_run = float(state["bn_bytes_run"])
         self.initial = dict(state["initial"])
         self.budget = state["budget"]
@@ -429,9 +455,10 @@ class PruneTrain(Method):
     def _costs(self, ctx: TrainContext) -> dict[str, float]:
         """Per-sample costs of ``ctx.model`` (cached until the next reconfiguration)."""
         if self._cost is None:
-            from impl.flops import training_flops
+            from impl.flops import paper_training_cost, training_flops
 
             report = training_flops(ctx.model, ctx.input_shape, density=self.cost(ctx.model))
+            paper = paper_training_cost(ctx.model, ctx.input_shape, 1)
             bn_elements = sum(
                 math.prod(layer.out_shape) * layer.calls
                 for layer in report.layers
@@ -441,6 +468,7 @@ class PruneTrain(Method):
             self._cost = {
                 "inference_flops": float(report.forward),
                 "train_flops_per_sample": float(report.total),
+                "paper_train_flops_per_sample": float(paper.train_flops),
                 "bn_bytes_per_sample": float(bn_elements * BN_ACCESSES_PER_ELEMENT * elem),
             }
         return self._cost

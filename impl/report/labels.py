@@ -23,6 +23,7 @@ METRIC_LABELS: dict[str, str] = {
     "inference_flops": "inference FLOPs",
     "inference_flops_saved": "inference FLOPs saved (nominal)",
     "train_flops": "training FLOPs",
+    "train_flops_impl": "training FLOPs by impl.flops",
     "train_flops_saved": "training FLOPs saved (nominal)",
     "train_flops_executed_saved": "training FLOPs saved (executed)",
     "train_time": "wall time incl. evaluation",

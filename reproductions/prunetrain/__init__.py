@@ -135,6 +135,17 @@ def epoch_batches(run: Any) -> list[float]:
     return out[: len(metrics)]
 
 
+def train_flops_by_authors_formula(run: Any, base: Any = None) -> float | None:
+    """Training FLOPs of a PruneTrain run in % of dense training on the same samples, by the
+    authors' cost formula (:func:`impl.flops.paper_training_cost`), the count behind the
+    paper's "Train. FLOPs" (Table 1, Sec. 5.1; Fig. 8). Written by the method into the
+    summary (``paper_train_flops_pct_of_dense``); a dense run is 100 by definition; a run
+    without it has no value."""
+    if run.summary.get("method") == "dense":
+        return 100.0
+    return run.summary["paper_train_flops_pct_of_dense"]
+
+
 def conv_layers_removed(run: Any, base: Any = None) -> float:
     """Conv layers PruneTrain removed: the convolutions of the residual paths it removed, as
     each reconfiguration recorded them (2 per path of a BasicBlock ResNet, 3 of a Bottleneck

@@ -146,6 +146,24 @@ def train_flops_by_authors_formula(run: Any, base: Any = None) -> float | None:
     return run.summary["paper_train_flops_pct_of_dense"]
 
 
+def training_step_seconds(run: Any) -> float:
+    """Seconds a run spent in its training steps: the sum of its epochs' ``train_seconds``
+    (forward, backward, optimizer step and data loading; not the evaluation, not the epoch's
+    end, where PruneTrain reconfigures and probes its memory). PruneTrain's training times
+    leave the reconfiguration out (Table 1: "Training time does not include network
+    architecture reconfiguration time", Sec. 5.1). KeyError for a run without them."""
+    if not run.metrics:
+        raise KeyError("train_seconds")
+    return float(sum(float(m["train_seconds"]) for m in run.metrics))
+
+
+def train_time_pct_of_dense(run: Any, base: Any) -> float:
+    """:func:`training_step_seconds` of ``run`` in % of its dense baseline's."""
+    if base is None:
+        raise KeyError("baseline")
+    return 100.0 * training_step_seconds(run) / training_step_seconds(base)
+
+
 def conv_layers_removed(run: Any, base: Any = None) -> float:
     """Conv layers PruneTrain removed: the convolutions of the residual paths it removed, as
     each reconfiguration recorded them (2 per path of a BasicBlock ResNet, 3 of a Bottleneck

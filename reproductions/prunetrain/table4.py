@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
-from reproductions.prunetrain import pair
+from reproductions.prunetrain import pair, train_time_pct_of_dense
 
 
 def train_time_reduction(run: RunRecord, base: RunRecord | None) -> float:
-    """Training wall time saved against dense, in %."""
-    return 100.0 * (1 - run.summary["wall_seconds"] / base.summary["wall_seconds"])
+    """Training time saved against dense, in %: the seconds of the training steps
+    (:func:`reproductions.prunetrain.training_step_seconds`; reconfiguration and evaluation
+    left out, as the paper's)."""
+    return 100.0 - train_time_pct_of_dense(run, base)
 
 
 def rows(scale: str) -> list[Row]:
@@ -49,6 +51,8 @@ TARGET = Target(
         "within the first iteration's (the paper's CIFAR rule), scaling the learning rate "
         "linearly; on a CPU the memory is estimated, on a GPU measured.",
         "Ours at small scales stand beside the paper's CIFAR-100 rows.",
+        "Training time: the seconds of the training steps (evaluation and the epochs' ends, "
+        "where the model is reconfigured, left out, as the paper's), against dense.",
     ],
     extra_metrics={"train_time_reduction": ("%", train_time_reduction)},
 )

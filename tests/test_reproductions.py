@@ -1059,8 +1059,8 @@ def test_prunetrain_training_time_leaves_evaluation_and_reconfiguration_out():
     from reproductions.prunetrain import table1, table4
 
     def run(steps, wall):
-        return RunRecord("r", 0, {"wall_seconds": wall},
-                         [{"epoch": e, "train_seconds": s} for e, s in enumerate(steps)], True)  # fmt: skip
+        metrics = [{"epoch": e, "train_seconds": s} for e, s in enumerate(steps)]
+        return RunRecord("r", 0, {"wall_seconds": wall}, metrics, True)
 
     pruned, dense = run([3.0, 2.0, 1.0], wall=30.0), run([4.0, 4.0, 4.0], wall=24.0)
     _, pct = table1.TARGET.metric_table["train_time"]

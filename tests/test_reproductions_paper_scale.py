@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -227,4 +228,73 @@ def test_the_compression_targets_are_the_papers_numbers():
     assert t2.options == {"connectivity": 0.4625}
     assert clicktrain_options("paper", {"model": "prunetrain_resnet50"}, "higher compression",
                               "resnet50", "cifar10") == {"connectivity": 0.8675,
+                                                         "hard_prune_epoch": 90,
                                                          "prune_pointwise": True}  # fmt: skip
+
+
+def test_prunetrains_imagenet_dynamic_batch_rows_follow_the_papers_protocol():
+    # Table 4's ImageNet naive row is Table 1's ratio 0.25 row, and the paper grows the batch
+    # by 32 per GPU on 4 GPUs; the rows ran at 0.2 and grew the global batch by 32.
+    from reproductions.prunetrain import fig9, fig11, table4
+
+    def opts(rows, label):
+        return next(r for r in rows if r.label == label).options
+
+    t4 = table4.rows("paper")
+    imagenet_dynamic = opts(t4, "imagenet PruneTrain, dynamic mini-batch")
+    assert opts(t4, "imagenet PruneTrain, naive")["penalty_ratio"] == 0.25
+    assert imagenet_dynamic["penalty_ratio"] == 0.25
+    assert imagenet_dynamic["batch_step"] == 128 and imagenet_dynamic["dynamic_batch"]
+    assert opts(t4, "cifar100 PruneTrain, dynamic mini-batch")["penalty_ratio"] == 0.2
+    assert "batch_step" not in opts(t4, "cifar100 PruneTrain, dynamic mini-batch")
+    # Fig. 11's ratio 0.25 dynamic row is the same run
+    dyn11 = next(r for r in fig11.rows("paper") if "dynamic" in r.label)
+    assert dyn11.options == imagenet_dynamic
+    # Fig. 9 compares ImageNet's batch per GPU (the paper's axis), CIFAR-100's whole batch
+    nine = {r.label: r for r in fig9.rows("paper")}
+    assert nine["imagenet PruneTrain, dynamic mini-batch"].metrics == ("batch_size_per_gpu",)
+    assert nine["cifar100 PruneTrain, dynamic mini-batch"].metrics is None
+    run = SimpleNamespace(metrics=[{"batch_size": 384, "next_batch_size": 512}] * 2,
+                          config={"batch_size": 256})  # fmt: skip
+    assert fig9.final_batch_per_gpu(run) == 128.0
+    # the cpu-scale rows (and so their runs) are unchanged
+    cpu_dynamic = opts(table4.rows("cpu"), "PruneTrain, dynamic mini-batch")
+    assert "batch_step" not in cpu_dynamic and cpu_dynamic["dynamic_batch"]
+
+
+def test_clicktrains_paper_rows_follow_each_published_rows_protocol():
+    from reproductions.clicktrain import fig11, fig14, paper_hard_prune_epoch, table1
+
+    rows = {r.label: r for r in table1.rows("paper")}
+    # the PRT numbers are PruneTrain's own: its recipe, its ImageNet ratio 0.25, own baseline
+    prt = rows["resnet50 imagenet PruneTrain"]
+    assert prt.options["penalty_ratio"] == 0.25 and prt.options["reconfig_interval"] == 5
+    assert prt.train["batch_size"] == 256
+    assert prt.baseline == "resnet50 imagenet dense (PruneTrain's recipe)"
+    assert rows[prt.baseline].train == prt.train and rows[prt.baseline].method == "dense"
+    cifar_prt = rows["resnet50 cifar10 PruneTrain"]
+    assert cifar_prt.train["epochs"] == 182 and cifar_prt.options["penalty_ratio"] == 0.2
+    assert rows["resnet50 cifar10 dense"].train["epochs"] == 190  # ClickTrain's own recipe
+    # each ClickTrain row hard-prunes at its Table 1 epoch
+    higher = rows["resnet50 cifar10 ClickTrain (higher compression)"]
+    assert higher.options["hard_prune_epoch"] == 90
+    assert paper_hard_prune_epoch("resnet50", "cifar10", "higher compression") == 90
+    assert (
+        rows["resnet50 imagenet ClickTrain (higher compression)"].options["hard_prune_epoch"]
+        == paper_hard_prune_epoch("resnet50", "imagenet")
+        == 43
+    )
+    # Fig. 14: 64 samples per GPU, so each GPU count is its own run
+    batches = {r.label: r.train["batch_size"] for r in fig14.rows("paper")}
+    assert (
+        batches["resnet50 dense, 4 GPUs"] == 256 and batches["resnet50 ClickTrain, 16 GPUs"] == 1024
+    )
+    # Fig. 11's short timing runs keep their own schedule, at the Table 2 compression
+    ct = next(r for r in fig11.rows("paper") if r.label == "resnet50 cifar10 ClickTrain")
+    assert ct.options["hard_prune_epoch"] == fig11.SHORT_CLICKTRAIN["hard_prune_epoch"]
+    from reproductions.clicktrain import clicktrain_options
+
+    train = fig11._synthetic("resnet50", False)
+    table2 = clicktrain_options("paper", train, "higher compression", "resnet50", "imagenet")
+    table1 = clicktrain_options("paper", train, "higher compression", "resnet50", "cifar10")
+    assert ct.options["connectivity"] == table2["connectivity"] != table1["connectivity"]

@@ -32,7 +32,8 @@ def rows(scale: str) -> list[Row]:
     if scale == "gpu":
         train["model"] = "resnet32"
     if scale == "paper":  # App. B.1: batch 64, weight decay 1e-4, rate x0.1 after epoch 30
-        train.update(batch_size=64, weight_decay=1e-4, schedule="step", milestones=[30])
+        train.update(model="resnet50_v1", batch_size=64, weight_decay=1e-4, schedule="step",
+                     milestones=[30])  # fmt: skip
     era = max(1, epochs // 4)
     out = [
         Row(

@@ -36,7 +36,7 @@ def rows(scale: str) -> list[Row]:
     out = []
     for model, dataset in pairs:
         for r in method_rows(scale, model, dataset):
-            if r.method == "prunetrain" or "lower" in r.label:
+            if r.method == "prunetrain" or "lower" in r.label or "PruneTrain's" in r.label:
                 continue
             if r.method == "clicktrain":
                 r.paper = {"model": model, "dataset": dataset, "method": "clicktrain"}

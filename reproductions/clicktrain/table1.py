@@ -51,6 +51,11 @@ TARGET = Target(
             "network it trains reaches the paper's conv compression for that row "
             "(reproductions.clicktrain.connectivity_for): the compression column checks the "
             "setting; top-1 and the FLOPs saved are the results.",
+            "Epoch of hard pruning: at paper scale each row hard-prunes at its Table 1 epoch "
+            "(a setting there, shown to check it); below it, at half the run's epochs. At "
+            "paper scale the bottleneck ResNets' 1x1 convs are pruned too (the authors' code "
+            "prunes only the 3x3 convs of the residual stages, which cannot reach the paper's "
+            "compression); the paper averages 10 runs, ours the scale's seeds.",
             "FLOPs are counted by impl.flops for every row (the paper does not say how it "
             "counts them): a pruned conv costs its kept fraction of the dense conv, so at equal "
             "compression ours save about as much inference FLOPs as the convs' sparsity (10.8x "

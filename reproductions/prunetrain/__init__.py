@@ -67,6 +67,21 @@ def options(
     return {**out, **extra}
 
 
+#: The paper's ImageNet dynamic mini-batch: 32 samples per GPU on its 4 GPUs (64 -> 96 -> 128
+#: per GPU, Sec. 5.3, Fig. 9a), as steps of the global batch of one process.
+IMAGENET_GPUS = 4
+IMAGENET_BATCH_STEP = 32 * IMAGENET_GPUS
+
+
+def dynamic_batch_options(dataset: str) -> dict[str, Any]:
+    """PruneTrain's dynamic mini-batch options for ``dataset``: growth in steps of 32 samples
+    (CIFAR, one GPU) or of 32 per GPU on the paper's 4 GPUs (ImageNet)."""
+    out: dict[str, Any] = {"dynamic_batch": True}
+    if dataset == "imagenet":
+        out["batch_step"] = IMAGENET_BATCH_STEP
+    return out
+
+
 def short_run_note(scale: str) -> str | None:
     """What a table with a PruneTrain run says at ``scale`` about its settings (None at the
     smoke and paper scales, which use the paper's)."""

@@ -18,7 +18,7 @@ from typing import Any
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
-from reproductions.prunetrain import epoch_batches, pair
+from reproductions.prunetrain import dynamic_batch_options, epoch_batches, pair
 
 
 def _costs(run) -> tuple[list[float], list[float]]:
@@ -44,9 +44,8 @@ def rows(scale: str) -> list[Row]:
     model, dataset = ("resnet50", "imagenet") if scale == "paper" else ("resnet32", "cifar10")
     out = []
     for ratio, dyn in ((0.2, False), (0.25, False), (0.25, True)):
-        pt = pair(
-            scale, model, dataset, ratio=ratio, extra={"dynamic_batch": True} if dyn else None
-        )[1]
+        extra = dynamic_batch_options(dataset) if dyn else None
+        pt = pair(scale, model, dataset, ratio=ratio, extra=extra)[1]
         pt.baseline = None
         pt.label += ", dynamic mini-batch" if dyn else ""
         pt.paper = ({"setting": "penalty ratio 0.25, 16-256 GPUs"} if ratio == 0.25 and dyn

@@ -2,7 +2,8 @@
 PruneTrain-trained models at batch sizes 10 and 100, and PruneTrain's speedup.
 
 Scales: smoke/cpu/gpu time the Table 1 models (ResNet-20 or -32 trained on digits) on this
-machine; paper times the CIFAR-100 models and the three ImageNet ResNet-50 models.
+machine; paper times ResNet-32 trained on CIFAR-100 (the paper's other rows, ResNet-50 and
+VGG-11/13 on CIFAR-100 and the three ImageNet ResNet-50 models, are shown as published).
 """
 
 from __future__ import annotations

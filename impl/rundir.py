@@ -43,6 +43,9 @@ SUMMARY_VERSIONS: dict[int, str] = {
     2: "the step phase (optimizer and per-step method work) in the time per iteration",
     3: "Campfire's per-epoch target and step-weighted training FLOPs, PruneTrain's zeroing of "
     "sub-threshold groups and ffcv's ResNet-9 (earlier runs trained or counted these otherwise)",
+    4: "PruneTrain's training FLOPs by the authors' cost formula, each metrics row's batch_size "
+    "as the batch of its own epoch (it was the next epoch's where the batch grew), SDGP's "
+    "semi-structured call counts kept in the checkpoint",
 }
 SUMMARY_VERSION = max(SUMMARY_VERSIONS)
 

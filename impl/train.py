@@ -620,6 +620,7 @@ class Trainer:
         ctx.epoch = epoch
         if getattr(loader, "batch_size", ctx.batch_size) != ctx.batch_size:
             loader.batch_size = ctx.batch_size
+        epoch_batch = ctx.batch_size  # the batch these steps use: on_epoch_end may change it
         loader.set_epoch(epoch)
         steps = len(loader)
         if cfg.max_steps_per_epoch:
@@ -732,7 +733,6 @@ class Trainer:
         ran = len(fwd)
         if ran > 1 and (not costs or costs[-1][0] < ran - 1):  # the loader ended early
             costs.append((ran, _step_cost(ctx, method)))  # the cost after its last step
-        epoch_batch = ctx.batch_size  # the batch these steps used: on_epoch_end may change it
         method.on_epoch_end(ctx)
         apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)

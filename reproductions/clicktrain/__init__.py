@@ -66,10 +66,11 @@ def paper_compression(model: str, dataset: str, setting: str | None = None) -> f
     return None
 
 
+@functools.cache
 def paper_hard_prune_epoch(model: str, dataset: str, setting: str | None = None) -> int | None:
     """The epoch of hard pruning of ClickTrain's Table 1 row for the paper's ``model`` on
     ``dataset`` at ``setting`` (CIFAR: "lower/higher compression"; ImageNet: its one row);
-    None where the table gives none."""
+    None where the table gives none. Cached, as :func:`paper_compression`."""
     from reproductions.published import lookup, paper_values
 
     frame = lookup(paper_values("clicktrain", "table1"), model=model, dataset=dataset,
@@ -166,7 +167,8 @@ def clicktrain_options(
     compared at the paper's compression; :data:`CONNECTIVITY` where the paper gives none. At
     paper scale a bottleneck ResNet's 1x1 convs are pruned too (``prune_pointwise``): its 3x3
     convs hold about half its conv weights, so pruning them alone compresses it at most 1.9x,
-    against the paper's 4.1x (ImageNet ResNet-50) and 8.7-10.8x (CIFAR, Table 1)."""
+    against the paper's 4.1x (ImageNet ResNet-50) and 8.7-10.8x (CIFAR, Table 1). At paper
+    scale the row also hard-prunes at its Table 1 epoch (:func:`paper_hard_prune_epoch`)."""
     from impl.config import resolve
 
     cfg = resolve(scale, **{k: v for k, v in train.items() if k in ("model", "stem", "data")})
@@ -208,8 +210,9 @@ def train_for(scale: str, model: str | None = None, dataset: str = "cifar10") ->
 
 
 def prunetrain_options(scale: str) -> dict[str, Any]:
-    """PruneTrain as ClickTrain compares with it (penalty ratio 0.2, reconfiguration every 10
-    CIFAR epochs at paper scale): :func:`reproductions.prunetrain.options` at ``scale``."""
+    """PruneTrain as ClickTrain's rows below paper scale compare with it (the paper's penalty
+    ratio 0.2, mapped for the scale): :func:`reproductions.prunetrain.options` at ``scale``
+    (at paper scale :func:`prunetrain_rows` trains PruneTrain's own protocol)."""
     from reproductions.prunetrain import options
 
     return options(scale, 0.2)

@@ -141,7 +141,8 @@ def epoch_batches(run: Any) -> list[float]:
     """The mini-batch each epoch of ``run`` trained with: its config's for the first, then
     the one each epoch's end set for the next (``next_batch_size`` of a dynamic mini-batch
     run; the batch is fixed otherwise). Runs trained before the metrics' ``batch_size`` meant
-    the epoch's own batch stored the next one there; this reading holds for both."""
+    the epoch's own batch stored the next one there; this reading holds for both, except for
+    such a run whose config is unknown, whose first epoch then reads the second's batch."""
     metrics = run.metrics
     first = run.config.get("batch_size") or (metrics[0]["batch_size"] if metrics else 0)
     out = [float(first)]
@@ -159,24 +160,6 @@ def train_flops_by_authors_formula(run: Any, base: Any = None) -> float | None:
     if run.summary.get("method") == "dense":
         return 100.0
     return run.summary["paper_train_flops_pct_of_dense"]
-
-
-def training_step_seconds(run: Any) -> float:
-    """Seconds a run spent in its training steps: the sum of its epochs' ``train_seconds``
-    (forward, backward, optimizer step and data loading; not the evaluation, not the epoch's
-    end, where PruneTrain reconfigures and probes its memory). PruneTrain's training times
-    leave the reconfiguration out (Table 1: "Training time does not include network
-    architecture reconfiguration time", Sec. 5.1). KeyError for a run without them."""
-    if not run.metrics:
-        raise KeyError("train_seconds")
-    return float(sum(float(m["train_seconds"]) for m in run.metrics))
-
-
-def train_time_pct_of_dense(run: Any, base: Any) -> float:
-    """:func:`training_step_seconds` of ``run`` in % of its dense baseline's."""
-    if base is None:
-        raise KeyError("baseline")
-    return 100.0 * training_step_seconds(run) / training_step_seconds(base)
 
 
 def conv_layers_removed(run: Any, base: Any = None) -> float:

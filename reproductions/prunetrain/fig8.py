@@ -45,7 +45,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
     inf = figure_rows(results, "inference_mflops", scale, table=table)
     acc = figure_rows(results, "top1", scale)
     train = figure_rows(results, "train_flops", scale)
-    for a, i, t in zip(acc, inf, train):
+    for a, i, t in zip(acc, inf, train, strict=True):  # a run lacking one is an error
         a["inference_mflops"] = i["inference_mflops"]
         a["train_flops"] = t["train_flops"]
     return [

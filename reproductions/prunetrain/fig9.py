@@ -50,8 +50,8 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         if "dynamic" not in r.row.label:
             continue
         for run in r.runs:
-            for m, batch in zip(run.metrics, epoch_batches(run)):
-                data.append({"epoch": m["epoch"] + 1, "batch_size": batch,
+            for m, batch in zip(run.metrics, epoch_batches(run)):  # 0-based, as the paper's
+                data.append({"epoch": m["epoch"], "batch_size": batch,
                              "source": f"ours ({scale}), seed {run.seed}"})  # fmt: skip
     for p in paper.to_dict("records"):
         if p["dataset"] == "cifar100":

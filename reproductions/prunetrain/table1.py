@@ -11,11 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.common import METRICS, Row, Target, bar_vs_paper, reproduce
-from reproductions.prunetrain import (
-    pair,
-    train_flops_by_authors_formula,
-    train_time_pct_of_dense,
-)
+from reproductions.prunetrain import pair, train_flops_by_authors_formula
 
 MODELS = ("resnet32", "resnet50", "vgg11", "vgg13")
 
@@ -53,7 +49,6 @@ TARGET = Target(
     extra_metrics={
         "train_flops": ("% of dense", train_flops_by_authors_formula),
         "train_flops_impl": METRICS["train_flops"],
-        "train_time": ("% of dense", train_time_pct_of_dense),
     },
     notes=lambda scale: [
         "Training FLOPs: nominal, whole run (each epoch's model times its samples), in % of "

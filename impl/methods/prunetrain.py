@@ -174,10 +174,9 @@ class PruneTrain(Method):
         self.history: list[dict[str, Any]] = []
         self.epoch_log: list[dict[str, Any]] = []
         self.train_flops_run = 0.0
-        # the same by the authors' cost formula (impl.flops.paper_training_cost), and the
-        # samples it covers; None for a run resumed from a checkpoint saved before it was kept
+        # the same by the authors' cost formula (impl.flops.paper_training_cost); None for a
+        # run resumed from a checkpoint saved before it was kept
         self.paper_train_flops_run: float | None = 0.0
-        self.samples_run = 0
         self.bn_bytes_run = 0.0
         self.initial: dict[str, Any] = {}
         self.budget: float | None = None
@@ -256,7 +255,6 @@ class PruneTrain(Method):
         self.train_flops_run += cost["train_flops_per_sample"] * self._samples
         if self.paper_train_flops_run is not None:
             self.paper_train_flops_run += cost["paper_train_flops_per_sample"] * self._samples
-        self.samples_run += self._samples
         self.bn_bytes_run += cost["bn_bytes_per_sample"] * self._samples
         self.epoch_log.append(
             {
@@ -367,9 +365,10 @@ class PruneTrain(Method):
         dense model's cost times all of them. None before any sample, or for a run resumed
         from a checkpoint that did not keep the formula's count."""
         dense = self.initial.get("paper_train_flops_per_sample")
-        if self.paper_train_flops_run is None or not dense or not self.samples_run:
+        samples = sum(row["samples"] for row in self.epoch_log)
+        if self.paper_train_flops_run is None or not dense or not samples:
             return None
-        return 100.0 * self.paper_train_flops_run / (dense * self.samples_run)
+        return 100.0 * self.paper_train_flops_run / (dense * samples)
 
     def stage_timing(self) -> list[dict[str, Any]]:
         """Per stage (the epochs between two reconfigurations): median fwd / bwd ms per
@@ -422,7 +421,6 @@ class PruneTrain(Method):
             "epoch_log": self.epoch_log,
             "train_flops_run": self.train_flops_run,
             "paper_train_flops_run": self.paper_train_flops_run,
-            "samples_run": self.samples_run,
             "bn_bytes_run": self.bn_bytes_run,
             "initial": self.initial,
             "budget": self.budget,
@@ -440,7 +438,6 @@ class PruneTrain(Method):
         self.train_flops_run = float(state["train_flops_run"])
         paper_run = state.get("paper_train_flops_run")
         self.paper_train_flops_run = None if paper_run is None else float(paper_run)
-        self.samples_run = int(state.get("samples_run", 0))
         self.bn_bytes_run = float(state["bn_bytes_run"])
         self.initial = dict(state["initial"])
         self.budget = state["budget"]

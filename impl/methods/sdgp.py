@@ -676,17 +676,15 @@ class SDGP(Method):
         """Mean over layers of sum|pruned dL/dO| / sum|dense dL/dO| this epoch."""
         # what the epoch's checkpoint keeps of the layers' pruning-path counts (a resumed run
         # then reports the whole run's calls, not those since the resume)
-        self._prune_paths = {
-            name: dict(mod.prune_paths) for name, mod in sdgp_modules(ctx.model).items()
-        }
+        modules = sdgp_modules(ctx.model)
+        self._prune_paths = {name: dict(mod.prune_paths) for name, mod in modules.items()}
         # and of the semi-structured layers' call counts (the executed FLOPs weigh them)
         self._semi_state = {
             name: mod.semi_state()
-            for name, mod in sdgp_modules(ctx.model).items()
+            for name, mod in modules.items()
             if callable(getattr(mod, "semi_state", None))
         }
-        ratios = [r for r in (v.l1_ratio() for v in sdgp_modules(ctx.model).values())]
-        ratios = [r for r in ratios if not math.isnan(r)]
+        ratios = [r for r in (v.l1_ratio() for v in modules.values()) if not math.isnan(r)]
         if not ratios:
             return {}
         return {

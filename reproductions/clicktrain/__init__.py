@@ -49,16 +49,18 @@ def has_bottlenecks(model: str, stem: str = "cifar") -> bool:
 
 
 @functools.cache
-def paper_compression(model: str, dataset: str, setting: str | None = None) -> float | None:
-    """ClickTrain's conv compression ratio (x) for the paper's ``model`` on ``dataset`` at
-    ``setting`` ("lower compression" / "higher compression"; Table 1, Sec. 6.2), or its ImageNet
-    row (Table 1, else Table 2, where one row per model has no setting); None where the paper
-    gives none. Cached: the two tables' files are read once, not on every row's call."""
+def _clicktrain_value(
+    metric: str, model: str, dataset: str, setting: str | None, items: tuple[str, ...]
+) -> float | None:
+    """The published value of ClickTrain's row for the paper's ``model`` on ``dataset`` at
+    ``setting`` (CIFAR: "lower/higher compression"; ImageNet rows have none) in the first of
+    ``items`` that holds exactly one; None where none does. Cached: the tables' files are read
+    once, not on every row's call."""
     from reproductions.published import lookup, paper_values
 
-    for item in ("table1", "table2"):
+    for item in items:
         frame = lookup(paper_values("clicktrain", item), model=model, dataset=dataset,
-                       method="clicktrain", metric="compression_ratio")  # fmt: skip
+                       method="clicktrain", metric=metric)  # fmt: skip
         if setting is not None and dataset != "imagenet":
             frame = frame[frame["setting"] == setting]
         if len(frame) == 1:
@@ -66,18 +68,20 @@ def paper_compression(model: str, dataset: str, setting: str | None = None) -> f
     return None
 
 
-@functools.cache
+def paper_compression(model: str, dataset: str, setting: str | None = None) -> float | None:
+    """ClickTrain's conv compression ratio (x) for the paper's ``model`` on ``dataset`` at
+    ``setting`` ("lower compression" / "higher compression"; Table 1, Sec. 6.2), or its ImageNet
+    row (Table 1, else Table 2, where one row per model has no setting); None where the paper
+    gives none."""
+    return _clicktrain_value("compression_ratio", model, dataset, setting, ("table1", "table2"))
+
+
 def paper_hard_prune_epoch(model: str, dataset: str, setting: str | None = None) -> int | None:
     """The epoch of hard pruning of ClickTrain's Table 1 row for the paper's ``model`` on
     ``dataset`` at ``setting`` (CIFAR: "lower/higher compression"; ImageNet: its one row);
-    None where the table gives none. Cached, as :func:`paper_compression`."""
-    from reproductions.published import lookup, paper_values
-
-    frame = lookup(paper_values("clicktrain", "table1"), model=model, dataset=dataset,
-                   method="clicktrain", metric="hard_prune_epoch")  # fmt: skip
-    if setting is not None and dataset != "imagenet":
-        frame = frame[frame["setting"] == setting]
-    return int(frame["value"].iloc[0]) if len(frame) == 1 else None
+    None where the table gives none."""
+    value = _clicktrain_value("hard_prune_epoch", model, dataset, setting, ("table1",))
+    return None if value is None else int(value)
 
 
 @functools.cache
@@ -174,13 +178,13 @@ def clicktrain_options(
     cfg = resolve(scale, **{k: v for k, v in train.items() if k in ("model", "stem", "data")})
     model, stem = cfg.model, cfg.stem
     options: dict[str, Any] = {}
-    if scale == "paper" and has_bottlenecks(model, stem):
-        options["prune_pointwise"] = True
-    if scale == "paper":  # Table 1 gives each row's epoch of hard pruning: a setting there
+    if scale == "paper":
+        if has_bottlenecks(model, stem):
+            options["prune_pointwise"] = True
+        # Table 1 gives each row's epoch of hard pruning: a setting there
         hard = paper_hard_prune_epoch(paper_model or model, dataset or cfg.data, setting)
         if hard is not None:
             options["hard_prune_epoch"] = hard
-    if scale == "paper":
         target = paper_compression(paper_model or model, dataset or cfg.data, setting)
     else:
         target = paper_compression(*stand_in, setting)
@@ -219,17 +223,24 @@ def prunetrain_options(scale: str) -> dict[str, Any]:
 
 
 def prunetrain_rows(
-    scale: str, model: str, dataset: str, tag: str, dense: str, needs: str | None
+    scale: str,
+    model: str,
+    dataset: str,
+    train: dict[str, Any],
+    tag: str,
+    dense: str,
+    needs: str | None,
 ) -> list[Row]:
     """The PruneTrain row of a Table 1 model and dataset (beside the paper's PRT numbers,
     which are PruneTrain's own). At paper scale it trains PruneTrain's protocol, with a dense
     baseline of that recipe (182 CIFAR epochs; ImageNet at batch 256, reconfiguration every 5
     epochs, and penalty ratio 0.25, the ratio of PruneTrain Table 1's ImageNet row these
-    numbers are: -1.87, 60% / 47% FLOPs); below it, ClickTrain's rows' recipe."""
+    numbers are: -1.87, 60% / 47% FLOPs); below it, ClickTrain's rows' recipe ``train``
+    beside their baseline ``dense``."""
     sel = {"model": model, "dataset": dataset, "method": "prunetrain"}
     if scale != "paper":
         return [Row(f"{tag}PruneTrain", "prunetrain", options=prunetrain_options(scale),
-                    train=train_for(scale, model, dataset), paper=sel, baseline=dense,
+                    train=train, paper=sel, baseline=dense,
                     needs=needs)]  # fmt: skip
     from reproductions.prunetrain import pair
 
@@ -251,7 +262,7 @@ def method_rows(scale: str, model: str, dataset: str, needs: str | None = None) 
     dense = f"{tag}dense"
     rows = [
         Row(dense, "dense", train=train, needs=needs),
-        *prunetrain_rows(scale, model, dataset, tag, dense, needs),
+        *prunetrain_rows(scale, model, dataset, train, tag, dense, needs),
     ]
     settings = ["higher compression"] if dataset == "imagenet" else list(CONNECTIVITY)
     for setting in settings:

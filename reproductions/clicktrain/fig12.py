@@ -35,8 +35,12 @@ def rows(scale: str) -> list[Row]:
         ]
     out = []
     for model, dataset in pairs:
-        for r in method_rows(scale, model, dataset):
-            if r.method == "prunetrain" or "lower" in r.label or "PruneTrain's" in r.label:
+        rows = method_rows(scale, model, dataset)
+        prunetrain_only = {r.baseline for r in rows if r.method == "prunetrain"} - {
+            r.baseline for r in rows if r.method == "clicktrain"
+        }  # the dense baseline of PruneTrain's own recipe, at paper scale
+        for r in rows:
+            if r.method == "prunetrain" or "lower" in r.label or r.label in prunetrain_only:
                 continue
             if r.method == "clicktrain":
                 r.paper = {"model": model, "dataset": dataset, "method": "clicktrain"}

@@ -1,8 +1,8 @@
 """Compile checks of the CUDA kernels that need no GPU (docs/kernels.md).
 
-Where ``nvcc`` is on the PATH: every ``impl/cuda/*.cu`` compiles for sm_80 and sm_90 with the
-loader's options, without errors, warnings or register spills, and every kernel the ops
-launch is among the compiled entry points. Where a ``libnvrtc`` is found (CUDA toolkit,
+Where ``nvcc`` is on the PATH: every ``impl/cuda/*.cu`` compiles for sm_75, sm_80 and sm_90
+with the loader's options, without errors, warnings or register spills, and every kernel the
+ops launch is among the compiled entry points. Where a ``libnvrtc`` is found (CUDA toolkit,
 the ``nvidia-cuda-nvrtc`` wheel that CUDA builds of torch and CuPy bring, or
 ``PDT_NVRTC_LIB``): NVRTC compiles the loader's expanded sources with the loader's options,
 the exact path the loader takes at run time.
@@ -27,7 +27,7 @@ import pytest
 from impl.cuda import loader
 from impl.ops import nm_cuda, pack_cuda, pattern_cuda
 
-ARCHS = ("sm_80", "sm_90")
+ARCHS = ("sm_75", "sm_80", "sm_90")  # Turing (T4) is the oldest GPU the kernels take
 NVCC = shutil.which("nvcc")
 _ENTRY_RE = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
 _SPILL_RE = re.compile(
@@ -149,12 +149,14 @@ def test_racecheck_fallback_lists_the_families_with_shared_memory(nvcc_logs, arc
 
 @pytest.mark.slow
 @NVCC_GROUP
-def test_no_float32_comparison_flushes_a_denormal(tmp_path):
+def test_no_float32_comparison_or_narrowing_flushes_a_denormal(tmp_path):
     """Compiled as CuPy compiles (-ftz=true), a float32 comparison becomes ``setp.*.ftz``,
     which takes a positive denormal for zero: the N:M rescale's "kept sum > 0" did so, and
     with eps 0 a plane whose kept sum was denormal got the ratio 0 where the reference gives
-    sx / sy. The sources compare such values from their bits (``pdt_positive``): the PTX of
-    every source holds no flushing comparison."""
+    sx / sy. Likewise a cast of a double to float becomes ``cvt.rn.ftz.f32.f64``, which
+    flushed a denormal float32 eps to 0 where torch adds it. The sources compare such values
+    from their bits (``pdt_positive``) and narrow by ``pdt_double_to_float_rn``: the PTX of
+    every source holds no flushing comparison or narrowing."""
     if NVCC is None:
         pytest.skip("nvcc is not on the PATH: the compile check needs the CUDA toolkit")
     sources = [loader.KERNEL_DIR / s for s in loader.SOURCES]
@@ -165,7 +167,8 @@ def test_no_float32_comparison_flushes_a_denormal(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
     assert len(ptx) == len(sources) and all("pdt_" in text for text in ptx.values())
-    flushing = {name: re.findall(r"setp\.\w+\.ftz\.f32[^;]*;", text) for name, text in ptx.items()}
+    flush = r"(?:setp\.\w+\.ftz\.f32|cvt\.\w+\.ftz\.f32\.f64)[^;]*;"
+    flushing = {name: re.findall(flush, text) for name, text in ptx.items()}
     assert not any(flushing.values()), flushing
 
 

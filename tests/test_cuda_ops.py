@@ -1084,6 +1084,38 @@ def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit, 
     assert (got[1][~mask] == 0).all()
 
 
+@pytest.mark.parametrize("grads", ["sparse", "dense"], ids=["sparse-grads", "dense-grads"])
+@pytest.mark.parametrize("op", ["spmm", "conv"])
+def test_emulated_pattern_ops_backward_called_inside_autocast(emulated, op, grads):
+    """A backward called inside autocast runs the CUDA ops' gradients in float32, as the
+    references do: the dense paths' cuBLAS/cuDNN products stay float32 (a bf16 product would
+    reach ``pattern_csr`` and be refused) and equal the gradients outside autocast."""
+    gen = torch.Generator().manual_seed(13)
+    mask = torch.rand(6, 4, 3, 3, generator=gen) < 0.5
+    idx = pattern_index(mask if op == "conv" else mask.reshape(6, -1))
+    x = torch.randn((2, 4, 7, 7) if op == "conv" else (36, 11), generator=gen)
+    w = torch.randn(mask.shape if op == "conv" else (idx.col_ind.numel(),), generator=gen)
+
+    def gradients(autocast: bool) -> tuple[torch.Tensor, ...]:
+        xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        if op == "conv":
+            out = pattern_cuda.pattern_conv2d_cuda(xs, ws, idx, None, 1, 1, 1)
+        else:
+            out = pattern_cuda.pattern_spmm_cuda(ws, idx.row_ptr, idx.col_ind, xs, index=idx)
+        with contextlib.ExitStack() as stack:
+            if grads == "dense":
+                stack.enter_context(pattern_cuda.forced_path("input_grad", "dense"))
+                stack.enter_context(pattern_cuda.forced_path("weight_grad", "dense"))
+            if autocast:
+                stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+            return torch.autograd.grad(out.square().sum(), (xs, ws))
+
+    inside, outside = gradients(autocast=True), gradients(autocast=False)
+    for a, b in zip(inside, outside):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
 def test_emulated_pattern_conv2d_refuses_operands_the_kernels_would_misread(emulated, implicit):
     """The kernels read every operand in the input's dtype and one bias value per filter,
@@ -1245,6 +1277,27 @@ def test_emulated_nm_rescaled_fused_gives_the_three_kernels_bits(emulated, case)
     start = len(emulated)
     nm_cuda.nm_prune_cuda(x, n, m, "rescaled", dim, "channel")
     assert not [k for k in emulated[start:] if "fused" in k], "the channel rule is not fused"
+
+
+def test_emulated_nm_takes_more_groups_per_row_than_a_grid_dimension(emulated):
+    """65,536 groups along the pruned dimension (a Linear layer's gradient, say): the
+    selection kernel's grid is one-dimensional and takes them; the rescaled mode runs its
+    three passes (the fused kernel's grid.y is one group each); only a strided rescale
+    needing more than 65,535 statistics blocks per row is refused, before any launch."""
+    gen = torch.Generator().manual_seed(23)
+    x = torch.randn(1, 4 * 65536, generator=gen)
+    for method in ("magnitude", "rescaled"):
+        with timed_choice.forced("nm_rescaled", "fused"):  # not possible here: three passes run
+            got = nm_cuda.nm_prune_cuda(x, 2, 4, method, dim=1)
+        ref = nm_prune_ref(x, 2, 4, method, 1)
+        assert torch.equal(got == 0, ref == 0), method
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
+    assert not [k for k in emulated if "fused" in k]
+    launched = len(emulated)
+    strided = torch.zeros(1, 4 * 65536, 2)
+    with pytest.raises(ValueError, match="needs 65536 blocks per row, over a launch's 65535"):
+        nm_cuda.nm_prune_cuda(strided, 2, 4, "rescaled", dim=1)
+    assert len(emulated) == launched
 
 
 @pytest.mark.parametrize("path", ["fused", "three_pass"], ids=["fused", "three-pass"])

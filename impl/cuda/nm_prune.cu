@@ -249,9 +249,14 @@ __device__ __forceinline__ bool pdt_positive(double a) { return a > 0.0; }  // -
 // The rescale factor of sums sx = sum |x|, sy = sum |kept x|: sx / (sy + eps), and 0 where
 // sy > 0 fails (nothing nonzero kept, or a NaN in the plane), as the reference's
 // torch.where(sy > 0, sx / (sy + eps), 0).
+// eps in the accumulation type, rounded as torch rounds a Python float added to a float32
+// tensor (to nearest; a denormal kept, where (float)eps under -ftz=true would give 0).
+__device__ __forceinline__ float pdt_nm_eps(float, double eps) { return pdt_double_to_float_rn(eps); }
+__device__ __forceinline__ double pdt_nm_eps(double, double eps) { return eps; }
+
 template <typename A>
 __device__ __forceinline__ A pdt_nm_ratio_of(A sx, A sy, double eps) {
-  return pdt_positive(sy) ? pdt_div_rn(sx, pdt_add_rn(sy, (A)eps)) : A(0);
+  return pdt_positive(sy) ? pdt_div_rn(sx, pdt_add_rn(sy, pdt_nm_eps(A(0), eps))) : A(0);
 }
 
 // ---------------------------------------------------------------------------------------

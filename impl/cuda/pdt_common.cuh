@@ -64,6 +64,16 @@ typedef unsigned short u16;
   T* name = reinterpret_cast<T*>(pdt_dynamic_smem)
 #endif
 
+// float32 -> bfloat16 from the bits, as cvt.rn.bf16.f32 rounds: nearest even (denormals
+// kept), NaN -> 0x7fff. The host emulation's conversion, and the device's before sm_80,
+// which has no bfloat16 instruction.
+__device__ __forceinline__ u16 pdt_float_to_bf16_bits(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+
 #ifdef PDT_HOST_EMULATION
 // Host builds for the CPU emulation tests (pdt_host_emulation.cuh): the same semantics in C++.
 inline float pdt_half_to_float(u16 h) {
@@ -78,18 +88,14 @@ inline u16 pdt_float_to_half(float f) {
   return u;
 }
 inline float pdt_bf16_to_float(u16 b) { return __uint_as_float(((u32)b) << 16); }
-inline u16 pdt_float_to_bf16(float f) {  // cvt.rn.bf16.f32: nearest even, NaN -> 0x7fff
-  u32 u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fff;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (u16)(u >> 16);
-}
+inline u16 pdt_float_to_bf16(float f) { return pdt_float_to_bf16_bits(f); }
 inline float pdt_add_rn(float a, float b) { return a + b; }
 inline float pdt_mul_rn(float a, float b) { return a * b; }
 inline float pdt_div_rn(float a, float b) { return a / b; }
 inline double pdt_add_rn(double a, double b) { return a + b; }
 inline double pdt_mul_rn(double a, double b) { return a * b; }
 inline double pdt_div_rn(double a, double b) { return a / b; }
+inline float pdt_double_to_float_rn(double a) { return (float)a; }
 #else
 // -- 16-bit floats, handled as raw bits so that no cuda_fp16.h / cuda_bf16.h is needed -----
 __device__ __forceinline__ float pdt_half_to_float(u16 h) {
@@ -107,9 +113,13 @@ __device__ __forceinline__ float pdt_bf16_to_float(u16 b) {
 }
 __device__ __forceinline__ u16 pdt_float_to_bf16(float f) {
   // round to nearest even, NaN -> canonical NaN: the instruction torch's CUDA kernels use
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return pdt_float_to_bf16_bits(f);  // cvt.*.bf16.f32 needs sm_80
+#else
   u16 b;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
   return b;
+#endif
 }
 
 // -- float32 arithmetic that ignores -ftz=true ------------------------------------------------
@@ -134,6 +144,13 @@ __device__ __forceinline__ float pdt_div_rn(float a, float b) {
 __device__ __forceinline__ double pdt_add_rn(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double pdt_mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double pdt_div_rn(double a, double b) { return __ddiv_rn(a, b); }
+// double -> float, nearest even, a denormal result kept: a C++ cast compiles to
+// cvt.rn.ftz.f32.f64 under -ftz=true and would flush it to zero.
+__device__ __forceinline__ float pdt_double_to_float_rn(double a) {
+  float r;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
+  return r;
+}
 
 #endif  // PDT_HOST_EMULATION
 

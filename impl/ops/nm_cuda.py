@@ -39,6 +39,7 @@ RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
 NM_BLOCK: int = loader.DEFINES["PDT_NM_BLOCK"]
 _MAX_U31 = 2**31 - 1
+_MAX_GRID_Y = 65535  # a launch's grid.y (and grid.z) limit
 #: The rescaled mode's paths (:mod:`impl.ops.timed_choice`): ``fused`` reads x once (one block
 #: per group keeps its elements in shared memory; the plane rule on strided groups, where they
 #: fit), ``three_pass`` runs the statistics, ratio and selection kernels (every layout). Both
@@ -215,8 +216,8 @@ def _nm_launch(
         view = nm_view(src.shape, src.stride(), dim, rescale)
         assert view is not None
     groups = view.O * _cdiv(view.C, m) * view.I
-    if max(groups, view.O, view.C, view.I) > _MAX_U31 or _cdiv(view.C, m) > 65535:
-        raise ValueError(f"{op}: {groups} groups of {view.C} channels exceed one launch")
+    if max(groups, view.O, view.C, view.I) > _MAX_U31:
+        raise ValueError(f"{op}: {groups} groups of {m} exceed the kernels' 32-bit counts")
     suf = _SUFFIX[x.dtype]
     w = sub_warp_width(m)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -250,6 +251,11 @@ def _nm_launch(
         sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
         sy = torch.empty_like(sx)
         gt = stats_groups_per_block(view, m)
+        if _cdiv(_cdiv(view.C, m), gt) > _MAX_GRID_Y:
+            raise ValueError(
+                f"{op}: rescaled {n}:{m} of {view.C} channels needs "
+                f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
+            )
         loader.launch(
             _SRC,
             f"pdt_nm_stats_{suf}_w{w}",
@@ -273,7 +279,11 @@ def _nm_launch(
         select(None)
     else:
         smem = fused_shared_bytes(view, m, x.element_size())
-        fits = smem is not None and smem + _FUSED_STATIC_SMEM <= loader.max_shared_per_block(dev)
+        fits = (
+            smem is not None
+            and smem + _FUSED_STATIC_SMEM <= loader.max_shared_per_block(dev)
+            and _cdiv(view.C, m) <= _MAX_GRID_Y  # the fused kernel's grid.y: one group each
+        )
         candidates = RESCALED_PATHS if fits else ("three_pass",)
 
         def run(path: str) -> None:

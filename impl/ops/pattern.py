@@ -327,13 +327,17 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def _autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
-    """An autograd backward run with autocast off on its gradient's device, as the pattern
-    ops' forward runs (:func:`pattern_conv2d`), even when ``.backward()`` is called inside
-    autocast (``torch.amp.custom_bwd`` needs one device type per function)."""
+    """An autograd backward (a Function's, or a CUDA custom op's) run with autocast off on its
+    gradient's device, as the pattern ops' forward runs (:func:`pattern_conv2d`), even when
+    ``.backward()`` is called inside autocast (``torch.amp.custom_bwd`` needs one device type
+    per function): the pattern kernels take float32 or float64 only."""
 
     @functools.wraps(backward)
     def run(ctx: Any, grad_out: torch.Tensor) -> Any:
-        with torch.autocast(grad_out.device.type, enabled=False):
+        device = grad_out.device.type
+        if not torch.amp.is_autocast_available(device):  # "meta" (fake tensors): none to turn off
+            return backward(ctx, grad_out)
+        with torch.autocast(device, enabled=False):
             return backward(ctx, grad_out)
 
     return run

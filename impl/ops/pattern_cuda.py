@@ -33,6 +33,7 @@ from impl.cuda import loader
 from impl.ops import device_check, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
+    _autocast_off,
     check_index_matches,
     conv_geometry,
     conv_output_size,
@@ -559,6 +560,7 @@ def _pattern_csr_setup(ctx, inputs, output) -> None:
     ctx.shape = list(dense.shape)
 
 
+@_autocast_off
 def _pattern_csr_backward(ctx, grad):
     row_ptr, col_ind = ctx.saved_tensors
     return torch.ops.pdtbench.csr_scatter(grad, row_ptr, col_ind, ctx.shape), None, None
@@ -633,6 +635,7 @@ def _spmm_problem(values: torch.Tensor, row_ptr: torch.Tensor, dense_b: torch.Te
     )
 
 
+@_autocast_off
 def _pattern_spmm_backward(ctx, grad):
     values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b = ctx.saved_tensors
     grad_values = grad_b = None
@@ -710,6 +713,7 @@ def _conv_backward_dense(
     )
 
 
+@_autocast_off
 def _pattern_conv2d_backward(ctx, grad):
     x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm = ctx.saved_tensors
     stride, padding, dilation = ctx.conv

@@ -47,12 +47,18 @@ _GPU_FIELDS = (
 )
 
 
+#: git pathspecs of what ``dirty`` leaves out: results, not code (:func:`git_state`).
+_NOT_CODE = (":(exclude)reports",)
+
+
 def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git checkout at ``root``; outside a checkout (None, None), or
     (``$PDTBENCH_COMMIT``, None) where that variable names the commit a copy was made at.
 
     ``commit`` is the 40-hex SHA of HEAD; ``dirty`` is True when tracked files differ from
-    HEAD (untracked files do not count).
+    HEAD (untracked files do not count, nor the published results under ``reports/``: the
+    runs rewrite those, and a GPU session unpacks each part's results into its tree before
+    the next part runs, so committed results there must not mark the next ones dirty).
     """
 
     def git(*args: str) -> str | None:
@@ -75,7 +81,7 @@ def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
         # whether it differs from that commit is unknown.
         named = os.environ.get("PDTBENCH_COMMIT", "").strip()
         return (named or None), None
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *_NOT_CODE)
     return commit, (None if status is None else bool(status))
 
 

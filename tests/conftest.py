@@ -33,18 +33,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(mark)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+_LOGGED_LAUNCHES: dict[str, int] = {}  # what this process's launch log holds so far
+
+
+def _log_launches(**fields: object) -> None:
+    """Append the kernels launched since the last record (a record per test that launched
+    any, so that a run stopped at a time limit still shows what it checked; the log's
+    records add up to the process's launches)."""
     path = os.environ.get(LAUNCH_LOG_VARIABLE)
+    loader = sys.modules.get("impl.cuda.loader")  # not imported: nothing was launched
     if not path:
         return
-    loader = sys.modules.get("impl.cuda.loader")  # not imported: nothing was launched
-    record = {
-        "pid": os.getpid(),
-        "exitstatus": int(exitstatus),
-        "launched": loader.launched() if loader is not None else {},
-    }
+    now = loader.launched() if loader is not None else {}
+    new = {k: n - _LOGGED_LAUNCHES.get(k, 0) for k, n in now.items()}
+    new = {k: n for k, n in new.items() if n}
+    if not new and not fields:
+        return
+    _LOGGED_LAUNCHES.update(now)
+    record = {"pid": os.getpid(), **fields, "launched": new}
     with open(path, "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    _log_launches()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _log_launches(exitstatus=int(exitstatus))
 
 
 @pytest.fixture(autouse=True)

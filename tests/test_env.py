@@ -101,6 +101,13 @@ def test_git_state_dirty_flag(tmp_path: Path) -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", commit) and dirty is False
     (tmp_path / "untracked.txt").write_text("b")
     assert env.git_state(tmp_path)[1] is False  # untracked files do not count
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "rows.csv").write_text("old")
+    git("add", "reports/rows.csv")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "results")
+    commit = env.git_state(tmp_path)[0]
+    (tmp_path / "reports" / "rows.csv").write_text("new rows")
+    assert env.git_state(tmp_path) == (commit, False)  # results rewritten: not code
     (tmp_path / "f.txt").write_text("changed")
     assert env.git_state(tmp_path) == (commit, True)
 

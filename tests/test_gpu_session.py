@@ -415,6 +415,60 @@ def test_step_runner_records_every_outcome_and_packs_the_results(tmp_path):
     assert "oops" in (out / "fake.log").read_text()
 
 
+STOPPED = """NAME=fake3
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=120
+source {common}
+step good cpu 30 'echo hello > "$DEST/good.txt"'
+step long cpu 100 'sleep 60'
+"""
+
+
+def test_a_script_stopped_from_outside_mid_step_packs_what_ended_and_names_the_step(tmp_path):
+    """The caller's `timeout` signals the script's whole process group, its console tee
+    included: the script still packs what its finished steps wrote, records the step it was
+    in as a timeout, exits 1, and leaves that step's command running on nothing."""
+    script = tmp_path / "fake3.sh"
+    script.write_text(STOPPED.format(common=GPU_DIR / "common.sh"))
+    out = tmp_path / "out"
+    res = subprocess.run(
+        ["timeout", "6", "bash", str(script)],
+        env=_env(tmp_path, OUT=str(out), DRY_RUN="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 124  # timeout's own status: the script was stopped
+    steps = {s["step"]: s for s in _steps(out / "fake3-steps.tsv")}
+    assert steps["good"]["status"] == "ok"
+    long = steps["long"]
+    assert (long["status"], long["rc"], long["note"]) == (
+        "timeout",
+        "143",
+        "the script was stopped from outside",
+    )
+    assert int(long["seconds"]) < 15
+    with tarfile.open(out / "fake3.tar.gz") as tar:
+        assert tar.extractfile("./reports/fake-check/good.txt").read() == b"hello\n"
+        status = tar.extractfile("./reports/fake-check/session/fake3/STATUS.md").read().decode()
+    assert "| long | cpu | timeout | 143 |" in status and "exit code 1" in status
+    assert not _processes_with(f"TMPDIR={tmp_path}", "sleep 60"), "the step's command still runs"
+
+
+def _processes_with(env_entry: str, command: str) -> list[str]:
+    """The pids of processes running ``command`` with ``env_entry`` in their environment."""
+    found = subprocess.run(["pgrep", "-f", command], capture_output=True, text=True).stdout
+    pids = []
+    for pid in found.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if env_entry.encode() in environ:
+            pids.append(pid)
+    return pids
+
+
 SIDE_BY_SIDE = """NAME=fake2
 REPORT=reports/fake-check
 DEFAULT_BUDGET_S=120
@@ -932,25 +986,40 @@ def test_loader_records_each_launch_by_kernel_name(monkeypatch):
     assert loader.launched()["pdt_pack_b4_i64"] == 2  # a refused launch is not counted
 
 
-def test_a_test_session_writes_its_launch_record_when_asked(tmp_path, monkeypatch):
-    """The session-end hook of tests/conftest.py appends what this process launched, one JSON
-    line, when PDT_KERNEL_LAUNCH_LOG is set; nothing when it is not."""
+def test_a_test_session_records_its_launches_as_it_goes_when_asked(tmp_path, monkeypatch):
+    """The hooks of tests/conftest.py append, when PDT_KERNEL_LAUNCH_LOG is set, a JSON line
+    per test that launched kernels (those since the last line: a run stopped at its time
+    limit still shows what it checked) and one at the session's end with its exit status;
+    the lines add up to the process's launches (what sanitizer_coverage.py sums). Nothing
+    is written when the variable is not set."""
     spec = importlib.util.spec_from_file_location("pdt_conftest", ROOT / "tests" / "conftest.py")
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     from impl.cuda import loader
 
-    monkeypatch.setattr(loader, "_launches", collections.Counter(pdt_spmm_f32_vec=3))
+    launches = collections.Counter(pdt_spmm_f32_vec=3)
+    monkeypatch.setattr(loader, "_launches", launches)
     log = tmp_path / "launches.jsonl"
     monkeypatch.delenv(conftest.LAUNCH_LOG_VARIABLE, raising=False)
+    conftest.pytest_runtest_logfinish("t0", ("f", 0, "t0"))
     conftest.pytest_sessionfinish(None, 0)
     assert not log.exists()
     monkeypatch.setenv(conftest.LAUNCH_LOG_VARIABLE, str(log))
-    conftest.pytest_sessionfinish(None, 0)
-    conftest.pytest_sessionfinish(None, 1)  # a second process appends its own line
-    first, second = (json.loads(ln) for ln in log.read_text().splitlines())
-    assert first["launched"] == {"pdt_spmm_f32_vec": 3} and first["pid"] == os.getpid()
-    assert (first["exitstatus"], second["exitstatus"]) == (0, 1)
+    conftest.pytest_runtest_logfinish("t1", ("f", 0, "t1"))
+    conftest.pytest_runtest_logfinish("t2", ("f", 0, "t2"))  # launched nothing: no line
+    launches.update(pdt_spmm_f32_vec=2, pdt_pack_b4_i64=1)
+    conftest.pytest_runtest_logfinish("t3", ("f", 0, "t3"))
+    conftest.pytest_sessionfinish(None, 1)
+    rows = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert [r["launched"] for r in rows] == [
+        {"pdt_spmm_f32_vec": 3},
+        {"pdt_spmm_f32_vec": 2, "pdt_pack_b4_i64": 1},
+        {},
+    ]
+    assert [r.get("exitstatus") for r in rows] == [None, None, 1]
+    assert all(r["pid"] == os.getpid() for r in rows)
+    total, records = _module("sanitizer_coverage").read_launches(log)
+    assert (total, records) == ({"pdt_spmm_f32_vec": 5, "pdt_pack_b4_i64": 1}, 3)
 
 
 def test_make_gpu_check_runs_the_kernels_script_and_unpacks_its_results(tmp_path):

@@ -99,7 +99,10 @@ export ROOT PY DRY_RUN SITE STAGE DEST SESSION OUT WORK TAG
 [ -f .gpu/commit.txt ] && [ -z "${PDTBENCH_COMMIT:-}" ] && PDTBENCH_COMMIT=$(cat .gpu/commit.txt)
 export PDTBENCH_COMMIT=${PDTBENCH_COMMIT:-}
 
-exec > >(tee -a "$WORK/console.log") 2>&1
+# The console tee ignores the stop signals: a caller's `timeout` signals this script's whole
+# process group, and a tee that died with it would take `finish` down with a broken pipe
+# (no tarball, nothing of the steps that ended). It ends when this script closes its output.
+exec > >(trap '' TERM INT HUP; exec tee -a "$WORK/console.log") 2>&1
 _TEE_PID=$!
 
 echo "== $NAME: $(date -u +%FT%TZ) on $(hostname), budget ${BUDGET_S}s, DRY_RUN=$DRY_RUN"
@@ -108,6 +111,7 @@ echo "== GPU: ${GPU_NAME:-none} (usable by torch: $HAVE_GPU), slug $DEVICE_SLUG"
 
 _FAILED=0
 _FINISHED=0
+_RUNNING=()   # the step under way: name, kind, start (SECONDS), limit
 
 _record() {  # name kind status rc seconds limit note
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$STEPS"
@@ -158,8 +162,10 @@ step() {
   echo "[$name] start, limit ${limit}s: $cmd"
   local t=$SECONDS rc status
   export STEP_LIMIT=$limit   # a step that must keep time for its own last writes reads it
+  _RUNNING=("$name" "$kind" "$t" "$limit")   # for finish, should this script be stopped now
   timeout -k 10 "$limit" bash -o pipefail -c "$cmd" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
+  _RUNNING=()
   case $rc in
     0) status=ok ;;
     124 | 137) status=timeout ;;
@@ -267,7 +273,7 @@ restore_git() {
     echo "git: restored from .gpu/repo.bundle, HEAD $have"
   fi
   local dirty
-  dirty=$(git status --porcelain --untracked-files=no | head -20)
+  dirty=$(git status --porcelain --untracked-files=no -- . ':(exclude)reports' | head -20)
   if [ -n "$dirty" ]; then
     echo "git: the tree differs from HEAD (results will say dirty):"
     echo "$dirty"
@@ -323,6 +329,12 @@ finish() {
       sleep 0.5
       waited=$((waited + 1))
     done
+  fi
+  if [ "${#_RUNNING[@]}" -gt 0 ]; then   # stopped from outside in mid-step: a timeout
+    echo "[${_RUNNING[0]}] timeout: this script was stopped from outside during the step"
+    _record "${_RUNNING[0]}" "${_RUNNING[1]}" timeout 143 "$((SECONDS - _RUNNING[2]))" \
+      "${_RUNNING[3]}" "the script was stopped from outside"
+    code=1
   fi
   if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
     echo "== no GPU is visible and DRY_RUN is not 1: the GPU steps did not run"

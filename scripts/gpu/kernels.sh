@@ -55,7 +55,14 @@ or (rescaled and (2:4 or 5:16) and (f32 or bf16))) and not dense-grads"}
 SAN_KERNELS=${SAN_KERNELS-pdt_}
 SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"
 export MEMCHECK_K RACECHECK_K SAN_FLAGS
-CUT_OK_STEPS="memcheck"   # made to run until its limit: cut there, it reads "cut" (common.sh)
+# Both sanitizers run until their limit at most: cut there, a step reads "cut" (common.sh), not
+# failed. Each stops its sanitizer SAN_STOP_S before the step's limit (STEP_LIMIT, exported by
+# `step`), so that `covered` still counts what the cut run launched (the test session logs its
+# launches test by test) and the step ends with timeout's 124.
+CUT_OK_STEPS="racecheck memcheck"
+SAN_STOP_S=15
+SAN_TIMEOUT="timeout -k 5 \$(( STEP_LIMIT > 2 * SAN_STOP_S ? STEP_LIMIT - SAN_STOP_S : STEP_LIMIT / 2 ))"
+export SAN_STOP_S
 # the kernel-bench suites (bench.sh's rows part times csr; make gpu-check adds it here)
 KERNEL_BENCH_SUITES=${KERNEL_BENCH_SUITES:-"spmm nm_prune pack"}
 KERNEL_BENCH_ARGS=$(for s in $KERNEL_BENCH_SUITES; do printf -- '--suite %s ' "$s"; done)
@@ -92,9 +99,9 @@ covered() {
 export -f covered
 step racecheck gpu 90 "$need_cs; rm -f \"$DEST/racecheck-launches.jsonl\"; \
   PDT_KERNEL_LAUNCH_LOG=\"$DEST/racecheck-launches.jsonl\" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-  \"\$CS\" --tool racecheck \$SAN_FLAGS $PYTEST $SAN_TESTS \${RACECHECK_K:+-k \"\$RACECHECK_K\"} \
-  | tee \"$DEST/racecheck.log\"; covered racecheck \$?"
+  $SAN_TIMEOUT \"\$CS\" --tool racecheck \$SAN_FLAGS $PYTEST $SAN_TESTS \
+  \${RACECHECK_K:+-k \"\$RACECHECK_K\"} | tee \"$DEST/racecheck.log\"; covered racecheck \$?"
 step memcheck gpu 180 "$need_cs; rm -f \"$DEST/memcheck-launches.jsonl\"; \
   PDT_KERNEL_LAUNCH_LOG=\"$DEST/memcheck-launches.jsonl\" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-  \"\$CS\" --tool memcheck \$SAN_FLAGS --leak-check no $PYTEST $SAN_TESTS \
+  $SAN_TIMEOUT \"\$CS\" --tool memcheck \$SAN_FLAGS --leak-check no $PYTEST $SAN_TESTS \
   \${MEMCHECK_K:+-k \"\$MEMCHECK_K\"} | tee \"$DEST/memcheck.log\"; covered memcheck \$?"

@@ -4,16 +4,19 @@ must check.
     python scripts/gpu/sanitizer_coverage.py LOG --tool memcheck|racecheck
         [--kernels reports/gpu/kernels.json ...] [--json PATH]
 
-LOG holds the launch records that the test session under the sanitizer wrote at its end
-(``PDT_KERNEL_LAUNCH_LOG``, one JSON line per pytest process: ``impl.cuda.loader.launched()``).
+LOG holds the launch records that the test session under the sanitizer wrote as it went
+(``PDT_KERNEL_LAUNCH_LOG``: a JSON line per test that launched kernels, those launched since
+the process's last line, and one at the session's end; their sum is each process's
+``impl.cuda.loader.launched()``), so a run stopped at its time limit still counts.
 Kernels are counted by family, the name without its element type and variant (``pdt_spmm_
 tiled_f32_vec`` is of ``pdt_spmm_tiled``). memcheck must launch every family of the kernels the
 ops launch; racecheck every family with a kernel that uses shared memory (the compile step's
 ``kernels.json``, ``shared_size_bytes``; the first ``--kernels`` file that exists; without one,
 :data:`SHARED_MEMORY_FAMILIES`, what ptxas reports for the sources). A sanitizer
 that reports nothing says nothing of a kernel it never ran: this makes that visible. Exit
-status 1 when a family it must check was not launched, or no record was written (the run was
-cut or crashed). Used by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
+status 1 when a family it must check was not launched (a run cut at its time limit before it
+reached one reads so), or no record was written (the run ended before its first test). Used
+by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cov["families_missing"]:
         print("  NOT LAUNCHED (not checked): " + ", ".join(cov["families_missing"]))
     if records == 0:
-        print(f"  no launch record in {args.log}: the test session was cut or did not end")
+        print(f"  no launch record in {args.log}: no test of the session ended (cut or crash)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(cov, indent=1) + "\n")

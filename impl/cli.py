@@ -17,6 +17,7 @@ import select
 import signal
 import sys
 import threading
+import traceback
 import types
 import typing
 from pathlib import Path
@@ -729,6 +730,33 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+#: Set to 1, a command that ends in a one-line error prints the traceback before it.
+TRACEBACK_VARIABLE = "PDTBENCH_TRACEBACK"
+#: The project's packages: an error raised in their code is a message written for the user.
+_PROJECT_DIRS = tuple(
+    Path(__file__).resolve().parents[1] / d for d in ("impl", "reproductions", "bench")
+)
+
+
+def _raised_outside(err: BaseException) -> str:
+    """Where ``err`` was raised, when that is not the project's own code (torch's, say): such
+    an error is less likely a message about the user's input than a failure inside the work,
+    and the one line should say where it came from. Empty for the project's own errors and
+    for what is not a ValueError (an OSError names its path, an ImportError its package)."""
+    if not isinstance(err, ValueError):
+        return ""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    last = Path(frames[-1].filename).resolve()
+    if any(last.is_relative_to(d) for d in _PROJECT_DIRS):
+        return ""
+    return (
+        f" (raised in {last.name}:{frames[-1].lineno} {frames[-1].name}, outside pdtbench;"
+        f" {TRACEBACK_VARIABLE}=1 prints the traceback)"
+    )
+
+
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
@@ -767,7 +795,9 @@ def _main(argv: list[str] | None) -> int:
         # install it.
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             raise
-        print(f"pdtbench {command}: error: {err}", file=sys.stderr)
+        if os.environ.get(TRACEBACK_VARIABLE) == "1":
+            traceback.print_exception(err)
+        print(f"pdtbench {command}: error: {err}{_raised_outside(err)}", file=sys.stderr)
         return EXIT_USAGE
     except TrainingDiverged as err:
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)

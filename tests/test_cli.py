@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -597,6 +598,38 @@ def test_a_broken_pipe_other_than_stdout_is_an_error(capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "reproduce", worker_gone)
     assert cli.main(["reproduce", "all"]) == cli.EXIT_USAGE
     assert capsys.readouterr().err == "pdtbench reproduce: error: [Errno 32] Broken pipe\n"
+
+
+def test_a_value_error_from_outside_the_project_says_where_it_was_raised(capsys, monkeypatch):
+    """A ValueError the project raises is its message for the user, one line; one raised inside
+    torch (a failure of the work, not of the input) says where, and PDTBENCH_TRACEBACK=1 adds
+    the traceback."""
+
+    def ours(argv):
+        from impl import models
+
+        models.create("nope")
+
+    def torch_refuses(argv):
+        torch.nn.functional.batch_norm(torch.ones(1, 3, 1, 1), None, None, training=True)
+
+    monkeypatch.delenv(cli.TRACEBACK_VARIABLE, raising=False)
+    monkeypatch.setitem(cli.COMMANDS, "train", ours)
+    assert cli.main(["train"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("pdtbench train: error: unknown model 'nope'; valid models: resnet20")
+    assert len(err.splitlines()) == 1 and "raised in" not in err
+    monkeypatch.setitem(cli.COMMANDS, "train", torch_refuses)
+    assert cli.main(["train"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("pdtbench train: error: Expected more than 1 value per channel")
+    assert re.search(r"\(raised in functional\.py:\d+ _verify_batch_size, outside pdtbench;", err)
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")
+    assert cli.main(["train"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "torch_refuses" in err
+    assert err.splitlines()[-1].startswith("pdtbench train: error: Expected more than 1 value")
 
 
 def test_stdout_reader_gone_sees_a_pipe_whose_reader_closed(monkeypatch):

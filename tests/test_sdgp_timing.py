@@ -110,6 +110,16 @@ def test_time_accounting_totals_and_estimate():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_time_accounting_takes_a_model_whose_last_feature_map_is_one_pixel():
+    """A 2x2 input leaves the second BatchNorm a 1x1 map (as ResNet-18's last stage on a small
+    image): the probe for the number of classes runs one sample in eval mode, where train mode
+    refused it ("Expected more than 1 value per channel") after the run had trained."""
+    model = sdgp_convert(_model(), 2, 4)
+    acc = time_accounting(model, (3, 2, 2), 2, 2, 4, repeats=1, iteration_ms=1.0)
+    assert acc["iteration_ms_measured"] > 0 and acc["iteration_ms_dense"] > 0
+    assert model.training  # the caller's model is left as it was
+
+
 def test_time_ms_median_and_errors():
     calls = []
     assert time_ms(lambda: calls.append(1), torch.device("cpu"), repeats=3, warmup=2) >= 0.0

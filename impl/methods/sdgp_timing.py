@@ -211,13 +211,14 @@ def time_iteration(
     again (:func:`impl.methods.sdgp.sdgp_restore`), the iteration dense training runs.
     ``amp_dtype``: the forward runs under autocast to it, as a ``bf16`` / ``fp16`` run trains.
     """
-    clone = copy.deepcopy(model).train()
+    clone = copy.deepcopy(model).eval()  # eval for the probe: BatchNorm takes one sample
     if dense:
         sdgp_restore(clone)
     param = next(clone.parameters())
     x = torch.randn((batch_size, *input_shape), device=param.device, dtype=param.dtype)
     with torch.no_grad():
         classes = clone(x[:1]).shape[1]
+    clone.train()
     y = torch.randint(0, classes, (batch_size,), device=param.device)
 
     def step() -> None:

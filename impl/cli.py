@@ -360,7 +360,13 @@ def cmd_train(argv: list[str]) -> int:
     from impl.config import TrainConfig
     from impl.methods import method_class
     from impl.rundir import CONFIG_FILE, read_json
-    from impl.train import check_run_method, check_scale_device, resume, train
+    from impl.train import (
+        check_before_workers,
+        check_run_method,
+        check_scale_device,
+        resume,
+        train,
+    )
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
     pre.add_argument("--method")
@@ -404,6 +410,8 @@ def cmd_train(argv: list[str]) -> int:
         check_scale_device(args.scale, args.device or "auto")
         cfg = _checked_config(args, parser)
     if args.nproc > 1 and distributed.env_world() is None:
+        # what every worker would refuse, refused here once, before torchrun starts them
+        check_before_workers(cfg, args.resume, args.data_dir)
         # torchrun runs it N times; Ctrl-C here stops the job (launch), then says how to go on
         run_dir = Path(args.resume) if args.resume else Path(cfg.out or cfg.default_out())
         with _interrupt_hint(run_dir, f" --nproc {args.nproc}"):

@@ -274,8 +274,12 @@ def launch(
     elif "OMP_NUM_THREADS" not in full_env and not torch.cuda.is_available():
         full_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or nproc) // nproc))
     cmd = torchrun_command(argv, nproc, module=module, port=free_port())
-    # A session of its own, so that the whole job (agent and workers) can be stopped at once.
-    proc = subprocess.Popen(cmd, env=full_env, start_new_session=True)
+    # A session of its own, so that the whole job (agent and workers) can be stopped at once;
+    # on Linux the agent is also told to stop (SIGTERM, which it passes on to its workers) when
+    # this process dies without stopping it (SIGKILL, a crash), so no job trains on unwatched.
+    proc = subprocess.Popen(
+        cmd, env=full_env, start_new_session=True, preexec_fn=_stop_with_parent(os.getpid())
+    )
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -286,6 +290,24 @@ def launch(
     except BaseException:
         _kill_job(proc)
         raise
+
+
+def _stop_with_parent(parent: int) -> Any:
+    """A ``preexec_fn`` asking Linux to send SIGTERM to the child when ``parent`` (the thread
+    that started it) dies (``prctl(PR_SET_PDEATHSIG)``); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_death_signal() -> None:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_death_signal
 
 
 def _kill_job(proc: subprocess.Popen) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
-from impl.data import dataset_dir_for
+from impl.data import check_dataset, dataset_dir_for
 from impl.memory import TrainingPeak
 from impl.methods import (
     ENV_VAR,
@@ -156,6 +156,65 @@ def check_out_dir(run_dir: Path) -> None:
         raise ValueError(f"--out {run_dir}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {run_dir}: {parent} is not writable")
+
+
+def refuse_existing_run(run_dir: Path, check_lock: bool = True) -> None:
+    """Raise for a new run's ``--out`` that already holds a run (its ``config.json``):
+    :class:`RunExistsError` saying whether it finished, diverged or can be resumed, or, with
+    ``check_lock``, :class:`impl.rundir.RunBusyError` while another process trains it."""
+    if rundir.complete_summary(run_dir) is not None:
+        raise RunExistsError(
+            f"{run_dir} already holds a finished run (its summary.json); choose another --out"
+        )
+    diverged = rundir.diverged_summary(run_dir)
+    if diverged is not None:
+        raise RunExistsError(
+            f"{run_dir} already holds a run that diverged in epoch "
+            f"{int(diverged.get('diverged_epoch', 0)) + 1} (its summary.json); "
+            f"choose another --out, or remove {run_dir} to train it again"
+        )
+    if check_lock:  # RunBusyError while another process trains it: not "resume it"
+        with rundir.locked(run_dir):
+            pass
+    raise RunExistsError(
+        f"{run_dir} already holds a run; continue it with "
+        f"`pdtbench train --resume {run_dir}` or choose another --out"
+    )
+
+
+def check_before_workers(
+    cfg: TrainConfig | None = None,
+    resume_dir: str | os.PathLike | None = None,
+    data_dir: str | None = None,
+) -> None:
+    """What each worker of a ``--nproc N`` job would refuse, refused once by the process that
+    launches them, before torchrun starts any (one line instead of N tracebacks): a new run
+    ``cfg`` whose ``--out`` cannot be written or already holds a run, or whose dataset is
+    missing; a ``resume_dir`` that is not a run, diverged, is being trained, or whose dataset
+    (moved to ``data_dir``, if given) is missing. Raises as :func:`train` and :func:`resume`
+    would."""
+    if resume_dir is not None:
+        run_dir = Path(resume_dir)
+        config_path = run_dir / rundir.CONFIG_FILE
+        if not config_path.exists():
+            raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
+        if rundir.complete_summary(run_dir) is not None:
+            return  # resume returns its summary
+        diverged = rundir.diverged_summary(run_dir)
+        if diverged is not None:
+            raise TrainingDiverged(run_dir, diverged)
+        with rundir.locked(run_dir, doing="trained"):
+            pass
+        saved = TrainConfig.from_dict(rundir.read_json(config_path))
+        check_dataset(saved.data, dataset_dir_for(data_dir, saved.data) or saved.data_dir)
+        return
+    if cfg is None:
+        raise ValueError("check_before_workers needs a config or a run directory to resume")
+    run_dir = Path(cfg.out or cfg.default_out())
+    if (run_dir / rundir.CONFIG_FILE).exists():
+        refuse_existing_run(run_dir)
+    check_out_dir(run_dir)
+    check_dataset(cfg.data, cfg.data_dir)
 
 
 def seed_everything(seed: int) -> None:
@@ -451,25 +510,7 @@ class Trainer:
             # A bad method option is an error before anything is written.
             create_method(cfg.method, cfg.method_options).validate(cfg)
             if dp.broadcast_flag(main and config_path.exists()):
-                if rundir.complete_summary(run_dir) is not None:
-                    raise RunExistsError(
-                        f"{run_dir} already holds a finished run (its summary.json); "
-                        "choose another --out"
-                    )
-                diverged = rundir.diverged_summary(run_dir)
-                if diverged is not None:
-                    raise RunExistsError(
-                        f"{run_dir} already holds a run that diverged in epoch "
-                        f"{int(diverged.get('diverged_epoch', 0)) + 1} (its summary.json); "
-                        f"choose another --out, or remove {run_dir} to train it again"
-                    )
-                if main:  # RunBusyError while another process trains it: not "resume it"
-                    with rundir.locked(run_dir):
-                        pass
-                raise RunExistsError(
-                    f"{run_dir} already holds a run; continue it with "
-                    f"`pdtbench train --resume {run_dir}` or choose another --out"
-                )
+                refuse_existing_run(run_dir, check_lock=main)
             if main:
                 check_out_dir(run_dir)
         # Data, model and method are built before anything is written, so a bad dataset

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -696,6 +697,55 @@ def test_bad_train_flags_are_refused_once_before_any_worker_starts(
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
     assert not list(tmp_path.iterdir())  # no run directory made
+
+
+@pytest.mark.parametrize(
+    "case", ["resume-not-a-run", "resume-busy", "resume-diverged", "missing-data", "out-finished"]
+)
+def test_what_every_worker_would_refuse_is_refused_once_before_torchrun(
+    case, capsys, monkeypatch, tmp_path
+):
+    """Under --nproc 2 these were refused by each worker inside torchrun: 60-130 lines of
+    tracebacks and exit 1. The launching process refuses them in one line, as one process
+    does, and starts no worker."""
+    from impl import distributed, rundir
+
+    def launch(*args, **kwargs):
+        raise AssertionError("torchrun was started for a run that cannot start")
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    monkeypatch.delenv("PDTBENCH_DATA_DIR", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    base = ["train", "--nproc", "2", "--scale", "smoke"]
+    code, needle = 2, None
+    with contextlib.ExitStack() as stack:
+        if case == "missing-data":
+            argv = [*base, "--data", "cifar10", "--out", str(tmp_path / "new")]
+            needle = "cifar10: no data directory"
+        elif case == "out-finished":
+            rundir.write_json(run / rundir.CONFIG_FILE, {"method": "dense"})
+            rundir.write_json(run / rundir.SUMMARY_FILE, {"status": "complete"})
+            argv, needle = [*base, "--out", str(run)], "already holds a finished run"
+        elif case == "resume-not-a-run":
+            argv, needle = ["train", "--nproc", "2", "--resume", str(run)], "is not a run directory"
+        else:
+            assert cli.main(["train", "--scale", "smoke", "--epochs", "1", "--out", str(run),
+                             "--max-steps-per-epoch", "1", "--no-progress"]) == 0  # fmt: skip
+            (run / rundir.SUMMARY_FILE).unlink()  # killed before its end
+            if case == "resume-busy":
+                stack.enter_context(rundir.locked(run))  # another process trains it
+                needle = "is being trained by another process"
+            else:
+                rundir.write_json(
+                    run / rundir.SUMMARY_FILE, {"status": "diverged", "diverged_epoch": 0}
+                )
+                code, needle = cli.EXIT_FAILED, "diverged"
+            capsys.readouterr()
+            argv = ["train", "--nproc", "2", "--resume", str(run)]
+        assert cli.main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
 
 
 def test_an_unreadable_cifar_batch_is_one_line_naming_the_file(tmp_path, capsys):

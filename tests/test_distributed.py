@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -236,3 +240,47 @@ def test_init_process_group_and_current_report_the_group(tmp_path):
     assert not dist.is_initialized() and D.current() == D.DistInfo()
     with pytest.raises(ValueError, match="outside world_size 1"):
         D.init_process_group(1, 1)
+
+
+SLEEPER = """import os, time
+pid_file = os.path.join(os.environ["SLEEPER_DIR"], "rank%s.pid" % os.environ["RANK"])
+open(pid_file + ".tmp", "w").write(str(os.getpid()))
+os.replace(pid_file + ".tmp", pid_file)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
+    """SIGKILL of `pdtbench train --nproc N` (the launching process) ends torchrun and its
+    workers: they no longer train on with nobody to report to (or to resume them)."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=str(tmp_path))
+    code = "from impl.distributed import launch; launch(['x'], 2, module='sleeper', threads=1)"
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+    pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+    deadline = time.monotonic() + 120
+    try:
+        while not all(f.exists() for f in pid_files):
+            assert time.monotonic() < deadline and parent.poll() is None, "no workers started"
+            time.sleep(0.2)
+        workers = [int(f.read_text()) for f in pid_files]
+        assert all(_alive(w) for w in workers)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:
+        os.kill(w, 9)
+    assert not left, "workers outlived the killed launcher"

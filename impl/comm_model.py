@@ -362,7 +362,10 @@ def project_run_dir(
         summary = run_dir / "summary.json"
         spec = json.loads(summary.read_text()).get("data_spec", {}) if summary.exists() else {}
         if "train_size" not in spec:
-            raise ValueError(f"{run_dir} has no summary.json with data_spec; pass train_size")
+            raise ValueError(
+                f"{run_dir} has no summary.json with data_spec (an unfinished run?); "
+                "give the samples per epoch (--train-size)"
+            )
         train_size = int(spec["train_size"])
     return project_run(rows, gpu_counts, train_size=train_size, **kwargs)
 
@@ -451,14 +454,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     p = _Parser(prog="python -m impl.comm_model", description=main.__doc__)
-    p.add_argument("run_dir")
-    p.add_argument("--gpus", type=_positive_int, nargs="+", default=list(DEFAULT_GPU_COUNTS))
-    p.add_argument("--algorithm", choices=ALGORITHMS, default="hierarchical")
+    p.add_argument("run_dir", help="a run directory (its metrics.jsonl and summary.json)")
+    p.add_argument(
+        "--gpus",
+        type=_positive_int,
+        nargs="+",
+        default=list(DEFAULT_GPU_COUNTS),
+        help="GPU counts to project to (default: %(default)s)",
+    )
+    p.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="hierarchical",
+        help="Allreduce algorithm of the cost model (default: %(default)s)",
+    )
     p.add_argument(
         "--train-size", type=_positive_int, help="samples per epoch (default: the run's)"
     )
-    p.add_argument("--batch-scale", type=_positive_float, default=1.0)
-    p.add_argument("--gpus-per-node", type=_positive_int, default=DEFAULT_GPUS_PER_NODE)
+    p.add_argument(
+        "--batch-scale",
+        type=_positive_float,
+        default=1.0,
+        help="factor from the run's batch to the projected recipe's global batch (default 1)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=_positive_int,
+        default=DEFAULT_GPUS_PER_NODE,
+        help="GPUs per node of the hierarchical ring (default: %(default)s)",
+    )
     p.add_argument("--csv", help="write the table here instead of stdout")
     p.add_argument("--png", help="write PruneTrain Fig. 11's plot here")
     p.add_argument(

@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         for e in expected_targets():
             print(f"{e['target']:20s} {e['title']}")
         return 0
+    if "all" in args.targets and len(args.targets) > 1:
+        raise ValueError("'all' runs every reproduction: name it alone, or name the targets")
     keys = list(TARGETS) if args.targets == ["all"] else args.targets
     for key in keys:
         if key not in TARGETS:

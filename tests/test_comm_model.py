@@ -206,7 +206,9 @@ def test_project_run_dir_reads_the_runs_own_train_size(tmp_path):
     assert [r["iterations"] for r in proj] == [45, 45, 23]
     assert cm.project_run_dir(run, (8,), train_size=100)[2]["iterations"] == 2
     (run / "summary.json").unlink()
-    with pytest.raises(ValueError, match="pass train_size"):
+    with pytest.raises(
+        ValueError, match=r"an unfinished run\?\); give the samples per epoch \(--train-size\)"
+    ):
         cm.project_run_dir(run, (8,))
 
 

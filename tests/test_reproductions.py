@@ -480,6 +480,8 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
     assert all(k in out for k in reproductions.TARGETS)
     with pytest.raises(ValueError, match="valid: all"):
         reproductions.main(["sdgp.table7", "--scale", "smoke"])
+    with pytest.raises(ValueError, match="'all' runs every reproduction: name it alone"):
+        reproductions.main(["sdgp.table1", "all", "--scale", "smoke"])
     with pytest.raises(ValueError, match="unknown reproduction"):
         reproductions.load_target("nope.table1")
 

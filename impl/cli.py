@@ -288,7 +288,7 @@ def _other_methods_options(unknown: list[str], method: str) -> str:
 def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     """The run's TrainConfig: the scale's preset, then every flag given (None = not given)."""
     from impl.config import resolve
-    from impl.data import dataset_dir_for
+    from impl.data import LOCAL_DATASETS, dataset_dir_for
 
     cfg = resolve(
         args.scale,
@@ -326,6 +326,11 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         out=args.out,
     )
     cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)  # NAME=DIR, as the variable takes
+    if cfg.data_dir and cfg.data not in LOCAL_DATASETS:  # it would be saved, and read by nothing
+        raise ValueError(
+            f"--data-dir is where {', '.join(LOCAL_DATASETS)} are read from; {cfg.data} is not "
+            "read from a directory"
+        )
     return cfg
 
 

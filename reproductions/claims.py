@@ -10,13 +10,13 @@ rule that turns the two into a verdict:
 - ``inconclusive``: the interval straddles the paper's number (more seeds or sweeps would
   tell), or there is no interval: a number from one seed (or one measurement) is never
   judged, whatever its value;
-- ``not measured at this scale``: the result it needs is not there (e.g. a GPU timing at the
-  cpu scale), with the target to run;
+- ``not measured at this scale``: the result it needs is not there, with the target to run;
 - ``not judged (smoke scale: pipeline check)``: every claim at the smoke scale, whose runs of
   a few SGD steps prove that the pipeline runs, not what a method does.
 
 The verdict is about the scale that produced our number, never about the paper's setting:
-a small-scale "does not hold" says what happens at small scale. The claims are evaluated
+a small-scale "does not hold" says what happens at small scale. A timed claim is judged on
+the device that timed it (at the cpu scale, the CPU), which its row names. The claims are evaluated
 after every ``pdtbench reproduce`` and saved as the target ``claims.headline``, so reports
 read them like any other result.
 """
@@ -89,6 +89,9 @@ class Claim:
         strict: the interval must lie strictly beyond the bound ("above 0": a difference of
             exactly 0 is no evidence of "more"), for both verdicts; otherwise reaching it is
             enough ("at least", "at or above").
+        timed: ours is a time (or a ratio of times): the setting names the device it was
+            timed on and says that its interval is of repeats within one reproduction, not of
+            reproductions on other days (:func:`timed_on`).
     """
 
     paper: str
@@ -104,6 +107,7 @@ class Claim:
     published: str = ""
     setting: Callable[[str], str] | None = None
     strict: bool = False
+    timed: bool = False
 
 
 #: A row's label, or a function of the result's scale giving it (a label that names what the
@@ -369,14 +373,17 @@ _clicktrain_vs_prunetrain.reads = (  # type: ignore[attr-defined]
 )
 
 
-def _needs_setting(target: str, scale: str) -> str:
+def _needs_setting(target: str, scale: str, result: ResultSet | None = None) -> str:
     """The model, data, epochs and seeds of the training runs of ``target`` at ``scale`` in
-    words (the cross-method table and SDGP Table I, which the accuracy claims read; "" for
-    a measurement)."""
+    words (the cross-method table and SDGP Table I, which the accuracy claims read); for
+    another target, what its ``result`` says every training run shares (its ``setup``; ""
+    for a measurement)."""
     from reproductions.common import SCALE_SEEDS, SCALE_TRAIN
     from reproductions.cross.methods import SEEDS, TRAIN
     from reproductions.settings import setup_text
 
+    if target not in ("cross.methods", "sdgp.table1"):
+        return result.setup if result is not None else ""
     if target == "cross.methods":
         cfg, seeds = {**SCALE_TRAIN[scale], **TRAIN[scale]}, SEEDS[scale]
     elif target == "sdgp.table1":
@@ -385,11 +392,28 @@ def _needs_setting(target: str, scale: str) -> str:
         dense = rows(scale)[0]
         cfg = {**SCALE_TRAIN[scale], **dense.train}
         seeds = CPU_SEEDS if scale == "cpu" else SCALE_SEEDS[scale]
-    else:
-        return ""
     keep = ("model", "data", "data_options", "epochs", "max_steps_per_epoch")
     text = setup_text({k: cfg[k] for k in keep if k in cfg})
     return f"{text}, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+
+
+def timed_on(result: ResultSet | None) -> str:
+    """Where a timed claim's number was timed (the GPU, or the CPU model and vector ISA of the
+    result's environment), and what its interval covers: the repeats of one reproduction
+    (sweeps, or seeds trained side by side), not reproductions on other days, whose values
+    on one machine have moved beyond it (docs/reproductions.md)."""
+    env = (result.environment if result is not None else None) or {}
+    device = env.get("gpu_name")
+    if device:
+        device = f"the GPU ({device})"
+    else:
+        cpu = env.get("cpu_model") or "?"
+        isa = env.get("cpu_capability")
+        device = f"the CPU ({cpu}{', ' + isa if isa else ''})"
+    return (
+        f"timed on {device}; the interval is of repeats within one reproduction, not of "
+        "reproductions run on other days, whose timings move beyond it"
+    )
 
 
 def _cross_setting(method: str) -> Callable[[str], str]:
@@ -469,6 +493,7 @@ CLAIMS: tuple[Claim, ...] = (
             "ImageNet run)"
         ),
         setting=_cross_setting("clicktrain"),
+        timed=True,
     ),
     Claim(
         "clicktrain",
@@ -486,6 +511,7 @@ CLAIMS: tuple[Claim, ...] = (
             unit="x",
         ),  # fmt: skip
         published="4x (Fig. 9)",
+        timed=True,
     ),
     Claim(
         "clicktrain",
@@ -498,6 +524,7 @@ CLAIMS: tuple[Claim, ...] = (
         "clicktrain.fig10",
         metric_reader("clicktrain.fig10", "sparsity sweep", "speedup_vs_cusparse", unit="x"),
         published="3.2x (Fig. 10)",
+        timed=True,
     ),
     Claim(
         "clicktrain",
@@ -515,6 +542,7 @@ CLAIMS: tuple[Claim, ...] = (
         ),  # fmt: skip
         higher_is_better=False,
         published="65% (Fig. 10)",
+        timed=True,
     ),
     Claim(
         "prunetrain",
@@ -547,6 +575,7 @@ CLAIMS: tuple[Claim, ...] = (
         published="24% at ratio 0.2 (28% on V100, Table 1); 39% at 0.25 with dynamic "
         "mini-batch on V100 (abstract, Table 4)",
         setting=_cross_setting("prunetrain"),
+        timed=True,
     ),
     Claim(
         "prunetrain",
@@ -622,6 +651,7 @@ CLAIMS: tuple[Claim, ...] = (
             "sdgp.fig9", "estimate at ratio 2 (2:4)", "estimated_runtime_reduction", unit="%"
         ),  # fmt: skip
         published="16.6% at 2:4 (ResNet-18 ImageNet; Sec. IV-C, from Fig. 9)",
+        timed=True,
     ),
     Claim(
         "campfire",
@@ -683,6 +713,19 @@ def judge(claim: Claim, evidence: Evidence | None, scale: str | None = None) -> 
     return judge_why(claim, evidence, scale)[0]
 
 
+def _setting(claim: Claim, scale: str, results: Mapping[str, ResultSet]) -> str:
+    """The "Our setting" of ``claim``'s row: its own setting, or what its target's runs
+    share, and for a timed claim where it was timed (:func:`timed_on`)."""
+    result = results.get(claim.needs)
+    if claim.setting is not None:
+        text = claim.setting(scale)
+    else:
+        text = _needs_setting(claim.needs, scale, result)
+    if claim.timed and result is not None:
+        text = "; ".join(t for t in (text, timed_on(result)) if t)
+    return text
+
+
 def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any]]:
     """One comparison row per claim (see :mod:`impl.report.results`), with its verdict."""
     rows = []
@@ -706,7 +749,7 @@ def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any
                 "unit": c.unit,
                 "paper_source": c.source,
                 "published": c.published,
-                "ours_setting": c.setting(scale) if c.setting else _needs_setting(c.needs, scale),
+                "ours_setting": _setting(c, scale, results),
                 "verdict": verdict,
                 "verdict_reason": why,
                 "note": how,
@@ -746,9 +789,14 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
             "'Published' is "
             "the paper's own number, with its citation; 'Our setting' names the setting of "
             "our runs where it differs from the paper's.",
-            "Means over seeds, and the speed ratios measured in repeated sweeps (or per seed), "
-            "carry their 95% confidence interval (Student's t); a number from one seed or one "
-            "measurement has no interval and is not judged: its verdict is inconclusive.",
+            "'Ours' reads the mean of n values (± their standard deviation where shown); the "
+            "verdict compares the 95% "
+            "confidence interval of that mean (Student's t, n - 1 degrees of freedom), given "
+            "in the note, with the bound. A number from one seed or one measurement has no "
+            "interval and is not judged: its verdict is inconclusive. For a timed claim the "
+            "n values are repeats within one reproduction (sweeps, or seeds trained side by "
+            "side): its interval leaves out how timings move between reproductions on other "
+            "days, and its setting names the device that timed it.",
             *(
                 [
                     "At this scale the speed claims time CPU implementations (the reference "

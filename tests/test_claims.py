@@ -200,6 +200,33 @@ def test_a_mean_saved_without_its_standard_deviation_is_judged_as_one_value():
     assert C.judge(claim, ev) == "inconclusive"
 
 
+def test_a_timed_claim_names_its_device_and_what_its_interval_covers():
+    """A timing's interval is of repeats within one reproduction: the row says so and names
+    the device that timed it (the CPU's model and ISA, or the GPU), where "Our setting" was
+    empty; a measurement target's shared training setup is shown too."""
+    fig9 = ResultSet(target="clicktrain.fig9", title="t", scale="cpu", rows=[
+        _row("pattern CSR with predefined positions", "speedup_vs_cusparse", 2.0, 0.05, 5),
+    ], environment={"cpu_model": "AMD EPYC", "cpu_capability": "AVX512"})  # fmt: skip
+    fig11 = ResultSet(target="prunetrain.fig11", title="t", scale="cpu",
+                      setup="ResNet-20 on digits (16x16 px), 8 epochs")  # fmt: skip
+    rows = _by_claim(C.evaluate({"clicktrain.fig9": fig9, "prunetrain.fig11": fig11}, "cpu"))
+    csr = rows["clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"]
+    assert csr["ours_setting"] == (
+        "timed on the CPU (AMD EPYC, AVX512); the interval is of repeats within one "
+        "reproduction, not of reproductions run on other days, whose timings move beyond it"
+    )
+    gpu = ResultSet(target="clicktrain.fig9", title="t", scale="gpu", rows=fig9.rows,
+                    environment={"gpu_name": "NVIDIA H200"})  # fmt: skip
+    assert "timed on the GPU (NVIDIA H200)" in C.timed_on(gpu)
+    comm = rows["prunetrain: 55% less inter-accelerator communication"]
+    assert comm["ours_setting"] == "ResNet-20 on digits (16x16 px), 8 epochs"
+    assert "timed" not in comm["ours_setting"]  # bytes, not time
+    timed = {c.claim for c in C.CLAIMS if c.timed}
+    assert len(timed) == 6 and all(("time" in c or "faster" in c or "beats" in c) for c in timed), (
+        timed
+    )
+
+
 def test_overlapping_intervals_are_inconclusive():
     rows = _by_claim(C.evaluate({"cross.methods": _cross(click_delta=-1.9, sd=0.6)}, "cpu"))
     row = rows["clicktrain: more accuracy and more compression than PruneTrain"]

@@ -59,7 +59,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -990,22 +990,23 @@ def _forced_paths(paths: dict[str, str] | None) -> contextlib.ExitStack:
 
 
 def _path_columns(
-    impl: Impl, problem_part: str | tuple[str, ...], ran: dict[str, int]
+    impl: Impl, problem_part: str | Mapping[str, str], ran: dict[str, int]
 ) -> dict[str, Any]:
     """Row columns naming the CUDA path each op of one call ran (``ran``: :func:`_uses_since`
     of the call) and how it was chosen (:func:`impl.ops.timed_choice.how_chosen`):
     ``path_<op>`` = ``forced: p``, ``fallback: p`` (a forced path that cannot run the
     problem), ``timed: p`` or ``default: p``; for a timed op whose problem name contains
-    ``problem_part`` (or one of several: the ops of one call name their problems apart),
-    each candidate's milliseconds in that one timing (``path_<op>_ms_<path>``)."""
+    ``problem_part`` (or, a mapping, the part given for that op: the ops of one call name
+    their problems apart, and a part of one op's problem can name another suite's problem of
+    another op), each candidate's milliseconds in that one timing (``path_<op>_ms_<path>``)."""
     from impl.ops import timed_choice
 
-    parts = (problem_part,) if isinstance(problem_part, str) else problem_part
     how = timed_choice.how_chosen()
     timed: dict[str, dict[str, Any]] = {}
     for key, choice in timed_choice.timed_choices().items():
         op, problem = key.split(": ", 1)
-        if any(part in problem for part in parts):
+        part = problem_part if isinstance(problem_part, str) else problem_part.get(op)
+        if part is not None and part in problem:
             timed.setdefault(op, choice)
     cols: dict[str, Any] = {}
     for key in ran:
@@ -1021,15 +1022,28 @@ def _path_columns(
 
 def _conv_problem_parts(
     input_shape: Sequence[int], weight_shape: Sequence[int], nnz: int, positions: int
-) -> tuple[str, str]:
-    """Parts of the problem names a pattern conv's ops time under (for :func:`_path_columns`):
-    the conv's own (forward and gradient paths), and the SDDMM's on the im2col matrix
-    (filters x C*R*S x ``positions`` output positions, batch N)."""
-    fo = weight_shape[0]
-    return (
-        f"x{list(input_shape)} w{list(weight_shape)} nnz {nnz} ",
-        f" {fo}x{math.prod(weight_shape[1:])}x{positions} batch {input_shape[0]} nnz {nnz} ",
-    )
+) -> dict[str, str]:
+    """Parts of the problem names a pattern conv's ops time under, per op (for
+    :func:`_path_columns`): the conv's own (forward and gradient paths), the SDDMM's on the
+    im2col matrix (filters x C*R*S x ``positions`` output positions, batch N) and the input
+    gradient's transposed SpMM (C*R*S x filters x positions)."""
+    fo, k, b = weight_shape[0], math.prod(weight_shape[1:]), input_shape[0]
+    own = f"x{list(input_shape)} w{list(weight_shape)} nnz {nnz} "
+    return {
+        "conv_forward": own,
+        "input_grad": own,
+        "weight_grad": own,
+        "sddmm": f" {fo}x{k}x{positions} batch {b} nnz {nnz} ",
+        "spmm": f" {k}x{fo}x{positions} batch {b} nnz {nnz} ",
+    }
+
+
+def _nm_problem_part(dtype: torch.dtype, shape: Sequence[int], dim: int, n: int, m: int) -> str:
+    """The part of ``nm_prune``'s problem name (:mod:`impl.ops.nm_cuda`) that tells one
+    benchmark case from another (for :func:`_path_columns`): the dtype, the [O, C, I] view of
+    ``shape`` grouped along ``dim``, and n:m."""
+    o, c, i = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
+    return f"{dtype} O{o} C{c} I{i} {n}:{m} "
 
 
 def _path_uses() -> dict[str, int]:
@@ -1221,7 +1235,7 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
                 raise Unavailable(f"nm_prune's {mode} kernel is not available: {exc}") from exc
 
         shape, dim = p["shape"], p["dim"]
-        problem = f" O{math.prod(shape[:dim])} C{shape[dim]} I{math.prod(shape[dim + 1 :])} "
+        problem = _nm_problem_part(xs[0].dtype, shape, dim, p["n"], p["m"])
 
         def fn(i):
             before = _path_uses() if i == 0 else {}
@@ -1437,9 +1451,18 @@ def measure_prepared(prepared: Prepared, scale: str | None = None) -> dict[str, 
         if len(prepared.phases) > 1:
             warm, reps = cfg.iter_warmup, cfg.iter_repeats
             cuda = prepared.device.type == "cuda"
-            if cuda:  # the iteration's peak memory: parameters, optimizer state, activations
+
+            def reset_peak() -> None:  # the timed iterations' peak: parameters, optimizer
+                # state, activations (not the warm-up's algorithm searches and path trials)
                 torch.cuda.reset_peak_memory_stats(prepared.device)
-            out = measure.phase_timing(prepared.phases, prepared.device, warmup=warm, repeats=reps)
+
+            out = measure.phase_timing(
+                prepared.phases,
+                prepared.device,
+                warmup=warm,
+                repeats=reps,
+                after_warmup=reset_peak if cuda else None,
+            )
             if cuda:
                 peak = torch.cuda.max_memory_allocated(prepared.device)
                 prepared.info["peak_memory_mib"] = peak / 2**20

@@ -346,12 +346,15 @@ def phase_timing(
     *,
     warmup: int = 1,
     repeats: int = 5,
+    after_warmup: Callable[[], Any] | None = None,
 ) -> dict[str, Timing]:
     """Time each phase of a repeated sequence (e.g. forward then backward) separately.
 
     Every iteration runs all ``phases`` in order; each phase is bracketed by CUDA events (GPU,
     read after one synchronisation at the end) or ``time.perf_counter`` (CPU). Returns a
     :class:`Timing` per phase name, over ``repeats`` iterations after ``warmup``.
+    ``after_warmup`` runs between the two (e.g. resetting the peak-memory counter, so that
+    cuDNN's algorithm search and the ops' path trials in the warm-up do not count).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
@@ -362,6 +365,8 @@ def phase_timing(
     marks: dict[str, list] = {name: [] for name, _ in phases}
     if cuda:
         torch.cuda.synchronize(device)
+    if after_warmup is not None:
+        after_warmup()
     for i in range(warmup, warmup + repeats):
         for name, fn in phases:
             if cuda:

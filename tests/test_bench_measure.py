@@ -72,6 +72,11 @@ def test_phase_timing_times_each_phase_apart():
     assert out["slow"].median_ms > out["fast"].median_ms
     assert 3.5 <= out["slow"].median_ms < 1000  # milliseconds of one call, not a clock reading
     assert order == [("slow", 0), ("fast", 0), ("slow", 1), ("fast", 1), ("slow", 2), ("fast", 2)]
+    order.clear()
+    measure.phase_timing(
+        [("fast", fast)], "cpu", warmup=2, repeats=2, after_warmup=lambda: order.append("reset")
+    )
+    assert order == [("fast", 0), ("fast", 1), "reset", ("fast", 2), ("fast", 3)]
 
 
 def test_pinned_flags_set_and_restore():

@@ -2294,9 +2294,55 @@ def test_emulated_benchmark_rows_find_the_timings_of_the_ops_problems(
     nm_impl = cases.implementations("nm_prune", "gpu")["nm_prune[cuda]@cuda"]
     before = cases._path_uses()
     nm_cuda.nm_prune_cuda(torch.randn(2, 8, 3, 3, generator=gen), 2, 4, "rescaled")
-    cols = cases._path_columns(nm_impl, " O2 C8 I9 ", cases._uses_since(before))
+    part = cases._nm_problem_part(torch.float32, (2, 8, 3, 3), 1, 2, 4)
+    cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
     assert cols["path_nm_rescaled"] == "timed: fused"
     assert cols["path_nm_rescaled_ms_three_pass"] == 2.0
+
+
+def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalikes(
+    emulated, timing_allowed, monkeypatch
+):
+    """Two problems whose names share the part a row searched for: the 4:8 row took the 2:4
+    timing of the same tensor, and a conv row's input-gradient SpMM the SpMM suite's
+    filters x C*R*S problem. Each row now finds its own op's own problem."""
+    from bench import cases
+
+    calls = iter(range(1000))
+    monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn, device=None: (fn(), next(calls))[1])
+    gen = torch.Generator().manual_seed(43)
+    nm_impl = cases.implementations("nm_prune", "gpu")["nm_prune[cuda]@cuda"]
+    x = torch.randn(2, 8, 3, 3, generator=gen)
+    nm_cuda.nm_prune_cuda(x, 2, 4, "rescaled")  # timed first: the lookalike
+    before = cases._path_uses()
+    nm_cuda.nm_prune_cuda(x, 4, 8, "rescaled")
+    part = cases._nm_problem_part(x.dtype, x.shape, 1, 4, 8)
+    cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
+    (own,) = [c for k, c in timed_choice.timed_choices().items() if " 4:8 " in k]
+    assert {k: v for k, v in cols.items() if "_ms_" in k} == {
+        f"path_nm_rescaled_ms_{p}": ms for p, ms in own["ms"].items()
+    }
+
+    mask = torch.rand(6, 2, 3, 3, generator=gen) < 0.5
+    cidx = pattern_index(mask)
+    k, positions = 2 * 9, 25
+    sidx = pattern_index(mask.reshape(6, k))
+    vals = torch.randn(sidx.col_ind.numel(), generator=gen)
+    # the SpMM suite's forward problem, 6 x 18 x 25 (its part " 6x18x25 batch 1 nnz N ")
+    pattern_cuda._spmm(vals, sidx.row_ptr, sidx.col_ind, torch.randn(k, positions, generator=gen))
+    conv_impl = cases.implementations("conv", "gpu")["pattern_conv2d[cuda]@cuda"]
+    x = torch.randn(1, 2, 5, 5, generator=gen, requires_grad=True)
+    wq = (torch.randn(6, 2, 3, 3, generator=gen) * mask).requires_grad_(True)
+    before = cases._path_uses()
+    with pattern_cuda.forced_path("input_grad", "spmm"):
+        pattern_cuda.pattern_conv2d_cuda(x, wq, cidx, None, 1, 1, 1).sum().backward()
+    parts = cases._conv_problem_parts([1, 2, 5, 5], [6, 2, 3, 3], int(mask.sum()), positions)
+    cols = cases._path_columns(conv_impl, parts, cases._uses_since(before))
+    (own,) = [c for key, c in timed_choice.timed_choices().items()
+              if key.startswith("spmm: ") and f" {k}x6x{positions} " in key]  # fmt: skip
+    assert {key: v for key, v in cols.items() if key.startswith("path_spmm_ms_")} == {
+        f"path_spmm_ms_{p}": ms for p, ms in own["ms"].items()
+    }
 
 
 @pytest.mark.parametrize("source", ["attributes", "properties", "runtime", "none"], ids=str)

@@ -300,9 +300,9 @@ def _nm_launch(
                 shared_mem=smem,
             )
 
-        problem = (
-            f"{x.dtype} O{view.O} C{view.C} I{view.I} strides {view.so},{view.sc},{view.si} "
-            f"{n}:{m} {x.device}"
+        problem = (  # (bench.cases reads "<dtype> O.. C.. I.. n:m " from it)
+            f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} "
+            f"strides {view.so},{view.sc},{view.si} {x.device}"
         )
         run(timed_choice.pick("nm_rescaled", problem, candidates, run, src))
     if dst is not out:

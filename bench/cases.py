@@ -892,14 +892,15 @@ def _prepare_calibration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     _pattern_cuda_check(impl)
-    from impl.ops import pattern_csr, pattern_positions
+    from impl.ops import pattern_csr, pattern_index
 
     shape, s = case.params["weight_shape"], case.params["sparsity"]
     w, mask, kind = _masked_weight(shape, s, dev, 0)
     f, k = shape[0], math.prod(shape[1:])
     n_sets = measure.rotation_sets(f * k * 4, dev)
     ws = [w] + [_randn(shape, dev, j) * mask for j in range(1, n_sets)]
-    row_ptr, col_ind = pattern_positions(mask)
+    index = pattern_index(mask)  # the positions, fixed and checked once, as the method has them
+    row_ptr, col_ind = index.row_ptr, index.col_ind
     nnz = int(col_ind.numel())
     info = {
         "nnz": nnz,
@@ -915,7 +916,7 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         mode = impl.options["impl"]
 
         def fn(i):
-            return pattern_csr(ws[i % n_sets], row_ptr, col_ind, impl=mode)
+            return pattern_csr(ws[i % n_sets], row_ptr, col_ind, impl=mode, index=index)
 
         nbytes = nnz * (4 + 4 + 8) + (f + 1) * 8.0
     elif name == "torch_to_sparse_csr":

@@ -68,6 +68,28 @@ def test_pattern_csr_gathers_values_in_row_order(shape):
     assert torch.equal(_csr_to_dense(values, row_ptr, col_ind, shape[1]), dense * mask)
 
 
+def test_pattern_csr_with_its_index_reads_the_positions_checked_once(monkeypatch):
+    """With the pattern's index the positions were checked when it was built: the same values,
+    no per-call check of every position (what ClickTrain's conversion does not pay), and an
+    index of another structure refused."""
+    from impl.ops import pattern as P
+
+    gen = torch.Generator().manual_seed(3)
+    dense = torch.randn(13, 29, generator=gen, dtype=F64)
+    mask = _random_mask((13, 29), 0.4, gen)
+    idx = pattern_index(mask)
+    expected = pattern_csr(dense, idx.row_ptr, idx.col_ind)
+
+    def no_check(*args, **kwargs):
+        raise AssertionError("the positions were checked again")
+
+    monkeypatch.setattr(P, "check_csr", no_check)
+    assert torch.equal(pattern_csr(dense, idx.row_ptr, idx.col_ind, index=idx), expected)
+    other = pattern_index(_random_mask((13, 29), 0.6, gen))
+    with pytest.raises(ValueError, match="index.row_ptr differs from the row_ptr passed"):
+        pattern_csr(dense, other.row_ptr.clone(), other.col_ind, index=idx)
+
+
 def test_pattern_csr_gradient_only_at_positions():
     gen = torch.Generator().manual_seed(2)
     dense = torch.randn(7, 11, generator=gen, dtype=F64, requires_grad=True)

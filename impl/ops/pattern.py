@@ -288,7 +288,12 @@ def check_csr(
 
 
 def pattern_csr(
-    dense: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, impl: str = "auto"
+    dense: torch.Tensor,
+    row_ptr: torch.Tensor,
+    col_ind: torch.Tensor,
+    impl: str = "auto",
+    *,
+    index: PatternIndex | None = None,
 ) -> torch.Tensor:
     """CSR values of ``dense`` at predefined positions (Sec. 5.1, ``Convert2CSR``).
 
@@ -297,6 +302,12 @@ def pattern_csr(
     row_ptr[f + 1]``, in CSR order. Differentiable: the gradient flows back to the
     positions read, and is zero elsewhere. The reference path raises ``ValueError`` on an
     index that :func:`check_csr` refuses (columns must lie in ``[0, K)``).
+
+    ``index`` (the :class:`PatternIndex` of ``(row_ptr, col_ind)``, :func:`pattern_index`)
+    says that the positions were fixed and checked once, when the pattern was: the reference
+    then checks only that they are the index's (:func:`check_index_matches`, free for the
+    index's own tensors), not every position on every call, as ClickTrain converts with
+    positions predefined when the pattern is chosen.
     """
     use = _resolve_impl(impl, dense)
     if dense.dim() < 2:
@@ -306,7 +317,10 @@ def pattern_csr(
 
         return pattern_csr_cuda(dense, row_ptr, col_ind)
     flat = dense.reshape(dense.shape[0], -1)
-    check_csr(row_ptr, col_ind, flat.shape[0], flat.shape[1], width="the matrix's width")
+    if index is None:
+        check_csr(row_ptr, col_ind, flat.shape[0], flat.shape[1], width="the matrix's width")
+    else:
+        check_index_matches(index, row_ptr, col_ind, flat.shape[1])
     return flat[csr_rows(row_ptr), col_ind]
 
 

@@ -902,6 +902,12 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     index = pattern_index(mask)  # the positions, fixed and checked once, as the method has them
     row_ptr, col_ind = index.row_ptr, index.col_ind
     nnz = int(col_ind.numel())
+    # the positions rotate by their own size too (a cached index would flatter the gather)
+    index_bytes = (nnz + f + 1) * 8.0
+    n_index = measure.rotation_sets(index_bytes, dev)
+    indexes = [index] + [
+        index._replace(row_ptr=row_ptr.clone(), col_ind=col_ind.clone()) for _ in range(1, n_index)
+    ]
     info = {
         "nnz": nnz,
         "mask": kind,
@@ -916,8 +922,10 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         mode = impl.options["impl"]
 
         def fn(i):
-            return pattern_csr(ws[i % n_sets], row_ptr, col_ind, impl=mode, index=index)
+            ix = indexes[i % n_index]
+            return pattern_csr(ws[i % n_sets], ix.row_ptr, ix.col_ind, impl=mode, index=ix)
 
+        info["rotated_index_mib"] = measure.rotated_mib(index_bytes, n_index)
         nbytes = nnz * (4 + 4 + 8) + (f + 1) * 8.0
     elif name == "torch_to_sparse_csr":
         w2 = [x.reshape(f, k) for x in ws]

@@ -202,6 +202,35 @@ def test_csr_copy_baseline_rotates_its_own_bytes(monkeypatch):
     )
 
 
+def test_pattern_csr_rotates_its_positions_by_their_own_size(monkeypatch):
+    """The gather reads the positions as well as the matrix: they rotate through copies of
+    their own (int64 row pointers and columns), each passed with its own index, so a cached
+    index does not flatter the conversion; the values stay those of the one mask."""
+    from impl.ops import pattern_csr
+
+    monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 2**16)
+    case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
+    _, impl = cases.find("csr", case.name, "pattern_csr[ref]@cpu", "smoke")
+    seen = []
+
+    def spy(dense, row_ptr, col_ind, impl="auto", *, index=None):
+        assert index is not None and index.row_ptr is row_ptr and index.col_ind is col_ind
+        seen.append(col_ind.data_ptr())
+        return pattern_csr(dense, row_ptr, col_ind, impl, index=index)
+
+    monkeypatch.setattr("impl.ops.pattern_csr", spy)
+    prepared = cases.prepare(case, impl, "smoke")
+    nnz = prepared.info["nnz"]
+    sets = measure.rotation_sets((nnz + 37 + 1) * 8, "cpu")
+    assert sets > 1 and prepared.info["rotated_index_mib"] == measure.rotated_mib(
+        (nnz + 38) * 8, sets
+    )
+    fn = prepared.phases[0][1]
+    outs = [fn(i) for i in range(sets + 1)]
+    assert len(set(seen[:sets])) == sets and seen[sets] == seen[0]
+    assert all(o.shape == (nnz,) for o in outs)
+
+
 def test_out_of_memory_is_a_value_and_errors_are_rows(monkeypatch):
     case, impl = cases.find(
         "nm_prune", cases.grid("nm_prune", "smoke")[0].name, "copy@cpu", "smoke"

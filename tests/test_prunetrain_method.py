@@ -358,6 +358,19 @@ def test_activation_bytes_count_saved_feature_maps(name: str) -> None:
     assert torch.count_nonzero(running) == 0  # the model's statistics were not touched
 
 
+def test_activation_bytes_of_a_model_whose_last_feature_map_is_one_pixel() -> None:
+    """A 1x1 map before a BatchNorm (ResNet-18's last stage on a small image): the per-sample
+    bytes are measured at batches 2 and 3, where a batch of 1 was refused by BatchNorm in
+    training mode ("Expected more than 1 value per channel"), after the run had trained."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+        nn.Linear(8, 4),
+    )  # fmt: skip
+    got = activation_bytes_per_sample(model, (3, 2, 2))
+    # at least the input, the conv's output (kept for BatchNorm) and the ReLU's, per sample
+    assert got >= (3 * 2 * 2 + 8 + 8) * 4
+
+
 def test_dynamic_batch_grows_after_pruning_within_the_budget() -> None:
     model = prezeroed_resnet20(seed=6)
     ctx = make_ctx(model, epochs=3, batch=128)  # the paper's CIFAR start (Fig. 9b)

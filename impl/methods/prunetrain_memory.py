@@ -68,13 +68,14 @@ def activation_bytes_per_sample(model: nn.Module, input_shape: tuple[int, ...]) 
 
     Runs on a copy of ``model`` in training mode (the model's BatchNorm statistics are not
     touched), on the model's device and dtype, with zero inputs of shape ``(B, *input_shape)``
-    for B = 1 and 2; the difference is the per-sample cost.
+    for B = 2 and 3 (not 1: BatchNorm in training mode refuses one value per channel, as a
+    1x1 feature map of one sample gives); the difference is the per-sample cost.
     """
     probe = copy.deepcopy(model).train()
     p = next(probe.parameters())
-    x1 = torch.zeros((1, *input_shape), device=p.device, dtype=p.dtype)
     x2 = torch.zeros((2, *input_shape), device=p.device, dtype=p.dtype)
-    return max(_saved_bytes(probe, x2) - _saved_bytes(probe, x1), 0)
+    x3 = torch.zeros((3, *input_shape), device=p.device, dtype=p.dtype)
+    return max(_saved_bytes(probe, x3) - _saved_bytes(probe, x2), 0)
 
 
 def estimate_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], batch: int) -> int:

@@ -195,17 +195,11 @@ def check_before_workers(
     would."""
     if resume_dir is not None:
         run_dir = Path(resume_dir)
-        config_path = run_dir / rundir.CONFIG_FILE
-        if not config_path.exists():
-            raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
-        if rundir.complete_summary(run_dir) is not None:
+        if finished_summary_to_resume(run_dir) is not None:
             return  # resume returns its summary
-        diverged = rundir.diverged_summary(run_dir)
-        if diverged is not None:
-            raise TrainingDiverged(run_dir, diverged)
-        with rundir.locked(run_dir, doing="trained"):
+        with rundir.locked(run_dir):
             pass
-        saved = TrainConfig.from_dict(rundir.read_json(config_path))
+        saved = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
         check_dataset(saved.data, dataset_dir_for(data_dir, saved.data) or saved.data_dir)
         return
     if cfg is None:
@@ -953,6 +947,23 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     return Trainer(cfg, progress=progress).run(resume=False)
 
 
+def finished_summary_to_resume(run_dir: Path) -> dict[str, Any] | None:
+    """For ``--resume run_dir``: its summary when the run is complete (resume returns it as
+    is; an unreadable one counts as not complete, and the run continues from its
+    checkpoint), else None. Raises ``FileNotFoundError`` where ``run_dir`` is not a run and
+    :class:`TrainingDiverged` where it diverged (resuming would repeat the same steps from
+    the same state)."""
+    if not (run_dir / rundir.CONFIG_FILE).exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
+    summary = rundir.complete_summary(run_dir)
+    if summary is not None:
+        return summary
+    diverged = rundir.diverged_summary(run_dir)
+    if diverged is not None:
+        raise TrainingDiverged(run_dir, diverged)
+    return None
+
+
 def resume(
     run_dir: str | os.PathLike, *, progress: bool = True, data_dir: str | None = None
 ) -> dict[str, Any]:
@@ -967,14 +978,9 @@ def resume(
     """
     run_dir = Path(run_dir)
     config_path = run_dir / rundir.CONFIG_FILE
-    if not config_path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
-    summary = rundir.complete_summary(run_dir)  # unreadable: continue from the checkpoint
+    summary = finished_summary_to_resume(run_dir)
     if summary is not None:
         return summary
-    diverged = rundir.diverged_summary(run_dir)
-    if diverged is not None:  # resuming would repeat the same steps from the same state
-        raise TrainingDiverged(run_dir, diverged)
     cfg = TrainConfig.from_dict(rundir.read_json(config_path))
     check_run_method(run_dir, cfg)
     data_dir = dataset_dir_for(data_dir, cfg.data)

@@ -157,8 +157,9 @@ def _generator(seed: int, epoch: int, stream: int, *more: int) -> torch.Generato
     return g
 
 
-# Random streams: the epoch's shuffle, its augmentation (in-memory loaders), and the seeds of
-# a DataLoader's workers (ImageFolder; one stream per rank, so ranks augment independently).
+# Random streams: the epoch's shuffle, its augmentation (in-memory loaders: one draw per epoch;
+# ImageFolder: one generator per image, seeded from (seed, epoch, index)), and the seeds of a
+# DataLoader's workers (which no transform then uses).
 _SHUFFLE, _AUGMENT, _WORKERS = 0, 1, 2
 
 
@@ -647,6 +648,8 @@ def _find_cifar_dir(name: str, data_dir: str | Path | None) -> Path:
     if data_dir is None:
         raise _missing_cifar(name, data_dir, "no data directory")
     root = Path(data_dir).expanduser()
+    if root.is_file() and root.name.endswith((".tar.gz", ".tgz", ".tar")):
+        raise _missing_cifar(name, data_dir, f"{root} is the tarball itself, not extracted")
     if not root.is_dir():
         raise _missing_cifar(name, data_dir, f"directory {root} does not exist")
     folder = _CIFAR[name][0]
@@ -675,8 +678,19 @@ def _cifar(name: str, data_dir: str | Path | None) -> _Arrays:
             batch = _load_pickle(path / f)
             if b"data" not in batch or label_key not in batch:
                 raise ValueError(f"{path / f} is not a {name} batch (keys {sorted(batch)})")
-            xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            ys.append(np.asarray(batch[label_key], dtype=np.int64))
+            data, labels = np.asarray(batch[b"data"]), np.asarray(batch[label_key])
+            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+                raise ValueError(
+                    f"{path / f}: {name} images are uint8 rows of 3,072 bytes (32x32, R, G "
+                    f"then B); this file's are {data.dtype} of shape {data.shape}"
+                )
+            if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+                raise ValueError(
+                    f"{path / f}: {len(data)} images and labels of shape {labels.shape} "
+                    f"({labels.dtype}); {name} has one integer label per image"
+                )
+            xs.append(data.reshape(-1, 3, 32, 32))
+            ys.append(labels.astype(np.int64))
         return np.concatenate(xs), np.concatenate(ys)
 
     train_x, train_y = read(train_files)
@@ -759,13 +773,32 @@ def _synthetic(
 # ----------------------------------------------------------------------------- ImageNet
 
 
+class _SeededItems:
+    """A dataset whose item ``i`` is read (and so transformed) under torch's CPU generator
+    seeded from ``(seed, epoch, i)`` and then restored: an image's random crop and flip in an
+    epoch are the same whichever process, DataLoader worker, batch or rank reads it."""
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_stream_seed(self.seed, self.epoch, _AUGMENT, int(i)))
+            return self.dataset[i]
+
+
 class ImageFolderLoader(Loader):
     """A torch DataLoader over an ImageFolder, behind the same interface as TensorLoader.
 
     The epoch's order is drawn from (seed, epoch) as TensorLoader draws it, and each global
     batch's share for this rank (:meth:`Loader.set_shard`) is what the DataLoader reads and
-    decodes. The workers' augmentation seeds come from (seed, epoch, rank): with the same
-    ``num_workers`` an epoch is reproducible, and ranks do not repeat each other's crops.
+    decodes. Each image is transformed under a generator seeded from (seed, epoch, its index)
+    (torchvision's transforms draw from torch's generator), so an epoch's crops and flips are
+    the same for any ``num_workers``, batch size or number of ranks, and ranks, reading
+    different images, do not repeat each other's.
     """
 
     def __init__(
@@ -783,6 +816,7 @@ class ImageFolderLoader(Loader):
         self.dataset = dataset
         self.shuffle = shuffle
         self.num_workers = num_workers
+        self._items = _SeededItems(dataset, seed)
 
     @property
     def num_samples(self) -> int:
@@ -802,8 +836,9 @@ class ImageFolderLoader(Loader):
         from torch.utils.data import DataLoader
 
         shares = self.batch_indices()
+        self._items.epoch = self.epoch  # before the workers start: they copy it
         loader = DataLoader(
-            self.dataset,
+            self._items,
             batch_sampler=[s for s in shares if s],  # an empty share is made below
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
@@ -860,7 +895,59 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
         raise DatasetMissingError(
             f"imagenet: {reason}. {_IMAGENET_HOW}", dataset="imagenet", reason=reason
         )
+    train, val = (_imagenet_classes(root / split) for split in ("train", "val"))
+    if train != val:
+        only = [
+            f"only in {split}/: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} "
+            f"({len(names)})"
+            for split, names in (
+                ("train", sorted(set(train) - set(val))),
+                ("val", sorted(set(val) - set(train))),
+            )
+            if names
+        ]
+        reason = (
+            f"the class folders of {root / 'train'} and {root / 'val'} differ (train/ has "
+            f"{len(train)}, val/ has {len(val)}; {'; '.join(only)})"
+        )
+        raise DatasetMissingError(
+            f"imagenet: {reason}. {_IMAGENET_HOW}",
+            dataset="imagenet",
+            reason=reason,
+            remedy="give train/ and val/ the same class folders",
+        )
     return root
+
+
+def _imagenet_classes(split_dir: Path) -> list[str]:
+    """The class folders of one split of an ImageFolder tree, sorted; folders whose names
+    begin with '.' (``.ipynb_checkpoints``, ``.cache``) are not classes. Lists folders only,
+    reads no image.
+
+    Raises:
+        DatasetMissingError: no class folder (the validation images as ILSVRC ships them, in
+            one flat folder, are named as such).
+    """
+    classes, loose = [], 0
+    with os.scandir(split_dir) as entries:
+        for entry in entries:
+            if entry.is_dir() and not entry.name.startswith("."):
+                classes.append(entry.name)
+            elif entry.is_file():
+                loose += 1
+    if not classes:
+        reason = f"{split_dir} holds no class folder" + (
+            f" ({loose} files at its top level: sort them into one folder per class)"
+            if loose
+            else ""
+        )
+        raise DatasetMissingError(
+            f"imagenet: {reason}. {_IMAGENET_HOW}",
+            dataset="imagenet",
+            reason=reason,
+            remedy=f"sort the images of {split_dir} into one folder per class" if loose else "",
+        )
+    return sorted(classes)
 
 
 def dataset_dirs(value: str | None = None, source: str = DATA_DIR_ENV) -> dict[str, str]:
@@ -955,6 +1042,7 @@ def _imagenet(
     augment: bool,
     device: str | torch.device,
     num_workers: int,
+    drop_last: bool,
 ) -> tuple[ImageFolderLoader, ImageFolderLoader, DataSpec]:
     root = _find_imagenet_dir(data_dir)
     try:
@@ -980,19 +1068,26 @@ def _imagenet(
     val_tf = transforms.Compose(
         [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), normalize]
     )
-    train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-    val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf)
-    if len(train_set) == 0 or len(val_set) == 0:
-        raise DatasetMissingError(
-            f"imagenet: no images under {root}. {_IMAGENET_HOW}",
-            dataset="imagenet",
-            reason=f"no images under {root}",
-        )
-    if train_set.classes != val_set.classes:
-        raise ValueError(
-            f"imagenet: train/ has {len(train_set.classes)} classes and val/ has "
-            f"{len(val_set.classes)}; their class folders must match"
-        )
+    classes = _imagenet_classes(root / "train")  # the same as val's (_find_imagenet_dir)
+
+    class ClassFolders(datasets.ImageFolder):
+        """torchvision's ImageFolder over the class folders found above (it would also
+        take hidden folders for classes)."""
+
+        def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+            return list(classes), {c: i for i, c in enumerate(classes)}
+
+    def image_folder(split: str, transform: Any) -> Any:
+        try:
+            return ClassFolders(str(root / split), transform=transform)
+        except FileNotFoundError as err:  # a class folder with no image in it
+            reason = f"{root / split}: {err}"
+            raise DatasetMissingError(
+                f"imagenet: {reason}. {_IMAGENET_HOW}", dataset="imagenet", reason=reason
+            ) from err
+
+    train_set = image_folder("train", train_tf)
+    val_set = image_folder("val", val_tf)
     spec = DataSpec(
         name="imagenet",
         num_classes=len(train_set.classes),
@@ -1010,7 +1105,7 @@ def _imagenet(
         class_names=tuple(train_set.classes),
     )
     common = {"seed": seed, "device": device, "num_workers": num_workers}
-    train = ImageFolderLoader(train_set, batch_size, shuffle=True, **common)
+    train = ImageFolderLoader(train_set, batch_size, shuffle=True, drop_last=drop_last, **common)
     test = ImageFolderLoader(val_set, eval_batch_size, shuffle=False, **common)
     return train, test, spec
 
@@ -1085,7 +1180,9 @@ def make_loaders(
             f"augment_recipe {augment_recipe!r} is for in-memory datasets, not imagenet"
         )
     if name == "imagenet":
-        return _imagenet(data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers)
+        return _imagenet(
+            data_dir, batch_size, eval_batch_size, seed, augment, device, num_workers, drop_last
+        )
     if name == "digits":
         if not 8 <= image_size <= 64:
             raise ValueError(f"digits image_size must be in [8, 64] pixels, got {image_size}")

@@ -367,6 +367,37 @@ def test_cifar_labels_outside_the_classes_are_refused(tmp_path: Path, label: int
         make_loaders("cifar10", 8, data_dir=tmp_path)
 
 
+@pytest.mark.parametrize(
+    "data, labels, expected",
+    [
+        (np.zeros((2, 3000), np.uint8), [0, 1], r"uint8 rows of 3,072 bytes .* uint8 of shape"),
+        (np.zeros((2, 3072), np.float32), [0, 1], r"this file's are float32"),
+        (np.zeros((2, 3072), np.int64), [0, 1], r"this file's are int64"),
+        (np.zeros((2, 3072), np.uint8), [0], r"2 images and labels of shape \(1,\)"),
+        (np.zeros((2, 3072), np.uint8), [0.0, 1.0], r"one integer label per image"),
+    ],
+    ids=["short-rows", "float-pixels", "wide-pixels", "one-label-short", "float-labels"],
+)
+def test_cifar_malformed_batch_is_refused_naming_the_file(
+    tmp_path: Path, data: np.ndarray, labels: list, expected: str
+) -> None:
+    # Rows of another length failed in numpy's reshape, naming no file; float pixels in
+    # [0, 1] were cast to uint8 (every image black) and int64 values wrapped modulo 256.
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(5))
+    _write_batch(tmp_path / "cifar-10-batches-py" / "data_batch_2", data, labels, b"labels")
+    with pytest.raises(ValueError, match=expected) as err:
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+    assert "data_batch_2" in str(err.value)
+
+
+def test_cifar_tarball_given_as_the_directory_says_extract_it(tmp_path: Path) -> None:
+    tarball = tmp_path / "cifar-10-python.tar.gz"
+    tarball.write_bytes(b"")
+    with pytest.raises(DatasetMissingError, match="is the tarball itself, not extracted") as err:
+        make_loaders("cifar10", 8, data_dir=tarball)
+    assert "tar xzf cifar-10-python.tar.gz" in str(err.value)
+
+
 # ----------------------------------------------------------------------------- others
 
 
@@ -399,6 +430,10 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
     with pytest.raises(DatasetMissingError, match="val"):
         check_dataset("imagenet", tmp_path)
     (tmp_path / "val").mkdir()
+    with pytest.raises(DatasetMissingError, match="train holds no class folder"):
+        check_dataset("imagenet", tmp_path)
+    for split in ("train", "val"):
+        (tmp_path / split / "n01").mkdir()
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
@@ -426,15 +461,17 @@ def test_imagenet_missing_directory(tmp_path: Path) -> None:
 
 
 def _fake_torchvision(calls: list[str]) -> types.ModuleType:
-    """A stand-in for torchvision: ImageFolder over a directory of class folders, whose
-    items are a small random image per file and whose transforms record their names."""
+    """A stand-in for torchvision: ImageFolder over a directory of class folders (as
+    torchvision's: classes from ``find_classes``, FileNotFoundError for a class without
+    files), whose items are a small random image per file and whose transforms record their
+    names; the random ones draw from torch's generator, as torchvision's do."""
 
     class Step:
         def __init__(self, name: str, *args) -> None:
             self.name, self.args = name, args
 
         def __call__(self, x):
-            return x
+            return x + torch.rand(1) if self.name.startswith("Random") else x
 
     class Compose:
         def __init__(self, steps) -> None:
@@ -448,14 +485,21 @@ def _fake_torchvision(calls: list[str]) -> types.ModuleType:
 
     class ImageFolder:
         def __init__(self, root: str, transform) -> None:
-            self.classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+            self.classes, _ = self.find_classes(root)
             self.samples = [
                 (f, i)
                 for i, c in enumerate(self.classes)
                 for f in sorted((Path(root) / c).iterdir())
             ]
+            empty = sorted(set(self.classes) - {self.classes[t] for _, t in self.samples})
+            if empty:
+                raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}")
             self.targets = [t for _, t in self.samples]
             self.transform = transform
+
+        def find_classes(self, root: str) -> tuple[list[str], dict[str, int]]:
+            classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+            return classes, {c: i for i, c in enumerate(classes)}
 
         def __len__(self) -> int:
             return len(self.samples)
@@ -507,12 +551,100 @@ def test_imagenet_wraps_imagefolder(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert calls[0].startswith("Resize(256,) CenterCrop(224,)")
 
 
-def test_imagenet_class_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_imagenet_class_mismatch_names_the_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
-    _image_tree(tmp_path, {"n01": (2, 1), "n02": (2, 0)})
+    _image_tree(tmp_path, {"n01": (2, 1), "n02": (2, 0), "n03": (1, 1)})
     (tmp_path / "val" / "n02").rmdir()
-    with pytest.raises(ValueError, match="class folders must match"):
+    (tmp_path / "val" / "n09").mkdir()
+    expected = r"train/ has 3, val/ has 3; only in train/: n02 \(1\); only in val/: n09 \(1\)"
+    for check in (
+        lambda: check_dataset("imagenet", tmp_path),  # before any run starts
+        lambda: make_loaders("imagenet", 5, data_dir=tmp_path, num_workers=0),
+    ):
+        with pytest.raises(DatasetMissingError, match=expected) as err:
+            check()
+        assert err.value.remedy == "give train/ and val/ the same class folders"
+
+
+def test_imagenet_flat_val_folder_is_refused_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ILSVRC ships val/ as 50,000 loose JPEGs: check_dataset passed it and every run then died
+    # in torchvision with a FileNotFoundError that was not a DatasetMissingError.
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (2, 0), "n02": (2, 0)})
+    for d in (tmp_path / "val").iterdir():
+        d.rmdir()
+    for i in range(3):
+        (tmp_path / "val" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(b"")
+    with pytest.raises(DatasetMissingError, match="holds no class folder \\(3 files") as err:
+        check_dataset("imagenet", tmp_path)
+    assert err.value.remedy.startswith("sort the images of") and str(tmp_path / "val") in str(
+        err.value
+    )
+
+
+def test_imagenet_hidden_folders_are_not_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (2, 1), "n02": (3, 1)})
+    (tmp_path / "train" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "train" / ".ipynb_checkpoints" / "x.JPEG").write_bytes(b"")
+    train, test, spec = make_loaders("imagenet", 5, data_dir=tmp_path, num_workers=0)
+    assert spec.class_names == ("n01", "n02") and spec.num_classes == 2
+    assert (spec.train_size, spec.test_size) == (5, 2)
+
+
+def test_imagenet_empty_class_folder_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (2, 1), "n02": (0, 1)})
+    with pytest.raises(DatasetMissingError, match="classes n02") as err:
         make_loaders("imagenet", 5, data_dir=tmp_path, num_workers=0)
+    assert str(tmp_path / "train") in str(err.value)
+
+
+def test_imagenet_drop_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (5, 1), "n02": (3, 1)})
+    kept = make_loaders("imagenet", 3, data_dir=tmp_path, num_workers=0)[0]
+    dropped = make_loaders("imagenet", 3, data_dir=tmp_path, num_workers=0, drop_last=True)[0]
+    assert [len(y) for _, y in kept] == [3, 3, 2]
+    assert [len(y) for _, y in dropped] == [3, 3]
+
+
+def test_imagenet_augmentation_depends_on_seed_epoch_and_image_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With num_workers=0 the crops came from torch's global generator: two loaders with the
+    # same seed and epoch differed, and every rank drew the same crops.
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (5, 1), "n02": (4, 1)})
+
+    def images(seed: int, epoch: int, batch: int, rank: int = 0, world: int = 1) -> dict:
+        loader = make_loaders("imagenet", batch, data_dir=tmp_path, seed=seed, num_workers=0)[0]
+        loader.set_shard(rank, world)
+        loader.set_epoch(epoch)
+        torch.manual_seed(rank + 100 * batch)  # the global generator must not matter
+        order = [i for share in loader.batch_indices() for i in share]
+        return dict(zip(order, torch.cat([x for x, _ in loader]), strict=True))
+
+    whole = images(1, 0, 4)
+    assert whole.keys() == set(range(9))
+    again = images(1, 0, 3)  # another batch size: the same image, the same crop
+    assert all(torch.equal(whole[i], again[i]) for i in whole)
+    ranks = {**images(1, 0, 4, 0, 2), **images(1, 0, 4, 1, 2)}
+    assert ranks.keys() == whole.keys() and all(torch.equal(whole[i], ranks[i]) for i in whole)
+    for other in (images(1, 1, 4), images(2, 0, 4)):  # another epoch, another seed
+        assert not any(torch.equal(whole[i], other[i]) for i in whole)
+    images(1, 0, 4)  # seeds the global generator with 400, then reads every image
+    after = torch.random.get_rng_state()
+    torch.manual_seed(400)
+    assert torch.equal(after, torch.random.get_rng_state())  # restored after each image
 
 
 def test_imagenet_without_torchvision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

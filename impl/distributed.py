@@ -210,13 +210,14 @@ def describe_failure(err: BaseException, info: DistInfo) -> str:
     """One line saying which rank failed, why, and what that usually means."""
     text = f"{type(err).__name__}: {err}".strip().splitlines()
     first = text[0] if text else type(err).__name__
-    hint = ""
+    where = f"rank {info.rank} of {info.world_size}"
     if isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err)):
-        hint = (
-            " (a peer process exited or hung: collectives fail when a peer's connection "
-            f"closes, or after the {info.timeout_s or timeout_seconds():g} s timeout)"
+        return (
+            f"distributed training stopped on {where} because a peer process exited or hung "
+            "(collectives fail when a peer's connection closes, or after the "
+            f"{info.timeout_s or timeout_seconds():g} s timeout): {first}"
         )
-    return f"distributed training failed on rank {info.rank} of {info.world_size}{hint}: {first}"
+    return f"distributed training failed on {where}: {first}"
 
 
 def _looks_like_comm_failure(message: str) -> bool:
@@ -551,7 +552,7 @@ class DataParallel:
             self._check_masks()
 
     def _check_masks(self) -> None:
-        local = self.state.mask_checksum()
+        local = self.state.mask_digest()
         if self.info.backend == "nccl":
             local = local.to(self.device)
         lo, hi = local.clone(), local.clone()

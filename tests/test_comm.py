@@ -142,13 +142,46 @@ def test_comm_state_masks_change_detection_and_checksum():
     assert state.sparse
     idx = state.bucket_index(list(m.parameters()))
     assert idx is state.bucket_index(list(m.parameters()))  # cached
-    nz = keep.reshape(-1).nonzero().reshape(-1).double()
-    assert torch.equal(
-        state.mask_checksum(), torch.tensor([float(nz.numel()), float(nz.sum())]).double()
-    )
+    digest = state.mask_digest()
+    assert digest.dtype == torch.int64 and digest[:2].tolist() == [1, int(keep.sum())]
+    other = comm.CommState(timing=False)  # another rank: other parameter ids, same masks
+    other.set_masks(small_model(), {"0.weight": keep.clone()})
+    assert torch.equal(other.mask_digest(), digest)
     assert state.set_masks(m, None) is True and not state.sparse
     with pytest.raises(ValueError, match="valid: auto, ref, cuda"):
         comm.CommState(impl="fast")
+
+
+def test_mask_digest_tells_apart_patterns_of_equal_count_and_position_sum():
+    # Two ranks with 4-of-9 patterns (1,3,4,5) and (0,2,4,7) on every kernel passed the
+    # check of (kept count, sum of kept positions), and their weights then diverged.
+    def digest(pattern: tuple[int, ...]) -> torch.Tensor:
+        m = nn.Conv2d(8, 16, 3)
+        kernel = torch.zeros(9, dtype=torch.bool)
+        kernel[list(pattern)] = True
+        state = comm.CommState(timing=False)
+        state.set_masks(m, {"weight": kernel.reshape(3, 3).expand(16, 8, 3, 3)})
+        return state.mask_digest()
+
+    a, b = digest((1, 3, 4, 5)), digest((0, 2, 4, 7))
+    assert a[:2].tolist() == b[:2].tolist() == [1, 16 * 8 * 4]  # same masks and kept count
+    assert not torch.equal(a, b)
+    assert torch.equal(a, digest((1, 3, 4, 5)))
+
+
+def test_masks_are_bound_again_after_the_parameters_change():
+    # A parameter replaced under the same masks kept the masks bound to the old parameter's
+    # id: the hook then sent the new parameter densely and left its pruned gradients.
+    m = small_model()
+    keep = torch.rand(m[0].weight.shape) < 0.5
+    masks = {"0.weight": keep}
+    state = comm.CommState(timing=False)
+    state.set_masks(m, masks)
+    m[0].weight = nn.Parameter(torch.randn_like(m[0].weight))
+    state.forget_buckets()  # what the DDP wrapper's rebuild does
+    assert state.set_masks(m, masks) is True
+    idx = state.bucket_index([m[0].weight])
+    assert idx is not None and idx.numel() == int(keep.sum())
 
 
 @pytest.fixture

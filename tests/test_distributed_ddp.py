@@ -77,6 +77,16 @@ def test_sparse_hook_equals_dense_allreduce_at_kept_positions(job):
         assert all(s > 0 for s in res["timed"]["seconds"])
 
 
+def test_ranks_with_different_masks_are_stopped(job):
+    for rank in (0, 1):
+        res = result(job, "mask_check", rank)
+        assert res["same"] == "ok"
+        assert res["different"] == (
+            f"rank {rank}: the communication masks differ between ranks; sparse Allreduce "
+            "needs the same kept positions on every rank"
+        )
+
+
 def test_dense_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
     ddp = result(job, "dense64")
     one = single_run(tmp_path / "one", worker.DENSE, True, monkeypatch)

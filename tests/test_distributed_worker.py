@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,28 @@ def scenario_hook(rank: int) -> dict[str, Any]:
     return out
 
 
+def scenario_mask_check(info: distributed.DistInfo) -> dict[str, Any]:
+    """DataParallel's check of the ranks' masks: the same masks pass; 4-of-9 patterns of
+    equal count and position sum, (1,3,4,5) on rank 0 and (0,2,4,7) on rank 1, must not."""
+
+    def prepared(pattern: tuple[int, ...]) -> str:
+        kernel = torch.zeros(9, dtype=torch.bool)
+        kernel[list(pattern)] = True
+        torch.manual_seed(5)
+        model = nn.Conv2d(8, 16, 3)
+        ctx = types.SimpleNamespace(
+            model=model, extra={"comm_masks": {"weight": kernel.reshape(3, 3).expand(16, 8, 3, 3)}}
+        )
+        try:
+            distributed.DataParallel(info, torch.device("cpu"), timing=False).prepare(ctx)
+        except distributed.DistributedError as err:
+            return str(err)
+        return "ok"
+
+    other = (1, 3, 4, 5) if info.rank == 0 else (0, 2, 4, 7)
+    return {"same": prepared((1, 3, 4, 5)), "different": prepared(other)}
+
+
 def train_run(out: Path, values: dict[str, Any]) -> dict[str, Any]:
     from impl.config import resolve
     from impl.train import train
@@ -225,6 +248,7 @@ def main(out_dir: str) -> None:
 
     scenarios = [
         ("hook", lambda: scenario_hook(rank)),
+        ("mask_check", lambda: scenario_mask_check(info)),
         ("campfire", lambda: train_run(out / "campfire", CAMPFIRE)),
         ("sdgp", lambda: train_run(out / "sdgp", SDGP)),
     ]

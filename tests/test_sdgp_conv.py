@@ -19,6 +19,7 @@ from impl.methods.sdgp import (
     SDGPConv2d,
     conv_grad,
     nm_prune,
+    rank_prune_seed,
     sdgp_conv_forward,
     sdgp_convert,
     sdgp_modules,
@@ -462,6 +463,30 @@ def test_method_registry_setup_train_and_summary():
         t["est_saved_ms"] / t["iteration_ms_dense"]
     )
     assert sdgp_modules(model)  # timing the dense iteration left the model converted
+
+
+def test_random_pruning_draws_differ_between_ranks(monkeypatch):
+    # Every rank seeded the generator with the run's seed: sample i of every rank's share
+    # kept the same random positions, and a resume gave every rank rank 0's generator.
+    import impl.distributed as distributed
+
+    def states(rank: int | None, epoch: int) -> torch.Tensor:
+        world = distributed.DistInfo() if rank is None else distributed.DistInfo(rank, 2)
+        monkeypatch.setattr(distributed, "current", lambda: world)
+        method = SDGP(SDGPConfig(prune_method="random", profile=False))
+        ctx = _ctx(_tiny())
+        method.setup(ctx)
+        ctx.epoch = epoch
+        method.on_epoch_start(ctx)
+        return method.generator.get_state()
+
+    one = states(None, 1)
+    assert torch.equal(one, torch.Generator().manual_seed(5).get_state())  # as set up
+    rank0, rank1 = states(0, 1), states(1, 1)
+    assert not torch.equal(rank0, rank1) and not torch.equal(rank0, one)
+    assert torch.equal(rank0, states(0, 1))  # what a run resumed at epoch 1 draws
+    assert not torch.equal(rank0, states(0, 2))
+    assert torch.equal(rank1, torch.Generator().manual_seed(rank_prune_seed(5, 1, 1)).get_state())
 
 
 def test_method_summary_names_the_rescale_rule():

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -474,6 +475,18 @@ def random_generator(
     return out
 
 
+def rank_prune_seed(seed: int, epoch: int, rank: int) -> int:
+    """The random-pruning seed of ``rank``'s epoch ``epoch`` in a run of several processes.
+
+    Every rank seeded with the run's seed drew the same random numbers, so sample i of every
+    rank's share kept the same positions: draws one process never makes. Seeded per rank and
+    epoch, the ranks draw independently, and a run resumed at an epoch's start draws what an
+    uninterrupted one does (the checkpoint holds rank 0's generator only). One process keeps
+    one generator seeded once (``setup``)."""
+    state = np.random.SeedSequence([seed, epoch, rank, 0x5D69]).generate_state(2, np.uint64)
+    return int(state[0]) & ((1 << 63) - 1)
+
+
 def sdgp_convert(
     model: nn.Module,
     n: int = 2,
@@ -668,9 +681,15 @@ class SDGP(Method):
         )
 
     def on_epoch_start(self, ctx: TrainContext) -> None:
-        """Reset the per-layer L1 statistics."""
+        """Reset the per-layer L1 statistics; with several processes, reseed random pruning
+        from (seed, epoch, rank) (:func:`rank_prune_seed`)."""
         for mod in sdgp_modules(ctx.model).values():
             mod.reset_stats()
+        from impl.distributed import current
+
+        info = current()
+        if info.active and self.generator is not None:
+            self.generator.manual_seed(rank_prune_seed(self._seed(ctx), ctx.epoch, info.rank))
 
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
         """Mean over layers of sum|pruned dL/dO| / sum|dense dL/dO| this epoch."""
@@ -798,6 +817,7 @@ __all__ = [
     "data_grad_density",
     "nm_keep_mask",
     "nm_prune",
+    "rank_prune_seed",
     "nm_prune_ref",
     "plain_conv",
     "random_generator",

@@ -363,6 +363,18 @@ def all_reduce_sum(t: torch.Tensor, stats: comm.CommStats | None = None) -> torc
 
 
 # ----------------------------------------------------------------------------- batch norm
+def sync_bn_aux_bytes(x: torch.Tensor, world: int) -> int:
+    """Bytes of the collectives of one training step of torch's ``SyncBatchNorm`` on ``x``
+    (the GPU path of global batch norm): forward all-gathers each rank's C means, C inverse
+    standard deviations and its count (the gathered buffer: ``world * (2C + 1)`` values),
+    backward all-reduces two sums of C values. The statistics are in float32 for half and
+    bfloat16 inputs (``torch.batch_norm_stats`` accumulates in float), else in ``x``'s dtype.
+    """
+    c = x.shape[1]
+    size = 4 if x.dtype in (torch.float16, torch.bfloat16) else x.element_size()
+    return (world * (2 * c + 1) + 2 * c) * size
+
+
 def _global_bn_forward(self: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:
     """BatchNorm forward with statistics over the global batch (training, >1 rank)."""
     active = self.training and dist.is_available() and dist.is_initialized()
@@ -380,7 +392,7 @@ def _global_bn_forward(self: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -
 
         world = dist.get_world_size()
         if stats is not None:
-            stats.record_aux(2 * (2 * x.shape[1] + 1) * world * x.element_size())
+            stats.record_aux(sync_bn_aux_bytes(x, world))
         return _SyncBN.apply(
             x,
             self.weight,
@@ -727,6 +739,7 @@ __all__ = [
     "shard_bounds",
     "shutdown",
     "sync_batchnorm",
+    "sync_bn_aux_bytes",
     "timeout_seconds",
     "torchrun_command",
     "unsync_batchnorm",

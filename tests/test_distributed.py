@@ -286,3 +286,13 @@ def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
     for w in left:
         os.kill(w, 9)
     assert not left, "workers outlived the killed launcher"
+
+
+def test_sync_bn_aux_bytes_counts_the_gather_and_the_reduce():
+    # forward gathers world * (2C + 1) statistics, backward all-reduces 2C sums; half inputs
+    # have float32 statistics (the count was twice the gather, in the input's dtype)
+    x = torch.empty(4, 16, 2, 2)
+    assert D.sync_bn_aux_bytes(x, 8) == (8 * 33 + 32) * 4
+    assert D.sync_bn_aux_bytes(x.half(), 8) == (8 * 33 + 32) * 4
+    assert D.sync_bn_aux_bytes(x.bfloat16(), 2) == (2 * 33 + 32) * 4
+    assert D.sync_bn_aux_bytes(x.double(), 2) == (2 * 33 + 32) * 8

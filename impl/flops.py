@@ -244,7 +244,7 @@ def _scaled(dense_macs: float, density: LayerDensity, fwd_extra: float, wg_extra
     return FlopCounts(
         forward=flops * density.forward + fwd_extra,
         data_grad=flops * density.data_grad if has_dg else 0.0,
-        weight_grad=(flops * density.weight_grad + wg_extra) if has_wg else 0.0,
+        weight_grad=(flops * density.weight_grad if has_wg else 0.0) + wg_extra,
     )
 
 

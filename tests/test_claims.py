@@ -187,6 +187,17 @@ def test_a_paired_difference_counts_the_seeds_it_pairs():
         "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
     ]
     assert "paired over seeds [0, 1]" in row["note"]
+    # rows sharing one seed are not paired on it (one pair has no spread): each row's
+    # interval is over its own two seeds, and their non-overlap decides
+    rows.rows[0]["seeds"], rows.rows[0]["values"] = [3, 7], [0.5, -0.5]
+    rows.rows[0].update(ours=0.0, ours_sd=math.sqrt(0.5), n=2)
+    rows.rows[1]["seeds"], rows.rows[1]["values"] = [7, 9], [-0.3, -1.7]
+    rows.rows[1].update(ours=-1.0, ours_sd=math.sqrt(0.98), n=2)
+    row = _by_claim(C.evaluate({"sdgp.table1": rows}, "cpu"))[
+        "sdgp: random pruning loses more accuracy than rescaled magnitude pruning"
+    ]
+    assert row["n"] == 2 and row["ours"] == pytest.approx(1.0)
+    assert "non-overlap" in row["note"] and "paired over" not in row["note"]
 
 
 def test_a_mean_saved_without_its_standard_deviation_is_judged_as_one_value():

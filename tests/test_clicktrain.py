@@ -273,6 +273,17 @@ def test_loss_rose_margin():
     assert not loss_rose(1.0, 1.0018, 0.0018)
     assert loss_rose(1.0, 1.0019, 0.0018)
     assert not loss_rose(1.0, 0.5, 0.0018)
+    # a relative rise at any loss scale, not an absolute one: 2.0 -> 2.003 is 0.15 %
+    assert not loss_rose(2.0, 2.003, 0.0018) and loss_rose(0.5, 0.501, 0.0018)
+
+
+def test_layer_finalizer_breaks_a_frequency_tie_by_the_summed_score():
+    fin = LayerFinalizer((1, 2), 3, 0.5, balanced=True)
+    fin.pattern_counts[0, 0] = torch.tensor([2, 2, 1])  # patterns 0 and 1 equally frequent
+    fin.pattern_score_sum[0, 0] = torch.tensor([1.0, 3.0, 9.0])  # 2: best score, less often
+    fin.pattern_counts[0, 1] = torch.tensor([1, 3, 3])
+    fin.pattern_score_sum[0, 1] = torch.tensor([9.0, 4.0, 2.0])
+    assert fin.final_patterns().tolist() == [[1, 1]]
 
 
 def test_layer_finalizer_counts_only_counted_batches():

@@ -128,6 +128,13 @@ def test_comm_stats_per_iteration_and_epoch():
     s.record(32)
     s.end_iteration()
     assert s.epoch_metrics()["comm_bytes_per_iter"] == 32  # an epoch of one iteration
+    s.reset_epoch()
+    for nbytes, seconds in ((100, 0.001), (100, 0.002), (400, 0.010)):
+        s.record(nbytes, seconds)
+        s.end_iteration()
+    row = s.epoch_metrics()  # three iterations: a median and a mean tell apart
+    assert row["comm_ms"] == pytest.approx(2.0)  # the median, not the mean (4.33)
+    assert row["comm_bytes_per_iter"] == 200  # the mean, not the median (100)
 
 
 def test_comm_state_masks_change_detection_and_checksum():

@@ -92,6 +92,18 @@ def test_input_layer_and_frozen_prefix_have_no_data_gradient() -> None:
     assert frozen["layer1.0.conv2"].dense == by_name["layer1.0.conv2"].dense
 
 
+def test_weight_and_bias_gradients_are_counted_by_their_own_requires_grad() -> None:
+    # Conv2d(3, 4, 3, padding=1) on 8x8: 4*64 outputs of 27 MACs, and 256 bias additions.
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    both = training_flops(conv, (3, 8, 8)).layers[0].dense
+    assert both.weight_grad == 2 * 4 * 64 * 27 + 4 * 64
+    conv.bias.requires_grad_(False)  # a frozen bias: no bias gradient
+    assert training_flops(conv, (3, 8, 8)).layers[0].dense.weight_grad == 2 * 4 * 64 * 27
+    conv.bias.requires_grad_(True)
+    conv.weight.requires_grad_(False)  # a frozen weight: the bias gradient still is
+    assert training_flops(conv, (3, 8, 8)).layers[0].dense.weight_grad == 4 * 64
+
+
 def test_nonzero_default_and_density_override() -> None:
     model = tiny_model()
     dense = training_flops(model, (3, 7, 7))
@@ -99,6 +111,9 @@ def test_nonzero_default_and_density_override() -> None:
         model[0].weight[:, :, :2] = 0  # zero rows 0-1 of every 3x3 kernel: 1/3 nonzero
         model[4].weight[:, :20] = 0  # 60 of 80 inputs left: 3/4 nonzero
     sparse = training_flops(model, (3, 7, 7))
+    # inference costs the trained model's nonzeros, not what a dense kernel executes
+    assert sparse.inference_flops == sparse.nominal.forward < sparse.executed.forward
+    assert sparse.executed.forward == sparse.dense.forward == dense.inference_flops
     conv, bn, fc = sparse.layers
     assert conv.density == LayerDensity.uniform(1 / 3)
     # Multiply-add terms scaled by 1/3; the 80 bias additions stay.

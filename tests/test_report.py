@@ -495,6 +495,10 @@ def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, ca
     broken.write_text("[1, 2]")
     with pytest.raises(ValueError, match=f"^{broken}: a JSON list, not an object"):
         load_result(broken)
+    valid = json.loads(save_result(_result(), tmp_path / "v").read_text())
+    broken.write_text(json.dumps({**valid, "bogus": 1, "also": 2}))
+    with pytest.raises(ValueError, match=rf"^{broken}: unknown keys \['also', 'bogus'\]$"):
+        load_result(broken)
     for shape in ('{"rows": [["row", "metric"]]}', '{"missing": [1]}', '{"figures": [1]}'):
         valid = json.loads(save_result(_result(), tmp_path / "v").read_text())
         broken.write_text(json.dumps({**valid, **json.loads(shape)}))  # JSON of a wrong shape
@@ -591,6 +595,8 @@ def test_model_data_seed_and_n_labels():
     assert (seeds_text([1, 0]), seeds_text([0, 1, 2]), seeds_text([])) == ("0, 1", "0-2", "-")
     assert (n_label(1, [3]), n_label(1), n_label(5, [0, 1, 2, 3, 4]), n_label(0)) == (
         "(n=1, seed 3)", "(n=1)", "(n=5)", "")  # fmt: skip
+    assert (n_label(1, [0, 1]), n_label(1, [])) == ("(n=1)", "(n=1)")  # seeds that are not one
+    assert (model_name("vgg8"), model_name("resnet8")) == ("VGG-8", "ResNet-8")  # not listed
 
 
 def test_settings_table_is_shown_under_the_numbers_with_the_shared_setup(tmp_path):

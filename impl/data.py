@@ -854,7 +854,7 @@ class ImageFolderLoader(Loader):
                 shape = tuple(x.shape[1:])
             else:  # this rank's share of a batch smaller than the world: still a step
                 if shape is None:
-                    shape = tuple(self.dataset[0][0].shape)
+                    shape = tuple(self._items[0][0].shape)
                 x, y = torch.empty((0, *shape)), torch.empty(0, dtype=torch.int64)
             yield (
                 x.to(self.device, non_blocking=non_blocking),

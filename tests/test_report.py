@@ -496,6 +496,10 @@ def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, ca
     with pytest.raises(ValueError, match=f"^{broken}: a JSON list, not an object"):
         load_result(broken)
     valid = json.loads(save_result(_result(), tmp_path / "v").read_text())
+    for key in ("rows", "scale"):  # a result without its rows read as one of no row
+        broken.write_text(json.dumps({k: v for k, v in valid.items() if k != key}))
+        with pytest.raises(ValueError, match=rf"^{broken}: missing keys \['{key}'\]$"):
+            load_result(broken)
     broken.write_text(json.dumps({**valid, "bogus": 1, "also": 2}))
     with pytest.raises(ValueError, match=rf"^{broken}: unknown keys \['also', 'bogus'\]$"):
         load_result(broken)
@@ -658,6 +662,12 @@ def test_every_figure_carries_its_scale_in_its_own_title(monkeypatch):
     assert titles == ["top-1 (cpu scale)"]
     assert report_html.scaled_title("", "gpu") == "gpu scale"
     assert report_html.scaled_title("Fig. 9", None) == "Fig. 9"
+    # a title naming its scale already: not "(cpu scale) (cpu scale)"
+    assert report_html.scaled_title("CSR time (cpu scale)", "cpu") == "CSR time (cpu scale)"
+    assert report_html.scaled_title("fwd (cpu scale, 3 runs)", "cpu") == "fwd (cpu scale, 3 runs)"
+    assert report_html.scaled_title("CSR time (cpu scale)", "gpu") == (
+        "CSR time (cpu scale) (gpu scale)"  # another scale's title is not this one's
+    )
 
 
 @pytest.mark.parametrize("n", [1, 6], ids=["one-method", "five-plus-plugin"])

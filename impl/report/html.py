@@ -344,8 +344,9 @@ def result_section(result: ResultSet) -> Section:
 
 
 def scaled_title(title: str, scale: str | None) -> str:
-    """A figure's title with the scale of its numbers: "Fig. 9 (cpu scale)"."""
-    if not scale:
+    """A figure's title with the scale of its numbers: "Fig. 9 (cpu scale)"; a title that
+    names its scale already is kept as it is."""
+    if not scale or f"{scale} scale" in title:
         return title
     return f"{title} ({scale} scale)" if title else f"{scale} scale"
 

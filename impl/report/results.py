@@ -176,6 +176,11 @@ def save_result(result: ResultSet, directory: str | Path) -> Path:
     return path
 
 
+#: Keys a result file cannot be read without: a file lacking ``rows`` read as a result of no
+#: row, and its page showed neither the paper's numbers nor a line saying they were missing.
+REQUIRED_KEYS = ("target", "title", "scale", "rows")
+
+
 def load_result(path: str | Path) -> ResultSet:
     """Read a ``result.json`` (a file, or a directory holding one) back into a ResultSet.
 
@@ -192,6 +197,9 @@ def load_result(path: str | Path) -> ResultSet:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown keys {unknown}")
+        missing = sorted(set(REQUIRED_KEYS) - set(data))  # save_result writes every key
+        if missing:
+            raise ValueError(f"missing keys {missing}")
         data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
         result = ResultSet(**data)
         result.validate()

@@ -977,12 +977,29 @@ def bar_vs_paper(metric: str, title: str, ylabel: str, caption: str = "") -> Cal
 
     def build(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
         data = ours_vs_paper_records(results, scale, paper, metric)
+        ours = any(r["source"] != "paper" for r in data)
+        said = caption or (
+            f"{title}; ours at scale {scale}"
+            if ours
+            else f"{title}: the paper's numbers only (no result of ours at scale {scale})"
+        )
         return [
             FigureSpec(
                 kind="bar", x="row", y=metric, hue="source", data=data, title=title,
-                ylabel=ylabel, xlabel="", caption=caption or f"{title}; ours at scale {scale}",
+                ylabel=ylabel, xlabel="", caption=said,
             )
         ]  # fmt: skip
+
+    return build
+
+
+def panels_vs_paper(*panels: tuple[str, str, str]) -> Callable:
+    """A ``Target.figures`` builder for a paper figure of several panels: one
+    :func:`bar_vs_paper` figure per ``(metric, title, ylabel)``, in order."""
+    builders = [bar_vs_paper(*panel) for panel in panels]
+
+    def build(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
+        return [spec for b in builders for spec in b(results, scale, paper)]
 
     return build
 
@@ -996,6 +1013,7 @@ __all__ = [
     "METRICS",
     "bar_vs_paper",
     "ours_vs_paper_records",
+    "panels_vs_paper",
     "REPORTS_ROOT",
     "RUNS_ROOT",
     "SCALES",

@@ -234,6 +234,11 @@ def test_reconfigures_on_interval_and_at_the_end() -> None:
     assert summary["paper_train_flops_pct_of_dense"] == pytest.approx(want)
     assert summary["paper_train_flops_run"] == pytest.approx(32 * dense_paper + 16 * pruned_paper)
     assert 0 < summary["paper_train_flops_pct_of_dense"] < 100
+    # BN cost (Fig. 8b): the run's BN bytes over the dense model's on all 48 samples
+    assert summary["bn_traffic_pct_of_dense"] == pytest.approx(
+        100 * (32 * bn + 16 * rows[1]["bn_traffic_bytes_per_sample"]) / (48 * bn)
+    )
+    assert 0 < summary["bn_traffic_pct_of_dense"] < 100
 
 
 def test_no_reconfiguration_at_the_end_when_disabled() -> None:
@@ -382,11 +387,14 @@ def test_dynamic_batch_grows_after_pruning_within_the_budget() -> None:
     row = run_epoch(method, ctx, batches(1, 4, seed=7), 0)
     new = ctx.batch_size
     assert new > 128 and (new - 128) % 32 == 0
+    assert row["iteration_memory_bytes"] == budget  # the epoch's own model and batch
     assert estimate_iteration_bytes(model, ctx.input_shape, new) <= budget
     assert estimate_iteration_bytes(model, ctx.input_shape, new + 32) > budget
     assert row["next_batch_size"] == new and method.history[0]["batch_size_after"] == new
     # the last epoch does not change the batch
-    run_epoch(method, ctx, batches(1, 4, seed=8), 1)
+    pruned = estimate_iteration_bytes(model, ctx.input_shape, new)
+    second = run_epoch(method, ctx, batches(1, 4, seed=8), 1)
+    assert second["iteration_memory_bytes"] == pruned <= budget  # Fig. 9: pruned, then grown
     before_last = ctx.batch_size
     run_epoch(method, ctx, batches(1, 4, seed=9), 2)
     assert ctx.batch_size == before_last

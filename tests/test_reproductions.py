@@ -652,6 +652,136 @@ def test_figure_rows_leave_out_a_row_that_shows_other_metrics():
     assert [r["row"] for r in common.figure_rows(results, "delta_top1", "cpu")] == ["a vs b"]
 
 
+def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_axes():
+    import pandas as pd
+
+    from impl.report.html import figure_scale
+    from reproductions.clicktrain import fig11, fig14, fig15
+
+    paper = pd.DataFrame(
+        [{"model": "m", "dataset": "d", "method": "dense", "setting": "", "metric": "top1",
+          "value": 70.0}]
+    )  # fmt: skip
+    results = [_record("a", 90.0), _record("b", 80.0)]
+    results[0].row.paper = {"model": "m"}
+    figs = common.panels_vs_paper(("top1", "Top-1", "%"), ("fwd_ms", "Forward", "ms"))(
+        results, "cpu", paper
+    )
+    assert [(f.y, f.title, f.ylabel) for f in figs] == [("top1", "Top-1", "%"),
+                                                        ("fwd_ms", "Forward", "ms")]  # fmt: skip
+    assert sorted((r["row"], r["top1"], r["source"]) for r in figs[0].data) == [
+        ("a", 70.0, "paper"), ("a", 90.0, "ours (cpu)"), ("b", 80.0, "ours (cpu)")]  # fmt: skip
+    assert figs[0].caption == "Top-1; ours at scale cpu"
+    # a panel no run of ours fills: its numbers are the paper's, and it says so
+    unrun = RowResult(row=results[0].row, error="needs the paper scale")
+    only_paper = common.bar_vs_paper("top1", "Top-1", "%")([unrun], "cpu", paper)
+    assert (
+        only_paper[0].caption == "Top-1: the paper's numbers only (no result of ours at scale cpu)"
+    )
+    assert figure_scale(pd.DataFrame(only_paper[0].data), "cpu") == "paper"
+    assert figure_scale(pd.DataFrame(figs[0].data), "cpu") == "cpu"
+    # the papers' panels: Fig. 11 forward and backward apart, Fig. 14 total time and time
+    # saved, Fig. 15 accuracy, compression and time
+    panels = {m: [f.y for f in m.TARGET.figures([], "cpu", paper)] for m in (fig11, fig14, fig15)}
+    assert panels == {
+        fig11: ["fwd_ms", "bwd_ms"],
+        fig14: ["train_hours", "train_hours_saved"],
+        fig15: ["delta_top1", "compression_ratio", "wall_seconds"],
+    }
+
+
+def test_clicktrain_fig13_draws_the_papers_times_then_the_saving():
+    import pandas as pd
+
+    from reproductions.clicktrain import fig13
+
+    measured = {"comm_time_saved_4": [20.0], "comm_ms_dense_4": [10.0],
+                "comm_ms_clicktrain_4": [8.0], "comm_time_saved_8": [25.0],
+                "comm_ms_dense_8": [12.0], "comm_ms_clicktrain_8": [9.0]}  # fmt: skip
+    results = [RowResult(row=Row(f"p{g}", measure="x:y", group={"gpus": g}), measured=measured)
+               for g in (4, 8)]  # fmt: skip
+    paper = pd.DataFrame([{"model": "resnet50", "setting": "4 GPUs", "value": 23.9}])
+    times, saved = fig13.figures(results, "cpu", paper)
+    assert (times.x, times.y, saved.y) == ("gpus", "ms", "saved")
+    assert sorted((d["gpus"], d["source"], d["ms"]) for d in times.data) == [
+        (4, "ClickTrain, projected (cpu)", 8.0), (4, "dense, projected (cpu)", 10.0),
+        (8, "ClickTrain, projected (cpu)", 9.0), (8, "dense, projected (cpu)", 12.0)]  # fmt: skip
+    assert {(d["gpus"], d["saved"]) for d in saved.data} == {(4, 20.0), (8, 25.0), (4, 23.9)}
+
+
+def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
+    import pandas as pd
+
+    from reproductions.prunetrain import fig9
+
+    mib = 2**20
+    metrics = [{"epoch": e, "batch_size": 32, "next_batch_size": b,
+                "iteration_memory_bytes": m * mib, "memory_budget_bytes": 10 * mib}
+               for e, (b, m) in enumerate([(32, 10), (64, 7), (64, 9)])]  # fmt: skip
+    run = RunRecord(path="p", seed=3, summary={}, metrics=metrics, reused=True,
+                    config={"batch_size": 32})  # fmt: skip
+    res = RowResult(row=Row("PruneTrain, dynamic mini-batch"), runs=[run])
+    memory, batch = fig9.figures([res], "cpu", pd.DataFrame(columns=["dataset"]))
+    assert (memory.y, batch.y) == ("mib", "batch_size")
+    assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
+        (0, 10.0), (1, 7.0), (2, 9.0)]  # fmt: skip
+    assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}
+    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0]
+
+
+def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():
+    from reproductions.prunetrain import fig2
+
+    # dense 10 per sample; PruneTrain's model costs 8, 6, 5 after epochs 0, 1, 2
+    metrics = [{"epoch": e, "train_flops_per_sample": c} for e, c in enumerate([8.0, 6.0, 5.0])]
+    pt = RunRecord(path="p", seed=0, summary={}, metrics=metrics, reused=True)
+    dense = RunRecord(path="d", seed=0, summary={"train_flops_nominal": 10.0}, metrics=[],
+                      reused=True)  # fmt: skip
+    periodic = 10.0 + 8.0 + 6.0  # each epoch at the cost after the previous one
+    once = [10 + 2 * 8.0, 20 + 6.0, 30.0]  # once after epoch 0, 1, 2
+    want = [100 * (o / periodic - 1) for o in once]
+    assert fig2.one_time_overheads(pt, 10.0) == pytest.approx(want)
+    assert fig2.one_time_extra(pt, dense) == pytest.approx(min(want))
+    results = [
+        RowResult(row=Row("dense", "dense"), runs=[dense]),
+        RowResult(row=Row("pt", "prunetrain", group={"ratio": 0.2}), runs=[pt]),
+    ]
+    flops, overhead = fig2.figures(results, "cpu", None)
+    assert (flops.y, overhead.y) == ("flops", "extra")
+    assert [d["epoch"] for d in overhead.data] == [1, 2, 3]
+    assert [d["extra"] for d in overhead.data] == pytest.approx(want)
+
+
+def test_prunetrain_bn_cost_in_fig8_and_table1():
+    from reproductions.prunetrain import bn_cost_pct, bn_traffic_saved, fig8
+
+    costs = {"inference_flops": 5e6, "paper_train_flops_pct_of_dense": 70.0}
+    pt = RunRecord(path="p", seed=1, summary={"method": "prunetrain", "top1": 80.0, **costs,
+                   "bn_traffic_pct_of_dense": 64.0}, metrics=[], reused=True)  # fmt: skip
+    old = RunRecord(
+        path="o",
+        seed=2,
+        summary={"method": "prunetrain", "top1": 81.0, **costs},
+        metrics=[],
+        reused=True,
+    )  # saved before the BN cost was written
+    dense = RunRecord(path="d", seed=0, summary={"method": "dense", "top1": 90.0,
+                      "inference_flops": 9e6}, metrics=[], reused=True)  # fmt: skip
+    assert (bn_cost_pct(pt), bn_cost_pct(dense), bn_cost_pct(old)) == (64.0, 100.0, None)
+    assert (bn_traffic_saved(pt), bn_traffic_saved(dense), bn_traffic_saved(old)) == (
+        36.0, 0.0, None)  # fmt: skip
+    results = [
+        RowResult(row=Row("dense", "dense", group={"ratio": "dense"}), runs=[dense]),
+        RowResult(row=Row("pt", "prunetrain", group={"ratio": "0.2"}), runs=[pt, old]),
+    ]
+    for r in results:
+        r.table = fig8.TARGET.metric_table
+    *_, bn = fig8.figures(results, "cpu", None)
+    assert (bn.x, bn.y) == ("bn_cost", "top1")
+    assert sorted((d["row"], d["bn_cost"], d["top1"]) for d in bn.data) == [
+        ("dense", 100.0, 90.0), ("pt", 64.0, 80.0)]  # fmt: skip
+
+
 def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
     from reproductions.sdgp.fig9 import figures
 

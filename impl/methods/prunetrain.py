@@ -181,6 +181,7 @@ class PruneTrain(Method):
         self.initial: dict[str, Any] = {}
         self.budget: float | None = None
         self.initial_batch: int | None = None
+        self._epoch_memory: float | None = None  # one iteration this epoch (dynamic batch)
         self._cost: dict[str, float] | None = None
         self._samples = 0
         self._lasso_sum: torch.Tensor | None = None
@@ -224,11 +225,14 @@ class PruneTrain(Method):
 
     # -- training events --------------------------------------------------------------------
     def on_epoch_start(self, ctx: TrainContext) -> None:
-        """Reset the epoch's sample count and group-lasso sums."""
+        """Reset the epoch's sample count and group-lasso sums; with the dynamic mini-batch,
+        take the memory of one iteration of the epoch's model and batch (Fig. 9's axis)."""
         self._samples = 0
         self._lasso_sum = None
         self._lasso_steps = 0
         self._last_report = None
+        if self.config.dynamic_batch:
+            self._epoch_memory = float(self._memory(ctx, ctx.batch_size))
 
     def loss(
         self, ctx: TrainContext, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor
@@ -334,6 +338,7 @@ class PruneTrain(Method):
             }
         if self.config.dynamic_batch:
             row["memory_budget_bytes"] = self.budget
+            row["iteration_memory_bytes"] = self._epoch_memory
             row["next_batch_size"] = ctx.batch_size
         return row
 
@@ -354,6 +359,7 @@ class PruneTrain(Method):
             "paper_train_flops_run": self.paper_train_flops_run,
             "paper_train_flops_pct_of_dense": self.paper_train_flops_pct_of_dense(),
             "bn_traffic_bytes_run": self.bn_bytes_run,
+            "bn_traffic_pct_of_dense": self.bn_traffic_pct_of_dense(),
             "layers_removed": [p for h in self.history for p in h["removed_paths"]],
             "channels_final": channels_per_layer(ctx.model),
         }
@@ -369,6 +375,17 @@ class PruneTrain(Method):
         if self.paper_train_flops_run is None or not dense or not samples:
             return None
         return 100.0 * self.paper_train_flops_run / (dense * samples)
+
+    def bn_traffic_pct_of_dense(self) -> float | None:
+        """Off-chip traffic of the BatchNorm layers over the run so far in % of the dense
+        model's on the same samples (each epoch's model times its samples, over the dense
+        model's bytes per sample times all of them): the "BN cost" of PruneTrain Fig. 8b and
+        100 minus the BN traffic saved of Sec. 5.1. None before any sample."""
+        dense = self.initial.get("bn_bytes_per_sample")
+        samples = sum(row["samples"] for row in self.epoch_log)
+        if not dense or not samples:
+            return None
+        return 100.0 * self.bn_bytes_run / (dense * samples)
 
     def stage_timing(self) -> list[dict[str, Any]]:
         """Per stage (the epochs between two reconfigurations): median fwd / bwd ms per

@@ -331,7 +331,7 @@ def result_section(result: ResultSet) -> Section:
             hue=spec.hue,
             style=spec.style,
             # the scale in the picture itself, so that it stays labelled wherever it is shown
-            title=scaled_title(spec.title, result.scale),
+            title=scaled_title(spec.title, figure_scale(data, result.scale)),
             xlabel=spec.xlabel,
             ylabel=spec.ylabel,
             logy=spec.logy,
@@ -341,6 +341,15 @@ def result_section(result: ResultSet) -> Section:
             FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)
         )
     return section
+
+
+def figure_scale(data: pd.DataFrame, scale: str) -> str:
+    """The scale a figure's numbers are of: "paper" when every record's ``source`` is the
+    paper's (a figure that no run of ours fills), else the result's ``scale``."""
+    if "source" in data.columns and len(data):
+        if data["source"].astype(str).str.startswith("paper").all():
+            return "paper"
+    return scale
 
 
 def scaled_title(title: str, scale: str | None) -> str:

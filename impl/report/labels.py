@@ -55,6 +55,7 @@ METRIC_LABELS: dict[str, str] = {
     "crossover_sparsity_vs_cublas_cudnn": (
         "lowest achieved sparsity where the pattern SpMM beats dense"
     ),
+    "train_hours": "total training wall time (incl. evaluation)",
     "train_hours_saved": "wall time saved vs dense (incl. evaluation)",
     "wall_time_saved": "share of wall time saved vs dense (incl. evaluation)",
     "comm_time_saved": "Allreduce time saved",
@@ -65,6 +66,7 @@ METRIC_LABELS: dict[str, str] = {
     "top1_gain_vs_prunetrain": "top-1 gain over PruneTrain",
     # PruneTrain
     "bn_traffic_saved": "BN-layer memory traffic saved",
+    "bn_cost": "BN-layer memory traffic (% of dense)",
     "delta_top1_finetuned": "top-1 change vs dense after fine-tuning",
     "train_time_v100": "training time on V100s",
     "images_per_second_bs10": "inference throughput at batch 10",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import clicktrain_options, train_for
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, panels_vs_paper, reproduce
 
 GPUS = (4, 8, 16)
 
@@ -34,6 +34,11 @@ def rows(scale: str) -> list[Row]:
     return out
 
 
+def train_hours(run: RunRecord, base: RunRecord | None = None) -> float:
+    """Hours of wall time of the run (the paper's Fig. 14 plots total training time)."""
+    return run.summary["wall_seconds"] / 3600.0
+
+
 def hours_saved(run: RunRecord, base: RunRecord | None) -> float:
     """Hours of wall time ClickTrain saves against dense."""
     return (base.summary["wall_seconds"] - run.summary["wall_seconds"]) / 3600.0
@@ -44,8 +49,11 @@ TARGET = Target(
     title="ClickTrain Fig. 14: total time of distributed training (4-16 GPUs)",
     description=__doc__.split("\n\n")[0].replace("\n", " "),
     rows=rows,
-    metrics=("train_hours_saved",),
-    figures=bar_vs_paper("train_hours_saved", "Training hours saved", "hours"),
+    metrics=("train_hours", "train_hours_saved"),
+    figures=panels_vs_paper(
+        ("train_hours", "Total training time", "hours"),
+        ("train_hours_saved", "Training hours saved", "hours"),
+    ),
     notes=lambda scale: [
         "The speedups over pruning after training stated beside this figure are left out of "
         "the published values: their grouping by model or by GPU count is ambiguous "
@@ -55,7 +63,7 @@ TARGET = Target(
         "(the paper's); the paper does not say how its learning rate follows the batch, "
         "ours stays at 0.1.",
     ],
-    extra_metrics={"train_hours_saved": ("h", hours_saved)},
+    extra_metrics={"train_hours": ("h", train_hours), "train_hours_saved": ("h", hours_saved)},
 )
 
 

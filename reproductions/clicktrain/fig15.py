@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, panels_vs_paper, reproduce
 
 
 def rows(scale: str) -> list[Row]:
@@ -33,7 +33,11 @@ TARGET = Target(
     description=__doc__.split("\n\n")[0].replace("\n", " "),
     rows=rows,
     metrics=("delta_top1", "compression_ratio", "wall_seconds"),
-    figures=bar_vs_paper("compression_ratio", "Compression ratio", "x"),
+    figures=panels_vs_paper(
+        ("delta_top1", "Top-1 change vs dense", "percentage points"),
+        ("compression_ratio", "Compression ratio", "x"),
+        ("wall_seconds", "End-to-end training time", "s"),
+    ),
     notes=lambda scale: [
         "The paper states ImageNet results relative to PruneTrain (compression 2.1x higher, "
         "+1.1 pp, 18.4% longer); they are listed as the paper's rows.",

@@ -162,6 +162,22 @@ def train_flops_by_authors_formula(run: Any, base: Any = None) -> float | None:
     return run.summary["paper_train_flops_pct_of_dense"]
 
 
+def bn_cost_pct(run: Any, base: Any = None) -> float | None:
+    """Off-chip traffic of the BatchNorm layers of a PruneTrain run in % of the dense model's
+    on the same samples (Fig. 8b's "BN cost"), as the method writes it into the summary
+    (``bn_traffic_pct_of_dense``); a dense run is 100; a run without it has no value."""
+    if run.summary.get("method") == "dense":
+        return 100.0
+    return run.summary.get("bn_traffic_pct_of_dense")
+
+
+def bn_traffic_saved(run: Any, base: Any = None) -> float | None:
+    """BN-layer memory traffic saved against dense (%): 100 minus :func:`bn_cost_pct` (the
+    savings Sec. 5.1 states beside Table 1)."""
+    cost = bn_cost_pct(run, base)
+    return None if cost is None else 100.0 - cost
+
+
 def conv_layers_removed(run: Any, base: Any = None) -> float:
     """Conv layers PruneTrain removed: the convolutions of the residual paths it removed, as
     each reconfiguration recorded them (2 per path of a BasicBlock ResNet, 3 of a Bottleneck

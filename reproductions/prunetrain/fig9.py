@@ -44,7 +44,8 @@ def rows(scale: str) -> list[Row]:
 
 
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
-    """Batch size against epoch (ours), beside the paper's schedule."""
+    """The memory of one iteration against epoch (the paper's axis; ours only, with the
+    budget), then the batch size against epoch (ours beside the paper's schedule)."""
     data = []
     for r in results:
         if "dynamic" not in r.row.label:
@@ -57,7 +58,23 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         if p["dataset"] == "cifar100":
             data.append({"epoch": int(p["setting"].split()[-1]), "batch_size": p["value"],
                          "source": "paper (CIFAR-100)"})  # fmt: skip
-    return [FigureSpec(kind="line", x="epoch", y="batch_size", hue="source", data=data,
+    memory = [
+        {"epoch": m["epoch"], "mib": m[key] / 2**20, "source": f"{what} ({scale}), seed {run.seed}"}
+        for r in results
+        if "dynamic" in r.row.label
+        for run in r.runs
+        for m in run.metrics
+        for key, what in (("iteration_memory_bytes", "ours"), ("memory_budget_bytes", "budget"))
+        if m.get(key) is not None
+    ]
+    return [FigureSpec(kind="line", x="epoch", y="mib", hue="source", data=memory,
+                       title="Memory of one training iteration", xlabel="epoch",
+                       ylabel="MiB per iteration",
+                       caption="The paper's axis (Fig. 9): the memory one iteration of the "
+                       "epoch's pruned model at the epoch's batch needs, beside the budget "
+                       "the batch grows within; the paper prints no memory values, only the "
+                       "batch sizes of the next figure."),
+            FigureSpec(kind="line", x="epoch", y="batch_size", hue="source", data=data,
                        title="Mini-batch size over training", xlabel="epoch",
                        ylabel="samples per batch")]  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.common import METRICS, Row, Target, bar_vs_paper, reproduce
-from reproductions.prunetrain import pair, train_flops_by_authors_formula
+from reproductions.prunetrain import bn_traffic_saved, pair, train_flops_by_authors_formula
 
 MODELS = ("resnet32", "resnet50", "vgg11", "vgg13")
 
@@ -44,10 +44,12 @@ TARGET = Target(
         "train_flops_impl",
         "train_time",
         "inference_flops",
+        "bn_traffic_saved",
     ),
     figures=bar_vs_paper("train_flops", "Training FLOPs (% of dense)", "% of dense"),
     extra_metrics={
         "train_flops": ("% of dense", train_flops_by_authors_formula),
+        "bn_traffic_saved": ("%", bn_traffic_saved),
         "train_flops_impl": METRICS["train_flops"],
     },
     notes=lambda scale: [

@@ -972,6 +972,16 @@ def ours_vs_paper_records(
     return out
 
 
+def described(doc: str | None) -> str:
+    """A target's description from its module's docstring: the first paragraph (what the
+    paper shows) and the paragraph beginning "Scales:" (what each scale runs), where there
+    is one, each on one line. The reader of a report learns the shape or model a scale ran
+    from it, not only the paper's."""
+    paragraphs = [" ".join(p.split()) for p in (doc or "").strip().split("\n\n")]
+    scales = [p for p in paragraphs[1:] if p.startswith("Scales:")]
+    return " ".join(paragraphs[:1] + scales[:1])
+
+
 def bar_vs_paper(metric: str, title: str, ylabel: str, caption: str = "") -> Callable:
     """A ``Target.figures`` builder: bars of ``metric`` per row, ours (with sd) and paper."""
 
@@ -1012,6 +1022,7 @@ def asdict_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
 __all__ = [
     "METRICS",
     "bar_vs_paper",
+    "described",
     "ours_vs_paper_records",
     "panels_vs_paper",
     "REPORTS_ROOT",

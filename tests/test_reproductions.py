@@ -690,6 +690,15 @@ def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_ax
     }
 
 
+def test_a_description_says_what_each_scale_runs():
+    from reproductions.clicktrain import fig10
+
+    doc = "What the paper\nshows.\n\nA choice.\n\nScales: smoke a\n  tiny one; cpu 3136.\n"
+    assert common.described(doc) == "What the paper shows. Scales: smoke a tiny one; cpu 3136."
+    assert common.described("Only this.\n\nMore.") == "Only this."
+    assert "3136 columns" in fig10.TARGET.description  # the cpu run's shape, not the paper's
+
+
 def test_clicktrain_fig13_draws_the_papers_times_then_the_saving():
     import pandas as pd
 

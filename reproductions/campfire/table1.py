@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
 SPARSITIES = {"smoke": (60,), "cpu": (40, 80), "gpu": (20, 40, 60, 80), "paper": (20, 40, 60, 80)}
 
@@ -58,7 +58,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table1",
     title="Campfire Table 1: window and CK pruning on Tiny-ImageNet (ResNet-50)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "epoch_of_convergence", "true_sparsity"),
     figures=bar_vs_paper("top1", "Top-1 per mask and target sparsity", "top-1 (%)"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 
 GRID = [("ck", 40), ("ck", 30), ("ck", 20), ("combined", 40), ("combined", 30),
         ("combined", 20), ("window", 0), ("window", 30)]  # fmt: skip
@@ -43,7 +43,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table2",
     title="Campfire Table 2: top-1 after 100 epochs (ResNet-50 v1.5, ImageNet)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=bar_vs_paper("top1", "Top-1 after the full run", "top-1 (%)"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reproductions.campfire import top1_at
 from reproductions.campfire.table2 import rows as table2_rows
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
 
 def delta_at_90(run: RunRecord, base: RunRecord | None) -> float:
@@ -26,7 +26,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table3",
     title="Campfire Table 3: top-1 after 90 epochs (ResNet-50 v1.5, ImageNet)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=bar_vs_paper("top1", "Top-1 at 90% of the run", "top-1 (%)"),

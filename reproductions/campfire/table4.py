@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row, top1_at
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 from reproductions.prunetrain import pair
 
 CASES = [("ck", 40, 60), ("combined", 40, 60), ("window", 0, 60), ("ck", 30, 80)]
@@ -44,7 +44,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table4",
     title="Campfire Table 4: ResNet-50 v1 after 90 and 100 epochs; PruneTrain, dynamic sparse",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("sparsity", "top1"),
     figures=bar_vs_paper("top1", "Top-1", "top-1 (%)"),

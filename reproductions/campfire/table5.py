@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 
 FULL = [("ck", 20, 70, 20), ("ck", 30, 70, 20), ("window", 20, 70, 20), ("window", 30, 70, 20),
         ("window", 40, 70, 20), ("window", 0, 60, 30), ("combined", 20, 70, 20),
@@ -31,7 +31,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table5",
     title="Campfire Table 5: batch 256, top-1 after 100 epochs (ResNet-50 v1)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=bar_vs_paper("top1", "Top-1 with batch 256", "top-1 (%)"),

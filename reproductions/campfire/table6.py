@@ -12,7 +12,7 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, RowResult, Target, reproduce
+from reproductions.common import Row, RowResult, Target, described, reproduce
 
 EPS = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
 MODELS = [("combined", 40, 60), ("combined", 40, 70), ("window", 30, 60), ("window", 30, 70),
@@ -56,7 +56,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="campfire.table6",
     title="Campfire Table 6: adversarial robustness (FGSM)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "fgsm_top1"),
     figures=figures,

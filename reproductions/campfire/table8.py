@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reproductions.campfire import top1_at
 from reproductions.campfire.table2 import rows as table2_rows
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
 
 def gain(run: RunRecord, base: RunRecord | None = None) -> float:
@@ -29,7 +29,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table8",
     title="Campfire Table 8: top-1 gained from epoch 90 to 100",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1_gain_90_to_100",),
     figures=bar_vs_paper("top1_gain_90_to_100", "Top-1 gained in the last 10%", "pp"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
 CASES = [("ck", 40), ("ck", 30), ("ck", 20), ("combined", 40), ("combined", 30),
          ("combined", 20), ("window", 0)]  # fmt: skip
@@ -38,7 +38,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="campfire.table9",
     title="Campfire Table 9: last learning-rate drop at epoch 80 instead of 90",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "top1_improvement"),
     figures=bar_vs_paper("top1", "Top-1, last drop at 80", "top-1 (%)"),

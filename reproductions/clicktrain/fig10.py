@@ -13,7 +13,7 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.clicktrain.kernels import spmm_note
-from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, described, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:spmm_sweep"
 
@@ -39,7 +39,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="clicktrain.fig10",
     title="ClickTrain Fig. 10: SpMM time against sparsity",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("speedup_vs_cusparse", "crossover_sparsity_vs_cublas_cudnn"),
     figures=figures,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reproductions.clicktrain import clicktrain_options, method_rows
-from reproductions.common import Row, Target, panels_vs_paper, reproduce
+from reproductions.common import Row, Target, described, panels_vs_paper, reproduce
 
 SHORT_CLICKTRAIN = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1,
                     "hard_prune_epoch": 3}  # fmt: skip
@@ -161,7 +161,7 @@ def _trained_rows() -> list[Row]:
 TARGET = Target(
     key="clicktrain.fig11",
     title="ClickTrain Fig. 11: forward and backward time per iteration",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("fwd_ms", "bwd_ms", "forward_speedup", "backward_speedup"),
     figures=panels_vs_paper(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
 
 def time_saved_h(run: RunRecord, base: RunRecord | None) -> float:
@@ -51,7 +51,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="clicktrain.fig12",
     title="ClickTrain Fig. 12: total training time (single device)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("wall_seconds", "train_hours_saved", "wall_time_saved"),
     figures=bar_vs_paper("wall_seconds", "Total wall time incl. evaluation", "seconds"),

@@ -14,7 +14,7 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, RowResult, Target, reproduce
+from reproductions.common import Row, RowResult, Target, described, reproduce
 
 GPUS = (4, 8, 16)
 
@@ -68,7 +68,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="clicktrain.fig13",
     title="ClickTrain Fig. 13: communication time saved by the pattern Allreduce (projected)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("comm_time_saved", "bytes_saved"),
     figures=figures,

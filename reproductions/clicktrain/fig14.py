@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import clicktrain_options, train_for
-from reproductions.common import Row, RunRecord, Target, panels_vs_paper, reproduce
+from reproductions.common import Row, RunRecord, Target, described, panels_vs_paper, reproduce
 
 GPUS = (4, 8, 16)
 
@@ -47,7 +47,7 @@ def hours_saved(run: RunRecord, base: RunRecord | None) -> float:
 TARGET = Target(
     key="clicktrain.fig14",
     title="ClickTrain Fig. 14: total time of distributed training (4-16 GPUs)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("train_hours", "train_hours_saved"),
     figures=panels_vs_paper(

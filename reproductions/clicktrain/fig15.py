@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import method_rows
-from reproductions.common import Row, Target, panels_vs_paper, reproduce
+from reproductions.common import Row, Target, described, panels_vs_paper, reproduce
 
 
 def rows(scale: str) -> list[Row]:
@@ -30,7 +30,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="clicktrain.fig15",
     title="ClickTrain Fig. 15: ClickTrain vs PruneTrain (accuracy, compression, time)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("delta_top1", "compression_ratio", "wall_seconds"),
     figures=panels_vs_paper(

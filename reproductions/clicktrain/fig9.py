@@ -18,7 +18,7 @@ from reproductions.clicktrain.kernels import (
     conversion_note,
     filter_matrix,
 )
-from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, described, reproduce
 
 MEASURE = "reproductions.clicktrain.kernels:csr_conversion"
 
@@ -83,7 +83,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="clicktrain.fig9",
     title="ClickTrain Fig. 9: CSR conversion time",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("conversion_time", "pattern_conversion_time", "speedup_vs_cusparse"),
     figures=figures,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import hard_prune_epoch, method_rows
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 
 MODELS = ("resnet34", "resnet50", "vgg11", "vgg13")
 
@@ -32,7 +32,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="clicktrain.table1",
     title="ClickTrain Table 1: ClickTrain vs PruneTrain (accuracy, compression, FLOPs saved)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=(
         "base_top1",

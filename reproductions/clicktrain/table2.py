@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.clicktrain import STAND_IN_IMAGENET, clicktrain_options, train_for
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 
 
 def rows(scale: str) -> list[Row]:
@@ -37,7 +37,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="clicktrain.table2",
     title="ClickTrain Table 2: ClickTrain vs pruning-after-training methods (ImageNet)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("base_top1", "delta_top1", "compression_ratio"),
     figures=bar_vs_paper("compression_ratio", "Conv compression ratio", "total / nonzero (x)"),

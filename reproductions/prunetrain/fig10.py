@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, Target, figure_rows, reproduce
+from reproductions.common import Row, RowResult, Target, described, figure_rows, reproduce
 from reproductions.prunetrain import pair
 
 INTERVALS = {"smoke": (1, 2), "cpu": (1, 2, 4), "gpu": (2, 5, 10), "paper": (5, 10, 20)}
@@ -46,7 +46,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig10",
     title="PruneTrain Fig. 10: reconfiguration interval",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "inference_flops"),
     figures=figures,

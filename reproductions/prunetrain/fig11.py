@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
 from reproductions.prunetrain import dynamic_batch_options, epoch_batches, pair
 
@@ -77,7 +77,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig11",
     title="PruneTrain Fig. 11: projected communication cost of model updates",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("comm_cost_saved",),
     figures=figures,

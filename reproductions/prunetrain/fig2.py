@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.prunetrain import pair
 
 RATIOS = (0.1, 0.2, 0.25)
@@ -82,7 +82,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig2",
     title="PruneTrain Fig. 2: training FLOPs over epochs; one-time reconfiguration",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("train_flops", "extra_train_flops_vs_prunetrain"),
     figures=figures,

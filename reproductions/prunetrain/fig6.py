@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, Target, reproduce
+from reproductions.common import Row, RowResult, Target, described, reproduce
 from reproductions.prunetrain import fig8
 
 MEASURE = "reproductions.prunetrain.measure:union_vs_gating"
@@ -66,7 +66,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig6",
     title="PruneTrain Fig. 6: channel union vs channel gating (inference FLOPs)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("inference_flops_difference_min", "inference_flops_difference_max"),
     metric_units={

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, Target, reproduce
+from reproductions.common import Row, RowResult, Target, described, reproduce
 from reproductions.prunetrain import pair
 
 MEASURE = "reproductions.prunetrain.measure:union_gating_layer_times"
@@ -69,7 +69,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig7",
     title="PruneTrain Fig. 7: per-layer time, channel gating vs channel union",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("conv_speedup_vs_dense", "gating_over_union"),
     metric_units={"conv_speedup_vs_dense": "x", "gating_over_union": "x"},

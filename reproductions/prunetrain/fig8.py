@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
+from reproductions.common import (
+    Row,
+    RowResult,
+    RunRecord,
+    Target,
+    described,
+    figure_rows,
+    reproduce,
+)
 from reproductions.prunetrain import bn_cost_pct, pair, train_flops_by_authors_formula
 
 RATIOS = (0.05, 0.1, 0.15, 0.2)
@@ -73,7 +81,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig8",
     title="PruneTrain Fig. 8: accuracy against inference and training cost (penalty sweep)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "inference_mflops", "train_flops", "bn_cost"),
     figures=figures,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.prunetrain import IMAGENET_GPUS, epoch_batches
 from reproductions.prunetrain.table4 import rows as table4_rows
 
@@ -82,7 +82,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.fig9",
     title="PruneTrain Fig. 9: dynamic mini-batch size over epochs",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("batch_size", "batch_size_per_gpu"),
     figures=figures,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import METRICS, Row, Target, bar_vs_paper, reproduce
+from reproductions.common import METRICS, Row, Target, bar_vs_paper, described, reproduce
 from reproductions.prunetrain import bn_traffic_saved, pair, train_flops_by_authors_formula
 
 MODELS = ("resnet32", "resnet50", "vgg11", "vgg13")
@@ -35,7 +35,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="prunetrain.table1",
     title="PruneTrain Table 1: training FLOPs and time, inference FLOPs, accuracy",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=(
         "base_top1",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, Target, reproduce
+from reproductions.common import Row, RowResult, Target, described, reproduce
 from reproductions.prunetrain import pair
 
 MEASURE = "reproductions.prunetrain.measure:inference_throughput"
@@ -65,7 +65,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="prunetrain.table2",
     title="PruneTrain Table 2: inference throughput of the trained models",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=(
         "images_per_second_bs10",

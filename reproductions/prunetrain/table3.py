@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 from reproductions.prunetrain import conv_layers_removed, pair, train_for
 
 
@@ -27,7 +27,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="prunetrain.table3",
     title="PruneTrain Table 3: PruneTrain vs AMC on ResNet-56",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("base_top1", "delta_top1", "inference_flops", "removed_layers"),
     figures=bar_vs_paper("inference_flops", "Inference FLOPs (% of dense)", "% of dense"),

@@ -14,6 +14,7 @@ from reproductions.common import (
     RunRecord,
     Target,
     bar_vs_paper,
+    described,
     reproduce,
     train_time_pct_of_dense,
 )
@@ -54,7 +55,7 @@ def rows(scale: str) -> list[Row]:
 TARGET = Target(
     key="prunetrain.table4",
     title="PruneTrain Table 4: dynamic mini-batch adjustment",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("train_time_reduction", "inference_flops", "delta_top1"),
     figures=bar_vs_paper("train_time_reduction", "Training time saved vs dense", "%"),

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
+from reproductions.common import (
+    Row,
+    RowResult,
+    RunRecord,
+    Target,
+    described,
+    figure_rows,
+    reproduce,
+)
 from reproductions.sdgp.table1 import rows as table1_rows
 
 TARGET_TOP1 = {"smoke": 10.0, "cpu": 90.0, "gpu": 94.5, "paper": 94.5}
@@ -101,7 +109,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="sdgp.fig10",
     title="SDGP Fig. 10: estimated time to accuracy per N:M setting",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "estimated_tta", "tta_relative_speedup"),
     figures=figures,

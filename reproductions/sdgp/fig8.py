@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, RunRecord, Target, figure_rows, reproduce
+from reproductions.common import (
+    Row,
+    RowResult,
+    RunRecord,
+    Target,
+    described,
+    figure_rows,
+    reproduce,
+)
 from reproductions.sdgp.table1 import rows as table1_rows
 
 
@@ -57,7 +65,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="sdgp.fig8",
     title="SDGP Fig. 8: top-1 across N:M settings",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "top1_change"),
     figures=figures,

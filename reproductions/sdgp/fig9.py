@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, reproduce
+from reproductions.common import TIMING_SWEEPS, Row, RowResult, Target, described, reproduce
 
 MEASURE = "reproductions.sdgp.measure:conv_times"
 
@@ -55,7 +55,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
 TARGET = Target(
     key="sdgp.fig9",
     title="SDGP Fig. 9: per-layer conv time and the data-gradient share",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("data_grad_time_share", "estimated_runtime_reduction"),
     figures=figures,

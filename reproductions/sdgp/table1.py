@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from impl.ops.nm import RESCALE_EPS
-from reproductions.common import Row, Target, bar_vs_paper, reproduce
+from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
 from reproductions.cross.methods import SEEDS
 
 # At cpu scale the cross-method table's seeds (its dense and rescaled 2:4 runs are these), so
@@ -144,7 +144,7 @@ def notes(scale: str) -> list[str]:
 TARGET = Target(
     key="sdgp.table1",
     title="SDGP Table I: top-1 with pruned data gradients (2:4)",
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=bar_vs_paper("top1", "Top-1 validation accuracy (%)", "top-1 (%)"),

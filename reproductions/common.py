@@ -699,12 +699,23 @@ def execute_rows(
     return results
 
 
-def setups(row: Row, scale: str, result: RowResult | None = None) -> dict[str, str]:
+def setups(
+    row: Row, scale: str, result: RowResult | None = None, matched: Any = None
+) -> dict[str, str]:
     """``{"ours_setup", "paper_setup"}`` of a training row that stands beside a paper's row:
     the model and data of our runs (their saved config, else the row's) and of the paper's
-    selector, in words (:func:`setup_name`); empty for a measurement row, a row without a
-    paper model or dataset, or a row with no run (no number of ours to label)."""
-    if row.measure is not None or not (row.paper.get("model") or row.paper.get("dataset")):
+    row, in words (:func:`setup_name`): the selector's, else those of the one published row
+    ``matched`` (a selector of a table of one model names none); empty for a measurement row,
+    a paper row of no model or dataset, or a row with no run (no number of ours to label)."""
+
+    def word(value: Any) -> str | None:  # an empty cell of the published values reads NaN
+        return value if isinstance(value, str) and value else None
+
+    paper_model, paper_data = row.paper.get("model"), row.paper.get("dataset")
+    if matched is not None and len(matched) == 1:
+        paper_model = paper_model or word(matched["model"].iloc[0])
+        paper_data = paper_data or word(matched["dataset"].iloc[0])
+    if row.measure is not None or not (paper_model or paper_data):
         return {}
     if result is None or not result.runs:  # no number of ours to label
         return {}
@@ -714,7 +725,7 @@ def setups(row: Row, scale: str, result: RowResult | None = None) -> dict[str, s
         cfg.setdefault("model", "resnet20")
         cfg.setdefault("data", "cifar10" if scale == "paper" else "digits")
     ours = setup_name(cfg.get("model"), cfg.get("data"), cfg.get("data_options"))
-    theirs = setup_name(row.paper.get("model"), row.paper.get("dataset"))
+    theirs = setup_name(paper_model, paper_data)
     return {"ours_setup": ours, "paper_setup": theirs}
 
 
@@ -789,7 +800,7 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 "paper_source": source,
                 "note": note,
             }
-            entry.update(setups(row, scale, res))
+            entry.update(setups(row, scale, res, matched))
             seeds = [r.seed for r in res.runs]
             if n >= 1 and res.measured is None and len(seeds) == len(values) == n:
                 # per-seed values, so that two rows run on the same seeds can be paired (and a

@@ -1169,6 +1169,16 @@ def test_a_row_without_runs_gets_no_setup_label():
     ran = RowResult(bare, runs=[RunRecord("r", 0, {"top1": 1.0}, [], True)])
     assert common.setups(bare, "paper", ran)["ours_setup"] == "ResNet-20 on CIFAR-10"
     assert common.setups(bare, "cpu", ran)["ours_setup"].startswith("ResNet-20 on digits")
+    # a selector of a one-model table names no model: the published row it matched does
+    import pandas as pd
+
+    window = Row("Window, start 0", paper={"method": "window", "setting": "start 0"})
+    ran = RowResult(window, runs=[RunRecord("r", 0, {"top1": 1.0}, [], True)])
+    matched = pd.DataFrame([{"model": "resnet50", "dataset": "imagenet", "value": 75.0}])
+    assert common.setups(window, "cpu", ran) == {}
+    assert common.setups(window, "cpu", ran, matched)["paper_setup"] == "ResNet-50 on ImageNet"
+    no_words = pd.DataFrame([{"model": float("nan"), "dataset": float("nan"), "value": 1.0}])
+    assert common.setups(window, "cpu", ran, no_words) == {}  # empty cells read NaN
 
 
 def test_the_communication_claims_row_runs_the_cross_tables_seeds_at_cpu_scale():

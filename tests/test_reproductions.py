@@ -761,6 +761,25 @@ def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():
     assert [d["extra"] for d in overhead.data] == pytest.approx(want)
 
 
+def test_a_dynamic_batch_row_whose_batch_never_grew_says_so():
+    from reproductions.prunetrain import unchanged_batch_note
+
+    def result(label: str, nexts: list[int]) -> RowResult:
+        metrics = [
+            {"epoch": e, "batch_size": 32, "next_batch_size": b} for e, b in enumerate(nexts)
+        ]
+        run = RunRecord(path="p", seed=0, summary={}, metrics=metrics, reused=True,
+                        config={"batch_size": 32})  # fmt: skip
+        return RowResult(row=Row(label), runs=[run])
+
+    fixed = result("PruneTrain, dynamic mini-batch", [32, 32, 32])
+    assert unchanged_batch_note(fixed) == (
+        "the batch of 32 never grew in this run: it trained as a fixed-batch run"
+    )
+    assert unchanged_batch_note(result("PruneTrain, dynamic mini-batch", [32, 64, 64])) == ""
+    assert unchanged_batch_note(result("PruneTrain (ratio 0.2)", [32, 32, 32])) == ""
+
+
 def test_prunetrain_bn_cost_in_fig8_and_table1():
     from reproductions.prunetrain import bn_cost_pct, bn_traffic_saved, fig8
 

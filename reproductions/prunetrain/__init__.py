@@ -162,6 +162,19 @@ def train_flops_by_authors_formula(run: Any, base: Any = None) -> float | None:
     return run.summary["paper_train_flops_pct_of_dense"]
 
 
+def unchanged_batch_note(result: Any) -> str:
+    """A dynamic mini-batch row's note where no run's batch ever grew (the pruned model never
+    freed enough memory for one more step of samples): the run then trained as a fixed-batch
+    one, which the row's label alone would hide; "" otherwise."""
+    if "dynamic" not in result.row.label or not result.runs:
+        return ""
+    if any(len(set(epoch_batches(run))) > 1 for run in result.runs):
+        return ""
+    first = epoch_batches(result.runs[0])
+    size = f" of {first[0]:g}" if first else ""
+    return f"the batch{size} never grew in this run: it trained as a fixed-batch run"
+
+
 def bn_cost_pct(run: Any, base: Any = None) -> float | None:
     """Off-chip traffic of the BatchNorm layers of a PruneTrain run in % of the dense model's
     on the same samples (Fig. 8b's "BN cost"), as the method writes it into the summary

@@ -12,7 +12,7 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
-from reproductions.prunetrain import IMAGENET_GPUS, epoch_batches
+from reproductions.prunetrain import IMAGENET_GPUS, epoch_batches, unchanged_batch_note
 from reproductions.prunetrain.table4 import rows as table4_rows
 
 
@@ -90,6 +90,7 @@ TARGET = Target(
         "batch_size": ("samples", final_batch),
         "batch_size_per_gpu": ("samples", final_batch_per_gpu),
     },
+    row_note=unchanged_batch_note,
     notes=lambda scale: [
         "The batch of the last epoch is compared with the paper's final batch (CIFAR-100: "
         "320 from epoch 120; ImageNet: 128 per GPU from epoch 30, ours the global batch "

@@ -562,3 +562,15 @@ def test_conv_rows_count_a_dense_gradient_path_as_dense_flops(monkeypatch):
     prepared.phases[0][1](0)
     assert prepared.flops == pytest.approx((2 * sparse + dense) / 3)
     assert prepared.info["path_weight_grad"] == "timed: dense"
+
+
+def test_the_share_of_peak_divides_by_the_gemm_of_the_same_arithmetic():
+    def row(suite, case, math_, tflops, **more):
+        return {"status": "ok", "suite": suite, "case": case, "device": "cuda", "math": math_,
+                "tflops": tflops, "impl": "x", **more}  # fmt: skip
+
+    rows = [row("calibration", "g32", "fp32", 50.0, kind="gemm"),
+            row("calibration", "g16", "bf16", 500.0, kind="gemm"),
+            row("spmm", "c", "fp32", 25.0), row("spmm", "c", "bf16", 250.0)]  # fmt: skip
+    cases.add_derived(rows)
+    assert [r["frac_peak_measured"] for r in rows[2:]] == [pytest.approx(0.5)] * 2

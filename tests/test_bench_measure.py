@@ -428,3 +428,12 @@ def test_a_fast_kernel_at_cpu_scale_is_timed_for_a_quarter_second_and_once_at_sm
     fast = cases.measure_prepared(prepared(at_cpu), "cpu")["op"]  # ~1 us a call
     assert fast.n == 50 and len(at_cpu) == 51  # the cap (one warm-up call untimed)
     assert cases.measure_prepared(prepared(at_smoke), "smoke")["op"].n == 3  # CI: no minimum
+
+
+def test_summarize_takes_the_median_of_skewed_times():
+    assert measure.summarize([1.0, 1.0, 1.0, 1.0, 100.0], "x").median_ms == 1.0
+
+
+def test_cpu_rounds_reach_the_minimum_time():
+    # 0.25 s at 30 ms a call needs 9 calls (8.33 rounded up), not 8
+    assert measure.cpu_rounds(0.03, 5, 0.25, 50) * 0.03 >= 0.25

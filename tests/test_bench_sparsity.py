@@ -101,3 +101,10 @@ def test_benchmark_mask_kind_and_shape(shape, s, kind):
     assert got == kind and mask.shape == shape
     achieved = 1 - mask.float().mean().item()
     assert achieved == pytest.approx(s, abs=0.03)
+
+
+@pytest.mark.parametrize(("cols", "requested"), [(9, 0.25), (10, 0.33), (7, 0.6)])
+def test_row_uniform_mask_achieves_the_nearest_sparsity(cols, requested):
+    mask = sparsity.row_uniform_mask(4, cols, requested)
+    achieved = 1 - mask.float().mean().item()
+    assert abs(achieved - requested) <= 0.5 / cols + 1e-9

@@ -193,6 +193,21 @@ class Tiny(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+def test_a_mask_update_never_regrows_a_pruned_weight() -> None:
+    # The update ANDs with the masks in force; without it a weight pruned by the mask but
+    # left nonzero (here: the largest) came back at the next step.
+    torch.manual_seed(0)
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.6, mask="window", start_epoch=0,
+                                     era_epochs=1))  # fmt: skip
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=3), "cpu"))
+    magnitude = model.conv.weight.detach().abs()
+    in_force = magnitude < magnitude.flatten().median()  # prunes the largest half
+    method.masks.set("conv.weight", in_force)
+    method.update_masks(model, 0.3)
+    assert not bool((method.masks["conv.weight"] & ~in_force).any())
+
+
 def test_pruned_layers_kinds_and_stem() -> None:
     layers = pruned_layers(Tiny(), prune_fc=True, prune_stem=False)
     assert [(x.module, x.kind) for x in layers] == [

@@ -567,3 +567,45 @@ def test_prune_pointwise_is_off_by_default_and_resumes():
     assert again.pointwise == {"shortcut"} and torch.equal(
         again.masks["shortcut.weight"], method.masks["shortcut.weight"]
     )
+
+
+def test_default_stage_lengths_round_halves_up():
+    from impl.methods.clicktrain import resolve_schedule
+
+    # half of 7 and of 9 epochs: 4 and 5 (round() gave 4 for both: halves to even)
+    assert resolve_schedule(ClickTrainConfig(), 7).hard_prune_epoch == 4
+    assert resolve_schedule(ClickTrainConfig(), 9).hard_prune_epoch == 5
+    fifty = resolve_schedule(ClickTrainConfig(), 50)  # 5% of 50 = 2.5, 25% = 12.5
+    assert (fifty.pool_epochs, fifty.finalize_epochs, fifty.hard_prune_epoch) == (3, 3, 25)
+
+
+def test_a_layer_exactly_at_the_sparse_threshold_stays_dense():
+    options = {**FAST, "connectivity": 0.5, "sparse_impl": "ref"}
+    method, _ = _train(options, epochs=4)
+    name, entry = next(iter(method.sparse_layers.items()))
+    at, _ = _train({**options, "sparse_threshold": entry["sparsity"]}, epochs=4)
+    assert at.sparse_layers[name] == {"sparsity": entry["sparsity"], "pattern_conv": False}
+
+
+def test_a_resumed_finalisation_keeps_the_previous_batchs_loss():
+    method, _ = _train({**FAST, "connectivity": 0.5}, epochs=5)
+    again = ClickTrain(ClickTrainConfig(**FAST, connectivity=0.5))
+    ctx = _context(TinyNet(), 5)
+    again.setup(ctx)
+    again.load_state_dict(method.state_dict(), ctx)
+    assert method._prev_loss is not None
+    assert again._prev_loss == pytest.approx(float(method._prev_loss))
+
+
+def test_counted_batches_are_the_epochs_own(monkeypatch):
+    rows = []
+    real = ClickTrain.epoch_metrics
+
+    def recording(self, ctx):
+        rows.append(real(self, ctx))
+        return rows[-1]
+
+    monkeypatch.setattr(ClickTrain, "epoch_metrics", recording)
+    _train({**FAST, "finalize_epochs": 2, "hard_prune_epoch": 4}, epochs=5, n_batches=3)
+    counted = [r["clicktrain_counted_batches"] for r in rows if "clicktrain_counted_batches" in r]
+    assert len(counted) == 2 and all(c <= 3 for c in counted)  # 3 batches an epoch

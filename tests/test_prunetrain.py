@@ -548,3 +548,56 @@ def test_the_channel_kept_to_stay_connected_is_not_zeroed():
     with torch.no_grad():  # train mode: BatchNorm's batch statistics carry a tiny signal
         a, b = model(torch.randn(2, 3, 32, 32)), model(torch.randn(2, 3, 32, 32))
     assert not torch.allclose(a, b)
+
+
+def test_reconfiguring_under_a_linear_reading_several_positions_per_channel_keeps_the_output():
+    # VGG with the ImageNet head reads each last channel at several positions (fan > 1): the
+    # kept columns must be each kept channel's whole run of positions.
+    torch.manual_seed(0)
+    model = M.create("vgg11", num_classes=7, in_channels=1, stem="imagenet").eval()
+    graph = build_graph(model)
+    name = next(n for n, sp in graph.spaces.items() if any(f > 1 for _, f in sp.readers))
+    space = graph.spaces[name]
+    modules = dict(model.named_modules())
+    drop = torch.arange(0, space.size, 3)
+    with torch.no_grad():
+        for writer in space.writers:
+            modules[writer].weight[drop] = 0
+            if modules[writer].bias is not None:
+                modules[writer].bias[drop] = 0
+        for reader, fan in space.readers:
+            w = modules[reader].weight
+            w.view(w.shape[0], -1, fan)[:, drop] = 0
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        reconfigure(model, None)
+        got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_left_without_channels_keeps_its_strongest():
+    torch.manual_seed(0)
+    model = M.create("vgg11")
+    conv, reader = model.features[4], model.features[8]
+    with torch.no_grad():  # every group below the threshold; channel 7 the strongest
+        conv.weight.uniform_(-5e-5, 5e-5)
+        reader.weight.uniform_(-5e-5, 5e-5)
+        conv.weight[7].mul_(1.5)
+    report = reconfigure(model, None, threshold=1e-4)
+    assert report.kept["features.4"] == [7]
+
+
+def test_a_removed_path_without_a_relu_after_it_keeps_none_through_its_architecture():
+    model = M.create("resnet9")
+    graph = build_graph(model)
+    path = next(p for p in graph.paths if p.kind == "residual")
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for conv in path.convs:
+            modules[conv].weight.zero_()
+    reconfigure(model, None, threshold=1e-4)
+    fresh = M.create("resnet9")
+    apply_architecture(fresh, architecture(model))
+    block = fresh.get_submodule(path.block)
+    assert isinstance(block, ShortcutOnly) and block.post_relu is False

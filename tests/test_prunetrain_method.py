@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -478,3 +479,15 @@ def test_cpu_time_of_an_iteration_falls_after_reconfiguration() -> None:
     finally:
         torch.set_num_threads(threads)
     assert min(small) < 0.85 * min(dense)
+
+
+def test_a_batch_using_exactly_the_budget_fits() -> None:
+    # 100 bytes per sample, a budget of 6,400: 64 samples fit exactly, 96 do not
+    assert choose_batch(32, 32, 6400.0, lambda b: 100.0 * b, 32, 512) == 64
+
+
+def test_the_iteration_probe_is_in_milliseconds() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 3))
+    model[0].register_forward_hook(lambda *args: time.sleep(0.005))  # 5 ms per forward
+    fwd, _ = probe_iteration_ms(model, (1, 8, 8), 2, repeats=2)
+    assert 4.0 <= fwd < 1000.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -1516,3 +1517,50 @@ def test_a_seed_without_a_baseline_run_gets_no_value_and_the_row_says_so():
     (entry,) = [r for r in rows if r["row"] == "m" and r["metric"] == "delta_top1"]
     assert entry["n"] == 3 and entry["ours"] == -1.0 and "seeds" not in entry  # not paired
     assert "2 of 5 seeds without a value" in entry["note"] and "'dense'" in entry["note"]
+
+
+def test_a_rows_number_is_the_mean_of_its_seeds():
+    results = [
+        RowResult(
+            Row("dense", paper={"model": "resnet9", "method": "dense"}),
+            runs=[_run(0, top1=90.0), _run(1, top1=91.0), _run(2, top1=99.0)],
+        )
+    ]
+    rows = common.compare_rows(_tiny_target(), results, "cpu")
+    top1 = next(r for r in rows if r["metric"] == "top1" and r["row"] == "dense")
+    assert top1["ours"] == pytest.approx(280.0 / 3) and top1["n"] == 3  # not the median, 91
+
+
+def test_the_cifar_recipe_drops_at_half_and_three_quarters_rounded_down():
+    assert common.cifar_step_recipe(182)["milestones"] == [91, 136]
+    assert common.cifar_step_recipe(190)["milestones"] == [95, 142]
+
+
+def test_time_ms_is_in_milliseconds():
+    times = common.time_ms(lambda: time.sleep(0.004), repeats=2, warmup=0)
+    assert len(times) == 2 and all(3.5 <= t < 1000 for t in times)
+
+
+def test_time_to_accuracy_takes_the_runs_own_scales_target():
+    from reproductions.cross.methods import TTA_TARGET, tta_seconds
+
+    metrics = [
+        {"epoch": 0, "test_top1": 93.0, "wall_seconds": 5.0, "eval_seconds": 1.0},
+        {"epoch": 1, "test_top1": 96.0, "wall_seconds": 10.0, "eval_seconds": 1.0},
+    ]
+    run = RunRecord(path="p", seed=0, summary={"scale": "gpu"}, metrics=metrics, reused=True)
+    assert TTA_TARGET["gpu"] == 95.0 > 93.0 > TTA_TARGET["cpu"]
+    assert tta_seconds(run) == pytest.approx(8.0)  # the second epoch, evaluation left out
+
+
+def test_a_seed_with_a_nonfinite_value_is_left_out_of_the_pairs():
+    from reproductions.cross.methods import seed_pairs
+
+    def run(seed, top1, cr):
+        return RunRecord(f"r{seed}", seed, {"top1": top1, "compression_ratio": cr}, [], True)
+
+    dense = RowResult(Row("dense", "dense"), runs=[run(s, 99.0, 1.0) for s in (0, 1)])
+    method = RowResult(Row("m", "m", baseline="dense"),
+                       runs=[run(0, 98.0, 2.0), run(1, math.nan, 3.0)])  # fmt: skip
+    pairs = seed_pairs([dense, method], "compression_ratio", "delta_top1", "cpu")
+    assert [p["seed"] for p in pairs] == [0]

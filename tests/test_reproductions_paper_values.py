@@ -144,6 +144,9 @@ def test_malformed_file_is_rejected(tmp_path):
     bad.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,95.3,%,,\n")
     with pytest.raises(ValueError, match=r"sdgp_table1.csv:2: row without a source"):
         read_value_file(bad)  # the first row after the header is line 2 of the file
+    bad.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,95.3,%,   ,\n")
+    with pytest.raises(ValueError, match="row without a source"):  # blanks are no source
+        read_value_file(bad)
     bad.write_text(",".join(COLUMNS) + "\nsdgp,table1,m,d,x,,top1,n/a,%,Table I,\n")
     with pytest.raises(ValueError, match="not a number"):
         read_value_file(bad)

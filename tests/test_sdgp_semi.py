@@ -385,18 +385,27 @@ def test_library_error_falls_back_once_and_keeps_pruning_once(monkeypatch):
     # the layer records the error, takes the reference math with the rows it already pruned,
     # and skips the library for that shape afterwards.
     monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+    tried = []
+    library = semi.sparse_data_grad
+
+    def counted(*args, **kwargs):
+        tried.append(1)
+        return library(*args, **kwargs)
+
+    monkeypatch.setattr(semi, "sparse_data_grad", counted)
     conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
     mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude", name="blk")
     ref = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
     x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
     g = torch.randn(2, 16, 5, 7, dtype=torch.float64)
-    for _ in range(2):
+    for _ in range(3):
         gx = _grads(mod, x, g)[1]
         torch.testing.assert_close(gx, _grads(ref, x, g)[1], rtol=1e-13, atol=1e-13)
-    assert mod.semi_calls == 0 and mod.fallback_calls == 2
+    assert len(tried) == 1  # the failed shape is not tried again
+    assert mod.semi_calls == 0 and mod.fallback_calls == 3
     assert len(mod.fallback_reasons) == 1
     assert mod.fallback_reasons[0].startswith("library error")
-    assert mod.prune_calls == 2  # one pruning per backward, never two
+    assert mod.prune_calls == 3  # one pruning per backward, never two
 
 
 @pytest.mark.parametrize(

@@ -143,3 +143,22 @@ def test_profile_on_gpu_uses_cuda_events():
     model = sdgp_convert(_model().cuda(), 2, 4)
     rows = profile_conv_layers(model, (3, 32, 32), 8, 2, 4, repeats=2)
     assert all(r["fwd_ms"] > 0 and r["dgrad_ms"] > 0 for r in rows)
+
+
+def test_time_ms_is_the_median_not_the_mean():
+    delays = iter([0.0, 0.0, 0.0, 0.05])  # warm-up, then 0, 0 and one 50 ms outlier
+    assert time_ms(lambda: time.sleep(next(delays)), torch.device("cpu"), 3, 1) < 10.0
+
+
+def test_the_dense_iteration_prunes_no_gradient(monkeypatch):
+    from impl.methods.sdgp import SDGPConv2d
+    from impl.methods.sdgp_timing import time_iteration
+
+    def refuse(self, grad_out):
+        raise AssertionError("the dense iteration pruned a gradient")
+
+    model = sdgp_convert(_model(), 2, 4)
+    monkeypatch.setattr(SDGPConv2d, "prune_grad", refuse)
+    time_iteration(model, (3, 11, 13), 2, repeats=1, dense=True)  # the convs restored
+    with pytest.raises(AssertionError, match="pruned a gradient"):
+        time_iteration(model, (3, 11, 13), 2, repeats=1)  # the check itself can fail

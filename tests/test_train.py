@@ -454,3 +454,80 @@ def test_each_metrics_row_records_the_batch_its_own_steps_used(tmp_path):
         seen = round(row["samples_per_second"] * row["train_seconds"])
         assert seen == row["iterations"] * row["batch_size"]
     assert summary["batch_size"] == 64  # the batch the run ended with, as its checkpoint
+
+
+class _DoublingAndCrashing:
+    """A dense method that doubles the batch at every epoch's end and, when ``crash`` is
+    set, raises at the start of epoch 1 once (a run stopped there, to be resumed)."""
+
+    crash = False
+
+    @staticmethod
+    def make():
+        from impl.methods.dense import Dense
+
+        class DoublingAndCrashing(Dense):
+            name = "doubling_crashing"
+
+            def on_epoch_start(self, ctx):
+                if _DoublingAndCrashing.crash and ctx.epoch == 1:
+                    _DoublingAndCrashing.crash = False
+                    raise RuntimeError("stopped at epoch 1")
+
+            def on_epoch_end(self, ctx):
+                ctx.batch_size *= 2
+
+        return DoublingAndCrashing
+
+
+@pytest.fixture
+def doubling_method():
+    from impl.methods import register_method, unregister_method
+
+    register_method("doubling_crashing", _DoublingAndCrashing.make())
+    yield "doubling_crashing"
+    _DoublingAndCrashing.crash = False
+    unregister_method("doubling_crashing")
+
+
+def test_the_learning_rate_follows_the_batch_linearly(tmp_path, doubling_method):
+    # the rate scaled by old/new batch would shrink as PruneTrain's dynamic batch grows
+    cfg = _smoke_cfg(tmp_path / "run", method=doubling_method, epochs=2, batch_size=8,
+                     schedule="constant")  # fmt: skip
+    train(cfg, progress=False)
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert [r["lr"] for r in rows] == [pytest.approx(cfg.lr), pytest.approx(2 * cfg.lr)]
+
+
+def test_a_resumed_run_keeps_its_grown_batch_and_its_step_count(tmp_path, doubling_method):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    values = dict(method=doubling_method, epochs=3, batch_size=8)
+    train(_smoke_cfg(whole, **values), progress=False)
+    _DoublingAndCrashing.crash = True
+    with pytest.raises(RuntimeError, match="stopped at epoch 1"):
+        train(_smoke_cfg(stopped, **values), progress=False)
+    resume(stopped, progress=False)
+    assert [r["batch_size"] for r in rundir.read_metrics(stopped)] == [8, 16, 32]
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
+    b = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert (b["step"], b["batch_size"]) == (a["step"], a["batch_size"]) and a["step"] > 0
+
+
+def test_the_schedule_is_read_at_each_steps_start(tmp_path):
+    # a step schedule dropping at epoch 1: the first epoch's last step still runs at the full
+    # rate (read one step ahead, it would already be dropped)
+    cfg = _smoke_cfg(tmp_path / "run", epochs=2, schedule="step", milestones=[1])
+    train(cfg, progress=False)
+    rows = rundir.read_metrics(tmp_path / "run")
+    assert rows[0]["lr"] == pytest.approx(cfg.lr) and rows[1]["lr"] < cfg.lr
+
+
+def test_a_step_cap_above_the_loaders_length_changes_nothing(tmp_path):
+    values = dict(epochs=2, schedule="cosine", batch_size=512, data_options={"image_size": 8})
+    uncapped = _smoke_cfg(tmp_path / "a", **values)
+    uncapped.max_steps_per_epoch = None
+    train(uncapped, progress=False)
+    train(_smoke_cfg(tmp_path / "b", max_steps_per_epoch=100_000, **values), progress=False)
+    a, b = rundir.read_metrics(tmp_path / "a"), rundir.read_metrics(tmp_path / "b")
+    assert [r["iterations"] for r in a] == [r["iterations"] for r in b]
+    assert [r["lr"] for r in a] == pytest.approx([r["lr"] for r in b])

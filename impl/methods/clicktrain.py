@@ -176,12 +176,16 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
 
     Stages must come in order: stage 1 (fixed or at most ``max_dense_epochs``), then
     ``pool_epochs``, then ``finalize_epochs``, all ending by ``hard_prune_epoch <= epochs``.
+    A stage left unset takes its fraction of the run (``*_FRACTION``), rounded half up.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
 
+    def half_up(x: float) -> int:  # round() would round halves to even: 2.5 -> 2, 3.5 -> 4
+        return math.floor(x + 0.5)
+
     def frac(f: float) -> int:
-        return max(1, int(round(f * epochs)))
+        return max(1, half_up(f * epochs))
 
     for name in ("dense_epochs", "max_dense_epochs", "pool_epochs", "finalize_epochs"):
         value = getattr(cfg, name)
@@ -207,9 +211,9 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
         hard = cfg.hard_prune_epoch
     else:
         at_least = (1 if dense_max is None else dense_max) + pool + fin
-        hard = min(epochs, max(int(round(HARD_PRUNE_FRACTION * epochs)), at_least))
+        hard = min(epochs, max(half_up(HARD_PRUNE_FRACTION * epochs), at_least))
     if dense_max is None:  # the derivative rule's cap: 25%, shortened to fit (0 skips stage 1)
-        default = max(1, int(round(DENSE_MAX_FRACTION * epochs)))
+        default = max(1, half_up(DENSE_MAX_FRACTION * epochs))
         dense_max = max(0, min(default, hard - pool - fin))
     if hard > epochs:
         raise ValueError(

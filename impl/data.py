@@ -55,6 +55,7 @@ __all__ = [
     "dataset_dir_for",
     "dataset_dirs",
     "default_data_dir",
+    "derived_seed",
     "Loader",
     "TensorLoader",
     "make_loaders",
@@ -144,16 +145,17 @@ class DataSpec:
 # ----------------------------------------------------------------------------- randomness
 
 
-def _stream_seed(seed: int, epoch: int, stream: int, *more: int) -> int:
-    """A 63-bit torch seed that depends only on (seed, epoch, stream, *more)."""
-    words = [seed, epoch, stream, *more]
-    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint64)
+def derived_seed(*words: int) -> int:
+    """A 63-bit torch seed that depends only on the integers ``words`` (numpy's
+    ``SeedSequence`` of them): the seed of one random stream of a run, e.g. (seed, epoch,
+    stream, index) here, (seed, epoch, rank) for SDGP's random pruning."""
+    state = np.random.SeedSequence(list(words)).generate_state(2, dtype=np.uint64)
     return int(state[0]) & ((1 << 63) - 1)
 
 
 def _generator(seed: int, epoch: int, stream: int, *more: int) -> torch.Generator:
     g = torch.Generator(device="cpu")
-    g.manual_seed(_stream_seed(seed, epoch, stream, *more))
+    g.manual_seed(derived_seed(seed, epoch, stream, *more))
     return g
 
 
@@ -786,7 +788,7 @@ class _SeededItems:
 
     def __getitem__(self, i: int) -> Any:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_stream_seed(self.seed, self.epoch, _AUGMENT, int(i)))
+            torch.manual_seed(derived_seed(self.seed, self.epoch, _AUGMENT, int(i)))
             return self.dataset[i]
 
 

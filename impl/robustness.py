@@ -130,20 +130,22 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     ones and the command that finishes it.
     """
     from impl import rundir
+    from impl.train import TrainingDiverged, finished_summary_to_resume
 
     run_dir = Path(run_dir)
-    if not (run_dir / rundir.CONFIG_FILE).is_file():
+    try:
+        summary = finished_summary_to_resume(run_dir)  # the reading resume makes of a run
+    except FileNotFoundError:
         why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
-        raise ValueError(f"{run_dir} is not a run directory (it {why})")
-    summary = rundir.complete_summary(run_dir)
-    if summary is not None:
-        return summary
-    diverged = rundir.diverged_summary(run_dir)
-    if diverged is not None:
+        raise ValueError(f"{run_dir} is not a run directory (it {why})") from None
+    except TrainingDiverged as err:
+        diverged = err.record
         raise ValueError(
             f"{run_dir} diverged in epoch {int(diverged.get('diverged_epoch', 0)) + 1} "
             f"({diverged.get('reason')}): it has no trained model to attack"
-        )
+        ) from None
+    if summary is not None:
+        return summary
     done = len(rundir.read_metrics(run_dir))
     total: Any = None
     with contextlib.suppress(OSError, ValueError, AttributeError):

@@ -815,3 +815,11 @@ def test_image_size_is_refused_by_datasets_of_their_own_size(name, tmp_path):
         ValueError, match=f"image_size applies to digits and synthetic only; {name}"
     ):
         make_loaders(name, 32, data_dir=str(tmp_path), image_size=16)
+
+
+def test_derived_seed_is_a_63_bit_function_of_its_words():
+    from impl.data import derived_seed
+
+    seeds = {derived_seed(0, e, s) for e in range(4) for s in range(3)}
+    assert len(seeds) == 12 and all(0 <= x < 2**63 for x in seeds)
+    assert derived_seed(5, 1, 2) == derived_seed(5, 1, 2) != derived_seed(5, 2, 1)

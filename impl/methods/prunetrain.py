@@ -183,6 +183,7 @@ class PruneTrain(Method):
         self.initial_batch: int | None = None
         self._epoch_memory: float | None = None  # one iteration this epoch (dynamic batch)
         self._cost: dict[str, float] | None = None
+        self._memory_at: dict[int, int] = {}  # batch -> bytes of one iteration, this model
         self._samples = 0
         self._lasso_sum: torch.Tensor | None = None
         self._lasso_steps = 0
@@ -281,6 +282,7 @@ class PruneTrain(Method):
         self._last_report = report
         self._arch = architecture(ctx.model)
         self._cost = None
+        self._memory_at = {}
         after = self._costs(ctx)
         self.stage += 1
         entry: dict[str, Any] = {
@@ -464,6 +466,7 @@ class PruneTrain(Method):
             apply_architecture(ctx.model, state["architecture"])
         self._arch = architecture(ctx.model)
         self._cost = None
+        self._memory_at = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _costs(self, ctx: TrainContext) -> dict[str, float]:
@@ -488,9 +491,14 @@ class PruneTrain(Method):
         return self._cost
 
     def _memory(self, ctx: TrainContext, batch: int) -> int:
-        if next(ctx.model.parameters()).device.type == "cuda":
-            return measure_iteration_bytes(ctx.model, ctx.input_shape, batch)
-        return estimate_iteration_bytes(ctx.model, ctx.input_shape, batch)
+        """Bytes of one iteration of ``ctx.model`` at ``batch``, each batch measured once per
+        architecture (the budget, the batch search and every epoch's figure ask again)."""
+        if batch not in self._memory_at:
+            if next(ctx.model.parameters()).device.type == "cuda":
+                self._memory_at[batch] = measure_iteration_bytes(ctx.model, ctx.input_shape, batch)
+            else:
+                self._memory_at[batch] = estimate_iteration_bytes(ctx.model, ctx.input_shape, batch)
+        return self._memory_at[batch]
 
     def _probe(self, ctx: TrainContext) -> None:
         from impl.train import autocast_dtype

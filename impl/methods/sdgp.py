@@ -36,11 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from impl.data import derived_seed
 from impl.methods.base import Method, MethodConfig, TrainContext
 from impl.ops.nm import (
     IMPLS,
@@ -483,8 +483,7 @@ def rank_prune_seed(seed: int, epoch: int, rank: int) -> int:
     epoch, the ranks draw independently, and a run resumed at an epoch's start draws what an
     uninterrupted one does (the checkpoint holds rank 0's generator only). One process keeps
     one generator seeded once (``setup``)."""
-    state = np.random.SeedSequence([seed, epoch, rank, 0x5D69]).generate_state(2, np.uint64)
-    return int(state[0]) & ((1 << 63) - 1)
+    return derived_seed(seed, epoch, rank, 0x5D69)
 
 
 def sdgp_convert(

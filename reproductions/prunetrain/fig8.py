@@ -59,11 +59,11 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         a["train_flops"] = t["train_flops"]
     bn_acc = [  # a run saved before the BN cost was written has none: left out
         {"row": r.row.label, **r.row.group, "top1": float(run.summary["top1"]),
-         "bn_cost": bn_cost_pct(run), "source": f"ours ({scale})"}
+         "bn_cost": cost, "source": f"ours ({scale})"}
         for r in results
         if r.ok
         for run in r.runs
-        if bn_cost_pct(run) is not None
+        if (cost := bn_cost_pct(run)) is not None
     ]  # fmt: skip
     return [
         FigureSpec(kind="scatter", x="inference_mflops", y="top1", hue="ratio", data=acc,

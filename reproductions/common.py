@@ -907,12 +907,18 @@ def render(
     reports_root: str | Path = REPORTS_ROOT,
     expected: Sequence[dict[str, str]] = (),
 ) -> Path:
-    """Render every saved result under ``runs_root`` into ``reports_root``; return the index."""
+    """Render every saved result under ``runs_root`` into ``reports_root``; return the index.
+    Where ``expected`` lists the reproduction targets, the index also accounts for the papers'
+    figures without a target (:data:`reproductions.other_figures.OTHER_FIGURES`)."""
     from impl.report import render_reports
+    from reproductions.other_figures import other_figures
 
     results, unreadable = load_results([Path(runs_root) / "results"])
     warn_unreadable(unreadable)
-    return render_reports(results, reports_root, expected=expected, unreadable=unreadable)
+    others = other_figures() if expected else []
+    return render_reports(
+        results, reports_root, expected=expected, unreadable=unreadable, others=others
+    )
 
 
 def reproduce(
@@ -1017,10 +1023,62 @@ def bar_vs_paper(metric: str, title: str, ylabel: str, caption: str = "") -> Cal
 def panels_vs_paper(*panels: tuple[str, str, str]) -> Callable:
     """A ``Target.figures`` builder for a paper figure of several panels: one
     :func:`bar_vs_paper` figure per ``(metric, title, ylabel)``, in order."""
-    builders = [bar_vs_paper(*panel) for panel in panels]
+    return figures_of(*(bar_vs_paper(*panel) for panel in panels))
+
+
+def figures_of(*builders: Callable) -> Callable:
+    """A ``Target.figures`` builder drawing every figure of ``builders``, in order."""
 
     def build(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
         return [spec for b in builders for spec in b(results, scale, paper)]
+
+    return build
+
+
+def epoch_curves(
+    results: list[RowResult], metric: str, *, rows: Callable[[Row], bool] | None = None
+) -> list[dict[str, Any]]:
+    """One record per epoch of every run of the training rows (those ``rows`` accepts, all
+    when None): ``{"row", "seed", "epoch", metric}`` with the epoch counted from 1, as the
+    papers' axes do. An epoch whose metrics lack ``metric`` (or hold None) is left out."""
+    out = []
+    for res in results:
+        if not res.ok or res.measured is not None or (rows is not None and not rows(res.row)):
+            continue
+        for run in res.runs:
+            for m in run.metrics:
+                value, epoch = m.get(metric), m.get("epoch")
+                if value is not None and epoch is not None:
+                    rec = {"row": res.row.label, "seed": run.seed, "epoch": int(epoch) + 1}
+                    out.append({**rec, metric: float(value)})
+    return out
+
+
+def curves_per_epoch(
+    metric: str,
+    title: str,
+    ylabel: str,
+    paper_figure: str,
+    *,
+    rows: Callable[[Row], bool] | None = None,
+) -> Callable:
+    """A ``Target.figures`` builder: ``metric`` per epoch of each training row (mean over
+    seeds, sd band), for a paper figure of curves (``paper_figure``, e.g. "SDGP Fig. 7")
+    whose numbers the paper does not print; only ours is drawn. No figure where no run has
+    the metric."""
+
+    def build(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
+        data = epoch_curves(results, metric, rows=rows)
+        if not data:
+            return []
+        seeds = len({r["seed"] for r in data})
+        said = (f"ours at scale {scale}" + (", mean and sd over seeds" if seeds > 1 else "")
+                + f"; {paper_figure} draws these curves without printing their numbers, "
+                "so only ours is drawn")  # fmt: skip
+        return [
+            FigureSpec(kind="line", x="epoch", y=metric, hue="row", data=data, title=title,
+                       xlabel="epoch", ylabel=ylabel, caption=said)
+        ]  # fmt: skip
 
     return build
 

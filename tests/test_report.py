@@ -468,9 +468,15 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
     assert "not run: pdtbench reproduce sdgp.fig9 --scale smoke" in index
     assert "not run: pdtbench reproduce sdgp.table1" not in index
     assert "clicktrain.html" in index  # a paper with no result at all still has its page
-    # Plain runs without reproduction results list no reproduction target.
+    # The papers' figures without a target of their own: each with where it is drawn or why
+    # it is not.
+    assert "the papers&#x27; other figures" in index
+    assert "drawn under Table I (sdgp.table1) from its runs" in index
+    assert "no one-time selection variant" in index
+    # Plain runs without reproduction results list no reproduction target, nor those figures.
     assert main([str(runs_root / "dense-s0"), "--out", str(tmp_path / "runs-only")]) == 0
-    assert "not run:" not in (tmp_path / "runs-only" / "index.html").read_text()
+    runs_only = (tmp_path / "runs-only" / "index.html").read_text()
+    assert "not run:" not in runs_only and "other figures" not in runs_only
     with pytest.raises(FileNotFoundError):
         main([str(tmp_path / "missing")])
     (tmp_path / "empty").mkdir()

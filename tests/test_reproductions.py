@@ -691,6 +691,121 @@ def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_ax
     }
 
 
+def _curved(label, seed, values, key="test_top1", **group):
+    row = Row(label, "dense", group=group)
+    metrics = [{"epoch": e, key: v} for e, v in enumerate(values)]
+    run = RunRecord(path=label, seed=seed, summary={}, metrics=metrics, reused=True)
+    return RowResult(row=row, runs=[run])
+
+
+def test_epoch_curves_count_epochs_from_one_and_leave_out_what_was_not_measured():
+    results = [
+        _curved("dense", 0, [50.0, 60.0]),
+        _curved("ck", 1, [40.0, None, 70.0], mask="ck"),  # an epoch without evaluation
+        RowResult(Row("failed"), error="needs the paper scale"),
+        RowResult(Row("timed", measure_keys={"t": "t"}), measured={"t": [1.0]}),
+    ]
+    assert common.epoch_curves(results, "test_top1") == [
+        {"row": "dense", "seed": 0, "epoch": 1, "test_top1": 50.0},
+        {"row": "dense", "seed": 0, "epoch": 2, "test_top1": 60.0},
+        {"row": "ck", "seed": 1, "epoch": 1, "test_top1": 40.0},
+        {"row": "ck", "seed": 1, "epoch": 3, "test_top1": 70.0},
+    ]
+    only_ck = common.epoch_curves(results, "test_top1", rows=lambda r: r.group.get("mask") == "ck")
+    assert {r["row"] for r in only_ck} == {"ck"}
+    assert common.epoch_curves(results, "train_loss") == []
+
+
+def test_curves_per_epoch_draw_ours_only_and_say_the_paper_prints_no_numbers():
+    build = common.curves_per_epoch("test_top1", "Fig. 7: top-1", "top-1 (%)", "SDGP Fig. 7")
+    one_seed = build([_curved("dense", 0, [50.0, 60.0])], "cpu", None)
+    assert [(f.kind, f.x, f.y, f.hue) for f in one_seed] == [("line", "epoch", "test_top1", "row")]
+    assert one_seed[0].caption.startswith("ours at scale cpu; SDGP Fig. 7 draws these curves")
+    two = build([_curved("dense", 0, [50.0]), _curved("dense", 1, [52.0])], "cpu", None)
+    assert "mean and sd over seeds" in two[0].caption
+    assert build([RowResult(Row("x"), error="needs x")], "cpu", None) == []
+    both = common.figures_of(build, common.bar_vs_paper("top1", "Top-1", "%"))
+    assert [f.kind for f in both([_curved("dense", 0, [50.0])], "cpu", None)] == ["line", "bar"]
+
+
+def test_the_papers_curve_figures_are_drawn_from_the_tables_runs():
+    import pandas as pd
+
+    from reproductions.campfire import table1 as cf1
+    from reproductions.campfire import table2 as cf2
+    from reproductions.sdgp import table1 as sd1
+
+    def results(target, **metrics):
+        out = []
+        for row in target.rows("cpu"):
+            epochs = [{"epoch": e, **{k: v + e for k, v in metrics.items()}} for e in range(3)]
+            run = RunRecord(path=row.label, seed=0, summary={}, metrics=epochs, reused=True)
+            out.append(RowResult(row=row, runs=[run]) if row.needs is None else
+                       RowResult(row=row, error=row.needs))  # fmt: skip
+        return out
+
+    none = pd.DataFrame(columns=["model", "dataset", "method", "setting", "metric", "value"])
+    sdgp = sd1.TARGET.figures(results(sd1.TARGET, train_loss=1.0, test_top1=50.0), "cpu", none)
+    assert [f.y for f in sdgp if f.kind == "line"] == ["train_loss", "test_top1"]
+    assert {r["row"] for r in sdgp[1].data} == {
+        "dense", "SDGP random 2:4", "SDGP magnitude 2:4", "SDGP rescaled 2:4"}  # fmt: skip
+    fig6 = [f for f in cf1.TARGET.figures(results(cf1.TARGET, test_top1=50.0), "cpu", none)
+            if f.kind == "line"]  # fmt: skip
+    assert [{r["row"] for r in f.data} for f in fig6] == [
+        {"dense", "window, target 40%", "window, target 80%"},
+        {"dense", "ck, target 40%", "ck, target 80%"},
+    ]
+    fig4 = [f for f in cf2.TARGET.figures(results(cf2.TARGET, test_top1=50.0,
+                                                  true_sparsity=0.0), "cpu", none)
+            if f.kind == "line"]  # fmt: skip
+    assert [f.y for f in fig4] == ["test_top1", "true_sparsity", "test_top1"]
+    assert {r["row"] for r in fig4[0].data} == {
+        "dense", "ck, start 30, sparsity 70%", "combined, start 30, sparsity 70%",
+        "window, start 30, sparsity 70%"}  # fmt: skip
+    assert {r["row"] for r in fig4[2].data} == {
+        "dense", "ck, start 40, sparsity 70%", "ck, start 30, sparsity 70%",
+        "ck, start 20, sparsity 70%"}  # fmt: skip
+
+
+def _figure_numbers(text: str) -> set[int]:
+    """The figure numbers of "Fig. 1, 4, 6-7"."""
+    out: set[int] = set()
+    for part in text.removeprefix("Fig. ").split(","):
+        low, _, high = part.strip().partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return out
+
+
+def test_every_figure_of_the_papers_has_a_target_or_says_where_it_is():
+    from reproductions import TARGETS
+    from reproductions.other_figures import other_figures
+
+    # The figures of each paper's text (Campfire's holds no Fig. 9).
+    papers = {"clicktrain": set(range(1, 16)), "prunetrain": set(range(1, 13)),
+              "sdgp": set(range(1, 11)), "campfire": set(range(1, 12)) - {9}}  # fmt: skip
+    rows = other_figures()
+    assert all(set(r) == {"paper", "figure", "shows", "where"} and all(r.values()) for r in rows)
+    for paper, figures in papers.items():
+        targets = {int(k.partition(".fig")[2]) for k in TARGETS if k.startswith(f"{paper}.fig")}
+        listed = [n for r in rows if r["paper"] == paper for n in _figure_numbers(r["figure"])]
+        assert len(listed) == len(set(listed)), paper  # none listed twice
+        assert not targets & set(listed), paper  # a target's figure is not listed again
+        assert targets | set(listed) == figures, paper
+
+
+def test_a_reproductions_index_lists_the_other_figures_and_a_plain_one_does_not(tmp_path):
+    from impl.report.results import ResultSet, save_result
+
+    save_result(ResultSet(target="sdgp.table1", title="SDGP Table I", scale="smoke", rows=[]),
+                common.result_dir("sdgp.table1", "smoke", tmp_path / "runs"))  # fmt: skip
+    expected = reproductions.expected_targets("smoke")
+    with_targets = common.render(tmp_path / "runs", tmp_path / "a", expected=expected)
+    text = with_targets.read_text()
+    assert "no one-time selection variant" in text and "drawn under Table 1" in text
+    plain = common.render(tmp_path / "runs", tmp_path / "b").read_text()
+    assert "no one-time selection variant" not in plain
+
+
 def test_a_description_says_what_each_scale_runs():
     from reproductions.clicktrain import fig10
 

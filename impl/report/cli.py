@@ -35,6 +35,14 @@ def _expected_targets(results: list) -> list[dict[str, str]]:
     return expected_targets(scales.pop() if len(scales) == 1 else "cpu")
 
 
+def _other_figures() -> list[dict[str, str]]:
+    """The papers' figures without a reproduction target, for the index of reproductions'
+    results (:func:`reproductions.other_figures.other_figures`)."""
+    from reproductions.other_figures import other_figures
+
+    return other_figures()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench report``; prints the path of the index and returns 0.
 
@@ -64,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         raise ValueError(f"no result.json and no run directory under {args.paths}")
     warn_unreadable(unreadable)
+    expected = _expected_targets(results)
     index = render_reports(
         results,
         args.out,
         runs=runs,
         metrics=metrics,
-        expected=_expected_targets(results),
+        expected=expected,
         unreadable=unreadable,
+        others=_other_figures() if expected else [],
     )
     listed = [] if runs is None else runs.attrs.get("incomplete", [])
     n_runs = 0 if runs is None else len(runs)

@@ -129,6 +129,7 @@ def render_reports(
     metrics: pd.DataFrame | None = None,
     expected: Sequence[dict[str, str]] = (),
     unreadable: Sequence[dict[str, str]] = (),
+    others: Sequence[dict[str, str]] = (),
 ) -> Path:
     """Write ``<out_dir>/<paper>.html`` per paper, ``runs.html`` for ``runs``, and
     ``index.html``; return the index's path.
@@ -138,6 +139,9 @@ def render_reports(
     needs, instead of disappearing. ``unreadable`` lists the result files that could not be
     read (:func:`impl.report.results.load_results`): the index names each with its error,
     and an expected target whose only result is one of them says so instead of "not run".
+    ``others`` lists the papers' figures without a target of their own (``{"paper",
+    "figure", "shows", "where"}``): the index shows them in a table of their own, each with
+    where it is drawn instead or why it is not.
     """
     broken = {u["target"]: u for u in unreadable}
     out_dir = Path(out_dir)
@@ -241,6 +245,13 @@ def render_reports(
             )
         ],
     )
+    if others:
+        section.tables.append(
+            Table(
+                pd.DataFrame(list(others), columns=["paper", "figure", "shows", "where"]),
+                "the papers' other figures: where each is drawn, or why it is not",
+            )
+        )
     if index.empty:
         section.tables = []
         section.text = "No reproduction results: the paths given held no result.json" + (

@@ -11,9 +11,19 @@ row keeps the paper's epochs, batch, weight decay and drop at epoch 30 with SGD'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
+from reproductions.common import (
+    Row,
+    RunRecord,
+    Target,
+    bar_vs_paper,
+    curves_per_epoch,
+    described,
+    figures_of,
+    reproduce,
+)
 
 SPARSITIES = {"smoke": (60,), "cpu": (40, 80), "gpu": (20, 40, 60, 80), "paper": (20, 40, 60, 80)}
 
@@ -22,6 +32,11 @@ def epoch_of_convergence(run: RunRecord, base: RunRecord | None = None) -> float
     """First epoch (1-based) whose test top-1 is within 0.5 pp of the run's best."""
     best = max(m["test_top1"] for m in run.metrics)
     return float(next(i + 1 for i, m in enumerate(run.metrics) if m["test_top1"] >= best - 0.5))
+
+
+def _mask_or_dense(mask: str) -> Callable[[Row], bool]:
+    """Fig. 6's panel of ``mask``: dense and that mask at each target sparsity."""
+    return lambda row: row.label == "dense" or row.group.get("mask") == mask
 
 
 def rows(scale: str) -> list[Row]:
@@ -61,7 +76,19 @@ TARGET = Target(
     description=described(__doc__),
     rows=rows,
     metrics=("top1", "epoch_of_convergence", "true_sparsity"),
-    figures=bar_vs_paper("top1", "Top-1 per mask and target sparsity", "top-1 (%)"),
+    figures=figures_of(
+        bar_vs_paper("top1", "Top-1 per mask and target sparsity", "top-1 (%)"),
+        *(
+            curves_per_epoch(
+                "test_top1",
+                f"Fig. 6 ({side}): top-1 per epoch, {name} pruning",
+                "test top-1 (%)",
+                "Campfire Fig. 6",
+                rows=_mask_or_dense(mask),
+            )
+            for side, name, mask in (("left", "window", "window"), ("right", "CK", "ck"))
+        ),
+    ),
     extra_metrics={
         "epoch_of_convergence": ("epoch", epoch_of_convergence),
         "top1": ("%", lambda run, base: run.summary.get("best_top1")),

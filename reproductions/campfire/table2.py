@@ -12,7 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from reproductions.campfire import campfire_row, dense_row
-from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
+from reproductions.common import (
+    Row,
+    Target,
+    bar_vs_paper,
+    curves_per_epoch,
+    described,
+    figures_of,
+    reproduce,
+)
 
 GRID = [("ck", 40), ("ck", 30), ("ck", 20), ("combined", 40), ("combined", 30),
         ("combined", 20), ("window", 0), ("window", 30)]  # fmt: skip
@@ -40,13 +48,47 @@ def rows(scale: str) -> list[Row]:
     ]
 
 
+def _start_30(row: Row) -> bool:
+    """Fig. 4's top panels: dense and every mask pruning from paper epoch 30."""
+    return row.label == "dense" or row.group.get("start") == 30
+
+
+def _ck_starts(row: Row) -> bool:
+    """Fig. 4's bottom-left panel: dense and CK pruning to 70% from each start epoch."""
+    return row.label == "dense" or (row.group.get("mask") == "ck"
+                                    and row.group.get("sparsity") == 70)  # fmt: skip
+
+
 TARGET = Target(
     key="campfire.table2",
     title="Campfire Table 2: top-1 after 100 epochs (ResNet-50 v1.5, ImageNet)",
     description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
-    figures=bar_vs_paper("top1", "Top-1 after the full run", "top-1 (%)"),
+    figures=figures_of(
+        bar_vs_paper("top1", "Top-1 after the full run", "top-1 (%)"),
+        curves_per_epoch(
+            "test_top1",
+            "Fig. 4 (top left): top-1 per epoch, pruning from paper epoch 30",
+            "test top-1 (%)",
+            "Campfire Fig. 4",
+            rows=_start_30,
+        ),
+        curves_per_epoch(
+            "true_sparsity",
+            "Fig. 4 (top right): sparsity per epoch, pruning from paper epoch 30",
+            "zero weights of the pruned layers (fraction)",
+            "Campfire Fig. 4",
+            rows=_start_30,
+        ),
+        curves_per_epoch(
+            "test_top1",
+            "Fig. 4 (bottom left): CK pruning to 70% from different epochs",
+            "test top-1 (%)",
+            "Campfire Fig. 4",
+            rows=_ck_starts,
+        ),
+    ),
     notes=lambda scale: [
         "Start epochs and era lengths are the paper's, scaled to the run's epochs "
         "(e.g. start 30 of 100 is epoch 3 of 10 at cpu scale).",

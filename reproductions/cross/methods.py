@@ -30,6 +30,7 @@ from reproductions.common import (
     RowResult,
     RunRecord,
     Target,
+    epoch_curves,
     figure_rows,
     reproduce,
     row_metric,
@@ -166,12 +167,7 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
     )
     it = _by_kind(results, scale, "iter_ms", {"last epoch": "iter_ms", "whole run": "run_iter_ms"})
     cost = seed_pairs(results, "train_flops_saved", "delta_top1", scale)
-    curves = []
-    for res in results:
-        for run in res.runs:
-            for m in run.metrics:
-                curves.append({"row": res.row.label, "epoch": m.get("epoch") + 1,
-                               "test_top1": m.get("test_top1")})  # fmt: skip
+    curves = epoch_curves(results, "test_top1")
     return [
         FigureSpec(kind="tradeoff", x="train_flops_saved", y="delta_top1", hue="row", data=cost,
                    title="Accuracy against training cost",

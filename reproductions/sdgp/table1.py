@@ -34,7 +34,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from impl.ops.nm import RESCALE_EPS
-from reproductions.common import Row, Target, bar_vs_paper, described, reproduce
+from reproductions.common import (
+    Row,
+    Target,
+    bar_vs_paper,
+    curves_per_epoch,
+    described,
+    figures_of,
+    reproduce,
+)
 from reproductions.cross.methods import SEEDS
 
 # At cpu scale the cross-method table's seeds (its dense and rescaled 2:4 runs are these), so
@@ -147,7 +155,13 @@ TARGET = Target(
     description=described(__doc__),
     rows=rows,
     metrics=("top1", "delta_top1"),
-    figures=bar_vs_paper("top1", "Top-1 validation accuracy (%)", "top-1 (%)"),
+    figures=figures_of(
+        bar_vs_paper("top1", "Top-1 validation accuracy (%)", "top-1 (%)"),
+        curves_per_epoch(
+            "train_loss", "Fig. 6: training loss per epoch", "training loss", "SDGP Fig. 6"
+        ),
+        curves_per_epoch("test_top1", "Fig. 7: top-1 per epoch", "test top-1 (%)", "SDGP Fig. 7"),
+    ),
     notes=notes,
 )
 

@@ -32,7 +32,7 @@ from impl.report import (
     save_result,
     time_to_accuracy,
 )
-from impl.report.figures import t_interval
+from impl.report.figures import crowded_axis, figure_width, method_palette, t_interval
 from impl.report.html import Section, Table, provenance_rows
 from impl.report.pages import unfilled
 
@@ -226,6 +226,73 @@ def test_draw_every_kind_labels_axes(kind):
     fig = draw(kind, data, x="x", y="y", hue="h", title="T", xlabel="X label", ylabel="Y label")
     ax = fig.axes[0]
     assert ax.get_title() == "T" and ax.get_xlabel() == "X label" and ax.get_ylabel() == "Y label"
+
+
+def _colours(ax, kind):
+    """Each legend entry's colour, by label."""
+    legend = ax.get_legend()
+    handles = legend.legend_handles
+    out = {}
+    for text, handle in zip(legend.get_texts(), handles):
+        colour = handle.get_facecolor() if kind == "bar" else handle.get_color()
+        out[text.get_text()] = tuple(np.ravel(colour)[:3])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bar", "line"], ids=str)
+def test_a_method_keeps_its_colour_from_figure_to_figure(kind):
+    with_dense = pd.DataFrame({"x": [1, 1, 1], "y": [1.0, 2.0, 3.0],
+                               "m": ["dense", "clicktrain", "sdgp"]})  # fmt: skip
+    without = pd.DataFrame({"x": [1, 1], "y": [2.0, 3.0], "m": ["sdgp", "clicktrain"]})
+    a = _colours(draw(kind, with_dense, x="x", y="y", hue="m").axes[0], kind)
+    b = _colours(draw(kind, without, x="x", y="y", hue="m").axes[0], kind)
+    assert a["clicktrain"] == b["clicktrain"] and a["sdgp"] == b["sdgp"]
+    assert len(set(a.values())) == 3
+    # groups that are not all methods keep seaborn's order of appearance
+    assert method_palette(["dense", "other"]) is None
+    assert list(method_palette(["sdgp", "dense"])) == ["dense", "sdgp"]
+
+
+def test_the_legend_stands_beside_the_axes_and_zero_bars_are_marked():
+    data = pd.DataFrame({"x": ["a", "b", "a", "b"], "y": [0.0, 4.0, 3.0, 2.0],
+                         "h": ["p", "p", "q", "q"]})  # fmt: skip
+    fig = draw("bar", data, x="x", y="y", hue="h")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend_box = ax.get_legend().get_window_extent(renderer)
+    assert legend_box.x0 >= ax.get_window_extent(renderer).x1  # outside, to the right
+    labels = [t.get_text() for t in ax.texts]
+    assert labels.count("0") == 1  # the one zero bar, not the others
+    assert ax.get_legend().get_title().get_text() == "h"
+
+
+def test_a_schedule_is_drawn_in_steps():
+    data = pd.DataFrame({"epoch": [0, 20, 30], "batch": [128.0, 192.0, 224.0]})
+    stepped = draw("line", data, x="epoch", y="batch", steps=True).axes[0].lines[0]
+    assert stepped.get_drawstyle() == "steps-post"
+    assert draw("line", data, x="epoch", y="batch").axes[0].lines[0].get_drawstyle() == "default"
+
+
+def test_a_crowded_axis_widens_the_figure():
+    few = pd.DataFrame({"x": list("abc"), "y": [1.0, 2.0, 3.0]})
+    many = pd.DataFrame({"x": [f"layer{i}" for i in range(20)], "y": [1.0] * 20})
+    assert figure_width(few, "bar", "x") == 6.4 and figure_width(many, "line", "x") == 6.4
+    assert figure_width(many, "bar", "x") == pytest.approx(9.0)
+    fig = draw("bar", many, x="x", y="y")
+    assert fig.get_figwidth() == pytest.approx(9.0)
+    assert {t.get_rotation() for t in fig.axes[0].get_xticklabels()} == {45.0}
+    # few categories with long labels stand steeper without widening the figure
+    long = pd.DataFrame({"x": [f"combined, start {i}, sparsity 70%" for i in range(4)],
+                         "y": [1.0] * 4})  # fmt: skip
+    assert crowded_axis(long, "bar", "x") and not crowded_axis(few, "bar", "x")
+    assert not crowded_axis(many, "line", "x")
+    fig = draw("bar", long, x="x", y="y")
+    assert fig.get_figwidth() == pytest.approx(6.4)
+    assert {t.get_rotation() for t in fig.axes[0].get_xticklabels()} == {45.0}
+    assert {t.get_rotation() for t in draw("bar", few, x="x", y="y").axes[0].get_xticklabels()} == {
+        20.0
+    }
 
 
 def test_t_interval_is_the_students_t_interval_of_the_mean():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -672,7 +673,9 @@ def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_ax
                                                         ("fwd_ms", "Forward", "ms")]  # fmt: skip
     assert sorted((r["row"], r["top1"], r["source"]) for r in figs[0].data) == [
         ("a", 70.0, "paper"), ("a", 90.0, "ours (cpu)"), ("b", 80.0, "ours (cpu)")]  # fmt: skip
-    assert figs[0].caption == "Top-1; ours at scale cpu"
+    assert figs[0].caption == (  # ours and the paper's setups differ: the caption says so
+        "Top-1; ours at scale cpu (ours: ResNet-20 on digits (16x16 px); the paper's: m on d)"
+    )
     # a panel no run of ours fills: its numbers are the paper's, and it says so
     unrun = RowResult(row=results[0].row, error="needs the paper scale")
     only_paper = common.bar_vs_paper("top1", "Top-1", "%")([unrun], "cpu", paper)
@@ -806,6 +809,36 @@ def test_a_reproductions_index_lists_the_other_figures_and_a_plain_one_does_not(
     assert "no one-time selection variant" not in plain
 
 
+def test_a_change_figure_draws_the_papers_change_derived_from_its_top1s_and_names_setups():
+    import pandas as pd
+
+    paper = pd.DataFrame(
+        [{"model": "resnet50", "dataset": "imagenet", "method": m, "setting": "", "metric": "top1",
+          "value": v, "source": "Table 1"} for m, v in (("dense", 76.0), ("sdgp", 75.0))]
+    )  # fmt: skip
+    cfg = {"model": "resnet20", "data": "digits"}
+
+    def res(label, method, top1, baseline=None):
+        run = RunRecord(path=label, seed=0, summary={"top1": top1}, metrics=[], reused=True,
+                        config=cfg)  # fmt: skip
+        return RowResult(Row(label, method, baseline=baseline, paper={"method": method},
+                             metrics=("top1",) if baseline is None else None),
+                         runs=[run])  # fmt: skip
+
+    results = [res("dense", "dense", 99.0), res("sdgp", "sdgp", 98.5, baseline="dense")]
+    fig = common.bar_vs_paper("delta_top1", "Top-1 change", "pp")(results, "cpu", paper)[0]
+    assert sorted((r["row"], r["source"], r["delta_top1"]) for r in fig.data) == [
+        ("sdgp", "ours (cpu)", -0.5), ("sdgp", "paper", -1.0)]  # fmt: skip
+    assert fig.caption == (
+        "Top-1 change; ours at scale cpu (ours: ResNet-20 on digits; the paper's: ResNet-50 on "
+        "ImageNet)"
+    )
+    assert common.setup_caption(results, "cpu", paper) in fig.caption
+    same = [dataclasses.replace(r, runs=[dataclasses.replace(r.runs[0], config={
+        "model": "resnet50", "data": "imagenet"})]) for r in results]  # fmt: skip
+    assert common.setup_caption(same, "cpu", paper) == ""
+
+
 def test_a_description_says_what_each_scale_runs():
     from reproductions.clicktrain import fig10
 
@@ -829,9 +862,17 @@ def test_clicktrain_fig13_draws_the_papers_times_then_the_saving():
     times, saved = fig13.figures(results, "cpu", paper)
     assert (times.x, times.y, saved.y) == ("gpus", "ms", "saved")
     assert sorted((d["gpus"], d["source"], d["ms"]) for d in times.data) == [
-        (4, "ClickTrain, projected (cpu)", 8.0), (4, "dense, projected (cpu)", 10.0),
-        (8, "ClickTrain, projected (cpu)", 9.0), (8, "dense, projected (cpu)", 12.0)]  # fmt: skip
+        (4, "ClickTrain, ours, projected (cpu)", 8.0), (4, "dense, ours, projected (cpu)", 10.0),
+        (8, "ClickTrain, ours, projected (cpu)", 9.0),
+        (8, "dense, ours, projected (cpu)", 12.0)]  # fmt: skip
     assert {(d["gpus"], d["saved"]) for d in saved.data} == {(4, 20.0), (8, 25.0), (4, 23.9)}
+    # the run the projection starts from names its model: not the paper's ResNet-50 at cpu
+    run = RunRecord(path="ct", seed=0, summary={}, metrics=[], reused=True,
+                    config={"model": "resnet20", "data": "digits"})  # fmt: skip
+    trained = RowResult(row=Row("clicktrain", "clicktrain"), runs=[run])
+    _, saved = fig13.figures([trained, *results], "cpu", paper)
+    assert {d["source"] for d in saved.data} == {
+        "ours, ResNet-20 on digits, projected (cpu)", "paper resnet50"}  # fmt: skip
 
 
 def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
@@ -848,6 +889,7 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     res = RowResult(row=Row("PruneTrain, dynamic mini-batch"), runs=[run])
     memory, batch = fig9.figures([res], "cpu", pd.DataFrame(columns=["dataset"]))
     assert (memory.y, batch.y) == ("mib", "batch_size")
+    assert batch.steps and not memory.steps  # the batch changes in steps
     assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
         (0, 10.0), (1, 7.0), (2, 9.0)]  # fmt: skip
     assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}

@@ -18,6 +18,15 @@ from impl.report.stats import mean_ci95
 
 FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval", "tradeoff")
 IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
+#: One colour per method wherever a figure's groups are methods, so that a method keeps its
+#: colour from figure to figure (seaborn's default gives the first group drawn the first
+#: colour, and a figure without the dense run would shift every method's).
+METHOD_ORDER: tuple[str, ...] = ("dense", "clicktrain", "prunetrain", "sdgp", "campfire")
+#: Above this many categories on a bar or interval figure's x axis, the figure widens and its
+#: labels stand steeper, so that they do not run into each other; labels of more than
+#: CROWDED_CHARS characters in all stand steeper too.
+CROWDED_X = 8
+CROWDED_CHARS = 80
 
 
 def figure_data_uri(fig: Figure, fmt: str = "png", dpi: int = 110) -> str:
@@ -40,6 +49,55 @@ def t_interval(values: Any) -> tuple[float, float]:
     return low, high
 
 
+def method_palette(groups: Any) -> dict[str, Any] | None:
+    """A colour per group when every group is a method of :data:`METHOD_ORDER` (each method
+    the same colour in every figure); None otherwise (seaborn's order of appearance)."""
+    import seaborn as sns
+
+    names = [str(g) for g in pd.unique(pd.Series(list(groups)).dropna())]
+    if not names or not set(names) <= set(METHOD_ORDER):
+        return None
+    colors = sns.color_palette(n_colors=len(METHOD_ORDER))
+    return {m: colors[i] for i, m in enumerate(METHOD_ORDER) if m in names}
+
+
+def figure_width(data: pd.DataFrame, kind: str, x: str) -> float:
+    """Width of a figure in inches: 6.4, or wider for a bar or interval figure of more than
+    :data:`CROWDED_X` categories (0.45 in each, at most 14)."""
+    if kind in ("bar", "interval"):
+        n = data[x].nunique()
+        if n > CROWDED_X:
+            return min(14.0, max(6.4, 0.45 * n))
+    return 6.4
+
+
+def crowded_axis(data: pd.DataFrame, kind: str, x: str) -> bool:
+    """Whether a bar or interval figure's x labels would run into each other at 20 degrees:
+    more than :data:`CROWDED_X` categories, or more than :data:`CROWDED_CHARS` characters of
+    labels in all."""
+    if kind not in ("bar", "interval"):
+        return False
+    labels = [str(v) for v in pd.unique(data[x].dropna())]
+    return len(labels) > CROWDED_X or sum(map(len, labels)) > CROWDED_CHARS
+
+
+def _slant(ax: Any, crowded: bool) -> None:
+    """Tilt the x tick labels (20 degrees, 45 where the axis is crowded), right-aligned."""
+    for label in ax.get_xticklabels():
+        label.set_rotation(45 if crowded else 20)
+        label.set_horizontalalignment("right")
+
+
+def _mark_zero_bars(ax: Any) -> None:
+    """Write "0" at each bar of zero height, which would otherwise look like a bar without a
+    value."""
+    for container in ax.containers:
+        heights = [getattr(bar, "get_height", lambda: None)() for bar in container]
+        if any(h == 0 for h in heights):
+            labels = ["0" if h == 0 else "" for h in heights]
+            ax.bar_label(container, labels=labels, fontsize="x-small", padding=2)
+
+
 def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
@@ -54,7 +112,12 @@ def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> N
         raise ValueError("a tradeoff figure needs hue (one point per group)")
     data[x] = pd.to_numeric(data[x], errors="coerce")
     groups = list(data.groupby(hue, sort=False))
-    colors = sns.color_palette(n_colors=max(len(groups), 1))
+    by_method = method_palette(name for name, _ in groups)
+    colors = (
+        [by_method[str(name)] for name, _ in groups]
+        if by_method
+        else sns.color_palette(n_colors=max(len(groups), 1))
+    )
     for color, (name, g) in zip(colors, groups):
         xs, ys = g[x].dropna(), g[y].dropna()
         if xs.empty or ys.empty:
@@ -80,11 +143,13 @@ def draw(
     ylabel: str | None = None,
     logy: bool = False,
     logx: bool = False,
+    steps: bool = False,
 ) -> Figure:
     """One seaborn plot of ``data`` (``kind`` in :data:`FIGURE_KINDS`).
 
     ``bar``: mean of ``y`` per ``x`` (and ``hue``) with the standard deviation as error bar;
-    ``line``: ``y`` against ``x`` per ``hue``/``style`` (mean and sd band over repeats);
+    ``line``: ``y`` against ``x`` per ``hue``/``style`` (mean and sd band over repeats; with
+    ``steps``, each value held until the next ``x``, for a schedule that changes in steps);
     ``scatter``: points; ``interval``: mean of ``y`` per ``x`` (and ``hue``) with its 95%
     confidence interval (:func:`t_interval`) and a dashed line at ``y = 0``, for per-seed
     differences against a baseline; ``heatmap``: ``y`` is the value column, ``x`` the columns and
@@ -103,23 +168,25 @@ def draw(
         raise ValueError(f"columns {missing} not in the data (have {list(data.columns)})")
     data = data.copy()
     data[y] = pd.to_numeric(data[y], errors="coerce")
-    fig, ax = _new_figure()
+    width = figure_width(data, kind, x)
+    fig, ax = _new_figure(width)
+    palette = method_palette(data[hue]) if hue is not None else None
     if kind == "bar":
-        sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", ax=ax)
-        for label in ax.get_xticklabels():
-            label.set_rotation(20)
-            label.set_horizontalalignment("right")
+        sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", palette=palette, ax=ax)
+        _slant(ax, crowded_axis(data, kind, x))
+        _mark_zero_bars(ax)
     elif kind == "line":
-        sns.lineplot(data=data, x=x, y=y, hue=hue, style=style, marker="o", errorbar="sd", ax=ax)
+        sns.lineplot(data=data, x=x, y=y, hue=hue, style=style, marker="o", errorbar="sd",
+                     palette=palette, drawstyle="steps-post" if steps else "default",
+                     ax=ax)  # fmt: skip
     elif kind == "interval":
         sns.pointplot(data=data, x=x, y=y, hue=hue, errorbar=t_interval, linestyle="none",
-                      capsize=0.15, dodge=0.3 if hue else False, ax=ax)  # fmt: skip
+                      capsize=0.15, dodge=0.3 if hue else False, palette=palette,
+                      ax=ax)  # fmt: skip
         ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
-        for label in ax.get_xticklabels():
-            label.set_rotation(20)
-            label.set_horizontalalignment("right")
+        _slant(ax, crowded_axis(data, kind, x))
     elif kind == "scatter":
-        sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, ax=ax)
+        sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, palette=palette, ax=ax)
     elif kind == "tradeoff":
         _tradeoff(ax, data, x, y, hue)
     else:
@@ -135,9 +202,24 @@ def draw(
     ax.set_xlabel(xlabel if xlabel is not None else x)
     ax.set_ylabel(ylabel if ylabel is not None else y)
     if ax.get_legend() is not None and kind != "heatmap":
-        ax.legend(fontsize="small", title=hue)
+        # Beside the axes, not over them: a legend inside hid bars and points. With a style
+        # too, seaborn's legend holds a heading per mapping; one title would repeat hue's.
+        ax.legend(fontsize="small", title=hue if style is None else None, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # fmt: skip
     fig.tight_layout()
     return fig
 
 
-__all__ = ["FIGURE_KINDS", "IMAGE_FORMATS", "draw", "figure_data_uri", "t_interval"]
+__all__ = [
+    "CROWDED_CHARS",
+    "CROWDED_X",
+    "FIGURE_KINDS",
+    "IMAGE_FORMATS",
+    "METHOD_ORDER",
+    "crowded_axis",
+    "draw",
+    "figure_data_uri",
+    "figure_width",
+    "method_palette",
+    "t_interval",
+]

@@ -336,6 +336,7 @@ def result_section(result: ResultSet) -> Section:
             ylabel=spec.ylabel,
             logy=spec.logy,
             logx=spec.logx,
+            steps=spec.steps,
         )
         section.figures.append(
             FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)

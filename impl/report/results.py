@@ -66,6 +66,7 @@ class FigureSpec:
     logy: bool = False
     logx: bool = False
     caption: str = ""
+    steps: bool = False  # a line figure of a value that changes in steps (e.g. a schedule)
 
 
 @dataclass

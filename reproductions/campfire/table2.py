@@ -66,7 +66,9 @@ TARGET = Target(
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=figures_of(
-        bar_vs_paper("top1", "Top-1 after the full run", "top-1 (%)"),
+        bar_vs_paper(
+            "delta_top1", "Top-1 change vs dense after the full run", "top-1 - dense (points)"
+        ),
         curves_per_epoch(
             "test_top1",
             "Fig. 4 (top left): top-1 per epoch, pruning from paper epoch 30",

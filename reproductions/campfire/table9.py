@@ -41,7 +41,11 @@ TARGET = Target(
     description=described(__doc__),
     rows=rows,
     metrics=("top1", "top1_improvement"),
-    figures=bar_vs_paper("top1", "Top-1, last drop at 80", "top-1 (%)"),
+    figures=bar_vs_paper(
+        "top1_improvement",
+        "Top-1 gained by the last drop at 80 instead of 90",
+        "top-1 gained (points)",
+    ),
     extra_metrics={"top1_improvement": ("pp", improvement)},
     notes=lambda scale: [
         "At cpu scale the drops at 80 and 90 of 100 fall on epochs 8 and 9 of 10.",

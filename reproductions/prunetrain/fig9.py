@@ -76,7 +76,9 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
                        "batch sizes of the next figure."),
             FigureSpec(kind="line", x="epoch", y="batch_size", hue="source", data=data,
                        title="Mini-batch size over training", xlabel="epoch",
-                       ylabel="samples per batch")]  # fmt: skip
+                       ylabel="samples per batch", steps=True,
+                       caption="Each batch size holds from the epoch it is drawn at until the "
+                       "next change (the paper's schedule changes in steps).")]  # fmt: skip
 
 
 TARGET = Target(

@@ -156,7 +156,7 @@ TARGET = Target(
     rows=rows,
     metrics=("top1", "delta_top1"),
     figures=figures_of(
-        bar_vs_paper("top1", "Top-1 validation accuracy (%)", "top-1 (%)"),
+        bar_vs_paper("delta_top1", "Top-1 change vs dense", "top-1 - dense (points)"),
         curves_per_epoch(
             "train_loss", "Fig. 6: training loss per epoch", "training loss", "SDGP Fig. 6"
         ),

@@ -167,12 +167,12 @@ class TrainConfig:
             raise ValueError(f"threads must be >= 1 (unset: torch default), got {self.threads}")
         # torch's SGD and cross-entropy refuse these only once the run directory is written,
         # which then holds a run that neither a retry nor --resume can continue
-        if not 0 <= self.momentum < math.inf:
-            raise ValueError(f"momentum must be >= 0 and finite, got {self.momentum}")
+        if not 0 <= self.momentum < 1:  # from 1 on, SGD's steps grow without bound
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
-        if not 0 <= self.label_smoothing <= 1:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {self.label_smoothing}")
+        if not 0 <= self.label_smoothing < 1:  # at 1 every target is uniform: nothing to learn
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
             raise ValueError(
                 f"max_steps_per_epoch must be >= 1 (unset: whole epochs), "

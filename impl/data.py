@@ -732,6 +732,11 @@ def _cifar(name: str, data_dir: str | Path | None) -> _Arrays:
 # ----------------------------------------------------------------------------- synthetic
 
 
+#: The most memory the synthetic images may hold (uint8 pixels of both splits): a timing run
+#: needs no more, and a mistyped image size (2000) otherwise filled the machine's memory.
+SYNTHETIC_MAX_BYTES = 4 * 2**30
+
+
 def _synthetic(
     image_size: int, in_channels: int, num_classes: int, train_size: int, test_size: int
 ) -> _Arrays:
@@ -744,6 +749,13 @@ def _synthetic(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"synthetic {arg} must be an int >= {low}, got {value!r}")
+    held = (train_size + test_size) * in_channels * image_size**2  # uint8 pixels, in memory
+    if held > SYNTHETIC_MAX_BYTES:
+        raise ValueError(
+            f"synthetic data of {train_size + test_size} images of {in_channels}x{image_size}x"
+            f"{image_size} would hold {held / 2**30:.1f} GiB in memory (at most "
+            f"{SYNTHETIC_MAX_BYTES / 2**30:g} GiB): choose a smaller image_size"
+        )
     # Fixed seed: the data of a timing run does not depend on the run's seed.
     g = torch.Generator().manual_seed(SPLIT_SEED)
     shape = (in_channels, image_size, image_size)

@@ -146,16 +146,17 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def check_out_dir(run_dir: Path) -> None:
-    """Raise ValueError, before any work, when ``run_dir`` cannot become a run directory: a
-    file stands at it or at one of its parents, or the nearest existing parent is read-only."""
+def check_out_dir(run_dir: Path, flag: str = "--out") -> None:
+    """Raise ValueError, before any work, when ``run_dir`` cannot become a directory to write
+    in: a file stands at it or at one of its parents, or the nearest existing parent is
+    read-only. The message names the command-line ``flag`` that gave it."""
     parent = run_dir
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"--out {run_dir}: {parent} is a file, not a directory")
+        raise ValueError(f"{flag} {run_dir}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {run_dir}: {parent} is not writable")
+        raise ValueError(f"{flag} {run_dir}: {parent} is not writable")
 
 
 def refuse_existing_run(run_dir: Path, check_lock: bool = True) -> None:

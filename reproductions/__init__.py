@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if key not in TARGETS:
             raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
     check_scale_device(args.scale)
+    check_writable(args.runs_root, args.out)
     if args.data_dir:
         import os
 
@@ -218,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
                 failed)  # fmt: skip
     print(f"report: {index}")
     return report_failures(failed)
+
+
+def check_writable(runs_root: str | Path, out: str | Path) -> None:
+    """Refuse, before any run, a ``--runs-root`` or ``--out`` that cannot be written (a file
+    at it or above it, a read-only parent), which would otherwise fail after every run had
+    trained (:func:`impl.train.check_out_dir`). Raises ``ValueError`` naming the flag."""
+    from impl.train import check_out_dir
+
+    check_out_dir(Path(runs_root), "--runs-root")
+    check_out_dir(Path(out), "--out")
 
 
 def check_scale_device(scale: str) -> None:
@@ -249,6 +260,7 @@ def demo(
     training processes), then the HTML report of everything saved under ``runs_root``;
     prints and returns the index path and the wall time in seconds. Failed targets are
     appended to ``failed`` when given; ``progress``: a progress bar (on a terminal)."""
+    check_writable(runs_root, out)
     t0 = time.perf_counter()
     index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, progress=progress, failed=failed)
     print(f"demo ({scale} scale) finished in {time.perf_counter() - t0:.0f} s")
@@ -260,6 +272,7 @@ __all__ = [
     "DEMO_TARGETS",
     "TARGETS",
     "check_scale_device",
+    "check_writable",
     "demo",
     "expected_targets",
     "load_target",

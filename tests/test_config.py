@@ -53,13 +53,15 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"warmup_fraction": 1.0}, r"warmup_fraction must be in \[0, 1\)"),
         ({"warmup_fraction": -0.1}, r"warmup_fraction must be in \[0, 1\)"),
         ({"threads": 0}, "threads must be >= 1"),
-        ({"momentum": -0.5}, "momentum must be >= 0"),
+        ({"momentum": -0.5}, r"momentum must be in \[0, 1\)"),
+        ({"momentum": 1.5}, r"momentum must be in \[0, 1\)"),  # trained to 9.6e6 and "finished"
+        ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
         ({"weight_decay": -1.0}, "weight_decay must be >= 0"),
-        ({"label_smoothing": 2.0}, r"label_smoothing must be in \[0, 1\]"),
+        ({"label_smoothing": 2.0}, r"label_smoothing must be in \[0, 1\)"),
         ({"max_steps_per_epoch": 0}, "max_steps_per_epoch must be >= 1"),
         ({"max_steps_per_epoch": -1}, "max_steps_per_epoch must be >= 1"),
         ({"lr": float("inf")}, "lr must be > 0 and finite"),  # trained to NaN and "finished"
-        ({"momentum": float("inf")}, "momentum must be >= 0 and finite"),
+        ({"momentum": float("inf")}, r"momentum must be in \[0, 1\)"),
         ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite"),
     ],
     ids=[
@@ -77,6 +79,8 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "warmup-neg",
         "threads-0",
         "momentum-neg",
+        "momentum-1.5",
+        "label-smoothing-1",
         "weight-decay-neg",
         "label-smoothing-2",
         "max-steps-0",

@@ -823,3 +823,13 @@ def test_derived_seed_is_a_63_bit_function_of_its_words():
     seeds = {derived_seed(0, e, s) for e in range(4) for s in range(3)}
     assert len(seeds) == 12 and all(0 <= x < 2**63 for x in seeds)
     assert derived_seed(5, 1, 2) == derived_seed(5, 1, 2) != derived_seed(5, 2, 1)
+
+
+def test_synthetic_data_too_big_for_memory_is_refused_before_it_is_made():
+    from impl.data import SYNTHETIC_MAX_BYTES
+
+    with pytest.raises(ValueError, match=r"would hold 28\.6 GiB in memory \(at most 4 GiB\)"):
+        make_loaders("synthetic", batch_size=8, image_size=2000)  # 2048 + 512 images
+    assert SYNTHETIC_MAX_BYTES == 4 * 2**30
+    loaders = make_loaders("synthetic", batch_size=8, image_size=8, train_size=16, test_size=8)
+    assert loaders[2].image_size == 8  # a small one is made

@@ -488,6 +488,19 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
         reproductions.load_target("nope.table1")
 
 
+def test_an_unwritable_out_or_runs_root_is_refused_before_any_run(tmp_path, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    ran = []
+    monkeypatch.setattr(reproductions, "run", lambda *a, **k: ran.append(a))
+    for flag in ("--out", "--runs-root"):
+        with pytest.raises(ValueError, match=f"^{flag} {afile}/x: {afile} is a file"):
+            reproductions.main(["sdgp.table1", "--scale", "smoke", flag, str(afile / "x")])
+    with pytest.raises(ValueError, match="--out .*is a file"):
+        reproductions.demo("smoke", out=afile, runs_root=tmp_path / "runs")
+    assert ran == []  # refused before any target ran
+
+
 def test_a_broken_figure_is_listed_and_the_table_kept(tmp_path):
     def broken(results, scale, paper):
         raise KeyError("no such column")

@@ -746,6 +746,22 @@ def paper_delta(
     return round(a - b, 6), f"{source} (derived: {a:g} - {b:g})"
 
 
+def paper_number(
+    paper: Any, matched: Any, metric: str, row: Row, base: RowResult | None
+) -> tuple[float | None, str]:
+    """The paper's number of ``metric`` for ``row`` and its source: the one published row
+    ``matched`` (its selector's lookup), else, where nothing matched, the change against the
+    baseline ``base`` derived from the paper's two top-1s (:func:`paper_delta`); ``(None,
+    sources)`` where several rows matched or none can be derived."""
+    value = float(matched["value"].iloc[0]) if len(matched) == 1 else None
+    source = "; ".join(sorted(set(matched["source"]))) if len(matched) else ""
+    if not len(matched) and base is not None:
+        derived = paper_delta(paper, metric, row.paper, base.row.paper)
+        if derived is not None:
+            return derived
+    return value, source
+
+
 def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[dict[str, Any]]:
     """Comparison rows (ours beside the paper's number) for every row and metric, plus the
     paper's rows that no row of ours stands for (ours empty, so nothing is dropped)."""
@@ -760,12 +776,7 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             matched = lookup(paper, metric=metric, **row.paper) if row.paper else paper.iloc[0:0]
             if len(matched) == 1:
                 used.update(matched.index.tolist())
-            paper_value = float(matched["value"].iloc[0]) if len(matched) == 1 else None
-            source = "; ".join(sorted(set(matched["source"]))) if len(matched) else ""
-            if not len(matched) and base is not None:
-                derived = paper_delta(paper, metric, row.paper, base.row.paper)
-                if derived is not None:
-                    paper_value, source = derived
+            paper_value, source = paper_number(paper, matched, metric, row, base)
             note = ""
             if len(matched) > 1:
                 note = f"{len(matched)} paper rows match; see the paper's rows below"
@@ -982,11 +993,8 @@ def ours_vs_paper_records(
         if not res.row.paper:
             continue
         matched = lookup(paper, metric=metric, **res.row.paper)
-        value = float(matched["value"].iloc[0]) if len(matched) == 1 else None
         base = next((r for r in results if r.row.label == res.row.baseline), None)
-        if not len(matched) and base is not None:  # a change the paper gives as two top-1s
-            derived = paper_delta(paper, metric, res.row.paper, base.row.paper)
-            value = derived[0] if derived is not None else None
+        value, _ = paper_number(paper, matched, metric, res.row, base)
         if value is not None:
             rec = {"row": res.row.label, metric: value, "source": "paper"}
             rec.update(res.row.group)

@@ -675,7 +675,7 @@ def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_ax
 
     paper = pd.DataFrame(
         [{"model": "m", "dataset": "d", "method": "dense", "setting": "", "metric": "top1",
-          "value": 70.0}]
+          "value": 70.0, "source": "Fig. 1"}]
     )  # fmt: skip
     results = [_record("a", 90.0), _record("b", 80.0)]
     results[0].row.paper = {"model": "m"}
@@ -847,6 +847,14 @@ def test_a_change_figure_draws_the_papers_change_derived_from_its_top1s_and_name
         "ImageNet)"
     )
     assert common.setup_caption(results, "cpu", paper) in fig.caption
+    # the rule both the table and the figure read the paper's number by
+    none = paper.iloc[0:0]
+    assert common.paper_number(paper, none, "delta_top1", results[1].row, results[0]) == (
+        -1.0, "Table 1 (derived: 75 - 76)")  # fmt: skip
+    assert common.paper_number(paper, none, "delta_top1", results[1].row, None) == (None, "")
+    one = paper.iloc[1:2]
+    assert common.paper_number(paper, one, "top1", results[1].row, results[0]) == (75.0, "Table 1")
+    assert common.paper_number(paper, paper, "top1", results[1].row, None) == (None, "Table 1")
     same = [dataclasses.replace(r, runs=[dataclasses.replace(r.runs[0], config={
         "model": "resnet50", "data": "imagenet"})]) for r in results]  # fmt: skip
     assert common.setup_caption(same, "cpu", paper) == ""

@@ -23,24 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _expected_targets(results: list) -> list[dict[str, str]]:
+def _reproduction_index(results: list) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Every reproduction target, where the results hold one: the pages then list a target
     without a result as missing, as ``pdtbench reproduce`` renders them (reports read saved
-    results and list what is missing instead of hiding it); nothing for other results."""
+    results and list what is missing instead of hiding it), and the papers' figures without a
+    target (:func:`reproductions.other_figures.other_figures`); nothing for other results."""
     from reproductions import TARGETS, expected_targets
+    from reproductions.other_figures import other_figures
 
     scales = {r.scale for r in results if r.target in TARGETS}
     if not scales:
-        return []
-    return expected_targets(scales.pop() if len(scales) == 1 else "cpu")
-
-
-def _other_figures() -> list[dict[str, str]]:
-    """The papers' figures without a reproduction target, for the index of reproductions'
-    results (:func:`reproductions.other_figures.other_figures`)."""
-    from reproductions.other_figures import other_figures
-
-    return other_figures()
+        return [], []
+    return expected_targets(scales.pop() if len(scales) == 1 else "cpu"), other_figures()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         raise ValueError(f"no result.json and no run directory under {args.paths}")
     warn_unreadable(unreadable)
-    expected = _expected_targets(results)
+    expected, others = _reproduction_index(results)
     index = render_reports(
         results,
         args.out,
@@ -80,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics,
         expected=expected,
         unreadable=unreadable,
-        others=_other_figures() if expected else [],
+        others=others,
     )
     listed = [] if runs is None else runs.attrs.get("incomplete", [])
     n_runs = 0 if runs is None else len(runs)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from impl.report.stats import mean_ci95
@@ -92,9 +93,8 @@ def _mark_zero_bars(ax: Any) -> None:
     """Write "0" at each bar of zero height, which would otherwise look like a bar without a
     value."""
     for container in ax.containers:
-        heights = [getattr(bar, "get_height", lambda: None)() for bar in container]
-        if any(h == 0 for h in heights):
-            labels = ["0" if h == 0 else "" for h in heights]
+        if isinstance(container, BarContainer) and (container.datavalues == 0).any():
+            labels = ["0" if h == 0 else "" for h in container.datavalues]
             ax.bar_label(container, labels=labels, fontsize="x-small", padding=2)
 
 

@@ -37,6 +37,10 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 ## Benchmarks on one GPU: tidy rows, pytest-benchmark JSON, asv results and HTML.
+## asv --quick runs each benchmark once: a time_op value is one call (after one untimed call
+## in setup), not a median; the track_ values are medians over many calls (bench.measure, CUDA
+## events), and so are the tidy rows of bench.run: read those for the figures. (Without
+## --quick asv samples each of the gpu grid's 335 time pairs for up to 20 s.)
 bench-gpu: $(STAMP)
 	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune --suite pack --suite iteration
 	PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json

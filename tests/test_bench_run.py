@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,29 @@ def test_asv_discovers_only_the_asv_modules():
     ):
         assert expected in names
     assert not (Path(REPO_ROOT) / "bench" / "pytest_suite" / "__init__.py").exists()
+
+
+#: Units of the asv tracks where a larger value is better (asv reads every value as lower is
+#: better, so a faster kernel would be flagged as a regression).
+HIGHER_IS_BETTER_UNITS = {"TFLOP/s", "GB/s", "fraction"}
+
+
+def test_asv_regression_search_skips_every_higher_is_better_track():
+    discovery = pytest.importorskip("asv_runner.discovery")
+    conf = json.loads((REPO_ROOT / "asv.conf.json").read_text())
+    skipped = [
+        rx for rx, start in conf.get("regressions_first_commits", {}).items() if start is None
+    ]
+
+    def excluded(name: str) -> bool:  # asv's own test: re.match on "name(params)"
+        return any(re.match(rx, f"{name}(case, impl)") for rx in skipped)
+
+    tracks = [b for b in discovery.disc_benchmarks(str(REPO_ROOT / "bench")) if b.type == "track"]
+    rates = [b.name for b in tracks if b.unit in HIGHER_IS_BETTER_UNITS]
+    others = [b.name for b in tracks if b.unit not in HIGHER_IS_BETTER_UNITS]
+    assert rates and others
+    assert [n for n in rates if not excluded(n)] == []
+    assert [n for n in others if excluded(n)] == []  # times and bytes keep their search
 
 
 def test_summary_shows_peak_memory_where_rows_have_it():

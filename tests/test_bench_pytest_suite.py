@@ -230,3 +230,27 @@ def test_iterations_get_the_warm_up_and_rounds_that_bench_run_gives_them(monkeyp
     rec = _Recorder()
     helpers.run_benchmark(rec, case, impl)
     assert (rec.rounds, rec.warmup_rounds) == (4, 3)
+
+
+def test_saved_benchmarks_name_their_case_group_and_shapes(tmp_path):
+    # the parameters were Case and Impl objects, which pytest-benchmark saved as
+    # "UNSERIALIZABLE[...]", every benchmark in one group (null), and no shape in extra_info
+    out = tmp_path / "pb.json"
+    env = {**os.environ, "PDTBENCH_BENCH_SMALL": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         "bench/pytest_suite/test_kernels_bench.py", "-k", "test_csr and 37x13x3x3-s95",
+         "--benchmark-only", "--benchmark-json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = json.loads(out.read_text())["benchmarks"]
+    assert len(saved) >= 3  # pattern_csr, torch's to_sparse_csr, the copy, scipy
+    assert "UNSERIALIZABLE" not in json.dumps(saved)
+    assert {b["group"] for b in saved} == {"csr/37x13x3x3-s95"}
+    impls = {b["params"]["impl"] for b in saved}
+    assert {"pattern_csr[ref]@cpu", "copy@cpu"} <= impls
+    for b in saved:
+        assert b["params"]["case"] == "37x13x3x3-s95"
+        assert b["extra_info"]["case_params"]["weight_shape"] == [37, 13, 3, 3]
+        assert b["extra_info"]["baseline"] == (b["params"]["impl"] != "pattern_csr[ref]@cpu")

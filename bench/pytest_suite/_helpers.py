@@ -17,6 +17,7 @@ EXTRA = (
     "case",
     "impl",
     "impl_label",
+    "baseline",
     "device",
     "math",
     "dtype",
@@ -63,10 +64,16 @@ def _median_ms(benchmark: Any) -> float | None:
 def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[str, Any] | None:
     """Time one pair with pytest-benchmark; put the row's derived figures in ``extra_info``.
 
-    Each round is one call (all phases), synchronised on a GPU. With
+    Each round is one call (all phases), synchronised on a GPU. The benchmark's group is
+    ``suite/case`` (pytest-benchmark's table puts a case's implementations together) and its
+    params the two names. With
     ``--benchmark-disable`` the call runs once and nothing is derived (returns None).
     """
     prepared = prepare(case, impl)
+    # one table per case, its implementations side by side; names, not the objects
+    # pytest-benchmark would save as "UNSERIALIZABLE[...]"
+    benchmark.group = f"{case.suite}/{case.name}"
+    benchmark.params = {"case": case.name, "impl": impl.name}
     cfg = cases.scale_config(SCALE)
     counter = itertools.count()
 
@@ -96,6 +103,7 @@ def run_benchmark(benchmark: Any, case: cases.Case, impl: cases.Impl) -> dict[st
         timings = cases.measure_prepared(prepared, SCALE)
     row = cases.fill_row(cases.base_row(case, impl, SCALE), prepared, timings, impl)
     benchmark.extra_info.update({k: row.get(k) for k in EXTRA if k in row})
+    benchmark.extra_info["case_params"] = dict(case.params)  # shapes, sparsity, N:M, model
     for key in ("forward_ms", "backward_ms", "step_ms", "iteration_ms"):
         if key in row:
             benchmark.extra_info[key] = row[key]

@@ -456,6 +456,32 @@ def check_filter(
     )
 
 
+#: A 1-minute load average above this fraction of the CPU cores, before a CPU-timing run
+#: starts, is warned of: other work on the cores slows (and spreads) the CPU medians.
+BUSY_LOAD_FRACTION = 0.5
+
+
+def load_warning(scale: str, load_1m: float | None = None, cores: int | None = None) -> str:
+    """A warning (empty when none) that the CPU is already loaded before CPU timings start:
+    the 1-minute load average (``os.getloadavg``, processes) over the cores torch may use.
+    GPU-scale runs time the GPU and are not warned."""
+    if cases.resolve_scale(scale) == "gpu":
+        return ""
+    if load_1m is None:
+        try:
+            load_1m = os.getloadavg()[0]
+        except OSError:  # not available on this platform
+            return ""
+    cores = cores or os.cpu_count() or 1
+    if load_1m <= BUSY_LOAD_FRACTION * cores:
+        return ""
+    return (
+        f"the 1-minute load average is {load_1m:.2f} on {cores} cores before timing starts: "
+        "other work shares the CPU, so CPU medians will be slower and noisier (each row "
+        "records load_avg_1m); run on an idle machine for numbers to keep"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of ``python -m bench.run``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
@@ -484,6 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if "calibration" not in suites:
         suites = ["calibration", *suites]
+    busy = load_warning(args.scale)
+    if busy:
+        print(f"python -m bench.run: warning: {busy}", file=sys.stderr)
     try:
         with terminate_gracefully():
             rows = run(args.scale, args.out, suites, args.match, args.cases)

@@ -436,3 +436,11 @@ def test_check_filter_shortens_long_lists_and_passes_what_selects_something():
     run.check_filter("smoke", ["csr", "spmm"], case_names=["37x13x3x3-s95"])  # one suite has it
     run.check_filter("smoke", ["calibration"], match="zzz")  # calibration alone: never filtered
     run.check_filter("smoke", ["csr"])  # no filter
+
+
+def test_a_loaded_cpu_is_warned_of_before_cpu_timings():
+    assert run.load_warning("cpu", load_1m=0.3, cores=2) == ""
+    busy = run.load_warning("cpu", load_1m=1.8, cores=2)
+    assert "1.80 on 2 cores" in busy and "load_avg_1m" in busy
+    assert run.load_warning("smoke", load_1m=1.8, cores=2) != ""
+    assert run.load_warning("gpu", load_1m=40.0, cores=2) == ""  # times the GPU

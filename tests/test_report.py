@@ -274,6 +274,19 @@ def test_a_schedule_is_drawn_in_steps():
     assert draw("line", data, x="epoch", y="batch").axes[0].lines[0].get_drawstyle() == "default"
 
 
+def test_an_amount_starts_its_axis_at_zero():
+    data = pd.DataFrame({"epoch": [0, 1, 2], "mib": [15.0, 14.8, 14.3]})
+    assert draw("line", data, x="epoch", y="mib").axes[0].get_ylim()[0] > 14.0
+    assert draw("line", data, x="epoch", y="mib", y_from_zero=True).axes[0].get_ylim()[0] == 0
+
+
+def test_a_heatmap_cell_with_no_value_says_not_run():
+    data = pd.DataFrame({"m": [4, 8, 8], "r": ["r=2", "r=2", "r=8"], "top1": [99.2, 98.6, 98.3]})
+    ax = draw("heatmap", data, x="m", y="top1", hue="r").axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("not run") == 1 and "99.2" in texts
+
+
 def test_a_crowded_axis_widens_the_figure():
     few = pd.DataFrame({"x": list("abc"), "y": [1.0, 2.0, 3.0]})
     many = pd.DataFrame({"x": [f"layer{i}" for i in range(20)], "y": [1.0] * 20})

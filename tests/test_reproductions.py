@@ -906,15 +906,25 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
                 "iteration_memory_bytes": m * mib, "memory_budget_bytes": 10 * mib}
                for e, (b, m) in enumerate([(32, 10), (64, 7), (64, 9)])]  # fmt: skip
     run = RunRecord(path="p", seed=3, summary={}, metrics=metrics, reused=True,
-                    config={"batch_size": 32})  # fmt: skip
+                    config={"batch_size": 32, "epochs": 4})  # fmt: skip
     res = RowResult(row=Row("PruneTrain, dynamic mini-batch"), runs=[run])
-    memory, batch = fig9.figures([res], "cpu", pd.DataFrame(columns=["dataset"]))
+    paper = pd.DataFrame(
+        [
+            {"dataset": "cifar100", "setting": "from epoch 91", "value": 256.0},
+            {"dataset": "imagenet", "setting": "from epoch 30", "value": 128.0},
+        ]
+    )
+    memory, batch = fig9.figures([res], "cpu", paper)
     assert (memory.y, batch.y) == ("mib", "batch_size")
     assert batch.steps and not memory.steps  # the batch changes in steps
+    assert memory.y_from_zero and not batch.y_from_zero  # a memory drop is not magnified
+    # both runs span the same axis: the share of their epochs (ours 4, the paper's 182)
+    assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 50.0]
+    assert batch.data[-1]["source"] == "paper (CIFAR-100)"
     assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
         (0, 10.0), (1, 7.0), (2, 9.0)]  # fmt: skip
     assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}
-    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0]
+    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 256.0]
 
 
 def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():

@@ -10,6 +10,7 @@ import base64
 import io
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import BarContainer
@@ -144,6 +145,7 @@ def draw(
     logy: bool = False,
     logx: bool = False,
     steps: bool = False,
+    y_from_zero: bool = False,
 ) -> Figure:
     """One seaborn plot of ``data`` (``kind`` in :data:`FIGURE_KINDS`).
 
@@ -153,10 +155,13 @@ def draw(
     ``scatter``: points; ``interval``: mean of ``y`` per ``x`` (and ``hue``) with its 95%
     confidence interval (:func:`t_interval`) and a dashed line at ``y = 0``, for per-seed
     differences against a baseline; ``heatmap``: ``y`` is the value column, ``x`` the columns and
-    ``hue`` the rows of the grid; ``tradeoff``: one labelled point per ``hue`` group at the
+    ``hue`` the rows of the grid (a cell with no value is grey and says "not run");
+    ``tradeoff``: one labelled point per ``hue`` group at the
     means of ``x`` and ``y`` over its repeats, with the 95% confidence interval of each as
     error bars and a dashed line at ``y = 0`` (e.g. top-1 change against FLOPs saved, one point
-    per method). Raises ``ValueError`` on an unknown kind or missing column.
+    per method). ``y_from_zero`` starts the value axis at 0 (an amount such as memory, whose
+    changes a cropped axis would magnify). Raises ``ValueError`` on an unknown kind or missing
+    column.
     """
     import seaborn as sns
 
@@ -194,10 +199,16 @@ def draw(
             raise ValueError("a heatmap needs hue (the row labels)")
         grid = data.pivot_table(index=hue, columns=x, values=y, aggfunc="mean")
         sns.heatmap(grid, annot=True, fmt=".1f", cmap="viridis", ax=ax)
+        ax.set_facecolor("0.9")
+        for i, j in zip(*np.nonzero(grid.isna().to_numpy())):
+            ax.text(j + 0.5, i + 0.5, "not run", ha="center", va="center", color="0.35",
+                    fontsize="small")  # fmt: skip
     if logy:
         ax.set_yscale("log")
     if logx:
         ax.set_xscale("log")
+    if y_from_zero:
+        ax.set_ylim(bottom=0.0)
     ax.set_title(title)
     ax.set_xlabel(xlabel if xlabel is not None else x)
     ax.set_ylabel(ylabel if ylabel is not None else y)

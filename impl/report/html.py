@@ -337,6 +337,7 @@ def result_section(result: ResultSet) -> Section:
             logy=spec.logy,
             logx=spec.logx,
             steps=spec.steps,
+            y_from_zero=spec.y_from_zero,
         )
         section.figures.append(
             FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)

@@ -67,6 +67,7 @@ class FigureSpec:
     logx: bool = False
     caption: str = ""
     steps: bool = False  # a line figure of a value that changes in steps (e.g. a schedule)
+    y_from_zero: bool = False  # an amount (memory, time) whose axis should start at 0
 
 
 @dataclass

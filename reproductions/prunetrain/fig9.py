@@ -12,7 +12,12 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
-from reproductions.prunetrain import IMAGENET_GPUS, epoch_batches, unchanged_batch_note
+from reproductions.prunetrain import (
+    IMAGENET_GPUS,
+    PAPER_CIFAR_EPOCHS,
+    epoch_batches,
+    unchanged_batch_note,
+)
 from reproductions.prunetrain.table4 import rows as table4_rows
 
 
@@ -51,13 +56,15 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         if "dynamic" not in r.row.label:
             continue
         for run in r.runs:
+            epochs = run.config.get("epochs") or len(run.metrics)
             for m, batch in zip(run.metrics, epoch_batches(run)):  # 0-based, as the paper's
-                data.append({"epoch": m["epoch"], "batch_size": batch,
+                data.append({"training_pct": 100.0 * m["epoch"] / epochs, "batch_size": batch,
                              "source": f"ours ({scale}), seed {run.seed}"})  # fmt: skip
     for p in paper.to_dict("records"):
         if p["dataset"] == "cifar100":
-            data.append({"epoch": int(p["setting"].split()[-1]), "batch_size": p["value"],
-                         "source": "paper (CIFAR-100)"})  # fmt: skip
+            epoch = int(p["setting"].split()[-1])
+            data.append({"training_pct": 100.0 * epoch / PAPER_CIFAR_EPOCHS,
+                         "batch_size": p["value"], "source": "paper (CIFAR-100)"})  # fmt: skip
     memory = [
         {"epoch": m["epoch"], "mib": m[key] / 2**20, "source": f"{what} ({scale}), seed {run.seed}"}
         for r in results
@@ -69,16 +76,18 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
     ]
     return [FigureSpec(kind="line", x="epoch", y="mib", hue="source", data=memory,
                        title="Memory of one training iteration", xlabel="epoch",
-                       ylabel="MiB per iteration",
+                       ylabel="MiB per iteration", y_from_zero=True,
                        caption="The paper's axis (Fig. 9): the memory one iteration of the "
                        "epoch's pruned model at the epoch's batch needs, beside the budget "
                        "the batch grows within; the paper prints no memory values, only the "
                        "batch sizes of the next figure."),
-            FigureSpec(kind="line", x="epoch", y="batch_size", hue="source", data=data,
-                       title="Mini-batch size over training", xlabel="epoch",
+            FigureSpec(kind="line", x="training_pct", y="batch_size", hue="source", data=data,
+                       title="Mini-batch size over training", xlabel="% of training (epochs)",
                        ylabel="samples per batch", steps=True,
                        caption="Each batch size holds from the epoch it is drawn at until the "
-                       "next change (the paper's schedule changes in steps).")]  # fmt: skip
+                       "next change (the paper's schedule changes in steps). The axis is the "
+                       f"share of each run's epochs ({PAPER_CIFAR_EPOCHS} in the paper's, "
+                       f"fewer in ours at {scale} scale), so that both span it.")]  # fmt: skip
 
 
 TARGET = Target(

@@ -274,6 +274,16 @@ def test_a_schedule_is_drawn_in_steps():
     assert draw("line", data, x="epoch", y="batch").axes[0].lines[0].get_drawstyle() == "default"
 
 
+def test_a_log_axis_under_a_decade_labels_plain_numbers():
+    short = pd.DataFrame({"s": [55, 75, 90], "t": [29.0, 17.0, 9.0]})
+    axis = draw("line", short, x="s", y="t", logy=True).axes[0].yaxis
+    assert axis.get_minor_formatter()(20.0, 0) == "20"  # not "2 x 10^1"
+    assert axis.get_major_formatter()(10.0, 0) == "10"
+    wide = pd.DataFrame({"s": [55, 75, 90], "t": [290.0, 17.0, 0.9]})
+    axis = draw("line", wide, x="s", y="t", logy=True).axes[0].yaxis
+    assert "10^" in axis.get_major_formatter()(100.0, 0)  # decades keep their powers
+
+
 def test_an_amount_starts_its_axis_at_zero():
     data = pd.DataFrame({"epoch": [0, 1, 2], "mib": [15.0, 14.8, 14.3]})
     assert draw("line", data, x="epoch", y="mib").axes[0].get_ylim()[0] > 14.0

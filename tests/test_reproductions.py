@@ -1642,7 +1642,7 @@ def test_clicktrain_fig9_names_the_matrix_it_timed_and_no_training_notes(tmp_pat
 
     result = run_target(fig9.TARGET, "smoke", tmp_path, log=lambda *a: None)
     assert "convert the 32 x 144 filter matrix (the paper's is 256 x 1152)" in result.description
-    assert result.figures[0].caption.startswith("32 x 144 filter matrix; median over")
+    assert result.figures[0].caption.startswith("32 x 144 filter matrix; ours the median over")
     notes = " ".join(result.notes)
     assert result.notes[0] == common.SMOKE_MEASURE_NOTE
     assert "near chance" not in notes and "runs trained" not in notes
@@ -1752,3 +1752,21 @@ def test_a_seed_with_a_nonfinite_value_is_left_out_of_the_pairs():
                        runs=[run(0, 98.0, 2.0), run(1, math.nan, 3.0)])  # fmt: skip
     pairs = seed_pairs([dense, method], "compression_ratio", "delta_top1", "cpu")
     assert [p["seed"] for p in pairs] == [0]
+
+
+def test_clicktrain_fig9_draws_the_papers_conversion_times_beside_ours():
+    from reproductions.clicktrain import fig9
+    from reproductions.published import paper_values
+
+    measured = {"conversion_time": 1200.0, "pattern_conversion_time": 400.0,
+                "device": "AMD EPYC", "shape": "256x1152"}  # fmt: skip
+    res = RowResult(row=Row("generic dense->CSR"), measured=measured)
+    (spec,) = fig9.figures([res], "cpu", paper_values("clicktrain", "fig9"))
+    bars = {(d["source"], d["converter"]): d["time_us"] for d in spec.data}
+    assert bars == {
+        ("ours (cpu, AMD EPYC)", "generic dense-to-CSR"): 1200.0,
+        ("ours (cpu, AMD EPYC)", "pattern CSR"): 400.0,
+        ("paper (Quadro RTX 5000)", "generic dense-to-CSR"): 800.0,  # Fig. 9, Sec. 5.1
+        ("paper (Quadro RTX 5000)", "pattern CSR"): 200.0,  # derived: 800 us / 4x
+    }
+    assert spec.hue == "source" and "derived" in spec.caption

@@ -131,6 +131,20 @@ def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> N
     ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
 
 
+def _plain_short_log_ticks(axis: Any, values: pd.Series) -> None:
+    """On a log axis whose data span less than a decade, label the ticks as plain numbers
+    (matplotlib's default there is "3 x 10^1" on a few minor ticks only)."""
+    from matplotlib.ticker import FuncFormatter
+
+    v = pd.to_numeric(values, errors="coerce")
+    v = v[v > 0]
+    if v.empty or v.max() >= 10 * v.min():
+        return
+    plain = FuncFormatter(lambda value, _pos: f"{value:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain)
+
+
 def draw(
     kind: str,
     data: pd.DataFrame,
@@ -205,8 +219,10 @@ def draw(
                     fontsize="small")  # fmt: skip
     if logy:
         ax.set_yscale("log")
+        _plain_short_log_ticks(ax.yaxis, data[y])
     if logx:
         ax.set_xscale("log")
+        _plain_short_log_ticks(ax.xaxis, data[x])
     if y_from_zero:
         ax.set_ylim(bottom=0.0)
     ax.set_title(title)

@@ -1770,3 +1770,39 @@ def test_clicktrain_fig9_draws_the_papers_conversion_times_beside_ours():
         ("paper (Quadro RTX 5000)", "pattern CSR"): 200.0,  # derived: 800 us / 4x
     }
     assert spec.hue == "source" and "derived" in spec.caption
+
+
+def test_campfire_table6_draws_the_papers_fgsm_curves_for_the_models_ours_trained():
+    from reproductions.campfire import table6
+    from reproductions.published import paper_values
+
+    paper = paper_values("campfire", "table6")
+    assert len(table6.figures([], "cpu", paper)[1].data) == 42  # 7 models x 6 epsilons
+    results = [
+        RowResult(row=Row(f"{m}, eps {e}", group={"model": m, "eps": e}),
+                  measured={f"eps_{e}": [v]})
+        for m in ("dense", "ck, start 30, sparsity 70%") for e, v in ((0.05, 80.0), (0.1, 40.0))
+    ]  # fmt: skip
+    ours, published = table6.figures(results, "cpu", paper)
+    assert [(d["model"], d["eps"]) for d in ours.data][:2] == [("dense", 0.05), ("dense", 0.1)]
+    assert [d["model"] for d in published.data] == ["dense"] * 6 + [
+        "ck, start 30, sparsity 70%"
+    ] * 6
+    first = next(d for d in published.data if d["eps"] == 0.05)
+    assert first["top1"] == 41.71  # Table 6, Sec. 4.2: dense at epsilon 0.05
+
+
+def test_prunetrain_table2_draws_the_speedup_beside_the_papers():
+    from reproductions.prunetrain import table2
+    from reproductions.published import paper_values
+
+    results = [
+        RowResult(row=Row(f"{who}, batch {b}", group={"batch": b}),
+                  measured={"dense": 100.0, "prunetrain": 90.0, "speedup": 0.9})
+        for who in ("dense", "PruneTrain") for b in (10, 100)
+    ]  # fmt: skip
+    _, speedup = table2.figures(results, "cpu", paper_values("prunetrain", "table2"))
+    bars = {(d["source"], d["batch"]): d["speedup"] for d in speedup.data}
+    assert bars[("ours (cpu)", 10)] == bars[("ours (cpu)", 100)] == 0.9
+    assert bars[("paper resnet32", 10)] == 1.34 and bars[("paper vgg13", 100)] == 1.64
+    assert not any("imagenet" in s for s, _ in bars)  # the CIFAR-100 rows only

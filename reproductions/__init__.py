@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,8 @@ def run(
             if broken:  # the other rows stand, and the command says it did not all work
                 print(f"[{key}] {len(broken)} row(s) FAILED (see its page)")
                 if failed is not None:
-                    failed.append(f"{key} ({len(broken)} row(s))")
+                    labels = ", ".join(str(m.get("row")) for m in broken)
+                    failed.append(f"{key} ({len(broken)} row(s): {labels})")
         except Exception as err:  # noqa: BLE001 - one broken target must not stop the others
             print(f"[{key}] FAILED: {type(err).__name__}: {err}")
             if failed is not None:
@@ -187,16 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench reproduce``; prints where the report is and returns 0, or 1
-    when a target failed (the report is rendered all the same, listing it).
+    when a target or a row of one failed (the report is rendered all the same, listing it).
+    With no target and no ``--list``, lists the targets and exits 2 (argparse's usage error).
 
     Raises ``ValueError`` (naming the valid targets) on an unknown target, on a
     ``--data-dir`` entry that names no local dataset, or on a GPU scale where no CUDA GPU
     is present (:func:`check_scale_device`).
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.list or not args.targets:
+        out = sys.stdout if args.list else sys.stderr
         for e in expected_targets():
-            print(f"{e['target']:20s} {e['title']}")
+            print(f"{e['target']:20s} {e['title']}", file=out)
+        if not args.list:  # nothing named: a usage error, as argparse's (exit 2)
+            parser.error("name a target (PAPER.ITEM, listed above) or all")
         return 0
     if "all" in args.targets and len(args.targets) > 1:
         raise ValueError("'all' runs every reproduction: name it alone, or name the targets")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.data import DatasetMissingError, default_data_dir
-from impl.methods import identity_change
+from impl.methods import identity_change, is_builtin
 from impl.report.results import (
     FigureSpec,
     ResultSet,
@@ -685,7 +685,11 @@ def execute_rows(
                     )
                 context["runs"][row.label] = [r.path for r in res.runs]
         except MethodUnavailable as err:
-            res.error = f"not available: {err}"
+            if is_builtin(row.method):  # a method this build leaves out
+                res.error = f"not available: {err}"
+            else:  # a plug-in registered to be run that cannot be built: a failure
+                res.error = f"failed: {err}"
+                log(f"  {target.key} | {row.label}: FAILED: {err}")
         except DatasetMissingError as err:  # expected where a user has not the dataset
             # the whole message (what is expected, where to get it) is in train_all's line;
             # the report's row says what is missing and what to do

@@ -295,6 +295,28 @@ def test_a_plugin_that_does_not_import_says_why_in_the_reproduction(tmp_path, mo
         run_or_reuse(cfg)
 
 
+def test_a_plugin_that_does_not_import_makes_reproduce_exit_1_naming_its_row(
+    tmp_path, monkeypatch, capsys
+):
+    """A registered method that cannot be built is a failure of the command, not a row "not
+    available" as a built-in method this build leaves out: the report is rendered, the
+    command names the row and exits 1."""
+    import reproductions
+    from reproductions.common import Row, Target
+
+    monkeypatch.setenv(registry.ENV_VAR, "ghost=no_such_package.mod:Ghost")
+    target = Target(key="cross.methods", title="t", description="d",
+                    rows=lambda scale: [Row("ghost", "ghost", train={"epochs": 1})])  # fmt: skip
+    monkeypatch.setattr(reproductions, "load_target", lambda key: target)
+    monkeypatch.setattr(reproductions, "expected_targets", lambda scale="cpu": [])
+    argv = ["cross.methods", "--scale", "smoke", "--runs-root", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "rep"), "--no-progress", "--jobs", "1"]  # fmt: skip
+    assert cli.main(["reproduce", *argv]) == 1
+    out = capsys.readouterr().out
+    assert "1 target(s) failed: cross.methods (1 row(s): ghost)" in out
+    assert "report: " in out and (tmp_path / "rep" / "index.html").exists()
+
+
 def test_the_snippet_of_docs_new_method_defines_a_registrable_method():
     import re
 

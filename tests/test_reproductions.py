@@ -488,6 +488,16 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
         reproductions.load_target("nope.table1")
 
 
+def test_reproduce_without_a_target_lists_them_and_exits_2(capsys):
+    """No target and no --list is a usage error (argparse's exit 2), not a silent success."""
+    with pytest.raises(SystemExit) as stop:
+        reproductions.main([])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert all(k in err for k in reproductions.TARGETS)
+    assert "error: name a target (PAPER.ITEM, listed above) or all" in err
+
+
 def test_an_unwritable_out_or_runs_root_is_refused_before_any_run(tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("")
@@ -547,7 +557,7 @@ def test_a_target_with_a_failed_row_makes_the_command_fail(tmp_path, monkeypatch
     failed: list[str] = []
     reproductions.run(["sdgp.table1"], "smoke", tmp_path / "runs", tmp_path / "rep", jobs=1,
                       progress=False, failed=failed)  # fmt: skip
-    assert failed == ["sdgp.table1 (1 row(s))"]
+    assert failed == ["sdgp.table1 (1 row(s): bad option)"]
     assert "[sdgp.table1] 1 row(s) FAILED (see its page)" in capsys.readouterr().out
     assert reproductions.report_failures(failed) == 1
 

@@ -55,7 +55,8 @@ class TrainConfig:
         warmup_fraction: fraction of training spent warming up (one-cycle only).
         warmup_start: the one-cycle rate's starting multiplier of ``lr``, where its warm-up
             begins (0.04, the DAWNBench recipes'; the SDGP authors' CIFAR-10 script: 1e-4).
-        milestones: epochs at which the step schedule multiplies the rate by ``gamma``.
+        milestones: epochs at which the step schedule multiplies the rate by ``gamma``, each
+            given once, in any order.
         gamma: the step schedule's factor.
         label_smoothing: cross-entropy label smoothing.
         augment: random training-set augmentation (per dataset; see ``impl.data``).
@@ -283,6 +284,15 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
                 f"{cfg.schedule!r} (set --schedule {schedule}, or leave --{name.replace('_', '-')} "
                 "out)"
             )
+    # each milestone multiplies the rate by gamma once: a repeated one would do it twice (their
+    # order does not matter, the multiplier counts the milestones passed)
+    repeated = sorted({m for m in cfg.milestones if cfg.milestones.count(m) > 1})
+    if repeated:
+        raise ValueError(
+            f"--milestones repeats epoch {', '.join(map(str, repeated))} ({cfg.milestones}): "
+            "each milestone multiplies the rate by --gamma once, so give each epoch once (a "
+            "larger drop at one epoch: a smaller --gamma)"
+        )
     if cfg.schedule == "step" and min(cfg.milestones) >= cfg.epochs:
         raise ValueError(
             f"schedule 'step' with milestones {cfg.milestones} never changes the rate in "

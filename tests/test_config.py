@@ -47,6 +47,7 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"schedule": "step", "milestones": [3, -1]}, r"milestones must be epochs >= 0"),
         ({"gamma": 0.0}, "gamma must be > 0"),
         ({"schedule": "step", "milestones": [15, 20]}, r"never changes the rate in 15 epochs"),
+        ({"schedule": "step", "milestones": [3, 6, 3]}, r"^--milestones repeats epoch 3 \("),
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"lr": 0.0}, "lr must be > 0"),
         ({"lr": float("nan")}, "lr must be > 0"),
@@ -72,6 +73,7 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "negative-milestone",
         "gamma",
         "milestones-past-the-end",
+        "milestones-repeated",
         "batch-0",
         "lr-0",
         "lr-nan",
@@ -95,6 +97,23 @@ def test_bad_values_are_rejected(kw, match):
         resolve("cpu", **kw)
     with pytest.raises(ValueError, match="scale"):
         resolve("huge")
+
+
+def test_a_repeated_milestone_is_refused_and_their_order_does_not_matter(tmp_path, capsys):
+    """A repeated milestone would multiply the rate by gamma twice at that epoch; milestones in
+    any order give the same rate (the multiplier counts those passed)."""
+    from impl import cli
+    from impl.schedules import lr_multiplier
+
+    argv = ["train", "--scale", "smoke", "--schedule", "step", "--milestones", "1", "1",
+            "--no-progress", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "error: --milestones repeats epoch 1 ([1, 1])" in err and "--gamma" in err
+    for progress in (0.5, 2.5, 4.5):
+        assert lr_multiplier("step", progress, 6, milestones=[4, 2]) == lr_multiplier(
+            "step", progress, 6, milestones=[2, 4]
+        )
 
 
 def test_the_smallest_valid_values_are_accepted():

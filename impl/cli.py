@@ -607,7 +607,7 @@ def cmd_env(argv: list[str]) -> int:
 # -- eval-fgsm -------------------------------------------------------------------------------------
 def cmd_eval_fgsm(argv: list[str]) -> int:
     """``pdtbench eval-fgsm RUN_DIR --eps ...``: top-1 under FGSM (Campfire Table 6)."""
-    from impl.robustness import eval_fgsm_run
+    from impl.robustness import check_attackable, eval_fgsm_run
     from impl.train import pick_device
 
     p = argparse.ArgumentParser(
@@ -630,6 +630,8 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
         help="where the runs' dataset is now, if it moved since training (default: the run's)",
     )
     args = p.parse_args(argv)
+    for run_dir in args.run_dirs:  # every one, before the first attack
+        check_attackable(run_dir)
     device = str(pick_device(args.device))
     for run_dir in args.run_dirs:
         rows = eval_fgsm_run(run_dir, args.eps, device=device, data_dir=args.data_dir)

@@ -157,6 +157,19 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     )
 
 
+def check_attackable(run_dir: str | os.PathLike) -> None:
+    """Refuse, before any attack, what :func:`eval_fgsm_run` could attack but not save the
+    rows of: a directory that is not a finished run (:func:`check_finished_run`), or one
+    that cannot be written (read-only). Raises ``ValueError`` naming the directory."""
+    run_dir = Path(run_dir)
+    check_finished_run(run_dir)
+    if not os.access(run_dir, os.W_OK | os.X_OK):  # as impl.train.check_out_dir
+        raise ValueError(
+            f"RUN_DIR {run_dir} is not writable, and the rows are saved to its {FGSM_FILE}: "
+            "make it writable, or attack a copy of the run"
+        )
+
+
 def eval_fgsm_run(
     run_dir: str | os.PathLike,
     eps_list: Sequence[float],
@@ -168,11 +181,11 @@ def eval_fgsm_run(
     ``data_dir``: where the run's dataset is now, where it moved since training (None: the
     run's own).
 
-    Refuses, with a ValueError, a directory that is not a finished run
-    (:func:`check_finished_run`). Loads the model with :func:`impl.train.load_trained_model`,
-    rebuilds the test loader with :func:`impl.data.make_loaders` from the run's config (no
-    augmentation), and writes ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked
-    and how).
+    Refuses, with a ValueError, a directory that is not a finished run or cannot be
+    written (:func:`check_attackable`), before attacking. Loads the model with
+    :func:`impl.train.load_trained_model`, rebuilds the test loader with
+    :func:`impl.data.make_loaders` from the run's config (no augmentation), and writes
+    ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how).
 
     Returns:
         One ``{"eps": float, "top1": float}`` per entry of ``eps_list``, in order.
@@ -189,7 +202,7 @@ def eval_fgsm_run(
             f"their [0, 1] scale), got {eps_values}"
         )
     run_dir = Path(run_dir)
-    check_finished_run(run_dir)
+    check_attackable(run_dir)
     model, cfg = load_trained_model(run_dir, device=device, data_dir=data_dir)
     _, test_loader, spec = make_loaders(
         cfg.data,
@@ -225,4 +238,11 @@ def eval_fgsm_run(
     return rows
 
 
-__all__ = ["FGSM_FILE", "check_finished_run", "eval_fgsm_run", "fgsm_accuracy", "fgsm_attack"]
+__all__ = [
+    "FGSM_FILE",
+    "check_attackable",
+    "check_finished_run",
+    "eval_fgsm_run",
+    "fgsm_accuracy",
+    "fgsm_attack",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,3 +185,28 @@ def test_check_finished_run_returns_the_summary_of_a_complete_run(tmp_path) -> N
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
     assert check_finished_run(tmp_path)["top1"] == 91.5
+
+
+def test_eval_fgsm_refuses_a_read_only_run_before_attacking_any(tmp_path, monkeypatch, capsys):
+    """A run directory the rows cannot be saved in is refused before the first attack (which
+    took the whole attack, then failed to write fgsm.json), every RUN_DIR checked first."""
+    import os
+
+    import impl.train
+    from impl import cli
+
+    runs = [tmp_path / "ok", tmp_path / "read-only"]
+    for run in runs:
+        run.mkdir()
+        (run / "config.json").write_text("{}")
+        (run / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != runs[1] and real_access(p, mode))
+
+    def attacked(*args, **kwargs):
+        raise AssertionError("a run was attacked before every RUN_DIR was checked")
+
+    monkeypatch.setattr(impl.train, "load_trained_model", attacked)
+    assert cli.main(["eval-fgsm", *map(str, runs), "--device", "cpu"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"error: RUN_DIR {runs[1]} is not writable" in err and FGSM_FILE in err

@@ -735,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pdtbench`` console script: runs the command, and stops quietly
     with :data:`EXIT_BROKEN_PIPE` once the reader of its output has left
     (``pdtbench reproduce --list | head``), standard output then on /dev/null so that the
-    interpreter's last flush is silent."""
+    interpreter's last flush is silent. Ctrl-C before the command's own handling begins
+    (while its first imports load) stops it as quietly, with :data:`EXIT_INTERRUPTED`."""
     try:
         return _main(argv)
     except BrokenPipeError:
@@ -743,6 +744,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt as stop:  # nothing has been done yet: nothing to say but that
+        words = list(sys.argv[1:2] if argv is None else argv[:1])
+        name = f"pdtbench {words[0]}" if words and words[0] in COMMANDS else "pdtbench"
+        print(f"{name}: interrupted", file=sys.stderr)
+        return _exit_code(stop)
 
 
 #: Set to 1, a command that ends in a one-line error prints the traceback before it.

@@ -452,6 +452,27 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
     assert "before the run began; nothing was written" in capsys.readouterr().err
 
 
+def test_ctrl_c_while_the_first_imports_load_exits_130_without_a_traceback(monkeypatch, capsys):
+    """Ctrl-C in a command's first second and a half (torch importing, before the command's
+    own handling) printed a Python traceback; it stops as quietly as later."""
+    import sys
+    import types
+
+    class Importing(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):  # what repr and import machinery look up
+                raise AttributeError(name)
+            raise KeyboardInterrupt  # as Ctrl-C lands in the middle of an import
+
+    monkeypatch.setitem(sys.modules, "impl.train", Importing("impl.train"))
+    try:
+        code = cli.main(["env"])
+    except KeyboardInterrupt:  # what the interpreter prints with its traceback
+        pytest.fail("KeyboardInterrupt escaped pdtbench's main")
+    assert code == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "pdtbench env: interrupted\n"
+
+
 def test_ctrl_c_under_nproc_names_the_resume_with_its_processes(tmp_path, monkeypatch, capsys):
     """The launcher of `--nproc 2` said "the same command continues from there", which the
     run directory then refuses; it names the resume, with the processes."""

@@ -247,7 +247,8 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         "--dist-timeout",
         type=float,
         metavar="SECONDS",
-        help="timeout of every collective when distributed (default $PDTBENCH_DIST_TIMEOUT or 300)",
+        help="timeout of every collective when distributed, with --nproc N > 1 or under "
+        "torchrun (default $PDTBENCH_DIST_TIMEOUT or 300)",
     )
     if method_config is not None:
         add_method_arguments(p, method_config)
@@ -404,6 +405,9 @@ def cmd_train(argv: list[str]) -> int:
         raise UsageError(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
     if getattr(args, "out", None) is not None and not str(args.out).strip():
         raise UsageError("--out needs a directory; got an empty one")
+    conflict = _conflicting_flags(args, known.method, distributed.env_world() is not None)
+    if conflict:
+        parser.error(conflict)
     given = _resume_changes(parser, args, argv, saved_cfg) if args.resume else []
     if given:  # refused before torchrun starts N workers that would each refuse it
         raise UsageError(
@@ -442,6 +446,31 @@ def cmd_train(argv: list[str]) -> int:
         )
     _print_result(Path(cfg.out), summary)
     return 0
+
+
+def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bool) -> str:
+    """Why two of ``pdtbench train``'s flags given together would have one of them silently
+    ignored, naming both; "" when none are. ``under_torchrun``: a worker started by torchrun
+    (where ``--dist-timeout`` applies without ``--nproc``)."""
+    if args.no_augment and args.augment_recipe is not None:
+        return (
+            "--augment-recipe chooses the augmentation that --no-augment turns off: give one "
+            "of them"
+        )
+    if args.dist_timeout is not None and args.nproc == 1 and not under_torchrun:
+        return (
+            "--dist-timeout is the timeout of a distributed run's collectives, and --nproc is 1 "
+            "(one process, none to time out): give --nproc N (N > 1), or run under torchrun"
+        )
+    if method == "sdgp":  # the rescale rule and its constant act on rescaled magnitude only
+        prune = getattr(args, "method__prune_method", None) or "rescaled"
+        for name in ("rescale", "rescale_eps"):
+            if getattr(args, f"method__{name}", None) is not None and prune != "rescaled":
+                return (
+                    f"{_flag(name)} is a setting of --prune-method rescaled, and --prune-method "
+                    f"is {prune}: give --prune-method rescaled, or leave {_flag(name)} out"
+                )
+    return ""
 
 
 # What --resume may be given with: how to run, not what to train.

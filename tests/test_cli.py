@@ -693,6 +693,42 @@ def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize(
+    "flags, both",
+    [
+        (["--no-augment", "--augment-recipe", "ffcv"], ("--augment-recipe", "--no-augment")),
+        (["--dist-timeout", "5"], ("--dist-timeout", "--nproc")),
+        (["--method", "sdgp", "--prune-method", "random", "--rescale", "channel"],
+         ("--rescale is a setting of --prune-method rescaled", "--prune-method is random")),
+        (["--method", "sdgp", "--prune-method", "magnitude", "--rescale-eps", "0.001"],
+         ("--rescale-eps is a setting", "--prune-method is magnitude")),
+    ],
+    ids=["no-augment-recipe", "dist-timeout-one-process", "rescale-random",
+         "rescale-eps-magnitude"],
+)  # fmt: skip
+def test_flags_one_of_which_would_be_ignored_are_refused_naming_both(
+    flags, both, capsys, tmp_path, monkeypatch
+):
+    """Each pair was accepted and trained, one flag of it silently doing nothing."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error
+        cli.main(["train", "--scale", "smoke", "--no-progress", "--out", str(tmp_path / "r"),
+                  *flags])  # fmt: skip
+    assert stop.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert all(flag in err.splitlines()[-1] for flag in both)
+    assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
+    from impl import distributed
+
+    monkeypatch.setattr(distributed, "launch", lambda argv, nproc: 0)
+    argv = ["train", "--scale", "smoke", "--nproc", "2", "--dist-timeout", "5", "--out",
+            str(tmp_path / "r")]  # fmt: skip
+    assert cli.main(argv) == 0
+
+
+@pytest.mark.parametrize(
     "argv, needle",
     [
         (["train", "--resume", ""], "--resume needs a run directory"),

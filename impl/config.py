@@ -22,6 +22,8 @@ SCALE_HELP = (
 )
 SCHEDULES: tuple[str, ...] = ("onecycle", "cosine", "step", "constant")
 MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last", "auto")
+#: The largest seed: torch seeds its generators with an unsigned 64-bit integer.
+MAX_SEED = 2**64 - 1
 # training augmentation recipes (impl.data.AUGMENT_RECIPES, repeated so that this module
 # imports nothing heavy; a test checks they agree)
 AUGMENT_RECIPES: tuple[str, ...] = ("standard", "ffcv")
@@ -67,7 +69,8 @@ class TrainConfig:
             of it and of its horizontal mirror (ffcv's ``lr_tta``, SDGP's evaluation).
         bn_weight_decay: weight decay on BatchNorm weights and biases too (the SDGP authors'
             ImageNet script exempts them).
-        seed: seed of everything random in the run (init, shuffling, augmentation, methods).
+        seed: seed of everything random in the run (init, shuffling, augmentation, methods),
+            0 to 2**64 - 1.
         scale: the preset that produced the run: "smoke", "cpu", "gpu" or "paper".
         device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
         bf16: bfloat16 autocast for forward and backward (on a CPU too, where it is slow
@@ -149,6 +152,14 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 < self.lr < math.inf:  # an infinite rate trains to NaN and "finishes"
             raise ValueError(f"lr must be > 0 and finite, got {self.lr}")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not (0 <= self.seed <= MAX_SEED)
+        ):  # torch.manual_seed's range: a larger one failed in torch once training began
+            raise ValueError(
+                f"seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), got {self.seed!r}"
+            )
         if any(m < 0 for m in self.milestones):
             raise ValueError(f"milestones must be epochs >= 0, got {self.milestones}")
         if not self.gamma > 0:

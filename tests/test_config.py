@@ -64,6 +64,8 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"lr": float("inf")}, "lr must be > 0 and finite"),  # trained to NaN and "finished"
         ({"momentum": float("inf")}, r"momentum must be in \[0, 1\)"),
         ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite"),
+        ({"seed": 2**64}, r"^seed must be an integer from 0 to 18446744073709551615 \(2\*\*64"),
+        ({"seed": -1}, r"^seed must be an integer from 0 to"),
     ],
     ids=[
         "epochs",
@@ -90,6 +92,8 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "lr-inf",
         "momentum-inf",
         "weight-decay-inf",
+        "seed-too-large",
+        "seed-negative",
     ],  # fmt: skip
 )
 def test_bad_values_are_rejected(kw, match):
@@ -114,6 +118,19 @@ def test_a_repeated_milestone_is_refused_and_their_order_does_not_matter(tmp_pat
         assert lr_multiplier("step", progress, 6, milestones=[4, 2]) == lr_multiplier(
             "step", progress, 6, milestones=[2, 4]
         )
+
+
+def test_a_seed_out_of_torch_range_names_the_flag_before_training(tmp_path, capsys):
+    """A seed over 2**64 - 1 failed once training began, in torch, naming no flag."""
+    from impl import cli
+
+    for flags in (["--seed", str(10**20)], ["--method", "sdgp", "--prune-seed", str(2**64)]):
+        argv = ["train", "--scale", "smoke", "--no-progress", "--out", str(tmp_path / "r"), *flags]
+        assert cli.main(argv) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"error: {flags[-2]} must be an integer from 0 to {2**64 - 1} (2**64 - 1)" in err
+    assert resolve("cpu", seed=2**64 - 1).seed == 2**64 - 1  # the largest is accepted
+    assert not list(tmp_path.iterdir())  # nothing was trained
 
 
 def test_the_smallest_valid_values_are_accepted():

@@ -131,6 +131,26 @@ def test_find_run_dirs_accepts_a_run_dir_and_a_file(runs_root):
     assert find_run_dirs([runs_root / "dense-s0" / "summary.json"]) == [runs_root / "dense-s0"]
 
 
+def test_report_of_a_file_outside_any_run_is_refused_not_its_folder(runs_root, capsys):
+    """A file beside runs (notes.txt) made the report of every run in its folder."""
+    from impl import cli
+
+    notes = runs_root / "notes.txt"
+    notes.write_text("x")
+    with pytest.raises(ValueError, match=r"notes.txt is a file, neither in a run directory"):
+        find_run_dirs([notes])
+    out = runs_root.parent / "report"
+    assert cli.main(["report", str(notes), "--out", str(out)]) == cli.EXIT_USAGE
+    assert "give a run directory, a folder of runs or results, or a result.json" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
+    # a file of a run stands for its run; a result.json holds no run (its folder is not read)
+    assert find_run_dirs([runs_root / "dense-s0" / "metrics.jsonl"]) == [runs_root / "dense-s0"]
+    (runs_root / "result.json").write_text("{}")
+    assert find_run_dirs([runs_root / "result.json"]) == []
+
+
 def test_load_metrics_long_form(runs_root):
     metrics = load_metrics(load_runs([runs_root]))
     assert len(metrics) == 3 + 3 + 2

@@ -17,7 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render saved reproduction results (result.json) and run directories "
         "(summary.json) into self-contained HTML pages. Nothing is trained or measured.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or folders of them")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="run directories, folders of runs or results, or result.json files",
+    )
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--no-runs", action="store_true", help="omit the page of plain runs")
     return p

@@ -50,13 +50,27 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     """Every run directory at or under ``paths`` (a directory holding ``config.json`` or
-    ``summary.json``), sorted; a path that does not exist raises ``FileNotFoundError``."""
+    ``summary.json``), sorted; a path that does not exist raises ``FileNotFoundError``.
+
+    A file stands for the run directory that holds it (its ``summary.json``, say); a
+    reproduction's ``result.json`` holds no run. Any other file raises ``ValueError``: its
+    folder is not what was named (a file beside many runs read them all)."""
+    from impl.report.results import RESULT_FILE
+
     found: set[Path] = set()
     for p in paths:
         p = Path(p)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
         if p.is_file():
+            if p.name == RESULT_FILE:
+                continue
+            if not any((p.parent / name).is_file() for name in (CONFIG_FILE, SUMMARY_FILE)):
+                raise ValueError(
+                    f"{p} is a file, neither in a run directory nor a reproduction's "
+                    f"{RESULT_FILE}: give a run directory, a folder of runs or results, or a "
+                    f"{RESULT_FILE}"
+                )
             p = p.parent
         for name in (CONFIG_FILE, SUMMARY_FILE):
             for f in p.rglob(name):

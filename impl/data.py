@@ -652,6 +652,8 @@ def _find_cifar_dir(name: str, data_dir: str | Path | None) -> Path:
     root = Path(data_dir).expanduser()
     if root.is_file() and root.name.endswith((".tar.gz", ".tgz", ".tar")):
         raise _missing_cifar(name, data_dir, f"{root} is the tarball itself, not extracted")
+    if root.exists() and not root.is_dir():
+        raise _missing_cifar(name, data_dir, f"{root} is a file, not a directory")
     if not root.is_dir():
         raise _missing_cifar(name, data_dir, f"directory {root} does not exist")
     folder = _CIFAR[name][0]
@@ -906,6 +908,8 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
     missing = [d for d in ("train", "val") if not (root / d).is_dir()]
     if missing:
         reason = f"{', '.join(str(root / d) for d in missing)} not found"
+        if root.exists() and not root.is_dir():
+            reason = f"{root} is a file, not a directory"
         raise DatasetMissingError(
             f"imagenet: {reason}. {_IMAGENET_HOW}", dataset="imagenet", reason=reason
         )

@@ -398,6 +398,16 @@ def test_cifar_tarball_given_as_the_directory_says_extract_it(tmp_path: Path) ->
     assert "tar xzf cifar-10-python.tar.gz" in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["cifar10", "imagenet"])
+def test_a_data_dir_that_is_a_file_is_named_a_file(tmp_path: Path, name: str) -> None:
+    """It was said not to exist."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(DatasetMissingError, match=f"{a_file} is a file, not a directory") as err:
+        check_dataset(name, a_file)
+    assert "does not exist" not in str(err.value) and "not found" not in str(err.value)
+
+
 # ----------------------------------------------------------------------------- others
 
 

@@ -500,7 +500,12 @@ def _is_saved_value(dest: str, value: Any, saved: Any, run_dir: str) -> bool:
     if dest == "out":
         return Path(value).resolve() == Path(run_dir).resolve()
     if dest.startswith("method__"):
-        return saved.method_options.get(dest.removeprefix("method__")) == value
+        name = dest.removeprefix("method__")
+        if name in saved.method_options:
+            return saved.method_options[name] == value
+        from impl.config import is_default_option
+
+        return is_default_option(saved.method, name, value)  # a run saves none at its default
     if dest == "image_size":
         return (saved.data_options or {}).get("image_size") == value
     if dest == "no_augment":

@@ -231,6 +231,24 @@ class TrainConfig:
         )
 
 
+def is_default_option(method: str, name: str, value: Any) -> bool:
+    """Whether ``value`` is the default of option ``name`` of ``method``'s config: what a
+    saved run's ``method_options`` leave out (False where the method or option is unknown
+    here)."""
+    return not _non_default_options(method, {name: value}) and _knows_option(method, name)
+
+
+def _knows_option(method: str, name: str) -> bool:
+    import dataclasses
+
+    try:
+        from impl.methods import method_class
+
+        return name in {f.name for f in dataclasses.fields(method_class(method).Config)}
+    except (ImportError, ValueError):
+        return False
+
+
 def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` without the entries equal to the default of ``method``'s config (all of
     them where the method is unknown here)."""

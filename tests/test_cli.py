@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import re
 
@@ -418,6 +419,13 @@ def test_resume_reads_a_resumed_runs_method_options_as_its_flags(tmp_path, capsy
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--m", "4"]) == 2
     assert "--m cannot change it" in capsys.readouterr().err
+    # an option at its default is not saved (the run keeps none at their defaults): --n 2
+    # repeats it, --n 1 changes it
+    assert "n" not in json.loads((out / "config.json").read_text())["method_options"]
+    assert cli.main(["train", "--resume", str(out), "--no-progress", "--n", "2"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--n", "1"]) == 2
+    assert "--n cannot change it" in capsys.readouterr().err
 
 
 def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):

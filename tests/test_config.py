@@ -246,3 +246,12 @@ def test_a_schedules_setting_given_for_another_schedule_is_refused(given, owner)
         resolve("smoke", **given)
     own = {"schedule": owner} | ({"milestones": [1]} if owner == "step" else {})
     resolve("smoke", **(given | own))  # under its own schedule: accepted
+
+
+def test_is_default_option_reads_the_methods_config():
+    from impl.config import is_default_option
+
+    assert is_default_option("sdgp", "n", 2) and is_default_option("sdgp", "m", 4)
+    assert not is_default_option("sdgp", "n", 1)
+    assert not is_default_option("sdgp", "no_such_option", None)  # unknown: not a default
+    assert not is_default_option("no_such_method", "n", 2)

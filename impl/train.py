@@ -159,6 +159,24 @@ def check_out_dir(run_dir: Path, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {run_dir}: {parent} is not writable")
 
 
+def refuse_folder_of_runs(run_dir: Path, flag: str = "--out") -> None:
+    """Raise ValueError for a new run's directory that already holds other runs (a folder
+    below it with a ``config.json`` or ``summary.json``, as ``runs/``): the run's files would
+    sit among them, and the folder would read as one run holding the others. Looks one
+    level down only."""
+    if not run_dir.is_dir():
+        return
+    for child in sorted(run_dir.iterdir()):
+        if child.is_dir() and any(
+            (child / name).is_file() for name in (rundir.CONFIG_FILE, rundir.SUMMARY_FILE)
+        ):
+            raise ValueError(
+                f"{flag} {run_dir} holds other runs ({child.name}, ...): give this run a "
+                f"directory of its own, e.g. {run_dir / 'NAME'}, or leave {flag} out for a "
+                "name made from the config"
+            )
+
+
 def refuse_existing_run(run_dir: Path, check_lock: bool = True) -> None:
     """Raise for a new run's ``--out`` that already holds a run (its ``config.json``):
     :class:`RunExistsError` saying whether it finished, diverged or can be resumed, or, with
@@ -209,6 +227,7 @@ def check_before_workers(
     if (run_dir / rundir.CONFIG_FILE).exists():
         refuse_existing_run(run_dir)
     check_out_dir(run_dir)
+    refuse_folder_of_runs(run_dir)
     check_dataset(cfg.data, cfg.data_dir)
 
 
@@ -508,6 +527,7 @@ class Trainer:
                 refuse_existing_run(run_dir, check_lock=main)
             if main:
                 check_out_dir(run_dir)
+                refuse_folder_of_runs(run_dir)
         # Data, model and method are built before anything is written, so a bad dataset
         # directory or image size leaves no run directory behind to block the next try.
         ctx, method, train_loader, test_loader, spec = self._build()
@@ -1023,6 +1043,7 @@ __all__ = [
     "TrainingDiverged",
     "apply_memory_format",
     "check_out_dir",
+    "refuse_folder_of_runs",
     "check_run_method",
     "conv_weight_counts",
     "divergence_reason",

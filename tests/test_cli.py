@@ -389,6 +389,19 @@ def test_an_out_path_through_a_file_is_one_line(tmp_path, capsys, nested):
     assert f"{afile} is a file, not a directory" in err and len(err.splitlines()) == 1
 
 
+def test_an_out_folder_holding_other_runs_is_refused(tmp_path, capsys):
+    # `--out runs` would write this run's files among the runs it holds, and the folder
+    # would read as one run holding the others
+    runs = tmp_path / "runs"
+    (runs / "dense-a").mkdir(parents=True)
+    (runs / "dense-a" / "config.json").write_text("{}")
+    assert cli.main([*SMOKE, "--out", str(runs)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--out {runs} holds other runs (dense-a, ...)" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in runs.iterdir()) == ["dense-a"]  # nothing written
+    assert cli.main([*SMOKE, "--out", str(runs / "new")]) == 0  # a folder of its own: fine
+
+
 def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main([*SMOKE, "--out", str(out)]) == 0

@@ -758,20 +758,14 @@ def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any
     return rows
 
 
-def save(scale: str, runs_root: str | Path) -> Path | None:
-    """Evaluate every claim against the results saved under ``runs_root`` at ``scale`` and
-    save them as the target ``claims.headline``; return the result's path (None when no
-    result of that scale exists)."""
+def build(
+    results: Mapping[str, ResultSet], scale: str, environment: dict[str, Any] | None = None
+) -> ResultSet:
+    """The result ``claims.headline``: every claim judged against ``results`` (``{target:
+    result}``, all of ``scale``), with the counts and how to read them; ``environment``
+    defaults to this machine's (:func:`impl.env.collect`)."""
     from impl.env import collect
-    from impl.report.results import load_results, save_result
-    from reproductions.common import result_dir
 
-    results = {}
-    for res in load_results([Path(runs_root) / "results"])[0]:  # unreadable: not judged
-        if res.scale == scale and res.target != TARGET_KEY:
-            results[res.target] = res
-    if not results:
-        return None
     rows = evaluate(results, scale)
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
     result = ResultSet(
@@ -807,9 +801,38 @@ def save(scale: str, runs_root: str | Path) -> Path | None:
                 else []
             ),  # fmt: skip
         ],
-        environment=collect(),
+        environment=collect() if environment is None else environment,
     )
-    return save_result(result, result_dir(TARGET_KEY, scale, runs_root))
+    return result
+
+
+def save(scale: str, runs_root: str | Path) -> Path | None:
+    """Evaluate every claim against the results saved under ``runs_root`` at ``scale`` and
+    save them as the target ``claims.headline``; return the result's path (None when no
+    result of that scale exists)."""
+    from impl.report.results import load_results, save_result
+    from reproductions.common import result_dir
+
+    results = {}
+    for res in load_results([Path(runs_root) / "results"])[0]:  # unreadable: not judged
+        if res.scale == scale and res.target != TARGET_KEY:
+            results[res.target] = res
+    if not results:
+        return None
+    return save_result(build(results, scale), result_dir(TARGET_KEY, scale, runs_root))
+
+
+def rejudge(results: list[ResultSet]) -> list[ResultSet]:
+    """``results`` with each saved ``claims.headline`` judged again against the other results
+    of its scale in the list: a report shows the verdicts its own results give (a result
+    removed, or made again, since the claims were saved would leave them stale). A scale
+    with claims but no other result keeps its saved claims; the saved claims' environment
+    is kept."""
+    out = [r for r in results if r.target != TARGET_KEY]
+    for saved in (r for r in results if r.target == TARGET_KEY):
+        mine = {r.target: r for r in out if r.scale == saved.scale}
+        out.append(build(mine, saved.scale, saved.environment) if mine else saved)
+    return out
 
 
 def summary_lines(path: str | Path) -> list[str]:

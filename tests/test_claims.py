@@ -7,7 +7,7 @@ import math
 import pytest
 
 from impl.report import render_reports
-from impl.report.results import ResultSet, load_result, save_result
+from impl.report.results import ResultSet, load_result, load_results, save_result
 from reproductions import claims as C
 from reproductions.common import result_dir
 
@@ -556,3 +556,35 @@ def test_every_claim_reads_rows_its_target_produces_at_each_scale(scale):
         for target, row in reads:
             labels = [r.label for r in load_target(target).rows(scale)]
             assert C.row_label(row, scale) in labels, (claim.claim, scale)
+
+
+def test_a_report_judges_the_claims_again_from_the_results_it_reads(tmp_path):
+    # the claims were saved while cross.methods was there; it is removed since: pdtbench
+    # report must not keep showing verdicts read from it
+    from impl.report.cli import main as report_main
+
+    runs = tmp_path / "runs"
+    cross_dir = result_dir("cross.methods", "cpu", runs)
+    save_result(_cross(), cross_dir)
+    save_result(ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[
+        _row("SDGP rescaled 2:4", "delta_top1", -0.2, 0.3, 5),
+        _row("SDGP random 2:4", "delta_top1", -1.5, 0.3, 5),
+    ]), result_dir("sdgp.table1", "cpu", runs))  # fmt: skip
+    saved = load_result(C.save("cpu", runs))
+    campfire = "campfire: under 1% accuracy loss at 70% sparsity"
+    assert _by_claim(saved.rows)[campfire]["verdict"] == "holds"
+    import shutil
+
+    shutil.rmtree(cross_dir)
+    (rejudged,) = [r for r in C.rejudge(load_results([runs / "results"])[0])
+                   if r.target == C.TARGET_KEY]  # fmt: skip
+    rows = _by_claim(rejudged.rows)
+    assert rows[campfire]["verdict"] == "not measured at this scale"
+    assert rows[campfire]["ours"] is None
+    assert rows["sdgp: random pruning loses more accuracy than rescaled magnitude pruning"][
+        "verdict"] == "holds"  # fmt: skip
+    assert rejudged.environment == saved.environment  # where the verdicts' numbers came from
+    assert report_main([str(runs / "results"), "--out", str(tmp_path / "reports")]) == 0
+    page = (tmp_path / "reports" / "claims.html").read_text()
+    evidence = _by_claim(saved.rows)[campfire]["note"].split(". Rule")[0]  # read from cross
+    assert evidence and evidence not in page

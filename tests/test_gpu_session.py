@@ -427,12 +427,14 @@ step long cpu 100 'sleep 60'
 def test_a_script_stopped_from_outside_mid_step_packs_what_ended_and_names_the_step(tmp_path):
     """The caller's `timeout` signals the script's whole process group, its console tee
     included: the script still packs what its finished steps wrote, records the step it was
-    in as a timeout, exits 1, and leaves that step's command running on nothing."""
+    in as a timeout, exits 1, and leaves that step's command running on nothing. (15 s: on a
+    loaded 2-core machine a stop after 6 s came before the steps had run, and left no steps
+    file to read.)"""
     script = tmp_path / "fake3.sh"
     script.write_text(STOPPED.format(common=GPU_DIR / "common.sh"))
     out = tmp_path / "out"
     res = subprocess.run(
-        ["timeout", "6", "bash", str(script)],
+        ["timeout", "15", "bash", str(script)],
         env=_env(tmp_path, OUT=str(out), DRY_RUN="1"),
         capture_output=True,
         text=True,
@@ -447,7 +449,7 @@ def test_a_script_stopped_from_outside_mid_step_packs_what_ended_and_names_the_s
         "143",
         "the script was stopped from outside",
     )
-    assert int(long["seconds"]) < 15
+    assert int(long["seconds"]) <= 15
     with tarfile.open(out / "fake3.tar.gz") as tar:
         assert tar.extractfile("./reports/fake-check/good.txt").read() == b"hello\n"
         status = tar.extractfile("./reports/fake-check/session/fake3/STATUS.md").read().decode()

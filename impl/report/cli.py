@@ -42,6 +42,17 @@ def _reproduction_index(results: list) -> tuple[list[dict[str, str]], list[dict[
     return expected_targets(scales.pop() if len(scales) == 1 else "cpu"), other_figures()
 
 
+def _rejudged_claims(results: list) -> list:
+    """``results`` with the papers' claims judged again against the results read here
+    (:func:`reproductions.claims.rejudge`), so that the claims never show a verdict of a
+    result that is no longer there or has been made again since they were saved."""
+    from reproductions.claims import TARGET_KEY, rejudge
+
+    if not any(r.target == TARGET_KEY for r in results):
+        return results
+    return rejudge(results)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pdtbench report``; prints the path of the index and returns 0.
 
@@ -71,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         raise ValueError(f"no result.json and no run directory under {args.paths}")
     warn_unreadable(unreadable)
+    results = _rejudged_claims(results)
     expected, others = _reproduction_index(results)
     index = render_reports(
         results,

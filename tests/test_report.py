@@ -304,6 +304,22 @@ def test_a_log_axis_under_a_decade_labels_plain_numbers():
     assert "10^" in axis.get_major_formatter()(100.0, 0)  # decades keep their powers
 
 
+def test_an_epoch_axis_has_whole_ticks_and_a_long_title_wraps():
+    data = pd.DataFrame({"epoch": [1, 2, 3], "top1": [50.0, 80.0, 90.0]})
+    title = "Fig. 4 (top left): top-1 per epoch, pruning from paper epoch 30 (cpu scale)"
+    fig = draw("line", data, x="epoch", y="top1", title=title)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(t == int(t) for t in ticks)  # no 1.5, 2.5
+    assert ax.title.get_wrap()
+    renderer = fig.canvas.get_renderer()
+    assert ax.title.get_window_extent(renderer).x0 >= 0  # inside the figure
+    share = pd.DataFrame({"frac": [0.0, 0.5, 1.0], "b": [1.0, 2.0, 3.0]})
+    ticks = draw("line", share, x="frac", y="b").axes[0].get_xticks()
+    assert any(t != int(t) for t in ticks)  # fractions keep their fractional ticks
+
+
 def test_an_amount_starts_its_axis_at_zero():
     data = pd.DataFrame({"epoch": [0, 1, 2], "mib": [15.0, 14.8, 14.3]})
     assert draw("line", data, x="epoch", y="mib").axes[0].get_ylim()[0] > 14.0

@@ -131,6 +131,13 @@ def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> N
     ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
 
 
+def _whole_numbers(values: pd.Series) -> bool:
+    """Whether every value is a whole number (epochs, batch sizes): ticks between them mean
+    nothing."""
+    v = pd.to_numeric(values, errors="coerce")
+    return bool(v.notna().all() and len(v) and (v == v.round()).all())
+
+
 def _plain_short_log_ticks(axis: Any, values: pd.Series) -> None:
     """On a log axis whose data span less than a decade, label the ticks as plain numbers
     (matplotlib's default there is "3 x 10^1" on a few minor ticks only)."""
@@ -225,7 +232,11 @@ def draw(
         _plain_short_log_ticks(ax.xaxis, data[x])
     if y_from_zero:
         ax.set_ylim(bottom=0.0)
-    ax.set_title(title)
+    ax.set_title(title, wrap=True)  # a long title breaks into lines, not past the figure
+    if kind in ("line", "scatter") and not logx and _whole_numbers(data[x]):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs: 1, 2, 3, not 1.5
     ax.set_xlabel(xlabel if xlabel is not None else x)
     ax.set_ylabel(ylabel if ylabel is not None else y)
     if ax.get_legend() is not None and kind != "heatmap":

@@ -260,6 +260,11 @@ def test_save_writes_the_claims_target_and_the_index_shows_it_first(tmp_path):
     assert html.index("headline claims") < html.index("Reproductions")
     assert "<th>Verdict</th>" in html or ">Verdict<" in html
     assert (tmp_path / "reports" / "claims.html").exists()
+    # the verdict stands beside the claim, in its colour
+    head = html[html.index("<th>Claim</th>") :]
+    assert head.index("<th>Verdict</th>") < head.index("<th>Ours</th>")
+    held = [r for r in saved.rows if r["verdict"] == "holds"]
+    assert held and html.count('<td class="verdict v-holds">holds') == len(held)
 
 
 def test_every_claim_cites_its_source_and_states_a_rule():

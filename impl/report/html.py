@@ -201,10 +201,15 @@ def comparison_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+# The verdict beside the claim, where a reader looks first; the evidence after it.
 CLAIMS_COLUMNS: tuple[str, ...] = (
-    "Claim", "Metric", "Ours", "Scale", "Tested against", "Unit", "Published", "Paper source",
-    "Our setting", "Verdict", "Note",
+    "Claim", "Verdict", "Ours", "Tested against", "Unit", "Scale", "Metric", "Published",
+    "Paper source", "Our setting", "Note",
 )  # fmt: skip
+#: The class of a claims table's verdict cell, by the verdict it begins with (coloured).
+VERDICT_CLASSES: dict[str, str] = {
+    "holds": "v-holds", "does not hold": "v-not", "inconclusive": "v-open",
+}  # fmt: skip
 
 
 def _claims_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -263,6 +268,13 @@ def _frame_html(frame: pd.DataFrame) -> str:
         shown[c] = shown[c].map(format_number)
     body = shown.to_html(index=False, escape=True, border=0, classes="data", na_rep="-")
     body = body.replace("<td>-</td>", '<td class="na">-</td>')
+    if "Verdict" in frame.columns:  # a claims table: each verdict in its colour
+        words = "|".join(re.escape(v) for v in VERDICT_CLASSES)
+        body = re.sub(
+            rf"<td>({words})(:|</td>)",
+            lambda m: f'<td class="verdict {VERDICT_CLASSES[m.group(1)]}">{m.group(1)}{m.group(2)}',
+            body,
+        )
     # a cell naming a page of the report links to it
     return re.sub(r"<td>([a-z0-9_]+\.html)</td>", r'<td><a href="\1">\1</a></td>', body)
 
@@ -414,6 +426,7 @@ figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#555} .missing{color:#8a4b00}
 footer{margin-top:3em;border-top:1px solid #ddd;font-size:.8em;color:#555}
 nav a{margin-right:1em}
+td.v-holds{background:#e6f4ea} td.v-not{background:#fce8e6} td.v-open{background:#fef7e0}
 </style></head><body>
 <nav>{% for href, label in nav %}<a href="{{ href }}">{{ label }}</a>{% endfor %}</nav>
 <h1>{{ title }}</h1>

@@ -593,10 +593,19 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def _result_note(summary: dict[str, Any]) -> str | None:
     """What a reader of the result line should not miss: synthetic data's top-1 means
-    nothing; a top-1 within twice chance means the run was too short to learn."""
+    nothing; a batch larger than the training set made each epoch one smaller step; a top-1
+    within twice chance means the run was too short to learn."""
     if summary.get("data_synthetic"):
         return "synthetic data (random labels): the top-1 is meaningless; use it for timing only"
-    classes = (summary.get("data_spec") or {}).get("num_classes")
+    spec = summary.get("data_spec") or {}
+    batch, train_size = summary.get("batch_size"), spec.get("train_size")
+    if batch and train_size and batch > train_size:
+        return (
+            f"--batch-size {batch} is larger than the {train_size} training samples of "
+            f"{spec.get('name', 'the data')}: each epoch was one step of {train_size}, and the "
+            f"config still says {batch}"
+        )
+    classes = spec.get("num_classes")
     top1 = summary.get("top1")
     if not classes or top1 is None:
         return None

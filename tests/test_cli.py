@@ -539,8 +539,26 @@ def test_ctrl_c_in_any_command_is_one_line_and_exits_130(capsys, monkeypatch):
             "within twice chance (1.0% for 100 classes)",
         ),  # fmt: skip
         ({"data_spec": {"num_classes": 10}, "top1": 20.0, "epochs": 2, "scale": "cpu"}, None),
+        (
+            {
+                "data_spec": {"num_classes": 10, "train_size": 1437, "name": "digits"},
+                "batch_size": 5000,
+                "top1": 9.7,
+                "epochs": 1,
+            },
+            "--batch-size 5000 is larger than the 1437 training samples of digits: each "
+            "epoch was one step of 1437",
+        ),  # fmt: skip
+        (
+            {
+                "data_spec": {"num_classes": 10, "train_size": 1437},
+                "batch_size": 1437,
+                "top1": 90.0,
+            },
+            None,
+        ),  # fmt: skip
     ],
-    ids=["synthetic", "short-run", "many-classes", "learned"],
+    ids=["synthetic", "short-run", "many-classes", "learned", "batch-over-data", "full-batch"],
 )
 def test_result_note_flags_what_a_top1_does_not_mean(summary, needle):
     note = cli._result_note(summary)

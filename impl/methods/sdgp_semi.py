@@ -36,8 +36,8 @@ groups of ``nm_prune(dL/dO, dim=1)``, its ``rescale="plane"`` factors are the sa
 (sample, channel) sums over the pixels, and the reference draws ``random`` scores in the same
 order, so the masks equal the reference's (the CUDA kernel's ``random`` draw is its own). The
 library's own fused prune-and-compress (``prune_dense_static_sort``) prunes 4x4 tiles 2:4 along
-rows *and* columns, which is not SDGP's rule; it is only timed, as a lower bound of the
-pruning cost (``bench/sdgp_semi.py``).
+rows *and* columns, which is not SDGP's rule; it is only timed, for reference (it does more
+than SDGP needs, so it is not a lower bound of the pruning cost; ``bench/sdgp_semi.py``).
 
 Nothing here touches the GPU at import time.
 """

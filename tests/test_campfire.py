@@ -446,7 +446,11 @@ def test_metrics_summary_and_cost() -> None:
     for name, density in cost.items():
         assert isinstance(density, LayerDensity)
         w = model.get_submodule(name).weight
-        assert density.forward == pytest.approx(float((w != 0).float().mean()))
+        kept = float((w != 0).float().mean())
+        # pruned weights take no part in the product nor in either gradient
+        assert (density.forward, density.data_grad, density.weight_grad) == pytest.approx(
+            (kept, kept, kept)
+        )
     summary = method.summary(ctx)
     json.dumps(summary)
     assert summary["pruning_era"] == [0, 1] and summary["mask"] == "ck"

@@ -421,7 +421,10 @@ def test_summary_and_cost_report_the_pruned_model():
     assert flops["train_flops_saved_nominal"] < flops["inference_flops_saved_nominal"]
     cost = method.cost(ctx.model)
     assert set(cost) == set(method.layers)
-    assert cost["block_a"].forward == pytest.approx(1 - summary["layers"]["block_a"]["sparsity"])
+    kept = 1 - summary["layers"]["block_a"]["sparsity"]
+    # forward, data gradient and weight gradient all run on the kept kernels only
+    assert cost["block_a"].forward == pytest.approx(kept)
+    assert (cost["block_a"].data_grad, cost["block_a"].weight_grad) == pytest.approx((kept, kept))
 
 
 def test_summary_flops_over_the_run_and_per_layer_kernel_counts():

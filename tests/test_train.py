@@ -83,8 +83,17 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
     assert 0.0 <= summary["top1"] <= 100.0
     assert summary["fwd_ms"] > 0 and summary["bwd_ms"] > 0
     assert summary["compression_ratio"] == pytest.approx(1.0)
-    assert summary["inference_flops"] > 0
-    assert summary["train_flops_nominal"] > summary["inference_flops"]
+    assert summary["best_top1"] == max(json.loads(line)["test_top1"] for line in lines)
+    from impl.flops import training_flops
+    from impl.models import create
+
+    spec = summary["data_spec"]
+    dense = training_flops(
+        create("resnet20", spec["num_classes"], spec["in_channels"]),
+        (spec["in_channels"], spec["image_size"], spec["image_size"]),
+    )
+    assert summary["inference_flops"] == summary["inference_flops_executed"] == dense.forward
+    assert summary["train_flops_nominal"] == pytest.approx(dense.total)
     for row in map(json.loads, lines):  # per epoch: samples per second, training top-1 in %
         seen = row["samples_per_second"] * row["train_seconds"]
         assert seen == pytest.approx(round(seen), abs=1e-6)
@@ -96,6 +105,17 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
         assert 0.0 < row["eval_seconds"] < row["epoch_seconds"] - row["train_seconds"] + 1e-9
     # No temporary files are left behind by the atomic writes.
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_masked_run_reports_nominal_inference_flops_below_the_executed(tmp_path):
+    # Campfire masks weights but runs dense convolutions: the summary's inference FLOPs are
+    # what the sparsity would cost on hardware that exploits it, the executed ones dense's
+    opts = {"final_sparsity": 0.5, "start_epoch": 0, "era_epochs": 1}
+    summary = train(_smoke_cfg(tmp_path / "run", method="campfire", method_options=opts),
+                    progress=False)  # fmt: skip
+    dense = train(_smoke_cfg(tmp_path / "dense"), progress=False)
+    assert summary["inference_flops_executed"] == dense["inference_flops"]
+    assert summary["inference_flops"] < 0.8 * summary["inference_flops_executed"]
 
 
 def test_every_epoch_records_its_training_flops_per_sample(tmp_path):

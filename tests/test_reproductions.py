@@ -1816,3 +1816,55 @@ def test_prunetrain_table2_draws_the_speedup_beside_the_papers():
     assert bars[("ours (cpu)", 10)] == bars[("ours (cpu)", 100)] == 0.9
     assert bars[("paper resnet32", 10)] == 1.34 and bars[("paper vgg13", 100)] == 1.64
     assert not any("imagenet" in s for s, _ in bars)  # the CIFAR-100 rows only
+
+
+def _curve(top1s, *, scale="cpu", method="dense", seconds=None, saved=None, **summary):
+    """A run record whose epochs reached ``top1s`` (test top-1, %), each taking ``seconds``."""
+    seconds = seconds or [1.0] * len(top1s)
+    metrics = [{"epoch": i, "test_top1": t, "train_seconds": s}
+               for i, (t, s) in enumerate(zip(top1s, seconds))]  # fmt: skip
+    head = {"scale": scale, "method": method, "top1": top1s[-1], **summary}
+    if saved is not None:
+        head["sdgp_time"] = {"est_saved_fraction_of_iteration": saved}
+    return RunRecord(path="p", seed=0, summary=head, metrics=metrics, reused=True)
+
+
+def test_campfire_per_run_metrics_read_the_epochs_they_name():
+    from reproductions.campfire import top1_at
+    from reproductions.campfire.table1 import epoch_of_convergence
+    from reproductions.campfire.table8 import gain
+    from reproductions.campfire.table9 import improvement
+
+    run = _curve([10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0])
+    assert top1_at(0.9)(run) == 90.0 and top1_at(1.0)(run) == 100.0  # epochs 9 and 10
+    assert top1_at(0.5)(run) == 50.0
+    assert gain(run) == 10.0  # the last 10% of the run: 90 -> 100
+    # Table 1: the first epoch (1-based) within 0.5 pp of the best
+    assert epoch_of_convergence(_curve([50.0, 89.4, 89.6, 90.0, 89.0])) == 3.0
+    early, late = _curve([1.0, 98.5]), _curve([1.0, 98.0])  # drop at 80 vs at 90
+    assert improvement(early, late) == pytest.approx(0.5)
+    assert improvement(late, early) == pytest.approx(-0.5)
+
+
+def test_sdgp_fig10_estimates_time_to_accuracy_from_dense_epochs_and_the_saving():
+    from reproductions.sdgp.fig10 import estimated_tta, relative_speedup
+
+    dense = _curve([50.0, 80.0, 95.0], seconds=[10.0, 20.0, 40.0])
+    # reaches 90% in its 3rd epoch, each dense epoch 25% cheaper: (10 + 20 + 40) x 0.75
+    sdgp = _curve([40.0, 85.0, 91.0], method="sdgp", saved=0.25)
+    assert estimated_tta(sdgp, dense) == pytest.approx(52.5)
+    assert estimated_tta(dense, None) == pytest.approx(70.0)  # dense saves nothing
+    assert math.isnan(estimated_tta(_curve([50.0, 60.0]), None))  # never reaches 90%
+    # 4:32 reaches 90% in 2 epochs saving 20%, 16:32 in 3 saving 10%: 2.7 / 1.6 - 1
+    fast = _curve([80.0, 92.0], method="sdgp", saved=0.2)
+    slow = _curve([70.0, 85.0, 93.0], method="sdgp", saved=0.1)
+    assert relative_speedup(fast, slow) == pytest.approx(100.0 * (2.7 / 1.6 - 1))
+
+
+def test_sdgp_fig8_and_prunetrain_fig8_metrics():
+    from reproductions.prunetrain.fig8 import inference_mflops
+    from reproductions.sdgp.fig8 import top1_change
+
+    wide, ref = _curve([97.0, 98.6], method="sdgp"), _curve([97.0, 99.0], method="sdgp")
+    assert top1_change(wide, ref) == pytest.approx(-0.4)  # 4:32 against 2:4, as Sec. V reads
+    assert inference_mflops(_curve([90.0], inference_flops=2.5e6), None) == 2.5

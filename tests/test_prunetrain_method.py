@@ -373,8 +373,10 @@ def test_activation_bytes_of_a_model_whose_last_feature_map_is_one_pixel() -> No
         nn.Linear(8, 4),
     )  # fmt: skip
     got = activation_bytes_per_sample(model, (3, 2, 2))
-    # at least the input, the conv's output (kept for BatchNorm) and the ReLU's, per sample
-    assert got >= (3 * 2 * 2 + 8 + 8) * 4
+    # at least the input, the conv's output (kept for BatchNorm) and the ReLU's, per sample,
+    # and within the sibling test's 35% over that (a batch's bytes, not a sample's, fail it)
+    lower = (3 * 2 * 2 + 8 + 8) * 4
+    assert lower <= got <= 1.35 * lower
 
 
 def test_dynamic_batch_grows_after_pruning_within_the_budget() -> None:

@@ -927,3 +927,35 @@ def test_the_index_lists_papers_in_their_order_before_their_items(tmp_path):
     )
     text = index.read_text().split("<footer>")[0]
     assert text.index("clicktrain.fig10</") < text.index("sdgp.table1</")
+
+
+def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance():
+    from impl.report.html import glance_frame, result_section
+
+    rows = [
+        {"row": "dense", "metric": "top1", "ours": 99.44, "paper": 93.6, "unit": "%",
+         "scale": "cpu"},
+        {"row": "dense", "metric": "train_flops", "ours": 100.0, "unit": "% of dense",
+         "scale": "cpu"},
+        {"row": "PruneTrain", "metric": "top1", "ours": 98.61, "paper": 91.8, "unit": "%",
+         "scale": "cpu"},
+        {"row": "PruneTrain", "metric": "delta_top1", "ours": -0.8333, "paper": -1.8,
+         "unit": "pp", "scale": "cpu"},
+        {"row": "PruneTrain", "metric": "train_flops", "ours": 98.79, "paper": 47.0,
+         "unit": "% of dense", "scale": "cpu"},
+        {"row": "paper: vgg11", "metric": "top1", "ours": None, "paper": 92.1, "unit": "%"},
+    ]  # fmt: skip
+    frame = glance_frame(rows)
+    assert list(frame["Row"]) == ["dense", "PruneTrain"]  # the paper-only row is not ours
+    top1, flops = frame.columns[1], frame.columns[2]
+    assert frame.iloc[1][top1] == "98.61 (paper 91.8)" and frame.iloc[0][flops] == "100"
+    assert frame.iloc[1][flops] == "98.79 (paper 47)"
+    delta = frame.columns[3]
+    assert frame.iloc[1][delta] == "-0.83 (paper -1.8)" and frame.iloc[0][delta] == "-"
+    result = ResultSet(target="prunetrain.table1", title="t", scale="cpu", rows=rows)
+    tables = result_section(result).tables
+    assert len(tables) == 2 and "At a glance" in tables[0].caption
+    one = ResultSet(target="x.y", title="t", scale="cpu", rows=rows[:1] + rows[2:3])
+    assert len(result_section(one).tables) == 1  # one metric: the long table alone
+    claims = [{**r, "verdict": "holds"} for r in rows]
+    assert glance_frame(claims).empty  # each claim its own metric: no grid

@@ -238,6 +238,33 @@ def _claims_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(CLAIMS_COLUMNS))
 
 
+def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The rows we measured, one line per row label and one column per metric (in words, with
+    its unit), each cell our mean with the paper's number in brackets where it has one
+    ("98.79 (paper 47)"): a comparison table at a glance, above the long one that gives the
+    spreads, sources and notes. Empty where fewer than two labels or two metrics were
+    measured (the long table is then short enough)."""
+    if any(r.get("verdict") for r in rows):  # the claims: one metric each, a table of their own
+        return pd.DataFrame()
+    measured = [r for r in rows if r.get("ours") is not None]
+    labels = list(dict.fromkeys(str(r.get("row", "")) for r in measured))
+    metrics = list(dict.fromkeys(
+        metric_label(str(r.get("metric", "")), r.get("unit") or "") for r in measured
+    ))  # fmt: skip
+    if len(labels) < 2 or len(metrics) < 2:
+        return pd.DataFrame()
+    cells: dict[tuple[str, str], str] = {}
+    for r in measured:
+        metric = metric_label(str(r.get("metric", "")), r.get("unit") or "")
+        ours = float(r["ours"])
+        text = f"{ours:.2f}" if abs(ours) < 10 else format_number(ours)  # as the rows below
+        if r.get("paper") is not None:
+            text += f" (paper {format_number(r.get('paper'))})"
+        cells[(str(r.get("row", "")), metric)] = text
+    out = [{"Row": label, **{m: cells.get((label, m), "-") for m in metrics}} for label in labels]
+    return pd.DataFrame(out, columns=["Row", *metrics])
+
+
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows as one line per metric (in words, with its unit:
     :func:`impl.report.labels.metric_label`) and one column per row label, each cell
@@ -325,6 +352,13 @@ def result_section(result: ResultSet) -> Section:
             Table(wide_frame(result.rows), f"{result.target} at scale {result.scale}")
         )
     elif result.rows:
+        glance = glance_frame(result.rows)
+        if not glance.empty:
+            section.tables.append(
+                Table(glance, f"At a glance: our means at scale {result.scale}, the paper's "
+                      "number in brackets (its own models and data: see the rows below, with "
+                      "spreads, sources and notes)")
+            )  # fmt: skip
         section.tables.append(
             Table(comparison_frame(result.rows), f"{result.target} at scale {result.scale}")
         )

@@ -950,6 +950,9 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     top1, flops = frame.columns[1], frame.columns[2]
     assert frame.iloc[1][top1] == "98.61 (paper 91.8)" and frame.iloc[0][flops] == "100"
     assert frame.iloc[1][flops] == "98.79 (paper 47)"
+    assert glance_frame([{**r, "ours": 4.0} for r in rows[:2]] + rows[2:4]).iloc[0][top1] == (
+        "4 (paper 93.6)"  # a whole number (an epoch) without decimals
+    )
     delta = frame.columns[3]
     assert frame.iloc[1][delta] == "-0.83 (paper -1.8)" and frame.iloc[0][delta] == "-"
     result = ResultSet(target="prunetrain.table1", title="t", scale="cpu", rows=rows)

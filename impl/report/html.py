@@ -257,7 +257,8 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for r in measured:
         metric = metric_label(str(r.get("metric", "")), r.get("unit") or "")
         ours = float(r["ours"])
-        text = f"{ours:.2f}" if abs(ours) < 10 else format_number(ours)  # as the rows below
+        small = abs(ours) < 10 and ours != int(ours)  # -0.8333 as the rows below: -0.83
+        text = f"{ours:.2f}" if small else format_number(ours)
         if r.get("paper") is not None:
             text += f" (paper {format_number(r.get('paper'))})"
         cells[(str(r.get("row", "")), metric)] = text

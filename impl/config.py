@@ -152,14 +152,7 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 < self.lr < math.inf:  # an infinite rate trains to NaN and "finishes"
             raise ValueError(f"lr must be > 0 and finite, got {self.lr}")
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not (0 <= self.seed <= MAX_SEED)
-        ):  # torch.manual_seed's range: a larger one failed in torch once training began
-            raise ValueError(
-                f"seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), got {self.seed!r}"
-            )
+        check_seed(self.seed, "seed")
         if any(m < 0 for m in self.milestones):
             raise ValueError(f"milestones must be epochs >= 0, got {self.milestones}")
         if not self.gamma > 0:
@@ -231,27 +224,19 @@ class TrainConfig:
         )
 
 
-def is_default_option(method: str, name: str, value: Any) -> bool:
-    """Whether ``value`` is the default of option ``name`` of ``method``'s config: what a
-    saved run's ``method_options`` leave out (False where the method or option is unknown
-    here)."""
-    return not _non_default_options(method, {name: value}) and _knows_option(method, name)
+def check_seed(value: Any, name: str) -> None:
+    """Raise ValueError unless ``value`` is an integer torch can seed a generator with, 0 to
+    :data:`MAX_SEED` (a larger one failed inside torch once training began); ``name`` is the
+    setting's name in the message (``seed``, SDGP's ``prune_seed``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"{name} must be an integer from 0 to {MAX_SEED} (2**64 - 1), got {value!r}"
+        )
 
 
-def _knows_option(method: str, name: str) -> bool:
-    import dataclasses
-
-    try:
-        from impl.methods import method_class
-
-        return name in {f.name for f in dataclasses.fields(method_class(method).Config)}
-    except (ImportError, ValueError):
-        return False
-
-
-def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` without the entries equal to the default of ``method``'s config (all of
-    them where the method is unknown here)."""
+def _option_defaults(method: str) -> dict[str, Any]:
+    """The plain defaults of ``method``'s config fields (none where the method is unknown
+    here; a field with a default factory has no plain default)."""
     import dataclasses
 
     try:
@@ -259,9 +244,23 @@ def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]
 
         cls = method_class(method)
     except (ImportError, ValueError):
-        return dict(options)
-    defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)
-                if f.default is not dataclasses.MISSING}  # fmt: skip
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(cls.Config)
+            if f.default is not dataclasses.MISSING}  # fmt: skip
+
+
+def is_default_option(method: str, name: str, value: Any) -> bool:
+    """Whether ``value`` is the default of option ``name`` of ``method``'s config: what a
+    saved run's ``method_options`` leave out (False where the method or option is unknown
+    here)."""
+    defaults = _option_defaults(method)
+    return name in defaults and defaults[name] == value
+
+
+def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without the entries equal to the default of ``method``'s config (all of
+    them where the method is unknown here)."""
+    defaults = _option_defaults(method)
     return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
 
 

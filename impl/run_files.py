@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"
+
+
+def holds_run(directory: Path) -> bool:
+    """Whether ``directory`` is a run directory: it holds the run's ``config.json`` (written
+    first) or ``summary.json`` (written last)."""
+    return any((Path(directory) / name).is_file() for name in (CONFIG_FILE, SUMMARY_FILE))
 
 
 class MetricsError(ValueError):
@@ -67,4 +75,12 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-__all__ = ["METRICS_FILE", "MetricsError", "read_json", "read_metrics"]
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "MetricsError",
+    "holds_run",
+    "read_json",
+    "read_metrics",
+]

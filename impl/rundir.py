@@ -23,12 +23,17 @@ from typing import Any, BinaryIO
 
 import torch
 
-from impl.run_files import METRICS_FILE, MetricsError, read_json, read_metrics
+from impl.run_files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    MetricsError,
+    read_json,
+    read_metrics,
+)
 
 CHECKPOINT_FORMAT = "pdtbench-checkpoint-v1"
-CONFIG_FILE = "config.json"
 CHECKPOINT_FILE = "checkpoint.pt"
-SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
 #: The files a run writes atomically (and the FGSM evaluation's record): the lock clears the
 #: temporaries of these only, so a directory that also holds a user's files keeps them.

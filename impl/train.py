@@ -37,6 +37,7 @@ from impl.methods import (
     method_identity,
 )
 from impl.methods.masking import conv_weight_counts
+from impl.run_files import holds_run
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
 
@@ -167,9 +168,7 @@ def refuse_folder_of_runs(run_dir: Path, flag: str = "--out") -> None:
     if not run_dir.is_dir():
         return
     for child in sorted(run_dir.iterdir()):
-        if child.is_dir() and any(
-            (child / name).is_file() for name in (rundir.CONFIG_FILE, rundir.SUMMARY_FILE)
-        ):
+        if child.is_dir() and holds_run(child):
             raise ValueError(
                 f"{flag} {run_dir} holds other runs ({child.name}, ...): give this run a "
                 f"directory of its own, e.g. {run_dir / 'NAME'}, or leave {flag} out for a "

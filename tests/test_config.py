@@ -255,3 +255,13 @@ def test_is_default_option_reads_the_methods_config():
     assert not is_default_option("sdgp", "n", 1)
     assert not is_default_option("sdgp", "no_such_option", None)  # unknown: not a default
     assert not is_default_option("no_such_method", "n", 2)
+
+
+def test_check_seed_takes_torchs_range_and_names_the_setting():
+    from impl.config import MAX_SEED, check_seed
+
+    check_seed(0, "seed")
+    check_seed(MAX_SEED, "prune_seed")
+    for bad in (-1, MAX_SEED + 1, True, 1.0, "3"):
+        with pytest.raises(ValueError, match=r"^prune_seed must be an integer from 0 to"):
+            check_seed(bad, "prune_seed")

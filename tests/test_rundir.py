@@ -177,3 +177,19 @@ def test_a_write_error_without_a_file_name_gets_the_path(tmp_path, monkeypatch):
         rundir.write_json(tmp_path / "summary.json", {"a": 1})
     with pytest.raises(OSError, match=r"No space left on device: writing .*metrics.jsonl"):
         rundir.append_metrics(tmp_path, {"epoch": 0})
+
+
+def test_holds_run_knows_a_run_by_its_config_or_its_summary(tmp_path):
+    from impl.run_files import holds_run
+
+    assert not holds_run(tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    assert not holds_run(tmp_path)
+    (tmp_path / "config.json").write_text("{}")  # written first: a run, even a killed one
+    assert holds_run(tmp_path)
+    other = tmp_path / "other"
+    (other / "summary.json").mkdir(parents=True)  # a folder of that name is not the file
+    assert not holds_run(other.parent / "other")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    assert holds_run(tmp_path / "done")

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impl.config import MAX_SEED
+from impl.config import check_seed
 from impl.data import derived_seed
 from impl.methods.base import Method, MethodConfig, TrainContext
 from impl.ops.nm import (
@@ -651,11 +651,8 @@ class SDGP(Method):
                 f"unknown nondivisible {c.nondivisible!r}; valid: {', '.join(NONDIVISIBLE_RULES)}"
             )
         check_eps(c.rescale_eps, "rescale_eps")
-        if c.prune_seed is not None and not 0 <= c.prune_seed <= MAX_SEED:
-            raise ValueError(
-                f"prune_seed must be an integer from 0 to {MAX_SEED} (2**64 - 1); "
-                f"got {c.prune_seed}"
-            )
+        if c.prune_seed is not None:
+            check_seed(c.prune_seed, "prune_seed")
         if c.profile_repeats < 1:
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
         if c.backend not in BACKENDS:

@@ -246,22 +246,21 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     measured (the long table is then short enough)."""
     if any(r.get("verdict") for r in rows):  # the claims: one metric each, a table of their own
         return pd.DataFrame()
-    measured = [r for r in rows if r.get("ours") is not None]
-    labels = list(dict.fromkeys(str(r.get("row", "")) for r in measured))
-    metrics = list(dict.fromkeys(
-        metric_label(str(r.get("metric", "")), r.get("unit") or "") for r in measured
-    ))  # fmt: skip
-    if len(labels) < 2 or len(metrics) < 2:
-        return pd.DataFrame()
-    cells: dict[tuple[str, str], str] = {}
-    for r in measured:
-        metric = metric_label(str(r.get("metric", "")), r.get("unit") or "")
+    cells: dict[tuple[str, str], str] = {}  # (row label, metric in words) -> cell, in order
+    for r in rows:
+        if r.get("ours") is None:
+            continue
         ours = float(r["ours"])
         small = abs(ours) < 10 and ours != int(ours)  # -0.8333 as the rows below: -0.83
         text = f"{ours:.2f}" if small else format_number(ours)
         if r.get("paper") is not None:
             text += f" (paper {format_number(r.get('paper'))})"
+        metric = metric_label(str(r.get("metric", "")), r.get("unit") or "")
         cells[(str(r.get("row", "")), metric)] = text
+    labels = list(dict.fromkeys(label for label, _ in cells))
+    metrics = list(dict.fromkeys(metric for _, metric in cells))
+    if len(labels) < 2 or len(metrics) < 2:
+        return pd.DataFrame()
     out = [{"Row": label, **{m: cells.get((label, m), "-") for m in metrics}} for label in labels]
     return pd.DataFrame(out, columns=["Row", *metrics])
 

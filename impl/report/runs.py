@@ -16,10 +16,14 @@ from typing import Any
 
 import pandas as pd
 
-from impl.run_files import MetricsError, read_json, read_metrics
-
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.json"
+from impl.run_files import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    MetricsError,
+    holds_run,
+    read_json,
+    read_metrics,
+)
 
 # The summary fields a run table shows first (README, "Run directories"); others follow.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -65,7 +69,7 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
         if p.is_file():
             if p.name == RESULT_FILE:
                 continue
-            if not any((p.parent / name).is_file() for name in (CONFIG_FILE, SUMMARY_FILE)):
+            if not holds_run(p.parent):
                 raise ValueError(
                     f"{p} is a file, neither in a run directory nor a reproduction's "
                     f"{RESULT_FILE}: give a run directory, a folder of runs or results, or a "

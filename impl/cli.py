@@ -536,13 +536,16 @@ class Terminated(KeyboardInterrupt):
     Ctrl-C raises :class:`KeyboardInterrupt`, so that it stops the work the same way: what
     finished is kept, the rest is cleaned up, and the command says how to go on."""
 
+    #: the status a shell reports for a process stopped by SIGTERM
+    exit_code = EXIT_TERMINATED
+
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
 def _exit_code(err: BaseException) -> int:
-    return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+    return int(getattr(err, "exit_code", EXIT_INTERRUPTED))
 
 
 @contextlib.contextmanager

@@ -56,6 +56,9 @@ DEFAULT_TIMEOUT_S = 300.0
 COMM_TIMING_ENV = "PDTBENCH_COMM_TIMING"
 #: Exit status of a worker whose distributed run failed (peer died, timeout, desync).
 EXIT_DIST_FAILURE = 3
+#: Set to "1" in the workers :func:`launch` starts: the launching process says how a stopped
+#: job can be resumed, so a worker stopped by a signal leaves without a word.
+LAUNCHED_ENV = "PDTBENCH_LAUNCHED"
 
 
 #: The timeout the default group was created with here (None: created elsewhere).
@@ -237,10 +240,12 @@ def free_port() -> int:
 def torchrun_command(
     argv: Sequence[str], nproc: int, *, module: str = "impl.cli", port: int | None = None
 ) -> list[str]:
-    """The command line of ``torchrun --standalone --nproc-per-node N -m module argv...``."""
+    """The command line of ``torchrun --standalone --nproc-per-node N -m module argv...``
+    (torchrun's agent as :mod:`impl.launch_agent` runs it: stopped by a signal, it exits
+    with 128 + the signal's number and no traceback)."""
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an int >= 1, got {nproc!r}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "impl.launch_agent", f"--nproc-per-node={nproc}"]
     if port is None:
         cmd.append("--standalone")
     else:
@@ -270,6 +275,7 @@ def launch(
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    full_env[LAUNCHED_ENV] = "1"  # a worker stopped by a signal leaves the words to our caller
     if threads is not None:
         full_env["OMP_NUM_THREADS"] = str(threads)
     elif "OMP_NUM_THREADS" not in full_env and not torch.cuda.is_available():
@@ -719,6 +725,7 @@ __all__ = [
     "COMM_TIMING_ENV",
     "DEFAULT_TIMEOUT_S",
     "EXIT_DIST_FAILURE",
+    "LAUNCHED_ENV",
     "TIMEOUT_ENV",
     "DataParallel",
     "DistInfo",
@@ -755,12 +762,28 @@ def run_worker(
     When ``fn`` raises in a distributed run, prints one line saying which rank failed and
     why (after the traceback, unless a peer's failure caused it) and ends the process at once
     with status :data:`EXIT_DIST_FAILURE`, so that no rank waits on a dead peer at exit.
+    Stopped by a signal (a :class:`KeyboardInterrupt`: Ctrl-C, or SIGTERM where the caller
+    raises one for it, its ``exit_code`` attribute then the status), a rank ends at once
+    with that status (default 130): without a traceback, with one line naming the rank under
+    a torchrun of the user's own, and silently under :func:`launch`, whose caller says what
+    was kept.
     """
     info = init_from_env(device, timeout_s)
     if not info.active:
         return fn()
     try:
         result = fn()
+    except KeyboardInterrupt as stop:
+        code = int(getattr(stop, "exit_code", 130))
+        if os.environ.get(LAUNCHED_ENV) != "1":
+            how = "SIGTERM" if code == 143 else "Ctrl-C" if code == 130 else f"status {code}"
+            print(
+                f"{prog}: stopped ({how}) on rank {info.rank} of {info.world_size}",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.stdout.flush()
+        os._exit(code)
     except BaseException as err:  # noqa: BLE001 - every failure ends this rank the same way
         import traceback
 

@@ -105,7 +105,7 @@ def test_backend_and_device_choice():
 
 def test_torchrun_command_passes_our_flags_untouched():
     cmd = D.torchrun_command(["train", "--nproc", "2", "--r", "3"], 2)
-    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=2"]
+    assert cmd[1:4] == ["-m", "impl.launch_agent", "--nproc-per-node=2"]
     assert "--standalone" in cmd
     i = cmd.index("impl.cli")
     assert cmd[i - 1] == "-m" and cmd[i + 1] == "--"
@@ -261,6 +261,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _worker_pids(proc: subprocess.Popen, tmp_path) -> list[int]:
+    """The pids the two workers of ``proc``'s job wrote into ``tmp_path`` (rank0.pid,
+    rank1.pid), once both have; fails when ``proc`` ends first or after 120 s."""
+    pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(f.exists() for f in pid_files):
+        assert time.monotonic() < deadline and proc.poll() is None, "no workers started"
+        time.sleep(0.2)
+    return [int(f.read_text()) for f in pid_files]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
     """SIGKILL of `pdtbench train --nproc N` (the launching process) ends torchrun and its
@@ -269,13 +280,8 @@ def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
     env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=str(tmp_path))
     code = "from impl.distributed import launch; launch(['x'], 2, module='sleeper', threads=1)"
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
-    pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
-    deadline = time.monotonic() + 120
     try:
-        while not all(f.exists() for f in pid_files):
-            assert time.monotonic() < deadline and parent.poll() is None, "no workers started"
-            time.sleep(0.2)
-        workers = [int(f.read_text()) for f in pid_files]
+        workers = _worker_pids(parent, tmp_path)
         assert all(_alive(w) for w in workers)
     finally:
         parent.kill()
@@ -287,6 +293,110 @@ def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
     for w in left:
         os.kill(w, 9)
     assert not left, "workers outlived the killed launcher"
+
+
+# A worker as impl.cli makes one: SIGTERM raises a KeyboardInterrupt whose exit_code is 143
+STOPPABLE = """import os, signal, time
+from impl.distributed import run_worker
+
+
+class Terminated(KeyboardInterrupt):
+    exit_code = 143
+
+
+def stop(signum, frame):
+    raise Terminated()
+
+
+signal.signal(signal.SIGTERM, stop)
+
+
+def wait():
+    pid_file = os.path.join(os.environ["SLEEPER_DIR"], "rank%s.pid" % os.environ["RANK"])
+    open(pid_file + ".tmp", "w").write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
+    time.sleep(120)
+
+
+run_worker(wait, "cpu", prog="stoppable")
+"""
+
+
+def _stop_when_workers_run(proc: subprocess.Popen, tmp_path, stop) -> tuple[int, str]:
+    """Wait until both workers of ``proc``'s job have written their pid files, call ``stop``,
+    and return the job's exit status and standard error (workers left running are killed)."""
+    try:
+        workers = _worker_pids(proc, tmp_path)
+        stop()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    left = [w for w in workers if _alive(w)]
+    for w in left:
+        os.kill(w, 9)
+    assert not left, "workers outlived the stopped job"
+    return proc.returncode, err
+
+
+def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path):
+    """Ctrl-C of `pdtbench train --nproc N` stops the job with SIGTERM: the agent and the
+    workers used to print three tracebacks ("distributed training failed on rank 0 of 2:
+    Terminated", torchrun's SignalException) under the launcher's one line; they now end
+    quietly, the launcher's caller saying what was kept."""
+    import signal
+
+    (tmp_path / "stoppable.py").write_text(STOPPABLE)
+    env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=str(tmp_path))
+    env.pop(D.LAUNCHED_ENV, None)
+    code = (
+        "import sys\nfrom impl.distributed import launch\ntry:\n"
+        "    sys.exit(launch(['x'], 2, module='stoppable', threads=1))\n"
+        "except KeyboardInterrupt:\n    print('launcher: interrupted', file=sys.stderr)\n"
+        "    sys.exit(130)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, for the clean-up of a failed test
+    )
+    status, err = _stop_when_workers_run(
+        parent, tmp_path, lambda: parent.send_signal(signal.SIGINT)
+    )
+    assert status == 130, err
+    assert "Traceback" not in err and "stopped" not in err and "error" not in err, err
+    assert err.rstrip().endswith("launcher: interrupted"), err
+
+
+def test_workers_of_a_torchrun_of_ones_own_stopped_by_sigterm_say_so_in_one_line(tmp_path):
+    """Outside `pdtbench train --nproc`, a worker stopped by a signal names its rank in one
+    line and exits 143 (it printed a traceback and "failed", status 3); the agent, as
+    launch_agent runs it, exits 143 as well, without its traceback."""
+    import signal
+
+    (tmp_path / "stoppable.py").write_text(STOPPABLE)
+    env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=str(tmp_path))
+    env.pop(D.LAUNCHED_ENV, None)
+    agent = subprocess.Popen(
+        D.torchrun_command(["x"], 2, module="stoppable", port=D.free_port()),
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    status, err = _stop_when_workers_run(
+        agent, tmp_path, lambda: os.killpg(agent.pid, signal.SIGTERM)
+    )
+    assert status == 143, err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("stoppable:")]
+    assert sorted(lines) == [
+        "stoppable: stopped (SIGTERM) on rank 0 of 2",
+        "stoppable: stopped (SIGTERM) on rank 1 of 2",
+    ], err
 
 
 def test_sync_bn_aux_bytes_counts_the_gather_and_the_reduce():

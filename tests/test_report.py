@@ -962,3 +962,28 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     assert len(result_section(one).tables) == 1  # one metric: the long table alone
     claims = [{**r, "verdict": "holds"} for r in rows]
     assert glance_frame(claims).empty  # each claim its own metric: no grid
+
+
+def test_runs_page_counts_epochs_from_one_as_every_epoch_axis(monkeypatch):
+    """metrics.jsonl numbers epochs from 0; the runs page drew them so (0, 1, 2) while the
+    reproductions' epoch axes and the training log count from 1."""
+    import impl.report.pages as pages
+
+    drawn: dict[str, pd.DataFrame] = {}
+    real_draw = pages.draw
+
+    def spying_draw(kind, data, **kw):
+        drawn[kw["title"]] = data
+        return real_draw(kind, data, **kw)
+
+    monkeypatch.setattr(pages, "draw", spying_draw)
+    runs = pd.DataFrame([{"run": "r", "method": "dense", "scale": "cpu", "top1": 90.0}])
+    metrics = pd.DataFrame(
+        [
+            {"run": "r", "method": "dense", "scale": "cpu", "epoch": e, "test_top1": t}
+            for e, t in enumerate([50.0, 80.0, 90.0])
+        ]  # fmt: skip
+    )
+    pages.runs_section(runs, metrics)
+    assert list(drawn["Test top-1 per epoch"]["epoch"]) == [1, 2, 3]
+    assert list(metrics["epoch"]) == [0, 1, 2]  # the caller's frame is left as it was

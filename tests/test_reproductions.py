@@ -931,8 +931,9 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     # both runs span the same axis: the share of their epochs (ours 4, the paper's 182)
     assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 50.0]
     assert batch.data[-1]["source"] == "paper (CIFAR-100)"
+    # epochs counted from 1, as on every epoch axis of the reports (the metrics' from 0)
     assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
-        (0, 10.0), (1, 7.0), (2, 9.0)]  # fmt: skip
+        (1, 10.0), (2, 7.0), (3, 9.0)]  # fmt: skip
     assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}
     assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 256.0]
 

@@ -109,7 +109,7 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
     if metrics is not None and not metrics.empty and "test_top1" in metrics.columns:
         fig = draw(
             "line",
-            metrics,
+            metrics.assign(epoch=metrics["epoch"] + 1),  # counted from 1, as every figure
             x="epoch",
             y="test_top1",
             hue="method",

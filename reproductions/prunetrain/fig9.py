@@ -66,7 +66,11 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
             data.append({"training_pct": 100.0 * epoch / PAPER_CIFAR_EPOCHS,
                          "batch_size": p["value"], "source": "paper (CIFAR-100)"})  # fmt: skip
     memory = [
-        {"epoch": m["epoch"], "mib": m[key] / 2**20, "source": f"{what} ({scale}), seed {run.seed}"}
+        {
+            "epoch": m["epoch"] + 1,
+            "mib": m[key] / 2**20,
+            "source": f"{what} ({scale}), seed {run.seed}",
+        }
         for r in results
         if "dynamic" in r.row.label
         for run in r.runs

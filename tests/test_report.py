@@ -287,6 +287,21 @@ def test_the_legend_stands_beside_the_axes_and_zero_bars_are_marked():
     assert ax.get_legend().get_title().get_text() == "h"
 
 
+def test_coinciding_scatter_points_of_two_groups_both_show():
+    """Two PruneTrain penalties' runs ended at the same top-1 and training FLOPs, and the one
+    drawn second hid the first: each group has its own marker, and later groups are drawn
+    smaller and on top, so the first shows around the second."""
+    data = pd.DataFrame({"f": [100.0, 100.0, 98.8], "t": [98.9, 98.9, 98.6],
+                         "ratio": ["0.05", "0.1", "0.2"]})  # fmt: skip
+    ax = draw("scatter", data, x="f", y="t", hue="ratio").axes[0]
+    first, second, third = ax.collections
+    assert first.get_sizes()[0] > second.get_sizes()[0] > third.get_sizes()[0]
+    assert first.get_zorder() < second.get_zorder() < third.get_zorder()
+    assert not np.array_equal(first.get_paths()[0].vertices, second.get_paths()[0].vertices)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0.05", "0.1", "0.2"]
+    assert ax.get_legend().get_title().get_text() == "ratio"
+
+
 def test_a_schedule_is_drawn_in_steps():
     data = pd.DataFrame({"epoch": [0, 20, 30], "batch": [128.0, 192.0, 224.0]})
     stepped = draw("line", data, x="epoch", y="batch", steps=True).axes[0].lines[0]

@@ -105,6 +105,37 @@ def _new_figure(width: float = 6.4, height: float = 3.6) -> tuple[Figure, Any]:
     return fig, fig.add_subplot(1, 1, 1)
 
 
+#: Marker shapes of a scatter's groups, in order, and the area (points^2) of the first and
+#: the last group's: groups drawn later are smaller and on top, so points of two groups at
+#: the same place read as one marker inside the other instead of one hiding the other.
+SCATTER_MARKERS: tuple[str, ...] = ("o", "s", "D", "^", "v", "P", "X", "*", "p", "h")
+SCATTER_AREAS: tuple[float, float] = (140.0, 55.0)
+
+
+def _scatter(
+    ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None, palette: dict | None
+) -> None:
+    """Points of ``data`` per ``hue`` group (in order of appearance), each group its own
+    colour and marker (:data:`SCATTER_MARKERS`), the groups' markers shrinking from the
+    first to the last (:data:`SCATTER_AREAS`) and drawn in that order, so that coinciding
+    points of different groups all show (one PruneTrain penalty's point hid another's)."""
+    import seaborn as sns
+
+    if hue is None:
+        ax.scatter(data[x], data[y], s=SCATTER_AREAS[0] / 2, zorder=2)
+        return
+    groups = list(pd.unique(data[hue].dropna()))
+    colors = palette or dict(zip(groups, sns.color_palette(n_colors=len(groups)), strict=True))
+    big, small = SCATTER_AREAS
+    for i, g in enumerate(groups):
+        part = data[data[hue] == g]
+        area = big if len(groups) == 1 else big - (big - small) * i / (len(groups) - 1)
+        ax.scatter(part[x], part[y], s=area, marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)],
+                   color=colors[g], edgecolors="white", linewidths=0.6, label=str(g),
+                   zorder=2 + i)  # fmt: skip
+    ax.legend(title=hue)
+
+
 def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> None:
     """One point per ``hue`` group: means of ``x`` and ``y`` with their 95% CIs as error bars."""
     import seaborn as sns
@@ -173,12 +204,13 @@ def draw(
     ``bar``: mean of ``y`` per ``x`` (and ``hue``) with the standard deviation as error bar;
     ``line``: ``y`` against ``x`` per ``hue``/``style`` (mean and sd band over repeats; with
     ``steps``, each value held until the next ``x``, for a schedule that changes in steps);
-    ``scatter``: points; ``interval``: mean of ``y`` per ``x`` (and ``hue``) with its 95%
-    confidence interval (:func:`t_interval`) and a dashed line at ``y = 0``, for per-seed
-    differences against a baseline; ``heatmap``: ``y`` is the value column, ``x`` the columns and
-    ``hue`` the rows of the grid (a cell with no value is grey and says "not run");
-    ``tradeoff``: one labelled point per ``hue`` group at the
-    means of ``x`` and ``y`` over its repeats, with the 95% confidence interval of each as
+    ``scatter``: points, each ``hue`` group its own marker, later groups' smaller and on
+    top so that coinciding points all show; ``interval``: mean of ``y`` per ``x`` (and
+    ``hue``) with its 95% confidence interval (:func:`t_interval`) and a dashed line at
+    ``y = 0``, for per-seed differences against a baseline; ``heatmap``: ``y`` is the value
+    column, ``x`` the columns and ``hue`` the rows of the grid (a cell with no value is grey
+    and says "not run"); ``tradeoff``: one labelled point per ``hue`` group at the means of
+    ``x`` and ``y`` over its repeats, with the 95% confidence interval of each as
     error bars and a dashed line at ``y = 0`` (e.g. top-1 change against FLOPs saved, one point
     per method). ``y_from_zero`` starts the value axis at 0 (an amount such as memory, whose
     changes a cropped axis would magnify). Raises ``ValueError`` on an unknown kind or missing
@@ -212,7 +244,11 @@ def draw(
         ax.axhline(0.0, color="0.4", linestyle="--", linewidth=1)
         _slant(ax, crowded_axis(data, kind, x))
     elif kind == "scatter":
-        sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, palette=palette, ax=ax)
+        if style is None:
+            _scatter(ax, data, x, y, hue, palette)
+        else:
+            sns.scatterplot(data=data, x=x, y=y, hue=hue, style=style, s=60, palette=palette,
+                            ax=ax)  # fmt: skip
     elif kind == "tradeoff":
         _tradeoff(ax, data, x, y, hue)
     else:
@@ -254,6 +290,8 @@ __all__ = [
     "FIGURE_KINDS",
     "IMAGE_FORMATS",
     "METHOD_ORDER",
+    "SCATTER_AREAS",
+    "SCATTER_MARKERS",
     "crowded_axis",
     "draw",
     "figure_data_uri",

@@ -444,3 +444,63 @@ def test_a_loaded_cpu_is_warned_of_before_cpu_timings():
     assert "1.80 on 2 cores" in busy and "load_avg_1m" in busy
     assert run.load_warning("smoke", load_1m=1.8, cores=2) != ""
     assert run.load_warning("gpu", load_1m=40.0, cores=2) == ""  # times the GPU
+
+
+@pytest.mark.parametrize("impl", ["dense@cpu", "sdgp@cpu"])
+def test_asv_iteration_times_one_step_and_tracks_its_phases_as_asv_calls_them(monkeypatch, impl):
+    """asv's order on one parameter pair: setup, the timed iteration, each track_*, then
+    teardown; at the smoke case every phase is a positive time in ms and the TF32 flags
+    setup pinned are restored after."""
+    import torch
+
+    from bench import asv_iteration
+
+    monkeypatch.setattr(asv_iteration, "_SCALE", "smoke")
+    case = cases.grid("iteration", "smoke")[0].name
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    bench_obj = asv_iteration.Iteration()
+    bench_obj.setup(case, impl)
+    try:
+        assert bench_obj.calls == 1  # one untimed warm-up iteration
+        bench_obj.time_iteration(case, impl)
+        assert bench_obj.calls == 2
+        phases = {
+            k: getattr(bench_obj, f"track_{k}")(case, impl)
+            for k in ("forward_ms", "backward_ms", "step_ms", "forward_backward_tflops")
+        }
+    finally:
+        bench_obj.teardown(case, impl)
+    assert all(v > 0 for v in phases.values()), phases
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    assert bench_obj.prepared is None
+
+
+def test_asv_allreduce_counts_each_methods_bytes_once_and_skips_what_could_not_count(
+    monkeypatch,
+):
+    from bench import asv_comm
+
+    monkeypatch.setattr(asv_comm, "_SCALE", "smoke")
+    case = cases.grid("allreduce", "smoke")[0].name
+    bench_obj = asv_comm.AllreduceBytes()
+    rows = bench_obj.setup_cache()
+    assert {k[1] for k in rows} == set(cases.implementations("allreduce", "smoke"))
+    got = {}
+    for impl in ("dense@cpu", "prunetrain@cpu", "clicktrain@cpu"):
+        bench_obj.setup(rows, case, impl)
+        got[impl] = (
+            bench_obj.track_payload_bytes(rows, case, impl),
+            bench_obj.track_payload_fraction(rows, case, impl),
+            bench_obj.track_ring_bytes_per_rank_p8(rows, case, impl),
+        )
+    payload, fraction, ring = got["dense@cpu"]
+    assert fraction == 1.0 and ring == pytest.approx(2 * 7 / 8 * payload)
+    # the pruned methods send less than dense; a ring over 8 ranks sends 2 (p - 1) / p of it
+    for impl in ("prunetrain@cpu", "clicktrain@cpu"):
+        p, f, r = got[impl]
+        assert p < payload and f == pytest.approx(p / payload)
+        assert r == pytest.approx(2 * 7 / 8 * p)
+    broken = dict(rows)
+    broken[(case, "dense@cpu")] = {**rows[(case, "dense@cpu")], "status": "error", "reason": "x"}
+    with pytest.raises(NotImplementedError, match="error: x"):  # asv skips the pair
+        bench_obj.setup(broken, case, "dense@cpu")

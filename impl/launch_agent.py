@@ -6,26 +6,54 @@ it was sent SIGTERM itself) ends the agent with the shell's status for that sign
 128 + its number, instead of a traceback of the agent's own code: the launcher has said
 what was kept and how to resume (``impl.cli``), and the stack of torch's monitoring loop
 told the user nothing. Every other outcome (a worker's failure, a bad flag) is torchrun's,
-unchanged.
+unchanged but for one: a worker's failure, which the worker itself reports (its traceback
+and a line naming its rank, :func:`impl.distributed.run_worker`), ends the agent with one
+line naming the rank and how it ended, instead of torchrun's traceback and table of every
+rank under it.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv`` (default: the command line); return 0 when every worker
-    succeeded, or 128 + the signal's number when the agent was stopped by one."""
+    succeeded, 1 when one failed (saying which, and how), or 128 + the signal's number when
+    the agent was stopped by one."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
         torchrun_main(None if argv is None else list(argv))
     except SignalException as stop:
         return 128 + int(stop.sigval)
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        print(
+            f"torchrun: rank {rank} failed first ({how_it_ended(failure.exitcode)}) and the "
+            "other ranks were stopped; what the rank printed is above",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def how_it_ended(exitcode: int) -> str:
+    """A worker's end in words: ``"exit status 3"``, or the signal that killed it (a negative
+    ``exitcode``, as :mod:`subprocess` reports one), SIGKILL with its usual cause."""
+    if exitcode >= 0:
+        return f"exit status {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    if name == "SIGKILL":
+        return "killed by SIGKILL: out of memory, most often"
+    return f"killed by {name}"
 
 
 if __name__ == "__main__":

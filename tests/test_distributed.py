@@ -399,6 +399,52 @@ def test_workers_of_a_torchrun_of_ones_own_stopped_by_sigterm_say_so_in_one_line
     ], err
 
 
+FAILING = """import os, time
+from impl.distributed import run_worker
+
+
+def work():
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom on purpose")
+    time.sleep(120)
+
+
+run_worker(work, "cpu", prog="failing")
+"""
+
+
+def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent(tmp_path):
+    """The worker's traceback and its line name the error; torchrun's agent added a second
+    traceback and a table of every rank (ChildFailedError) that buried it."""
+    (tmp_path / "failing.py").write_text(FAILING)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    code = (
+        "import sys\nfrom impl.distributed import launch\n"
+        "sys.exit(launch(['x'], 2, module='failing', threads=1))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert err.count("Traceback") == 1 and "ValueError: boom on purpose" in err, err
+    assert "failing: error: distributed training failed on rank 1 of 2" in err, err
+    assert "ChildFailedError" not in err, err
+    assert err.rstrip().splitlines()[-1] == (
+        "torchrun: rank 1 failed first (exit status 3) and the other ranks were stopped; "
+        "what the rank printed is above"
+    )
+
+
+def test_how_a_worker_ended_in_words():
+    from impl.launch_agent import how_it_ended
+
+    assert how_it_ended(3) == "exit status 3"
+    assert how_it_ended(-15) == "killed by SIGTERM"
+    assert how_it_ended(-9) == "killed by SIGKILL: out of memory, most often"
+    assert how_it_ended(-200) == "killed by signal 200"
+
+
 def test_sync_bn_aux_bytes_counts_the_gather_and_the_reduce():
     # forward gathers world * (2C + 1) statistics, backward all-reduces 2C sums; half inputs
     # have float32 statistics (the count was twice the gather, in the input's dtype)

@@ -1,15 +1,16 @@
 """torchrun's agent as ``pdtbench train --nproc N`` starts it.
 
-``python -m impl.launch_agent ARGS`` is ``python -m torch.distributed.run ARGS``, except
-that a stop by a signal (the launcher stopping the job when its user pressed Ctrl-C, or when
-it was sent SIGTERM itself) ends the agent with the shell's status for that signal,
-128 + its number, instead of a traceback of the agent's own code: the launcher has said
-what was kept and how to resume (``impl.cli``), and the stack of torch's monitoring loop
-told the user nothing. Every other outcome (a worker's failure, a bad flag) is torchrun's,
-unchanged but for one: a worker's failure, which the worker itself reports (its traceback
-and a line naming its rank, :func:`impl.distributed.run_worker`), ends the agent with one
-line naming the rank and how it ended, instead of torchrun's traceback and table of every
-rank under it.
+``python -m impl.launch_agent ARGS`` is ``python -m torch.distributed.run ARGS`` but for how
+two endings are reported:
+
+- **Stopped by a signal** (the launcher stopping the job on Ctrl-C, or on a SIGTERM of its
+  own): exits with the shell's status for it, 128 + its number, without a traceback of
+  torch's monitoring loop; the launcher says what was kept and how to resume (``impl.cli``).
+- **A worker failed**: the worker has printed its error and its rank
+  (:func:`impl.distributed.run_worker`); the agent adds one line naming the rank that failed
+  first and how it ended, instead of a traceback and torchrun's table of every rank.
+
+Everything else (a bad flag, a rendezvous error) is reported as torchrun reports it.
 """
 
 from __future__ import annotations

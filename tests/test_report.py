@@ -1002,3 +1002,10 @@ def test_runs_page_counts_epochs_from_one_as_every_epoch_axis(monkeypatch):
     pages.runs_section(runs, metrics)
     assert list(drawn["Test top-1 per epoch"]["epoch"]) == [1, 2, 3]
     assert list(metrics["epoch"]) == [0, 1, 2]  # the caller's frame is left as it was
+
+
+def test_an_axis_from_zero_leaves_room_above_the_highest_value():
+    """A memory budget line at the top of its axis lay on the frame."""
+    data = pd.DataFrame({"epoch": [1, 2, 3], "mib": [15.0, 15.0, 14.3]})
+    low, high = draw("line", data, x="epoch", y="mib", y_from_zero=True).axes[0].get_ylim()
+    assert low == 0.0 and high >= 1.05 * 15.0

@@ -929,13 +929,18 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     assert batch.steps and not memory.steps  # the batch changes in steps
     assert memory.y_from_zero and not batch.y_from_zero  # a memory drop is not magnified
     # both runs span the same axis: the share of their epochs (ours 4, the paper's 182)
-    assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 50.0]
-    assert batch.data[-1]["source"] == "paper (CIFAR-100)"
+    # each schedule's last batch is held to the end of training (100%): the paper's line
+    # stopped at epoch 91 of 182, ours at the start of its last epoch
+    assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 100.0, 50.0, 100.0]
+    assert [d["source"] for d in batch.data[-2:]] == ["paper (CIFAR-100)"] * 2
     # epochs counted from 1, as on every epoch axis of the reports (the metrics' from 0)
     assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
         (1, 10.0), (2, 7.0), (3, 9.0)]  # fmt: skip
     assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}
-    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 256.0]
+    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 64.0, 256.0, 256.0]
+    # the budget drawn dashed, apart from ours where they coincide
+    assert memory.style == "series"
+    assert {d["series"] for d in memory.data} == {"ours", "budget"}
 
 
 def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():
@@ -959,6 +964,10 @@ def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():
     assert (flops.y, overhead.y) == ("flops", "extra")
     assert [d["epoch"] for d in overhead.data] == [1, 2, 3]
     assert [d["extra"] for d in overhead.data] == pytest.approx(want)
+    # (a) the cost each epoch trained at: dense in epoch 1, then what the previous epoch's
+    # reconfiguration left; the model after the last epoch's was never trained
+    assert [(d["epoch"], d["flops"]) for d in flops.data] == [(1, 1.0), (2, 0.8), (3, 0.6)]
+    assert flops.y_from_zero
 
 
 def test_a_dynamic_batch_row_whose_batch_never_grew_says_so():

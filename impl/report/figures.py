@@ -130,9 +130,11 @@ def _scatter(
     for i, g in enumerate(groups):
         part = data[data[hue] == g]
         area = big if len(groups) == 1 else big - (big - small) * i / (len(groups) - 1)
+        # a pale fill inside a solid outline: a larger marker under a smaller one still
+        # shows its whole outline
         ax.scatter(part[x], part[y], s=area, marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)],
-                   color=colors[g], edgecolors="white", linewidths=0.6, label=str(g),
-                   zorder=2 + i)  # fmt: skip
+                   facecolors=[(*colors[g][:3], 0.3)], edgecolors=[colors[g]], linewidths=1.6,
+                   label=str(g), zorder=2 + i)  # fmt: skip
     ax.legend(title=hue)
 
 
@@ -267,7 +269,9 @@ def draw(
         ax.set_xscale("log")
         _plain_short_log_ticks(ax.xaxis, data[x])
     if y_from_zero:
-        ax.set_ylim(bottom=0.0)
+        # from 0, with room above the highest value: a line at its top would lie on the frame
+        top = float(np.nanmax(data[y])) if data[y].notna().any() else 0.0
+        ax.set_ylim(0.0, max(ax.get_ylim()[1], 1.05 * top) if top > 0 else None)
     ax.set_title(title, wrap=True)  # a long title breaks into lines, not past the figure
     if kind in ("line", "scatter") and not logx and _whole_numbers(data[x]):
         from matplotlib.ticker import MaxNLocator

@@ -57,19 +57,25 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
             continue
         for run in r.runs:
             epochs = run.config.get("epochs") or len(run.metrics)
-            for m, batch in zip(run.metrics, epoch_batches(run)):  # 0-based, as the paper's
+            source = f"ours ({scale}), seed {run.seed}"
+            batches = epoch_batches(run)
+            for m, batch in zip(run.metrics, batches):  # 0-based, as the paper's
                 data.append({"training_pct": 100.0 * m["epoch"] / epochs, "batch_size": batch,
-                             "source": f"ours ({scale}), seed {run.seed}"})  # fmt: skip
+                             "source": source})  # fmt: skip
+            if batches:  # the last batch held to the end of training
+                data.append({"training_pct": 100.0, "batch_size": batches[-1], "source": source})
     for p in paper.to_dict("records"):
         if p["dataset"] == "cifar100":
             epoch = int(p["setting"].split()[-1])
-            data.append({"training_pct": 100.0 * epoch / PAPER_CIFAR_EPOCHS,
-                         "batch_size": p["value"], "source": "paper (CIFAR-100)"})  # fmt: skip
+            for pct in (100.0 * epoch / PAPER_CIFAR_EPOCHS, 100.0):  # held to the end
+                data.append({"training_pct": pct, "batch_size": p["value"],
+                             "source": "paper (CIFAR-100)"})  # fmt: skip
     memory = [
         {
             "epoch": m["epoch"] + 1,
             "mib": m[key] / 2**20,
             "source": f"{what} ({scale}), seed {run.seed}",
+            "series": what,
         }
         for r in results
         if "dynamic" in r.row.label
@@ -78,7 +84,8 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         for key, what in (("iteration_memory_bytes", "ours"), ("memory_budget_bytes", "budget"))
         if m.get(key) is not None
     ]
-    return [FigureSpec(kind="line", x="epoch", y="mib", hue="source", data=memory,
+    return [FigureSpec(kind="line", x="epoch", y="mib", hue="source", style="series",
+                       data=memory,
                        title="Memory of one training iteration", xlabel="epoch",
                        ylabel="MiB per iteration", y_from_zero=True,
                        caption="The paper's axis (Fig. 9): the memory one iteration of the "

@@ -1009,3 +1009,18 @@ def test_an_axis_from_zero_leaves_room_above_the_highest_value():
     data = pd.DataFrame({"epoch": [1, 2, 3], "mib": [15.0, 15.0, 14.3]})
     low, high = draw("line", data, x="epoch", y="mib", y_from_zero=True).axes[0].get_ylim()
     assert low == 0.0 and high >= 1.05 * 15.0
+
+
+def test_long_category_labels_do_not_squeeze_the_plot():
+    """Seven labels of 45 characters, slanted at 45 degrees, left Campfire Table 4's bars
+    about 70 pixels of height: labels now break into lines and the figure grows for them."""
+    labels = [f"combined, start 40, sparsity 60% (epoch {e})" for e in range(90, 97)]
+    data = pd.DataFrame({"x": labels, "y": [99.0] * 7, "h": ["ours"] * 7})
+    fig = draw("bar", data, x="x", y="y", hue="h")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    plot_height_in = ax.get_window_extent().height / fig.dpi
+    assert plot_height_in >= 2.0, plot_height_in
+    texts = [t.get_text() for t in ax.get_xticklabels()]
+    assert all(max(map(len, t.splitlines())) <= 24 for t in texts), texts
+    assert texts[0].replace("\n", " ") == labels[0]  # broken at spaces, nothing lost

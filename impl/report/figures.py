@@ -83,11 +83,33 @@ def crowded_axis(data: pd.DataFrame, kind: str, x: str) -> bool:
     return len(labels) > CROWDED_X or sum(map(len, labels)) > CROWDED_CHARS
 
 
+#: Characters per line of a category label: a longer one is broken at its spaces.
+LABEL_WRAP = 24
+
+
 def _slant(ax: Any, crowded: bool) -> None:
-    """Tilt the x tick labels (20 degrees, 45 where the axis is crowded), right-aligned."""
+    """Break long x tick labels into lines of at most :data:`LABEL_WRAP` characters, tilt
+    them (20 degrees, 45 where the axis is crowded), right-aligned, and make the figure
+    taller by what the labels need, so that they do not squeeze the plot (seven labels of
+    45 characters at 45 degrees left it 70 pixels high)."""
+    import textwrap
+
+    texts = [t.get_text() for t in ax.get_xticklabels()]
+    wrapped = [textwrap.fill(t, LABEL_WRAP, break_long_words=False) for t in texts]
+    ax.set_xticks(ax.get_xticks())
+    ax.set_xticklabels(wrapped)
+    angle = 45 if crowded else 20
     for label in ax.get_xticklabels():
-        label.set_rotation(45 if crowded else 20)
+        label.set_rotation(angle)
         label.set_horizontalalignment("right")
+    lines = [w.splitlines() or [""] for w in wrapped]
+    longest = max((len(line) for w in lines for line in w), default=0)
+    rows = max((len(w) for w in lines), default=1)
+    # inches: about 0.075 per character of 10-point text, 0.17 per line
+    below = longest * 0.075 * np.sin(np.radians(angle)) + rows * 0.17 * np.cos(np.radians(angle))
+    fig = ax.get_figure()
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, max(height, 3.0 + below))
 
 
 def _mark_zero_bars(ax: Any) -> None:
@@ -293,6 +315,7 @@ __all__ = [
     "CROWDED_X",
     "FIGURE_KINDS",
     "IMAGE_FORMATS",
+    "LABEL_WRAP",
     "METHOD_ORDER",
     "SCATTER_AREAS",
     "SCATTER_MARKERS",

@@ -1024,3 +1024,16 @@ def test_long_category_labels_do_not_squeeze_the_plot():
     texts = [t.get_text() for t in ax.get_xticklabels()]
     assert all(max(map(len, t.splitlines())) <= 24 for t in texts), texts
     assert texts[0].replace("\n", " ") == labels[0]  # broken at spaces, nothing lost
+
+
+def test_equal_lines_of_two_groups_both_show():
+    """Campfire's three masks reached the same sparsity each epoch, and the line drawn last
+    hid the others: each group now has its own dashes and its markers are smaller than the
+    previous group's, so the first shows around and between the later ones."""
+    data = pd.DataFrame({"epoch": [1, 2, 3] * 2, "s": [0.0, 0.6, 0.7] * 2,
+                         "row": ["ck"] * 3 + ["window"] * 3})  # fmt: skip
+    ax = draw("line", data, x="epoch", y="s", hue="row").axes[0]
+    first, second = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert first.get_markersize() > second.get_markersize()
+    assert first.get_linestyle() != second.get_linestyle()
+    assert first.get_markerfacecolor()[3] < 1.0  # a pale fill inside a solid outline

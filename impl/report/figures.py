@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
@@ -160,6 +161,26 @@ def _scatter(
     ax.legend(title=hue)
 
 
+#: Marker diameters (points) of the first and the last line of a line figure.
+LINE_MARKERS: tuple[float, float] = (11.0, 4.0)
+
+
+def _nest_markers(ax: Any) -> None:
+    """Give the lines' markers a pale fill inside a solid outline, the first line's largest
+    and each later one's smaller (:data:`LINE_MARKERS`), so that where two series coincide
+    (Campfire's three masks at one sparsity; dense and Campfire's first epochs) the one drawn
+    first still shows around the other instead of under it."""
+    lines = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "", " ")]
+    big, small = LINE_MARKERS
+    for i, line in enumerate(lines):
+        size = big if len(lines) == 1 else big - (big - small) * i / (len(lines) - 1)
+        color = line.get_color()
+        line.set_markersize(size)
+        line.set_markeredgecolor(color)
+        line.set_markerfacecolor((*to_rgb(color), 0.3))
+        line.set_markeredgewidth(1.4)
+
+
 def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> None:
     """One point per ``hue`` group: means of ``x`` and ``y`` with their 95% CIs as error bars."""
     import seaborn as sns
@@ -258,9 +279,13 @@ def draw(
         _slant(ax, crowded_axis(data, kind, x))
         _mark_zero_bars(ax)
     elif kind == "line":
-        sns.lineplot(data=data, x=x, y=y, hue=hue, style=style, marker="o", errorbar="sd",
+        # each group its own dashes too (style=hue), unless the caller styles by another
+        # column: a line drawn over an equal one then shows the first through its gaps
+        sns.lineplot(data=data, x=x, y=y, hue=hue, style=style if style else hue, marker="o",
+                     errorbar="sd",
                      palette=palette, drawstyle="steps-post" if steps else "default",
                      ax=ax)  # fmt: skip
+        _nest_markers(ax)
     elif kind == "interval":
         sns.pointplot(data=data, x=x, y=y, hue=hue, errorbar=t_interval, linestyle="none",
                       capsize=0.15, dodge=0.3 if hue else False, palette=palette,
@@ -316,6 +341,7 @@ __all__ = [
     "FIGURE_KINDS",
     "IMAGE_FORMATS",
     "LABEL_WRAP",
+    "LINE_MARKERS",
     "METHOD_ORDER",
     "SCATTER_AREAS",
     "SCATTER_MARKERS",

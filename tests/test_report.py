@@ -1033,7 +1033,7 @@ def test_equal_lines_of_two_groups_both_show():
     data = pd.DataFrame({"epoch": [1, 2, 3] * 2, "s": [0.0, 0.6, 0.7] * 2,
                          "row": ["ck"] * 3 + ["window"] * 3})  # fmt: skip
     ax = draw("line", data, x="epoch", y="s", hue="row").axes[0]
-    first, second = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    first, second = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
     assert first.get_markersize() > second.get_markersize()
     assert first.get_linestyle() != second.get_linestyle()
     assert first.get_markerfacecolor()[3] < 1.0  # a pale fill inside a solid outline

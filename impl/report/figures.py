@@ -170,7 +170,11 @@ def _nest_markers(ax: Any) -> None:
     and each later one's smaller (:data:`LINE_MARKERS`), so that where two series coincide
     (Campfire's three masks at one sparsity; dense and Campfire's first epochs) the one drawn
     first still shows around the other instead of under it."""
-    lines = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "", " ")]
+    lines = [  # seaborn's legend handles are lines of no data: left as they are
+        ln
+        for ln in ax.get_lines()
+        if ln.get_marker() not in (None, "None", "", " ") and len(ln.get_xdata())
+    ]
     big, small = LINE_MARKERS
     for i, line in enumerate(lines):
         size = big if len(lines) == 1 else big - (big - small) * i / (len(lines) - 1)

@@ -921,6 +921,7 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     paper = pd.DataFrame(
         [
             {"dataset": "cifar100", "setting": "from epoch 91", "value": 256.0},
+            {"dataset": "cifar100", "setting": "from epoch 0", "value": 128.0},
             {"dataset": "imagenet", "setting": "from epoch 30", "value": 128.0},
         ]
     )
@@ -931,13 +932,14 @@ def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     # both runs span the same axis: the share of their epochs (ours 4, the paper's 182)
     # each schedule's last batch is held to the end of training (100%): the paper's line
     # stopped at epoch 91 of 182, ours at the start of its last epoch
-    assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 100.0, 50.0, 100.0]
-    assert [d["source"] for d in batch.data[-2:]] == ["paper (CIFAR-100)"] * 2
+    # (the paper's points in the order of its schedule, only its last batch held to 100%)
+    assert [d["training_pct"] for d in batch.data] == [0.0, 25.0, 50.0, 100.0, 0.0, 50.0, 100.0]
+    assert [d["source"] for d in batch.data[-3:]] == ["paper (CIFAR-100)"] * 3
     # epochs counted from 1, as on every epoch axis of the reports (the metrics' from 0)
     assert [(d["epoch"], d["mib"]) for d in memory.data if d["source"].startswith("ours")] == [
         (1, 10.0), (2, 7.0), (3, 9.0)]  # fmt: skip
     assert {d["mib"] for d in memory.data if d["source"] == "budget (cpu), seed 3"} == {10.0}
-    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 64.0, 256.0, 256.0]
+    assert [d["batch_size"] for d in batch.data] == [32.0, 32.0, 64.0, 64.0, 128.0, 256.0, 256.0]
     # the budget drawn dashed, apart from ours where they coincide
     assert memory.style == "series"
     assert {d["series"] for d in memory.data} == {"ours", "budget"}

@@ -64,12 +64,15 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
                              "source": source})  # fmt: skip
             if batches:  # the last batch held to the end of training
                 data.append({"training_pct": 100.0, "batch_size": batches[-1], "source": source})
-    for p in paper.to_dict("records"):
-        if p["dataset"] == "cifar100":
-            epoch = int(p["setting"].split()[-1])
-            for pct in (100.0 * epoch / PAPER_CIFAR_EPOCHS, 100.0):  # held to the end
-                data.append({"training_pct": pct, "batch_size": p["value"],
-                             "source": "paper (CIFAR-100)"})  # fmt: skip
+    steps = sorted(
+        (100.0 * int(p["setting"].split()[-1]) / PAPER_CIFAR_EPOCHS, float(p["value"]))
+        for p in paper.to_dict("records")
+        if p["dataset"] == "cifar100"
+    )
+    if steps:
+        steps.append((100.0, steps[-1][1]))  # the last batch held to the end of training
+    for pct, batch in steps:
+        data.append({"training_pct": pct, "batch_size": batch, "source": "paper (CIFAR-100)"})
     memory = [
         {
             "epoch": m["epoch"] + 1,

@@ -1037,3 +1037,44 @@ def test_equal_lines_of_two_groups_both_show():
     assert first.get_markersize() > second.get_markersize()
     assert first.get_linestyle() != second.get_linestyle()
     assert first.get_markerfacecolor()[3] < 1.0  # a pale fill inside a solid outline
+
+
+def test_long_legend_entries_break_into_lines():
+    """Entries of 60 characters ("dense, ours, ResNet-20 on digits, projected (cpu)") left
+    the axes a third of the figure's width."""
+    long = "PruneTrain (ratio 0.25, run at 0.85), dynamic mini-batch"
+    data = pd.DataFrame({"x": [1, 2, 1, 2], "y": [1.0, 0.9, 1.0, 0.8],
+                         "h": [long, long, "dense", "dense"]})  # fmt: skip
+    ax = draw("line", data, x="x", y="y", hue="h").axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert long not in texts  # broken into lines
+    assert all(max(map(len, t.splitlines())) <= 30 for t in texts), texts
+    assert any(t.replace("\n", " ") == long for t in texts)
+
+
+@pytest.mark.parametrize(
+    "kind, values, want",
+    [
+        ("bar", [1.0, 2.0, 3.0], "Error bars: the standard deviation"),
+        ("line", [1.0, 2.0, 3.0], "Bands: the standard deviation"),
+        ("bar", [1.0], ""),  # one value a bar: nothing spreads
+        ("scatter", [1.0, 2.0], ""),
+    ],
+)
+def test_a_figures_caption_says_what_its_error_bars_show(kind, values, want):
+    from impl.report.figures import spread_note
+
+    data = pd.DataFrame({"x": ["a"] * len(values), "y": values})
+    note = spread_note(kind, data, "x")
+    assert note.startswith(want) if want else note == ""
+
+
+def test_a_bar_figures_caption_gains_the_error_bar_note_once(monkeypatch):
+    spec = FigureSpec(kind="bar", x="row", y="v", data=[{"row": "a", "v": v} for v in (1, 2)],
+                      caption="ours per seed")  # fmt: skip
+    said = FigureSpec(kind="bar", x="row", y="v", data=spec.data, caption="mean and sd")
+    result = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[],
+                       figures=[spec, said])  # fmt: skip
+    captions = [f.caption for f in result_section(result).figures]
+    assert captions[0].startswith("ours per seed Error bars: the standard deviation")
+    assert captions[1] == "mean and sd"  # already said

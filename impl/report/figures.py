@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,8 @@ def crowded_axis(data: pd.DataFrame, kind: str, x: str) -> bool:
 
 #: Characters per line of a category label: a longer one is broken at its spaces.
 LABEL_WRAP = 24
+#: Characters per line of a legend entry (entries of 60 left the axes a third of the width).
+LEGEND_WRAP = 30
 
 
 def _slant(ax: Any, crowded: bool) -> None:
@@ -93,8 +96,6 @@ def _slant(ax: Any, crowded: bool) -> None:
     them (20 degrees, 45 where the axis is crowded), right-aligned, and make the figure
     taller by what the labels need, so that they do not squeeze the plot (seven labels of
     45 characters at 45 degrees left it 70 pixels high)."""
-    import textwrap
-
     texts = [t.get_text() for t in ax.get_xticklabels()]
     wrapped = [textwrap.fill(t, LABEL_WRAP, break_long_words=False) for t in texts]
     ax.set_xticks(ax.get_xticks())
@@ -159,6 +160,22 @@ def _scatter(
                    facecolors=[(*colors[g][:3], 0.3)], edgecolors=[colors[g]], linewidths=1.6,
                    label=str(g), zorder=2 + i)  # fmt: skip
     ax.legend(title=hue)
+
+
+def spread_note(
+    kind: str, data: pd.DataFrame, x: str, hue: str | None = None, style: str | None = None
+) -> str:
+    """What a bar or line figure's error bars or bands show, for its caption: the standard
+    deviation over the repeats of a value (:func:`draw` draws ``errorbar="sd"``), said only
+    where some bar or point has repeats to spread over ("" otherwise, and for the other
+    kinds, whose captions state their 95% intervals)."""
+    if kind not in ("bar", "line") or data.empty:
+        return ""
+    keys = [c for c in (x, hue, style) if c is not None and c in data.columns]
+    if not keys or not (data.groupby(keys, dropna=False).size() > 1).any():
+        return ""
+    what = "Error bars" if kind == "bar" else "Bands"
+    return f"{what}: the standard deviation over the repeats of a value (mean drawn)."
 
 
 #: Marker diameters (points) of the first and the last line of a line figure.
@@ -333,8 +350,12 @@ def draw(
     if ax.get_legend() is not None and kind != "heatmap":
         # Beside the axes, not over them: a legend inside hid bars and points. With a style
         # too, seaborn's legend holds a heading per mapping; one title would repeat hue's.
-        ax.legend(fontsize="small", title=hue if style is None else None, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # fmt: skip
+        legend = ax.legend(fontsize="small", title=hue if style is None else None,
+                           loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                           borderaxespad=0.0)  # fmt: skip
+        # a long entry broken into lines, so that the legend does not take the axes' width
+        for text in legend.get_texts():
+            text.set_text(textwrap.fill(text.get_text(), LEGEND_WRAP, break_long_words=False))
     fig.tight_layout()
     return fig
 
@@ -345,6 +366,7 @@ __all__ = [
     "FIGURE_KINDS",
     "IMAGE_FORMATS",
     "LABEL_WRAP",
+    "LEGEND_WRAP",
     "LINE_MARKERS",
     "METHOD_ORDER",
     "SCATTER_AREAS",
@@ -354,5 +376,6 @@ __all__ = [
     "figure_data_uri",
     "figure_width",
     "method_palette",
+    "spread_note",
     "t_interval",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from impl.report.figures import draw, figure_data_uri
+from impl.report.figures import draw, figure_data_uri, spread_note
 from impl.report.labels import METRIC_LABELS, metric_label, n_label
 from impl.report.results import ResultSet
 from impl.report.stats import ci95_half_width
@@ -385,9 +385,11 @@ def result_section(result: ResultSet) -> Section:
             steps=spec.steps,
             y_from_zero=spec.y_from_zero,
         )
-        section.figures.append(
-            FigureBlock(figure_data_uri(fig), spec.caption or spec.title, alt=spec.title)
-        )
+        caption = spec.caption or spec.title
+        note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style)
+        if note and not re.search(r"\bsd\b|standard deviation", caption, re.IGNORECASE):
+            caption = f"{caption.rstrip()} {note}" if caption else note
+        section.figures.append(FigureBlock(figure_data_uri(fig), caption, alt=spec.title))
     return section
 
 

@@ -1078,3 +1078,13 @@ def test_a_bar_figures_caption_gains_the_error_bar_note_once(monkeypatch):
     captions = [f.caption for f in result_section(result).figures]
     assert captions[0].startswith("ours per seed Error bars: the standard deviation")
     assert captions[1] == "mean and sd"  # already said
+
+
+def test_scatter_points_of_methods_take_the_methods_colours():
+    data = pd.DataFrame({"f": [1.0, 2.0], "t": [90.0, 91.0], "m": ["sdgp", "dense"]})
+    ax = draw("scatter", data, x="f", y="t", hue="m").axes[0]
+    palette = method_palette(data["m"])
+    for collection, method in zip(ax.collections, ["sdgp", "dense"], strict=True):
+        face = collection.get_facecolor()[0]
+        assert tuple(face[:3]) == pytest.approx(tuple(palette[method][:3]))
+        assert face[3] == pytest.approx(0.3)

@@ -157,7 +157,7 @@ def _scatter(
         # a pale fill inside a solid outline: a larger marker under a smaller one still
         # shows its whole outline
         ax.scatter(part[x], part[y], s=area, marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)],
-                   facecolors=[(*colors[g][:3], 0.3)], edgecolors=[colors[g]], linewidths=1.6,
+                   facecolors=[(*to_rgb(colors[g]), 0.3)], edgecolors=[colors[g]], linewidths=1.6,
                    label=str(g), zorder=2 + i)  # fmt: skip
     ax.legend(title=hue)
 

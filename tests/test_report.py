@@ -1059,6 +1059,8 @@ def test_long_legend_entries_break_into_lines():
         ("line", [1.0, 2.0, 3.0], "Bands: the standard deviation"),
         ("bar", [1.0], ""),  # one value a bar: nothing spreads
         ("scatter", [1.0, 2.0], ""),
+        ("heatmap", [1.0], "Each cell is one run"),
+        ("heatmap", [1.0, 2.0], "Each cell is the mean of its runs"),
     ],
 )
 def test_a_figures_caption_says_what_its_error_bars_show(kind, values, want):

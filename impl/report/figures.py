@@ -168,10 +168,18 @@ def spread_note(
     """What a bar or line figure's error bars or bands show, for its caption: the standard
     deviation over the repeats of a value (:func:`draw` draws ``errorbar="sd"``), said only
     where some bar or point has repeats to spread over ("" otherwise, and for the other
-    kinds, whose captions state their 95% intervals)."""
-    if kind not in ("bar", "line") or data.empty:
+    kinds, whose captions state their 95% intervals). A heatmap's cells: one value each
+    ("one run, whose colour carries its seed's noise") or the mean of several."""
+    if kind not in ("bar", "line", "heatmap") or data.empty:
         return ""
     keys = [c for c in (x, hue, style) if c is not None and c in data.columns]
+    if kind == "heatmap":
+        sizes = data.groupby(keys, dropna=False).size() if keys else pd.Series(dtype=int)
+        if sizes.empty:
+            return ""
+        if (sizes == 1).all():
+            return "Each cell is one run: differences between cells include seed-to-seed noise."
+        return "Each cell is the mean of its runs."
     if not keys or not (data.groupby(keys, dropna=False).size() > 1).any():
         return ""
     what = "Error bars" if kind == "bar" else "Bands"

@@ -753,6 +753,20 @@ __all__ = [
 ]
 
 
+def _say(line: str) -> None:
+    """Write ``line`` to standard error in one write: the other ranks and torchrun's agent
+    write to the same pipe, and a line printed in two writes (text, then its newline) was
+    cut by one of theirs."""
+    sys.stderr.flush()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        return
+    os.write(fd, (line + "\n").encode(errors="replace"))
+
+
 def run_worker(
     fn: Any, device: str = "auto", timeout_s: float | None = None, prog: str = "pdtbench train"
 ) -> Any:
@@ -777,11 +791,7 @@ def run_worker(
         code = int(getattr(stop, "exit_code", 130))
         if os.environ.get(LAUNCHED_ENV) != "1":
             how = "SIGTERM" if code == 143 else "Ctrl-C" if code == 130 else f"status {code}"
-            print(
-                f"{prog}: stopped ({how}) on rank {info.rank} of {info.world_size}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"{prog}: stopped ({how}) on rank {info.rank} of {info.world_size}")
         sys.stdout.flush()
         os._exit(code)
     except BaseException as err:  # noqa: BLE001 - every failure ends this rank the same way
@@ -789,7 +799,7 @@ def run_worker(
 
         if not (isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))):
             traceback.print_exc()
-        print(f"{prog}: error: {describe_failure(err, info)}", file=sys.stderr, flush=True)
+        _say(f"{prog}: error: {describe_failure(err, info)}")
         sys.stdout.flush()
         os._exit(EXIT_DIST_FAILURE)
     shutdown()

@@ -750,13 +750,15 @@ __all__ = [
     "timeout_seconds",
     "torchrun_command",
     "unsync_batchnorm",
+    "write_stderr_line",
 ]
 
 
-def _say(line: str) -> None:
-    """Write ``line`` to standard error in one write: the other ranks and torchrun's agent
-    write to the same pipe, and a line printed in two writes (text, then its newline) was
-    cut by one of theirs."""
+def write_stderr_line(line: str) -> None:
+    """Write ``line`` and its newline to standard error in one write: the ranks and
+    torchrun's agent write to the same pipe, and a line printed in two writes (text, then
+    its newline) was cut by one of theirs. A standard error without a file descriptor (a
+    captured one) is written as a stream."""
     sys.stderr.flush()
     try:
         fd = sys.stderr.fileno()
@@ -791,7 +793,7 @@ def run_worker(
         code = int(getattr(stop, "exit_code", 130))
         if os.environ.get(LAUNCHED_ENV) != "1":
             how = "SIGTERM" if code == 143 else "Ctrl-C" if code == 130 else f"status {code}"
-            _say(f"{prog}: stopped ({how}) on rank {info.rank} of {info.world_size}")
+            write_stderr_line(f"{prog}: stopped ({how}) on rank {info.rank} of {info.world_size}")
         sys.stdout.flush()
         os._exit(code)
     except BaseException as err:  # noqa: BLE001 - every failure ends this rank the same way
@@ -799,7 +801,7 @@ def run_worker(
 
         if not (isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))):
             traceback.print_exc()
-        _say(f"{prog}: error: {describe_failure(err, info)}")
+        write_stderr_line(f"{prog}: error: {describe_failure(err, info)}")
         sys.stdout.flush()
         os._exit(EXIT_DIST_FAILURE)
     shutdown()

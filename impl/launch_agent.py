@@ -34,11 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + int(stop.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
-        sys.stderr.write(  # one write: the stopped workers may still be writing
+        from impl.distributed import write_stderr_line
+
+        write_stderr_line(
             f"torchrun: rank {rank} failed first ({how_it_ended(failure.exitcode)}) and the "
-            "other ranks were stopped; what the rank printed is above\n"
+            "other ranks were stopped; what the rank printed is above"
         )
-        sys.stderr.flush()
         return 1
     return 0
 

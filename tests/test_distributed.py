@@ -453,3 +453,27 @@ def test_sync_bn_aux_bytes_counts_the_gather_and_the_reduce():
     assert D.sync_bn_aux_bytes(x.half(), 8) == (8 * 33 + 32) * 4
     assert D.sync_bn_aux_bytes(x.bfloat16(), 2) == (2 * 33 + 32) * 4
     assert D.sync_bn_aux_bytes(x.double(), 2) == (2 * 33 + 32) * 8
+
+
+def test_a_line_to_standard_error_is_one_write_with_its_newline(capfd, monkeypatch):
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def recording_write(fd, data):
+        writes.append(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", recording_write)
+    D.write_stderr_line("rank 1: stopped")
+    monkeypatch.undo()
+    assert writes == [b"rank 1: stopped\n"]  # text and newline together, never apart
+    assert capfd.readouterr().err == "rank 1: stopped\n"
+
+
+def test_a_line_to_a_captured_standard_error_is_written_as_text(monkeypatch):
+    import io
+
+    stream = io.StringIO()  # no file descriptor
+    monkeypatch.setattr(sys, "stderr", stream)
+    D.write_stderr_line("rank 0: error")
+    assert stream.getvalue() == "rank 0: error\n"

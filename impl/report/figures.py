@@ -136,6 +136,17 @@ SCATTER_MARKERS: tuple[str, ...] = ("o", "s", "D", "^", "v", "P", "X", "*", "p",
 SCATTER_AREAS: tuple[float, float] = (140.0, 55.0)
 
 
+def _shrinking(big: float, small: float, n: int) -> list[float]:
+    """``n`` marker sizes from ``big`` down to ``small`` in equal steps (``[big]`` for one):
+    each group drawn later is smaller, so that it shows inside an earlier one it covers."""
+    return [big if n == 1 else big - (big - small) * i / (n - 1) for i in range(n)]
+
+
+def _pale(color: Any) -> tuple[float, float, float, float]:
+    """``color`` at 30% opacity: the fill inside a marker's solid outline."""
+    return (*to_rgb(color), 0.3)
+
+
 def _scatter(
     ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None, palette: dict | None
 ) -> None:
@@ -150,14 +161,13 @@ def _scatter(
         return
     groups = list(pd.unique(data[hue].dropna()))
     colors = palette or dict(zip(groups, sns.color_palette(n_colors=len(groups)), strict=True))
-    big, small = SCATTER_AREAS
-    for i, g in enumerate(groups):
+    areas = _shrinking(*SCATTER_AREAS, len(groups))
+    for i, (g, area) in enumerate(zip(groups, areas, strict=True)):
         part = data[data[hue] == g]
-        area = big if len(groups) == 1 else big - (big - small) * i / (len(groups) - 1)
         # a pale fill inside a solid outline: a larger marker under a smaller one still
         # shows its whole outline
         ax.scatter(part[x], part[y], s=area, marker=SCATTER_MARKERS[i % len(SCATTER_MARKERS)],
-                   facecolors=[(*to_rgb(colors[g]), 0.3)], edgecolors=[colors[g]], linewidths=1.6,
+                   facecolors=[_pale(colors[g])], edgecolors=[colors[g]], linewidths=1.6,
                    label=str(g), zorder=2 + i)  # fmt: skip
     ax.legend(title=hue)
 
@@ -170,17 +180,15 @@ def spread_note(
     where some bar or point has repeats to spread over ("" otherwise, and for the other
     kinds, whose captions state their 95% intervals). A heatmap's cells: one value each
     ("one run, whose colour carries its seed's noise") or the mean of several."""
-    if kind not in ("bar", "line", "heatmap") or data.empty:
-        return ""
     keys = [c for c in (x, hue, style) if c is not None and c in data.columns]
+    if kind not in ("bar", "line", "heatmap") or data.empty or not keys:
+        return ""
+    repeated = bool((data.groupby(keys, dropna=False).size() > 1).any())
     if kind == "heatmap":
-        sizes = data.groupby(keys, dropna=False).size() if keys else pd.Series(dtype=int)
-        if sizes.empty:
-            return ""
-        if (sizes == 1).all():
+        if not repeated:
             return "Each cell is one run: differences between cells include seed-to-seed noise."
         return "Each cell is the mean of its runs."
-    if not keys or not (data.groupby(keys, dropna=False).size() > 1).any():
+    if not repeated:
         return ""
     what = "Error bars" if kind == "bar" else "Bands"
     return f"{what}: the standard deviation over the repeats of a value (mean drawn)."
@@ -200,13 +208,10 @@ def _nest_markers(ax: Any) -> None:
         for ln in ax.get_lines()
         if ln.get_marker() not in (None, "None", "", " ") and len(ln.get_xdata())
     ]
-    big, small = LINE_MARKERS
-    for i, line in enumerate(lines):
-        size = big if len(lines) == 1 else big - (big - small) * i / (len(lines) - 1)
-        color = line.get_color()
+    for line, size in zip(lines, _shrinking(*LINE_MARKERS, len(lines)), strict=True):
         line.set_markersize(size)
-        line.set_markeredgecolor(color)
-        line.set_markerfacecolor((*to_rgb(color), 0.3))
+        line.set_markeredgecolor(line.get_color())
+        line.set_markerfacecolor(_pale(line.get_color()))
         line.set_markeredgewidth(1.4)
 
 

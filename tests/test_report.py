@@ -32,7 +32,7 @@ from impl.report import (
     save_result,
     time_to_accuracy,
 )
-from impl.report.figures import crowded_axis, figure_width, method_palette, t_interval
+from impl.report.figures import crowded_axis, figure_width, group_palette, t_interval
 from impl.report.html import Section, Table, provenance_rows
 from impl.report.pages import unfilled
 
@@ -269,8 +269,19 @@ def test_a_method_keeps_its_colour_from_figure_to_figure(kind):
     assert a["clicktrain"] == b["clicktrain"] and a["sdgp"] == b["sdgp"]
     assert len(set(a.values())) == 3
     # groups that are not all methods keep seaborn's order of appearance
-    assert method_palette(["dense", "other"]) is None
-    assert list(method_palette(["sdgp", "dense"])) == ["dense", "sdgp"]
+    assert group_palette(["dense", "other"]) is None
+    assert list(group_palette(["sdgp", "dense"])) == ["dense", "sdgp"]
+
+
+def test_the_papers_bars_keep_their_colour_with_or_without_ours_beside_them():
+    both = pd.DataFrame({"x": ["a", "a"], "y": [1.0, 2.0], "s": ["paper", "ours (cpu)"]})
+    alone = pd.DataFrame({"x": ["b"], "y": [3.0], "s": ["paper"]})
+    a = _colours(draw("bar", both, x="x", y="y", hue="s").axes[0], "bar")
+    b = _colours(draw("bar", alone, x="x", y="y", hue="s").axes[0], "bar")
+    assert a["paper"] == b["paper"] != a["ours (cpu)"]
+    flipped = both.iloc[::-1]  # the order of appearance does not decide
+    assert _colours(draw("bar", flipped, x="x", y="y", hue="s").axes[0], "bar") == a
+    assert group_palette(["paper", "other"]) is None
 
 
 def test_the_legend_stands_beside_the_axes_and_zero_bars_are_marked():
@@ -574,6 +585,18 @@ def test_render_html_is_self_contained_and_escaped(tmp_path):
     assert "scale: smoke" in text and "95.3" in text and "1.5G" in text
     assert "needs the paper scale (ImageNet)" in text
     assert "aaaaaaaaaaaa" in text and "Test CPU" in text  # provenance: commit and device
+
+
+def test_the_papers_bars_of_rows_not_run_here_are_drawn_in_a_figure_of_their_own():
+    result = _result("cpu")
+    result.figures[0].data.append({"row": "resnet50", "top1": 20.0, "source": "paper"})
+    section = result_section(result)
+    assert [f.alt for f in section.figures] == ["top-1", "top-1: the paper's other rows"]
+    assert "not run at scale cpu" in section.figures[1].caption
+    # every row compared (or none): one figure
+    assert len(result_section(_result("cpu")).figures) == 1
+    result.figures[0].data = [r for r in result.figures[0].data if r["source"] == "paper"]
+    assert len(result_section(result).figures) == 1
 
 
 def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
@@ -1085,7 +1108,7 @@ def test_a_bar_figures_caption_gains_the_error_bar_note_once(monkeypatch):
 def test_scatter_points_of_methods_take_the_methods_colours():
     data = pd.DataFrame({"f": [1.0, 2.0], "t": [90.0, 91.0], "m": ["sdgp", "dense"]})
     ax = draw("scatter", data, x="f", y="t", hue="m").axes[0]
-    palette = method_palette(data["m"])
+    palette = group_palette(data["m"])
     for collection, method in zip(ax.collections, ["sdgp", "dense"], strict=True):
         face = collection.get_facecolor()[0]
         assert tuple(face[:3]) == pytest.approx(tuple(palette[method][:3]))

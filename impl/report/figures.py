@@ -53,16 +53,26 @@ def t_interval(values: Any) -> tuple[float, float]:
     return low, high
 
 
-def method_palette(groups: Any) -> dict[str, Any] | None:
-    """A colour per group when every group is a method of :data:`METHOD_ORDER` (each method
-    the same colour in every figure); None otherwise (seaborn's order of appearance)."""
+def group_palette(groups: Any) -> dict[str, Any] | None:
+    """A fixed colour per group where the groups are known ones, so that a group keeps its
+    colour from figure to figure: methods of :data:`METHOD_ORDER` (each method its own
+    colour), or sources ("ours (<scale>)" in the first colour, "paper" in the second, also
+    in a figure of the paper's numbers alone). None for any other groups (seaborn's order of
+    appearance)."""
     import seaborn as sns
 
     names = [str(g) for g in pd.unique(pd.Series(list(groups)).dropna())]
-    if not names or not set(names) <= set(METHOD_ORDER):
+    if not names:
         return None
-    colors = sns.color_palette(n_colors=len(METHOD_ORDER))
-    return {m: colors[i] for i, m in enumerate(METHOD_ORDER) if m in names}
+    if set(names) <= set(METHOD_ORDER):
+        colors = sns.color_palette(n_colors=len(METHOD_ORDER))
+        return {m: colors[i] for i, m in enumerate(METHOD_ORDER) if m in names}
+    ours = sorted(n for n in names if n.startswith("ours"))
+    if set(names) <= {"paper", *ours}:
+        colors = sns.color_palette(n_colors=len(ours) + 2)
+        slots = [0, *range(2, len(ours) + 1)][: len(ours)]
+        return {"paper": colors[1], **{n: colors[i] for n, i in zip(ours, slots, strict=True)}}
+    return None
 
 
 def figure_width(data: pd.DataFrame, kind: str, x: str) -> float:
@@ -223,7 +233,7 @@ def _tradeoff(ax: Any, data: pd.DataFrame, x: str, y: str, hue: str | None) -> N
         raise ValueError("a tradeoff figure needs hue (one point per group)")
     data[x] = pd.to_numeric(data[x], errors="coerce")
     groups = list(data.groupby(hue, sort=False))
-    by_method = method_palette(name for name, _ in groups)
+    by_method = group_palette(name for name, _ in groups)
     colors = (
         [by_method[str(name)] for name, _ in groups]
         if by_method
@@ -307,7 +317,7 @@ def draw(
     data[y] = pd.to_numeric(data[y], errors="coerce")
     width = figure_width(data, kind, x)
     fig, ax = _new_figure(width)
-    palette = method_palette(data[hue]) if hue is not None else None
+    palette = group_palette(data[hue]) if hue is not None else None
     if kind == "bar":
         sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", palette=palette, ax=ax)
         _slant(ax, crowded_axis(data, kind, x))
@@ -388,7 +398,7 @@ __all__ = [
     "draw",
     "figure_data_uri",
     "figure_width",
-    "method_palette",
+    "group_palette",
     "spread_note",
     "t_interval",
 ]

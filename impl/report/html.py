@@ -6,6 +6,7 @@ ours is printed with the scale that produced it, beside the paper's number and i
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import html
 import math
@@ -20,7 +21,7 @@ import pandas as pd
 
 from impl.report.figures import draw, figure_data_uri, spread_note
 from impl.report.labels import METRIC_LABELS, metric_label, n_label
-from impl.report.results import ResultSet
+from impl.report.results import FigureSpec, ResultSet
 from impl.report.stats import ci95_half_width
 
 PAPER_TITLES: dict[str, str] = {
@@ -364,7 +365,7 @@ def result_section(result: ResultSet) -> Section:
         )
     if result.settings:
         section.tables.append(Table(settings_frame(result.settings), settings_caption(result)))
-    for spec in result.figures:
+    for spec in [part for f in result.figures for part in paper_only_apart(f, result.scale)]:
         data = pd.DataFrame(spec.data)
         if data.empty:
             section.missing.append({"row": spec.title or "figure", "reason": "no data to plot"})
@@ -391,6 +392,31 @@ def result_section(result: ResultSet) -> Section:
             caption = f"{caption.rstrip()} {note}" if caption else note
         section.figures.append(FigureBlock(figure_data_uri(fig), caption, alt=spec.title))
     return section
+
+
+def paper_only_apart(spec: FigureSpec, scale: str) -> list[FigureSpec]:
+    """A bar figure of ours beside the paper's, per row, as one or two figures: where some
+    rows hold only the paper's number (rows that need a larger scale than ``scale``), those
+    bars move to a second figure, so that the paper's numbers for other models and data
+    neither sit among the compared bars nor set their axis. Any other figure is returned
+    as it is."""
+    if spec.kind != "bar" or spec.hue != "source":
+        return [spec]
+    ours = {r.get(spec.x) for r in spec.data if not str(r.get("source", "")).startswith("paper")}
+    compared = [r for r in spec.data if r.get(spec.x) in ours]
+    alone = [r for r in spec.data if r.get(spec.x) not in ours]
+    if not compared or not alone:
+        return [spec]
+    return [
+        dataclasses.replace(spec, data=compared),
+        dataclasses.replace(
+            spec,
+            data=alone,
+            title=f"{spec.title}: the paper's other rows",
+            caption=f"The paper's numbers for the rows not run at scale {scale} (the table "
+            "says what each needs).",
+        ),
+    ]
 
 
 def figure_scale(data: pd.DataFrame, scale: str) -> str:

@@ -19,7 +19,7 @@ from torch import nn
 import impl.methods.sdgp_semi as semi
 import impl.models
 from impl.flops import FlopCounts, LayerDensity
-from impl.methods.sdgp import SDGPConv2d, nm_prune, sdgp_convert
+from impl.methods.sdgp import SDGPConv2d, nm_prune, sdgp_convert, sdgp_plan
 from impl.methods.sdgp_semi import (
     SDGPSemiConv2d,
     assemble_data_grad,
@@ -506,6 +506,22 @@ def test_convert_replaces_reference_layers_and_reconfigures():
     assert first.sparse_backend == "auto" and first.generator is not None
     with pytest.raises(ValueError, match="unknown sparse backend"):
         sdgp_semi_convert(model, sparse_backend="x")
+
+
+@pytest.mark.parametrize("before", ["reference", "semi"])
+def test_convert_again_leaves_a_layer_dense_where_the_plan_now_does(before):
+    # 10 output channels: padded to 12 under "pad", left dense under "dense"
+    model = nn.Sequential(nn.Conv2d(8, 10, 3, padding=1), nn.Conv2d(10, 8, 3, padding=1))
+    weight = model[0].weight
+    if before == "reference":
+        sdgp_convert(model, 2, 4, "magnitude", nondivisible="pad")
+    else:
+        sdgp_semi_convert(model, 2, 4, "magnitude", nondivisible="pad")
+    assert isinstance(model[0], SDGPConv2d)
+    sdgp_semi_convert(model, 2, 4, "magnitude", nondivisible="dense")
+    assert type(model[0]) is nn.Conv2d and model[0].weight is weight  # shared, not copied
+    assert isinstance(model[1], SDGPSemiConv2d)
+    assert [p.sparse for p in sdgp_plan(model, 2, 4, "dense")] == [False, True]
 
 
 # --------------------------------------------------------------------------------------------

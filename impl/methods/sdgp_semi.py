@@ -59,6 +59,7 @@ from impl.methods.sdgp import (
     SDGPConv2d,
     _set_submodule,
     conv_grad,
+    plain_conv,
     random_generator,
     sdgp_conv_backward,
     sdgp_conv_forward,
@@ -742,8 +743,9 @@ def sdgp_semi_convert(
     The same plan (:func:`impl.methods.sdgp.sdgp_plan`: convs with more than 3 input channels),
     the same shared parameters, the same generator rule for ``method="random"``. A reference
     ``SDGPConv2d`` is replaced by the semi-structured one; one already converted is
-    reconfigured. ``n:m`` other than 2:4 is accepted: every call then takes the reference path
-    with that reason. Returns ``model``.
+    reconfigured, or made a plain conv again where the plan now leaves its layer dense.
+    ``n:m`` other than 2:4 is accepted: every call then takes the reference path with that
+    reason. Returns ``model``.
     """
     check_nm(n, m)
     check_method(method, rescale)
@@ -754,9 +756,11 @@ def sdgp_semi_convert(
     plans = sdgp_plan(model, n, m, nondivisible)
     generator = random_generator(model, method, generator, seed)
     for plan in plans:
-        if not plan.sparse:
-            continue
         mod = model.get_submodule(plan.name)
+        if not plan.sparse:
+            if isinstance(mod, SDGPConv2d):  # converted before, dense now
+                _set_submodule(model, plan.name, plain_conv(mod))
+            continue
         if isinstance(mod, SDGPSemiConv2d):
             mod.configure(n, m, method, rescale, generator, eps)
             mod.set_backend(sparse_backend, prune_impl)

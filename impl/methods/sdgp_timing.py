@@ -248,7 +248,8 @@ def time_accounting(
 
     Totals count only executed work (a conv fed the network input never computes its data
     gradient). ``est_saved_ms`` = sum over sparse layers of ``dgrad_ms * (1 - kept fraction)``
-    ("data-gradient time / sparsity ratio"); it is set beside ``conv_total_ms``, beside
+    (the paper's data-gradient time divided by the sparsity ratio is the time left, so the
+    saving is the rest); it is set beside ``conv_total_ms``, beside
     ``iteration_ms_dense`` (forward + backward of the whole model as dense training runs it,
     timed here), ``iteration_ms_measured`` (the same with SDGP on, its pruning included) and
     ``iteration_ms_trainer`` (the Trainer's median fwd + bwd of the last epoch, when given).

@@ -2,7 +2,8 @@
 settings, from measured epoch times reduced by the data-gradient time the setting would save.
 
 Like the paper's, the estimate takes real epoch times and subtracts SDGP's saving (the
-data-gradient time divided by the sparsity ratio), but the share differs: the paper applies
+data-gradient time times 1 - 1/ratio: an N:M-pruned product takes 1/ratio of the dense one's
+time, ratio = M/N), but the share differs: the paper applies
 the data gradient's share of the *convolution* time (33.31%, Sec. IV-C) to the epoch time;
 ours divides the saving by a whole dense iteration (forward and backward, BatchNorm and ReLU
 included), a smaller share, so a smaller, more conservative saving. Ours take the dense run's

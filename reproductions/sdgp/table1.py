@@ -20,8 +20,9 @@ one process, so its batch is one of their processes' (1024, 512) with the learni
 by the same 1/4 (0.25, 0.425: their rate per image), since four processes' batch (4096, 2048)
 at 224 pixels does not fit one GPU; images are 224 pixels throughout (theirs ramp from 160 to
 192 between epochs 65 and 76 and are tested at 256); our BatchNorm exemption covers the
-downsample path's BatchNorms too (named by position there, so decayed by theirs); ResNet-50
-has no blur pooling.
+downsample path's BatchNorms too (named by position there, so decayed by theirs); neither
+model has blur pooling (their configurations use it for ResNet-50 and for ResNet-18's SDGP
+runs, though not for ResNet-18's dense baseline: their ResNet-18 rows differ in it).
 Like the authors (the CIFAR-10 script; for ImageNet, Sec. III-C: ResNet-18's data gradients are
 in "16-bit floating point", and Sec. IV: "the FFCV ... training regime to train all
 networks"), every paper-scale row trains under float16 autocast with dynamic loss scaling
@@ -131,8 +132,9 @@ def notes(scale: str) -> list[str]:
             "ResNet-18/50 on ImageNet follow the authors' ImageNet configurations (weight "
             "decay 5e-5 / 1e-4, none on BatchNorm) in one process: batch 1024 / 512, one of "
             "their 4 processes', at their peak rate 1.0 / 1.7 scaled by the same 1/4; 224 "
-            "pixels throughout (theirs ramp 160 to 192, tested at 256); no blur pooling for "
-            "ResNet-50.",
+            "pixels throughout (theirs ramp 160 to 192, tested at 256); no blur pooling "
+            "(their configurations use it for ResNet-50 and for ResNet-18's SDGP runs, not "
+            "for its dense baseline).",
         ]
     else:
         n = [

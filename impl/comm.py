@@ -106,7 +106,8 @@ def unpack(
 def resolve_masks(
     model: nn.Module, masks: dict[str, torch.Tensor] | None
 ) -> dict[int, torch.Tensor]:
-    """``{id(parameter): flat bool mask}`` from ``{parameter name: mask}`` on ``model``.
+    """``{id(parameter): flat bool mask}`` from ``{parameter name: mask}`` on ``model``, each
+    flattened in its parameter's memory order (:func:`memory_order`).
 
     Raises ``ValueError`` for a name that is not a parameter of ``model`` or a mask whose
     shape differs from its parameter's.
@@ -123,8 +124,20 @@ def resolve_masks(
             raise ValueError(
                 f"comm mask of {name!r} has shape {tuple(mask.shape)}, parameter {tuple(p.shape)}"
             )
-        out[id(p)] = mask.detach().to(device=p.device, dtype=torch.bool).reshape(-1)
+        out[id(p)] = memory_order(mask.detach().to(device=p.device, dtype=torch.bool), p)
     return out
+
+
+def memory_order(mask: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``mask`` (shaped as ``param``) flattened in the order ``param``'s elements lie in
+    memory: the order of ``param``'s gradient in a DDP bucket, which lays out a dense
+    parameter's gradient with the parameter's strides (channels_last weights: N, H, W, C).
+    A parameter whose elements do not tile its memory in one order (overlapping or with
+    gaps) has a contiguous gradient view, so its mask is flattened in logical order."""
+    dims = sorted(range(param.dim()), key=lambda d: param.stride(d), reverse=True)
+    if dims != list(range(param.dim())) and param.permute(dims).is_contiguous():
+        return mask.permute(dims).reshape(-1)
+    return mask.reshape(-1)
 
 
 def payload_index(

@@ -89,6 +89,21 @@ def test_payload_index_follows_ddp_layout():
     assert comm.payload_index(params[:2], by_id) is None  # no masked parameter: send all
 
 
+def test_a_mask_is_flattened_in_its_parameters_memory_order():
+    keep = torch.rand(4, 3, 2, 5) < 0.5
+    nchw = torch.empty(4, 3, 2, 5)
+    assert torch.equal(comm.memory_order(keep, nchw), keep.reshape(-1))
+    nhwc = nchw.to(memory_format=torch.channels_last)
+    # element i of the parameter's memory holds logical position (n, h, w, c)
+    assert torch.equal(comm.memory_order(keep, nhwc), keep.permute(0, 2, 3, 1).reshape(-1))
+    one_channel = torch.empty(4, 1, 2, 5).to(memory_format=torch.channels_last)
+    assert torch.equal(comm.memory_order(keep[:, :1], one_channel), keep[:, :1].reshape(-1))
+    overlapping = torch.empty(3).expand(4, 3)  # no single order: the logical one
+    assert torch.equal(
+        comm.memory_order(keep[0, :, 0, :4].T, overlapping), keep[0, :, 0, :4].T.reshape(-1)
+    )
+
+
 def test_payload_bytes_counts_kept_entries():
     m = small_model()
     dense = sum(p.numel() for p in m.parameters()) * 4
@@ -212,10 +227,14 @@ def test_a_timed_all_reduce_takes_the_seconds_between_its_two_clock_readings(
     assert torch.equal(payload, torch.arange(4.0))  # one rank: the sum is the tensor itself
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("timing", [True, False], ids=["timed", "async"])
-def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing):
+def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing, layout):
     m = small_model()
     ref = small_model()
+    if layout == "channels_last":  # DDP's buckets hold these gradients in N, H, W, C order
+        m = m.to(memory_format=torch.channels_last)
+        assert not m[0].weight.is_contiguous()
     g = torch.Generator().manual_seed(1)
     masks = {
         "0.weight": torch.rand(m[0].weight.shape, generator=g) < 0.4,

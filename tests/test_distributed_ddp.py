@@ -66,7 +66,7 @@ def single_run(out: Path, values: dict[str, Any], float64: bool, monkeypatch) ->
 def test_sparse_hook_equals_dense_allreduce_at_kept_positions(job):
     for rank in (0, 1):
         res = result(job, "hook", rank)
-        for mode in ("timed", "async"):
+        for mode in ("timed", "async", "channels_last"):
             r = res[mode]
             assert r["max_abs_diff"] <= 1e-6, (rank, mode)
             assert r["max_abs_pruned"] == 0.0, (rank, mode)

@@ -143,11 +143,16 @@ def hook_masks(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def scenario_hook(rank: int) -> dict[str, Any]:
-    """Sparse hook vs a dense all-reduce done by hand, over 3 iterations (buckets rebuilt)."""
+    """Sparse hook vs a dense all-reduce done by hand, over 3 iterations (buckets rebuilt);
+    timed, async, and timed on channels_last weights (gradients in N, H, W, C order)."""
     out: dict[str, Any] = {}
-    for timing in (True, False):
+    for key, timing, nhwc in (
+        ("timed", True, False), ("async", False, False), ("channels_last", True, True)
+    ):  # fmt: skip
         model = hook_model()
         ref = hook_model()
+        if nhwc:
+            model = model.to(memory_format=torch.channels_last)
         masks = hook_masks(model)
         state = comm.CommState(timing=timing)
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0003)
@@ -174,7 +179,6 @@ def scenario_hook(rank: int) -> dict[str, Any]:
             (int(masks[n].sum()) if n in masks else p.numel()) * p.element_size()
             for n, p in model.named_parameters()
         )
-        key = "timed" if timing else "async"
         out[key] = {
             "max_abs_diff": worst,
             "max_abs_pruned": zeros,

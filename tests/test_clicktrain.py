@@ -349,12 +349,25 @@ def test_default_schedule_for_30_and_190_epochs():
     assert s30.hard_prune_epoch == 15
     s190 = resolve_schedule(ClickTrainConfig(), 190)
     assert (s190.pool_epochs, s190.finalize_epochs, s190.hard_prune_epoch) == (10, 10, 95)
-    s3 = resolve_schedule(ClickTrainConfig(), 3)
+    s3 = resolve_schedule(ClickTrainConfig(), 3)  # stage 1 gives way to stage 4's one epoch
     assert (s3.max_dense_epochs, s3.pool_epochs, s3.finalize_epochs, s3.hard_prune_epoch) == (
-        1,
+        0,
         1,
         1,
         3,
+    )
+    # however long stage 1 runs, stage 4 (the modified group lasso) keeps an epoch: the cpu
+    # scale's 8 epochs had none when stage 1 ran to its cap
+    for epochs in range(3, 41):
+        s = resolve_schedule(ClickTrainConfig(), epochs)
+        stages_1_to_3 = s.max_dense_epochs + s.pool_epochs + s.finalize_epochs
+        assert s.hard_prune_epoch - stages_1_to_3 >= 1, epochs
+    s8 = resolve_schedule(ClickTrainConfig(), 8)
+    assert (s8.max_dense_epochs, s8.pool_epochs, s8.finalize_epochs, s8.hard_prune_epoch) == (
+        1,
+        1,
+        1,
+        4,
     )
     s2 = resolve_schedule(ClickTrainConfig(), 2)  # the smoke preset: no stage 1
     assert (s2.max_dense_epochs, s2.pool_epochs, s2.finalize_epochs, s2.hard_prune_epoch) == (

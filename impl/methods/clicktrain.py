@@ -176,7 +176,9 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
 
     Stages must come in order: stage 1 (fixed or at most ``max_dense_epochs``), then
     ``pool_epochs``, then ``finalize_epochs``, all ending by ``hard_prune_epoch <= epochs``.
-    A stage left unset takes its fraction of the run (``*_FRACTION``), rounded half up.
+    A stage left unset takes its fraction of the run (``*_FRACTION``), rounded half up; the
+    default bound of stage 1 leaves stage 4 at least one epoch before hard pruning where
+    the run has room for one (not in a 2-epoch run).
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -212,9 +214,12 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
     else:
         at_least = (1 if dense_max is None else dense_max) + pool + fin
         hard = min(epochs, max(half_up(HARD_PRUNE_FRACTION * epochs), at_least))
-    if dense_max is None:  # the derivative rule's cap: 25%, shortened to fit (0 skips stage 1)
+    if dense_max is None:
+        # the derivative rule's cap: 25%, shortened so that stage 4 (the modified group
+        # lasso) keeps at least one epoch where the run has room (0 skips stage 1); without
+        # it a stage 1 that ran to its cap left runs of up to 10 epochs no regularization
         default = max(1, half_up(DENSE_MAX_FRACTION * epochs))
-        dense_max = max(0, min(default, hard - pool - fin))
+        dense_max = max(0, min(default, hard - pool - fin - 1))
     if hard > epochs:
         raise ValueError(
             f"ClickTrain stage schedule does not fit in {epochs} epochs: hard pruning at epoch "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -83,6 +84,22 @@ def test_no_pruning_where_the_input_needs_no_gradient():
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     sd(x).sum().backward()
     assert sd.prune_calls == 1 and x.grad is not None
+
+
+def test_eval_mode_gives_the_dense_input_gradient_an_attack_needs():
+    """eval-fgsm loads an SDGP run as trained, converted: its attack reads exact gradients."""
+    torch.manual_seed(0)
+    dense = nn.Conv2d(8, 8, 3, padding=1)
+    sd = SDGPConv2d.from_conv(copy.deepcopy(dense), 2, 4, "magnitude").eval()
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    xd = x.detach().clone().requires_grad_()
+    sd(x).square().sum().backward()
+    dense(xd).square().sum().backward()
+    assert sd.prune_calls == 0 and torch.equal(x.grad, xd.grad)
+    sd.train()  # training prunes again
+    x.grad = None
+    sd(x).square().sum().backward()
+    assert sd.prune_calls == 1 and not torch.allclose(x.grad, xd.grad)
 
 
 def test_extra_repr_names_the_rescale_rule_only_for_rescaled_pruning():

@@ -508,6 +508,17 @@ def test_convert_replaces_reference_layers_and_reconfigures():
         sdgp_semi_convert(model, sparse_backend="x")
 
 
+def test_eval_mode_is_the_plain_conv():
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    model = sdgp_semi_convert(nn.Sequential(conv), 2, 4, "magnitude").eval()
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    model(x).square().sum().backward()
+    assert model[0].prune_calls == 0 and model[0].fallback_calls == 0
+    model.train()
+    model(x).square().sum().backward()
+    assert model[0].prune_calls + model[0].fallback_calls >= 1
+
+
 @pytest.mark.parametrize("before", ["reference", "semi"])
 def test_convert_again_leaves_a_layer_dense_where_the_plan_now_does(before):
     # 10 output channels: padded to 12 under "pad", left dense under "dense"

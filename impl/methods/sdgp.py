@@ -241,7 +241,9 @@ def sdgp_conv_backward(
 class SDGPConv2d(nn.Conv2d):
     """An ``nn.Conv2d`` whose backward prunes dL/dO N:M before computing dL/dD (SDGP).
 
-    Forward is the original conv, bit for bit. The weight and bias are the original module's
+    Forward is the original conv, bit for bit. Only in training mode does its backward prune;
+    in eval mode (an attack's input gradient, :func:`impl.robustness.fgsm_attack`) it is the
+    plain conv's. The weight and bias are the original module's
     ``Parameter`` objects (never re-initialised; the authors' code re-initialised them).
     Build with :meth:`from_conv`. ``l1_ratio()`` reports sum|pruned| / sum|dense| of the
     output gradients seen since the last ``reset_stats()``.
@@ -373,7 +375,9 @@ class SDGPConv2d(nn.Conv2d):
         return input, self.padding, self._int_padding
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled():
+        # SDGP prunes training's gradients only: in eval mode (an attack's input gradient,
+        # eval-fgsm) or without autograd the conv is the plain one
+        if not torch.is_grad_enabled() or not self.training:
             return super().forward(input)
         input, padding, int_padding = self._padded(input)
         return _SDGPConv2dFunction.apply(

@@ -696,7 +696,7 @@ class SDGPSemiConv2d(SDGPConv2d):
         return grad_x.contiguous(memory_format=_memory_format(x))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not self.training:  # as SDGPConv2d: training only
             return nn.Conv2d.forward(self, input)
         input, padding, int_padding = self._padded(input)
         return _SDGPSemiConv2dFunction.apply(

@@ -775,3 +775,22 @@ def test_pattern_conv2d_refuses_the_geometry_conv2d_refuses(kwargs, message):
     # numpy and torch integers are integers; the result is conv2d's.
     got = pattern_conv2d(x, weight, mask, stride=np.int64(2), padding=(torch.tensor(1), 1))
     torch.testing.assert_close(got, F.conv2d(x, weight * mask, stride=2, padding=1))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool], ids=str)
+def test_integer_operands_are_refused_not_rounded(dtype):
+    # conv2d refuses an integer input; the pattern ops computed in float32 and cast the
+    # result back into the integer dtype (wrapped uint8 values, truncated int64 ones)
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 3, 3, 3, generator=gen)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(1, 3, 5, 5, generator=gen)
+    with pytest.raises(ValueError, match=rf"x \({dtype}\)"):
+        pattern_conv2d(x.to(dtype), weight, mask)
+    with pytest.raises(ValueError, match="bias"):
+        pattern_conv2d(x, weight, mask, bias=torch.zeros(4, dtype=dtype))
+    flat = mask.reshape(4, -1)
+    row_ptr, col_ind = pattern_positions(flat)
+    values = weight.reshape(4, -1)[flat]
+    with pytest.raises(ValueError, match=rf"dense_b \({dtype}\)"):
+        pattern_spmm(values, row_ptr, col_ind, torch.ones(27, 2, dtype=dtype))

@@ -334,6 +334,19 @@ def _csr(values: torch.Tensor, row_ptr: torch.Tensor, col_ind: torch.Tensor, sha
         return torch.sparse_csr_tensor(row_ptr, col_ind, values, size=shape)
 
 
+def check_floating(**tensors: torch.Tensor | None) -> None:
+    """``ValueError`` naming each of ``tensors`` (None skipped) that is not floating point:
+    the pattern products compute in floating point, and an integer operand would come back
+    rounded or wrapped into its own dtype (``torch.nn.functional.conv2d`` refuses it too)."""
+    bad = [
+        f"{k} ({t.dtype})"
+        for k, t in tensors.items()
+        if t is not None and not t.is_floating_point()
+    ]
+    if bad:
+        raise ValueError(f"pattern ops need floating-point tensors; got {', '.join(bad)}")
+
+
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     if t.device.type == "cpu" and t.dtype not in _CPU_SPARSE_DTYPES:
         return torch.float32
@@ -448,8 +461,10 @@ def pattern_spmm(
     construction on every call: it must be the index of ``(row_ptr, col_ind)`` (``ValueError``
     otherwise, :func:`check_index_matches`), and its transposed fields are trusted as built by
     :func:`pattern_index`. The reference path raises ``ValueError`` on an index that
-    :func:`check_csr` refuses (columns must lie in ``[0, K)``).
+    :func:`check_csr` refuses (columns must lie in ``[0, K)``); any path refuses operands that
+    are not floating point (:func:`check_floating`).
     """
+    check_floating(values=values, dense_b=dense_b)
     if torch.is_autocast_enabled(dense_b.device.type):  # float32, as pattern_conv2d does
         with torch.autocast(dense_b.device.type, enabled=False):
             return pattern_spmm(_f32(values), row_ptr, col_ind, _f32(dense_b), impl, index=index)
@@ -640,8 +655,10 @@ def pattern_conv2d(
     supported. ``workspace`` (the reference path on the CPU): the buffers of a
     :class:`PatternConv2d`, reused across calls. The reference path checks ``pattern``'s
     ``row_ptr``/``col_ind`` with :func:`check_csr` (with a ``workspace``, once per
-    structure: again only after the index tensors are written).
+    structure: again only after the index tensors are written). Operands that are not
+    floating point are refused (:func:`check_floating`).
     """
+    check_floating(x=x, weight=weight, bias=bias)
     if torch.is_autocast_enabled(x.device.type):
         # No 16-bit pattern kernels: under autocast the op runs as autocast runs the ops it
         # has no low-precision rule for, on float32 copies of 16-bit operands, autocast off

@@ -239,11 +239,13 @@ def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _scaled(dense_macs: float, density: LayerDensity, fwd_extra: float, wg_extra: float,
-            has_dg: bool, has_wg: bool) -> FlopCounts:  # fmt: skip
+            dg_share: float, has_wg: bool) -> FlopCounts:  # fmt: skip
+    """``dg_share``: the fraction of the layer's output elements (over its calls) whose
+    call's input needs a gradient."""
     flops = 2.0 * dense_macs
     return FlopCounts(
         forward=flops * density.forward + fwd_extra,
-        data_grad=flops * density.data_grad if has_dg else 0.0,
+        data_grad=flops * density.data_grad * dg_share,
         weight_grad=(flops * density.weight_grad if has_wg else 0.0) + wg_extra,
     )
 
@@ -272,13 +274,20 @@ def training_flops(
         A :class:`FlopReport` in FLOPs per sample.
 
     Raises:
-        ValueError: a bad ``input_shape``, or a ``density`` key that names no counted layer.
+        ValueError: a bad ``input_shape``, a ``density`` key that names no counted layer, or
+            a convolution other than ``nn.Conv2d`` (1-D, 3-D, transposed), not counted.
     """
     shape = _check_input_shape(input_shape)
     density = dict(density or {})
     counted: dict[str, tuple[nn.Module, str]] = {}
     for name, module in model.named_modules():
         kind = _kind(module)
+        if kind is None and isinstance(module, nn.modules.conv._ConvNd):
+            raise ValueError(
+                f"training_flops counts nn.Conv2d, nn.Linear and nn.BatchNorm2d layers; "
+                f"{name or 'the model'} is an nn.{type(module).__name__}, whose work it would "
+                "leave out"
+            )
         if kind is None or any(name.startswith(f"{c}.") for c in counted if c):
             continue
         counted[name] = (module, kind)
@@ -302,12 +311,12 @@ def training_flops(
                     "in_shape": tuple(x.shape[1:]),
                     "out_shape": tuple(output.shape[1:]),
                     "elements": 0,
+                    "dg_elements": 0,  # of calls whose input needs a gradient
                     "calls": 0,
-                    "needs_dg": False,
                 }
             rec["elements"] += output.numel()
+            rec["dg_elements"] += output.numel() if x.requires_grad else 0
             rec["calls"] += 1
-            rec["needs_dg"] = rec["needs_dg"] or bool(x.requires_grad)
 
         return record
 
@@ -333,14 +342,14 @@ def training_flops(
             continue
         weight = getattr(module, "weight", None)
         bias = getattr(module, "bias", None)
-        has_dg = rec["needs_dg"]
         elements = rec["elements"]
+        dg_share = rec["dg_elements"] / elements if elements else 0.0
         weight_shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else ()
         if kind == "bn":
             has_wg = isinstance(weight, torch.Tensor) and weight.requires_grad
             dense = FlopCounts(
                 BN_FORWARD_FLOPS * elements,
-                BN_DATA_GRAD_FLOPS * elements if has_dg else 0.0,
+                BN_DATA_GRAD_FLOPS * rec["dg_elements"],
                 BN_WEIGHT_GRAD_FLOPS * elements if has_wg else 0.0,
             )
             one = LayerDensity()
@@ -372,9 +381,9 @@ def training_flops(
                 macs=macs,
                 density=nominal_d,
                 executed_density=executed_d,
-                dense=_scaled(macs, one, bias_flops, bias_grad, has_dg, has_wg),
-                nominal=_scaled(macs, nominal_d, bias_flops, bias_grad, has_dg, has_wg),
-                executed=_scaled(macs, executed_d, bias_flops, bias_grad, has_dg, has_wg),
+                dense=_scaled(macs, one, bias_flops, bias_grad, dg_share, has_wg),
+                nominal=_scaled(macs, nominal_d, bias_flops, bias_grad, dg_share, has_wg),
+                executed=_scaled(macs, executed_d, bias_flops, bias_grad, dg_share, has_wg),
             )
         )
     return FlopReport(shape, tuple(layers))

@@ -182,6 +182,32 @@ def test_sparse_wrapper_counted_once_and_shared_module_summed() -> None:
     assert report.layers[1].macs == 2 * 48 * 3
 
 
+def test_a_shared_conv_counts_data_gradients_only_for_the_calls_that_need_them() -> None:
+    # the first call reads the network input (no gradient), the second its own output
+    shared = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = shared
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(self.c(x))
+
+    (layer,) = training_flops(Twice(), (4, 5, 5)).layers
+    one_call = 2 * (4 * 25) * (4 * 9)  # FLOPs of one call's product
+    assert layer.calls == 2 and layer.dense.forward == 2 * one_call
+    assert layer.dense.data_grad == one_call and layer.dense.weight_grad == 2 * one_call
+
+
+@pytest.mark.parametrize(
+    "conv", [nn.Conv1d(3, 4, 3), nn.Conv3d(3, 4, 3), nn.ConvTranspose2d(3, 4, 3)], ids=repr
+)
+def test_a_convolution_it_does_not_count_is_refused_not_left_out(conv) -> None:
+    with pytest.raises(ValueError, match=f"nn.{type(conv).__name__}"):
+        training_flops(nn.Sequential(nn.Conv2d(3, 3, 1), conv), (3, 6, 6, 6))
+
+
 def test_bad_arguments_raise() -> None:
     model = tiny_model()
     with pytest.raises(ValueError, match=r"valid names: 0, 4"):

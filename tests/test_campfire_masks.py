@@ -712,3 +712,21 @@ def test_gpu_masks_with_ties_equal_the_sort_reference() -> None:
             assert torch.equal(ck_mask(pointwise.to(cuda), s).cpu(), _ref_ck_mask(pointwise, s))
             kw = {"block": 2, "block_fraction": 0.5}
             assert torch.equal(fc_mask(fc.to(cuda), s, **kw).cpu(), _ref_fc_mask(fc, s, **kw))
+
+
+def test_a_nan_weight_ranks_first_on_every_path_and_the_count_holds(path) -> None:
+    # a diverged step can leave NaN weights until the epoch's end finds the divergence; the
+    # pairwise ranking gave two weights of its kernel one rank (a wrong count, or an index
+    # past the kernel in combined_mask)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(16, 16, 3, 3, generator=gen)
+    w[5, 5, 1, 1] = float("nan")
+    w[7, 2, 0, 0] = float("nan")
+    w[7, 2, 2, 2] = float("nan")  # two in one kernel: the lower position first
+    rank, _ = cm._ranks_t(cm._kernels_t(w))
+    by_kernel = rank.t().reshape(16, 16, 9)
+    assert by_kernel[5, 5, 4] == 0 and by_kernel[7, 2, 0] == 0 and by_kernel[7, 2, 8] == 1
+    assert sorted(by_kernel[7, 2].tolist()) == list(range(9))  # one rank each
+    assert int((~window_mask(w, 0.6)).sum()) == count_at(0.6, w.numel())
+    combined = combined_mask(w, 0.6)  # no index past the kernel
+    assert combined.shape == w.shape

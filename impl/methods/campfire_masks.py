@@ -118,9 +118,14 @@ def _ranks_t(at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, nk = at.shape
     if _pairwise(m, nk):
         rank = torch.zeros(m, nk, dtype=torch.uint8, device=at.device)
+        # NaN ranks first, as the sort puts it (a comparison with NaN is False both ways, which
+        # would give two weights one rank): only a diverged step makes one
+        nan = at.isnan() if bool(at.isnan().any()) else None
         for j in range(1, m):
             for i in range(j):
                 first = at[i] >= at[j]  # weight i ranks before weight j
+                if nan is not None:
+                    first |= nan[i]
                 rank[j] += first.view(torch.uint8)
                 rank[i] += (~first).view(torch.uint8)
         return rank, None

@@ -105,6 +105,27 @@ def _train(options: dict, epochs: int = 5, seed: int = 0, on_step=None, n_batche
 FAST = {"dense_epochs": 1, "pool_epochs": 1, "finalize_epochs": 1, "hard_prune_epoch": 3}
 
 
+@pytest.mark.parametrize("padding", [{"padding_mode": "reflect"}, {"padding": "same"}])
+def test_a_conv_the_pattern_conv_cannot_run_is_pruned_as_a_masked_dense_conv(padding, caplog):
+    # hard pruning used to stop the run half way with PatternConv2d's error, naming no layer
+    torch.manual_seed(0)
+    model = TinyNet()
+    model.block_a = nn.Conv2d(8, 12, 3, bias=False, **{"padding": 1, **padding})
+    method = ClickTrain(ClickTrainConfig(**FAST, connectivity=0.5))
+    ctx = _context(model, 5)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    with caplog.at_level("WARNING", logger="impl.methods.clicktrain"):
+        _run_epochs(method, ctx, range(5), _data())
+    assert type(ctx.model.block_a) is nn.Conv2d
+    assert isinstance(ctx.model.block_b, PatternConv2d)
+    info = method.sparse_layers["block_a"]
+    assert info["pattern_conv"] is False and "PatternConv2d needs" in info["dense_because"]
+    assert "block_a stays a masked dense conv" in caplog.text
+    keep = method.masks["block_a.weight"]
+    assert not ctx.model.block_a.weight[~keep].any()  # pruned all the same
+
+
 def test_prunable_layers_skip_stem_and_1x1():
     assert prunable_layers(TinyNet()) == ["block_a", "block_b"]
 

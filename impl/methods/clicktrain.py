@@ -29,6 +29,7 @@ Choices the paper leaves open are documented where they are made, and collected 
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ from impl.methods.clicktrain_patterns import (
     pattern_scores,
 )
 from impl.methods.masking import MaskSet, conv_weight_counts
+
+logger = logging.getLogger(__name__)
 
 STAGES: tuple[str, ...] = ("dense", "pool", "finalize", "regularize", "sparse")
 KERNEL_RANKINGS: tuple[str, ...] = ("balanced", "layer")
@@ -544,15 +547,23 @@ class ClickTrain(Method):
 
     def _replace_convs(self, model: nn.Module) -> None:
         from impl.ops import PatternConv2d
+        from impl.ops.pattern import pattern_conv_unsupported
 
         self.sparse_layers = {}
         for name in self.layers:
             keep = self.masks[f"{name}.weight"]
             sparsity = 1.0 - float(keep.float().mean())
             use = self.cfg.sparse_impl != "none" and sparsity > self.cfg.sparse_threshold
+            conv = model.get_submodule(name)
+            why = None if isinstance(conv, PatternConv2d) else pattern_conv_unsupported(conv)
+            if use and why:  # pruned all the same: a masked dense conv, as below the threshold
+                logger.warning("ClickTrain: %s stays a masked dense conv: PatternConv2d %s",
+                               name, why)  # fmt: skip
+                use = False
             self.sparse_layers[name] = {"sparsity": sparsity, "pattern_conv": use}
+            if why:
+                self.sparse_layers[name]["dense_because"] = f"PatternConv2d {why}"
             if use:
-                conv = model.get_submodule(name)
                 if not isinstance(conv, PatternConv2d):
                     sparse = PatternConv2d.from_conv(conv, keep, self.cfg.sparse_impl)
                     _set_module(model, name, sparse)

@@ -689,6 +689,18 @@ def pattern_conv2d(
     return out
 
 
+def pattern_conv_unsupported(conv: nn.Conv2d) -> str | None:
+    """Why :class:`PatternConv2d` cannot run ``conv`` (groups, a padding mode other than
+    zeros, or padding given as "same"/"valid"), or None where it can."""
+    if conv.groups != 1:
+        return f"supports groups=1 only, got groups={conv.groups}"
+    if conv.padding_mode != "zeros":
+        return f"needs padding_mode='zeros', got {conv.padding_mode}"
+    if isinstance(conv.padding, str):
+        return f"needs numeric padding, not {conv.padding!r}"
+    return None
+
+
 class _Workspace:
     """The large buffers one :class:`PatternConv2d` reuses from one iteration to the next.
 
@@ -884,13 +896,11 @@ class PatternConv2d(nn.Conv2d):
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, mask: torch.Tensor, impl: str = "auto") -> PatternConv2d:
-        """Wrap ``conv``'s parameters (shared) with the kept positions ``mask``."""
-        if conv.groups != 1:
-            raise ValueError(f"PatternConv2d supports groups=1 only, got groups={conv.groups}")
-        if conv.padding_mode != "zeros":
-            raise ValueError(f"PatternConv2d needs padding_mode='zeros', got {conv.padding_mode}")
-        if isinstance(conv.padding, str):
-            raise ValueError("PatternConv2d needs numeric padding, not 'same'/'valid'")
+        """Wrap ``conv``'s parameters (shared) with the kept positions ``mask``; ``ValueError``
+        for a conv it cannot run (:func:`pattern_conv_unsupported`)."""
+        why = pattern_conv_unsupported(conv)
+        if why:
+            raise ValueError(f"PatternConv2d {why}")
         return cls(
             conv.weight, mask, conv.bias, conv.stride, conv.padding, conv.dilation, impl=impl
         )

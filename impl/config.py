@@ -9,6 +9,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,43 @@ MAX_SEED = 2**64 - 1
 # training augmentation recipes (impl.data.AUGMENT_RECIPES, repeated so that this module
 # imports nothing heavy; a test checks they agree)
 AUGMENT_RECIPES: tuple[str, ...] = ("standard", "ffcv")
+
+
+#: What a value of each annotation a config field may carry is (bools are not numbers here).
+_FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+    "bool": ("a bool", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "list[int]": (
+        "a list of ints",
+        lambda v: isinstance(v, (list, tuple))
+        and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in v),
+    ),
+    "dict[str, Any]": ("a dict", lambda v: isinstance(v, dict)),
+}
+
+
+def check_field_types(config: Any, values: dict[str, Any] | None = None) -> None:
+    """``ValueError`` naming the first field of the dataclass ``config`` (a class or an
+    instance) whose value (from ``values`` where given, else the instance's) is not of its
+    annotated type (``int``, ``float``, ``bool``, ``str``, ``list[int]``, a dict, each or None
+    where the annotation allows it): a float epoch count or a string rate would otherwise
+    fail only inside training, after the run directory is written."""
+    for f in dataclasses.fields(config):
+        if values is not None and f.name not in values:
+            continue
+        value = values[f.name] if values is not None else getattr(config, f.name)
+        annotation = str(f.type)
+        optional = annotation.endswith(" | None")
+        kind = annotation.removesuffix(" | None")
+        if kind not in _FIELD_TYPES:
+            continue
+        said, ok = _FIELD_TYPES[kind]
+        if (value is None and optional) or ok(value):
+            continue
+        allowed = f"{said} or None" if optional else said
+        raise ValueError(f"{f.name} must be {allowed}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass
@@ -136,6 +175,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` on values no run can use (before anything is written)."""
+        check_field_types(self)
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
         if self.schedule not in SCHEDULES:

@@ -265,3 +265,36 @@ def test_check_seed_takes_torchs_range_and_names_the_setting():
     for bad in (-1, MAX_SEED + 1, True, 1.0, "3"):
         with pytest.raises(ValueError, match=r"^prune_seed must be an integer from 0 to"):
             check_seed(bad, "prune_seed")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("epochs", 2.5, "epochs must be an int, got 2.5"),
+        ("batch_size", True, "batch_size must be an int, got True"),
+        ("lr", "0.1", "lr must be a number, got '0.1'"),
+        ("threads", 1.5, "threads must be an int or None, got 1.5"),
+        ("augment", 1, "augment must be a bool, got 1"),
+        ("milestones", [1.5], r"milestones must be a list of ints, got \[1.5\]"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_before_the_run_starts(field, value, said, tmp_path):
+    # a float epoch count used to pass and fail inside training, config.json already written
+    from impl.train import Trainer
+
+    with pytest.raises(ValueError, match=said):
+        Trainer(resolve("smoke", out=str(tmp_path / "run"), **{field: value}), progress=False)
+    assert not (tmp_path / "run").exists()
+    assert resolve("smoke", threads=None, lr=1, schedule="step", milestones=[1]).validate() is None
+
+
+@pytest.mark.parametrize(
+    ("method", "option", "value"),
+    [("campfire", "window_fraction", "0.8"), ("prunetrain", "penalty_ratio", "0.2"),
+     ("clicktrain", "connectivity", "0.75"), ("sdgp", "n", 2.0)],
+)  # fmt: skip
+def test_a_method_option_of_the_wrong_type_is_refused_naming_it(method, option, value):
+    from impl.methods import create_method
+
+    with pytest.raises(ValueError, match=f"method {method!r}: option {option} must be"):
+        create_method(method, {option: value})

@@ -24,6 +24,7 @@ import re
 from importlib import metadata
 from typing import Any
 
+from impl.config import check_field_types
 from impl.methods.base import Method, MethodConfig, TrainContext
 
 # the built-in methods: name -> "module:ClassName"
@@ -243,7 +244,9 @@ def method_class(name: str) -> type[Method]:
 
 
 def create_method(name: str, options: dict | None = None) -> Method:
-    """Build method ``name`` with its config fields set from ``options`` (plain data)."""
+    """Build method ``name`` with its config fields set from ``options`` (plain data);
+    ``ValueError`` for an unknown option or a value not of its field's type
+    (:func:`impl.config.check_field_types`)."""
     cls = method_class(name)
     options = dict(options or {})
     fields = {f.name for f in dataclasses.fields(cls.Config)}
@@ -252,6 +255,10 @@ def create_method(name: str, options: dict | None = None) -> Method:
         raise ValueError(
             f"unknown option(s) {unknown} for method {name!r}; valid: {sorted(fields) or 'none'}"
         )
+    try:  # before the config's own checks, which compare the values
+        check_field_types(cls.Config, options)
+    except ValueError as err:
+        raise ValueError(f"method {name!r}: option {err}") from None
     return cls(cls.Config(**options))
 
 

@@ -39,8 +39,10 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "str": ("a string", lambda v: isinstance(v, str)),
     "list[int]": (
         "a list of ints",
-        lambda v: isinstance(v, (list, tuple))
-        and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in v),
+        lambda v: (
+            isinstance(v, (list, tuple))
+            and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in v)
+        ),
     ),
     "dict[str, Any]": ("a dict", lambda v: isinstance(v, dict)),
 }

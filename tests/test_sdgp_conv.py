@@ -102,6 +102,17 @@ def test_eval_mode_gives_the_dense_input_gradient_an_attack_needs():
     assert sd.prune_calls == 1 and not torch.allclose(x.grad, xd.grad)
 
 
+def test_create_graph_gives_the_pruned_first_order_gradient_and_no_second():
+    # nm_prune refused the gradient autograd handed it under create_graph, blaming the caller
+    sd = SDGPConv2d.from_conv(nn.Conv2d(8, 8, 3, padding=1), 2, 4, "magnitude")
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    (once,) = torch.autograd.grad(sd(x).square().sum(), x, create_graph=True)
+    (plain,) = torch.autograd.grad(sd(x).square().sum(), x)
+    assert sd.prune_calls == 2 and torch.equal(once, plain)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        once.sum().backward()
+
+
 def test_extra_repr_names_the_rescale_rule_only_for_rescaled_pruning():
     conv = nn.Conv2d(4, 8, 3)
     assert "rescale=plane" in repr(SDGPConv2d.from_conv(conv, 2, 4, "rescaled"))

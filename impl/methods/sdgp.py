@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from impl.config import check_seed
 from impl.data import derived_seed
@@ -158,6 +159,8 @@ class _SDGPConv2dFunction(torch.autograd.Function):
         )
 
     @staticmethod
+    @once_differentiable  # a pruned gradient has no gradient of its own: create_graph's
+    # first-order result is exact, differentiating it again raises torch's error
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         def data_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             return conv_grad("input", ctx.prune(g), x, weight, ctx.conv_args)

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from impl.methods.sdgp import (
     SDGPConv2d,
@@ -521,6 +522,8 @@ class _SDGPSemiConv2dFunction(torch.autograd.Function):
         )
 
     @staticmethod
+    @once_differentiable  # a pruned gradient has no gradient of its own: create_graph's
+    # first-order result is exact, differentiating it again raises torch's error
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         def data_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             return ctx.module.data_grad(g, x, weight, ctx.conv_args)

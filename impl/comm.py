@@ -87,12 +87,21 @@ def unpack(
 ) -> torch.Tensor:
     """Zero the 1-D tensor ``out`` and write ``packed[j]`` to ``out[index[j]]``; returns ``out``.
 
-    The inverse of :func:`pack` on the kept positions (``index`` must hold unique positions).
+    The inverse of :func:`pack` on the kept positions. ``index`` must hold unique positions
+    in range: it is trusted, not checked, since the gradient hook calls this for every
+    bucket of every iteration with the positions it built from the masks (a repeated
+    position keeps one of its values). A ``packed`` of another dtype or device than ``out``
+    is refused before ``out`` is touched.
     """
     if packed.dim() != 1 or index.dim() != 1 or out.dim() != 1:
         raise ValueError("unpack needs 1-D packed, index and out tensors")
     if packed.numel() != index.numel():
         raise ValueError(f"packed has {packed.numel()} elements, index {index.numel()}")
+    if packed.dtype != out.dtype or packed.device != out.device:  # before out is zeroed
+        raise ValueError(
+            f"packed ({packed.dtype}, {packed.device}) and out ({out.dtype}, {out.device}) "
+            "must have one dtype and device"
+        )
     out.zero_()
     mod = _use_cuda(out, impl)
     if mod is not None:

@@ -279,6 +279,12 @@ def training_flops(
     """
     shape = _check_input_shape(input_shape)
     density = dict(density or {})
+    for name, value in density.items():
+        if not isinstance(value, LayerDensity):
+            raise ValueError(
+                f"density of {name!r} must be a LayerDensity (LayerDensity.uniform(f) for one "
+                f"fraction f), got {value!r}"
+            )
     counted: dict[str, tuple[nn.Module, str]] = {}
     for name, module in model.named_modules():
         kind = _kind(module)

@@ -15,8 +15,8 @@ import torch
 class PhaseTimer:
     """Times named phases (e.g. "fwd", "bwd") of each iteration, in milliseconds."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device | str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
         self._events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
         self._times: dict[str, list[float]] = {}
         self._open: dict[str, object] = {}
@@ -31,7 +31,10 @@ class PhaseTimer:
             self._open[phase] = time.perf_counter()
 
     def stop(self, phase: str) -> None:
-        """Mark the end of ``phase`` for the current iteration."""
+        """Mark the end of ``phase`` for the current iteration (``ValueError`` for a phase
+        not started)."""
+        if phase not in self._open:
+            raise ValueError(f"phase {phase!r} was not started (call start({phase!r}) first)")
         begin = self._open.pop(phase)
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)

@@ -42,6 +42,10 @@ def test_pack_unpack_reject_bad_input():
         comm.pack(flat, idx, impl="cuda")
     with pytest.raises(ValueError, match="3 elements, index 2"):
         comm.unpack(torch.ones(3), idx, torch.zeros(6))
+    out = torch.full((6,), 7.0)
+    with pytest.raises(ValueError, match="one dtype and device"):
+        comm.unpack(torch.ones(2, dtype=torch.float16), idx, out)
+    assert bool((out == 7.0).all())  # refused before it was zeroed
 
 
 @pytest.mark.gpu

@@ -219,6 +219,8 @@ def test_bad_arguments_raise() -> None:
     assert one.forward == 2 * (2 * 5) * 3
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         LayerDensity(forward=1.5)
+    with pytest.raises(ValueError, match="density of '0' must be a LayerDensity"):
+        training_flops(model, (3, 7, 7), density={"0": 0.5})
     with pytest.raises(ValueError, match="batch"):
         paper_training_cost(model, (3, 7, 7), batch=0)
 

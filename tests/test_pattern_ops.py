@@ -794,3 +794,15 @@ def test_integer_operands_are_refused_not_rounded(dtype):
     values = weight.reshape(4, -1)[flat]
     with pytest.raises(ValueError, match=rf"dense_b \({dtype}\)"):
         pattern_spmm(values, row_ptr, col_ind, torch.ones(27, 2, dtype=dtype))
+
+
+def test_empty_filters_and_an_empty_batch_give_empty_results_not_reshape_errors():
+    row_ptr, col_ind = pattern_positions(torch.ones(0, 27))
+    assert row_ptr.tolist() == [0] and col_ind.numel() == 0
+    row_ptr, col_ind = pattern_positions(torch.ones(4, 27))
+    values = torch.randn(108, requires_grad=True)
+    b = torch.randn(0, 27, 5, requires_grad=True)
+    out = pattern_spmm(values, row_ptr, col_ind, b)
+    assert out.shape == (0, 4, 5)
+    out.sum().backward()
+    assert b.grad.shape == (0, 27, 5) and not values.grad.any()

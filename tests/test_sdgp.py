@@ -637,3 +637,29 @@ def test_an_empty_gradient_prunes_to_an_empty_tensor():
     for method in ("magnitude", "rescaled", "random"):
         y = nm_prune_ref(torch.empty(0, 8, 3, 3), 2, 4, method)
         assert y.shape == (0, 8, 3, 3)
+
+
+def test_keep_mask_refuses_a_0d_tensor_and_density_zero_channels():
+    from impl.methods.sdgp import data_grad_density
+
+    with pytest.raises(ValueError, match="at least one dimension"):
+        nm_keep_mask(torch.tensor(1.0), 2, 4)
+    with pytest.raises(ValueError, match="channels must be >= 1"):
+        data_grad_density(0, 2, 4)
+    assert data_grad_density(6, 2, 4) == 4 / 6  # a partial group of 2 keeps both
+
+
+@pytest.mark.parametrize(
+    ("impl", "match"),
+    [("gpu", "unknown prune_impl 'gpu'"), ("cuda", "prune_impl='cuda' needs CUDA tensors")],
+)
+def test_a_layers_prune_impl_it_cannot_use_is_refused_not_run_as_the_reference(impl, match):
+    from torch import nn
+
+    from impl.methods.sdgp import SDGPConv2d
+
+    layer = SDGPConv2d.from_conv(nn.Conv2d(8, 8, 3), 2, 4)
+    layer.prune_impl = impl
+    x = torch.randn(1, 8, 5, 5, requires_grad=True)
+    with pytest.raises(ValueError, match=match):
+        layer(x).sum().backward()

@@ -162,3 +162,9 @@ def test_the_dense_iteration_prunes_no_gradient(monkeypatch):
     time_iteration(model, (3, 11, 13), 2, repeats=1, dense=True)  # the convs restored
     with pytest.raises(AssertionError, match="pruned a gradient"):
         time_iteration(model, (3, 11, 13), 2, repeats=1)  # the check itself can fail
+
+
+def test_time_ms_takes_a_device_by_name():
+    calls = []
+    assert time_ms(lambda: calls.append(1), "cpu", repeats=3, warmup=1) >= 0.0
+    assert len(calls) == 4

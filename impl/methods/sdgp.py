@@ -427,6 +427,8 @@ class LayerPlan:
 
 def data_grad_density(channels: int, n: int, m: int) -> float:
     """Fraction of ``channels`` kept by N:M with the padded partial-group rule."""
+    if channels < 1:
+        raise ValueError(f"channels must be >= 1, got {channels}")
     full, r = divmod(channels, m)
     return (full * n + min(n, r)) / channels
 

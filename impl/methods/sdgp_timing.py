@@ -29,7 +29,7 @@ from impl.ops.nm import check_method, check_nm, nm_prune
 
 
 def time_ms(
-    fn: Callable[[], Any], device: torch.device, repeats: int = 3, warmup: int = 1
+    fn: Callable[[], Any], device: torch.device | str, repeats: int = 3, warmup: int = 1
 ) -> float:
     """Median wall time of ``fn()`` in milliseconds over ``repeats`` calls after ``warmup``.
 
@@ -38,6 +38,7 @@ def time_ms(
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
+    device = torch.device(device)
     for _ in range(warmup):
         fn()
     times = []

@@ -365,6 +365,8 @@ def nm_keep_mask(
     contiguous.
     """
     check_nm(n, m)
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least one dimension (the groups run along dim)")
     dim = dim % scores.dim()
     keep = _keep_grouped(_as_oci(scores, dim), n, m, descending)
     return keep.reshape(scores.shape)
@@ -486,7 +488,16 @@ def _prune_cpu(
     ``impl`` (``"auto"``, ``"cpu"``; ``"ref"`` skips it) allows it and it applies, else by the
     reference (``"reference"``; the sums ``None`` where it does not have them at hand).
     The result takes ``x``'s layout. ``impl="cpu"`` raises ``RuntimeError`` where the
-    kernel cannot build; ``option`` names the setting in that message."""
+    kernel cannot build; ``option`` names the setting in that message, and in the
+    ``ValueError`` for an ``impl`` that is unknown or ``"cuda"`` (which a tensor off the GPU
+    cannot take: :func:`nm_prune` refuses it the same way)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown {option} {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "cuda":
+        raise ValueError(
+            f"{option}='cuda' needs CUDA tensors, got one on {x.device.type}; use "
+            f"{option}='auto'"
+        )
     if impl in ("auto", "cpu"):
         compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps, stats)
         if compiled is not None:

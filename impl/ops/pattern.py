@@ -103,7 +103,7 @@ def pattern_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if mask.dim() < 2:
         raise ValueError(f"mask must be [F, K] or [F, C, R, S], got {mask.dim()} dims")
-    flat = mask.reshape(mask.shape[0], -1) != 0
+    flat = mask.reshape(mask.shape[0], math.prod(mask.shape[1:])) != 0  # 0 rows too
     counts = flat.sum(dim=1)
     row_ptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int64, device=mask.device)
     row_ptr[1:] = torch.cumsum(counts, dim=0)
@@ -402,12 +402,12 @@ def _sddmm_2d(row_ptr, col_ind, shape, left: torch.Tensor, right: torch.Tensor) 
 
 def _to_2d(b: torch.Tensor) -> torch.Tensor:
     """``[B, K, N] -> [K, B*N]`` (batch folded into the columns)."""
-    return b.permute(1, 0, 2).reshape(b.shape[1], -1)
+    return b.permute(1, 0, 2).reshape(b.shape[1], b.shape[0] * b.shape[2])
 
 
-def _from_2d(c: torch.Tensor, batch: int) -> torch.Tensor:
-    """``[F, B*N] -> [B, F, N]``."""
-    return c.reshape(c.shape[0], batch, -1).permute(1, 0, 2)
+def _from_2d(c: torch.Tensor, batch: int, n: int) -> torch.Tensor:
+    """``[F, B*N] -> [B, F, N]`` (explicit sizes: ``B`` or ``N`` may be 0)."""
+    return c.reshape(c.shape[0], batch, n).permute(1, 0, 2)
 
 
 class _PatternSpMM(torch.autograd.Function):
@@ -419,9 +419,9 @@ class _PatternSpMM(torch.autograd.Function):
         b2 = _to_2d(b) if batched else b
         out = _spmm_2d(values, index.row_ptr, index.col_ind, index.shape, b2)
         ctx.index = index
-        ctx.batch = b.shape[0] if batched else None
+        ctx.batch = (b.shape[0], b.shape[2]) if batched else None
         ctx.save_for_backward(values, b2)
-        return _from_2d(out, b.shape[0]) if batched else out
+        return _from_2d(out, b.shape[0], b.shape[2]) if batched else out
 
     @staticmethod
     @_autocast_off
@@ -438,7 +438,7 @@ class _PatternSpMM(torch.autograd.Function):
             shape_t = (index.shape[1], index.shape[0])
             values_t = values[index.t_perm]
             gb = _spmm_2d(values_t, index.t_row_ptr, index.t_col_ind, shape_t, g2)
-            grad_b = _from_2d(gb, ctx.batch) if ctx.batch is not None else gb
+            grad_b = _from_2d(gb, *ctx.batch) if ctx.batch is not None else gb
         return grad_values, grad_b, None
 
 

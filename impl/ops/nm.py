@@ -495,8 +495,7 @@ def _prune_cpu(
         raise ValueError(f"unknown {option} {impl!r}; valid: {', '.join(IMPLS)}")
     if impl == "cuda":
         raise ValueError(
-            f"{option}='cuda' needs CUDA tensors, got one on {x.device.type}; use "
-            f"{option}='auto'"
+            f"{option}='cuda' needs CUDA tensors, got one on {x.device.type}; use {option}='auto'"
         )
     if impl in ("auto", "cpu"):
         compiled = nm_cpu.nm_prune_cpu(x, n, m, method, dim, rescale, generator, eps, stats)

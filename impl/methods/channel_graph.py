@@ -50,7 +50,9 @@ class ShortcutOnly(nn.Module):
     does not), and ``path_bias`` (a buffer, one value per output channel) is the constant the
     removed path still produced: a path with no channels left outputs the eval-mode value of
     its last BatchNorm (or the layers after the empty space) at zero input, the same at every
-    position. Keeping it makes layer removal exact in eval mode.
+    position. Keeping it makes layer removal exact in eval mode for a path whose weights are
+    zero (one of weights merely below the threshold still fed its BatchNorm's normalised,
+    possibly large, output: :mod:`impl.methods.prunetrain_reconfig`).
 
     State-dict keys: ``path_bias`` and ``downsample.*`` (the same keys the block had for its
     shortcut), so a checkpoint of a reconfigured model loads into a model on which

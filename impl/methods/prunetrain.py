@@ -13,7 +13,8 @@ Choices where the paper leaves room (each is a config field):
 * Reconfiguration happens after every ``reconfig_interval``-th epoch and, with
   ``reconfig_at_end`` (default), also after the last epoch, so the final (evaluated and saved)
   model is the physically pruned one; removal changes the function only by weights below the
-  threshold (see :mod:`impl.methods.prunetrain_reconfig`).
+  threshold, which a BatchNorm after them can scale up (see
+  :mod:`impl.methods.prunetrain_reconfig`).
 * Dynamic mini-batch: the budget is the memory of the first iteration's configuration (the
   paper's CIFAR rule, "maintain similar device memory capacity utilization", Sec. 5.3 and
   Fig. 9b), or ``memory_budget_mb`` when given (its ImageNet rule: the device capacity,
@@ -92,10 +93,12 @@ def lasso_coefficient(
 
     Plausibility (not a test: it depends on the initialisation): the authors' stored values
     for CIFAR ResNet-32 are 8.5e-5 (r=0.1), 3.79e-4 (r=0.2), 1.01e-3 (r=0.4); the last two
-    imply CE/GL = 1.52e-3 and the first 7.7e-4, so they are not from one initialisation.
-    This project's ResNet-32 has GL ~ 3.24e3 at initialisation (seeds 0 and 1), so with
-    CE = ln 10: lambda = 7.9e-5, 1.78e-4 and 4.7e-4 for those ratios (same order of
-    magnitude; a different initialisation and shortcut layout).
+    imply CE/GL = 1.52e-3 and the first 7.7e-4. This project's ResNet-32 has GL ~ 3.24e3 at
+    initialisation (seeds 0 and 1): with CE = ln 100 (CIFAR-100) for the last two and ln 10
+    (CIFAR-10) for the first, lambda = 3.51e-4, 9.37e-4 and 7.9e-5, each about 1.08 times
+    below the stored value (a first batch's cross-entropy a little above ln C would
+    account for it); the authors' directory of coefficients does not say which dataset
+    each is for.
 
     Raises:
         ValueError: ``ratio`` outside (0, 1), a negative or non-finite ``ce_loss``, or a
@@ -126,7 +129,9 @@ class PruneTrainConfig(MethodConfig):
         batch_step: granularity of the batch growth in samples (paper: 32), >= 1.
         max_batch: upper limit of the dynamic batch, >= 1.
         memory_budget_mb: memory budget of one iteration in MiB; 0 keeps the first
-            iteration's memory (the paper's CIFAR rule).
+            iteration's memory (the paper's CIFAR rule). The iteration measured is the
+            global batch's in one process, so under ``--nproc N`` a budget meant for one
+            device's share must be given for the whole batch (about N times it).
         probe_repeats: when > 0, time one iteration of the model at the start and after each
             reconfiguration (minimum of this many repetitions on random data, wall clock and,
             on CPU, process CPU time, which other processes sharing the cores do not inflate,

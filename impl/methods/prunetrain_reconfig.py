@@ -13,7 +13,12 @@ absolute value is compared and what is removed is physically gone.
 
 Because a removed channel is read by no layer (its reader columns are all below the
 threshold), removing it changes the function only by those sub-threshold weights: exactly
-nothing when they are zero, whatever the BatchNorm of that channel holds.
+nothing when they are zero, whatever the BatchNorm of that channel holds. Not nothing when
+they are small but not zero: a BatchNorm after them divides by its running standard
+deviation, which is as small as their outputs, so a layer of weights just under the
+threshold can still carry a signal of unit scale (at threshold 1e-2, the one the short
+runs use, a ResNet-20 path of such weights did; the paper's 1e-4 with the authors'
+thresholding by value has the same property).
 
 Zeroing. A group below the threshold whose channel another layer still uses (channel union
 keeps it) is not removed but set to zero, weights and momentum ("we use a small threshold of
@@ -25,7 +30,8 @@ channel left, or its last conv has no weight above the threshold: it then output
 constant per channel (its BatchNorm's eval-mode value at zero input), which
 :class:`~impl.methods.channel_graph.ShortcutOnly` keeps as ``path_bias``. The block is
 replaced by a ``ShortcutOnly`` at the same name, keeping its shortcut module. Evaluation is
-unchanged by the removal; a training-mode forward is not exactly: there the zero path gave
+unchanged by the removal where the path's weights were zero (otherwise it changes by what
+the paragraph above says); a training-mode forward is not exactly: there the zero path gave
 its BatchNorm's bias ``beta`` (batch statistics of a zero input), while ``path_bias`` is
 ``beta - gamma * running_mean / sqrt(running_var + eps)``. The step is small when the path's
 running statistics are near zero, as for a path whose weights all fell below the threshold;

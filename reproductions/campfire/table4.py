@@ -57,6 +57,9 @@ TARGET = Target(
         "PruneTrain's sparsity is estimated as Campfire does: 1 - inference FLOPs (% saved).",
         "PruneTrain runs its own recipe (Table 1's), not Campfire's timeline.",
         "Dynamic sparse reparameterisation (Mostafa and Wang) is not implemented here.",
+        "The window start-0 row prunes for 20 epochs (0-20); Sec. 3.1 tried 0-30 first and "
+        "then 0-20, which it says caused a large drop in accuracy, and Table 5 labels its "
+        "start-0 row 0-30: the paper does not say which era this row ran.",
         "Campfire's rows follow the caption (batch 64, lr 0.05); App. B.2 describes ResNet-50 "
         "on ImageNet with batch 128 and lr 0.1, which the paper does not tie to this table. "
         "The paper's PruneTrain row (50%, 73.0) matches neither of PruneTrain's own ImageNet "

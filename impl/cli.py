@@ -23,6 +23,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from impl.cli_parser import OneLineParser
+
 EXIT_FAILED = 1  # the work itself failed (training diverged)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -166,7 +168,7 @@ def _train_field_help(name: str, *, default: bool = True) -> str:
 def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     from impl.config import AUGMENT_RECIPES, MEMORY_FORMATS, SCALE_HELP, SCALES, SCHEDULES
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pdtbench train",
         description="Train one model with one method into a run directory.",
         allow_abbrev=False,  # --m and --n are SDGP's, not prefixes of --method or --nproc
@@ -418,6 +420,10 @@ def cmd_train(argv: list[str]) -> int:
     if not args.resume:  # refused once, before torchrun starts N workers that would each
         check_scale_device(args.scale, args.device or "auto")
         cfg = _checked_config(args, parser)
+        done = None if cfg.out is not None else _same_finished_run(Path(cfg.default_out()))
+        if done is not None:  # the same command again: its result, not an error
+            _print_result(Path(cfg.default_out()), done)
+            return 0
     if args.nproc > 1 and distributed.env_world() is None:
         # what every worker would refuse, refused here once, before torchrun starts them
         check_before_workers(cfg, args.resume, args.data_dir)
@@ -446,6 +452,27 @@ def cmd_train(argv: list[str]) -> int:
         )
     _print_result(Path(cfg.out), summary)
     return 0
+
+
+def _same_finished_run(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of the finished run in ``run_dir``, the default ``--out`` of a config (its
+    name holds the config's digest), where this code trained it: the same command given again
+    prints its result instead of refusing the directory. None where there is no finished run,
+    or one of another commit or of a tree with changes (it is then refused as before: a
+    finished run is never trained over)."""
+    from impl.env import collect
+    from impl.rundir import complete_summary
+
+    summary = complete_summary(run_dir)
+    if summary is None:
+        return None
+    then, now = summary.get("environment") or {}, collect()
+    same = now.get("commit") and then.get("commit") == now.get("commit")
+    if not same or then.get("dirty") or now.get("dirty"):
+        return None
+    print(f"{run_dir} already holds this config's finished run, trained by this commit: its "
+          "result (--seed or --out trains another)")  # fmt: skip
+    return summary
 
 
 def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bool) -> str:
@@ -585,7 +612,8 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
         f"[{summary.get('scale')}]: top-1 {top1:.2f}%, compression "
         f"{summary.get('compression_ratio', 1.0):.2f}x, "
         f"fwd {summary.get('fwd_ms', float('nan')):.1f} ms, "
-        f"bwd {summary.get('bwd_ms', float('nan')):.1f} ms per iteration, "
+        f"bwd {summary.get('bwd_ms', float('nan')):.1f} ms per iteration (last epoch's "
+        "medians), "
         f"{summary.get('wall_seconds', float('nan')):.1f} s"
     )
     print(f"results: {run_dir}/summary.json (metrics.jsonl, config.json, checkpoint.pt)")
@@ -637,7 +665,7 @@ def cmd_env(argv: list[str]) -> int:
     from impl.env import collect, format_env
     from impl.ops import nm_cpu
 
-    p = argparse.ArgumentParser(prog="pdtbench env", description="Describe this machine.")
+    p = OneLineParser(prog="pdtbench env", description="Describe this machine.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     info = collect()
@@ -656,7 +684,7 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
     from impl.robustness import check_attackable, eval_fgsm_run
     from impl.train import pick_device
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pdtbench eval-fgsm",
         description="Top-1 of finished runs' models on FGSM adversarial examples of their "
         "test sets, each model attacking itself (Campfire Sec. 3.2, Table 6); the rows are "
@@ -692,7 +720,7 @@ def cmd_demo(argv: list[str]) -> int:
     from reproductions import demo, report_failures
     from reproductions.parallel import add_jobs_argument
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pdtbench demo",
         description="Every table and figure of the four papers and the cross-method table at "
         "the given scale (the five built-in methods and any registered one, on digits), then "

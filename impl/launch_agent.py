@@ -10,11 +10,15 @@ two endings are reported:
   (:func:`impl.distributed.run_worker`); the agent adds one line naming the rank that failed
   first and how it ended, instead of a traceback and torchrun's table of every rank.
 
-Everything else (a bad flag, a rendezvous error) is reported as torchrun reports it.
+Everything else (a bad flag, a rendezvous error) is reported as torchrun reports it, at
+``LOGLEVEL`` ERROR unless the variable is set: torchrun's warnings about stopping workers do
+not show.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -24,6 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv`` (default: the command line); return 0 when every worker
     succeeded, 1 when one failed (saying which, and how), or 128 + the signal's number when
     the agent was stopped by one."""
+    # torchrun's agent logs at WARNING as it stops workers ("Received 2 death signal, shutting
+    # down workers", "Sending process N closing signal SIGTERM"): lines about its own
+    # mechanics, beside which pdtbench says what happened and how to continue. Its loggers
+    # take LOGLEVEL when created (a user's own LOGLEVEL wins); the others inherit this level.
+    os.environ.setdefault("LOGLEVEL", "ERROR")
+    logging.getLogger("torch.distributed.elastic").setLevel(os.environ["LOGLEVEL"])
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

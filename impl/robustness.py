@@ -146,6 +146,13 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if summary is not None:
         return summary
+    if (run_dir / rundir.LOCK_FILE).exists():  # one being trained: not "resume it"
+        with contextlib.suppress(OSError):  # a read-only copy: no lock to take
+            try:
+                with rundir.locked(run_dir, busy="wait for it to finish, then attack it"):
+                    pass
+            except rundir.RunBusyError as err:
+                raise ValueError(str(err)) from None
     done = len(rundir.read_metrics(run_dir))
     total: Any = None
     with contextlib.suppress(OSError, ValueError, AttributeError):

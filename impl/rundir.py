@@ -313,7 +313,8 @@ def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str
         if path.stat().st_size == 0:
             why = "the file is empty"
         elif not first.startswith("Weights only load failed"):
-            why += f": {type(err).__name__}: {first[:200]}"
+            cut = first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " ..."
+            why += f": {type(err).__name__}: {cut}"
         raise CheckpointError(
             f"{path}: cannot be read as a checkpoint ({why}); "
             "remove it to train the run again from its first epoch, or train into another "

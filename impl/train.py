@@ -622,7 +622,7 @@ class Trainer:
             if not main:
                 continue
             rundir.append_metrics(run_dir, row)
-            if self.progress and not sys.stderr.isatty():  # a line per epoch where no bar shows
+            if self.progress:  # a line per epoch, kept; on a terminal the epoch's bar is gone
                 print(
                     f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f}, "
                     f"test top-1 {top1:.2f}%, {epoch_seconds:.1f} s",

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from impl.cli_parser import OneLineParser, did_you_mean
+
 # Every target, in the order of the papers' numbering. (paper.item, the scale it needs to be
 # filled when the cpu scale cannot fill it).
 TARGETS: tuple[str, ...] = (
@@ -59,13 +61,22 @@ TARGETS: tuple[str, ...] = (
 DEMO_TARGETS: tuple[str, ...] = TARGETS
 
 
+def unknown_target(key: str) -> str:
+    """The error for a reproduction ``key`` that is not one: a hint where one is close
+    (:func:`impl.cli_parser.did_you_mean`: a typo, the case, a paper's name), else the list."""
+    hint = did_you_mean(key, TARGETS)
+    if hint:
+        return f"unknown reproduction {key!r}{hint}"
+    return f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}"
+
+
 def load_target(key: str) -> Any:
     """The ``TARGET`` of ``reproductions/<paper>/<item>.py`` for ``key`` = "<paper>.<item>".
 
     Raises ``ValueError`` naming the valid keys for an unknown one.
     """
     if key not in TARGETS:
-        raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+        raise ValueError(unknown_target(key))
     paper, _, item = key.partition(".")
     return importlib.import_module(f"reproductions.{paper}.{item}").TARGET
 
@@ -148,7 +159,7 @@ def run(
     try:
         claims = save_claims(scale, runs_root)
         if claims is not None:
-            print("\n".join(summary_lines(claims)))
+            print("\n".join(summary_lines(claims, keys)))
     except Exception as err:  # noqa: BLE001 - the tables stand without the claims
         print(f"[claims] FAILED: {type(err).__name__}: {err}")
     return render(runs_root, reports_root, expected=expected_targets(scale))
@@ -158,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``pdtbench reproduce``."""
     from reproductions.parallel import add_jobs_argument
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pdtbench reproduce",
         description="Regenerate the papers' tables and figures (and the cross-method table) "
         "at a scale, reusing complete runs, and render the HTML reports.",
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = list(TARGETS) if args.targets == ["all"] else args.targets
     for key in keys:
         if key not in TARGETS:
-            raise ValueError(f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}")
+            raise ValueError(unknown_target(key))
     check_scale_device(args.scale)
     check_writable(args.runs_root, args.out)
     if args.data_dir:

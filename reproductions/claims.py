@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -835,19 +835,28 @@ def rejudge(results: list[ResultSet]) -> list[ResultSet]:
     return out
 
 
-def summary_lines(path: str | Path) -> list[str]:
+def summary_lines(path: str | Path, targets: Iterable[str] | None = None) -> list[str]:
     """The saved claims at ``path`` as terminal lines: one per claim (verdict, paper, claim,
-    our number) under a line counting the verdicts."""
+    our number) under a line counting the verdicts of all. With ``targets``, only the
+    claims that read one of them (:attr:`Claim.needs`) get a line, and the count line says
+    how many were left out."""
     from impl.report.results import load_result
 
     res = load_result(path)
     counts = {v: sum(r.get("verdict") == v for r in res.rows) for v in VERDICTS}
     head = ", ".join(f"{v}: {n}" for v, n in counts.items() if n)
-    lines = [f"[claims] at {res.scale} scale: {head} (the index's first table)"]
-    if res.scale == "smoke":
+    rows = res.rows
+    if targets is not None:
+        wanted = set(targets)
+        reads = {f"{c.paper}: {c.claim}" for c in CLAIMS if c.needs in wanted}
+        rows = [r for r in res.rows if r.get("row") in reads]
+    left = len(res.rows) - len(rows)
+    shown = f"; {len(rows)} read these targets, the other {left} are in claims.html" if left else ""
+    lines = [f"[claims] at {res.scale} scale: {head} (the index's first table{shown})"]
+    if res.scale == "smoke" and rows:
         lines.append(f"  {SMOKE_NOTE}")
     width = max(len(v) for v in VERDICTS)
-    for r in res.rows:
+    for r in rows:
         ours = r["note"].split(". Rule:")[0] if r.get("ours") is not None else "-"
         why = f" [{r['verdict_reason']}]" if r.get("verdict_reason") else ""
         lines.append(f"  {r['verdict']:<{width}}  {r['row']}: {ours}{why}")

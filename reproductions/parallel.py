@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from impl import rundir
+
 # Relative cost of one epoch per method on a CPU (measured, ResNet-20 on digits, 1 thread);
 # only the order of the work depends on it.
 METHOD_COST: dict[str, float] = {"clicktrain": 1.5, "sdgp": 1.3}
@@ -120,7 +122,9 @@ def _train_one(job: tuple[Any, int]) -> tuple[str, str | None, float]:
             # progress=True: a line per epoch in the log (no bar: the log is not a terminal)
             summary, reused = run_or_reuse(cfg, progress=True)
             done = "reused a complete run" if reused else "complete"
-            print(f"{done}: top-1 {summary.get('top1')}% in {time.perf_counter() - t0:.1f} s")
+            top1 = summary.get("top1")
+            said = f"{top1:.2f}%" if isinstance(top1, (int, float)) else str(top1)
+            print(f"{done}: top-1 {said} in {time.perf_counter() - t0:.1f} s")
             return str(cfg.out), None, time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - reported to the parent, which goes on
             traceback.print_exc(file=f)
@@ -206,9 +210,12 @@ def train_all(
     no_dataset = len(failures)
     complete = len(plan) - len(todo) - no_dataset
     no_data = f", {no_dataset} without their dataset" if no_dataset else ""
+    partly = sum(1 for p in todo if (Path(p.out) / rundir.CHECKPOINT_FILE).exists())
+    resumed = f", {partly} of them resumed from their checkpoint" if partly else ""
     log(
-        f"training {len(todo)} runs ({complete} of {len(plan)} already complete{no_data}) "
-        f"in {min(jobs, len(todo))} processes x {threads} threads"
+        f"training {len(todo)} runs ({complete} of {len(plan)} already complete{no_data}"
+        f"{resumed}) in {min(jobs, len(todo))} processes x {threads} threads; each run's "
+        "log: <run directory>.log"
     )
     bar = _bar(len(todo), progress)
     t0 = time.perf_counter()
@@ -236,6 +243,7 @@ def train_all(
         # Ctrl-C reaches the whole process group: the workers ignore it (a worker would drop
         # its run and take the next queued one) and this process stops them.
         ctx = mp.get_context("spawn")
+        quiet_resource_tracker()
         pool = ProcessPoolExecutor(
             max_workers=min(jobs, len(todo)),
             mp_context=ctx,
@@ -260,6 +268,22 @@ def train_all(
     failed = len(failures) - no_dataset
     log(f"trained {len(todo) - failed} runs in {time.perf_counter() - t0:.0f} s")
     return failures
+
+
+#: The warning filter :func:`quiet_resource_tracker` adds to ``PYTHONWARNINGS``.
+TRACKER_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """Keep multiprocessing's resource tracker from warning of "leaked semaphore objects"
+    when Ctrl-C stops the workers: the workers it terminates cannot unregister the
+    semaphores they made, which the tracker then removes itself (nothing is leaked), with a
+    warning a user cannot act on. The tracker is a process that reads ``PYTHONWARNINGS`` when
+    it starts (with the pool's first semaphore); the filter is added to the variable's
+    entries, the user's own kept."""
+    given = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_WARNINGS not in given.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [given, TRACKER_WARNINGS]))
 
 
 def _worker_init(parent_pid: int) -> None:

@@ -280,6 +280,12 @@ def test_summary_lines_count_the_verdicts_and_give_one_line_per_claim(tmp_path):
     assert lines[0].startswith("[claims] at cpu scale: ") and len(lines) == 1 + len(C.CLAIMS)
     assert any(line.strip().startswith("holds") and "campfire" in line for line in lines[1:])
     assert any("not measured at this scale" in line and "-" in line for line in lines[1:])
+    # after a reproduction of some targets: the lines of the claims that read them
+    some = C.summary_lines(C.save("cpu", runs), ["clicktrain.fig9"])
+    reading = [c for c in C.CLAIMS if c.needs == "clicktrain.fig9"]
+    assert len(some) == 1 + len(reading) and reading
+    assert f"{len(reading)} read these targets, the other " in some[0]
+    assert all(c.claim in "".join(some[1:]) for c in reading)
 
 
 @pytest.mark.parametrize(

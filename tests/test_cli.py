@@ -878,3 +878,44 @@ def test_demo_and_reproduce_progress_bars_stay_off_a_log(monkeypatch):
     bar = _bar(3, True)  # pytest's stderr is not a terminal
     assert bar.disable
     bar.close()
+
+
+def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusing_it(
+    capsys, monkeypatch, tmp_path
+):
+    # the default --out is named by the config's digest: a second `pdtbench train ...` found
+    # its own finished run there and failed with "choose another --out"
+    import impl.env
+
+    monkeypatch.chdir(tmp_path)
+    here = {"commit": "a" * 40, "dirty": False}
+    real = impl.env.collect
+    monkeypatch.setattr(impl.env, "collect", lambda: {**real(), **here})
+    argv = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", "1",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out
+    assert cli.main(argv) == 0
+    again = capsys.readouterr().out
+    assert "already holds this config's finished run, trained by this commit" in again
+    assert first.splitlines()[0] == again.splitlines()[1]  # the same result line
+    here["commit"] = "b" * 40  # other code since: refused as before, never trained over
+    assert cli.main(argv) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--scale", "tiny"], ["reproduce", "sdgp.table1", "--scale", "Smoke"],
+     ["report"], ["train", "--epochs", "x"]],
+    ids=["choice", "reproduce-choice", "missing", "type"],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_help(argv, capsys):
+    # argparse printed its whole usage block (20 lines for train) before the error
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    command = f"pdtbench {argv[0]}"
+    assert err.count("\n") == 0 and err.startswith(f"{command}: error: ")
+    assert err.endswith(f"(see {command} --help)")

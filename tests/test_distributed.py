@@ -340,7 +340,8 @@ def _stop_when_workers_run(proc: subprocess.Popen, tmp_path, stop) -> tuple[int,
     return proc.returncode, err
 
 
-def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("who", ["launcher", "group"])
+def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path, who):
     """Ctrl-C of `pdtbench train --nproc N` stops the job with SIGTERM: the agent and the
     workers used to print three tracebacks ("distributed training failed on rank 0 of 2:
     Terminated", torchrun's SignalException) under the launcher's one line; they now end
@@ -363,11 +364,14 @@ def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path):
         text=True,
         start_new_session=True,  # its own group, for the clean-up of a failed test
     )
-    status, err = _stop_when_workers_run(
-        parent, tmp_path, lambda: parent.send_signal(signal.SIGINT)
-    )
+    # a terminal's Ctrl-C reaches the whole process group: torchrun's agent then also logged
+    # "Received 2 death signal, shutting down workers" and a "closing signal" line per worker
+    stop = (lambda: parent.send_signal(signal.SIGINT)) if who == "launcher" else (
+        lambda: os.killpg(parent.pid, signal.SIGINT))  # fmt: skip
+    status, err = _stop_when_workers_run(parent, tmp_path, stop)
     assert status == 130, err
     assert "Traceback" not in err and "stopped" not in err and "error" not in err, err
+    assert "death signal" not in err and "closing signal" not in err, err
     assert err.rstrip().endswith("launcher: interrupted"), err
 
 

@@ -71,6 +71,8 @@ def test_register_method_makes_a_class_trainable_by_name_and_unregister_forgets_
     assert "tiny" not in available_methods()
     with pytest.raises(ValueError, match="unknown method 'tiny'; valid methods: dense"):
         method_class("tiny")
+    with pytest.raises(ValueError, match=r"'ClickTrain' \(did you mean 'clicktrain'\?\); valid"):
+        method_class("ClickTrain")
 
 
 class _NotAMethod:

@@ -97,11 +97,13 @@ def runs_root(tmp_path):
 def test_load_runs_reads_complete_runs_and_lists_the_others(runs_root):
     runs = load_runs([runs_root])
     assert sorted(runs["run"]) == ["dense-s0", "dense-s1", "sdgp-s0"]
-    assert list(runs.columns[:5]) == ["run", "method", "model", "data", "scale"]
+    assert list(runs.columns[:6]) == ["run", "method", "options", "model", "data", "scale"]
     assert (runs["scale"] == "smoke").all()
     assert runs.set_index("run").loc["dense-s1", "top1"] == 92.0
     assert runs["commit"].iloc[0] == "a" * 40
     assert json.loads(runs["method_options"].iloc[0]) == {"n": 2}
+    # the options tell runs of one method apart in the runs table
+    assert runs.set_index("run").loc["sdgp-s0", "options"] == "n=2"
     assert "layer_sparsity" not in runs.columns  # nested fields are not columns
     incomplete = {r["path"].rsplit("/", 1)[-1]: r["status"] for r in runs.attrs["incomplete"]}
     assert incomplete == {

@@ -338,3 +338,15 @@ def test_a_run_another_reproduction_is_training_is_waited_for_then_resumed(tmp_p
     assert summary["top1"] == first["top1"] and not reused  # resumed once the lock was free
     assert waited > 1.0
     assert "being trained by another process" in capsys.readouterr().err
+
+
+def test_the_resource_trackers_warning_is_filtered_and_a_users_filters_kept(monkeypatch):
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    parallel.quiet_resource_tracker()
+    assert parallel.os.environ["PYTHONWARNINGS"] == parallel.TRACKER_WARNINGS
+    parallel.quiet_resource_tracker()  # once only
+    assert parallel.os.environ["PYTHONWARNINGS"] == parallel.TRACKER_WARNINGS
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    parallel.quiet_resource_tracker()
+    assert parallel.os.environ["PYTHONWARNINGS"].split(",") == [
+        "error::DeprecationWarning", parallel.TRACKER_WARNINGS]  # fmt: skip

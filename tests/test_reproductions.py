@@ -481,7 +481,14 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
     out = capsys.readouterr().out
     assert all(k in out for k in reproductions.TARGETS)
     with pytest.raises(ValueError, match="valid: all"):
+        reproductions.main(["nothing.like", "--scale", "smoke"])
+    # a name close to one: the hint instead of the list (a typo, the case, a paper's name)
+    with pytest.raises(ValueError, match=r"'sdgp.table7' \(did you mean 'sdgp.table1'\?\)$"):
         reproductions.main(["sdgp.table7", "--scale", "smoke"])
+    with pytest.raises(ValueError, match=r"'SDGP.fig9' \(did you mean 'sdgp.fig9'\?\)"):
+        reproductions.main(["SDGP.fig9", "--scale", "smoke"])
+    with pytest.raises(ValueError, match=r"'sdgp' \(its items: sdgp.table1, sdgp.fig8, "):
+        reproductions.main(["sdgp", "--scale", "smoke"])
     with pytest.raises(ValueError, match="'all' runs every reproduction: name it alone"):
         reproductions.main(["sdgp.table1", "all", "--scale", "smoke"])
     with pytest.raises(ValueError, match="unknown reproduction"):

@@ -181,6 +181,19 @@ def test_eval_fgsm_refuses_an_unfinished_run_naming_its_epochs(tmp_path, summary
     assert not (run / FGSM_FILE).exists()
 
 
+def test_eval_fgsm_on_a_run_being_trained_says_so_instead_of_resume_it(tmp_path) -> None:
+    from impl import rundir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"epochs": 3, "method": "dense"}))
+    with rundir.locked(run), pytest.raises(ValueError, match="being trained by another") as err:
+        check_finished_run(run)  # the lock's holder is training it: --resume is refused
+    assert "wait for it to finish, then attack it" in str(err.value)
+    with pytest.raises(ValueError, match="not a finished run"):  # lock released: resume it
+        check_finished_run(run)
+
+
 def test_check_finished_run_returns_the_summary_of_a_complete_run(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')

@@ -24,6 +24,7 @@ import re
 from importlib import metadata
 from typing import Any
 
+from impl.cli_parser import did_you_mean
 from impl.config import check_field_types
 from impl.methods.base import Method, MethodConfig, TrainContext
 
@@ -217,8 +218,9 @@ def method_class(name: str) -> type[Method]:
     else:  # a mistake in the variable is an error whatever method is trained: not ignored
         _from_environment()
     if target is None:
+        valid = available_methods()
         raise ValueError(
-            f"unknown method {name!r}; valid methods: {', '.join(available_methods())}"
+            f"unknown method {name!r}{did_you_mean(name, valid)}; valid methods: {', '.join(valid)}"
         )
     if not isinstance(target, str):
         return target

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from impl.cli_parser import OneLineParser
 from impl.report.pages import render_reports
 from impl.report.results import load_results, warn_unreadable
 from impl.report.runs import find_run_dirs, load_metrics, load_runs
@@ -12,7 +13,7 @@ from impl.report.runs import find_run_dirs, load_metrics, load_runs
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``pdtbench report``."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pdtbench report",
         description="Render saved reproduction results (result.json) and run directories "
         "(summary.json) into self-contained HTML pages. Nothing is trained or measured.",
@@ -78,9 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         if unreadable:
             raise ValueError(
                 "no readable result.json and no run directory under "
-                f"{args.paths}: {unreadable[0]['path']}: {unreadable[0]['reason']}"
+                f"{', '.join(map(str, args.paths))}: {unreadable[0]['path']}: "
+                f"{unreadable[0]['reason']}"
             )
-        raise ValueError(f"no result.json and no run directory under {args.paths}")
+        raise ValueError(
+            f"no result.json and no run directory under {', '.join(map(str, args.paths))}: "
+            "make some first with `pdtbench reproduce TARGET` (results under "
+            "runs/reproductions) or `pdtbench train`"
+        )
     warn_unreadable(unreadable)
     results = _rejudged_claims(results)
     expected, others = _reproduction_index(results)

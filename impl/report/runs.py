@@ -29,6 +29,7 @@ from impl.run_files import (
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "run",
     "method",
+    "options",
     "model",
     "data",
     "scale",
@@ -97,6 +98,8 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     opts = summary.get("method_options")
     if isinstance(opts, dict):
         row["method_options"] = json.dumps(opts, sort_keys=True)
+        # what tells runs of one method apart in a table (SDGP's rules, Campfire's masks)
+        row["options"] = ", ".join(f"{k}={v}" for k, v in sorted(opts.items()))
     return row
 
 

@@ -1,0 +1,33 @@
+"""The argument parser of pdtbench's commands (a usage error is one line, not the usage) and
+the hint for a mistyped name."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Sequence
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose usage errors print one line,
+    ``<prog>: error: <message> (see <prog> --help)``, and exit with status 2, instead of the
+    whole usage block before it; ``--help`` prints the usage as ever."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` as one line on standard error and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def did_you_mean(name: str, valid: Sequence[str]) -> str:
+    """A hint for an unknown ``name`` among ``valid``: ``" (did you mean 'x'?)"`` for a name
+    that differs in case or by a typo (:func:`difflib.get_close_matches`), ``" (its items:
+    a.x, a.y)"`` for ``a``, the first part of dotted names; ``""`` when nothing is close."""
+    folded = [v for v in valid if v.casefold() == name.casefold()]
+    close = folded or difflib.get_close_matches(name, valid, n=1, cutoff=0.75)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    items = [v for v in valid if v.casefold().startswith(f"{name.casefold()}.")]
+    if items:
+        return f" (its items: {', '.join(items)})"
+    return ""

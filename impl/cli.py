@@ -420,7 +420,11 @@ def cmd_train(argv: list[str]) -> int:
     if not args.resume:  # refused once, before torchrun starts N workers that would each
         check_scale_device(args.scale, args.device or "auto")
         cfg = _checked_config(args, parser)
-        done = None if cfg.out is not None else _same_finished_run(Path(cfg.default_out()))
+        done = (
+            None
+            if cfg.out is not None
+            else _same_finished_run(Path(cfg.default_out()), args.nproc, cfg.device)
+        )
         if done is not None:  # the same command again: its result, not an error
             _print_result(Path(cfg.default_out()), done)
             return 0
@@ -454,14 +458,17 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-def _same_finished_run(run_dir: Path) -> dict[str, Any] | None:
+def _same_finished_run(run_dir: Path, nproc: int, device: str) -> dict[str, Any] | None:
     """The summary of the finished run in ``run_dir``, the default ``--out`` of a config (its
-    name holds the config's digest), where this code trained it: the same command given again
-    prints its result instead of refusing the directory. None where there is no finished run,
-    or one of another commit or of a tree with changes (it is then refused as before: a
-    finished run is never trained over)."""
+    name holds the config's digest), where this code trained it the way asked now: the same
+    command given again prints its result instead of refusing the directory. None where
+    there is no finished run, or one of another commit or of a tree with changes, of another
+    number of processes (``--nproc`` is not in the digest) or, with ``device`` "auto", of
+    another kind of device than this machine picks (it is then refused as before: a finished
+    run is never trained over)."""
     from impl.env import collect
     from impl.rundir import complete_summary
+    from impl.train import pick_device
 
     summary = complete_summary(run_dir)
     if summary is None:
@@ -469,6 +476,11 @@ def _same_finished_run(run_dir: Path) -> dict[str, Any] | None:
     then, now = summary.get("environment") or {}, collect()
     same = now.get("commit") and then.get("commit") == now.get("commit")
     if not same or then.get("dirty") or now.get("dirty"):
+        return None
+    if int(summary.get("world_size") or 1) != nproc:
+        return None
+    ran_on = str(summary.get("device") or "")
+    if ran_on.split(":")[0] != pick_device(device).type:
         return None
     print(f"{run_dir} already holds this config's finished run, trained by this commit: its "
           "result (--seed or --out trains another)")  # fmt: skip

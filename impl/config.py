@@ -10,6 +10,8 @@ import hashlib
 import json
 import math
 import numbers
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,22 +54,51 @@ def check_field_types(config: Any, values: dict[str, Any] | None = None) -> None
     """``ValueError`` naming the first field of the dataclass ``config`` (a class or an
     instance) whose value (from ``values`` where given, else the instance's) is not of its
     annotated type (``int``, ``float``, ``bool``, ``str``, ``list[int]``, a dict, each or None
-    where the annotation allows it): a float epoch count or a string rate would otherwise
-    fail only inside training, after the run directory is written."""
+    where the annotation allows it; other annotations are not checked): a float epoch count
+    or a string rate would otherwise fail only inside training, after the run directory is
+    written."""
+    cls = config if isinstance(config, type) else type(config)
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: not checked
+        hints = {}
     for f in dataclasses.fields(config):
         if values is not None and f.name not in values:
             continue
         value = values[f.name] if values is not None else getattr(config, f.name)
-        annotation = str(f.type)
-        optional = annotation.endswith(" | None")
-        kind = annotation.removesuffix(" | None")
-        if kind not in _FIELD_TYPES:
+        kind = _field_kind(hints.get(f.name, f.type))
+        if kind is None:
             continue
-        said, ok = _FIELD_TYPES[kind]
+        name, optional = kind
+        said, ok = _FIELD_TYPES[name]
         if (value is None and optional) or ok(value):
             continue
         allowed = f"{said} or None" if optional else said
         raise ValueError(f"{f.name} must be {allowed}, got {value!r} ({type(value).__name__})")
+
+
+def _field_kind(annotation: Any) -> tuple[str, bool] | None:
+    """``(key of _FIELD_TYPES, whether None is allowed)`` for a field's annotation (a type, or
+    its text where it did not resolve), or None for one not checked."""
+    if isinstance(annotation, str):
+        optional = annotation.endswith(" | None")
+        kind = annotation.removesuffix(" | None")
+        return (kind, optional) if kind in _FIELD_TYPES else None
+    optional = False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            return None
+        annotation, optional = rest[0], True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation in (int, float, bool, str):
+        return annotation.__name__, optional
+    if origin is list and args == (int,):
+        return "list[int]", optional
+    if origin is dict:
+        return "dict[str, Any]", optional
+    return None
 
 
 @dataclass

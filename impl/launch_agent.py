@@ -10,9 +10,8 @@ two endings are reported:
   (:func:`impl.distributed.run_worker`); the agent adds one line naming the rank that failed
   first and how it ended, instead of a traceback and torchrun's table of every rank.
 
-Everything else (a bad flag, a rendezvous error) is reported as torchrun reports it, at
-``LOGLEVEL`` ERROR unless the variable is set: torchrun's warnings about stopping workers do
-not show.
+Everything else (a bad flag, a rendezvous error) is reported as torchrun reports it; the
+agent's own loggers log at ERROR unless ``LOGLEVEL`` is set (:func:`quiet_agent_logs`).
 """
 
 from __future__ import annotations
@@ -28,15 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv`` (default: the command line); return 0 when every worker
     succeeded, 1 when one failed (saying which, and how), or 128 + the signal's number when
     the agent was stopped by one."""
-    # torchrun's agent logs at WARNING as it stops workers ("Received 2 death signal, shutting
-    # down workers", "Sending process N closing signal SIGTERM"): lines about its own
-    # mechanics, beside which pdtbench says what happened and how to continue. Its loggers
-    # take LOGLEVEL when created (a user's own LOGLEVEL wins); the others inherit this level.
-    os.environ.setdefault("LOGLEVEL", "ERROR")
-    logging.getLogger("torch.distributed.elastic").setLevel(os.environ["LOGLEVEL"])
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
+
+    quiet_agent_logs()
 
     try:
         torchrun_main(None if argv is None else list(argv))
@@ -52,6 +47,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def quiet_agent_logs() -> None:
+    """Raise this process's torchrun loggers to ERROR unless ``LOGLEVEL`` is set: the agent
+    logs at WARNING as it stops workers ("Received 2 death signal, shutting down workers",
+    "Sending process N closing signal SIGTERM"), lines about its own mechanics beside which
+    pdtbench says what happened and how to continue. The agent's process only: the workers'
+    environment is left as it was (torchrun passes it on)."""
+    if os.environ.get("LOGLEVEL"):
+        return
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]
+    for name in ["torch.distributed", *names]:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def how_it_ended(exitcode: int) -> str:

@@ -1012,7 +1012,7 @@ def resume(
 
 
 def load_trained_model(
-    run_dir: str | os.PathLike, device: str = "cpu", data_dir: str | None = None
+    run_dir: str | os.PathLike, device: str | torch.device = "cpu", data_dir: str | None = None
 ) -> tuple[nn.Module, TrainConfig]:
     """Rebuild a run's model from its config and last checkpoint, in eval mode. ``data_dir``:
     where the run's dataset is now, if it moved (None: the run's own); the returned config
@@ -1021,7 +1021,7 @@ def load_trained_model(
     cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
     check_run_method(run_dir, cfg)
     digest = cfg.digest()  # of the run as trained, before the device is changed for loading
-    cfg.device = device
+    cfg.device = str(device)  # a torch.device too
     if data_dir is not None:
         cfg.data_dir = dataset_dir_for(data_dir, cfg.data)  # not part of the digest
     trainer = Trainer(cfg, progress=False)

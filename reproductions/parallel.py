@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from impl import rundir
-
 # Relative cost of one epoch per method on a CPU (measured, ResNet-20 on digits, 1 thread);
 # only the order of the work depends on it.
 METHOD_COST: dict[str, float] = {"clicktrain": 1.5, "sdgp": 1.3}
@@ -210,7 +208,9 @@ def train_all(
     no_dataset = len(failures)
     complete = len(plan) - len(todo) - no_dataset
     no_data = f", {no_dataset} without their dataset" if no_dataset else ""
-    partly = sum(1 for p in todo if (Path(p.out) / rundir.CHECKPOINT_FILE).exists())
+    from impl.rundir import CHECKPOINT_FILE  # here: `reproduce --help` imports no torch
+
+    partly = sum(1 for p in todo if (Path(p.out) / CHECKPOINT_FILE).exists())
     resumed = f", {partly} of them resumed from their checkpoint" if partly else ""
     log(
         f"training {len(todo)} runs ({complete} of {len(plan)} already complete{no_data}"

@@ -899,6 +899,14 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
     again = capsys.readouterr().out
     assert "already holds this config's finished run, trained by this commit" in again
     assert first.splitlines()[0] == again.splitlines()[1]  # the same result line
+    from impl import distributed
+
+    def launch(*args, **kwargs):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    assert cli.main([*argv, "--nproc", "2"]) == 2  # another way of training: refused
+    assert "already holds a finished run" in capsys.readouterr().err
     here["commit"] = "b" * 40  # other code since: refused as before, never trained over
     assert cli.main(argv) == 2
     assert "already holds a finished run" in capsys.readouterr().err

@@ -298,3 +298,25 @@ def test_a_method_option_of_the_wrong_type_is_refused_naming_it(method, option, 
 
     with pytest.raises(ValueError, match=f"method {method!r}: option {option} must be"):
         create_method(method, {option: value})
+
+
+def test_field_types_are_read_from_resolved_annotations_too():
+    # a plug-in's Config written without `from __future__ import annotations`
+    import dataclasses
+    from typing import Optional
+
+    from impl.config import check_field_types
+
+    # its annotations are type objects, not the text this module's own annotations are
+    Config = dataclasses.make_dataclass(
+        "Config",
+        [("rate", float, 0.5), ("cap", Optional[int], None),  # noqa: UP045 - under test
+         ("steps", list[int], dataclasses.field(default_factory=list))],
+    )  # fmt: skip
+    for given, said in (({"rate": "0.5"}, "rate must be a number"),
+                        ({"cap": 2.5}, "cap must be an int or None"),
+                        ({"steps": (1.5,)}, "steps must be a list of ints")):  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            check_field_types(Config, given)
+    check_field_types(Config, {"rate": 1, "cap": None, "steps": [2]})
+    check_field_types(Config(cap=3))

@@ -284,6 +284,9 @@ def test_the_papers_bars_keep_their_colour_with_or_without_ours_beside_them():
     flipped = both.iloc[::-1]  # the order of appearance does not decide
     assert _colours(draw("bar", flipped, x="x", y="y", hue="s").axes[0], "bar") == a
     assert group_palette(["paper", "other"]) is None
+    # a paper source named with its setting takes the paper's colour too
+    named = group_palette(["ours (cpu)", "paper (Quadro RTX 5000)"])
+    assert named["paper (Quadro RTX 5000)"] == group_palette(["paper"])["paper"]
 
 
 def test_the_legend_stands_beside_the_axes_and_zero_bars_are_marked():

@@ -99,7 +99,8 @@ class ClickTrainConfig(MethodConfig):
             than the threshold ends it too, one that jumps up by more does not.
         max_dense_epochs: latest end of stage 1 by the derivative rule; None: 25% of the
             epochs (at least 1), shortened if needed so that pool generation and
-            finalization end by ``hard_prune_epoch`` (0 in a 2-epoch run: no stage 1).
+            finalization end by ``hard_prune_epoch`` with one epoch of stage 4 (the
+            modified group lasso) before it (0, no stage 1, in runs of 2 to 6 epochs).
         pool_epochs: length of stage 2 (pattern pool generation); None: 5% of the epochs,
             at least 1.
         finalize_epochs: length of stage 3 (pattern and kernel finalization); None: 5% of

@@ -68,10 +68,12 @@ def group_palette(groups: Any) -> dict[str, Any] | None:
         colors = sns.color_palette(n_colors=len(METHOD_ORDER))
         return {m: colors[i] for i, m in enumerate(METHOD_ORDER) if m in names}
     ours = sorted(n for n in names if n.startswith("ours"))
-    if set(names) <= {"paper", *ours}:
+    papers = sorted(n for n in names if n.startswith("paper"))
+    if len(papers) == 1 and set(names) <= {*papers, *ours}:  # "paper", "paper (V100)"
         colors = sns.color_palette(n_colors=len(ours) + 2)
         slots = [0, *range(2, len(ours) + 1)][: len(ours)]
-        return {"paper": colors[1], **{n: colors[i] for n, i in zip(ours, slots, strict=True)}}
+        mine = {n: colors[i] for n, i in zip(ours, slots, strict=True)}
+        return {papers[0]: colors[1], **mine}
     return None
 
 

@@ -412,7 +412,9 @@ def paper_only_apart(spec: FigureSpec, scale: str) -> list[FigureSpec]:
         dataclasses.replace(
             spec,
             data=alone,
-            title=f"{spec.title}: the paper's other rows",
+            title=f"{spec.title}: the paper's other rows"
+            if spec.title
+            else "The paper's other rows",
             caption=f"The paper's numbers for the rows not run at scale {scale} (the table "
             "says what each needs).",
         ),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -328,7 +329,14 @@ def _stop_when_workers_run(proc: subprocess.Popen, tmp_path, stop) -> tuple[int,
     try:
         workers = _worker_pids(proc, tmp_path)
         stop()
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say what the stuck process was doing
+            masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                     if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State"))]  # fmt: skip
+            os.killpg(proc.pid, 9)
+            _, err = proc.communicate()
+            raise AssertionError(f"not stopped within 60 s ({'; '.join(masks)}): {err}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -351,8 +359,13 @@ def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path, who
     (tmp_path / "stoppable.py").write_text(STOPPABLE)
     env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=str(tmp_path))
     env.pop(D.LAUNCHED_ENV, None)
+    # a terminal's process: SIGINT handled and not blocked, whatever the test runner's
+    # process passed on (an ignored or blocked signal is inherited across exec)
     code = (
-        "import sys\nfrom impl.distributed import launch\ntry:\n"
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+        "from impl.distributed import launch\ntry:\n"
         "    sys.exit(launch(['x'], 2, module='stoppable', threads=1))\n"
         "except KeyboardInterrupt:\n    print('launcher: interrupted', file=sys.stderr)\n"
         "    sys.exit(130)\n"

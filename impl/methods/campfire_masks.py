@@ -120,7 +120,8 @@ def _ranks_t(at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         rank = torch.zeros(m, nk, dtype=torch.uint8, device=at.device)
         # NaN ranks first, as the sort puts it (a comparison with NaN is False both ways, which
         # would give two weights one rank): only a diverged step makes one
-        nan = at.isnan() if bool(at.isnan().any()) else None
+        nan = at.isnan()
+        nan = nan if bool(nan.any()) else None  # one pass over the layer, not two
         for j in range(1, m):
             for i in range(j):
                 first = at[i] >= at[j]  # weight i ranks before weight j

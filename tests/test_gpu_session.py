@@ -424,12 +424,6 @@ step long cpu 100 'sleep 60'
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug of scripts/gpu/common.sh: stopped from outside, the script at times ends "
-    "before its EXIT trap packs anything (1 of 6 stops of this script at 8 s; bash's handler of "
-    "the fatal signal); fix: run each step in the background and wait for it, then trap TERM",
-)
 def test_a_script_stopped_from_outside_mid_step_packs_what_ended_and_names_the_step(tmp_path):
     """The caller's `timeout` signals the script's whole process group, its console tee
     included: the script still packs what its finished steps wrote, records the step it was
@@ -1109,7 +1103,10 @@ def test_part_cut_by_a_shortened_limit_runs_again_in_the_next_call(
         timeout=120,
     )
     (row,) = _steps(out / "session-x-steps.tsv")
-    assert (row["step"], row["status"], row["limit_s"]) == ("rows", status, "45"), res.stdout
+    assert (row["step"], row["status"]) == ("rows", status), res.stdout
+    # 75 s of budget less 30 kept for packing, less the second that may tick before the part
+    # starts on a loaded machine
+    assert row["limit_s"] in ("45", "44"), res.stdout
     ran = (state / "ran").read_text() if (state / "ran").exists() else ""
     assert ("rows failed" in ran) is noted
     assert res.returncode == (1 if noted else 0)

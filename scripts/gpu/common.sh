@@ -163,8 +163,12 @@ step() {
   local t=$SECONDS rc status
   export STEP_LIMIT=$limit   # a step that must keep time for its own last writes reads it
   _RUNNING=("$name" "$kind" "$t" "$limit")   # for finish, should this script be stopped now
-  timeout -k 10 "$limit" bash -o pipefail -c "$cmd" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
+  # In the background, waited for: a stop signal ends `wait` at once (its trap below runs
+  # finish), where a foreground pipeline would hold the trap until the step ended. With
+  # pipefail the job's status is the step's own (the tee's only where the tee failed).
+  timeout -k 10 "$limit" bash -o pipefail -c "$cmd" 2>&1 | tee "$log" &
+  wait "$!"
+  rc=$?
   _RUNNING=()
   case $rc in
     0) status=ok ;;
@@ -315,6 +319,7 @@ pack_stage() {
 finish() {
   [ "$_FINISHED" = 1 ] && return
   _FINISHED=1
+  trap '' TERM INT HUP   # a second stop signal must not cut the packing short
   local code=$_FAILED
   # A step still running when this script is stopped from outside (its caller's limit) runs
   # under its own `timeout`, whose process group the caller's signal does not reach: stop it
@@ -386,3 +391,10 @@ finish() {
   exit "$code"
 }
 trap finish EXIT
+# A stop from outside (the caller's `timeout`, Ctrl-C, a closed terminal) ends the script
+# through its EXIT trap, `finish`, which records the step under way and packs what the steps
+# that ended wrote. Left to bash's default, such a signal at times ended the script before
+# the EXIT trap had run, leaving nothing.
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP

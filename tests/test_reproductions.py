@@ -1108,6 +1108,17 @@ def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
         assert any("achieved sparsity" in n for n in target.notes("cpu"))
 
 
+def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():
+    """Table 4 prints no dense row; App. B.2's ResNet-50 v1 baseline (74.94) is the one Sec.
+    4.2 compares it with, cited as such."""
+    target = reproductions.load_target("campfire.table4")
+    for scale in ("cpu", "paper"):
+        results = [RowResult(row, runs=[]) for row in target.rows(scale)]
+        (dense,) = [r for r in compare_rows(target, results, scale) if r["row"] == "dense"]
+        assert dense["paper"] == pytest.approx(74.94)
+        assert dense["paper_source"].startswith("App. B.2")
+
+
 def test_campfire_sparsity_is_in_percent_in_tables_1_and_4():
     def ran(row, sparsity):
         summary = {"top1": 90.0, "true_sparsity": sparsity, "inference_flops": 1.0,

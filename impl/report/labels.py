@@ -64,6 +64,11 @@ METRIC_LABELS: dict[str, str] = {
     "end_to_end_time_longer_vs_prunetrain": "end-to-end time longer than PruneTrain's",
     "end_to_end_time_saved_vs_clicktrain": "end-to-end time saved vs ClickTrain",
     "top1_gain_vs_prunetrain": "top-1 gain over PruneTrain",
+    "computation_time_saved_vs_pat_max": (
+        "most computation time saved vs prune-after-training methods"
+    ),
+    "top1_sacrificed_max": "largest top-1 loss",
+    "top1_gap_vs_dense_max": "largest top-1 gap to dense",
     # PruneTrain
     "bn_traffic_saved": "BN-layer memory traffic saved",
     "bn_cost": "BN-layer memory traffic (% of dense)",

@@ -852,18 +852,23 @@ def _outputs_like(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [x.clone() for x in inputs]
 
 
-def _pattern_cuda_check(impl: Impl) -> None:
+def _cuda_kernels_check(impl: Impl, source: str = "pattern.cu") -> None:
+    """Refuse an ``impl=cuda`` row whose kernels of ``source`` cannot run.
+
+    ``Unavailable`` (a skipped row, with the reason) where this machine runs no kernel at all
+    (no CUDA GPU, no CuPy); ``RuntimeError`` (an error row, a failed run) where the GPU and CuPy
+    are there and ``source`` fails to compile or load: a broken kernel is a failure to report,
+    not a case to skip. The message carries the loader's reason (the compiler's log)."""
     if impl.options.get("impl") != "cuda":
         return
-    try:
-        from impl.ops import has_cuda_kernels
-    except ImportError as exc:
-        raise Unavailable(f"impl.ops has no has_cuda_kernels in this build ({exc})") from exc
-    if not has_cuda_kernels():
-        raise Unavailable(
-            "the CUDA pattern kernels are not available in this build or on this GPU "
-            "(impl.ops.has_cuda_kernels() is False)"
-        )
+    from impl.cuda import cuda_kernels_error, has_cuda_kernels, kernels_environment_error
+
+    if has_cuda_kernels(sources=(source,)):
+        return
+    environment = kernels_environment_error()
+    if environment is not None:
+        raise Unavailable(f"the CUDA kernels cannot run here: {environment}")
+    raise RuntimeError(f"the CUDA kernels of {source} fail to load: {cuda_kernels_error()}")
 
 
 def _flag_options(impl: Impl, *, cudnn: bool = False) -> dict[str, bool]:
@@ -901,7 +906,7 @@ def _prepare_calibration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
 def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
-    _pattern_cuda_check(impl)
+    _cuda_kernels_check(impl)
     from impl.ops import pattern_csr, pattern_index
 
     shape, s = case.params["weight_shape"], case.params["sparsity"]
@@ -1086,7 +1091,7 @@ def _dense_gradient_calls(ran: dict[str, int]) -> int:
 
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
-    _pattern_cuda_check(impl)
+    _cuda_kernels_check(impl)
     from impl.ops import pattern_index, pattern_spmm
 
     shape, s, n = case.params["weight_shape"], case.params["sparsity"], case.params["n"]
@@ -1154,7 +1159,7 @@ def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
 def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
-    _pattern_cuda_check(impl)
+    _cuda_kernels_check(impl)
     from impl.ops import pattern_conv2d, pattern_index
 
     p = case.params
@@ -1247,7 +1252,8 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         except ImportError as exc:
             raise Unavailable(f"impl.ops.nm_prune is not in this build ({exc})") from exc
         mode = impl.options["impl"]
-        if mode in ("cuda", "cpu"):
+        _cuda_kernels_check(impl, "nm_prune.cu")
+        if mode == "cpu":
             try:
                 nm_prune(xs[0][:1], p["n"], p["m"], p["method"], p["dim"], impl=mode)
             except RuntimeError as exc:
@@ -1283,7 +1289,7 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     nnz = int(index.numel())
     cuda = impl.options["impl"] == "cuda"
     if cuda:
-        _pattern_cuda_check(impl)
+        _cuda_kernels_check(impl, "pack.cu")
     # torch's fastest ways (index_select 3-4x faster than advanced indexing on the CPU):
     # index_select reads the kernel's int32 positions; scatter_ takes int64 only.
     read_index = index if cuda or op == "pack" else index.to(torch.int64)
@@ -1307,7 +1313,8 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
     # index_dtype: the positions this row's implementation reads
     info = {"nnz": nnz, "numel": math.prod(shape), "index_dtype": str(read_index.dtype)}
-    nbytes = nnz * (4.0 + index.element_size() + 4.0)  # read value and index, write value
+    # read value and index (the one this implementation reads), write value
+    nbytes = nnz * (4.0 + read_index.element_size() + 4.0)
     return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)
 
 

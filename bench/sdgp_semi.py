@@ -601,6 +601,11 @@ def iteration_row(
             return None
         return float(sum(cnt * v for cnt, v in vals))
 
+    # What the semi-structured backend spends: sparse where it runs, the reference path
+    # (pruning + cuDNN) where it falls back; unknown when either part lacks a timing (a
+    # fallback layer whose reference failed must not count as 0 ms, a saving never measured).
+    sparse_part = total("sparse_dgrad_ms", ok) if ok else 0.0
+    fallback_part = total("reference_ms", fallback) if fallback else 0.0
     row: dict[str, Any] = {
         "kind": "iteration",
         "layer": "(all)",
@@ -620,12 +625,8 @@ def iteration_row(
         "est_sparse_ms": total("est_sparse_ms"),
         "est_saved_ms": total("est_saved_ms"),
         "reference_ms": total("reference_ms"),
-        # What the semi-structured backend spends: sparse where it runs, the reference path
-        # (pruning + cuDNN) where it falls back.
         "semi_backend_dgrad_ms": (
-            (total("sparse_dgrad_ms", ok) or 0.0) + (total("reference_ms", fallback) or 0.0)
-            if (not ok or total("sparse_dgrad_ms", ok) is not None)
-            else None
+            None if sparse_part is None or fallback_part is None else sparse_part + fallback_part
         ),
         "sparse_dgrad_ms_sparse_layers": total("sparse_dgrad_ms", ok) if ok else None,
         "dense_dgrad_ms_sparse_layers": total("dense_dgrad_ms", ok) if ok else None,
@@ -634,10 +635,15 @@ def iteration_row(
         # Only a saving where some conv really ran on sparse tensor cores.
         row["measured_saved_ms"] = row["dense_dgrad_ms"] - row["semi_backend_dgrad_ms"]
     if cfg.iteration:
+        errors: list[str] = []  # each variant's, kept together (each names its variant)
         for variant in ("dense", "sdgp_reference", "sdgp_semi"):
             print(f"  iteration {model_name} {dtype_name} {variant}", flush=True)
-            row.update(training_iteration_times(model_name, variant, dtype_name, device, cfg))
+            times = training_iteration_times(model_name, variant, dtype_name, device, cfg)
+            errors += times.pop("errors", [])
+            row.update(times)
             _release()  # the model, its optimizer and activations are gone with the call
+        if errors:
+            row["errors"] = " | ".join(errors)
         dense_iter = row.get("dense_iter_ms")
         if dense_iter and row.get("est_saved_ms") is not None:
             row["est_iter_ms"] = dense_iter - row["est_saved_ms"]

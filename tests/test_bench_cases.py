@@ -524,21 +524,45 @@ def test_pack_suite_packs_and_unpacks_a_large_gradient_at_the_gpu_scale():
 @pytest.mark.parametrize("op", ["pack", "unpack"], ids=["pack", "unpack"])
 def test_pack_reference_rows_move_the_kept_values(op):
     """On the CPU (smoke sizes) the reference pair runs: pack returns the kept values in
-    mask order, unpack writes them back in place; bytes are 12 per kept value. The rows
-    name the positions each reads: torch's index_select takes the kernels' int32 ones,
-    its scatter_ int64 only."""
+    mask order, unpack writes them back in place. The rows name the positions each reads:
+    torch's index_select takes the kernels' int32 ones, its scatter_ int64 only, and the bytes
+    count the index each reads (per kept value: 4 read + 4 or 8 of index + 4 written)."""
     case = next(c for c in cases.grid("pack", "smoke") if c.params["kind"] == op)
     impl = cases.implementations("pack", "smoke")[f"grad_{op}[ref]@cpu"]
     prepared = cases.prepare(case, impl, "smoke")
     out = prepared.phases[0][1](0)
     nnz = prepared.info["nnz"]
-    assert prepared.bytes == 12.0 * nnz
+    assert prepared.bytes == (12.0 if op == "pack" else 16.0) * nnz
     assert prepared.info["index_dtype"] == ("torch.int32" if op == "pack" else "torch.int64")
     if op == "pack":
         assert out.shape == (nnz,)
     else:
         assert out.shape == tuple(case.params["weight_shape"]) and int((out != 0).sum()) == nnz
     assert 0.2 * prepared.info["numel"] < nnz < 0.55 * prepared.info["numel"]
+
+
+def _kernels_state(monkeypatch, loads: bool, environment: str | None):
+    import impl.cuda
+
+    monkeypatch.setattr(impl.cuda, "has_cuda_kernels", lambda sources=None: loads)
+    monkeypatch.setattr(impl.cuda, "kernels_environment_error", lambda: environment)
+    monkeypatch.setattr(impl.cuda, "cuda_kernels_error", lambda: "nvrtc: error: bad token")
+
+
+def test_a_kernel_that_fails_to_build_on_a_gpu_is_an_error_not_a_skipped_row(monkeypatch):
+    """With a GPU and CuPy there, a kernel source that fails to compile fails its rows, with
+    the compiler's reason; only a machine that runs no kernel at all skips them."""
+    impl = cases.Impl("x@cuda", "x", "cuda", options={"impl": "cuda"})
+    _kernels_state(monkeypatch, loads=False, environment=None)
+    with pytest.raises(RuntimeError, match=r"pack\.cu fail to load: nvrtc: error: bad token"):
+        cases._cuda_kernels_check(impl, "pack.cu")
+    _kernels_state(monkeypatch, loads=False, environment="CuPy could not be imported")
+    with pytest.raises(Unavailable, match="cannot run here: CuPy could not be imported"):
+        cases._cuda_kernels_check(impl, "pack.cu")
+    _kernels_state(monkeypatch, loads=True, environment=None)
+    cases._cuda_kernels_check(impl, "pack.cu")  # loads: nothing to refuse
+    _kernels_state(monkeypatch, loads=False, environment=None)
+    cases._cuda_kernels_check(cases.Impl("y@cuda", "y", "cuda", options={"impl": "ref"}), "pack.cu")
 
 
 def test_measure_prepared_notes_flags_that_read_back_otherwise(monkeypatch):

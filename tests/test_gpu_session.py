@@ -664,6 +664,10 @@ def test_dry_run_of_reproduce_renders_the_report(dry_runs):
     with tarfile.open(out / "reproduce.tar.gz") as tar:
         members = set(tar.getnames())
     assert "./reports/gpu-scale/index.html" in members  # every target listed, none run here
+    with tarfile.open(out / "reproduce.tar.gz") as tar:
+        index = tar.extractfile("./reports/gpu-scale/index.html").read().decode()
+    # a missing target names the command that makes it at this report's scale
+    assert "--scale gpu" in index and "--scale cpu" not in index
 
 
 @DRY_GROUP

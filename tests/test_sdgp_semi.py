@@ -825,6 +825,47 @@ def test_bench_training_iteration_semi_variant_on_cpu():
         bs.training_iteration_times("resnet18", "sparse", "bf16", torch.device("cpu"), cfg)
 
 
+def _layer(status, count, dense, sparse=None, reference=None, reason=""):
+    return {"status": status, "count": count, "reason": reason, "dense_dgrad_ms": dense,
+            "est_sparse_ms": dense / 2, "est_saved_ms": dense / 2, "reference_ms": reference,
+            "sparse_dgrad_ms": sparse}  # fmt: skip
+
+
+def test_bench_iteration_row_counts_no_saving_where_a_fallback_layer_has_no_timing():
+    """The backend's time is the sparse layers' plus the fallback layers' reference time; a
+    fallback layer whose reference timing failed leaves it unknown, not counted as 0 ms."""
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    cfg = bs.BenchConfig(**{**cfg.__dict__, "iteration": False})
+    sparse = _layer("ok", 2, dense=1.0, sparse=0.4, reference=1.2)
+    timed = _layer("fallback", 1, dense=0.5, reference=0.9, reason="stride")
+    row = bs.iteration_row("resnet18", "bf16", [sparse, timed], torch.device("cpu"), cfg)
+    assert row["semi_backend_dgrad_ms"] == pytest.approx(2 * 0.4 + 0.9)
+    assert row["measured_saved_ms"] == pytest.approx(2 * 1.0 + 0.5 - (2 * 0.4 + 0.9))
+    untimed = _layer("fallback", 1, dense=0.5, reference=None, reason="stride")
+    row = bs.iteration_row("resnet18", "bf16", [sparse, untimed], torch.device("cpu"), cfg)
+    assert row["semi_backend_dgrad_ms"] is None and "measured_saved_ms" not in row
+    row = bs.iteration_row("resnet18", "bf16", [timed], torch.device("cpu"), cfg)
+    assert row["semi_backend_dgrad_ms"] == pytest.approx(0.9)  # every layer falls back
+
+
+def test_bench_iteration_row_keeps_every_variants_errors(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    def fails(model_name, variant, dtype_name, device, cfg):
+        if variant == "sdgp_reference":
+            return {f"{variant}_iter_ms": 3.0}
+        return {f"{variant}_iter_ms": None, "errors": [f"{variant}_iter: error: boom"]}
+
+    monkeypatch.setattr(bs, "training_iteration_times", fails)
+    cfg = bs.BenchConfig(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+    layer = _layer("ok", 1, dense=1.0, sparse=0.4)
+    row = bs.iteration_row("resnet18", "bf16", [layer], torch.device("cpu"), cfg)
+    assert row["errors"] == "dense_iter: error: boom | sdgp_semi_iter: error: boom"
+    assert row["sdgp_reference_iter_ms"] == 3.0
+
+
 def test_bench_main_needs_gpu_for_full_sizes(monkeypatch, tmp_path):
     from bench import sdgp_semi as bs
 

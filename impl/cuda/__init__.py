@@ -11,6 +11,7 @@ from impl.cuda.loader import (
     cuda_kernels_error,
     expand_source,
     has_cuda_kernels,
+    kernels_environment_error,
     nvcc_command,
     source_hash,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "cuda_kernels_error",
     "expand_source",
     "has_cuda_kernels",
+    "kernels_environment_error",
     "nvcc_command",
     "source_hash",
 ]

@@ -267,6 +267,16 @@ def cuda_kernels_error() -> str | None:
     return _last_error
 
 
+def kernels_environment_error() -> str | None:
+    """Why no kernel can run in this process at all (no CUDA GPU, no CuPy), or ``None``.
+
+    ``None`` with :func:`has_cuda_kernels` false means a kernel source failed to compile or
+    load on a GPU that could run it (:func:`cuda_kernels_error` has the compiler's log): a
+    failure to report, where a reason of this function's is a machine's limit.
+    """
+    return _environment_error()
+
+
 def get_function(source: str, name: str, device: torch.device | int | None = None) -> Any:
     """The CuPy ``RawKernel`` ``name`` of ``source`` on ``device``, looked up once.
 

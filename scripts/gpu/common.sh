@@ -211,7 +211,10 @@ together() {
 }
 
 # xdist_args N: pytest's "-n N" where pytest-xdist is installed (it spreads many small tests
-# over processes sharing the one GPU), nothing otherwise; $XDIST_N overrides N.
+# over processes sharing the one GPU), nothing otherwise; $XDIST_N overrides N. Deliberately
+# not "--dist loadgroup", which `make test` passes: it would put every GPU test (conftest's
+# group "gpu") on one worker, and the steps' limits are sized for the spread. A GPU test that
+# times something takes the least of several timings, as other workers' kernels only add time.
 xdist_args() {
   if "$PY" -c "import xdist" >/dev/null 2>&1; then
     echo "-n ${XDIST_N:-$1}"

@@ -430,6 +430,12 @@ def cmd_train(argv: list[str]) -> int:
             return 0
     if args.nproc > 1 and distributed.env_world() is None:
         # what every worker would refuse, refused here once, before torchrun starts them
+        device = cfg.device if cfg is not None else getattr(saved_cfg, "device", "auto")
+        if str(device).startswith("cuda:"):
+            raise UsageError(
+                f"--device {device} with --nproc {args.nproc} would put every process on that "
+                "one GPU; give --device cuda (each process takes the GPU of its local rank)"
+            )
         check_before_workers(cfg, args.resume, args.data_dir)
         # torchrun runs it N times; Ctrl-C here stops the job (launch), then says how to go on
         run_dir = Path(args.resume) if args.resume else Path(cfg.out or cfg.default_out())

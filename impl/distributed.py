@@ -620,7 +620,9 @@ class DataParallel:
         dist.all_reduce(t)
         self.stats.record_aux(t.numel() * t.element_size())
         value = (t[0] / max(self._n_global, 1)).to(local.dtype)
-        return local + (value - local.detach())
+        # value exactly (local - local is 0), gradient local's: `local + (value - local)`
+        # rounds differently on each rank, and the methods decide from this value
+        return value + (local - local.detach())
 
     def backward_loss(self, total: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         """``total`` plus ``(share - 1) * local``, ``share = n_local * world / n_global``:
@@ -661,13 +663,24 @@ class DataParallel:
 
     def broadcast_flag(self, flag: bool) -> bool:
         """Rank 0's ``flag`` on every rank."""
+        return bool(self.broadcast_int(1 if flag else 0))
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank: a decision every rank must share (the batch
+        size a method chose from memory each rank measured itself)."""
         if not self.active:
-            return bool(flag)
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64)
         if self.info.backend == "nccl":
             t = t.to(self.device)
         dist.broadcast(t, src=0)
-        return bool(int(t.item()))
+        return int(t.item())
+
+    def barrier(self) -> None:
+        """Return once every rank has called it (e.g. after rank 0 wrote a file that the
+        others' exit would otherwise race)."""
+        if self.active:
+            self.reduce([0.0])
 
     # -- reporting --------------------------------------------------------------------------
     def epoch_metrics(self, ctx: Any) -> dict[str, Any]:
@@ -799,6 +812,11 @@ def run_worker(
     except BaseException as err:  # noqa: BLE001 - every failure ends this rank the same way
         import traceback
 
+        if getattr(err, "same_on_every_rank", False):  # one line, from rank 0 alone
+            if info.is_main:
+                write_stderr_line(f"{prog}: error: {err}")
+            sys.stdout.flush()
+            os._exit(EXIT_DIST_FAILURE)
         if not (isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))):
             traceback.print_exc()
         write_stderr_line(f"{prog}: error: {describe_failure(err, info)}")

@@ -25,7 +25,7 @@ from torch import nn
 
 from impl import distributed, rundir
 from impl.config import TrainConfig
-from impl.data import check_dataset, dataset_dir_for
+from impl.data import check_dataset, dataset_dir_for, derived_seed
 from impl.memory import TrainingPeak
 from impl.methods import (
     ENV_VAR,
@@ -53,6 +53,10 @@ class TrainingDiverged(RuntimeError):
     loss. ``record`` is what the run directory's ``summary.json`` holds of it
     (``"status": "diverged"``, :func:`impl.rundir.diverged_summary`); the message says in
     which epoch, why, what was kept and what to do."""
+
+    #: Every rank of a job finds it at the same step (from all-reduced figures): a
+    #: distributed worker reports it once, from rank 0 (:func:`impl.distributed.run_worker`).
+    same_on_every_rank = True
 
     def __init__(self, run_dir: Path, record: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
@@ -235,6 +239,19 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 (seeds third-party global-state users)
     torch.manual_seed(seed)
+
+
+def rank_rng_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of torch's global generators for ``rank``'s epoch ``epoch`` in a run of
+    several processes.
+
+    Every rank starts from the run's seed (the model is built alike everywhere), so what
+    draws from the global generators in training, dropout above all, would draw the same
+    numbers on every rank: sample i of each rank's share would get one dropout mask, draws
+    one process never makes. Seeded per rank and epoch, the ranks draw independently, and a
+    run resumed at an epoch's start draws what an uninterrupted one does (the checkpoint holds
+    rank 0's generator only). One process keeps the generator seeded once."""
+    return derived_seed(seed, epoch, rank, 0x52A4)
 
 
 def gradient_bytes(model: nn.Module) -> int:
@@ -590,12 +607,15 @@ class Trainer:
         peak = TrainingPeak(self.device, int(state.get("peak_gpu_memory_bytes", 0)) if state else 0)
         for epoch in range(start_epoch, cfg.epochs):
             t_epoch = time.perf_counter()
+            if dp.active:  # independent draws per rank (dropout), reproducible on resume
+                torch.manual_seed(rank_rng_seed(cfg.seed, epoch, dp.info.rank))
             row = self._train_epoch(ctx, method, train_loader, epoch, dp, peak)
             why = divergence_reason(ctx.model, row)
             if why is not None:  # nothing of this epoch is kept: the checkpoint stays finite
                 record = self._divergence_record(ctx, method, epoch, row, why)
                 if main:
                     rundir.write_json(run_dir / rundir.SUMMARY_FILE, record)
+                dp.barrier()  # no rank ends the job before rank 0 has kept the record
                 raise TrainingDiverged(run_dir, record)
             t_eval = time.perf_counter()
             test_loss, top1 = evaluate(
@@ -789,6 +809,9 @@ class Trainer:
         if ran > 1 and (not costs or costs[-1][0] < ran - 1):  # the loader ended early
             costs.append((ran, _step_cost(ctx, method)))  # the cost after its last step
         method.on_epoch_end(ctx)
+        # one batch size for the job: a method that sizes it by the memory it measures
+        # (PruneTrain on a GPU) may read other bytes on each rank
+        ctx.batch_size = dp.broadcast_int(ctx.batch_size)
         apply_memory_format(ctx.model, self.memory_format)  # layers a method rebuilt
         dp.refresh(ctx, method)
         comm_row = dp.epoch_metrics(ctx)
@@ -1006,7 +1029,8 @@ def resume(
     data_dir = dataset_dir_for(data_dir, cfg.data)
     if data_dir is not None and data_dir != cfg.data_dir:
         cfg.data_dir = data_dir
-        rundir.write_json(config_path, cfg.to_dict())  # atomic; the digest leaves it out
+        if distributed.current().is_main:  # only rank 0 writes the run's files
+            rundir.write_json(config_path, cfg.to_dict())  # atomic; the digest leaves it out
     cfg.out = str(run_dir)
     return Trainer(cfg, progress=progress).run(resume=True)
 

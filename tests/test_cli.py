@@ -161,6 +161,21 @@ def test_train_refuses_a_gpu_scale_that_would_run_on_the_cpu(tmp_path, capsys, s
     assert not out.exists(), "nothing is written for a refused run"
 
 
+def test_train_refuses_one_gpu_index_for_several_processes(tmp_path, capsys, monkeypatch):
+    """--device cuda:1 --nproc 2 would put both processes on one GPU (NCCL then fails at its
+    start with a duplicate-GPU error): refused before any worker starts."""
+    from impl import distributed
+
+    monkeypatch.setattr(distributed, "launch", lambda *a, **k: pytest.fail("a job started"))
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--device", "cuda:1",
+            "--no-progress", "--nproc", "2", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda:1 with --nproc 2 would put every process on that one GPU" in err
+    assert "give --device cuda" in err and not out.exists()
+
+
 def test_train_schedule_flags_reach_the_config(tmp_path):
     """--nesterov/--no-nesterov, --gamma and --warmup-fraction set their TrainConfig fields
     (the presets' values otherwise)."""
@@ -728,6 +743,14 @@ def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, 
     new = str(tmp_path / "new")
     assert cli.main(["train", "--resume", str(out), "--data-dir", new]) == 0
     assert seen == {"data_dir": new, "resume": True, "digest": cfg.digest()}
+    assert rundir.read_json(out / rundir.CONFIG_FILE)["data_dir"] == new
+    # a worker of a job other than rank 0 reads the new place and writes nothing
+    from impl import distributed
+
+    monkeypatch.setattr(distributed, "current", lambda: distributed.DistInfo(1, 2))
+    newer = str(tmp_path / "newer")
+    impl.train.resume(out, data_dir=newer)
+    assert seen["data_dir"] == newer
     assert rundir.read_json(out / rundir.CONFIG_FILE)["data_dir"] == new
 
 

@@ -202,6 +202,23 @@ def test_global_batchnorm_math_equals_native(one_rank_group, monkeypatch, moment
     assert torch.allclose(ours(x), ref(x), atol=1e-5)  # eval: running statistics
 
 
+def test_global_loss_is_the_global_value_bit_for_bit_with_the_local_gradient(one_rank_group):
+    """Every rank must see the same loss value (the methods decide from it): the value is
+    the all-reduced global mean exactly, whatever this rank's own mean; the gradient is the
+    local one. (A world of one stands in for rank 0 of two: its all-reduce is the identity,
+    3 of 7 samples its share.)"""
+    dp = D.DataParallel(D.DistInfo(world_size=2, backend="gloo"), torch.device("cpu"), False)
+    x, y = torch.randn(3, 2), torch.arange(3)
+    dp.shard(x, y, n_global=7)
+    # a local mean whose float32 round trip local + (value - local) is not value
+    w = torch.tensor(0.9222684502601624, requires_grad=True)
+    local = w * 1.0
+    loss = dp.global_loss(local, x)
+    assert loss.item() == (torch.tensor(w.item()).double() * 3 / 7).float().item()
+    loss.backward()
+    assert w.grad.item() == 1.0
+
+
 def test_data_parallel_is_a_no_op_for_one_process():
     m = nn.Linear(3, 2)
     dp = D.DataParallel(D.DistInfo(), torch.device("cpu"), timing=False)
@@ -215,7 +232,7 @@ def test_data_parallel_is_a_no_op_for_one_process():
     total = local * 2
     assert dp.backward_loss(total, local) is total  # one process: the loss as it is
     assert dp.reduce([1, 2.5]) == [1.0, 2.5]
-    assert dp.broadcast_flag(True) is True
+    assert dp.broadcast_flag(True) is True and dp.broadcast_int(5) == 5
     dp.end_iteration(ctx)
     keep = torch.zeros(2, 3, dtype=torch.bool)
     keep[0, 0] = True
@@ -451,6 +468,40 @@ def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent
         "torchrun: rank 1 failed first (exit status 3) and the other ranks were stopped; "
         "what the rank printed is above"
     )
+
+
+AGREED_FAILURE = """from impl.distributed import run_worker
+
+
+class Found(RuntimeError):
+    same_on_every_rank = True  # as TrainingDiverged: every rank finds it at one step
+
+
+def work():
+    raise Found("training diverged on purpose")
+
+
+run_worker(work, "cpu", prog="agreed")
+"""
+
+
+def test_a_failure_every_rank_finds_is_reported_once_without_a_traceback(tmp_path):
+    """A diverged run stops every rank at the same step: one line says so, from rank 0, not
+    a traceback and a line per rank."""
+    (tmp_path / "agreed.py").write_text(AGREED_FAILURE)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    code = (
+        "import sys\nfrom impl.distributed import launch\n"
+        "sys.exit(launch(['x'], 2, module='agreed', threads=1))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    assert err.count("training diverged on purpose") == 1, err
+    assert "agreed: error: training diverged on purpose" in err, err
 
 
 def test_how_a_worker_ended_in_words():

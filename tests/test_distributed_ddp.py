@@ -87,6 +87,27 @@ def test_ranks_with_different_masks_are_stopped(job):
         )
 
 
+def test_ranks_share_their_decisions_and_not_their_random_draws(job):
+    from impl.train import rank_rng_seed
+
+    ranks = [result(job, "agreement", r) for r in (0, 1)]
+    # the loss value is the global mean bit for bit on both ranks, whatever each one's own
+    assert ranks[0]["loss_values"] == ranks[1]["loss_values"]
+    assert ranks[0]["batch"] == ranks[1]["batch"] == 32  # rank 0's
+    # each epoch's first draws: per rank and epoch, so a resumed run draws them again
+    for rank, entry in enumerate(ranks):
+        expected = []
+        for epoch in range(worker.DENSE["epochs"]):
+            torch.manual_seed(rank_rng_seed(0, epoch, rank))
+            expected.append(torch.rand(2).tolist())
+        assert entry["epoch_draws"] == expected
+    assert ranks[0]["epoch_draws"] != ranks[1]["epoch_draws"]
+    # rank 1 ended its run only once rank 0 had kept the divergence record (slowly)
+    for entry in ranks:
+        assert entry["diverged"] == "TrainingDiverged"
+        assert entry["summary_there_when_raised"] is True
+
+
 def test_dense_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
     ddp = result(job, "dense64")
     one = single_run(tmp_path / "one", worker.DENSE, True, monkeypatch)

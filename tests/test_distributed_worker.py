@@ -7,6 +7,8 @@ scenario in one process group and writes what it saw to ``OUT/rank{r}.json``:
   all-reduce, in both timing modes;
 - ``dense64``, ``clicktrain64``, ``prunetrain64``: training runs in float64 (the models are
   converted by :func:`float64_create`), compared by the test with single-process runs;
+- ``agreement``: what every rank must share (the loss value, a batch size, a divergence
+  record written before any rank ends) and what none may (torch's generator in an epoch);
 - ``campfire``, ``sdgp``: smoke runs that must finish under DDP;
 - ``cli``: ``pdtbench train`` (float32) through the CLI's worker path; last, because the CLI
   leaves the process group when it is done.
@@ -213,6 +215,64 @@ def scenario_mask_check(info: distributed.DistInfo) -> dict[str, Any]:
     return {"same": prepared((1, 3, 4, 5)), "different": prepared(other)}
 
 
+def scenario_agreement(info: distributed.DistInfo, out: Path) -> dict[str, Any]:
+    """What the ranks must share, and what they must not: the loss value a method decides
+    from (200 steps of unequal local means), a batch size each rank chose itself, torch's
+    global generator in each epoch of a run (dropout's draws), and a divergence record that
+    rank 0 writes slowly before any rank may end the job."""
+    import time
+
+    from impl import train as T
+
+    dp = distributed.DataParallel(info, torch.device("cpu"), timing=False)
+    n_local = 3 + info.rank  # 3 and 4 of a global batch of 7
+    x = torch.zeros(n_local, 2)
+    dp.shard(x, torch.zeros(n_local, dtype=torch.long), n_global=7)
+    g = torch.Generator().manual_seed(100 + info.rank)
+    values = [
+        dp.global_loss((torch.rand((), generator=g) * 3).requires_grad_(), x).item()
+        for _ in range(200)
+    ]
+    batch = dp.broadcast_int(32 * (1 + info.rank))
+
+    draws: list[list[float]] = []
+    original = T.Trainer._train_epoch
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        draws.append(torch.rand(2).tolist())  # what dropout would draw first
+        return original(self, *args, **kwargs)
+
+    T.Trainer._train_epoch = spy
+    try:
+        train_run(out / "agreement-rng", DENSE)
+    finally:
+        T.Trainer._train_epoch = original
+
+    write = rundir.write_json
+
+    def slow_write(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == rundir.SUMMARY_FILE:
+            time.sleep(1.0)  # a slow file system
+        return write(path, *args, **kwargs)
+
+    diverged_dir = out / "agreement-diverged"
+    rundir.write_json = slow_write
+    try:
+        train_run(diverged_dir, dict(DENSE, lr=1e30, epochs=1, max_steps_per_epoch=3))
+        raised = "no"
+    except T.TrainingDiverged:
+        raised = "TrainingDiverged"
+    finally:
+        rundir.write_json = write
+    return {
+        "loss_values": values,
+        "batch": batch,
+        "epoch_draws": draws,
+        "diverged": raised,
+        "summary_there_when_raised": (diverged_dir / rundir.SUMMARY_FILE).exists(),
+    }
+
+
 def train_run(out: Path, values: dict[str, Any]) -> dict[str, Any]:
     from impl.config import resolve
     from impl.train import train
@@ -253,6 +313,7 @@ def main(out_dir: str) -> None:
     scenarios = [
         ("hook", lambda: scenario_hook(rank)),
         ("mask_check", lambda: scenario_mask_check(info)),
+        ("agreement", lambda: scenario_agreement(info, out)),
         ("campfire", lambda: train_run(out / "campfire", CAMPFIRE)),
         ("sdgp", lambda: train_run(out / "sdgp", SDGP)),
     ]

@@ -418,6 +418,31 @@ def test_analytic_activation_memory_matches_measured_peak_on_gpu() -> None:
         assert math.isfinite(slope)
 
 
+def test_probes_measure_the_model_not_its_global_batchnorm(tmp_path, monkeypatch) -> None:
+    """Under --nproc the model's BatchNorm takes global statistics once the job wraps it;
+    the memory budget is read before that and the later estimates after, so the probes must
+    measure the plain model both times (the global path's collectives and float64 sums would
+    otherwise read as 2.5x the activation memory and stop the batch from growing)."""
+    import torch.distributed as dist
+
+    from impl import distributed as D
+
+    plain = M.create("resnet20")
+    before = activation_bytes_per_sample(plain, (3, 32, 32))
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1
+    )
+    try:
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)  # one of two ranks
+        synced = copy.deepcopy(plain)
+        assert D.sync_batchnorm(synced) > 0
+        assert activation_bytes_per_sample(synced, (3, 32, 32)) == before
+        assert probe_iteration_ms(synced, (3, 32, 32), 4, repeats=1)[0] > 0
+        assert synced.bn1.__dict__.get("forward") is not None  # the model itself stays synced
+    finally:
+        dist.destroy_process_group()
+
+
 def test_probe_times_each_stage_without_touching_the_model() -> None:
     model = prezeroed_resnet20(seed=8)
     ctx = make_ctx(model, epochs=2, batch=8)

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from impl.distributed import unsync_batchnorm
+
 
 def _param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -63,6 +65,17 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
+def _probe_copy(model: nn.Module) -> nn.Module:
+    """A training-mode copy of ``model`` with plain BatchNorm: under ``--nproc`` the model's
+    BatchNorm takes global statistics (:func:`impl.distributed.sync_batchnorm`), whose
+    collectives and saved tensors a copy would keep; the probes measure the model itself,
+    the same before and after the job wraps it (the budget is read before, the later figures
+    after)."""
+    probe = copy.deepcopy(model).train()
+    unsync_batchnorm(probe)
+    return probe
+
+
 def activation_bytes_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     """Bytes autograd keeps for backward per training sample (the analytic estimate above).
 
@@ -71,7 +84,7 @@ def activation_bytes_per_sample(model: nn.Module, input_shape: tuple[int, ...]) 
     for B = 2 and 3 (not 1: BatchNorm in training mode refuses one value per channel, as a
     1x1 feature map of one sample gives); the difference is the per-sample cost.
     """
-    probe = copy.deepcopy(model).train()
+    probe = _probe_copy(model)
     p = next(probe.parameters())
     x2 = torch.zeros((2, *input_shape), device=p.device, dtype=p.dtype)
     x3 = torch.zeros((3, *input_shape), device=p.device, dtype=p.dtype)
@@ -92,7 +105,7 @@ def measure_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], batc
     p = next(model.parameters())
     if p.device.type != "cuda":
         raise ValueError(f"measured memory needs a model on a CUDA device, not {p.device}")
-    probe = copy.deepcopy(model).train()
+    probe = _probe_copy(model)
     x = torch.randn((batch, *input_shape), device=p.device, dtype=p.dtype)
     y = torch.randint(0, _num_outputs(probe, x), (batch,), device=p.device)
     torch.cuda.synchronize(p.device)
@@ -158,7 +171,7 @@ def probe_iteration_ms(
     if repeats < 1 or batch < 1:
         raise ValueError(f"repeats and batch must be >= 1, got {repeats}, {batch}")
     p = next(model.parameters())
-    probe = copy.deepcopy(model).train()
+    probe = _probe_copy(model)
     gen = torch.Generator(device=p.device).manual_seed(0)
     x = torch.randn((batch, *input_shape), device=p.device, dtype=p.dtype, generator=gen)
     y = torch.randint(0, _num_outputs(probe, x), (batch,), device=p.device, generator=gen)

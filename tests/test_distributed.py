@@ -447,18 +447,23 @@ run_worker(work, "cpu", prog="failing")
 """
 
 
-def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent(tmp_path):
-    """The worker's traceback and its line name the error; torchrun's agent added a second
-    traceback and a table of every rank (ChildFailedError) that buried it."""
-    (tmp_path / "failing.py").write_text(FAILING)
+def _launch_worker_module(tmp_path, name: str, source: str) -> subprocess.CompletedProcess:
+    """Run ``source`` as module ``name`` on 2 ranks through :func:`impl.distributed.launch`."""
+    (tmp_path / f"{name}.py").write_text(source)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     code = (
         "import sys\nfrom impl.distributed import launch\n"
-        "sys.exit(launch(['x'], 2, module='failing', threads=1))"
+        f"sys.exit(launch(['x'], 2, module={name!r}, threads=1))"
     )
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
     )
+
+
+def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent(tmp_path):
+    """The worker's traceback and its line name the error; torchrun's agent added a second
+    traceback and a table of every rank (ChildFailedError) that buried it."""
+    proc = _launch_worker_module(tmp_path, "failing", FAILING)
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr
     assert err.count("Traceback") == 1 and "ValueError: boom on purpose" in err, err
@@ -488,15 +493,7 @@ run_worker(work, "cpu", prog="agreed")
 def test_a_failure_every_rank_finds_is_reported_once_without_a_traceback(tmp_path):
     """A diverged run stops every rank at the same step: one line says so, from rank 0, not
     a traceback and a line per rank."""
-    (tmp_path / "agreed.py").write_text(AGREED_FAILURE)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    code = (
-        "import sys\nfrom impl.distributed import launch\n"
-        "sys.exit(launch(['x'], 2, module='agreed', threads=1))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
-    )
+    proc = _launch_worker_module(tmp_path, "agreed", AGREED_FAILURE)
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr
     assert "Traceback" not in err, err

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.pdtbench-installed
 # Test processes for `make test` (pytest-xdist); 0 runs the suite in one process.
 TEST_JOBS ?= 2
 
-.PHONY: demo test lint format setup clean bench-gpu gpu-check
+.PHONY: demo test test-emulated lint format setup clean bench-gpu gpu-check
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -24,6 +24,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 tests
 	PDTBENCH_BENCH_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-disable
+
+## The kernels' GPU tests against their CPU emulation (impl/cuda/pdt_host_emulation.cuh): their
+## inputs, references, tolerances and path choices, checked on any machine before a GPU run.
+test-emulated: $(STAMP)
+	PDT_EMU_GPU_TESTS=1 $(PY) -m pytest -q -n $(TEST_JOBS) -p no:benchmark -m "not slow" tests/test_cuda_ops.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -80,6 +80,21 @@ def test_load_rejects_an_unknown_source():
         loader.load("nope.cu")
 
 
+def test_the_products_refuse_operands_that_disagree_before_any_launch():
+    """The kernels read values by column index and walk row_ptr over the gradient's rows:
+    operands of other lengths would read past an end or leave rows unwritten."""
+    idx = pattern_index(torch.rand(6, 2, 3, 3) < 0.5)
+    vals = torch.randn(idx.col_ind.numel())
+    b = torch.randn(18, 7)
+    with pytest.raises(ValueError, match=r"values \(\d+,\) must be 1-D, one per column"):
+        pattern_cuda._spmm(vals[:-1], idx.row_ptr, idx.col_ind, b)
+    with pytest.raises(ValueError, match="must be 1-D"):
+        pattern_cuda._spmm(vals.reshape(1, -1), idx.row_ptr, idx.col_ind, b)
+    for grad in (torch.randn(5, 7), torch.randn(2, 7, 7), torch.randn(6)):
+        with pytest.raises(ValueError, match="row_ptr of 6 rows for a gradient"):
+            pattern_cuda._sddmm(idx.row_ptr, idx.col_ind, grad, torch.randn(18, 7))
+
+
 def _cpu_calls():
     idx = pattern_index(torch.rand(6, 2, 3, 3) < 0.5)
     w = torch.randn(6, 2, 3, 3)
@@ -2125,7 +2140,7 @@ def test_nm_rescaled_fused_gives_the_three_kernels_bits_on_gpu(cuda_kernels, nm,
     timed = nm_cuda.nm_prune_cuda(x, n, m, "rescaled")
     assert _bits_equal(timed, outs["fused"])
     if fits:
-        problem = f"I{56 * 56} strides {64 * 3136},3136,1 {n}:{m} "
+        problem = f"I{56 * 56} {n}:{m} strides {64 * 3136},3136,1 "
         picked = [v for k, v in timed_choice.timed_choices().items() if problem in k]
         assert picked and set(picked[0]["ms"]) == set(nm_cuda.RESCALED_PATHS)
 

@@ -166,8 +166,9 @@ __device__ __forceinline__ void pdt_nm_block_sums(Load load, int I, int ith, int
   typedef typename Tr::A A;
   const int tid = threadIdx.x;
   A ax = A(0), ay = A(0);
-  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
-    const int i = i0 + ii;
+  // 64-bit: with I near 2^31, i0 + ith would wrap a 32-bit counter negative (never ending)
+  for (i64 i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
+    const i64 i = i0 + ii;
     const int ri = i < I ? r : 0;
     const bool act = k < ri;
     const T v = act ? load(i) : T(0);
@@ -228,7 +229,7 @@ __device__ __forceinline__ void pdt_nm_stats_body(const typename Tr::T* __restri
   const int r = g < G ? min(m, C - g * m) : 0;
   const bool mine = k < r;
   const i64 base = (i64)o * so + (i64)c * sc;
-  pdt_nm_block_sums<Tr, W>([&](int i) { return x[base + (i64)i * si]; }, I, ith, ii, k, r, n,
+  pdt_nm_block_sums<Tr, W>([&](i64 i) { return x[base + i * si]; }, I, ith, ii, k, r, n,
                            row, red_x, red_y);
   if (ii == 0 && mine) {
     sx[(i64)o * C + c] = red_x[tid];
@@ -328,15 +329,16 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
   }
   __syncthreads();
   // The statistics: exactly the statistics kernel's loop and reduction (GT = 1).
-  pdt_nm_block_sums<Tr, W>([&](int i) { return tile[(i64)i * W + k]; }, I, ith, ii, k, r, n, W,
+  pdt_nm_block_sums<Tr, W>([&](i64 i) { return tile[i * W + k]; }, I, ith, ii, k, r, n, W,
                            red_x, red_y);
   if (ii == 0 && mine)  // the ratio kernel's arithmetic with o2 = 1
     ratio_s[k] =
         pdt_nm_ratio_of(pdt_add_rn(A(0), red_x[tid]), pdt_add_rn(A(0), red_y[tid]), eps);
   __syncthreads();
   // The selection, in place: each element is read and written by its own thread only.
-  for (int i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
-    const int i = i0 + ii;
+  // 64-bit: with I near 2^31, i0 + ith would wrap a 32-bit counter negative (never ending)
+  for (i64 i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
+    const i64 i = i0 + ii;
     const int ri = i < I ? r : 0;
     const bool act = k < ri;
     const T v = act ? tile[(i64)i * W + k] : T(0);

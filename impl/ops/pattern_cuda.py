@@ -298,6 +298,11 @@ def _spmm(
     _check_index(op, row_ptr, col_ind)
     if values.dtype != dense_b.dtype:
         raise ValueError(f"{op}: values {values.dtype} and dense_b {dense_b.dtype} differ")
+    if values.dim() != 1 or values.numel() != col_ind.numel():  # the kernels read both by nnz
+        raise ValueError(
+            f"{op}: values {tuple(values.shape)} must be 1-D, one per column index "
+            f"({col_ind.numel()})"
+        )
     if dense_b.dim() not in (2, 3):
         raise ValueError(f"{op}: dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
     dev = device_check.require_cuda(
@@ -375,6 +380,13 @@ def _sddmm(
     _check_index(op, row_ptr, col_ind)
     if grad_out.dtype != dense_b.dtype:
         raise ValueError(f"{op}: grad {grad_out.dtype} and dense_b {dense_b.dtype} differ")
+    if grad_out.dim() not in (2, 3) or row_ptr.numel() - 1 != grad_out.shape[-2]:
+        # the kernels walk row_ptr over the gradient's rows: fewer reads past its end, more
+        # leave rows of the result unwritten
+        raise ValueError(
+            f"{op}: row_ptr of {row_ptr.numel() - 1} rows for a gradient "
+            f"{tuple(grad_out.shape)} ([F, N] or [B, F, N])"
+        )
     dev = device_check.require_cuda(
         op, _PUBLIC[op], row_ptr, col_ind, grad_out, dense_b, sources=(_SRC,)
     )

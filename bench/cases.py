@@ -972,22 +972,37 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
         nbytes = dense_read + nnz * (4 + 4) + (f + 1) * 4.0
     elif name == "cusparse_dense2csr":
-        cp, csp = _cupy()
-        # CuPy's dense-to-sparse (cuSPARSE denseToSparse) first makes its input Fortran-ordered,
-        # a full transposed copy of a C-ordered matrix. The transposed view W^T is Fortran-
-        # ordered already, and its CSC arrays (indptr, indices, data) are exactly W's CSR ones:
-        # timed so, the row measures cuSPARSE's conversion, not CuPy's copy.
-        arrays_t = [cp.from_dlpack(x.reshape(f, k).contiguous()).T for x in ws]
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        converts = [cusparse_dense_to_csr(x.reshape(f, k)) for x in ws]
 
         def fn(i):
-            with stream:
-                return csp.csc_matrix(arrays_t[i % n_sets])
+            return converts[i % n_sets]()
 
         nbytes = dense_read + nnz * (4 + 4) + (f + 1) * 4.0
     else:  # pragma: no cover - guarded by implementations()
         raise ValueError(f"unknown csr implementation {impl.name}")
     return Prepared([("op", fn)], dev, bytes=nbytes, info=info, flags=_flag_options(impl))
+
+
+def cusparse_dense_to_csr(matrix: torch.Tensor) -> Callable[[], Any]:
+    """A call that converts the CUDA ``matrix`` (``[F, K]``) to CSR with cuSPARSE's
+    denseToSparse (through CuPy), on torch's current stream: the baseline ClickTrain Sec. 5.1
+    names "dense2csr() from cuSPARSE" (torch's ``to_sparse_csr`` is torch's own conversion).
+
+    CuPy's conversion first makes its input Fortran-ordered, a full transposed copy of a
+    C-ordered matrix. The transposed view W^T is Fortran-ordered already, and its CSC arrays
+    (indptr, indices, data) are exactly W's CSR ones: called so, a timing measures
+    cuSPARSE's conversion, not CuPy's copy. Raises :class:`Unavailable` without CuPy."""
+    cp, csp = _cupy()
+    if matrix.dim() != 2 or matrix.device.type != "cuda":
+        raise ValueError(f"need a 2-D CUDA matrix, got {tuple(matrix.shape)} on {matrix.device}")
+    transposed = cp.from_dlpack(matrix.contiguous()).T
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def convert() -> Any:
+        with stream:
+            return csp.csc_matrix(transposed)
+
+    return convert
 
 
 def _cupy():

@@ -70,6 +70,10 @@ OTHER_FIGURES: tuple[dict[str, str], ...] = (
               "(ImageNet); at 60%, top-1 and top-5",
      "where": "the Table 2 runs of each mask are drawn together in Fig. 4's panels under "
               "Table 2; top-5 is not recorded"},
+    {"paper": "campfire", "figure": "Table 7",
+     "shows": "a qualitative comparison of training methods that yield sparse networks "
+              "(focus, regularization, when pruning happens, budget, granularity)",
+     "where": "not reproduced: a table of words, no numbers to measure"},
 )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -820,10 +821,18 @@ def test_every_figure_of_the_papers_has_a_target_or_says_where_it_is():
     assert all(set(r) == {"paper", "figure", "shows", "where"} and all(r.values()) for r in rows)
     for paper, figures in papers.items():
         targets = {int(k.partition(".fig")[2]) for k in TARGETS if k.startswith(f"{paper}.fig")}
-        listed = [n for r in rows if r["paper"] == paper for n in _figure_numbers(r["figure"])]
+        listed = [
+            n
+            for r in rows
+            if r["paper"] == paper and r["figure"].startswith("Fig.")
+            for n in _figure_numbers(r["figure"])
+        ]
         assert len(listed) == len(set(listed)), paper  # none listed twice
         assert not targets & set(listed), paper  # a target's figure is not listed again
         assert targets | set(listed) == figures, paper
+    # the one table of the four papers without a target: Campfire's table of words
+    tables = {(r["paper"], r["figure"]) for r in rows if r["figure"].startswith("Table")}
+    assert tables == {("campfire", "Table 7")} and "campfire.table7" not in TARGETS
 
 
 def test_a_reproductions_index_lists_the_other_figures_and_a_plain_one_does_not(tmp_path):
@@ -1042,6 +1051,19 @@ def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
     assert drawn[("layer1.0.conv1", "data gradient")] == 1.6 and len(drawn) == 5
 
 
+def test_the_pattern_spmm_beats_dense_only_when_faster_than_gemm_and_convolution():
+    from reproductions.clicktrain.kernels import pattern_beats_dense
+
+    def times(gemm, conv, pattern):
+        return {("dense GEMM", 75.0): gemm, ("dense conv", 75.0): conv,
+                ("pattern SpMM", 75.0): pattern}  # fmt: skip
+
+    assert pattern_beats_dense(times(2.0, 3.0, 1.0), 75.0)
+    assert not pattern_beats_dense(times(2.0, 0.5, 1.0), 75.0)  # cuDNN's Winograd, say
+    assert not pattern_beats_dense(times(0.5, 3.0, 1.0), 75.0)
+    assert not pattern_beats_dense(times(1.0, 1.0, 1.0), 75.0)
+
+
 def test_speed_measurements_give_one_headline_value_per_sweep():
     from reproductions.clicktrain.kernels import csr_conversion, spmm_sweep
     from reproductions.sdgp.measure import conv_times
@@ -1053,7 +1075,13 @@ def test_speed_measurements_give_one_headline_value_per_sweep():
 
     spmm = spmm_sweep(scale="smoke", context={}, sparsities=(0.6, 0.75), repeats=2, sweeps=2)
     assert len(spmm["speedup_vs_cusparse"]) == 2 and spmm["speedup_sparsity"] > 70
-    assert len(spmm["points"]) == 2 * 3  # one pooled median per (sparsity, implementation)
+    assert len(spmm["points"]) == 2 * 4  # one pooled median per (sparsity, implementation)
+    assert {p["impl"] for p in spmm["points"]} == {
+        "dense GEMM",
+        "dense conv",
+        "generic CSR SpMM",
+        "pattern SpMM",
+    }
     swept = {p["sparsity"] for p in spmm["points"]}
     cross = spmm["crossover_sparsity_vs_cublas_cudnn"]  # per sweep: a swept point, or NaN
     assert len(cross) == 2 and all(math.isnan(c) or c in swept for c in cross)
@@ -1077,6 +1105,9 @@ def test_speed_measurements_give_one_headline_value_per_sweep():
 CPU_FIG9 = {"conversion_time": 90.0, "pattern_conversion_time": 30.0, "speedup_vs_cusparse": 3.0,
             "device": "AMD EPYC 7B13", "generic_impl": "torch.Tensor.to_sparse_csr",
             "pattern_impl": "impl.ops.pattern_csr (ref)"}  # fmt: skip
+GPU_FIG9 = {**CPU_FIG9, "device": "NVIDIA H100", "device_type": "cuda",
+            "generic_impl": "cuSPARSE denseToSparse (CuPy)"}  # fmt: skip
+GPU_FIG9_NO_CUPY = {**GPU_FIG9, "generic_impl": "torch.Tensor.to_sparse_csr (not cuSPARSE: x)"}
 GPU_FIG10 = {"speedup_vs_cusparse": 3.0, "speedup_sparsity": 74.8, "device": "NVIDIA H100",
              "crossover_sparsity_vs_cublas_cudnn": 65.0, "points": []}  # fmt: skip
 
@@ -1085,11 +1116,15 @@ GPU_FIG10 = {"speedup_vs_cusparse": 3.0, "speedup_sparsity": 74.8, "device": "NV
     ("key", "measured", "device", "named", "not_named"),
     [("clicktrain.fig9", CPU_FIG9, "AMD EPYC 7B13", "torch's CPU dense-to-CSR",
       "cuSPARSE dense2csr (torch"),
+     ("clicktrain.fig9", GPU_FIG9, "NVIDIA H100",
+      "cuSPARSE dense2csr (denseToSparse, through CuPy)", "to_sparse_csr"),
+     ("clicktrain.fig9", GPU_FIG9_NO_CUPY, "NVIDIA H100",
+      "torch's GPU dense-to-CSR converter (torch.Tensor.to_sparse_csr (not cuSPARSE", "CuPy)"),
      ("clicktrain.fig10", {**GPU_FIG10, "device": "AMD EPYC 7B13", "device_type": "cpu"},
       "AMD EPYC 7B13", "torch's CPU CSR SpMM (MKL; torch.addmm", "cuSPARSE SpMM (torch"),
      ("clicktrain.fig10", GPU_FIG10, "NVIDIA H100",
       "cuSPARSE SpMM (torch.addmm of the CSR matrix into a new result, beta 0)", "CPU")],
-    ids=["fig9-cpu", "fig10-cpu", "fig10-gpu-old-file"],
+    ids=["fig9-cpu", "fig9-gpu", "fig9-gpu-without-cupy", "fig10-cpu", "fig10-gpu-old-file"],
 )  # fmt: skip
 def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
     key, measured, device, named, not_named
@@ -1106,6 +1141,27 @@ def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
     if key == "clicktrain.fig10":
         assert "74.8% achieved sparsity" in rows[0]["note"]
         assert any("achieved sparsity" in n for n in target.notes("cpu"))
+
+
+def test_fig9_times_cusparse_on_a_gpu_and_says_so_where_it_cannot(monkeypatch):
+    """The paper's baseline is cuSPARSE's dense2csr (Sec. 5.1); torch's to_sparse_csr is
+    torch's own conversion, timed only where cuSPARSE (CuPy) is not there, and named so."""
+    from bench import Unavailable, cases
+    from reproductions.clicktrain import kernels
+
+    flat = torch.randn(4, 9)
+    convert, impl = kernels.generic_converter(flat)
+    assert impl == "torch.Tensor.to_sparse_csr" and convert().layout == torch.sparse_csr
+
+    def no_cupy():
+        raise Unavailable("CuPy is not usable here")
+
+    monkeypatch.setattr(cases, "_cupy", no_cupy)
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda"), to_sparse_csr=flat.to_sparse_csr)
+    convert, impl = kernels.generic_converter(on_gpu)
+    assert impl == "torch.Tensor.to_sparse_csr (not cuSPARSE: CuPy is not usable here)"
+    monkeypatch.setattr(cases, "cusparse_dense_to_csr", lambda m: "cuSPARSE's call")
+    assert kernels.generic_converter(on_gpu) == ("cuSPARSE's call", kernels.CUSPARSE_IMPL)
 
 
 def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():

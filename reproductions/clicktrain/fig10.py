@@ -1,6 +1,6 @@
 """ClickTrain Fig. 10: time of the sparse filter-matrix product (256 x 1152 times 1152 x
-50176) against sparsity, for cuBLAS GEMM, cuSPARSE SpMM and ClickTrain's pattern SpMM
-(Sec. 5.2).
+50176) against sparsity, for cuBLAS GEMM, cuDNN's convolution of the same 3x3 layer,
+cuSPARSE SpMM and ClickTrain's pattern SpMM (Sec. 5.2).
 
 Scales: smoke a 32 x 144 times 144 x 784 product; cpu the paper's filter matrix times 3136
 columns (a 56 x 56 map) on the CPU; gpu and paper the paper's full shape on the GPU.
@@ -51,9 +51,10 @@ TARGET = Target(
         "achieved one.",
         "Speedup over generic CSR is read at the achieved sparsity nearest 75%. The crossover "
         "is found in each sweep: the lowest achieved sparsity where the pattern SpMM beats "
-        "dense GEMM; the table shows its mean over the sweeps that found one (n counts them), "
-        "and the claims page lists every sweep, 'none' where it never beat dense.",
-        "cuDNN convolution is not timed separately: on the im2col matrix it equals the GEMM.",
+        "both dense GEMM and the dense convolution of the same layer (cuDNN on a GPU: it may "
+        "run Winograd or an implicit GEMM, faster than the explicit GEMM); the table shows its "
+        "mean over the sweeps that found one (n counts them), and the claims page lists every "
+        "sweep, 'none' where it never beat dense.",
         "The paper's numbers are from a Quadro RTX 5000; the row's note names the routines we "
         "timed and the device they ran on.",
     ],

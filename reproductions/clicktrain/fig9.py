@@ -3,7 +3,8 @@ dense2csr against ClickTrain's conversion with predefined nonzero positions (Sec
 
 Scales: smoke times a 32 x 144 matrix; cpu times the paper's 256 x 1152 matrix on the CPU
 (generic ``to_sparse_csr`` against :func:`impl.ops.pattern_csr`'s reference path); gpu and
-paper time it on the GPU (cuSPARSE through ``to_sparse_csr`` against the CUDA kernel).
+paper time it on the GPU (cuSPARSE's denseToSparse through CuPy, the paper's dense2csr,
+against the CUDA kernel; torch's ``to_sparse_csr``, named so, where CuPy is missing).
 """
 
 from __future__ import annotations

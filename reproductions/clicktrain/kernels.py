@@ -8,10 +8,11 @@ import math
 import re
 import statistics
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from reproductions.common import check_sweeps, device_name, per_sweep, time_ms
 
@@ -68,14 +69,35 @@ def _shape(scale: str) -> dict[str, int]:
     return SCALE_SHAPES[scale]
 
 
+#: Fig. 9's baseline on a GPU: cuSPARSE's dense-to-CSR, the paper's dense2csr (Sec. 5.1).
+CUSPARSE_IMPL = "cuSPARSE denseToSparse (CuPy)"
+
+
+def generic_converter(flat: torch.Tensor) -> tuple[Callable[[], Any], str]:
+    """Fig. 9's generic dense -> CSR conversion of ``flat`` and what it is: on a GPU
+    cuSPARSE's (:func:`bench.cases.cusparse_dense_to_csr`, the paper's dense2csr), else, and
+    on a GPU without CuPy, torch's own ``to_sparse_csr`` (a gather of the nonzeros, not
+    cuSPARSE's routine), named so."""
+    if flat.device.type == "cuda":
+        from bench import Unavailable
+        from bench.cases import cusparse_dense_to_csr
+
+        try:
+            return cusparse_dense_to_csr(flat), CUSPARSE_IMPL
+        except Unavailable as err:
+            return flat.to_sparse_csr, f"torch.Tensor.to_sparse_csr (not cuSPARSE: {err})"
+    return flat.to_sparse_csr, "torch.Tensor.to_sparse_csr"
+
+
 def csr_conversion(
     *, scale: str, context: dict, sparsity: float = 0.75, repeats: int = 20, sweeps: int = 1
 ) -> dict[str, Any]:
-    """Fig. 9: dense -> CSR conversion time of the filter matrix, generic (``to_sparse_csr``,
-    cuSPARSE dense2csr on a GPU) against predefined positions (:func:`impl.ops.pattern_csr`,
-    Sec. 5.1). Times in microseconds: medians over every timed call. The speedup is one value
-    per sweep (each sweep times both conversions ``repeats`` times, one after the other), so
-    the report carries its spread and a claim its confidence interval."""
+    """Fig. 9: dense -> CSR conversion time of the filter matrix, generic
+    (:func:`generic_converter`: cuSPARSE's on a GPU, torch's ``to_sparse_csr`` on a CPU)
+    against predefined positions (:func:`impl.ops.pattern_csr`, Sec. 5.1). Times in
+    microseconds: medians over every timed call. The speedup is one value per sweep (each
+    sweep times both conversions ``repeats`` times, one after the other), so the report
+    carries its spread and a claim its confidence interval."""
     from impl.ops import pattern_csr
     from impl.ops.pattern import pattern_index
 
@@ -86,10 +108,11 @@ def csr_conversion(
     w = torch.randn(mask.shape, device=dev) * mask
     flat = w.reshape(s["filters"], -1)
     idx = pattern_index(mask)
+    convert, generic_impl = generic_converter(flat)
     generic, ours, speedups = [], [], []
     with _quiet_csr_beta():
         for _ in range(sweeps):
-            g = time_ms(lambda: flat.to_sparse_csr(), repeats=repeats)
+            g = time_ms(convert, repeats=repeats)
             o = time_ms(
                 lambda: pattern_csr(w, idx.row_ptr, idx.col_ind, index=idx), repeats=repeats
             )
@@ -106,8 +129,7 @@ def csr_conversion(
         "sparsity": float(1 - mask.float().mean()),
         "device": device_name(),
         "device_type": dev.type,
-        "generic_impl": "torch.Tensor.to_sparse_csr"
-        + (" (cuSPARSE)" if dev.type == "cuda" else ""),
+        "generic_impl": generic_impl,
         "pattern_impl": "impl.ops.pattern_csr (" + ("cuda" if dev.type == "cuda" else "ref") + ")",
     }
 
@@ -121,6 +143,15 @@ def csr_mm(csr: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.addmm(out, csr, b, beta=0.0, alpha=1.0, out=out)
 
 
+def pattern_beats_dense(times: dict[tuple[str, float], float], sparsity: float) -> bool:
+    """Whether the pattern SpMM took less time at ``sparsity`` than both dense ways of the
+    layer, the GEMM and the convolution (``times``: ms by (implementation, sparsity), as
+    :func:`spmm_sweep` keys them): ClickTrain Sec. 5.2's "faster than cuBLAS's GEMM and
+    cuDNN's convolution"."""
+    dense = min(times[("dense GEMM", sparsity)], times[("dense conv", sparsity)])
+    return times[("pattern SpMM", sparsity)] < dense
+
+
 def spmm_sweep(
     *,
     scale: str,
@@ -130,12 +161,15 @@ def spmm_sweep(
     sweeps: int = 1,
 ) -> dict[str, Any]:
     """Fig. 10: time of the filter-matrix product at each sparsity, for dense GEMM
-    (``torch.mm``: cuBLAS on a GPU), generic sparse CSR (:func:`csr_mm`: cuSPARSE) and
-    the pattern SpMM (:func:`impl.ops.pattern_spmm`). Times in ms: medians over every timed
-    call of ``sweeps`` passes over the grid. Also the pattern SpMM's speedup over generic CSR
-    near 75% sparsity and the lowest swept sparsity where it beats dense, each one value per
-    sweep (so they carry their spread; a crossover is NaN in a sweep where the pattern SpMM
-    beat dense at no swept sparsity), and that crossover from the medians over all sweeps
+    (``torch.mm``: cuBLAS on a GPU), the dense 3x3 convolution it stands for (``conv2d`` of
+    the ``channels`` x sqrt(columns)^2 map, padding 1: cuDNN on a GPU, which may take another
+    algorithm than a GEMM), generic sparse CSR (:func:`csr_mm`: cuSPARSE) and the pattern
+    SpMM (:func:`impl.ops.pattern_spmm`). Times in ms: medians over every timed call of
+    ``sweeps`` passes over the grid. Also the pattern SpMM's speedup over generic CSR near
+    75% sparsity and the lowest swept sparsity where it beats both dense ways ("faster than
+    cuBLAS's GEMM and cuDNN's convolution", Sec. 5.2), each one value per sweep (so they
+    carry their spread; a crossover is NaN in a sweep where the pattern SpMM beat them at no
+    swept sparsity), and that crossover from the medians over all sweeps
     (``crossover_sparsity_pooled``, what the figure shows)."""
     from impl.ops import pattern_spmm
     from impl.ops.pattern import pattern_index
@@ -144,6 +178,8 @@ def spmm_sweep(
     s = _shape(scale)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b = torch.randn(9 * s["channels"], s["columns"], device=dev)
+    side = math.isqrt(s["columns"])  # the feature map whose im2col matrix b stands for
+    x = torch.randn(1, s["channels"], side, side, device=dev)
     grid = []
     for sp in sparsities:
         mask = pattern_mask(s["filters"], s["channels"], sp).to(dev)
@@ -153,8 +189,10 @@ def spmm_sweep(
         with _quiet_csr_beta():
             csr = w.to_sparse_csr()
         achieved = round(100 * float(1 - mask.float().mean()), 1)
+        w4 = w.reshape(s["filters"], s["channels"], 3, 3)
         cases = {
             "dense GEMM": lambda w=w: torch.mm(w, b),
+            "dense conv": lambda w4=w4: F.conv2d(x, w4, padding=1),
             "generic CSR SpMM": lambda csr=csr: csr_mm(csr, b),
             "pattern SpMM": lambda v=values, i=idx: pattern_spmm(
                 v, i.row_ptr, i.col_ind, b, index=i
@@ -178,10 +216,10 @@ def spmm_sweep(
     at = {(p["impl"], p["sparsity"]): p["time_ms"] for p in points}
     sps = sorted({p["sparsity"] for p in points})
     near75 = min(sps, key=lambda x: abs(x - 75))
-    cross = [x for x in sps if at[("pattern SpMM", x)] < at[("dense GEMM", x)]]
+    cross = [sp for sp in sps if pattern_beats_dense(at, sp)]
     # the crossover of each sweep (NaN: the pattern SpMM beat dense at no swept sparsity)
     cross_per_sweep = [
-        min((x for x in sps if t[("pattern SpMM", x)] < t[("dense GEMM", x)]), default=math.nan)
+        min((sp for sp in sps if pattern_beats_dense(t, sp)), default=math.nan)
         for t in sweep_medians
     ]
     speedups = [
@@ -209,7 +247,7 @@ _GPU_NAMES = re.compile(r"NVIDIA|Tesla|Quadro|GeForce|RTX|TITAN|Radeon|Instinct"
 
 def measured_on_gpu(measured: dict[str, Any]) -> bool:
     """Whether a measurement of this module ran on a GPU: its ``device_type``, else (files
-    saved before it was recorded) the generic converter it names ("... (cuSPARSE)") or the
+    saved before it was recorded) the generic converter it names (cuSPARSE's) or the
     device's name (a GPU's, not a CPU model)."""
     if measured.get("device_type"):
         return measured["device_type"] == "cuda"
@@ -227,7 +265,12 @@ def conversion_note(result: Any) -> str:
     m = result.measured or {}
     device = m.get("device") or "?"
     if measured_on_gpu(m):
-        generic = "cuSPARSE dense2csr (torch.Tensor.to_sparse_csr)"
+        impl = str(m.get("generic_impl") or "")
+        generic = (
+            "cuSPARSE dense2csr (denseToSparse, through CuPy)"
+            if impl == CUSPARSE_IMPL
+            else f"torch's GPU dense-to-CSR converter ({impl or 'torch.Tensor.to_sparse_csr'})"
+        )
         pattern = "impl.ops.pattern_csr's CUDA kernel"
     else:
         generic = "torch's CPU dense-to-CSR converter (torch.Tensor.to_sparse_csr, not cuSPARSE)"
@@ -242,15 +285,16 @@ def conversion_note(result: Any) -> str:
 
 def spmm_note(result: Any) -> str:
     """Fig. 10's note for :func:`spmm_sweep`'s row: the routines timed on the measurement's
-    device (dense GEMM, generic CSR SpMM) beside the paper's cuBLAS and cuSPARSE, and the
-    sparsity at which the speedup is read (achieved by the 4-of-9 pattern mask)."""
+    device (dense GEMM and convolution, generic CSR SpMM) beside the paper's cuBLAS, cuDNN
+    and cuSPARSE, and the sparsity at which the speedup is read (achieved by the 4-of-9
+    pattern mask)."""
     m = result.measured or {}
     device = m.get("device") or "?"
     if measured_on_gpu(m):
-        dense = "cuBLAS GEMM (torch.mm)"
+        dense = "cuBLAS GEMM (torch.mm) and cuDNN convolution (conv2d)"
         generic = "cuSPARSE SpMM (torch.addmm of the CSR matrix into a new result, beta 0)"
     else:
-        dense = "the CPU's BLAS GEMM (torch.mm, not cuBLAS)"
+        dense = "the CPU's BLAS GEMM (torch.mm, not cuBLAS) and oneDNN convolution (conv2d)"
         generic = (
             "torch's CPU CSR SpMM (MKL; torch.addmm of the CSR matrix into a new result, "
             "beta 0; not cuSPARSE)"

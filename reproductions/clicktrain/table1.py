@@ -67,7 +67,11 @@ TARGET = Target(
         + (
             ["Ours at this scale stand beside the paper's ResNet-50 CIFAR-10 rows."]
             if scale != "paper"
-            else []
+            else [
+                "The ImageNet row trains batch 64 at lr 0.1 in one process: the paper gives 64 "
+                "per GPU and lr 0.1 (Sec. 6.1) on nodes of four GPUs, but not how many GPUs "
+                "its accuracy runs used; with four, its global batch was 256 at the same lr."
+            ]
         )
     ),  # fmt: skip
     extra_metrics={"hard_prune_epoch": ("epoch", hard_prune_epoch)},

@@ -53,6 +53,8 @@ TARGET = Target(
     notes=lambda scale: [
         "The paper states no point of this figure in its text, only its conclusion "
         "(insensitive) and the intervals it recommends, listed as its rows.",
+        "The paper plots ResNet-32 (left) and ResNet-50 (right) on CIFAR-10; the paper scale "
+        "here runs ResNet-50 only.",
     ],
 )
 

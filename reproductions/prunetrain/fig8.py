@@ -87,6 +87,9 @@ TARGET = Target(
     figures=figures,
     notes=lambda scale: [
         "SSL (pruning a pre-trained model) is not implemented in pdtbench.",
+        "The paper's figure has four panels (ResNet-32 and ResNet-50, CIFAR-10 and CIFAR-100); "
+        "every scale here runs one model on one dataset (paper: ResNet-50 on CIFAR-10), at the "
+        "paper's four ratios.",
         "Training FLOPs by the authors' cost formula (impl.flops.paper_training_cost), as "
         "the paper's, in % of dense training on the same samples.",
     ],

@@ -102,6 +102,8 @@ TARGET = Target(
         "The paper measures mixed precision on one TITAN Xp; ours run on the device in the "
         "footer (float16 autocast on a GPU, float32 on a CPU).",
         "Ours at small scales stand beside the paper's ResNet-32 CIFAR-100 row.",
+        "Every scale measures one model (paper: ResNet-32 on CIFAR-100); the paper's other "
+        "rows (ResNet-50, VGG-11/13, three ImageNet ResNet-50s) are shown as published only.",
     ],
 )
 

@@ -1553,7 +1553,7 @@ def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch
 
     fn, params = "reproductions.clicktrain.kernels:spmm_sweep", {"sweeps": 5}
     now = common._measure_path(fn, params, "cpu", tmp_path)
-    monkeypatch.setattr(kernels.spmm_sweep, "measure_version", 3)
+    monkeypatch.setattr(kernels.spmm_sweep, "measure_version", 4)
     assert common._measure_path(fn, params, "cpu", tmp_path) != now
     monkeypatch.delattr(kernels.spmm_sweep, "measure_version")
     # without a version the key is (fn, params, scale) alone, as files saved before it was

@@ -238,7 +238,9 @@ def spmm_sweep(
     }
 
 
-spmm_sweep.measure_version = 2  # 2: the crossover per sweep (1: one pooled number)
+# 3: the dense convolution timed too, the crossover against it and the GEMM (2: the GEMM
+# alone; the crossover per sweep, 1: one pooled number)
+spmm_sweep.measure_version = 3
 
 
 # names of GPUs as torch.cuda.get_device_name gives them (a CPU model names none of them)

@@ -397,7 +397,9 @@ def test_compare_rows_mean_sd_and_paper_value():
     assert (top1["seeds"], top1["values"]) == ([0, 1], [96.0, 98.0])  # kept for pairing
     assert top1["paper_source"] == "Table I, Sec. IV-A"
     missing = [r for r in rows if r["row"] == "imagenet row"]
-    assert len(missing) == 1 and missing[0]["ours"] is None and missing[0]["note"] == "needs x"
+    assert len(missing) == 1 and missing[0]["ours"] is None
+    # what the paper_values file says of the number it stands beside comes along
+    assert missing[0]["note"] == "needs x; paper's number: dense baseline"
     # a paper row one of ours stands beside is not listed again as a paper-only row
     assert [r["row"] for r in rows if r["paper"] == 95.3] == ["dense"]
     paper_only = [r for r in rows if r["row"].startswith("paper: ")]
@@ -416,7 +418,7 @@ def test_compare_rows_says_when_several_paper_rows_match_and_lists_them():
     assert sorted(r["paper"] for r in listed) == [94.5, 95.2, 95.2, 95.3]
     one = RowResult(Row("one", paper={"model": "resnet9", "method": "dense"}), runs=[_run(0)])
     top1 = next(r for r in compare_rows(target, [one], "cpu") if r["metric"] == "top1")
-    assert top1["paper"] == 95.3 and top1["note"] == ""
+    assert top1["paper"] == 95.3 and top1["note"] == "paper's number: dense baseline"
     failed = RowResult(Row("failed", paper={"model": "resnet9"}), error="needs x")
     top1 = next(r for r in compare_rows(target, [failed], "cpu") if r["row"] == "failed")
     assert top1["note"] == "4 paper rows match; see the paper's rows below; needs x"
@@ -1005,6 +1007,11 @@ def test_a_dynamic_batch_row_whose_batch_never_grew_says_so():
     )
     assert unchanged_batch_note(result("PruneTrain, dynamic mini-batch", [32, 64, 64])) == ""
     assert unchanged_batch_note(result("PruneTrain (ratio 0.2)", [32, 32, 32])) == ""
+    # every target with a dynamic mini-batch row says so of it
+    for key in ("prunetrain.table4", "prunetrain.fig9", "prunetrain.fig11"):
+        target = reproductions.load_target(key)
+        assert any("dynamic" in r.label for r in target.rows("cpu")), key
+        assert target.row_note is unchanged_batch_note, key
 
 
 def test_prunetrain_bn_cost_in_fig8_and_table1():
@@ -1140,6 +1147,12 @@ def test_kernel_rows_name_the_routines_timed_on_the_measuring_device(
         assert "torch.sparse.mm" not in r["note"]  # the baseline is the bare addmm (csr_mm)
     if key == "clicktrain.fig10":
         assert "74.8% achieved sparsity" in rows[0]["note"]
+        # per-sweep crossovers (a list) say in how many sweeps one was found
+        per_sweep = {**measured, "crossover_sparsity_vs_cublas_cudnn": [None, 85.1, math.nan]}
+        from reproductions.clicktrain.kernels import spmm_note
+
+        note = spmm_note(RowResult(target.rows("cpu")[0], measured=per_sweep))
+        assert "beat dense at some swept sparsity in 1 of 3 sweeps" in note
         assert any("achieved sparsity" in n for n in target.notes("cpu"))
 
 

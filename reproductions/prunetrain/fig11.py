@@ -18,7 +18,12 @@ from typing import Any
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
-from reproductions.prunetrain import dynamic_batch_options, epoch_batches, pair
+from reproductions.prunetrain import (
+    dynamic_batch_options,
+    epoch_batches,
+    pair,
+    unchanged_batch_note,
+)
 
 
 def _costs(run) -> tuple[list[float], list[float]]:
@@ -88,6 +93,7 @@ TARGET = Target(
     metrics=("comm_cost_saved",),
     figures=figures,
     extra_metrics={"comm_cost_saved": ("%", comm_cost_saved)},
+    row_note=unchanged_batch_note,
     notes=lambda scale: [
         "Projected from parameter counts and batch sizes, not measured on GPUs.",
         "The paper's dotted lines grow the mini-batch at both of its strong ratios (0.2 and "

@@ -2388,3 +2388,21 @@ def test_max_shared_per_block_asks_cupy_three_ways_then_assumes_48_kib(monkeypat
         assert loader.max_shared_per_block(0) == expected
     finally:
         loader.max_shared_per_block.cache_clear()
+
+
+def test_preflight_fails_on_a_gpu_the_kernels_cannot_use(monkeypatch, capsys):
+    """make bench-gpu / gpu-check stop at once, saying why, where a GPU is visible and CuPy
+    is missing; a machine without a GPU passes (its commands refuse the gpu scale)."""
+    from impl.cuda import preflight
+
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    assert preflight.main(["bench-gpu"]) == 0
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: True)
+    no_cupy = "CuPy could not be imported"
+    monkeypatch.setattr(preflight, "kernels_environment_error", lambda: no_cupy)
+    assert preflight.main(["bench-gpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bench-gpu: the CUDA kernels cannot run here: CuPy could not be imported")
+    assert "EXTRAS=dev,cuda make setup" in err
+    monkeypatch.setattr(preflight, "kernels_environment_error", lambda: None)
+    assert preflight.main([]) == 0

@@ -2,7 +2,7 @@
 
 One torchrun job runs every scenario of ``test_distributed_worker.py`` (one process group,
 so the interpreter and torch start once per rank); the single-process references run here.
-The float64 scenarios compare weights to 1e-5 relative (issue 9); the float32 CLI run is
+The float64 scenarios compare weights to 1e-5 relative; the float32 CLI run is
 compared on its losses, because in float32 two runs of ResNet-20 that only differ in the
 order of reductions drift apart by more than that within a few steps (docs/distributed.md).
 """

@@ -77,7 +77,7 @@ logger = logging.getLogger(__name__)
 SPARSE_BACKENDS: tuple[str, ...] = ("auto", "cusparselt", "cutlass")
 #: Pruning implementations: ``auto`` is the N:M CUDA kernel where it loads, the reference else.
 PRUNE_IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
-#: dtypes this backend multiplies on sparse tensor cores (the issue: bf16 and fp16).
+#: dtypes this backend multiplies on sparse tensor cores (bf16 and fp16).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 #: Sparse tensor cores appeared with Ampere (sm_80; A100 whitepaper, "Fine-grained structured
 #: sparsity"); H100/H200 are sm_90.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark suites at the papers' sizes on one GPU (issue: benchmarks): what
+# The benchmark suites at the papers' sizes on one GPU: what
 # `make bench-gpu` makes, without .venv and split into parts that fit a device call.
 #
 #   bash scripts/gpu/bench.sh [PART ...]       # PART: iteration rows pytest asv (default: all,
@@ -38,10 +38,10 @@ PREFLIGHT="bench.run bench.cases pytest_benchmark"  # run_asv checks asv, asv im
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-# The pytest-benchmark selection (27 pairs): the calibration, the 90%-sparse paper shapes of
+# The pytest-benchmark selection (30 pairs): the calibration, the 90%-sparse paper shapes of
 # csr, spmm and conv (forward, forward+backward) and two N:M groupings, every implementation.
 PYTEST_K=${PYTEST_K:-"not iteration and not allreduce and (test_calibration or s90 or 2of4 or 16of32)"}
-# The asv selection (25 of the benchmark-parameter pairs of the gpu scale): time_op of one case
+# The asv selection (28 of the benchmark-parameter pairs of the gpu scale): time_op of one case
 # per kernel suite with every implementation, and ResNet-18 (CIFAR shape) iterations. asv forks
 # a process per pair, each initialising CUDA (seconds each): the whole grid, or the track_*
 # twins of these pairs, would take far longer than a device call; bench.run's rows carry the

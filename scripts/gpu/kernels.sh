@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU evidence of the CUDA kernels (issue: kernels): what `make gpu-check` writes, and more.
+# GPU evidence of the CUDA kernels: what `make gpu-check` writes, and more.
 #
 #   bash scripts/gpu/kernels.sh          # on the device: run(command="bash scripts/gpu/kernels.sh",
 #                                        #   carry=[".whl", ".gpu"], timeout_s=600)

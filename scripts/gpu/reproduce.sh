@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The gpu-scale reproductions that need a GPU (issue: reproductions): ClickTrain Figs. 9-11,
-# SDGP Fig. 9 and PruneTrain Fig. 7 (two short trainings, then per-layer timing), rendered as
-# HTML.
+# The gpu-scale reproductions that need a GPU: ClickTrain Figs. 9-11, SDGP Fig. 9 and
+# PruneTrain Fig. 7 (per-layer timing of untrained ResNet-50s, dense and in PruneTrain's
+# reconfigured state), rendered as HTML.
 #
 #   bash scripts/gpu/reproduce.sh [TARGET ...]   # on the device (docs/gpu-session.md);
 #                                                # default: the five targets below
@@ -11,7 +11,7 @@
 # trains (prunetrain.fig7 builds ResNet-50 untrained in PruneTrain's reconfigured state, last
 # so that a tight budget cuts it first). clicktrain.fig11 reads
 # the iteration rows of bench.sh (reports/bench/gpu/iteration/rows.json, when call 2's files
-# were extracted into the tree before this call) or times the same 16 pairs itself; runs go to
+# were extracted into the tree before this call) or times the same 14 pairs itself; runs go to
 # runs/gpu-scale/ in the device's copy, so a second call on a warm machine reuses the complete
 # ones. A target that fails inside `reproduce` (which records it and goes on) fails its step.
 # Then `render` draws every saved result into reports/gpu-scale/*.html (an index that lists
@@ -57,7 +57,7 @@ for t in "${TARGETS[@]}"; do
   case $t in
     prunetrain.fig7) kind=gpu limit=120 ;;   # two untrained ResNet-50s, 16 convs timed
     clicktrain.table* | prunetrain.table* | campfire.* | cross.*) kind=gpu limit=300 ;;
-    clicktrain.fig11) kind=gpu limit=120 ;;   # 16 iteration pairs, or bench.sh's rows
+    clicktrain.fig11) kind=gpu limit=120 ;;   # 14 iteration pairs, or bench.sh's rows
     *) kind=gpu limit=120 ;;
   esac
   # each target keeps RENDER_S for render: a target cut by the budget must not leave the

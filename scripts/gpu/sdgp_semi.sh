@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SDGP's data gradient on 2:4 sparse tensor cores, measured (issue: SDGP 2:4).
+# SDGP's data gradient on 2:4 sparse tensor cores, measured.
 #
 #   bash scripts/gpu/sdgp_semi.sh          # on the device (docs/gpu-session.md)
 #   DRY_RUN=1 bash scripts/gpu/sdgp_semi.sh   # here: the CPU steps only

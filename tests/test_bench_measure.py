@@ -250,7 +250,10 @@ def test_cuda_timing_records_host_and_amortized_time(host_clock_cuda, monkeypatc
     assert t.issue_ms is not None and t.issue_ms >= 0.4
     # per call, not per batch: each measures about one 0.5-ms call
     assert t.amortized_ms < 8 * t.host_ms and t.issue_ms < 8 * t.host_ms
-    assert len(slept) == 1 and slept[0] >= int(1.5 * 4 * t.host_ms * 2_000_000) - 1
+    # the GPU sleeps 1.5x the host's time to queue the batch: amortize=4 calls, or as many as
+    # were timed where fewer were (a loaded machine's slower estimate leaves min_reps=3)
+    batch = min(4, t.n)
+    assert len(slept) == 1 and slept[0] >= int(1.5 * batch * t.host_ms * 2_000_000) - 1
     assert t.host_bound is True  # fake events run on the host: issuing takes the call's time
     assert measure.Timing(**t.to_dict()) == t
 

@@ -719,6 +719,9 @@ def test_index_links_pages_and_tells_filled_from_paper_only(tmp_path):
     assert '<a href="sdgp.html">sdgp.html</a>' in text and '<a href="prunetrain.html">' in text
     assert "paper numbers only: channel gating is not implemented" in text
     assert text.index("prunetrain.fig6") < text.index("sdgp.table1")  # papers in order
+    # each target links to its own section of its paper's page
+    assert '<a href="sdgp.html#sdgp-table1">sdgp.table1</a>' in text
+    assert 'id="sdgp-table1"' in (tmp_path / "sdgp.html").read_text()
 
 
 def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals():
@@ -899,7 +902,7 @@ def test_report_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path, 
 
 def _index_cells(text, target):
     """The cells of ``target``'s row in the index table."""
-    row = re.search(rf"<td>{re.escape(target)}</td>(.*?)</tr>", text, re.S)
+    row = re.search(rf"<td>(?:<a [^>]*>)?{re.escape(target)}(?:</a>)?</td>(.*?)</tr>", text, re.S)
     assert row, target
     return re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
 

@@ -303,8 +303,19 @@ def _frame_html(frame: pd.DataFrame) -> str:
             lambda m: f'<td class="verdict {VERDICT_CLASSES[m.group(1)]}">{m.group(1)}{m.group(2)}',
             body,
         )
-    # a cell naming a page of the report links to it
-    return re.sub(r"<td>([a-z0-9_]+\.html)</td>", r'<td><a href="\1">\1</a></td>', body)
+    # a cell naming a page of the report links to it, and one naming a target to its section
+    body = re.sub(r"<td>([a-z0-9_]+\.html)</td>", r'<td><a href="\1">\1</a></td>', body)
+    return re.sub(
+        rf"<td>(({'|'.join(TARGET_PAGES)})\.[a-z0-9_]+)</td>",
+        lambda m: (
+            f'<td><a href="{m.group(2)}.html#{m.group(1).replace(".", "-")}">{m.group(1)}</a></td>'
+        ),
+        body,
+    )
+
+
+#: The pages whose sections are targets ("<page>.<item>", anchored "<page>-<item>").
+TARGET_PAGES: tuple[str, ...] = ("clicktrain", "prunetrain", "sdgp", "campfire", "cross")
 
 
 def settings_frame(settings: Sequence[dict[str, str]]) -> pd.DataFrame:

@@ -30,9 +30,12 @@ def rows(scale: str) -> list[Row]:
               if r.method == "clicktrain" and "higher" in r.label][0]  # fmt: skip
         ct.paper, ct.baseline, ct.metrics = {}, None, ("compression_ratio",)
         out.append(ct)
+        # below paper scale the run is the scale's model, not the paper's: the label says so
+        name = f"{model}: " if scale == "paper" else ""
+        beside = "" if scale == "paper" else f" (paper: {model})"
         for g in GPUS:
             out.append(
-                Row(f"{model}: projection, {g} GPUs",
+                Row(f"{name}projection, {g} GPUs{beside}",
                     measure="reproductions.clicktrain.kernels:comm_projection",
                     params={"row": ct.label, "gpus": list(GPUS)},
                     paper={"model": model, "setting": f"{g} GPUs"}, group={"gpus": g},

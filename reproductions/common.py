@@ -909,12 +909,25 @@ def run_target(
         missing=missing,
         notes=notes,
         description=description,
-        environment=collect(),
+        environment={**collect(), "runs_trained_at": runs_trained_at(results)},
         duration_s=time.perf_counter() - t0,
         wide=target.wide,
     )
     save_result(result, result_dir(target.key, scale, runs_root))
     return result
+
+
+def runs_trained_at(results: Sequence[RowResult]) -> list[str]:
+    """The commits (12 characters, "+" where the tree was modified) the runs behind
+    ``results`` were trained at, from their summaries' environments: a result made from reused
+    runs says which code trained them, beside the commit that compared them."""
+    commits = set()
+    for res in results:
+        for run in res.runs:
+            env = run.summary.get("environment") or {}
+            if env.get("commit"):
+                commits.add(str(env["commit"])[:12] + ("+" if env.get("dirty") else ""))
+    return sorted(commits)
 
 
 def result_dir(key: str, scale: str, runs_root: str | Path = RUNS_ROOT) -> Path:

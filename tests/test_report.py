@@ -569,6 +569,15 @@ def test_provenance_rows_shorten_the_commit_and_date_and_flag_a_modified_tree():
     assert first["device"] == "Test CPU" and first["tf32 (matmul/cudnn)"] == "False/True"
 
 
+def test_provenance_names_the_commits_a_results_runs_were_trained_at():
+    """A result compared at one commit from runs trained at another says both: the footer's
+    commit alone read as if the runs had been trained at it."""
+    reused = {**ENV, "runs_trained_at": ["b" * 12, "c" * 12 + "+"]}
+    rows = provenance_rows([("cpu", ENV), ("cpu", reused)]).to_dict("records")
+    assert rows[1]["runs trained at"] == f"{'b' * 12}, {'c' * 12}+"
+    assert rows[1]["commit"] == "a" * 12 and pd.isna(rows[0]["runs trained at"])
+
+
 def test_provenance_device_names_the_cpus_vector_isa_so_two_cpus_of_one_model_differ():
     # Two "AMD EPYC" machines, one with AVX-512 and one without, trained the same commit to
     # different cpu-scale accuracies: the footer must tell them apart.

@@ -1177,6 +1177,18 @@ def test_fig9_times_cusparse_on_a_gpu_and_says_so_where_it_cannot(monkeypatch):
     assert kernels.generic_converter(on_gpu) == ("cuSPARSE's call", kernels.CUSPARSE_IMPL)
 
 
+def test_a_result_records_the_commits_its_runs_were_trained_at():
+    def run(commit, dirty=False):
+        env = {"commit": commit, "dirty": dirty}
+        return RunRecord("r", 0, {"environment": env}, [], True)
+
+    results = [RowResult(Row("a"), runs=[run("1" * 40), run("2" * 40, dirty=True)]),
+               RowResult(Row("b"), runs=[run("1" * 40), RunRecord("r", 1, {}, [], True)]),
+               RowResult(Row("m"), measured={"x": 1.0})]  # fmt: skip
+    assert common.runs_trained_at(results) == ["1" * 12, "2" * 12 + "+"]
+    assert common.runs_trained_at([RowResult(Row("m"), measured={"x": 1.0})]) == []
+
+
 def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():
     """Table 4 prints no dense row; App. B.2's ResNet-50 v1 baseline (74.94) is the one Sec.
     4.2 compares it with, cited as such."""

@@ -453,7 +453,8 @@ def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.Da
     """The provenance footer: one row per distinct (scale, commit, device, versions) seen.
 
     ``environments`` yields ``(scale, environment)`` pairs (``environment`` as written by
-    :func:`impl.env.collect`).
+    :func:`impl.env.collect`; a reproduction's result adds ``runs_trained_at``, the commits
+    its runs were trained at, shown where it has runs).
     """
     seen = []
     for scale, env in environments:
@@ -478,6 +479,9 @@ def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.Da
             "tf32 (matmul/cudnn)": f"{env.get('tf32_matmul', '?')}/{env.get('tf32_cudnn', '?')}",
             "date": (env.get("date") or "?")[:10],
         }
+        trained = env.get("runs_trained_at")
+        if trained:  # a result compared at one commit from runs trained at others
+            row["runs trained at"] = ", ".join(trained)
         if row not in seen:
             seen.append(row)
     return pd.DataFrame(seen)

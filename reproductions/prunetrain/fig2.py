@@ -13,7 +13,7 @@ from typing import Any
 
 from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
-from reproductions.prunetrain import pair
+from reproductions.prunetrain import pair, ratio_label
 
 RATIOS = (0.1, 0.2, 0.25)
 
@@ -53,7 +53,7 @@ def rows(scale: str) -> list[Row]:
     for ratio in RATIOS:
         pt = pair(scale, model, "cifar10", ratio=ratio)[1]
         pt.paper = {"method": "one-time reconfiguration"} if ratio == 0.2 else {}
-        pt.group = {"ratio": ratio}
+        pt.group = {"ratio": ratio_label(scale, ratio)}
         out.append(pt)
     return out
 

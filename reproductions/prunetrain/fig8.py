@@ -21,7 +21,12 @@ from reproductions.common import (
     figure_rows,
     reproduce,
 )
-from reproductions.prunetrain import bn_cost_pct, pair, train_flops_by_authors_formula
+from reproductions.prunetrain import (
+    bn_cost_pct,
+    pair,
+    ratio_label,
+    train_flops_by_authors_formula,
+)
 
 RATIOS = (0.05, 0.1, 0.15, 0.2)
 
@@ -42,7 +47,7 @@ def rows(scale: str) -> list[Row]:
     for ratio in RATIOS:
         pt = pair(scale, model, "cifar10", ratio=ratio)[1]
         pt.paper = {}
-        pt.group = {"ratio": str(ratio)}
+        pt.group = {"ratio": ratio_label(scale, ratio)}
         out.append(pt)
     return out
 

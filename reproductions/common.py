@@ -791,8 +791,8 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
             values = row_metric(res, metric, base, target.metric_table) if res.ok else []
             if not values and not res.ok:
                 note = (note + "; " if note else "") + (res.error or "no result")
-            paper_note = str(matched["note"].iloc[0]).strip() if len(matched) == 1 else ""
-            if paper_value is not None and paper_note and paper_note != "nan":
+            paper_note = matched["note"].iloc[0].strip() if len(matched) == 1 else ""
+            if paper_value is not None and paper_note:
                 # what the paper_values file says of the number (a conflict in the paper, how
                 # it was read) stays beside it wherever it stands beside ours
                 note = (note + "; " if note else "") + f"paper's number: {paper_note}"

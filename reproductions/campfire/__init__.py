@@ -80,6 +80,14 @@ def campfire_row(
                                                                 "sparsity": sparsity})  # fmt: skip
 
 
+#: The note of the tables read from Table 2's runs at epochs 90 and 100 (Tables 3 and 8): one
+#: of those runs stands there without a paper number.
+NO_PAPER_COMBINED_START_20 = (
+    "Our combined start-20 row at 70% has no paper number: the paper's table has no such row "
+    "(its Table 2 has one, -2.02 at epoch 100)."
+)
+
+
 def dense_row(
     scale: str, *, batch: int | None = None, last_drop: int = 90, paper_model: str = "resnet50"
 ) -> Row:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.campfire import top1_at
+from reproductions.campfire import NO_PAPER_COMBINED_START_20, top1_at
 from reproductions.campfire.table2 import rows as table2_rows
 from reproductions.common import Row, RunRecord, Target, bar_vs_paper, described, reproduce
 
@@ -35,8 +35,7 @@ TARGET = Target(
     figures=bar_vs_paper("top1_gain_90_to_100", "Top-1 gained in the last 10%", "pp"),
     extra_metrics={"top1_gain_90_to_100": ("pp", gain)},
     notes=lambda scale: [
-        "Our combined start-20 row at 70% has no paper number: the paper's table has no such "
-        "row (its Table 2 has one, -2.02 at epoch 100).",
+        NO_PAPER_COMBINED_START_20,
     ],
 )
 

@@ -47,17 +47,23 @@ clean:
 ## events), and so are the tidy rows of bench.run: read those for the figures. (Without
 ## --quick asv samples each of the gpu grid's 335 time pairs for up to 20 s.)
 ## The iteration rows go where ClickTrain Fig. 11's gpu scale reads them (bench.sh's layout).
+## Every step runs even where one before it failed (a kernel's error row must not cost the
+## pytest and asv results); the target fails at the end if one did, and stops at once on a
+## signal (Ctrl-C: exit status 128 or more).
 ## Both GPU targets first check, on a machine with a GPU, that the hand-written kernels can
 ## run (CuPy: `EXTRAS=dev,cuda make setup`), rather than skip every kernel row.
 GPU_PREFLIGHT = $(PY) -m impl.cuda.preflight $@
 bench-gpu: $(STAMP)
 	@$(GPU_PREFLIGHT)
-	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune --suite pack
-	PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu/iteration --suite iteration
-	PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json
-	$(VENV)/bin/asv machine --yes
-	PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run -E existing:same --quick --set-commit-hash $$(git rev-parse HEAD)
-	$(VENV)/bin/asv publish
+	@rc=0; head=$$(git rev-parse HEAD); \
+	step() { echo "+ $$*"; "$$@" || { r=$$?; [ $$r -lt 128 ] || exit $$r; rc=1; }; }; \
+	step env PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu --suite calibration --suite csr --suite spmm --suite conv --suite nm_prune --suite pack; \
+	step env PDTBENCH_BENCH_SCALE=gpu $(PY) -m bench.run --scale gpu --out reports/bench/gpu/iteration --suite iteration; \
+	step env PDTBENCH_BENCH_SCALE=gpu $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-only -k "not iteration" --benchmark-json reports/bench/gpu/pytest-benchmark.json; \
+	step $(VENV)/bin/asv machine --yes; \
+	step env PDTBENCH_BENCH_SCALE=gpu $(VENV)/bin/asv run -E existing:same --quick --set-commit-hash $$head; \
+	step $(VENV)/bin/asv publish; \
+	echo "bench-gpu: every step ran (exit $$rc: 1 if one failed)"; exit $$rc
 
 ## GPU evidence of the CUDA kernels: compile report, GPU tests, racecheck and memcheck (each
 ## with the kernel families it launched), and a short benchmark of each kernel against its

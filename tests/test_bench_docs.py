@@ -24,7 +24,7 @@ def test_quick_start_gpu_pytest_line_is_the_makefiles():
     make = (ROOT / "Makefile").read_text()
     recipe = make.split("\nbench-gpu:", 1)[1].split("\n\n", 1)[0]
     ours = next(line for line in recipe.splitlines() if "-m pytest" in line and "bench" in line)
-    json_path = re.search(r"--benchmark-json (\S+)", ours).group(1)
+    json_path = re.search(r"--benchmark-json ([^\s;]+)", ours).group(1)
     select = re.search(r'-k "([^"]+)"', ours).group(1)
     doc = next(line for line in _quick_start() if "--benchmark-json" in line)
     assert f"--benchmark-json {json_path}" in doc and f'-k "{select}"' in doc

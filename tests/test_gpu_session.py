@@ -1196,3 +1196,50 @@ def test_a_later_call_on_the_same_machine_skips_the_environment_report(tmp_path)
     second = env_row("session-b")
     assert second["status"] == "skipped"
     assert second["note"].startswith("reported by an earlier call on this machine (session-a ")
+
+
+def _fake_venv(tmp_path: Path, first_status: int) -> tuple[Path, Path]:
+    """A VENV whose python and asv log each call to ``calls`` and succeed, but for the first
+    ``bench.run``, which exits ``first_status``; make's stamp newer than what it depends on."""
+    venv, log = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "asv"):
+        tool = venv / "bin" / name
+        tool.write_text(
+            "#!/bin/bash\n"
+            f'echo "{name} $*" >> {log}\n'
+            f'case "$*" in "-m bench.run "*) [ -e {log}.first ] || '
+            f"{{ touch {log}.first; exit {first_status}; }} ;; esac\n"
+            "exit 0\n"
+        )
+        tool.chmod(0o755)
+    (venv / ".pdtbench-installed").touch()
+    return venv, log
+
+
+@pytest.mark.parametrize(
+    ("first_status", "make_fails", "calls"), [(1, True, 7), (0, False, 7), (130, True, 2)]
+)
+def test_make_bench_gpu_runs_every_step_and_stops_only_on_a_signal(
+    tmp_path, first_status, make_fails, calls
+):
+    """``make bench-gpu``: a failed step (a kernel's error row: bench.run exits 1) does not
+    cost the steps after it, and fails the target at the end; a step stopped by Ctrl-C (its
+    status 128 or more) stops the target at once."""
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    venv, log = _fake_venv(tmp_path, first_status)
+    res = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "bench-gpu", f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+    )
+    lines = log.read_text().splitlines()
+    assert len(lines) == calls, lines
+    assert "impl.cuda.preflight bench-gpu" in lines[0]
+    if calls == 7:
+        assert [line.split()[0] for line in lines] == ["python"] * 4 + ["asv"] * 3
+        assert "--suite iteration" in lines[2] and "--benchmark-only" in lines[3]
+        assert lines[5].startswith("asv run -E existing:same --quick --set-commit-hash ")
+        assert "bench-gpu: every step ran" in res.stdout
+    assert (res.returncode != 0) == make_fails, res.stdout + res.stderr

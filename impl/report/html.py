@@ -266,6 +266,19 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["Row", *metrics])
 
 
+def glance_seeds(rows: Sequence[dict[str, Any]]) -> str:
+    """How many runs the means of :func:`glance_frame` average, for its caption: " over 5
+    seeds" where every row of ours has the same ``n`` (" (one seed each)" for 1), " (seeds
+    per row: see below)" where they differ, and nothing where no row says."""
+    counts = {r.get("n") for r in rows if r.get("ours") is not None}
+    if not counts or counts == {None}:
+        return ""
+    if len(counts) > 1:
+        return " (seeds per row: see below)"
+    (n,) = counts
+    return " (one seed each)" if int(n) == 1 else f" over {int(n)} seeds"
+
+
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Comparison rows as one line per metric (in words, with its unit:
     :func:`impl.report.labels.metric_label`) and one column per row label, each cell
@@ -367,9 +380,9 @@ def result_section(result: ResultSet) -> Section:
         glance = glance_frame(result.rows)
         if not glance.empty:
             section.tables.append(
-                Table(glance, f"At a glance: our means at scale {result.scale}, the paper's "
-                      "number in brackets (its own models and data: see the rows below, with "
-                      "spreads, sources and notes)")
+                Table(glance, f"At a glance: our means{glance_seeds(result.rows)} at scale "
+                      f"{result.scale}, the paper's number in brackets (its own models and "
+                      "data: see the rows below, with spreads, sources and notes)")
             )  # fmt: skip
         section.tables.append(
             Table(comparison_frame(result.rows), f"{result.target} at scale {result.scale}")

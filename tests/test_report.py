@@ -1010,6 +1010,9 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     )
     delta = frame.columns[3]
     assert frame.iloc[1][delta] == "-0.83 (paper -1.8)" and frame.iloc[0][delta] == "-"
+    tiny = glance_frame([{**r, "ours": -0.00403} if r["metric"] == "delta_top1" else r
+                         for r in rows])  # fmt: skip
+    assert tiny.iloc[1][delta] == "-0.00403 (paper -1.8)"  # not "-0.00": its sign and size kept
     result = ResultSet(target="prunetrain.table1", title="t", scale="cpu", rows=rows)
     tables = result_section(result).tables
     assert len(tables) == 2 and "At a glance" in tables[0].caption

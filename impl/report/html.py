@@ -252,7 +252,8 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         if r.get("ours") is None:
             continue
         ours = float(r["ours"])
-        small = abs(ours) < 10 and ours != int(ours)  # -0.8333 as the rows below: -0.83
+        # -0.8333 as the rows below: -0.83; under 0.01 as they do too (-0.00403, not -0.00)
+        small = 0.01 <= abs(ours) < 10 and ours != int(ours)
         text = f"{ours:.2f}" if small else format_number(ours)
         if r.get("paper") is not None:
             text += f" (paper {format_number(r.get('paper'))})"

@@ -253,7 +253,10 @@ def test_prunetrains_imagenet_dynamic_batch_rows_follow_the_papers_protocol():
     # Fig. 9 compares ImageNet's batch per GPU (the paper's axis), CIFAR-100's whole batch
     nine = {r.label: r for r in fig9.rows("paper")}
     assert nine["imagenet PruneTrain, dynamic mini-batch"].metrics == ("batch_size_per_gpu",)
-    assert nine["cifar100 PruneTrain, dynamic mini-batch"].metrics is None
+    assert nine["cifar100 PruneTrain, dynamic mini-batch"].metrics == ("batch_size",)
+    # at cpu scale too: our one-process run on digits has no "per GPU" batch of the paper's
+    cpu_nine = {r.label: r for r in fig9.rows("cpu")}
+    assert cpu_nine["PruneTrain, dynamic mini-batch"].metrics == ("batch_size",)
     run = SimpleNamespace(metrics=[{"batch_size": 384, "next_batch_size": 512}] * 2,
                           config={"batch_size": 256})  # fmt: skip
     assert fig9.final_batch_per_gpu(run) == 128.0

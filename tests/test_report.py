@@ -463,11 +463,16 @@ def test_mean_ci95_drops_nans_and_gives_the_t_interval():
      ((100_000.0, None, 1, False, "%"), "100,000 (n=1)"),
      ((99_999.0, None, 1, False, "%"), "99999.00 (n=1)"),
      # two seeds: t(0.975, 1) = 12.706205; half-width 12.706205 * 0.5 / sqrt(2) = 4.49
-     ((1.0, 0.5, 2, True), "1.00 ± 0.50 (n=2) [95% CI -3.5, 5.5]")],
+     ((1.0, 0.5, 2, True), "1.00 ± 0.50 (n=2) [95% CI -3.5, 5.5]"),
+     ((17_382_000.0, 964_322.0, 5), "17.38M ± 0.96M (n=5)"),  # the sd in the mean's multiple
+     ((1_029_000.0, 48_123.0, 5), "1.029M ± 0.048M (n=5)"),
+     ((61_410_000.0, 0.0, 5), "61.41M ± 0 (n=5)"),
+     ((2.5e9, 3.1e8, 3), "2.5G ± 0.31G (n=3)")],
     ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "single-seed",
          "single-seed-ratio", "paired",
          "paired-zero", "paired-no-spread", "sd-hundreds", "sd-tenth", "sd-thousand",
-         "grouped-mean", "single-pct-1e5", "single-pct-under-1e5", "paired-two-seeds"],
+         "grouped-mean", "single-pct-1e5", "single-pct-under-1e5", "paired-two-seeds",
+         "millions", "millions-small-sd", "millions-no-spread", "billions"],
 )  # fmt: skip
 def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
     assert format_mean_sd(*args) == text

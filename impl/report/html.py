@@ -80,6 +80,10 @@ class Section:
     scale: str = ""
 
 
+#: The multiples a table cell writes with a letter (:func:`format_number`), largest first.
+SUFFIXES: tuple[tuple[float, str], ...] = ((1e12, "T"), (1e9, "G"), (1e6, "M"))
+
+
 def format_number(value: Any, digits: int = 4) -> str:
     """A number for a table cell: ``-`` for missing/NaN, thousands as k/M/G/T with
     ``digits`` significant digits, small numbers with up to ``digits`` significant digits."""
@@ -91,7 +95,7 @@ def format_number(value: Any, digits: int = 4) -> str:
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     a = abs(v)
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+    for factor, suffix in SUFFIXES:
         if a >= factor:
             return f"{v / factor:.{digits}g}{suffix}"
     if a >= 1e5 or a >= 10**digits:
@@ -119,7 +123,8 @@ def format_mean_sd(
     seeds: Sequence[int] | None = None,
 ) -> str:
     """``mean ± sd (n=...)`` for a table cell, the mean rounded to the place of the sd's second
-    significant digit (at most 4 significant digits, as :func:`format_number`); without an sd,
+    significant digit (at most 4 significant digits, as :func:`format_number`; a mean of a
+    million or more as "17.38M", its sd in the same multiple: "± 0.96M"); without an sd,
     a value in a unit of :data:`POINT_UNITS` (an accuracy or a change of one) to two decimals.
     Every number says how many seeds (or measurements) it stands for
     (:func:`impl.report.labels.n_label`): "(n=5)", and a single one "(n=1, seed 0)" (its seed
@@ -136,6 +141,10 @@ def format_mean_sd(
         text = f"{mean:,.{places}f}"
     if has_sd:
         sd_text = f"{sd:.{_places(sd, 2)}f}" if 0 < sd < 1000 else format_number(sd, 2)
+        suffix = next(((f, x) for f, x in SUFFIXES if abs(mean) >= f), None)
+        if suffix and sd > 0:  # in the mean's unit: "17.38M ± 0.96M", not "17.38M ± 964,322"
+            scaled = sd / suffix[0]
+            sd_text = f"{scaled:.{_places(scaled, 2)}f}{suffix[1]}"
         text = f"{text} ± {sd_text}"
     label = n_label(n, seeds)
     if label:

@@ -1976,3 +1976,22 @@ def test_sdgp_fig8_and_prunetrain_fig8_metrics():
     wide, ref = _curve([97.0, 98.6], method="sdgp"), _curve([97.0, 99.0], method="sdgp")
     assert top1_change(wide, ref) == pytest.approx(-0.4)  # 4:32 against 2:4, as Sec. V reads
     assert inference_mflops(_curve([90.0], inference_flops=2.5e6), None) == 2.5
+
+
+def test_sdgp_fig10_says_its_speedup_moves_in_whole_epochs_as_computed():
+    """The note's example is what :func:`relative_speedup` gives: 5 epochs to the target
+    against 6, no saving, reads +20%; the one-seed warning only where a scale runs one seed."""
+    from reproductions.common import SCALE_SEEDS
+    from reproductions.sdgp import fig10
+
+    def run(epochs_to_target: int) -> RunRecord:
+        top1 = [50.0] * (epochs_to_target - 1) + [95.0, 96.0]
+        metrics = [{"test_top1": t, "train_seconds": 1.0} for t in top1]
+        return RunRecord(path="p", seed=0, summary={"scale": "cpu", "method": "sdgp",
+                         "sdgp_time": {}}, metrics=metrics, reused=True)  # fmt: skip
+
+    assert fig10.relative_speedup(run(5), run(6)) == pytest.approx(20.0)
+    for scale in ("cpu", "gpu"):
+        (note,) = [n for n in fig10.TARGET.notes(scale) if "whole epochs" in n]
+        assert "5 epochs against 6, already reads +20%" in note
+        assert ("one seed per setting" in note) == (len(SCALE_SEEDS[scale]) == 1)

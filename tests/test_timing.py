@@ -61,3 +61,51 @@ def test_cuda_phases_are_timed_by_events():
     times = timer.times("mm")  # one synchronisation, then the events are read
     assert len(times) == 2 and all(t > 0 for t in times)
     assert timer.times("mm") == times  # read once, kept
+
+
+def test_cpu_durations_are_the_clocks_seconds_times_1000(monkeypatch):
+    """A phase's duration is exactly the clock's difference in ms (a fake clock, so that no
+    load can blur a wrong factor); a phase stopped twice raises; the list handed out is a copy."""
+    ticks = iter([10.0, 10.25, 20.0, 20.5])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    timer = PhaseTimer("cpu")
+    timer.start("fwd")
+    timer.stop("fwd")
+    with pytest.raises(ValueError, match="'fwd' was not started"):
+        timer.stop("fwd")  # one start, one duration
+    timer.start("fwd")
+    timer.stop("fwd")
+    assert timer.times("fwd") == [250.0, 500.0]
+    timer.times("fwd").append(1e9)  # a caller's change to the copy
+    assert timer.times("fwd") == [250.0, 500.0] and timer.median("fwd") == 375.0
+
+
+def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
+    """On CUDA each phase's pair of events is read at the first ``times`` and kept: a second
+    call returns the same durations, not them counted again (fake events on any machine)."""
+
+    class FakeEvent:
+        made = 0
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            FakeEvent.made += 1
+            self.at = float(FakeEvent.made)
+
+        def record(self) -> None:
+            pass
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return 10.0 * (end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    timer = PhaseTimer("cuda")
+    assert timer.cuda
+    for _ in range(2):
+        timer.start("mm")
+        timer.stop("mm")
+    assert timer.times("mm") == [10.0, 10.0]
+    assert timer.times("mm") == [10.0, 10.0] and timer.median("mm") == 10.0
+    timer.start("mm")
+    timer.stop("mm")
+    assert timer.times("mm") == [10.0, 10.0, 10.0]  # a later event added once

@@ -63,6 +63,10 @@ def test_hand_count_conv_and_linear() -> None:
     # Dense weights (no zero) and dense kernels: the three counts agree.
     assert report.nominal == report.executed == report.dense
     assert report.forward == report.inference_flops == 4_400 + 400 + 1_771
+    # the totals by pass, each the sum of that pass over the layers
+    assert report.data_grad == report.dense.data_grad == 0 + 80 * 6 + 1_760
+    assert report.weight_grad == report.dense.weight_grad == 4_400 + 80 * 3 + 1_771
+    assert FlopCounts(1, 2, 3) + FlopCounts(10, 20, 30) == FlopCounts(11, 22, 33)
 
 
 def test_hand_count_grouped_dilated_conv() -> None:
@@ -380,3 +384,30 @@ def test_a_sparse_module_with_a_matrix_weight_is_counted_as_linear() -> None:
     (layer,) = report.layers
     assert (layer.kind, layer.macs) == ("linear", 20)
     assert layer.executed.forward == 0.5 * 2 * 20
+
+
+def test_paper_cost_data_gradient_extent_of_a_non_square_conv() -> None:
+    # padding (1, 2) on a 5 x 7 input: the data gradient runs over (5+2) x (7+4) positions
+    conv = nn.Conv2d(2, 3, 3, padding=(1, 2), bias=False)
+    (row,) = paper_training_cost(nn.Sequential(conv), (2, 5, 7), batch=1).layers
+    assert (row["H"], row["W"], row["pad_h"], row["pad_w"]) == (5, 7, 2, 4)
+    forward = 2 * 9 * 3 * row["P"] * row["Q"]
+    assert (row["P"], row["Q"]) == (5, 9)
+    assert row["train_macs"] == 2 * forward + (5 + 2) * (7 + 4) * 3 * 9 * 2
+
+
+def test_a_model_on_the_meta_device_counts_as_dense() -> None:
+    # no values to count zeros in: its nominal FLOPs are its dense ones
+    with torch.device("meta"):
+        model = tiny_model()
+    report = training_flops(model, (3, 7, 7))
+    assert report.nominal == report.dense == training_flops(tiny_model(), (3, 7, 7)).dense
+
+
+def test_an_executed_density_that_is_not_a_layer_density_is_refused() -> None:
+    class Liar(nn.Conv2d):
+        def executed_density(self):
+            return 0.5
+
+    with pytest.raises(TypeError, match=r"1\.executed_density\(\) must return a LayerDensity"):
+        training_flops(nn.Sequential(nn.Conv2d(2, 2, 1), Liar(2, 2, 1)), (2, 4, 4))

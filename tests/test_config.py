@@ -187,6 +187,21 @@ def test_step_and_cosine_schedules():
     assert lr_multiplier("constant", 3, 10) == 1.0
 
 
+def test_schedule_clamps_progress_refuses_an_unknown_name_and_keeps_the_configs_default():
+    from impl.config import TrainConfig
+
+    # before the start reads as the start (a schedule never goes under its first value)
+    assert lr_multiplier("onecycle", -1.0, 10) == lr_multiplier("onecycle", 0.0, 10) == 0.04
+    assert lr_multiplier("cosine", -3.0, 10) == 1.0
+    with pytest.raises(ValueError, match="unknown schedule 'linear'"):
+        lr_multiplier("linear", 1.0, 10)
+    # the function's default warm-up is the config's (a caller of either gets one schedule)
+    assert lr_multiplier("onecycle", 1.0, 10) == lr_multiplier(
+        "onecycle", 1.0, 10, warmup_fraction=TrainConfig().warmup_fraction
+    )
+    assert lr_multiplier("onecycle", 2.0, 10) == pytest.approx(1.0)  # the peak at 20%
+
+
 def test_digest_ignores_fields_at_their_default():
     # A config saved before a field existed reads back with that field's default: same run.
     cfg = resolve("cpu", method="sdgp")

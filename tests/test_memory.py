@@ -78,6 +78,20 @@ def test_closing_a_window_never_opened_is_an_error():
     peak, _ = _tracked()
     with pytest.raises(RuntimeError, match="without a matching open"):
         peak.close()
+    peak.open()
+    peak.close()
+    with pytest.raises(RuntimeError, match="without a matching open"):
+        peak.close()  # one open, one close
+
+
+@pytest.mark.parametrize("device", ["meta", "mps"])
+def test_only_a_cuda_device_has_a_peak_to_read(device):
+    def fail(device):
+        raise AssertionError("the CUDA counter must not be touched off CUDA")
+
+    peak = TrainingPeak(torch.device(device), reset=fail, read=fail)
+    peak.open()
+    assert not peak.active and peak.close() is None and peak.mib is None
 
 
 def test_off_cuda_nothing_is_read_and_the_peak_is_none():

@@ -186,6 +186,36 @@ def test_the_smallest_valid_inputs_are_accepted():
 def test_project_run_rejects_rows_without_payload():
     with pytest.raises(ValueError, match="lacks"):
         cm.project_run([{"epoch": 0, "batch_size": 8}], train_size=100)
+    rows = [{"epoch": 0, "batch_size": 8, "comm_bytes_per_iter": 1000}]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="batch_scale must be > 0"):
+            cm.project_run(rows, (8,), train_size=100, batch_scale=bad)
+
+
+def test_normalize_divides_by_the_first_epoch_whatever_the_rows_order():
+    """The reference of each GPU count is its earliest epoch, even where the rows come in
+    another order; a zero reference gives NaN, not a ratio of 0."""
+    rows = [
+        {"epoch": 2, "gpus": 8, "bytes_per_iter": 50.0},
+        {"epoch": 0, "gpus": 8, "bytes_per_iter": 100.0},
+        {"epoch": 1, "gpus": 8, "bytes_per_iter": 80.0},
+        {"epoch": 0, "gpus": 16, "bytes_per_iter": 0.0},
+        {"epoch": 1, "gpus": 16, "bytes_per_iter": 10.0},
+    ]
+    norm = cm.normalize(rows, keys=("bytes_per_iter",))
+    assert [r["bytes_per_iter_norm"] for r in norm[:3]] == [0.5, 1.0, 0.8]
+    assert all(math.isnan(r["bytes_per_iter_norm"]) for r in norm[3:])
+
+
+def test_the_default_cost_model_is_the_hierarchical_ring():
+    """The default of :func:`allreduce_cost` and of :func:`project_run`."""
+    flat = cm.allreduce_cost(10**8, 64, "ring")
+    hier = cm.allreduce_cost(10**8, 64, "hierarchical")
+    assert flat.bytes_inter != hier.bytes_inter  # the two differ on several nodes
+    assert cm.allreduce_cost(10**8, 64) == hier
+    rows = [{"epoch": 0, "batch_size": 8, "comm_bytes_per_iter": 10**8}]
+    (row,) = cm.project_run(rows, (64,), train_size=100)
+    assert row["algorithm"] == "hierarchical" and row["bytes_inter_per_iter"] == hier.bytes_inter
 
 
 def fake_run(tmp_path, train_size=1437):

@@ -75,6 +75,11 @@ def test_fgsm_leaves_model_mode_and_parameter_grads_alone() -> None:
     assert model.training and model[1].training
     assert torch.equal(model[1].running_mean, running)  # attacked in eval mode
     assert all(p.grad is None for p in model.parameters())
+    # so does the accuracy over a loader, each module's own flag restored (one left in eval)
+    model[3].eval()
+    fgsm_accuracy(model, [(x, torch.tensor([0, 1, 0, 1]))], 0.1, mean=MEAN, std=STD)
+    assert [m.training for m in model] == [True, True, True, False]
+    assert torch.equal(model[1].running_mean, running)
 
 
 def _separable(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,8 +111,9 @@ def test_fgsm_accuracy_does_not_increase_with_eps_on_a_trained_model() -> None:
 def test_fgsm_rejects_bad_input() -> None:
     model = _linear()
     x, y = torch.randn(2, 2, 5, 3), torch.tensor([0, 1])
-    with pytest.raises(ValueError, match="eps"):
-        fgsm_attack(model, x, y, -0.1)
+    for bad in (-0.1, float("nan")):  # a NaN budget would turn every image into NaNs
+        with pytest.raises(ValueError, match="eps must be >= 0"):
+            fgsm_attack(model, x, y, bad)
     with pytest.raises(ValueError, match="mean/std"):
         fgsm_attack(model, x, y, 0.1, mean=(0.5,), std=(0.2,))
     with pytest.raises(ValueError, match="std"):

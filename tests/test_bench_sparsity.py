@@ -108,3 +108,16 @@ def test_row_uniform_mask_achieves_the_nearest_sparsity(cols, requested):
     mask = sparsity.row_uniform_mask(4, cols, requested)
     achieved = 1 - mask.float().mean().item()
     assert abs(achieved - requested) <= 0.5 / cols + 1e-9
+
+
+def test_masks_draw_their_positions_per_row_not_one_layout_for_all():
+    """The rows of a row-uniform mask keep different columns, and the filters of a pattern
+    mask different kernels: a random unstructured layout, as a pruned layer's, not a column
+    (channel) pruning that would give SpMM a structured access pattern."""
+    rows = sparsity.row_uniform_mask(64, 128, 0.9, seed=0)
+    assert len({tuple(r.nonzero().flatten().tolist()) for r in rows}) == 64
+    covered = rows.any(dim=0).float().mean().item()
+    assert covered > 0.9  # 64 rows of 13 random columns cover nearly all 128 (one layout: 10%)
+    kept = sparsity.pattern_mask((64, 32, 3, 3), 0.9, seed=0).flatten(2).any(dim=2)  # [F, C]
+    assert len({tuple(k.nonzero().flatten().tolist()) for k in kept}) == 64
+    assert kept.any(dim=0).all()  # every input channel kept by some filter

@@ -132,10 +132,11 @@ def test_rotation_sets(nbytes, device, expected):
         (torch.cuda.OutOfMemoryError("CUDA out of memory"), True),
         (MemoryError(), True),
         (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA_ERROR_OUT_OF_MEMORY: cuMemAlloc failed"), True),  # CuPy, driver
         (RuntimeError("shape mismatch"), False),
         (ValueError("out of memory"), False),
     ],
-    ids=["torch-oom", "memoryerror", "runtime-oom", "runtime-other", "valueerror"],
+    ids=["torch-oom", "memoryerror", "runtime-oom", "driver-oom", "runtime-other", "valueerror"],
 )
 def test_is_out_of_memory(exc, expected):
     assert measure.is_out_of_memory(exc) is expected
@@ -440,3 +441,40 @@ def test_summarize_takes_the_median_of_skewed_times():
 def test_cpu_rounds_reach_the_minimum_time():
     # 0.25 s at 30 ms a call needs 9 calls (8.33 rounded up), not 8
     assert measure.cpu_rounds(0.03, 5, 0.25, 50) * 0.03 >= 0.25
+
+
+def test_cuda_timing_counts_one_warm_up_call_at_least_and_no_batch_over_the_timed_calls(
+    host_clock_cuda, monkeypatch
+):
+    """1 untimed call, 3 for the estimate, at least 1 warm-up even at warmup_ms=0, the timed
+    calls, and a back-to-back batch of min(amortize, timed calls): 1 + 3 + 1 + 2 + 2."""
+    monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 1e9)  # every call counts as short
+    calls = []
+    t = measure.cuda_timing(calls.append, warmup_ms=0.0, rep_ms=0.0, min_reps=2, max_reps=2,
+                            amortize=20)  # fmt: skip
+    assert t.n == 2 and t.amortized_ms is not None
+    assert len(calls) == 1 + 3 + 1 + 2 + 2
+
+
+def test_rotated_is_capped_by_count_and_its_span_is_in_mib():
+    made = []
+
+    def make(j):
+        made.append(j)
+        return torch.zeros(4)  # 16 bytes: the rotation wants many sets of it
+
+    assert measure.rotation_sets(16, "cpu") > 3
+    assert len(measure.rotated(make, count=3)) == 3 and made == [0, 1, 2]
+    assert len(measure.rotated(make)) == measure.rotation_sets(16, "cpu")
+    # a cap, not a count: never more sets than the rotation needs
+    big = measure.rotation_sets(4 * 2**22, "cpu")
+    assert len(measure.rotated(lambda j: torch.zeros(2**22), count=big + 5)) == big
+    assert measure.rotated_mib(2**20, 3) == 3.0  # MiB, not MB (3 * 1.048576)
+    assert measure.rotated_mib(1_000_000, 1) == 0.95
+
+
+def test_cpu_rounds_of_an_unknown_call_time():
+    """A call time of 0 (unmeasurable): as many rounds as allowed where a minimum time is
+    asked (nothing says the minimum is reached sooner), else the plain repeats."""
+    assert measure.cpu_rounds(0.0, 5, 0.25, 50) == 50
+    assert measure.cpu_rounds(0.0, 5, 0.0, 50) == 5

@@ -304,6 +304,38 @@ def test_layer_finalizer_counts_only_counted_batches():
     assert torch.equal(removed, expected)
 
 
+def test_layer_finalizer_sums_every_batch_and_breaks_a_vote_tie_by_the_lower_score():
+    """Eq. (2) scores are summed over every batch, counted or not (the tie-break), and among
+    kernels with equal removal votes the one of the lower summed score goes (Sec. 4.3)."""
+    pool = all_patterns()[:5]
+    fin = LayerFinalizer((3, 4), 5, 0.5, balanced=True)
+    w, g = _pair((3, 4), seed=2)
+    fin.update(w, g, pool, count=False)  # skipped by the loss margin: no vote, still summed
+    assert fin.counted == 0 and int(fin.kernel_votes.sum()) == 0
+    assert torch.allclose(fin.kernel_score_sum, kernel_scores(w, g).double())
+    # every kernel tied at 0 votes: the summed score decides, lowest first
+    assert torch.equal(
+        fin.removed_kernels(), rank_for_removal(kernel_scores(w, g), None, 0.5, True)
+    )
+    tie = LayerFinalizer((1, 4), 5, 0.5, balanced=True)
+    tie.kernel_votes[0] = torch.tensor([3, 3, 3, 1])  # three kernels tied for the two places
+    tie.kernel_score_sum[0] = torch.tensor([5.0, 1.0, 2.0, 0.0])
+    assert tie.removed_kernels().tolist() == [[False, True, True, False]]
+
+
+def test_a_layer_wide_finalizer_votes_layer_wide():
+    """``balanced=False`` (the authors' ``kernel_ranking="layer"``) ranks each batch's kernels
+    over the whole layer: one filter may lose all its kernels, another none."""
+    pool = all_patterns()[:5]
+    w = torch.ones(2, 4, 3, 3)
+    w[0] *= 0.01  # filter 0's kernels are all less important than filter 1's
+    g = torch.ones(2, 4, 3, 3)
+    fin = LayerFinalizer((2, 4), 5, 0.5, balanced=False)
+    fin.update(w, g, pool, count=True)
+    assert fin.kernel_votes.tolist() == [[1, 1, 1, 1], [0, 0, 0, 0]]
+    assert fin.removed_kernels().tolist() == [[True] * 4, [False] * 4]
+
+
 def test_final_kernels_are_all_zero_or_exactly_one_pool_pattern():
     pool = all_patterns()[[3, 40, 77, 101]]
     chosen = torch.randint(0, 4, (6, 5))

@@ -491,3 +491,16 @@ def test_validate_accepts_cuda_pattern_convs_where_the_kernels_load(monkeypatch)
     ClickTrain(ClickTrainConfig(sparse_impl="cuda")).validate(
         TrainConfig(model="resnet20", epochs=30, device="cuda")
     )
+
+
+def test_config_defaults_are_the_papers_hyper_parameters():
+    """The paper's ClickTrain hyper-parameters (Sec. 4.2-4.3, 5.2): loss margin
+    delta 0.0018, penalty 2.5e-4, stage-1 threshold 0.27 on the loss derivative, 12 candidate
+    patterns, a pattern-sparse conv above 65% zeros; balanced kernel ranking and early
+    regularization on."""
+    from impl.methods.clicktrain import ClickTrainConfig
+
+    c = ClickTrainConfig()
+    assert (c.loss_margin, c.penalty, c.loss_derivative_threshold) == (0.0018, 2.5e-4, 0.27)
+    assert (c.pool_size, c.sparse_threshold) == (12, 0.65)
+    assert c.kernel_ranking == "balanced" and c.early_regularization is True

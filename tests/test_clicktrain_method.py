@@ -295,6 +295,41 @@ def test_loss_margin_skips_batches_where_loss_rose():
         method.after_backward(ctx)
     fin = method.finalizers["block_a"]
     assert (fin.batches, fin.counted) == (4, 3)
+    # the margin compares consecutive batches across an epoch's boundary too (Sec. 4.3)
+    method.on_epoch_start(ctx)
+    out = model(x)
+    method.loss(ctx, torch.tensor(2.0), out, y)  # rose from the last epoch's 1.5: skipped
+    model.zero_grad()
+    F.cross_entropy(out, y).backward()
+    method.after_backward(ctx)
+    assert (fin.batches, fin.counted) == (5, 3)
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early", "no-early"])
+def test_early_regularization_is_the_pool_stages_penalty_and_can_be_turned_off(early):
+    """Sec. 4.2's early regularization: during the pool stage the loss adds the modified group
+    lasso of the positions no candidate pattern keeps; ``early_regularization=False`` trains
+    that stage on the cross-entropy alone."""
+    torch.manual_seed(0)
+    method = ClickTrain(ClickTrainConfig(**FAST, penalty=0.01, early_regularization=early))
+    ctx = _context(TinyNet(), 5)
+    method.setup(ctx)
+    ctx.optimizer = _optimizer(ctx.model)
+    _run_epochs(method, ctx, range(1), _data())  # the dense stage
+    method.on_epoch_start(ctx)
+    x, y = _data(1)[0]
+    out = ctx.model(x)
+    ce = F.cross_entropy(out, y)
+    method.loss(ctx, ce, out, y)
+    ce.backward()
+    method.after_backward(ctx)  # the pool stage's first batch: candidates known from here
+    assert method.stage == "pool" and method.reachable
+    ce = F.cross_entropy(ctx.model(x), y)
+    total = method.loss(ctx, ce, None, y)
+    if early:
+        assert float(total.detach()) > float(ce.detach())
+    else:
+        assert total is ce
 
 
 @pytest.mark.parametrize("stop", [2, 4], ids=["in_finalize", "after_hard_prune"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from impl.methods.campfire import (
     resolve_era,
     sparsity_at,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- schedule ----------------------------------------------------------------------------------
@@ -356,6 +359,36 @@ def test_a_conv_layer_gets_the_configured_mask_type(mask, cap) -> None:
         assert all(not torch.equal(got, m) for k, m in by_type.items() if k != mask)
     else:
         assert int((got.flatten(2) != 0).sum(-1).max()) <= (9 if mask == "ck" else cap)
+
+
+@pytest.mark.parametrize(
+    ("mask", "scope", "expected"),
+    [("ck", "input_channel", "input_channel"), ("ck", "layer", "layer"),
+     ("combined", "layer", "layer"), ("window", "layer", "layer")],
+)  # fmt: skip
+def test_a_pointwise_conv_is_ck_pruned_in_the_ck_masks_scope(mask, scope, expected) -> None:
+    """A 1x1 conv is CK-pruned with single-weight kernels: per input channel where the ck mask
+    ranks so (Algorithm 1's loops), layer-wide otherwise (a window has nothing to keep)."""
+    from impl.methods.campfire_masks import ck_mask
+
+    torch.manual_seed(0)
+    model = Tiny()
+    method = Campfire(CampfireConfig(mask=mask, ck_scope=scope))
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=9), "cpu"))
+    point = next(x for x in method.layers if x.kind == "pointwise")
+    w = model.get_parameter(point.param).detach()
+    got = method.layer_mask(model, point, 0.5)
+    assert torch.equal(got, ck_mask(w, 0.5, scope=expected))
+    other = "layer" if expected == "input_channel" else "input_channel"
+    assert not torch.equal(got, ck_mask(w, 0.5, scope=other))  # the two scopes differ here
+
+
+def test_fc_block_fraction_default_is_the_documented_half() -> None:
+    """The paper leaves the split between block and fine FC pruning open (Sec. 2.1.2); ours
+    is half and half (docs/methods.md), 2 x 2 blocks."""
+    c = CampfireConfig()
+    assert (c.fc_block, c.fc_block_fraction) == (2, 0.5)
+    assert "`fc_block_fraction` (0.5)" in (ROOT / "docs" / "methods.md").read_text()
 
 
 def test_one_step_epochs_advance_the_schedule_a_whole_epoch_per_step() -> None:

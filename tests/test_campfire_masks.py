@@ -344,6 +344,14 @@ def test_dead_inputs_need_zero_filter_and_nonpositive_constant() -> None:
     assert bool(dead_inputs(net, feed)[0])
     net.bn.running_var[0] = 1.0  # 1 / sqrt(1) - 0.2 > 0
     assert not bool(dead_inputs(net, feed)[0])
+    # training mode passes beta itself (a constant has no batch variance): beta > 0 keeps a
+    # channel alive though its eval-mode constant is <= 0: (0 - 10) / 1 + 0.3 < 0
+    net.conv.bias[0] = 0.0
+    net.bn.bias[0] = 0.3
+    net.bn.running_mean[0] = 10.0
+    assert not bool(dead_inputs(net, feed)[0])
+    net.bn.bias[0] = 0.0  # both constants <= 0: dead
+    assert bool(dead_inputs(net, feed)[0])
     # the same in the real model that has such a classifier
     out = net(torch.randn(2, 2, 6, 6))
     assert out.shape == (2, 3)

@@ -400,6 +400,28 @@ def test_layer_removal(name: str, kind: str) -> None:
     assert not any(k.startswith(f"{path.block}.conv") for k in model.state_dict())
 
 
+@pytest.mark.parametrize("name", ["resnet20", "resnet50"])
+def test_a_removed_path_keeps_its_projection_shortcut_training(name: str) -> None:
+    """Removing a residual path whose block has a projection shortcut (Sec. 4.1): the
+    shortcut's parameters stay in the optimizer, momentum included, and keep training."""
+    model = M.create(name)
+    graph = build_graph(model)
+    path = next(p for p in graph.paths if getattr(model.get_submodule(p.block), "downsample", None))
+    zero_channels(model, graph, path.internal[0], torch.arange(graph.spaces[path.internal[0]].size))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    opt.step()  # momentum buffers exist
+    short = list(model.get_submodule(path.block).downsample.parameters())
+    rep = reconfigure(model, opt)
+    assert path.block in rep.removed_paths
+    block = model.get_submodule(path.block)
+    assert isinstance(block, ShortcutOnly)
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert {id(p) for p in block.parameters()} == {id(p) for p in short}
+    assert all(id(p) in in_opt and "momentum_buffer" in opt.state[p] for p in short)
+    assert in_opt == {id(p) for p in model.parameters()}
+
+
 def test_path_with_all_zero_last_conv_is_removed() -> None:
     model = M.create("resnet20")
     with torch.no_grad():

@@ -164,3 +164,15 @@ def test_gating_keeps_a_channel_at_the_threshold_as_the_reconfiguration_does():
     w[2, 2] = 0.99e-4  # below it
     idx_out, idx_in = dense_channels(w, 1e-4)
     assert idx_out.tolist() == [0, 1] and idx_in.tolist() == [0, 1]
+
+
+def test_a_grouped_conv_counts_the_same_under_both():
+    """Gating skips a (filter, input channel) pair of a dense conv; a grouped or depthwise
+    conv has no such pairs to skip (each filter reads its own group): it counts whole, even
+    with a zero filter."""
+    net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False))
+    with torch.no_grad():
+        net[0].weight[1].zero_()
+    (layer,) = conv_flops_union_vs_gating(net, (4, 5, 5))["layers"]
+    assert layer["gating_channels"] == layer["union_channels"] == (1, 4)
+    assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * 4 * 1

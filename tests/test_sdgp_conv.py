@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -472,6 +473,16 @@ def test_method_registry_setup_train_and_summary():
         _step(model, opt, i)
     metrics = method.epoch_metrics(ctx)
     assert 0.0 < metrics["sdgp_l1_ratio_mean"] < 1.0
+    ratios = [m.l1_ratio() for m in sdgp_modules(model).values()]
+    assert metrics["sdgp_l1_ratio_min"] == min(ratios) < max(ratios)  # the worst layer's
+    assert metrics["sdgp_l1_ratio_mean"] == pytest.approx(sum(ratios) / len(ratios))
+    # each epoch's own: a new epoch starts from nothing
+    method.on_epoch_start(ctx)
+    assert all(math.isnan(m.l1_ratio()) for m in sdgp_modules(model).values())  # no call yet
+    assert method.epoch_metrics(ctx) == {}
+    _step(model, opt, 7)
+    fresh = [m.l1_ratio() for m in sdgp_modules(model).values()]
+    assert fresh != ratios and method.epoch_metrics(ctx)["sdgp_l1_ratio_min"] == min(fresh)
     summary = method.summary(ctx)
     assert summary["sdgp_prune_method"] == "random" and summary["sdgp_rescale"] is None
     assert summary["sdgp_sparse_layers"] == ["3", "6"]

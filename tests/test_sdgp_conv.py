@@ -460,6 +460,38 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
     opt.step()
 
 
+def test_l1_metrics_sum_every_ranks_share_before_the_ratio(monkeypatch):
+    """Under data parallelism each rank prunes its share of the batch: the epoch's L1 ratio
+    is of the sums over the ranks, computed alike on every rank (another rank simulated by
+    the all-reduce adding its sums), not rank 0's share alone."""
+    import torch.distributed as dist
+
+    import impl.distributed as D
+
+    method = create_method("sdgp", {"n": 2, "m": 4, "prune_method": "random"})
+    model = _tiny(cout=12)
+    ctx = _ctx(model)
+    method.setup(ctx)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    method.on_epoch_start(ctx)
+    _step(model, opt, 0)
+    ours = [m.l1_sums() for m in sdgp_modules(model).values()]
+    assert all(c == 1 for _, _, c in ours)
+    other = [(1.0, 4.0, 1), (3.0, 3.0, 1)]  # the other rank: ratios 0.25 and 1.0
+
+    def add_other_rank(t):
+        t += torch.tensor(other, dtype=t.dtype)
+
+    monkeypatch.setattr(D, "current", lambda: D.DistInfo(0, 2, 0, "gloo", 60.0))
+    monkeypatch.setattr(dist, "all_reduce", add_other_rank)
+    metrics = method.epoch_metrics(ctx)
+    expected = [(p + q) / (d + e) for (p, d, _), (q, e, _) in zip(ours, other, strict=True)]
+    assert metrics["sdgp_l1_ratio_min"] == pytest.approx(min(expected))
+    assert metrics["sdgp_l1_ratio_mean"] == pytest.approx(sum(expected) / 2)
+    alone = [p / d for p, d, _ in ours]
+    assert metrics["sdgp_l1_ratio_mean"] != pytest.approx(sum(alone) / 2)
+
+
 def test_method_registry_setup_train_and_summary():
     method = create_method("sdgp", {"n": 2, "m": 4, "prune_method": "random", "profile_repeats": 1})
     assert isinstance(method, SDGP) and method.name == "sdgp"

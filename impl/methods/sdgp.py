@@ -317,9 +317,14 @@ class SDGPConv2d(nn.Conv2d):
         """sum|pruned dL/dO| / sum|dense dL/dO| since the last reset, over the calls whose
         gradients were finite (an fp16 step that overflowed, and is skipped, is left out);
         NaN before any such call."""
-        if self.prune_calls == 0 or int(self._l1_counted) == 0:
-            return float("nan")
-        return float(self._l1_pruned) / max(float(self._l1_dense), 1e-30)
+        return l1_ratio_of(*self.l1_sums())
+
+    def l1_sums(self) -> tuple[float, float, int]:
+        """``(sum|pruned dL/dO|, sum|dense dL/dO|, calls counted)`` since the last reset, the
+        parts of :meth:`l1_ratio` (summed over data-parallel ranks by the method's metrics)."""
+        if self.prune_calls == 0:
+            return 0.0, 0.0, 0
+        return float(self._l1_pruned), float(self._l1_dense), int(self._l1_counted)
 
     def prune_grad(self, grad_out: torch.Tensor) -> torch.Tensor:
         """The pruned output gradient used for dL/dD (channels = dim 1)."""
@@ -583,6 +588,31 @@ def prune_path_counts(model: nn.Module) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
+def l1_ratio_of(pruned: float, dense: float, counted: int) -> float:
+    """sum|pruned| / sum|dense| of dL/dO from :meth:`SDGPConv2d.l1_sums`; NaN where no call
+    was counted."""
+    if counted == 0:
+        return float("nan")
+    return pruned / max(dense, 1e-30)
+
+
+def _summed_over_ranks(rows: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """Each layer's L1 sums added over the data-parallel ranks (every rank calls this, as it
+    calls ``epoch_metrics``); unchanged in one process."""
+    from impl.distributed import current
+
+    info = current()
+    if not info.active or not rows:
+        return rows
+    import torch.distributed as dist
+
+    t = torch.tensor(rows, dtype=torch.float64)
+    if info.backend == "nccl":
+        t = t.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(t)
+    return [(float(a), float(b), int(round(float(c)))) for a, b, c in t.cpu().tolist()]
+
+
 def sdgp_modules(model: nn.Module) -> dict[str, SDGPConv2d]:
     """The converted convs of ``model`` by qualified name."""
     return {k: v for k, v in model.named_modules() if isinstance(v, SDGPConv2d)}
@@ -703,7 +733,8 @@ class SDGP(Method):
             self.generator.manual_seed(rank_prune_seed(self._seed(ctx), ctx.epoch, info.rank))
 
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
-        """Mean over layers of sum|pruned dL/dO| / sum|dense dL/dO| this epoch."""
+        """Mean and min over layers of sum|pruned dL/dO| / sum|dense dL/dO| this epoch (with
+        several processes, of the sums over every rank's share of the batch)."""
         # what the epoch's checkpoint keeps of the layers' pruning-path counts (a resumed run
         # then reports the whole run's calls, not those since the resume)
         modules = sdgp_modules(ctx.model)
@@ -714,7 +745,8 @@ class SDGP(Method):
             for name, mod in modules.items()
             if callable(getattr(mod, "semi_state", None))
         }
-        ratios = [r for r in (v.l1_ratio() for v in modules.values()) if not math.isnan(r)]
+        sums = _summed_over_ranks([v.l1_sums() for v in modules.values()])
+        ratios = [r for r in (l1_ratio_of(*t) for t in sums) if not math.isnan(r)]
         if not ratios:
             return {}
         return {

@@ -63,6 +63,7 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         ({"max_steps_per_epoch": -1}, "max_steps_per_epoch must be >= 1"),
         ({"lr": float("inf")}, "lr must be > 0 and finite"),  # trained to NaN and "finished"
         ({"momentum": float("inf")}, r"momentum must be in \[0, 1\)"),
+        ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),  # steps never decay
         ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite"),
         ({"seed": 2**64}, r"^seed must be an integer from 0 to 18446744073709551615 \(2\*\*64"),
         ({"seed": -1}, r"^seed must be an integer from 0 to"),
@@ -91,6 +92,7 @@ def test_digest_ignores_where_the_dataset_is_read_from_but_not_which_dataset():
         "max-steps-neg",
         "lr-inf",
         "momentum-inf",
+        "momentum-1",
         "weight-decay-inf",
         "seed-too-large",
         "seed-negative",
@@ -335,3 +337,11 @@ def test_field_types_are_read_from_resolved_annotations_too():
             check_field_types(Config, given)
     check_field_types(Config, {"rate": 1, "cap": None, "steps": [2]})
     check_field_types(Config(cap=3))
+    # None only where the annotation allows it
+    for field in ("rate", "steps"):
+        with pytest.raises(ValueError, match=f"{field} must be .*, got None"):
+            check_field_types(Config, {field: None})
+    from impl.config import TrainConfig
+
+    with pytest.raises(ValueError, match="epochs must be an int, got None"):
+        TrainConfig(epochs=None).validate()  # (resolve reads None as "the scale's default")

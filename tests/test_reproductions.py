@@ -146,6 +146,8 @@ def test_outdated_summary_names_what_each_later_version_added():
     why = outdated_summary({})  # no field: version 1
     assert why is not None and "version 1" in why and "step phase" in why
     assert outdated_summary({"summary_version": SUMMARY_VERSION + 1}) is None  # newer code's
+    last = outdated_summary({"summary_version": SUMMARY_VERSION - 1})  # one behind is stale
+    assert last is not None and f"version {SUMMARY_VERSION - 1}" in last
 
 
 def test_run_or_reuse_reports_a_missing_method(tmp_path, monkeypatch):

@@ -193,3 +193,40 @@ def test_holds_run_knows_a_run_by_its_config_or_its_summary(tmp_path):
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "summary.json").write_text("{}")
     assert holds_run(tmp_path / "done")
+
+
+def test_wait_until_free_blocks_while_a_trainer_holds_the_run(tmp_path):
+    """A second reproduction sharing a run waits for the trainer's lock to go (in a blocking
+    call, not a busy loop beside the run being timed), and returns at once without one."""
+    import threading
+    import time
+
+    rundir.wait_until_free(tmp_path)  # no lock file: nothing to wait for
+    done = threading.Event()
+    with rundir.locked(tmp_path):
+        waiter = threading.Thread(
+            target=lambda: (rundir.wait_until_free(tmp_path), done.set()), daemon=True
+        )
+        waiter.start()
+        assert not done.wait(0.5)  # still held: still waiting
+    assert done.wait(10.0)  # released: it returns
+    waiter.join(10.0)
+    t0 = time.monotonic()
+    rundir.wait_until_free(tmp_path)  # a lock file nobody holds
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_an_unreadable_checkpoint_is_not_called_damaged(tmp_path, monkeypatch):
+    """A checkpoint the process may not read is fine on disk: the PermissionError passes on,
+    not a CheckpointError telling the user to remove it (or a reproduction to retrain)."""
+    import pytest
+    import torch
+
+    (tmp_path / rundir.CHECKPOINT_FILE).write_bytes(b"x")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / rundir.CHECKPOINT_FILE))
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(PermissionError):
+        rundir.load_checkpoint(tmp_path)

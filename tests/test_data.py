@@ -23,6 +23,7 @@ from impl.data import (
     DatasetMissingError,
     TensorLoader,
     check_dataset,
+    default_data_dir,
     make_loaders,
     stratified_split,
 )
@@ -131,6 +132,37 @@ def test_set_epoch_reproducible_and_changes_order() -> None:
         train.set_epoch(True)  # a bool is not an epoch
     train.set_epoch(0)  # the first epoch, as a fresh loader starts
     assert not torch.equal(_all(train)[1], ya)
+
+
+def test_each_epoch_draws_its_own_augmentation() -> None:
+    """The same image in the same place of two epochs gets another random crop: augmentation
+    is drawn per (seed, epoch, image), not once for the run."""
+    train, _, _ = make_loaders("digits", 128, seed=5)
+    train.shuffle = False  # the same order every epoch: only the crops can differ
+    train.set_epoch(2)
+    xa, ya = _all(train)
+    train.set_epoch(3)
+    xb, yb = _all(train)
+    assert torch.equal(ya, yb) and not torch.equal(xa, xb)
+    train.set_epoch(2)
+    assert torch.equal(_all(train)[0], xa)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k"], ids=["digits", "mnist5k"])
+def test_normalisation_statistics_are_the_training_splits_own(name: str) -> None:
+    """Mean and std come from the training images alone (none of the test set's): the
+    normalised training set has mean 0 and std 1 to float precision."""
+    train, _, spec = make_loaders(name, 5000, augment=False)
+    x = torch.cat([a for a, _ in train]).double()
+    assert abs(float(x.mean())) < 1e-5 and abs(float(x.std()) - 1.0) < 1e-5
+
+
+@pytest.mark.parametrize(("size", "pad"), [(32, 2), (16, 1), (64, 4)])
+def test_digits_crop_pads_a_sixteenth_of_the_side(size: int, pad: int) -> None:
+    """Digits' standard augmentation shifts by up to size / 16 pixels (2 at 32 x 32, the
+    setting every cpu-scale result trained with)."""
+    _, _, spec = make_loaders("digits", 128, image_size=size)
+    assert spec.augmentation == f"random crop with {pad}-pixel zero padding (no flip)"
 
 
 def test_augmentation_independent_of_batch_size() -> None:
@@ -424,6 +456,14 @@ def test_without_a_data_dir_the_environment_says_where_the_dataset_is(tmp_path, 
     check_dataset("cifar10", None)
     with pytest.raises(DatasetMissingError, match="nowhere"):  # given, it wins
         make_loaders("cifar10", 5, data_dir=tmp_path / "nowhere")
+    # an entry naming the dataset wins over a bare directory, in either order
+    for value in (
+        f"cifar10={tmp_path}:{tmp_path / 'bare'}",
+        f"{tmp_path / 'bare'}:cifar10={tmp_path}",
+    ):
+        monkeypatch.setenv(DATA_DIR_ENV, value)
+        assert default_data_dir("cifar10") == str(tmp_path)
+        assert default_data_dir("cifar100") == str(tmp_path / "bare")
 
 
 def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> None:
@@ -645,6 +685,13 @@ def test_imagenet_augmentation_depends_on_seed_epoch_and_image_only(
 
     whole = images(1, 0, 4)
     assert whole.keys() == set(range(9))
+    # each image its own draw: the random steps' offset from the image read differs per image
+    offsets = {
+        round(float((whole[i] - torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(i)))
+                    .mean()), 6)
+        for i in whole
+    }  # fmt: skip
+    assert len(offsets) == len(whole)
     again = images(1, 0, 3)  # another batch size: the same image, the same crop
     assert all(torch.equal(whole[i], again[i]) for i in whole)
     ranks = {**images(1, 0, 4, 0, 2), **images(1, 0, 4, 1, 2)}

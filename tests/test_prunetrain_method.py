@@ -518,3 +518,51 @@ def test_the_iteration_probe_is_in_milliseconds() -> None:
     model[0].register_forward_hook(lambda *args: time.sleep(0.005))  # 5 ms per forward
     fwd, _ = probe_iteration_ms(model, (1, 8, 8), 2, repeats=2)
     assert 4.0 <= fwd < 1000.0
+
+
+def test_the_penalty_sends_its_gradient_lambda_times_the_group_lassos() -> None:
+    """Eq. (2)'s term trains: the loss's gradient is the cross-entropy's plus lambda times
+    the group lasso's (a penalty added without its gradient would push nothing to zero)."""
+    torch.manual_seed(0)
+    model = M.create("resnet20", in_channels=1)
+    ctx = make_ctx(model, epochs=1)
+    method = PruneTrain(PruneTrainConfig(penalty_ratio=0.2))
+    method.setup(ctx)
+    (x, y), *_ = batches(1, 8, seed=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = model(x)
+    ce = F.cross_entropy(out, y)
+    total = method.loss(ctx, ce, out, y)
+    g_total = torch.autograd.grad(total, params, retain_graph=True)
+    g_ce = torch.autograd.grad(ce, params, retain_graph=True)
+    g_gl = torch.autograd.grad(group_lasso(model), params, allow_unused=True)
+    moved = 0
+    for a, b, c in zip(g_total, g_ce, g_gl, strict=True):
+        c = torch.zeros_like(b) if c is None else c
+        torch.testing.assert_close(a, b + method.lam * c, rtol=1e-5, atol=1e-8)
+        moved += int(c.abs().sum() > 0)
+    assert moved > 10  # the penalty reaches most conv weights
+
+
+def test_dynamic_batch_options_budget_and_samples() -> None:
+    """``memory_budget_mb`` is in MiB; the state keeps the budget and the first batch (B0 of
+    Sec. 4.3's B0 + 32k rule) across a resume; an epoch's cost counts the Trainer's samples
+    over every rank (``epoch_samples``), not this rank's share alone; the last epoch's
+    reconfiguration does not grow the batch (no epoch would train with it)."""
+    model = prezeroed_resnet20(seed=6)
+    ctx = make_ctx(model, epochs=1, batch=64)
+    method = PruneTrain(PruneTrainConfig(dynamic_batch=True, memory_budget_mb=100))
+    method.setup(ctx)
+    assert method.budget == 100 * 2**20 and method.initial_batch == 64
+    fresh = PruneTrain(PruneTrainConfig(dynamic_batch=True, memory_budget_mb=100))
+    fresh.setup(make_ctx(M.create("resnet20", in_channels=1), epochs=1, batch=96))
+    fresh.budget = fresh.initial_batch = None
+    fresh.load_state_dict(method.state_dict(), make_ctx(M.create("resnet20", in_channels=1), 1))
+    assert (fresh.budget, fresh.initial_batch) == (100 * 2**20, 64)
+    ctx.optimizer = optimizer(model)
+    per_sample = method._costs(ctx)["train_flops_per_sample"]
+    ctx.extra["epoch_samples"] = 1000  # two ranks' 500 each, say; this rank saw 16
+    run_epoch(method, ctx, batches(2, 8, seed=7), 0)
+    assert method.train_flops_run == pytest.approx(per_sample * 1000)
+    assert method.history[-1]["removed_paths"]  # it did reconfigure at the end ...
+    assert ctx.batch_size == 64 and method.history[-1]["batch_size_after"] == 64  # ... only

@@ -168,3 +168,44 @@ def test_time_ms_takes_a_device_by_name():
     calls = []
     assert time_ms(lambda: calls.append(1), "cpu", repeats=3, warmup=1) >= 0.0
     assert len(calls) == 4
+
+
+def test_each_time_is_of_its_own_computation(monkeypatch):
+    """``dgrad_ms`` times the data gradient (the product SDGP prunes, Sec. IV-C), ``wgrad_ms``
+    the weight gradient and ``fwd_ms`` the forward: a stand-in clock reads which was run."""
+    import impl.methods.sdgp_timing as T
+
+    asked: list[str] = []
+    real = T.conv_grad
+
+    def recording(kind, *args, **kwargs):
+        asked.append(kind)
+        return real(kind, *args, **kwargs)
+
+    def clock(fn, device, repeats=3, warmup=1):
+        asked.clear()
+        fn()
+        return {("input",): 7.0, ("weight",): 3.0}.get(tuple(asked), 1.0)
+
+    monkeypatch.setattr(T, "conv_grad", recording)
+    monkeypatch.setattr(T, "time_ms", clock)
+    rows = profile_conv_layers(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [(r["fwd_ms"], r["dgrad_ms"], r["wgrad_ms"]) for r in rows] == [(1.0, 7.0, 3.0)] * 3
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_iteration_is_timed_in_the_runs_arithmetic(monkeypatch, amp):
+    """Under --bf16 the dense iteration runs under autocast as training does, so the saved
+    fraction divides 16-bit conv times by a 16-bit iteration."""
+    from impl.methods.sdgp_timing import time_iteration
+
+    seen = []
+    real = torch.autocast
+
+    def recording(device_type, dtype=None, enabled=True, **kwargs):
+        seen.append((enabled, dtype))
+        return real(device_type, dtype=dtype, enabled=enabled, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", recording)
+    time_iteration(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, repeats=1, amp_dtype=amp)
+    assert seen and all(s == (amp is not None, amp) for s in seen)

@@ -260,3 +260,32 @@ def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing, layo
     assert state.stats.bytes == [kept * 4]
     assert state.stats.sparse == [True]
     assert (state.stats.seconds[0] > 0) is timing
+
+
+def test_the_hook_averages_over_the_ranks(one_rank_group, monkeypatch):
+    """Each rank's payload is divided by the world size before the sum (DDP's mean): with
+    a world of 2 standing in, the one rank's gradients come back halved, kept ones only."""
+    monkeypatch.setattr(comm.CommState, "world_size", property(lambda self: 2))
+    m, ref = small_model(), small_model()
+    g = torch.Generator().manual_seed(2)
+    masks = {"0.weight": torch.rand(m[0].weight.shape, generator=g) < 0.5}
+    state = comm.CommState()
+    ddp = nn.parallel.DistributedDataParallel(m)
+    comm.register(ddp, state)
+    state.set_masks(m, masks)
+    x = torch.randn(4, 3, 5, 5, generator=g)
+    ddp(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        keep = masks.get(name, torch.ones_like(p, dtype=torch.bool))
+        assert torch.allclose(p.grad, q.grad * keep / 2, rtol=1e-6, atol=1e-7), name
+
+
+def test_an_iteration_is_sparse_if_any_of_its_buckets_was_packed():
+    s = comm.CommStats()
+    s.record(100, sparse=True)
+    s.record(50, sparse=False)  # a dense bucket after a packed one
+    s.end_iteration()
+    s.record(50)
+    s.end_iteration()
+    assert s.sparse == [True, False] and s.epoch_metrics()["comm_sparse_iters"] == 1

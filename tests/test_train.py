@@ -496,6 +496,11 @@ class _DoublingAndCrashing:
 
             def on_epoch_end(self, ctx):
                 ctx.batch_size *= 2
+                ctx.extra["ended"] = ctx.extra.get("ended", 0) + 1  # per-run scratch
+                self.draw = float(torch.rand(()))  # torch's global generator
+
+            def epoch_metrics(self, ctx):
+                return {"ended": ctx.extra["ended"], "draw": self.draw}
 
         return DoublingAndCrashing
 
@@ -531,6 +536,25 @@ def test_a_resumed_run_keeps_its_grown_batch_and_its_step_count(tmp_path, doubli
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(stopped / "checkpoint.pt", weights_only=True)
     assert (b["step"], b["batch_size"]) == (a["step"], a["batch_size"]) and a["step"] > 0
+    # the method's scratch (ctx.extra) and torch's generator continue where they were
+    rows_a, rows_b = rundir.read_metrics(whole), rundir.read_metrics(stopped)
+    assert [r["ended"] for r in rows_b] == [1, 2, 3]
+    assert [r["draw"] for r in rows_b] == [r["draw"] for r in rows_a]
+    # the wall clock goes on from the checkpoint's, as an uninterrupted run's
+    walls = [r["wall_seconds"] for r in rows_b]
+    for before, row in zip(walls, rows_b[1:]):
+        assert row["wall_seconds"] == pytest.approx(before + row["epoch_seconds"])
+
+
+def test_a_resume_under_another_config_is_refused(tmp_path):
+    """``Trainer.run(resume=True)`` on a run directory whose config.json differs."""
+    from impl.train import Trainer
+
+    run = tmp_path / "run"
+    train(_smoke_cfg(run, epochs=1), progress=False)
+    other = _smoke_cfg(run, epochs=1, lr=0.05)
+    with pytest.raises(rundir.CheckpointError, match="does not match the run's config"):
+        Trainer(other, progress=False).run(resume=True)
 
 
 def test_the_schedule_is_read_at_each_steps_start(tmp_path):

@@ -520,6 +520,21 @@ def test_the_iteration_probe_is_in_milliseconds() -> None:
     assert 4.0 <= fwd < 1000.0
 
 
+def test_the_iteration_probe_keeps_the_least_disturbed_repetition(monkeypatch) -> None:
+    """Forward and backward each take their minimum over the repetitions after the warm-up
+    (a stand-in clock: the warm-up fastest, one repetition slowed by a neighbour)."""
+    import impl.methods.prunetrain_memory as PM
+
+    # (t0, t1, t2) of each run in seconds: warm-up 1 / 2 ms, then 5 / 10, 3 / 7, 9 / 11 ms
+    starts = (0.0, 10.0, 20.0, 30.0)
+    steps = ((0.001, 0.002), (0.005, 0.010), (0.003, 0.007), (0.009, 0.011))
+    readings = iter(v for s0, (f, b) in zip(starts, steps) for v in (s0, s0 + f, s0 + f + b))
+    monkeypatch.setattr(PM.time, "perf_counter", lambda: next(readings))
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 3))
+    fwd, bwd = probe_iteration_ms(model, (1, 8, 8), 2, repeats=3)
+    assert (fwd, bwd) == (pytest.approx(3.0), pytest.approx(7.0))
+
+
 def test_the_penalty_sends_its_gradient_lambda_times_the_group_lassos() -> None:
     """Eq. (2)'s term trains: the loss's gradient is the cross-entropy's plus lambda times
     the group lasso's (a penalty added without its gradient would push nothing to zero)."""

@@ -1023,11 +1023,13 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     assert len(tables) == 2 and "At a glance" in tables[0].caption
     assert "our means at scale cpu" in tables[0].caption  # no row says how many seeds
     five = ResultSet(target="p.t", title="t", scale="cpu", rows=[{**r, "n": 5} for r in rows])
-    assert "our means over 5 seeds at scale cpu" in result_section(five).tables[0].caption
+    assert (
+        "At a glance: our means over 5 seeds at scale cpu" in result_section(five).tables[0].caption
+    )
     mixed = [{**r, "n": 5 if r["row"] == "dense" else 3} for r in rows]
-    assert "(seeds per row: see below)" in glance_seeds(mixed)
-    assert glance_seeds([{**rows[0], "n": 1}]) == " (one seed each)"
-    assert glance_seeds([{**rows[5], "n": 5}]) == ""  # the paper's row is not a mean of ours
+    assert glance_seeds(mixed) == "our means (seeds per row: see below)"
+    assert glance_seeds([{**rows[0], "n": 1}]) == "our values (one seed each)"
+    assert glance_seeds([{**rows[5], "n": 5}]) == "our means"  # the paper's row is not ours
     one = ResultSet(target="x.y", title="t", scale="cpu", rows=rows[:1] + rows[2:3])
     assert len(result_section(one).tables) == 1  # one metric: the long table alone
     claims = [{**r, "verdict": "holds"} for r in rows]

@@ -277,16 +277,16 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 def glance_seeds(rows: Sequence[dict[str, Any]]) -> str:
-    """How many runs the means of :func:`glance_frame` average, for its caption: " over 5
-    seeds" where every row of ours has the same ``n`` (" (one seed each)" for 1), " (seeds
-    per row: see below)" where they differ, and nothing where no row says."""
+    """What the cells of :func:`glance_frame` are, for its caption: "our means over 5 seeds"
+    where every row of ours has the same ``n``, "our values (one seed each)" for 1, "our
+    means (seeds per row: see below)" where they differ, and "our means" where no row says."""
     counts = {r.get("n") for r in rows if r.get("ours") is not None}
     if not counts or counts == {None}:
-        return ""
+        return "our means"
     if len(counts) > 1:
-        return " (seeds per row: see below)"
+        return "our means (seeds per row: see below)"
     (n,) = counts
-    return " (one seed each)" if int(n) == 1 else f" over {int(n)} seeds"
+    return "our values (one seed each)" if int(n) == 1 else f"our means over {int(n)} seeds"
 
 
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -390,7 +390,7 @@ def result_section(result: ResultSet) -> Section:
         glance = glance_frame(result.rows)
         if not glance.empty:
             section.tables.append(
-                Table(glance, f"At a glance: our means{glance_seeds(result.rows)} at scale "
+                Table(glance, f"At a glance: {glance_seeds(result.rows)} at scale "
                       f"{result.scale}, the paper's number in brackets (its own models and "
                       "data: see the rows below, with spreads, sources and notes)")
             )  # fmt: skip

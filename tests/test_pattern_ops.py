@@ -401,6 +401,9 @@ def test_bad_csr_inputs_raise_valueerror():
         pattern_csr(torch.randn(2, 2), row_ptr, col_ind)
     with pytest.raises(ValueError, match="rows of dense_b"):
         pattern_spmm(torch.ones(6), row_ptr, col_ind, torch.randn(2, 4))
+    for values in (torch.ones(7), torch.ones(6, 1)):  # one value too many; a column of them
+        with pytest.raises(ValueError, match=r"values \(.*\) must match col_ind \(6,\)"):
+            pattern_spmm(values, row_ptr, col_ind, torch.randn(3, 4))
     with pytest.raises(ValueError, match="channels"):
         pattern_conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 3, 3, 3), torch.ones(2, 3, 3, 3))
     with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):

@@ -1147,3 +1147,57 @@ def test_scatter_points_of_methods_take_the_methods_colours():
         face = collection.get_facecolor()[0]
         assert tuple(face[:3]) == pytest.approx(tuple(palette[method][:3]))
         assert face[3] == pytest.approx(0.3)
+
+
+def test_load_runs_lists_a_summary_without_status_and_gives_a_failures_reason_only_if_diverged(
+    tmp_path,
+):
+    """A summary with no ``status`` is not a finished run; the summary's own ``reason`` is
+    shown only for a diverged run (its words say why), else "summary not complete"."""
+    root = tmp_path / "runs"
+    _run(root, "done", seed=0)
+    for name, status in (("nostatus", None), ("stopped", "failed"), ("nan", "diverged")):
+        d = _run(root, name, seed=1)
+        summary = json.loads((d / "summary.json").read_text())
+        summary.pop("status")
+        if status is not None:
+            summary["status"] = status
+        summary["reason"] = f"{name}'s own words"
+        (d / "summary.json").write_text(json.dumps(summary))
+    runs = load_runs([root])
+    assert list(runs["run"]) == ["done"]
+    why = {
+        r["path"].rsplit("/", 1)[-1]: (r["status"], r["reason"]) for r in runs.attrs["incomplete"]
+    }
+    assert why == {
+        "nostatus": ("None", "summary not complete"),
+        "stopped": ("failed", "summary not complete"),
+        "nan": ("diverged", "nan's own words"),
+    }
+
+
+def test_a_result_is_refused_without_what_its_tables_need_and_saved_as_strict_json(tmp_path):
+    """A missing entry needs both its row and its reason, a settings line its row; an
+    infinite value is saved as null (strict JSON), and only result.json files are found."""
+    from impl.report.results import find_results
+
+    for missing in ({"row": "x"}, {"reason": "y"}):
+        bad = _result("cpu")
+        bad.missing = [missing]
+        with pytest.raises(ValueError, match="missing entry without 'row' and 'reason'"):
+            bad.validate()
+    bad = _result("cpu")
+    bad.settings = [{"method": "dense"}]
+    with pytest.raises(ValueError, match="needs 'row'"):
+        bad.validate()
+    res = _result("cpu")
+    res.rows[0]["ours_sd"] = float("inf")
+    res.rows[0]["paper"] = float("-inf")
+    path = save_result(res, tmp_path / "r")
+    text = path.read_text()
+    assert "Infinity" not in text
+    row = json.loads(text)["rows"][0]
+    assert row["ours_sd"] is None and row["paper"] is None
+    other = tmp_path / "r" / "summary.json"
+    other.write_text("{}")
+    assert find_results([other]) == [] and find_results([path]) == [path]

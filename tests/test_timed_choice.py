@@ -144,3 +144,53 @@ def test_pick_uses_the_remembered_choice_where_it_cannot_time(monkeypatch):
     assert timed_choice.pick("grad", "p", ("sparse", "dense"), none, cpu) == "sparse"
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     assert timed_choice.pick("grad", "p", ("sparse", "dense"), none, cpu) == "dense"
+
+
+def test_pick_says_how_each_path_was_chosen(monkeypatch):
+    """``how_chosen``: forced where the pinned path ran, fallback where it could not run this
+    problem, timed only where candidates were compared, default for a lone candidate; and a
+    remembered choice is used only when it can run this problem."""
+    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
+    monkeypatch.setattr(timed_choice, "_HOW", {})
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
+    monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn, device=None: fn())
+    costs = {"row_tiled": 2.0, "warp_row": 1.0}
+    run = costs.get
+    like = torch.zeros(1)
+    both = ("row_tiled", "warp_row")
+    assert timed_choice.pick("spmm", "a", both, run, like) == "warp_row"
+    assert timed_choice.how_chosen() == {"spmm warp_row": "timed"}
+    assert timed_choice.pick("spmm", "b", ("row_tiled",), run, like) == "row_tiled"
+    assert timed_choice.how_chosen()["spmm row_tiled"] == "default"  # nothing to compare
+    with timed_choice.forced("spmm", "warp_row"):
+        assert timed_choice.pick("spmm", "c", ("row_tiled",), run, like) == "row_tiled"
+        assert timed_choice.how_chosen()["spmm row_tiled"] == "fallback"
+        assert timed_choice.pick("spmm", "c", both, run, like) == "warp_row"
+        assert timed_choice.how_chosen()["spmm warp_row"] == "forced"
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: False)  # say, a graph capture
+    assert timed_choice.pick("spmm", "a", ("row_tiled",), run, like) == "row_tiled"  # not a's
+
+
+def test_cuda_ms_is_per_call(monkeypatch):
+    """The events' span divided by the calls between them (a stand-in clock: 30 ms for 3)."""
+
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = Event.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    def call():
+        Event.clock[0] += 10.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert timed_choice.cuda_ms(call, reps=3) == pytest.approx(10.0)

@@ -164,6 +164,8 @@ def test_row_of_a_smoke_spmm_case_has_provenance_and_derived_columns():
     assert row["flops"] == 2.0 * 37 * 117 * 101  # dense GEMM executes every multiply-add
     assert row["flops_nominal"] == 2.0 * row["nnz"] * 101 < row["flops"]
     assert row["tflops"] == pytest.approx(row["flops"] / (row["median_ms"] * 1e-3) / 1e12)
+    assert row["bytes"] > 0  # GB/s: bytes per second over 1e9, the time in ms
+    assert row["gbps"] == pytest.approx(row["bytes"] / (row["median_ms"] * 1e-3) / 1e9)
     assert row["weight_shape"] == "37x13x3x3" and row["sparsity"] == 0.75
 
 

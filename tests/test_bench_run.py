@@ -242,6 +242,7 @@ def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
     assert payload["cut_at"]["pair"].startswith("nm_prune/")
     assert payload["cut_at"]["reason"] == "interrupted (SIGINT)"
     assert {r["suite"] for r in payload["rows"]} == {"calibration"}
+    assert payload["cut_at"]["rows"] == len(payload["rows"]) > 0  # the rows before the cut
     assert (out / run.PARTIAL_NAME).exists()
 
     # the next run into the same --out keeps the cut run's rows (it truncated them)
@@ -250,6 +251,7 @@ def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
     run.run("smoke", out, ["calibration"])
     (kept,) = out.glob("cut-*")
     assert (kept / run.PARTIAL_NAME).read_text() == cut_rows
+    assert {r["suite"] for r in csv.DictReader((kept / "rows.csv").open())} == {"calibration"}
     assert json.loads((kept / "rows.json").read_text())["complete"] is False
     assert json.loads((out / "rows.json").read_text())["complete"] is True
     assert not (out / run.PARTIAL_NAME).exists()  # complete: everything is in rows.json
@@ -504,3 +506,19 @@ def test_asv_allreduce_counts_each_methods_bytes_once_and_skips_what_could_not_c
     broken[(case, "dense@cpu")] = {**rows[(case, "dense@cpu")], "status": "error", "reason": "x"}
     with pytest.raises(NotImplementedError, match="error: x"):  # asv skips the pair
         bench_obj.setup(broken, case, "dense@cpu")
+
+
+def test_an_infinite_value_is_written_as_null_in_strict_json(tmp_path, monkeypatch):
+    """rows.json and the partial file stay strict JSON (no ``Infinity``) whatever a row holds."""
+    real = cases.run_pair
+
+    def infinite(case, impl, scale=None):
+        return {**real(case, impl, scale), "speedup": float("inf"), "gbps": float("-inf")}
+
+    monkeypatch.setattr(cases, "run_pair", infinite)
+    out = tmp_path / "inf"
+    run.run("smoke", out, ["calibration"])
+    text = (out / "rows.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    rows = json.loads(text)["rows"]
+    assert rows and all(r["speedup"] is None and r["gbps"] is None for r in rows)

@@ -467,12 +467,13 @@ def test_mean_ci95_drops_nans_and_gives_the_t_interval():
      ((17_382_000.0, 964_322.0, 5), "17.38M ± 0.96M (n=5)"),  # the sd in the mean's multiple
      ((1_029_000.0, 48_123.0, 5), "1.029M ± 0.048M (n=5)"),
      ((61_410_000.0, 0.0, 5), "61.41M ± 0 (n=5)"),
-     ((2.5e9, 3.1e8, 3), "2.5G ± 0.31G (n=3)")],
+     ((2.5e9, 3.1e8, 3), "2.5G ± 0.31G (n=3)"),
+     ((2.5e9, 12.0, 3), "2.5G ± 12 (n=3)")],
     ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "single-seed",
          "single-seed-ratio", "paired",
          "paired-zero", "paired-no-spread", "sd-hundreds", "sd-tenth", "sd-thousand",
          "grouped-mean", "single-pct-1e5", "single-pct-under-1e5", "paired-two-seeds",
-         "millions", "millions-small-sd", "millions-no-spread", "billions"],
+         "millions", "millions-small-sd", "millions-no-spread", "billions", "billions-tiny-sd"],
 )  # fmt: skip
 def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
     assert format_mean_sd(*args) == text

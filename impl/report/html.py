@@ -142,7 +142,9 @@ def format_mean_sd(
     if has_sd:
         sd_text = f"{sd:.{_places(sd, 2)}f}" if 0 < sd < 1000 else format_number(sd, 2)
         suffix = next(((f, x) for f, x in SUFFIXES if abs(mean) >= f), None)
-        if suffix and sd > 0:  # in the mean's unit: "17.38M ± 0.96M", not "17.38M ± 964,322"
+        # in the mean's multiple: "17.38M ± 0.96M", not "17.38M ± 964,322" (one far below
+        # it keeps its own digits: "± 12", not "± 0.000012M")
+        if suffix and sd >= 1e-3 * suffix[0]:
             scaled = sd / suffix[0]
             sd_text = f"{scaled:.{_places(scaled, 2)}f}{suffix[1]}"
         text = f"{text} ± {sd_text}"

@@ -614,3 +614,18 @@ def test_the_share_of_peak_divides_by_the_gemm_of_the_same_arithmetic():
             row("spmm", "c", "fp32", 25.0), row("spmm", "c", "bf16", 250.0)]  # fmt: skip
     cases.add_derived(rows)
     assert [r["frac_peak_measured"] for r in rows[2:]] == [pytest.approx(0.5)] * 2
+
+
+@pytest.mark.parametrize(("math", "peak"), [("fp32", 67.0), ("tf32", 494.5), ("bf16", 989.5)])
+def test_a_gpu_rows_fractions_are_of_its_own_arithmetics_peak_and_the_bandwidth(math, peak):
+    """``frac_peak_spec`` divides the row's TFLOP/s by the data-sheet peak of the arithmetic
+    it ran (an H100 SXM5 here), ``frac_bw_spec`` its GB/s by the DRAM bandwidth; a CPU row
+    gets neither."""
+    impl = cases.Impl("x@cuda", "x", "cuda", math=math)
+    row = {"gpu_name": "NVIDIA H100 80GB HBM3", "tflops": 49.45, "gbps": 335.0}
+    cases._peak_columns(row, impl)
+    assert row["frac_peak_spec"] == pytest.approx(49.45 / peak)
+    assert row["frac_bw_spec"] == pytest.approx(0.1)
+    cpu = {"tflops": 1.0, "gbps": 1.0}
+    cases._peak_columns(cpu, cases.Impl("x@cpu", "x", "cpu", math=math))
+    assert cpu["frac_peak_spec"] is None and cpu["frac_bw_spec"] is None

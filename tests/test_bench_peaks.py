@@ -86,3 +86,30 @@ def test_a_mig_slice_has_no_peaks_of_its_own(name):
     with pytest.raises(peaks.UnknownGPUError, match="MIG slice"):
         peaks.lookup(name)
     assert peaks.lookup(name.split(" MIG")[0]).key.startswith("H")  # the whole GPU matches
+
+
+def test_every_row_is_its_data_sheets_dense_figures():
+    """The table typed a second time from the data sheets it cites (TFLOP/s fp32, tf32,
+    bf16, fp16 dense; GB/s): an edit of one figure must be made in both places. On the tensor
+    cores of these GPUs bf16 and fp16 run at twice tf32's rate (dense; the data sheets'
+    with-sparsity figures are twice that again)."""
+    sheets = {
+        "H100-NVL": (60.0, 417.5, 835.5, 835.5, 3900.0),
+        "H100-PCIe": (51.0, 378.0, 756.5, 756.5, 2000.0),
+        "H100-SXM5": (67.0, 494.5, 989.5, 989.5, 3350.0),
+        "H200-NVL": (60.0, 417.5, 835.5, 835.5, 4800.0),
+        "H200-SXM": (67.0, 494.5, 989.5, 989.5, 4800.0),
+        "A100-SXM4-80GB": (19.5, 156.0, 312.0, 312.0, 2039.0),
+        "A100-SXM4-40GB": (19.5, 156.0, 312.0, 312.0, 1555.0),
+        "A100-PCIe-80GB": (19.5, 156.0, 312.0, 312.0, 1935.0),
+        "A100-PCIe-40GB": (19.5, 156.0, 312.0, 312.0, 1555.0),
+        "Quadro-RTX-5000": (11.2, None, None, 89.2, 448.0),
+    }
+    table = {
+        r.key: (r.fp32_tflops, r.tf32_tflops, r.bf16_tflops, r.fp16_tflops, r.mem_gbps)
+        for r in peaks.TABLE
+    }
+    assert table == sheets
+    for r in peaks.TABLE:
+        if r.tf32_tflops is not None:
+            assert r.bf16_tflops == r.fp16_tflops == pytest.approx(2 * r.tf32_tflops, rel=1e-3)

@@ -542,3 +542,27 @@ def test_a_line_to_a_captured_standard_error_is_written_as_text(monkeypatch):
     monkeypatch.setattr(sys, "stderr", stream)
     D.write_stderr_line("rank 0: error")
     assert stream.getvalue() == "rank 0: error\n"
+
+
+def test_launch_gives_each_worker_its_share_of_the_cores(monkeypatch):
+    """OMP_NUM_THREADS of the workers: ``threads`` where given; else, on a CPU-only machine
+    without one set, the cores shared out (8 cores, 2 workers: 4 each), so N workers do not
+    run N times the machine's threads."""
+    seen = []
+
+    class Job:
+        def __init__(self, cmd, env=None, **kwargs):
+            seen.append(env)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Job)
+    monkeypatch.setattr(D.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(D.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert D.launch(["x"], 2) == 0
+    assert D.launch(["x"], 2, threads=3) == 0
+    assert D.launch(["x"], 3, env={"OMP_NUM_THREADS": "5"}) == 0  # one already set is kept
+    assert [e["OMP_NUM_THREADS"] for e in seen] == ["4", "3", "5"]
+    assert all(e[D.LAUNCHED_ENV] == "1" for e in seen)

@@ -445,3 +445,21 @@ def test_one_pool_per_process_grows_to_the_most_slices_and_no_further(monkeypatc
     while len(ours()) > 3 and time.monotonic() < deadline:  # the smaller pool's threads leave
         time.sleep(0.05)
     assert 1 <= len(ours()) <= 3  # one pool's threads, not one pool per slice count
+
+
+def test_prune_stale_removes_only_what_aged_past_its_limit_and_never_keep(tmp_path):
+    """Libraries older than STALE_DAYS days go, younger ones stay (29 days: kept); a killed
+    build's temporary goes after a day; ``keep`` stays however old."""
+    import time
+
+    day, now = 86400, time.time()
+    ages = {"nm_prune-a.so": 31, "nm_prune-b.so": 29, "tmp1.so": 2, "tmp2.so": 0.5, "keep.so": 0}
+    for name, days in ages.items():
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (now - days * day, now - days * day))
+    keep = tmp_path / "nm_prune-kept.so"
+    keep.write_bytes(b"x")
+    os.utime(keep, (0, 0))  # 1970, but the library in use
+    removed = nm_cpu.prune_stale(tmp_path, keep)
+    assert sorted(p.name for p in removed) == ["nm_prune-a.so", "tmp1.so"]
+    assert keep.exists() and (tmp_path / "nm_prune-b.so").exists()

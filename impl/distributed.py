@@ -342,6 +342,24 @@ def shard(x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> tuple[torch.Tenso
 
 
 # ----------------------------------------------------------------------------- collectives
+def sum_over_ranks(
+    values: Sequence[float], info: DistInfo | None = None, device: torch.device | None = None
+) -> list[float]:
+    """Sums of ``values`` over the ranks of the job (float64; every rank must call it), as
+    they are in one process. ``info``: the job (default :func:`current`); ``device``: where
+    an NCCL job reduces (default this process's current GPU)."""
+    info = current() if info is None else info
+    if not info.active:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if info.backend == "nccl":
+        t = t.to(
+            device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        )
+    dist.all_reduce(t)
+    return [float(v) for v in t.cpu()]
+
+
 class _AllReduceSum(torch.autograd.Function):
     """Sum over the ranks; the gradient of a sum is the sum of the gradients."""
 
@@ -653,13 +671,7 @@ class DataParallel:
 
     def reduce(self, values: Sequence[float]) -> list[float]:
         """Sums of ``values`` over the ranks (float64), e.g. correct predictions and counts."""
-        if not self.active:
-            return [float(v) for v in values]
-        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        if self.info.backend == "nccl":
-            t = t.to(self.device)
-        dist.all_reduce(t)
-        return [float(v) for v in t.cpu()]
+        return sum_over_ranks(values, self.info, self.device)
 
     def broadcast_flag(self, flag: bool) -> bool:
         """Rank 0's ``flag`` on every rank."""
@@ -758,6 +770,7 @@ __all__ = [
     "shard",
     "shard_bounds",
     "shutdown",
+    "sum_over_ranks",
     "sync_batchnorm",
     "sync_bn_aux_bytes",
     "timeout_seconds",

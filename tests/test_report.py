@@ -991,7 +991,7 @@ def test_the_index_lists_papers_in_their_order_before_their_items(tmp_path):
 
 
 def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance():
-    from impl.report.html import glance_frame, glance_seeds, result_section
+    from impl.report.html import glance_frame, glance_subject, result_section
 
     rows = [
         {"row": "dense", "metric": "top1", "ours": 99.44, "paper": 93.6, "unit": "%",
@@ -1028,9 +1028,9 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
         "At a glance: our means over 5 seeds at scale cpu" in result_section(five).tables[0].caption
     )
     mixed = [{**r, "n": 5 if r["row"] == "dense" else 3} for r in rows]
-    assert glance_seeds(mixed) == "our means (seeds per row: see below)"
-    assert glance_seeds([{**rows[0], "n": 1}]) == "our values (one seed each)"
-    assert glance_seeds([{**rows[5], "n": 5}]) == "our means"  # the paper's row is not ours
+    assert glance_subject(mixed) == "our means (seeds per row: see below)"
+    assert glance_subject([{**rows[0], "n": 1}]) == "our values (one seed each)"
+    assert glance_subject([{**rows[5], "n": 5}]) == "our means"  # the paper's row is not ours
     one = ResultSet(target="x.y", title="t", scale="cpu", rows=rows[:1] + rows[2:3])
     assert len(result_section(one).tables) == 1  # one metric: the long table alone
     claims = [{**r, "verdict": "holds"} for r in rows]

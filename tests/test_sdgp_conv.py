@@ -480,7 +480,7 @@ def test_l1_metrics_sum_every_ranks_share_before_the_ratio(monkeypatch):
     other = [(1.0, 4.0, 1), (3.0, 3.0, 1)]  # the other rank: ratios 0.25 and 1.0
 
     def add_other_rank(t):
-        t += torch.tensor(other, dtype=t.dtype)
+        t += torch.tensor(other, dtype=t.dtype).flatten()  # the layers' sums, one after another
 
     monkeypatch.setattr(D, "current", lambda: D.DistInfo(0, 2, 0, "gloo", 60.0))
     monkeypatch.setattr(dist, "all_reduce", add_other_rank)

@@ -599,18 +599,10 @@ def l1_ratio_of(pruned: float, dense: float, counted: int) -> float:
 def _summed_over_ranks(rows: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
     """Each layer's L1 sums added over the data-parallel ranks (every rank calls this, as it
     calls ``epoch_metrics``); unchanged in one process."""
-    from impl.distributed import current
+    from impl.distributed import sum_over_ranks
 
-    info = current()
-    if not info.active or not rows:
-        return rows
-    import torch.distributed as dist
-
-    t = torch.tensor(rows, dtype=torch.float64)
-    if info.backend == "nccl":
-        t = t.to(torch.device("cuda", torch.cuda.current_device()))
-    dist.all_reduce(t)
-    return [(float(a), float(b), int(round(float(c)))) for a, b, c in t.cpu().tolist()]
+    flat = sum_over_ranks([v for row in rows for v in row])
+    return [(a, b, round(c)) for a, b, c in zip(flat[0::3], flat[1::3], flat[2::3], strict=True)]
 
 
 def sdgp_modules(model: nn.Module) -> dict[str, SDGPConv2d]:

@@ -278,7 +278,7 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["Row", *metrics])
 
 
-def glance_seeds(rows: Sequence[dict[str, Any]]) -> str:
+def glance_subject(rows: Sequence[dict[str, Any]]) -> str:
     """What the cells of :func:`glance_frame` are, for its caption: "our means over 5 seeds"
     where every row of ours has the same ``n``, "our values (one seed each)" for 1, "our
     means (seeds per row: see below)" where they differ, and "our means" where no row says."""
@@ -392,7 +392,7 @@ def result_section(result: ResultSet) -> Section:
         glance = glance_frame(result.rows)
         if not glance.empty:
             section.tables.append(
-                Table(glance, f"At a glance: {glance_seeds(result.rows)} at scale "
+                Table(glance, f"At a glance: {glance_subject(result.rows)} at scale "
                       f"{result.scale}, the paper's number in brackets (its own models and "
                       "data: see the rows below, with spreads, sources and notes)")
             )  # fmt: skip

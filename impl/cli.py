@@ -439,7 +439,10 @@ def cmd_train(argv: list[str]) -> int:
         check_before_workers(cfg, args.resume, args.data_dir)
         # torchrun runs it N times; Ctrl-C here stops the job (launch), then says how to go on
         run_dir = Path(args.resume) if args.resume else Path(cfg.out or cfg.default_out())
-        with _interrupt_hint(run_dir, f" --nproc {args.nproc}"):
+        how = f" --nproc {args.nproc}"
+        if args.dist_timeout is not None:  # how it ran, kept by the command that continues it
+            how += f" --dist-timeout {args.dist_timeout:g}"
+        with _interrupt_hint(run_dir, how):
             return distributed.launch(["train", *argv], args.nproc)
 
     if args.resume:

@@ -528,6 +528,12 @@ def test_ctrl_c_under_nproc_names_the_resume_with_its_processes(tmp_path, monkey
         f"pdtbench train: interrupted; 2 finished epoch(s) are saved: continue with "
         f"`pdtbench train --resume {out} --nproc 2`"
     )
+    # a timeout it was given is in the command that continues it
+    out = tmp_path / "run2"
+    argv = [*SMOKE, "--nproc", "2", "--dist-timeout", "90", "--out", str(out)]
+    assert cli.main(argv) == cli.EXIT_INTERRUPTED
+    hint = f"`pdtbench train --resume {out} --nproc 2 --dist-timeout 90`"
+    assert capsys.readouterr().err.strip().endswith(hint)
 
 
 def test_ctrl_c_in_any_command_is_one_line_and_exits_130(capsys, monkeypatch):
@@ -796,12 +802,15 @@ def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
         (["train", "--resume", ""], "--resume needs a run directory"),
         (["train", "--scale", "smoke", "--out", ""], "--out needs a directory"),
         (["train", "--scale", "smoke", "--dist-timeout", "-5"], "--dist-timeout must be > 0"),
+        (["train", "--scale", "smoke", "--nproc", "2", "--dist-timeout", "0"],
+         "--dist-timeout must be > 0"),
         (["train", "--scale", "smoke", "--nproc", "2", "--model", "nosuch"], "valid models"),
         (["train", "--scale", "smoke", "--nproc", "2", "--epochs", "0"], "--epochs must be"),
         (["train", "--scale", "smoke", "--nproc", "2", "--method", "sdgp", "--n", "9"], "n <= m"),
     ],
-    ids=["resume-empty", "out-empty", "dist-timeout", "nproc-model", "nproc-epochs", "nproc-sdgp"],
-)
+    ids=["resume-empty", "out-empty", "dist-timeout", "dist-timeout-zero", "nproc-model",
+         "nproc-epochs", "nproc-sdgp"],
+)  # fmt: skip
 def test_bad_train_flags_are_refused_once_before_any_worker_starts(
     argv, needle, capsys, monkeypatch, tmp_path
 ):
@@ -930,6 +939,10 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
     monkeypatch.setattr(distributed, "launch", launch)
     assert cli.main([*argv, "--nproc", "2"]) == 2  # another way of training: refused
     assert "already holds a finished run" in capsys.readouterr().err
+    here["dirty"] = True  # the same commit with changes in the tree: not this code's run
+    assert cli.main(argv) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+    here["dirty"] = False
     here["commit"] = "b" * 40  # other code since: refused as before, never trained over
     assert cli.main(argv) == 2
     assert "already holds a finished run" in capsys.readouterr().err
@@ -950,3 +963,143 @@ def test_a_usage_error_is_one_line_naming_the_help(argv, capsys):
     command = f"pdtbench {argv[0]}"
     assert err.count("\n") == 0 and err.startswith(f"{command}: error: ")
     assert err.endswith(f"(see {command} --help)")
+
+
+# ----------------------------------------------------------------------------- small parts
+
+
+def test_exit_statuses_are_the_shells_conventions():
+    # scripts and schedulers read these numbers; the tests elsewhere compare to the names
+    assert (cli.EXIT_FAILED, cli.EXIT_USAGE) == (1, 2)
+    assert (cli.EXIT_INTERRUPTED, cli.EXIT_BROKEN_PIPE, cli.EXIT_TERMINATED) == (130, 141, 143)
+
+
+def test_bare_pdtbench_prints_the_usage_and_exits_2(capsys):
+    assert cli.main([]) == cli.EXIT_USAGE
+    assert capsys.readouterr().out.startswith("usage: pdtbench {")
+    assert cli.main(["--help"]) == 0
+
+
+def test_did_you_mean_a_case_a_typo_or_a_papers_items():
+    from impl.cli_parser import did_you_mean
+
+    valid = ["sdgp.table1", "sdgp.fig8", "campfire.table1"]
+    assert did_you_mean("SDGP.Table1", valid) == " (did you mean 'sdgp.table1'?)"
+    assert did_you_mean("sdgp.tabel1", valid) == " (did you mean 'sdgp.table1'?)"
+    assert did_you_mean("sdgp", valid) == " (its items: sdgp.table1, sdgp.fig8)"
+    assert did_you_mean("SDGP", valid) == " (its items: sdgp.table1, sdgp.fig8)"
+    assert did_you_mean("sdg", valid) == ""  # a prefix of a paper's name is not the paper
+    assert did_you_mean("xyz", valid) == ""
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [(" True ", True), ("YES", True), ("on", True), ("1", True), ("NO", False),
+     ("False", False), ("off", False), ("0", False)],
+)  # fmt: skip
+def test_a_boolean_option_takes_the_usual_words_in_any_case(text, value):
+    assert cli._str2bool(text) is value
+
+
+def test_a_boolean_option_refuses_other_words():
+    with pytest.raises(argparse.ArgumentTypeError, match="expected true or false, got 'maybe'"):
+        cli._str2bool("maybe")
+
+
+def test_sdgp_rescale_alone_is_a_setting_of_the_default_pruning_function():
+    from impl.methods import method_class
+
+    parser = cli._train_parser(method_class("sdgp").Config)
+    args = parser.parse_args(["--rescale", "channel"])  # rescaled is SDGP's default
+    assert cli._conflicting_flags(args, "sdgp", False) == ""
+    args = parser.parse_args(["--rescale", "channel", "--prune-method", "magnitude"])
+    assert "--prune-method is magnitude" in cli._conflicting_flags(args, "sdgp", False)
+
+
+def test_result_note_gives_the_presets_epochs_only_when_fewer_were_trained():
+    summary = {"data_spec": {"num_classes": 10}, "top1": 12.0, "scale": "cpu"}
+    at_preset = cli._result_note({**summary, "epochs": 15})
+    assert "within twice chance" in at_preset and "trains 15 epochs" not in at_preset
+    assert "--scale cpu trains 15 epochs" in cli._result_note({**summary, "epochs": 14})
+
+
+def test_no_augment_trains_without_augmentation_and_resumes_with_the_flag_repeated(
+    tmp_path, capsys
+):
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    assert cli.main([*SMOKE, "--no-augment", "--out", str(off)]) == 0
+    assert json.loads((off / "config.json").read_text())["augment"] is False
+    assert cli.main([*SMOKE, "--out", str(plain)]) == 0
+    assert json.loads((plain / "config.json").read_text())["augment"] is not False
+    capsys.readouterr()
+    # repeating what the run was trained with changes nothing; turning it off does
+    assert cli.main(["train", "--resume", str(off), "--no-progress", "--no-augment"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(plain), "--no-augment"]) == 2
+    assert "--no-augment cannot change it" in capsys.readouterr().err
+
+
+def test_nproc_starts_torchrun_with_the_whole_train_command(tmp_path, monkeypatch):
+    from impl import distributed
+
+    seen = {}
+    monkeypatch.setattr(distributed, "launch", lambda argv, nproc: seen.update(a=argv, n=nproc))
+    argv = ["--scale", "smoke", "--nproc", "2", "--dist-timeout", "5", "--out", str(tmp_path)]
+    cli.main(["train", *argv])
+    assert seen == {"a": ["train", *argv], "n": 2}
+
+
+def test_a_torchrun_worker_takes_its_dist_timeout(tmp_path, monkeypatch, capsys):
+    # under torchrun the flag applies without --nproc, and reaches the worker's process group
+    from impl import distributed
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    seen = {}
+
+    def run_worker(fn, device, timeout_s=None, **kwargs):
+        seen["timeout"] = timeout_s
+        return {"top1": 50.0, "method": "dense"}
+
+    monkeypatch.setattr(distributed, "run_worker", run_worker)
+    argv = ["train", "--scale", "smoke", "--dist-timeout", "5", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert seen == {"timeout": 5.0}
+
+
+def test_eval_fgsm_attacks_at_0_005_and_01_by_default(tmp_path, monkeypatch, capsys):
+    import impl.robustness
+
+    seen = []
+    monkeypatch.setattr(impl.robustness, "check_attackable", lambda run_dir: None)
+
+    def attack(run_dir, eps, device, data_dir):
+        seen.append(list(eps))
+        return [{"eps": e, "top1": 10.0} for e in eps]
+
+    monkeypatch.setattr(impl.robustness, "eval_fgsm_run", attack)
+    assert cli.main(["eval-fgsm", str(tmp_path), "--device", "cpu"]) == 0
+    assert seen == [[0.0, 0.05, 0.1]]
+    assert f"{tmp_path}: eps 0.05: top-1 10.00%" in capsys.readouterr().out
+
+
+def test_a_command_restores_the_callers_sigterm_handler(monkeypatch):
+    import signal
+
+    def sentinel(signum, frame):
+        pass
+
+    seen = {}
+
+    def command(argv):
+        seen["during"] = signal.getsignal(signal.SIGTERM)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "report", command)
+    old = signal.signal(signal.SIGTERM, sentinel)
+    try:
+        assert cli.main(["report"]) == 0
+        assert seen["during"] is cli._raise_terminated  # a kill stops the command cleanly
+        assert signal.getsignal(signal.SIGTERM) is sentinel  # and the caller's handler is back
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -218,6 +218,10 @@ def test_cli_trains_a_registered_method_with_its_config_fields_as_flags(gmp_env,
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--penalty-ratio is an option of --method prunetrain, not of --method gmp" in err
+    # an option two methods have: both are named
+    assert cli.main(["train", "--final-sparsity", "0.5", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "--final-sparsity is an option of --method campfire or gmp, not of --method dense" in err
     with pytest.raises(SystemExit):  # a flag no method has: argparse's own refusal
         cli.main(["train", "--method", "gmp", "--no-such-flag", "1", "--out", str(run)])
 

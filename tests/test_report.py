@@ -668,6 +668,31 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
 
 
+def test_report_writes_reports_by_default_and_no_runs_leaves_the_runs_out(
+    tmp_path, runs_root, capsys, monkeypatch
+):
+    save_result(_result(), runs_root / "reproductions" / "sdgp.table1" / "smoke")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(runs_root)]) == 0  # the documented default folder: ./reports
+    assert (tmp_path / "reports" / "index.html").is_file()
+    assert capsys.readouterr().out.splitlines()[-1] == "report: reports/index.html"
+    # --no-runs: the results only, no runs page, though the folder holds runs
+    assert main([str(runs_root), "--no-runs", "--out", str(tmp_path / "o")]) == 0
+    assert "1 results, 0 complete runs, 0 incomplete" in capsys.readouterr().out
+    assert not (tmp_path / "o" / "runs.html").exists()
+    assert (tmp_path / "reports" / "runs.html").is_file()  # as it is without the flag
+    # a missing path is refused with --no-runs too, not skipped
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
+        main([str(runs_root), str(tmp_path / "missing"), "--no-runs", "--out", str(tmp_path)])
+    # runs only, and --no-runs: the error says the flag left them out
+    only_runs = tmp_path / "only-runs"
+    (only_runs / "r1").mkdir(parents=True)
+    (only_runs / "r1" / "config.json").write_text('{"method": "dense"}')
+    with pytest.raises(ValueError, match="--no-runs leaves out the run directories"):
+        main([str(only_runs), "--no-runs", "--out", str(tmp_path / "o3")])
+    assert not (tmp_path / "o3").exists()
+
+
 def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, capsys):
     results = tmp_path / "results"
     save_result(_result(), results / "sdgp.table1" / "smoke")

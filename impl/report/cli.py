@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(map(str, args.paths))}: {unreadable[0]['path']}: "
                 f"{unreadable[0]['reason']}"
             )
+        if args.no_runs and find_run_dirs(args.paths):
+            raise ValueError(
+                f"no result.json under {', '.join(map(str, args.paths))}, and --no-runs leaves "
+                "out the run directories it holds: drop --no-runs to report on them"
+            )
         raise ValueError(
             f"no result.json and no run directory under {', '.join(map(str, args.paths))}: "
             "make some first with `pdtbench reproduce TARGET` (results under "

@@ -86,6 +86,7 @@ from bench.run import (
     quiet_print,
     terminate_gracefully,
 )
+from impl.messages import first_line
 
 N_KEEP, M_GROUP = 2, 4
 #: Training images of ImageNet-1k (ILSVRC2012), for iterations per epoch.
@@ -496,7 +497,7 @@ def _sparse_phases(
     try:
         _tile_prune_compress(a_sets[0], backend)
     except Exception as exc:  # noqa: BLE001
-        row["tile_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        row["tile_reason"] = f"{type(exc).__name__}: {first_line(exc, 200)}"
     else:
         _attempt(
             row,

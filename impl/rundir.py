@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from impl.messages import first_line
 from impl.run_files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -200,12 +201,6 @@ def _umask() -> int:
     return mask
 
 
-def _first_line(err: BaseException) -> str:
-    """The first line of ``err``'s message (torch's messages go on with advice), or ``""``."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and a rename
     (:func:`atomic_write`)."""
@@ -287,7 +282,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], config_digest: str) ->
         if not any(k in str(err) for k in ("inline_container", "PytorchStreamWriter")):
             raise
         raise OSError(
-            f"{path}: the checkpoint could not be written ({_first_line(err)}; is the disk "
+            f"{path}: the checkpoint could not be written ({first_line(err)}; is the disk "
             "full?); the previous checkpoint is kept"
         ) from err
 
@@ -308,7 +303,7 @@ def load_checkpoint(run_dir: Path, config_digest: str | None = None) -> dict[str
     except Exception as err:  # torch raises several types for a damaged file
         # torch's first line says what failed; the rest of its message advises loading
         # without weights_only, which a damaged file does not need
-        first = _first_line(err)
+        first = first_line(err)
         why = "not a file torch saved, or a damaged one"
         if path.stat().st_size == 0:
             why = "the file is empty"

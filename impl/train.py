@@ -27,6 +27,7 @@ from impl import distributed, rundir
 from impl.config import TrainConfig
 from impl.data import check_dataset, dataset_dir_for, derived_seed
 from impl.memory import TrainingPeak
+from impl.messages import first_line
 from impl.methods import (
     ENV_VAR,
     Method,
@@ -309,7 +310,7 @@ def check_input_fits(cfg: TrainConfig, spec: Any) -> None:
         except RuntimeError as err:
             raise ValueError(
                 f"model {cfg.model!r} cannot take {spec.image_size}x{spec.image_size} images "
-                f"of {cfg.data!r} ({str(err).splitlines()[0]}); choose a larger --image-size "
+                f"of {cfg.data!r} ({first_line(err)}); choose a larger --image-size "
                 "or another --model"
             ) from None
 

@@ -1103,3 +1103,12 @@ def test_a_command_restores_the_callers_sigterm_handler(monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is sentinel  # and the caller's handler is back
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_first_line_of_an_error_message():
+    from impl.messages import first_line
+
+    err = RuntimeError("  CUDA error: misaligned address\nCompile with TORCH_USE_CUDA_DSA ")
+    assert first_line(err) == "CUDA error: misaligned address"
+    assert first_line(err, 10) == "CUDA error"
+    assert first_line(RuntimeError()) == "" and first_line(AssertionError(), 5) == ""

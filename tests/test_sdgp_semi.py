@@ -10,6 +10,7 @@ run the sparse product itself against a float64 reference.
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -245,6 +246,8 @@ REASON_CASES = [
     ),
     ({"cusparselt": False, "out_channels": 32, "capability": (8, 9)}, "cutlass's minimum"),
     ({"rows": 2**22, "cols": 2**10}, "exceeds 2**31 - 1"),
+    ({"rows": 2**22, "out_channels": 1024, "cols": 64}, "exceeds 2**31 - 1"),
+    ({"out_channels": 0}, "K=0"),
 ]
 REASON_IDS = [
     "supported",
@@ -267,6 +270,8 @@ REASON_IDS = [
     "cutlass-K96",
     "auto-to-cutlass-K32",
     "too-large",
+    "too-large-grad-operand",
+    "K0",
 ]
 
 
@@ -428,6 +433,93 @@ def test_out_of_memory_is_raised_not_a_fallback(monkeypatch, error):
     with pytest.raises(type(error), match="out of memory"):
         _grads(mod, x, torch.randn(2, 16, 5, 7))
     assert mod.fallback_reasons == [] and mod.fallback_calls == 0 and not mod._failed
+
+
+def test_a_library_error_without_a_message_falls_back_too(monkeypatch):
+    # RuntimeError() has no first line: the fallback reason must not fail on it
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError()
+
+    monkeypatch.setattr(semi, "sparse_data_grad", fails)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    ref = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    x, g = torch.randn(2, 8, 5, 5, dtype=torch.float64), torch.randn(2, 16, 5, 5).double()
+    torch.testing.assert_close(_grads(mod, x, g)[1], _grads(ref, x, g)[1])
+    assert mod.fallback_reasons == ["library error RuntimeError: "]
+
+
+def test_an_out_of_memory_message_in_any_case_is_raised(monkeypatch):
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("Out of memory while allocating the workspace")
+
+    monkeypatch.setattr(semi, "sparse_data_grad", oom)
+    mod = SDGPSemiConv2d.from_conv(nn.Conv2d(8, 16, 3, padding=1, bias=False), 2, 4)
+    with pytest.raises(RuntimeError, match="Out of memory"):
+        _grads(mod, torch.randn(2, 8, 5, 7), torch.randn(2, 16, 5, 7))
+    assert mod.fallback_calls == 0
+
+
+def test_support_is_asked_with_the_gemms_sizes(monkeypatch):
+    # rows = N*Ho*Wo, K output channels, cols = C*R*S (the column matrix, not C)
+    seen = {}
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return "not here"
+
+    monkeypatch.setattr(semi, "unsupported_reason", spy)
+    conv = nn.Conv2d(8, 16, 3, padding=1, stride=2, bias=False)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    mod(torch.randn(2, 8, 9, 7, requires_grad=True)).sum().backward()
+    assert (seen["rows"], seen["out_channels"], seen["cols"]) == (2 * 5 * 4, 16, 72)
+
+
+def test_a_failed_shape_is_remembered_by_its_input_shape(monkeypatch):
+    # 9x9 and 10x10 inputs of a stride-2 conv both give 5x5 outputs: a failure of one must
+    # not send the other to the reference path untried
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+    tried = []
+
+    def fails(rows, weight, input_shape, *args, **kwargs):
+        tried.append(input_shape[-1])
+        raise RuntimeError("not this shape")
+
+    monkeypatch.setattr(semi, "sparse_data_grad", fails)
+    conv = nn.Conv2d(8, 16, 3, padding=1, stride=2, bias=False)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    for size in (9, 10, 9, 10):
+        mod(torch.randn(2, 8, size, size, requires_grad=True)).sum().backward()
+    assert tried == [9, 10]
+
+
+def test_sparse_rows_prune_with_the_configured_eps():
+    g = torch.randn(2, 8, 3, 3, dtype=torch.float64) * 1e-2
+    rows = prune_rows(grad_rows(g), 2, 4, "rescaled", "plane", eps=0.5, impl="ref")
+    want = grad_rows(nm_prune(g, 2, 4, "rescaled", 1, "plane", eps=0.5, impl="ref"))
+    torch.testing.assert_close(rows, want, rtol=1e-12, atol=0)
+    default = prune_rows(grad_rows(g), 2, 4, "rescaled", "plane", impl="ref")
+    assert not torch.allclose(rows, default)  # eps matters at this scale
+
+
+def test_summary_names_the_sparse_backend_of_the_layers():
+    model = nn.Sequential(nn.Conv2d(8, 16, 3))
+    sdgp_semi_convert(model, 2, 4, "magnitude", sparse_backend="cutlass")
+    assert semi_summary(model)["sdgp_semi_backend"] == ["cutlass"]
+
+
+def test_assemble_1x1_with_unequal_strides_is_the_conv_input_gradient():
+    col = torch.randn(2 * 5 * 3, 4, dtype=torch.float64)
+    got = assemble_data_grad(col, (2, 4, 5, 6), (1, 1), (1, 2), (0, 0), (1, 1))
+    grad_out = col.reshape(2, 5, 3, 4).permute(0, 3, 1, 2)
+    eye = torch.eye(4, dtype=torch.float64).reshape(4, 4, 1, 1)
+    want = torch.nn.grad.conv2d_input((2, 4, 5, 6), eye, grad_out, (1, 2))
+    assert got.shape == (2, 4, 5, 6)
+    torch.testing.assert_close(got, want)
 
 
 def test_executed_flops_count_the_sparse_calls_at_half_the_data_gradient(monkeypatch):
@@ -725,9 +817,21 @@ def test_bench_derived_columns_and_slower_sentence():
     assert row["measured_saved_ms"] == -1.0 and row["speedup"] == 0.8
     assert row["sparse_faster"] is False and row["gemm_speedup"] == 2.0
     assert row["dense_tflops"] == pytest.approx(2.0)
+    assert row["sparse_tflops_equiv"] == pytest.approx(1.6)  # dense FLOPs in the sparse time
     fallback = {"status": "fallback", "dense_dgrad_ms": 4.0, "sparse_dgrad_ms": None, "flops": 1}
     bs._derive(fallback)
     assert fallback["speedup"] is None and fallback["measured_saved_ms"] is None
+
+
+def _summary_meta():
+    return {
+        "provenance": {"commit": "abc", "dirty": False, "date": "d", "gpu_name": "H100"},
+        "library": {"torch": "2.11", "cusparselt_available": False},
+        "device": "cuda:0",
+        "config": {"batch": 256, "resolution": 224, "memory_format": "nchw",
+                   "prune_method": "rescaled"},
+        "wall_seconds": 1,
+    }  # fmt: skip
 
 
 def test_bench_summary_says_which_layers_and_totals_are_slower():
@@ -747,14 +851,7 @@ def test_bench_summary_says_which_layers_and_totals_are_slower():
     it.update(dense_dgrad_ms=6.0, est_sparse_ms=3.0, est_saved_ms=3.0)
     it.update(semi_backend_dgrad_ms=9.0, measured_saved_ms=-3.0, reference_ms=7.0)
     rows = [layer("layer1.0.conv1", 4.0, 2.5), layer("layer1.0.conv2", 2.0, 6.5), it]
-    meta = {
-        "provenance": {"commit": "abc", "dirty": False, "date": "d", "gpu_name": "H100"},
-        "library": {"torch": "2.11", "cusparselt_available": False},
-        "device": "cuda:0",
-        "config": {"batch": 256, "resolution": 224, "memory_format": "nchw"},
-        "wall_seconds": 1,
-    }
-    meta["config"]["prune_method"] = "rescaled"
+    meta = _summary_meta()
     text = bs.summary(rows, meta)
     assert "Sparse slower than dense on 1 of 2 distinct layers: layer1.0.conv2." in text
     assert "semi-structured backend 9 ms (slower by 3; 0 convs" in text
@@ -1053,3 +1150,148 @@ def test_restored_counts_continue_and_a_restored_reason_is_logged_again(caplog):
     }
     assert mod.executed_density().data_grad == pytest.approx((3 * 0.5 + 7) / 10)
     assert sum("layer2.conv" in r.getMessage() for r in caplog.records) == 1
+
+
+SMALL_BENCH = dict(models=("resnet18",), dtypes=("bf16",), batch=2, resolution=32, small=True)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "path"),
+    [((1, 1), (1, 1), (0, 0), "1x1"), ((1, 1), (2, 2), (0, 0), "1x1-strided"),
+     ((3, 3), (1, 1), (1, 1), "fold")],
+    ids=["1x1", "1x1-strided", "3x3"],
+)  # fmt: skip
+def test_bench_layer_row_names_its_path_and_counts_the_gemms_flops(kernel, stride, padding, path):
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(**SMALL_BENCH, prune_method="magnitude")
+    layer = bs.LayerShape(("c",), (2, 16, 6, 6), 16, kernel, stride, padding, (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), cfg)  # a fallback row on a CPU
+    assert row["path"] == path
+    assert (row["gemm_k"], row["gemm_n"]) == (16, 16 * kernel[0] * kernel[1])
+    assert row["flops"] == 2 * row["gemm_m"] * row["gemm_k"] * row["gemm_n"]
+    assert row["rescale"] == ""  # a setting of rescaled pruning only
+
+
+def _library_as_dense_algebra(monkeypatch, product=None):
+    """The semi-structured library stood in by its dense algebra, so the sparse phases run on
+    a CPU; ``product`` replaces the sparse product."""
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kwargs: "")
+    monkeypatch.setattr(semi, "compress", lambda a, backend="auto": a.contiguous())
+    monkeypatch.setattr(
+        semi, "semi_matmul", product or (lambda sa, b, rows: torch.mm(sa, b)[:rows])
+    )
+
+
+@pytest.mark.parametrize("wrong", ["nan", "ten-percent"])
+def test_bench_a_sparse_product_off_by_nan_or_10_percent_is_an_error_row(monkeypatch, wrong):
+    from bench import sdgp_semi as bs
+
+    scale = math.nan if wrong == "nan" else 1.1
+    _library_as_dense_algebra(monkeypatch, lambda sa, b, rows: scale * torch.mm(sa, b)[:rows])
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["status"] == "error" and "differs from cuDNN" in row["reason"]
+    assert row.get("sparse_dgrad_ms") is None
+
+
+def test_bench_a_failed_timed_sparse_call_is_an_error_row(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    _library_as_dense_algebra(monkeypatch)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    monkeypatch.setattr(semi, "sparse_data_grad", fails)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["status"] == "error" and "timed sparse call failed" in row["reason"]
+    assert row["speedup"] is None
+
+
+def test_bench_a_tile_pruning_error_without_a_message_is_a_note(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    _library_as_dense_algebra(monkeypatch)
+
+    def fails(a, backend):
+        raise NotImplementedError()
+
+    monkeypatch.setattr(bs, "_tile_prune_compress", fails)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["status"] == "ok" and row["tile_reason"] == "NotImplementedError: "
+
+
+def test_bench_a_timing_that_runs_out_of_memory_is_recorded_as_oom():
+    from bench import sdgp_semi as bs
+
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    row = {}
+    assert bs._attempt(row, "spmm", oom) is False
+    assert row["spmm_ms"] is None
+    assert row["errors"][0].startswith("spmm: oom: OutOfMemoryError")
+
+
+@pytest.mark.parametrize("semi_calls", [5, 0], ids=["some-sparse", "none-sparse"])
+def test_bench_iteration_row_derives_the_whole_iterations_saving(monkeypatch, semi_calls):
+    from bench import sdgp_semi as bs
+
+    times = {"dense": 100.0, "sdgp_reference": 90.0, "sdgp_semi": 80.0}
+
+    def measured(model_name, variant, dtype_name, device, cfg):
+        out = {f"{variant}_iter_ms": times[variant]}
+        if variant == "sdgp_semi":
+            out.update(semi_calls=semi_calls, semi_fallback_calls=2)
+        return out
+
+    monkeypatch.setattr(bs, "training_iteration_times", measured)
+    cfg = bs.BenchConfig(**SMALL_BENCH)
+    layers = [_layer("ok", 2, 10.0, 4.0, 12.0), _layer("fallback", 3, 0.5, None, 0.9, "x")]
+    row = bs.iteration_row("resnet18", "bf16", layers, torch.device("cpu"), cfg)
+    assert (row["convs"], row["convs_sparse"], row["convs_fallback"]) == (5, 2, 3)
+    saved = 2 * 5.0 + 3 * 0.25  # the paper's estimate: half of each data gradient
+    assert row["est_iter_ms"] == pytest.approx(100.0 - saved)
+    assert row["est_saved_fraction"] == pytest.approx(saved / 100.0)
+    ipe = bs.iterations_per_epoch(cfg.batch)
+    assert row["est_iter_epoch_s"] == pytest.approx((100.0 - saved) * ipe / 1e3)
+    if semi_calls:
+        assert row["measured_saved_fraction"] == pytest.approx(0.2)
+        assert row["semi_iteration_note"].startswith("some convs")
+    else:
+        assert "measured_saved_fraction" not in row
+        assert row["semi_iteration_note"] == "every conv took the reference path"
+
+
+def test_bench_summary_counts_fallback_layers_neither_slower_nor_faster():
+    from bench import sdgp_semi as bs
+
+    def layer(name, dense, sparse, status="ok", reason=""):
+        row = {"kind": "layer", "model": "resnet18", "dtype": "bf16", "layer": name, "count": 1}
+        row.update(C=64, K=64, kernel="3x3", stride=1, H=56, W=56, status=status, flops=1e9)
+        row.update(dense_dgrad_ms=dense, sparse_dgrad_ms=sparse, reason=reason)
+        bs._derive(row)
+        return row
+
+    it = {"kind": "iteration", "model": "resnet18", "dtype": "bf16", "convs": 3}
+    it.update(convs_sparse=2, convs_fallback=1, iterations_per_epoch=5005)
+    meta = _summary_meta()
+    rows = [layer("a", 4.0, 2.5), layer("b", 2.0, 6.5),
+            layer("c", 1.0, None, "fallback", "groups=2: grouped"), it]  # fmt: skip
+    text = bs.summary(rows, meta)
+    assert "Sparse slower than dense on 1 of 2 distinct layers: b." in text
+    assert "| fallback: groups=2: grouped |" in text
+
+
+def test_bench_main_exits_1_when_a_row_is_an_error(monkeypatch, tmp_path):
+    from bench import sdgp_semi as bs
+
+    monkeypatch.setenv(bs.ENV_SMALL, "1")
+    rows = [{"status": "ok"}, {"status": "fallback"}]
+    monkeypatch.setattr(bs, "run", lambda cfg, device, out: (rows, {"wall_seconds": 0}))
+    assert bs.main(["--out", str(tmp_path), "--device", "cpu"]) == 0
+    rows.append({"status": "error"})
+    assert bs.main(["--out", str(tmp_path), "--device", "cpu"]) == 1

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from impl.messages import first_line
 from impl.methods.sdgp import (
     SDGPConv2d,
     _set_submodule,
@@ -690,7 +691,7 @@ class SDGPSemiConv2d(SDGPConv2d):
         except Exception as err:  # noqa: BLE001 - a library failure falls back, OOM does not
             if _is_oom(err):
                 raise
-            reason = f"library error {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            reason = f"library error {type(err).__name__}: {first_line(err, 200)}"
             self._failed[self._key(grad_out, x.shape)] = reason
             self._note_fallback(reason)
             pruned = rows_to_nchw(rows, tuple(grad_out.shape[2:]))  # type: ignore[arg-type]

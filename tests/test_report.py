@@ -1227,3 +1227,148 @@ def test_a_result_is_refused_without_what_its_tables_need_and_saved_as_strict_js
     other = tmp_path / "r" / "summary.json"
     other.write_text("{}")
     assert find_results([other]) == [] and find_results([path]) == [path]
+
+
+# ----------------------------------------------------------------------------- what a page says
+
+
+def test_labels_spell_models_data_and_counts_as_the_papers():
+    from impl.report.labels import data_name, metric_label, model_name, n_label
+
+    assert data_name("cifar100") == "CIFAR-100" and data_name("cifar10") == "CIFAR-10"
+    assert model_name("resnet50_v1.5") == "ResNet-50 v1.5"
+    assert model_name(None) == "?" and model_name("") == "?"
+    assert n_label(3, [0]) == "(n=3)"  # three measurements of one seed are not one
+    assert metric_label("sparsity", "%") == (
+        "sparsity (Campfire: zero weights; PruneTrain: inference FLOPs saved, %)"
+    )
+
+
+def test_runs_page_keeps_every_scale_and_puts_methods_on_the_x_axis(monkeypatch):
+    import impl.report.pages as pages
+
+    kept = {}
+    real_draw = pages.draw
+
+    def spying_draw(kind, data, **kw):
+        kept[kw["title"]] = fig = real_draw(kind, data, **kw)
+        return fig
+
+    monkeypatch.setattr(pages, "draw", spying_draw)
+    runs = pd.DataFrame([{"run": "a", "method": "dense", "scale": "smoke", "top1": 90.0},
+                         {"run": "b", "method": "sdgp", "scale": "cpu", "top1": 80.0}])  # fmt: skip
+    section = pages.runs_section(runs)
+    assert section.scale == "cpu, smoke"
+    assert "scale" in section.tables[0].frame.columns
+    ax = kept["Final top-1 per method"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["dense", "sdgp"]
+    assert ax.get_legend().get_title().get_text() == "scale"
+    # summaries without a scale (written by hand, older code): shown, with "?" as the scale
+    section = pages.runs_section(runs.drop(columns="scale"))
+    assert section.scale == "?" and list(section.tables[0].frame["scale"]) == ["?", "?"]
+
+
+def test_index_shows_each_results_scale_and_every_commit_and_links_the_runs(tmp_path, runs_root):
+    other = _result("cpu", target="clicktrain.table1")
+    other.environment = {**ENV, "commit": "b" * 40}
+    render_reports([_result("cpu"), other], tmp_path, runs=load_runs([runs_root]))
+    index = (tmp_path / "index.html").read_text()
+    body, footer = index.split("<footer>")
+    assert "<td>cpu</td>" in body
+    assert "aaaaaaaaaaaa" in footer and "bbbbbbbbbbbb" in footer
+    page = (tmp_path / "sdgp.html").read_text()
+    assert '<a href="runs.html">runs</a>' in page.split("<h1>")[0]
+
+
+def test_a_paper_page_says_a_targets_result_is_unreadable_not_unrun(tmp_path):
+    expected = [{"target": "sdgp.fig9", "title": "F9", "needs": "gpu scale"}]
+    unreadable = [{"target": "sdgp.fig9", "path": "/x/result.json", "reason": "bad"}]
+    render_reports([], tmp_path, expected=expected, unreadable=unreadable)
+    assert "its result is unreadable (/x/result.json)" in (tmp_path / "sdgp.html").read_text()
+
+
+def test_comparison_cells_ci_of_every_delta_unknown_scale_and_verdict_colour():
+    from impl.report.html import _frame_html
+
+    frame = comparison_frame(
+        [{"row": "pt", "metric": "delta_top1_finetuned", "ours": -0.37, "ours_sd": 0.42, "n": 3}]
+    )
+    assert "95% CI -1.4, 0.7" in frame.loc[0, "Ours"]
+    assert (
+        comparison_frame([{"row": "x", "metric": "top1", "ours": 1.0, "n": 1}]).loc[0, "Scale"]
+        == "?"
+    )  # a number of ours without its scale is not "-"
+    assert format_number(-0.0) == "0"
+    verdict = comparison_frame([{"row": "c", "metric": "claim", "ours": 1.0, "n": 1, "scale": "cpu",
+                                 "verdict": "does not hold", "verdict_reason": "r"}])  # fmt: skip
+    assert 'class="verdict v-not"' in _frame_html(verdict)
+
+
+def test_result_figures_keep_their_axes_and_an_empty_one_is_listed(monkeypatch):
+    import impl.report.html as html
+
+    kept = []
+    real_draw = html.draw
+
+    def spying_draw(kind, data, **kw):
+        kept.append(fig := real_draw(kind, data, **kw))
+        return fig
+
+    monkeypatch.setattr(html, "draw", spying_draw)
+    r = _result("cpu")
+    r.figures = [
+        FigureSpec(kind="line", x="e", y="v", data=[{"e": 1, "v": 2.0}, {"e": 2, "v": 30.0}],
+                   xlabel="X", ylabel="Y", logy=True, title="t"),
+        FigureSpec(kind="bar", x="row", y="v", data=[], title="empty fig"),
+    ]  # fmt: skip
+    section = result_section(r)
+    ax = kept[0].axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("X", "Y")
+    assert (ax.get_yscale(), ax.get_xscale()) == ("log", "linear")
+    assert {"row": "empty fig", "reason": "no data to plot"} in section.missing
+    assert result_section(_result("cpu")).missing == _result("cpu").missing  # nothing added
+
+
+def test_provenance_reads_the_gpu_driver_and_pages_embed_only_their_own_images(tmp_path):
+    from impl.report.html import FigureBlock
+
+    rows = provenance_rows([("gpu", {**ENV, "gpu_name": "H100", "gpu_driver": "550.54"})])
+    assert rows.loc[0, "driver"] == "550.54"
+    out = tmp_path / "p.html"
+    render_html("p", [Section(title="s", figures=[FigureBlock("https://example.org/x.png")])], out)
+    assert "example.org" not in out.read_text()
+
+
+def test_run_options_are_listed_in_name_order_and_an_old_gpu_key_is_read(tmp_path):
+    d = _run(tmp_path, "r")
+    summary = json.loads((d / "summary.json").read_text())
+    summary["method_options"] = {"n": 2, "m": 1}
+    summary["environment"] = {**ENV, "gpu": "Tesla V100"}
+    (d / "summary.json").write_text(json.dumps(summary))
+    runs = load_runs([tmp_path])
+    assert runs.loc[0, "options"] == "m=1, n=2"
+    assert runs.loc[0, "gpu_name"] == "Tesla V100"
+
+
+def test_bars_and_lines_show_the_standard_deviation_their_captions_name():
+    bars = draw("bar", pd.DataFrame({"x": ["a"] * 3, "y": [1.0, 2.0, 3.0]}), x="x", y="y")
+    assert sorted(bars.axes[0].lines[0].get_ydata()) == [1.0, 3.0]  # mean 2 +- sd 1
+    band = draw("line", pd.DataFrame({"x": [1, 1, 1, 2, 2, 2], "y": [1.0, 2.0, 3.0] * 2}),
+                x="x", y="y").axes[0].collections[0].get_paths()[0].vertices  # fmt: skip
+    assert (band[:, 1].min(), band[:, 1].max()) == pytest.approx((1.0, 3.0))
+
+
+def test_a_figure_without_labels_names_its_y_column_and_reads_numbers_in_text():
+    ax = draw("bar", pd.DataFrame({"x": ["a", "b"], "y": ["1.5", "2"]}), x="x", y="y").axes[0]
+    assert ax.get_ylabel() == "y"
+    assert sorted(p.get_height() for p in ax.patches) == [1.5, 2.0]
+    nine = pd.DataFrame({"x": list("abcdefghi"), "y": [1.0] * 9})
+    assert crowded_axis(nine, "bar", "x")
+
+
+def test_a_heatmap_puts_x_across_and_hue_down_with_the_mean_of_repeats():
+    data = pd.DataFrame({"m": [4, 4, 8], "r": ["r=2"] * 2 + ["r=8"], "top1": [99.0, 98.0, 97.0]})
+    ax = draw("heatmap", data, x="m", y="top1", hue="r").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["r=2", "r=8"]
+    assert "98.5" in [t.get_text() for t in ax.texts]

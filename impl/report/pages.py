@@ -91,6 +91,8 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
     if runs.empty:
         section.text = "No complete run was found."
         return section
+    if "scale" not in runs.columns:  # summaries written without it (by hand, older code)
+        runs = runs.assign(scale="?")
     cols = [c for c in RUN_TABLE_COLUMNS if c in runs.columns]
     section.tables.append(Table(runs[cols], "complete runs; every row carries its scale"))
     scales = sorted(set(runs["scale"].dropna().astype(str)))

@@ -779,6 +779,11 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
     segments = [seg for coll in ax.collections for seg in coll.get_segments()]
     spans = sorted(round(float(abs(seg[1] - seg[0]).max()), 6) for seg in segments)
     assert spans == pytest.approx(sorted([0.0, 0.0, 2 * half, 2 * 2 * half]))
+    # and each on its own axis: the y interval upright (sd 1), the x interval across (sd 2)
+    upright = [float(seg[1][1] - seg[0][1]) for seg in segments if seg[0][0] == seg[1][0]]
+    across = [float(seg[1][0] - seg[0][0]) for seg in segments if seg[0][1] == seg[1][1]]
+    assert max(map(abs, upright)) == pytest.approx(2 * half)
+    assert max(map(abs, across)) == pytest.approx(4 * half)
     assert any(list(line.get_ydata()) == [0.0, 0.0] for line in ax.lines)  # the zero line
     with pytest.raises(ValueError, match="hue"):
         draw("tradeoff", data, x="saved", y="d")
@@ -1372,3 +1377,11 @@ def test_a_heatmap_puts_x_across_and_hue_down_with_the_mean_of_repeats():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["r=2", "r=8"]
     assert "98.5" in [t.get_text() for t in ax.texts]
+
+
+def test_a_log_axis_over_more_than_a_decade_keeps_its_powers_of_ten():
+    data = pd.DataFrame({"x": ["a", "b", "c"], "t": [60.0, 17.0, 3.0]})  # 20x: over a decade
+    ax = draw("bar", data, x="x", y="t", logy=True).axes[0]
+    assert "10^" in ax.yaxis.get_major_formatter()(100.0, 0)
+    narrow = draw("bar", data.assign(t=[6.0, 4.0, 3.0]), x="x", y="t", logy=True).axes[0]
+    assert narrow.yaxis.get_major_formatter()(5.0, 0) == "5"  # under a decade: plain numbers

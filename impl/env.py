@@ -119,10 +119,14 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _visible_gpu_selector() -> str:
-    """The first entry of CUDA_VISIBLE_DEVICES (an index or a UUID), or "0"."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return value or "0"
+def _visible_gpu_selector() -> str | None:
+    """The first entry of CUDA_VISIBLE_DEVICES (an index or a UUID), "0" where it is unset,
+    and None where it hides every GPU from CUDA (set empty, or a negative index first)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return "0"
+    first = value.split(",")[0].strip()
+    return None if not first or first.startswith("-") else first
 
 
 def _decode(value: Any) -> Any:
@@ -199,10 +203,11 @@ def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
         rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines()]
         return [r for r in rows if len(r) == len(_SMI_QUERY)] or None
 
-    every = query()
+    selector = _visible_gpu_selector()
+    every = query() if selector is not None else None
     if not every:
         return None
-    chosen = query("-i", _visible_gpu_selector()) or every
+    chosen = query("-i", selector) or every
     row = dict(zip(_SMI_QUERY, chosen[0]))
     return {
         "gpu_name": row["name"] or None,
@@ -268,6 +273,9 @@ def _gpu_info_nvml() -> dict[str, Any]:
             info["nvml_error"] = "NVML sees no GPU"
             return info
         selector = _visible_gpu_selector()
+        if selector is None:
+            info["nvml_error"] = "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+            return info
         if selector.isdigit():
             handle = pynvml.nvmlDeviceGetHandleByIndex(int(selector))
         else:

@@ -151,7 +151,7 @@ def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.nvmlSystemGetDriverVersion = lambda: "999.01"
     fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=81559 * 2**20)
     fake.nvmlDeviceGetClockInfo = lambda h, c: {1: 1755, 2: 2619}[c]
-    fake.nvmlDeviceGetMaxClockInfo = lambda h, c: {1: 1980, 2: 2619}[c]
+    fake.nvmlDeviceGetMaxClockInfo = lambda h, c: {1: 1980, 2: 3201}[c]
 
     def no_power(h):
         raise RuntimeError("not supported")
@@ -167,6 +167,21 @@ def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["gpu_sm_clock_max_mhz"] == 1980
     assert info["gpu_power_limit_w"] is None and info["nvml_error"] is None
     assert info["gpu_source"] == "nvml"
+    # unset: GPU 0; a UUID: that GPU; set empty or -1: CUDA sees no GPU, and none is recorded
+    fake.nvmlDeviceGetHandleByUUID = lambda u: {b"GPU-abc": 1}[u]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert env.gpu_info()["gpu_name"] == "Fake GPU 0"
+    assert env.gpu_info()["gpu_mem_clock_max_mhz"] == 3201
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
+    info = env.gpu_info()
+    assert info["gpu_name"] == "Fake GPU 1" and info["nvml_error"] is None
+    monkeypatch.setitem(sys.modules, "torch", None)  # no fallback finds this machine's GPU
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        info = env.gpu_info()
+        assert info["gpu_name"] is None and info["gpu_source"] is None
+        assert info["nvml_error"] == "CUDA_VISIBLE_DEVICES hides every GPU from this process"
 
 
 def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,6 +309,19 @@ def test_nvidia_smi_fills_the_gpu_fields_of_the_visible_gpu(tmp_path, monkeypatc
     assert info["gpu_power_limit_w"] is None and info["gpu_count"] == 2
     assert info["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert "--format=csv,noheader,nounits" in log.read_text()
+
+
+def test_nvidia_smi_skips_warning_lines_and_reads_each_column(tmp_path, monkeypatch) -> None:
+    row = "NVIDIA H200, 580.65.06, 143771, 1755, 2619, 1980, 3201, 262.50"
+    _fake_smi(tmp_path, monkeypatch, f"echo 'WARNING: infoROM is corrupted'; echo '{row}'")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    info = env.gpu_info_nvidia_smi()
+    assert info["gpu_count"] == 1 and info["gpus"] == ["NVIDIA H200"]
+    assert (info["gpu_sm_clock_mhz"], info["gpu_mem_clock_mhz"]) == (1755, 2619)
+    assert (info["gpu_sm_clock_max_mhz"], info["gpu_mem_clock_max_mhz"]) == (1980, 3201)
+    assert info["gpu_power_limit_w"] == 262.5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden from this process
+    assert env.gpu_info_nvidia_smi() is None
 
 
 def test_nvidia_smi_without_a_gpu_gives_none(tmp_path, monkeypatch) -> None:

@@ -93,12 +93,19 @@ def test_forward_shape_cifar(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "in_channels", "num_classes", "size"),
-    [("resnet20", 1, 7, 33), ("resnet9", 1, 100, 32), ("vgg11", 2, 3, 47), ("resnet18", 5, 13, 17)],
+    [
+        ("resnet20", 1, 7, 33),
+        ("resnet9", 1, 100, 32),
+        ("vgg11", 2, 3, 47),
+        ("resnet18", 5, 13, 17),
+        ("prunetrain_resnet50", 1, 7, 32),
+    ],
     ids=[
         "resnet20-1ch-7cls-33px",
         "resnet9-1ch-100cls",
         "vgg11-2ch-3cls-47px",
         "resnet18-5ch-17px",
+        "prunetrain-resnet50-1ch-7cls",
     ],
 )
 def test_forward_shape_odd_sizes(name: str, in_channels: int, num_classes: int, size: int) -> None:
@@ -281,6 +288,7 @@ def test_models_and_stems_listed() -> None:
         ({"name": "resnet18", "stem": "tiny"}, "cifar, imagenet"),
         ({"name": "vgg11", "num_classes": 0}, ">= 1"),
         ({"name": "resnet20", "in_channels": 0}, ">= 1"),
+        ({"name": "prunetrain_resnet50", "stem": "imagenet"}, "valid stems for it: cifar"),
     ],
     ids=[
         "bad-name",
@@ -289,6 +297,7 @@ def test_models_and_stems_listed() -> None:
         "bad-stem",
         "0-classes",
         "0-channels",
+        "prunetrain-resnet50-imagenet-stem",
     ],
 )
 def test_bad_arguments_raise(kwargs: dict, match: str) -> None:
@@ -310,3 +319,90 @@ def test_state_dict_matches_torchvision(name: str) -> None:
     ours_sd = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     theirs_sd = {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
     assert ours_sd == theirs_sd
+
+
+# torchvision's published GFLOPS of its models (multiply-adds, in billions, at 224x224; the
+# "GFLOPS" column of torchvision's model table), which the ImageNet models here must meet.
+TORCHVISION_GMACS = {"resnet18": 1.81, "resnet34": 3.66, "resnet50": 4.09, "resnet101": 7.80,
+                     "vgg11": 7.61, "vgg13": 11.31, "vgg16": 15.47}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(TORCHVISION_GMACS), ids=list(TORCHVISION_GMACS))
+def test_imagenet_multiply_adds_equal_torchvisions(name: str) -> None:
+    from impl.flops import training_flops
+
+    with torch.device("meta"):
+        model = create(name, num_classes=1000, stem="imagenet")
+    report = training_flops(model, (3, 224, 224))
+    macs = sum(layer.macs for layer in report.layers if layer.kind != "bn")
+    assert round(macs / 1e9, 2) == TORCHVISION_GMACS[name]
+
+
+def _inputs_of(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
+    seen: dict[str, torch.Tensor] = {}
+    modules = dict(model.named_modules())
+    for name in names:
+        modules[name].register_forward_pre_hook(lambda m, i, name=name: seen.update({name: i[0]}))
+    with torch.no_grad():
+        model.eval()(x)
+    return seen
+
+
+def test_imagenet_stem_halves_twice_before_the_first_stage() -> None:
+    model = create("resnet18", num_classes=1000, stem="imagenet")
+    seen = _inputs_of(model, ["bn1", "layer1"], torch.randn(1, 3, 224, 224))
+    assert seen["bn1"].shape == (1, 64, 112, 112)  # the 7x7 stride-2 conv, padding 3
+    assert seen["layer1"].shape == (1, 64, 56, 56)  # then the 3x3 stride-2 max pool
+    assert seen["layer1"].min() >= 0  # after the stem's ReLU
+
+
+def test_every_bottleneck_conv_takes_a_relu_output() -> None:
+    torch.manual_seed(0)
+    model = create("prunetrain_resnet50")
+    names = [n for n, m in model.named_modules() if isinstance(m, Bottleneck)]
+    convs = [f"{n}.{c}" for n in names for c in ("conv2", "conv3")]
+    seen = _inputs_of(model, convs, torch.randn(2, 3, 32, 32))
+    assert len(seen) == 2 * 24 and all(t.min() >= 0 for t in seen.values())
+
+
+def test_resnet9s_second_residual_runs_after_its_pool() -> None:
+    model = create("resnet9")
+    seen = _inputs_of(model, ["layer2.2"], torch.randn(1, 3, 32, 32))
+    assert seen["layer2.2"].shape == (1, 256, 8, 8)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "vgg11"])
+def test_every_conv_is_kaiming_normal_over_its_fan_out(name: str) -> None:
+    torch.manual_seed(0)
+    for m in create(name).modules():
+        if isinstance(m, nn.Conv2d) and m.weight.numel() >= 1000:
+            out, _, kh, kw = m.weight.shape
+            assert m.weight.std().item() == pytest.approx((2 / (out * kh * kw)) ** 0.5, rel=0.1)
+
+
+def test_vgg_layers_heads_and_init() -> None:
+    from impl.models.vgg import CONFIGS, VGG
+
+    torch.manual_seed(0)
+    model = create("vgg11")
+    types_ = [type(m) for m in model.features[:4]]
+    assert types_ == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d]
+    assert sum(isinstance(m, nn.ReLU) for m in model.features) == 8
+    assert model.features(torch.randn(1, 3, 32, 32)).shape == (1, 512, 1, 1)
+    assert type(model.avgpool) is nn.AdaptiveAvgPool2d
+    assert all(torch.equal(m.bias, torch.zeros_like(m.bias)) for m in model.features
+               if isinstance(m, nn.Conv2d) and m.bias is not None)  # fmt: skip
+    big = create("vgg11", num_classes=1000, stem="imagenet")
+    assert type(big.avgpool) is nn.AdaptiveAvgPool2d and big.avgpool.output_size == (7, 7)
+    assert [m.p for m in big.classifier if isinstance(m, nn.Dropout)] == [0.5, 0.5]
+    assert big.classifier[0].weight.std().item() == pytest.approx(0.01, rel=0.1)
+    with pytest.raises(ValueError, match="unknown stem"):
+        VGG(CONFIGS["vgg11"], stem="tiny")
+
+
+def test_a_cifar_resnet_depth_below_8_is_refused() -> None:
+    from impl.models.resnet import cifar_resnet
+
+    for depth in (2, 5):
+        with pytest.raises(ValueError, match="6n\\+2 with n >= 1"):
+            cifar_resnet(depth)

@@ -83,3 +83,54 @@ def test_prunable_spaces_of_vgg_skip_the_last_conv():
 def test_unknown_method_raises():
     with pytest.raises(ValueError, match="valid: dense, clicktrain"):
         ms.build_state("lottery", "resnet20")
+
+
+def test_method_settings_are_the_papers_and_authors_values():
+    # ClickTrain: 65% of kernels pruned, 4 of 9 positions kept; PruneTrain's stored lasso
+    # coefficient; SDGP 2:4 rescaled; Campfire 70%
+    assert ms.CLICKTRAIN_KERNEL_PRUNE == 0.65
+    assert ms.CLICKTRAIN_SPARSITY == pytest.approx(1 - 0.35 * 4 / 9)
+    assert ms.PRUNETRAIN_LASSO_COEFF == 3.79e-4 and ms.PRUNETRAIN_CHANNEL_PRUNE == 0.5
+    assert (ms.SDGP_N, ms.SDGP_M, ms.SDGP_METHOD) == (2, 4, "rescaled")
+    assert ms.CAMPFIRE_SPARSITY == 0.7
+    assert ms.build_state("sdgp", "resnet20").info["prune"] == "rescaled"
+
+
+def test_bottleneck_and_vgg_layers_each_method_prunes():
+    bottleneck = create("prunetrain_resnet50")
+    layers = ms.clicktrain_layers(bottleneck)
+    assert len(layers) == 24 and all(name.endswith(".conv2") for name in layers)
+    assert len(ms.prunable_spaces(bottleneck)) == 48  # conv1->conv2 and conv2->conv3
+    assert all(isinstance(norm, nn.BatchNorm2d) for _, norm, _ in ms.prunable_spaces(
+        create("vgg11")))  # fmt: skip
+    state = ms.build_state("prunetrain", "prunetrain_resnet50")
+    assert state.model.layer1[0].conv2.out_channels == 8
+    assert ms.build_state("prunetrain", "vgg11").model.features[0].out_channels == 32
+    before, after = state.info["channels_before"], state.info["channels_after"]
+    assert before > after
+    with pytest.raises(ms.Unavailable):
+        ms.build_state("prunetrain", "resnet9")
+
+
+def test_clicktrain_masks_differ_between_layers():
+    masks = ms.build_state("clicktrain", "resnet20").masks
+    assert not torch.equal(masks["layer1.0.conv1.weight"], masks["layer1.0.conv2.weight"])
+
+
+def test_allreduce_payload_fraction_against_a_dense_model_and_frozen_weights():
+    state = ms.build_state("prunetrain", "resnet20")
+    dense = create("resnet20")
+    payload = ms.allreduce_payload(state, dense_model=dense)
+    assert payload["dense_bytes"] == _dense_bytes(dense)
+    assert payload["payload_fraction"] == payload["payload_bytes"] / payload["dense_bytes"]
+    total = sum(p.numel() for p in state.model.parameters())
+    state.model.conv1.weight.requires_grad_(False)  # a frozen weight sends nothing
+    assert ms.allreduce_payload(state)["params_sent"] == total - state.model.conv1.weight.numel()
+
+
+def test_build_state_follows_its_seed_stem_classes_and_trains():
+    a = ms.build_state("dense", "resnet18", seed=5, stem="imagenet", num_classes=100)
+    b = ms.build_state("dense", "resnet18", seed=5, stem="imagenet", num_classes=100)
+    assert torch.equal(a.model.conv1.weight, b.model.conv1.weight)
+    assert a.model.conv1.kernel_size == (7, 7) and a.model.fc.out_features == 100
+    assert a.model.training

@@ -220,7 +220,8 @@ def test_cuda_timing_skips_the_back_to_back_batch_for_a_long_call(host_clock_cud
 def test_cuda_timing_keeps_a_slow_first_call_out_of_its_estimate(host_clock_cuda):
     # A first call that does one-time work (here 60 ms, as an autotuning search) must not set
     # the number of timed calls: 10 ms of 0.5-ms calls is about 20 (10 at 1 ms on a loaded
-    # machine), not the minimum of 3 that an estimate of (60 + 0.5 + 0.5) / 3 ms would give.
+    # machine, 5 where a sleep there oversleeps to 2 ms), not the minimum of 3 that an
+    # estimate of (60 + 0.5 + 0.5) / 3 ms would give.
     calls = []
 
     def fn(i):
@@ -228,7 +229,7 @@ def test_cuda_timing_keeps_a_slow_first_call_out_of_its_estimate(host_clock_cuda
         time.sleep(0.06 if i == 0 else 0.0005)
 
     t = measure.cuda_timing(fn, warmup_ms=1, rep_ms=10, min_reps=3, amortize=0)
-    assert calls[0] == 0 and t.n >= 6
+    assert calls[0] == 0 and t.n > 3
     assert t.median_ms < 30  # the slow call is not among the timed ones
 
 

@@ -970,6 +970,79 @@ def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
     assert json.loads((tmp_path / "racecheck-coverage.json").read_text())["families_missing"]
 
 
+#: compute-sanitizer's console as a cut racecheck run leaves it (pytest -v beside it): the
+#: banner, two hazards (one after a test's name) and their continuation lines, no summary.
+_RACECHECK_CUT_LOG = """\
+========= COMPUTE-SANITIZER
+============================= test session starts ==============================
+tests/test_cuda_ops.py::test_a[f32-1x1x1] PASSED [  0%]
+tests/test_cuda_ops.py::test_a[f32-7x13x29] ========= Warning: Race reported between Read \
+access at pdt_spmm_f32_scalar+0x340
+=========     and Write access at pdt_spmm_f32_scalar+0x370 [4 hazards]
+=========\x20
+PASSED [  1%]
+========= Error: Race reported between Read access at pdt_spmm_tiled_f32_vec+0x7c0
+=========     and Write access at pdt_spmm_tiled_f32_vec+0x800 [500 hazards]
+"""
+
+
+def test_sanitizer_findings_are_the_reports_first_lines_not_banners_or_rules():
+    cov = _module("sanitizer_coverage")
+    found = cov.sanitizer_findings(_RACECHECK_CUT_LOG)
+    assert found == [
+        "Warning: Race reported between Read access at pdt_spmm_f32_scalar+0x340",
+        "Error: Race reported between Read access at pdt_spmm_tiled_f32_vec+0x7c0",
+    ]
+    clean = "========= COMPUTE-SANITIZER\n=== 3 passed ===\n========= ERROR SUMMARY: 0 errors\n"
+    assert cov.sanitizer_findings(clean) == []
+    memcheck = "========= Invalid __global__ read of size 4 bytes\n=========     at pdt_pack_b4\n"
+    assert cov.sanitizer_findings(memcheck) == ["Invalid __global__ read of size 4 bytes"]
+    assert cov.sanitizer_findings("========= RACECHECK SUMMARY: 0 hazards displayed\n") == []
+
+
+def test_sanitizer_coverage_fails_on_a_report_in_the_log_of_a_cut_run(tmp_path, capsys):
+    cov = _module("sanitizer_coverage")
+    first = _one_kernel_per_family()
+    ran = _launch_log(tmp_path / "r.jsonl", {first[f]: 1 for f in cov.SHARED_MEMORY_FAMILIES})
+    log = tmp_path / "racecheck.log"
+    log.write_text(_RACECHECK_CUT_LOG)
+    out = tmp_path / "cov.json"
+    argv = [str(ran), "--tool", "racecheck", "--json", str(out), "--sanitizer-log", str(log)]
+    assert cov.main(argv) == 2  # every family ran: only the reports fail it
+    assert "2 sanitizer report(s)" in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert got["findings"] == 2 and got["families_missing"] == []
+    assert got["finding_kinds"] == {
+        "Warning: Race reported between Read access": 1,
+        "Error: Race reported between Read access": 1,
+    }
+    log.write_text("========= COMPUTE-SANITIZER\n")
+    assert cov.main(argv) == 0
+    assert json.loads(out.read_text())["findings"] == 0
+
+
+def test_sanitizer_step_fails_a_cut_run_whose_log_holds_a_report(tmp_path):
+    """A sanitizer cut at its limit (124) reads "cut" only while its log holds no report."""
+    cov = _module("sanitizer_coverage")
+    first = _one_kernel_per_family()
+    _launch_log(
+        tmp_path / "racecheck-launches.jsonl", {first[f]: 1 for f in cov.SHARED_MEMORY_FAMILIES}
+    )
+    fn = f"source <(sed -n '/^covered() {{/,/^}}/p' {GPU_DIR / 'kernels.sh'})"
+    env = _env(tmp_path, DEST=str(tmp_path), PY=sys.executable)
+
+    def rc() -> int:
+        cmd = f"set -o pipefail; {fn}; covered racecheck 124"
+        return subprocess.run(
+            ["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True
+        ).returncode
+
+    (tmp_path / "racecheck.log").write_text("========= COMPUTE-SANITIZER\n")
+    assert rc() == 124  # cut, nothing reported: still "cut"
+    (tmp_path / "racecheck.log").write_text(_RACECHECK_CUT_LOG)
+    assert rc() == 1
+
+
 def test_loader_records_each_launch_by_kernel_name(monkeypatch):
     import types
     from contextlib import nullcontext

@@ -75,12 +75,35 @@ __device__ __forceinline__ void pdt_stage_b_rows(const T* __restrict__ Bz, i64 l
 }
 
 // ---------------------------------------------------------------------------------------
+// The SpMM kernels' per-step masks of used B rows, double-buffered: K-step s ORs into
+// used[s & 1]. After the barrier that ends a step's OR phase every thread reads used[b], and
+// thread 0 clears used[b ^ 1], which the last step's threads read before that same barrier and
+// the next step's threads OR into only after the step's closing barrier. No location is
+// written while another thread may read it (a single mask cleared at the top of each step was
+// read and cleared with no barrier between, which compute-sanitizer's racecheck reported).
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void pdt_clear_used_masks(u32 (&used)[2]) {
+  if (threadIdx.x == 0) {
+    used[0] = 0u;
+    used[1] = 0u;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ u32 pdt_take_used_mask(u32 (&used)[2], int b) {
+  __syncthreads();  // every OR into used[b] is done
+  const u32 u = used[b];
+  if (threadIdx.x == 0) used[b ^ 1] = 0u;
+  return u;
+}
+
+// ---------------------------------------------------------------------------------------
 // 2. Pattern SpMM (Sec. 5.2): C[z] = A * B[z], A sparse F x K (CSR), B[z] dense K x N.
 //    values  [nnz], row_ptr [F + 1], col_ind [nnz]  global
 //    B       [batch][K x N] global, row stride ldb, batch stride sb; read once per block
 //    C       [batch][F x N] global, row stride ldc, batch stride sc; written in full
 //    tile    [TK x TN] shared: the rows of B's current K-step that some row of the block uses
-//    used    [1] shared: bit k set when row k0 + k of B is needed by the block
+//    used    [2] shared: bit k set when row k0 + k of B is needed by the block (double-buffered)
 //    grid:   (ceil(F / WARPS), ceil(N / TN), batch); block: 32 * WARPS threads.
 //    One warp per output row, one block per 1-D tile of TN columns of WARPS rows. A K-step
 //    of TK = 32 columns of A holds at most 32 nonzeros of a row (sorted, unique), so each
@@ -100,7 +123,7 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
   static_assert(TK <= 32, "a K-step must fit one warp-wide load and the 32-bit 'used' mask");
   constexpr int TN = 32 * VEC * CPT;
   __shared__ __align__(16) T tile[TK * TN];
-  __shared__ u32 used;
+  __shared__ u32 used[2];
   const int lane = threadIdx.x & 31;
   const int f = blockIdx.x * PDT_SPMM_WARPS + (threadIdx.x >> 5);
   const int n0 = blockIdx.y * TN;
@@ -116,11 +139,8 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[i][j] = T(0);
 
-  for (int k0 = 0; k0 < K; k0 += TK) {
-    // Cleared only when set: after a K-step that every thread skipped (`used` == 0) others
-    // may still be reading it, and a store there would race with those reads.
-    if (threadIdx.x == 0 && used != 0u) used = 0u;
-    __syncthreads();
+  pdt_clear_used_masks(used);
+  for (int k0 = 0, b = 0; k0 < K; k0 += TK, b ^= 1) {
     // Phase 1: the row's nonzeros in columns [k0, k0 + TK) are the first `cnt` of the next 32.
     int c = 0x7fffffff;
     T v = T(0);
@@ -130,13 +150,12 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
     }
     const bool in = c < k0 + TK;
     const int cnt = __popc(__ballot_sync(PDT_FULL_MASK, in));
-    if (in) atomicOr(&used, 1u << (c - k0));
-    __syncthreads();
-    const u32 u = used;
-    if (u == 0u) continue;  // block-uniform: no row of this block has a nonzero here
+    if (in) atomicOr(&used[b], 1u << (c - k0));
+    const u32 u = pdt_take_used_mask(used, b);
     // Phase 2: stage the used rows of B's K-step tile in shared memory (coalesced).
-    pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
-    __syncthreads();
+    if (u != 0u) pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
+    __syncthreads();  // the tile is staged; every read of used[b] is done
+    if (u == 0u) continue;  // block-uniform: no row of this block has a nonzero here
     // Phase 3: multiply-accumulate from shared memory.
     for (int e = 0; e < cnt; ++e) {
       const int ce = __shfl_sync(PDT_FULL_MASK, c, e) - k0;
@@ -259,7 +278,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
   constexpr int TN = 32 * VEC * CPT;
   __shared__ __align__(16) T tile[TK * TN];
   __shared__ __align__(16) T atile[PDT_SPMM_WARPS * TK * RW];
-  __shared__ u32 used;
+  __shared__ u32 used[2];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int f0 = (blockIdx.x * PDT_SPMM_WARPS + warp) * RW;
@@ -275,19 +294,17 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
 
-  for (int k0 = 0; k0 < K; k0 += TK) {
-    if (threadIdx.x == 0 && used != 0u) used = 0u;  // as kernel 2: no store while read
-    __syncthreads();  // every read of the last K-step's tiles and `used` is done
+  pdt_clear_used_masks(used);
+  for (int k0 = 0, b = 0; k0 < K; k0 += TK, b ^= 1) {
     // Phase 1: the rows' values and column masks in this K-step.
     u32 rmask[RW];
     const u32 wmask = rows.gather(k0, lane, aw, rmask);
-    if (lane == 0 && wmask != 0u) atomicOr(&used, wmask);
-    __syncthreads();
-    const u32 u = used;
-    if (u == 0u) continue;  // block-uniform
+    if (lane == 0 && wmask != 0u) atomicOr(&used[b], wmask);
+    const u32 u = pdt_take_used_mask(used, b);
     // Phase 2: stage the used rows of B's K-step tile in shared memory (as kernel 2).
-    pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
-    __syncthreads();
+    if (u != 0u) pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
+    __syncthreads();  // the tile is staged; every read of used[b] is done
+    if (u == 0u) continue;  // block-uniform
     // Phase 3: one pass over the union of the warp's columns, ascending.
     for (u32 m = wmask; m != 0u; m &= m - 1u) {
       const int kk = __ffs((int)m) - 1;

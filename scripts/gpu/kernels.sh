@@ -20,7 +20,8 @@
 #                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, about 300 of 650;
 #                MEMCHECK_K="" takes them all) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got, and
-#                the step reads "cut", not a failure (a sanitizer report still fails it)
+#                the step reads "cut", not a failure (a sanitizer report in its log still
+#                fails it, cut or not)
 # After each sanitizer run, scripts/gpu/sanitizer_coverage.py reads the kernels its tests
 # launched (PDT_KERNEL_LAUNCH_LOG, tests/conftest.py) -> <tool>-coverage.json: the step fails
 # when a kernel family it must check never ran (memcheck: every one; racecheck: those with
@@ -86,13 +87,16 @@ step tests-other gpu 120 "$PYTEST -q -m gpu tests --ignore=tests/test_cuda_ops.p
   --ignore=tests/test_sdgp_semi.py --ignore=tests/test_sdgp.py --ignore=tests/test_sdgp_timing.py $XDIST \
   --junitxml=\"$DEST/tests-other.xml\" | tee \"$DEST/tests-other.log\""
 # covered TOOL RC: after a sanitizer run, which kernel families it launched against those it
-# must check (scripts/gpu/sanitizer_coverage.py) -> TOOL-coverage.json, appended to TOOL.log;
-# exits with the run's status RC, else the coverage's (1: a family it must check never ran).
+# must check, and the reports in its log (scripts/gpu/sanitizer_coverage.py) ->
+# TOOL-coverage.json, appended to TOOL.log; exits 1 when the log holds a report (a run cut at
+# its limit too: the sanitizer gives its error exit code only when it ends), else with the
+# run's status RC, else the coverage's (1: a family it must check never ran).
 covered() {
   "$PY" scripts/gpu/sanitizer_coverage.py "$DEST/$1-launches.jsonl" --tool "$1" \
     --kernels "$DEST/kernels.json" --kernels reports/gpu/kernels.json \
-    --json "$DEST/$1-coverage.json" | tee -a "$DEST/$1.log"
+    --sanitizer-log "$DEST/$1.log" --json "$DEST/$1-coverage.json" | tee -a "$DEST/$1.log"
   local c=$?
+  [ "$c" -eq 2 ] && return 1
   [ "$2" -ne 0 ] && return "$2"
   return $c
 }

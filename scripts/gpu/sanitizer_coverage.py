@@ -2,7 +2,7 @@
 must check.
 
     python scripts/gpu/sanitizer_coverage.py LOG --tool memcheck|racecheck
-        [--kernels reports/gpu/kernels.json ...] [--json PATH]
+        [--kernels reports/gpu/kernels.json ...] [--json PATH] [--sanitizer-log PATH]
 
 LOG holds the launch records that the test session under the sanitizer wrote as it went
 (``PDT_KERNEL_LAUNCH_LOG``: a JSON line per test that launched kernels, those launched since
@@ -15,8 +15,14 @@ ops launch; racecheck every family with a kernel that uses shared memory (the co
 :data:`SHARED_MEMORY_FAMILIES`, what ptxas reports for the sources). A sanitizer
 that reports nothing says nothing of a kernel it never ran: this makes that visible. Exit
 status 1 when a family it must check was not launched (a run cut at its time limit before it
-reached one reads so), or no record was written (the run ended before its first test). Used
-by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
+reached one reads so), or no record was written (the run ended before its first test).
+
+With ``--sanitizer-log`` it also counts the reports in the sanitizer's own console output
+(:func:`sanitizer_findings`) and exits with status 2 when there is any: compute-sanitizer's
+``--error-exitcode`` is given only at its exit, so a run stopped at its time limit would
+otherwise hide the hazards it had already printed (racecheck on a first H200 run printed 100
+shared-memory race reports before its cut, and the step read "cut"). Used by
+``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
 """
 
 from __future__ import annotations
@@ -81,6 +87,26 @@ def shared_memory_kernels(kernels_json: Path) -> set[str] | None:
     return {n for n, a in kernels.items() if (a.get("shared_size_bytes") or 0) > 0}
 
 
+#: A report's first line in compute-sanitizer's output: its prefix of nine "=" and a space
+#: (not part of a longer run of "=", as pytest's rules are; pytest -v may print a test's name
+#: before it), then text; continuation lines have more spaces there.
+_REPORT_LINE = re.compile(r"(?:^|[^=])========= (\S.*)$")
+#: Lines of that prefix that are not reports: the banner and the summaries.
+_NOT_A_REPORT = re.compile(r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY)")
+
+
+def sanitizer_findings(text: str) -> list[str]:
+    """The first line of each report in compute-sanitizer's console output ``text`` (a memcheck
+    access error, a racecheck hazard, an API error...), without the prefix, in order; the banner,
+    the summaries, a report's continuation lines and pytest's own rules are not counted."""
+    found = []
+    for line in text.splitlines():
+        m = _REPORT_LINE.search(line)
+        if m and not _NOT_A_REPORT.match(m.group(1)):
+            found.append(m.group(1).strip())
+    return found
+
+
 def coverage(launched: Counter[str], kernels: Iterable[str], must: Iterable[str]) -> dict[str, Any]:
     """Coverage by family: which of the ``must`` families were launched, which were not, and
     how many of all ``kernels`` (names) ran."""
@@ -100,12 +126,16 @@ def coverage(launched: Counter[str], kernels: Iterable[str], must: Iterable[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line; prints the coverage, returns 1 when a required family did not run."""
+    """Command line; prints the coverage; returns 2 when the sanitizer's log holds a report, else
+    1 when a required family did not run, else 0."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", type=Path, help="PDT_KERNEL_LAUNCH_LOG of the sanitizer's run")
     p.add_argument("--tool", choices=("memcheck", "racecheck"), required=True)
     p.add_argument("--kernels", type=Path, action="append", default=[], help="kernels.json")
     p.add_argument("--json", type=Path, help="write the coverage here")
+    p.add_argument(
+        "--sanitizer-log", type=Path, help="the sanitizer's console output: count its reports"
+    )
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -138,9 +168,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("  NOT LAUNCHED (not checked): " + ", ".join(cov["families_missing"]))
     if records == 0:
         print(f"  no launch record in {args.log}: no test of the session ended (cut or crash)")
+    findings: list[str] = []
+    if args.sanitizer_log is not None:
+        text = args.sanitizer_log.read_text(errors="replace") if args.sanitizer_log.exists() else ""
+        findings = sanitizer_findings(text)
+        kinds = Counter(re.sub(r"\s+at\s.*|\+0x[0-9a-f]+.*", "", f) for f in findings)
+        cov.update(findings=len(findings), finding_kinds=dict(kinds.most_common()))
+        if findings:
+            print(f"  {len(findings)} sanitizer report(s) in {args.sanitizer_log}:")
+            for kind, n in kinds.most_common(5):
+                print(f"    {n} x {kind}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(cov, indent=1) + "\n")
+    if findings:
+        return 2
     return 1 if cov["families_missing"] or records == 0 else 0
 
 

@@ -1316,3 +1316,49 @@ def test_make_bench_gpu_runs_every_step_and_stops_only_on_a_signal(
         assert lines[5].startswith("asv run -E existing:same --quick --set-commit-hash ")
         assert "bench-gpu: every step ran" in res.stdout
     assert (res.returncode != 0) == make_fails, res.stdout + res.stderr
+
+
+def test_a_shallow_bundle_of_head_restores_that_commit_in_a_copy_without_git(tmp_path):
+    """prepare.sh's bundle holds HEAD without its parents; restore_git (common.sh) makes a
+    repository at that commit from it in a copy that has only files."""
+    src = tmp_path / "src"
+    src.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+
+    def run(cwd: Path, *args: str) -> str:
+        return subprocess.run(
+            [*git, *args], cwd=cwd, check=True, capture_output=True, text=True
+        ).stdout.strip()
+
+    run(src, "init", "-q", ".")
+    for i in range(3):
+        (src / "big.txt").write_text(f"{i}\n" * 50_000)
+        run(src, "add", "-A")
+        run(src, "commit", "-q", "-m", f"c{i}")
+    head = run(src, "rev-parse", "HEAD")
+    fn = f"source <(sed -n '/^shallow_bundle() {{/,/^}}/p' {GPU_DIR / 'prepare.sh'})"
+    bundle = tmp_path / "repo.bundle"
+    env = _env(tmp_path)
+    subprocess.run(["bash", "-c", f"{fn}; shallow_bundle {bundle}"], cwd=src, env=env, check=True)
+    listed = subprocess.run(
+        ["git", "bundle", "list-heads", str(bundle)], capture_output=True, text=True, check=True
+    ).stdout
+    assert listed.split()[0] == head
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "big.txt").write_text((src / "big.txt").read_text())
+    (copy / ".gpu").mkdir()
+    (copy / ".gpu" / "commit.txt").write_text(head + "\n")
+    (copy / ".gpu" / "repo.bundle").write_bytes(bundle.read_bytes())
+    fn = f"source <(sed -n '/^restore_git() {{/,/^}}/p' {GPU_DIR / 'common.sh'})"
+    res = subprocess.run(
+        ["bash", "-c", f"{fn}; restore_git"], cwd=copy, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"restored from .gpu/repo.bundle, HEAD {head}" in res.stdout
+    assert run(copy, "rev-parse", "HEAD") == head
+    assert run(copy, "rev-list", "--count", "HEAD") == "1"
+    parent = run(src, "rev-parse", "HEAD~1")
+    absent = subprocess.run(["git", "cat-file", "-e", parent], cwd=copy, capture_output=True)
+    assert absent.returncode != 0  # HEAD alone travelled, not its history
+    assert run(copy, "status", "--porcelain", "--untracked-files=no") == ""

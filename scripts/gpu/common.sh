@@ -273,6 +273,8 @@ restore_git() {
     fi
     [ -d .git ] || { git init -q . && touch .git/pdt-restored; } || return 1
     git config core.fileMode false
+    # the bundle holds HEAD without its parents (prepare.sh): a shallow boundary there
+    [ -n "$want" ] && echo "$want" > .git/shallow
     git fetch -q --no-tags .gpu/repo.bundle HEAD || return 1
     git update-ref refs/heads/main FETCH_HEAD && git symbolic-ref HEAD refs/heads/main || return 1
     git read-tree HEAD || return 1

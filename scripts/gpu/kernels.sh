@@ -101,7 +101,7 @@ covered() {
   return $c
 }
 export -f covered
-step racecheck gpu 90 "$need_cs; rm -f \"$DEST/racecheck-launches.jsonl\"; \
+step racecheck gpu 150 "$need_cs; rm -f \"$DEST/racecheck-launches.jsonl\"; \
   PDT_KERNEL_LAUNCH_LOG=\"$DEST/racecheck-launches.jsonl\" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
   $SAN_TIMEOUT \"\$CS\" --tool racecheck \$SAN_FLAGS $PYTEST $SAN_TESTS \
   \${RACECHECK_K:+-k \"\$RACECHECK_K\"} | tee \"$DEST/racecheck.log\"; covered racecheck \$?"

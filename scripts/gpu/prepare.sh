@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the device) before the device calls of docs/gpu-session.md:
 #   1. the wheels the device lacks -> .whl/ (scripts/gpu/fetch_wheels.sh, kept if present);
-#   2. .gpu/commit.txt (HEAD) and .gpu/repo.bundle (the history up to HEAD), so that the
+#   2. .gpu/commit.txt (HEAD) and .gpu/repo.bundle (the commit HEAD, without its history), so that the
 #      device copy, which receives files but no .git, gets a repository at the same commit
 #      (asv needs one; provenance records the commit; restore_git in common.sh);
 #   3. checks that .whl/ and .gpu/ are ignored and that what travels (the tree git does not
@@ -22,7 +22,22 @@ done
 
 git rev-parse HEAD > .gpu/commit.txt
 rm -f .gpu/repo.bundle
-git bundle create -q .gpu/repo.bundle HEAD
+# shallow_bundle OUT: the commit HEAD alone, from a clone of depth 1, as a bundle at OUT (an
+# absolute path). The whole history (reports committed again and again) made a bundle of over
+# 20 MiB, and nothing there reads past HEAD; restore_git (common.sh) marks the commit shallow
+# (.git/shallow) before it fetches, so its missing parents are not asked for.
+shallow_bundle() {
+  local tmp
+  tmp=$(mktemp -d)
+  git clone -q --depth 1 --no-tags "file://$PWD" "$tmp/r" \
+    && [ "$(git -C "$tmp/r" rev-parse HEAD)" = "$(git rev-parse HEAD)" ] \
+    && git -C "$tmp/r" bundle create -q "$1" HEAD
+  local rc=$?
+  rm -rf "$tmp"
+  [ "$rc" -eq 0 ] || echo "prepare: no shallow bundle of HEAD (is HEAD a branch?)" >&2
+  return $rc
+}
+shallow_bundle "$PWD/.gpu/repo.bundle"
 if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "prepare: WARNING: tracked files differ from HEAD; commit them, or the results say dirty"
 fi

@@ -453,7 +453,7 @@ def _spmm_impls(dev: str) -> list[Impl]:
         out += [
             _impl(
                 "pattern_spmm[cuda]",
-                "impl.ops.pattern_spmm, CUDA kernel (the faster of the two, timed once)",
+                "impl.ops.pattern_spmm, CUDA kernel (the fastest of the proven ones, timed once)",
                 dev,
                 impl="cuda",
             ),
@@ -470,6 +470,14 @@ def _spmm_impls(dev: str) -> list[Impl]:
                 dev,
                 impl="cuda",
                 paths={"spmm": "row_tiled"},
+            ),
+            _impl(
+                "pattern_spmm[cuda,pipelined]",
+                "impl.ops.pattern_spmm, CUDA kernel, several rows per warp, B's next tile "
+                "copied in (cp.async) during the current one (not in the automatic choice)",
+                dev,
+                impl="cuda",
+                paths={"spmm": "pipelined"},
             ),
             _impl(
                 "cublas_fp32", "torch.mm float32, TF32 off (cuBLAS)", dev, baseline=True, tf32=False

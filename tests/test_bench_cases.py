@@ -96,6 +96,7 @@ def test_implementations_per_device():
         "pattern_spmm[cuda]@cuda",
         "pattern_spmm[cuda,warp_row]@cuda",
         "pattern_spmm[cuda,row_tiled]@cuda",
+        "pattern_spmm[cuda,pipelined]@cuda",
         "torch_csr_spmm@cuda",
         "cublas_fp32@cuda",
         "cublas_tf32@cuda",

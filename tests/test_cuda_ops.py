@@ -361,18 +361,27 @@ def test_row_tiled_grid_has_a_block_per_warps_times_rows_per_warp_rows():
         256 / (w * rw32)
     )
     assert pattern_cuda.spmm_grid(torch.float64, w * rw64 + 1, 7, 2, "row_tiled") == (2, 1, 2)
-    with pytest.raises(ValueError, match="unknown spmm path 'tiled'; valid: row_tiled, warp_row"):
+    assert pattern_cuda.spmm_grid(torch.float32, 256, 50176, 1, "pipelined") == (
+        pattern_cuda.spmm_grid(torch.float32, 256, 50176, 1, "row_tiled")
+    )
+    with pytest.raises(
+        ValueError, match="unknown spmm path 'tiled'; valid: row_tiled, warp_row, pipelined"
+    ):
         pattern_cuda.spmm_grid(torch.float32, 8, 8, 1, "tiled")
 
 
 def test_spmm_variants_prefer_row_tiled_within_its_32_bit_offsets():
+    # the automatic choice: the proven kernels; every kernel runs when named
     assert pattern_cuda.spmm_variants(torch.float32, 1152) == ("row_tiled", "warp_row")
+    assert pattern_cuda.spmm_kernels(torch.float32, 1152) == pattern_cuda.SPMM_VARIANTS
+    assert "pipelined" in pattern_cuda.SPMM_UNPROVEN
     # A warp's rows hold at most RW * K nonzeros: offsets up to RW * K - 1, plus a lane (31).
     rw = pattern_cuda.ROWS_PER_WARP[torch.float64]
     too_long = -(-(2**31 - 32) // rw)  # the first K with RW * K >= 2^31 - 32
     assert rw * (too_long - 1) - 1 + 31 <= 2**31 - 1  # the largest K taken: offsets fit
     assert pattern_cuda.spmm_variants(torch.float64, too_long - 1)[0] == "row_tiled"
     assert pattern_cuda.spmm_variants(torch.float64, too_long) == ("warp_row",)
+    assert pattern_cuda.spmm_kernels(torch.float64, too_long) == ("warp_row",)
 
 
 def test_implicit_conv_refuses_a_column_offset_past_32_bits(monkeypatch):
@@ -416,7 +425,8 @@ def test_pick_times_same_bit_kernels_always_and_gradient_paths_with_cudnn(
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark_mode)
     monkeypatch.setattr(timed_choice, "_USES", collections.Counter())
     like = torch.zeros(1)
-    spmm = pattern_cuda._pick("spmm", "p", pattern_cuda.PATHS["spmm"], lambda p: p, like)
+    auto = pattern_cuda.spmm_variants(torch.float32, 1152)  # what _spmm offers the choice
+    spmm = pattern_cuda._pick("spmm", "p", auto, lambda p: p, like)
     assert spmm == "warp_row"
     conv = pattern_cuda._pick(
         "conv_forward", "p", ("implicit_tiled", "implicit"), lambda p: p, like
@@ -920,8 +930,8 @@ EMU_VARIANT_IDS = ["multi-block-odd", "batched-vec", "dense", "sparse"]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", EMU_VARIANT, ids=EMU_VARIANT_IDS)
 def test_emulated_spmm_variants_give_the_same_bits(emulated, case, dtype):
-    """warp_row and row_tiled sum each row in the same order: equal to the last bit, and
-    within the reference's tolerance."""
+    """warp_row, row_tiled and pipelined sum each row in the same order: equal to the last
+    bit, and within the reference's tolerance."""
     f_out, k, n, batch, density = case
     gen = torch.Generator().manual_seed(f_out * 31 + k)
     mask = torch.rand(f_out, k, generator=gen) < density
@@ -939,8 +949,13 @@ def test_emulated_spmm_variants_give_the_same_bits(emulated, case, dtype):
         assert torch.isfinite(poisoned).all(), f"{variant}: some outputs were not written"
     suf = "f32" if dtype == torch.float32 else "f64"
     kind = "vec" if n % (4 if dtype == torch.float32 else 2) == 0 else "scalar"
-    assert emulated == [f"pdt_spmm_tiled_{suf}_{kind}", f"pdt_spmm_{suf}_{kind}"]
+    assert emulated == [
+        f"pdt_spmm_tiled_{suf}_{kind}",
+        f"pdt_spmm_{suf}_{kind}",
+        f"pdt_spmm_piped_{suf}_{kind}",
+    ]
     assert torch.equal(outs["warp_row"], outs["row_tiled"])
+    assert torch.equal(outs["pipelined"], outs["row_tiled"])
     ref64 = pattern_spmm(vals.double(), idx.row_ptr, idx.col_ind, b.double(), impl="ref")
     same = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
     bound = pattern_spmm(
@@ -1030,13 +1045,16 @@ def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
         with pattern_cuda.forced_path("spmm", "row_tiled"):
             pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
         pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
+    with pattern_cuda.forced_path("spmm", "pipelined"):  # unproven: runs only when forced
+        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
     assert emulated == [
         "pdt_spmm_tiled_f32_scalar",
         "pdt_spmm_f32_scalar",
         "pdt_spmm_tiled_f32_scalar",
         "pdt_spmm_f32_scalar",
+        "pdt_spmm_piped_f32_scalar",
     ]
-    with pytest.raises(ValueError, match="valid: row_tiled, warp_row"):
+    with pytest.raises(ValueError, match="valid: row_tiled, warp_row, pipelined"):
         pattern_cuda.forced_path("spmm", "fastest")
 
 
@@ -1653,12 +1671,14 @@ def test_spmm_paper_shape(cuda_kernels, density):
         assert_within_tolerance(got, ref64, same, bound, 1152, dtype, f"spmm paper {variant}")
         outs[variant] = got
     assert torch.equal(outs["warp_row"], outs["row_tiled"])
+    assert torch.equal(outs["pipelined"], outs["row_tiled"])
     assert torch.equal(outs[None], outs["warp_row"])
     nnz = col_ind.numel()
     choices = timed_choice.timed_choices().items()
     picked = [v for k, v in choices if k.startswith("spmm: ") and f"nnz {nnz} " in k]
-    assert picked and picked[0]["path"] in pattern_cuda.SPMM_VARIANTS
-    assert set(picked[0]["ms"]) == set(pattern_cuda.SPMM_VARIANTS)
+    auto = pattern_cuda.spmm_variants(dtype, 1152)
+    assert picked and picked[0]["path"] in auto
+    assert set(picked[0]["ms"]) == set(auto)  # an unproven kernel is never timed for the choice
 
 
 def _sddmm_check(g, b, row_ptr, col_ind, mask, dtype, what):
@@ -2230,8 +2250,9 @@ def test_emulated_tiled_kernels_refuse_sizes_past_their_32_bit_offsets(emulated,
     monkeypatch.setitem(pattern_cuda.ROWS_PER_WARP, torch.float32, 2**31)
     idx = pattern_index(torch.ones(4, 9, dtype=torch.bool))
     vals = torch.ones(36)
-    with pytest.raises(ValueError, match="the row_tiled kernel cannot take K = 9"):
-        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, torch.ones(9, 5), variant="row_tiled")
+    for tiled in ("row_tiled", "pipelined"):
+        with pytest.raises(ValueError, match=f"the {tiled} kernel cannot take K = 9"):
+            pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, torch.ones(9, 5), variant=tiled)
     assert pattern_cuda.spmm_variants(torch.float32, 9) == ("warp_row",)
     x = torch.ones(1, 1, 4, 4)
     with pytest.raises(ValueError, match="the implicit_tiled kernel cannot take C\\*R\\*S = 9"):

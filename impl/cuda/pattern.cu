@@ -253,6 +253,54 @@ __device__ __forceinline__ void pdt_load_group(const T* __restrict__ ak, T (&a)[
   }
 }
 
+// A warp's multiply-accumulate over one staged K-step (kernels 2b and 2c): for each column kk
+// of the union `wmask` of its rows' columns, ascending, B's row kk of the tile (row stride
+// TN = 32 * VEC * CPT; CPT 16-byte loads per lane) times the RW values at aw[kk * RW ..],
+// into the accumulators of every row whose mask has kk (a warp-uniform branch).
+template <typename T, int VEC, int CPT, int RW>
+__device__ __forceinline__ void pdt_row_group_mac(const T* __restrict__ tile,
+                                                  const T* __restrict__ aw, u32 wmask,
+                                                  const u32 (&rmask)[RW], int lane,
+                                                  T (&acc)[RW][CPT][VEC]) {
+  constexpr int TN = 32 * VEC * CPT;
+  for (u32 m = wmask; m != 0u; m &= m - 1u) {
+    const int kk = __ffs((int)m) - 1;
+    T b[CPT][VEC];
+#pragma unroll
+    for (int i = 0; i < CPT; ++i)
+      pdt_load_vec<T, VEC>(tile + kk * TN + (i * 32 + lane) * VEC, b[i]);
+    T a[RW];
+    pdt_load_group<T, RW>(aw + kk * RW, a);
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      if ((rmask[r] >> kk) & 1u) {  // warp-uniform
+#pragma unroll
+        for (int i = 0; i < CPT; ++i)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) acc[r][i][j] += a[r] * b[i][j];
+      }
+    }
+  }
+}
+
+// The warp's rows f0 .. f0 + RW - 1 (those below F) of C (row stride ldc), columns n0 + the
+// lane's CPT vectors (those below N), from the accumulators.
+template <typename T, int VEC, int CPT, int RW>
+__device__ __forceinline__ void pdt_row_group_store(const T (&acc)[RW][CPT][VEC],
+                                                    T* __restrict__ Cz, i64 ldc, int f0, int F,
+                                                    int n0, int N, int lane) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    if (f0 + r >= F) continue;
+    T* __restrict__ Cr = Cz + (i64)(f0 + r) * ldc;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int n = n0 + (i * 32 + lane) * VEC;
+      if (n < N) pdt_store_vec<T, VEC>(Cr + n, acc[r][i]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2b. Row-tiled pattern SpMM: the product of 2 with RW rows per warp, so that each element of
 //    B read from shared memory serves every row of the warp that has a nonzero there.
@@ -306,35 +354,92 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
     __syncthreads();  // the tile is staged; every read of used[b] is done
     if (u == 0u) continue;  // block-uniform
     // Phase 3: one pass over the union of the warp's columns, ascending.
-    for (u32 m = wmask; m != 0u; m &= m - 1u) {
-      const int kk = __ffs((int)m) - 1;
-      T b[CPT][VEC];
+    pdt_row_group_mac<T, VEC, CPT, RW>(tile, aw, wmask, rmask, lane, acc);
+  }
+  pdt_row_group_store<T, VEC, CPT, RW>(acc, C + (i64)blockIdx.z * sc, ldc, f0, F, n0, N, lane);
+}
+
+// ---------------------------------------------------------------------------------------
+// 2c. Pipelined row-tiled pattern SpMM: kernel 2b's rows and arithmetic (the same sums in the
+//    same order: the same bits), with B's K-steps staged by asynchronous copies one step
+//    ahead, into two shared tiles, so that the loads of step s + 1 are in flight while step
+//    s multiplies. Every row of B's step is staged (no `used` mask: with WARPS * RW rows a
+//    block, nearly every row of a step is used at the papers' sparsities), and a step meets
+//    two barriers, not 2b's three. K-steps are of TKP = 16 columns, so that both tiles fit the
+//    static 48 KiB (2 x 16 x TN elements: 32 KiB in float32 and float64).
+//    Same arguments, layout, grid and vector rule as 2b.
+//    tile    [2][TKP x TN] shared: B's rows k0 .. k0 + TKP - 1 (zero past K), columns n0 ..
+//    atile   [WARPS][TKP x RW] shared: the warp's rows' values in the K-step, zero elsewhere
+//    Before sm_80 (no cp.async) the copies are plain loads and stores (pdt_cp_async).
+// ---------------------------------------------------------------------------------------
+#define PDT_SPMM_TKP 16
+
+// Stage B's rows [k0, k0 + TKP), columns [n0, n0 + TN) into tile (rows >= K and columns
+// >= N as zeros) with asynchronous copies of VEC elements, and commit them as one group.
+template <typename T, int VEC, int TN>
+__device__ __forceinline__ void pdt_stage_b_async(const T* __restrict__ Bz, i64 ldb, int k0,
+                                                  int K, int n0, int N, T* __restrict__ tile) {
+  constexpr int NV = TN / VEC;
+  for (int t = threadIdx.x; t < PDT_SPMM_TKP * NV; t += blockDim.x) {
+    const int kk = t / NV;
+    const int cv = t - kk * NV;
+    const int n = n0 + cv * VEC;
+    T* dst = tile + kk * TN + cv * VEC;
+    if (k0 + kk < K && n < N) {
+      pdt_cp_async<(int)(VEC * sizeof(T))>(dst, Bz + (i64)(k0 + kk) * ldb + n);
+    } else {
 #pragma unroll
-      for (int i = 0; i < CPT; ++i)
-        pdt_load_vec<T, VEC>(tile + kk * TN + (i * 32 + lane) * VEC, b[i]);
-      T a[RW];
-      pdt_load_group<T, RW>(aw + kk * RW, a);
-#pragma unroll
-      for (int r = 0; r < RW; ++r) {
-        if ((rmask[r] >> kk) & 1u) {  // warp-uniform
-#pragma unroll
-          for (int i = 0; i < CPT; ++i)
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[r][i][j] += a[r] * b[i][j];
-        }
-      }
+      for (int j = 0; j < VEC; ++j) dst[j] = T(0);
     }
   }
+  pdt_cp_async_commit();
+}
+
+template <typename T, int VEC, int CPT, int RW>
+__device__ __forceinline__ void pdt_spmm_piped_body(const T* __restrict__ values,
+                                                    const i64* __restrict__ row_ptr,
+                                                    const i64* __restrict__ col_ind,
+                                                    const T* __restrict__ B, T* __restrict__ C,
+                                                    int F, int K, int N, i64 ldb, i64 sb,
+                                                    i64 ldc, i64 sc) {
+  constexpr int TK = PDT_SPMM_TKP;
+  constexpr int TN = 32 * VEC * CPT;
+  __shared__ __align__(16) T tile[2][TK * TN];
+  __shared__ __align__(16) T atile[PDT_SPMM_WARPS * TK * RW];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int f0 = (blockIdx.x * PDT_SPMM_WARPS + warp) * RW;
+  const int n0 = blockIdx.y * TN;
+  const T* __restrict__ Bz = B + (i64)blockIdx.z * sb;
+  T* __restrict__ aw = atile + warp * (TK * RW);  // [TK][RW]: this warp's values
+  PdtRowGroup<T, RW, TK> rows(values, row_ptr, col_ind, f0, F);
+  T acc[RW][CPT][VEC];
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    if (f0 + r >= F) continue;
-    T* __restrict__ Cr = C + (i64)blockIdx.z * sc + (i64)(f0 + r) * ldc;
+  for (int r = 0; r < RW; ++r)
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-      const int n = n0 + (i * 32 + lane) * VEC;
-      if (n < N) pdt_store_vec<T, VEC>(Cr + n, acc[r][i]);
+    for (int i = 0; i < CPT; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
+
+  const int steps = (K + TK - 1) / TK;
+  pdt_stage_b_async<T, VEC, TN>(Bz, ldb, 0, K, n0, N, tile[0]);
+  for (int s = 0; s < steps; ++s) {
+    const int k0 = s * TK;
+    // Step s + 1's copies go to the tile that step s - 1 read: every thread passed the
+    // barrier that ended step s - 1 before any thread gets here.
+    if (s + 1 < steps) {
+      pdt_stage_b_async<T, VEC, TN>(Bz, ldb, k0 + TK, K, n0, N, tile[(s + 1) & 1]);
+      pdt_cp_async_wait<1>();  // this thread's copies of step s are done
+    } else {
+      pdt_cp_async_wait<0>();
     }
+    u32 rmask[RW];
+    const u32 wmask = rows.gather(k0, lane, aw, rmask);  // synchronises the warp
+    __syncthreads();  // every thread's copies of step s are done and visible
+    pdt_row_group_mac<T, VEC, CPT, RW>(tile[s & 1], aw, wmask, rmask, lane, acc);
+    __syncthreads();  // every read of tile[s & 1] is done before step s + 2's copies
   }
+  pdt_row_group_store<T, VEC, CPT, RW>(acc, C + (i64)blockIdx.z * sc, ldc, f0, F, n0, N, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -806,6 +911,20 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
                                     const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,   \
                                     i64 ldc, i64 sc) {                                        \
     pdt_spmm_tiled_body<T, 1, (TN) / 32, RW>(values, row_ptr, col_ind, B, C, F, K, N, ldb,    \
+                                             sb, ldc, sc);                                    \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 2)                        \
+      pdt_spmm_piped_##SUF##_vec(const T* values, const i64* row_ptr, const i64* col_ind,     \
+                                 const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,      \
+                                 i64 ldc, i64 sc) {                                           \
+    pdt_spmm_piped_body<T, VEC, (TN) / (32 * VEC), RW>(values, row_ptr, col_ind, B, C, F, K,  \
+                                                       N, ldb, sb, ldc, sc);                  \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 2)                        \
+      pdt_spmm_piped_##SUF##_scalar(const T* values, const i64* row_ptr, const i64* col_ind,  \
+                                    const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,   \
+                                    i64 ldc, i64 sc) {                                        \
+    pdt_spmm_piped_body<T, 1, (TN) / 32, RW>(values, row_ptr, col_ind, B, C, F, K, N, ldb,    \
                                              sb, ldc, sc);                                    \
   }                                                                                           \
   extern "C" __global__ void pdt_sddmm_##SUF##_vec(                                           \

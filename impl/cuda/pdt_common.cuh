@@ -228,6 +228,63 @@ __device__ __forceinline__ u32 pdt_warp_or(u32 v) {
 #endif
 }
 
+// -- asynchronous copies from global to shared memory (cp.async, sm_80 and newer) ----------
+// pdt_cp_async<BYTES>(dst, src) starts a copy of BYTES (4, 8 or 16; both addresses aligned to
+// it; dst in shared memory) that completes in the background; pdt_cp_async_commit() closes
+// the issuing thread's current group of copies, and pdt_cp_async_wait<N>() waits until at
+// most N of its committed groups are still in flight. A thread sees only its own copies done:
+// a barrier must follow before other threads read them. Before sm_80 and in the host
+// emulation a copy is an ordinary load and store, done at once, and waiting does nothing.
+template <int BYTES>
+struct PdtBytesT;
+template <>
+struct PdtBytesT<4> {
+  typedef u32 type;
+};
+template <>
+struct PdtBytesT<8> {
+  typedef u64 type;
+};
+template <>
+struct PdtBytesT<16> {
+  typedef struct __align__(16) {
+    u64 a, b;
+  } type;
+};
+
+template <int BYTES>
+__device__ __forceinline__ void pdt_cp_async(void* dst, const void* src) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(PDT_HOST_EMULATION) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+  typedef typename PdtBytesT<BYTES>::type W;
+  *reinterpret_cast<W*>(dst) = *reinterpret_cast<const W*>(src);
+#else
+  u32 d;
+  asm volatile("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }"
+               : "=r"(d)
+               : "l"(dst));
+  if (BYTES == 16) {  // .cg: through L2 only (the staged rows are read from shared memory)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(BYTES)
+                 : "memory");
+  }
+#endif
+}
+
+__device__ __forceinline__ void pdt_cp_async_commit() {
+#if !defined(PDT_HOST_EMULATION) && !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void pdt_cp_async_wait() {
+#if !defined(PDT_HOST_EMULATION) && !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // -- Philox-4x32-10 (Salmon et al., SC'11), the generator of cuRAND and torch --------------
 struct PdtU4 {
   u32 x, y, z, w;

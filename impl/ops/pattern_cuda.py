@@ -63,9 +63,21 @@ ROWS_PER_WARP = {  # rows of one warp of the row-tiled SpMM kernel
 }
 #: The SpMM kernels (``impl/cuda/pattern.cu``): ``warp_row`` is the paper's design (Sec. 5.2,
 #: one warp per output row, B's tile in shared memory); ``row_tiled`` gives each warp several
-#: rows so that one shared-memory read of B serves all of them. Both sum each row in the same
-#: order, so they give the same bits; which is faster depends on the sparsity and the GPU.
-SPMM_VARIANTS: tuple[str, ...] = ("row_tiled", "warp_row")
+#: rows so that one shared-memory read of B serves all of them; ``pipelined`` is
+#: ``row_tiled`` with B's next K-step copied in (cp.async) while the current one multiplies.
+#: All sum each row in the same order, so they give the same bits; which is faster depends on
+#: the sparsity and the GPU.
+SPMM_VARIANTS: tuple[str, ...] = ("row_tiled", "warp_row", "pipelined")
+#: SpMM kernels not yet shown correct and timed on a GPU: they run when named (``variant=``,
+#: :func:`forced_path`, the benchmark's own rows) but the automatic choice never picks them.
+SPMM_UNPROVEN: tuple[str, ...] = ("pipelined",)
+#: The SpMM kernels with a warp of several rows (the row-tiled grid, 32-bit offsets).
+_SPMM_ROW_TILED: tuple[str, ...] = ("row_tiled", "pipelined")
+_SPMM_KERNEL = {
+    "row_tiled": "pdt_spmm_tiled",
+    "warp_row": "pdt_spmm",
+    "pipelined": "pdt_spmm_piped",
+}
 CONV_TILE: int = 32 * loader.DEFINES["PDT_CONV_CPT"]  # output positions per conv block
 SDDMM_SEG: int = loader.DEFINES["PDT_SDDMM_SEG"]
 SDDMM_ROWS = {  # rows of the filter matrix per block of the row-tiled SDDMM kernel
@@ -91,6 +103,7 @@ def _kernel_names() -> tuple[str, ...]:
         names += [f"pdt_conv_implicit_tiled_{suf}"]
         for kind in ("vec", "scalar"):
             names += [f"pdt_spmm_{suf}_{kind}", f"pdt_spmm_tiled_{suf}_{kind}"]
+            names += [f"pdt_spmm_piped_{suf}_{kind}"]
             names += [f"pdt_sddmm_{suf}_{kind}", f"pdt_sddmm_tiled_{suf}_{kind}"]
     return tuple(names)
 
@@ -120,8 +133,9 @@ def spmm_grid(
     dtype: torch.dtype, n_rows: int, n_cols: int, batch: int, variant: str = "warp_row"
 ) -> tuple[int, int, int]:
     """Grid of an SpMM kernel (:data:`SPMM_VARIANTS`): (row tiles of WARPS rows, or of WARPS
-    x :data:`ROWS_PER_WARP` rows for ``row_tiled``; column tiles of TILE_N; batch)."""
-    tiled = timed_choice.check_path("spmm", variant) == "row_tiled"
+    x :data:`ROWS_PER_WARP` rows for ``row_tiled`` and ``pipelined``; column tiles of TILE_N;
+    batch)."""
+    tiled = timed_choice.check_path("spmm", variant) in _SPMM_ROW_TILED
     rows = WARPS * (ROWS_PER_WARP[dtype] if tiled else 1)
     grid = (math.ceil(n_rows / rows), math.ceil(n_cols / TILE_N[dtype]), batch)
     if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
@@ -132,14 +146,21 @@ def spmm_grid(
     return grid
 
 
-def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
-    """The SpMM kernels that can run an ``F x n_cols_a`` sparse matrix of ``dtype``, in
-    order of preference when none has been timed: ``row_tiled`` first (its shared-memory
-    traffic per useful multiply-add is at most that of ``warp_row``), except where a warp's
-    rows could hold 2^31 - 32 nonzeros or more (its 32-bit offsets, plus a lane)."""
+def spmm_kernels(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
+    """Every SpMM kernel that can run an ``F x n_cols_a`` sparse matrix of ``dtype``: all of
+    :data:`SPMM_VARIANTS`, except the row-tiled ones where a warp's rows could hold 2^31 - 32
+    nonzeros or more (their 32-bit offsets, plus a lane)."""
     if ROWS_PER_WARP[dtype] * n_cols_a < _MAX_INT - 31:
         return SPMM_VARIANTS
-    return ("warp_row",)
+    return tuple(v for v in SPMM_VARIANTS if v not in _SPMM_ROW_TILED)
+
+
+def spmm_variants(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
+    """The SpMM kernels the automatic choice times for an ``F x n_cols_a`` sparse matrix of
+    ``dtype``, in order of preference when none has been timed: ``row_tiled`` first (its
+    shared-memory traffic per useful multiply-add is at most that of ``warp_row``); those of
+    :func:`spmm_kernels` but :data:`SPMM_UNPROVEN`."""
+    return tuple(v for v in spmm_kernels(dtype, n_cols_a) if v not in SPMM_UNPROVEN)
 
 
 # -- interchangeable paths, timed once per problem (impl.ops.timed_choice) --------------------
@@ -338,7 +359,7 @@ def _spmm(
             ]
 
             def run(v: str) -> None:
-                name = "pdt_spmm_tiled" if v == "row_tiled" else "pdt_spmm"
+                name = _SPMM_KERNEL[v]
                 loader.launch(
                     _SRC,
                     f"{name}_{suf}_{'vec' if vec else 'scalar'}",
@@ -349,7 +370,7 @@ def _spmm(
                 )
 
             if variant is not None:
-                if timed_choice.check_path("spmm", variant) not in spmm_variants(dense_b.dtype, k):
+                if timed_choice.check_path("spmm", variant) not in spmm_kernels(dense_b.dtype, k):
                     raise ValueError(f"{op}: the {variant} kernel cannot take K = {k} columns")
                 chosen = variant
             else:
@@ -357,7 +378,11 @@ def _spmm(
                     f"{dense_b.dtype} {n_rows}x{k}x{n} batch {batch} nnz {values.numel()} "
                     f"{'vec' if vec else 'scalar'} {out.device}"
                 )
-                chosen = _pick("spmm", problem, spmm_variants(dense_b.dtype, k), run, out)
+                candidates = spmm_variants(dense_b.dtype, k)
+                pinned = timed_choice.forced_path("spmm")
+                if pinned in SPMM_UNPROVEN and pinned in spmm_kernels(dense_b.dtype, k):
+                    candidates = (*candidates, pinned)  # runs when forced, never chosen
+                chosen = _pick("spmm", problem, candidates, run, out)
             run(chosen)
     return out if batched else out[0]
 

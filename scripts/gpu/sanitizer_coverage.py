@@ -48,6 +48,7 @@ SHARED_MEMORY_FAMILIES: tuple[str, ...] = (
     "pdt_sddmm",
     "pdt_sddmm_tiled",
     "pdt_spmm",
+    "pdt_spmm_piped",
     "pdt_spmm_tiled",
 )
 

@@ -107,6 +107,6 @@ for p in "${PARTS[@]}"; do
       step pytest gpu 90 "PDTBENCH_BENCH_SCALE=gpu \"$PY\" -m pytest -q -p no:cacheprovider \
         bench --benchmark-only -k \"\$PYTEST_K\" --benchmark-json \"$DEST/pytest-benchmark.json\"" ;;
     asv)
-      step asv gpu 120 run_asv ;;
+      step asv gpu 150 run_asv ;;
   esac
 done

@@ -211,7 +211,7 @@ sub kernel-bench kernels" ;;
     rows) part rows 140 "sub rows bench rows" ;;
     iteration) part iteration 200 "sub iteration bench iteration" ;;
     pytest) part pytest 110 "sub pytest bench pytest" ;;
-    asv) part asv 140 "sub asv bench asv" ;;
+    asv) part asv 170 "sub asv bench asv" ;;
     figs) part figs 240 "RUN_TAG=reproduce-figs sub figs reproduce clicktrain.fig9 \
 clicktrain.fig10 sdgp.fig9 clicktrain.fig11" ;;
     fig7) part fig7 200 "RUN_TAG=reproduce-fig7 sub fig7 reproduce prunetrain.fig7" ;;

@@ -400,7 +400,29 @@ def _calibration_impls(dev: str) -> list[Impl]:
                 tf32=True,
             ),
         ]
-    return [copy, *gemm]
+    return [copy, *gemm, *_launch_impls(dev)]
+
+
+#: The launch levels of the ``launch`` calibration case, from torch's own launch to the whole
+#: op: where the host time of a short CUDA call goes (the first H200 run found 0.08-0.16 ms per
+#: call of the project's ops, docs/gpu-results.md).
+LAUNCH_LEVELS: dict[str, str] = {
+    "torch_launch": "one torch kernel on a 1-element tensor (Tensor.add_): torch's own launch",
+    "cupy_raw_launch": "CuPy RawKernel call of pdt_csr_gather_f32 (a 1 x 9 matrix) on torch's "
+    "stream, the kernel and arguments prepared once",
+    "loader_launch": "impl.cuda.loader.launch of the same kernel: arguments converted and "
+    "checked, CuPy's device and torch's stream entered, per call",
+    "pattern_csr_op": "impl.ops.pattern_csr(impl='cuda') of the same 1 x 9 matrix: the whole "
+    "op (its custom op, checks and launch)",
+}
+
+
+def _launch_impls(dev: str) -> list[Impl]:
+    levels = ["torch_launch"] if dev == "cpu" else list(LAUNCH_LEVELS)
+    return [
+        _impl(name, LAUNCH_LEVELS[name], dev, "memory", kinds=("launch",), level=name)
+        for name in levels
+    ]
 
 
 def _csr_impls(dev: str) -> list[Impl]:
@@ -686,6 +708,7 @@ def grid(suite: str, scale: str | None = None) -> list[Case]:
             )
         )
         cases.append(Case(suite, f"gemm-{cfg.gemm_n}", {"kind": "gemm", "n": cfg.gemm_n}))
+        cases.append(Case(suite, "launch-1x9", {"kind": "launch"}))
     elif suite == "csr":
         shapes: list[tuple[tuple[int, ...], str, tuple[float, ...]]] = [
             (PAPER_WEIGHT, "paper", cfg.csr_sparsities)
@@ -891,8 +914,58 @@ def _masked_weight(shape, sparsity, device, seed):
     return w, mask, kind
 
 
+def _prepare_launch(impl: Impl) -> Prepared:
+    """One short call at the launch level ``impl.options["level"]`` (:data:`LAUNCH_LEVELS`):
+    its ``issue_ms`` is the host time of a call, ``amortized_ms`` the per-call time of calls
+    back to back."""
+    dev = _device(impl)
+    level = impl.options["level"]
+    if level == "torch_launch":
+        x = torch.zeros(1, device=dev)
+        return Prepared([("op", lambda i: x.add_(1.0))], dev, bytes=8.0, info={"level": level})
+    _cuda_kernels_check(impl)
+    import numpy as np
+
+    from impl.cuda import loader
+    from impl.ops import pattern_csr, pattern_index
+
+    w = _randn((1, 1, 3, 3), dev, 0)
+    index = pattern_index(torch.ones(1, 1, 3, 3, dtype=torch.bool, device=dev))
+    val = torch.empty(9, device=dev)
+    name, grid, block = "pdt_csr_gather_f32", (1, 1, 1), (128, 1, 1)
+    args = [w, np.int64(9), index.row_ptr, index.col_ind, val, np.int64(1)]
+    if level == "pattern_csr_op":
+
+        def fn(i):
+            return pattern_csr(w, index.row_ptr, index.col_ind, impl="cuda", index=index)
+
+    elif level == "loader_launch":
+
+        def fn(i):
+            loader.launch("pattern.cu", name, grid, block, args, dev)
+            return val
+
+    elif level == "cupy_raw_launch":
+        cupy = _cupy()[0]
+        device_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        kernel = loader.get_function("pattern.cu", name, device_index)
+        cargs = loader.kernel_args(args, device_index, name)
+        stream = loader.torch_stream(device_index)
+
+        def fn(i):
+            with cupy.cuda.Device(device_index), stream:
+                kernel(grid, block, cargs)
+            return val
+
+    else:  # pragma: no cover - guarded by implementations()
+        raise ValueError(f"unknown launch level {level}")
+    return Prepared([("op", fn)], dev, bytes=2.0 * 9 * 4, info={"level": level})
+
+
 def _prepare_calibration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
+    if case.params["kind"] == "launch":
+        return _prepare_launch(impl)
     if case.params["kind"] == "copy":
         n = case.params["bytes"] // 4
         src, dst = _randn((n,), dev, 0), torch.empty(n, device=dev)

@@ -630,3 +630,36 @@ def test_a_gpu_rows_fractions_are_of_its_own_arithmetics_peak_and_the_bandwidth(
     cpu = {"tflops": 1.0, "gbps": 1.0}
     cases._peak_columns(cpu, cases.Impl("x@cpu", "x", "cpu", math=math))
     assert cpu["frac_peak_spec"] is None and cpu["frac_bw_spec"] is None
+
+
+def test_launch_calibration_times_each_level_of_a_short_call():
+    """The launch case: torch's own launch on every device, the three levels of the project's
+    CUDA path (raw CuPy, the loader, the whole op) on a GPU only."""
+    (launch,) = [c for c in cases.grid("calibration", "gpu") if c.params["kind"] == "launch"]
+    gpu = {
+        n: i for n, i in cases.implementations("calibration", "gpu").items() if i.accepts(launch)
+    }
+    assert set(gpu) == {f"{level}@cuda" for level in cases.LAUNCH_LEVELS}
+    assert all(i.options["level"] == n.split("@")[0] for n, i in gpu.items())
+    assert not gpu["pattern_csr_op@cuda"].accepts(cases.grid("calibration", "gpu")[0])  # copy
+    cpu = cases.implementations("calibration", "cpu")
+    on_cpu = [n for n, i in cpu.items() if i.accepts(launch) and i.device == "cpu"]
+    assert on_cpu == ["torch_launch@cpu"]  # the CUDA levels have no CPU twin
+    prepared = cases.prepare(launch, cpu["torch_launch@cpu"], "cpu")
+    ((name, fn),) = prepared.phases
+    assert name == "op" and prepared.info == {"level": "torch_launch"}
+    assert [float(fn(i)) for i in range(3)] == [1.0, 2.0, 3.0]  # one add_ per call
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", [lv for lv in cases.LAUNCH_LEVELS if lv != "torch_launch"])
+def test_launch_levels_run_the_gather_kernel_on_a_gpu(level):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present on this machine")
+    (launch,) = [c for c in cases.grid("calibration", "gpu") if c.params["kind"] == "launch"]
+    impl = cases.implementations("calibration", "gpu")[f"{level}@cuda"]
+    ((_, fn),) = cases.prepare(launch, impl, "gpu").phases
+    out = fn(0)
+    torch.cuda.synchronize()
+    w = cases._randn((1, 1, 3, 3), torch.device("cuda"), 0)
+    assert torch.equal(out.cpu(), w.reshape(-1).cpu())  # the kernel gathered all nine values

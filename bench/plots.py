@@ -1,0 +1,86 @@
+"""Figures of benchmark rows (``bench.run``'s ``rows.json``).
+
+    python -m bench.plots spmm ROWS_JSON OUT.png [--case-prefix paper-256x1152x50176]
+
+``spmm``: the SpMM suite's sweep over sparsity at one shape (ClickTrain Sec. 5.2, Fig. 10's
+axes): each implementation's median time per call (ms, log scale) against the case's sparsity
+(%), the dense baselines (cuBLAS, MKL) as dashed lines. The title names the device and the
+commit of the rows, so a copy of the figure still says where it was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+#: The paper's shape in the spmm suite's case names (256 x 1152 filters, 1152 x 50176 input).
+PAPER_SPMM_CASE = "paper-256x1152x50176"
+
+
+def spmm_series(rows: Sequence[dict[str, Any]], case_prefix: str) -> dict[str, list[tuple]]:
+    """``{implementation: [(sparsity %, median ms), ...]}`` of the ``ok`` spmm rows whose case
+    starts with ``case_prefix``, sorted by sparsity. ValueError when there is none."""
+    series: dict[str, list[tuple]] = {}
+    for r in rows:
+        if r.get("suite") != "spmm" or not str(r.get("case", "")).startswith(case_prefix):
+            continue
+        if r.get("status", "ok") != "ok" or r.get("median_ms") is None:
+            continue
+        impl = str(r["impl"]).split("@")[0]
+        series.setdefault(impl, []).append((100.0 * float(r["sparsity"]), float(r["median_ms"])))
+    if not series:
+        raise ValueError(f"no measured spmm row of a case starting {case_prefix!r}")
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def spmm_figure(rows: Sequence[dict[str, Any]], case_prefix: str = PAPER_SPMM_CASE) -> Figure:
+    """The sparsity sweep of :func:`spmm_series` as a figure: one line per implementation,
+    baselines (``torch_*``, ``cublas_*``) dashed, time on a log axis."""
+    series = spmm_series(rows, case_prefix)
+    fig = Figure(figsize=(7.2, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for impl, points in series.items():
+        xs, ys = zip(*points, strict=True)
+        dense = impl.startswith(("cublas", "torch_mm"))
+        chosen = impl.endswith("[cuda]")  # the timed choice: wide and pale, under the kernel
+        style = {"linewidth": 5, "alpha": 0.35} if chosen else {"marker": "o", "markersize": 3.5}
+        ax.plot(xs, ys, "--" if dense else "-", label=impl, **style)
+    ax.set_yscale("log")
+    ax.set_xlabel("sparsity of the filter matrix (%)")
+    ax.set_ylabel("median time per call (ms)")
+    first = next(r for r in rows if r.get("suite") == "spmm")
+    where = first.get("gpu_name") or first.get("cpu_model") or first.get("device") or "?"
+    commit = str(first.get("commit") or "?")[:7]
+    ax.set_title(f"{case_prefix}: {where}, commit {commit}, scale {first.get('scale', '?')}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: write the figure named by the first argument."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("figure", choices=("spmm",))
+    p.add_argument("rows", type=Path, help="a rows.json of bench.run")
+    p.add_argument("out", type=Path, help="the image to write (png, svg, pdf)")
+    p.add_argument("--case-prefix", default=PAPER_SPMM_CASE)
+    args = p.parse_args(argv)
+    data = json.loads(args.rows.read_text())
+    rows = data["rows"] if isinstance(data, dict) else data
+    fig = spmm_figure(rows, args.case_prefix)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""bench.plots: the SpMM sparsity sweep figure of benchmark rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import plots
+
+
+def _rows() -> list[dict]:
+    rows = []
+    for s, ms in ((0.95, 0.7), (0.5, 1.1)):  # out of order: the series sorts them
+        rows.append(
+            {
+                "suite": "spmm",
+                "case": f"paper-256x1152x50176-s{int(s * 100)}",
+                "impl": "pattern_spmm[cuda,row_tiled]@cuda",
+                "sparsity": s,
+                "median_ms": ms,
+                "status": "ok",
+                "gpu_name": "NVIDIA H200",
+                "commit": "8f916d63ce56",
+                "scale": "gpu",
+            }
+        )
+    rows.append({**rows[0], "impl": "cublas_fp32@cuda", "median_ms": 0.6})
+    rows.append({**rows[0], "impl": "torch_csr_spmm@cuda", "status": "skipped"})  # not drawn
+    rows.append({**rows[0], "case": "odd-31x97x257-s95", "impl": "x@cuda"})  # another shape
+    rows.append({**rows[0], "suite": "csr", "impl": "y@cuda"})  # another suite
+    return rows
+
+
+def test_spmm_series_are_the_measured_rows_of_one_shape_by_sparsity():
+    series = plots.spmm_series(_rows(), plots.PAPER_SPMM_CASE)
+    assert series == {
+        "pattern_spmm[cuda,row_tiled]": [(50.0, 1.1), (95.0, 0.7)],
+        "cublas_fp32": [(95.0, 0.6)],
+    }
+    with pytest.raises(ValueError, match="no measured spmm row"):
+        plots.spmm_series(_rows(), "paper-1x2x3")
+
+
+def test_spmm_figure_draws_one_line_per_implementation_on_a_log_axis(tmp_path):
+    fig = plots.spmm_figure(_rows())
+    (ax,) = fig.axes
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) == {"pattern_spmm[cuda,row_tiled]", "cublas_fp32"}
+    assert list(lines["pattern_spmm[cuda,row_tiled]"].get_xdata()) == [50.0, 95.0]
+    assert lines["cublas_fp32"].get_linestyle() == "--"  # a dense baseline
+    assert lines["pattern_spmm[cuda,row_tiled]"].get_linestyle() == "-"
+    assert ax.get_yscale() == "log"
+    assert ax.get_title() == "paper-256x1152x50176: NVIDIA H200, commit 8f916d6, scale gpu"
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps({"rows": _rows()}))
+    out = tmp_path / "fig" / "spmm.png"
+    assert plots.main(["spmm", str(src), str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

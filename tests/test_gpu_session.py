@@ -368,6 +368,7 @@ REPORT=reports/fake-check
 DEFAULT_BUDGET_S=120
 source {common}
 step good cpu 30 'echo hello > "$DEST/good.txt"'
+step where cpu 30 'echo "at $ROOT/impl, in $(pwd -P)" > "$DEST/where.txt"'
 step bad cpu 30 'echo oops; exit 3'
 step slow cpu 1 'sleep 30'
 step gpu-one gpu 30 'echo never'
@@ -408,8 +409,10 @@ def test_step_runner_records_every_outcome_and_packs_the_results(tmp_path):
         assert res.returncode == 2, res.stdout  # no GPU on a run that is not a dry run
     with tarfile.open(out / "fake.tar.gz") as tar:
         good = tar.extractfile("./reports/fake-check/good.txt").read().decode()
+        where = tar.extractfile("./reports/fake-check/where.txt").read().decode()
         status = tar.extractfile("./reports/fake-check/session/fake/STATUS.md").read().decode()
     assert good == "hello\n"
+    assert where == "at <repo>/impl, in <repo>\n"  # the machine's path of the copy, not kept
     assert "| bad | cpu | failed | 3 |" in status
     assert res.stdout.rstrip().splitlines()[-1].startswith("late")  # the table is printed last
     assert "oops" in (out / "fake.log").read_text()

@@ -314,9 +314,14 @@ common_steps() {
 
 # pack_stage FILE: the staged results as a gzipped tarball. GNU tar's status 1 ("file changed
 # as we read it": a stopped step still writing its last rows) still leaves a whole archive,
-# of the file as it was read; only 2 and above are failures.
+# of the file as it was read; only 2 and above are failures. The repository's absolute path
+# on this machine ($ROOT: in logs, tracebacks and provenance) is written as <repo> in every
+# staged text file first, so that results read the same wherever the copy sat.
 pack_stage() {
   local rc=0
+  if [ -n "${ROOT:-}" ] && [ "$ROOT" != / ]; then
+    grep -rlIZF -- "$ROOT" "$STAGE" 2>/dev/null | xargs -0 -r sed -i "s|$ROOT|<repo>|g"
+  fi
   tar -C "$STAGE" -czf "$1" . || rc=$?
   [ "$rc" -le 1 ]
 }

@@ -781,6 +781,34 @@ def _saves(ms: Any) -> str:
     return f"saves {_fmt(ms)}"
 
 
+def phase_verdict(layer_rows: Sequence[dict[str, Any]]) -> str | None:
+    """Which phase alone already loses to dense, layer by layer: on how many of the measured
+    layers the sparse GEMM alone is slower than a dense GEMM of its shape (``spmm_ms`` >
+    ``dense_mm_ms``), and pruning alone or compression alone takes longer than the whole dense
+    data gradient (``prune_ms`` / ``compress_ms`` > ``dense_dgrad_ms``). A verdict that one of
+    them reaches on every layer does not hang on the others (the fold, say). None when no layer
+    has the phase times."""
+    timed = [
+        r
+        for r in layer_rows
+        if all(
+            r.get(k) is not None
+            for k in ("spmm_ms", "dense_mm_ms", "prune_ms", "compress_ms", "dense_dgrad_ms")
+        )
+    ]
+    if not timed:
+        return None
+    n = len(timed)
+    gemm = sum(r["spmm_ms"] > r["dense_mm_ms"] for r in timed)
+    prune = sum(r["prune_ms"] > r["dense_dgrad_ms"] for r in timed)
+    compress = sum(r["compress_ms"] > r["dense_dgrad_ms"] for r in timed)
+    return (
+        f"Phase by phase: the sparse GEMM alone is slower than a dense GEMM of its shape on "
+        f"{gemm} of {n} layers; pruning alone takes longer than the whole dense data gradient "
+        f"on {prune} of {n}, compression alone on {compress} of {n}."
+    )
+
+
 def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     """Markdown: per model and dtype, the side-by-side layer table and the iteration totals."""
     prov = meta["provenance"]
@@ -868,6 +896,9 @@ def summary(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"Sparse slower than dense on {len(slower)} of {len(measured)} distinct layers"
                 + (f": {', '.join(r['layer'] for r in slower)}." if slower else ".")
             )
+            phases = phase_verdict(measured)
+            if phases:
+                lines.append(phases)
         if it["convs_sparse"]:
             semi_text = (
                 f"semi-structured backend {_fmt(it.get('semi_backend_dgrad_ms'))} ms "

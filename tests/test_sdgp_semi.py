@@ -854,6 +854,22 @@ def test_bench_summary_says_which_layers_and_totals_are_slower():
     meta = _summary_meta()
     text = bs.summary(rows, meta)
     assert "Sparse slower than dense on 1 of 2 distinct layers: layer1.0.conv2." in text
+    assert bs.phase_verdict([r for r in rows if r["kind"] == "layer"]) is None  # no phases
+    # layer 0 (dense 4.0, dense GEMM 1.0): prune longer, compression equal (not longer);
+    # layer 1 (dense 2.0): GEMM 1.5 > 1.0, pruning 1.5 under the data gradient (but over the
+    # dense GEMM), compression 3.0 longer
+    rows[0].update(prune_ms=5.0, compress_ms=4.0)
+    rows[1].update(prune_ms=1.5, compress_ms=3.0, spmm_ms=1.5)
+    assert (
+        "Phase by phase: the sparse GEMM alone is slower than a dense GEMM of its shape on 1 of "
+        "2 layers; pruning alone takes longer than the whole dense data gradient on 1 of 2, "
+        "compression alone on 1 of 2." in bs.summary(rows, meta)
+    )
+    rows[1]["compress_ms"] = None  # a layer without every phase time is not counted
+    assert (
+        "on 0 of 1 layers; pruning alone takes longer than the whole dense data gradient on 1 "
+        "of 1, compression alone on 0 of 1." in bs.summary(rows, meta)
+    )
     assert "semi-structured backend 9 ms (slower by 3; 0 convs" in text
     assert "paper's estimate 3 ms (saves 3)" in text and "saves -" not in text
 

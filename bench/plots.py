@@ -1,11 +1,15 @@
 """Figures of benchmark rows (``bench.run``'s ``rows.json``).
 
     python -m bench.plots spmm ROWS_JSON OUT.png [--case-prefix paper-256x1152x50176]
+    python -m bench.plots iteration ROWS_JSON OUT.png
 
 ``spmm``: the SpMM suite's sweep over sparsity at one shape (ClickTrain Sec. 5.2, Fig. 10's
 axes): each implementation's median time per call (ms, log scale) against the case's sparsity
 (%), the dense baselines (cuBLAS, MKL) as dashed lines. The title names the device and the
 commit of the rows, so a copy of the figure still says where it was measured.
+
+``iteration``: the iteration suite's speedup of each method over dense per model/shape case
+(``speedup_vs_dense``: forward plus backward), as grouped bars with a line at 1 (dense).
 """
 
 from __future__ import annotations
@@ -21,6 +25,17 @@ from matplotlib.figure import Figure
 
 #: The paper's shape in the spmm suite's case names (256 x 1152 filters, 1152 x 50176 input).
 PAPER_SPMM_CASE = "paper-256x1152x50176"
+
+
+def _finish(fig: Figure, ax: Any, rows: Sequence[dict[str, Any]], suite: str, what: str) -> Figure:
+    """Title ``what``, the device, commit and scale of the suite's first row; legend; layout."""
+    first = next(r for r in rows if r.get("suite") == suite)
+    where = first.get("gpu_name") or first.get("cpu_model") or first.get("device") or "?"
+    commit = str(first.get("commit") or "?")[:7]
+    ax.set_title(f"{what}: {where}, commit {commit}, scale {first.get('scale', '?')}")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
 
 
 def spmm_series(rows: Sequence[dict[str, Any]], case_prefix: str) -> dict[str, list[tuple]]:
@@ -55,27 +70,56 @@ def spmm_figure(rows: Sequence[dict[str, Any]], case_prefix: str = PAPER_SPMM_CA
     ax.set_yscale("log")
     ax.set_xlabel("sparsity of the filter matrix (%)")
     ax.set_ylabel("median time per call (ms)")
-    first = next(r for r in rows if r.get("suite") == "spmm")
-    where = first.get("gpu_name") or first.get("cpu_model") or first.get("device") or "?"
-    commit = str(first.get("commit") or "?")[:7]
-    ax.set_title(f"{case_prefix}: {where}, commit {commit}, scale {first.get('scale', '?')}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, rows, "spmm", case_prefix)
+
+
+def iteration_speedups(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``{method: {case: speedup_vs_dense}}`` of the ``ok`` iteration rows but dense's, cases
+    in the rows' order. ValueError when there is none."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("suite") != "iteration" or r.get("status", "ok") != "ok":
+            continue
+        method = str(r["impl"]).split("@")[0]
+        if method == "dense" or r.get("speedup_vs_dense") is None:
+            continue
+        out.setdefault(method, {})[str(r["case"])] = float(r["speedup_vs_dense"])
+    if not out:
+        raise ValueError("no measured iteration row of a method other than dense")
+    return out
+
+
+def iteration_figure(rows: Sequence[dict[str, Any]]) -> Figure:
+    """The speedups of :func:`iteration_speedups` as grouped bars, one group per case."""
+    speedups = iteration_speedups(rows)
+    case_names = list(dict.fromkeys(c for per in speedups.values() for c in per))
+    fig = Figure(figsize=(9.0, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / len(speedups)
+    for j, (method, per) in enumerate(speedups.items()):
+        xs = [i + (j - (len(speedups) - 1) / 2) * width for i, c in enumerate(case_names)]
+        ax.bar(xs, [per.get(c, float("nan")) for c in case_names], width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(case_names)))
+    ax.set_xticklabels(case_names, rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("speedup over dense (forward + backward)")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _finish(fig, ax, rows, "iteration", "per iteration")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: write the figure named by the first argument."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("figure", choices=("spmm",))
+    p.add_argument("figure", choices=("spmm", "iteration"))
     p.add_argument("rows", type=Path, help="a rows.json of bench.run")
     p.add_argument("out", type=Path, help="the image to write (png, svg, pdf)")
     p.add_argument("--case-prefix", default=PAPER_SPMM_CASE)
     args = p.parse_args(argv)
     data = json.loads(args.rows.read_text())
     rows = data["rows"] if isinstance(data, dict) else data
-    fig = spmm_figure(rows, args.case_prefix)
+    fig = spmm_figure(rows, args.case_prefix) if args.figure == "spmm" else iteration_figure(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -57,3 +57,38 @@ def test_spmm_figure_draws_one_line_per_implementation_on_a_log_axis(tmp_path):
     out = tmp_path / "fig" / "spmm.png"
     assert plots.main(["spmm", str(src), str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _iteration_rows() -> list[dict]:
+    base = {"suite": "iteration", "status": "ok", "gpu_name": "NVIDIA H200", "scale": "gpu"}
+    base["commit"] = "8f916d63ce56"
+    rows = []
+    for case, speedups in (("r18-c32", (1.0, 0.5, 1.2)), ("r50-i224", (1.0, 0.9, 1.4))):
+        for method, sp in zip(("dense", "clicktrain", "prunetrain"), speedups, strict=True):
+            rows.append({**base, "case": case, "impl": f"{method}@cuda", "speedup_vs_dense": sp})
+    rows.append({**rows[1], "impl": "sdgp@cuda", "status": "failed"})  # not drawn
+    rows.append({**rows[1], "suite": "calibration", "impl": "copy@cuda"})  # another suite
+    return rows
+
+
+def test_iteration_speedups_are_each_methods_but_dense_by_case():
+    assert plots.iteration_speedups(_iteration_rows()) == {
+        "clicktrain": {"r18-c32": 0.5, "r50-i224": 0.9},
+        "prunetrain": {"r18-c32": 1.2, "r50-i224": 1.4},
+    }
+    with pytest.raises(ValueError, match="no measured iteration row"):
+        plots.iteration_speedups(_iteration_rows()[:1])
+
+
+def test_iteration_figure_groups_a_bar_per_method_by_case(tmp_path):
+    fig = plots.iteration_figure(_iteration_rows())
+    (ax,) = fig.axes
+    bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
+    assert bars == {"clicktrain": [0.5, 0.9], "prunetrain": [1.2, 1.4]}
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["r18-c32", "r50-i224"]
+    assert [ln.get_ydata()[0] for ln in ax.get_lines()] == [1.0]  # the dense line
+    assert ax.get_title() == "per iteration: NVIDIA H200, commit 8f916d6, scale gpu"
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps({"rows": _iteration_rows()}))
+    out = tmp_path / "it.png"
+    assert plots.main(["iteration", str(src), str(out)]) == 0 and out.stat().st_size > 1000

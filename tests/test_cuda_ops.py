@@ -816,6 +816,7 @@ def emulated(emulator, monkeypatch):
         smem = ctypes.c_ulong(shared_mem)
         rc = fn(*(ctypes.c_uint(v) for v in (*grid, *block)), smem, *cargs)
         assert rc == 0, f"{name}: {lib.pdt_emu_error().decode()}"
+        loader._launches[name] += 1  # counted as loader.launch counts (PDT_KERNEL_LAUNCH_LOG)
 
     monkeypatch.setattr(loader, "launch", launch)
     monkeypatch.setattr(loader, "require_cuda", lambda op, *t, sources=(): 0)
@@ -1504,6 +1505,38 @@ def test_emulated_kernels_under_address_and_undefined_behaviour_sanitizers():
 EMULATE_GPU_TESTS = os.environ.get("PDT_EMU_GPU_TESTS") == "1"
 GPU_DEV = "cpu" if EMULATE_GPU_TESTS else "cuda"
 gpu = (lambda f: f) if EMULATE_GPU_TESTS else pytest.mark.gpu
+
+
+@pytest.mark.skipif(
+    not EMULATE_GPU_TESTS,
+    reason="runs the racecheck selection in the kernels' CPU emulation: needs PDT_EMU_GPU_TESTS=1 "
+    "(make test-emulated)",
+)
+def test_racecheck_selection_launches_every_kernel_family_with_shared_memory(tmp_path):
+    """The GPU tests that scripts/gpu/kernels.sh runs under racecheck ($RACECHECK_K) launch
+    every kernel family that has shared memory (run here in the emulation, which launches what
+    the GPU would): a family the selection misses is never checked for races."""
+    root = loader.KERNEL_DIR.parents[1]
+    k = subprocess.run(
+        ["bash", "-c", "eval \"$(sed -n '/^RACECHECK_K=/,/}$/p' scripts/gpu/kernels.sh)\"; "
+         'printf %s "$RACECHECK_K"'],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "spmm" in k and "rescaled" in k
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, PDT_EMU_GPU_TESTS="1", PDT_KERNEL_LAUNCH_LOG=str(log))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
+    cmd += ["-p", "no:cacheprovider", "-m", "not slow", "-k", f"({k}) and not emulated"]
+    run = subprocess.run(
+        [*cmd, "tests/test_cuda_ops.py"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    sys.path.insert(0, str(root / "scripts" / "gpu"))
+    import sanitizer_coverage as cov
+
+    absent = tmp_path / "no-kernels.json"  # the families ptxas gives shared memory
+    assert cov.main([str(log), "--tool", "racecheck", "--kernels", str(absent)]) == 0
+
 
 # kernel error vs float64 reference <= K * (same-precision reference's error vs float64)
 #                                       + FLOOR * eps(dtype) * sqrt(terms) * bound,

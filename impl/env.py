@@ -120,13 +120,17 @@ def _cpu_model() -> str | None:
 
 
 def _visible_gpu_selector() -> str | None:
-    """The first entry of CUDA_VISIBLE_DEVICES (an index or a UUID), "0" where it is unset,
-    and None where it hides every GPU from CUDA (set empty, or a negative index first)."""
+    """The first entry of CUDA_VISIBLE_DEVICES (an index, or a ``GPU-``/``MIG-`` UUID), "0"
+    where it is unset, and None where it hides every GPU from CUDA: set empty, a negative
+    index first, or a first entry CUDA cannot read (CUDA stops at such an entry, so with the
+    first it sees no GPU: Slurm's ``NoDevFiles`` for a job given none, say)."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return "0"
     first = value.split(",")[0].strip()
-    return None if not first or first.startswith("-") else first
+    if first.isdigit() or first.startswith(("GPU-", "MIG-")):
+        return first
+    return None
 
 
 def _decode(value: Any) -> Any:
@@ -207,7 +211,10 @@ def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
     every = query() if selector is not None else None
     if not every:
         return None
-    chosen = query("-i", selector) or every
+    chosen = query("-i", selector)
+    if not chosen and selector.isdigit():
+        return None  # an index past the last GPU: CUDA sees none
+    chosen = chosen or every  # a UUID nvidia-smi does not take (MIG): the first it lists
     row = dict(zip(_SMI_QUERY, chosen[0]))
     return {
         "gpu_name": row["name"] or None,
@@ -275,6 +282,11 @@ def _gpu_info_nvml() -> dict[str, Any]:
         selector = _visible_gpu_selector()
         if selector is None:
             info["nvml_error"] = "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+            return info
+        if selector.isdigit() and int(selector) >= count:
+            info["nvml_error"] = (
+                f"CUDA_VISIBLE_DEVICES names GPU {selector} and NVML sees {count}: CUDA sees none"
+            )
             return info
         if selector.isdigit():
             handle = pynvml.nvmlDeviceGetHandleByIndex(int(selector))

@@ -102,6 +102,8 @@ def test_implementations_per_device():
         "cublas_tf32@cuda",
     }
     assert gpu["cublas_tf32@cuda"].math == "tf32" and gpu["cublas_tf32@cuda"].options["tf32"]
+    for v in ("warp_row", "row_tiled", "pipelined"):  # each pinned row times its own kernel
+        assert gpu[f"pattern_spmm[cuda,{v}]@cuda"].options["paths"] == {"spmm": v}
     cpu = cases.implementations("csr", "smoke")
     assert "scipy_csr@cpu" in cpu and "cusparse_dense2csr@cuda" in cpu
     allreduce = cases.implementations("allreduce", "gpu")  # counted on the CPU at every scale
@@ -648,6 +650,9 @@ def test_launch_calibration_times_each_level_of_a_short_call():
     prepared = cases.prepare(launch, cpu["torch_launch@cpu"], "cpu")
     ((name, fn),) = prepared.phases
     assert name == "op" and prepared.info == {"level": "torch_launch"}
+    assert prepared.bytes == 8.0  # one float32 read and written
+    impls = cases.implementations("calibration", "gpu")
+    assert all(impls[f"{lv}@cuda"].math == "memory" for lv in cases.LAUNCH_LEVELS)
     assert [float(fn(i)) for i in range(3)] == [1.0, 2.0, 3.0]  # one add_ per call
 
 

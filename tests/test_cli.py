@@ -1112,3 +1112,4 @@ def test_first_line_of_an_error_message():
     assert first_line(err) == "CUDA error: misaligned address"
     assert first_line(err, 10) == "CUDA error"
     assert first_line(RuntimeError()) == "" and first_line(AssertionError(), 5) == ""
+    assert first_line(RuntimeError("x" * 300)) == "x" * 300  # no limit: the whole line

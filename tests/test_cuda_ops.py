@@ -1059,6 +1059,19 @@ def test_emulated_spmm_runs_the_forced_variant_and_prefers_row_tiled(emulated):
         pattern_cuda.forced_path("spmm", "fastest")
 
 
+def test_emulated_forced_unproven_spmm_falls_back_where_it_cannot_run(emulated, monkeypatch):
+    """A forced pipelined kernel runs only where it can take the problem: where K would
+    overflow its 32-bit offsets (faked: only warp_row can run) the choice falls back."""
+    gen = torch.Generator().manual_seed(3)
+    idx = pattern_index(torch.rand(10, 20, generator=gen) < 0.5)
+    b = torch.randn(20, 5, generator=gen)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen)
+    monkeypatch.setattr(pattern_cuda, "spmm_kernels", lambda dtype, k: ("warp_row",))
+    with pattern_cuda.forced_path("spmm", "pipelined"):
+        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b)
+    assert emulated == ["pdt_spmm_f32_scalar"]
+
+
 def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
     gen = torch.Generator().manual_seed(8)
     mask = torch.rand(9, 40, generator=gen) < 0.4

@@ -566,3 +566,20 @@ def test_launch_gives_each_worker_its_share_of_the_cores(monkeypatch):
     assert D.launch(["x"], 3, env={"OMP_NUM_THREADS": "5"}) == 0  # one already set is kept
     assert [e["OMP_NUM_THREADS"] for e in seen] == ["4", "3", "5"]
     assert all(e[D.LAUNCHED_ENV] == "1" for e in seen)
+
+
+def test_sum_over_ranks_reduces_in_float64_for_the_job_it_is_given(monkeypatch):
+    """The explicit job is used (not the process's, here inactive), and the sums travel as
+    float64: a count past 2^24 and a fraction keep their digits."""
+    seen = []
+
+    def fake_all_reduce(t):
+        seen.append(t.dtype)
+        t += t  # two ranks holding the same values
+
+    monkeypatch.setattr(D.dist, "all_reduce", fake_all_reduce)
+    monkeypatch.setattr(D, "current", lambda: D.DistInfo())  # inactive
+    job = D.DistInfo(0, 2, 0, "gloo", 60.0)
+    assert D.sum_over_ranks([2**24 + 1, 0.1], job) == [2 * (2**24 + 1), 0.2]
+    assert seen == [torch.float64]
+    assert D.sum_over_ranks([3.0]) == [3.0] and seen == [torch.float64]  # no job: no reduce

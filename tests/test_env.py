@@ -177,11 +177,25 @@ def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["gpu_name"] == "Fake GPU 1" and info["nvml_error"] is None
     monkeypatch.setitem(sys.modules, "torch", None)  # no fallback finds this machine's GPU
     monkeypatch.setenv("PATH", "/nonexistent")
-    for hidden in ("", "-1"):
+    for hidden in ("", "-1", "NoDevFiles", " none,0"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
         info = env.gpu_info()
         assert info["gpu_name"] is None and info["gpu_source"] is None
         assert info["nvml_error"] == "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # past the last of the two GPUs
+    info = env.gpu_info()
+    assert info["gpu_name"] is None and info["gpu_count"] == 2
+    assert info["nvml_error"] == "CUDA_VISIBLE_DEVICES names GPU 7 and NVML sees 2: CUDA sees none"
+
+
+def test_the_visible_gpu_is_the_first_entry_cuda_can_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = {" 1, 0": "1", "GPU-abc,1": "GPU-abc", "MIG-x": "MIG-x", "-1,0": None}
+    cases.update({"": None, "NoDevFiles": None, "gpu0": None, "2": "2"})
+    for value, selector in cases.items():
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert env._visible_gpu_selector() == selector, value
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert env._visible_gpu_selector() == "0"
 
 
 def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,6 +336,18 @@ def test_nvidia_smi_skips_warning_lines_and_reads_each_column(tmp_path, monkeypa
     assert info["gpu_power_limit_w"] == 262.5
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden from this process
     assert env.gpu_info_nvidia_smi() is None
+
+
+def test_nvidia_smi_records_no_gpu_for_an_index_past_the_last(tmp_path, monkeypatch) -> None:
+    """nvidia-smi refuses `-i 7` with one GPU; CUDA sees none then, so none is recorded. A UUID
+    it refuses (MIG's) still gives the first GPU it lists."""
+    row = "NVIDIA H200, 580.65.06, 143771, 1755, 2619, 1980, 3201, 262.50"
+    body = f'case "$*" in *"-i "*) echo "No devices were found"; exit 6 ;; *) echo "{row}" ;; esac'
+    _fake_smi(tmp_path, monkeypatch, body)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert env.gpu_info_nvidia_smi() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1234")
+    assert env.gpu_info_nvidia_smi()["gpu_name"] == "NVIDIA H200"
 
 
 def test_nvidia_smi_without_a_gpu_gives_none(tmp_path, monkeypatch) -> None:

@@ -1366,3 +1366,42 @@ def test_a_shallow_bundle_of_head_restores_that_commit_in_a_copy_without_git(tmp
     absent = subprocess.run(["git", "cat-file", "-e", parent], cwd=copy, capture_output=True)
     assert absent.returncode != 0  # HEAD alone travelled, not its history
     assert run(copy, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_sanitizer_coverage_reads_unknown_kernels_missing_logs_and_summaries(tmp_path):
+    cov = _module("sanitizer_coverage")
+    first = _one_kernel_per_family()
+    launched = {first[f]: 1 for f in cov.SHARED_MEMORY_FAMILIES}
+    log = _launch_log(tmp_path / "r.jsonl", {**launched, "pdt_gone_f32": 2})
+    out = tmp_path / "cov.json"
+    argv = [str(log), "--tool", "racecheck", "--json", str(out)]
+    # a sanitizer log that was never written (the run died first) is no report, not a crash
+    assert cov.main([*argv, "--sanitizer-log", str(tmp_path / "absent.log")]) == 0
+    got = json.loads(out.read_text())
+    assert got["findings"] == 0 and got["unknown_launched"] == ["pdt_gone_f32"]
+    assert "pdt_gone" not in got["families_launched"]  # a kernel the sources do not have
+    assert cov.sanitizer_findings("========= LEAK SUMMARY: 0 bytes leaked in 0 allocations\n") == []
+    report = tmp_path / "racecheck.log"
+    report.write_text("========= Error: hazard in pdt_spmm_f32_vec+0x7c0 and more\n")
+    assert cov.main([*argv, "--sanitizer-log", str(report)]) == 2
+    assert json.loads(out.read_text())["finding_kinds"] == {"Error: hazard in pdt_spmm_f32_vec": 1}
+
+
+def test_racecheck_coverage_of_an_empty_or_shared_memory_free_compile_report(tmp_path):
+    cov = _module("sanitizer_coverage")
+    log = _launch_log(tmp_path / "r.jsonl", {"pdt_pack_b4_i64": 1})
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"kernels": {}}))  # a compile step cut before any kernel
+    out = tmp_path / "cov.json"
+    argv = [str(log), "--tool", "racecheck", "--json", str(out)]
+    assert cov.main([*argv, "--kernels", str(empty)]) == 1  # the ptxas list is asked for
+    assert json.loads(out.read_text())["families_required"] == sorted(cov.SHARED_MEMORY_FAMILIES)
+    none_shared = tmp_path / "none.json"
+    none_shared.write_text(
+        json.dumps({"kernels": {k: {"shared_size_bytes": 0} for k in _all_kernels()}})
+    )
+    no_record = tmp_path / "empty.jsonl"
+    no_record.write_text("")
+    # nothing required, but no test ended either: not a pass
+    assert cov.main([str(no_record), "--tool", "racecheck", "--kernels", str(none_shared)]) == 1
+    assert cov.main([str(log), "--tool", "racecheck", "--kernels", str(none_shared)]) == 0

@@ -468,12 +468,15 @@ def test_mean_ci95_drops_nans_and_gives_the_t_interval():
      ((1_029_000.0, 48_123.0, 5), "1.029M ± 0.048M (n=5)"),
      ((61_410_000.0, 0.0, 5), "61.41M ± 0 (n=5)"),
      ((2.5e9, 3.1e8, 3), "2.5G ± 0.31G (n=3)"),
-     ((2.5e9, 12.0, 3), "2.5G ± 12 (n=3)")],
+     ((2.5e9, 12.0, 3), "2.5G ± 12 (n=3)"),
+     ((1_500_000.0, 5_000.0, 3), "1.5M ± 0.0050M (n=3)"),  # sd at the multiple's 1e-3 and over
+     ((1_500_000.0, 500.0, 3), "1.5M ± 500 (n=3)")],
     ids=["pct", "small", "tiny-sd", "coarse", "exact", "thousands", "single", "single-seed",
          "single-seed-ratio", "paired",
          "paired-zero", "paired-no-spread", "sd-hundreds", "sd-tenth", "sd-thousand",
          "grouped-mean", "single-pct-1e5", "single-pct-under-1e5", "paired-two-seeds",
-         "millions", "millions-small-sd", "millions-no-spread", "billions", "billions-tiny-sd"],
+         "millions", "millions-small-sd", "millions-no-spread", "billions", "billions-tiny-sd",
+         "millions-sd-at-1e-3", "millions-sd-under-1e-3"],
 )  # fmt: skip
 def test_format_mean_sd_rounds_to_the_sd_and_gives_the_ci_of_a_paired_difference(args, text):
     assert format_mean_sd(*args) == text
@@ -691,6 +694,11 @@ def test_report_writes_reports_by_default_and_no_runs_leaves_the_runs_out(
     with pytest.raises(ValueError, match="--no-runs leaves out the run directories"):
         main([str(only_runs), "--no-runs", "--out", str(tmp_path / "o3")])
     assert not (tmp_path / "o3").exists()
+    # an empty folder with --no-runs: there are no runs to blame the flag for
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no result.json and no run directory under"):
+        main([str(empty), "--no-runs", "--out", str(tmp_path / "o4")])
 
 
 def test_an_unreadable_result_is_listed_and_the_others_are_rendered(tmp_path, capsys):

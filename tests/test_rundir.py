@@ -135,6 +135,22 @@ def test_a_damaged_checkpoint_says_what_to_do(tmp_path):
         assert "weights_only" not in message  # torch's advice does not fit a damaged file
 
 
+def test_a_checkpoint_read_error_keeps_its_first_line_only(tmp_path, monkeypatch):
+    import pytest
+    import torch
+
+    (tmp_path / rundir.CHECKPOINT_FILE).write_bytes(b"x" * 64)
+
+    def bad_header(*args, **kwargs):
+        raise RuntimeError("bad header\nretry with weights_only=False if you trust the file")
+
+    monkeypatch.setattr(torch, "load", bad_header)
+    with pytest.raises(rundir.CheckpointError) as caught:
+        rundir.load_checkpoint(tmp_path)
+    assert "RuntimeError: bad header)" in str(caught.value)
+    assert "weights_only" not in str(caught.value)
+
+
 def test_a_failed_checkpoint_write_is_an_oserror_naming_it_and_keeps_the_last(
     tmp_path, monkeypatch
 ):
@@ -146,11 +162,15 @@ def test_a_failed_checkpoint_write_is_an_oserror_naming_it_and_keeps_the_last(
     rundir.save_checkpoint(tmp_path, {"epoch": 1}, "digest")
 
     def full(obj, f, *args, **kwargs):
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 64\nadvice line"
+        )
 
     monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(OSError, match=r"checkpoint.pt: the checkpoint could not be written"):
+    with pytest.raises(OSError, match=r"checkpoint.pt: the checkpoint could not be written") as e:
         rundir.save_checkpoint(tmp_path, {"epoch": 2}, "digest")
+    assert "unexpected pos 64; is the disk full?" in str(e.value)
+    assert "advice line" not in str(e.value)  # one line, as the command line shows it
     monkeypatch.undo()
     assert rundir.load_checkpoint(tmp_path)["epoch"] == 1
     assert not list(tmp_path.glob(".*.tmp"))

@@ -449,6 +449,16 @@ def test_a_library_error_without_a_message_falls_back_too(monkeypatch):
     x, g = torch.randn(2, 8, 5, 5, dtype=torch.float64), torch.randn(2, 16, 5, 5).double()
     torch.testing.assert_close(_grads(mod, x, g)[1], _grads(ref, x, g)[1])
     assert mod.fallback_reasons == ["library error RuntimeError: "]
+    # a long message with advice after it: its first line, cut to 200 characters
+    long = "cuSPARSELt: " + "y" * 300
+
+    def fails_long(*args, **kwargs):
+        raise RuntimeError(long + "\nsee the documentation")
+
+    monkeypatch.setattr(semi, "sparse_data_grad", fails_long)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    _grads(mod, x, g)
+    assert mod.fallback_reasons == ["library error RuntimeError: " + long[:200]]
 
 
 def test_an_out_of_memory_message_in_any_case_is_raised(monkeypatch):
@@ -1238,6 +1248,13 @@ def test_bench_a_tile_pruning_error_without_a_message_is_a_note(monkeypatch):
     layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
     row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
     assert row["status"] == "ok" and row["tile_reason"] == "NotImplementedError: "
+
+    def fails_in_two_lines(a, backend):
+        raise NotImplementedError("no tiles\nmore")
+
+    monkeypatch.setattr(bs, "_tile_prune_compress", fails_in_two_lines)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["tile_reason"] == "NotImplementedError: no tiles"
 
 
 def test_bench_a_timing_that_runs_out_of_memory_is_recorded_as_oom():

@@ -292,9 +292,10 @@ def time_saved_reader(
 
 def _difference(
     results: Mapping[str, ResultSet], target: str, better: str, worse: str, metric: str
-) -> tuple[Evidence, Evidence, float, float, float, str] | None:
-    """Both rows' evidence, and the mean and 95% interval of ``better - worse`` with how they
-    were made: paired by seed (:func:`impl.report.stats.mean_ci95` of the per-seed
+) -> tuple[Evidence, Evidence, float, float, float, str, int] | None:
+    """Both rows' evidence, the mean and 95% interval of ``better - worse``, how they were
+    made and how many values they rest on (the seeds paired, or the smaller row's n): paired by
+    seed (:func:`impl.report.stats.mean_ci95` of the per-seed
     differences) where both rows kept their per-seed values on at least two common seeds;
     otherwise the difference of the means, with the far ends of the two rows' 95% CIs, which
     lie above 0 only when the CIs do not overlap (conservative)."""

@@ -426,8 +426,7 @@ def run_training_flops(
     if metrics and all(m.get(key) is not None for m in metrics):
         total = 0.0
         for m in metrics:
-            seen = float(m.get("samples_per_second", 0)) * float(m.get("train_seconds", 0))
-            total += float(m[key]) * seen
+            total += float(m[key]) * samples_seen([m])  # its samples, as samples_seen counts
         return total
     value = summary.get(key)
     return float(value) * samples if value is not None else math.nan

@@ -599,3 +599,46 @@ def test_a_report_judges_the_claims_again_from_the_results_it_reads(tmp_path):
     page = (tmp_path / "reports" / "claims.html").read_text()
     evidence = _by_claim(saved.rows)[campfire]["note"].split(". Rule")[0]  # read from cross
     assert evidence and evidence not in page
+
+
+def test_a_claims_unit_is_spaced_unless_it_is_x_or_percent():
+    assert C._mean_ci((1.5, 0.1, 3), ".2f", "pp").text.startswith("1.50 pp, 95% CI")
+    assert C._mean_ci((2.0, None, 1), ".2f", "x").text == "2.00x (one measurement)"
+    assert C._mean_ci((2.0, None, 1), ".1f", "%").text == "2.0% (one measurement)"
+
+
+def test_a_seed_whose_baseline_is_zero_is_left_out_of_a_ratio():
+    res = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "run_iter_ms", 2.0, None, 3), "seeds": [0, 1, 2],
+         "values": [0.0, 3.0, 3.0]},
+        {**_row("clicktrain", "run_iter_ms", 2.0, None, 3), "seeds": [0, 1, 2],
+         "values": [1.0, 2.5, 2.5]},
+    ])  # fmt: skip
+    ev = C.ratio_reader("cross.methods", "clicktrain", "dense", "run_iter_ms")(
+        {"cross.methods": res}
+    )
+    assert ev.n == 2 and "seeds [1, 2]" in ev.text
+
+
+def test_claims_not_measured_carry_no_scale_and_a_summary_counts_those_left_out(tmp_path):
+    rows = C.evaluate({}, "cpu")
+    assert all(r["scale"] is None and r["n"] == 0 and r["ours"] is None for r in rows)
+    path = save_result(C.build({}, "cpu", environment={}), tmp_path)
+    lines = C.summary_lines(path, targets=["sdgp.fig9"])
+    reading = [c for c in C.CLAIMS if c.needs == "sdgp.fig9"]
+    left = len(C.CLAIMS) - len(reading)
+    assert f"; {len(reading)} read these targets, the other {left} are in claims.html" in lines[0]
+    assert len(lines) == 1 + len(reading)
+
+
+def test_rejudged_claims_read_only_results_of_their_own_scale():
+    saved = C.build({}, "cpu", environment={"x": 1})
+    gpu = ResultSet(target="cross.methods", title="t", scale="gpu", rows=[])
+    out = C.rejudge([gpu, saved])
+    assert out[-1] is saved  # no cpu result to judge again with: the saved claims stay
+
+
+def test_the_sdgp_claims_setting_counts_the_seeds_the_cpu_runs_use():
+    from reproductions.sdgp.table1 import CPU_SEEDS
+
+    assert C._needs_setting("sdgp.table1", "cpu").endswith(f", {len(CPU_SEEDS)} seeds")

@@ -269,6 +269,9 @@ def test_samples_and_run_training_flops_per_method():
     cf = _run(method="campfire")
     cf.metrics[0]["train_flops_nominal"], cf.metrics[1]["train_flops_nominal"] = 300.0, 100.0
     assert run_training_flops(cf.summary, cf.metrics) == 300.0 * 50 + 100.0 * 50
+    # an epoch without its rate counts its samples as samples_seen does: iterations x batch
+    cf.metrics[1].update(samples_per_second=None, batch_size=8)  # 3 iterations of 8
+    assert run_training_flops(cf.summary, cf.metrics) == 300.0 * 50 + 100.0 * 24
     ct = _run(method="clicktrain", clicktrain={"flops": {"train_flops_run_per_sample": {
         "nominal": 400.0, "executed": 500.0}}})  # fmt: skip
     assert run_training_flops(ct.summary, ct.metrics, "executed") == 500.0 * 100 / 2
@@ -1997,3 +2000,52 @@ def test_sdgp_fig10_says_its_speedup_moves_in_whole_epochs_as_computed():
         (note,) = [n for n in fig10.TARGET.notes(scale) if "whole epochs" in n]
         assert "5 epochs against 6, already reads +20%" in note
         assert ("one seed per setting" in note) == (len(SCALE_SEEDS[scale]) == 1)
+
+
+def test_compare_rows_says_when_two_paper_rows_match(monkeypatch):
+    import pandas as pd
+
+    from reproductions.published import COLUMNS
+
+    two = pd.DataFrame(
+        [
+            dict.fromkeys(COLUMNS, "")
+            | {"model": "resnet9", "metric": "top1", "value": v, "unit": "%", "setting": s}
+            for v, s in ((95.2, "a"), (94.5, "b"))
+        ],
+        columns=list(COLUMNS),
+    )
+    monkeypatch.setattr(common, "paper_values", lambda paper, item: two)
+    vague = RowResult(Row("two", paper={"model": "resnet9"}), runs=[_run(0)])
+    top1 = next(r for r in compare_rows(_tiny_target(), [vague], "cpu") if r["row"] == "two")
+    assert top1["paper"] is None
+    assert top1["note"] == "2 paper rows match; see the paper's rows below"
+
+
+def test_fractions_of_dense_say_so_in_their_unit():
+    assert {common.METRICS[m][0] for m in ("inference_flops", "train_flops", "train_time")} == {
+        "% of dense"
+    }
+
+
+def test_run_target_refuses_an_unknown_scale_before_running_any_row(tmp_path):
+    logs: list[str] = []
+    with pytest.raises(ValueError, match=r"unknown scale 'huge'; valid scales: smoke, cpu, gpu"):
+        run_target(_tiny_target(), "huge", tmp_path, log=logs.append)
+    assert logs == [] and not any(tmp_path.iterdir())  # no row tried, nothing written
+
+
+def test_setup_text_names_the_precision_and_a_default_warm_up_start_quietly():
+    from impl.train import TrainConfig
+
+    assert settings.setup_text({"fp16": True}) == "fp16 with loss scaling"
+    assert settings.setup_text({"bf16": True}) == "bf16"
+    cfg = {"lr": 0.2, "schedule": "onecycle", "warmup_fraction": 0.2}
+    cfg["warmup_start"] = TrainConfig.warmup_start
+    assert settings.setup_text(cfg) == "SGD lr 0.2 (one-cycle, 20% warm-up)"
+
+
+def test_prunetrain_options_map_the_short_runs_ratio_at_the_short_scales_only():
+    text = settings.options_text("prunetrain", {"penalty_ratio": 0.8}, "gpu")
+    assert text.startswith("penalty ratio 0.8 (the paper's 0.2, mapped onto the short run)")
+    assert "mapped" not in settings.options_text("prunetrain", {"penalty_ratio": 0.8}, "paper")

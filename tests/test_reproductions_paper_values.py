@@ -167,3 +167,19 @@ def test_one_papers_values_and_one_items_are_selected_exactly():
     assert len(rows) == 1 and rows["value"].iloc[0] == 95.3  # Table I: the dense baseline
     with pytest.raises(ValueError, match="unknown column"):
         lookup(table1, colour="red")
+
+
+def test_a_value_file_with_an_extra_column_is_refused(tmp_path):
+    path = tmp_path / "sdgp_table1.csv"
+    row = "sdgp,table1,resnet9,cifar10,dense,,top1,95.3,%,Table I p. 5,"
+    path.write_text(",".join(COLUMNS) + ",extra\n" + row + ",x\n")
+    with pytest.raises(ValueError, match=r"sdgp_table1.csv: header"):
+        read_value_file(path)
+    path.write_text(",".join(COLUMNS) + "\n" + row + "\n")  # the same row, the right header
+    assert read_value_file(path)["value"].tolist() == [95.3]
+
+
+def test_no_value_files_give_an_empty_frame_that_lookups_still_read(tmp_path):
+    frame = paper_values(directory=tmp_path)
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 0
+    assert len(lookup(frame, metric="top1")) == 0

@@ -947,7 +947,7 @@ def _prepare_launch(impl: Impl) -> Prepared:
 
     elif level == "cupy_raw_launch":
         cupy = _cupy()[0]
-        device_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        device_index = loader._device_index(dev)
         kernel = loader.get_function("pattern.cu", name, device_index)
         cargs = loader.kernel_args(args, device_index, name)
         stream = loader.torch_stream(device_index)

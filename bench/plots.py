@@ -117,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="the image to write (png, svg, pdf)")
     p.add_argument("--case-prefix", default=PAPER_SPMM_CASE)
     args = p.parse_args(argv)
-    data = json.loads(args.rows.read_text())
-    rows = data["rows"] if isinstance(data, dict) else data
+    rows = json.loads(args.rows.read_text())["rows"]
     fig = spmm_figure(rows, args.case_prefix) if args.figure == "spmm" else iteration_figure(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)

@@ -253,6 +253,17 @@ __device__ __forceinline__ void pdt_load_group(const T* __restrict__ ak, T (&a)[
   }
 }
 
+// The accumulators of a warp's row group (kernels 2b and 2c), zeroed.
+template <typename T, int VEC, int CPT, int RW>
+__device__ __forceinline__ void pdt_row_group_zero(T (&acc)[RW][CPT][VEC]) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int i = 0; i < CPT; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
+}
+
 // A warp's multiply-accumulate over one staged K-step (kernels 2b and 2c): for each column kk
 // of the union `wmask` of its rows' columns, ascending, B's row kk of the tile (row stride
 // TN = 32 * VEC * CPT; CPT 16-byte loads per lane) times the RW values at aw[kk * RW ..],
@@ -335,12 +346,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
   T* __restrict__ aw = atile + warp * (TK * RW);  // [TK][RW]: this warp's values
   PdtRowGroup<T, RW, TK> rows(values, row_ptr, col_ind, f0, F);
   T acc[RW][CPT][VEC];
-#pragma unroll
-  for (int r = 0; r < RW; ++r)
-#pragma unroll
-    for (int i = 0; i < CPT; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
+  pdt_row_group_zero<T, VEC, CPT, RW>(acc);
 
   pdt_clear_used_masks(used);
   for (int k0 = 0, b = 0; k0 < K; k0 += TK, b ^= 1) {
@@ -414,12 +420,7 @@ __device__ __forceinline__ void pdt_spmm_piped_body(const T* __restrict__ values
   T* __restrict__ aw = atile + warp * (TK * RW);  // [TK][RW]: this warp's values
   PdtRowGroup<T, RW, TK> rows(values, row_ptr, col_ind, f0, F);
   T acc[RW][CPT][VEC];
-#pragma unroll
-  for (int r = 0; r < RW; ++r)
-#pragma unroll
-    for (int i = 0; i < CPT; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[r][i][j] = T(0);
+  pdt_row_group_zero<T, VEC, CPT, RW>(acc);
 
   const int steps = (K + TK - 1) / TK;
   pdt_stage_b_async<T, VEC, TN>(Bz, ldb, 0, K, n0, N, tile[0]);

@@ -369,8 +369,9 @@ def _spmm(
                     dev,
                 )
 
+            runnable = spmm_kernels(dense_b.dtype, k)
             if variant is not None:
-                if timed_choice.check_path("spmm", variant) not in spmm_kernels(dense_b.dtype, k):
+                if timed_choice.check_path("spmm", variant) not in runnable:
                     raise ValueError(f"{op}: the {variant} kernel cannot take K = {k} columns")
                 chosen = variant
             else:
@@ -378,10 +379,9 @@ def _spmm(
                     f"{dense_b.dtype} {n_rows}x{k}x{n} batch {batch} nnz {values.numel()} "
                     f"{'vec' if vec else 'scalar'} {out.device}"
                 )
-                candidates = spmm_variants(dense_b.dtype, k)
+                # an unproven kernel is a candidate only when forced: it runs, never wins
                 pinned = timed_choice.forced_path("spmm")
-                if pinned in SPMM_UNPROVEN and pinned in spmm_kernels(dense_b.dtype, k):
-                    candidates = (*candidates, pinned)  # runs when forced, never chosen
+                candidates = tuple(v for v in runnable if v not in SPMM_UNPROVEN or v == pinned)
                 chosen = _pick("spmm", problem, candidates, run, out)
             run(chosen)
     return out if batched else out[0]

@@ -776,23 +776,27 @@ def grid(suite: str, scale: str | None = None) -> list[Case]:
                     )
                 )
     elif suite == "nm_prune":
-        for m in NM_MS:
-            n = m // 2
-            shape = "x".join(map(str, cfg.nm_shape))
-            cases.append(
-                Case(
-                    suite,
-                    f"{shape}-{n}of{m}",
-                    {
-                        "kind": "nm",
-                        "shape": list(cfg.nm_shape),
-                        "n": n,
-                        "m": m,
-                        "method": "rescaled",
-                        "dim": 1,
-                    },
+        # rescaled magnitude (statistics, then the selection; its cases keep the names they
+        # had before magnitude was timed too) and magnitude (the selection alone)
+        for method in ("rescaled", "magnitude"):
+            for m in NM_MS:
+                n = m // 2
+                shape = "x".join(map(str, cfg.nm_shape))
+                suffix = "" if method == "rescaled" else f"-{method}"
+                cases.append(
+                    Case(
+                        suite,
+                        f"{shape}-{n}of{m}{suffix}",
+                        {
+                            "kind": "nm",
+                            "shape": list(cfg.nm_shape),
+                            "n": n,
+                            "m": m,
+                            "method": method,
+                            "dim": 1,
+                        },
+                    )
                 )
-            )
     elif suite == "pack":
         shape = list(cfg.pack_weight)
         for op in ("pack", "unpack"):

@@ -80,7 +80,8 @@ def test_paper_grids_at_gpu_scale():
     assert set(sources) >= {"paper", "resnet18", "resnet50", "vgg16"}
     paper_shapes = {tuple(c.params["weight_shape"]) for c in csr if c.params["source"] == "paper"}
     assert paper_shapes == {(256, 128, 3, 3)}
-    assert [c.params["m"] for c in cases.grid("nm_prune", "gpu")] == [4, 8, 16, 32]
+    nm = [(c.params["method"], c.params["m"]) for c in cases.grid("nm_prune", "gpu")]
+    assert nm == [(method, m) for method in ("rescaled", "magnitude") for m in (4, 8, 16, 32)]
     it = {
         (c.params["model"], c.params["resolution"], c.params["batch"])
         for c in cases.grid("iteration", "gpu")

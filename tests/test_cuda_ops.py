@@ -1326,6 +1326,105 @@ def test_emulated_nm_rescaled_fused_gives_the_three_kernels_bits(emulated, case)
     assert not [k for k in emulated[start:] if "fused" in k], "the channel rule is not fused"
 
 
+EMU_SELECT = [  # (shape, dim, whether some dtype and layout loads vectors)
+    ((2, 8, 4, 8), 1, True),  # strided groups, aligned (NCHW; channels-last: contiguous)
+    ((3, 10, 5, 3), 1, False),  # a partial last group; I = 15, not a whole number of vectors
+    ((2, 64, 2, 4), 1, True),
+    ((4, 12), 1, False),  # contiguous groups (I = 1)
+    ((3, 4, 16, 2), 2, True),  # I = 2: one vector of float64 only
+]
+EMU_SELECT_IDS = ["nchw-vec", "partial", "C64", "2d", "dim2"]
+
+
+@pytest.mark.parametrize("case", EMU_SELECT, ids=EMU_SELECT_IDS)
+def test_emulated_nm_select_paths_give_the_same_bits(emulated, case):
+    """The thread-per-group selection equals the sub-warp one to the last bit in every mode
+    (the random draw included), dtype, layout and group size, ties, NaN, inf and -0
+    included, where it loads vectors and where it cannot; each path launches its own
+    kernel."""
+    shape, dim, vec = case
+    gen = torch.Generator().manual_seed(sum(shape))
+    formats = [torch.contiguous_format] + ([torch.channels_last] if len(shape) == 4 else [])
+    vec_seen = set()
+    for n, m in [(2, 4), (3, 7), (5, 16), (8, 32), (1, 1)]:
+        w = nm_cuda.sub_warp_width(m)
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            x = (torch.randint(-3, 4, shape, generator=gen) * 0.5).to(dtype)  # ties
+            x += (torch.randn(shape, generator=gen) * (torch.rand(shape, generator=gen) < 0.5)).to(
+                dtype
+            )
+            flat = x.view(-1)
+            flat[0], flat[3], flat[-1] = float("nan"), float("inf"), -0.0
+            for fmt in formats:
+                xf = x.to(memory_format=fmt)
+                view = nm_cuda.nm_view(xf.shape, xf.stride(), dim, "plane")
+                src = xf if view is not None else xf.contiguous()  # as the op copies
+                view = nm_cuda.nm_view(src.shape, src.stride(), dim, "plane")
+                vec_seen.add(nm_cuda.select_vector_loads(view, src.element_size(), src))
+                for method, rule in [
+                    ("magnitude", "plane"),
+                    ("random", "plane"),
+                    ("rescaled", "plane"),
+                    ("rescaled", "channel"),
+                ]:
+                    outs = []
+                    for path, kernel in [("thread", "gselect"), ("subwarp", "select")]:
+                        start = len(emulated)
+                        with (
+                            timed_choice.forced("nm_select", path),
+                            timed_choice.forced("nm_rescaled", "three_pass"),
+                        ):
+                            outs.append(
+                                nm_cuda.nm_prune_cuda(
+                                    xf,
+                                    n,
+                                    m,
+                                    method,
+                                    dim,
+                                    rule,
+                                    generator=torch.Generator().manual_seed(7),
+                                )
+                            )
+                        assert emulated[-1] == f"pdt_nm_{kernel}_{nm_cuda._SUFFIX[dtype]}_w{w}", (
+                            emulated[start:]
+                        )
+                    assert _bits_equal(outs[0], outs[1]), (n, m, dtype, fmt, method, rule)
+    assert vec_seen == ({True, False} if vec else {False}), vec_seen
+
+
+def test_positions_per_thread_fill_a_vector_within_the_register_budget():
+    """16 bytes of elements per thread, halved while a group's elements would pass 32
+    values or 128 bytes (the kernel's pdt_nm_positions)."""
+    got = {
+        (size, w): nm_cuda.positions_per_thread(size, w)
+        for size in (2, 4, 8)
+        for w in nm_cuda.WIDTHS
+    }
+    assert got == {
+        (2, 1): 8, (2, 2): 8, (2, 4): 8, (2, 8): 4, (2, 16): 2, (2, 32): 1,
+        (4, 1): 4, (4, 2): 4, (4, 4): 4, (4, 8): 4, (4, 16): 2, (4, 32): 1,
+        (8, 1): 2, (8, 2): 2, (8, 4): 2, (8, 8): 2, (8, 16): 1, (8, 32): 1,
+    }  # fmt: skip
+
+
+def test_select_vector_loads_only_on_aligned_strided_groups():
+    x = torch.zeros(2, 8, 4, 8)
+    nchw = nm_cuda.nm_view(x.shape, x.stride(), 1)
+    assert nm_cuda.select_vector_loads(nchw, 4, x, x)
+    shifted = torch.zeros(x.numel() + 1)[1:].view(x.shape)  # 4 bytes past an aligned start
+    assert shifted.data_ptr() % 16 == 4
+    assert not nm_cuda.select_vector_loads(nchw, 4, shifted, x)
+    last = x.to(memory_format=torch.channels_last)
+    assert not nm_cuda.select_vector_loads(nm_cuda.nm_view(last.shape, last.stride(), 1), 4, last)
+    odd = torch.zeros(2, 8, 3, 5)
+    assert not nm_cuda.select_vector_loads(nm_cuda.nm_view(odd.shape, odd.stride(), 1), 4, odd)
+    half = torch.zeros(2, 8, 2, 4, dtype=torch.float16)  # I = 8: one 16-byte vector of f16
+    assert nm_cuda.select_vector_loads(nm_cuda.nm_view(half.shape, half.stride(), 1), 2, half)
+    assert not nm_cuda.select_vector_loads(
+        nm_cuda.nm_view(half.shape, half.stride(), 1)._replace(I=4), 2, half
+    )
+
+
 def test_emulated_nm_takes_more_groups_per_row_than_a_grid_dimension(emulated):
     """65,536 groups along the pruned dimension (a Linear layer's gradient, say): the
     selection kernel's grid is one-dimensional and takes them; the rescaled mode runs its
@@ -2088,6 +2187,36 @@ def test_nm_magnitude_is_bit_exact(cuda_kernels, case, nm, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", NM_DTYPES, ids=NM_DTYPE_IDS)
+@pytest.mark.parametrize("nm", [(2, 4), (4, 8), (3, 7), (8, 32)], ids=["2:4", "4:8", "3:7", "8:32"])
+@pytest.mark.parametrize("case", NM_SHAPES, ids=NM_SHAPE_IDS)
+def test_nm_select_paths_give_the_same_bits_on_gpu(cuda_kernels, case, nm, dtype):
+    """The thread-per-group and sub-warp selections write every output (poisoned first) with
+    the same bits in the three modes, vector loads or not; magnitude equals the reference."""
+    shape, dim = case
+    n, m = nm
+    gen = torch.Generator(device=GPU_DEV).manual_seed(14)
+    for fmt in _formats(shape):
+        x = _nm_input(shape, dtype, gen, ties=True, special=True)
+        if fmt == "channels_last":
+            x = x.to(memory_format=torch.channels_last)
+        for method in ("magnitude", "random", "rescaled"):
+            mode = nm_cuda.METHODS[method]
+            seed = torch.tensor([12345, 678], dtype=torch.int64, device=GPU_DEV)
+            outs = []
+            for path in nm_cuda.SELECT_PATHS:
+                out = torch.full_like(x, float("nan"))
+                with (
+                    timed_choice.forced("nm_select", path),
+                    timed_choice.forced("nm_rescaled", "three_pass"),
+                ):
+                    outs.append(nm_cuda._nm_launch(x, n, m, mode, dim, "plane", seed, 1e-4, out))
+            assert _bits_equal(outs[0], outs[1]), (fmt, method)
+            if method == "magnitude":
+                assert _bits_equal(outs[0], nm_prune_ref(x, n, m, "magnitude", dim)), fmt
+
+
+@gpu
 @pytest.mark.parametrize("rescale", ["plane", "channel"], ids=["plane", "channel"])
 @pytest.mark.parametrize("dtype", NM_DTYPES, ids=NM_DTYPE_IDS)
 @pytest.mark.parametrize("nm", [(2, 4), (5, 16), (3, 7), (4, 4)], ids=["2:4", "5:16", "3:7", "4:4"])
@@ -2207,7 +2336,11 @@ def test_nm_rescaled_fused_gives_the_three_kernels_bits_on_gpu(cuda_kernels, nm,
     assert _bits_equal(timed, outs["fused"])
     if fits:
         problem = f"I{56 * 56} {n}:{m} strides {64 * 3136},3136,1 "
-        picked = [v for k, v in timed_choice.timed_choices().items() if problem in k]
+        picked = [
+            v
+            for k, v in timed_choice.timed_choices().items()
+            if k.startswith("nm_rescaled: ") and problem in k
+        ]
         assert picked and set(picked[0]["ms"]) == set(nm_cuda.RESCALED_PATHS)
 
 
@@ -2400,7 +2533,11 @@ def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalike
     nm_cuda.nm_prune_cuda(x, 4, 8, "rescaled")
     part = cases._nm_problem_part(x.dtype, x.shape, 1, 4, 8)
     cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
-    (own,) = [c for k, c in timed_choice.timed_choices().items() if " 4:8 " in k]
+    (own,) = [
+        c
+        for k, c in timed_choice.timed_choices().items()
+        if k.startswith("nm_rescaled: ") and " 4:8 " in k
+    ]
     assert {k: v for k, v in cols.items() if "_ms_" in k} == {
         f"path_nm_rescaled_ms_{p}": ms for p, ms in own["ms"].items()
     }

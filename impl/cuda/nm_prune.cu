@@ -55,6 +55,33 @@ __device__ __forceinline__ int pdt_nm_rank(S s, int k) {
   return rank;
 }
 
+// The random mode's Philox key and stream, from the host's two int64 seed words (zeros in the
+// other modes, whose seed is null).
+struct PdtNmSeed {
+  u32 k0, k1, stream;
+};
+__device__ __forceinline__ PdtNmSeed pdt_nm_seed(int mode, const i64* __restrict__ seed) {
+  PdtNmSeed s = {0u, 0u, 0u};
+  if (mode == PDT_NM_RANDOM) {
+    const u64 s0 = (u64)seed[0];
+    s.k0 = (u32)s0;
+    s.k1 = (u32)(s0 >> 32);
+    s.stream = (u32)(u64)seed[1];
+  }
+  return s;
+}
+
+// The 4 random words of elements 4 * kq .. 4 * kq + 3 of logical group gid:
+// Philox-4x32-10 at counter (gid, kq, stream).
+__device__ __forceinline__ PdtU4 pdt_nm_draw(u64 gid, u32 kq, PdtNmSeed s) {
+  PdtU4 ctr;
+  ctr.x = (u32)gid;
+  ctr.y = (u32)(gid >> 32);
+  ctr.z = kq;
+  ctr.w = s.stream;
+  return pdt_philox(ctr, s.k0, s.k1);
+}
+
 // (o, g, i) of group t: g fastest when a group is contiguous (ch_contig), else i fastest.
 __device__ __forceinline__ void pdt_nm_decode(u32 t, u32 G, u32 I, int ch_contig, u32& o,
                                               u32& g, u32& i) {
@@ -102,13 +129,7 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
   const int lane = threadIdx.x & 31;
   const int k = lane & (W - 1);
   const u32 sub = (u32)(lane / W);
-  u32 k0 = 0u, k1 = 0u, stream = 0u;
-  if (mode == PDT_NM_RANDOM) {
-    const u64 s0 = (u64)seed[0];
-    k0 = (u32)s0;
-    k1 = (u32)(s0 >> 32);
-    stream = (u32)(u64)seed[1];
-  }
+  const PdtNmSeed rng = pdt_nm_seed(mode, seed);
   const u32 warp_id = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
   for (u32 t0 = warp_id * GPW; t0 < total; t0 += nwarps * GPW) {  // warp-uniform loop
@@ -126,12 +147,7 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
     int rank;
     if (mode == PDT_NM_RANDOM) {
       const u64 gid = ((u64)o * (u64)I + i) * (u64)G + g;
-      PdtU4 ctr;
-      ctr.x = (u32)gid;
-      ctr.y = (u32)(gid >> 32);
-      ctr.z = (u32)(k >> 2);
-      ctr.w = stream;
-      const PdtU4 q = pdt_philox(ctr, k0, k1);
+      const PdtU4 q = pdt_nm_draw(gid, (u32)(k >> 2), rng);
       const int w = k & 3;
       const u32 s = w == 0 ? q.x : (w == 1 ? q.y : (w == 2 ? q.z : q.w));
       rank = pdt_nm_rank<W>(mine ? s : 0u, k);
@@ -145,6 +161,132 @@ __device__ __forceinline__ void pdt_nm_select_body(const typename Tr::T* __restr
         y[at] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v) : A(0), rt));
       } else {
         y[at] = keep ? v : T(0);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Selection, one thread per group (the "thread" path; the kernel above is the "subwarp"
+// path): the same output, bit for bit, from the same keys, tie rule, Philox draws and
+// rescale arithmetic. A thread holds a whole group at V consecutive positions i (V = 16 bytes
+// of elements, fewer for wide groups: pdt_nm_positions) in registers and ranks each
+// position's r elements among themselves: no shuffles, W loads of V elements in flight per
+// thread, and one Philox draw per 4 elements instead of one per element.
+//    x, y, seed, ratio, o2, ch_contig: as the subwarp kernel
+//    vec     1 when the host has checked that V positions are one aligned vector load (a
+//            strided group, si = 1; I, sc and so multiples of 16 bytes of elements; x and y
+//            16-byte aligned); 0: scalar loads, any strides
+//    grid:   1-D, grid-stride over the O * G * ceil(I / V) units (o, g, iq), positions
+//            i = iq * V .. iq * V + V - 1; iq varies fastest for strided groups (consecutive
+//            threads read consecutive positions of each channel), g when a group is
+//            contiguous (consecutive threads read consecutive groups).
+// ---------------------------------------------------------------------------------------
+// Positions per thread of the thread path: 16 bytes of elements (one vector load), halved
+// while a group's elements there would exceed 32 values or 128 bytes of registers.
+template <typename T, int W>
+__device__ constexpr int pdt_nm_positions() {
+  int v = (int)(16 / sizeof(T));
+  while (v > 1 && (W * v > 32 || W * v * (int)sizeof(T) > 128)) v /= 2;
+  return v;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void pdt_load_raw(const T* __restrict__ p, T (&r)[V]) {
+  typedef typename PdtBytesT<(int)(V * sizeof(T))>::type Raw;
+  const Raw w = *reinterpret_cast<const Raw*>(p);
+  const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+  for (int q = 0; q < V; ++q) r[q] = e[q];
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void pdt_store_raw(T* __restrict__ p, const T (&r)[V]) {
+  typedef typename PdtBytesT<(int)(V * sizeof(T))>::type Raw;
+  Raw w;
+  T* e = reinterpret_cast<T*>(&w);
+#pragma unroll
+  for (int q = 0; q < V; ++q) e[q] = r[q];
+  *reinterpret_cast<Raw*>(p) = w;
+}
+
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_gselect_body(const typename Tr::T* __restrict__ x,
+                                                    typename Tr::T* __restrict__ y, int O,
+                                                    int C, int I, i64 so, i64 sc, i64 si,
+                                                    int n, int m, int mode,
+                                                    const i64* __restrict__ seed,
+                                                    const typename Tr::A* __restrict__ ratio,
+                                                    int o2, int ch_contig, int vec) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  typedef decltype(pdt_mag_key(A(0))) Key;
+  constexpr int V = pdt_nm_positions<T, W>();
+  const u32 G = (u32)((C + m - 1) / m);
+  const u32 IQ = (u32)((I + V - 1) / V);
+  const u32 total = (u32)O * G * IQ;  // <= O * G * I: the host checks it is < 2^31
+  const PdtNmSeed rng = pdt_nm_seed(mode, seed);
+  for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+    u32 o, g, iq;
+    pdt_nm_decode(t, G, IQ, ch_contig, o, g, iq);
+    const int r = min(m, C - (int)g * m);
+    const int i0 = (int)iq * V;
+    const i64 base = (i64)o * so + (i64)g * m * sc + (i64)i0 * si;
+    // The group's elements: lane k of position q at v[k][q]; zero past the group (k >= r)
+    // or past the row (i >= I), so that their keys are 0 and never outrank an element.
+    T v[W][V];
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (vec && k < r) {
+        pdt_load_raw<T, V>(x + base + (i64)k * sc, v[k]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < V; ++q)
+          v[k][q] = (k < r && i0 + q < I) ? x[base + (i64)k * sc + (i64)q * si] : T(0);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int i = i0 + q;
+      Key key[W];
+      if (mode == PDT_NM_RANDOM) {
+        const u64 gid = ((u64)o * (u64)I + (u64)i) * (u64)G + g;
+#pragma unroll
+        for (int kq = 0; kq < (W + 3) / 4; ++kq) {
+          const PdtU4 d = pdt_nm_draw(gid, (u32)kq, rng);
+          const u32 words[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+            if (kq * 4 + w < W) key[kq * 4 + w] = (kq * 4 + w < r) ? (Key)words[w] : Key(0);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) key[k] = pdt_mag_key(Tr::to_a(v[k][q]));  // 0 where v = 0
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        int rank = 0;
+#pragma unroll
+        for (int j = 0; j < W; ++j)
+          if (j != k) rank += (key[j] > key[k] || (key[j] == key[k] && j < k)) ? 1 : 0;
+        const bool keep = rank < n;
+        if (mode == PDT_NM_RESCALED) {
+          const A rt = k < r ? ratio[(i64)(o / (u32)o2) * C + (i64)g * m + k] : A(0);
+          v[k][q] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v[k][q]) : A(0), rt));
+        } else if (!keep) {
+          v[k][q] = T(0);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (k >= r) continue;
+      if (vec) {
+        pdt_store_raw<T, V>(y + base + (i64)k * sc, v[k]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < V; ++q)
+          if (i0 + q < I) y[base + (i64)k * sc + (i64)q * si] = v[k][q];
       }
     }
   }
@@ -363,6 +505,12 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
       int mode, const i64* seed, const TR::A* ratio, int o2, int ch_contig) {                  \
     pdt_nm_select_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,       \
                                  ch_contig);                                                   \
+  }                                                                                            \
+  extern "C" __global__ void pdt_nm_gselect_##SUF##_w##W(                                   \
+      const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
+      int mode, const i64* seed, const TR::A* ratio, int o2, int ch_contig, int vec) {         \
+    pdt_nm_gselect_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,      \
+                                  ch_contig, vec);                                             \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_stats_##SUF##_w##W(     \
       const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int gt_log2,  \

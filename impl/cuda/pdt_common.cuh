@@ -238,6 +238,10 @@ __device__ __forceinline__ u32 pdt_warp_or(u32 v) {
 template <int BYTES>
 struct PdtBytesT;
 template <>
+struct PdtBytesT<2> {
+  typedef u16 type;
+};
+template <>
 struct PdtBytesT<4> {
   typedef u32 type;
 };

@@ -47,6 +47,13 @@ _MAX_GRID_Y = 65535  # a launch's grid.y (and grid.z) limit
 RESCALED_PATHS: tuple[str, ...] = timed_choice.register(
     "nm_rescaled", ("fused", "three_pass"), same_bits=True
 )
+#: The selection's paths: ``thread`` (one thread per group, a group's elements at a few
+#: consecutive positions in registers, ranked without shuffles, vector loads where aligned)
+#: and ``subwarp`` (one lane per element, a sub-warp per group, ranked by shuffles). Both give
+#: the same bits, so they are timed once per problem on a GPU.
+SELECT_PATHS: tuple[str, ...] = timed_choice.register(
+    "nm_select", ("thread", "subwarp"), same_bits=True
+)
 #: Static shared memory of the fused kernel at most (its reduction arrays and ratios, float64),
 #: plus the 1 KiB per block that sm_80 and later reserve (NVRTC 13 reports the kernels' shared
 #: size with it): a problem within that much of the limit takes the three-pass path instead
@@ -58,7 +65,8 @@ def _kernel_names() -> tuple[str, ...]:
     names = []
     for suf in _SUFFIX.values():
         for w in WIDTHS:
-            names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_stats_{suf}_w{w}"]
+            names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_gselect_{suf}_w{w}"]
+            names += [f"pdt_nm_stats_{suf}_w{w}"]
             names += [f"pdt_nm_fused_{suf}_w{w}"]
     return (*names, "pdt_nm_ratio_f32", "pdt_nm_ratio_f64")
 
@@ -140,6 +148,29 @@ def sub_warp_width(m: int) -> int:
     if not 1 <= m <= 32:
         raise ValueError(f"need 1 <= m <= 32, got {m}")
     return 1 << (m - 1).bit_length()
+
+
+def positions_per_thread(itemsize: int, w: int) -> int:
+    """Consecutive positions a thread of the ``thread`` selection holds for sub-warp width
+    ``w`` and elements of ``itemsize`` bytes (the kernel's ``pdt_nm_positions``): 16 bytes of
+    elements, halved while a group there would exceed 32 values or 128 bytes."""
+    v = 16 // itemsize
+    while v > 1 and (w * v > 32 or w * v * itemsize > 128):
+        v //= 2
+    return v
+
+
+def select_vector_loads(view: NMView, itemsize: int, *tensors: torch.Tensor) -> bool:
+    """Whether the ``thread`` selection may load a group's positions as aligned vectors:
+    strided groups over unit-stride positions whose row and channel strides and length are
+    multiples of 16 bytes of elements, on 16-byte-aligned tensors."""
+    per16 = 16 // itemsize
+    return (
+        view.si == 1
+        and not (view.sc == 1 and view.C > 1)
+        and all(v % per16 == 0 for v in (view.I, view.sc, view.so))
+        and all(t.data_ptr() % 16 == 0 for t in tensors)
+    )
 
 
 def fused_shared_bytes(view: NMView, m: int, itemsize: int) -> int | None:
@@ -224,28 +255,31 @@ def _nm_launch(
     args = [*(np.int32(v) for v in (view.O, view.C, view.I))]
     args += [*(np.int64(v) for v in (view.so, view.sc, view.si))]
 
+    select_args = [np.int32(n), np.int32(m), np.int32(mode), seed]
+    ch_contig = np.int32(view.sc == 1 and view.C > 1)
+    select_problem = (
+        f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} "
+        f"strides {view.so},{view.sc},{view.si} mode {mode} {x.device}"
+    )
+
     def select(ratio: torch.Tensor | None) -> None:
-        warps = _cdiv(groups, 32 // w)
-        blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
-        loader.launch(
-            _SRC,
-            f"pdt_nm_select_{suf}_w{w}",
-            (blocks, 1, 1),
-            (256, 1, 1),
-            [
-                src,
-                dst,
-                *args,
-                np.int32(n),
-                np.int32(m),
-                np.int32(mode),
-                seed,
-                ratio,
-                np.int32(max(view.o2, 1)),
-                np.int32(view.sc == 1 and view.C > 1),
-            ],
-            dev,
-        )
+        def run(path: str) -> None:
+            tail = [ratio, np.int32(max(view.o2, 1)), ch_contig]
+            if path == "thread":
+                v = positions_per_thread(x.element_size(), w)
+                units = view.O * _cdiv(view.C, m) * _cdiv(view.I, v)
+                blocks = max(1, min(_cdiv(units, 256), loader.multiprocessor_count(dev) * 16))
+                vec = select_vector_loads(view, x.element_size(), src, dst)
+                name, tail = f"pdt_nm_gselect_{suf}_w{w}", [*tail, np.int32(vec)]
+            else:
+                warps = _cdiv(groups, 32 // w)
+                blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
+                name = f"pdt_nm_select_{suf}_w{w}"
+            loader.launch(
+                _SRC, name, (blocks, 1, 1), (256, 1, 1), [src, dst, *args, *select_args, *tail], dev
+            )
+
+        run(timed_choice.pick("nm_select", select_problem, SELECT_PATHS, run, src))
 
     def three_pass() -> None:
         sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
@@ -373,5 +407,8 @@ __all__ = [
     "stats_groups_per_block",
     "fused_shared_bytes",
     "RESCALED_PATHS",
+    "SELECT_PATHS",
+    "positions_per_thread",
+    "select_vector_loads",
     "sub_warp_width",
 ]

@@ -605,8 +605,8 @@ def _pack_impls(dev: str) -> list[Impl]:
         what = (
             "torch.index_select: gather at the kept positions (int32 positions)"
             if op == "pack"
-            else "torch scatter_: scatter in place to the kept positions (int64 positions: "
-            "torch's scatter takes no int32)"
+            else "torch zero_ then scatter_ to the kept positions (int64 positions: torch's "
+            "scatter takes no int32)"
         )
         out.append(
             _impl(
@@ -623,13 +623,27 @@ def _pack_impls(dev: str) -> list[Impl]:
             out.append(
                 _impl(
                     f"grad_{op}[cuda]",
-                    f"impl.ops.pack_cuda.{op}, CUDA kernel",
+                    "impl.ops.pack_cuda.pack, CUDA kernel"
+                    if op == "pack"
+                    else "impl.ops.pack_cuda.expand, CUDA kernel: zeros and values in one pass",
                     dev,
                     "memory",
                     kinds=(op,),
                     impl="cuda",
                 )
             )
+    if dev == "cuda":
+        out.append(
+            _impl(
+                "grad_unpack[cuda,scatter]",
+                "torch zero_ then impl.ops.pack_cuda.unpack, CUDA scatter kernel",
+                dev,
+                "memory",
+                kinds=("unpack",),
+                impl="cuda",
+                variant="scatter",
+            )
+        )
     return out
 
 
@@ -1401,20 +1415,32 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             return pack_cuda.pack(g, index) if cuda else g.reshape(-1).index_select(0, index)
 
     else:
+        # the sparse Allreduce's unpack (impl.comm.unpack): the bucket zeroed except the
+        # reduced values at the kept positions
         buffers = _rotated((nnz,), dev, 1)
         out = torch.zeros(tuple(shape), device=dev)
+        expand = cuda and impl.options.get("variant") != "scatter"
+        starts = pack_cuda.expand_starts(index, out.numel()) if expand else None  # built once
 
         def fn(i):
             b = buffers[i % len(buffers)]
+            if expand:
+                return pack_cuda.expand(b, index, starts, out)
+            out.zero_()
             if cuda:
                 return pack_cuda.unpack(b, index, out)
             out.view(-1).scatter_(0, read_index, b)
             return out
 
     # index_dtype: the positions this row's implementation reads
-    info = {"nnz": nnz, "numel": math.prod(shape), "index_dtype": str(read_index.dtype)}
-    # read value and index (the one this implementation reads), write value
-    nbytes = nnz * (4.0 + read_index.element_size() + 4.0)
+    numel = math.prod(shape)
+    info = {"nnz": nnz, "numel": numel, "index_dtype": str(read_index.dtype)}
+    # pack: read value and index (the one this implementation reads), write value; unpack:
+    # read value and index, write the whole bucket (zeros included)
+    if op == "pack":
+        nbytes = nnz * (4.0 + read_index.element_size() + 4.0)
+    else:
+        nbytes = nnz * (4.0 + read_index.element_size()) + numel * 4.0
     return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)
 
 

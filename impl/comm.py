@@ -83,7 +83,11 @@ def pack(flat: torch.Tensor, index: torch.Tensor, impl: str = "auto") -> torch.T
 
 
 def unpack(
-    packed: torch.Tensor, index: torch.Tensor, out: torch.Tensor, impl: str = "auto"
+    packed: torch.Tensor,
+    index: torch.Tensor,
+    out: torch.Tensor,
+    impl: str = "auto",
+    starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Zero the 1-D tensor ``out`` and write ``packed[j]`` to ``out[index[j]]``; returns ``out``.
 
@@ -91,7 +95,10 @@ def unpack(
     in range: it is trusted, not checked, since the gradient hook calls this for every
     bucket of every iteration with the positions it built from the masks (a repeated
     position keeps one of its values). A ``packed`` of another dtype or device than ``out``
-    is refused before ``out`` is touched.
+    is refused before ``out`` is touched. ``starts``: where the CUDA kernels run, the tile
+    table of a strictly ascending ``index`` (:func:`impl.ops.pack_cuda.expand_starts`, which
+    :meth:`CommState.bucket_starts` keeps per bucket): ``out`` is then written once, values
+    and zeros in one pass, instead of zeroed and scattered into.
     """
     if packed.dim() != 1 or index.dim() != 1 or out.dim() != 1:
         raise ValueError("unpack needs 1-D packed, index and out tensors")
@@ -102,8 +109,10 @@ def unpack(
             f"packed ({packed.dtype}, {packed.device}) and out ({out.dtype}, {out.device}) "
             "must have one dtype and device"
         )
-    out.zero_()
     mod = _use_cuda(out, impl)
+    if mod is not None and starts is not None:
+        return mod.expand(packed, index, starts, out)
+    out.zero_()
     if mod is not None:
         mod.unpack(packed, index, out)
         return out
@@ -277,6 +286,7 @@ class CommState:
         self.stats = CommStats()
         self._masks: dict[int, torch.Tensor] = {}
         self._cache: dict[tuple[int, ...], torch.Tensor | None] = {}
+        self._starts: dict[tuple[int, ...], torch.Tensor | None] = {}
         self._source: tuple[Any, ...] | None = None
 
     @property
@@ -302,14 +312,14 @@ class CommState:
             return False
         self._masks = resolve_masks(model, masks)
         self._source = key
-        self._cache = {}
+        self._cache, self._starts = {}, {}
         return True
 
     def forget_buckets(self) -> None:
         """Drop the per-bucket index cache and the masks' binding to parameters (after the
         model's parameters changed): the next :meth:`set_masks` binds its masks anew, even
         when they are the same tensors."""
-        self._cache = {}
+        self._cache, self._starts = {}, {}
         self._source = None
 
     def bucket_index(self, params: list[torch.Tensor]) -> torch.Tensor | None:
@@ -320,6 +330,20 @@ class CommState:
         if key not in self._cache:
             self._cache[key] = payload_index(params, self._masks)
         return self._cache[key]
+
+    def bucket_starts(self, params: list[torch.Tensor], numel: int) -> torch.Tensor | None:
+        """The tile table of the bucket's index for :func:`unpack`'s one-pass expand
+        (:func:`impl.ops.pack_cuda.expand_starts`, built once per bucket), where the index is
+        on a GPU whose pack kernels load and the implementation may use them; else None
+        (zero, then scatter). ``payload_index`` builds the index strictly ascending."""
+        index = self.bucket_index(params)
+        if index is None or self.impl == "ref" or not index.is_cuda:
+            return None
+        key = tuple(id(p) for p in params)
+        if key not in self._starts:
+            mod = _cuda_pack_module()
+            self._starts[key] = None if mod is None else mod.expand_starts(index, numel)
+        return self._starts[key]
 
     def mask_digest(self) -> torch.Tensor:
         """What two ranks compare to know they hold the same masks: int64 ``[masks, kept
@@ -357,7 +381,8 @@ def allreduce_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.F
     ``state.stats``.
     """
     buf = bucket.buffer()
-    index = state.bucket_index(list(bucket.parameters()))
+    params = list(bucket.parameters())
+    index = state.bucket_index(params)
     payload = buf if index is None else pack(buf, index, state.impl)
     payload.div_(state.world_size)
     nbytes = payload.numel() * payload.element_size()
@@ -365,7 +390,8 @@ def allreduce_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.F
     def finish(reduced: torch.Tensor) -> torch.Tensor:
         if index is None:
             return reduced
-        return unpack(reduced, index, buf, state.impl)
+        starts = state.bucket_starts(params, buf.numel())
+        return unpack(reduced, index, buf, state.impl, starts=starts)
 
     if state.timing:
         seconds = _all_reduce_timed(state, payload)

@@ -521,29 +521,36 @@ def test_pack_suite_packs_and_unpacks_a_large_gradient_at_the_gpu_scale():
     impls = cases.implementations("pack", "gpu")
     assert set(impls) == {
         f"grad_{op}[{i}]@cuda" for op in ("pack", "unpack") for i in ("ref", "cuda")
-    }
+    } | {"grad_unpack[cuda,scatter]@cuda"}
     by_kind = {c.params["kind"]: c for c in grid}
-    assert impls["grad_unpack[cuda]@cuda"].accepts(by_kind["unpack"])
-    assert not impls["grad_unpack[cuda]@cuda"].accepts(by_kind["pack"])
+    for name in ("grad_unpack[cuda]@cuda", "grad_unpack[cuda,scatter]@cuda"):
+        assert impls[name].accepts(by_kind["unpack"])
+        assert not impls[name].accepts(by_kind["pack"])
 
 
 @pytest.mark.parametrize("op", ["pack", "unpack"], ids=["pack", "unpack"])
 def test_pack_reference_rows_move_the_kept_values(op):
     """On the CPU (smoke sizes) the reference pair runs: pack returns the kept values in
-    mask order, unpack writes them back in place. The rows name the positions each reads:
-    torch's index_select takes the kernels' int32 ones, its scatter_ int64 only, and the bytes
-    count the index each reads (per kept value: 4 read + 4 or 8 of index + 4 written)."""
+    mask order, unpack zeroes the bucket and writes them back (the sparse Allreduce's
+    unpack). The rows name the positions each reads: torch's index_select takes the kernels'
+    int32 ones, its scatter_ int64 only, and the bytes count the index each reads (pack, per
+    kept value: 4 read + 4 of index + 4 written; unpack: 4 read + 8 of index per kept value,
+    and 4 written per element of the bucket)."""
     case = next(c for c in cases.grid("pack", "smoke") if c.params["kind"] == op)
     impl = cases.implementations("pack", "smoke")[f"grad_{op}[ref]@cpu"]
     prepared = cases.prepare(case, impl, "smoke")
     out = prepared.phases[0][1](0)
     nnz = prepared.info["nnz"]
-    assert prepared.bytes == (12.0 if op == "pack" else 16.0) * nnz
+    numel = prepared.info["numel"]
+    assert prepared.bytes == (12.0 * nnz if op == "pack" else 12.0 * nnz + 4.0 * numel)
     assert prepared.info["index_dtype"] == ("torch.int32" if op == "pack" else "torch.int64")
     if op == "pack":
         assert out.shape == (nnz,)
     else:
         assert out.shape == tuple(case.params["weight_shape"]) and int((out != 0).sum()) == nnz
+        out.fill_(float("nan"))  # the next call zeroes what is not kept: nothing left over
+        out = prepared.phases[0][1](1)
+        assert not out.isnan().any() and int((out != 0).sum()) == nnz
     assert 0.2 * prepared.info["numel"] < nnz < 0.55 * prepared.info["numel"]
 
 

@@ -178,6 +178,38 @@ def test_comm_state_masks_change_detection_and_checksum():
         comm.CommState(impl="fast")
 
 
+def test_bucket_tile_table_only_where_the_kernels_expand():
+    """The unpack's tile table is built only for a GPU index: on the CPU (and without masks)
+    there is none, and unpack zeroes and scatters. The bucket's index is strictly ascending,
+    what the one-pass expand needs."""
+    m = small_model()
+    state = comm.CommState(timing=False)
+    params = list(m.parameters())
+    numel = sum(p.numel() for p in params)
+    assert state.bucket_starts(params, numel) is None
+    state.set_masks(m, {"0.weight": torch.rand(m[0].weight.shape) < 0.5})
+    assert state.bucket_starts(params, numel) is None
+    idx = state.bucket_index(params)
+    assert bool((idx[1:] > idx[:-1]).all())
+
+
+@pytest.mark.gpu
+def test_bucket_tile_table_on_the_gpu_is_kept_and_unpack_expands_with_it():
+    m = small_model().cuda()
+    state = comm.CommState(timing=False)
+    state.set_masks(m, {"0.weight": torch.rand(m[0].weight.shape, device="cuda") < 0.5})
+    params = list(m.parameters())
+    numel = sum(p.numel() for p in params)
+    starts = state.bucket_starts(params, numel)
+    assert starts is not None and starts is state.bucket_starts(params, numel)
+    idx = state.bucket_index(params)
+    packed = torch.randn(idx.numel(), device="cuda")
+    poisoned = torch.full((numel,), float("nan"), device="cuda")
+    got = comm.unpack(packed, idx, poisoned, starts=starts)
+    want = comm.unpack(packed, idx, torch.empty(numel, device="cuda"), impl="ref")
+    assert torch.equal(got, want)
+
+
 def test_mask_digest_tells_apart_patterns_of_equal_count_and_position_sum():
     # Two ranks with 4-of-9 patterns (1,3,4,5) and (0,2,4,7) on every kernel passed the
     # check of (kept count, sum of kept positions), and their weights then diverged.

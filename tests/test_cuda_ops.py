@@ -295,6 +295,31 @@ def test_fake_nm_prune_keeps_shape_dtype_and_memory_format(fmt, dtype):
     assert y.shape == x.shape and y.dtype == dtype and y.stride() == x.stride()
 
 
+def test_expand_starts_count_the_positions_below_each_tile_and_check_cpu_indices():
+    tile = pack_cuda.EXPAND_TILE
+    idx = torch.tensor([0, 5, tile - 1, tile, tile + 3, 3 * tile + 2], dtype=torch.int32)
+    starts = pack_cuda.expand_starts(idx, 3 * tile + 3)  # 4 tiles
+    assert starts.dtype == torch.int64 and starts.tolist() == [0, 3, 5, 5, 6]
+    assert pack_cuda.expand_starts(idx[:0], 10).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="strictly ascending"):
+        pack_cuda.expand_starts(torch.tensor([3, 1]), 10)
+    with pytest.raises(ValueError, match="strictly ascending"):
+        pack_cuda.expand_starts(torch.tensor([1, 1]), 10)
+    with pytest.raises(ValueError, match=r"lie in \[0, 10\)"):
+        pack_cuda.expand_starts(torch.tensor([1, 10]), 10)
+
+
+def test_expand_refuses_a_wrong_tile_table_before_any_launch():
+    idx = torch.tensor([1, 4], dtype=torch.int64)
+    out = torch.zeros(10)
+    with pytest.raises(ValueError, match=r"starts must be expand_starts\(index, 10\)"):
+        pack_cuda._expand_into(torch.ones(2), idx, torch.zeros(3, dtype=torch.int64), out)
+    with pytest.raises(ValueError, match="must match index"):
+        pack_cuda._expand_into(torch.ones(3), idx, pack_cuda.expand_starts(idx, 10), out)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        pack_cuda._expand_into(torch.ones(2), idx, pack_cuda.expand_starts(idx, 10), out)
+
+
 def test_fake_pack_and_unpack():
     with FakeTensorMode():
         g = torch.empty(10, 10, device="cuda", dtype=torch.bfloat16)
@@ -302,6 +327,9 @@ def test_fake_pack_and_unpack():
         buf = pack_cuda.grad_pack(g, i, impl="cuda")
         back = pack_cuda.grad_unpack(buf, i, (10, 10), impl="cuda")
         out = pack_cuda.unpack(buf, i, torch.empty(100, device="cuda", dtype=torch.bfloat16))
+        starts = torch.empty(2, dtype=torch.int64, device="cuda")
+        full = pack_cuda.expand(buf, i, starts, torch.empty(100, device="cuda", dtype=buf.dtype))
+    assert full.shape == (100,) and full.dtype == torch.bfloat16
     assert buf.shape == (30,) and buf.dtype == torch.bfloat16
     assert back.shape == (10, 10) and out.shape == (100,)
 
@@ -2375,6 +2403,63 @@ def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtyp
     pack_cuda.unpack(buf, idx, flat)  # in place: off-index elements untouched
     assert torch.equal(flat[~mask.view(-1)], torch.full_like(flat[~mask.view(-1)], 3))
     assert torch.equal(flat[mask.view(-1)], g.view(-1)[mask.view(-1)])
+
+
+@gpu
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("dtype", PACK_DTYPES, ids=PACK_DTYPE_IDS)
+@pytest.mark.parametrize(
+    "case",
+    ["random", "none-kept", "all-kept", "pruned-filters", "one-past-a-tile"],
+)
+def test_expand_writes_values_and_zeros_in_one_pass(cuda_kernels, case, dtype, index_dtype):
+    """expand writes every element of a poisoned bucket: the values at the kept positions and
+    zeros elsewhere, as zeroing and scattering would; long runs of pruned positions (whole
+    filters), nothing kept, everything kept, and a bucket one element past a whole number of
+    tiles included."""
+    gen = torch.Generator(device=GPU_DEV).manual_seed(8)
+    numel = 3 * pack_cuda.EXPAND_TILE + 1 if case == "one-past-a-tile" else 64 * 3 * 3 * 3 + 5
+    mask = torch.rand(numel, generator=gen, device=GPU_DEV) < 0.4
+    if case == "none-kept":
+        mask[:] = False
+    elif case == "all-kept":
+        mask[:] = True
+    elif case == "pruned-filters":  # 27-element filters, two of every three pruned whole
+        mask[: 64 * 27].view(64, 27)[torch.arange(64, device=GPU_DEV) % 3 != 0] = False
+    idx = pack_cuda.mask_index(mask, index_dtype)
+    values = (torch.randn(idx.numel(), generator=gen, device=GPU_DEV) * 50).to(dtype)
+    starts = pack_cuda.expand_starts(idx, numel)
+    out = torch.full((numel,), 7, dtype=dtype, device=GPU_DEV)
+    if dtype.is_floating_point:
+        out.fill_(float("nan"))
+    assert pack_cuda.expand(values, idx, starts, out) is out
+    expected = pack_cuda.grad_unpack_ref(values, idx, (numel,))
+    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+
+
+@gpu
+def test_comm_unpack_expands_on_the_gpu_with_the_buckets_tile_table(cuda_kernels):
+    """The sparse Allreduce's unpack takes the one-pass expand where the kernels load and a
+    tile table is given, and gives what zeroing and scattering give."""
+    from impl import comm
+
+    if EMULATE_GPU_TESTS:
+        pytest.skip("impl.comm takes the kernels for CUDA tensors only, not the emulation's")
+    gen = torch.Generator(device=GPU_DEV).manual_seed(9)
+    numel = 2 * pack_cuda.EXPAND_TILE + 77
+    idx = pack_cuda.mask_index(torch.rand(numel, generator=gen, device=GPU_DEV) < 0.5, torch.int64)
+    packed = torch.randn(idx.numel(), generator=gen, device=GPU_DEV)
+    want = comm.unpack(packed, idx, torch.full((numel,), float("nan"), device=GPU_DEV), "ref")
+    before = loader.launched().get("pdt_expand_b4_i64", 0)
+    got = comm.unpack(
+        packed,
+        idx,
+        torch.full((numel,), float("nan"), device=GPU_DEV),
+        "cuda",
+        starts=pack_cuda.expand_starts(idx, numel),
+    )
+    assert loader.launched().get("pdt_expand_b4_i64", 0) == before + 1
+    assert torch.equal(got, want)
 
 
 @gpu

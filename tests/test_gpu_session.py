@@ -866,11 +866,13 @@ FAMILIES = {
     "pdt_sddmm",
     "pdt_sddmm_tiled",
     "pdt_nm_select",
+    "pdt_nm_gselect",
     "pdt_nm_stats",
     "pdt_nm_fused",
     "pdt_nm_ratio",
     "pdt_pack",
     "pdt_unpack",
+    "pdt_expand",
 }
 
 

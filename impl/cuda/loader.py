@@ -57,6 +57,7 @@ DEFINES: dict[str, int] = {
     "PDT_SDDMM_RT_F32": 8,
     "PDT_SDDMM_RT_F64": 4,
     "PDT_NM_BLOCK": 256,
+    "PDT_EXPAND_TILE": 2048,
 }
 CXX_STD = "c++17"
 # What CuPy's RawModule appends to our options when it calls NVRTC (cupy/cuda/compiler.py,

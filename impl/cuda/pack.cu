@@ -30,6 +30,38 @@ __device__ __forceinline__ void pdt_unpack_body(const T* __restrict__ src,
     dst[index[j]] = src[j];
 }
 
+// Expand (unpack with zeros elsewhere, in one pass): dst[p] = src[j] where index[j] == p, 0
+// at every other position, for a strictly ascending index. Zeroing dst and then scattering
+// into it writes every position once and the kept ones again, scattered (partial sectors);
+// here each block builds tiles of PDT_EXPAND_TILE consecutive positions in shared memory and
+// writes each tile once, coalesced.
+//    src     [nnz] global; index [nnz] global, strictly ascending (a mask's nonzeros in order)
+//    starts  [tiles + 1] i64 global: starts[t] = the number of entries of index below
+//            t * PDT_EXPAND_TILE (built once per index, pack_cuda.expand_starts)
+//    dst     [numel] global, written in full
+//    tile    [PDT_EXPAND_TILE] T shared
+//    grid:   1-D, grid-stride over the tiles; any block size.
+template <typename T, typename IDX>
+__device__ __forceinline__ void pdt_expand_body(const T* __restrict__ src,
+                                                const IDX* __restrict__ index,
+                                                const i64* __restrict__ starts,
+                                                T* __restrict__ dst, i64 numel) {
+  __shared__ T tile[PDT_EXPAND_TILE];
+  const i64 tiles = (numel + PDT_EXPAND_TILE - 1) / PDT_EXPAND_TILE;
+  for (i64 t = blockIdx.x; t < tiles; t += gridDim.x) {  // block-uniform loop
+    const i64 p0 = t * PDT_EXPAND_TILE;
+    const int len = (int)min((i64)PDT_EXPAND_TILE, numel - p0);
+    for (int q = threadIdx.x; q < len; q += blockDim.x) tile[q] = T(0);
+    __syncthreads();  // zeroed before any value lands
+    const i64 j1 = starts[t + 1];
+    for (i64 j = starts[t] + threadIdx.x; j < j1; j += blockDim.x)
+      tile[(i64)index[j] - p0] = src[j];
+    __syncthreads();  // every value is in
+    for (int q = threadIdx.x; q < len; q += blockDim.x) dst[p0 + q] = tile[q];
+    __syncthreads();  // every read of the tile is done before the next tile zeroes it
+  }
+}
+
 #define PDT_PACK_KERNELS(SUF, T, IDX, ISUF)                                                 \
   extern "C" __global__ void pdt_pack_##SUF##_##ISUF(const T* src, const IDX* index, T* dst, \
                                                      i64 nnz) {                             \
@@ -38,6 +70,11 @@ __device__ __forceinline__ void pdt_unpack_body(const T* __restrict__ src,
   extern "C" __global__ void pdt_unpack_##SUF##_##ISUF(const T* src, const IDX* index,       \
                                                        T* dst, i64 nnz) {                   \
     pdt_unpack_body<T, IDX>(src, index, dst, nnz);                                          \
+  }                                                                                         \
+  extern "C" __global__ void pdt_expand_##SUF##_##ISUF(const T* src, const IDX* index,       \
+                                                       const i64* starts, T* dst,           \
+                                                       i64 numel) {                         \
+    pdt_expand_body<T, IDX>(src, index, starts, dst, numel);                                \
   }
 
 PDT_PACK_KERNELS(b1, unsigned char, int, i32)

@@ -51,6 +51,9 @@ typedef unsigned short u16;
 #ifndef PDT_NM_BLOCK
 #define PDT_NM_BLOCK 256  // threads of the N:M statistics kernel (a power of two)
 #endif
+#ifndef PDT_EXPAND_TILE
+#define PDT_EXPAND_TILE 2048  // positions per tile of the expand (unpack with zeros) kernel
+#endif
 
 #define PDT_FULL_MASK 0xffffffffu
 

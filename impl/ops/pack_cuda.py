@@ -30,10 +30,13 @@ _INDEX_SUFFIX = {torch.int32: "i32", torch.int64: "i64"}
 _BLOCK = 256
 
 
+EXPAND_TILE: int = loader.DEFINES["PDT_EXPAND_TILE"]  # positions per tile of expand
+
+
 def _kernel_names() -> tuple[str, ...]:
     return tuple(
         f"pdt_{kind}_b{size}_{isuf}"
-        for kind in ("pack", "unpack")
+        for kind in ("pack", "unpack", "expand")
         for size in (1, 2, 4, 8)
         for isuf in _INDEX_SUFFIX.values()
     )
@@ -111,6 +114,22 @@ def _grid(n: int, device: int) -> tuple[int, int, int]:
     return (max(1, min(-(-n // _BLOCK), loader.multiprocessor_count(device) * 16)), 1, 1)
 
 
+def expand_starts(index: torch.Tensor, numel: int) -> torch.Tensor:
+    """The tile table of :func:`expand` for a strictly ascending ``index`` into ``numel``
+    positions: int64 ``[tiles + 1]`` (``tiles = ceil(numel / EXPAND_TILE)``), entry ``t`` the
+    number of positions of ``index`` below ``t * EXPAND_TILE`` (so the last is ``nnz``), on
+    ``index``'s device. Built once per index, as the index is. An index on the CPU is checked
+    to be strictly ascending and in ``[0, numel)`` (ValueError); on a GPU it is trusted."""
+    _check(index)
+    _check_positions(index, numel, unique=False)
+    if not index.is_cuda and index.numel() > 1 and not bool((index[1:] > index[:-1]).all()):
+        raise ValueError("expand needs a strictly ascending index (mask_index builds one)")
+    tiles = -(-numel // EXPAND_TILE)
+    bounds = torch.arange(tiles + 1, device=index.device, dtype=torch.int64) * EXPAND_TILE
+    bounds = bounds.clamp_(max=numel).to(index.dtype)
+    return torch.searchsorted(index, bounds)
+
+
 def _pack(grad: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     _check(index)
     dev = device_check.require_cuda("grad_pack", "impl.ops.grad_pack", grad, index, sources=(_SRC,))
@@ -130,8 +149,9 @@ def _pack(grad: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = No
     return out
 
 
-def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
-    """``out.view(-1)[index] = buffer`` (``out`` contiguous; other elements untouched)."""
+def _check_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    """What writing ``buffer`` into ``out`` at ``index`` needs (ValueError otherwise): a 1-D
+    int32 or int64 index, a buffer of its shape and of ``out``'s dtype, ``out`` contiguous."""
     _check(index)
     if buffer.shape != index.shape:
         raise ValueError(f"buffer {tuple(buffer.shape)} must match index {tuple(index.shape)}")
@@ -139,6 +159,11 @@ def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -
         raise ValueError(f"buffer {buffer.dtype} and out {out.dtype} differ")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous (it is written through its flat view)")
+
+
+def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    """``out.view(-1)[index] = buffer`` (``out`` contiguous; other elements untouched)."""
+    _check_into(buffer, index, out)
     dev = device_check.require_cuda(
         "grad_unpack", "impl.ops.grad_unpack", buffer, index, out, sources=(_SRC,)
     )
@@ -154,6 +179,39 @@ def _unpack_into(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -
                 index.contiguous(),
                 out.view(-1).view(view),
                 np.int64(buffer.numel()),
+            ],
+            dev,
+        )
+
+
+def _expand_into(
+    buffer: torch.Tensor, index: torch.Tensor, starts: torch.Tensor, out: torch.Tensor
+) -> None:
+    """Every element of ``out``: ``buffer[j]`` at ``index[j]``, zero elsewhere (``index``
+    strictly ascending, ``starts`` its :func:`expand_starts` for ``out.numel()``)."""
+    _check_into(buffer, index, out)
+    tiles = -(-out.numel() // EXPAND_TILE)
+    if starts.dtype != torch.int64 or starts.shape != (tiles + 1,):
+        raise ValueError(
+            f"starts must be expand_starts(index, {out.numel()}): int64 [{tiles + 1}], "
+            f"got {starts.dtype} {tuple(starts.shape)}"
+        )
+    dev = device_check.require_cuda(
+        "grad_expand", "impl.ops.pack_cuda.expand", buffer, index, starts, out, sources=(_SRC,)
+    )
+    size, view = _element_bits(buffer.dtype)
+    if out.numel():
+        loader.launch(
+            _SRC,
+            f"pdt_expand_b{size}_{_INDEX_SUFFIX[index.dtype]}",
+            (max(1, min(tiles, loader.multiprocessor_count(dev) * 8)), 1, 1),
+            (_BLOCK, 1, 1),
+            [
+                buffer.contiguous().view(view),
+                index.contiguous(),
+                starts,
+                out.view(-1).view(view),
+                np.int64(out.numel()),
             ],
             dev,
         )
@@ -192,6 +250,18 @@ def _grad_unpack_into_op(buffer: torch.Tensor, index: torch.Tensor, out: torch.T
 
 @_grad_unpack_into_op.register_fake
 def _(buffer, index, out):
+    return None
+
+
+@torch.library.custom_op("pdtbench::grad_expand_into", mutates_args=("out",))
+def _grad_expand_into_op(
+    buffer: torch.Tensor, index: torch.Tensor, starts: torch.Tensor, out: torch.Tensor
+) -> None:
+    _expand_into(buffer, index, starts, out)
+
+
+@_grad_expand_into_op.register_fake
+def _(buffer, index, starts, out):
     return None
 
 
@@ -240,9 +310,26 @@ def unpack(packed: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torc
     return out
 
 
+def expand(
+    packed: torch.Tensor, index: torch.Tensor, starts: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """CUDA: write all of ``out`` (contiguous) in one pass: ``packed[j]`` at the flat
+    position ``index[j]``, zero everywhere else (the unpack of ClickTrain Sec. 5.3's sparse
+    Allreduce, zeros at pruned positions). ``index`` must be strictly ascending (as
+    :func:`mask_index` builds it) and ``starts`` its :func:`expand_starts` for
+    ``out.numel()``. Unlike zeroing ``out`` and then :func:`unpack`, which writes the kept
+    positions twice and scatters them, each element is written once, coalesced. Returns
+    ``out``."""
+    torch.ops.pdtbench.grad_expand_into(packed, index, starts, out)
+    return out
+
+
 __all__ = [
+    "EXPAND_TILE",
     "IMPLS",
     "KERNELS",
+    "expand",
+    "expand_starts",
     "grad_pack",
     "grad_pack_ref",
     "grad_unpack",

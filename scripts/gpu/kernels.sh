@@ -51,11 +51,13 @@ SAN_TESTS="-m 'gpu and not slow' tests/test_cuda_ops.py --maxfail=5 -v"
 MEMCHECK_K=${MEMCHECK_K-"(not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf16))) \
 and not dense-grads"}
 # racecheck: the SpMM and SDDMM tests in float32 (float64 instantiates the same code), the
-# implicit conv, and the rescaled N:M tests at 2:4 (the fused kernel's test runs the three
-# others too): 79 tests, so that every family with shared memory is reached well inside the
-# step's limit (the first H200 run, over 135 tests, was cut before the last three families)
+# implicit conv, the rescaled N:M tests at 2:4 (the fused kernel's test runs the three
+# others too) and the float32 int32 expand: 84 tests, so that every family with shared memory
+# is reached well inside the step's limit (the first H200 run, over 135 tests, was cut before
+# the last three families)
 RACECHECK_K=${RACECHECK_K-"(((spmm or sddmm) and f32) or implicit_conv_writes \
-or (rescaled and 2:4 and (f32 or bf16))) and not dense-grads"}
+or (rescaled and 2:4 and (f32 or bf16)) or (expand_writes and f32 and i32)) \
+and not dense-grads"}
 # compute-sanitizer's kernel filter (--kernel-name, key kns: a substring of the mangled name)
 SAN_KERNELS=${SAN_KERNELS-pdt_}
 SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"

@@ -43,6 +43,7 @@ from typing import Any
 #: ptxas wherever nvcc is on the PATH, so it cannot go stale unnoticed.
 SHARED_MEMORY_FAMILIES: tuple[str, ...] = (
     "pdt_conv_implicit_tiled",
+    "pdt_expand",
     "pdt_nm_fused",
     "pdt_nm_stats",
     "pdt_sddmm",

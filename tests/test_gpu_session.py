@@ -867,6 +867,7 @@ FAMILIES = {
     "pdt_sddmm_tiled",
     "pdt_nm_select",
     "pdt_nm_gselect",
+    "pdt_nm_gstats",
     "pdt_nm_stats",
     "pdt_nm_fused",
     "pdt_nm_ratio",

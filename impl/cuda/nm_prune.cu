@@ -210,6 +210,71 @@ __device__ __forceinline__ void pdt_store_raw(T* __restrict__ p, const T (&r)[V]
   *reinterpret_cast<Raw*>(p) = w;
 }
 
+// A unit of the thread path: group g of row o at positions i0 .. i0 + V - 1; lane k of
+// position q at v[k][q], zero past the group (k >= r) or past the row (i >= I), so that its
+// key is 0 and never outranks an element. `vec`: each channel's V positions are one aligned
+// vector load (the host's select_vector_loads).
+template <typename T, int W, int V>
+__device__ __forceinline__ void pdt_nm_unit_load(const T* __restrict__ x, i64 base, i64 sc,
+                                                 i64 si, int r, int i0, int I, int vec,
+                                                 T (&v)[W][V]) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    if (vec && k < r) {
+      pdt_load_raw<T, V>(x + base + (i64)k * sc, v[k]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q)
+        v[k][q] = (k < r && i0 + q < I) ? x[base + (i64)k * sc + (i64)q * si] : T(0);
+    }
+  }
+}
+
+// The unit's elements back (k < r, i < I only).
+template <typename T, int W, int V>
+__device__ __forceinline__ void pdt_nm_unit_store(T* __restrict__ y, i64 base, i64 sc, i64 si,
+                                                  int r, int i0, int I, int vec,
+                                                  const T (&v)[W][V]) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    if (k >= r) continue;
+    if (vec) {
+      pdt_store_raw<T, V>(y + base + (i64)k * sc, v[k]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q)
+        if (i0 + q < I) y[base + (i64)k * sc + (i64)q * si] = v[k][q];
+    }
+  }
+}
+
+// Bit k set when key[k] ranks below n among the W keys (greater key, or equal key and lower
+// index, ranks first): the sub-warp kernel's rank, by unrolled compares.
+template <typename Key, int W>
+__device__ __forceinline__ u32 pdt_nm_keep_mask(const Key (&key)[W], int n) {
+  u32 keep = 0u;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (j != k) rank += (key[j] > key[k] || (key[j] == key[k] && j < k)) ? 1 : 0;
+    keep |= (rank < n ? 1u : 0u) << k;
+  }
+  return keep;
+}
+
+// The magnitude keep mask of position q of a unit.
+template <class Tr, int W, int V>
+__device__ __forceinline__ u32 pdt_nm_magnitude_mask(const typename Tr::T (&v)[W][V], int q,
+                                                     int n) {
+  typedef decltype(pdt_mag_key(typename Tr::A(0))) Key;
+  Key key[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) key[k] = pdt_mag_key(Tr::to_a(v[k][q]));  // 0 where v = 0
+  return pdt_nm_keep_mask<Key, W>(key, n);
+}
+
 template <class Tr, int W>
 __device__ __forceinline__ void pdt_nm_gselect_body(const typename Tr::T* __restrict__ x,
                                                     typename Tr::T* __restrict__ y, int O,
@@ -220,7 +285,6 @@ __device__ __forceinline__ void pdt_nm_gselect_body(const typename Tr::T* __rest
                                                     int o2, int ch_contig, int vec) {
   typedef typename Tr::T T;
   typedef typename Tr::A A;
-  typedef decltype(pdt_mag_key(A(0))) Key;
   constexpr int V = pdt_nm_positions<T, W>();
   const u32 G = (u32)((C + m - 1) / m);
   const u32 IQ = (u32)((I + V - 1) / V);
@@ -232,68 +296,43 @@ __device__ __forceinline__ void pdt_nm_gselect_body(const typename Tr::T* __rest
     const int r = min(m, C - (int)g * m);
     const int i0 = (int)iq * V;
     const i64 base = (i64)o * so + (i64)g * m * sc + (i64)i0 * si;
-    // The group's elements: lane k of position q at v[k][q]; zero past the group (k >= r)
-    // or past the row (i >= I), so that their keys are 0 and never outrank an element.
     T v[W][V];
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (vec && k < r) {
-        pdt_load_raw<T, V>(x + base + (i64)k * sc, v[k]);
-      } else {
-#pragma unroll
-        for (int q = 0; q < V; ++q)
-          v[k][q] = (k < r && i0 + q < I) ? x[base + (i64)k * sc + (i64)q * si] : T(0);
-      }
-    }
+    pdt_nm_unit_load<T, W, V>(x, base, sc, si, r, i0, I, vec, v);
 #pragma unroll
     for (int q = 0; q < V; ++q) {
-      const int i = i0 + q;
-      Key key[W];
+      u32 keep;
       if (mode == PDT_NM_RANDOM) {
-        const u64 gid = ((u64)o * (u64)I + (u64)i) * (u64)G + g;
+        const u64 gid = ((u64)o * (u64)I + (u64)(i0 + q)) * (u64)G + g;
+        u32 key[W];
 #pragma unroll
         for (int kq = 0; kq < (W + 3) / 4; ++kq) {
           const PdtU4 d = pdt_nm_draw(gid, (u32)kq, rng);
           const u32 words[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
           for (int w = 0; w < 4; ++w)
-            if (kq * 4 + w < W) key[kq * 4 + w] = (kq * 4 + w < r) ? (Key)words[w] : Key(0);
+            if (kq * 4 + w < W) key[kq * 4 + w] = (kq * 4 + w < r) ? words[w] : 0u;
         }
+        keep = pdt_nm_keep_mask<u32, W>(key, n);
       } else {
-#pragma unroll
-        for (int k = 0; k < W; ++k) key[k] = pdt_mag_key(Tr::to_a(v[k][q]));  // 0 where v = 0
+        keep = pdt_nm_magnitude_mask<Tr, W, V>(v, q, n);
       }
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        int rank = 0;
-#pragma unroll
-        for (int j = 0; j < W; ++j)
-          if (j != k) rank += (key[j] > key[k] || (key[j] == key[k] && j < k)) ? 1 : 0;
-        const bool keep = rank < n;
+        const bool kept = (keep >> k) & 1u;
         if (mode == PDT_NM_RESCALED) {
           const A rt = k < r ? ratio[(i64)(o / (u32)o2) * C + (i64)g * m + k] : A(0);
-          v[k][q] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v[k][q]) : A(0), rt));
-        } else if (!keep) {
+          v[k][q] = Tr::from_a(pdt_mul_rn(kept ? Tr::to_a(v[k][q]) : A(0), rt));
+        } else if (!kept) {
           v[k][q] = T(0);
         }
       }
     }
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (k >= r) continue;
-      if (vec) {
-        pdt_store_raw<T, V>(y + base + (i64)k * sc, v[k]);
-      } else {
-#pragma unroll
-        for (int q = 0; q < V; ++q)
-          if (i0 + q < I) y[base + (i64)k * sc + (i64)q * si] = v[k][q];
-      }
-    }
+    pdt_nm_unit_store<T, W, V>(y, base, sc, si, r, i0, I, vec, v);
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// The rescale sums of a block (the statistics and fused kernels): thread (ii, k) sums |x| and
+// The rescale sums of a block (the sub-warp statistics kernel): thread (ii, k) sums |x| and
 // |kept x| of channel k over positions i = ii, ii + ith, ... in that order (load(i) reads
 // element (k, i)); then a fixed-order tree over ii (threads tid and tid + s * row) leaves the
 // sums of channel k in red_x / red_y at the threads with ii = 0. Every thread of the block
@@ -428,74 +467,166 @@ __device__ __forceinline__ void pdt_nm_ratio_body(const A* __restrict__ sx,
 }
 
 // ---------------------------------------------------------------------------------------
-// Fused rescaled N:M (plane rule, one plane per (o, c): o2 == 1; a strided group: GT = 1):
-// the statistics, ratio and selection above in one kernel that reads x once. One block per
-// (o, g) copies the group's r x I elements into shared memory, position-major (element
-// (k, i) at tile[i * W + k], so a warp's accesses below are conflict-free); then computes
-// sx, sy with the statistics kernel's own thread mapping, order and tree reduction, the
-// ratio as the ratio kernel does (0 + sx) / ((0 + sy) + eps), and y with the selection
-// kernel's formula, in place in the tile; then writes the tile to y. The same bits as the
-// three kernels, with one read and one write of x instead of two reads and one write.
+// Rescale statistics of strided groups (GT = 1: NCHW and every layout whose groups are not
+// contiguous), in the thread path's units: one block per group (o, g), grid (O, G); thread
+// tid takes the units iq = tid, tid + BLOCK, ... of its group, in that order, and for each
+// position q adds |x| of channel k to its ax[k] and, where k is kept by magnitude, to its
+// ay[k] (in A); then pdt_nm_block_reduce sums the threads in a fixed order.
+//    x       [O, C, I] global, strides (so, sc, si); vec as the thread selection
+//    sx, sy  [O, C] A global: written for the group's r channels
+// The fused kernel below sums in exactly this order, so the two paths give the same bits.
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W, int V>
+__device__ __forceinline__ void pdt_nm_unit_sums(const typename Tr::T (&v)[W][V], int r,
+                                                 int i0, int I, int n,
+                                                 typename Tr::A (&ax)[W],
+                                                 typename Tr::A (&ay)[W]) {
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    if (i0 + q >= I) continue;
+    const u32 keep = pdt_nm_magnitude_mask<Tr, W, V>(v, q, n);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (k >= r) continue;
+      const typename Tr::A a = pdt_abs(Tr::to_a(v[k][q]));
+      ax[k] = pdt_add_rn(ax[k], a);
+      if ((keep >> k) & 1u) ay[k] = pdt_add_rn(ay[k], a);
+    }
+  }
+}
+
+// The block's sums of ax[k] and ay[k] into tot[k] and tot[W + k] (shared, [2 W]): a shuffle
+// butterfly per warp (both partners add the same two numbers, so every lane holds the same
+// sum), then the warps' sums in warp order by thread k. Every thread of the block calls it.
+//    wsum    [BLOCK / 32][2 W] A shared
+template <typename A, int W>
+__device__ __forceinline__ void pdt_nm_block_reduce(A (&ax)[W], A (&ay)[W], A* __restrict__ wsum,
+                                                    A* __restrict__ tot) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      ax[k] = pdt_add_rn(ax[k], __shfl_xor_sync(PDT_FULL_MASK, ax[k], off));
+      ay[k] = pdt_add_rn(ay[k], __shfl_xor_sync(PDT_FULL_MASK, ay[k], off));
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      wsum[warp * 2 * W + k] = ax[k];
+      wsum[warp * 2 * W + W + k] = ay[k];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 2 * W) {
+    A sum = A(0);
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) sum = pdt_add_rn(sum, wsum[w * 2 * W + threadIdx.x]);
+    tot[threadIdx.x] = sum;
+  }
+  __syncthreads();
+}
+
+// The sums of group (o, g) = (blockIdx.x, blockIdx.y) in the thread path's units into tot
+// (shared, [2 W]: tot[k] = sum |x|, tot[W + k] = sum |kept x| of channel k), in the order
+// described above; with a tile (the fused kernel) each thread also keeps its units there,
+// tile[(k * ceil(I / V) + iq) * V + q]. Every thread of the block calls it.
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_group_sums(const typename Tr::T* __restrict__ x, int C,
+                                                  int I, i64 so, i64 sc, i64 si, int n, int m,
+                                                  int vec, typename Tr::T* __restrict__ tile,
+                                                  typename Tr::A* __restrict__ wsum,
+                                                  typename Tr::A* __restrict__ tot) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  constexpr int V = pdt_nm_positions<T, W>();
+  const int g = blockIdx.y;
+  const int r = min(m, C - g * m);
+  const int IQ = (I + V - 1) / V;
+  const i64 base0 = (i64)blockIdx.x * so + (i64)g * m * sc;
+  A ax[W], ay[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) ax[k] = ay[k] = A(0);
+  for (int iq = threadIdx.x; iq < IQ; iq += blockDim.x) {
+    const int i0 = iq * V;
+    T v[W][V];
+    pdt_nm_unit_load<T, W, V>(x, base0 + (i64)i0 * si, sc, si, r, i0, I, vec, v);
+    pdt_nm_unit_sums<Tr, W, V>(v, r, i0, I, n, ax, ay);
+    if (tile != nullptr) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) pdt_store_raw<T, V>(tile + ((i64)k * IQ + iq) * V, v[k]);
+    }
+  }
+  pdt_nm_block_reduce<A, W>(ax, ay, wsum, tot);
+}
+
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_gstats_body(const typename Tr::T* __restrict__ x, int O,
+                                                   int C, int I, i64 so, i64 sc, i64 si, int n,
+                                                   int m, int vec,
+                                                   typename Tr::A* __restrict__ sx,
+                                                   typename Tr::A* __restrict__ sy) {
+  typedef typename Tr::A A;
+  __shared__ A wsum[(PDT_NM_BLOCK / 32) * 2 * W];
+  __shared__ A tot[2 * W];
+  pdt_nm_group_sums<Tr, W>(x, C, I, so, sc, si, n, m, vec, nullptr, wsum, tot);
+  const i64 c = (i64)blockIdx.y * m + threadIdx.x;
+  if ((int)threadIdx.x < min(m, C - (int)blockIdx.y * m)) {
+    sx[(i64)blockIdx.x * C + c] = tot[threadIdx.x];
+    sy[(i64)blockIdx.x * C + c] = tot[W + threadIdx.x];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused rescaled N:M (plane rule, one plane per (o, c): o2 == 1; strided groups): the
+// statistics above, the ratio kernel's arithmetic and the selection in one kernel that
+// reads x once. One block per group (o, g), grid (O, G): each thread loads its units as the
+// statistics kernel does (the same sums, in the same order), keeps them in the shared tile,
+// and after the block's ratios are known rescales and writes its own units: the same bits
+// as statistics + ratio + selection, with one read and one write of x instead of two reads
+// and one write.
 //    x, y    [O, C, I] global, strides (so, sc, si); y written in full for the group
-//    tile    [I x W] T dynamic shared (the host passes I * W * sizeof(T) bytes)
-//    red_x, red_y [PDT_NM_BLOCK] A shared; ratio_s [W] A shared
-//    grid:   (O, G); block: PDT_NM_BLOCK threads; lane mapping of the statistics kernel with
-//            GT = 1: k = tid % W, positions i = tid / W + q * (BLOCK / W).
+//    tile    [W][ceil(I / V)][V] T dynamic shared (the host passes its size:
+//            fused_shared_bytes); channel-major, so a warp's V-wide accesses are consecutive
+//    wsum, tot as pdt_nm_block_reduce; ratio_s [W] A shared
 // ---------------------------------------------------------------------------------------
 template <class Tr, int W>
 __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restrict__ x,
                                                   typename Tr::T* __restrict__ y, int O, int C,
                                                   int I, i64 so, i64 sc, i64 si, int n, int m,
-                                                  double eps) {
+                                                  int vec, double eps) {
   typedef typename Tr::T T;
   typedef typename Tr::A A;
+  constexpr int V = pdt_nm_positions<T, W>();
   PDT_DYNAMIC_SHARED(T, tile);
-  __shared__ A red_x[PDT_NM_BLOCK];
-  __shared__ A red_y[PDT_NM_BLOCK];
+  __shared__ A wsum[(PDT_NM_BLOCK / 32) * 2 * W];
+  __shared__ A tot[2 * W];
   __shared__ A ratio_s[W];
-  const int tid = threadIdx.x;
-  const int ith = PDT_NM_BLOCK / W;  // positions per pass of the block
-  const int k = tid & (W - 1);
-  const int ii = tid / W;
-  const int o = blockIdx.x;
-  const int g = blockIdx.y;
-  const int c = g * m + k;
-  const int r = min(m, C - g * m);
-  const bool mine = k < r;
-  const i64 base = (i64)o * so + (i64)c * sc;
-  // Copy in: the loads of a thread are independent (unrolled), sector-complete per warp.
-#pragma unroll 8
-  for (int i0 = 0; i0 < I; i0 += ith) {
-    const int i = i0 + ii;
-    if (mine && i < I) tile[(i64)i * W + k] = x[base + (i64)i * si];
-  }
+  pdt_nm_group_sums<Tr, W>(x, C, I, so, sc, si, n, m, vec, tile, wsum, tot);
+  const int r = min(m, C - (int)blockIdx.y * m);
+  if ((int)threadIdx.x < r)  // the ratio kernel's arithmetic with o2 = 1
+    ratio_s[threadIdx.x] = pdt_nm_ratio_of(pdt_add_rn(A(0), tot[threadIdx.x]),
+                                           pdt_add_rn(A(0), tot[W + threadIdx.x]), eps);
   __syncthreads();
-  // The statistics: exactly the statistics kernel's loop and reduction (GT = 1).
-  pdt_nm_block_sums<Tr, W>([&](i64 i) { return tile[i * W + k]; }, I, ith, ii, k, r, n, W,
-                           red_x, red_y);
-  if (ii == 0 && mine)  // the ratio kernel's arithmetic with o2 = 1
-    ratio_s[k] =
-        pdt_nm_ratio_of(pdt_add_rn(A(0), red_x[tid]), pdt_add_rn(A(0), red_y[tid]), eps);
-  __syncthreads();
-  // The selection, in place: each element is read and written by its own thread only.
-  // 64-bit: with I near 2^31, i0 + ith would wrap a 32-bit counter negative (never ending)
-  for (i64 i0 = 0; i0 < I; i0 += ith) {  // warp-uniform loop
-    const i64 i = i0 + ii;
-    const int ri = i < I ? r : 0;
-    const bool act = k < ri;
-    const T v = act ? tile[(i64)i * W + k] : T(0);
-    const int rank = pdt_nm_rank<W>(pdt_mag_key(Tr::to_a(v)), k);  // v = 0 where not act
-    if (act) {
-      const bool keep = rank < n;
-      tile[(i64)i * W + k] = Tr::from_a(pdt_mul_rn(keep ? Tr::to_a(v) : A(0), ratio_s[k]));
+  A rt[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) rt[k] = k < r ? ratio_s[k] : A(0);
+  const int IQ = (I + V - 1) / V;
+  const i64 base0 = (i64)blockIdx.x * so + (i64)blockIdx.y * m * sc;
+  for (int iq = threadIdx.x; iq < IQ; iq += blockDim.x) {  // its own units, from the tile
+    const int i0 = iq * V;
+    T v[W][V];
+#pragma unroll
+    for (int k = 0; k < W; ++k) pdt_load_raw<T, V>(tile + ((i64)k * IQ + iq) * V, v[k]);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const u32 keep = pdt_nm_magnitude_mask<Tr, W, V>(v, q, n);
+#pragma unroll
+      for (int k = 0; k < W; ++k)
+        v[k][q] = Tr::from_a(pdt_mul_rn(((keep >> k) & 1u) ? Tr::to_a(v[k][q]) : A(0), rt[k]));
     }
-  }
-  __syncthreads();
-  // Copy out.
-#pragma unroll 8
-  for (int i0 = 0; i0 < I; i0 += ith) {
-    const int i = i0 + ii;
-    if (mine && i < I) y[base + (i64)i * si] = tile[(i64)i * W + k];
+    pdt_nm_unit_store<T, W, V>(y, base0 + (i64)i0 * si, sc, si, r, i0, I, vec, v);
   }
 }
 
@@ -516,20 +647,34 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
       const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int gt_log2,  \
       TR::A* sx, TR::A* sy) {                                                                  \
     pdt_nm_stats_body<TR, W>(x, O, C, I, so, sc, si, n, m, gt_log2, sx, sy);                \
+  }
+
+// The thread path's statistics and the fused kernel, for groups of at most 8 (W <= 8): a
+// thread keeps 2 W sums and a group's W x V elements in registers, which for W = 16 and 32
+// spills (ptxas); wider groups take the sub-warp statistics and no fused kernel.
+#define PDT_NM_FUSED_KERNELS(SUF, TR, W)                                                    \
+  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_gstats_##SUF##_w##W(    \
+      const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int vec,      \
+      TR::A* sx, TR::A* sy) {                                                                  \
+    pdt_nm_gstats_body<TR, W>(x, O, C, I, so, sc, si, n, m, vec, sx, sy);                   \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK, 2) pdt_nm_fused_##SUF##_w##W(  \
       const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
-      double eps) {                                                                            \
-    pdt_nm_fused_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, eps);                          \
+      int vec, double eps) {                                                                   \
+    pdt_nm_fused_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, vec, eps);                     \
   }
 
-#define PDT_NM_ALL_M(SUF, TR) \
-  PDT_NM_KERNELS(SUF, TR, 1)  \
-  PDT_NM_KERNELS(SUF, TR, 2)  \
-  PDT_NM_KERNELS(SUF, TR, 4)  \
-  PDT_NM_KERNELS(SUF, TR, 8)  \
-  PDT_NM_KERNELS(SUF, TR, 16) \
-  PDT_NM_KERNELS(SUF, TR, 32)
+#define PDT_NM_ALL_M(SUF, TR)      \
+  PDT_NM_KERNELS(SUF, TR, 1)       \
+  PDT_NM_KERNELS(SUF, TR, 2)       \
+  PDT_NM_KERNELS(SUF, TR, 4)       \
+  PDT_NM_KERNELS(SUF, TR, 8)       \
+  PDT_NM_KERNELS(SUF, TR, 16)      \
+  PDT_NM_KERNELS(SUF, TR, 32)      \
+  PDT_NM_FUSED_KERNELS(SUF, TR, 1) \
+  PDT_NM_FUSED_KERNELS(SUF, TR, 2) \
+  PDT_NM_FUSED_KERNELS(SUF, TR, 4) \
+  PDT_NM_FUSED_KERNELS(SUF, TR, 8)
 
 PDT_NM_ALL_M(f32, TraitF32)
 PDT_NM_ALL_M(f64, TraitF64)

@@ -37,6 +37,9 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", tor
 METHODS: dict[str, int] = {"magnitude": 0, "random": 1, "rescaled": 2}  # kernel modes
 RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
+#: The widest group of the thread path's statistics and the fused kernel (wider ones spill
+#: their sums and elements out of registers: the sub-warp statistics take them, unfused).
+FUSED_MAX_WIDTH = 8
 NM_BLOCK: int = loader.DEFINES["PDT_NM_BLOCK"]
 _MAX_U31 = 2**31 - 1
 _MAX_GRID_Y = 65535  # a launch's grid.y (and grid.z) limit
@@ -58,7 +61,7 @@ SELECT_PATHS: tuple[str, ...] = timed_choice.register(
 #: plus the 1 KiB per block that sm_80 and later reserve (NVRTC 13 reports the kernels' shared
 #: size with it): a problem within that much of the limit takes the three-pass path instead
 #: of a launch the driver might refuse. Both give the same bits.
-_FUSED_STATIC_SMEM = 2 * NM_BLOCK * 8 + 32 * 8 + 1024
+_FUSED_STATIC_SMEM = (NM_BLOCK // 32) * 2 * 32 * 8 + 2 * 32 * 8 + 32 * 8 + 1024
 
 
 def _kernel_names() -> tuple[str, ...]:
@@ -67,7 +70,8 @@ def _kernel_names() -> tuple[str, ...]:
         for w in WIDTHS:
             names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_gselect_{suf}_w{w}"]
             names += [f"pdt_nm_stats_{suf}_w{w}"]
-            names += [f"pdt_nm_fused_{suf}_w{w}"]
+            if w <= FUSED_MAX_WIDTH:
+                names += [f"pdt_nm_gstats_{suf}_w{w}", f"pdt_nm_fused_{suf}_w{w}"]
     return (*names, "pdt_nm_ratio_f32", "pdt_nm_ratio_f64")
 
 
@@ -175,12 +179,15 @@ def select_vector_loads(view: NMView, itemsize: int, *tensors: torch.Tensor) -> 
 
 def fused_shared_bytes(view: NMView, m: int, itemsize: int) -> int | None:
     """Dynamic shared memory (bytes) of the fused rescaled kernel for ``view``: a group's
-    ``I x W`` elements; ``None`` where it does not apply (the channel rule or several planes
-    per ratio, ``o2 != 1``; contiguous groups, which the statistics kernel reads several to a
-    block)."""
-    if view.o2 != 1 or stats_groups_per_block(view, m) != 1:
+    ``W x ceil(I / V) x V`` elements (``V``: :func:`positions_per_thread`); ``None`` where it
+    does not apply (the channel rule or several planes per ratio, ``o2 != 1``; contiguous
+    groups, which the statistics kernel reads several to a block; groups wider than
+    ``FUSED_MAX_WIDTH``)."""
+    w = sub_warp_width(m)
+    if view.o2 != 1 or stats_groups_per_block(view, m) != 1 or w > FUSED_MAX_WIDTH:
         return None
-    return view.I * sub_warp_width(m) * itemsize
+    v = positions_per_thread(itemsize, w)
+    return w * _cdiv(view.I, v) * v * itemsize
 
 
 def stats_groups_per_block(view: NMView, m: int) -> int:
@@ -290,12 +297,17 @@ def _nm_launch(
                 f"{op}: rescaled {n}:{m} of {view.C} channels needs "
                 f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
             )
+        if gt == 1 and w <= FUSED_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
+            vec = select_vector_loads(view, x.element_size(), src)
+            name, tail = f"pdt_nm_gstats_{suf}_w{w}", [np.int32(vec), sx, sy]
+        else:  # contiguous groups (several to a block), and groups wider than 8
+            name, tail = f"pdt_nm_stats_{suf}_w{w}", [np.int32(gt.bit_length() - 1), sx, sy]
         loader.launch(
             _SRC,
-            f"pdt_nm_stats_{suf}_w{w}",
+            name,
             (view.O, _cdiv(_cdiv(view.C, m), gt), 1),
             (NM_BLOCK, 1, 1),
-            [src, *args, np.int32(n), np.int32(m), np.int32(gt.bit_length() - 1), sx, sy],
+            [src, *args, np.int32(n), np.int32(m), *tail],
             dev,
         )
         ratio = torch.empty(view.nb, view.C, dtype=acc, device=x.device)
@@ -329,7 +341,15 @@ def _nm_launch(
                 f"pdt_nm_fused_{suf}_w{w}",
                 (view.O, _cdiv(view.C, m), 1),
                 (NM_BLOCK, 1, 1),
-                [src, dst, *args, np.int32(n), np.int32(m), np.float64(eps)],
+                [
+                    src,
+                    dst,
+                    *args,
+                    np.int32(n),
+                    np.int32(m),
+                    np.int32(select_vector_loads(view, x.element_size(), src, dst)),
+                    np.float64(eps),
+                ],
                 dev,
                 shared_mem=smem,
             )
@@ -406,6 +426,7 @@ __all__ = [
     "nm_view",
     "stats_groups_per_block",
     "fused_shared_bytes",
+    "FUSED_MAX_WIDTH",
     "RESCALED_PATHS",
     "SELECT_PATHS",
     "positions_per_thread",

@@ -45,6 +45,7 @@ SHARED_MEMORY_FAMILIES: tuple[str, ...] = (
     "pdt_conv_implicit_tiled",
     "pdt_expand",
     "pdt_nm_fused",
+    "pdt_nm_gstats",
     "pdt_nm_stats",
     "pdt_sddmm",
     "pdt_sddmm_tiled",

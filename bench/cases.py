@@ -791,26 +791,30 @@ def grid(suite: str, scale: str | None = None) -> list[Case]:
                 )
     elif suite == "nm_prune":
         # rescaled magnitude (statistics, then the selection; its cases keep the names they
-        # had before magnitude was timed too) and magnitude (the selection alone)
-        for method in ("rescaled", "magnitude"):
-            for m in NM_MS:
-                n = m // 2
-                shape = "x".join(map(str, cfg.nm_shape))
-                suffix = "" if method == "rescaled" else f"-{method}"
-                cases.append(
-                    Case(
-                        suite,
-                        f"{shape}-{n}of{m}{suffix}",
-                        {
-                            "kind": "nm",
-                            "shape": list(cfg.nm_shape),
-                            "n": n,
-                            "m": m,
-                            "method": method,
-                            "dim": 1,
-                        },
-                    )
+        # had before magnitude was timed too) and magnitude (the selection alone), NCHW at
+        # every m; and 2:4 channels-last, the SDGP authors' layout (groups contiguous)
+        shape = "x".join(map(str, cfg.nm_shape))
+        grid = [(meth, m, "nchw") for meth in ("rescaled", "magnitude") for m in NM_MS]
+        grid += [(meth, 4, "channels_last") for meth in ("rescaled", "magnitude")]
+        for method, m, layout in grid:
+            n = m // 2
+            suffix = "" if method == "rescaled" else f"-{method}"
+            suffix += "" if layout == "nchw" else "-nhwc"
+            cases.append(
+                Case(
+                    suite,
+                    f"{shape}-{n}of{m}{suffix}",
+                    {
+                        "kind": "nm",
+                        "shape": list(cfg.nm_shape),
+                        "n": n,
+                        "m": m,
+                        "method": method,
+                        "dim": 1,
+                        "layout": layout,
+                    },
                 )
+            )
     elif suite == "pack":
         shape = list(cfg.pack_weight)
         for op in ("pack", "unpack"):
@@ -1356,6 +1360,8 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     p = case.params
     xs = _rotated(p["shape"], dev, 0)
+    if p.get("layout") == "channels_last":
+        xs = [x.to(memory_format=torch.channels_last) for x in xs]
     n_sets = len(xs)
     numel = math.prod(p["shape"])
     info: dict[str, Any] = {"numel": numel}

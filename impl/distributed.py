@@ -170,6 +170,11 @@ def init_process_group(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout),
         )
+        # Every rank has joined before any goes on: a rank that fails at once (say, every rank
+        # finding the same bad configuration) otherwise closes its connections while a slower
+        # peer is still connecting, whose gloo setup then dies with a traceback ("Connection
+        # closed by peer" in connectFullMesh) instead of the one line of the failure.
+        dist.barrier()
     return DistInfo(rank, world_size, local, backend, timeout)
 
 

@@ -80,8 +80,12 @@ def test_paper_grids_at_gpu_scale():
     assert set(sources) >= {"paper", "resnet18", "resnet50", "vgg16"}
     paper_shapes = {tuple(c.params["weight_shape"]) for c in csr if c.params["source"] == "paper"}
     assert paper_shapes == {(256, 128, 3, 3)}
-    nm = [(c.params["method"], c.params["m"]) for c in cases.grid("nm_prune", "gpu")]
-    assert nm == [(method, m) for method in ("rescaled", "magnitude") for m in (4, 8, 16, 32)]
+    nm = [
+        tuple(c.params[k] for k in ("method", "m", "layout")) for c in cases.grid("nm_prune", "gpu")
+    ]
+    assert nm == [
+        (method, m, "nchw") for method in ("rescaled", "magnitude") for m in (4, 8, 16, 32)
+    ] + [("rescaled", 4, "channels_last"), ("magnitude", 4, "channels_last")]
     it = {
         (c.params["model"], c.params["resolution"], c.params["batch"])
         for c in cases.grid("iteration", "gpu")
@@ -220,6 +224,23 @@ def test_copy_baselines_write_a_fresh_output_each_call(monkeypatch, suite):
     fn = cases.prepare(case, copy, "smoke").phases[0][1]
     ptrs = [fn(i).data_ptr() for i in range(4)]
     assert len(set(ptrs)) == 4
+
+
+def test_channels_last_nm_cases_prune_channels_last_gradients():
+    """The -nhwc cases hand nm_prune (and the copy) channels-last tensors, grouped along the
+    channels as in NCHW: the same problem sizes, the other memory layout."""
+    case = next(c for c in cases.grid("nm_prune", "smoke") if c.name.endswith("2of4-nhwc"))
+    _, ref = cases.find("nm_prune", case.name, "nm_prune[ref]@cpu", "smoke")
+    out = cases.prepare(case, ref, "smoke").phases[0][1](0)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    kept = (out != 0).movedim(1, -1).reshape(-1, 4).sum(-1)
+    assert int(kept.max()) <= 2
+    _, copy = cases.find("nm_prune", case.name, "copy@cpu", "smoke")
+    assert (
+        cases.prepare(case, copy, "smoke")
+        .phases[0][1](0)
+        .is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 def test_pattern_csr_rotates_its_positions_by_their_own_size(monkeypatch):

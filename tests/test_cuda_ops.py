@@ -1357,12 +1357,12 @@ def test_emulated_nm_rescaled_fused_gives_the_three_kernels_bits(emulated, case)
     assert not [k for k in emulated[start:] if "fused" in k], "the channel rule is not fused"
 
 
-EMU_SELECT = [  # (shape, dim, whether some dtype and layout loads vectors)
-    ((2, 8, 4, 8), 1, True),  # strided groups, aligned (NCHW; channels-last: contiguous)
-    ((3, 10, 5, 3), 1, False),  # a partial last group; I = 15, not a whole number of vectors
-    ((2, 64, 2, 4), 1, True),
-    ((4, 12), 1, False),  # contiguous groups (I = 1)
-    ((3, 4, 16, 2), 2, True),  # I = 2: one vector of float64 only
+EMU_SELECT = [  # (shape, dim, the vector modes some dtype, layout and n:m take)
+    ((2, 8, 4, 8), 1, {0, 1, 2}),  # NCHW aligned: positions; channels-last: whole groups
+    ((3, 10, 5, 3), 1, {0, 2}),  # a partial last group (C = 10); I = 15; 1:1 whole groups
+    ((2, 64, 2, 4), 1, {0, 1, 2}),
+    ((4, 12), 1, {0, 2}),  # contiguous groups (I = 1)
+    ((3, 4, 16, 2), 2, {0, 1}),  # I = 2: one vector of float64 positions only
 ]
 EMU_SELECT_IDS = ["nchw-vec", "partial", "C64", "2d", "dim2"]
 
@@ -1391,7 +1391,7 @@ def test_emulated_nm_select_paths_give_the_same_bits(emulated, case):
                 view = nm_cuda.nm_view(xf.shape, xf.stride(), dim, "plane")
                 src = xf if view is not None else xf.contiguous()  # as the op copies
                 view = nm_cuda.nm_view(src.shape, src.stride(), dim, "plane")
-                vec_seen.add(nm_cuda.select_vector_loads(view, src.element_size(), src))
+                vec_seen.add(nm_cuda.vector_loads(view, src.element_size(), m, src))
                 for method, rule in [
                     ("magnitude", "plane"),
                     ("random", "plane"),
@@ -1420,7 +1420,7 @@ def test_emulated_nm_select_paths_give_the_same_bits(emulated, case):
                             emulated[start:]
                         )
                     assert _bits_equal(outs[0], outs[1]), (n, m, dtype, fmt, method, rule)
-    assert vec_seen == ({True, False} if vec else {False}), vec_seen
+    assert vec_seen == vec, vec_seen
 
 
 def test_positions_per_thread_fill_a_vector_within_the_register_budget():
@@ -1438,22 +1438,29 @@ def test_positions_per_thread_fill_a_vector_within_the_register_budget():
     }  # fmt: skip
 
 
-def test_select_vector_loads_only_on_aligned_strided_groups():
+def test_vector_loads_only_where_aligned_positions_or_whole_groups_are():
     x = torch.zeros(2, 8, 4, 8)
     nchw = nm_cuda.nm_view(x.shape, x.stride(), 1)
-    assert nm_cuda.select_vector_loads(nchw, 4, x, x)
+    assert nm_cuda.vector_loads(nchw, 4, 4, x, x) == 1
     shifted = torch.zeros(x.numel() + 1)[1:].view(x.shape)  # 4 bytes past an aligned start
     assert shifted.data_ptr() % 16 == 4
-    assert not nm_cuda.select_vector_loads(nchw, 4, shifted, x)
-    last = x.to(memory_format=torch.channels_last)
-    assert not nm_cuda.select_vector_loads(nm_cuda.nm_view(last.shape, last.stride(), 1), 4, last)
+    assert nm_cuda.vector_loads(nchw, 4, 4, shifted, x) == 0
     odd = torch.zeros(2, 8, 3, 5)
-    assert not nm_cuda.select_vector_loads(nm_cuda.nm_view(odd.shape, odd.stride(), 1), 4, odd)
+    assert nm_cuda.vector_loads(nm_cuda.nm_view(odd.shape, odd.stride(), 1), 4, 4, odd) == 0
     half = torch.zeros(2, 8, 2, 4, dtype=torch.float16)  # I = 8: one 16-byte vector of f16
-    assert nm_cuda.select_vector_loads(nm_cuda.nm_view(half.shape, half.stride(), 1), 2, half)
-    assert not nm_cuda.select_vector_loads(
-        nm_cuda.nm_view(half.shape, half.stride(), 1)._replace(I=4), 2, half
-    )
+    hv = nm_cuda.nm_view(half.shape, half.stride(), 1)
+    assert nm_cuda.vector_loads(hv, 2, 4, half) == 1
+    assert nm_cuda.vector_loads(hv._replace(I=4), 2, 4, half) == 0
+    # channels-last: a whole group of 2:4 (16 bytes of float32) is one vector
+    last = x.to(memory_format=torch.channels_last)
+    lv = nm_cuda.nm_view(last.shape, last.stride(), 1)
+    assert nm_cuda.vector_loads(lv, 4, 4, last) == 2
+    assert nm_cuda.vector_loads(lv, 8, 4, last) == 0  # 32 bytes: wider than a vector
+    assert nm_cuda.vector_loads(lv, 4, 3, last) == 0  # not a power of two
+    assert nm_cuda.vector_loads(lv._replace(C=10), 4, 4, last) == 0  # a partial group
+    assert nm_cuda.vector_loads(lv, 4, 4, shifted) == 0  # 4-byte aligned, not 16
+    two = torch.zeros(3, 12)  # groups along the last dim: I = 1
+    assert nm_cuda.vector_loads(nm_cuda.nm_view(two.shape, two.stride(), 1), 4, 4, two) == 2
 
 
 def test_emulated_nm_takes_more_groups_per_row_than_a_grid_dimension(emulated):

@@ -212,15 +212,33 @@ __device__ __forceinline__ void pdt_store_raw(T* __restrict__ p, const T (&r)[V]
 
 // A unit of the thread path: group g of row o at positions i0 .. i0 + V - 1; lane k of
 // position q at v[k][q], zero past the group (k >= r) or past the row (i >= I), so that its
-// key is 0 and never outranks an element. `vec`: each channel's V positions are one aligned
-// vector load (the host's select_vector_loads).
+// key is 0 and never outranks an element. `vec` (the host's vector_loads): 1, each
+// channel's V positions are one aligned vector load (strided groups); 2, each position's
+// group is one (contiguous whole groups of W elements, W * sizeof(T) <= 16 bytes); 0, none.
 template <typename T, int W, int V>
 __device__ __forceinline__ void pdt_nm_unit_load(const T* __restrict__ x, i64 base, i64 sc,
                                                  i64 si, int r, int i0, int I, int vec,
                                                  T (&v)[W][V]) {
+  if constexpr (W * sizeof(T) <= 16) {
+    if (vec == 2) {
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        T grp[W];
+        if (i0 + q < I) {
+          pdt_load_raw<T, W>(x + base + (i64)q * si, grp);
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; ++k) grp[k] = T(0);
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k][q] = grp[k];
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < W; ++k) {
-    if (vec && k < r) {
+    if (vec == 1 && k < r) {
       pdt_load_raw<T, V>(x + base + (i64)k * sc, v[k]);
     } else {
 #pragma unroll
@@ -235,10 +253,23 @@ template <typename T, int W, int V>
 __device__ __forceinline__ void pdt_nm_unit_store(T* __restrict__ y, i64 base, i64 sc, i64 si,
                                                   int r, int i0, int I, int vec,
                                                   const T (&v)[W][V]) {
+  if constexpr (W * sizeof(T) <= 16) {
+    if (vec == 2) {
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        if (i0 + q >= I) continue;
+        T grp[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) grp[k] = v[k][q];
+        pdt_store_raw<T, W>(y + base + (i64)q * si, grp);
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < W; ++k) {
     if (k >= r) continue;
-    if (vec) {
+    if (vec == 1) {
       pdt_store_raw<T, V>(y + base + (i64)k * sc, v[k]);
     } else {
 #pragma unroll

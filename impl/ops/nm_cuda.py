@@ -164,17 +164,33 @@ def positions_per_thread(itemsize: int, w: int) -> int:
     return v
 
 
-def select_vector_loads(view: NMView, itemsize: int, *tensors: torch.Tensor) -> bool:
-    """Whether the ``thread`` selection may load a group's positions as aligned vectors:
-    strided groups over unit-stride positions whose row and channel strides and length are
-    multiples of 16 bytes of elements, on 16-byte-aligned tensors."""
+def vector_loads(view: NMView, itemsize: int, m: int, *tensors: torch.Tensor) -> int:
+    """How the thread path may load a unit (the kernels' ``vec``): 1, each channel's
+    positions as aligned 16-byte vectors (strided groups over unit-stride positions whose row
+    and channel strides and length are multiples of 16 bytes of elements); 2, each position's
+    group as one aligned vector (contiguous groups, as channels-last has them: ``m`` a power
+    of two dividing ``C``, ``m`` elements at most 16 bytes, position and row strides
+    multiples of ``m``); 0, element by element. The tensors must be aligned to the vector."""
     per16 = 16 // itemsize
-    return (
-        view.si == 1
-        and not (view.sc == 1 and view.C > 1)
+    contiguous = view.sc == 1 and view.C > 1
+    if (
+        not contiguous
+        and view.si == 1
         and all(v % per16 == 0 for v in (view.I, view.sc, view.so))
         and all(t.data_ptr() % 16 == 0 for t in tensors)
-    )
+    ):
+        return 1
+    if (
+        contiguous
+        and m == sub_warp_width(m)
+        and m * itemsize <= 16
+        and view.C % m == 0
+        and (view.I == 1 or view.si % m == 0)
+        and (view.O == 1 or view.so % m == 0)
+        and all(t.data_ptr() % (m * itemsize) == 0 for t in tensors)
+    ):
+        return 2
+    return 0
 
 
 def fused_shared_bytes(view: NMView, m: int, itemsize: int) -> int | None:
@@ -276,7 +292,7 @@ def _nm_launch(
                 v = positions_per_thread(x.element_size(), w)
                 units = view.O * _cdiv(view.C, m) * _cdiv(view.I, v)
                 blocks = max(1, min(_cdiv(units, 256), loader.multiprocessor_count(dev) * 16))
-                vec = select_vector_loads(view, x.element_size(), src, dst)
+                vec = vector_loads(view, x.element_size(), m, src, dst)
                 name, tail = f"pdt_nm_gselect_{suf}_w{w}", [*tail, np.int32(vec)]
             else:
                 warps = _cdiv(groups, 32 // w)
@@ -298,7 +314,7 @@ def _nm_launch(
                 f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
             )
         if gt == 1 and w <= FUSED_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
-            vec = select_vector_loads(view, x.element_size(), src)
+            vec = vector_loads(view, x.element_size(), m, src)
             name, tail = f"pdt_nm_gstats_{suf}_w{w}", [np.int32(vec), sx, sy]
         else:  # contiguous groups (several to a block), and groups wider than 8
             name, tail = f"pdt_nm_stats_{suf}_w{w}", [np.int32(gt.bit_length() - 1), sx, sy]
@@ -347,7 +363,7 @@ def _nm_launch(
                     *args,
                     np.int32(n),
                     np.int32(m),
-                    np.int32(select_vector_loads(view, x.element_size(), src, dst)),
+                    np.int32(vector_loads(view, x.element_size(), m, src, dst)),
                     np.float64(eps),
                 ],
                 dev,
@@ -430,6 +446,6 @@ __all__ = [
     "RESCALED_PATHS",
     "SELECT_PATHS",
     "positions_per_thread",
-    "select_vector_loads",
+    "vector_loads",
     "sub_warp_width",
 ]

@@ -1372,7 +1372,7 @@ def test_emulated_nm_select_paths_give_the_same_bits(emulated, case):
     """The thread-per-group selection equals the sub-warp one to the last bit in every mode
     (the random draw included), dtype, layout and group size, ties, NaN, inf and -0
     included, where it loads vectors and where it cannot; each path launches its own
-    kernel."""
+    kernel, and groups wider than 8 take the sub-warp kernel whichever is asked for."""
     shape, dim, vec = case
     gen = torch.Generator().manual_seed(sum(shape))
     formats = [torch.contiguous_format] + ([torch.channels_last] if len(shape) == 4 else [])
@@ -1399,7 +1399,8 @@ def test_emulated_nm_select_paths_give_the_same_bits(emulated, case):
                     ("rescaled", "channel"),
                 ]:
                     outs = []
-                    for path, kernel in [("thread", "gselect"), ("subwarp", "select")]:
+                    thread = "gselect" if w <= nm_cuda.THREAD_MAX_WIDTH else "select"
+                    for path, kernel in [("thread", thread), ("subwarp", "select")]:
                         start = len(emulated)
                         with (
                             timed_choice.forced("nm_select", path),

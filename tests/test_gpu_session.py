@@ -868,6 +868,7 @@ FAMILIES = {
     "pdt_nm_select",
     "pdt_nm_gselect",
     "pdt_nm_gstats",
+    "pdt_nm_cstats",
     "pdt_nm_stats",
     "pdt_nm_fused",
     "pdt_nm_ratio",

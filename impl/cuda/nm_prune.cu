@@ -610,6 +610,61 @@ __device__ __forceinline__ void pdt_nm_gstats_body(const typename Tr::T* __restr
 }
 
 // ---------------------------------------------------------------------------------------
+// Rescale statistics of contiguous groups (channels-last, the SDGP authors' layout; W <= 8):
+// grid (O, ceil(G / 32)), block PDT_NM_BLOCK. Lane l of warp w takes group
+// g = blockIdx.y * 32 + l at positions i = w, w + NW, ... (NW = BLOCK / 32 warps) in that
+// order, each position's group one vector load where `vec` = 2 allows (a warp then reads 32
+// neighbouring groups at once), adding |x| and |kept x| per channel as the other statistics
+// kernels do; then thread (l, j) sums the warps' partial sums j of group l in warp order.
+//    x       [O, C, I] global, strides (so, 1, si)
+//    sx, sy  [O, C] A global: written for the block's groups
+//    part    [NW][32][2 W] A shared
+// ---------------------------------------------------------------------------------------
+template <class Tr, int W>
+__device__ __forceinline__ void pdt_nm_cstats_body(const typename Tr::T* __restrict__ x, int O,
+                                                   int C, int I, i64 so, i64 sc, i64 si, int n,
+                                                   int m, int vec,
+                                                   typename Tr::A* __restrict__ sx,
+                                                   typename Tr::A* __restrict__ sy) {
+  typedef typename Tr::T T;
+  typedef typename Tr::A A;
+  constexpr int NW = PDT_NM_BLOCK / 32;
+  __shared__ A part[NW * 32 * 2 * W];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int G = (C + m - 1) / m;
+  const int o = blockIdx.x;
+  const int g = blockIdx.y * 32 + lane;
+  const int r = g < G ? min(m, C - g * m) : 0;
+  const i64 base0 = (i64)o * so + (i64)g * m * sc;
+  const int lvec = r == W ? vec : 0;  // a whole group, or element by element
+  A ax[W], ay[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) ax[k] = ay[k] = A(0);
+#pragma unroll 4
+  for (int i = warp; i < I; i += NW) {
+    T v[W][1];
+    pdt_nm_unit_load<T, W, 1>(x, base0 + (i64)i * si, sc, si, r, i, I, lvec, v);
+    pdt_nm_unit_sums<Tr, W, 1>(v, r, i, I, n, ax, ay);
+  }
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    part[(warp * 32 + lane) * 2 * W + k] = ax[k];
+    part[(warp * 32 + lane) * 2 * W + W + k] = ay[k];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < 32 * 2 * W; t += blockDim.x) {
+    const int l = t / (2 * W);
+    const int j = t - l * 2 * W;
+    const int k = j < W ? j : j - W;
+    const int gl = blockIdx.y * 32 + l;
+    A sum = A(0);
+    for (int w = 0; w < NW; ++w) sum = pdt_add_rn(sum, part[(w * 32 + l) * 2 * W + j]);
+    if (gl < G && k < min(m, C - gl * m)) (j < W ? sx : sy)[(i64)o * C + (i64)gl * m + k] = sum;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Fused rescaled N:M (plane rule, one plane per (o, c): o2 == 1; strided groups): the
 // statistics above, the ratio kernel's arithmetic and the selection in one kernel that
 // reads x once. One block per group (o, g), grid (O, G): each thread loads its units as the
@@ -668,26 +723,33 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
     pdt_nm_select_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,       \
                                  ch_contig);                                                   \
   }                                                                                            \
-  extern "C" __global__ void pdt_nm_gselect_##SUF##_w##W(                                   \
-      const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
-      int mode, const i64* seed, const TR::A* ratio, int o2, int ch_contig, int vec) {         \
-    pdt_nm_gselect_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,      \
-                                  ch_contig, vec);                                             \
-  }                                                                                            \
   extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_stats_##SUF##_w##W(     \
       const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int gt_log2,  \
       TR::A* sx, TR::A* sy) {                                                                  \
     pdt_nm_stats_body<TR, W>(x, O, C, I, so, sc, si, n, m, gt_log2, sx, sy);                \
   }
 
-// The thread path's statistics and the fused kernel, for groups of at most 8 (W <= 8): a
-// thread keeps 2 W sums and a group's W x V elements in registers, which for W = 16 and 32
-// spills (ptxas); wider groups take the sub-warp statistics and no fused kernel.
-#define PDT_NM_FUSED_KERNELS(SUF, TR, W)                                                    \
+// The thread path (selection, statistics, the fused kernel), for groups of at most 8
+// (W <= 8): its statistics keep 2 W sums and a group's W x V elements in registers per
+// thread, which for W = 16 and 32 spills (ptxas), and its selection's W x W unrolled compares
+// at W = 32 more than doubled the compile time of this file; wider groups take the sub-warp
+// kernels, unfused.
+#define PDT_NM_THREAD_KERNELS(SUF, TR, W)                                                   \
+  extern "C" __global__ void pdt_nm_gselect_##SUF##_w##W(                                   \
+      const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
+      int mode, const i64* seed, const TR::A* ratio, int o2, int ch_contig, int vec) {         \
+    pdt_nm_gselect_body<TR, W>(x, y, O, C, I, so, sc, si, n, m, mode, seed, ratio, o2,      \
+                                  ch_contig, vec);                                             \
+  }                                                                                            \
   extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_gstats_##SUF##_w##W(    \
       const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int vec,      \
       TR::A* sx, TR::A* sy) {                                                                  \
     pdt_nm_gstats_body<TR, W>(x, O, C, I, so, sc, si, n, m, vec, sx, sy);                   \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK) pdt_nm_cstats_##SUF##_w##W(    \
+      const TR::T* x, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m, int vec,      \
+      TR::A* sx, TR::A* sy) {                                                                  \
+    pdt_nm_cstats_body<TR, W>(x, O, C, I, so, sc, si, n, m, vec, sx, sy);                   \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(PDT_NM_BLOCK, 2) pdt_nm_fused_##SUF##_w##W(  \
       const TR::T* x, TR::T* y, int O, int C, int I, i64 so, i64 sc, i64 si, int n, int m,     \
@@ -702,10 +764,10 @@ __device__ __forceinline__ void pdt_nm_fused_body(const typename Tr::T* __restri
   PDT_NM_KERNELS(SUF, TR, 8)       \
   PDT_NM_KERNELS(SUF, TR, 16)      \
   PDT_NM_KERNELS(SUF, TR, 32)      \
-  PDT_NM_FUSED_KERNELS(SUF, TR, 1) \
-  PDT_NM_FUSED_KERNELS(SUF, TR, 2) \
-  PDT_NM_FUSED_KERNELS(SUF, TR, 4) \
-  PDT_NM_FUSED_KERNELS(SUF, TR, 8)
+  PDT_NM_THREAD_KERNELS(SUF, TR, 1) \
+  PDT_NM_THREAD_KERNELS(SUF, TR, 2) \
+  PDT_NM_THREAD_KERNELS(SUF, TR, 4) \
+  PDT_NM_THREAD_KERNELS(SUF, TR, 8)
 
 PDT_NM_ALL_M(f32, TraitF32)
 PDT_NM_ALL_M(f64, TraitF64)

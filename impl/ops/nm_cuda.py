@@ -37,9 +37,10 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", tor
 METHODS: dict[str, int] = {"magnitude": 0, "random": 1, "rescaled": 2}  # kernel modes
 RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
-#: The widest group of the thread path's statistics and the fused kernel (wider ones spill
-#: their sums and elements out of registers: the sub-warp statistics take them, unfused).
-FUSED_MAX_WIDTH = 8
+#: The widest group of the thread path (its selection, statistics and the fused kernel):
+#: wider ones spill the statistics' sums and elements out of registers, and their unrolled
+#: ranks more than doubled the kernels' compile time; the sub-warp kernels take them, unfused.
+THREAD_MAX_WIDTH = 8
 NM_BLOCK: int = loader.DEFINES["PDT_NM_BLOCK"]
 _MAX_U31 = 2**31 - 1
 _MAX_GRID_Y = 65535  # a launch's grid.y (and grid.z) limit
@@ -68,10 +69,10 @@ def _kernel_names() -> tuple[str, ...]:
     names = []
     for suf in _SUFFIX.values():
         for w in WIDTHS:
-            names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_gselect_{suf}_w{w}"]
-            names += [f"pdt_nm_stats_{suf}_w{w}"]
-            if w <= FUSED_MAX_WIDTH:
-                names += [f"pdt_nm_gstats_{suf}_w{w}", f"pdt_nm_fused_{suf}_w{w}"]
+            names += [f"pdt_nm_select_{suf}_w{w}", f"pdt_nm_stats_{suf}_w{w}"]
+            if w <= THREAD_MAX_WIDTH:
+                names += [f"pdt_nm_gselect_{suf}_w{w}", f"pdt_nm_gstats_{suf}_w{w}"]
+                names += [f"pdt_nm_cstats_{suf}_w{w}", f"pdt_nm_fused_{suf}_w{w}"]
     return (*names, "pdt_nm_ratio_f32", "pdt_nm_ratio_f64")
 
 
@@ -198,9 +199,9 @@ def fused_shared_bytes(view: NMView, m: int, itemsize: int) -> int | None:
     ``W x ceil(I / V) x V`` elements (``V``: :func:`positions_per_thread`); ``None`` where it
     does not apply (the channel rule or several planes per ratio, ``o2 != 1``; contiguous
     groups, which the statistics kernel reads several to a block; groups wider than
-    ``FUSED_MAX_WIDTH``)."""
+    ``THREAD_MAX_WIDTH``)."""
     w = sub_warp_width(m)
-    if view.o2 != 1 or stats_groups_per_block(view, m) != 1 or w > FUSED_MAX_WIDTH:
+    if view.o2 != 1 or stats_groups_per_block(view, m) != 1 or w > THREAD_MAX_WIDTH:
         return None
     v = positions_per_thread(itemsize, w)
     return w * _cdiv(view.I, v) * v * itemsize
@@ -302,7 +303,8 @@ def _nm_launch(
                 _SRC, name, (blocks, 1, 1), (256, 1, 1), [src, dst, *args, *select_args, *tail], dev
             )
 
-        run(timed_choice.pick("nm_select", select_problem, SELECT_PATHS, run, src))
+        paths = SELECT_PATHS if w <= THREAD_MAX_WIDTH else ("subwarp",)
+        run(timed_choice.pick("nm_select", select_problem, paths, run, src))
 
     def three_pass() -> None:
         sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
@@ -313,15 +315,19 @@ def _nm_launch(
                 f"{op}: rescaled {n}:{m} of {view.C} channels needs "
                 f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
             )
-        if gt == 1 and w <= FUSED_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
-            vec = vector_loads(view, x.element_size(), m, src)
-            name, tail = f"pdt_nm_gstats_{suf}_w{w}", [np.int32(vec), sx, sy]
-        else:  # contiguous groups (several to a block), and groups wider than 8
+        vec = np.int32(vector_loads(view, x.element_size(), m, src))
+        blocks_y = _cdiv(_cdiv(view.C, m), gt)
+        if gt == 1 and w <= THREAD_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
+            name, tail = f"pdt_nm_gstats_{suf}_w{w}", [vec, sx, sy]
+        elif w <= THREAD_MAX_WIDTH:  # contiguous: 32 neighbouring groups a block, a lane each
+            name, tail = f"pdt_nm_cstats_{suf}_w{w}", [vec, sx, sy]
+            blocks_y = _cdiv(_cdiv(view.C, m), 32)
+        else:  # groups wider than 8, a sub-warp each
             name, tail = f"pdt_nm_stats_{suf}_w{w}", [np.int32(gt.bit_length() - 1), sx, sy]
         loader.launch(
             _SRC,
             name,
-            (view.O, _cdiv(_cdiv(view.C, m), gt), 1),
+            (view.O, blocks_y, 1),
             (NM_BLOCK, 1, 1),
             [src, *args, np.int32(n), np.int32(m), *tail],
             dev,
@@ -442,7 +448,7 @@ __all__ = [
     "nm_view",
     "stats_groups_per_block",
     "fused_shared_bytes",
-    "FUSED_MAX_WIDTH",
+    "THREAD_MAX_WIDTH",
     "RESCALED_PATHS",
     "SELECT_PATHS",
     "positions_per_thread",

@@ -52,12 +52,13 @@ MEMCHECK_K=${MEMCHECK_K-"(not nm_ or ((2:4 or 3:7 or 8:32) and (f32 or f64 or bf
 and not dense-grads"}
 # racecheck: the SpMM and SDDMM tests in float32 (float64 instantiates the same code), the
 # implicit conv, the rescaled N:M tests at 2:4 (the fused kernel's test runs the three
-# others too) and the float32 int32 expand: 84 tests, so that every family with shared memory
-# is reached well inside the step's limit (the first H200 run, over 135 tests, was cut before
-# the last three families)
+# others too; channels-last inputs the contiguous groups' statistics) and one at 5:16 in
+# float32 (the sub-warp statistics of wide groups), and the float32 int32 expand: 85 tests,
+# so that every family with shared memory is reached well inside the step's limit (the first
+# H200 run, over 135 tests, was cut before the last three families)
 RACECHECK_K=${RACECHECK_K-"(((spmm or sddmm) and f32) or implicit_conv_writes \
-or (rescaled and 2:4 and (f32 or bf16)) or (expand_writes and f32 and i32)) \
-and not dense-grads"}
+or (rescaled and 2:4 and (f32 or bf16)) or (4x8x5x7-5:16-f32-plane) \
+or (expand_writes and f32 and i32)) and not dense-grads"}
 # compute-sanitizer's kernel filter (--kernel-name, key kns: a substring of the mangled name)
 SAN_KERNELS=${SAN_KERNELS-pdt_}
 SAN_FLAGS="--error-exitcode 1 --report-api-errors no${SAN_KERNELS:+ --kernel-name kns=$SAN_KERNELS}"

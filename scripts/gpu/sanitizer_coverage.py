@@ -44,6 +44,7 @@ from typing import Any
 SHARED_MEMORY_FAMILIES: tuple[str, ...] = (
     "pdt_conv_implicit_tiled",
     "pdt_expand",
+    "pdt_nm_cstats",
     "pdt_nm_fused",
     "pdt_nm_gstats",
     "pdt_nm_stats",

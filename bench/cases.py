@@ -1180,12 +1180,19 @@ def _conv_problem_parts(
     }
 
 
-def _nm_problem_part(dtype: torch.dtype, shape: Sequence[int], dim: int, n: int, m: int) -> str:
-    """The part of ``nm_prune``'s problem name (:mod:`impl.ops.nm_cuda`) that tells one
-    benchmark case from another (for :func:`_path_columns`): the dtype, the [O, C, I] view of
-    ``shape`` grouped along ``dim``, and n:m."""
-    o, c, i = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
-    return f"{dtype} O{o} C{c} I{i} {n}:{m} "
+def _nm_problem_part(x: torch.Tensor, dim: int, n: int, m: int, method: str) -> dict[str, str]:
+    """The parts of ``nm_prune``'s problem names (:mod:`impl.ops.nm_cuda`) that tell one
+    benchmark case from another, per op (for :func:`_path_columns`): the dtype, the
+    [O, C, I] view of ``x`` grouped along ``dim`` with its strides (NCHW and channels-last
+    cases of one shape apart), n:m, and for the selection the method's mode (a rescaled case
+    times the selection too)."""
+    from impl.ops import nm_cuda
+
+    view = nm_cuda.nm_view(x.shape, x.stride(), dim)
+    if view is None:  # a layout the op copies to contiguous first
+        view = nm_cuda.nm_view(x.shape, x.contiguous().stride(), dim)
+    base = f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} strides {view.so},{view.sc},{view.si} "
+    return {"nm_rescaled": base, "nm_select": f"{base}mode {nm_cuda.METHODS[method]} "}
 
 
 def _path_uses() -> dict[str, int]:
@@ -1379,8 +1386,8 @@ def _prepare_nm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             except RuntimeError as exc:
                 raise Unavailable(f"nm_prune's {mode} kernel is not available: {exc}") from exc
 
-        shape, dim = p["shape"], p["dim"]
-        problem = _nm_problem_part(xs[0].dtype, shape, dim, p["n"], p["m"])
+        dim = p["dim"]
+        problem = _nm_problem_part(xs[0], dim, p["n"], p["m"], p["method"])
 
         def fn(i):
             before = _path_uses() if i == 0 else {}

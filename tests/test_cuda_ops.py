@@ -2610,7 +2610,7 @@ def test_emulated_benchmark_rows_find_the_timings_of_the_ops_problems(
     nm_impl = cases.implementations("nm_prune", "gpu")["nm_prune[cuda]@cuda"]
     before = cases._path_uses()
     nm_cuda.nm_prune_cuda(torch.randn(2, 8, 3, 3, generator=gen), 2, 4, "rescaled")
-    part = cases._nm_problem_part(torch.float32, (2, 8, 3, 3), 1, 2, 4)
+    part = cases._nm_problem_part(torch.zeros(2, 8, 3, 3), 1, 2, 4, "rescaled")
     cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
     assert cols["path_nm_rescaled"] == "timed: fused"
     assert cols["path_nm_rescaled_ms_three_pass"] == 2.0
@@ -2632,7 +2632,7 @@ def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalike
     nm_cuda.nm_prune_cuda(x, 2, 4, "rescaled")  # timed first: the lookalike
     before = cases._path_uses()
     nm_cuda.nm_prune_cuda(x, 4, 8, "rescaled")
-    part = cases._nm_problem_part(x.dtype, x.shape, 1, 4, 8)
+    part = cases._nm_problem_part(x, 1, 4, 8, "rescaled")
     cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
     (own,) = [
         c
@@ -2642,6 +2642,22 @@ def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalike
     assert {k: v for k, v in cols.items() if "_ms_" in k} == {
         f"path_nm_rescaled_ms_{p}": ms for p, ms in own["ms"].items()
     }
+    # The selection: a rescaled case times it too (mode 2) before the magnitude case of the
+    # same tensor (mode 0), and an NCHW case comes before the channels-last one of its sizes.
+    y = torch.randn(2, 8, 4, 4, generator=gen)
+    nm_cuda.nm_prune_cuda(y, 2, 4, "rescaled")
+    for z, strides in ((y, "128,16,1"), (y.to(memory_format=torch.channels_last), "128,1,8")):
+        before = cases._path_uses()
+        nm_cuda.nm_prune_cuda(z, 2, 4, "magnitude")
+        part = cases._nm_problem_part(z, 1, 2, 4, "magnitude")
+        cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
+        (own,) = [
+            c
+            for k, c in timed_choice.timed_choices().items()
+            if k.startswith("nm_select: ") and f" 2:4 strides {strides} mode 0 " in k
+        ]
+        got = {k: v for k, v in cols.items() if k.startswith("path_nm_select_ms_")}
+        assert got == {f"path_nm_select_ms_{p}": ms for p, ms in own["ms"].items()}, strides
 
     mask = torch.rand(6, 2, 3, 3, generator=gen) < 0.5
     cidx = pattern_index(mask)

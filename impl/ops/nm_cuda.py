@@ -279,6 +279,9 @@ def _nm_launch(
     args = [*(np.int32(v) for v in (view.O, view.C, view.I))]
     args += [*(np.int64(v) for v in (view.so, view.sc, view.si))]
 
+    # The thread path's loads (one check for every kernel of the call: the statistics read
+    # only ``src``, but one mode for all keeps fused and three-pass on the same loads).
+    vec = np.int32(vector_loads(view, x.element_size(), m, src, dst))
     select_args = [np.int32(n), np.int32(m), np.int32(mode), seed]
     ch_contig = np.int32(view.sc == 1 and view.C > 1)
     select_problem = (
@@ -293,8 +296,7 @@ def _nm_launch(
                 v = positions_per_thread(x.element_size(), w)
                 units = view.O * _cdiv(view.C, m) * _cdiv(view.I, v)
                 blocks = max(1, min(_cdiv(units, 256), loader.multiprocessor_count(dev) * 16))
-                vec = vector_loads(view, x.element_size(), m, src, dst)
-                name, tail = f"pdt_nm_gselect_{suf}_w{w}", [*tail, np.int32(vec)]
+                name, tail = f"pdt_nm_gselect_{suf}_w{w}", [*tail, vec]
             else:
                 warps = _cdiv(groups, 32 // w)
                 blocks = max(1, min(_cdiv(warps, 8), loader.multiprocessor_count(dev) * 32))
@@ -315,7 +317,6 @@ def _nm_launch(
                 f"{op}: rescaled {n}:{m} of {view.C} channels needs "
                 f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
             )
-        vec = np.int32(vector_loads(view, x.element_size(), m, src))
         blocks_y = _cdiv(_cdiv(view.C, m), gt)
         if gt == 1 and w <= THREAD_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
             name, tail = f"pdt_nm_gstats_{suf}_w{w}", [vec, sx, sy]
@@ -369,7 +370,7 @@ def _nm_launch(
                     *args,
                     np.int32(n),
                     np.int32(m),
-                    np.int32(vector_loads(view, x.element_size(), m, src, dst)),
+                    vec,
                     np.float64(eps),
                 ],
                 dev,

@@ -291,28 +291,31 @@ def apply_memory_format(model: nn.Module, memory_format: str) -> bool:
     return True
 
 
-def check_input_fits(cfg: TrainConfig, spec: Any) -> None:
+def check_input_fits(model: nn.Module, cfg: TrainConfig, spec: Any) -> None:
     """Refuse, before a run directory is written, a model that cannot take the dataset's
-    images (ffcv's ResNet-9, for one, needs 12 px or more): one forward pass on the meta
-    device (no memory, no time, the random state untouched).
+    images (ffcv's ResNet-9, for one, needs 12 px or more): one forward pass of one image of
+    zeros through ``model`` (just built, on the CPU) in eval mode without gradients, which
+    changes no parameter, no running statistic and no random state. A meta-device pass would
+    hold no memory, but its first use loads torch's meta kernels and decompositions: about 2 s
+    of every training process, more than this pass costs for any model here.
 
     Raises:
         ValueError: the model's forward pass fails at ``spec``'s image size.
     """
-    from impl.models import create
-
     size = (1, spec.in_channels, spec.image_size, spec.image_size)
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        net = create(cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels,
-                     stem=cfg.stem)  # fmt: skip
-        try:
-            net.eval()(torch.empty(size))
-        except RuntimeError as err:
-            raise ValueError(
-                f"model {cfg.model!r} cannot take {spec.image_size}x{spec.image_size} images "
-                f"of {cfg.data!r} ({first_line(err)}); choose a larger --image-size "
-                "or another --model"
-            ) from None
+    param = next(model.parameters(), None)
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(size, dtype=param.dtype if param is not None else None))
+    except RuntimeError as err:
+        raise ValueError(
+            f"model {cfg.model!r} cannot take {spec.image_size}x{spec.image_size} images "
+            f"of {cfg.data!r} ({first_line(err)}); choose a larger --image-size "
+            "or another --model"
+        ) from None
+    finally:
+        model.train(training)
 
 
 def autocast_dtype(cfg: TrainConfig | Any) -> torch.dtype | None:
@@ -470,10 +473,11 @@ class Trainer:
             eval_batch_size=cfg.eval_batch_size,
             **cfg.data_options,
         )
-        check_input_fits(cfg, spec)
         model = create(
             cfg.model, num_classes=spec.num_classes, in_channels=spec.in_channels, stem=cfg.stem
-        ).to(self.device)
+        )
+        check_input_fits(model, cfg, spec)
+        model = model.to(self.device)
         ctx = TrainContext(
             model=model,
             optimizer=None,

@@ -24,6 +24,7 @@ from impl.data import (
     TensorLoader,
     check_dataset,
     default_data_dir,
+    digits_arrays,
     make_loaders,
     stratified_split,
 )
@@ -890,3 +891,30 @@ def test_synthetic_data_too_big_for_memory_is_refused_before_it_is_made():
     assert SYNTHETIC_MAX_BYTES == 4 * 2**30
     loaders = make_loaders("synthetic", batch_size=8, image_size=8, train_size=16, test_size=8)
     assert loaders[2].image_size == 8  # a small one is made
+
+
+def test_digits_arrays_are_scikit_learns_digits_read_without_importing_it(monkeypatch) -> None:
+    """The file scikit-learn ships, read directly, gives ``load_digits``' images and classes;
+    without that file the loader falls back to ``load_digits``; and reading it imports no
+    scikit-learn (about 1.7 s a training process)."""
+    import importlib.util
+    import subprocess
+
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images, labels = digits_arrays()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.float64
+    assert np.array_equal(images, bunch.images) and labels.dtype == np.int64
+    assert np.array_equal(labels, bunch.target)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    images2, labels2 = digits_arrays()
+    assert np.array_equal(images2, bunch.images) and np.array_equal(labels2, bunch.target)
+    code = (
+        "import sys; from impl.data import digits_arrays; digits_arrays(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -406,3 +406,24 @@ def test_a_cifar_resnet_depth_below_8_is_refused() -> None:
     for depth in (2, 5):
         with pytest.raises(ValueError, match="6n\\+2 with n >= 1"):
             cifar_resnet(depth)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "resnet50", "vgg11", "resnet9"])
+def test_a_model_built_on_the_meta_device_draws_no_initial_values(name, monkeypatch) -> None:
+    """Meta tensors hold no values: the initialisation leaves them alone (a meta ``normal_``
+    loads torch's decompositions, 1.6 s of every process that checks a model on meta), and a
+    model built on the CPU still takes it."""
+    drawn: list[torch.device] = []
+    for fn in ("kaiming_normal_", "normal_"):
+        real = getattr(nn.init, fn)
+
+        def record(t, *a, _real=real, **kw):
+            drawn.append(t.device)
+            return _real(t, *a, **kw)
+
+        monkeypatch.setattr(nn.init, fn, record)
+    with torch.device("meta"):
+        create(name)
+    assert drawn == []
+    create(name)
+    assert drawn and all(d.type == "cpu" for d in drawn)

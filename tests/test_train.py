@@ -575,3 +575,27 @@ def test_a_step_cap_above_the_loaders_length_changes_nothing(tmp_path):
     a, b = rundir.read_metrics(tmp_path / "a"), rundir.read_metrics(tmp_path / "b")
     assert [r["iterations"] for r in a] == [r["iterations"] for r in b]
     assert [r["lr"] for r in a] == pytest.approx([r["lr"] for r in b])
+
+
+@pytest.mark.parametrize("name", ["resnet20", "resnet9"])
+def test_the_input_check_changes_no_weight_statistic_mode_or_random_state(name: str) -> None:
+    """The image-size check runs the run's own model once: nothing of it may change."""
+    from types import SimpleNamespace
+
+    from impl.models import create
+    from impl.train import check_input_fits
+
+    torch.manual_seed(3)
+    model = create(name)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    cfg = SimpleNamespace(model=name, data="digits")
+    check_input_fits(model, cfg, SimpleNamespace(in_channels=3, image_size=32))
+    assert model.training and all(m.training for m in model.modules())
+    assert torch.equal(torch.get_rng_state(), rng)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    if name == "resnet9":  # too small for it: refused, and the mode is still restored
+        with pytest.raises(ValueError, match="cannot take 8x8 images of 'digits'"):
+            check_input_fits(model, cfg, SimpleNamespace(in_channels=3, image_size=8))
+        assert model.training

@@ -104,6 +104,8 @@ class VGG(nn.Module):
             self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
             self.classifier = nn.Sequential(nn.Linear(width, num_classes))
         for m in self.modules():
+            if any(p.is_meta for p in m.parameters(recurse=False)):
+                continue  # no values to set (and a meta normal_ costs 1.6 s of imports)
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.zeros_(m.bias)

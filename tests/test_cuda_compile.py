@@ -56,12 +56,23 @@ def _parse_ptxas(log: str) -> dict[str, tuple[int, int, int]]:
 NVCC_GROUP = pytest.mark.xdist_group("nvcc-compile")
 
 
+#: The arch whose PTX the flush check reads (kept from its compile, not compiled again).
+PTX_ARCH = "sm_90"
+
+
 @pytest.fixture(scope="module")
-def nvcc_logs(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
+def nvcc_root(tmp_path_factory) -> Path:
+    """Where the module's nvcc runs write: ``<arch>/`` cubins, ``<arch>.log``, and the
+    intermediate files of :data:`PTX_ARCH`'s compile in ``keep/`` (its PTX among them)."""
+    return tmp_path_factory.mktemp("cubin")
+
+
+@pytest.fixture(scope="module")
+def nvcc_logs(nvcc_root: Path) -> dict[str, tuple[int, str, float]]:
     """Compile all sources once per arch (the archs in parallel): {arch: (rc, log, seconds)}."""
     if NVCC is None:
         pytest.skip("nvcc is not on the PATH: the compile check needs the CUDA toolkit")
-    root = tmp_path_factory.mktemp("cubin")
+    root = nvcc_root
     sources = [loader.KERNEL_DIR / s for s in loader.SOURCES]
     procs = {}
     start = time.perf_counter()
@@ -70,6 +81,9 @@ def nvcc_logs(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
         out_dir.mkdir()
         log = open(root / f"{arch}.log", "w")  # noqa: SIM115 (closed below)
         cmd = loader.nvcc_command(sources, arch, out_dir, nvcc=NVCC)
+        if arch == PTX_ARCH:  # keep the PTX the cubins come from
+            (root / "keep").mkdir()
+            cmd += ["-keep", "-keep-dir", str(root / "keep")]
         procs[arch] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
     results = {}
     for arch, (proc, log) in procs.items():
@@ -149,24 +163,20 @@ def test_racecheck_fallback_lists_the_families_with_shared_memory(nvcc_logs, arc
 
 @pytest.mark.slow
 @NVCC_GROUP
-def test_no_float32_comparison_or_narrowing_flushes_a_denormal(tmp_path):
+def test_no_float32_comparison_or_narrowing_flushes_a_denormal(nvcc_logs, nvcc_root):
     """Compiled as CuPy compiles (-ftz=true), a float32 comparison becomes ``setp.*.ftz``,
     which takes a positive denormal for zero: the N:M rescale's "kept sum > 0" did so, and
     with eps 0 a plane whose kept sum was denormal got the ratio 0 where the reference gives
     sx / sy. Likewise a cast of a double to float becomes ``cvt.rn.ftz.f32.f64``, which
     flushed a denormal float32 eps to 0 where torch adds it. The sources compare such values
     from their bits (``pdt_positive``) and narrow by ``pdt_double_to_float_rn``: the PTX of
-    every source holds no flushing comparison or narrowing."""
-    if NVCC is None:
-        pytest.skip("nvcc is not on the PATH: the compile check needs the CUDA toolkit")
-    sources = [loader.KERNEL_DIR / s for s in loader.SOURCES]
-    cmd = [c for c in loader.nvcc_command(sources, "sm_90", tmp_path, nvcc=NVCC) if c != "-v"]
-    cmd.remove("-Xptxas")
-    cmd[cmd.index("-cubin")] = "-ptx"
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
-    assert len(ptx) == len(sources) and all("pdt_" in text for text in ptx.values())
+    every source holds no flushing comparison or narrowing (the PTX kept from the
+    :data:`PTX_ARCH` compile, the PTX its cubins come from)."""
+    rc, log, _ = nvcc_logs[PTX_ARCH]
+    assert rc == 0, log
+    ptx = {p.name: p.read_text() for p in (nvcc_root / "keep").glob("*.ptx")}
+    assert sorted(ptx) == sorted(Path(s).stem + ".ptx" for s in loader.SOURCES)
+    assert all("pdt_" in text for text in ptx.values())
     flush = r"(?:setp\.\w+\.ftz\.f32|cvt\.\w+\.ftz\.f32\.f64)[^;]*;"
     flushing = {name: re.findall(flush, text) for name, text in ptx.items()}
     assert not any(flushing.values()), flushing

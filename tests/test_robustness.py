@@ -14,6 +14,7 @@ from impl.robustness import (
     FGSM_FILE,
     check_finished_run,
     eval_fgsm_run,
+    fgsm_accuracies,
     fgsm_accuracy,
     fgsm_attack,
 )
@@ -106,6 +107,35 @@ def test_fgsm_accuracy_does_not_increase_with_eps_on_a_trained_model() -> None:
     assert acc[0] > 90.0  # it did learn
     assert all(b <= a for a, b in zip(acc, acc[1:], strict=False)), acc
     assert acc[-1] < acc[0] - 20.0  # and the attack does bite
+
+
+def test_fgsm_accuracies_equal_each_eps_attacked_alone_from_one_gradient_a_batch() -> None:
+    """One value per eps, each the accuracy on ``fgsm_attack``'s own examples at that eps, and
+    one gradient a batch: 1 + (number of eps) forward passes per batch, not 2 per eps > 0."""
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 5 * 3, 3))  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(n, 2, 5, 3, generator=g), torch.randint(0, 3, (n,), generator=g))
+               for n in (16, 16, 7)]  # fmt: skip
+    eps = [0.0, 0.05, 0.1, 0.3]
+    alone = []
+    for e in eps:
+        hits = sum(
+            int((model(fgsm_attack(model, x, y, e, mean=MEAN, std=STD)).argmax(1) == y).sum())
+            for x, y in batches
+        )
+        alone.append(100.0 * hits / 39)
+    passes = []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    model.train()
+    assert fgsm_accuracies(model, batches, eps, mean=MEAN, std=STD) == alone
+    assert len(set(alone)) > 1  # the eps do differ
+    assert len(passes) == len(batches) * (1 + len(eps)) and model.training
+    passes.clear()
+    assert fgsm_accuracies(model, batches, [0.0], mean=MEAN, std=STD) == alone[:1]
+    assert len(passes) == len(batches)  # clean accuracy alone needs no gradient
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        fgsm_accuracies(model, batches, [0.1, -0.1])
 
 
 def test_fgsm_rejects_bad_input() -> None:

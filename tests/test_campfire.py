@@ -661,9 +661,9 @@ def test_a_per_step_ramp_epoch_counts_its_flops_along_its_costs(tmp_path, monkey
         seen.append((ctx.step, trainer._step_cost(ctx, self)[0]))
 
     monkeypatch.setattr(Campfire, "after_step", recording)
-    cfg = resolve("cpu", method="campfire", epochs=4, model="resnet20", data="digits",
-                  batch_size=32, max_steps_per_epoch=24, out=str(tmp_path / "run"),
-                  threads=1,
+    cfg = resolve("cpu", method="campfire", epochs=3, model="resnet20", data="digits",
+                  data_options={"image_size": 16}, batch_size=32, max_steps_per_epoch=24,
+                  out=str(tmp_path / "run"), threads=1,
                   method_options={"start_epoch": 1, "era_epochs": 2, "final_sparsity": 0.6,
                                   "schedule_every": "step"})  # fmt: skip
     trainer.train(cfg, progress=False)

@@ -6,8 +6,8 @@ The other report tests draw hand-made or committed results; this one runs the co
 makes them: Campfire Table 6's FGSM measurement, the figures of PruneTrain Figs. 6, 7, 10
 and 11 and of SDGP Table I, ClickTrain's kernel measurements and projections (Figs. 9, 10,
 14), the cross-method table and the claims, covering the four papers' pages. 47 s alone on 2
-cores (15 runs; 82 s beside the rest of `make test`); every target at once (`reproduce all --scale smoke`) takes two, too long for CI
-beside the rest, and its other targets' figure code is tested on its own.
+cores (15 runs; 82 s beside the rest of `make test`). Every target at once (`reproduce all
+--scale smoke`) would take longer; the other targets' figure code is tested on its own.
 """
 
 from __future__ import annotations

@@ -1191,7 +1191,7 @@ def _nm_problem_part(x: torch.Tensor, dim: int, n: int, m: int, method: str) -> 
     view = nm_cuda.nm_view(x.shape, x.stride(), dim)
     if view is None:  # a layout the op copies to contiguous first
         view = nm_cuda.nm_view(x.shape, x.contiguous().stride(), dim)
-    base = f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} strides {view.so},{view.sc},{view.si} "
+    base = nm_cuda.problem_key(x.dtype, view, n, m)
     return {"nm_rescaled": base, "nm_select": f"{base}mode {nm_cuda.METHODS[method]} "}
 
 

@@ -74,7 +74,8 @@ def fgsm_attack(
     _check_eps(eps)
     if eps == 0:
         return x.detach().clone()
-    return _step(x, _gradient_sign(model, x, y), eps, mean, std, pixel_range)
+    m, s = _stats(mean, std, x)
+    return _step(x.detach() * s + m, _gradient_sign(model, x, y), eps, m, s, pixel_range)
 
 
 def _check_eps(eps: float) -> None:
@@ -99,16 +100,15 @@ def _gradient_sign(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 
 
 def _step(
-    x: torch.Tensor,
+    pixel: torch.Tensor,
     sign: torch.Tensor,
     eps: float,
-    mean: Sequence[float] | None,
-    std: Sequence[float] | None,
+    m: torch.Tensor,
+    s: torch.Tensor,
     pixel_range: tuple[float, float],
 ) -> torch.Tensor:
-    """``x`` moved by ``eps`` pixel units along ``sign``, clipped in pixel space, normalised."""
-    m, s = _stats(mean, std, x)
-    pixel = x.detach() * s + m
+    """The pixel image moved by ``eps`` along ``sign``, clipped, normalised by ``m``, ``s``
+    (:func:`_stats`)."""
     adv = (pixel + eps * sign).clamp(pixel_range[0], pixel_range[1])
     return (adv - m) / s
 
@@ -136,10 +136,11 @@ def fgsm_accuracies(
     model.eval()
     try:
         for x, y in loader:
-            _stats(mean, std, x)  # refuses bad statistics before any pass
+            m, s = _stats(mean, std, x)  # refuses bad statistics before any pass
+            pixel = x.detach() * s + m
             sign = _gradient_sign(model, x, y) if any(e > 0 for e in eps_values) else None
             for i, e in enumerate(eps_values):
-                adv = x if e == 0 else _step(x, sign, e, mean, std, pixel_range)
+                adv = x if e == 0 else _step(pixel, sign, e, m, s, pixel_range)
                 with torch.no_grad():
                     correct[i] += int((model(adv).argmax(dim=1) == y).sum())
             seen += int(y.numel())

@@ -2634,11 +2634,16 @@ def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalike
     nm_cuda.nm_prune_cuda(x, 4, 8, "rescaled")
     part = cases._nm_problem_part(x, 1, 4, 8, "rescaled")
     cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
-    (own,) = [
-        c
-        for k, c in timed_choice.timed_choices().items()
-        if k.startswith("nm_rescaled: ") and " 4:8 " in k
-    ]
+
+    def own_choice(op: str, needle: str) -> dict:
+        (choice,) = [
+            c
+            for k, c in timed_choice.timed_choices().items()
+            if k.startswith(f"{op}: ") and needle in k
+        ]
+        return choice
+
+    own = own_choice("nm_rescaled", " 4:8 ")
     assert {k: v for k, v in cols.items() if "_ms_" in k} == {
         f"path_nm_rescaled_ms_{p}": ms for p, ms in own["ms"].items()
     }
@@ -2651,11 +2656,7 @@ def test_emulated_benchmark_rows_take_their_own_problems_timings_not_a_lookalike
         nm_cuda.nm_prune_cuda(z, 2, 4, "magnitude")
         part = cases._nm_problem_part(z, 1, 2, 4, "magnitude")
         cols = cases._path_columns(nm_impl, part, cases._uses_since(before))
-        (own,) = [
-            c
-            for k, c in timed_choice.timed_choices().items()
-            if k.startswith("nm_select: ") and f" 2:4 strides {strides} mode 0 " in k
-        ]
+        own = own_choice("nm_select", f" 2:4 strides {strides} mode 0 ")
         got = {k: v for k, v in cols.items() if k.startswith("path_nm_select_ms_")}
         assert got == {f"path_nm_select_ms_{p}": ms for p, ms in own["ms"].items()}, strides
 

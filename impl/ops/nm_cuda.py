@@ -165,6 +165,14 @@ def positions_per_thread(itemsize: int, w: int) -> int:
     return v
 
 
+def problem_key(dtype: torch.dtype, view: NMView, n: int, m: int) -> str:
+    """The start of the op's problem names in :mod:`impl.ops.timed_choice` (``nm_select``
+    adds the mode and the device, ``nm_rescaled`` the device): the dtype, the ``[O, C, I]``
+    view the kernels address with its strides, and n:m. Benchmark rows find their own
+    problem's path timings by it (``bench.cases``)."""
+    return f"{dtype} O{view.O} C{view.C} I{view.I} {n}:{m} strides {view.so},{view.sc},{view.si} "
+
+
 def vector_loads(view: NMView, itemsize: int, m: int, *tensors: torch.Tensor) -> int:
     """How the thread path may load a unit (the kernels' ``vec``): 1, each channel's
     positions as aligned 16-byte vectors (strided groups over unit-stride positions whose row
@@ -284,10 +292,8 @@ def _nm_launch(
     vec = np.int32(vector_loads(view, x.element_size(), m, src, dst))
     select_args = [np.int32(n), np.int32(m), np.int32(mode), seed]
     ch_contig = np.int32(view.sc == 1 and view.C > 1)
-    select_problem = (
-        f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} "
-        f"strides {view.so},{view.sc},{view.si} mode {mode} {x.device}"
-    )
+    key = problem_key(x.dtype, view, n, m)
+    select_problem = f"{key}mode {mode} {x.device}"
 
     def select(ratio: torch.Tensor | None) -> None:
         def run(path: str) -> None:
@@ -377,11 +383,7 @@ def _nm_launch(
                 shared_mem=smem,
             )
 
-        problem = (  # (bench.cases reads "<dtype> O.. C.. I.. n:m " from it)
-            f"{x.dtype} O{view.O} C{view.C} I{view.I} {n}:{m} "
-            f"strides {view.so},{view.sc},{view.si} {x.device}"
-        )
-        run(timed_choice.pick("nm_rescaled", problem, candidates, run, src))
+        run(timed_choice.pick("nm_rescaled", f"{key}{x.device}", candidates, run, src))
     if dst is not out:
         out.copy_(dst)
     return out
@@ -453,6 +455,7 @@ __all__ = [
     "RESCALED_PATHS",
     "SELECT_PATHS",
     "positions_per_thread",
+    "problem_key",
     "vector_loads",
     "sub_warp_width",
 ]

@@ -182,6 +182,91 @@ def test_no_float32_comparison_or_narrowing_flushes_a_denormal(nvcc_logs, nvcc_r
     assert not any(flushing.values()), flushing
 
 
+#: A PTX instruction that reads or writes memory, or waits on other threads.
+_MEM_OP_RE = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|cp|bar|redux)\.[\w.]+)", re.MULTILINE)
+
+
+def _entry_ptx(ptx: str, entry: str) -> str:
+    """The PTX text of one ``.entry`` (from its header to the next entry's)."""
+    start = ptx.index(f".entry {entry}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start : end if end >= 0 else len(ptx)]
+
+
+def _load_runs(body: str) -> list[tuple[list[str], str]]:
+    """The runs of consecutive global loads of a PTX body, each with the memory operation that
+    ends it (``""`` at the end of the body)."""
+    runs: list[tuple[list[str], str]] = []
+    run: list[str] = []
+    for op in _MEM_OP_RE.findall(body):
+        if op.startswith("ld.global"):
+            run.append(op)
+            continue
+        if run:
+            runs.append((run, op))
+        run = []
+    if run:
+        runs.append((run, ""))
+    return runs
+
+
+def test_load_runs_reads_ptx():
+    body = (
+        "ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];\n"
+        "@%p1 ld.global.nc.v4.f32 {%f5, %f6, %f7, %f8}, [%rd2];\n"
+        "add.s32 %r1, %r2, 1;\n"
+        "st.shared.v4.f32 [%r3], {%f1, %f2, %f3, %f4};\n"
+        "ld.global.nc.f32 %f9, [%rd3];\n"
+        "bar.sync 0;\n"
+    )
+    assert _load_runs(body) == [
+        (["ld.global.nc.v4.f32"] * 2, "st.shared.v4.f32"),
+        (["ld.global.nc.f32"], "bar.sync"),
+    ]
+
+
+@pytest.mark.slow
+@NVCC_GROUP
+def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
+    """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
+    the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), and the
+    row-tiled kernels load every row's value of a K-step before they use any. With one load,
+    one store, then the next load, each vector waits a full memory latency: a step of the
+    row-tiled SpMM waited eight in a row for B and eight for the values (docs/kernels.md,
+    "Loads in flight"). Read from the PTX the cubins come from: the longest run of B-vector
+    loads that ends at a shared store, and the most value loads in one run of loads."""
+    rc, log, _ = nvcc_logs[PTX_ARCH]
+    assert rc == 0, log
+    ptx = (nvcc_root / "keep" / "pattern.ptx").read_text()
+    stage = {}
+    for kernel in ("pdt_spmm", "pdt_spmm_tiled"):
+        for suf, vec_load in (("f32", "ld.global.nc.v4.f32"), ("f64", "ld.global.nc.v2.f64")):
+            runs = _load_runs(_entry_ptx(ptx, f"{kernel}_{suf}_vec"))
+            stage[f"{kernel}_{suf}_vec"] = max(
+                (
+                    sum(op == vec_load for op in run)
+                    for run, end in runs
+                    if end.startswith("st.shared")
+                ),
+                default=0,
+            )
+    assert all(n >= 4 for n in stage.values()), stage
+    rows_per_warp = {
+        "f32": loader.DEFINES["PDT_SPMM_RW_F32"],
+        "f64": loader.DEFINES["PDT_SPMM_RW_F64"],
+    }
+    gather = {}
+    for kernel in ("pdt_spmm_tiled_{}_vec", "pdt_spmm_piped_{}_vec", "pdt_conv_implicit_tiled_{}"):
+        for suf in ("f32", "f64"):
+            runs = _load_runs(_entry_ptx(ptx, kernel.format(suf)))
+            value_load = f"ld.global.nc.{suf}"
+            gather[kernel.format(suf)] = (
+                max(sum(op == value_load for op in run) for run, _ in runs),
+                rows_per_warp[suf],
+            )
+    assert all(n >= rw for n, rw in gather.values()), gather
+
+
 def test_shared_memory_parse():
     log = (
         "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n"

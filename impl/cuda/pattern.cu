@@ -51,25 +51,42 @@ __device__ __forceinline__ void pdt_csr_scatter_body(const T* __restrict__ val, 
 // ---------------------------------------------------------------------------------------
 // Staging for the SpMM kernels: rows k0 + kk of B (those with bit kk of `used` set), columns
 // [n0, n0 + TN), into tile[kk * TN + ...] (coalesced VEC-wide loads; columns >= N read as 0).
+// A thread's vectors are t = threadIdx.x + i * blockDim.x; it issues the loads of LB of them
+// before it stores any, so that LB loads are in flight at once. (A loop that loads one
+// vector and stores it before the next load waits a full memory latency per vector: eight in
+// a row per K-step at the block size the host launches.) The order of the values is the
+// same, so what lands in the tile is the same.
 // ---------------------------------------------------------------------------------------
-template <typename T, int VEC, int TN>
+// Loads in flight per thread in the staging: 64 bytes of 16-byte vectors, 32 bytes of scalars
+// (the scalar fallback's 64 would spill on sm_90 in float64).
+#define PDT_STAGE_LB(T, VEC) (((VEC) > 1 ? 64 : 32) / (int)(sizeof(T) * (VEC)))
+
+template <typename T, int VEC, int TN, int LB>
 __device__ __forceinline__ void pdt_stage_b_rows(const T* __restrict__ Bz, i64 ldb, int k0,
                                                  int n0, int N, u32 used,
                                                  T* __restrict__ tile) {
   constexpr int NV = TN / VEC;  // vectors per tile row
-  for (int t = threadIdx.x; t < PDT_SPMM_TK * NV; t += blockDim.x) {
-    const int kk = t / NV;
-    const int cv = t - kk * NV;
-    if ((used >> kk) & 1u) {
-      const int n = n0 + cv * VEC;
-      T r[VEC];
-      if (n < N) {
-        pdt_load_vec<T, VEC>(Bz + (i64)(k0 + kk) * ldb + n, r);
+  constexpr int ITEMS = PDT_SPMM_TK * NV;
+  for (int t0 = threadIdx.x; t0 < ITEMS; t0 += LB * blockDim.x) {
+    T r[LB][VEC];
+#pragma unroll
+    for (int i = 0; i < LB; ++i) {
+      const int t = t0 + i * blockDim.x;
+      const int kk = t / NV;
+      const int n = n0 + (t - kk * NV) * VEC;
+      if (t < ITEMS && ((used >> kk) & 1u) && n < N) {
+        pdt_load_vec<T, VEC>(Bz + (i64)(k0 + kk) * ldb + n, r[i]);
       } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) r[j] = T(0);
+        for (int j = 0; j < VEC; ++j) r[i][j] = T(0);
       }
-      pdt_store_vec<T, VEC>(tile + kk * TN + cv * VEC, r);
+    }
+#pragma unroll
+    for (int i = 0; i < LB; ++i) {
+      const int t = t0 + i * blockDim.x;
+      const int kk = t / NV;
+      if (t < ITEMS && ((used >> kk) & 1u))
+        pdt_store_vec<T, VEC>(tile + kk * TN + (t - kk * NV) * VEC, r[i]);
     }
   }
 }
@@ -153,7 +170,7 @@ __device__ __forceinline__ void pdt_spmm_body(const T* __restrict__ values,
     if (in) atomicOr(&used[b], 1u << (c - k0));
     const u32 u = pdt_take_used_mask(used, b);
     // Phase 2: stage the used rows of B's K-step tile in shared memory (coalesced).
-    if (u != 0u) pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
+    if (u != 0u) pdt_stage_b_rows<T, VEC, TN, PDT_STAGE_LB(T, VEC)>(Bz, ldb, k0, n0, N, u, tile);
     __syncthreads();  // the tile is staged; every read of used[b] is done
     if (u == 0u) continue;  // block-uniform: no row of this block has a nonzero here
     // Phase 3: multiply-accumulate from shared memory.
@@ -213,24 +230,28 @@ struct PdtRowGroup {
   // The K-step [k0, k0 + TK): each row's nonzeros there are the first of its next 32 (sorted,
   // unique columns). Their values go to aw[(col - k0) * RW + r] (the warp's [TK][RW] tile,
   // zero elsewhere), their columns to rmask[r] (bit col - k0); returns the union of the masks.
-  // The whole warp calls it; it synchronises the warp before writing aw and after.
+  // The whole warp calls it; it synchronises the warp before writing aw and after. Every
+  // row's column and value are loaded before any is used, so that the warp waits one memory
+  // latency per step, not one per row.
   __device__ __forceinline__ u32 gather(int k0, int lane, T* __restrict__ aw,
                                         u32 (&rmask)[RW]) {
+    int c[RW];
+    T v[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const bool has = p[r] + lane < pend[r];
+      c[r] = has ? (int)cw[p[r] + lane] : 0x7fffffff;
+      v[r] = has ? vw[p[r] + lane] : T(0);
+    }
     __syncwarp();  // every lane is done reading the last step's values
     for (int i = lane; i < TK * RW; i += 32) aw[i] = T(0);
     __syncwarp();
     u32 wmask = 0u;
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      int c = 0x7fffffff;
-      T v = T(0);
-      if (p[r] + lane < pend[r]) {
-        c = (int)cw[p[r] + lane];
-        v = vw[p[r] + lane];
-      }
-      const bool in = c < k0 + TK;
-      if (in) aw[(c - k0) * RW + r] = v;
-      rmask[r] = pdt_warp_or(in ? 1u << (c - k0) : 0u);
+      const bool in = c[r] < k0 + TK;
+      if (in) aw[(c[r] - k0) * RW + r] = v[r];
+      rmask[r] = pdt_warp_or(in ? 1u << (c[r] - k0) : 0u);
       p[r] += __popc(rmask[r]);  // one bit per nonzero
       wmask |= rmask[r];
     }
@@ -356,7 +377,7 @@ __device__ __forceinline__ void pdt_spmm_tiled_body(const T* __restrict__ values
     if (lane == 0 && wmask != 0u) atomicOr(&used[b], wmask);
     const u32 u = pdt_take_used_mask(used, b);
     // Phase 2: stage the used rows of B's K-step tile in shared memory (as kernel 2).
-    if (u != 0u) pdt_stage_b_rows<T, VEC, TN>(Bz, ldb, k0, n0, N, u, tile);
+    if (u != 0u) pdt_stage_b_rows<T, VEC, TN, PDT_STAGE_LB(T, VEC)>(Bz, ldb, k0, n0, N, u, tile);
     __syncthreads();  // the tile is staged; every read of used[b] is done
     if (u == 0u) continue;  // block-uniform
     // Phase 3: one pass over the union of the warp's columns, ascending.
@@ -619,12 +640,21 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
           const int len = min(SEG, nhi - s0);
           __syncthreads();  // earlier readers of gseg are done
           const T* __restrict__ Gz = G + (i64)z * sg + (i64)f0 * ldg + s0;
-          for (int t = threadIdx.x * VEC; t < rows * SEG; t += blockDim.x * VEC) {
-            const int r = t / SEG, o = t - (t / SEG) * SEG;
-            if (o < len) {
-              T v[VEC];
-              pdt_load_vec<T, VEC>(Gz + (i64)r * ldg + o, v);
-              pdt_store_vec<T, VEC>(gseg + t, v);
+          // LB loads in flight a thread before its stores (as pdt_stage_b_rows)
+          constexpr int LB = PDT_STAGE_LB(T, VEC);
+          const int items = rows * SEG;
+          for (int t0 = threadIdx.x * VEC; t0 < items; t0 += LB * blockDim.x * VEC) {
+            T v[LB][VEC];
+#pragma unroll
+            for (int i = 0; i < LB; ++i) {
+              const int t = t0 + i * blockDim.x * VEC;
+              const int r = t / SEG, o = t - (t / SEG) * SEG;
+              if (t < items && o < len) pdt_load_vec<T, VEC>(Gz + (i64)r * ldg + o, v[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < LB; ++i) {
+              const int t = t0 + i * blockDim.x * VEC;
+              if (t < items && t - (t / SEG) * SEG < len) pdt_store_vec<T, VEC>(gseg + t, v[i]);
             }
           }
           __syncthreads();
@@ -886,14 +916,14 @@ __device__ __forceinline__ void pdt_conv_implicit_tiled_body(
                                                    i64 n_rows) {                              \
     pdt_csr_scatter_body<T>(val, ld, row_ptr, col_ind, dense, n_rows);                        \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS)                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 4)                         \
       pdt_spmm_##SUF##_vec(const T* values, const i64* row_ptr, const i64* col_ind,           \
                            const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb, i64 ldc,   \
                            i64 sc) {                                                          \
     pdt_spmm_body<T, VEC, (TN) / (32 * VEC)>(values, row_ptr, col_ind, B, C, F, K, N, ldb,    \
                                              sb, ldc, sc);                                    \
   }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS)                           \
+  extern "C" __global__ void __launch_bounds__(32 * PDT_SPMM_WARPS, 4)                         \
       pdt_spmm_##SUF##_scalar(const T* values, const i64* row_ptr, const i64* col_ind,        \
                               const T* B, T* C, int F, int K, int N, i64 ldb, i64 sb,         \
                               i64 ldc, i64 sc) {                                              \

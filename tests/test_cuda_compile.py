@@ -229,12 +229,14 @@ def test_load_runs_reads_ptx():
 @NVCC_GROUP
 def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
-    the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), and the
-    row-tiled kernels load every row's value of a K-step before they use any. With one load,
+    the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), the
+    row-tiled kernels load every row's value of a K-step before they use any, and the expand
+    kernel loads four entries a thread before it scatters them. With one load,
     one store, then the next load, each vector waits a full memory latency: a step of the
     row-tiled SpMM waited eight in a row for B and eight for the values (docs/kernels.md,
     "Loads in flight"). Read from the PTX the cubins come from: the longest run of B-vector
-    loads that ends at a shared store, and the most value loads in one run of loads."""
+    loads (or of the expand's loads) that ends at a shared store, and the most value loads in
+    one run of loads."""
     rc, log, _ = nvcc_logs[PTX_ARCH]
     assert rc == 0, log
     ptx = (nvcc_root / "keep" / "pattern.ptx").read_text()
@@ -265,6 +267,21 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
                 rows_per_warp[suf],
             )
     assert all(n >= rw for n, rw in gather.values()), gather
+    # the expand kernel (pack.cu): four (index, value) pairs a thread loaded before it scatters
+    # them into its shared tile
+    pack_ptx = (nvcc_root / "keep" / "pack.ptx").read_text()
+    expand = {
+        f"pdt_expand_{suf}": max(
+            (
+                len(run)
+                for run, end in _load_runs(_entry_ptx(pack_ptx, f"pdt_expand_{suf}"))
+                if end.startswith("st.shared")
+            ),
+            default=0,
+        )
+        for suf in ("b1_i32", "b2_i64", "b4_i32", "b8_i64")
+    }
+    assert all(n >= 8 for n in expand.values()), expand
 
 
 def test_shared_memory_parse():

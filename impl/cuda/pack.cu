@@ -51,11 +51,27 @@ __device__ __forceinline__ void pdt_expand_body(const T* __restrict__ src,
   for (i64 t = blockIdx.x; t < tiles; t += gridDim.x) {  // block-uniform loop
     const i64 p0 = t * PDT_EXPAND_TILE;
     const int len = (int)min((i64)PDT_EXPAND_TILE, numel - p0);
+    const i64 j0 = starts[t], j1 = starts[t + 1];  // in flight while the tile is zeroed
     for (int q = threadIdx.x; q < len; q += blockDim.x) tile[q] = T(0);
     __syncthreads();  // zeroed before any value lands
-    const i64 j1 = starts[t + 1];
-    for (i64 j = starts[t] + threadIdx.x; j < j1; j += blockDim.x)
-      tile[(i64)index[j] - p0] = src[j];
+    // LB entries a thread loaded before any is stored, so that LB loads are in flight at
+    // once (one load, one store, next load waits a memory latency per entry).
+    constexpr int LB = 4;
+    for (i64 jb = j0 + threadIdx.x; jb < j1; jb += LB * (i64)blockDim.x) {
+      IDX ix[LB];
+      T v[LB];
+#pragma unroll
+      for (int i = 0; i < LB; ++i) {
+        const i64 j = jb + i * (i64)blockDim.x;
+        if (j < j1) {
+          ix[i] = index[j];
+          v[i] = src[j];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < LB; ++i)
+        if (jb + i * (i64)blockDim.x < j1) tile[(i64)ix[i] - p0] = v[i];
+    }
     __syncthreads();  // every value is in
     for (int q = threadIdx.x; q < len; q += blockDim.x) dst[p0 + q] = tile[q];
     __syncthreads();  // every read of the tile is done before the next tile zeroes it

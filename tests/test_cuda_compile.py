@@ -230,12 +230,12 @@ def test_load_runs_reads_ptx():
 def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
     the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), the
-    row-tiled kernels load every row's value of a K-step before they use any, and the expand
-    kernel loads four entries a thread before it scatters them. With one load,
+    row-tiled kernels load every row's value of a K-step before they use any, and the pack,
+    unpack and expand kernels load four entries a thread before they store them. With one load,
     one store, then the next load, each vector waits a full memory latency: a step of the
     row-tiled SpMM waited eight in a row for B and eight for the values (docs/kernels.md,
     "Loads in flight"). Read from the PTX the cubins come from: the longest run of B-vector
-    loads (or of the expand's loads) that ends at a shared store, and the most value loads in
+    loads (or of the pack kernels' loads) that ends at a store, and the most value loads in
     one run of loads."""
     rc, log, _ = nvcc_logs[PTX_ARCH]
     assert rc == 0, log
@@ -282,6 +282,20 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
         for suf in ("b1_i32", "b2_i64", "b4_i32", "b8_i64")
     }
     assert all(n >= 8 for n in expand.values()), expand
+    # pack and unpack: four indices and four values a thread in flight before its stores
+    moves = {
+        f"pdt_{op}_{suf}": max(
+            (
+                len(run)
+                for run, end in _load_runs(_entry_ptx(pack_ptx, f"pdt_{op}_{suf}"))
+                if end.startswith("st.global")
+            ),
+            default=0,
+        )
+        for op in ("pack", "unpack")
+        for suf in ("b1_i32", "b2_i64", "b4_i32", "b8_i64")
+    }
+    assert all(n >= 8 for n in moves.values()), moves
 
 
 def test_shared_memory_parse():

@@ -10,14 +10,30 @@
 //    grid:   1-D, grid-stride over nnz; any block size.
 #include "pdt_common.cuh"
 
+// Both take PDT_PACK_LB elements a thread a round: every load of the round is issued before
+// its stores (the pack's value loads after all its index loads), so that a thread has that
+// many loads in flight, whatever the compiler would reorder across a store.
+#define PDT_PACK_LB 4
+
 template <typename T, typename IDX>
 __device__ __forceinline__ void pdt_pack_body(const T* __restrict__ src,
                                               const IDX* __restrict__ index, T* __restrict__ dst,
                                               i64 nnz) {
   const i64 stride = (i64)gridDim.x * blockDim.x;
-#pragma unroll 4
-  for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < nnz; j += stride)
-    dst[j] = src[index[j]];
+  for (i64 j0 = (i64)blockIdx.x * blockDim.x + threadIdx.x; j0 < nnz;
+       j0 += PDT_PACK_LB * stride) {
+    IDX ix[PDT_PACK_LB];
+    T v[PDT_PACK_LB];
+#pragma unroll
+    for (int i = 0; i < PDT_PACK_LB; ++i)
+      if (j0 + i * stride < nnz) ix[i] = index[j0 + i * stride];
+#pragma unroll
+    for (int i = 0; i < PDT_PACK_LB; ++i)
+      if (j0 + i * stride < nnz) v[i] = src[ix[i]];
+#pragma unroll
+    for (int i = 0; i < PDT_PACK_LB; ++i)
+      if (j0 + i * stride < nnz) dst[j0 + i * stride] = v[i];
+  }
 }
 
 template <typename T, typename IDX>
@@ -25,9 +41,21 @@ __device__ __forceinline__ void pdt_unpack_body(const T* __restrict__ src,
                                                 const IDX* __restrict__ index,
                                                 T* __restrict__ dst, i64 nnz) {
   const i64 stride = (i64)gridDim.x * blockDim.x;
-#pragma unroll 4
-  for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < nnz; j += stride)
-    dst[index[j]] = src[j];
+  for (i64 j0 = (i64)blockIdx.x * blockDim.x + threadIdx.x; j0 < nnz;
+       j0 += PDT_PACK_LB * stride) {
+    IDX ix[PDT_PACK_LB];
+    T v[PDT_PACK_LB];
+#pragma unroll
+    for (int i = 0; i < PDT_PACK_LB; ++i) {
+      if (j0 + i * stride < nnz) {
+        ix[i] = index[j0 + i * stride];
+        v[i] = src[j0 + i * stride];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < PDT_PACK_LB; ++i)
+      if (j0 + i * stride < nnz) dst[ix[i]] = v[i];
+  }
 }
 
 // Expand (unpack with zeros elsewhere, in one pass): dst[p] = src[j] where index[j] == p, 0

@@ -210,6 +210,19 @@ def _load_runs(body: str) -> list[tuple[list[str], str]]:
     return runs
 
 
+def _most_loads(ptx: str, entry: str, end: str, load: str | None = None) -> int:
+    """The most global loads (of kind ``load``, or of any kind) in one run of ``entry``'s
+    loads that ends at a memory operation starting with ``end`` (``""``: any run)."""
+    return max(
+        (
+            sum(load is None or op == load for op in run)
+            for run, stop in _load_runs(_entry_ptx(ptx, entry))
+            if stop.startswith(end)
+        ),
+        default=0,
+    )
+
+
 def test_load_runs_reads_ptx():
     body = (
         "ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];\n"
@@ -240,60 +253,38 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     rc, log, _ = nvcc_logs[PTX_ARCH]
     assert rc == 0, log
     ptx = (nvcc_root / "keep" / "pattern.ptx").read_text()
-    stage = {}
-    for kernel in ("pdt_spmm", "pdt_spmm_tiled"):
-        for suf, vec_load in (("f32", "ld.global.nc.v4.f32"), ("f64", "ld.global.nc.v2.f64")):
-            runs = _load_runs(_entry_ptx(ptx, f"{kernel}_{suf}_vec"))
-            stage[f"{kernel}_{suf}_vec"] = max(
-                (
-                    sum(op == vec_load for op in run)
-                    for run, end in runs
-                    if end.startswith("st.shared")
-                ),
-                default=0,
-            )
+    vec_load = {"f32": "ld.global.nc.v4.f32", "f64": "ld.global.nc.v2.f64"}
+    stage = {
+        name: _most_loads(ptx, name, "st.shared", vec_load[suf])
+        for suf in ("f32", "f64")
+        for name in (f"pdt_spmm_{suf}_vec", f"pdt_spmm_tiled_{suf}_vec")
+    }
     assert all(n >= 4 for n in stage.values()), stage
     rows_per_warp = {
         "f32": loader.DEFINES["PDT_SPMM_RW_F32"],
         "f64": loader.DEFINES["PDT_SPMM_RW_F64"],
     }
-    gather = {}
-    for kernel in ("pdt_spmm_tiled_{}_vec", "pdt_spmm_piped_{}_vec", "pdt_conv_implicit_tiled_{}"):
-        for suf in ("f32", "f64"):
-            runs = _load_runs(_entry_ptx(ptx, kernel.format(suf)))
-            value_load = f"ld.global.nc.{suf}"
-            gather[kernel.format(suf)] = (
-                max(sum(op == value_load for op in run) for run, _ in runs),
-                rows_per_warp[suf],
-            )
-    assert all(n >= rw for n, rw in gather.values()), gather
-    # the expand kernel (pack.cu): four (index, value) pairs a thread loaded before it scatters
-    # them into its shared tile
-    pack_ptx = (nvcc_root / "keep" / "pack.ptx").read_text()
-    expand = {
-        f"pdt_expand_{suf}": max(
-            (
-                len(run)
-                for run, end in _load_runs(_entry_ptx(pack_ptx, f"pdt_expand_{suf}"))
-                if end.startswith("st.shared")
-            ),
-            default=0,
+    gather = {
+        name: (_most_loads(ptx, name, "", f"ld.global.nc.{suf}"), rows_per_warp[suf])
+        for suf in ("f32", "f64")
+        for name in (
+            f"pdt_spmm_tiled_{suf}_vec",
+            f"pdt_spmm_piped_{suf}_vec",
+            f"pdt_conv_implicit_tiled_{suf}",
         )
-        for suf in ("b1_i32", "b2_i64", "b4_i32", "b8_i64")
     }
-    assert all(n >= 8 for n in expand.values()), expand
-    # pack and unpack: four indices and four values a thread in flight before its stores
+    assert all(n >= rw for n, rw in gather.values()), gather
+    # pack.cu: four (index, value) pairs a thread in flight before its stores, to the shared
+    # tile (expand) or to global memory (pack, unpack)
+    pack_ptx = (nvcc_root / "keep" / "pack.ptx").read_text()
     moves = {
-        f"pdt_{op}_{suf}": max(
-            (
-                len(run)
-                for run, end in _load_runs(_entry_ptx(pack_ptx, f"pdt_{op}_{suf}"))
-                if end.startswith("st.global")
-            ),
-            default=0,
-        )
-        for op in ("pack", "unpack")
+        name: _most_loads(pack_ptx, name, end)
         for suf in ("b1_i32", "b2_i64", "b4_i32", "b8_i64")
+        for name, end in (
+            (f"pdt_expand_{suf}", "st.shared"),
+            (f"pdt_pack_{suf}", "st.global"),
+            (f"pdt_unpack_{suf}", "st.global"),
+        )
     }
     assert all(n >= 8 for n in moves.values()), moves
 

@@ -243,8 +243,9 @@ def test_load_runs_reads_ptx():
 def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
     the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), the
-    row-tiled kernels load every row's value of a K-step before they use any, and the pack,
-    unpack and expand kernels load four entries a thread before they store them. With one load,
+    row-tiled kernels load every row's value of a K-step before they use any, and the CSR
+    gather and scatter, pack, unpack and expand kernels load four entries a thread before
+    they store them. With one load,
     one store, then the next load, each vector waits a full memory latency: a step of the
     row-tiled SpMM waited eight in a row for B and eight for the values (docs/kernels.md,
     "Loads in flight"). Read from the PTX the cubins come from: the longest run of B-vector
@@ -274,8 +275,8 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
         )
     }
     assert all(n >= rw for n, rw in gather.values()), gather
-    # pack.cu: four (index, value) pairs a thread in flight before its stores, to the shared
-    # tile (expand) or to global memory (pack, unpack)
+    # four (index, value) pairs a thread in flight before its stores, to the shared tile
+    # (expand) or to global memory (pack, unpack, and the CSR gather and scatter)
     pack_ptx = (nvcc_root / "keep" / "pack.ptx").read_text()
     moves = {
         name: _most_loads(pack_ptx, name, end)
@@ -285,6 +286,11 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
             (f"pdt_pack_{suf}", "st.global"),
             (f"pdt_unpack_{suf}", "st.global"),
         )
+    }
+    moves |= {
+        name: _most_loads(ptx, name, "st.global")
+        for suf in ("f32", "f64")
+        for name in (f"pdt_csr_gather_{suf}", f"pdt_csr_scatter_{suf}")
     }
     assert all(n >= 8 for n in moves.values()), moves
 

@@ -10,10 +10,9 @@
 //    grid:   1-D, grid-stride over nnz; any block size.
 #include "pdt_common.cuh"
 
-// Both take PDT_PACK_LB elements a thread a round: every load of the round is issued before
-// its stores (the pack's value loads after all its index loads), so that a thread has that
-// many loads in flight, whatever the compiler would reorder across a store.
-#define PDT_PACK_LB 4
+// Both take PDT_MOVE_LB elements a thread a round (pdt_common.cuh), every load of the round
+// issued before its stores (the pack's value loads after all its index loads), whatever the
+// compiler would reorder across a store.
 
 template <typename T, typename IDX>
 __device__ __forceinline__ void pdt_pack_body(const T* __restrict__ src,
@@ -21,17 +20,17 @@ __device__ __forceinline__ void pdt_pack_body(const T* __restrict__ src,
                                               i64 nnz) {
   const i64 stride = (i64)gridDim.x * blockDim.x;
   for (i64 j0 = (i64)blockIdx.x * blockDim.x + threadIdx.x; j0 < nnz;
-       j0 += PDT_PACK_LB * stride) {
-    IDX ix[PDT_PACK_LB];
-    T v[PDT_PACK_LB];
+       j0 += PDT_MOVE_LB * stride) {
+    IDX ix[PDT_MOVE_LB];
+    T v[PDT_MOVE_LB];
 #pragma unroll
-    for (int i = 0; i < PDT_PACK_LB; ++i)
+    for (int i = 0; i < PDT_MOVE_LB; ++i)
       if (j0 + i * stride < nnz) ix[i] = index[j0 + i * stride];
 #pragma unroll
-    for (int i = 0; i < PDT_PACK_LB; ++i)
+    for (int i = 0; i < PDT_MOVE_LB; ++i)
       if (j0 + i * stride < nnz) v[i] = src[ix[i]];
 #pragma unroll
-    for (int i = 0; i < PDT_PACK_LB; ++i)
+    for (int i = 0; i < PDT_MOVE_LB; ++i)
       if (j0 + i * stride < nnz) dst[j0 + i * stride] = v[i];
   }
 }
@@ -42,18 +41,18 @@ __device__ __forceinline__ void pdt_unpack_body(const T* __restrict__ src,
                                                 T* __restrict__ dst, i64 nnz) {
   const i64 stride = (i64)gridDim.x * blockDim.x;
   for (i64 j0 = (i64)blockIdx.x * blockDim.x + threadIdx.x; j0 < nnz;
-       j0 += PDT_PACK_LB * stride) {
-    IDX ix[PDT_PACK_LB];
-    T v[PDT_PACK_LB];
+       j0 += PDT_MOVE_LB * stride) {
+    IDX ix[PDT_MOVE_LB];
+    T v[PDT_MOVE_LB];
 #pragma unroll
-    for (int i = 0; i < PDT_PACK_LB; ++i) {
+    for (int i = 0; i < PDT_MOVE_LB; ++i) {
       if (j0 + i * stride < nnz) {
         ix[i] = index[j0 + i * stride];
         v[i] = src[j0 + i * stride];
       }
     }
 #pragma unroll
-    for (int i = 0; i < PDT_PACK_LB; ++i)
+    for (int i = 0; i < PDT_MOVE_LB; ++i)
       if (j0 + i * stride < nnz) dst[ix[i]] = v[i];
   }
 }
@@ -82,9 +81,8 @@ __device__ __forceinline__ void pdt_expand_body(const T* __restrict__ src,
     const i64 j0 = starts[t], j1 = starts[t + 1];  // in flight while the tile is zeroed
     for (int q = threadIdx.x; q < len; q += blockDim.x) tile[q] = T(0);
     __syncthreads();  // zeroed before any value lands
-    // LB entries a thread loaded before any is stored, so that LB loads are in flight at
-    // once (one load, one store, next load waits a memory latency per entry).
-    constexpr int LB = 4;
+    // LB entries a thread loaded before any is stored (PDT_MOVE_LB)
+    constexpr int LB = PDT_MOVE_LB;
     for (i64 jb = j0 + threadIdx.x; jb < j1; jb += LB * (i64)blockDim.x) {
       IDX ix[LB];
       T v[LB];

@@ -19,7 +19,9 @@
 //    dense   [F x ld] global, read at (f, col_ind[j]) only
 //    row_ptr [F + 1], col_ind [nnz] global
 //    val     [nnz] global, written in full
-//    grid: one block per row (grid-stride over rows), any block size.
+//    grid: one block per row (grid-stride over rows), any block size. A thread moves
+//    PDT_MOVE_LB elements of its row a round: their column loads, then their value loads,
+//    then the stores.
 // ---------------------------------------------------------------------------------------
 template <typename T>
 __device__ __forceinline__ void pdt_csr_gather_body(const T* __restrict__ dense, i64 ld,
@@ -29,7 +31,19 @@ __device__ __forceinline__ void pdt_csr_gather_body(const T* __restrict__ dense,
   for (i64 f = blockIdx.x; f < n_rows; f += gridDim.x) {
     const i64 b = row_ptr[f], e = row_ptr[f + 1];
     const T* __restrict__ row = dense + f * ld;
-    for (i64 j = b + threadIdx.x; j < e; j += blockDim.x) val[j] = row[col_ind[j]];
+    for (i64 j0 = b + threadIdx.x; j0 < e; j0 += PDT_MOVE_LB * blockDim.x) {
+      i64 c[PDT_MOVE_LB];
+      T v[PDT_MOVE_LB];
+#pragma unroll
+      for (int i = 0; i < PDT_MOVE_LB; ++i)
+        if (j0 + i * blockDim.x < e) c[i] = col_ind[j0 + i * blockDim.x];
+#pragma unroll
+      for (int i = 0; i < PDT_MOVE_LB; ++i)
+        if (j0 + i * blockDim.x < e) v[i] = row[c[i]];
+#pragma unroll
+      for (int i = 0; i < PDT_MOVE_LB; ++i)
+        if (j0 + i * blockDim.x < e) val[j0 + i * blockDim.x] = v[i];
+    }
   }
 }
 
@@ -44,7 +58,20 @@ __device__ __forceinline__ void pdt_csr_scatter_body(const T* __restrict__ val, 
   for (i64 f = blockIdx.x; f < n_rows; f += gridDim.x) {
     const i64 b = row_ptr[f], e = row_ptr[f + 1];
     T* __restrict__ row = dense + f * ld;
-    for (i64 j = b + threadIdx.x; j < e; j += blockDim.x) row[col_ind[j]] = val[j];
+    for (i64 j0 = b + threadIdx.x; j0 < e; j0 += PDT_MOVE_LB * blockDim.x) {
+      i64 c[PDT_MOVE_LB];
+      T v[PDT_MOVE_LB];
+#pragma unroll
+      for (int i = 0; i < PDT_MOVE_LB; ++i) {
+        if (j0 + i * blockDim.x < e) {
+          c[i] = col_ind[j0 + i * blockDim.x];
+          v[i] = val[j0 + i * blockDim.x];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < PDT_MOVE_LB; ++i)
+        if (j0 + i * blockDim.x < e) row[c[i]] = v[i];
+    }
   }
 }
 

@@ -57,6 +57,11 @@ typedef unsigned short u16;
 
 #define PDT_FULL_MASK 0xffffffffu
 
+// Elements one thread of the gather and scatter kernels (pattern.cu's CSR gather and scatter,
+// pack.cu) moves a round: every load of the round is issued before its stores, so that many
+// loads are in flight a thread (one load, one store, next load waits a memory latency each).
+#define PDT_MOVE_LB 4
+
 // A kernel's dynamic shared memory (the launch's shared_mem bytes) as a T*, 16-byte aligned.
 // Every kernel that uses it declares the same extern array, as CUDA requires.
 #ifdef PDT_HOST_EMULATION

@@ -941,6 +941,30 @@ def test_emulated_spmm_dense_gradient_paths_match_the_reference(emulated, batche
     assert torch.allclose(gb, rb, rtol=1e-12, atol=1e-12)
 
 
+def test_emulated_spmm_without_an_index_builds_the_transpose_in_the_backward(emulated, monkeypatch):
+    """pattern_spmm_cuda without an index builds no transpose in its forward (on a GPU it
+    cost an argsort and a device-to-host copy on every call); the backward builds it when
+    dense_b's gradient is asked for, and the gradients equal those with the index."""
+    built = []
+    transpose = pattern_cuda.csr_transpose
+    monkeypatch.setattr(pattern_cuda, "csr_transpose", lambda *a: built.append(1) or transpose(*a))
+    gen = torch.Generator().manual_seed(22)
+    idx = pattern_index(torch.rand(13, 30, generator=gen) < 0.4)
+    b = torch.randn(30, 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(idx.col_ind.numel(), generator=gen, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        pattern_cuda.pattern_spmm_cuda(v, idx.row_ptr, idx.col_ind, b)
+    out = pattern_cuda.pattern_spmm_cuda(v, idx.row_ptr, idx.col_ind, b)
+    assert built == []
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (v, b), g)
+    assert built == [1]
+    with_index = pattern_cuda.pattern_spmm_cuda(v, idx.row_ptr, idx.col_ind, b, index=idx)
+    want = torch.autograd.grad(with_index, (v, b), g)
+    assert built == [1]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 EMU_VARIANT = [
     (
         70,

@@ -111,11 +111,16 @@ def pattern_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return row_ptr, col_ind
 
 
-def csr_rows(row_ptr: torch.Tensor) -> torch.Tensor:
-    """Row index of every stored entry of a CSR matrix (the COO rows), int64."""
+def csr_rows(row_ptr: torch.Tensor, nnz: int | None = None) -> torch.Tensor:
+    """Row index of every stored entry of a CSR matrix (the COO rows), int64.
+
+    ``nnz``: the number of stored entries (``col_ind.numel()``), which must equal
+    ``row_ptr[-1]``. Given, it sizes the result without reading ``row_ptr``; on a GPU torch
+    would otherwise copy the total to the host and wait for the device on every call.
+    """
     n_rows = row_ptr.numel() - 1
     rows = torch.arange(n_rows, device=row_ptr.device, dtype=torch.int64)
-    return torch.repeat_interleave(rows, row_ptr.diff())
+    return torch.repeat_interleave(rows, row_ptr.diff(), output_size=nnz)
 
 
 def csr_transpose(
@@ -136,7 +141,7 @@ def _transpose(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`csr_transpose` of a structure already checked (or built by pattern_positions)."""
     n_rows = row_ptr.numel() - 1
-    rows = csr_rows(row_ptr)
+    rows = csr_rows(row_ptr, col_ind.numel())
     key = col_ind * max(n_rows, 1) + rows
     perm = torch.argsort(key, stable=True)
     counts = torch.bincount(col_ind, minlength=n_cols)
@@ -321,7 +326,7 @@ def pattern_csr(
         check_csr(row_ptr, col_ind, flat.shape[0], flat.shape[1], width="the matrix's width")
     else:
         check_index_matches(index, row_ptr, col_ind, flat.shape[1])
-    return flat[csr_rows(row_ptr), col_ind]
+    return flat[csr_rows(row_ptr, col_ind.numel()), col_ind]
 
 
 # -- SpMM -------------------------------------------------------------------------------------
@@ -411,35 +416,46 @@ def _from_2d(c: torch.Tensor, batch: int, n: int) -> torch.Tensor:
 
 
 class _PatternSpMM(torch.autograd.Function):
-    """``out = A @ B`` for CSR ``A`` with fixed positions; gradients only at those positions."""
+    """``out = A @ B`` for CSR ``A`` with fixed positions; gradients only at those positions.
+
+    ``index`` may be None: the transpose that the input gradient needs is then built in the
+    backward, and only when that gradient is asked for (a forward alone never builds it).
+    """
 
     @staticmethod
-    def forward(ctx, values, b, index: PatternIndex):  # type: ignore[override]
+    def forward(ctx, values, b, row_ptr, col_ind, shape, index: PatternIndex | None):  # type: ignore[override]
         batched = b.dim() == 3
         b2 = _to_2d(b) if batched else b
-        out = _spmm_2d(values, index.row_ptr, index.col_ind, index.shape, b2)
+        out = _spmm_2d(values, row_ptr, col_ind, shape, b2)
         ctx.index = index
+        ctx.shape = shape
         ctx.batch = (b.shape[0], b.shape[2]) if batched else None
-        ctx.save_for_backward(values, b2)
+        ctx.save_for_backward(values, b2, row_ptr, col_ind)
         return _from_2d(out, b.shape[0], b.shape[2]) if batched else out
 
     @staticmethod
     @_autocast_off
     def backward(ctx, grad_out):  # type: ignore[override]
-        values, b2 = ctx.saved_tensors
-        index: PatternIndex = ctx.index
+        values, b2, row_ptr, col_ind = ctx.saved_tensors
+        shape = ctx.shape
         g2 = _to_2d(grad_out) if ctx.batch is not None else grad_out
         grad_values = grad_b = None
         if ctx.needs_input_grad[0]:
             # SDDMM: dL/dA = grad_out @ B^T, only at the stored positions.
-            grad_values = _sddmm_2d(index.row_ptr, index.col_ind, index.shape, g2, b2.t())
+            grad_values = _sddmm_2d(row_ptr, col_ind, shape, g2, b2.t())
         if ctx.needs_input_grad[1]:
-            # dL/dB = A^T @ grad_out, with A^T in CSR from the precomputed transpose.
-            shape_t = (index.shape[1], index.shape[0])
+            # dL/dB = A^T @ grad_out, with A^T in CSR from the index's transpose (built here
+            # when no index was given).
+            index = ctx.index
+            if index is None:
+                index = PatternIndex(
+                    row_ptr, col_ind, *_transpose(row_ptr, col_ind, shape[1]), shape
+                )
+            shape_t = (shape[1], shape[0])
             values_t = values[index.t_perm]
             gb = _spmm_2d(values_t, index.t_row_ptr, index.t_col_ind, shape_t, g2)
             grad_b = _from_2d(gb, *ctx.batch) if ctx.batch is not None else gb
-        return grad_values, grad_b, None
+        return grad_values, grad_b, None, None, None, None
 
 
 def pattern_spmm(
@@ -458,7 +474,9 @@ def pattern_spmm(
     dense_b``: ``[F, N]`` or ``[B, F, N]``. Differentiable in ``values`` (gradient at the
     stored positions only, an SDDMM) and in ``dense_b`` (``A^T @ grad``). ``index`` may pass
     a precomputed :class:`PatternIndex` with the transposed structure, saving its
-    construction on every call: it must be the index of ``(row_ptr, col_ind)`` (``ValueError``
+    construction in every backward that asks for the gradient of ``dense_b`` (without an
+    index the transpose is built there; a forward alone never builds it): it must be the
+    index of ``(row_ptr, col_ind)`` (``ValueError``
     otherwise, :func:`check_index_matches`), and its transposed fields are trusted as built by
     :func:`pattern_index`. The reference path raises ``ValueError`` on an index that
     :func:`check_csr` refuses (columns must lie in ``[0, K)``); any path refuses operands that
@@ -479,14 +497,10 @@ def pattern_spmm(
     check_csr(row_ptr, col_ind, None, n_cols, width="the rows of dense_b")
     if values.shape != col_ind.shape:
         raise ValueError(f"values {tuple(values.shape)} must match col_ind {tuple(col_ind.shape)}")
-    if index is None:
-        t_row_ptr, t_col_ind, t_perm = _transpose(row_ptr, col_ind, n_cols)
-        index = PatternIndex(
-            row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, (row_ptr.numel() - 1, n_cols)
-        )
-    else:
+    if index is not None:
         check_index_matches(index, row_ptr, col_ind, n_cols)
-    return _PatternSpMM.apply(values, dense_b, index)
+    shape = (row_ptr.numel() - 1, n_cols)
+    return _PatternSpMM.apply(values, dense_b, row_ptr, col_ind, shape, index)
 
 
 # -- convolution ------------------------------------------------------------------------------
@@ -681,7 +695,7 @@ def pattern_conv2d(
         check_csr(index.row_ptr, index.col_ind, flat.shape[0], flat.shape[1], width="C*R*S")
     else:
         workspace.check(index, flat.shape[0], flat.shape[1])
-    values = flat[csr_rows(index.row_ptr), index.col_ind]  # pattern_csr's reference
+    values = flat[csr_rows(index.row_ptr, index.col_ind.numel()), index.col_ind]  # pattern_csr
     geometry = ((r, s), stride, padding, dilation, (h_out, w_out))
     out = _PatternConvRef.apply(values, x, index, geometry, workspace)  # [B, F, P, Q]
     if bias is not None:

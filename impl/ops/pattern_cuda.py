@@ -689,6 +689,8 @@ def _pattern_spmm_backward(ctx, grad):
         paths = PATHS["weight_grad"]
         grad_values = weight_grad(_pick("weight_grad", problem, paths, weight_grad, grad))
     if ctx.needs_input_grad[6]:  # dL/dB = A^T @ grad, A^T from the precomputed transpose
+        if t_row_ptr.numel() == 0:  # no index was given (a real one has K + 1 entries)
+            t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, k)
 
         def input_grad(path: str) -> torch.Tensor:
             if path == "dense":  # the sparse matrix as a dense one with zeros, cuBLAS
@@ -825,15 +827,16 @@ def pattern_spmm_cuda(
     Same arguments and result as :func:`impl.ops.pattern.pattern_spmm` (without ``impl``):
     ``dense_b`` ``[K, N]`` or ``[B, K, N]``; returns ``[F, N]`` or ``[B, F, N]``
     (contiguous). Differentiable in ``values`` (SDDMM at the stored positions) and in
-    ``dense_b`` (the transposed SpMM, with the transpose from ``index`` or built here).
+    ``dense_b`` (the transposed SpMM, with the transpose from ``index`` or, without one, built
+    in the backward).
     """
     if dense_b.dim() not in (2, 3):
         raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
     if values.shape != col_ind.shape:
         raise ValueError(f"values {tuple(values.shape)} must match col_ind {tuple(col_ind.shape)}")
     n_cols = dense_b.shape[-2]
-    if index is None:
-        t_row_ptr, t_col_ind, t_perm = csr_transpose(row_ptr, col_ind, n_cols)
+    if index is None:  # the transpose waits for a backward that needs it
+        t_row_ptr = t_col_ind = t_perm = row_ptr.new_empty(0)
     else:
         check_index_matches(index, row_ptr, col_ind, n_cols)
         t_row_ptr, t_col_ind, t_perm = index.t_row_ptr, index.t_col_ind, index.t_perm

@@ -243,7 +243,8 @@ def test_load_runs_reads_ptx():
 def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
     the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), the
-    row-tiled kernels load every row's value of a K-step before they use any, and the CSR
+    row-tiled kernels load every row's value of a K-step before they use any, the SDDMM
+    kernels four vectors of a kept column's row at a time, and the CSR
     gather and scatter, pack, unpack and expand kernels load four entries a thread before
     they store them. With one load,
     one store, then the next load, each vector waits a full memory latency: a step of the
@@ -261,6 +262,13 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
         for name in (f"pdt_spmm_{suf}_vec", f"pdt_spmm_tiled_{suf}_vec")
     }
     assert all(n >= 4 for n in stage.values()), stage
+    # the SDDMM's loads of a kept column's row of Bm (3a as 3d): four vectors in flight
+    sddmm = {
+        name: _most_loads(ptx, name, "", vec_load[suf])
+        for suf in ("f32", "f64")
+        for name in (f"pdt_sddmm_{suf}_vec", f"pdt_sddmm_tiled_{suf}_vec")
+    }
+    assert all(n >= 4 for n in sddmm.values()), sddmm
     rows_per_warp = {
         "f32": loader.DEFINES["PDT_SPMM_RW_F32"],
         "f64": loader.DEFINES["PDT_SPMM_RW_F64"],

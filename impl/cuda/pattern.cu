@@ -557,12 +557,25 @@ __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
           const i64 k = col_ind[eb + e];
           const T* __restrict__ Br = Bm + (i64)z * sb + k * ldb + s0;
           T sum = T(0);
-          for (int t = lane * VEC; t < len; t += 32 * VEC) {
-            T a[VEC], b[VEC];
-            pdt_load_vec<T, VEC>(gseg + t, a);
-            pdt_load_vec<T, VEC>(Br + t, b);
+          // NB loads of Bm's row in flight (as 3d), then the products in the lane's t order
+          constexpr int NB = 64 / (int)(sizeof(T) * VEC);
+          for (int i0 = 0; i0 * 32 * VEC < len; i0 += NB) {  // warp-uniform
+            T b[NB][VEC];
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) sum += a[j] * b[j];
+            for (int i = 0; i < NB; ++i) {
+              const int t = ((i0 + i) * 32 + lane) * VEC;
+              if (t < len) pdt_load_vec<T, VEC>(Br + t, b[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < NB; ++i) {
+              const int t = ((i0 + i) * 32 + lane) * VEC;
+              if (t < len) {
+                T a[VEC];
+                pdt_load_vec<T, VEC>(gseg + t, a);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) sum += a[j] * b[i][j];
+              }
+            }
           }
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(PDT_FULL_MASK, sum, o);

@@ -182,8 +182,9 @@ def test_no_float32_comparison_or_narrowing_flushes_a_denormal(nvcc_logs, nvcc_r
     assert not any(flushing.values()), flushing
 
 
-#: A PTX instruction that reads or writes memory, or waits on other threads.
-_MEM_OP_RE = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|cp|bar|redux)\.[\w.]+)", re.MULTILINE)
+#: A PTX instruction that reads or writes memory, waits on other threads, or uses a loaded
+#: value in a multiply-add (so that a run of loads ends where arithmetic on them begins).
+_MEM_OP_RE = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|cp|bar|redux|fma)\.[\w.]+)", re.MULTILINE)
 
 
 def _entry_ptx(ptx: str, entry: str) -> str:
@@ -231,10 +232,13 @@ def test_load_runs_reads_ptx():
         "st.shared.v4.f32 [%r3], {%f1, %f2, %f3, %f4};\n"
         "ld.global.nc.f32 %f9, [%rd3];\n"
         "bar.sync 0;\n"
+        "ld.global.nc.f32 %f10, [%rd4];\n"
+        "fma.rn.f32 %f11, %f10, %f9, %f11;\n"
     )
     assert _load_runs(body) == [
         (["ld.global.nc.v4.f32"] * 2, "st.shared.v4.f32"),
         (["ld.global.nc.f32"], "bar.sync"),
+        (["ld.global.nc.f32"], "fma.rn.f32"),
     ]
 
 
@@ -244,7 +248,8 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
     """The SpMM kernels stage B's K-step with several 16-byte loads a thread in flight before
     the thread's stores to shared memory (``PDT_STAGE_LB``: 64 bytes, four vectors), the
     row-tiled kernels load every row's value of a K-step before they use any, the SDDMM
-    kernels four vectors of a kept column's row at a time, and the CSR
+    kernels four vectors of a kept column's row at a time, the implicit conv the pixels of four
+    nonzeros, and the CSR
     gather and scatter, pack, unpack and expand kernels load four entries a thread before
     they store them. With one load,
     one store, then the next load, each vector waits a full memory latency: a step of the
@@ -283,6 +288,13 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
         )
     }
     assert all(n >= rw for n, rw in gather.values()), gather
+    # the implicit conv (3b): the input pixels of PDT_CONV_U = 4 nonzeros (CPT = 4 each)
+    conv = {
+        name: _most_loads(ptx, name, "", f"ld.global.nc.{suf}")
+        for suf in ("f32", "f64")
+        for name in (f"pdt_conv_implicit_{suf}",)
+    }
+    assert all(n >= 8 for n in conv.values()), conv
     # four (index, value) pairs a thread in flight before its stores, to the shared tile
     # (expand) or to global memory (pack, unpack, and the CSR gather and scatter)
     pack_ptx = (nvcc_root / "keep" / "pack.ptx").read_text()

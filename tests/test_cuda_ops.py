@@ -1288,6 +1288,37 @@ def test_emulated_implicit_conv_kernels_give_the_same_bits(emulated, case, dtype
         )
 
 
+def test_emulated_implicit_convs_never_read_a_pixel_behind_a_pruned_weight(emulated):
+    """An infinity in the input where no kept weight looks stays out of both implicit convs'
+    outputs, as out of the masked dense product's: a kernel that multiplies a pixel by a
+    pruned weight's zero (or by an unused lane's) gives NaN there."""
+    mask = torch.zeros(5, 2, 3, 3, dtype=torch.bool)
+    mask[:, 1, 1, 1] = True  # each filter keeps only the centre of channel 1
+    mask[2, 1, 0, 2] = True
+    idx = pattern_index(mask)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 2, 6, 7, generator=gen, dtype=torch.float64)
+    x[:, 0] = float("inf")  # channel 0: no kept weight reads it
+    w = torch.randn(5, 2, 3, 3, generator=gen, dtype=torch.float64) * mask
+    ref = F.conv2d(x[:, 1:], w[:, 1:], None, 1, 1)
+    for variant in pattern_cuda.PATHS["conv_forward"]:
+        out = torch.full(ref.shape, float("nan"), dtype=torch.float64)
+        pattern_cuda._conv_implicit(
+            x,
+            w.shape,
+            w[mask],
+            idx.row_ptr,
+            idx.col_ind,
+            None,
+            (1, 1),
+            (1, 1),
+            (1, 1),
+            out,
+            variant,
+        )
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12), variant
+
+
 EMU_NM = [
     ((4, 8, 5, 7), 1),
     ((3, 10, 6, 6), 1),

@@ -812,6 +812,8 @@ struct PdtConvPositions {
 //    One warp per filter; lane i of the warp owns output positions n0 + i + 32*t (t < CPT),
 //    so neighbouring lanes read neighbouring input pixels (coalesced when sw == 1).
 // ---------------------------------------------------------------------------------------
+#define PDT_CONV_U 4  // nonzeros of a row whose input pixels are loaded together (3b)
+
 template <typename T>
 __device__ __forceinline__ void pdt_conv_implicit_body(
     const T* __restrict__ x, const T* __restrict__ values, const i64* __restrict__ row_ptr,
@@ -846,17 +848,30 @@ __device__ __forceinline__ void pdt_conv_implicit_body(
       off = c * H * W + dr * W + ds;
       v = values[p + lane];
     }
-    for (int e = 0; e < cnt; ++e) {
-      const int oe = __shfl_sync(PDT_FULL_MASK, off, e);
-      const int dre = __shfl_sync(PDT_FULL_MASK, dr, e);
-      const int dse = __shfl_sync(PDT_FULL_MASK, ds, e);
-      const T ve = __shfl_sync(PDT_FULL_MASK, v, e);
+    // PDT_CONV_U nonzeros a round: all their pixels loaded, then multiplied in order
+    for (int e0 = 0; e0 < cnt; e0 += PDT_CONV_U) {
+      T xv[PDT_CONV_U][CPT], ve[PDT_CONV_U];
+      bool inb[PDT_CONV_U][CPT];
 #pragma unroll
-      for (int t = 0; t < CPT; ++t) {
-        const int ih = pos.ih0[t] + dre, iw = pos.iw0[t] + dse;
-        if (pos.ok[t] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
-          acc[t] += ve * x[pos.xb[t] + oe];
+      for (int u = 0; u < PDT_CONV_U; ++u) {
+        const int e = min(e0 + u, 31);  // lanes past cnt hold no nonzero: skipped below
+        const int oe = __shfl_sync(PDT_FULL_MASK, off, e);
+        const int dre = __shfl_sync(PDT_FULL_MASK, dr, e);
+        const int dse = __shfl_sync(PDT_FULL_MASK, ds, e);
+        ve[u] = __shfl_sync(PDT_FULL_MASK, v, e);
+#pragma unroll
+        for (int t = 0; t < CPT; ++t) {
+          const int ih = pos.ih0[t] + dre, iw = pos.iw0[t] + dse;
+          inb[u][t] = e0 + u < cnt && pos.ok[t] && (unsigned)ih < (unsigned)H &&
+                      (unsigned)iw < (unsigned)W;
+          xv[u][t] = inb[u][t] ? x[pos.xb[t] + oe] : T(0);
+        }
       }
+#pragma unroll
+      for (int u = 0; u < PDT_CONV_U; ++u)
+#pragma unroll
+        for (int t = 0; t < CPT; ++t)
+          if (inb[u][t]) acc[t] += ve[u] * xv[u][t];
     }
   }
   pos.store<T>(out, acc, bias, has_bias, f, F, n0, lane, L);

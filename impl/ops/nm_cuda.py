@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from impl.cuda import loader
-from impl.ops import device_check, timed_choice
+from impl.ops import device_check, eager, timed_choice
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -389,8 +389,7 @@ def _nm_launch(
     return out
 
 
-@torch.library.custom_op("pdtbench::nm_prune", mutates_args=())
-def _nm_prune_op(
+def _nm_prune_impl(
     x: torch.Tensor,
     n: int,
     m: int,
@@ -400,7 +399,11 @@ def _nm_prune_op(
     seed: torch.Tensor | None,
     eps: float,
 ) -> torch.Tensor:
+    """What the ``pdtbench::nm_prune`` op runs (its arguments, unchecked)."""
     return _nm_launch(x, n, m, mode, dim, "channel" if channel_rule else "plane", seed, eps)
+
+
+_nm_prune_op = torch.library.custom_op("pdtbench::nm_prune", mutates_args=())(_nm_prune_impl)
 
 
 @_nm_prune_op.register_fake
@@ -438,7 +441,10 @@ def nm_prune_cuda(
     dim = _check_args(x, n, m, method, dim, rescale)
     mode = METHODS[method]
     seed = draw_seed(generator, x.device) if mode == METHODS["random"] else None
-    return torch.ops.pdtbench.nm_prune(x, n, m, mode, dim, rescale == "channel", seed, float(eps))
+    channel = rescale == "channel"
+    return eager.call(
+        torch.ops.pdtbench.nm_prune, _nm_prune_impl, x, n, m, mode, dim, channel, seed, float(eps)
+    )
 
 
 __all__ = [

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from impl.cuda import loader
-from impl.ops import device_check
+from impl.ops import device_check, eager
 
 _SRC = "pack.cu"
 IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
@@ -282,7 +282,7 @@ def grad_pack(grad: torch.Tensor, index: torch.Tensor, impl: str = "auto") -> to
     ``index`` into one contiguous ``[nnz]`` buffer (ClickTrain Sec. 5.3: only the gradients
     of unpruned weights are communicated)."""
     if _use_cuda(impl, grad, index):
-        return torch.ops.pdtbench.grad_pack(grad, index)
+        return eager.call(torch.ops.pdtbench.grad_pack, _pack, grad, index)
     return grad_pack_ref(grad, index)
 
 
@@ -292,21 +292,21 @@ def grad_unpack(
     """Scatter a (reduced) ``[nnz]`` buffer back into a zero tensor of ``shape`` at the flat
     positions ``index`` (unique): the inverse of :func:`grad_pack` on the kept positions."""
     if _use_cuda(impl, buffer, index):
-        return torch.ops.pdtbench.grad_unpack(buffer, index, list(shape))
+        return eager.call(torch.ops.pdtbench.grad_unpack, _unpack, buffer, index, list(shape))
     return grad_unpack_ref(buffer, index, shape)
 
 
 def pack(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """CUDA gather ``flat.reshape(-1)[index]`` into a new ``[nnz]`` tensor (the kernel of
     :func:`grad_pack`, for callers that dispatch themselves, e.g. :mod:`impl.comm`)."""
-    return torch.ops.pdtbench.grad_pack(flat, index)
+    return eager.call(torch.ops.pdtbench.grad_pack, _pack, flat, index)
 
 
 def unpack(packed: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """CUDA scatter ``out.view(-1)[index] = packed`` in place (``out`` contiguous; elements
     off ``index`` are left as they are: zero them first for :func:`grad_unpack`'s result).
     Returns ``out``."""
-    torch.ops.pdtbench.grad_unpack_into(packed, index, out)
+    eager.call(torch.ops.pdtbench.grad_unpack_into, _unpack_into, packed, index, out, mutated=(2,))
     return out
 
 
@@ -320,7 +320,9 @@ def expand(
     ``out.numel()``. Unlike zeroing ``out`` and then :func:`unpack`, which writes the kept
     positions twice and scatters them, each element is written once, coalesced. Returns
     ``out``."""
-    torch.ops.pdtbench.grad_expand_into(packed, index, starts, out)
+    eager.call(
+        torch.ops.pdtbench.grad_expand_into, _expand_into, packed, index, starts, out, mutated=(3,)
+    )
     return out
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from impl.cuda import loader
-from impl.ops import device_check, timed_choice
+from impl.ops import device_check, eager, timed_choice
 from impl.ops.pattern import (
     PatternIndex,
     _autocast_off,
@@ -644,6 +644,12 @@ def _pattern_spmm_op(
     t_perm: torch.Tensor,
     dense_b: torch.Tensor,
 ) -> torch.Tensor:
+    return _pattern_spmm_impl(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b)
+
+
+def _pattern_spmm_impl(values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b):
+    """What the ``pdtbench::pattern_spmm`` op runs: the product (the transpose serves only
+    its backward)."""
     return _spmm(values, row_ptr, col_ind, dense_b)
 
 
@@ -721,6 +727,16 @@ def _pattern_conv2d_op(
     padding: list[int],
     dilation: list[int],
 ) -> torch.Tensor:
+    return _pattern_conv2d_impl(
+        x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, bias, stride, padding, dilation
+    )
+
+
+def _pattern_conv2d_impl(
+    x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, bias, stride, padding, dilation
+):
+    """What the ``pdtbench::pattern_conv2d`` op runs: the kept weights gathered, then the
+    implicit-im2col convolution (the transpose serves only its backward)."""
     values = _csr_gather(weight, row_ptr, col_ind)
     return _conv_implicit(
         x, weight.shape, values, row_ptr, col_ind, bias, stride, padding, dilation
@@ -811,7 +827,8 @@ def pattern_csr_cuda(
     """
     if dense.dim() < 2:
         raise ValueError(f"dense must have at least 2 dims, got {dense.dim()}")
-    return torch.ops.pdtbench.pattern_csr(dense.reshape(dense.shape[0], -1), row_ptr, col_ind)
+    flat = dense.reshape(dense.shape[0], -1)
+    return eager.call(torch.ops.pdtbench.pattern_csr, _csr_gather, flat, row_ptr, col_ind)
 
 
 def pattern_spmm_cuda(
@@ -840,8 +857,16 @@ def pattern_spmm_cuda(
     else:
         check_index_matches(index, row_ptr, col_ind, n_cols)
         t_row_ptr, t_col_ind, t_perm = index.t_row_ptr, index.t_col_ind, index.t_perm
-    return torch.ops.pdtbench.pattern_spmm(
-        values, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm, dense_b
+    return eager.call(
+        torch.ops.pdtbench.pattern_spmm,
+        _pattern_spmm_impl,
+        values,
+        row_ptr,
+        col_ind,
+        t_row_ptr,
+        t_col_ind,
+        t_perm,
+        dense_b,
     )
 
 
@@ -870,7 +895,9 @@ def pattern_conv2d_cuda(
     index = conv_pattern_index(x, weight, pattern)
     st, pad, dil = (list(v) for v in conv_geometry(stride, padding, dilation))
     if implicit:
-        return torch.ops.pdtbench.pattern_conv2d(
+        return eager.call(
+            torch.ops.pdtbench.pattern_conv2d,
+            _pattern_conv2d_impl,
             x,
             weight,
             index.row_ptr,

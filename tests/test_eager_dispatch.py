@@ -1,0 +1,101 @@
+"""impl.ops.eager: an op's implementation called directly only in plain eager calls."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from impl.ops import eager
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_plain_tensors_and_parameters_go_direct():
+    x = torch.ones(3)
+    assert eager.direct_ok([x, 2, None, torch.nn.Parameter(torch.ones(2), requires_grad=False)])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.ones(3, requires_grad=True),
+        lambda: torch.nn.Parameter(torch.ones(3)),
+        lambda: torch.ones(3, device="meta"),
+        lambda: torch.ones(3).as_subclass(_Subclass),
+    ],
+    ids=["requires-grad", "parameter-with-grad", "meta", "subclass"],
+)
+def test_a_tensor_autograd_or_a_fake_path_needs_goes_through_the_op(make):
+    assert not eager.direct_ok([torch.ones(2), make()])
+
+
+def test_no_grad_lets_a_tensor_that_requires_grad_go_direct():
+    x = torch.ones(3, requires_grad=True)
+    with torch.no_grad():
+        assert eager.direct_ok([x])
+
+
+def test_a_dispatch_mode_or_the_profiler_sends_calls_through_the_op():
+    x = torch.ones(3)
+    with FakeTensorMode():
+        assert not eager.direct_ok([x])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not eager.direct_ok([x])
+    assert eager.direct_ok([x])
+
+
+def test_torch_compile_traces_the_op():
+    seen = []
+
+    def fn(x):
+        seen.append(eager.direct_ok([x]))
+        return x + 1
+
+    torch.compile(fn, backend="eager")(torch.ones(3))
+    assert seen == [False]
+
+
+def test_call_runs_the_implementation_or_the_op_and_bumps_what_it_writes():
+    ran = []
+
+    def op(out, v):
+        ran.append("op")
+        out.data.fill_(v)
+
+    def impl(out, v):
+        ran.append("impl")
+        out.data.fill_(v)  # as a kernel writes: no version bump of its own
+
+    out = torch.zeros(2)
+    before = out._version
+    eager.call(op, impl, out, 3.0, mutated=(0,))
+    assert ran == ["impl"] and out.tolist() == [3.0, 3.0]
+    assert out._version == before + 1
+    eager.call(op, impl, torch.zeros(2, requires_grad=True), 1.0)
+    assert ran == ["impl", "op"]
+
+
+@pytest.mark.parametrize("through_op", [False, True], ids=["direct", "through-op"])
+def test_host_overhead_script_times_every_call(through_op):
+    """scripts/host_overhead.py runs on a CPU machine (launch stubbed) and prints one time
+    per call, in either mode."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "scripts" / "host_overhead.py"), "--calls", "2"]
+    done = subprocess.run(
+        cmd + (["--through-op"] if through_op else []),
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 5
+    assert all(line.endswith(" us") and float(line.split()[-2]) > 0 for line in lines)

@@ -476,11 +476,11 @@ def pattern_spmm(
     a precomputed :class:`PatternIndex` with the transposed structure, saving its
     construction in every backward that asks for the gradient of ``dense_b`` (without an
     index the transpose is built there; a forward alone never builds it): it must be the
-    index of ``(row_ptr, col_ind)`` (``ValueError``
-    otherwise, :func:`check_index_matches`), and its transposed fields are trusted as built by
-    :func:`pattern_index`. The reference path raises ``ValueError`` on an index that
-    :func:`check_csr` refuses (columns must lie in ``[0, K)``); any path refuses operands that
-    are not floating point (:func:`check_floating`).
+    index of ``(row_ptr, col_ind)`` (``ValueError`` otherwise, :func:`check_index_matches`),
+    and its transposed fields are trusted as built by :func:`pattern_index`. The reference
+    path raises ``ValueError`` on an index that :func:`check_csr` refuses (columns must lie
+    in ``[0, K)``); any path refuses operands that are not floating point
+    (:func:`check_floating`).
     """
     check_floating(values=values, dense_b=dense_b)
     if torch.is_autocast_enabled(dense_b.device.type):  # float32, as pattern_conv2d does

@@ -146,6 +146,12 @@ def spmm_grid(
     return grid
 
 
+def spmm_kernel(variant: str) -> str:
+    """The kernel family of an SpMM variant (:data:`SPMM_VARIANTS`), e.g. ``pdt_spmm_tiled``
+    for ``row_tiled``: the prefix of its names in ``pattern.cu`` and in a profiler's rows."""
+    return _SPMM_KERNEL[timed_choice.check_path("spmm", variant)]
+
+
 def spmm_kernels(dtype: torch.dtype, n_cols_a: int) -> tuple[str, ...]:
     """Every SpMM kernel that can run an ``F x n_cols_a`` sparse matrix of ``dtype``: all of
     :data:`SPMM_VARIANTS`, except the row-tiled ones where a warp's rows could hold 2^31 - 32
@@ -359,7 +365,7 @@ def _spmm(
             ]
 
             def run(v: str) -> None:
-                name = _SPMM_KERNEL[v]
+                name = _SPMM_KERNEL[v]  # v is one of SPMM_VARIANTS (checked below)
                 loader.launch(
                     _SRC,
                     f"{name}_{suf}_{'vec' if vec else 'scalar'}",
@@ -930,6 +936,7 @@ __all__ = [
     "sddmm_row_blocks",
     "sddmm_split",
     "spmm_grid",
+    "spmm_kernel",
     "spmm_variants",
     "SDDMM_ROWS",
     "SDDMM_VARIANTS",

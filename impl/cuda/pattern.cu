@@ -522,6 +522,21 @@ struct PdtSddmmSplit {
   }
 };
 
+// Both SDDMM kernels read a kept column's row of Bm over a segment of len columns, a lane's
+// part at t = ((i0 + i) * 32 + lane) * VEC: PDT_SDDMM_NB(T, VEC) loads (64 bytes) in flight a
+// lane. This loads group i0 .. i0 + NB - 1 of them into b (entries at t >= len untouched).
+#define PDT_SDDMM_NB(T, VEC) (64 / (int)(sizeof(T) * (VEC)))
+
+template <typename T, int VEC, int NB>
+__device__ __forceinline__ void pdt_sddmm_load_b(const T* __restrict__ Br, int i0, int lane,
+                                                 int len, T (&b)[NB][VEC]) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i) {
+    const int t = ((i0 + i) * 32 + lane) * VEC;
+    if (t < len) pdt_load_vec<T, VEC>(Br + t, b[i]);
+  }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
                                                const i64* __restrict__ col_ind,
@@ -558,14 +573,10 @@ __device__ __forceinline__ void pdt_sddmm_body(const i64* __restrict__ row_ptr,
           const T* __restrict__ Br = Bm + (i64)z * sb + k * ldb + s0;
           T sum = T(0);
           // NB loads of Bm's row in flight (as 3d), then the products in the lane's t order
-          constexpr int NB = 64 / (int)(sizeof(T) * VEC);
+          constexpr int NB = PDT_SDDMM_NB(T, VEC);
           for (int i0 = 0; i0 * 32 * VEC < len; i0 += NB) {  // warp-uniform
             T b[NB][VEC];
-#pragma unroll
-            for (int i = 0; i < NB; ++i) {
-              const int t = ((i0 + i) * 32 + lane) * VEC;
-              if (t < len) pdt_load_vec<T, VEC>(Br + t, b[i]);
-            }
+            pdt_sddmm_load_b<T, VEC, NB>(Br, i0, lane, len, b);
 #pragma unroll
             for (int i = 0; i < NB; ++i) {
               const int t = ((i0 + i) * 32 + lane) * VEC;
@@ -621,8 +632,7 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
                                                      i64 nnz) {
   constexpr int SEG = PDT_SDDMM_SEG;
   constexpr int KC = PDT_SDDMM_KC;
-  // a lane's loads of Bm in flight at once: 64 bytes (16 for a float32 lane's 16-byte loads)
-  constexpr int NB = 64 / (int)(sizeof(T) * VEC);
+  constexpr int NB = PDT_SDDMM_NB(T, VEC);  // a lane's loads of Bm in flight at once
   static_assert(SEG % (32 * VEC * NB) == 0, "a segment is whole groups of warp-wide loads");
   static_assert(KC % 32 == 0, "the union is compacted 32 columns per ballot");
   static_assert(RT >= 1 && RT <= 32, "a column's rows are the bits of one 32-bit word");
@@ -709,11 +719,7 @@ __device__ __forceinline__ void pdt_sddmm_tiled_body(const i64* __restrict__ row
             for (int r = 0; r < RT; ++r) sum[r] = T(0);
             for (int i0 = 0; i0 * 32 * VEC < len; i0 += NB) {  // warp-uniform
               T b[NB][VEC];
-#pragma unroll
-              for (int i = 0; i < NB; ++i) {
-                const int t = ((i0 + i) * 32 + lane) * VEC;
-                if (t < len) pdt_load_vec<T, VEC>(Br + t, b[i]);
-              }
+              pdt_sddmm_load_b<T, VEC, NB>(Br, i0, lane, len, b);
 #pragma unroll
               for (int i = 0; i < NB; ++i) {
                 const int t = ((i0 + i) * 32 + lane) * VEC;

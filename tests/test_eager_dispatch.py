@@ -51,6 +51,21 @@ def test_a_dispatch_mode_or_the_profiler_sends_calls_through_the_op():
     assert eager.direct_ok([x])
 
 
+def test_a_torch_func_transform_sends_calls_through_the_op():
+    """Under vmap a tensor argument is a batched view with no storage: a kernel launched on
+    it directly would fail on its data pointer, where the op says vmap is unsupported."""
+    seen = []
+
+    def fn(x):
+        seen.append(eager.direct_ok([x]))
+        return x * 2
+
+    torch.vmap(fn)(torch.ones(2, 3))
+    torch.func.grad(lambda x: fn(x).sum())(torch.ones(3))
+    assert seen == [False, False]
+    assert eager.direct_ok([torch.ones(3)])
+
+
 def test_torch_compile_traces_the_op():
     seen = []
 

@@ -10,8 +10,9 @@ sparse Allreduce packs and unpacks every bucket and SDGP prunes every convolutio
 gradient, each iteration, so that cost adds up on the host.
 
 :func:`call` runs ``impl`` directly only when nothing would notice: not while torch.compile
-traces, no ``TorchDispatchMode`` (fake tensors, functionalization) and no profiler active,
-every tensor argument a plain ``torch.Tensor`` or ``nn.Parameter`` with storage (a meta
+traces, no ``TorchDispatchMode`` (fake tensors, functionalization), no ``torch.func``
+transform (``vmap``'s batched tensors have no storage for a kernel to read) and no profiler
+active, every tensor argument a plain ``torch.Tensor`` or ``nn.Parameter`` with storage (a meta
 tensor goes to the op's fake implementation), and none that needs a gradient. A direct call
 that writes into an argument bumps its version counter, as the op does.
 """
@@ -30,6 +31,8 @@ def direct_ok(args: Sequence[Any]) -> bool:
     """Whether an op may run its implementation directly on ``args`` (see the module
     docstring): True only in a plain eager call with plain tensors, none needing a gradient."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:  # vmap, grad, jacrev, ...
         return False
     if torch.autograd._profiler_enabled():
         return False

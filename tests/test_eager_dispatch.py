@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 
 from impl.ops import eager
 
 
 class _Subclass(torch.Tensor):
     pass
+
+
+class _PassThrough(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 def test_plain_tensors_and_parameters_go_direct():
@@ -62,6 +69,24 @@ def test_a_torch_func_transform_sends_calls_through_the_op():
 
     torch.vmap(fn)(torch.ones(2, 3))
     torch.func.grad(lambda x: fn(x).sum())(torch.ones(3))
+    assert seen == [False, False]
+    assert eager.direct_ok([torch.ones(3)])
+
+
+def test_jit_trace_and_a_torch_function_mode_see_the_op():
+    """torch.jit.trace records only the ops it sees (a direct kernel launch would leave an
+    empty output in the graph), and a user's TorchFunctionMode must see the op too."""
+    seen = []
+
+    def fn(x):
+        seen.append(eager.direct_ok([x]))
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's own notes on a Python list append
+        torch.jit.trace(fn, torch.ones(3), check_trace=False)
+    with _PassThrough():
+        fn(torch.ones(3))
     assert seen == [False, False]
     assert eager.direct_ok([torch.ones(3)])
 

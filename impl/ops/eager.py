@@ -10,11 +10,13 @@ sparse Allreduce packs and unpacks every bucket and SDGP prunes every convolutio
 gradient, each iteration, so that cost adds up on the host.
 
 :func:`call` runs ``impl`` directly only when nothing would notice: not while torch.compile
-traces, no ``TorchDispatchMode`` (fake tensors, functionalization), no ``torch.func``
-transform (``vmap``'s batched tensors have no storage for a kernel to read) and no profiler
-active, every tensor argument a plain ``torch.Tensor`` or ``nn.Parameter`` with storage (a meta
-tensor goes to the op's fake implementation), and none that needs a gradient. A direct call
-that writes into an argument bumps its version counter, as the op does.
+traces, no ``TorchDispatchMode`` (fake tensors, functionalization), no ``torch.func`` transform
+(``vmap``'s batched tensors have no storage for a kernel to read), no ``torch.jit.trace`` (which
+records only the ops it sees), no ``TorchFunctionMode`` (a user's mode sees the op;
+``torch.set_default_device`` installs one, so under it calls take the op's slower path) and no
+profiler active, every tensor argument a plain ``torch.Tensor`` or ``nn.Parameter`` with storage
+(a meta tensor goes to the op's fake implementation), and none that needs a gradient. A direct
+call that writes into an argument bumps its version counter, as the op does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def direct_ok(args: Sequence[Any]) -> bool:
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
     if torch._C._functorch.peek_interpreter_stack() is not None:  # vmap, grad, jacrev, ...
+        return False
+    if torch._C._get_tracing_state() is not None or torch._C._is_torch_function_mode_enabled():
         return False
     if torch.autograd._profiler_enabled():
         return False

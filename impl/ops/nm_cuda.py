@@ -318,11 +318,6 @@ def _nm_launch(
         sx = torch.empty(view.O, view.C, dtype=acc, device=x.device)
         sy = torch.empty_like(sx)
         gt = stats_groups_per_block(view, m)
-        if _cdiv(_cdiv(view.C, m), gt) > _MAX_GRID_Y:
-            raise ValueError(
-                f"{op}: rescaled {n}:{m} of {view.C} channels needs "
-                f"{_cdiv(_cdiv(view.C, m), gt)} blocks per row, over a launch's {_MAX_GRID_Y}"
-            )
         blocks_y = _cdiv(_cdiv(view.C, m), gt)
         if gt == 1 and w <= THREAD_MAX_WIDTH:  # strided: the fused kernel's sums, unit by unit
             name, tail = f"pdt_nm_gstats_{suf}_w{w}", [vec, sx, sy]
@@ -331,6 +326,11 @@ def _nm_launch(
             blocks_y = _cdiv(_cdiv(view.C, m), 32)
         else:  # groups wider than 8, a sub-warp each
             name, tail = f"pdt_nm_stats_{suf}_w{w}", [np.int32(gt.bit_length() - 1), sx, sy]
+        if blocks_y > _MAX_GRID_Y:  # the blocks the chosen kernel launches, not another's
+            raise ValueError(
+                f"{op}: rescaled {n}:{m} of {view.C} channels needs "
+                f"{blocks_y} blocks per row, over a launch's {_MAX_GRID_Y}"
+            )
         loader.launch(
             _SRC,
             name,

@@ -1143,8 +1143,9 @@ EMU_CONV = [
     ((2, 5, 11, 11), 7, (3, 3), 2, 1, 2),
     ((1, 4, 8, 8), 6, (1, 1), 1, 0, 1),
     ((2, 4, 9, 7), 6, (5, 3), (2, 1), (2, 1), 1),
+    ((0, 3, 7, 9), 5, (3, 3), 1, 1, 1),
 ]
-EMU_CONV_IDS = ["odd", "stride2-dil2", "1x1", "rect"]
+EMU_CONV_IDS = ["odd", "stride2-dil2", "1x1", "rect", "batch0"]
 
 
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "explicit"])
@@ -1175,7 +1176,8 @@ def test_emulated_pattern_conv2d_forward_and_backward(emulated, case, implicit, 
         got = torch.autograd.grad(out, (x, w, bias), g)
     backward = emulated[forward_launches:]
     sparse_kernels = [k for k in backward if k.startswith(("pdt_sddmm", "pdt_spmm"))]
-    assert bool(sparse_kernels) == (grads == "sparse"), backward
+    # at batch 0 nothing is multiplied: no sparse product launches on either path
+    assert bool(sparse_kernels) == (grads == "sparse" and xs[0] > 0), backward
     exp = torch.autograd.grad(ref, (x, w, bias), g)
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
     for a, e in zip(got, exp):
@@ -1533,6 +1535,10 @@ def test_emulated_nm_takes_more_groups_per_row_than_a_grid_dimension(emulated):
         assert torch.equal(got == 0, ref == 0), method
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
     assert not [k for k in emulated if "fused" in k]
+    # 2^19 contiguous groups: 16,384 blocks of 32 groups for the statistics, within a launch
+    wide = torch.randn(1, 2**21, generator=gen)
+    got = nm_cuda.nm_prune_cuda(wide, 2, 4, "rescaled", dim=1)
+    torch.testing.assert_close(got, nm_prune_ref(wide, 2, 4, "rescaled", 1), rtol=1e-5, atol=0)
     launched = len(emulated)
     strided = torch.zeros(1, 4 * 65536, 2)
     with pytest.raises(ValueError, match="needs 65536 blocks per row, over a launch's 65535"):

@@ -321,7 +321,7 @@ def pattern_csr(
         from impl.ops.pattern_cuda import pattern_csr_cuda
 
         return pattern_csr_cuda(dense, row_ptr, col_ind)
-    flat = dense.reshape(dense.shape[0], -1)
+    flat = dense.flatten(1)
     if index is None:
         check_csr(row_ptr, col_ind, flat.shape[0], flat.shape[1], width="the matrix's width")
     else:
@@ -690,7 +690,7 @@ def pattern_conv2d(
     h_out, w_out = conv_output_size(x.shape[2], x.shape[3], r, s, stride, padding, dilation)
     if h_out < 1 or w_out < 1:
         raise ValueError(f"input {tuple(x.shape)} is smaller than the kernel {(r, s)}")
-    flat = weight.reshape(weight.shape[0], -1)
+    flat = weight.flatten(1)
     if workspace is None:
         check_csr(index.row_ptr, index.col_ind, flat.shape[0], flat.shape[1], width="C*R*S")
     else:

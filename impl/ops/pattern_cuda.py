@@ -255,7 +255,7 @@ def _csr_gather(
     suf = _suffix(dense.dtype, op)
     _check_index(op, row_ptr, col_ind)
     dev = device_check.require_cuda(op, _PUBLIC[op], dense, row_ptr, col_ind, sources=(_SRC,))
-    flat = _rows(dense.reshape(dense.shape[0], -1))
+    flat = _rows(dense.flatten(1))
     n_rows = flat.shape[0]
     if row_ptr.numel() != n_rows + 1:
         raise ValueError(f"{op}: row_ptr must have {n_rows + 1} entries, got {row_ptr.numel()}")
@@ -779,13 +779,13 @@ def _pattern_conv2d_backward(ctx, grad):
     x, weight, row_ptr, col_ind, t_row_ptr, t_col_ind, t_perm = ctx.saved_tensors
     stride, padding, dilation = ctx.conv
     f_out, _, r, s = weight.shape
-    g = grad.reshape(grad.shape[0], f_out, -1)  # [B, F, L]
+    g = grad.flatten(2)  # [B, F, L] (flatten: also at batch 0)
     grad_x = grad_w = grad_b = None
     problem = (
         f"pattern_conv2d {x.dtype} x{list(x.shape)} w{list(weight.shape)} nnz {col_ind.numel()} "
         f"stride {stride} padding {padding} dilation {dilation} {_tf32()} {x.device}"
     )
-    w2d = weight.reshape(f_out, -1)
+    w2d = weight.flatten(1)
     if ctx.needs_input_grad[0]:
 
         def input_grad(path: str) -> torch.Tensor:
@@ -803,7 +803,7 @@ def _pattern_conv2d_backward(ctx, grad):
         def weight_grad(path: str) -> torch.Tensor:
             if path == "dense":  # cuDNN's dense weight gradient, then the kept positions
                 full = _conv_backward_dense(grad, x, weight, ctx.conv, [False, True, False])[1]
-                gv = torch.ops.pdtbench.pattern_csr(full.reshape(f_out, -1), row_ptr, col_ind)
+                gv = torch.ops.pdtbench.pattern_csr(full.flatten(1), row_ptr, col_ind)
             else:  # SDDMM on the im2col matrix
                 cols = F.unfold(x, (r, s), dilation=dilation, padding=padding, stride=stride)
                 gv = torch.ops.pdtbench.sddmm(row_ptr, col_ind, g, cols)
@@ -833,7 +833,7 @@ def pattern_csr_cuda(
     """
     if dense.dim() < 2:
         raise ValueError(f"dense must have at least 2 dims, got {dense.dim()}")
-    flat = dense.reshape(dense.shape[0], -1)
+    flat = dense.flatten(1)
     return eager.call(torch.ops.pdtbench.pattern_csr, _csr_gather, flat, row_ptr, col_ind)
 
 

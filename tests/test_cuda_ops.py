@@ -2487,13 +2487,13 @@ def test_pack_unpack_exact_and_round_trip(cuda_kernels, shape, dtype, index_dtyp
 @pytest.mark.parametrize("dtype", PACK_DTYPES, ids=PACK_DTYPE_IDS)
 @pytest.mark.parametrize(
     "case",
-    ["random", "none-kept", "all-kept", "pruned-filters", "one-past-a-tile"],
+    ["random", "none-kept", "all-kept", "pruned-filters", "one-past-a-tile", "strided-tables"],
 )
 def test_expand_writes_values_and_zeros_in_one_pass(cuda_kernels, case, dtype, index_dtype):
     """expand writes every element of a poisoned bucket: the values at the kept positions and
     zeros elsewhere, as zeroing and scattering would; long runs of pruned positions (whole
-    filters), nothing kept, everything kept, and a bucket one element past a whole number of
-    tiles included."""
+    filters), nothing kept, everything kept, a bucket one element past a whole number of
+    tiles, and an index and tile table given as strided views included."""
     gen = torch.Generator(device=GPU_DEV).manual_seed(8)
     numel = 3 * pack_cuda.EXPAND_TILE + 1 if case == "one-past-a-tile" else 64 * 3 * 3 * 3 + 5
     mask = torch.rand(numel, generator=gen, device=GPU_DEV) < 0.4
@@ -2506,6 +2506,10 @@ def test_expand_writes_values_and_zeros_in_one_pass(cuda_kernels, case, dtype, i
     idx = pack_cuda.mask_index(mask, index_dtype)
     values = (torch.randn(idx.numel(), generator=gen, device=GPU_DEV) * 50).to(dtype)
     starts = pack_cuda.expand_starts(idx, numel)
+    if case == "strided-tables":  # every other element of a twice-as-long tensor
+        idx = torch.stack([idx, torch.full_like(idx, -1)], 1)[:, 0]
+        starts = torch.stack([starts, torch.full_like(starts, -1)], 1)[:, 0]
+        assert not idx.is_contiguous() and not starts.is_contiguous()
     out = torch.full((numel,), 7, dtype=dtype, device=GPU_DEV)
     if dtype.is_floating_point:
         out.fill_(float("nan"))

@@ -209,7 +209,7 @@ def _expand_into(
             [
                 buffer.contiguous().view(view),
                 index.contiguous(),
-                starts,
+                starts.contiguous(),
                 out.view(-1).view(view),
                 np.int64(out.numel()),
             ],

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 import zlib
 from itertools import combinations
 
@@ -133,6 +134,16 @@ CPU_CALL_PUBLIC = {
     "grad_pack": "impl.ops.grad_pack",
     "grad_unpack": "impl.ops.grad_unpack",
 }
+
+
+def test_cuda_op_on_gpu_operands_with_a_cpu_index_says_to_move_the_index():
+    """impl='auto' takes the kernels for GPU operands; an index left on the CPU is named as
+    what to move, not answered with "use impl='auto'", which the caller already did."""
+    on = types.SimpleNamespace  # only .device is read: no GPU needed
+    gpu_operand, cpu_index = on(device=torch.device("cuda", 0)), on(device=torch.device("cpu"))
+    with pytest.raises(RuntimeError, match=r"every tensor on the GPU, got cpu, cuda:0; move"):
+        device_check.check_devices("pattern_spmm", "impl.ops.pattern_spmm", gpu_operand, cpu_index)
+    device_check.check_devices("pattern_spmm", "impl.ops.pattern_spmm", gpu_operand, gpu_operand)
 
 
 @pytest.mark.parametrize("op", CPU_CALLS, ids=CPU_CALLS)

@@ -17,10 +17,17 @@ from impl.cuda import loader
 
 def check_devices(op: str, public: str, *tensors: torch.Tensor) -> None:
     """``RuntimeError`` unless every tensor is a CUDA tensor, saying to call ``public`` (e.g.
-    ``"impl.ops.nm_prune"``) with ``impl='ref'`` or ``'auto'``. No GPU work, no sync.
+    ``"impl.ops.nm_prune"``) with ``impl='ref'`` or ``'auto'``, or, where some are on the
+    GPU and some not, to move the others there. No GPU work, no sync.
     ``meta`` tensors pass (shape checks and fakes trace the ops on them)."""
     if any(t.device.type not in ("cuda", "meta") for t in tensors):
         devices = sorted({str(t.device) for t in tensors})
+        if any(t.device.type == "cuda" for t in tensors):  # 'auto' took the GPU: say what moves
+            raise RuntimeError(
+                f"{op}: the CUDA implementation needs every tensor on the GPU, got "
+                f"{', '.join(devices)}; move the others (an index built on the CPU, say, with "
+                f".to(device)) to the operands' device"
+            )
         raise RuntimeError(
             f"{op}: the CUDA implementation needs CUDA tensors, got {', '.join(devices)}; "
             f"use impl='ref' (or 'auto') of {public}, which runs the reference on these tensors"

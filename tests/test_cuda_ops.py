@@ -1384,8 +1384,9 @@ EMU_FUSED = [
     ((2, 64, 3, 4), 1, (8, 32)),
     ((2, 20, 9), 1, (5, 16)),
     ((4, 3, 6, 2), 2, (2, 4)),  # grouping along H: the plane is (N, C) x W
+    ((1, 8, 4, 8), 1, (2, 4)),  # batch 1, positions loaded as vectors
 ]
-EMU_FUSED_IDS = ["2:4", "3:7-partial", "8:32", "5:16-3d", "dim2"]
+EMU_FUSED_IDS = ["2:4", "3:7-partial", "8:32", "5:16-3d", "dim2", "batch1-vec"]
 
 
 @pytest.mark.parametrize("case", EMU_FUSED, ids=EMU_FUSED_IDS)
@@ -1431,8 +1432,10 @@ EMU_SELECT = [  # (shape, dim, the vector modes some dtype, layout and n:m take)
     ((2, 64, 2, 4), 1, {0, 1, 2}),
     ((4, 12), 1, {0, 2}),  # contiguous groups (I = 1)
     ((3, 4, 16, 2), 2, {0, 1}),  # I = 2: one vector of float64 positions only
+    ((1, 8, 4, 8), 1, {0, 1, 2}),  # batch 1: the batch stride is never used, not a bar
+    ((16, 12), 0, {0, 1}),  # a weight grouped along its rows: O = 1 as well
 ]
-EMU_SELECT_IDS = ["nchw-vec", "partial", "C64", "2d", "dim2"]
+EMU_SELECT_IDS = ["nchw-vec", "partial", "C64", "2d", "dim2", "batch1", "dim0-rows"]
 
 
 @pytest.mark.parametrize("case", EMU_SELECT, ids=EMU_SELECT_IDS)
@@ -1511,6 +1514,8 @@ def test_vector_loads_only_where_aligned_positions_or_whole_groups_are():
     x = torch.zeros(2, 8, 4, 8)
     nchw = nm_cuda.nm_view(x.shape, x.stride(), 1)
     assert nm_cuda.vector_loads(nchw, 4, 4, x, x) == 1
+    one = torch.zeros(1, 8, 4, 8)  # batch 1: nm_view's batch stride is 1, and never read
+    assert nm_cuda.vector_loads(nm_cuda.nm_view(one.shape, one.stride(), 1), 4, 4, one) == 1
     shifted = torch.zeros(x.numel() + 1)[1:].view(x.shape)  # 4 bytes past an aligned start
     assert shifted.data_ptr() % 16 == 4
     assert nm_cuda.vector_loads(nchw, 4, 4, shifted, x) == 0

@@ -175,8 +175,9 @@ def problem_key(dtype: torch.dtype, view: NMView, n: int, m: int) -> str:
 
 def vector_loads(view: NMView, itemsize: int, m: int, *tensors: torch.Tensor) -> int:
     """How the thread path may load a unit (the kernels' ``vec``): 1, each channel's
-    positions as aligned 16-byte vectors (strided groups over unit-stride positions whose row
-    and channel strides and length are multiples of 16 bytes of elements); 2, each position's
+    positions as aligned 16-byte vectors (strided groups over unit-stride positions whose
+    channel stride and length, and row stride where there is more than one row, are multiples
+    of 16 bytes of elements); 2, each position's
     group as one aligned vector (contiguous groups, as channels-last has them: ``m`` a power
     of two dividing ``C``, ``m`` elements at most 16 bytes, position and row strides
     multiples of ``m``); 0, element by element. The tensors must be aligned to the vector."""
@@ -185,7 +186,8 @@ def vector_loads(view: NMView, itemsize: int, m: int, *tensors: torch.Tensor) ->
     if (
         not contiguous
         and view.si == 1
-        and all(v % per16 == 0 for v in (view.I, view.sc, view.so))
+        and all(v % per16 == 0 for v in (view.I, view.sc))
+        and (view.O == 1 or view.so % per16 == 0)
         and all(t.data_ptr() % 16 == 0 for t in tensors)
     ):
         return 1

@@ -288,6 +288,12 @@ def test_staging_and_gather_loads_are_in_flight_together(nvcc_logs, nvcc_root):
         )
     }
     assert all(n >= rw for n, rw in gather.values()), gather
+    # the pipelined SpMM's gather of step s loads before the wait for step s's copies
+    for suf in ("f32", "f64"):
+        ops = _MEM_OP_RE.findall(_entry_ptx(ptx, f"pdt_spmm_piped_{suf}_vec"))
+        rw, value = rows_per_warp[suf], f"ld.global.nc.{suf}"
+        first_wait = ops.index(next(op for op in ops if op.startswith("cp.async.wait_group")))
+        assert ops[:first_wait].count(value) >= rw, (suf, ops[first_wait - 8 : first_wait + 8])
     # the implicit conv (3b): the input pixels of PDT_CONV_U = 4 nonzeros (CPT = 4 each)
     conv = {
         name: _most_loads(ptx, name, "", f"ld.global.nc.{suf}")

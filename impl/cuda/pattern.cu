@@ -476,14 +476,16 @@ __device__ __forceinline__ void pdt_spmm_piped_body(const T* __restrict__ values
     const int k0 = s * TK;
     // Step s + 1's copies go to the tile that step s - 1 read: every thread passed the
     // barrier that ended step s - 1 before any thread gets here.
+    if (s + 1 < steps) pdt_stage_b_async<T, VEC, TN>(Bz, ldb, k0 + TK, K, n0, N, tile[(s + 1) & 1]);
+    // The rows' columns and values of step s load while the copies are in flight (the wait's
+    // memory clobber would otherwise hold these loads behind it: two latencies a step).
+    u32 rmask[RW];
+    const u32 wmask = rows.gather(k0, lane, aw, rmask);  // synchronises the warp
     if (s + 1 < steps) {
-      pdt_stage_b_async<T, VEC, TN>(Bz, ldb, k0 + TK, K, n0, N, tile[(s + 1) & 1]);
       pdt_cp_async_wait<1>();  // this thread's copies of step s are done
     } else {
       pdt_cp_async_wait<0>();
     }
-    u32 rmask[RW];
-    const u32 wmask = rows.gather(k0, lane, aw, rmask);  // synchronises the warp
     __syncthreads();  // every thread's copies of step s are done and visible
     pdt_row_group_mac<T, VEC, CPT, RW>(tile[s & 1], aw, wmask, rmask, lane, acc);
     __syncthreads();  // every read of tile[s & 1] is done before step s + 2's copies

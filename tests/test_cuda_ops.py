@@ -1135,6 +1135,27 @@ def test_emulated_forced_unproven_spmm_falls_back_where_it_cannot_run(emulated, 
     assert emulated == ["pdt_spmm_f32_scalar"]
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+@pytest.mark.parametrize("impl", ["ref", "cuda"])
+def test_spmm_output_is_a_contiguous_tensor_of_its_own(emulated, impl, batched):
+    """Both paths return a contiguous product that is no view, so that an in-place edit
+    under autograd works on either (it was refused for the CUDA path's [1, F, N] slice and
+    for the reference's permuted batch) and its gradient flows through the edit."""
+    gen = torch.Generator().manual_seed(12)
+    idx = pattern_index(torch.rand(5, 8, generator=gen) < 0.5)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen, dtype=torch.float64)
+    vals.requires_grad_(True)
+    b = torch.randn((3, 8, 6) if batched else (8, 6), generator=gen, dtype=torch.float64)
+    if impl == "ref":
+        out = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b, impl="ref")
+    else:
+        out = pattern_cuda.pattern_spmm_cuda(vals, idx.row_ptr, idx.col_ind, b)
+    assert out.is_contiguous() and out._base is None
+    out.mul_(2.0).sum().backward()
+    expected = torch.autograd.grad(2 * pattern_spmm(vals, idx.row_ptr, idx.col_ind, b).sum(), vals)
+    torch.testing.assert_close(vals.grad, expected[0], rtol=1e-12, atol=1e-12)
+
+
 def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
     gen = torch.Generator().manual_seed(8)
     mask = torch.rand(9, 40, generator=gen) < 0.4

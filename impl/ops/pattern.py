@@ -431,7 +431,11 @@ class _PatternSpMM(torch.autograd.Function):
         ctx.shape = shape
         ctx.batch = (b.shape[0], b.shape[2]) if batched else None
         ctx.save_for_backward(values, b2, row_ptr, col_ind)
-        return _from_2d(out, b.shape[0], b.shape[2]) if batched else out
+        if not batched:
+            return out
+        # a contiguous tensor of its own, as the CUDA path returns: a view of ``out`` would
+        # be refused an in-place edit by autograd, and permuted it is slow to read
+        return _from_2d(out, b.shape[0], b.shape[2]).clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     @_autocast_off

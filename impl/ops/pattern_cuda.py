@@ -341,8 +341,14 @@ def _spmm(
     n_rows = row_ptr.numel() - 1
     if max(k, n, n_rows) > _MAX_INT // 2:
         raise ValueError(f"{op}: sizes {(n_rows, k, n)} exceed the 32-bit range of the kernel")
+    # What is returned: for a [K, N] dense_b a [F, N] tensor of its own, not a view of a
+    # [1, F, N] one (autograd refuses in-place edits of an op's view outputs).
     if out is None:
-        out = torch.empty(batch, n_rows, n, dtype=dense_b.dtype, device=dense_b.device)
+        size = (batch, n_rows, n) if batched else (n_rows, n)
+        result = torch.empty(size, dtype=dense_b.dtype, device=dense_b.device)
+        out = result if batched else result.unsqueeze(0)
+    else:
+        result = out if batched else out[0]
     if out.numel():
         if values.numel() == 0 or k == 0:
             out.zero_()
@@ -390,7 +396,7 @@ def _spmm(
                 candidates = tuple(v for v in runnable if v not in SPMM_UNPROVEN or v == pinned)
                 chosen = _pick("spmm", problem, candidates, run, out)
             run(chosen)
-    return out if batched else out[0]
+    return result
 
 
 def _sddmm(

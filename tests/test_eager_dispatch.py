@@ -122,6 +122,20 @@ def test_call_runs_the_implementation_or_the_op_and_bumps_what_it_writes():
     assert ran == ["impl", "op"]
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_dual_tensor_of_forward_mode_ad_is_refused_not_given_no_tangent():  # torch's warning
+    import torch.autograd.forward_ad as fwAD
+
+    def op(x):
+        return x * 2  # stands for a kernel: no tangent of its own
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.ones(3), torch.ones(3))
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            eager.call(op, op, dual)
+        assert eager.call(op, op, torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
 @pytest.mark.parametrize("through_op", [False, True], ids=["direct", "through-op"])
 def test_host_overhead_script_times_every_call(through_op):
     """scripts/host_overhead.py runs on a CPU machine (launch stubbed) and prints one time

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -54,7 +55,17 @@ def call(
 ) -> Any:
     """``impl(*args)`` where :func:`direct_ok` allows it, else ``op(*args)`` (the registered
     op, whose implementation is ``impl``). ``mutated``: the positions of the arguments the op
-    writes into (its ``mutates_args``), whose version counters a direct call bumps."""
+    writes into (its ``mutates_args``), whose version counters a direct call bumps. A dual
+    tensor of forward-mode AD is refused (``NotImplementedError``): the op has no jvp, and
+    would return no tangent rather than say so."""
+    if fwAD._current_level >= 0 and any(
+        isinstance(a, torch.Tensor) and fwAD.unpack_dual(a).tangent is not None for a in args
+    ):  # the registered op would drop the tangent without a word
+        raise NotImplementedError(
+            f"{getattr(op, '__name__', op)}: the CUDA kernels have no forward-mode derivative "
+            "(a dual tensor of torch.autograd.forward_ad); use reverse mode (backward, "
+            "torch.autograd.grad)"
+        )
     if not direct_ok(args):
         return op(*args)
     out = impl(*args)

@@ -20,8 +20,9 @@ Suites (``SUITES``) and what a case of each holds:
 * ``nm_prune``: SDGP's N:M pruning of an output gradient, kernel against the torch
   reference and a device copy of the same bytes, m in 4, 8, 16, 32 (n = m / 2).
 * ``pack``: the sparse Allreduce's gradient pack (gather at a mask's kept positions) and
-  unpack (scatter back in place) of ClickTrain Sec. 5.3, kernel against torch's index_select
-  / scatter_, pattern masks at 50 and 75% sparsity; at the gpu scale a 72 MiB float32 gradient (the
+  unpack (the bucket zeroed except the values scattered back) of ClickTrain Sec. 5.3, kernel
+  against torch's index_select / zero_ + scatter_, masks at 50% (random, the same count per
+  row) and 75% (pattern) sparsity; at the gpu scale a 72 MiB float32 gradient (the
   issue's bandwidth target is for tensors of 64 MB or more).
 * ``iteration``: forward, backward and step time of one training iteration for each method
   in its post-pruning state (:mod:`bench.method_states`), ResNet-18/34/50 and VGG-16.
@@ -437,6 +438,13 @@ def _csr_impls(dev: str) -> list[Impl]:
         _impl("torch_to_sparse_csr", "torch Tensor.to_sparse_csr", dev, "memory", baseline=True),
         _impl(
             "copy", "device copy of the nnz values (bandwidth bound)", dev, "memory", baseline=True
+        ),
+        _impl(
+            "copy_moved",
+            "device copy of as many bytes as pattern_csr moves (values, columns, row pointers)",
+            dev,
+            "memory",
+            baseline=True,
         ),
     ]
     if dev == "cpu":
@@ -924,6 +932,10 @@ def _cuda_kernels_check(impl: Impl, source: str = "pattern.cu") -> None:
     raise RuntimeError(f"the CUDA kernels of {source} fail to load: {cuda_kernels_error()}")
 
 
+#: Suites whose GPU rows run with cuDNN's benchmark mode on (their preparations pin it).
+_CUDNN_SUITES = ("conv", "iteration")
+
+
 def _flag_options(impl: Impl, *, cudnn: bool = False) -> dict[str, bool]:
     tf32 = bool(impl.options.get("tf32", False))
     return {"tf32_matmul": tf32, "tf32_cudnn": tf32, "cudnn_benchmark": cudnn}
@@ -1011,6 +1023,7 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     _cuda_kernels_check(impl)
     from impl.ops import pattern_csr, pattern_index
+    from impl.ops.pattern import csr_rows
 
     shape, s = case.params["weight_shape"], case.params["sparsity"]
     w, mask, kind = _masked_weight(shape, s, dev, 0)
@@ -1045,6 +1058,9 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
         info["rotated_index_mib"] = measure.rotated_mib(index_bytes, n_index)
         nbytes = nnz * (4 + 4 + 8) + (f + 1) * 8.0
+        # the value reads as whole sectors: the least the gather reads from memory
+        positions = csr_rows(row_ptr, nnz) * k + col_ind
+        info["bytes_sectors"] = nbytes - nnz * 4 + measure.sector_bytes(positions, 4)
     elif name == "torch_to_sparse_csr":
         w2 = [x.reshape(f, k) for x in ws]
 
@@ -1063,6 +1079,19 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
 
         nbytes = 2.0 * nnz * 4
         info["rotated_mib"] = measure.rotated_mib(nnz * 4, len(vals))
+    elif name == "copy_moved":
+        # pattern_csr reads a value and a column and writes a value per kept position, and
+        # reads the row pointers: 2x the kept values' copy. A copy moving the same bytes
+        # (half read, half written) is the bound "within 2x of a copy" is read against.
+        moved = nnz * (4 + 4 + 8) + (f + 1) * 8.0
+        vals = _rotated((math.ceil(moved / 8),), dev, 1)
+        outs = _outputs_like(vals)
+
+        def fn(i):
+            return outs[i % len(outs)].copy_(vals[i % len(vals)])
+
+        nbytes = 2.0 * vals[0].numel() * 4
+        info["rotated_mib"] = measure.rotated_mib(vals[0].numel() * 4, len(vals))
     elif name == "scipy_csr":
         try:
             import scipy.sparse as sp
@@ -1420,38 +1449,47 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     # torch's fastest ways (index_select 3-4x faster than advanced indexing on the CPU):
     # index_select reads the kernel's int32 positions; scatter_ takes int64 only.
     read_index = index if cuda or op == "pack" else index.to(torch.int64)
+    # Every operand rotates by its own size, the positions and the unpack's bucket too: one
+    # index (18.9 MB at 75% here) would stay in a GPU's 50 MB L2 and a CPU's L3.
+    indexes = measure.rotated(lambda j: read_index.clone() if j else read_index)
     if op == "pack":
         grads = _rotated(shape, dev, 1)
 
         def fn(i):
-            g = grads[i % len(grads)]
-            return pack_cuda.pack(g, index) if cuda else g.reshape(-1).index_select(0, index)
+            g, ix = grads[i % len(grads)], indexes[i % len(indexes)]
+            return pack_cuda.pack(g, ix) if cuda else g.reshape(-1).index_select(0, ix)
 
     else:
         # the sparse Allreduce's unpack (impl.comm.unpack): the bucket zeroed except the
         # reduced values at the kept positions
         buffers = _rotated((nnz,), dev, 1)
-        out = torch.zeros(tuple(shape), device=dev)
+        outs = measure.rotated(lambda j: torch.zeros(tuple(shape), device=dev))
         expand = cuda and impl.options.get("variant") != "scatter"
-        starts = pack_cuda.expand_starts(index, out.numel()) if expand else None  # built once
+        # the tile table of the positions (the same for every copy of them), built once
+        starts = pack_cuda.expand_starts(index, math.prod(shape)) if expand else None
 
         def fn(i):
-            b = buffers[i % len(buffers)]
+            b, ix, out = buffers[i % len(buffers)], indexes[i % len(indexes)], outs[i % len(outs)]
             if expand:
-                return pack_cuda.expand(b, index, starts, out)
+                return pack_cuda.expand(b, ix, starts, out)
             out.zero_()
             if cuda:
-                return pack_cuda.unpack(b, index, out)
-            out.view(-1).scatter_(0, read_index, b)
+                return pack_cuda.unpack(b, ix, out)
+            out.view(-1).scatter_(0, ix, b)
             return out
 
     # index_dtype: the positions this row's implementation reads
     numel = math.prod(shape)
     info = {"nnz": nnz, "numel": numel, "index_dtype": str(read_index.dtype)}
+    info["rotated_index_mib"] = measure.rotated_mib(nnz * read_index.element_size(), len(indexes))
+    if op != "pack":
+        info["rotated_out_mib"] = measure.rotated_mib(numel * 4.0, len(outs))
     # pack: read value and index (the one this implementation reads), write value; unpack:
     # read value and index, write the whole bucket (zeros included)
     if op == "pack":
         nbytes = nnz * (4.0 + read_index.element_size() + 4.0)
+        # the value reads as whole sectors: the least the gather reads from memory
+        info["bytes_sectors"] = nbytes - nnz * 4.0 + measure.sector_bytes(index, 4)
     else:
         nbytes = nnz * (4.0 + read_index.element_size()) + numel * 4.0
     return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)
@@ -1716,6 +1754,9 @@ def base_row(case: Case, impl: Impl, scale: str | None = None) -> dict[str, Any]
     }
     row.update(_flatten(case.params))
     row.update(prov)
+    # the flags this pair runs under, on every row (a skipped or failed one too); fill_row
+    # sets them again from what the preparation pinned
+    row.update(_flag_options(impl, cudnn=case.suite in _CUDNN_SUITES and impl.device == "cuda"))
     return row
 
 
@@ -1791,6 +1832,8 @@ def fill_row(
             row["tflops"] = flops / (ms * 1e-3) / 1e12
         if prepared.bytes is not None:
             row["gbps"] = prepared.bytes / (ms * 1e-3) / 1e9
+        if row.get("bytes_sectors") is not None:  # gathers: bytes counted in whole sectors
+            row["gbps_sectors"] = row["bytes_sectors"] / (ms * 1e-3) / 1e9
     for phase, f in prepared.phase_flops.items():
         t = timings.get(phase)
         if t is not None and t.median_ms > 0:
@@ -1838,7 +1881,8 @@ def add_derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     backward and step, and ``iteration_speedup_vs_<b>`` over all three: ``median_ms`` there is
     forward + backward, which leaves out the per-step work of a method such as Campfire's
     masking and the cheaper optimizer step of PruneTrain's smaller model);
-    ``frac_bw_measured = gbps / gbps(calibration copy)`` and
+    ``frac_bw_measured = gbps / gbps(calibration copy)`` (and ``frac_bw_measured_sectors``
+    from ``gbps_sectors``, a gather's bytes counted in whole 32-byte sectors) and
     ``frac_peak_measured = tflops / tflops(calibration GEMM of the same math)`` on the same
     device, where this row set holds the calibration rows.
     """
@@ -1871,6 +1915,8 @@ def add_derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         bw = calib_bw.get(r["device"])
         if bw and r.get("gbps") is not None:
             r["frac_bw_measured"] = r["gbps"] / bw
+        if bw and r.get("gbps_sectors") is not None:
+            r["frac_bw_measured_sectors"] = r["gbps_sectors"] / bw
         peak = calib_peak.get((r["device"], r["math"]))
         if peak and r.get("tflops") is not None:
             r["frac_peak_measured"] = r["tflops"] / peak

@@ -8,14 +8,16 @@ receives its index ``i``; a benchmark rotates through ``n_sets`` copies of its i
 it, so that repeated calls do not find their operands in L2 (50 MB on an H100).
 
 Host-bound calls: an event pair around one call measures from the moment the GPU passes the
-start event to the moment it passes the end event; when the host needs longer to issue the
-call (Python, dispatch, a CuPy launch: tens of microseconds) than the GPU needs to run it,
-the GPU idles in between and the events time the host. :func:`cuda_timing` therefore also
-records the host's wall time per call (``host_ms``) and, after a sleep kernel that keeps the
-GPU busy while the host queues ``amortize`` calls, the per-call mean of those back-to-back
-calls between one pair of events (``amortized_ms``: device time without launch gaps); and
-:func:`host_bound` flags a timing whose events may be host time. A host-bound row compares
-launch overheads, not kernels.
+start event to the moment it passes the end event; when the host needs longer to issue the call
+(Python, dispatch, a CuPy launch: tens of microseconds) than the GPU needs to run it, the GPU
+idles in between and the events time the host. :func:`cuda_timing` therefore also records the
+host's wall time per call (``host_ms``) and, after a sleep kernel that keeps the GPU busy while
+the host queues ``amortize`` calls, the per-call mean of those back-to-back calls between one
+pair of events (``amortized_ms``: device time without launch gaps, for a call that does not wait
+on the host; a call that synchronises, as cuSPARSE's dense-to-CSR conversions must to size their
+output from the nonzero count, waits each time, and its ``amortized_ms`` is its whole time a
+call, round trip included); and :func:`host_bound` flags a timing whose events may be host time.
+A host-bound row compares launch overheads, not kernels.
 
 CPU (:func:`cpu_timing`): ``warmup`` untimed calls, then ``repeats`` calls each bracketed by
 ``time.perf_counter``, and more while the timed calls add up to less than ``min_time_s`` (at
@@ -46,7 +48,7 @@ ROTATE_BYTES_CUDA = 128 * 2**20
 #: The same on the CPU (over a typical last-level cache).
 ROTATE_BYTES_CPU = 64 * 2**20
 #: At most this many copies on a GPU: enough that inputs down to 32 KB (the 95%-sparse values
-#: of the paper's 256 x 1152 filter are 59 KB; a 128 x 64 1x1 filter is 32 KB) still span
+#: of the paper's 256 x 1152 filter are 57 KB; a 128 x 64 1x1 filter is 32 KB) still span
 #: :data:`ROTATE_BYTES_CUDA`, past the L2 of an H100 or H200 (50 MB), so a timing reads
 #: memory, not cache. (Each copy costs a launch or two to build: 4096 of them, milliseconds.)
 MAX_SETS_CUDA = 4096
@@ -201,6 +203,24 @@ def rotated_mib(bytes_per_set: float, sets: int) -> float:
     """MiB that ``sets`` rotated copies of ``bytes_per_set`` bytes span: a row whose span is
     below the device's last-level cache (50 MB of L2 on an H100 or H200) times cached reads."""
     return round(bytes_per_set * sets / 2**20, 2)
+
+
+#: Bytes of one DRAM sector: the unit a GPU reads from memory (an L2 sector on NVIDIA GPUs
+#: since Volta), so a gather that needs one 4-byte value of a sector still reads 32 bytes.
+SECTOR_BYTES = 32
+
+
+def sector_bytes(positions: torch.Tensor, itemsize: int, sector: int = SECTOR_BYTES) -> float:
+    """Bytes of the distinct ``sector``-byte sectors that a gather of the elements at
+    ``positions`` (flat, ascending; elements of ``itemsize`` bytes from a sector-aligned
+    start) touches: what the gather must read from memory at the least, against the
+    ``positions.numel() * itemsize`` bytes it uses. ValueError on an unsorted index."""
+    if positions.numel() == 0:
+        return 0.0
+    if positions.numel() > 1 and bool((positions[1:] < positions[:-1]).any()):
+        raise ValueError("positions must be ascending")
+    sectors = torch.div(positions.to(torch.int64) * itemsize, sector, rounding_mode="floor")
+    return float(sectors.unique_consecutive().numel() * sector)
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -550,13 +550,85 @@ def test_pack_suite_packs_and_unpacks_a_large_gradient_at_the_gpu_scale():
 
 
 @pytest.mark.parametrize("op", ["pack", "unpack"], ids=["pack", "unpack"])
-def test_pack_reference_rows_move_the_kept_values(op):
+def test_pack_rows_rotate_the_positions_and_the_bucket_by_their_own_size(monkeypatch, op):
+    """Every operand of the pack suite rotates: the positions (int32 for pack, the int64 copy
+    torch's scatter_ reads for the reference unpack) and the unpack's bucket, not only the
+    gradients and buffers; one index of 18.9 MB would stay in a GPU's 50 MB L2."""
+    monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 2**20)
+    case = next(c for c in cases.grid("pack", "smoke") if c.params["kind"] == op)
+    impl = cases.implementations("pack", "smoke")[f"grad_{op}[ref]@cpu"]
+    prepared = cases.prepare(case, impl, "smoke")
+    nnz, numel = prepared.info["nnz"], prepared.info["numel"]
+    itemsize = 4 if op == "pack" else 8
+    sets = measure.rotation_sets(nnz * itemsize, "cpu")
+    assert sets > 1
+    assert prepared.info["rotated_index_mib"] == measure.rotated_mib(nnz * itemsize, sets)
+    if op == "unpack":
+        out_sets = measure.rotation_sets(numel * 4, "cpu")
+        assert prepared.info["rotated_out_mib"] == measure.rotated_mib(numel * 4, out_sets)
+        fn = prepared.phases[0][1]
+        ptrs = [fn(i).data_ptr() for i in range(out_sets + 1)]
+        assert len(set(ptrs[:out_sets])) == out_sets > 1 and ptrs[out_sets] == ptrs[0]
+
+
+def test_gather_rows_count_their_value_reads_in_whole_sectors():
+    """pattern_csr and pack rows carry bytes_sectors: the bytes counted, with the value reads
+    as the distinct 32-byte sectors they touch (a gather reads whole sectors), at least the
+    counted bytes and at most 8x the value reads more; gbps_sectors divides it by the time."""
+    for suite, name, kind in (("csr", "pattern_csr[ref]@cpu", None), ("pack", None, "pack")):
+        case = next(
+            c for c in cases.grid(suite, "smoke") if kind is None or c.params["kind"] == kind
+        )
+        impl = cases.implementations(suite, "smoke")[name or "grad_pack[ref]@cpu"]
+        prepared = cases.prepare(case, impl, "smoke")
+        nnz, counted = prepared.info["nnz"], prepared.bytes
+        sectors = prepared.info["bytes_sectors"]
+        assert counted < sectors <= counted - 4 * nnz + 32 * nnz, (suite, counted, sectors)
+        row = cases.run_pair(case, impl, "smoke")
+        assert row["status"] == "ok" and row["bytes_sectors"] == sectors
+        assert row["gbps_sectors"] == pytest.approx(sectors / (row["median_ms"] * 1e-3) / 1e9)
+    timed = _row("pack", "p", "grad_pack[ref]", 2.0, gbps=5.0, bytes_sectors=3e7)
+    timed["gbps_sectors"] = 3e7 / 2e-3 / 1e9
+    rows = cases.add_derived(
+        [_row("calibration", "copy", "copy", 1.0, kind="copy", gbps=30.0), timed]
+    )
+    assert rows[1]["frac_bw_measured_sectors"] == pytest.approx(0.5)
+
+
+def test_sector_bytes_counts_each_touched_sector_once():
+    assert measure.sector_bytes(torch.tensor([0, 1, 7, 8, 40]), 4) == 3 * 32.0  # sectors 0, 1, 5
+    assert measure.sector_bytes(torch.tensor([0, 4]), 8) == 2 * 32.0
+    assert measure.sector_bytes(torch.tensor([], dtype=torch.int64), 4) == 0.0
+    with pytest.raises(ValueError, match="ascending"):
+        measure.sector_bytes(torch.tensor([8, 0]), 4)
+
+
+def test_csr_copy_moved_baseline_copies_the_bytes_pattern_csr_moves():
+    case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
+    impls = cases.implementations("csr", "smoke")
+    moved = cases.prepare(case, impls["pattern_csr[ref]@cpu"], "smoke").bytes
+    prepared = cases.prepare(case, impls["copy_moved@cpu"], "smoke")
+    assert moved <= prepared.bytes < moved + 8
+    assert prepared.phases[0][1](0).numel() * 8 == prepared.bytes
+
+
+def test_a_skipped_row_carries_the_flags_it_would_have_run_under():
+    case, impl = cases.find("conv", cases.grid("conv", "smoke")[0].name, "cudnn_tf32@cuda", "smoke")
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "skipped"
+    assert row["tf32_matmul"] is True and row["tf32_cudnn"] is True
+    assert row["cudnn_benchmark"] is True
+
+
+@pytest.mark.parametrize("op", ["pack", "unpack"], ids=["pack", "unpack"])
+def test_pack_reference_rows_move_the_kept_values(monkeypatch, op):
     """On the CPU (smoke sizes) the reference pair runs: pack returns the kept values in
     mask order, unpack zeroes the bucket and writes them back (the sparse Allreduce's
     unpack). The rows name the positions each reads: torch's index_select takes the kernels'
     int32 ones, its scatter_ int64 only, and the bytes count the index each reads (pack, per
     kept value: 4 read + 4 of index + 4 written; unpack: 4 read + 8 of index per kept value,
     and 4 written per element of the bucket)."""
+    monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 1)  # one bucket: the second call reuses it
     case = next(c for c in cases.grid("pack", "smoke") if c.params["kind"] == op)
     impl = cases.implementations("pack", "smoke")[f"grad_{op}[ref]@cpu"]
     prepared = cases.prepare(case, impl, "smoke")

@@ -516,6 +516,115 @@ def test_together_runs_side_by_side_and_the_caller_selects_and_caps_steps(tmp_pa
     assert log_a == "from-a\n"
 
 
+@pytest.mark.parametrize(
+    ("budget", "expect"), [("100.5", "budget 100s"), ("1e2", "must be a whole number")]
+)
+def test_a_budget_in_fractions_is_cut_to_whole_seconds_and_any_other_refused(
+    tmp_path, budget, expect
+):
+    """BUDGET_S worked out from a float (a lease's seconds left) runs with its whole seconds;
+    a budget that is no number stops the script (exit 2), where shell arithmetic would fail
+    each step and the script still exit 0 having run nothing."""
+    script = tmp_path / "fake5.sh"
+    script.write_text(SIDE_BY_SIDE.replace("fake2", "fake5").format(common=GPU_DIR / "common.sh"))
+    out = tmp_path / "out"
+    env = _env(tmp_path, OUT=str(out), DRY_RUN="1", COMMON_DONE="1", BUDGET_S=budget)
+    env["ONLY_STEPS"] = "quick"
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert expect in res.stdout + res.stderr
+    if budget == "100.5":
+        assert res.returncode == 0 and _steps(out / "fake5-steps.tsv")[0]["status"] == "ok"
+    else:
+        assert res.returncode == 2
+
+
+STALE = """NAME=fake6
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=60
+source {common}
+echo "git: restored from .gpu/repo.bundle, HEAD abc" > "$SESSION/logs/git.log"
+stale_tree_refused && echo REFUSED-CLEAN
+echo "git: the tree differs from HEAD (results will say dirty):" >> "$SESSION/logs/git.log"
+stale_tree_refused && echo REFUSED-STALE
+ALLOW_DIRTY=1 stale_tree_refused && echo REFUSED-ALLOWED
+"""
+
+
+def test_stale_tree_refused_reads_the_git_steps_log(tmp_path):
+    """A .gpu bundle made at an older commit would name that commit, marked dirty, on every
+    result of the call: session.sh stops after its git step where this says so, unless
+    ALLOW_DIRTY=1."""
+    script = tmp_path / "fake6.sh"
+    script.write_text(STALE.format(common=GPU_DIR / "common.sh"))
+    env = _env(tmp_path, OUT=str(tmp_path / "out"), DRY_RUN="1", COMMON_DONE="1")
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert "REFUSED-STALE" in res.stdout and "scripts/gpu/prepare.sh" in res.stdout
+    assert "REFUSED-CLEAN" not in res.stdout and "REFUSED-ALLOWED" not in res.stdout
+
+
+FAKE_ASV_PY = """#!/usr/bin/env bash
+case "$*" in
+  "-m asv run"*) [ "$ASV_RUN" = cut ] && exit 124; exit 3 ;;  # 124: as timeout ends it
+  *) exit 0 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("asv_run", "rc"), [("cut", 124), ("fail", 1)])
+def test_asv_cut_at_its_cap_is_a_timeout_and_a_failure_a_failure(tmp_path, asv_run, rc):
+    """bench.sh's asv step: a run cut at its cap returns 124 (the session reads a shortened
+    part "partial" and runs it again), a run that fails returns 1; publish and the copy run
+    either way."""
+    py = tmp_path / "py"
+    py.write_text(FAKE_ASV_PY)
+    py.chmod(0o755)
+    body = subprocess.run(
+        ["sed", "-n", "/^run_asv()/,/^}/p", str(GPU_DIR / "bench.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    env = _env(tmp_path, PY=str(py), ASV_RUN=asv_run, STEP_LIMIT="35", DEVICE_SLUG="fake")
+    env.update(ASV_BENCH="^asv_kernels", STAGE=str(tmp_path / "stage"))
+    res = subprocess.run(
+        ["bash", "-c", body + "\nrun_asv"],
+        cwd=GPU_DIR.parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == rc, res.stdout + res.stderr
+    assert ("asv kernels: cut at its 20s" in res.stdout) == (asv_run == "cut")
+    assert (tmp_path / "stage" / "reports" / "asv").is_dir()  # the copy ran
+
+
+PACKING = """NAME=fake4
+REPORT=reports/fake-check
+DEFAULT_BUDGET_S=120
+source {common}
+step pair cpu 2 'together a="trap \\"sleep 3; echo packed > \\$DEST/a.txt; exit 0\\" TERM; \
+sleep 30 & wait"'
+step after cpu 30 'echo after'
+"""
+
+
+def test_together_cut_at_its_limit_waits_for_its_commands_to_write_their_results(tmp_path):
+    """Cut at its step's limit, ``together`` waits while its commands, signalled too, write
+    what they have (3 s here, within the limit's 10-s kill grace): the step does not end, and
+    the session does not fold and remove their folders, while they are still writing."""
+    script = tmp_path / "fake4.sh"
+    script.write_text(PACKING.format(common=GPU_DIR / "common.sh"))
+    out = tmp_path / "out"
+    env = _env(tmp_path, OUT=str(out), DRY_RUN="1", COMMON_DONE="1")
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    steps = {s["step"]: s for s in _steps(out / "fake4-steps.tsv")}
+    assert steps["pair"]["status"] == "timeout", res.stdout
+    assert 4 <= int(steps["pair"]["seconds"]) < 12, steps["pair"]
+    with tarfile.open(out / "fake4.tar.gz") as tar:
+        assert tar.extractfile("./reports/fake-check/a.txt").read() == b"packed\n"
+
+
 CUT = """NAME=fake3
 REPORT=reports/fake-check
 DEFAULT_BUDGET_S=120

@@ -43,6 +43,15 @@ PY=${PY:-python3}
 DRY_RUN=${DRY_RUN:-0}
 BUDGET_S=${BUDGET_S:-${DEFAULT_BUDGET_S:-540}}
 RESERVE_S=${RESERVE_S:-30}
+# Whole seconds: a fraction (a budget worked out from a status's float) is cut off, anything
+# else stops here, where shell arithmetic would fail every step and still exit 0.
+for _v in BUDGET_S RESERVE_S; do
+  [[ ${!_v} =~ ^[0-9]+\.[0-9]*$ ]] && printf -v "$_v" '%s' "${!_v%%.*}"
+  if ! [[ ${!_v} =~ ^[0-9]+$ ]]; then
+    echo "== $NAME: $_v must be a whole number of seconds, got '${!_v}'" >&2
+    exit 2
+  fi
+done
 SITE=${GPU_SITE:-/tmp/site}
 T0=$SECONDS
 if [ -z "${OUT:-}" ]; then
@@ -189,10 +198,14 @@ step() {
 # its output in $SESSION/logs/<NAME>.log), wait for all of them, print each one's status and
 # last lines, and fail if one failed. For work that may share the GPU because it times nothing
 # (tests, sanitizers); the enclosing step's limit bounds them all, so each command should end
-# by itself before it (a device script given BUDGET_S does).
+# by itself before it (a device script given BUDGET_S does). Cut at that limit, `together`
+# outlives the stop signal (its commands get it too) and waits for them to write and pack what
+# they have, until the limit's kill grace ends: its step must not return, and its caller
+# fold and remove their folders, while they are still packing.
 together() {
   local spec name i rc=0 r
   local -a pids=() names=()
+  trap 'echo "[together] stop signal: waiting for ${names[*]} to write their results"' TERM INT
   for spec in "$@"; do
     name=${spec%%=*}
     bash -o pipefail -c "${spec#*=}" > "$SESSION/logs/$name.log" 2>&1 &
@@ -201,12 +214,17 @@ together() {
     echo "[$name] started: ${spec#*=}"
   done
   for i in "${!pids[@]}"; do
-    wait "${pids[$i]}"
-    r=$?
+    while :; do
+      wait "${pids[$i]}"
+      r=$?
+      # a trapped signal ends `wait` early (status > 128) while the command still runs
+      [ "$r" -gt 128 ] && kill -0 "${pids[$i]}" 2> /dev/null || break
+    done
     [ "$r" = 0 ] || rc=1
     echo "[${names[$i]}] ended, rc $r; its last lines:"
     tail -n 5 "$SESSION/logs/${names[$i]}.log" | sed 's/^/    /'
   done
+  trap - TERM INT
   return $rc
 }
 
@@ -290,6 +308,19 @@ restore_git() {
   return 0
 }
 export -f install_wheels restore_git together
+
+# stale_tree_refused: whether the git step found the tree differing from the commit that
+# .gpu names (its log says so), and ALLOW_DIRTY=1 is not set; says what to do when it is. A
+# bundle made at an older commit than the tree's would name that commit, marked dirty, on
+# every result of the call: session.sh stops before its parts instead.
+stale_tree_refused() {
+  grep -q "^git: the tree differs from HEAD" "$SESSION/logs/git.log" 2> /dev/null || return 1
+  [ "${ALLOW_DIRTY:-0}" = 1 ] && return 1
+  echo "== the tree differs from the commit .gpu names ($(cat .gpu/commit.txt 2> /dev/null))," \
+    "so every result would name that commit, marked dirty: commit, run scripts/gpu/prepare.sh" \
+    "here and call again (ALLOW_DIRTY=1 runs anyway)"
+  return 0
+}
 
 # The standard first steps: the environment report (nvidia-smi, torch, CuPy, NVRTC, tools,
 # versions) with an import check of $PREFLIGHT (the project modules the later steps need; a

@@ -15,9 +15,9 @@
 #   tests-other  the other GPU tests of tests/ but SDGP's (sdgp_semi.sh runs those)
 #                -> reports/gpu/tests-other.{xml,log}
 #   racecheck    compute-sanitizer racecheck on the SpMM/SDDMM/implicit-conv tests and part
-#                of the rescaled N:M tests ($RACECHECK_K, 79 tests) -> racecheck.log
+#                of the rescaled N:M tests ($RACECHECK_K, 86 tests) -> racecheck.log
 #   memcheck     compute-sanitizer memcheck on every fast non-N:M GPU test and the N:M tests
-#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, about 300 of 650;
+#                of 2:4, 3:7, 8:32 in float32, float64, bfloat16 ($MEMCHECK_K, 445 of the 842 fast ones;
 #                MEMCHECK_K="" takes them all) -> memcheck.log; it runs
 #                last and gets what the budget leaves: a cut log says how far it got, and
 #                the step reads "cut", not a failure (a sanitizer report in its log still
@@ -53,7 +53,7 @@ and not dense-grads"}
 # racecheck: the SpMM and SDDMM tests in float32 (float64 instantiates the same code), the
 # implicit conv, the rescaled N:M tests at 2:4 (the fused kernel's test runs the three
 # others too; channels-last inputs the contiguous groups' statistics) and one at 5:16 in
-# float32 (the sub-warp statistics of wide groups), and the float32 int32 expand: 85 tests,
+# float32 (the sub-warp statistics of wide groups), and the float32 int32 expand: 86 tests,
 # so that every family with shared memory is reached well inside the step's limit (the first
 # H200 run, over 135 tests, was cut before the last three families)
 RACECHECK_K=${RACECHECK_K-"(((spmm or sddmm) and f32) or implicit_conv_writes \

@@ -199,6 +199,9 @@ if [ "$HAVE_GPU" != 1 ] && [ "$DRY_RUN" != 1 ]; then
   echo "== no GPU: no part runs (DRY_RUN=1 runs every script's CPU steps)"
   exit 2
 fi
+if stale_tree_refused; then
+  exit 2   # seconds of the lease spent, not a call of results named after the wrong commit
+fi
 export COMMON_DONE=1
 SELECTED=${PARTS[*]:-$DEFAULT_PARTS}
 for p in $DEFAULT_PARTS; do

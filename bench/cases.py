@@ -922,6 +922,11 @@ def _cuda_kernels_check(impl: Impl, source: str = "pattern.cu") -> None:
     not a case to skip. The message carries the loader's reason (the compiler's log)."""
     if impl.options.get("impl") != "cuda":
         return
+    _require_kernels(source)
+
+
+def _require_kernels(source: str) -> None:
+    """:func:`_cuda_kernels_check`'s refusal, for a row that runs ``source``'s kernels."""
     from impl.cuda import cuda_kernels_error, has_cuda_kernels, kernels_environment_error
 
     if has_cuda_kernels(sources=(source,)):
@@ -1495,8 +1500,16 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)
 
 
+#: The kernels a method's layers run in the iteration suite on a GPU: without them its
+#: layers would fall back to the torch reference ("auto") under the method's name.
+_ITERATION_KERNELS = {"clicktrain": "pattern.cu", "sdgp": "nm_prune.cu"}
+
+
 def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
+    source = _ITERATION_KERNELS.get(impl.options["method"])
+    if dev.type == "cuda" and source is not None:
+        _require_kernels(source)
     from bench.method_states import build_state
 
     p = case.params

@@ -671,6 +671,24 @@ def test_a_kernel_that_fails_to_build_on_a_gpu_is_an_error_not_a_skipped_row(mon
     cases._cuda_kernels_check(cases.Impl("y@cuda", "y", "cuda", options={"impl": "ref"}), "pack.cu")
 
 
+@pytest.mark.parametrize(("method", "source"), [("clicktrain", "pattern"), ("sdgp", "nm_prune")])
+def test_a_gpu_iteration_row_refuses_to_time_the_reference_under_a_methods_name(
+    monkeypatch, method, source
+):
+    """On a GPU whose kernels do not load, ClickTrain's pattern convs and SDGP's pruning would
+    fall back to the torch reference ("auto"): the row fails (or skips where no kernel can run
+    at all) rather than time the reference as the method."""
+    case = cases.grid("iteration", "smoke")[0]
+    impl = cases.Impl(f"{method}@cuda", method, "cuda", options={"method": method})
+    monkeypatch.setattr(cases, "_device", lambda impl: torch.device("cuda"))
+    _kernels_state(monkeypatch, loads=False, environment=None)
+    with pytest.raises(RuntimeError, match=rf"{source}\.cu fail to load"):
+        cases.prepare(case, impl, "smoke")
+    _kernels_state(monkeypatch, loads=False, environment="CuPy could not be imported")
+    with pytest.raises(Unavailable, match="cannot run here"):
+        cases.prepare(case, impl, "smoke")
+
+
 def test_measure_prepared_notes_flags_that_read_back_otherwise(monkeypatch):
     # A row records the flags it asked for; where torch reads back others inside the pinned
     # block, the row says which.

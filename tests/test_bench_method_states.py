@@ -45,6 +45,7 @@ def test_prunetrain_state_is_physically_smaller():
     out = state.model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10)
     assert ms.allreduce_payload(state)["payload_bytes"] == 4 * after
+    assert state.info["channel_prune_source"].startswith("chosen")  # not the paper's
 
 
 def test_sdgp_state_converts_convs_and_sends_dense_gradients():
@@ -55,6 +56,9 @@ def test_sdgp_state_converts_convs_and_sends_dense_gradients():
 
     sdgp = {n for n, m in state.model.named_modules() if isinstance(m, SDGPConv2d)}
     assert set(state.cost) == sdgp and len(sdgp) == state.info["sdgp_layers"]
+    # the rows say the data gradient runs dense after the pruning (no sparse hardware path)
+    assert state.info["backend"].startswith("reference: N:M pruning, then a dense")
+    assert all(type(m) is SDGPConv2d for n, m in state.model.named_modules() if n in sdgp)
     payload = ms.allreduce_payload(state)
     assert payload["payload_bytes"] == payload["dense_bytes"] == _dense_bytes(create("resnet20"))
 

@@ -1620,7 +1620,8 @@ def test_fig11_reads_a_gpu_benchmark_run_instead_of_measuring_again(tmp_path):
     path = tmp_path / "rows.json"
     path.write_text(json.dumps({"provenance": {"commit": "abcdef123456"}, "rows": [
         _iteration_row(case, "dense@cuda", 30.0, 60.0),
-        _iteration_row(case, "clicktrain@cuda", 15.0, 40.0),
+        {**_iteration_row(case, "clicktrain@cuda", 15.0, 40.0),
+         "paths_per_iteration": "input_grad dense x16"},
         _iteration_row("vgg16-cifar32-b128", "dense@cuda", 1.0, 1.0),
     ]}))  # fmt: skip
     got = fig11.iteration_times("gpu", {}, case, rows_path=str(path))
@@ -1628,6 +1629,23 @@ def test_fig11_reads_a_gpu_benchmark_run_instead_of_measuring_again(tmp_path):
     assert got["clicktrain_iter_ms"] == 55.0 and got["dense_iter_ms"] == 90.0
     assert got["source"].startswith("bench.run iteration rows") and "abcdef1" in got["source"]
     assert got["device"] == "Test GPU"
+    assert got["clicktrain_paths"] == "input_grad dense x16"
+    # the table's note names the file, its commit, the device and ClickTrain's CUDA paths
+    click = next(r for r in fig11.rows("gpu") if r.label.endswith("ClickTrain"))
+    note = fig11.TARGET.row_note(RowResult(click, measured=got))
+    assert "abcdef1" in note and "on Test GPU" in note and "ran input_grad dense x16" in note
+    dense = next(r for r in fig11.rows("gpu") if r.label.endswith("dense"))
+    assert "ran" not in fig11.TARGET.row_note(RowResult(dense, measured=got))
+
+
+def test_fig11_notes_the_layout_each_trained_row_ran_in():
+    from reproductions.clicktrain import fig11
+
+    row = fig11.rows("smoke")[0]
+    runs = [RunRecord("r", s, {"memory_format": f}, [], True)
+            for s, f in ((0, "channels_last"), (1, "channels_last"))]  # fmt: skip
+    assert fig11.TARGET.row_note(RowResult(row, runs=runs)) == "trained in the channels_last layout"
+    assert fig11.TARGET.row_note(RowResult(row, runs=[RunRecord("r", 0, {}, [], True)])) == ""
 
 
 def test_fig11_measures_with_the_benchmark_code_where_no_run_has_the_rows(tmp_path):

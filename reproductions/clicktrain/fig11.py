@@ -95,9 +95,30 @@ def iteration_times(
     for method, row in found.items():
         out.update({f"{method}_{k}": v for k, v in _phases(row).items()})  # type: ignore[union-attr]
         out["device"] = row.get("device_name") or row.get("device") or device
+    # the CUDA paths ClickTrain's pattern ops took in one iteration (impl.ops.timed_choice)
+    out["clicktrain_paths"] = found["clicktrain"].get("paths_per_iteration") or ""
     out["forward_speedup"] = out["dense_fwd_ms"] / out["clicktrain_fwd_ms"]
     out["backward_speedup"] = out["dense_bwd_ms"] / out["clicktrain_bwd_ms"]
     return out
+
+
+def iteration_note(result: Any) -> str:
+    """Fig. 11's note for a row: where its times come from (gpu: the benchmark rows' file and
+    commit, or a measurement now, and the device; with the CUDA paths ClickTrain's pattern ops
+    took), or the memory layout each trained run used (smoke, cpu, paper)."""
+    m = result.measured
+    if m:
+        note = f"{m.get('source', '?')}, on {m.get('device', '?')}"
+        paths = m.get("clicktrain_paths")
+        if paths and result.row.label.endswith("ClickTrain"):
+            note += (
+                f"; ClickTrain's pattern ops ran {paths} (each the faster path timed under "
+                "cuDNN's benchmark mode; 'dense': cuDNN on the masked weights)"
+            )
+        return note
+    layouts = sorted({str(r.summary["memory_format"]) for r in result.runs
+                      if r.summary.get("memory_format")})  # fmt: skip
+    return f"trained in the {' and '.join(layouts)} layout" if layouts else ""
 
 
 def rows(scale: str) -> list[Row]:
@@ -170,15 +191,20 @@ TARGET = Target(
         ("fwd_ms", "Forward time per iteration", "ms"),
         ("bwd_ms", "Backward time per iteration", "ms"),
     ),
+    row_note=iteration_note,
     notes=lambda scale: (
         [
             "Times are the Trainer's medians over the last epoch's iterations (ClickTrain in its "
-            "sparse stage)."
+            "sparse stage). Each run trains in the memory layout of its config (the row's note "
+            "names it); at cpu scale memory_format 'auto' gives dense channels-last and "
+            "ClickTrain, whose pattern ops are NCHW, NCHW, so there the speedups compare "
+            "layouts as well as sparsity."
             if scale != "gpu"
             else "Times are medians of forward and backward "
             "of one training iteration, dense and ClickTrain after hard pruning in the state "
             "bench.method_states builds (not trained: pattern masks at 84.4% conv-weight "
-            "sparsity); the row's source says whether a GPU run of the benchmark suite gave them. "
+            "sparsity); the row's note says whether a GPU run of the benchmark suite gave them "
+            "(its file and commit) and which CUDA paths ClickTrain's pattern ops took. "
             "The paper ran each model at its Table 2 compression (4.1x for ResNet-50, 4.2x "
             "ResNet-18, 4.6x ResNet-101, 6.6x VGG-16 on ImageNet: 76-85% of the weights "
             "pruned). That state prunes the 3x3 convolutions only, so its conv compression "

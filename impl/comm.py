@@ -176,7 +176,7 @@ def payload_index(
         else:
             parts.append(mask.nonzero().reshape(-1).to(p.device) + offset)
         offset += n
-    return torch.cat(parts)  # not empty: some parameter has a mask
+    return torch.cat(parts)  # empty where every position of the bucket is pruned
 
 
 def payload_bytes(model: nn.Module, masks: dict[str, torch.Tensor] | None = None) -> int:
@@ -266,6 +266,11 @@ class CommStats:
 
 
 # ----------------------------------------------------------------------------- the hook
+#: What :meth:`CommState.forget_buckets` leaves as the masks' source: no key equals it, so the
+#: next :meth:`CommState.set_masks` binds anew, whatever it is given.
+_UNBOUND = object()
+
+
 class CommState:
     """State of :func:`allreduce_hook`: process group, masks, statistics, timing.
 
@@ -287,7 +292,7 @@ class CommState:
         self._masks: dict[int, torch.Tensor] = {}
         self._cache: dict[tuple[int, ...], torch.Tensor | None] = {}
         self._starts: dict[tuple[int, ...], torch.Tensor | None] = {}
-        self._source: tuple[Any, ...] | None = None
+        self._source: tuple[Any, ...] | object | None = None
 
     @property
     def world_size(self) -> int:
@@ -320,7 +325,7 @@ class CommState:
         model's parameters changed): the next :meth:`set_masks` binds its masks anew, even
         when they are the same tensors."""
         self._cache, self._starts = {}, {}
-        self._source = None
+        self._source = _UNBOUND  # unequal to every key, None's (dense from now on) included
 
     def bucket_index(self, params: list[torch.Tensor]) -> torch.Tensor | None:
         """Positions to send of a bucket holding ``params`` (None: the whole bucket)."""

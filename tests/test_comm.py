@@ -240,6 +240,11 @@ def test_masks_are_bound_again_after_the_parameters_change():
     assert state.set_masks(m, masks) is True
     idx = state.bucket_index([m[0].weight])
     assert idx is not None and idx.numel() == int(keep.sum())
+    # masks no longer published after a rebuild: dense from then on, not the old masks kept
+    # (they are keyed by parameter, and a parameter shrunk in place keeps its id)
+    state.forget_buckets()
+    assert state.set_masks(m, None) is True and not state.sparse
+    assert state.bucket_index([m[0].weight]) is None
 
 
 @pytest.fixture

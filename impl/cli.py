@@ -231,6 +231,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--cudnn-benchmark", action="store_true", help=say("cudnn_benchmark", default=False)
     )
+    p.add_argument("--tf32", action="store_true", help=say("tf32", default=False))
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, help=say("memory_format"))
     p.add_argument("--threads", type=int, help=say("threads", default=False))
     p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
@@ -323,6 +324,7 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         bf16=True if args.bf16 else None,
         fp16=True if args.fp16 else None,
         cudnn_benchmark=True if args.cudnn_benchmark else None,
+        tf32=True if args.tf32 else None,
         memory_format=args.memory_format,
         threads=args.threads,
         max_steps_per_epoch=args.max_steps_per_epoch,

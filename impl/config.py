@@ -157,6 +157,12 @@ class TrainConfig:
             convolution algorithms by timing on the first call of each shape, and so do the
             pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
             a GPU; off (the default), every choice is fixed and a rerun gives the same bits.
+        tf32: TF32 tensor-core math for float32 matmuls and convolutions for the run
+            (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``;
+            GPUs since Ampere). Off (the default), float32 is computed in float32 by every
+            method: torch's own default lets cuDNN convolutions use TF32, which would time a
+            dense run on tensor cores against pattern kernels that have none. The run's
+            environment records both flags.
         memory_format: layout of the model's 4-D weights, and so of its activations and
             gradients: "contiguous" (NCHW; the smoke, gpu and paper presets' default),
             "channels_last" (NHWC: oneDNN's
@@ -201,6 +207,7 @@ class TrainConfig:
     bf16: bool = False
     fp16: bool = False
     cudnn_benchmark: bool = False
+    tf32: bool = False
     memory_format: str = "contiguous"
     threads: int | None = None
     max_steps_per_epoch: int | None = None

@@ -435,6 +435,18 @@ def _cudnn_benchmark(on: bool) -> Iterator[None]:
         torch.backends.cudnn.benchmark = before
 
 
+@contextlib.contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    """TF32 for float32 matmuls and cuDNN convolutions on or off for a run (TrainConfig.tf32),
+    the caller's settings restored after it."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 class Trainer:
     """Trains one config into one run directory, resumably."""
 
@@ -527,6 +539,7 @@ class Trainer:
         """
         with contextlib.ExitStack() as held:
             held.enter_context(_cudnn_benchmark(self.cfg.cudnn_benchmark))
+            held.enter_context(_tf32(self.cfg.tf32))
             return self._run(resume, held)
 
     def _run(self, resume: bool, held: contextlib.ExitStack) -> dict[str, Any]:

@@ -122,6 +122,34 @@ def test_train_image_size_flag_reaches_the_config_and_the_data(tmp_path):
     assert 0.2 < summary["inference_flops"] / 82_040_074 < 0.3
 
 
+@pytest.mark.parametrize("flag", [True, False], ids=["tf32", "default"])
+def test_train_tf32_flag_sets_both_flags_for_the_run_and_its_provenance(tmp_path, flag):
+    """--tf32 turns TF32 on for float32 matmuls and cuDNN convolutions for the run; without
+    it both are off, whatever torch's default (cuDNN's is on), so that dense convolutions
+    are not timed on tensor cores against kernels without them. The run's environment says
+    which, and the caller's settings are back afterwards."""
+    import json
+
+    import torch
+
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--threads", "1",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    argv += ["--tf32"] if flag else []
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not flag
+    try:
+        assert cli.main(argv) == 0
+        assert torch.backends.cuda.matmul.allow_tf32 is (not flag)
+        assert torch.backends.cudnn.allow_tf32 is (not flag)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    cfg = json.loads((out / "config.json").read_text())
+    env = json.loads((out / "summary.json").read_text())["environment"]
+    assert cfg["tf32"] is flag
+    assert env["tf32_matmul"] is flag and env["tf32_cudnn"] is flag
+
+
 @pytest.mark.parametrize("flag", [True, False], ids=["cudnn-benchmark", "default"])
 def test_train_cudnn_benchmark_flag_sets_the_mode_and_its_provenance(tmp_path, flag):
     """--cudnn-benchmark reaches the config, switches torch's cuDNN benchmark mode for the

@@ -148,9 +148,12 @@ def test_fig7_at_gpu_scale_times_the_papers_shapes_untrained():
     for layer in t["layers"]:  # union: half of each residual path's inner channels left
         dense_in = {"layer1": 64, "layer2": 128, "layer3": 256, "layer4": 512}[layer["name"][:6]]
         assert layer["union_channels"][0] == dense_in // 2
-        assert layer["gating_channels"] == layer["union_channels"]  # nothing more to drop
+        # gating convolves the half of the shared channels this layer writes; union all
+        union_in, union_out = layer["union_channels"]
+        assert layer["gating_channels"] == [union_in, union_out - union_out // 2]
         assert all(layer[k] > 0 for k in ("dense_ms", "union_ms", "gating_ms"))
     assert t["batch"] == 2 and "not trained" in t["state"]
+    assert "shared channels it writes unused" in t["state"]
 
 
 def test_gating_keeps_a_channel_at_the_threshold_as_the_reconfiguration_does():

@@ -166,14 +166,46 @@ def union_gating_layer_times_at_shape(
     kw = {"stem": stem, "num_classes": num_classes, "device": device}
     dense = build_state("dense", model, **kw).model
     pruned = build_state("prunetrain", model, **kw).model
+    unused = unuse_shared_outputs(pruned, SHARED_UNUSED)
     x = torch.randn(batch, 3, image, image, device=device)
     out = _layer_times(dense, pruned, PruneTrainConfig().threshold, x, repeats)
     out["state"] = (
         f"{model} at {image}x{image}, synthetic inputs; PruneTrain's state reconfigured from "
         f"{PRUNETRAIN_CHANNEL_PRUNE:.0%} of the channels inside each residual path removed "
-        "(bench.method_states), not trained"
+        "(bench.method_states), not trained; each block's last convolution leaves "
+        f"{SHARED_UNUSED:.0%} of the shared channels it writes unused ({unused} in all: zero "
+        "weights, which union computes and gating skips)"
     )
     return out
+
+
+#: gpu scale: the fraction of the shared node's channels that each residual block's last
+#: convolution leaves at zero in the untrained state (chosen; a trained run's own). Union
+#: keeps every channel some layer of the node uses, so it computes these zeros; gating
+#: convolves this layer's own channels and scatters them, which is what Fig. 7 compares.
+SHARED_UNUSED = 0.5
+
+
+@torch.no_grad()
+def unuse_shared_outputs(model: torch.nn.Module, fraction: float, seed: int = 0) -> int:
+    """Zero ``fraction`` of the output channels (weights, bias) of the last convolution of
+    each residual block of ``model``, drawn at random per block (seeded): the shared-node
+    channels that layer does not use, while other layers of the node do (so channel union
+    keeps them). Returns how many channels were zeroed in all."""
+    import math
+
+    gen = torch.Generator().manual_seed(seed)
+    mods = dict(model.named_modules())
+    zeroed = 0
+    for name in _last_convs(model):
+        conv = mods[name]
+        n = int(math.floor(fraction * conv.out_channels))
+        idx = torch.randperm(conv.out_channels, generator=gen)[:n].to(conv.weight.device)
+        conv.weight[idx] = 0
+        if conv.bias is not None:
+            conv.bias[idx] = 0
+        zeroed += n
+    return zeroed
 
 
 def _layer_times(

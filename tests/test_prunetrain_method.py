@@ -98,6 +98,17 @@ def prezeroed_resnet20(seed: int = 0, fraction: float = 0.4) -> nn.Module:
     return model
 
 
+def test_the_iteration_probe_draws_nothing_from_the_runs_random_state():
+    """The probe's random batch and any dropout draw from a forked random state: a resumed
+    run that probes again (its cache of probes is empty) then draws what the uninterrupted
+    run draws, bit for bit."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Dropout(0.5), nn.Linear(144, 10))
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    probe_iteration_ms(model, (3, 8, 8), 2, repeats=1)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_registered_and_configurable() -> None:
     method = create_method("prunetrain", {"penalty_ratio": 0.25, "reconfig_interval": 3})
     assert isinstance(method, PruneTrain) and method.config.penalty_ratio == 0.25

@@ -24,14 +24,18 @@ the minimum is the figure least disturbed by them.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from impl.distributed import unsync_batchnorm
+
+T = TypeVar("T")
 
 
 def _param_bytes(model: nn.Module) -> int:
@@ -96,6 +100,21 @@ def estimate_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], bat
     return 3 * _param_bytes(model) + batch * activation_bytes_per_sample(model, input_shape)
 
 
+def _keeps_rng(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run a probe of ``model`` (its first argument) with the random state of the CPU and of
+    the model's GPU saved and restored: its random data and dropout draw nothing the run
+    itself would draw (a resumed run probes again where the uninterrupted one did not)."""
+
+    @functools.wraps(fn)
+    def wrapper(model: nn.Module, *args: Any, **kwargs: Any) -> T:
+        dev = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            return fn(model, *args, **kwargs)
+
+    return wrapper
+
+
+@_keeps_rng
 def measure_iteration_bytes(model: nn.Module, input_shape: tuple[int, ...], batch: int) -> int:
     """Measured memory of one iteration on CUDA at ``batch``, in bytes (see the module doc).
 
@@ -148,6 +167,7 @@ def choose_batch(
     return best
 
 
+@_keeps_rng
 def probe_iteration_ms(
     model: nn.Module,
     input_shape: tuple[int, ...],

@@ -523,6 +523,10 @@ def sdgp_convert(
     dense. For ``method="random"`` all layers draw from one ``generator``; when none is
     given one is created on the model's device and seeded with ``seed``.
 
+    ``eps`` defaults to the authors' literal 1e-4 (:data:`impl.ops.nm.RESCALE_EPS`), meant for
+    fp16 loss-scaled gradients; on unscaled float32 gradients it shrinks the rescaled data
+    gradient, and the method itself uses :data:`METHOD_RESCALE_EPS` (docs/methods.md).
+
     ``backend="semi_structured"`` converts to :class:`impl.methods.sdgp_semi.SDGPSemiConv2d`
     (dL/dD on 2:4 sparse tensor cores where the library runs, this reference elsewhere, with
     the reason logged).

@@ -1156,6 +1156,18 @@ def test_spmm_output_is_a_contiguous_tensor_of_its_own(emulated, impl, batched):
     torch.testing.assert_close(vals.grad, expected[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(("b", "f"), [(1, 4), (2, 1), (2, 4)], ids=["b1", "f1", "b2f4"])
+def test_reference_pattern_conv_output_takes_an_in_place_edit(b, f):
+    gen = torch.Generator().manual_seed(3)
+    idx = pattern_index(torch.rand(f, 3, 3, 3, generator=gen) < 0.6)
+    x = torch.randn(b, 3, 6, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(f, 3, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = pattern_conv2d(x, w, idx, padding=1, impl="ref")
+    assert out._base is None
+    out.relu_().sum().backward()
+    assert x.grad is not None and w.grad is not None
+
+
 def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
     gen = torch.Generator().manual_seed(8)
     mask = torch.rand(9, 40, generator=gen) < 0.4

@@ -823,7 +823,10 @@ class _PatternConvRef(torch.autograd.Function):
         ctx.save_for_backward(values, cols)
         ctx.index, ctx.geometry, ctx.x_shape, ctx.ws = index, geometry, x.shape, ws
         # [F, B*P*Q] -> [B, F, P, Q]
-        return out.reshape(f_out, b, ho, wo).transpose(0, 1).contiguous()
+        res = out.reshape(f_out, b, ho, wo).transpose(0, 1)
+        # at B or F of 1 that is already contiguous, a view of `out`: a copy of its own, so
+        # that autograd allows in-place edits of the result (as pattern_spmm's)
+        return res.clone() if b == 1 or f_out == 1 else res.contiguous()
 
     @staticmethod
     @_autocast_off

@@ -424,27 +424,20 @@ def evaluate(
 
 
 @contextlib.contextmanager
-def _cudnn_benchmark(on: bool) -> Iterator[None]:
-    """``torch.backends.cudnn.benchmark = on`` for a run (TrainConfig.cudnn_benchmark), the
-    caller's setting restored after it."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on
+def _backend_flags(cudnn_benchmark: bool, tf32: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` (TrainConfig.cudnn_benchmark) and TF32 for float32
+    matmuls and cuDNN convolutions (TrainConfig.tf32) for a run, the caller's settings
+    restored after it."""
+    flags = (torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "allow_tf32")
+    flags += ((torch.backends.cuda.matmul, "allow_tf32"),)
+    before = [getattr(obj, name) for obj, name in flags]
+    for (obj, name), on in zip(flags, (cudnn_benchmark, tf32, tf32)):
+        setattr(obj, name, on)
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = before
-
-
-@contextlib.contextmanager
-def _tf32(on: bool) -> Iterator[None]:
-    """TF32 for float32 matmuls and cuDNN convolutions on or off for a run (TrainConfig.tf32),
-    the caller's settings restored after it."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        for (obj, name), value in zip(flags, before):
+            setattr(obj, name, value)
 
 
 class Trainer:
@@ -538,8 +531,7 @@ class Trainer:
         same directory is refused (:class:`impl.rundir.RunBusyError`).
         """
         with contextlib.ExitStack() as held:
-            held.enter_context(_cudnn_benchmark(self.cfg.cudnn_benchmark))
-            held.enter_context(_tf32(self.cfg.tf32))
+            held.enter_context(_backend_flags(self.cfg.cudnn_benchmark, self.cfg.tf32))
             return self._run(resume, held)
 
     def _run(self, resume: bool, held: contextlib.ExitStack) -> dict[str, Any]:

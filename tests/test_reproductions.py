@@ -1591,6 +1591,18 @@ def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch
     assert unversioned != now and unversioned.parent == now.parent
 
 
+def test_fig7_gpu_state_with_unused_shared_channels_is_not_read_from_an_older_file(
+    tmp_path, monkeypatch
+):
+    from reproductions.prunetrain import fig7, measure
+
+    (row,) = fig7.rows("gpu")
+    now = common._measure_path(row.measure, row.params, "gpu", tmp_path)
+    monkeypatch.delattr(measure.union_gating_layer_times_at_shape, "measure_version")
+    # the key a file measured before the state changed was saved under
+    assert common._measure_path(row.measure, row.params, "gpu", tmp_path) != now
+
+
 # -- ClickTrain Fig. 11 at gpu scale: the benchmark suite's iteration rows ----------------------
 
 

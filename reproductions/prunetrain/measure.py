@@ -179,6 +179,12 @@ def union_gating_layer_times_at_shape(
     return out
 
 
+# 2: half of the shared channels each block's last convolution writes are left at zero
+# (SHARED_UNUSED); a file saved for the earlier state, where gating kept union's channels,
+# is measured again rather than read.
+union_gating_layer_times_at_shape.measure_version = 2
+
+
 #: gpu scale: the fraction of the shared node's channels that each residual block's last
 #: convolution leaves at zero in the untrained state (chosen; a trained run's own). Union
 #: keeps every channel some layer of the node uses, so it computes these zeros; gating

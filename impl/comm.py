@@ -307,11 +307,15 @@ class CommState:
     def set_masks(self, model: nn.Module, masks: dict[str, torch.Tensor] | None) -> bool:
         """Use ``masks`` (``{parameter name of model: bool mask}``) from now on; None or {}:
         dense. Returns True when they changed. Cheap when called again with the same dict
-        of the same tensors (the Trainer calls it every iteration)."""
+        of the same tensors (the Trainer calls it every iteration); a mask edited in place
+        since (its version counter moved) counts as changed."""
         key = (
             None
             if not masks
-            else (id(model), tuple((n, id(m), m.data_ptr()) for n, m in masks.items()))
+            else (
+                id(model),
+                tuple((n, id(m), m.data_ptr(), m._version) for n, m in masks.items()),
+            )
         )
         if key == self._source:
             return False

@@ -247,6 +247,23 @@ def test_masks_are_bound_again_after_the_parameters_change():
     assert state.bucket_index([m[0].weight]) is None
 
 
+def test_a_mask_edited_in_place_is_taken_again():
+    # The key was the masks' identities and storage alone: a method that kept its published
+    # mask tensors and edited them left the hook sending the old positions, so gradients at
+    # newly kept weights were never averaged.
+    m = small_model()
+    keep = torch.zeros(m[0].weight.shape, dtype=torch.bool)
+    keep[0] = True
+    masks = {"0.weight": keep}
+    state = comm.CommState(timing=False)
+    assert state.set_masks(m, masks) is True
+    before = state.bucket_index([m[0].weight]).numel()
+    keep[1] = True
+    assert state.set_masks(m, masks) is True
+    assert state.bucket_index([m[0].weight]).numel() == before + keep[1].numel()
+    assert state.set_masks(m, masks) is False  # unchanged since: no new check
+
+
 @pytest.fixture
 def one_rank_group(tmp_path):
     """A gloo process group of one rank in this process (torn down after the test)."""

@@ -584,8 +584,7 @@ class Trainer:
             if cfg.fp16 and state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
             torch.set_rng_state(state["rng_cpu"])
-            if torch.cuda.is_available() and state.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
+            restore_cuda_rng(state.get("rng_cuda"), self.device)
             start_epoch = int(state["epoch"])
             ctx.step = int(state["step"])
             ctx.batch_size = int(state["batch_size"])
@@ -671,9 +670,7 @@ class Trainer:
                     "method": method.state_dict(),
                     **method_identity(type(method)),
                     "rng_cpu": torch.get_rng_state(),
-                    "rng_cuda": torch.cuda.get_rng_state_all()
-                    if torch.cuda.is_available()
-                    else None,
+                    "rng_cuda": cuda_rng_state(self.device),
                     "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
@@ -952,6 +949,28 @@ def _step_cost(ctx: TrainContext, method: Method) -> tuple[float, float]:
 def _finite_or_none(value: Any) -> float | None:
     """``value`` as a float where it is a finite number, else None (JSON has no NaN)."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def cuda_rng_state(device: torch.device) -> torch.Tensor | None:
+    """The random state of the GPU a run trains on, for its checkpoint (None on a CPU). One
+    GPU's state, not every visible GPU's: a run resumed where fewer GPUs are visible (another
+    ``CUDA_VISIBLE_DEVICES``, a one-GPU job) restores it all the same."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def restore_cuda_rng(saved: Any, device: torch.device) -> None:
+    """Restore :func:`cuda_rng_state`'s ``saved`` on the GPU ``device`` the run resumes on.
+    A checkpoint written before held one state per visible GPU (a list): the one at the
+    resuming GPU's index is taken where it exists, else none (the run resumes, its GPU draws
+    then differ from the uninterrupted run's)."""
+    if saved is None or device.type != "cuda" or not torch.cuda.is_available():
+        return
+    if isinstance(saved, (list, tuple)):
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= len(saved):
+            return
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved, device)
 
 
 def _plain(value: Any) -> bool:

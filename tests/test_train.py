@@ -599,3 +599,29 @@ def test_the_input_check_changes_no_weight_statistic_mode_or_random_state(name: 
         with pytest.raises(ValueError, match="cannot take 8x8 images of 'digits'"):
             check_input_fits(model, cfg, SimpleNamespace(in_channels=3, image_size=8))
         assert model.training
+
+
+def test_a_gpu_run_resumes_where_fewer_gpus_are_visible(monkeypatch):
+    # The checkpoint held every visible GPU's random state and the resume restored them all:
+    # a run saved with 8 GPUs visible and resumed with one died with IndexError.
+    from impl import train as T
+
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
+    set_calls: list[tuple[torch.Tensor, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d: states[torch.device(d).index])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((s, d)))
+
+    saved = T.cuda_rng_state(torch.device("cuda:3"))
+    assert saved is states[3]  # the training GPU's state alone
+    assert T.cuda_rng_state(torch.device("cpu")) is None
+    T.restore_cuda_rng(saved, torch.device("cuda:0"))
+    assert set_calls[-1][0] is states[3] and set_calls[-1][1] == torch.device("cuda:0")
+    # a checkpoint of the earlier form (one state per visible GPU when it was saved)
+    T.restore_cuda_rng(states, torch.device("cuda:0"))
+    assert set_calls[-1][0] is states[0]
+    T.restore_cuda_rng(states[:2], torch.device("cuda:5"))  # no state for that GPU: none set
+    T.restore_cuda_rng(None, torch.device("cuda:0"))
+    T.restore_cuda_rng(states[1], torch.device("cpu"))
+    assert len(set_calls) == 2

@@ -275,7 +275,7 @@ def measure_layer(
     ho, wo = semi.conv_output_hw((h, w), layer.kernel, layer.stride, layer.padding, layer.dilation)
     rows_m, cols = n * ho * wo, c * r * s // layer.groups
     backend = semi.resolve_backend(cfg.backend)
-    kernel_prune = device.type == "cuda" and semi._nm_kernel() is not None
+    kernel_prune = device.type == "cuda" and semi._nm_kernel(device) is not None
     if (r, s) == (1, 1) and layer.padding == (0, 0):
         path = "1x1" if layer.stride == (1, 1) else "1x1-strided"
     else:
@@ -989,6 +989,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the full sizes need a GPU; set {ENV_SMALL}=1 for the CPU smoke run", file=sys.stderr
         )
         return 2
+    if device.type == "cuda" and device.index is not None:
+        # the CUDA events and synchronisations of the timing, and the GPU the provenance
+        # names, are the current GPU's: make it the one measured
+        torch.cuda.set_device(device)
     cfg = BenchConfig(
         models=tuple(args.models),
         dtypes=tuple(args.dtypes),

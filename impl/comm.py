@@ -39,12 +39,13 @@ IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
 
 
 # ----------------------------------------------------------------------------- pack / unpack
-def _cuda_pack_module() -> Any | None:
-    """``impl.ops.pack_cuda`` when its kernels load here, else None (never raises)."""
+def _cuda_pack_module(device: torch.device) -> Any | None:
+    """``impl.ops.pack_cuda`` when its kernels load on GPU ``device``, else None (never
+    raises)."""
     try:
         from impl.cuda import loader
 
-        if not loader.has_cuda_kernels():
+        if not loader.has_cuda_kernels(device, sources=("pack.cu",)):
             return None
         from impl.ops import pack_cuda
     except (ImportError, AttributeError, RuntimeError, OSError):
@@ -63,7 +64,7 @@ def _use_cuda(t: torch.Tensor, impl: str) -> Any | None:
         if impl == "cuda":
             raise ValueError("impl='cuda' needs tensors on a CUDA device")
         return None
-    mod = _cuda_pack_module()
+    mod = _cuda_pack_module(t.device)
     if mod is None and impl == "cuda":
         raise RuntimeError("impl='cuda' asked for, but the CUDA pack kernels do not load here")
     return mod
@@ -350,7 +351,7 @@ class CommState:
             return None
         key = tuple(id(p) for p in params)
         if key not in self._starts:
-            mod = _cuda_pack_module()
+            mod = _cuda_pack_module(index.device)
             self._starts[key] = None if mod is None else mod.expand_starts(index, numel)
         return self._starts[key]
 

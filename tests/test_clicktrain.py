@@ -486,11 +486,22 @@ def test_validate_refuses_cuda_pattern_convs_where_they_cannot_run(monkeypatch):
 def test_validate_accepts_cuda_pattern_convs_where_the_kernels_load(monkeypatch):
     import impl.ops.pattern as pattern
 
+    asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(pattern, "has_cuda_kernels", lambda: True)
-    ClickTrain(ClickTrainConfig(sparse_impl="cuda")).validate(
-        TrainConfig(model="resnet20", epochs=30, device="cuda")
-    )
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(pattern, "has_cuda_kernels", lambda device=None: asked.append(device) or 1)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    method = ClickTrain(ClickTrainConfig(sparse_impl="cuda"))
+    method.validate(TrainConfig(model="resnet20", epochs=30, device="cuda"))
+    method.validate(TrainConfig(model="resnet20", epochs=30, device="cuda:5"))
+    # a torchrun worker checks the GPU of its local rank, which it trains on (it checked GPU
+    # 0 before selecting it, and every worker compiled and held a context there)
+    monkeypatch.setenv("RANK", "11")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    method.validate(TrainConfig(model="resnet20", epochs=30, device="cuda"))
+    assert asked == [torch.device("cuda"), torch.device("cuda:5"), torch.device("cuda:3")]
 
 
 def test_config_defaults_are_the_papers_hyper_parameters():

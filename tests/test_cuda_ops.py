@@ -76,6 +76,35 @@ def test_without_gpu_no_kernels_and_a_recorded_reason():
         loader.load("pattern.cu")
 
 
+def test_auto_dispatch_asks_about_the_operands_gpu_and_only_its_source(monkeypatch):
+    # N:M, SDGP's 2:4 rows and the sparse Allreduce's pack asked whether the kernels load on
+    # the current GPU (and the pack compiled all three sources): on a machine of several
+    # GPUs, "auto" then decided for another GPU than the one the tensors are on.
+    from impl import comm
+    from impl.methods import sdgp_semi
+    from impl.ops import nm
+
+    asked = []
+    monkeypatch.setattr(
+        loader,
+        "has_cuda_kernels",
+        lambda device=None, sources=None: asked.append((device, sources)),
+    )
+    gpu = torch.device("cuda", 2)
+    sdgp_semi._nm_kernel.cache_clear()
+    try:
+        nm._load_cuda(gpu)
+        sdgp_semi._nm_kernel(gpu)
+    finally:
+        sdgp_semi._nm_kernel.cache_clear()
+    comm._cuda_pack_module(gpu)
+    assert asked == [
+        (gpu, ("nm_prune.cu",)),
+        (gpu, ("nm_prune.cu",)),
+        (gpu, ("pack.cu",)),
+    ]
+
+
 def test_load_rejects_an_unknown_source():
     with pytest.raises(ValueError, match="unknown kernel source 'nope.cu'; valid: pattern.cu"):
         loader.load("nope.cu")

@@ -443,10 +443,12 @@ def test_pattern_conv2d_reference_on_gpu_matches_dense():
 
 
 class _Operand:
-    """Stands in for a tensor in the dispatch rule: only ``is_cuda`` and ``dtype`` are read."""
+    """Stands in for a tensor in the dispatch rule: only ``is_cuda``, ``dtype`` and
+    ``device`` are read."""
 
-    def __init__(self, is_cuda: bool, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, is_cuda: bool, dtype: torch.dtype = torch.float32, index: int = 0) -> None:
         self.is_cuda, self.dtype = is_cuda, dtype
+        self.device = torch.device("cuda", index) if is_cuda else torch.device("cpu")
 
 
 @pytest.mark.parametrize(
@@ -473,8 +475,21 @@ class _Operand:
 def test_dispatch_rule_picks_cuda_only_where_it_runs(monkeypatch, impl, operands, loads, expected):
     from impl.ops import pattern as pattern_mod
 
-    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: loads)
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda device=None: loads)
     assert pattern_mod._resolve_impl(impl, *operands) == expected
+
+
+def test_dispatch_asks_whether_the_kernels_load_on_the_operands_gpu(monkeypatch):
+    # It asked about the current GPU: on a machine of several GPUs, "auto" then took the
+    # reference where the operands' GPU runs the kernels, or the kernels where it does not.
+    from impl.ops import pattern as pattern_mod
+
+    asked = []
+    monkeypatch.setattr(
+        pattern_mod, "has_cuda_kernels", lambda device=None: asked.append(device) or True
+    )
+    assert pattern_mod._resolve_impl("auto", _Operand(True, index=3), _Operand(True, index=3))
+    assert asked == [torch.device("cuda", 3)]
 
 
 def test_the_conv_dispatch_weighs_the_bias_too(monkeypatch):
@@ -499,10 +514,10 @@ def test_the_conv_dispatch_weighs_the_bias_too(monkeypatch):
 def test_forced_cuda_without_kernels_names_the_reason(monkeypatch):
     from impl.ops import pattern as pattern_mod
 
-    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: False)
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda device=None: False)
     with pytest.raises(RuntimeError, match="CUDA kernels not available"):
         pattern_mod._resolve_impl("cuda", _Operand(True))
-    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda: True)
+    monkeypatch.setattr(pattern_mod, "has_cuda_kernels", lambda device=None: True)
     with pytest.raises(RuntimeError, match="not CUDA tensors of one dtype"):
         pattern_mod._resolve_impl("cuda", _Operand(True), _Operand(True, torch.float64))
 

@@ -1328,3 +1328,19 @@ def test_bench_main_exits_1_when_a_row_is_an_error(monkeypatch, tmp_path):
     assert bs.main(["--out", str(tmp_path), "--device", "cpu"]) == 0
     rows.append({"status": "error"})
     assert bs.main(["--out", str(tmp_path), "--device", "cpu"]) == 1
+
+
+def test_bench_main_makes_the_gpu_it_is_given_the_current_one(monkeypatch, tmp_path):
+    # With --device cuda:3 the timing's events and synchronisations stayed on the current GPU
+    # (0): they timed how long the host took to queue cuda:3's work.
+    from bench import sdgp_semi as bs
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(("current", d)))
+    monkeypatch.setattr(
+        bs,
+        "run",
+        lambda cfg, device, out: seen.append(("run", device)) or ([], {"wall_seconds": 0}),
+    )
+    assert bs.main(["--out", str(tmp_path), "--device", "cuda:3"]) == 0
+    assert seen == [("current", torch.device("cuda:3")), ("run", torch.device("cuda:3"))]

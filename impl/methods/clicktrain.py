@@ -77,9 +77,14 @@ def cuda_pattern_kernels_missing(device: str) -> str | None:
         return str(err)
     if resolved.type != "cuda":
         return f"the run trains on the CPU (--device {device})"
+    from impl import distributed
     from impl.ops.pattern import has_cuda_kernels
 
-    if has_cuda_kernels():
+    world = distributed.env_world()  # a torchrun worker: the GPU of its local rank
+    if world is not None:
+        rank, size, local = world
+        resolved = distributed.rank_device(resolved, distributed.DistInfo(rank, size, local))
+    if has_cuda_kernels(resolved):
         return None
     from impl.cuda import cuda_kernels_error
 

@@ -312,14 +312,14 @@ def rows_to_nchw(rows: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
 
 
 @functools.cache
-def _nm_kernel() -> Any | None:
-    """The project's N:M CUDA kernel module when it loads on this GPU, else ``None``."""
+def _nm_kernel(device: torch.device) -> Any | None:
+    """The project's N:M CUDA kernel module when it loads on GPU ``device``, else ``None``."""
     try:
         from impl.ops import nm_cuda
     except ImportError:
         return None
     try:
-        return nm_cuda if nm_cuda.is_available() else None
+        return nm_cuda if nm_cuda.is_available(device) else None
     except Exception:  # noqa: BLE001 - a kernel that fails to load is "not available"
         return None
 
@@ -352,7 +352,7 @@ def prune_rows(
         raise ValueError(f"unknown prune impl {impl!r}; valid: {', '.join(PRUNE_IMPLS)}")
     if rows.dim() != 3:
         raise ValueError(f"rows must be (N, L, K); got shape {tuple(rows.shape)}")
-    kernel = _nm_kernel() if rows.is_cuda and impl != "ref" else None
+    kernel = _nm_kernel(rows.device) if rows.is_cuda and impl != "ref" else None
     if impl == "cuda" and kernel is None:
         raise RuntimeError("prune impl 'cuda': the N:M kernel (impl.ops.nm_cuda) is not available")
     if kernel is not None:

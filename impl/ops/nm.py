@@ -118,15 +118,16 @@ def _check_tensor(x: torch.Tensor, dim: int) -> int:
 # --------------------------------------------------------------------------------------------
 # the op
 # --------------------------------------------------------------------------------------------
-def _load_cuda() -> Any | None:
-    """The CUDA implementation module, or ``None`` when it is absent or cannot run here."""
+def _load_cuda(device: torch.device) -> Any | None:
+    """The CUDA implementation module, or ``None`` when it is absent or cannot run on GPU
+    ``device``."""
     try:
         mod = importlib.import_module(_CUDA_MODULE)
     except ModuleNotFoundError as err:
         if err.name is not None and _CUDA_MODULE.startswith(err.name):
             return None
         raise
-    return mod if mod.is_available() else None
+    return mod if mod.is_available(device) else None
 
 
 def nm_prune(
@@ -201,7 +202,7 @@ def nm_prune(
     if impl in ("auto", "cpu") and not x.is_cuda:
         return _prune_cpu(x, n, m, method, dim, rescale, generator, eps, impl=impl)[0]
     if impl != "ref":
-        cuda = _load_cuda() if x.is_cuda else None
+        cuda = _load_cuda(x.device) if x.is_cuda else None
         if cuda is not None:
             return cuda.nm_prune_cuda(x, n, m, method, dim, rescale, generator, eps)
         if impl == "cuda":

@@ -79,9 +79,10 @@ def _kernel_names() -> tuple[str, ...]:
 KERNELS: tuple[str, ...] = _kernel_names()  # every kernel this module may launch
 
 
-def is_available() -> bool:
-    """Whether the N:M kernels load on the current GPU (``False`` without GPU or CuPy)."""
-    return loader.has_cuda_kernels(sources=(_SRC,))
+def is_available(device: torch.device | int | None = None) -> bool:
+    """Whether the N:M kernels load on GPU ``device`` (default: the current GPU; ``False``
+    without GPU or CuPy)."""
+    return loader.has_cuda_kernels(device, sources=(_SRC,))
 
 
 # -- launch planning (pure functions of shapes; tested without a GPU) -------------------------

@@ -48,11 +48,12 @@ IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
 _CPU_SPARSE_DTYPES = (torch.float32, torch.float64)
 
 
-def has_cuda_kernels() -> bool:
-    """Whether the CUDA pattern kernels (impl/cuda/pattern.cu) load on the current GPU."""
+def has_cuda_kernels(device: torch.device | int | None = None) -> bool:
+    """Whether the CUDA pattern kernels (impl/cuda/pattern.cu) load on GPU ``device``
+    (default: the current GPU)."""
     from impl.cuda import has_cuda_kernels as _loads
 
-    return _loads(sources=("pattern.cu",))
+    return _loads(device, sources=("pattern.cu",))
 
 
 _CUDA_DTYPES = (torch.float32, torch.float64)
@@ -72,7 +73,7 @@ def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
     )
     if impl == "ref" or (impl == "auto" and not on_gpu):
         return "ref"
-    if on_gpu and has_cuda_kernels():
+    if on_gpu and has_cuda_kernels(tensors[0].device):  # the operands' GPU, not the current
         return "cuda"
     if impl == "auto":
         return "ref"

@@ -438,6 +438,9 @@ def cmd_train(argv: list[str]) -> int:
                 f"--device {device} with --nproc {args.nproc} would put every process on that "
                 "one GPU; give --device cuda (each process takes the GPU of its local rank)"
             )
+        shortage = distributed.gpu_shortage(args.nproc, device)
+        if shortage is not None:
+            raise UsageError(f"--nproc {args.nproc}: {shortage}")
         check_before_workers(cfg, args.resume, args.data_dir)
         # torchrun runs it N times; Ctrl-C here stops the job (launch), then says how to go on
         run_dir = Path(args.resume) if args.resume else Path(cfg.out or cfg.default_out())

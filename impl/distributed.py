@@ -158,8 +158,11 @@ def init_process_group(
     backend = backend_for(device)
     local = rank if local_rank is None else local_rank
     if backend == "nccl":
+        shortage = gpu_shortage(local + 1, device)
+        if shortage is not None:
+            raise ValueError(f"local rank {local}: {shortage}")
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(local)
     global _GROUP_TIMEOUT_S
     if not dist.is_initialized():
         _GROUP_TIMEOUT_S = timeout
@@ -208,10 +211,37 @@ def shutdown() -> None:
 
 
 def rank_device(device: torch.device, info: DistInfo) -> torch.device:
-    """The device of this rank: ``cuda`` without an index becomes ``cuda:LOCAL_RANK``."""
-    if info.active and device.type == "cuda" and device.index is None:
-        return torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
-    return device
+    """The device of this rank: ``cuda`` without an index becomes ``cuda:LOCAL_RANK``.
+
+    Raises:
+        ValueError: an NCCL job's ``cuda:N`` names another GPU than the local rank's, which
+            :func:`init_process_group` selected (every rank given ``cuda:N`` would train on
+            that one GPU, and NCCL refuses two ranks on one GPU).
+    """
+    if not (info.active and device.type == "cuda"):
+        return device
+    own = torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
+    if device.index is not None and device != own and info.backend == "nccl":
+        raise ValueError(
+            f"--device {device} on local rank {info.local_rank}, whose GPU is {own}: in a "
+            "job of several processes give --device cuda (each takes its local rank's GPU)"
+        )
+    return own if device.index is None else device
+
+
+def gpu_shortage(processes: int, device: str | torch.device) -> str | None:
+    """Why ``processes`` processes of one node cannot each have a GPU of their own for
+    ``device`` (NCCL needs one per process; two ranks on one GPU fail in NCCL's setup), or
+    None: the device is not CUDA (gloo) or the node shows enough GPUs."""
+    if backend_for(device) != "nccl":
+        return None
+    count = torch.cuda.device_count()
+    if processes <= count:
+        return None
+    return (
+        f"{processes} processes on this node need a CUDA GPU each (NCCL) and it shows "
+        f"{count}: run at most {count} per node, or train on the CPU (--device cpu, gloo)"
+    )
 
 
 def describe_failure(err: BaseException, info: DistInfo) -> str:
@@ -771,6 +801,7 @@ __all__ = [
     "init_process_group",
     "launch",
     "rank_device",
+    "gpu_shortage",
     "run_worker",
     "shard",
     "shard_bounds",

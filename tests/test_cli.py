@@ -204,6 +204,23 @@ def test_train_refuses_one_gpu_index_for_several_processes(tmp_path, capsys, mon
     assert "give --device cuda" in err and not out.exists()
 
 
+def test_train_refuses_more_processes_than_the_node_has_gpus(tmp_path, capsys, monkeypatch):
+    """--nproc 16 on 8 GPUs put two ranks on each GPU, which NCCL refuses after the job has
+    started: refused once, before any worker starts."""
+    from impl import distributed
+
+    monkeypatch.setattr(distributed, "launch", lambda *a, **k: pytest.fail("a job started"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    out = tmp_path / "run"
+    argv = ["train", "--method", "dense", "--scale", "smoke", "--device", "cuda",
+            "--no-progress", "--nproc", "16", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--nproc 16: 16 processes on this node need a CUDA GPU each (NCCL)" in err
+    assert "it shows 8: run at most 8 per node" in err and not out.exists()
+
+
 def test_train_schedule_flags_reach_the_config(tmp_path):
     """--nesterov/--no-nesterov, --gamma and --warmup-fraction set their TrainConfig fields
     (the presets' values otherwise)."""

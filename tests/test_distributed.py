@@ -104,6 +104,24 @@ def test_backend_and_device_choice():
     assert D.rank_device(torch.device("cuda"), D.DistInfo()) == torch.device("cuda")
 
 
+def test_each_nccl_rank_has_a_gpu_of_its_own(monkeypatch):
+    # Under a user's torchrun, --device cuda:3 put every rank on GPU 3 (init_process_group had
+    # selected each local rank's), and 16 processes on 8 GPUs put two on each: NCCL fails
+    # both after start-up, with a duplicate-GPU error. Each is now refused with its reason.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    nccl = D.DistInfo(rank=9, world_size=16, local_rank=1, backend="nccl", timeout_s=30.0)
+    assert D.rank_device(torch.device("cuda"), nccl) == torch.device("cuda", 1)
+    assert D.rank_device(torch.device("cuda", 1), nccl) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="--device cuda:3 on local rank 1, whose GPU is cuda:1"):
+        D.rank_device(torch.device("cuda", 3), nccl)
+    assert D.gpu_shortage(8, "cuda") is None and D.gpu_shortage(16, "cpu") is None
+    assert "16 processes on this node need a CUDA GPU each" in D.gpu_shortage(16, "auto")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("a GPU was selected"))
+    with pytest.raises(ValueError, match="local rank 9: 10 processes .* it shows 8"):
+        D.init_process_group(9, 16, device="cuda", local_rank=9)
+
+
 def test_torchrun_command_passes_our_flags_untouched():
     cmd = D.torchrun_command(["train", "--nproc", "2", "--r", "3"], 2)
     assert cmd[1:4] == ["-m", "impl.launch_agent", "--nproc-per-node=2"]

@@ -119,26 +119,42 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _visible_gpu_selector() -> str | None:
-    """The first entry of CUDA_VISIBLE_DEVICES (an index, or a ``GPU-``/``MIG-`` UUID), "0"
-    where it is unset, and None where it hides every GPU from CUDA: set empty, a negative
-    index first, or a first entry CUDA cannot read (CUDA stops at such an entry, so with the
+def _visible_gpu_selector(gpu: int = 0) -> str | None:
+    """How NVML and nvidia-smi name the GPU CUDA calls ``gpu`` in this process: entry
+    ``gpu`` of CUDA_VISIBLE_DEVICES (an index, or a ``GPU-``/``MIG-`` UUID), ``str(gpu)``
+    where it is unset, and None where CUDA sees no such GPU: set empty, a negative index, or
+    an entry CUDA cannot read at or before that one (CUDA stops at such an entry, so with the
     first it sees no GPU: Slurm's ``NoDevFiles`` for a job given none, say)."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
     if value is None:
-        return "0"
-    first = value.split(",")[0].strip()
-    if first.isdigit() or first.startswith(("GPU-", "MIG-")):
-        return first
-    return None
+        return str(gpu)
+    readable = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        readable.append(entry)
+    return readable[gpu] if gpu < len(readable) else None
+
+
+def current_gpu() -> int:
+    """The CUDA index of this process's current GPU where torch has set CUDA up (a run or a
+    benchmark chose its GPU), else 0; creates no CUDA context and imports nothing."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:  # metadata must never break a run
+        pass
+    return 0
 
 
 def _decode(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def gpu_info() -> dict[str, Any]:
-    """GPU fields of ``collect()`` for the first visible GPU: NVML, else nvidia-smi, else torch.
+def gpu_info(gpu: int | None = None) -> dict[str, Any]:
+    """GPU fields of ``collect()`` for the GPU CUDA calls ``gpu`` in this process (None: the
+    current one, :func:`current_gpu`): NVML, else nvidia-smi, else torch.
 
     Keys: ``gpu_name``, ``gpu_driver``, ``gpu_memory_mib`` (total, MiB),
     ``gpu_sm_clock_mhz`` / ``gpu_mem_clock_mhz`` (current clocks, MHz),
@@ -149,13 +165,14 @@ def gpu_info() -> dict[str, Any]:
     When NVML fails, :func:`gpu_info_nvidia_smi` and then :func:`gpu_info_torch` fill what
     they can (torch knows no clocks, power limit or driver version: those stay None).
     """
-    info = _gpu_info_nvml()
+    gpu = current_gpu() if gpu is None else gpu
+    info = _gpu_info_nvml(gpu)
     if info["gpu_name"] is not None:
         info["gpu_source"] = "nvml"
         return info
     for source, fallback in (("nvidia-smi", gpu_info_nvidia_smi), ("torch", gpu_info_torch)):
         try:
-            found = fallback()
+            found = fallback(gpu=gpu)
         except Exception:  # metadata must never break a run
             found = None
         if found and found.get("gpu_name"):
@@ -188,10 +205,10 @@ _SMI_QUERY = (
 )
 
 
-def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
+def gpu_info_nvidia_smi(timeout_s: float = 20.0, gpu: int = 0) -> dict[str, Any] | None:
     """GPU fields read from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``.
 
-    The first visible GPU (``CUDA_VISIBLE_DEVICES``' first entry, an index or a UUID) gives
+    The GPU CUDA calls ``gpu`` (its ``CUDA_VISIBLE_DEVICES`` entry, an index or a UUID) gives
     the fields; ``gpu_count`` and ``gpus`` list every GPU nvidia-smi sees. Memory in MiB,
     clocks in MHz, power in W. None when nvidia-smi is missing, fails or lists no GPU.
     """
@@ -207,7 +224,7 @@ def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
         rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines()]
         return [r for r in rows if len(r) == len(_SMI_QUERY)] or None
 
-    selector = _visible_gpu_selector()
+    selector = _visible_gpu_selector(gpu)
     every = query() if selector is not None else None
     if not every:
         return None
@@ -230,8 +247,9 @@ def gpu_info_nvidia_smi(timeout_s: float = 20.0) -> dict[str, Any] | None:
     }
 
 
-def gpu_info_torch() -> dict[str, Any] | None:
-    """GPU fields from ``torch.cuda`` (name, total memory in MiB, count) for the current device.
+def gpu_info_torch(gpu: int | None = None) -> dict[str, Any] | None:
+    """GPU fields from ``torch.cuda`` (name, total memory in MiB, count) for GPU ``gpu``
+    (None: the current device).
 
     Only where ``torch.cuda.is_available()``: reading the properties creates a CUDA context.
     Also ``gpu_cuda_runtime`` (``torch.version.cuda``). None without a usable GPU.
@@ -243,7 +261,7 @@ def gpu_info_torch() -> dict[str, Any] | None:
     if torch.version.cuda is None or not torch.cuda.is_available():
         return None
     count = torch.cuda.device_count()
-    index = torch.cuda.current_device()
+    index = torch.cuda.current_device() if gpu is None else gpu
     props = torch.cuda.get_device_properties(index)
     return {
         "gpu_name": torch.cuda.get_device_name(index),
@@ -254,8 +272,9 @@ def gpu_info_torch() -> dict[str, Any] | None:
     }
 
 
-def _gpu_info_nvml() -> dict[str, Any]:
-    """The GPU fields read through NVML (``pynvml``); None fields and ``nvml_error`` if not."""
+def _gpu_info_nvml(gpu: int = 0) -> dict[str, Any]:
+    """The GPU fields of the GPU CUDA calls ``gpu``, read through NVML (``pynvml``); None
+    fields and ``nvml_error`` if not."""
     info: dict[str, Any] = dict.fromkeys(_GPU_FIELDS)
     info.update(gpu_count=None, gpus=None, nvml_error=None, gpu_source=None)
     try:
@@ -279,9 +298,13 @@ def _gpu_info_nvml() -> dict[str, Any]:
         if count == 0:
             info["nvml_error"] = "NVML sees no GPU"
             return info
-        selector = _visible_gpu_selector()
+        selector = _visible_gpu_selector(gpu)
         if selector is None:
-            info["nvml_error"] = "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+            info["nvml_error"] = (
+                "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+                if _visible_gpu_selector(0) is None
+                else f"CUDA_VISIBLE_DEVICES shows this process no GPU {gpu}"
+            )
             return info
         if selector.isdigit() and int(selector) >= count:
             info["nvml_error"] = (
@@ -356,8 +379,9 @@ def python_executable(root: str | Path = REPO_ROOT) -> str:
     return str(exe)
 
 
-def collect() -> dict[str, Any]:
-    """The environment of this process, as a flat JSON-serialisable dict.
+def collect(gpu: int | None = None) -> dict[str, Any]:
+    """The environment of this process, as a flat JSON-serialisable dict; its GPU fields
+    describe the GPU CUDA calls ``gpu`` here (None: the current one, :func:`current_gpu`).
 
     Keys: ``commit`` (40-hex HEAD SHA or None), ``dirty`` (bool, None outside a checkout),
     ``date`` (UTC, ISO 8601), ``python``, ``torch``, ``cuda`` (``torch.version.cuda``),
@@ -394,7 +418,7 @@ def collect() -> dict[str, Any]:
             "cpu_affinity": affinity,
         }
     )
-    info.update(gpu_info())
+    info.update(gpu_info(gpu))
     info["env_vars"] = {
         k: os.environ[k]
         for k in (

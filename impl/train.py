@@ -931,7 +931,8 @@ class Trainer:
             "wall_seconds": wall,
             "device": str(self.device),
             "memory_format": self.memory_format,  # TrainConfig's, "auto" resolved
-            "environment": collect(),
+            # the GPU the run trained on, whatever the current one is
+            "environment": collect(self.device.index if self.device.type == "cuda" else None),
         }
         summary.update(method.summary(ctx))
         return summary

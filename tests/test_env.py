@@ -113,8 +113,8 @@ def test_git_state_dirty_flag(tmp_path: Path) -> None:
 
 
 def _no_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda: None)
-    monkeypatch.setattr(env, "gpu_info_torch", lambda: None)
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda **kw: None)
+    monkeypatch.setattr(env, "gpu_info_torch", lambda **kw: None)
 
 
 def test_nvml_missing_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,6 +198,40 @@ def test_the_visible_gpu_is_the_first_entry_cuda_can_read(monkeypatch: pytest.Mo
     assert env._visible_gpu_selector() == "0"
 
 
+def test_the_gpu_described_is_the_one_the_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GPU fields always named CUDA's GPU 0: a run on cuda:3 recorded GPU 0's name,
+    # clocks and power limit beside device "cuda:3".
+    fake = types.ModuleType("pynvml")
+    fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
+    fake.nvmlInit = fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 8
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetHandleByUUID = lambda u: {b"GPU-abc": 6}[u]
+    fake.nvmlDeviceGetName = lambda h: f"Fake GPU {h}".encode()
+    fake.nvmlSystemGetDriverVersion = lambda: "999.01"
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**30)
+    fake.nvmlDeviceGetClockInfo = fake.nvmlDeviceGetMaxClockInfo = lambda h, c: 1000 + h
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 1000 * (100 + h)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    info = env.collect(3)
+    assert info["gpu_name"] == "Fake GPU 3" and info["gpu_sm_clock_mhz"] == 1003
+    assert info["gpu_power_limit_w"] == 103.0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,GPU-abc,2")  # CUDA's GPU 1 is NVML's 6
+    assert env.gpu_info(1)["gpu_name"] == "Fake GPU 6"
+    assert env.gpu_info(2)["gpu_name"] == "Fake GPU 2"
+    _no_fallbacks(monkeypatch)
+    info = env.gpu_info(3)  # CUDA shows three GPUs here
+    assert info["gpu_name"] is None
+    assert info["nvml_error"] == "CUDA_VISIBLE_DEVICES shows this process no GPU 3"
+    # no GPU named: the current one, where torch has set CUDA up (else GPU 0)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert env.current_gpu() == 2 and env.gpu_info()["gpu_name"] == "Fake GPU 2"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert env.current_gpu() == 0 and env.gpu_info()["gpu_name"] == "Fake GPU 5"
+
+
 def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("pynvml")
     fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
@@ -264,7 +298,7 @@ def _fake_torch_cuda(monkeypatch: pytest.MonkeyPatch, names: list[str], total: i
 
 def test_torch_fills_the_gpu_fields_when_nvml_and_nvidia_smi_fail(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda: None)
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda **kw: None)
     _fake_torch_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"], 81559 * 2**20 + 123)
     info = env.gpu_info()
     assert info["gpu_name"] == "NVIDIA H100 80GB HBM3" and info["gpu_source"] == "torch"

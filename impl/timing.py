@@ -16,16 +16,17 @@ class PhaseTimer:
     """Times named phases (e.g. "fwd", "bwd") of each iteration, in milliseconds."""
 
     def __init__(self, device: torch.device | str) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self._events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
         self._times: dict[str, list[float]] = {}
         self._open: dict[str, object] = {}
 
     def start(self, phase: str) -> None:
         """Mark the start of ``phase`` for the current iteration."""
-        if self.cuda:
+        if self.cuda:  # events on ``device``'s stream, whatever the current GPU
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.device))
             self._open[phase] = ev
         else:
             self._open[phase] = time.perf_counter()
@@ -38,7 +39,7 @@ class PhaseTimer:
         begin = self._open.pop(phase)
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             self._events.setdefault(phase, []).append((begin, end))  # type: ignore[arg-type]
         else:
             ms = (time.perf_counter() - begin) * 1e3  # type: ignore[operator]
@@ -47,7 +48,7 @@ class PhaseTimer:
     def times(self, phase: str) -> list[float]:
         """All recorded durations of ``phase`` in ms (synchronises the GPU once)."""
         if self.cuda and self._events.get(phase):
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
             done = [b.elapsed_time(e) for b, e in self._events.pop(phase)]
             self._times.setdefault(phase, []).extend(done)
         return list(self._times.get(phase, []))

@@ -133,6 +133,31 @@ def test_time_ms_median_and_errors():
     assert len(calls) == 1
 
 
+def test_time_ms_times_on_the_gpu_it_is_given(monkeypatch):
+    # Its events went on the current GPU's stream: for work on another GPU they timed how
+    # long the host took to queue it (fake events on any machine).
+    recorded, synced = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self, stream=None) -> None:
+            recorded.append(stream)
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return 2.5
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
+    assert time_ms(lambda: None, torch.device("cuda:3"), repeats=2, warmup=0) == 2.5
+    assert recorded == ["stream of cuda:3"] * 4 and synced == [torch.device("cuda:3")]
+
+
 def test_time_ms_is_in_milliseconds_per_call():
     t = time_ms(lambda: time.sleep(0.003), torch.device("cpu"), repeats=3, warmup=0)
     assert 2.5 <= t < 1000

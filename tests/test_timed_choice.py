@@ -107,6 +107,29 @@ def test_registered_ops_name_their_paths_and_pick_checks_the_op(monkeypatch):
         assert timed_choice.pick("demo", "p", ("b",), lambda p: None, torch.zeros(1)) == "b"
 
 
+def test_a_graph_capture_is_looked_for_on_the_tensors_gpu(monkeypatch):
+    # It asked the current GPU's stream: a capture on the tensor's GPU (not the current one)
+    # was timed through, and its synchronisation broke the capture.
+    import contextlib
+    from types import SimpleNamespace
+
+    current, capturing = [0], {0: False, 2: True}
+
+    @contextlib.contextmanager
+    def on(index):
+        before, current[0] = current[0], index
+        yield
+        current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", on)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[current[0]])
+    t = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 2))
+    assert not timed_choice.can_time(t) and current == [0]
+    capturing.update({0: True, 2: False})
+    assert timed_choice.can_time(t)
+
+
 def test_no_timing_of_fake_tensors_that_torch_compile_traces():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -82,7 +82,10 @@ def test_cpu_durations_are_the_clocks_seconds_times_1000(monkeypatch):
 
 def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
     """On CUDA each phase's pair of events is read at the first ``times`` and kept: a second
-    call returns the same durations, not them counted again (fake events on any machine)."""
+    call returns the same durations, not them counted again (fake events on any machine).
+    The events go on the timer's GPU's stream and its synchronisation waits for that GPU,
+    whatever the current GPU is (they were the current GPU's)."""
+    recorded, synced = [], []
 
     class FakeEvent:
         made = 0
@@ -91,15 +94,16 @@ def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
             FakeEvent.made += 1
             self.at = float(FakeEvent.made)
 
-        def record(self) -> None:
-            pass
+        def record(self, stream=None) -> None:
+            recorded.append(stream)
 
         def elapsed_time(self, end: FakeEvent) -> float:
             return 10.0 * (end.at - self.at)
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    timer = PhaseTimer("cuda")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
+    timer = PhaseTimer("cuda:3")
     assert timer.cuda
     for _ in range(2):
         timer.start("mm")
@@ -109,3 +113,5 @@ def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
     timer.start("mm")
     timer.stop("mm")
     assert timer.times("mm") == [10.0, 10.0, 10.0]  # a later event added once
+    assert set(recorded) == {"stream of cuda:3"} and len(recorded) == 6
+    assert synced == [torch.device("cuda:3")] * 2

@@ -44,12 +44,13 @@ def time_ms(
     times = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        stream = torch.cuda.current_stream(device)  # ``device``'s, whatever the current GPU
         for _ in range(repeats):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             times.append(start.elapsed_time(end))
     else:

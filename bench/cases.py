@@ -913,6 +913,25 @@ def _outputs_like(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [x.clone() for x in inputs]
 
 
+def _holding_outputs(
+    fn: Callable[[int], torch.Tensor], out_bytes: float, device: torch.device
+) -> tuple[Callable[[int], torch.Tensor], int]:
+    """``fn`` (an op that allocates its result) with its last results held, so that each call
+    writes memory of its own, as the copy baselines' rotated outputs are (a result freed at
+    once gets the same block from the allocator next call, and is found in the cache); and
+    how many are held (:func:`bench.measure.rotation_sets` of ``out_bytes``). Allocating is
+    part of such an op, so it stays in the timing."""
+    sets = measure.rotation_sets(out_bytes, device)
+    held: list[torch.Tensor | None] = [None] * sets
+
+    def run(i: int) -> torch.Tensor:
+        out = fn(i)
+        held[i % sets] = out  # the result of ``sets`` calls ago is freed after this one's
+        return out
+
+    return run, sets
+
+
 def _cuda_kernels_check(impl: Impl, source: str = "pattern.cu") -> None:
     """Refuse an ``impl=cuda`` row whose kernels of ``source`` cannot run.
 
@@ -1057,11 +1076,13 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if name.startswith("pattern_csr"):
         mode = impl.options["impl"]
 
-        def fn(i):
+        def convert(i):
             ix = indexes[i % n_index]
             return pattern_csr(ws[i % n_sets], ix.row_ptr, ix.col_ind, impl=mode, index=ix)
 
+        fn, n_out = _holding_outputs(convert, nnz * 4.0, dev)
         info["rotated_index_mib"] = measure.rotated_mib(index_bytes, n_index)
+        info["rotated_out_mib"] = measure.rotated_mib(nnz * 4.0, n_out)
         nbytes = nnz * (4 + 4 + 8) + (f + 1) * 8.0
         # the value reads as whole sectors: the least the gather reads from memory
         positions = csr_rows(row_ptr, nnz) * k + col_ind
@@ -1460,9 +1481,11 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if op == "pack":
         grads = _rotated(shape, dev, 1)
 
-        def fn(i):
+        def gather(i):
             g, ix = grads[i % len(grads)], indexes[i % len(indexes)]
             return pack_cuda.pack(g, ix) if cuda else g.reshape(-1).index_select(0, ix)
+
+        fn, n_out = _holding_outputs(gather, nnz * 4.0, dev)
 
     else:
         # the sparse Allreduce's unpack (impl.comm.unpack): the bucket zeroed except the
@@ -1487,8 +1510,8 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     numel = math.prod(shape)
     info = {"nnz": nnz, "numel": numel, "index_dtype": str(read_index.dtype)}
     info["rotated_index_mib"] = measure.rotated_mib(nnz * read_index.element_size(), len(indexes))
-    if op != "pack":
-        info["rotated_out_mib"] = measure.rotated_mib(numel * 4.0, len(outs))
+    out_bytes, n_out = (nnz * 4.0, n_out) if op == "pack" else (numel * 4.0, len(outs))
+    info["rotated_out_mib"] = measure.rotated_mib(out_bytes, n_out)
     # pack: read value and index (the one this implementation reads), write value; unpack:
     # read value and index, write the whole bucket (zeros included)
     if op == "pack":

@@ -212,18 +212,25 @@ def test_csr_copy_baseline_rotates_its_own_bytes(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("suite", ["csr", "nm_prune"])
-def test_copy_baselines_write_a_fresh_output_each_call(monkeypatch, suite):
+@pytest.mark.parametrize(
+    "suite, name", [("csr", "copy@cpu"), ("csr", "copy_moved@cpu"), ("nm_prune", "copy@cpu")]
+)
+def test_copy_baselines_write_a_fresh_output_each_call(monkeypatch, suite, name):
     # A copy writing every call into one buffer finds it in the cache: on this project's CPU
     # it read 1.2-2.2x the calibration copy's bandwidth. Outputs rotate with the inputs, and
     # are touched before timing (an untouched output times page faults).
     monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 2**20)
     small = {"csr": "37x13x3x3-s95"}  # few kept values: many rotated copies
     case = next(c for c in cases.grid(suite, "smoke") if c.name == small.get(suite, c.name))
-    _, copy = cases.find(suite, case.name, "copy@cpu", "smoke")
-    fn = cases.prepare(case, copy, "smoke").phases[0][1]
+    _, copy = cases.find(suite, case.name, name, "smoke")
+    prepared = cases.prepare(case, copy, "smoke")
+    fn = prepared.phases[0][1]
     ptrs = [fn(i).data_ptr() for i in range(4)]
     assert len(set(ptrs)) == 4
+    if suite == "csr":  # the span they rotate through is their own copies'
+        out = fn(0)
+        sets = measure.rotation_sets(out.numel() * 4, "cpu")
+        assert prepared.info["rotated_mib"] == measure.rotated_mib(out.numel() * 4, sets)
 
 
 def test_channels_last_nm_cases_prune_channels_last_gradients():
@@ -323,6 +330,11 @@ def test_add_derived_speedups_and_measured_fractions():
     assert rows[3]["frac_bw_measured"] == pytest.approx(0.5)
     assert rows[3]["frac_peak_measured"] == pytest.approx(0.25)
     assert "frac_bw_measured" not in rows[4]  # no calibration on that device
+    # nor where the device has none at all (its copy skipped, say): no fraction, no error
+    lone = [_row("pack", "p", "grad_pack[ref]", 2.0, gbps=5.0, gbps_sectors=7.0, tflops=0.1)]
+    assert not {"frac_bw_measured", "frac_bw_measured_sectors", "frac_peak_measured"} & set(
+        cases.add_derived(lone)[0]
+    )
     assert "speedup_vs_torch_mm" not in rows[6]
 
 
@@ -571,6 +583,31 @@ def test_pack_rows_rotate_the_positions_and_the_bucket_by_their_own_size(monkeyp
         assert len(set(ptrs[:out_sets])) == out_sets > 1 and ptrs[out_sets] == ptrs[0]
 
 
+@pytest.mark.parametrize(
+    ("op", "method"), [("pack", "index_select"), ("unpack", "scatter_")], ids=["pack", "unpack"]
+)
+def test_pack_reference_rows_read_each_rotated_copy_of_the_positions(monkeypatch, op, method):
+    # The rows said the positions rotate (rotated_index_mib); torch's index_select and
+    # scatter_ must be handed those copies, not one index that stays in the cache.
+    monkeypatch.setattr(measure, "ROTATE_BYTES_CPU", 2**20)
+    case = next(c for c in cases.grid("pack", "smoke") if c.params["kind"] == op)
+    prepared = cases.prepare(
+        case, cases.implementations("pack", "smoke")[f"grad_{op}[ref]@cpu"], "smoke"
+    )
+    sets = measure.rotation_sets(prepared.info["nnz"] * (4 if op == "pack" else 8), "cpu")
+    seen = []
+    real = getattr(torch.Tensor, method)
+
+    def spy(self, dim, index, *rest):
+        seen.append(index.data_ptr())
+        return real(self, dim, index, *rest)
+
+    monkeypatch.setattr(torch.Tensor, method, spy)
+    for i in range(sets):
+        prepared.phases[0][1](i)
+    assert len(set(seen)) == sets > 1
+
+
 def test_gather_rows_count_their_value_reads_in_whole_sectors():
     """pattern_csr and pack rows carry bytes_sectors: the bytes counted, with the value reads
     as the distinct 32-byte sectors they touch (a gather reads whole sectors), counted here
@@ -631,6 +668,26 @@ def test_sector_bytes_counts_each_touched_sector_once():
         measure.sector_bytes(torch.tensor([8, 0]), 4)
 
 
+def test_csr_rows_count_the_bytes_each_moves_and_the_sparsity_made():
+    """pattern_csr reads a value and a column and writes a value per kept position (4 + 8 +
+    4 bytes) and reads the row pointers (8 each); torch's to_sparse_csr reads the whole
+    dense matrix too; the copy reads and writes the kept values."""
+    case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
+    impls = cases.implementations("csr", "smoke")
+    f, k = 37, 13 * 9
+    info = cases.prepare(case, impls["pattern_csr[ref]@cpu"], "smoke").info
+    nnz = info["nnz"]
+    assert info["sparsity_actual"] == pytest.approx(1 - nnz / (f * k), abs=1e-4)
+    assert info["sparsity_actual"] > 0.9  # the case's 95%, not its density
+    expected = {
+        "pattern_csr[ref]@cpu": nnz * 16 + (f + 1) * 8,
+        "torch_to_sparse_csr@cpu": f * k * 4 + nnz * 12 + (f + 1) * 8,
+        "copy@cpu": 2 * nnz * 4,
+    }
+    for name, nbytes in expected.items():
+        assert cases.prepare(case, impls[name], "smoke").bytes == nbytes, name
+
+
 def test_csr_copy_moved_baseline_copies_the_bytes_pattern_csr_moves():
     case = next(c for c in cases.grid("csr", "smoke") if c.name == "37x13x3x3-s95")
     impls = cases.implementations("csr", "smoke")
@@ -646,6 +703,37 @@ def test_a_skipped_row_carries_the_flags_it_would_have_run_under():
     assert row["status"] == "skipped"
     assert row["tf32_matmul"] is True and row["tf32_cudnn"] is True
     assert row["cudnn_benchmark"] is True
+
+
+@pytest.mark.parametrize("suite", ["conv", "iteration"])
+def test_rows_not_run_say_cudnn_benchmark_only_for_the_gpu_rows_of_its_suites(monkeypatch, suite):
+    """A row skipped or failed before its preparation pinned the flags still says what it
+    would have run under: cuDNN's benchmark mode on for the GPU rows of conv and iteration,
+    off for their CPU rows (nothing of cuDNN runs there)."""
+
+    def refused(*args, **kwargs):
+        raise Unavailable("not here")
+
+    monkeypatch.setattr(cases, "prepare", refused)
+    case = cases.grid(suite, "smoke")[0]
+    impls = cases.implementations(suite, "smoke")
+    assert {i.device for i in impls.values()} == {"cpu", "cuda"}
+    for impl in impls.values():
+        row = cases.run_pair(case, impl, "smoke")
+        assert row["status"] == "skipped", impl.name
+        assert row["cudnn_benchmark"] is (impl.device == "cuda"), impl.name
+
+
+@pytest.mark.parametrize("method", ["clicktrain", "sdgp"])
+def test_a_cpu_iteration_row_needs_no_cuda_kernels(monkeypatch, method):
+    # The methods' layers run the torch reference on the CPU: their rows there are timed
+    # whether or not a GPU's kernels load.
+    _kernels_state(monkeypatch, loads=False, environment=None)
+    case = cases.grid("iteration", "smoke")[0]
+    prepared = cases.prepare(
+        case, cases.implementations("iteration", "smoke")[f"{method}@cpu"], "smoke"
+    )
+    assert prepared.device == torch.device("cpu") and prepared.phases
 
 
 @pytest.mark.parametrize("op", ["pack", "unpack"], ids=["pack", "unpack"])

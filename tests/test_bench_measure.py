@@ -88,6 +88,20 @@ def test_pinned_flags_set_and_restore():
     assert measure.flags() == before
 
 
+def test_pinned_flags_restore_each_flag_to_its_own_value(monkeypatch):
+    # Start from three values no two of which agree by chance, so that a flag restored from
+    # another's saved value is seen.
+    for on in (True, False):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", on)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", not on)
+        monkeypatch.setattr(torch.backends.cudnn, "benchmark", on)
+        before = measure.flags()
+        assert before == {"tf32_matmul": on, "tf32_cudnn": not on, "cudnn_benchmark": on}
+        with measure.pinned_flags(not on, on, not on):
+            assert measure.flags() == {k: not v for k, v in before.items()}
+        assert measure.flags() == before
+
+
 def test_pinned_flags_restore_after_an_error():
     before = measure.flags()
     with pytest.raises(RuntimeError), measure.pinned_flags(tf32_matmul=not before["tf32_matmul"]):

@@ -1086,7 +1086,9 @@ def _prepare_csr(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         nbytes = nnz * (4 + 4 + 8) + (f + 1) * 8.0
         # the value reads as whole sectors: the least the gather reads from memory
         positions = csr_rows(row_ptr, nnz) * k + col_ind
-        info["bytes_sectors"] = nbytes - nnz * 4 + measure.sector_bytes(positions, 4)
+        info["bytes_sectors"] = (
+            nbytes - nnz * 4 + measure.sector_bytes(positions, 4, measure.fetch_bytes(dev))
+        )
     elif name == "torch_to_sparse_csr":
         w2 = [x.reshape(f, k) for x in ws]
 
@@ -1517,7 +1519,9 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if op == "pack":
         nbytes = nnz * (4.0 + read_index.element_size() + 4.0)
         # the value reads as whole sectors: the least the gather reads from memory
-        info["bytes_sectors"] = nbytes - nnz * 4.0 + measure.sector_bytes(index, 4)
+        info["bytes_sectors"] = (
+            nbytes - nnz * 4.0 + measure.sector_bytes(index, 4, measure.fetch_bytes(dev))
+        )
     else:
         nbytes = nnz * (4.0 + read_index.element_size()) + numel * 4.0
     return Prepared([("op", fn)], dev, bytes=nbytes, flags=_flag_options(impl), info=info)

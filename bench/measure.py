@@ -208,6 +208,14 @@ def rotated_mib(bytes_per_set: float, sets: int) -> float:
 #: Bytes of one DRAM sector: the unit a GPU reads from memory (an L2 sector on NVIDIA GPUs
 #: since Volta), so a gather that needs one 4-byte value of a sector still reads 32 bytes.
 SECTOR_BYTES = 32
+#: Bytes of one cache line, the unit an x86-64 or Arm server CPU reads from memory.
+CPU_LINE_BYTES = 64
+
+
+def fetch_bytes(device: torch.device | str) -> int:
+    """The unit a gather on ``device`` reads from memory, in bytes: :data:`SECTOR_BYTES` on
+    a GPU, :data:`CPU_LINE_BYTES` on the CPU."""
+    return SECTOR_BYTES if torch.device(device).type == "cuda" else CPU_LINE_BYTES
 
 
 def sector_bytes(positions: torch.Tensor, itemsize: int, sector: int = SECTOR_BYTES) -> float:

@@ -622,9 +622,10 @@ def test_gather_rows_count_their_value_reads_in_whole_sectors():
         sectors = prepared.info["bytes_sectors"]
         p = case.params
         mask = cases._masked_weight(p["weight_shape"], p["sparsity"], torch.device("cpu"), 0)[1]
-        kept = [i for i, m in enumerate(mask.flatten().tolist()) if m]  # float32: 8 a sector
+        kept = [i for i, m in enumerate(mask.flatten().tolist()) if m]
         assert len(kept) == nnz
-        exact = counted - 4 * nnz + 32 * len({i // 8 for i in kept})
+        # on the CPU, 64-byte cache lines: 16 float32 values a line
+        exact = counted - 4 * nnz + 64 * len({i // 16 for i in kept})
         assert sectors == exact and counted < sectors, (suite, counted, sectors, exact)
         row = cases.run_pair(case, impl, "smoke")
         assert row["status"] == "ok" and row["bytes_sectors"] == sectors
@@ -658,6 +659,11 @@ def test_gathers_write_a_fresh_output_each_call(monkeypatch, suite, name):
     fn = prepared.phases[0][1]
     ptrs = [fn(i).data_ptr() for i in range(2 * sets + 1)]
     assert len(set(ptrs[: sets + 1])) == sets + 1  # no block reused while it is held
+
+
+def test_a_gather_reads_sectors_on_a_gpu_and_cache_lines_on_a_cpu():
+    assert measure.fetch_bytes("cuda") == measure.fetch_bytes(torch.device("cuda", 1)) == 32
+    assert measure.fetch_bytes("cpu") == 64
 
 
 def test_sector_bytes_counts_each_touched_sector_once():

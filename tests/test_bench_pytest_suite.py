@@ -254,3 +254,8 @@ def test_saved_benchmarks_name_their_case_group_and_shapes(tmp_path):
         assert b["params"]["case"] == "37x13x3x3-s95"
         assert b["extra_info"]["case_params"]["weight_shape"] == [37, 13, 3, 3]
         assert b["extra_info"]["baseline"] == (b["params"]["impl"] != "pattern_csr[ref]@cpu")
+        assert b["extra_info"]["rotated_mib"] > 0  # the span its operands rotate through
+    (ours,) = (b for b in saved if b["params"]["impl"] == "pattern_csr[ref]@cpu")
+    info = ours["extra_info"]  # what the gather's rows say of it too
+    assert info["bytes_sectors"] > info["bytes"] and info["gbps_sectors"] > info["gbps"]
+    assert info["rotated_index_mib"] > 0 and info["rotated_out_mib"] > 0

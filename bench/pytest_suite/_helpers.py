@@ -27,12 +27,17 @@ EXTRA = (
     "flops",
     "flops_nominal",
     "bytes",
+    "bytes_sectors",
     "tflops",
     "gbps",
+    "gbps_sectors",
     "frac_peak_spec",
     "frac_bw_spec",
     "nnz",
     "sparsity_actual",
+    "rotated_mib",
+    "rotated_index_mib",
+    "rotated_out_mib",
     "scale",
 )
 

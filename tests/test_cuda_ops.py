@@ -1211,6 +1211,80 @@ def test_emulated_pattern_csr_gather_and_scatter_are_exact(emulated):
     assert torch.equal(dense.grad, expected)
 
 
+def test_emulated_nm_takes_a_strided_input_and_launches_nothing_for_an_empty_one(emulated):
+    """A tensor the [O, C, I] view cannot take in place (every other channel of a batch) is
+    pruned as its dense copy is, into a result of its own shape; an empty one returns at once
+    (a launch of a zero-sized grid is an error on a GPU)."""
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(2, 16, 4, 4, generator=gen)[:, ::2]
+    assert not x.is_contiguous()
+    got = nm_cuda.nm_prune_cuda(x, 2, 4, method="magnitude")
+    assert got.shape == x.shape and emulated
+    assert torch.equal(got, nm_prune_ref(x.contiguous(), 2, 4, method="magnitude"))
+    emulated.clear()
+    empty = torch.empty(0, 8, 4, 4)
+    assert nm_cuda.nm_prune_cuda(empty, 2, 4).shape == empty.shape and emulated == []
+
+
+def test_emulated_spmm_takes_operands_of_any_strides_and_an_empty_matrix(emulated):
+    """The dense operand transposed (no unit stride along its rows), or in a batch whose
+    stride is not a whole 16 bytes (read element by element: a vector load would be
+    misaligned), gives the reference's product; a matrix with no kept entry writes zeros
+    over whatever the output held."""
+    gen = torch.Generator().manual_seed(32)
+    idx = pattern_index(torch.rand(6, 2, 3, 3, generator=gen) < 0.5)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen, dtype=torch.float64)
+    bt = torch.randn(8, 18, generator=gen, dtype=torch.float64).t()
+    assert bt.stride(-1) != 1
+    got = pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, bt)
+    want = pattern_spmm(vals, idx.row_ptr, idx.col_ind, bt, impl="ref")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    flat = torch.randn(3 * (18 * 8 + 1), generator=gen, dtype=torch.float64)
+    b3 = flat.as_strided((3, 18, 8), (18 * 8 + 1, 8, 1))  # rows aligned, batches not
+    emulated.clear()
+    got = pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, b3)
+    assert emulated and all(name.endswith("_scalar") for name in emulated), emulated
+    want = pattern_spmm(vals, idx.row_ptr, idx.col_ind, b3.contiguous(), impl="ref")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    none = pattern_index(torch.zeros(6, 2, 3, 3, dtype=torch.bool))
+    out = torch.full((1, 6, 8), float("nan"), dtype=torch.float64)
+    pattern_cuda._spmm(torch.empty(0, dtype=torch.float64), none.row_ptr, none.col_ind, bt, out=out)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_emulated_pattern_ops_refuse_what_they_cannot_read(emulated):
+    """Called directly (not through the dispatching ops): a row_ptr of another length than
+    the dense matrix's rows, values of another dtype than the dense operand, and an index
+    built for another structure are refused before any launch."""
+    gen = torch.Generator().manual_seed(33)
+    mask = torch.rand(6, 2, 3, 3, generator=gen) < 0.5
+    idx = pattern_index(mask)
+    w = torch.randn(6, 2, 3, 3, generator=gen)
+    with pytest.raises(ValueError, match="row_ptr must have 7 entries, got 6"):
+        pattern_cuda.pattern_csr_cuda(w, idx.row_ptr[:-1], idx.col_ind)
+    vals = torch.randn(idx.col_ind.numel(), generator=gen, dtype=torch.float64)
+    with pytest.raises(ValueError, match="values torch.float64 and dense_b torch.float32 differ"):
+        pattern_cuda._spmm(vals, idx.row_ptr, idx.col_ind, torch.randn(18, 4))
+    other = pattern_index(~mask)
+    with pytest.raises(ValueError, match="differs from the"):
+        pattern_cuda.pattern_spmm_cuda(
+            vals.float(), idx.row_ptr, idx.col_ind, torch.randn(18, 4), index=other
+        )
+    assert emulated == []
+
+
+def test_emulated_pattern_conv_takes_a_channels_last_input(emulated):
+    gen = torch.Generator().manual_seed(34)
+    idx = pattern_index(torch.rand(5, 3, 3, 3, generator=gen) < 0.5)
+    w = torch.randn(5, 3, 3, 3, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, 3, 7, 6, generator=gen, dtype=torch.float64)
+    got = pattern_cuda.pattern_conv2d_cuda(
+        x.to(memory_format=torch.channels_last), w, idx, padding=1
+    )
+    want = pattern_conv2d(x, w, idx, padding=1, impl="ref")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 EMU_CONV = [
     ((2, 3, 7, 9), 5, (3, 3), 1, 1, 1),
     ((2, 5, 11, 11), 7, (3, 3), 2, 1, 2),
@@ -1597,6 +1671,11 @@ def test_vector_loads_only_where_aligned_positions_or_whole_groups_are():
     assert nm_cuda.vector_loads(lv, 4, 4, shifted) == 0  # 4-byte aligned, not 16
     two = torch.zeros(3, 12)  # groups along the last dim: I = 1
     assert nm_cuda.vector_loads(nm_cuda.nm_view(two.shape, two.stride(), 1), 4, 4, two) == 2
+    # rows 258 floats apart (a slice of a wider matrix): a row's start is 8 bytes off 16
+    rows = torch.zeros(2, 258)[:, :256].unflatten(1, (8, 4, 8))
+    rv = nm_cuda.nm_view(rows.shape, rows.stride(), 1)
+    assert rv.O == 2 and rv.so % 4 != 0
+    assert nm_cuda.vector_loads(rv, 4, 4, rows) == 0
 
 
 def test_emulated_nm_takes_more_groups_per_row_than_a_grid_dimension(emulated):

@@ -135,6 +135,13 @@ def test_a_dual_tensor_of_forward_mode_ad_is_refused_not_given_no_tangent():  # 
             eager.call(op, op, dual)
         assert eager.call(op, op, torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
+        def product(a, b):
+            return a * b
+
+        # one dual among plain operands (the values dual, the dense operand not) is refused too
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            eager.call(product, product, torch.ones(3), dual)
+
 
 @pytest.mark.parametrize("through_op", [False, True], ids=["direct", "through-op"])
 def test_host_overhead_script_times_every_call(through_op):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -140,24 +141,37 @@ def test_nvml_init_failure_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["gpu_source"] is None
 
 
-def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_nvml(monkeypatch: pytest.MonkeyPatch, count: int, **calls: Any) -> types.ModuleType:
+    """A pynvml of ``count`` GPUs (handle = index; GPU ``h`` named "Fake GPU h", clocks
+    1000 + h MHz, power limit 100 + h W, 1 GiB), ``calls`` replacing any of its functions."""
     fake = types.ModuleType("pynvml")
     fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
-    fake.nvmlInit = lambda: None
-    fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: 2
+    fake.nvmlInit = fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: count
     fake.nvmlDeviceGetHandleByIndex = lambda i: i
     fake.nvmlDeviceGetName = lambda h: f"Fake GPU {h}".encode()
     fake.nvmlSystemGetDriverVersion = lambda: "999.01"
-    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=81559 * 2**20)
-    fake.nvmlDeviceGetClockInfo = lambda h, c: {1: 1755, 2: 2619}[c]
-    fake.nvmlDeviceGetMaxClockInfo = lambda h, c: {1: 1980, 2: 3201}[c]
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**30)
+    fake.nvmlDeviceGetClockInfo = fake.nvmlDeviceGetMaxClockInfo = lambda h, c: 1000 + h
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 1000 * (100 + h)  # NVML: milliwatts
+    for name, fn in calls.items():
+        setattr(fake, name, fn)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
 
+
+def test_nvml_fields_from_a_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_power(h):
         raise RuntimeError("not supported")
 
-    fake.nvmlDeviceGetEnforcedPowerLimit = no_power
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fake = _fake_nvml(
+        monkeypatch,
+        2,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=81559 * 2**20),
+        nvmlDeviceGetClockInfo=lambda h, c: {1: 1755, 2: 2619}[c],
+        nvmlDeviceGetMaxClockInfo=lambda h, c: {1: 1980, 2: 3201}[c],
+        nvmlDeviceGetEnforcedPowerLimit=no_power,
+    )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     info = env.gpu_info()
     assert info["gpu_name"] == "Fake GPU 1"  # the first visible device, not index 0
@@ -201,18 +215,7 @@ def test_the_visible_gpu_is_the_first_entry_cuda_can_read(monkeypatch: pytest.Mo
 def test_the_gpu_described_is_the_one_the_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     # The GPU fields always named CUDA's GPU 0: a run on cuda:3 recorded GPU 0's name,
     # clocks and power limit beside device "cuda:3".
-    fake = types.ModuleType("pynvml")
-    fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
-    fake.nvmlInit = fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: 8
-    fake.nvmlDeviceGetHandleByIndex = lambda i: i
-    fake.nvmlDeviceGetHandleByUUID = lambda u: {b"GPU-abc": 6}[u]
-    fake.nvmlDeviceGetName = lambda h: f"Fake GPU {h}".encode()
-    fake.nvmlSystemGetDriverVersion = lambda: "999.01"
-    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**30)
-    fake.nvmlDeviceGetClockInfo = fake.nvmlDeviceGetMaxClockInfo = lambda h, c: 1000 + h
-    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 1000 * (100 + h)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _fake_nvml(monkeypatch, 8, nvmlDeviceGetHandleByUUID=lambda u: {b"GPU-abc": 6}[u])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     info = env.collect(3)
     assert info["gpu_name"] == "Fake GPU 3" and info["gpu_sm_clock_mhz"] == 1003
@@ -233,16 +236,7 @@ def test_the_gpu_described_is_the_one_the_process_uses(monkeypatch: pytest.Monke
 
 
 def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("pynvml")
-    fake.NVML_CLOCK_SM, fake.NVML_CLOCK_MEM = 1, 2
-    fake.nvmlInit = fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: 1
-    fake.nvmlDeviceGetHandleByIndex = lambda i: i
-    fake.nvmlDeviceGetName = lambda h: b"Fake H100"
-    fake.nvmlSystemGetDriverVersion = lambda: "999.01"
-    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**30)
-    fake.nvmlDeviceGetClockInfo = fake.nvmlDeviceGetMaxClockInfo = lambda h, c: 1000
-    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000  # NVML reports milliwatts
+    fake = _fake_nvml(monkeypatch, 1, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert env.gpu_info()["gpu_power_limit_w"] == 700.0

@@ -158,11 +158,10 @@ def init_process_group(
     backend = backend_for(device)
     local = rank if local_rank is None else local_rank
     if backend == "nccl":
-        shortage = gpu_shortage(local + 1, device)
-        if shortage is not None:
-            raise ValueError(f"local rank {local}: {shortage}")
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-        torch.cuda.set_device(local)
+        # modulo the GPUs this process sees: a scheduler that gives each process one GPU of
+        # its own (CUDA_VISIBLE_DEVICES per task) leaves every local rank with one, index 0
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
     global _GROUP_TIMEOUT_S
     if not dist.is_initialized():
         _GROUP_TIMEOUT_S = timeout

@@ -106,8 +106,10 @@ def test_backend_and_device_choice():
 
 def test_each_nccl_rank_has_a_gpu_of_its_own(monkeypatch):
     # Under a user's torchrun, --device cuda:3 put every rank on GPU 3 (init_process_group had
-    # selected each local rank's), and 16 processes on 8 GPUs put two on each: NCCL fails
-    # both after start-up, with a duplicate-GPU error. Each is now refused with its reason.
+    # selected each local rank's), and pdtbench's --nproc 16 on 8 GPUs put two on each: NCCL
+    # fails both after start-up, with a duplicate-GPU error. Each is now refused with its
+    # reason. (A worker does not refuse a local rank past its GPUs: a scheduler may give each
+    # process a GPU of its own, which it sees as GPU 0.)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     nccl = D.DistInfo(rank=9, world_size=16, local_rank=1, backend="nccl", timeout_s=30.0)
@@ -117,9 +119,6 @@ def test_each_nccl_rank_has_a_gpu_of_its_own(monkeypatch):
         D.rank_device(torch.device("cuda", 3), nccl)
     assert D.gpu_shortage(8, "cuda") is None and D.gpu_shortage(16, "cpu") is None
     assert "16 processes on this node need a CUDA GPU each" in D.gpu_shortage(16, "auto")
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("a GPU was selected"))
-    with pytest.raises(ValueError, match="local rank 9: 10 processes .* it shows 8"):
-        D.init_process_group(9, 16, device="cuda", local_rank=9)
 
 
 def test_torchrun_command_passes_our_flags_untouched():

@@ -438,6 +438,12 @@ def cmd_train(argv: list[str]) -> int:
                 f"--device {device} with --nproc {args.nproc} would put every process on that "
                 "one GPU; give --device cuda (each process takes the GPU of its local rank)"
             )
+        from impl.train import pick_device
+
+        try:  # no CUDA here: said as one process would say it
+            pick_device(str(device))
+        except ValueError as err:
+            raise UsageError(str(err)) from err
         shortage = distributed.gpu_shortage(args.nproc, device)
         if shortage is not None:
             raise UsageError(f"--nproc {args.nproc}: {shortage}")

@@ -272,6 +272,12 @@ class CommStats:
 _UNBOUND = object()
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, bumped by every in-place edit (None for a tensor made under
+    ``torch.inference_mode``, which keeps none and cannot be edited outside it)."""
+    return None if t.is_inference() else t._version
+
+
 class CommState:
     """State of :func:`allreduce_hook`: process group, masks, statistics, timing.
 
@@ -315,7 +321,7 @@ class CommState:
             if not masks
             else (
                 id(model),
-                tuple((n, id(m), m.data_ptr(), m._version) for n, m in masks.items()),
+                tuple((n, id(m), m.data_ptr(), _version(m)) for n, m in masks.items()),
             )
         )
         if key == self._source:

@@ -210,22 +210,35 @@ def shutdown() -> None:
 
 
 def rank_device(device: torch.device, info: DistInfo) -> torch.device:
-    """The device of this rank: ``cuda`` without an index becomes ``cuda:LOCAL_RANK``.
+    """The device of this rank: ``cuda`` without an index becomes ``cuda:K``, ``K`` the local
+    rank modulo the GPUs this process sees (the one :func:`init_process_group` selected).
 
     Raises:
-        ValueError: an NCCL job's ``cuda:N`` names another GPU than the local rank's, which
-            :func:`init_process_group` selected (every rank given ``cuda:N`` would train on
-            that one GPU, and NCCL refuses two ranks on one GPU).
+        ValueError: ``cuda:N`` names another GPU than that one in an NCCL job of several
+            processes on this node (torchrun's ``LOCAL_WORLD_SIZE``): every one of them
+            would train on GPU N, and NCCL refuses two ranks on one GPU. One process per
+            node may name its GPU.
     """
     if not (info.active and device.type == "cuda"):
         return device
     own = torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
-    if device.index is not None and device != own and info.backend == "nccl":
+    if device.index is None:
+        return own
+    if device != own and info.backend == "nccl" and _local_world_size() > 1:
         raise ValueError(
-            f"--device {device} on local rank {info.local_rank}, whose GPU is {own}: in a "
-            "job of several processes give --device cuda (each takes its local rank's GPU)"
+            f"--device {device} on local rank {info.local_rank}, whose GPU is {own}: with "
+            "several processes on a node give --device cuda (each takes its local rank's "
+            "GPU), or choose the GPUs with CUDA_VISIBLE_DEVICES"
         )
-    return own if device.index is None else device
+    return device
+
+
+def _local_world_size() -> int:
+    """The processes of this node, as torchrun says (``LOCAL_WORLD_SIZE``); 1 when unsaid."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def gpu_shortage(processes: int, device: str | torch.device) -> str | None:

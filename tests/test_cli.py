@@ -219,6 +219,11 @@ def test_train_refuses_more_processes_than_the_node_has_gpus(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert "--nproc 16: 16 processes on this node need a CUDA GPU each (NCCL)" in err
     assert "it shows 8: run at most 8 per node" in err and not out.exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA: as one process
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--device 'cuda': this torch" in err and "use --device cpu or auto" in err
+    assert "run at most" not in err and not out.exists()
 
 
 def test_train_schedule_flags_reach_the_config(tmp_path):
@@ -967,7 +972,7 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
     monkeypatch.chdir(tmp_path)
     here = {"commit": "a" * 40, "dirty": False}
     real = impl.env.collect
-    monkeypatch.setattr(impl.env, "collect", lambda: {**real(), **here})
+    monkeypatch.setattr(impl.env, "collect", lambda gpu=None: {**real(gpu), **here})
     argv = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", "1",
             "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0

@@ -262,6 +262,10 @@ def test_a_mask_edited_in_place_is_taken_again():
     assert state.set_masks(m, masks) is True
     assert state.bucket_index([m[0].weight]).numel() == before + keep[1].numel()
     assert state.set_masks(m, masks) is False  # unchanged since: no new check
+    with torch.inference_mode():  # such a tensor keeps no version counter: taken as it is
+        frozen = torch.ones(m[0].weight.shape, dtype=torch.bool)
+    assert state.set_masks(m, {"0.weight": frozen}) is True
+    assert state.set_masks(m, {"0.weight": frozen}) is False
 
 
 @pytest.fixture

@@ -113,12 +113,19 @@ def test_each_nccl_rank_has_a_gpu_of_its_own(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     nccl = D.DistInfo(rank=9, world_size=16, local_rank=1, backend="nccl", timeout_s=30.0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert D.rank_device(torch.device("cuda"), nccl) == torch.device("cuda", 1)
     assert D.rank_device(torch.device("cuda", 1), nccl) == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="--device cuda:3 on local rank 1, whose GPU is cuda:1"):
         D.rank_device(torch.device("cuda", 3), nccl)
+    # one process per node may name its GPU (several nodes, each told to use GPU 3)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    alone = D.DistInfo(rank=1, world_size=2, local_rank=0, backend="nccl", timeout_s=30.0)
+    assert D.rank_device(torch.device("cuda", 3), alone) == torch.device("cuda", 3)
     assert D.gpu_shortage(8, "cuda") is None and D.gpu_shortage(16, "cpu") is None
     assert "16 processes on this node need a CUDA GPU each" in D.gpu_shortage(16, "auto")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU a process
+    assert D.rank_device(torch.device("cuda"), nccl) == torch.device("cuda", 0)
 
 
 def test_torchrun_command_passes_our_flags_untouched():

@@ -194,6 +194,19 @@ def test_pick_says_how_each_path_was_chosen(monkeypatch):
     assert timed_choice.pick("spmm", "a", ("row_tiled",), run, like) == "row_tiled"  # not a's
 
 
+def test_a_remembered_choice_is_taken_without_asking_whether_timing_could_run(monkeypatch):
+    # Every call of a timed op asked can_time (a query of the GPU's capture state, and of
+    # the current device) before finding the choice it had remembered.
+    monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn, device=None: fn())
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
+    costs = {"row_tiled": 2.0, "warp_row": 1.0}
+    both = ("row_tiled", "warp_row")
+    assert timed_choice.pick("spmm", "once", both, costs.get, torch.zeros(1)) == "warp_row"
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: pytest.fail("asked again"))
+    for _ in range(3):
+        assert timed_choice.pick("spmm", "once", both, costs.get, torch.zeros(1)) == "warp_row"
+
+
 def test_cuda_ms_is_per_call(monkeypatch):
     """The events' span divided by the calls between them (a stand-in clock: 30 ms for 3)."""
 

@@ -50,7 +50,7 @@ IMPLS: tuple[str, ...] = ("auto", "ref", "cuda", "cpu")
 MAX_GROUP = 32  # the authors' kernel keeps one group per thread in registers, m <= 32
 RESCALE_EPS = 1e-4  # the constant of the authors' rescale rule
 
-# The CUDA implementation of nm_prune. It defines ``is_available() -> bool`` and
+# The CUDA implementation of nm_prune. It defines ``is_available(device) -> bool`` and
 # ``nm_prune_cuda(x, n, m, method, dim, rescale, generator, eps)`` with the semantics of
 # :func:`nm_prune_ref`, which defines the op (the random draw is its own, see that module).
 _CUDA_MODULE = "impl.ops.nm_cuda"

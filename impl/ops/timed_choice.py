@@ -95,14 +95,14 @@ def pick(
         path, how = candidates[0], "fallback"
     elif not (same_bits or torch.backends.cudnn.benchmark):
         path, how = candidates[0], "default"
+    elif remembered in candidates:  # timed before (in eager mode, if this is a capture)
+        path, how = remembered, "timed" if len(candidates) > 1 else "default"
     elif can_time(like):
         device = like.device
         path = choose_timed(
             op, problem, candidates, lambda p: cuda_ms(lambda: run(p), device=device)
         )
         how = "timed" if len(candidates) > 1 else "default"
-    elif remembered in candidates:  # say during CUDA-graph capture: what eager timing chose
-        path, how = remembered, "timed"
     else:
         path, how = candidates[0], "default"
     record_use(op, path, how)

@@ -1487,13 +1487,14 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             g, ix = grads[i % len(grads)], indexes[i % len(indexes)]
             return pack_cuda.pack(g, ix) if cuda else g.reshape(-1).index_select(0, ix)
 
-        fn, n_out = _holding_outputs(gather, nnz * 4.0, dev)
-
+        out_bytes = nnz * 4.0
+        fn, n_out = _holding_outputs(gather, out_bytes, dev)
     else:
         # the sparse Allreduce's unpack (impl.comm.unpack): the bucket zeroed except the
         # reduced values at the kept positions
         buffers = _rotated((nnz,), dev, 1)
         outs = measure.rotated(lambda j: torch.zeros(tuple(shape), device=dev))
+        out_bytes, n_out = math.prod(shape) * 4.0, len(outs)
         expand = cuda and impl.options.get("variant") != "scatter"
         # the tile table of the positions (the same for every copy of them), built once
         starts = pack_cuda.expand_starts(index, math.prod(shape)) if expand else None
@@ -1512,7 +1513,6 @@ def _prepare_pack(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     numel = math.prod(shape)
     info = {"nnz": nnz, "numel": numel, "index_dtype": str(read_index.dtype)}
     info["rotated_index_mib"] = measure.rotated_mib(nnz * read_index.element_size(), len(indexes))
-    out_bytes, n_out = (nnz * 4.0, n_out) if op == "pack" else (numel * 4.0, len(outs))
     info["rotated_out_mib"] = measure.rotated_mib(out_bytes, n_out)
     # pack: read value and index (the one this implementation reads), write value; unpack:
     # read value and index, write the whole bucket (zeros included)

@@ -159,9 +159,7 @@ def init_process_group(
     local = rank if local_rank is None else local_rank
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-        # modulo the GPUs this process sees: a scheduler that gives each process one GPU of
-        # its own (CUDA_VISIBLE_DEVICES per task) leaves every local rank with one, index 0
-        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(local_gpu(local))
     global _GROUP_TIMEOUT_S
     if not dist.is_initialized():
         _GROUP_TIMEOUT_S = timeout
@@ -209,9 +207,16 @@ def shutdown() -> None:
     _GROUP_TIMEOUT_S = None
 
 
+def local_gpu(local_rank: int) -> int:
+    """The CUDA index of the GPU of local rank ``local_rank``: the rank modulo the GPUs this
+    process sees (a scheduler that gives each process one GPU of its own, through
+    ``CUDA_VISIBLE_DEVICES`` per task, leaves every local rank with one, index 0)."""
+    return local_rank % max(torch.cuda.device_count(), 1)
+
+
 def rank_device(device: torch.device, info: DistInfo) -> torch.device:
-    """The device of this rank: ``cuda`` without an index becomes ``cuda:K``, ``K`` the local
-    rank modulo the GPUs this process sees (the one :func:`init_process_group` selected).
+    """The device of this rank: ``cuda`` without an index becomes ``cuda:K``, ``K`` the
+    :func:`local_gpu` of its local rank (the one :func:`init_process_group` selected).
 
     Raises:
         ValueError: ``cuda:N`` names another GPU than that one in an NCCL job of several
@@ -221,7 +226,7 @@ def rank_device(device: torch.device, info: DistInfo) -> torch.device:
     """
     if not (info.active and device.type == "cuda"):
         return device
-    own = torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
+    own = torch.device("cuda", local_gpu(info.local_rank))
     if device.index is None:
         return own
     if device != own and info.backend == "nccl" and _local_world_size() > 1:
@@ -813,6 +818,7 @@ __all__ = [
     "init_process_group",
     "launch",
     "rank_device",
+    "local_gpu",
     "gpu_shortage",
     "run_worker",
     "shard",

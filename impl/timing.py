@@ -17,10 +17,14 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
         self._events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
         self._times: dict[str, list[float]] = {}
         self._open: dict[str, object] = {}
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the phases are timed by CUDA events (a GPU device)."""
+        return self.device.type == "cuda"
 
     def start(self, phase: str) -> None:
         """Mark the start of ``phase`` for the current iteration."""

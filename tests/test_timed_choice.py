@@ -116,8 +116,8 @@ def test_a_graph_capture_is_looked_for_on_the_tensors_gpu(monkeypatch):
     current, capturing = [0], {0: False, 2: True}
 
     @contextlib.contextmanager
-    def on(index):
-        before, current[0] = current[0], index
+    def on(device):
+        before, current[0] = current[0], torch.device(device).index
         yield
         current[0] = before
 

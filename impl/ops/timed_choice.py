@@ -200,10 +200,7 @@ def can_time(t: torch.Tensor) -> bool:
     capture must not synchronise)."""
     if not t.is_cuda or _tracing(t):
         return False
-    index = t.device.index
-    if index is None or index == torch.cuda.current_device():
-        return not torch.cuda.is_current_stream_capturing()
-    with torch.cuda.device(index):  # the capture that matters is on the tensor's GPU
+    with torch.cuda.device(t.device):  # the capture that matters is on the tensor's GPU
         return not torch.cuda.is_current_stream_capturing()
 
 

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.pdtbench-installed
 # Test processes for `make test` (pytest-xdist); 0 runs the suite in one process.
 TEST_JOBS ?= 2
 
-.PHONY: demo test test-emulated lint format setup clean bench-gpu gpu-check
+.PHONY: demo test test-slow test-all test-emulated lint format setup clean bench-gpu gpu-check
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -18,12 +18,21 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m impl.cli demo --scale $(SCALE)
 
-## Lint, format check and the test suite (GPU tests skip without a GPU).
+## Lint, format check and the test suite but its slow tests (GPU tests skip without a GPU).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 -m "not slow" tests
 	PDTBENCH_BENCH_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider bench --benchmark-disable
+
+## The slow tests (marked `slow`: a case over about 5 s on a 2-core machine): whole trainings in
+## processes of their own stopped by signals, distributed jobs, the GPU scripts' dry runs, the
+## smoke-scale reproduction in a browser, nvcc on every architecture. CI runs them after `test`.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 -m slow tests
+
+## Everything CI runs, in its order.
+test-all: test test-slow test-emulated
 
 ## The kernels' GPU tests against their CPU emulation (impl/cuda/pdt_host_emulation.cuh): their
 ## inputs, references, tolerances and path choices, checked on any machine before a GPU run.

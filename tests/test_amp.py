@@ -79,6 +79,7 @@ def conv_output_dtypes():
     ("method", "amp"),
     [(m, "bf16") for m in METHOD_RUNS] + [(m, "fp16") for m in METHOD_RUNS if m != "dense"],
 )  # dense under fp16: the overflow and resume tests below
+@pytest.mark.slow
 def test_every_method_trains_under_autocast(tmp_path, method, amp, conv_output_dtypes):
     options, epochs = METHOD_RUNS[method]
     summary = train(_cfg(tmp_path / "run", method, options, epochs, **{amp: True}), progress=False)

@@ -712,6 +712,7 @@ def test_a_skipped_row_carries_the_flags_it_would_have_run_under():
 
 
 @pytest.mark.parametrize("suite", ["conv", "iteration"])
+@pytest.mark.slow
 def test_rows_not_run_say_cudnn_benchmark_only_for_the_gpu_rows_of_its_suites(monkeypatch, suite):
     """A row skipped or failed before its preparation pinned the flags still says what it
     would have run under: cuDNN's benchmark mode on for the GPU rows of conv and iteration,

@@ -100,6 +100,7 @@ exec(compile(open(_path).read(), _path, "exec"))
 
 
 @pytest.mark.parametrize("given", ["suite", "parent"])
+@pytest.mark.slow
 def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path, given):
     """Run as ``pytest bench/pytest_suite`` (the suite's conftest read at start-up) and as
     ``pytest bench`` (read during collection, after the session began: the cut kept nothing
@@ -129,6 +130,7 @@ def test_a_session_cut_by_sigterm_keeps_the_benchmarks_that_ended(tmp_path, give
     assert partial[0]["stats"]["rounds"] >= 1
 
 
+@pytest.mark.slow
 def test_a_session_that_ends_says_it_is_complete(tmp_path):
     (tmp_path / "conftest.py").write_text(
         CUT_CONFTEST.format(suite=str(ROOT / "bench" / "pytest_suite"))
@@ -232,6 +234,7 @@ def test_iterations_get_the_warm_up_and_rounds_that_bench_run_gives_them(monkeyp
     assert (rec.rounds, rec.warmup_rounds) == (4, 3)
 
 
+@pytest.mark.slow
 def test_saved_benchmarks_name_their_case_group_and_shapes(tmp_path):
     # the parameters were Case and Impl objects, which pytest-benchmark saved as
     # "UNSERIALIZABLE[...]", every benchmark in one group (null), and no shape in extra_info

@@ -18,6 +18,7 @@ from bench import cases, run
 from impl.env import REPO_ROOT
 
 
+@pytest.mark.slow
 def test_run_writes_tidy_rows_with_provenance(tmp_path, capsys):
     out = tmp_path / "bench"
     status = run.main(
@@ -213,6 +214,7 @@ def test_sdgp_semi_cut_by_sigterm_keeps_its_rows(tmp_path):
     assert "**Incomplete**" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_complete_run_is_marked_complete_and_drops_the_partial_file(tmp_path):
     out = tmp_path / "done"
     rows = run.run("smoke", out, ["calibration"])
@@ -223,6 +225,7 @@ def test_complete_run_is_marked_complete_and_drops_the_partial_file(tmp_path):
     assert "Incomplete" not in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_error_mid_run_writes_the_rows_before_it(tmp_path, monkeypatch):
     real = cases.run_pair
     calls = []
@@ -449,6 +452,7 @@ def test_a_loaded_cpu_is_warned_of_before_cpu_timings():
 
 
 @pytest.mark.parametrize("impl", ["dense@cpu", "sdgp@cpu"])
+@pytest.mark.slow
 def test_asv_iteration_times_one_step_and_tracks_its_phases_as_asv_calls_them(monkeypatch, impl):
     """asv's order on one parameter pair: setup, the timed iteration, each track_*, then
     teardown; at the smoke case every phase is a positive time in ms and the TF32 flags
@@ -508,6 +512,7 @@ def test_asv_allreduce_counts_each_methods_bytes_once_and_skips_what_could_not_c
         bench_obj.setup(broken, case, "dense@cpu")
 
 
+@pytest.mark.slow
 def test_an_infinite_value_is_written_as_null_in_strict_json(tmp_path, monkeypatch):
     """rows.json and the partial file stay strict JSON (no ``Infinity``) whatever a row holds."""
     real = cases.run_pair

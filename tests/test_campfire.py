@@ -618,6 +618,7 @@ def test_comm_masks_only_once_masks_are_fixed() -> None:
     assert seen_before_fixed and method.fixed
 
 
+@pytest.mark.slow
 def test_an_epoch_pruned_on_its_first_step_counts_its_steps_at_the_new_cost(tmp_path) -> None:
     """Under the per-epoch target the masks change on the era epoch's first step: that epoch's
     training FLOPs are one step at the old cost and the rest at the new one, not their mean."""

@@ -76,6 +76,7 @@ def test_help_lists_the_commands(capsys):
         assert command in out
 
 
+@pytest.mark.slow
 def test_installed_console_script_reaches_every_subcommand_from_any_directory(tmp_path):
     """`pdtbench` as installed (not `python -m` from the checkout) finds impl, reproductions
     and the report: an install that maps a package wrong fails here, not in a user's hands."""
@@ -89,12 +90,13 @@ def test_installed_console_script_reaches_every_subcommand_from_any_directory(tm
         script = shutil.which("pdtbench")
     assert script, "the pdtbench console script is not installed beside this Python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    outputs = {}
     for argv in (["reproduce", "--list"], ["demo", "--help"], ["report", "--help"]):
         proc = subprocess.run([str(script), *argv], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
         assert proc.returncode == 0, f"pdtbench {' '.join(argv)}:\n{proc.stderr[-2000:]}"
-    assert "cross.methods" in subprocess.run([str(script), "reproduce", "--list"], cwd=tmp_path,
-        env=env, capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+        outputs[argv[0]] = proc.stdout
+    assert "cross.methods" in outputs["reproduce"]
 
 
 @pytest.mark.parametrize("command", ["train", "reproduce", "demo"])
@@ -271,6 +273,7 @@ def test_train_takes_no_abbreviated_flag(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sdgp_m_flag_is_not_taken_for_an_abbreviated_method(tmp_path):
     import json
 

@@ -807,8 +807,32 @@ def _emu_signatures(gxx: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
     return sigs
 
 
+@contextlib.contextmanager
+def _emu_build_dir(request, tmp_path_factory, text: str, cmd: list[str]):
+    """Where the emulation library is built, held under a lock: (folder, already built).
+
+    Under pytest-xdist the workers of one session share it (the session's temporary root),
+    so g++ runs once, not once per worker; the folder is named by a hash of the generated
+    source, the command and the kernel sources, so only an identical build is shared. In one
+    process it is a fresh folder of this session's own."""
+    if not hasattr(request.config, "workerinput"):  # not a pytest-xdist worker
+        yield tmp_path_factory.mktemp("emu"), False
+        return
+    import fcntl
+    import hashlib
+
+    digest = hashlib.sha256("\0".join([text, *cmd]).encode())
+    for src in sorted(loader.KERNEL_DIR.glob("*.cu*")):
+        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    root = tmp_path_factory.getbasetemp().parent / f"emu-{digest.hexdigest()[:16]}"
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds; the others wait for it
+        yield root, (root / "libemu.so").is_file()
+
+
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
+def emulator(request, tmp_path_factory):
     """Build the host emulation of every kernel once: (ctypes library, signatures)."""
     gxx = shutil.which("g++")
     if gxx is None:
@@ -827,24 +851,18 @@ def emulator(tmp_path_factory):
             f"unsigned by, unsigned bz, unsigned long smem, {decl}) {{ return pdt_emu::launch("
             f"gx, gy, gz, bx, by, bz, [=] {{ {name}({call}); }}, smem); }}"
         )
-    root = tmp_path_factory.mktemp("emu")
-    (root / "emu.cpp").write_text("\n".join(lines) + "\n")
-    res = subprocess.run(
-        [
-            gxx,
-            "-O1",
-            "-fPIC",
-            "-shared",
-            "-ffp-contract=off",
-            *_emu_flags(),
-            str(root / "emu.cpp"),
-            "-o",
-            str(root / "libemu.so"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr[-5000:]
+    text = "\n".join(lines) + "\n"
+    cmd = [gxx, "-O1", "-fPIC", "-shared", "-ffp-contract=off", *_emu_flags()]
+    with _emu_build_dir(request, tmp_path_factory, text, cmd) as (root, built):
+        if not built:
+            (root / "emu.cpp").write_text(text)
+            res = subprocess.run(
+                [*cmd, str(root / "emu.cpp"), "-o", str(root / "libemu.so.part")],
+                capture_output=True,
+                text=True,
+            )
+            assert res.returncode == 0, res.stderr[-5000:]
+            (root / "libemu.so.part").rename(root / "libemu.so")
     lib = ctypes.CDLL(str(root / "libemu.so"))
     lib.pdt_emu_error.restype = ctypes.c_char_p
     return lib, sigs

@@ -315,6 +315,7 @@ def _worker_pids(proc: subprocess.Popen, tmp_path) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.slow
 def test_a_job_stops_when_the_process_that_launched_it_is_killed(tmp_path):
     """SIGKILL of `pdtbench train --nproc N` (the launching process) ends torchrun and its
     workers: they no longer train on with nobody to report to (or to resume them)."""
@@ -390,6 +391,7 @@ def _stop_when_workers_run(proc: subprocess.Popen, tmp_path, stop) -> tuple[int,
 
 
 @pytest.mark.parametrize("who", ["launcher", "group"])
+@pytest.mark.slow
 def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path, who):
     """Ctrl-C of `pdtbench train --nproc N` stops the job with SIGTERM: the agent and the
     workers used to print three tracebacks ("distributed training failed on rank 0 of 2:
@@ -429,6 +431,7 @@ def test_a_launched_job_stopped_by_ctrl_c_ends_without_a_traceback(tmp_path, who
     assert err.rstrip().endswith("launcher: interrupted"), err
 
 
+@pytest.mark.slow
 def test_workers_of_a_torchrun_of_ones_own_stopped_by_sigterm_say_so_in_one_line(tmp_path):
     """Outside `pdtbench train --nproc`, a worker stopped by a signal names its rank in one
     line and exits 143 (it printed a traceback and "failed", status 3); the agent, as
@@ -484,6 +487,7 @@ def _launch_worker_module(tmp_path, name: str, source: str) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent(tmp_path):
     """The worker's traceback and its line name the error; torchrun's agent added a second
     traceback and a table of every rank (ChildFailedError) that buried it."""
@@ -514,6 +518,7 @@ run_worker(work, "cpu", prog="agreed")
 """
 
 
+@pytest.mark.slow
 def test_a_failure_every_rank_finds_is_reported_once_without_a_traceback(tmp_path):
     """A diverged run stops every rank at the same step: one line says so, from rank 0, not
     a traceback and a line per rank."""

@@ -144,6 +144,7 @@ def test_a_dual_tensor_of_forward_mode_ad_is_refused_not_given_no_tangent():  # 
 
 
 @pytest.mark.parametrize("through_op", [False, True], ids=["direct", "through-op"])
+@pytest.mark.slow
 def test_host_overhead_script_times_every_call(through_op):
     """scripts/host_overhead.py runs on a CPU machine (launch stubbed) and prints one time
     per call, in either mode."""

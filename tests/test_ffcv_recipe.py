@@ -123,6 +123,7 @@ def test_the_one_cycle_starts_at_warmup_start():
         TrainConfig(augment_recipe="x").validate()
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_the_whole_recipe(tmp_path):
     from impl.train import train
 

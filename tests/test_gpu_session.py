@@ -427,6 +427,7 @@ step long cpu 100 'sleep 60'
 """
 
 
+@pytest.mark.slow
 def test_a_script_stopped_from_outside_mid_step_packs_what_ended_and_names_the_step(tmp_path):
     """The caller's `timeout` signals the script's whole process group, its console tee
     included: the script still packs what its finished steps wrote, records the step it was
@@ -488,6 +489,7 @@ step left-out cpu 30 'echo never'
 """
 
 
+@pytest.mark.slow
 def test_together_runs_side_by_side_and_the_caller_selects_and_caps_steps(tmp_path):
     """``together`` runs its commands at once and fails when one fails; ONLY_STEPS keeps the
     named steps, STEP_LIMIT_S replaces their limits, COMMON_DONE=1 skips env, wheels and git."""
@@ -609,6 +611,7 @@ step after cpu 30 'echo after'
 """
 
 
+@pytest.mark.slow
 def test_together_cut_at_its_limit_waits_for_its_commands_to_write_their_results(tmp_path):
     """Cut at its step's limit, ``together`` waits while its commands, signalled too, write
     what they have (3 s here, within the limit's 10-s kill grace): the step does not end, and
@@ -653,6 +656,7 @@ def test_a_step_made_to_run_to_its_limit_reads_cut_not_failed(tmp_path):
     assert "other-slow" not in steps
 
 
+@pytest.mark.slow
 def test_a_cut_reproduction_target_leaves_time_to_render_the_finished_ones(tmp_path):
     # A target that runs into the budget must not take render's time: the pages and results
     # of the targets that ended are what the part brings back. (Budget 70 s: the target
@@ -745,6 +749,7 @@ def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
 
 @pytest.mark.parametrize("name", DEVICE_SCRIPTS, ids=DEVICE_SCRIPTS)
 @DRY_GROUP
+@pytest.mark.slow
 def test_dry_run_ends_with_gpu_steps_skipped_and_results_packed(dry_runs, name):
     rc, text, out = dry_runs[name]
     tag = "bench-iteration-rows-pytest-asv" if name == "bench" else name
@@ -771,6 +776,7 @@ def test_dry_run_ends_with_gpu_steps_skipped_and_results_packed(dry_runs, name):
 
 
 @DRY_GROUP
+@pytest.mark.slow
 def test_dry_run_of_reproduce_renders_the_report(dry_runs):
     rc, _, out = dry_runs["reproduce"]
     with tarfile.open(out / "reproduce.tar.gz") as tar:
@@ -783,6 +789,7 @@ def test_dry_run_of_reproduce_renders_the_report(dry_runs):
 
 
 @DRY_GROUP
+@pytest.mark.slow
 def test_dry_run_of_session_runs_every_part_and_returns_one_tarball(dry_runs):
     rc, text, out = dry_runs[SESSION]
     tag = "session-dry"
@@ -820,6 +827,7 @@ def test_dry_run_of_session_runs_every_part_and_returns_one_tarball(dry_runs):
     assert "| reproduce-fig7 | prunetrain.fig7 | gpu | skipped |" in status
 
 
+@pytest.mark.slow
 def test_session_goes_on_where_an_earlier_call_or_lease_stopped(tmp_path):
     """A call that names no part leaves out the parts that ran before on the machine and those
     an earlier lease's committed step table says ended ok; a named part runs again; a part
@@ -1064,6 +1072,7 @@ def test_racecheck_coverage_asks_for_the_families_with_shared_memory(tmp_path, c
     assert cov.main([str(log), "--tool", "racecheck"]) == 0
 
 
+@pytest.mark.slow
 def test_sanitizer_step_keeps_the_runs_failure_and_else_the_coverages(tmp_path):
     """``covered`` of kernels.sh: a failed sanitizer run fails the step whatever the coverage;
     a clean run fails it only when a family it must check never ran."""
@@ -1138,6 +1147,7 @@ def test_sanitizer_coverage_fails_on_a_report_in_the_log_of_a_cut_run(tmp_path, 
     assert json.loads(out.read_text())["findings"] == 0
 
 
+@pytest.mark.slow
 def test_sanitizer_step_fails_a_cut_run_whose_log_holds_a_report(tmp_path):
     """A sanitizer cut at its limit (124) reads "cut" only while its log holds no report."""
     cov = _module("sanitizer_coverage")
@@ -1222,6 +1232,7 @@ def test_a_test_session_records_its_launches_as_it_goes_when_asked(tmp_path, mon
     assert (total, records) == ({"pdt_spmm_f32_vec": 5, "pdt_pack_b4_i64": 1}, 3)
 
 
+@pytest.mark.slow
 def test_make_gpu_check_runs_the_kernels_script_and_unpacks_its_results(tmp_path):
     """``make gpu-check`` is kernels.sh with the installed Python and no wheels: its results
     land under reports/gpu/ even when a step fails, and a failure fails the target."""

@@ -177,6 +177,7 @@ def _script(name, *args, check=True):
 
 
 @needs_kernel
+@pytest.mark.slow
 def test_step_timing_script_prints_each_configuration():
     bad = _script("sdgp_cpu_step.py", "--steps", "2", check=False)
     assert bad.returncode == 2 and "--steps" in bad.stderr
@@ -379,6 +380,7 @@ def test_a_forked_child_slices_on_a_pool_of_its_own(monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.slow
 def test_threads_timing_script_prints_each_configuration():
     bad = _script("nm_cpu_threads.py", "--calls", "0", check=False)
     assert bad.returncode == 2 and "--calls" in bad.stderr

@@ -495,6 +495,7 @@ def test_estimate_is_linear_in_the_batch() -> None:
     assert e1 - (e2 - e1) // 16 == 3 * params  # weights, gradients, momentum
 
 
+@pytest.mark.slow
 def test_cpu_time_of_an_iteration_falls_after_reconfiguration() -> None:
     """Process CPU time (not inflated by other processes on the cores) of one iteration, on
     one intra-op thread so that no spinning worker thread adds to it. The pruned network keeps

@@ -171,6 +171,7 @@ def test_row_configs_resolve_scale_defaults_and_seeds(tmp_path):
 
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu", "paper"])
+@pytest.mark.slow
 def test_every_target_row_resolves_to_valid_configs_at_every_scale(scale, tmp_path):
     # resolve() refuses what no run can use (e.g. a step schedule whose drops all fall past
     # the last epoch): no table may hold a row that would fail only once it is run.

@@ -674,6 +674,7 @@ def test_random_generator_is_shared_seeded_and_only_for_random_pruning():
     assert random_generator(torch.nn.Identity(), "random", None, 1).device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reports_the_whole_runs_pruning_paths(tmp_path):
     # the counts lived only in the layers: a run resumed after its last checkpoint reported
     # {} (or the calls since the resume), not the whole run's

@@ -1133,6 +1133,7 @@ def test_bench_rotation_copies_that_fail_leave_one_copy_and_a_note(monkeypatch):
     assert "rotation copies: oom" in row["errors"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reports_the_whole_runs_semi_structured_calls(tmp_path, caplog):
     # the counts lived only in the layers: a run resumed after its last checkpoint reported 0
     # fallback calls and no reasons, and weighed its executed FLOPs as if no call had run

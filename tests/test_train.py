@@ -107,6 +107,7 @@ def test_run_directory_has_config_metrics_checkpoint_and_complete_summary(tmp_pa
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_masked_run_reports_nominal_inference_flops_below_the_executed(tmp_path):
     # Campfire masks weights but runs dense convolutions: the summary's inference FLOPs are
     # what the sparsity would cost on hardware that exploits it, the executed ones dense's
@@ -305,6 +306,7 @@ def test_resume_after_sigkill_mid_epoch_equals_uninterrupted_run(tmp_path):
         }
 
 
+@pytest.mark.slow
 def test_sigterm_stops_training_as_ctrl_c_does_and_names_the_resume(tmp_path):
     """A batch scheduler's time limit (SIGTERM) ended the process silently with 143; it now
     stops as Ctrl-C does: what finished is kept, the command says how to continue, and the
@@ -429,6 +431,7 @@ def test_complete_summary_is_the_summary_of_a_finished_run_only(tmp_path, conten
     assert got == ({"status": "complete", "top1": 91.0} if complete else None)
 
 
+@pytest.mark.slow
 def test_last_loss_is_the_last_epochs_mean_whatever_the_progress_display(tmp_path, monkeypatch):
     # A plug-in reading ctx.last_loss saw values that depended on whether a progress bar was
     # shown (it was updated every fifth step, only with the bar): now it is the mean training
@@ -524,6 +527,7 @@ def test_the_learning_rate_follows_the_batch_linearly(tmp_path, doubling_method)
     assert [r["lr"] for r in rows] == [pytest.approx(cfg.lr), pytest.approx(2 * cfg.lr)]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_grown_batch_and_its_step_count(tmp_path, doubling_method):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     values = dict(method=doubling_method, epochs=3, batch_size=8)
@@ -566,6 +570,7 @@ def test_the_schedule_is_read_at_each_steps_start(tmp_path):
     assert rows[0]["lr"] == pytest.approx(cfg.lr) and rows[1]["lr"] < cfg.lr
 
 
+@pytest.mark.slow
 def test_a_step_cap_above_the_loaders_length_changes_nothing(tmp_path):
     values = dict(epochs=2, schedule="cosine", batch_size=512, data_options={"image_size": 8})
     uncapped = _smoke_cfg(tmp_path / "a", **values)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -136,6 +137,27 @@ def _visible_gpu_selector(gpu: int = 0) -> str | None:
     return readable[gpu] if gpu < len(readable) else None
 
 
+_CUDA_UUID_RE = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
+
+
+def _torch_gpu_uuid(gpu: int) -> str | None:
+    """NVML's name (``GPU-<uuid>``) of the GPU CUDA calls ``gpu``, read from torch where torch
+    has already set CUDA up (so no context is created); else None.
+
+    A UUID names one card whatever order CUDA and NVML number the GPUs in: CUDA puts the
+    fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML goes by PCI bus, so on a node of
+    mixed GPUs CUDA's ``cuda:N`` need not be NVML's GPU N. torch writes the UUID as
+    8-4-4-4-12 hex digits; anything else (or a failing query) gives None."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        text = str(torch.cuda.get_device_properties(gpu).uuid).lower()
+    except Exception:  # metadata must never break a run
+        return None
+    return f"GPU-{text}" if _CUDA_UUID_RE.fullmatch(text) else None
+
+
 def current_gpu() -> int:
     """The CUDA index of this process's current GPU where torch has set CUDA up (a run or a
     benchmark chose its GPU), else 0; creates no CUDA context and imports nothing."""
@@ -154,7 +176,9 @@ def _decode(value: Any) -> Any:
 
 def gpu_info(gpu: int | None = None) -> dict[str, Any]:
     """GPU fields of ``collect()`` for the GPU CUDA calls ``gpu`` in this process (None: the
-    current one, :func:`current_gpu`): NVML, else nvidia-smi, else torch.
+    current one, :func:`current_gpu`): NVML, else nvidia-smi, else torch. The card is found by
+    its UUID where torch has set CUDA up (CUDA and NVML may number GPUs differently), else by
+    its ``CUDA_VISIBLE_DEVICES`` entry.
 
     Keys: ``gpu_name``, ``gpu_driver``, ``gpu_memory_mib`` (total, MiB),
     ``gpu_sm_clock_mhz`` / ``gpu_mem_clock_mhz`` (current clocks, MHz),
@@ -228,7 +252,8 @@ def gpu_info_nvidia_smi(timeout_s: float = 20.0, gpu: int = 0) -> dict[str, Any]
     every = query() if selector is not None else None
     if not every:
         return None
-    chosen = query("-i", selector)
+    uuid = _torch_gpu_uuid(gpu)  # the card torch runs on, where CUDA numbers GPUs otherwise
+    chosen = (query("-i", uuid) if uuid is not None else None) or query("-i", selector)
     if not chosen and selector.isdigit():
         return None  # an index past the last GPU: CUDA sees none
     chosen = chosen or every  # a UUID nvidia-smi does not take (MIG): the first it lists
@@ -298,23 +323,13 @@ def _gpu_info_nvml(gpu: int = 0) -> dict[str, Any]:
         if count == 0:
             info["nvml_error"] = "NVML sees no GPU"
             return info
-        selector = _visible_gpu_selector(gpu)
-        if selector is None:
-            info["nvml_error"] = (
-                "CUDA_VISIBLE_DEVICES hides every GPU from this process"
-                if _visible_gpu_selector(0) is None
-                else f"CUDA_VISIBLE_DEVICES shows this process no GPU {gpu}"
-            )
-            return info
-        if selector.isdigit() and int(selector) >= count:
-            info["nvml_error"] = (
-                f"CUDA_VISIBLE_DEVICES names GPU {selector} and NVML sees {count}: CUDA sees none"
-            )
-            return info
-        if selector.isdigit():
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(selector))
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(selector.encode())
+        # The card torch runs on, by UUID; else (no CUDA set up yet, a MIG instance's UUID)
+        # the process's CUDA_VISIBLE_DEVICES entry, an index taken as NVML's.
+        handle = _nvml_handle_by_uuid(pynvml, _torch_gpu_uuid(gpu))
+        if handle is None:
+            handle = _nvml_handle_visible(pynvml, gpu, count, info)
+            if handle is None:
+                return info
         info["gpu_name"] = _decode(pynvml.nvmlDeviceGetName(handle))
         info["gpu_memory_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20
         for key, query, clock in (
@@ -339,6 +354,37 @@ def _gpu_info_nvml(gpu: int = 0) -> dict[str, Any]:
         except Exception:
             pass
     return info
+
+
+def _nvml_handle_visible(pynvml: Any, gpu: int, count: int, info: dict[str, Any]) -> Any:
+    """NVML's handle of CUDA's GPU ``gpu`` through its ``CUDA_VISIBLE_DEVICES`` entry (an index
+    is taken as NVML's); None, with the reason in ``info["nvml_error"]``, where CUDA sees none."""
+    selector = _visible_gpu_selector(gpu)
+    if selector is None:
+        info["nvml_error"] = (
+            "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+            if _visible_gpu_selector(0) is None
+            else f"CUDA_VISIBLE_DEVICES shows this process no GPU {gpu}"
+        )
+        return None
+    if selector.isdigit() and int(selector) >= count:
+        info["nvml_error"] = (
+            f"CUDA_VISIBLE_DEVICES names GPU {selector} and NVML sees {count}: CUDA sees none"
+        )
+        return None
+    if selector.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(selector))
+    return pynvml.nvmlDeviceGetHandleByUUID(selector.encode())
+
+
+def _nvml_handle_by_uuid(pynvml: Any, uuid: str | None) -> Any:
+    """NVML's handle of the GPU of UUID ``uuid``; None for None or a UUID NVML does not find."""
+    if uuid is None:
+        return None
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+    except Exception:  # NVMLError_NotFound: a MIG instance's UUID, say
+        return None
 
 
 def _torch_info() -> dict[str, Any]:

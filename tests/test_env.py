@@ -235,6 +235,65 @@ def test_the_gpu_described_is_the_one_the_process_uses(monkeypatch: pytest.Monke
     assert env.current_gpu() == 0 and env.gpu_info()["gpu_name"] == "Fake GPU 5"
 
 
+class _CUuuid:
+    """torch's ``_CUuuid`` as far as provenance reads it: ``str`` gives 8-4-4-4-12 hex."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _torch_running_on(monkeypatch: pytest.MonkeyPatch, uuids: dict[int, str]) -> None:
+    """torch with CUDA set up, CUDA's GPU ``i`` of UUID ``uuids[i]``."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: types.SimpleNamespace(uuid=_CUuuid(uuids[i])),
+    )
+
+
+UUID_A = "0a1b2c3d-0000-1111-2222-333344445555"
+UUID_B = "ffeeddcc-bbaa-9988-7766-554433221100"
+
+
+def test_a_mixed_gpu_node_describes_the_card_torch_runs_on(monkeypatch, tmp_path) -> None:
+    # CUDA numbers GPUs fastest first, NVML and nvidia-smi by PCI bus: on a node of mixed
+    # GPUs, CUDA's GPU 0 (UUID_B here) is NVML's GPU 1, and index 0 named the other card.
+    by_uuid = {f"GPU-{UUID_A}".encode(): 0, f"GPU-{UUID_B}".encode(): 1}
+    _fake_nvml(monkeypatch, 2, nvmlDeviceGetHandleByUUID=lambda u: by_uuid[u])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _torch_running_on(monkeypatch, {0: UUID_B, 1: UUID_A})
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 1"
+    assert env.collect(1)["gpu_name"] == "Fake GPU 0"
+    assert env.gpu_info()["gpu_name"] == "Fake GPU 1"  # the current GPU, 0
+    # a UUID NVML does not know (a MIG instance's), a malformed one, or torch without CUDA
+    # set up (no context is made for metadata): the CUDA_VISIBLE_DEVICES entry, as before
+    _torch_running_on(monkeypatch, {0: "ffffffff-0000-0000-0000-000000000000"})
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
+    _torch_running_on(monkeypatch, {0: f"MIG-{UUID_B}"})
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
+    _torch_running_on(monkeypatch, {0: UUID_B})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
+    # nvidia-smi: the card of that UUID too, else the entry
+    _torch_running_on(monkeypatch, {0: UUID_B})
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    rows = tmp_path / "rows.csv"
+    rows.write_text(SMI_ROWS)
+    body = (
+        f'case "$*" in *"-i GPU-{UUID_B}"*) sed -n 2p {rows} ;; *"-i GPU-"*) exit 6 ;;'
+        f' *"-i 0"*) sed -n 1p {rows} ;; *) cat {rows} ;; esac'
+    )
+    _fake_smi(tmp_path, monkeypatch, body)
+    assert env.gpu_info_nvidia_smi(gpu=0)["gpu_name"] == "NVIDIA H200"
+    _torch_running_on(monkeypatch, {0: UUID_A})  # one nvidia-smi does not find
+    assert env.gpu_info_nvidia_smi(gpu=0)["gpu_name"] == "NVIDIA H100 80GB HBM3"
+
+
 def test_nvml_power_limit_is_in_watts_and_no_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake_nvml(monkeypatch, 1, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)

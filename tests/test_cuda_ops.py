@@ -1455,6 +1455,40 @@ def test_emulated_implicit_conv_kernels_give_the_same_bits(emulated, case, dtype
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_emulated_implicit_convs_split_a_grid_past_its_limit_into_launches(
+    emulated, monkeypatch, dtype
+):
+    """More output tiles than a grid's y dimension takes (65,535) go in several launches, each
+    told its first tile: with the limit lowered to 2, a conv of 5 tiles launches 3 times per
+    kernel and gives the bits of one launch."""
+    gen = torch.Generator().manual_seed(7)
+    mask = torch.rand(6, 3, 3, 3, generator=gen) < 0.5
+    idx = pattern_index(mask)
+    x = torch.randn(3, 3, 15, 13, generator=gen, dtype=dtype)  # 3*15*13 = 585: 5 tiles of 128
+    w = torch.randn(6, 3, 3, 3, generator=gen, dtype=dtype) * mask
+    bias = torch.randn(6, generator=gen, dtype=dtype)
+    one = (1, 1)
+    assert math.ceil(3 * 15 * 13 / pattern_cuda.CONV_TILE) == 5
+
+    def conv(variant):
+        out = torch.full((3, 6, 15, 13), float("nan"), dtype=dtype)
+        pattern_cuda._conv_implicit(
+            x, w.shape, w[mask], idx.row_ptr, idx.col_ind, bias, one, one, one, out, variant
+        )
+        return out
+
+    whole = {v: conv(v) for v in pattern_cuda.PATHS["conv_forward"]}
+    emulated.clear()
+    monkeypatch.setattr(pattern_cuda, "_MAX_GRID_YZ", 2)
+    for variant, expected in whole.items():
+        got = conv(variant)
+        assert torch.isfinite(got).all(), f"{variant}: some outputs were not written"
+        assert torch.equal(got, expected), variant
+    suf = "f32" if dtype == torch.float32 else "f64"
+    assert emulated == [f"pdt_conv_implicit_tiled_{suf}"] * 3 + [f"pdt_conv_implicit_{suf}"] * 3
+
+
 def test_emulated_implicit_convs_never_read_a_pixel_behind_a_pruned_weight(emulated):
     """An infinity in the input where no kept weight looks stays out of both implicit convs'
     outputs, as out of the masked dense product's: a kernel that multiplies a pixel by a

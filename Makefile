@@ -27,7 +27,7 @@ test: $(STAMP)
 
 ## The slow tests (marked `slow`: a case over about 5 s on a 2-core machine): whole trainings in
 ## processes of their own stopped by signals, distributed jobs, the GPU scripts' dry runs, the
-## smoke-scale reproduction in a browser, nvcc on every architecture. CI runs them after `test`.
+## smoke-scale reproduction in a browser, nvcc for sm_75, sm_80 and sm_90. CI runs them after `test`.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -p no:benchmark --durations=10 -m slow tests
 

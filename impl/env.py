@@ -142,12 +142,18 @@ _CUDA_UUID_RE = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 
 def _torch_gpu_uuid(gpu: int) -> str | None:
     """NVML's name (``GPU-<uuid>``) of the GPU CUDA calls ``gpu``, read from torch where torch
-    has already set CUDA up (so no context is created); else None.
+    has already set CUDA up (so no context is created) and the GPU is known by an index; else
+    None.
 
-    A UUID names one card whatever order CUDA and NVML number the GPUs in: CUDA puts the
-    fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML goes by PCI bus, so on a node of
-    mixed GPUs CUDA's ``cuda:N`` need not be NVML's GPU N. torch writes the UUID as
-    8-4-4-4-12 hex digits; anything else (or a failing query) gives None."""
+    An index can name another card: CUDA puts the fastest GPU first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML goes by PCI bus, so on a node of mixed GPUs CUDA's
+    ``cuda:N`` need not be NVML's GPU N; a UUID names one card in both. A ``GPU-``/``MIG-``
+    entry of ``CUDA_VISIBLE_DEVICES`` names it already (a MIG slice by its own UUID), and is
+    kept. torch writes the UUID as 8-4-4-4-12 hex digits; anything else (or a failing query)
+    gives None."""
+    selector = _visible_gpu_selector(gpu)
+    if selector is None or not selector.isdigit():
+        return None
     torch = sys.modules.get("torch")
     try:
         if torch is None or not torch.cuda.is_initialized():
@@ -323,8 +329,8 @@ def _gpu_info_nvml(gpu: int = 0) -> dict[str, Any]:
         if count == 0:
             info["nvml_error"] = "NVML sees no GPU"
             return info
-        # The card torch runs on, by UUID; else (no CUDA set up yet, a MIG instance's UUID)
-        # the process's CUDA_VISIBLE_DEVICES entry, an index taken as NVML's.
+        # The card torch runs on, by UUID; else (no CUDA set up yet, a UUID NVML does not
+        # find) the process's CUDA_VISIBLE_DEVICES entry, an index taken as NVML's.
         handle = _nvml_handle_by_uuid(pynvml, _torch_gpu_uuid(gpu))
         if handle is None:
             handle = _nvml_handle_visible(pynvml, gpu, count, info)

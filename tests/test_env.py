@@ -141,6 +141,18 @@ def test_nvml_init_failure_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["gpu_source"] is None
 
 
+@pytest.fixture(autouse=True)
+def _no_cuda_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch has set no CUDA up, and asking it about a GPU fails as on a machine without one:
+    no test here makes a context on a GPU machine, or reads the real card's UUID."""
+
+    def no_gpu(*args, **kwargs):
+        raise AssertionError("a GPU was queried through torch")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_gpu)
+
+
 def _fake_nvml(monkeypatch: pytest.MonkeyPatch, count: int, **calls: Any) -> types.ModuleType:
     """A pynvml of ``count`` GPUs (handle = index; GPU ``h`` named "Fake GPU h", clocks
     1000 + h MHz, power limit 100 + h W, 1 GiB), ``calls`` replacing any of its functions."""
@@ -270,11 +282,20 @@ def test_a_mixed_gpu_node_describes_the_card_torch_runs_on(monkeypatch, tmp_path
     assert env.gpu_info(0)["gpu_name"] == "Fake GPU 1"
     assert env.collect(1)["gpu_name"] == "Fake GPU 0"
     assert env.gpu_info()["gpu_name"] == "Fake GPU 1"  # the current GPU, 0
-    # a UUID NVML does not know (a MIG instance's), a malformed one, or torch without CUDA
-    # set up (no context is made for metadata): the CUDA_VISIBLE_DEVICES entry, as before
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # indices are CUDA's order too
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 1"
+    assert env.gpu_info(1)["gpu_name"] == "Fake GPU 0"
+    # a UUID entry names the card itself (a MIG slice: its own UUID), and is kept
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"GPU-{UUID_A}")
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # a UUID NVML does not know, a malformed one, a failing query, or torch without CUDA set
+    # up (no context is made for metadata): the CUDA_VISIBLE_DEVICES entry, as before
     _torch_running_on(monkeypatch, {0: "ffffffff-0000-0000-0000-000000000000"})
     assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
-    _torch_running_on(monkeypatch, {0: f"MIG-{UUID_B}"})
+    _torch_running_on(monkeypatch, {0: UUID_B.upper().replace("-", "")})
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
+    _torch_running_on(monkeypatch, {})  # get_device_properties raises KeyError
     assert env.gpu_info(0)["gpu_name"] == "Fake GPU 0"
     _torch_running_on(monkeypatch, {0: UUID_B})
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)

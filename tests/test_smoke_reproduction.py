@@ -5,9 +5,10 @@ page of the report opens in headless Chromium with its figures decoded and no ta
 The other report tests draw hand-made or committed results; this one runs the code that
 makes them: Campfire Table 6's FGSM measurement, the figures of PruneTrain Figs. 6, 7, 10
 and 11 and of SDGP Table I, ClickTrain's kernel measurements and projections (Figs. 9, 10,
-14), the cross-method table and the claims, covering the four papers' pages. 47 s alone on 2
-cores (15 runs; 82 s beside the rest of `make test`). Every target at once (`reproduce all
---scale smoke`) would take longer; the other targets' figure code is tested on its own.
+14), the cross-method table and the claims, covering the four papers' pages. 15 runs: 47 s
+alone on a 2-core AVX-512 machine, about 150 s on the slower AVX2 one beside the rest of
+`make test-slow`. Every target at once (`reproduce all --scale smoke`) would take longer; the
+other targets' figure code is tested on its own.
 """
 
 from __future__ import annotations

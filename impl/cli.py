@@ -330,12 +330,12 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,
     )
-    cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)  # NAME=DIR, as the variable takes
     if cfg.data_dir and cfg.data not in LOCAL_DATASETS:  # it would be saved, and read by nothing
         raise ValueError(
             f"--data-dir is where {', '.join(LOCAL_DATASETS)} are read from; {cfg.data} is not "
             "read from a directory"
         )
+    cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)  # NAME=DIR, as the variable takes
     return cfg
 
 

@@ -211,11 +211,13 @@ def train_all(
     from impl.rundir import CHECKPOINT_FILE  # here: `reproduce --help` imports no torch
 
     partly = sum(1 for p in todo if (Path(p.out) / CHECKPOINT_FILE).exists())
-    resumed = f", {partly} of them resumed from their checkpoint" if partly else ""
+    resumed = f", {partly} of them from a checkpoint" if partly else ""
+    workers = min(jobs, len(todo))
     log(
-        f"training {len(todo)} runs ({complete} of {len(plan)} already complete{no_data}"
-        f"{resumed}) in {min(jobs, len(todo))} processes x {threads} threads; each run's "
-        "log: <run directory>.log"
+        f"training {len(todo)} run{'s' if len(todo) != 1 else ''}{resumed} ({complete} of "
+        f"{len(plan)} already complete{no_data}) in {workers} "
+        f"process{'es' if workers != 1 else ''} x {threads} thread{'s' if threads != 1 else ''}"
+        "; each run's log: <run directory>.log"
     )
     bar = _bar(len(todo), progress)
     t0 = time.perf_counter()

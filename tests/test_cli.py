@@ -423,6 +423,7 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
         (["--method", "campfire", "--final-sparsity", "2"], "error: --final-sparsity must be"),
         (["--method", "prunetrain", "--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
         (["--data-dir", "{tmp}/nowhere"], "digits is not read from a directory"),
+        (["--data-dir", "cifar10={tmp}/c10"], "digits is not read from a directory"),
     ],
     ids=[
         "missing-data",
@@ -435,6 +436,7 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
         "method-option-named-as-its-flag",
         "second-of-two-options-named-as-its-flag",
         "data-dir-of-embedded-data",
+        "named-data-dir-of-embedded-data",
     ],  # fmt: skip
 )
 def test_a_bad_setting_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, flags, needle):

@@ -74,11 +74,17 @@ def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path
         assert summary["status"] == "complete" and summary["method"] == p.config.method
         text = log_path(p.config).read_text()  # what a user reads when a run goes wrong
         assert f"-> {p.config.out}" in text and "epoch 1/" in text and "complete: top-1" in text
-    assert "in 2 processes x 1 threads" in lines[0]
+    assert "in 2 processes x 1 thread;" in lines[0]
     lines.clear()
-    # Complete runs are not trained again; the failed one is tried again.
+    # Complete runs are not trained again; the failed one is tried again (and said to go on
+    # from its checkpoint where it left one).
     assert list(train_all(plan, jobs=2, log=lines.append, progress=False)) == [bad.out]
-    assert lines[0].startswith("training 1 runs (2 of 3 already complete)")
+    assert lines[0].startswith("training 1 run (2 of 3 already complete) in 1 process x ")
+    lines.clear()
+    Path(bad.out).mkdir(parents=True)  # it failed before it wrote anything
+    (Path(bad.out) / "checkpoint.pt").write_bytes(b"")
+    assert list(train_all(plan, jobs=2, log=lines.append, progress=False)) == [bad.out]
+    assert lines[0].startswith("training 1 run, 1 of them from a checkpoint (2 of 3 already")
     # the runs it trained are known as trained by this process (the targets, reading them
     # next, count them as trained, not reused); the failed one and others are not
     assert [parallel.trained_here(p.out) for p in plan] == [True, True, False]
@@ -169,7 +175,7 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     lines: list[str] = []
     failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
     assert STARTED == ["digits"]  # the cifar10 runs were never handed to a worker
-    assert any(x.startswith("training 1 runs (0 of 3 already complete, 2 without their dataset)")
+    assert any(x.startswith("training 1 run (0 of 3 already complete, 2 without their dataset)")
                for x in lines) and lines[-1].startswith("trained 1 runs in")  # fmt: skip
     assert sorted(failures) == sorted(p.out for p in plan[1:])
     assert all(e.startswith("DatasetMissingError: cifar10: no data directory")

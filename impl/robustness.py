@@ -216,7 +216,7 @@ def check_attackable(run_dir: str | os.PathLike) -> None:
     that cannot be written (read-only). Raises ``ValueError`` naming the directory."""
     run_dir = Path(run_dir)
     check_finished_run(run_dir)
-    if not os.access(run_dir, os.W_OK | os.X_OK):  # as impl.train.check_out_dir
+    if not os.access(run_dir, os.W_OK | os.X_OK):  # as impl.out_dir.check_out_dir
         raise ValueError(
             f"RUN_DIR {run_dir} is not writable, and the rows are saved to its {FGSM_FILE}: "
             "make it writable, or attack a copy of the run"

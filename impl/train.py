@@ -38,6 +38,7 @@ from impl.methods import (
     method_identity,
 )
 from impl.methods.masking import conv_weight_counts
+from impl.out_dir import check_out_dir
 from impl.run_files import holds_run
 from impl.schedules import lr_multiplier
 from impl.timing import PhaseTimer
@@ -150,19 +151,6 @@ def pick_device(name: str) -> torch.device:
         if device.index is not None and device.index >= count:
             raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s)")
     return device
-
-
-def check_out_dir(run_dir: Path, flag: str = "--out") -> None:
-    """Raise ValueError, before any work, when ``run_dir`` cannot become a directory to write
-    in: a file stands at it or at one of its parents, or the nearest existing parent is
-    read-only. The message names the command-line ``flag`` that gave it."""
-    parent = run_dir
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{flag} {run_dir}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {run_dir}: {parent} is not writable")
 
 
 def refuse_folder_of_runs(run_dir: Path, flag: str = "--out") -> None:

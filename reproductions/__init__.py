@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.cli_parser import OneLineParser, did_you_mean
+from impl.out_dir import check_out_dir
 
 # Every target, in the order of the papers' numbering. (paper.item, the scale it needs to be
 # filled when the cpu scale cannot fill it).
@@ -242,9 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 def check_writable(runs_root: str | Path, out: str | Path) -> None:
     """Refuse, before any run, a ``--runs-root`` or ``--out`` that cannot be written (a file
     at it or above it, a read-only parent), which would otherwise fail after every run had
-    trained (:func:`impl.train.check_out_dir`). Raises ``ValueError`` naming the flag."""
-    from impl.train import check_out_dir
-
+    trained (:func:`impl.out_dir.check_out_dir`). Raises ``ValueError`` naming the flag."""
     check_out_dir(Path(runs_root), "--runs-root")
     check_out_dir(Path(out), "--out")
 

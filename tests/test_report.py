@@ -953,6 +953,29 @@ def test_report_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path, 
             main([str(runs_root), "--out", str(out)])
 
 
+def test_report_out_that_cannot_be_written_is_refused_before_anything_is_read(
+    tmp_path, runs_root, monkeypatch
+):
+    """A read-only --out ended in a bare OS error ("[Errno 30] Read-only file system") after
+    every run had been loaded; it is refused first, in the words train and reproduce use."""
+    import os
+    from pathlib import Path
+
+    from impl.report import cli as report_cli
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: Path(p) != read_only and real_access(p, m))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("runs were read before --out was checked")
+
+    monkeypatch.setattr(report_cli, "load_results", loaded)
+    with pytest.raises(ValueError, match=f"--out {read_only}/rep: {read_only} is not writable"):
+        main([str(runs_root), "--out", str(read_only / "rep")])
+
+
 def _index_cells(text, target):
     """The cells of ``target``'s row in the index table."""
     row = re.search(rf"<td>(?:<a [^>]*>)?{re.escape(target)}(?:</a>)?</td>(.*?)</tr>", text, re.S)

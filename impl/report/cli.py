@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from impl.cli_parser import OneLineParser
+from impl.out_dir import check_out_dir
 from impl.report.pages import render_reports
 from impl.report.results import load_results, warn_unreadable
 from impl.report.runs import find_run_dirs, load_metrics, load_runs
@@ -60,16 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     Where the results are reproductions', every reproduction target without a result is
     listed as missing, with the command that makes it. Raises ``FileNotFoundError`` for a path
     that does not exist and ``ValueError`` when the paths hold neither results nor run
-    directories, or when ``--out`` (or a folder above it) is a file.
+    directories, or when ``--out`` (or a folder above it) is a file or cannot be written.
     """
     args = build_parser().parse_args(argv)
     for p in args.paths:
         if not Path(p).exists():
             raise FileNotFoundError(f"{p} does not exist")
-    out = Path(args.out)
-    taken = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
-    if taken is not None:
-        raise ValueError(f"--out {out}: {taken} is a file, not a directory")
+    check_out_dir(args.out)  # a file at or above it, or a read-only parent: before any reading
     results, unreadable = load_results(args.paths)
     runs = metrics = None
     if not args.no_runs and find_run_dirs(args.paths):

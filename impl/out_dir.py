@@ -1,0 +1,21 @@
+"""Whether a directory given on the command line can be written, checked before any work
+(no torch: ``pdtbench report`` and ``reproduce --help`` import none)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def check_out_dir(run_dir: str | Path, flag: str = "--out") -> None:
+    """Raise ValueError, before any work, when ``run_dir`` cannot become a directory to write
+    in: a file stands at it or at one of its parents, or the nearest existing parent is
+    read-only. The message names the command-line ``flag`` that gave it."""
+    run_dir = Path(run_dir)
+    parent = run_dir
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {run_dir}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {run_dir}: {parent} is not writable")

@@ -326,6 +326,11 @@ def _measure_path(fn: str, params: dict[str, Any], scale: str, root: Path) -> Pa
     return root / "measurements" / f"{name}-{scale}-{digest}.json"
 
 
+#: The measurement files this process wrote: a row that reads one back (rows sharing a
+#: measurement, as Campfire Table 6's epsilons) says "measured above", not "reused".
+_MEASURED_HERE: set[Path] = set()
+
+
 def measure_or_reuse(
     fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: str | Path
 ) -> tuple[dict[str, Any], bool]:
@@ -366,6 +371,7 @@ def measure_or_reuse(
         )
     )  # fmt: skip
     tmp.replace(path)
+    _MEASURED_HERE.add(path.resolve())
     return values, False
 
 
@@ -663,7 +669,11 @@ def execute_rows(
                 res.measured, reused = measure_or_reuse(
                     row.measure, row.params, scale, context, runs_root
                 )
-                log(f"  {target.key} | {row.label}: {'reused' if reused else 'measured'}")
+                path = _measure_path(row.measure, row.params, scale, Path(runs_root))
+                how = "measured" if not reused else "reused"
+                if reused and path.resolve() in _MEASURED_HERE:  # by a row above in this command
+                    how = "measured above"
+                log(f"  {target.key} | {row.label}: {how}")
             else:
                 for cfg in row.configs(scale, runs_root):
                     t0 = time.perf_counter()

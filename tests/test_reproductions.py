@@ -1826,6 +1826,22 @@ def test_execute_rows_says_how_each_run_came_and_counts_only_older_runs_as_reuse
     assert "(trained in " in lines[0] and "(trained above)" in lines[1] and "(reused)" in lines[2]
 
 
+def test_execute_rows_says_a_measurement_a_row_above_made_was_measured_above(tmp_path, monkeypatch):
+    # Rows sharing one measurement (Campfire Table 6's epsilons) read the file the first wrote
+    # moments before: "reused" made a fresh command look as if it had read stale numbers.
+    fn = "test_reproductions:counted_measure"
+    rows = [Row(f"eps {i}", "dense", measure=fn, params={"x": 3}) for i in range(2)]
+    rows.append(Row("older", "dense", measure=fn, params={"x": 5}))
+    target = Target(key="x.y", title="x", description="x", rows=lambda scale: list(rows))
+    monkeypatch.setattr(common, "_MEASURED_HERE", set())
+    measure_or_reuse(fn, {"x": 5}, "smoke", {"runs": {}}, tmp_path)  # an earlier command's
+    common._MEASURED_HERE.clear()
+    lines: list[str] = []
+    common.execute_rows(target, "smoke", tmp_path, log=lines.append)
+    assert lines == ["  x.y | eps 0: measured", "  x.y | eps 1: measured above",
+                     "  x.y | older: reused"]  # fmt: skip
+
+
 def test_fig10_generic_csr_product_is_the_library_product_without_extra_passes():
     # ClickTrain Fig. 10's generic CSR SpMM: the same product as torch.sparse.mm, into a new
     # result (no zero fill and copy around it), so that it is compared as a product.

@@ -458,6 +458,7 @@ def cmd_train(argv: list[str]) -> int:
 
     if args.resume:
         device = saved_cfg.device if saved_cfg is not None else "auto"  # resume() reports
+        _say_if_finished(Path(args.resume))
         with _interrupt_hint(Path(args.resume)):
             summary = distributed.run_worker(
                 lambda: resume(args.resume, progress=progress, data_dir=args.data_dir),
@@ -476,6 +477,20 @@ def cmd_train(argv: list[str]) -> int:
         )
     _print_result(Path(cfg.out), summary)
     return 0
+
+
+def _say_if_finished(run_dir: Path) -> None:
+    """One line where ``--resume run_dir`` names a finished run: resuming it trains nothing and
+    prints its result, which would otherwise read as if it had just been trained. Errors
+    (not a run, diverged) are left to the resume itself, which reports them."""
+    from impl.train import finished_summary_to_resume
+
+    try:
+        finished = finished_summary_to_resume(run_dir) is not None
+    except Exception:  # reported by resume(), in its words
+        return
+    if finished and os.environ.get("RANK", "0") == "0":  # once, not by every torchrun worker
+        print(f"{run_dir} holds a finished run: its result (nothing trained)")
 
 
 def _same_finished_run(run_dir: Path, nproc: int, device: str) -> dict[str, Any] | None:

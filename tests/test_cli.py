@@ -986,6 +986,12 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
     again = capsys.readouterr().out
     assert "already holds this config's finished run, trained by this commit" in again
     assert first.splitlines()[0] == again.splitlines()[1]  # the same result line
+    # --resume of the finished run says so too, rather than print the result as if trained
+    (run,) = [p.parent for p in (tmp_path / "runs").rglob("summary.json")]
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    resumed = capsys.readouterr().out
+    assert resumed.splitlines()[0] == f"{run} holds a finished run: its result (nothing trained)"
+    assert resumed.splitlines()[1] == first.splitlines()[0]
     from impl import distributed
 
     def launch(*args, **kwargs):

@@ -735,7 +735,7 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
         prog="pdtbench eval-fgsm",
         description="Top-1 of finished runs' models on FGSM adversarial examples of their "
         "test sets, each model attacking itself (Campfire Sec. 3.2, Table 6); the rows are "
-        "also written to <RUN_DIR>/fgsm.json.",
+        "also written to <RUN_DIR>/fgsm.json, beside an earlier call's rows at other eps.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished run directories")
     p.add_argument(

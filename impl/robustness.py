@@ -17,6 +17,7 @@ full intensity range, whatever the dataset's statistics.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -238,7 +239,9 @@ def eval_fgsm_run(
     written (:func:`check_attackable`), before attacking. Loads the model with
     :func:`impl.train.load_trained_model`, rebuilds the test loader with
     :func:`impl.data.make_loaders` from the run's config (no augmentation), and writes
-    ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how).
+    ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how). Rows of an
+    earlier call on the same device and test set are kept there beside these (an ``eps``
+    given again is measured again), sorted by ``eps``.
 
     Returns:
         One ``{"eps": float, "top1": float}`` per entry of ``eps_list``, in order.
@@ -283,10 +286,30 @@ def eval_fgsm_run(
         "test_size": spec.test_size,
         "image_size": spec.image_size,
         "device": str(device),
-        "rows": rows,
+        "rows": _with_earlier_rows(run_dir / FGSM_FILE, rows, str(device), spec.test_size),
     }
     write_json(run_dir / FGSM_FILE, record)
     return rows
+
+
+def _with_earlier_rows(
+    path: Path, rows: list[dict[str, Any]], device: str, test_size: int
+) -> list[dict[str, Any]]:
+    """``rows`` and the rows of ``path`` (an earlier call's ``fgsm.json``) at other ``eps``,
+    sorted by ``eps``; the earlier rows only where they were measured on the same ``device``
+    and test set size (an unreadable or other file: ``rows`` alone)."""
+    try:
+        earlier = json.loads(path.read_text())
+        kept = [
+            {"eps": float(r["eps"]), "top1": float(r["top1"])}
+            for r in earlier["rows"]
+            if earlier["device"] == device and earlier["test_size"] == test_size
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        kept = []
+    merged = {r["eps"]: r for r in kept}
+    merged.update({r["eps"]: r for r in rows})
+    return [merged[e] for e in sorted(merged)]
 
 
 __all__ = [

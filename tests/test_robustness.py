@@ -184,6 +184,15 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
     moved = eval_fgsm_run(run, [0.0], data_dir=str(tmp_path / "moved"))
     assert dirs == [str(tmp_path / "moved")] * 2  # the model's build and the test set
     assert moved[0]["top1"] == rows[0]["top1"]
+    # a later call keeps the earlier rows beside its own (it replaced them): eps sorted
+    more = eval_fgsm_run(run, [0.05])
+    record = json.loads((run / FGSM_FILE).read_text())
+    assert [r["eps"] for r in record["rows"]] == [0.0, 0.05, 0.1] and more == record["rows"][1:2]
+    assert record["rows"][2] == rows[1]
+    record["device"] = "cuda:0"  # rows of another device are not mixed in
+    (run / FGSM_FILE).write_text(json.dumps(record))
+    eval_fgsm_run(run, [0.05])
+    assert json.loads((run / FGSM_FILE).read_text())["rows"] == more
 
 
 @pytest.mark.parametrize(

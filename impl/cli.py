@@ -50,6 +50,17 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _or_none(tp: type) -> Any:
+    """``tp`` as an argparse type that also takes "none" (any case): None, the option's
+    default, which its help names "None"."""
+
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() == "none" else tp(text)
+
+    parse.__name__ = tp.__name__  # argparse's "invalid int value" names the type by it
+    return parse
+
+
 def _str2bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -103,7 +114,7 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
     group = parser.add_argument_group(f"options of {config_cls.__name__}")
     names = []
     for f in dataclasses.fields(config_cls):
-        tp, _ = _unwrap_optional(hints[f.name])
+        tp, optional = _unwrap_optional(hints[f.name])
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:  # a list or dict field
@@ -125,7 +136,8 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
             inner = [a for a in typing.get_args(tp) if a is not Ellipsis]
             kwargs.update(nargs="+", type=inner[0] if inner else str)
         elif tp in (int, float, str):
-            kwargs.update(type=tp)
+            # an option whose default is None takes "none" too (the same as leaving it out)
+            kwargs.update(type=_or_none(tp) if optional and default is None else tp)
         else:
             kwargs.update(type=str)
         try:

@@ -383,6 +383,20 @@ def test_train_help_shows_no_docstring_markup(method, capsys):
     assert "`" not in out and ":func:" not in out and ":class:" not in out
 
 
+def test_an_option_whose_default_is_none_takes_none_as_its_help_says(capsys):
+    # the help says "(default: None)" and "None for none"; --window-max-nonzero None failed
+    # with "invalid int value: 'None'"
+    from impl.methods import method_class
+
+    parser = cli._train_parser(method_class("campfire").Config)
+    for given in ("None", "none"):
+        args = parser.parse_args(["--window-max-nonzero", given, "--start-epoch", "3"])
+        assert args.method__window_max_nonzero is None and args.method__start_epoch == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--window-max-nonzero", "many"])
+    assert "invalid int value: 'many'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("method", ["clicktrain", "prunetrain", "sdgp", "campfire"], ids=str)
 def test_every_method_option_is_documented_and_its_flag_says_so(method, capsys):
     from impl.methods import method_class

@@ -634,6 +634,15 @@ def _exit_code(err: BaseException) -> int:
     return int(getattr(err, "exit_code", EXIT_INTERRUPTED))
 
 
+#: What a command stopped by Ctrl-C outside its own handling keeps (training says it itself once
+#: the run began).
+_INTERRUPTED_KEPT = {
+    "reproduce": "; what finished is kept (runs, results): the same command continues from there",
+    "demo": "; what finished is kept (runs, results): the same command continues from there",
+    "train": " before training began; nothing was written",
+}
+
+
 @contextlib.contextmanager
 def _interrupt_hint(run_dir: Path, flags: str = ""):
     """Turn Ctrl-C (or SIGTERM) during training into :class:`Interrupted` naming the resume
@@ -960,11 +969,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"pdtbench {command}: {err}", file=sys.stderr)
         return err.code
     except KeyboardInterrupt as stop:
-        print(
-            f"pdtbench {command}: interrupted; what finished is kept (runs, results): "
-            "the same command continues from there",
-            file=sys.stderr,
-        )
+        print(f"pdtbench {command}: interrupted{_INTERRUPTED_KEPT.get(command, '')}",
+              file=sys.stderr)  # fmt: skip
         return _exit_code(stop)
     finally:
         if on_main_thread:

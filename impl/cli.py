@@ -51,8 +51,9 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 
 def _or_none(tp: type) -> Any:
-    """``tp`` as an argparse type that also takes "none" (any case): None, the option's
-    default, which its help names "None"."""
+    """``tp`` (int or float) as an argparse type that also takes "none" (any case): None, the
+    option's default, which its help names "None". Not for str options, where "none" could
+    be a value of their own."""
 
     def parse(text: str) -> Any:
         return None if text.strip().lower() == "none" else tp(text)
@@ -137,7 +138,8 @@ def add_method_arguments(parser: argparse.ArgumentParser, config_cls: type) -> l
             kwargs.update(nargs="+", type=inner[0] if inner else str)
         elif tp in (int, float, str):
             # an option whose default is None takes "none" too (the same as leaving it out)
-            kwargs.update(type=_or_none(tp) if optional and default is None else tp)
+            numeric = tp in (int, float)
+            kwargs.update(type=_or_none(tp) if numeric and optional and default is None else tp)
         else:
             kwargs.update(type=str)
         try:
@@ -304,7 +306,7 @@ def _other_methods_options(unknown: list[str], method: str) -> str:
 def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     """The run's TrainConfig: the scale's preset, then every flag given (None = not given)."""
     from impl.config import resolve
-    from impl.data import LOCAL_DATASETS, dataset_dir_for
+    from impl.data import dataset_dir_for
 
     cfg = resolve(
         args.scale,
@@ -342,12 +344,8 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         max_steps_per_epoch=args.max_steps_per_epoch,
         out=args.out,
     )
-    if cfg.data_dir and cfg.data not in LOCAL_DATASETS:  # it would be saved, and read by nothing
-        raise ValueError(
-            f"--data-dir is where {', '.join(LOCAL_DATASETS)} are read from; {cfg.data} is not "
-            "read from a directory"
-        )
-    cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)  # NAME=DIR, as the variable takes
+    # NAME=DIR, as the variable takes; refused for data not read from a directory
+    cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)
     return cfg
 
 
@@ -430,6 +428,11 @@ def cmd_train(argv: list[str]) -> int:
             f"--resume continues the run with its saved config; {', '.join(given)} cannot "
             "change it (start a new run with another --out to train differently)"
         )
+    if args.resume:  # a finished run: its result, said to be one, with no process started
+        done = _finished_run_to_resume(Path(args.resume))
+        if done is not None:
+            _print_result(Path(args.resume), done)
+            return 0
     cfg = None
     if not args.resume:  # refused once, before torchrun starts N workers that would each
         check_scale_device(args.scale, args.device or "auto")
@@ -470,7 +473,6 @@ def cmd_train(argv: list[str]) -> int:
 
     if args.resume:
         device = saved_cfg.device if saved_cfg is not None else "auto"  # resume() reports
-        _say_if_finished(Path(args.resume))
         with _interrupt_hint(Path(args.resume)):
             summary = distributed.run_worker(
                 lambda: resume(args.resume, progress=progress, data_dir=args.data_dir),
@@ -491,18 +493,20 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-def _say_if_finished(run_dir: Path) -> None:
-    """One line where ``--resume run_dir`` names a finished run: resuming it trains nothing and
-    prints its result, which would otherwise read as if it had just been trained. Errors
-    (not a run, diverged) are left to the resume itself, which reports them."""
+def _finished_run_to_resume(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of the finished run ``--resume run_dir`` names, after one line saying so
+    (resuming it trains nothing, and its result would read as if just trained); else None.
+    Errors (not a run, diverged) are left to the resume itself, which reports them."""
+    from impl.distributed import env_world
     from impl.train import finished_summary_to_resume
 
     try:
-        finished = finished_summary_to_resume(run_dir) is not None
+        summary = finished_summary_to_resume(run_dir)
     except Exception:  # reported by resume(), in its words
-        return
-    if finished and os.environ.get("RANK", "0") == "0":  # once, not by every torchrun worker
+        return None
+    if summary is not None and (env_world() or (0,))[0] == 0:  # under torchrun: rank 0 only
         print(f"{run_dir} holds a finished run: its result (nothing trained)")
+    return summary
 
 
 def _same_finished_run(run_dir: Path, nproc: int, device: str) -> dict[str, Any] | None:
@@ -639,7 +643,7 @@ def _exit_code(err: BaseException) -> int:
 _INTERRUPTED_KEPT = {
     "reproduce": "; what finished is kept (runs, results): the same command continues from there",
     "demo": "; what finished is kept (runs, results): the same command continues from there",
-    "train": " before training began; nothing was written",
+    "train": " before the run began; nothing was written",
 }
 
 

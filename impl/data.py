@@ -1021,9 +1021,17 @@ def dataset_dir_for(value: str | None, dataset: str) -> str | None:
     is, or ``DIR`` where it is written ``NAME=DIR`` (as in :data:`DATA_DIR_ENV`) with
     ``NAME`` this dataset and no directory of that literal name exists.
 
-    Raises ``ValueError`` where ``NAME`` is another local dataset (the directory given is not
-    this run's) or ``DIR`` is empty."""
-    if not value or Path(value).expanduser().exists():
+    Raises ``ValueError`` where ``dataset`` is not read from a directory (embedded or
+    synthetic data: the directory would be saved, and read by nothing), ``NAME`` is another
+    local dataset (the directory given is not this run's) or ``DIR`` is empty."""
+    if not value:
+        return value
+    if dataset not in LOCAL_DATASETS:
+        raise ValueError(
+            f"--data-dir is where {', '.join(LOCAL_DATASETS)} are read from; {dataset} is not "
+            "read from a directory"
+        )
+    if Path(value).expanduser().exists():
         return value
     name, sep, directory = value.partition("=")
     if not sep or name not in LOCAL_DATASETS:

@@ -1,5 +1,5 @@
-"""Whether a directory given on the command line can be written, checked before any work
-(no torch: ``pdtbench report`` and ``reproduce --help`` import none)."""
+"""Whether a directory given on the command line can be written, checked before any work.
+Imports no torch, so that the report's code, which reads saved files only, need not."""
 
 from __future__ import annotations
 

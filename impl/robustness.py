@@ -240,13 +240,15 @@ def eval_fgsm_run(
     :func:`impl.train.load_trained_model`, rebuilds the test loader with
     :func:`impl.data.make_loaders` from the run's config (no augmentation), and writes
     ``fgsm.json`` into ``run_dir`` (the rows plus what was attacked and how). Rows of an
-    earlier call on the same device and test set are kept there beside these (an ``eps``
-    given again is measured again), sorted by ``eps``.
+    earlier call that attacked the same way (the same code, device, model, images: every
+    field of the file but its rows) are kept there beside these (an ``eps`` given again is
+    measured again), sorted by ``eps``.
 
     Returns:
         One ``{"eps": float, "top1": float}`` per entry of ``eps_list``, in order.
     """
     from impl.data import make_loaders
+    from impl.env import git_state
     from impl.rundir import write_json
     from impl.train import load_trained_model
 
@@ -286,26 +288,29 @@ def eval_fgsm_run(
         "test_size": spec.test_size,
         "image_size": spec.image_size,
         "device": str(device),
-        "rows": _with_earlier_rows(run_dir / FGSM_FILE, rows, str(device), spec.test_size),
+        "commit": git_state()[0],
     }
+    record["rows"] = _with_earlier_rows(run_dir / FGSM_FILE, rows, record)
     write_json(run_dir / FGSM_FILE, record)
     return rows
 
 
 def _with_earlier_rows(
-    path: Path, rows: list[dict[str, Any]], device: str, test_size: int
+    path: Path, rows: list[dict[str, Any]], header: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """``rows`` and the rows of ``path`` (an earlier call's ``fgsm.json``) at other ``eps``,
-    sorted by ``eps``; the earlier rows only where they were measured on the same ``device``
-    and test set size (an unreadable or other file: ``rows`` alone)."""
+    sorted by ``eps``; the earlier rows only where every other field of that file equals
+    ``header``'s (the same commit, device, model, data and images; an unreadable file, or
+    one of a tree without a commit: ``rows`` alone)."""
     try:
         earlier = json.loads(path.read_text())
-        kept = [
-            {"eps": float(r["eps"]), "top1": float(r["top1"])}
-            for r in earlier["rows"]
-            if earlier["device"] == device and earlier["test_size"] == test_size
-        ]
-    except (OSError, ValueError, KeyError, TypeError):
+        same = header.get("commit") is not None and all(
+            earlier.get(k) == v for k, v in header.items() if k != "run_dir"
+        )
+        kept = [{"eps": float(r["eps"]), "top1": float(r["top1"])} for r in earlier["rows"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        same, kept = False, []
+    if not same:
         kept = []
     merged = {r["eps"]: r for r in kept}
     merged.update({r["eps"]: r for r in rows})

@@ -268,7 +268,8 @@ def train_all(
     if bar is not None:
         bar.close()
     failed = len(failures) - no_dataset
-    log(f"trained {len(todo) - failed} runs in {time.perf_counter() - t0:.0f} s")
+    done = len(todo) - failed
+    log(f"trained {done} run{'s' if done != 1 else ''} in {time.perf_counter() - t0:.0f} s")
     return failures
 
 

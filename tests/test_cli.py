@@ -580,7 +580,7 @@ def test_ctrl_c_while_the_first_imports_load_exits_130_without_a_traceback(monke
 
 @pytest.mark.parametrize(
     ("command", "said"),
-    [("train", "interrupted before training began; nothing was written"),
+    [("train", "interrupted before the run began; nothing was written"),
      ("reproduce", "interrupted; what finished is kept (runs, results): the same command "
                    "continues from there"),
      ("report", "interrupted")],
@@ -815,7 +815,9 @@ def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, 
     out = tmp_path / "run"
     from impl.config import resolve
 
-    cfg = resolve("smoke", method="dense", out=str(out), data_dir=str(tmp_path / "old"))
+    cfg = resolve("smoke", method="dense", data="cifar10", out=str(out),
+                  data_dir=str(tmp_path / "old"))  # fmt: skip
+    monkeypatch.setattr(impl.train, "check_dataset", lambda *a, **k: None)  # no CIFAR files
     out.mkdir()
     rundir.write_json(out / rundir.CONFIG_FILE, cfg.to_dict())  # a run stopped before its end
     seen = {}
@@ -1023,6 +1025,9 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
         raise AssertionError("torchrun was started")
 
     monkeypatch.setattr(distributed, "launch", launch)
+    # a finished run resumed under --nproc: its result, with no torchrun started for it
+    assert cli.main(["train", "--resume", str(run), "--nproc", "2", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines() == resumed.splitlines()
     assert cli.main([*argv, "--nproc", "2"]) == 2  # another way of training: refused
     assert "already holds a finished run" in capsys.readouterr().err
     here["dirty"] = True  # the same commit with changes in the tree: not this code's run

@@ -176,7 +176,7 @@ def test_runs_whose_dataset_is_missing_are_not_started_and_say_where_to_point(
     failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
     assert STARTED == ["digits"]  # the cifar10 runs were never handed to a worker
     assert any(x.startswith("training 1 run (0 of 3 already complete, 2 without their dataset)")
-               for x in lines) and lines[-1].startswith("trained 1 runs in")  # fmt: skip
+               for x in lines) and lines[-1].startswith("trained 1 run in")  # fmt: skip
     assert sorted(failures) == sorted(p.out for p in plan[1:])
     assert all(e.startswith("DatasetMissingError: cifar10: no data directory")
                for e in failures.values())  # fmt: skip

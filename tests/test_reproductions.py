@@ -1728,6 +1728,12 @@ def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path):
     literal.mkdir()
     assert dataset_dir_for(str(literal), "cifar100") == str(literal)
     assert dataset_dir_for("other=/x", "cifar10") == "other=/x"  # not a dataset's name
+    # embedded data is read from no directory: a --data-dir for it (a new run's, a resume's,
+    # eval-fgsm's, written NAME=DIR or not) is refused rather than saved and read by nothing
+    assert dataset_dir_for(None, "digits") is None
+    for value in ("cifar10=/x", str(tmp_path), "/nowhere"):
+        with pytest.raises(ValueError, match="digits is not read from a directory"):
+            dataset_dir_for(value, "digits")
 
 
 def test_train_reads_name_equals_dir_as_the_datasets_directory(tmp_path, capsys):

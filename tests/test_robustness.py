@@ -176,11 +176,16 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
     for bad in ([-1.0], [0.1, 2.0], []):  # the budget is per pixel on the [0, 1] scale
         with pytest.raises(ValueError, match=r"--eps needs values in \[0, 1\]"):
             eval_fgsm_run(run, bad)
-    # a dataset that moved since training is read from where it is now
+    # a dataset that moved since training is read from where it is now: the place reaches
+    # the model's build and the test set (digits is read from no directory: the place is
+    # refused there, so the check that a directory would be taken runs with that check off)
     real, dirs = impl.data.make_loaders, []
     monkeypatch.setattr(
         impl.data, "make_loaders", lambda *a, **k: dirs.append(k["data_dir"]) or real(*a, **k)
     )
+    with pytest.raises(ValueError, match="digits is not read from a directory"):
+        eval_fgsm_run(run, [0.0], data_dir=str(tmp_path / "moved"))
+    monkeypatch.setattr(impl.train, "dataset_dir_for", lambda value, dataset: value)
     moved = eval_fgsm_run(run, [0.0], data_dir=str(tmp_path / "moved"))
     assert dirs == [str(tmp_path / "moved")] * 2  # the model's build and the test set
     assert moved[0]["top1"] == rows[0]["top1"]
@@ -189,10 +194,11 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
     record = json.loads((run / FGSM_FILE).read_text())
     assert [r["eps"] for r in record["rows"]] == [0.0, 0.05, 0.1] and more == record["rows"][1:2]
     assert record["rows"][2] == rows[1]
-    record["device"] = "cuda:0"  # rows of another device are not mixed in
-    (run / FGSM_FILE).write_text(json.dumps(record))
-    eval_fgsm_run(run, [0.05])
-    assert json.loads((run / FGSM_FILE).read_text())["rows"] == more
+    assert record["commit"]  # the code that attacked: rows of other code are not kept
+    for field, other in (("device", "cuda:0"), ("image_size", 64), ("commit", "0" * 40)):
+        (run / FGSM_FILE).write_text(json.dumps({**record, field: other}))
+        eval_fgsm_run(run, [0.05])  # rows of another attack are not mixed in
+        assert json.loads((run / FGSM_FILE).read_text())["rows"] == more, field
 
 
 @pytest.mark.parametrize(

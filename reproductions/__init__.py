@@ -2,7 +2,7 @@
 
 Each ``reproductions/<paper>/<item>.py`` declares ``TARGET`` (typed rows per scale, the
 metrics compared with the paper, its figures) and ``main(scale) -> path of the report``.
-``pdtbench reproduce <paper>.<item>|all --scale S`` runs them through the public API
+``pdtbench reproduce <paper>.<item>|<paper>|all --scale S`` runs them through the public API
 (``impl.config.resolve`` + ``impl.train.train``), reusing complete runs, and renders
 ``reports/<paper>.html`` and ``reports/index.html``. The published numbers are in
 ``reproductions/paper_values/`` (see docs/reproductions.md).
@@ -69,6 +69,27 @@ def unknown_target(key: str) -> str:
     if hint:
         return f"unknown reproduction {key!r}{hint}"
     return f"unknown reproduction {key!r}; valid: all, {', '.join(TARGETS)}"
+
+
+def resolve_targets(names: list[str]) -> list[str]:
+    """The target keys that ``names`` stand for, in :data:`TARGETS`' order: ``all`` for every
+    target, a paper's name (``clicktrain``) for its targets, a key for itself.
+
+    Raises ``ValueError`` on a name that is none of these (with a hint where one is close),
+    and on ``all`` named with other targets.
+    """
+    if "all" in names and len(names) > 1:
+        raise ValueError("'all' runs every reproduction: name it alone, or name the targets")
+    wanted: set[str] = set()
+    for name in names:
+        if name == "all":
+            wanted.update(TARGETS)
+            continue
+        items = [k for k in TARGETS if k == name or k.startswith(f"{name}.")]
+        if not items:
+            raise ValueError(unknown_target(name))
+        wanted.update(items)
+    return [k for k in TARGETS if k in wanted]
 
 
 def load_target(key: str) -> Any:
@@ -175,7 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Regenerate the papers' tables and figures (and the cross-method table) "
         "at a scale, reusing complete runs, and render the HTML reports.",
     )
-    p.add_argument("targets", nargs="*", metavar="PAPER.ITEM", help="e.g. sdgp.table1, or all")
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="PAPER.ITEM",
+        help="e.g. sdgp.table1; a paper's name (sdgp) for all its targets; or all",
+    )
     from impl.config import SCALE_HELP, SCALES
 
     p.add_argument("--scale", default="cpu", choices=SCALES, help=f"{SCALE_HELP} (default: cpu)")
@@ -193,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
         "for every other one; repeatable (default: the PDTBENCH_DATA_DIR variable, the same "
         "entries joined by ':'); the cpu scale needs none",
     )
-    p.add_argument("--list", action="store_true", help="list the targets and exit")
+    p.add_argument(
+        "--list", action="store_true", help="list the targets (those named, if any) and exit"
+    )
     add_jobs_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -210,19 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    keys = resolve_targets(args.targets)  # an unknown name is an error before anything else
     if args.list or not args.targets:
         out = sys.stdout if args.list else sys.stderr
+        listed = set(keys) if args.targets else set(TARGETS)
         for e in expected_targets():
-            print(f"{e['target']:20s} {e['title']}", file=out)
+            if e["target"] in listed:
+                print(f"{e['target']:20s} {e['title']}", file=out)
         if not args.list:  # nothing named: a usage error, as argparse's (exit 2)
-            parser.error("name a target (PAPER.ITEM, listed above) or all")
+            parser.error("name a target (PAPER.ITEM, listed above), a paper or all")
         return 0
-    if "all" in args.targets and len(args.targets) > 1:
-        raise ValueError("'all' runs every reproduction: name it alone, or name the targets")
-    keys = list(TARGETS) if args.targets == ["all"] else args.targets
-    for key in keys:
-        if key not in TARGETS:
-            raise ValueError(unknown_target(key))
     check_scale_device(args.scale)
     check_writable(args.runs_root, args.out)
     if args.data_dir:
@@ -295,5 +320,6 @@ __all__ = [
     "load_target",
     "main",
     "report_failures",
+    "resolve_targets",
     "run",
 ]

@@ -1080,6 +1080,9 @@ def test_did_you_mean_a_case_a_typo_or_a_papers_items():
     assert did_you_mean("sdgp", valid) == " (its items: sdgp.table1, sdgp.fig8)"
     assert did_you_mean("SDGP", valid) == " (its items: sdgp.table1, sdgp.fig8)"
     assert did_you_mean("sdg", valid) == ""  # a prefix of a paper's name is not the paper
+    # a paper's name close to one of its items by edit distance is still the paper
+    valid = ["clicktrain.fig9", "clicktrain.table1"]
+    assert did_you_mean("clicktrain", valid) == " (its items: clicktrain.fig9, clicktrain.table1)"
     assert did_you_mean("xyz", valid) == ""
 
 

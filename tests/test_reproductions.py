@@ -496,12 +496,35 @@ def test_cli_lists_targets_and_rejects_unknown(capsys):
         reproductions.main(["sdgp.table7", "--scale", "smoke"])
     with pytest.raises(ValueError, match=r"'SDGP.fig9' \(did you mean 'sdgp.fig9'\?\)"):
         reproductions.main(["SDGP.fig9", "--scale", "smoke"])
-    with pytest.raises(ValueError, match=r"'sdgp' \(its items: sdgp.table1, sdgp.fig8, "):
-        reproductions.main(["sdgp", "--scale", "smoke"])
+    with pytest.raises(ValueError, match=r"'clicktrain.fig99' \(did you mean 'clicktrain.fig9"):
+        reproductions.main(["clicktrain.fig99", "--scale", "smoke"])
+    with pytest.raises(ValueError, match=r"^unknown reproduction 'sdg'; valid: all, "):
+        reproductions.main(["--list", "sdg"])  # a named list checks its names too
     with pytest.raises(ValueError, match="'all' runs every reproduction: name it alone"):
         reproductions.main(["sdgp.table1", "all", "--scale", "smoke"])
     with pytest.raises(ValueError, match="unknown reproduction"):
         reproductions.load_target("nope.table1")
+
+
+def test_a_papers_name_stands_for_its_targets(tmp_path, monkeypatch, capsys):
+    sdgp = ["sdgp.table1", "sdgp.fig8", "sdgp.fig9", "sdgp.fig10"]
+    assert reproductions.resolve_targets(["sdgp.fig9", "sdgp"]) == sdgp  # once, in order
+    assert reproductions.resolve_targets(["campfire.table2", "sdgp.table1"]) == [
+        "sdgp.table1", "campfire.table2"]  # fmt: skip
+    assert reproductions.resolve_targets(["all"]) == list(reproductions.TARGETS)
+    # 'clicktrain' is close to 'clicktrain.fig9' by edit distance: it still means the paper
+    clicktrain = [k for k in reproductions.TARGETS if k.startswith("clicktrain.")]
+    assert len(clicktrain) == 9
+    assert reproductions.resolve_targets(["clicktrain"]) == clicktrain
+    assert reproductions.main(["--list", "sdgp"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == sdgp
+    ran = []
+    monkeypatch.setattr(reproductions, "run", lambda keys, *a, **k: ran.append(keys) or "i")
+    argv = ["sdgp", "--scale", "smoke", "--runs-root", str(tmp_path / "r"),
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert reproductions.main(argv) == 0
+    assert ran == [sdgp]
 
 
 def test_reproduce_without_a_target_lists_them_and_exits_2(capsys):
@@ -511,7 +534,7 @@ def test_reproduce_without_a_target_lists_them_and_exits_2(capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert all(k in err for k in reproductions.TARGETS)
-    assert "error: name a target (PAPER.ITEM, listed above) or all" in err
+    assert "error: name a target (PAPER.ITEM, listed above), a paper or all" in err
 
 
 def test_an_unwritable_out_or_runs_root_is_refused_before_any_run(tmp_path, monkeypatch):

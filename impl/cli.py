@@ -924,6 +924,23 @@ def _raised_outside(err: BaseException) -> str:
     )
 
 
+def _raised_by_loaded(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The exception classes ``(module, class name)`` of the modules already imported.
+
+    An ``except`` clause evaluates its classes when an exception reaches it, and an error
+    of a module never imported cannot have been raised: so :func:`_main` catches the
+    training modules' errors without importing them (and torch) for commands that never
+    load them (``pdtbench report``).
+    """
+    found = []
+    for module, name in names:
+        # A module stopped halfway through its import (Ctrl-C) may lack the class yet.
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
@@ -944,17 +961,14 @@ def _main(argv: list[str] | None) -> int:
             f"pdtbench: unknown command {command!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr
         )
         return EXIT_USAGE
-    from impl.rundir import CheckpointError, RunBusyError
-    from impl.train import RunExistsError, TrainingDiverged
-
     on_main_thread = threading.current_thread() is threading.main_thread()  # signals reach it
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         return COMMANDS[command](rest)
-    except (
-        UsageError, ValueError, RunExistsError, RunBusyError, CheckpointError, OSError,
-        ImportError,
-    ) as err:  # fmt: skip
+    except (UsageError, ValueError, OSError, ImportError, *_raised_by_loaded(
+        ("impl.train", "RunExistsError"), ("impl.rundir", "RunBusyError"),
+        ("impl.rundir", "CheckpointError"),
+    )) as err:  # fmt: skip
         # OSError: an output path that cannot be made or written (not a directory, no
         # permission, disk full); the message names the path. A broken pipe is one too,
         # unless it is our output's reader that left: main then stops quietly. ImportError:
@@ -966,7 +980,7 @@ def _main(argv: list[str] | None) -> int:
             traceback.print_exception(err)
         print(f"pdtbench {command}: error: {err}{_raised_outside(err)}", file=sys.stderr)
         return EXIT_USAGE
-    except TrainingDiverged as err:
+    except _raised_by_loaded(("impl.train", "TrainingDiverged")) as err:
         print(f"pdtbench {command}: error: {err}", file=sys.stderr)
         return EXIT_FAILED
     except Interrupted as err:

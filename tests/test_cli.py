@@ -559,7 +559,8 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
 
 def test_ctrl_c_while_the_first_imports_load_exits_130_without_a_traceback(monkeypatch, capsys):
     """Ctrl-C in a command's first second and a half (torch importing, before the command's
-    own handling) printed a Python traceback; it stops as quietly as later."""
+    own handling) printed a Python traceback; it stops as quietly as later. The command's
+    first import is where it lands: `pdtbench env` imports impl.env, and torch with it."""
     import sys
     import types
 
@@ -569,13 +570,28 @@ def test_ctrl_c_while_the_first_imports_load_exits_130_without_a_traceback(monke
                 raise AttributeError(name)
             raise KeyboardInterrupt  # as Ctrl-C lands in the middle of an import
 
-    monkeypatch.setitem(sys.modules, "impl.train", Importing("impl.train"))
+    monkeypatch.setitem(sys.modules, "impl.env", Importing("impl.env"))
     try:
         code = cli.main(["env"])
     except KeyboardInterrupt:  # what the interpreter prints with its traceback
         pytest.fail("KeyboardInterrupt escaped pdtbench's main")
     assert code == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err == "pdtbench env: interrupted\n"
+
+
+def test_the_errors_caught_are_those_of_modules_loaded_whole(monkeypatch):
+    """`_main` catches the training modules' errors without importing them: a module not
+    loaded, or stopped halfway through its import (the class not made yet), adds none."""
+    import sys
+    import types
+
+    from impl.train import RunExistsError
+
+    assert cli._raised_by_loaded(("impl.train", "RunExistsError")) == (RunExistsError,)
+    monkeypatch.delitem(sys.modules, "impl.train")
+    assert cli._raised_by_loaded(("impl.train", "RunExistsError")) == ()
+    monkeypatch.setitem(sys.modules, "impl.train", types.ModuleType("impl.train"))
+    assert cli._raised_by_loaded(("impl.train", "RunExistsError")) == ()
 
 
 @pytest.mark.parametrize(

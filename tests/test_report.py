@@ -153,6 +153,47 @@ def test_report_of_a_file_outside_any_run_is_refused_not_its_folder(runs_root, c
     assert find_run_dirs([runs_root / "result.json"]) == []
 
 
+def test_pdtbench_report_renders_without_importing_torch(runs_root):
+    """Rendering reads saved files only: `pdtbench report` imports no torch (2-3 s of a
+    small machine's start-up), and a training error it could meet is still reported."""
+    import subprocess
+    import sys
+
+    out = runs_root.parent / "report"
+    script = (
+        "import sys\n"
+        "from impl import cli\n"
+        f"rc = cli.main(['report', {str(runs_root)!r}, '--out', {str(out)!r}])\n"
+        "print('torch imported:', 'torch' in sys.modules, 'rc:', rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch imported: False rc: 0" in proc.stdout
+    assert (out / "runs.html").is_file()
+
+
+def test_a_training_error_is_reported_once_its_module_is_loaded(tmp_path, monkeypatch, capsys):
+    """The errors of impl.train / impl.rundir are caught as usage errors (exit 2) and a
+    diverged run as a failure (exit 1), though `_main` catches them without importing them."""
+    from impl import cli
+    from impl.rundir import RunBusyError
+    from impl.train import TrainingDiverged
+
+    def busy(argv):
+        raise RunBusyError("runs/x is busy: pid 7 trains into it", holder="7")
+
+    def diverged(argv):
+        raise TrainingDiverged(tmp_path, {"diverged_epoch": 1, "epochs": 3, "reason": "nan"})
+
+    monkeypatch.setitem(cli.COMMANDS, "report", busy)
+    assert cli.main(["report"]) == cli.EXIT_USAGE
+    assert "pdtbench report: error: runs/x is busy: pid 7" in capsys.readouterr().err
+    monkeypatch.setitem(cli.COMMANDS, "report", diverged)
+    assert cli.main(["report"]) == cli.EXIT_FAILED
+    assert "pdtbench report: error: training diverged in epoch 2 of 3" in capsys.readouterr().err
+
+
 def test_load_metrics_long_form(runs_root):
     metrics = load_metrics(load_runs([runs_root]))
     assert len(metrics) == 3 + 3 + 2

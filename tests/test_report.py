@@ -128,6 +128,14 @@ def test_find_run_dirs_rejects_a_missing_path(tmp_path):
         find_run_dirs([tmp_path / "nope"])
 
 
+def test_a_folder_named_like_a_runs_file_makes_no_run(runs_root):
+    (runs_root / "notes" / "config.json").mkdir(parents=True)
+    (runs_root / "summary.json").mkdir()
+    found = find_run_dirs([runs_root])
+    assert runs_root / "notes" not in found and runs_root not in found
+    assert runs_root / "dense-s0" in found
+
+
 def test_find_run_dirs_accepts_a_run_dir_and_a_file(runs_root):
     assert find_run_dirs([runs_root / "dense-s0"]) == [runs_root / "dense-s0"]
     assert find_run_dirs([runs_root / "dense-s0" / "summary.json"]) == [runs_root / "dense-s0"]

@@ -78,10 +78,9 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
                 )
             p = p.parent
         for name in (CONFIG_FILE, SUMMARY_FILE):
-            for f in p.rglob(name):
-                found.add(f.parent)
-            if (p / name).exists():
-                found.add(p)
+            found.update(f.parent for f in p.rglob(name) if holds_run(f.parent))
+        if holds_run(p):  # a folder named config.json is no run's file
+            found.add(p)
     return sorted(found)
 
 

@@ -62,6 +62,20 @@ def _or_none(tp: type) -> Any:
     return parse
 
 
+#: ``--max-steps-per-epoch none``: every batch, over a scale's own limit (smoke's 3 steps),
+#: where an unset flag (None) takes the scale's.
+EVERY_BATCH = "every batch"
+
+
+def _steps_or_every_batch(text: str) -> int | str:
+    """``--max-steps-per-epoch``: a number of steps, or "none" (any case) for
+    :data:`EVERY_BATCH`."""
+    return EVERY_BATCH if text.strip().lower() == "none" else int(text)
+
+
+_steps_or_every_batch.__name__ = "int"  # argparse's "invalid int value" names the type by it
+
+
 def _str2bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -247,8 +261,10 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     )
     p.add_argument("--tf32", action="store_true", help=say("tf32", default=False))
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, help=say("memory_format"))
-    p.add_argument("--threads", type=int, help=say("threads", default=False))
-    p.add_argument("--max-steps-per-epoch", type=int, help=say("max_steps_per_epoch"))
+    p.add_argument("--threads", type=_or_none(int), help=say("threads", default=False))
+    p.add_argument(
+        "--max-steps-per-epoch", type=_steps_or_every_batch, help=say("max_steps_per_epoch")
+    )
     p.add_argument(
         "--out", help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)"
     )
@@ -308,6 +324,7 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
     from impl.config import resolve
     from impl.data import dataset_dir_for
 
+    every_batch = args.max_steps_per_epoch == EVERY_BATCH
     cfg = resolve(
         args.scale,
         method=args.method,
@@ -341,9 +358,11 @@ def _resolve_from_args(args: argparse.Namespace, options: dict[str, Any]) -> Any
         tf32=True if args.tf32 else None,
         memory_format=args.memory_format,
         threads=args.threads,
-        max_steps_per_epoch=args.max_steps_per_epoch,
+        max_steps_per_epoch=None if every_batch else args.max_steps_per_epoch,
         out=args.out,
     )
+    if every_batch:  # over the scale's own limit
+        cfg.max_steps_per_epoch = None
     # NAME=DIR, as the variable takes; refused for data not read from a directory
     cfg.data_dir = dataset_dir_for(cfg.data_dir, cfg.data)
     return cfg
@@ -598,6 +617,8 @@ def _is_saved_value(dest: str, value: Any, saved: Any, run_dir: str) -> bool:
         return is_default_option(saved.method, name, value)  # a run saves none at its default
     if dest == "image_size":
         return (saved.data_options or {}).get("image_size") == value
+    if dest == "max_steps_per_epoch" and value == EVERY_BATCH:
+        return saved.max_steps_per_epoch is None
     if dest == "no_augment":
         return saved.augment is not value
     if dest == "no_bn_weight_decay":

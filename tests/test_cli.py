@@ -397,6 +397,30 @@ def test_an_option_whose_default_is_none_takes_none_as_its_help_says(capsys):
     assert "invalid int value: 'many'" in capsys.readouterr().err
 
 
+def test_none_for_threads_and_steps_per_epoch_as_their_help_says(capsys):
+    """--threads and --max-steps-per-epoch say "(None: ...)" but refused "none"; and at the
+    smoke scale (3 steps an epoch) "none" is how to ask for every batch."""
+    from impl.config import resolve
+
+    parser = cli._train_parser(None)
+
+    def cfg(*argv):
+        return cli._resolve_from_args(parser.parse_args(["--scale", "smoke", *argv]), {})
+
+    assert cfg().max_steps_per_epoch == 3  # the scale's
+    assert cfg("--max-steps-per-epoch", "5").max_steps_per_epoch == 5
+    assert cfg("--max-steps-per-epoch", "None").max_steps_per_epoch is None  # every batch
+    assert cfg("--threads", "none").threads is None and cfg("--threads", "1").threads == 1
+    for flag in ("--threads", "--max-steps-per-epoch"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, "many"])
+        assert "invalid int value: 'many'" in capsys.readouterr().err
+    # with --resume, "none" repeats a run saved with every batch, and changes one saved with 3
+    every = resolve("cpu", max_steps_per_epoch=None)
+    assert cli._is_saved_value("max_steps_per_epoch", cli.EVERY_BATCH, every, "r")
+    assert not cli._is_saved_value("max_steps_per_epoch", cli.EVERY_BATCH, resolve("smoke"), "r")
+
+
 @pytest.mark.parametrize("method", ["clicktrain", "prunetrain", "sdgp", "campfire"], ids=str)
 def test_every_method_option_is_documented_and_its_flag_says_so(method, capsys):
     from impl.methods import method_class

@@ -690,6 +690,12 @@ def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
     runs_page = (index.parent / "runs.html").read_text()
     assert runs_page.count("data:image/png;base64,") == 2
     assert "killed" in runs_page and "corrupt" in runs_page  # incomplete runs listed
+    # headers in words with units, not the summary's keys
+    table = runs_page.split('<table class="dataframe data">')[1].split("</thead>")[0]
+    heads = re.findall(r"<th>(.*?)</th>", table)
+    after_epochs = heads[heads.index("epochs") + 1 :][:3]
+    assert after_epochs == ["top-1 (%)", "conv compression (x)", "forward (ms)"]
+    assert "forward (ms)" in heads and not {"top1", "fwd_ms", "wall_seconds"} & set(heads)
 
 
 def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):

@@ -27,6 +27,21 @@ from impl.report.runs import SUMMARY_COLUMNS
 RUN_TABLE_COLUMNS: tuple[str, ...] = tuple(
     c for c in SUMMARY_COLUMNS if c not in ("best_top1", "device", "commit", "path")
 )
+#: The runs table's headers: a summary field's words and unit (its values per sample, per
+#: iteration or for the run, as the summary holds them); other columns keep their names.
+RUN_TABLE_HEADERS: dict[str, str] = {
+    "top1": "top-1 (%)",
+    "compression_ratio": "conv compression (x)",
+    "inference_flops": "inference FLOPs per sample (nominal)",
+    "train_flops_nominal": "training FLOPs per sample (nominal)",
+    "train_flops_executed": "training FLOPs per sample (executed)",
+    "fwd_ms": "forward (ms)",
+    "bwd_ms": "backward (ms)",
+    "step_ms": "step (ms)",
+    "iter_ms": "iteration (ms)",
+    "comm_bytes_per_iter": "Allreduce bytes per iteration",
+    "wall_seconds": "wall time incl. evaluation (s)",
+}
 #: The index column counting the rows of a result without a number of ours (:func:`unfilled`).
 UNFILLED = "no number of ours"
 PAPER_ORDER: tuple[str, ...] = ("claims", "clicktrain", "prunetrain", "sdgp", "campfire", "cross")
@@ -94,7 +109,13 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
     if "scale" not in runs.columns:  # summaries written without it (by hand, older code)
         runs = runs.assign(scale="?")
     cols = [c for c in RUN_TABLE_COLUMNS if c in runs.columns]
-    section.tables.append(Table(runs[cols], "complete runs; every row carries its scale"))
+    section.tables.append(
+        Table(
+            runs[cols].rename(columns=RUN_TABLE_HEADERS),
+            "complete runs, each with its scale; FLOPs are the final model's, times the last "
+            "epoch's medians",
+        )
+    )
     scales = sorted(set(runs["scale"].dropna().astype(str)))
     section.scale = ", ".join(scales)
     if "top1" in runs.columns and runs["top1"].notna().any():

@@ -661,9 +661,10 @@ def _exit_code(err: BaseException) -> int:
 
 #: What a command stopped by Ctrl-C outside its own handling keeps (training says it itself once
 #: the run began).
+_RUNS_KEPT = "; what finished is kept (runs, results): the same command continues from there"
 _INTERRUPTED_KEPT = {
-    "reproduce": "; what finished is kept (runs, results): the same command continues from there",
-    "demo": "; what finished is kept (runs, results): the same command continues from there",
+    "reproduce": _RUNS_KEPT,
+    "demo": _RUNS_KEPT,
     "train": " before the run began; nothing was written",
 }
 

@@ -166,6 +166,19 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
+def sharing_cores(workers: int, cores: int) -> str | None:
+    """The note :func:`train_all` logs when its ``workers`` processes outnumber the ``cores``
+    (``--jobs`` over them): the runs then share cores, and the times per iteration they
+    record (the reports' measured times) are slower than the same runs alone. None otherwise."""
+    if workers <= cores:
+        return None
+    return (
+        f"note: {workers} processes on {cores} core{'s' if cores != 1 else ''}: the runs share "
+        "cores, so the times per iteration they record are slower than alone (--jobs "
+        f"{cores} or fewer for times that compare)"
+    )
+
+
 def default_jobs(scale: str) -> int:
     """Worker processes for ``scale``: one per core (at most 8) on the CPU scales, 1 where
     runs share one accelerator (gpu, paper)."""
@@ -219,6 +232,9 @@ def train_all(
         f"process{'es' if workers != 1 else ''} x {threads} thread{'s' if threads != 1 else ''}"
         "; each run's log: <run directory>.log"
     )
+    crowded = sharing_cores(workers, _cores())
+    if crowded:
+        log(crowded)
     bar = _bar(len(todo), progress)
     t0 = time.perf_counter()
 
@@ -347,7 +363,7 @@ def _with_data(
     for key, count in waiting.items():
         err = reasons[key]
         # what to do here first, then the whole message (what is expected, where to get it)
-        log(f"not training {count} runs on {key[0]}: {err.remedy}. {err}")
+        log(f"not training {count} run{'s' if count != 1 else ''} on {key[0]}: {err.remedy}. {err}")
     return keep, failures
 
 

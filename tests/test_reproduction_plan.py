@@ -53,13 +53,27 @@ def test_default_jobs_one_per_core_on_cpu_scales_and_one_on_gpu_scales():
     assert 1 <= default_jobs("cpu") <= 8 and default_jobs("smoke") == default_jobs("cpu")
 
 
+def test_more_processes_than_cores_is_said_with_what_it_does_to_times():
+    from reproductions.parallel import sharing_cores
+
+    assert sharing_cores(2, 2) is None and sharing_cores(1, 8) is None
+    assert sharing_cores(4, 2) == (
+        "note: 4 processes on 2 cores: the runs share cores, so the times per iteration they "
+        "record are slower than alone (--jobs 2 or fewer for times that compare)"
+    )
+    assert sharing_cores(2, 1).startswith("note: 2 processes on 1 core: ")
+
+
 def test_train_all_rejects_no_jobs():
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         train_all([], 0)
 
 
 @pytest.mark.slow
-def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path):
+def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path, monkeypatch):
+    import reproductions.parallel
+
+    monkeypatch.setattr(reproductions.parallel, "_cores", lambda: 1)  # 2 processes on 1 core
     rows = [Row("dense", "dense", train=TINY), Row("campfire", "campfire", train=TINY),
             Row("bad", "sdgp", options={"m": 3, "n": 5}, train=TINY)]  # fmt: skip
     plan = plan_runs([_target("cross.methods", rows)], "smoke", tmp_path)
@@ -75,6 +89,7 @@ def test_train_all_trains_in_processes_reports_failures_and_then_reuses(tmp_path
         text = log_path(p.config).read_text()  # what a user reads when a run goes wrong
         assert f"-> {p.config.out}" in text and "epoch 1/" in text and "complete: top-1" in text
     assert "in 2 processes x 1 thread;" in lines[0]
+    assert lines[1].startswith("note: 2 processes on 1 core: the runs share cores")
     lines.clear()
     # Complete runs are not trained again; the failed one is tried again (and said to go on
     # from its checkpoint where it left one).
@@ -215,7 +230,7 @@ def test_a_dataset_missing_for_another_reason_logs_its_own_remedy(tmp_path, monk
     failures = train_all(plan, 1, log=lines.append, progress=False, worker=recording_worker)
     assert STARTED == [] and list(failures) == [plan[0].out]
     assert (
-        "not training 1 runs on digits: pip install torchvision. imagenet: needs torchvision"
+        "not training 1 run on digits: pip install torchvision. imagenet: needs torchvision"
         in lines
     )
     assert not any("--data-dir" in x for x in lines)  # not told to point at a directory

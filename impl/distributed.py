@@ -54,8 +54,11 @@ TIMEOUT_ENV = "PDTBENCH_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 #: Environment variable that turns the timing of collectives off ("0").
 COMM_TIMING_ENV = "PDTBENCH_COMM_TIMING"
-#: Exit status of a worker whose distributed run failed (peer died, timeout, desync).
+#: Exit status of a worker whose run failed in its own work (an error it raised).
 EXIT_DIST_FAILURE = 3
+#: Exit status of a worker stopped because a peer failed (a collective found the peer's
+#: connection closed, or timed out): the launcher then names the peer, not this survivor.
+EXIT_PEER_STOPPED = 4
 #: Set to "1" in the workers :func:`launch` starts: the launching process says how a stopped
 #: job can be resumed, so a worker stopped by a signal leaves without a word.
 LAUNCHED_ENV = "PDTBENCH_LAUNCHED"
@@ -802,6 +805,7 @@ __all__ = [
     "COMM_TIMING_ENV",
     "DEFAULT_TIMEOUT_S",
     "EXIT_DIST_FAILURE",
+    "EXIT_PEER_STOPPED",
     "LAUNCHED_ENV",
     "TIMEOUT_ENV",
     "DataParallel",
@@ -856,8 +860,9 @@ def run_worker(
 
     Joins the group torchrun describes (a single process without torchrun just runs ``fn``).
     When ``fn`` raises in a distributed run, prints one line saying which rank failed and
-    why (after the traceback, unless a peer's failure caused it) and ends the process at once
-    with status :data:`EXIT_DIST_FAILURE`, so that no rank waits on a dead peer at exit.
+    why (after the traceback, unless a peer's failure caused it) and ends the process at once,
+    so that no rank waits on a dead peer at exit: with status :data:`EXIT_DIST_FAILURE`, or
+    :data:`EXIT_PEER_STOPPED` where a peer's failure caused it.
     Stopped by a signal (a :class:`KeyboardInterrupt`: Ctrl-C, or SIGTERM where the caller
     raises one for it, its ``exit_code`` attribute then the status), a rank ends at once
     with that status (default 130): without a traceback, with one line naming the rank under
@@ -884,10 +889,11 @@ def run_worker(
                 write_stderr_line(f"{prog}: error: {err}")
             sys.stdout.flush()
             os._exit(EXIT_DIST_FAILURE)
-        if not (isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))):
+        peer = isinstance(err, dist.DistError) or _looks_like_comm_failure(str(err))
+        if not peer:
             traceback.print_exc()
         write_stderr_line(f"{prog}: error: {describe_failure(err, info)}")
         sys.stdout.flush()
-        os._exit(EXIT_DIST_FAILURE)
+        os._exit(EXIT_PEER_STOPPED if peer else EXIT_DIST_FAILURE)
     shutdown()
     return result

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SignalException as stop:
         return 128 + int(stop.sigval)
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
+        rank, failure = first_failure(failed.failures)
         from impl.distributed import write_stderr_line
 
         write_stderr_line(
@@ -62,9 +63,40 @@ def quiet_agent_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The rank, and its failure, to name among the failed ranks ``failures`` (rank ->
+    torchrun's ``ProcessFailure``): the cause before its consequences. A rank that raised
+    (a positive status other than :data:`impl.distributed.EXIT_PEER_STOPPED`) comes first,
+    then one killed by a signal (out of memory, a crash), then one stopped by SIGTERM (how
+    the agent stops the others), then one stopped by a peer's failure; among equals the
+    first to fail, ties to the lower rank. torchrun's own "first" compares timestamps in
+    whole seconds, and named rank 0 when the survivor exited in the same second."""
+    from impl.distributed import EXIT_PEER_STOPPED
+
+    def order(rank: int) -> tuple[int, float, int]:
+        code = failures[rank].exitcode
+        if code == EXIT_PEER_STOPPED:
+            kind = 3
+        elif code == -signal.SIGTERM:
+            kind = 2
+        elif code < 0:
+            kind = 1
+        else:
+            kind = 0
+        return kind, failures[rank].timestamp, rank
+
+    rank = min(failures, key=order)
+    return rank, failures[rank]
+
+
 def how_it_ended(exitcode: int) -> str:
-    """A worker's end in words: ``"exit status 3"``, or the signal that killed it (a negative
+    """A worker's end in words: ``"exit status 3"`` (status 4: stopped by a peer's failure,
+    :data:`impl.distributed.EXIT_PEER_STOPPED`), or the signal that killed it (a negative
     ``exitcode``, as :mod:`subprocess` reports one), SIGKILL with its usual cause."""
+    from impl.distributed import EXIT_PEER_STOPPED
+
+    if exitcode == EXIT_PEER_STOPPED:
+        return f"exit status {exitcode}: stopped because a peer failed"
     if exitcode >= 0:
         return f"exit status {exitcode}"
     try:

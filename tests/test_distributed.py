@@ -503,6 +503,57 @@ def test_a_failed_worker_is_reported_once_by_itself_and_in_one_line_by_the_agent
     )
 
 
+FAILING_BESIDE_A_COLLECTIVE = """import os
+import torch
+import torch.distributed as dist
+from impl.distributed import run_worker
+
+
+def work():
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom beside a collective")
+    while True:  # rank 0's next collective finds rank 1 gone
+        dist.all_reduce(x)
+
+
+run_worker(work, "cpu", prog="failing")
+"""
+
+
+@pytest.mark.slow
+def test_the_agent_names_the_rank_that_raised_not_the_survivor(tmp_path):
+    """The survivor's collective fails as soon as the rank that raised exits, and torchrun's
+    own "first failure" (timestamps in whole seconds, ties to rank 0) named the survivor."""
+    proc = _launch_worker_module(tmp_path, "failing", FAILING_BESIDE_A_COLLECTIVE)
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert "failing: error: distributed training failed on rank 1 of 2: ValueError" in err, err
+    assert err.rstrip().splitlines()[-1] == (
+        "torchrun: rank 1 failed first (exit status 3) and the other ranks were stopped; "
+        "what the rank printed is above"
+    ), err
+
+
+def test_the_rank_named_is_the_cause_before_its_consequences():
+    from types import SimpleNamespace as F
+
+    from impl.distributed import EXIT_DIST_FAILURE, EXIT_PEER_STOPPED
+    from impl.launch_agent import first_failure
+
+    raised = F(exitcode=EXIT_DIST_FAILURE, timestamp=100)
+    survivor = F(exitcode=EXIT_PEER_STOPPED, timestamp=100)
+    assert first_failure({0: survivor, 1: raised}) == (1, raised)
+    stopped = F(exitcode=-15, timestamp=99)  # SIGTERM: how the agent stops the others
+    assert first_failure({0: stopped, 1: raised}) == (1, raised)
+    killed = F(exitcode=-9, timestamp=101)  # out of memory: the cause, though later
+    assert first_failure({0: survivor, 1: killed, 2: stopped}) == (1, killed)
+    early = F(exitcode=EXIT_PEER_STOPPED, timestamp=99)
+    assert first_failure({0: survivor, 1: early}) == (1, early)  # all stopped by peers
+    assert first_failure({1: raised, 0: F(exitcode=3, timestamp=100)})[0] == 0  # tie: rank 0
+
+
 AGREED_FAILURE = """from impl.distributed import run_worker
 
 
@@ -534,6 +585,7 @@ def test_how_a_worker_ended_in_words():
     from impl.launch_agent import how_it_ended
 
     assert how_it_ended(3) == "exit status 3"
+    assert how_it_ended(4) == "exit status 4: stopped because a peer failed"
     assert how_it_ended(-15) == "killed by SIGTERM"
     assert how_it_ended(-9) == "killed by SIGKILL: out of memory, most often"
     assert how_it_ended(-200) == "killed by signal 200"

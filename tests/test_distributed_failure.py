@@ -104,7 +104,7 @@ def test_survivor_exits_with_clear_error_within_timeout(outcomes, case):
     victim, sig = CASES[case]
     rc, elapsed, err = outcomes[case]
     assert rc is not None, f"the survivor did not exit within {TIMEOUT_S + SLACK_S} s"
-    assert rc == distributed.EXIT_DIST_FAILURE, err
+    assert rc == distributed.EXIT_PEER_STOPPED, err
     assert (
         f"worker: error: distributed training stopped on rank {1 - victim} of 2 because a "
         "peer process exited or hung"

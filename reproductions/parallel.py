@@ -94,6 +94,15 @@ def _is_complete(run_dir: str, method: str) -> bool:
     return reusable_summary(Path(run_dir), method) is not None
 
 
+def _refusal(run_dir: str, method: str) -> str | None:
+    """Why the finished run in ``run_dir`` is not reused for ``method``
+    (:func:`reproductions.common.reuse_refusal`); None where it holds no finished run."""
+    from reproductions.common import complete_summary, reuse_refusal
+
+    summary = complete_summary(Path(run_dir))
+    return None if summary is None else reuse_refusal(summary, method)
+
+
 def log_path(cfg: Any) -> Path:
     """Where a worker writes what training one run printed: ``<run dir>.log`` beside it."""
     out = Path(cfg.out)
@@ -223,7 +232,14 @@ def train_all(
     no_data = f", {no_dataset} without their dataset" if no_dataset else ""
     from impl.rundir import CHECKPOINT_FILE  # here: `reproduce --help` imports no torch
 
-    partly = sum(1 for p in todo if (Path(p.out) / CHECKPOINT_FILE).exists())
+    # A finished run that cannot stand for its method now (its code changed) is moved aside
+    # by its worker, whose words go to the run's log: said here, and not counted as resumed.
+    refused = {p.out: why for p in todo if (why := _refusal(p.out, p.config.method))}
+    for out, why in refused.items():
+        log(f"not reusing {Path(out).name}: {why}; it is moved aside and trained again")
+    partly = sum(
+        1 for p in todo if p.out not in refused and (Path(p.out) / CHECKPOINT_FILE).exists()
+    )
     resumed = f", {partly} of them from a checkpoint" if partly else ""
     workers = min(jobs, len(todo))
     log(

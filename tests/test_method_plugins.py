@@ -418,6 +418,34 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
     assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1  # kept, not deleted
 
 
+def test_reproduce_says_why_a_finished_run_is_trained_again_and_not_that_it_resumes(
+    tmp_path, edit_mine
+):
+    """The worker's "not reusing" line went to the run's log only, and the console said the
+    run went on "from a checkpoint" (the finished run's), though it was trained anew."""
+    from reproductions.common import run_or_reuse
+    from reproductions.parallel import PlannedRun, train_all
+
+    cfg = resolve("smoke", method="mine", epochs=1, max_steps_per_epoch=1, threads=1)
+    cfg.out = str(tmp_path / "runs" / "mine")
+    run_or_reuse(cfg)
+    edit_mine(2)
+    lines: list[str] = []
+    handed: list[str] = []
+
+    def worker(job):
+        handed.append(str(job[0].out))
+        return str(job[0].out), None, 0.0
+
+    plan = [PlannedRun(config=cfg, targets=["cross.methods"])]
+    assert train_all(plan, 1, log=lines.append, progress=False, worker=worker) == {}
+    assert handed == [cfg.out]
+    assert lines[0].startswith(
+        "not reusing mine: the source of mine_method:Mine has changed since it was trained"
+    ) and lines[0].endswith("; it is moved aside and trained again")
+    assert lines[1].startswith("training 1 run (0 of 1 already complete) in 1 process")
+
+
 def test_a_killed_run_of_a_method_whose_code_changed_is_not_continued(tmp_path, edit_mine, capsys):
     from impl.rundir import SUMMARY_FILE, StaleRunError, load_checkpoint
     from impl.train import resume

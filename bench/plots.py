@@ -1,6 +1,7 @@
 """Figures of benchmark rows (``bench.run``'s ``rows.json``).
 
     python -m bench.plots spmm ROWS_JSON OUT.png [--case-prefix paper-256x1152x50176]
+        (default: that shape where the rows hold it, else their first paper-sized one)
     python -m bench.plots iteration ROWS_JSON OUT.png
 
 ``spmm``: the SpMM suite's sweep over sparsity at one shape (ClickTrain Sec. 5.2, Fig. 10's
@@ -50,8 +51,26 @@ def spmm_series(rows: Sequence[dict[str, Any]], case_prefix: str) -> dict[str, l
         impl = str(r["impl"]).split("@")[0]
         series.setdefault(impl, []).append((100.0 * float(r["sparsity"]), float(r["median_ms"])))
     if not series:
-        raise ValueError(f"no measured spmm row of a case starting {case_prefix!r}")
+        shapes = spmm_shapes(rows)
+        there = f"; the rows' shapes: {', '.join(shapes)} (--case-prefix)" if shapes else ""
+        raise ValueError(f"no measured spmm row of a case starting {case_prefix!r}{there}")
     return {k: sorted(v) for k, v in series.items()}
+
+
+def spmm_shapes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The shapes of the spmm rows' cases (a case without its ``-sNN`` sparsity), in order."""
+    cases = (str(r.get("case", "")) for r in rows if r.get("suite") == "spmm")
+    return list(dict.fromkeys(c.rsplit("-s", 1)[0] for c in cases if c))
+
+
+def default_spmm_case(rows: Sequence[dict[str, Any]]) -> str:
+    """The shape the spmm figure draws when none is named: the paper's (gpu scale's)
+    :data:`PAPER_SPMM_CASE` where the rows hold it, else their first paper-sized shape (the
+    smaller ``paper-256x1152x196`` of the cpu and smoke scales), else their first shape."""
+    shapes = spmm_shapes(rows)
+    if PAPER_SPMM_CASE in shapes or not shapes:
+        return PAPER_SPMM_CASE
+    return next((s for s in shapes if s.startswith("paper-")), shapes[0])
 
 
 def spmm_figure(rows: Sequence[dict[str, Any]], case_prefix: str = PAPER_SPMM_CASE) -> Figure:
@@ -115,10 +134,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("figure", choices=("spmm", "iteration"))
     p.add_argument("rows", type=Path, help="a rows.json of bench.run")
     p.add_argument("out", type=Path, help="the image to write (png, svg, pdf)")
-    p.add_argument("--case-prefix", default=PAPER_SPMM_CASE)
+    p.add_argument(
+        "--case-prefix",
+        help=f"the spmm shape to draw (default: {PAPER_SPMM_CASE} where the rows hold it, "
+        "else their first paper-sized shape)",
+    )
     args = p.parse_args(argv)
-    rows = json.loads(args.rows.read_text())["rows"]
-    fig = spmm_figure(rows, args.case_prefix) if args.figure == "spmm" else iteration_figure(rows)
+    try:
+        rows = json.loads(args.rows.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        p.error(f"{args.rows} is not a rows.json of bench.run ({type(err).__name__}: {err})")
+    try:
+        if args.figure == "spmm":
+            fig = spmm_figure(rows, args.case_prefix or default_spmm_case(rows))
+        else:
+            fig = iteration_figure(rows)
+    except ValueError as err:
+        p.error(str(err))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -59,6 +59,33 @@ def test_spmm_figure_draws_one_line_per_implementation_on_a_log_axis(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_spmm_figure_of_cpu_scale_rows_draws_their_paper_sized_shape(tmp_path, capsys):
+    """The cpu and smoke scales measure paper-256x1152x196: the figure drew nothing but a
+    traceback naming the gpu scale's shape."""
+    small = [{**r, "case": r["case"].replace("x50176", "x196")} for r in _rows()]
+    assert plots.spmm_shapes(small) == ["paper-256x1152x196", "odd-31x97x257"]
+    assert plots.default_spmm_case(small) == "paper-256x1152x196"
+    assert plots.default_spmm_case(_rows()) == plots.PAPER_SPMM_CASE
+    assert plots.default_spmm_case([small[-2]]) == "odd-31x97x257"  # no paper shape at all
+    with pytest.raises(ValueError, match=r"the rows' shapes: paper-256x1152x196, odd-31x97"):
+        plots.spmm_series(small, plots.PAPER_SPMM_CASE)
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps({"rows": small}))
+    out = tmp_path / "spmm.png"
+    assert plots.main(["spmm", str(src), str(out)]) == 0 and out.is_file()
+    # a named shape that is not there, and a file that is not rows.json: one line, exit 2
+    csv = tmp_path / "rows.csv"
+    csv.write_text("suite,case\nspmm,x\n")
+    for argv, said in (
+        (["spmm", str(src), str(out), "--case-prefix", "paper-1x2"], "the rows' shapes: "),
+        (["spmm", str(csv), str(out)], "rows.csv is not a rows.json of bench.run (JSONDecode"),
+        (["spmm", str(tmp_path / "none.json"), str(out)], "is not a rows.json of bench.run"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            plots.main(argv)
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
 def _iteration_rows() -> list[dict]:
     base = {"suite": "iteration", "status": "ok", "gpu_name": "NVIDIA H200", "scale": "gpu"}
     base["commit"] = "8f916d63ce56"

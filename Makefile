@@ -6,7 +6,8 @@ STAMP := $(VENV)/.pdtbench-installed
 # Test processes for `make test` (pytest-xdist); 0 runs the suite in one process.
 TEST_JOBS ?= 2
 
-.PHONY: demo test test-slow test-all test-emulated lint format setup clean bench-gpu gpu-check
+.PHONY: demo test test-slow test-all test-emulated lint format setup clean bench-asv-smoke \
+	bench-gpu gpu-check
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -49,6 +50,12 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+## asv at the smoke sizes on any machine, its results and list of benchmarks under
+## .asv/scratch (bench/asv_scratch.py): the tracked reports/asv/results keep the GPU history.
+bench-asv-smoke: $(STAMP)
+	@cfg=$$($(PY) -m bench.asv_scratch) && $(VENV)/bin/asv --config $$cfg machine --yes && \
+	PDTBENCH_BENCH_SMALL=1 $(VENV)/bin/asv --config $$cfg run --python=same --quick --show-stderr
 
 ## Benchmarks on one GPU: tidy rows, pytest-benchmark JSON, asv results and HTML.
 ## asv --quick runs each benchmark once: a time_op value is one call (after one untimed call

@@ -90,6 +90,27 @@ def test_asv_config_points_at_bench_and_reports():
     assert conf["matrix"]["req"]["torch"] == ["2.13.0"]
 
 
+def test_the_scratch_asv_config_writes_outside_the_tracked_results(tmp_path):
+    """A smoke asv check rewrote the tracked reports/asv/results/benchmarks.json with its
+    own cases; the scratch copy sends every output elsewhere and keeps every other setting."""
+    from bench.asv_scratch import scratch_config
+
+    conf = json.loads((REPO_ROOT / "asv.conf.json").read_text())
+    path = scratch_config(REPO_ROOT, tmp_path / "s")
+    assert path == tmp_path / "s" / "asv.conf.json"
+    copy = json.loads(path.read_text())
+    for key, name in (("results_dir", "results"), ("html_dir", "html"), ("env_dir", "env")):
+        assert copy[key] == str((tmp_path / "s" / name).resolve())
+    assert copy["repo"] == str(Path(REPO_ROOT).resolve())
+    assert copy["benchmark_dir"] == str((Path(REPO_ROOT) / "bench").resolve())
+    moved = {"repo", "benchmark_dir", "results_dir", "html_dir", "env_dir"}
+    assert {k: v for k, v in copy.items() if k not in moved} == {
+        k: v for k, v in conf.items() if k not in moved
+    }
+    config = pytest.importorskip("asv.config")
+    assert config.Config.load(str(path)).results_dir == copy["results_dir"]  # asv reads it
+
+
 def test_asv_discovers_only_the_asv_modules():
     discovery = pytest.importorskip("asv_runner.discovery")
     names = [b.name for b in discovery.disc_benchmarks(str(REPO_ROOT / "bench"))]

@@ -40,6 +40,7 @@ import torch
 
 from bench import cases
 from impl import rundir
+from impl.out_dir import check_out_dir
 
 #: Rows appended one JSON line each as they are measured (removed when a run completes).
 PARTIAL_NAME = "rows.partial.jsonl"
@@ -503,6 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     suites = args.suite or list(cases.SUITES)
     try:
+        check_out_dir(args.out)  # a file at --out or above it: one line now, not a traceback
         check_device(args.scale, suites)
         check_filter(args.scale, suites, args.match, args.cases)
     except ValueError as exc:

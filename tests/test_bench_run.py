@@ -313,6 +313,15 @@ def test_a_second_run_into_the_same_out_is_refused_while_the_first_writes(tmp_pa
     assert not (out / "rows.json").exists()
 
 
+def test_an_out_that_cannot_be_a_directory_is_one_line_before_any_measurement(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in (afile, afile / "sub"):
+        assert run.main(["--scale", "smoke", "--suite", "calibration", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"python -m bench.run: --out {out}: {afile} is a file, not a directory\n"
+
+
 def test_rows_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     # a kill mid-write left rows.json empty (JSONDecodeError) and the previous rows lost
     out = tmp_path / "atomic"

@@ -244,10 +244,11 @@ class CommStats:
         self._iter_seconds = 0.0
         self._iter_sparse = False
 
-    def epoch_metrics(self) -> dict[str, Any]:
+    def epoch_metrics(self, timed: bool = True) -> dict[str, Any]:
         """The epoch's ``comm_bytes_per_iter`` (mean over its iterations; an int when every
         iteration sent the same), ``comm_bytes_epoch``, its min and max,
-        ``comm_aux_bytes_per_iter``, ``comm_ms`` (median per iteration),
+        ``comm_aux_bytes_per_iter``, ``comm_ms`` (median per iteration; left out where the
+        collectives were not ``timed``: no time was measured, which is not 0 ms),
         ``comm_calls_per_iter`` and ``comm_sparse_iters`` (iterations with a packed payload)."""
         if not self.bytes:
             return {}
@@ -260,7 +261,7 @@ class CommStats:
             "comm_bytes_per_iter_min": min(self.bytes),
             "comm_bytes_per_iter_max": max(self.bytes),
             "comm_aux_bytes_per_iter": sum(self.aux_bytes) / n,
-            "comm_ms": 1e3 * statistics.median(self.seconds),
+            **({"comm_ms": 1e3 * statistics.median(self.seconds)} if timed else {}),
             "comm_calls_per_iter": statistics.median(self.calls),
             "comm_sparse_iters": sum(self.sparse),
         }

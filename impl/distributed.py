@@ -758,7 +758,7 @@ class DataParallel:
         iteration from the model and the method's masks in force ("computed").
         """
         row: dict[str, Any] = {"world_size": self.info.world_size}
-        row.update(self.stats.epoch_metrics())
+        row.update(self.stats.epoch_metrics(timed=self.state.timing))
         if self.active:
             row["comm_bytes_source"] = "measured"
         else:

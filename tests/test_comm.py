@@ -154,6 +154,9 @@ def test_comm_stats_per_iteration_and_epoch():
     row = s.epoch_metrics()  # three iterations: a median and a mean tell apart
     assert row["comm_ms"] == pytest.approx(2.0)  # the median, not the mean (4.33)
     assert row["comm_bytes_per_iter"] == 200  # the mean, not the median (100)
+    # collectives not timed (PDTBENCH_COMM_TIMING=0): no time, which is not 0 ms
+    untimed = s.epoch_metrics(timed=False)
+    assert "comm_ms" not in untimed and untimed["comm_bytes_per_iter"] == 200
 
 
 def test_comm_state_masks_change_detection_and_checksum():

@@ -249,7 +249,7 @@ def eval_fgsm_run(
     """
     from impl.data import make_loaders
     from impl.env import git_state
-    from impl.rundir import write_json
+    from impl.rundir import complete_summary, write_json
     from impl.train import load_trained_model
 
     eps_values = [float(e) for e in eps_list]
@@ -281,7 +281,10 @@ def eval_fgsm_run(
         "eps_units": "pixel intensity on [0, 1], before normalisation; clipped to [0, 1]",
         "run_dir": str(run_dir),
         "method": cfg.method,
-        "method_options": cfg.method_options,
+        # every option as the run trained with it (its config keeps only those given)
+        "method_options": (complete_summary(run_dir) or {}).get(
+            "method_options", cfg.method_options
+        ),
         "model": cfg.model,
         "data": cfg.data,
         "scale": cfg.scale,

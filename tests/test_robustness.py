@@ -201,6 +201,20 @@ def test_eval_fgsm_run_on_a_finished_run(tmp_path, size, monkeypatch) -> None:
         assert json.loads((run / FGSM_FILE).read_text())["rows"] == more, field
 
 
+def test_fgsm_json_records_every_option_the_run_trained_with(tmp_path) -> None:
+    """fgsm.json took its options from config.json, which keeps only those given: {}."""
+    from impl.config import resolve
+    from impl.train import train
+
+    run = tmp_path / "run"
+    cfg = resolve("smoke", method="sdgp", method_options={"m": 8}, out=str(run), threads=1,
+                  epochs=1, max_steps_per_epoch=1, data_options={"image_size": 8})  # fmt: skip
+    summary = train(cfg, progress=False)
+    eval_fgsm_run(run, [0.0])
+    options = json.loads((run / FGSM_FILE).read_text())["method_options"]
+    assert options == summary["method_options"] and options["m"] == 8 and options["n"] == 2
+
+
 @pytest.mark.parametrize(
     "make", ["missing", "empty", "file"], ids=["missing-dir", "no-config", "a-file"]
 )

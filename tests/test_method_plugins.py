@@ -115,6 +115,13 @@ def test_environment_variable_registers_methods_for_every_process(gmp_env, monke
     monkeypatch.setenv(registry.ENV_VAR, "gmp")
     with pytest.raises(ValueError, match="name=package.module:ClassName"):
         method_class("sdgp")
+    # one name for two classes: the last one won, silently
+    gmp = "gmp=examples.gradual_magnitude:GradualMagnitude"
+    monkeypatch.setenv(registry.ENV_VAR, f"{gmp},gmp=mine:Mine")
+    with pytest.raises(ValueError, match=r"'gmp' is given twice \(examples.gradual_magnitude:"):
+        available_methods()
+    monkeypatch.setenv(registry.ENV_VAR, f"{gmp}, {gmp}")  # the same twice is one entry
+    assert method_class("gmp").name == "gmp"
     monkeypatch.delenv(registry.ENV_VAR)
     assert method_class("dense").__name__ == "Dense"
 

@@ -112,6 +112,11 @@ def _from_environment() -> dict[str, str]:
                 f"{ENV_VAR}: {name!r} is a built-in method and cannot be replaced; "
                 "register yours under another name"
             )
+        if name in out and out[name] != target:  # which one was meant cannot be told
+            raise ValueError(
+                f"{ENV_VAR}: {name!r} is given twice ({out[name]} and {target}); give each "
+                "name once"
+            )
         out[name] = target
     return out
 

@@ -182,9 +182,8 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     run_dir = Path(run_dir)
     try:
         summary = finished_summary_to_resume(run_dir)  # the reading resume makes of a run
-    except FileNotFoundError:
-        why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
-        raise ValueError(f"{run_dir} is not a run directory (it {why})") from None
+    except FileNotFoundError as err:  # the same words as --resume's
+        raise ValueError(str(err)) from None
     except TrainingDiverged as err:
         diverged = err.record
         raise ValueError(

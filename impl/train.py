@@ -1015,7 +1015,8 @@ def finished_summary_to_resume(run_dir: Path) -> dict[str, Any] | None:
     :class:`TrainingDiverged` where it diverged (resuming would repeat the same steps from
     the same state)."""
     if not (run_dir / rundir.CONFIG_FILE).exists():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
+        why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
+        raise FileNotFoundError(f"{run_dir} is not a run directory (it {why})")
     summary = rundir.complete_summary(run_dir)
     if summary is not None:
         return summary

@@ -35,7 +35,12 @@ def test_unknown_name_is_one_line_listing_valid_names_exit_2(argv, needle, capsy
 
 def test_resume_of_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
     assert cli.main(["train", "--resume", str(tmp_path)]) == 2
-    assert "not a run directory" in capsys.readouterr().err
+    assert f"{tmp_path} is not a run directory (it has no config.json)" in capsys.readouterr().err
+    # a path that is not there says so, in eval-fgsm's words
+    for command in (["train", "--resume"], ["eval-fgsm"]):
+        assert cli.main([*command, str(tmp_path / "nope")]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'nope'} is not a run directory (it does not exist)" in err
 
 
 def test_method_config_fields_become_flags():

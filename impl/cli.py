@@ -768,8 +768,20 @@ def cmd_env(argv: list[str]) -> int:
     info["nm_prune_cpu"] = (
         "compiled kernel (impl/cpu/nm_prune.c)" if why is None else f"torch reference: {why}"
     )
-    print(json.dumps(info, indent=2, default=str) if args.json else format_env(info))
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    print(format_env(info))
+    print(ENV_FLAGS_NOTE)
     return 0
+
+
+#: Below ``pdtbench env``'s table: its TF32 and cuDNN rows are torch's defaults, not a run's.
+ENV_FLAGS_NOTE = (
+    "(tf32_matmul, tf32_cudnn, cudnn_benchmark: torch's settings in this process; "
+    "`pdtbench train` sets all three from --tf32 and --cudnn-benchmark, off unless given, "
+    "and each run records its own)"
+)
 
 
 # -- eval-fgsm -------------------------------------------------------------------------------------

@@ -307,7 +307,10 @@ def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["torch"] == __import__("torch").__version__
     assert cli.main(["env"]) == 0
-    assert info["torch"] in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert info["torch"] in table
+    # torch's own TF32 default (cuDNN on) is shown with what a run does with it
+    assert table.rstrip().endswith(cli.ENV_FLAGS_NOTE) and "off unless given" in table
     from impl.ops import nm_cpu
 
     want = "compiled kernel" if nm_cpu.is_available() else "torch reference"

@@ -918,7 +918,11 @@ def run_target(
         missing=missing,
         notes=notes,
         description=description,
-        environment={**collect(), "runs_trained_at": runs_trained_at(results)},
+        environment={
+            **collect(),
+            **runs_backend_flags(results),
+            "runs_trained_at": runs_trained_at(results),
+        },
         duration_s=time.perf_counter() - t0,
         wide=target.wide,
     )
@@ -937,6 +941,26 @@ def runs_trained_at(results: Sequence[RowResult]) -> list[str]:
             if env.get("commit"):
                 commits.add(str(env["commit"])[:12] + ("+" if env.get("dirty") else ""))
     return sorted(commits)
+
+
+#: The backend settings a run sets for itself (``TrainConfig.tf32``, ``cudnn_benchmark``),
+#: which the process comparing the runs holds at torch's defaults.
+RUN_BACKEND_FLAGS: tuple[str, ...] = ("tf32_matmul", "tf32_cudnn", "cudnn_benchmark")
+
+
+def runs_backend_flags(results: Sequence[RowResult]) -> dict[str, Any]:
+    """The TF32 and cuDNN benchmark settings the runs behind ``results`` trained with, from
+    their summaries' environments: one value where they agree, "mixed" where not; none for a
+    result of no run (its measurements ran in this process, whose settings it keeps). The
+    result's provenance shows these, not this process's torch defaults (cuDNN TF32 on)."""
+    seen: dict[str, set[Any]] = {k: set() for k in RUN_BACKEND_FLAGS}
+    for res in results:
+        for run in res.runs:
+            env = run.summary.get("environment") or {}
+            for key in RUN_BACKEND_FLAGS:
+                if key in env:
+                    seen[key].add(env[key])
+    return {k: next(iter(v)) if len(v) == 1 else "mixed" for k, v in seen.items() if v}
 
 
 def result_dir(key: str, scale: str, runs_root: str | Path = RUNS_ROOT) -> Path:

@@ -1218,6 +1218,22 @@ def test_a_result_records_the_commits_its_runs_were_trained_at():
     assert common.runs_trained_at([RowResult(Row("m"), measured={"x": 1.0})]) == []
 
 
+def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
+    """The footer showed tf32 False/True (torch's defaults in the comparing process) for
+    runs that all trained with cuDNN TF32 off."""
+
+    def run(**flags):
+        return RunRecord("r", 0, {"environment": flags}, [], True)
+
+    off = {"tf32_matmul": False, "tf32_cudnn": False, "cudnn_benchmark": False}
+    results = [RowResult(Row("a"), runs=[run(**off), run(**off)]),
+               RowResult(Row("m"), measured={"x": 1.0})]  # fmt: skip
+    assert common.runs_backend_flags(results) == off
+    results.append(RowResult(Row("b"), runs=[run(**{**off, "tf32_cudnn": True}), run()]))
+    assert common.runs_backend_flags(results) == {**off, "tf32_cudnn": "mixed"}
+    assert common.runs_backend_flags([RowResult(Row("m"), measured={"x": 1.0})]) == {}
+
+
 def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():
     """Table 4 prints no dense row; App. B.2's ResNet-50 v1 baseline (74.94) is the one Sec.
     4.2 compares it with, cited as such."""

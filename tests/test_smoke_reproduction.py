@@ -62,6 +62,8 @@ def test_each_target_reproduces_at_smoke_scale_with_the_papers_numbers_beside(sm
         assert ours or missing, f"{target}: neither a number of ours nor a missing row"
         for row in missing:  # a row not run says why: the scale or hardware it needs
             assert row.get("reason"), (target, row)
+        if result.get("runs"):  # the runs' TF32 setting (off), not this process's defaults
+            assert result["environment"]["tf32_cudnn"] is False, target
         if target.split(".")[0] in PAPERS:
             assert any(r.get("paper") is not None for r in result["rows"]), (
                 f"{target}: no published number beside ours"

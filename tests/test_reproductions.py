@@ -2141,3 +2141,11 @@ def test_prunetrain_options_map_the_short_runs_ratio_at_the_short_scales_only():
     text = settings.options_text("prunetrain", {"penalty_ratio": 0.8}, "gpu")
     assert text.startswith("penalty ratio 0.8 (the paper's 0.2, mapped onto the short run)")
     assert "mapped" not in settings.options_text("prunetrain", {"penalty_ratio": 0.8}, "paper")
+
+
+def test_campfire_table5_counts_the_steps_its_runs_take():
+    """The note said a smoke run was 24 SGD steps (6 per epoch) where its runs stop each
+    epoch at 2: 8 in all."""
+    notes = reproductions.load_target("campfire.table5").notes
+    assert "stops each at 2), so a smoke-scale run is 8 SGD steps in all" in notes("smoke")[0]
+    assert "6 steps per epoch, so a cpu-scale run is 60 SGD steps in all" in notes("cpu")[0]

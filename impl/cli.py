@@ -571,15 +571,50 @@ def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bo
             "--dist-timeout is the timeout of a distributed run's collectives, and --nproc is 1 "
             "(one process, none to time out): give --nproc N (N > 1), or run under torchrun"
         )
-    if method == "sdgp":  # the rescale rule and its constant act on rescaled magnitude only
-        prune = getattr(args, "method__prune_method", None) or "rescaled"
-        for name in ("rescale", "rescale_eps"):
-            if getattr(args, f"method__{name}", None) is not None and prune != "rescaled":
-                return (
-                    f"{_flag(name)} is a setting of --prune-method rescaled, and --prune-method "
-                    f"is {prune}: give --prune-method rescaled, or leave {_flag(name)} out"
-                )
+    for (owner_method, name), (owner, acting) in OPTION_OWNERS.items():
+        if owner_method != method or getattr(args, f"method__{name}", None) is None:
+            continue
+        value = getattr(args, f"method__{owner}", None)
+        if value is None:  # the owner's default
+            from impl.methods import method_class
+
+            value = getattr(method_class(method).Config(), owner)
+        if value not in acting:
+            wanted = " or ".join(_flag_value(owner, v) for v in acting)
+            return (
+                f"{_flag(name)} is a setting of {wanted}, and {_flag(owner)} is "
+                f"{_shown(value)}: give {wanted}, or leave {_flag(name)} out"
+            )
     return ""
+
+
+#: A method option that acts only where another option of the method takes one of some
+#: values: ``(method, option) -> (that option, its values where this one acts)``. Given with
+#: the other option elsewhere, the option would be recorded in the run and do nothing.
+OPTION_OWNERS: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = {
+    # the rescale rule and its constant act on rescaled magnitude only
+    ("sdgp", "rescale"): ("prune_method", ("rescaled",)),
+    ("sdgp", "rescale_eps"): ("prune_method", ("rescaled",)),
+    # window pruning's share of the target is a part of the combined mask
+    ("campfire", "window_fraction"): ("mask", ("combined",)),
+    ("campfire", "window_rounding"): ("mask", ("window", "combined")),
+    ("campfire", "window_max_nonzero"): ("mask", ("window", "combined")),
+    # block FC pruning prunes the linear layers prune_fc names
+    ("campfire", "fc_block"): ("prune_fc", (True,)),
+    ("campfire", "fc_block_fraction"): ("prune_fc", (True,)),
+    # the dynamic mini-batch's growth
+    ("prunetrain", "batch_step"): ("dynamic_batch", (True,)),
+    ("prunetrain", "max_batch"): ("dynamic_batch", (True,)),
+}
+
+
+def _shown(value: Any) -> str:
+    """An option's value as its flag takes it (true/false for a bool)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _flag_value(name: str, value: Any) -> str:
+    return f"{_flag(name)} {_shown(value)}"
 
 
 # What --resume may be given with: how to run, not what to train.

@@ -467,7 +467,10 @@ SMOKE = ["train", "--scale", "smoke", "--epochs", "1", "--max-steps-per-epoch", 
         (["--batch-size", "0"], "error: --batch-size must be >= 1"),
         (["--method", "sdgp", "--prune-method", "foo"], "unknown N:M pruning function 'foo'"),
         (["--method", "campfire", "--final-sparsity", "2"], "error: --final-sparsity must be"),
-        (["--method", "prunetrain", "--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
+        (
+            ["--method", "prunetrain", "--dynamic-batch", "true", "--max-batch", "0"],
+            "error: --max-batch must be >= 1, got 0",
+        ),
         (["--data-dir", "{tmp}/nowhere"], "digits is not read from a directory"),
         (["--data-dir", "cifar10={tmp}/c10"], "digits is not read from a directory"),
     ],
@@ -899,9 +902,19 @@ def test_resume_takes_a_new_data_dir_for_data_that_moved(tmp_path, monkeypatch, 
          ("--rescale is a setting of --prune-method rescaled", "--prune-method is random")),
         (["--method", "sdgp", "--prune-method", "magnitude", "--rescale-eps", "0.001"],
          ("--rescale-eps is a setting", "--prune-method is magnitude")),
+        (["--method", "campfire", "--mask", "window", "--window-fraction", "0.3"],
+         ("--window-fraction is a setting of --mask combined", "--mask is window")),
+        (["--method", "campfire", "--mask", "ck", "--window-max-nonzero", "4"],
+         ("--window-max-nonzero is a setting of --mask window or --mask combined",
+          "--mask is ck")),
+        (["--method", "campfire", "--prune-fc", "false", "--fc-block", "3"],
+         ("--fc-block is a setting of --prune-fc true", "--prune-fc is false")),
+        (["--method", "prunetrain", "--batch-step", "64", "--max-batch", "128"],
+         ("--batch-step is a setting of --dynamic-batch true", "--dynamic-batch is false")),
     ],
     ids=["no-augment-recipe", "dist-timeout-one-process", "rescale-random",
-         "rescale-eps-magnitude"],
+         "rescale-eps-magnitude", "window-fraction-window", "window-cap-ck",
+         "fc-block-no-fc", "batch-step-fixed-batch"],
 )  # fmt: skip
 def test_flags_one_of_which_would_be_ignored_are_refused_naming_both(
     flags, both, capsys, tmp_path, monkeypatch
@@ -915,6 +928,20 @@ def test_flags_one_of_which_would_be_ignored_are_refused_naming_both(
     err = capsys.readouterr().err
     assert all(flag in err.splitlines()[-1] for flag in both)
     assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_every_option_owner_names_real_options_and_values():
+    """OPTION_OWNERS names each option, the option it depends on, and values that option
+    takes, of the method's own config (a renamed field would turn a check off silently)."""
+    import dataclasses
+
+    from impl.methods import method_class
+
+    for (method, name), (owner, acting) in cli.OPTION_OWNERS.items():
+        fields = {f.name: f for f in dataclasses.fields(method_class(method).Config)}
+        assert name in fields and owner in fields, (method, name, owner)
+        default = fields[owner].default
+        assert all(type(v) is type(default) for v in acting), (method, owner, acting)
 
 
 def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):

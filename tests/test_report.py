@@ -696,6 +696,8 @@ def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
     after_epochs = heads[heads.index("epochs") + 1 :][:3]
     assert after_epochs == ["top-1 (%)", "conv compression (x)", "forward (ms)"]
     assert "forward (ms)" in heads and not {"top1", "fwd_ms", "wall_seconds"} & set(heads)
+    alts = re.findall(r'<img src="data:image/png;base64,[^"]*" alt="([^"]*)"', runs_page)
+    assert alts == ["Final top-1 per method", "Test top-1 per epoch"]
 
 
 def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
@@ -1439,6 +1441,12 @@ def test_run_options_are_listed_in_name_order_and_an_old_gpu_key_is_read(tmp_pat
     runs = load_runs([tmp_path])
     assert runs.loc[0, "options"] == "m=1, n=2"
     assert runs.loc[0, "gpu_name"] == "Tesla V100"
+    # values as the flags take them, not Python's reprs (True, None, 1.52587890625e-09)
+    summary["method_options"] = {"prune_fc": True, "cap": None, "eps": 2.0**-29 * 0.8192,
+                                 "sizes": [1, 2], "mask": "ck"}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    options = load_runs([tmp_path]).loc[0, "options"]
+    assert options == "cap=none, eps=1.52588e-09, mask=ck, prune_fc=true, sizes=1 2"
 
 
 def test_bars_and_lines_show_the_standard_deviation_their_captions_name():

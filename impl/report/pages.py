@@ -128,7 +128,13 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
             title="Final top-1 per method",
             ylabel="top-1 (%)",
         )
-        section.figures.append(FigureBlock(figure_data_uri(fig), "mean and sd over runs"))
+        section.figures.append(
+            FigureBlock(
+                figure_data_uri(fig),
+                "mean over each method's runs; the bar's line: their sd, where it has several",
+                alt="Final top-1 per method",
+            )
+        )
     if metrics is not None and not metrics.empty and "test_top1" in metrics.columns:
         fig = draw(
             "line",
@@ -140,7 +146,13 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
             title="Test top-1 per epoch",
             ylabel="top-1 (%)",
         )
-        section.figures.append(FigureBlock(figure_data_uri(fig), "mean and sd band over seeds"))
+        section.figures.append(
+            FigureBlock(
+                figure_data_uri(fig),
+                "mean over each method's runs; the band: their sd, where it has several",
+                alt="Test top-1 per epoch",
+            )
+        )
     return section
 
 

@@ -396,9 +396,9 @@ def _checked_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 def cmd_train(argv: list[str]) -> int:
     """``pdtbench train``: parse, resolve the config, train, print where the results are."""
     from impl import distributed
-    from impl.config import TrainConfig
+    from impl.config import read_config
     from impl.methods import method_class
-    from impl.rundir import CONFIG_FILE, read_json
+    from impl.rundir import CONFIG_FILE
     from impl.train import (
         check_before_workers,
         check_run_method,
@@ -415,7 +415,7 @@ def cmd_train(argv: list[str]) -> int:
         raise UsageError("--resume needs a run directory; got an empty one")
     saved_cfg = None
     if known.resume and (Path(known.resume) / CONFIG_FILE).is_file():
-        saved_cfg = TrainConfig.from_dict(read_json(Path(known.resume) / CONFIG_FILE))
+        saved_cfg = read_config(Path(known.resume) / CONFIG_FILE)
     if known.method is None:  # a resumed run's own method options are its flags
         known.method = saved_cfg.method if saved_cfg is not None else "dense"
     try:

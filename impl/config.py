@@ -274,7 +274,7 @@ class TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}")
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
         return cls(**data)
 
     def digest(self) -> str:
@@ -342,6 +342,19 @@ def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]
     them where the method is unknown here)."""
     defaults = _option_defaults(method)
     return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+
+
+def read_config(path: str | Path) -> TrainConfig:
+    """The :class:`TrainConfig` a run directory's ``config.json`` at ``path`` holds. Raises
+    ``OSError`` where it cannot be read and ``ValueError`` naming the file where it is not
+    a config pdtbench wrote (not JSON, keys of something else)."""
+    from impl.run_files import read_json
+
+    data = read_json(Path(path))
+    try:
+        return TrainConfig.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not the config.json of a pdtbench run ({err})") from err
 
 
 # Per-scale defaults for the fields a user did not set. The "cpu" preset is the embedded

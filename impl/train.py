@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from impl import distributed, rundir
-from impl.config import TrainConfig
+from impl.config import TrainConfig, read_config
 from impl.data import check_dataset, dataset_dir_for, derived_seed
 from impl.memory import TrainingPeak
 from impl.messages import first_line
@@ -184,6 +184,10 @@ def refuse_existing_run(run_dir: Path, check_lock: bool = True) -> None:
             f"{int(diverged.get('diverged_epoch', 0)) + 1} (its summary.json); "
             f"choose another --out, or remove {run_dir} to train it again"
         )
+    try:  # another program's config.json is no run to continue (nor to lock)
+        read_config(run_dir / rundir.CONFIG_FILE)
+    except (OSError, ValueError) as err:
+        raise RunExistsError(f"{err}; choose another --out") from None
     if check_lock:  # RunBusyError while another process trains it: not "resume it"
         with rundir.locked(run_dir):
             pass
@@ -210,7 +214,7 @@ def check_before_workers(
             return  # resume returns its summary
         with rundir.locked(run_dir):
             pass
-        saved = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
+        saved = read_config(run_dir / rundir.CONFIG_FILE)
         check_dataset(saved.data, dataset_dir_for(data_dir, saved.data) or saved.data_dir)
         return
     if cfg is None:
@@ -531,7 +535,7 @@ class Trainer:
         if resume:
             if main:
                 held.enter_context(rundir.locked(run_dir))
-            saved = TrainConfig.from_dict(rundir.read_json(config_path))
+            saved = read_config(config_path)
             if saved.digest() != cfg.digest():
                 raise rundir.CheckpointError(f"{config_path} does not match the run's config")
         else:
@@ -1043,7 +1047,7 @@ def resume(
     summary = finished_summary_to_resume(run_dir)
     if summary is not None:
         return summary
-    cfg = TrainConfig.from_dict(rundir.read_json(config_path))
+    cfg = read_config(config_path)
     check_run_method(run_dir, cfg)
     data_dir = dataset_dir_for(data_dir, cfg.data)
     if data_dir is not None and data_dir != cfg.data_dir:
@@ -1061,7 +1065,7 @@ def load_trained_model(
     where the run's dataset is now, if it moved (None: the run's own); the returned config
     names it."""
     run_dir = Path(run_dir)
-    cfg = TrainConfig.from_dict(rundir.read_json(run_dir / rundir.CONFIG_FILE))
+    cfg = read_config(run_dir / rundir.CONFIG_FILE)
     check_run_method(run_dir, cfg)
     digest = cfg.digest()  # of the run as trained, before the device is changed for loading
     cfg.device = str(device)  # a torch.device too

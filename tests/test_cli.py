@@ -521,6 +521,21 @@ def test_an_out_folder_holding_other_runs_is_refused(tmp_path, capsys):
     assert cli.main([*SMOKE, "--out", str(runs / "new")]) == 0  # a folder of its own: fine
 
 
+def test_another_programs_config_json_is_no_run_to_continue(tmp_path, capsys):
+    """--out said "already holds a run; continue it with --resume", and --resume then said
+    "unknown config keys ['my']", naming no file."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"my": 1, "setting": 2}')
+    said = f"{other / 'config.json'} is not the config.json of a pdtbench run (unknown config "
+    assert cli.main([*SMOKE, "--out", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{said}keys: my, setting); choose another --out" in err and "--resume" not in err
+    assert cli.main(["train", "--resume", str(other)]) == 2
+    assert f"{said}keys: my, setting)" in capsys.readouterr().err
+    assert sorted(p.name for p in other.iterdir()) == ["config.json"]  # nothing written
+
+
 def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main([*SMOKE, "--out", str(out)]) == 0

@@ -893,6 +893,7 @@ def cmd_demo(argv: list[str]) -> int:
         jobs=args.jobs,
         failed=failed,
         progress=not args.no_progress,
+        threads=args.threads,
     )
     return report_failures(failed)
 

@@ -125,13 +125,15 @@ def run(
     jobs: int | None = None,
     progress: bool = True,
     failed: list[str] | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Run (or reuse) each target of ``keys`` at ``scale``, judge the papers' headline claims
     against every result of that scale (:mod:`reproductions.claims`), then render every
     saved result under ``runs_root`` into ``reports_root``; return the path of ``index.html``.
 
     The distinct training runs of all the targets are trained first, ``jobs`` processes at
-    a time (default :func:`reproductions.parallel.default_jobs`); the targets then reuse
+    a time (default :func:`reproductions.parallel.default_jobs`), each with ``threads``
+    torch threads (default: the cores divided by ``jobs``); the targets then reuse
     them, and their measurements (timings) run with the machine to themselves. A target that
     fails is reported (and listed in its page) and the others go on; its key is appended to
     ``failed`` when given, as is a target some of whose rows failed (with their count).
@@ -148,7 +150,7 @@ def run(
             print(f"[{key}] FAILED to load: {type(err).__name__}: {err}")
     plan = plan_runs(targets.values(), scale, runs_root)
     jobs = default_jobs(scale) if jobs is None else jobs
-    train_all(plan, jobs, progress=progress)
+    train_all(plan, jobs, threads, progress=progress)
     for key in keys:
         target = targets.get(key)
         t0 = time.perf_counter()
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[DATA_DIR_ENV] = value  # the runs' configs read it, in this process
     failed: list[str] = []
     index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress,
-                failed)  # fmt: skip
+                failed, threads=args.threads)  # fmt: skip
     print(f"report: {index}")
     return report_failures(failed)
 
@@ -297,14 +299,17 @@ def demo(
     jobs: int | None = None,
     failed: list[str] | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> Path:
     """The CPU-scale reproduction of ``make demo``: :data:`DEMO_TARGETS` at ``scale`` (``jobs``
-    training processes), then the HTML report of everything saved under ``runs_root``;
-    prints and returns the index path and the wall time in seconds. Failed targets are
+    training processes of ``threads`` torch threads), then the HTML report of everything
+    saved under ``runs_root``; prints and returns the index path and the wall time in
+    seconds. Failed targets are
     appended to ``failed`` when given; ``progress``: a progress bar (on a terminal)."""
     check_writable(runs_root, out)
     t0 = time.perf_counter()
-    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, progress=progress, failed=failed)
+    index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, progress=progress, failed=failed,
+                threads=threads)  # fmt: skip
     print(f"demo ({scale} scale) finished in {time.perf_counter() - t0:.0f} s")
     print(f"report: {Path(index).resolve()}")
     return Path(index)

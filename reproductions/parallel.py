@@ -144,7 +144,8 @@ def _train_one(job: tuple[Any, int]) -> tuple[str, str | None, float]:
 
 def add_jobs_argument(parser: Any, *, gpu_scales: bool = True) -> None:
     """Add ``--jobs N`` (training runs at a time, one process each; N >= 1, else a usage
-    error) to an ``argparse`` parser: ``pdtbench reproduce`` and ``pdtbench demo`` share it.
+    error) and ``--threads N`` (torch threads per process) to an ``argparse`` parser:
+    ``pdtbench reproduce`` and ``pdtbench demo`` share them.
     ``gpu_scales=False`` (demo, which runs only smoke and cpu) leaves the gpu and paper
     default out of the help."""
 
@@ -165,6 +166,13 @@ def add_jobs_argument(parser: Any, *, gpu_scales: bool = True) -> None:
         default=None,
         help="training runs at a time, each in its own process (default: one per core, at "
         "most 8" + (", at the smoke and cpu scales; 1 at gpu and paper)" if gpu_scales else ")"),
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive,
+        default=None,
+        help="torch threads of each training process (default: the cores divided by --jobs, "
+        "at least 1)",
     )
 
 

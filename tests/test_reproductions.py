@@ -2149,3 +2149,28 @@ def test_campfire_table5_counts_the_steps_its_runs_take():
     notes = reproductions.load_target("campfire.table5").notes
     assert "stops each at 2), so a smoke-scale run is 8 SGD steps in all" in notes("smoke")[0]
     assert "6 steps per epoch, so a cpu-scale run is 60 SGD steps in all" in notes("cpu")[0]
+
+
+def test_threads_per_training_process_reach_the_workers(tmp_path, monkeypatch):
+    """`--jobs 1` still trained with 2 torch threads on 2 cores, and nothing could say 1."""
+    import reproductions.parallel
+    from impl import cli
+
+    seen = []
+
+    def train_all(plan, jobs, threads=None, **kwargs):
+        seen.append((jobs, threads))
+        return {}
+
+    monkeypatch.setattr(reproductions.parallel, "train_all", train_all)
+    reproductions.run([], "smoke", tmp_path / "r", tmp_path / "o", jobs=2, progress=False,
+                      threads=1)  # fmt: skip
+    assert seen == [(2, 1)]
+    ran = []
+    monkeypatch.setattr(reproductions, "run", lambda *a, **k: ran.append(k) or tmp_path / "i")
+    where = ["--runs-root", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--no-progress"]
+    assert reproductions.main(["sdgp.table1", "--scale", "smoke", "--threads", "1", *where]) == 0
+    assert cli.main(["demo", "--scale", "smoke", "--threads", "3", *where]) == 0
+    assert [k["threads"] for k in ran] == [1, 3]
+    with pytest.raises(SystemExit):
+        reproductions.main(["sdgp.table1", "--threads", "0"])

@@ -278,9 +278,11 @@ def notes(scale: str) -> list[str]:
         "projected in the ClickTrain Fig. 13 reproduction).",
         layout_note(scale),
         "Times (per iteration, to accuracy, wall) are measured on the machine of the run while "
-        "`pdtbench reproduce` trains its runs side by side (one single-threaded process per "
-        "core, --jobs): they compare methods as far as the load on the machine was the same for "
-        "each run; the FLOPs and bytes columns are exact.",
+        "`pdtbench reproduce` trains its runs side by side (--jobs processes, by default one "
+        "per core, each with --threads torch threads, by default the cores divided among "
+        "them; each run records its own in its environment): they compare methods as far as "
+        "the load on the machine was the same for each run; the FLOPs and bytes columns are "
+        "exact.",
     ]
 
 

@@ -632,7 +632,7 @@ def test_a_killed_run_with_a_damaged_checkpoint_is_kept_aside_and_trained_again(
 def test_demo_runs_the_demo_targets_and_prints_the_index(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(keys, scale, runs_root, out, jobs=None, progress=True, failed=None):
+    def fake_run(keys, scale, runs_root, out, jobs=None, progress=True, failed=None, threads=None):
         seen.update(keys=keys, scale=scale, out=out, progress=progress)
         return tmp_path / "index.html"
 

@@ -823,6 +823,8 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 "ours": None if n == 0 else mean,
                 "ours_sd": None if n < 2 else sd,
                 "n": n,
+                # what n counts: a measurement's repeats, or the seeds of training runs
+                "n_of": "repeats" if res.measured is not None else "seeds",
                 "scale": scale if n else None,
                 "paper": paper_value,
                 "unit": _unit(target, metric) or (matched["unit"].iloc[0] if len(matched) else ""),

@@ -1148,6 +1148,11 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     mixed = [{**r, "n": 5 if r["row"] == "dense" else 3} for r in rows]
     assert glance_subject(mixed) == "our means (seeds per row: see below)"
     assert glance_subject([{**rows[0], "n": 1}]) == "our values (one seed each)"
+    # a measurement's rows count its repeats (SDGP Fig. 9's timings), not seeds
+    timed = [{**r, "n_of": "repeats", "n": 2} for r in rows]
+    assert glance_subject(timed) == "our means over 2 repeats"
+    assert glance_subject([{**timed[0], "n": 1}]) == "our values (one repeat each)"
+    assert glance_subject([timed[0], {**rows[0], "n": 2}]) == "our means over 2 seeds or repeats"
     assert glance_subject([{**rows[5], "n": 5}]) == "our means"  # the paper's row is not ours
     one = ResultSet(target="x.y", title="t", scale="cpu", rows=rows[:1] + rows[2:3])
     assert len(result_section(one).tables) == 1  # one metric: the long table alone

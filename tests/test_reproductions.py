@@ -562,6 +562,7 @@ def test_a_broken_figure_is_listed_and_the_table_kept(tmp_path):
     )  # fmt: skip
     result = run_target(target, "smoke", tmp_path, log=lambda *a: None)
     assert result.rows[0]["ours"] == 10.0 and result.rows[0]["unit"] == "u"
+    assert result.rows[0]["n_of"] == "repeats"  # a measurement's n counts its repeats
     assert result.missing == [{"row": "figures", "reason": "failed: KeyError: 'no such column'"}]
 
 
@@ -1263,6 +1264,7 @@ def test_campfire_sparsity_is_in_percent_in_tables_1_and_4():
     for r in shown.values():
         assert r["unit"] == "%" and r["ours"] == pytest.approx(60.0)
         assert r["paper"] is None or r["paper"] > 1  # the paper's numbers in % too
+        assert r["n_of"] == "seeds"  # runs: n counts their seeds
     t1 = shown[("campfire.table1", "ck, target 40%")]
     assert t1["paper"] == pytest.approx(40.4) and "0.404" in lookup(
         reproductions.load_target("campfire.table1").paper_frame(), setting="ck, target 40%",

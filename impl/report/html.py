@@ -281,14 +281,19 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 def glance_subject(rows: Sequence[dict[str, Any]]) -> str:
     """What the cells of :func:`glance_frame` are, for its caption: "our means over 5 seeds"
     where every row of ours has the same ``n``, "our values (one seed each)" for 1, "our
-    means (seeds per row: see below)" where they differ, and "our means" where no row says."""
-    counts = {r.get("n") for r in rows if r.get("ours") is not None}
+    means (seeds per row: see below)" where they differ, and "our means" where no row says.
+    A measurement's rows count repeats, not seeds (``n_of``: "repeats"), and say so."""
+    ours = [r for r in rows if r.get("ours") is not None]
+    counts = {r.get("n") for r in ours}
+    kinds = {r.get("n_of") or "seeds" for r in ours}
+    what = kinds.pop() if len(kinds) == 1 else "seeds or repeats"
+    one = {"seeds": "seed", "repeats": "repeat"}.get(what, "seed or repeat")
     if not counts or counts == {None}:
         return "our means"
     if len(counts) > 1:
-        return "our means (seeds per row: see below)"
+        return f"our means ({what} per row: see below)"
     (n,) = counts
-    return "our values (one seed each)" if int(n) == 1 else f"our means over {int(n)} seeds"
+    return f"our values (one {one} each)" if int(n) == 1 else f"our means over {int(n)} {what}"
 
 
 def wide_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -23,7 +23,8 @@ SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 # :mod:`reproductions.claims`, whose "paper" is the bound the verdict is tested against;
 # "seeds" and "values": the per-seed values behind a number of ours (one seed included), for
 # paired comparisons and the "(n=1, seed s)" label; "values" alone: the per-sweep values of
-# a repeated measurement; "ours_setup" and "paper_setup": the model and data of our runs and
+# a repeated measurement; "n_of": what "n" counts ("seeds" of runs, or a measurement's
+# "repeats"); "ours_setup" and "paper_setup": the model and data of our runs and
 # of the paper's row, e.g. "ResNet-20 on digits (16x16 px)" beside "ResNet-9 on CIFAR-10").
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
@@ -31,6 +32,7 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "ours",
     "ours_sd",
     "n",
+    "n_of",
     "scale",
     "paper",
     "unit",

@@ -158,6 +158,14 @@ def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evid
         # no interval (one value, or no sd saved beside n values): judged as one value
         what = "one measurement" if n < 2 else f"n={n}, no standard deviation saved"
         return Evidence(mean, sd, 1, mean, mean, f"{mean:{fmt}}{sep}{unit} ({what})")
+    if unit == "x" and mean > 0 and sd is not None:
+        # A ratio's interval on the log scale (its sd there, by the delta method, sd / mean):
+        # symmetric in the ratio's own scale it went below 0 for a few noisy sweeps, a
+        # speedup no measurement can have.
+        half_log = ci95_half_width(sd / mean, n)
+        low, high = mean * math.exp(-half_log), mean * math.exp(half_log)
+        text = f"{mean:{fmt}}x, 95% CI [{low:{fmt}}, {high:{fmt}}] (n={n}, on the log scale)"
+        return Evidence(mean, sd, n, low, high, text)
     text = f"{mean:{fmt}}{sep}{unit}, 95% CI [{mean - half:{fmt}}, {mean + half:{fmt}}] (n={n})"
     return Evidence(mean, sd, n, mean - half, mean + half, text)
 

@@ -165,7 +165,11 @@ def _clicktrain_text(o: dict[str, Any], scale: str) -> tuple[list[str], set[str]
         f"connectivity sparsity {o.get('connectivity'):g} (kernels removed whole)",
         f"pattern pool of {o.get('pool_size')}",
         f"group-lasso penalty {o.get('penalty'):g}",
-        "hard pruning at half the epochs" if hard is None else f"hard pruning at epoch {hard}",
+        (
+            "hard pruning at half the epochs, or later where stages 1-3 need more"
+            if hard is None
+            else f"hard pruning at epoch {hard}"
+        ),
     ]
     return parts, {"connectivity", "pool_size", "penalty", "hard_prune_epoch"}
 

@@ -1336,7 +1336,8 @@ def _cfg(method="dense", options=None, **train):
      ("campfire", {"final_sparsity": 0.7, "mask": "combined"}, "cpu",
       "70% final sparsity, combined (window + CK) masks"),
      ("clicktrain", {}, "cpu", "connectivity sparsity 0.75 (kernels removed whole), pattern "
-      "pool of 12, group-lasso penalty 0.00025, hard pruning at half the epochs"),
+      "pool of 12, group-lasso penalty 0.00025, hard pruning at half the epochs, or later "
+      "where stages 1-3 need more"),
      ("dense", {}, "cpu", "no pruning (the baseline)"),
      ("no_such_method", {"alpha": 3}, "cpu", "alpha 3")],
     ids=["prunetrain-mapped", "prunetrain-smoke", "sdgp-2of4", "sdgp-3of7-odd", "campfire",

@@ -571,7 +571,10 @@ def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bo
             "--dist-timeout is the timeout of a distributed run's collectives, and --nproc is 1 "
             "(one process, none to time out): give --nproc N (N > 1), or run under torchrun"
         )
-    for (owner_method, name), (owner, acting) in OPTION_OWNERS.items():
+    # A resumed run's options are its saved ones (a flag may only repeat them, which
+    # _resume_changes checks against the run itself, not against the method's defaults).
+    owners = {} if args.resume else OPTION_OWNERS
+    for (owner_method, name), (owner, acting) in owners.items():
         if owner_method != method or getattr(args, f"method__{name}", None) is None:
             continue
         value = getattr(args, f"method__{owner}", None)

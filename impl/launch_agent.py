@@ -63,21 +63,27 @@ def quiet_agent_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+#: How a worker the agent stopped ends: killed by SIGTERM, or (a pdtbench worker turns it
+#: into an exception, :class:`impl.cli.Terminated`) exiting with the shell's 128 + SIGTERM.
+STOPPED_BY_AGENT: tuple[int, ...] = (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
 def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     """The rank, and its failure, to name among the failed ranks ``failures`` (rank ->
     torchrun's ``ProcessFailure``): the cause before its consequences. A rank that raised
     (a positive status other than :data:`impl.distributed.EXIT_PEER_STOPPED`) comes first,
     then one killed by a signal (out of memory, a crash), then one stopped by SIGTERM (how
-    the agent stops the others), then one stopped by a peer's failure; among equals the
-    first to fail, ties to the lower rank. torchrun's own "first" compares timestamps in
-    whole seconds, and named rank 0 when the survivor exited in the same second."""
+    the agent stops the others: :data:`STOPPED_BY_AGENT`), then one stopped by a peer's
+    failure; among equals the first to fail, ties to the lower rank. torchrun's own "first"
+    compares timestamps in whole seconds, and named rank 0 when the survivor exited in the
+    same second."""
     from impl.distributed import EXIT_PEER_STOPPED
 
     def order(rank: int) -> tuple[int, float, int]:
         code = failures[rank].exitcode
         if code == EXIT_PEER_STOPPED:
             kind = 3
-        elif code == -signal.SIGTERM:
+        elif code in STOPPED_BY_AGENT:
             kind = 2
         elif code < 0:
             kind = 1
@@ -97,6 +103,8 @@ def how_it_ended(exitcode: int) -> str:
 
     if exitcode == EXIT_PEER_STOPPED:
         return f"exit status {exitcode}: stopped because a peer failed"
+    if exitcode in STOPPED_BY_AGENT[1:]:
+        return f"exit status {exitcode}: stopped by SIGTERM"
     if exitcode >= 0:
         return f"exit status {exitcode}"
     try:

@@ -350,7 +350,7 @@ def test_train_then_eval_fgsm_then_report_on_the_run(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "0 results, 1 complete runs, 0 incomplete" in printed
     pages = "".join(p.read_text() for p in out.glob("*.html"))
-    assert "complete runs; every row carries its scale" in pages  # the run table
+    assert "complete runs, each with its scale" in pages  # the run table
     assert pages.count("data:image/png;base64,") >= 2  # top-1 per method, top-1 per epoch
 
 
@@ -943,6 +943,19 @@ def test_flags_one_of_which_would_be_ignored_are_refused_naming_both(
     err = capsys.readouterr().err
     assert all(flag in err.splitlines()[-1] for flag in both)
     assert not list(tmp_path.iterdir())  # nothing trained
+
+
+def test_resume_repeating_a_dependent_option_as_saved_is_accepted(tmp_path, capsys):
+    """--resume with --max-batch as the run saved it was refused as if --dynamic-batch were
+    at its default (false): a resumed run's options are its own."""
+    out = tmp_path / "pt"
+    argv = [*SMOKE, "--method", "prunetrain", "--dynamic-batch", "true", "--max-batch", "128"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--max-batch", "128", "--no-progress"]) == 0
+    assert "holds a finished run" in capsys.readouterr().out
+    assert cli.main(["train", "--resume", str(out), "--max-batch", "256"]) == 2
+    assert "--max-batch cannot change it" in capsys.readouterr().err
 
 
 def test_every_option_owner_names_real_options_and_values():

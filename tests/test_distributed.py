@@ -547,6 +547,8 @@ def test_the_rank_named_is_the_cause_before_its_consequences():
     assert first_failure({0: survivor, 1: raised}) == (1, raised)
     stopped = F(exitcode=-15, timestamp=99)  # SIGTERM: how the agent stops the others
     assert first_failure({0: stopped, 1: raised}) == (1, raised)
+    # a pdtbench worker turns SIGTERM into an exception and exits 143, as a shell reports it
+    assert first_failure({0: F(exitcode=143, timestamp=100), 1: raised}) == (1, raised)
     killed = F(exitcode=-9, timestamp=101)  # out of memory: the cause, though later
     assert first_failure({0: survivor, 1: killed, 2: stopped}) == (1, killed)
     early = F(exitcode=EXIT_PEER_STOPPED, timestamp=99)
@@ -586,6 +588,7 @@ def test_how_a_worker_ended_in_words():
 
     assert how_it_ended(3) == "exit status 3"
     assert how_it_ended(4) == "exit status 4: stopped because a peer failed"
+    assert how_it_ended(143) == "exit status 143: stopped by SIGTERM"
     assert how_it_ended(-15) == "killed by SIGTERM"
     assert how_it_ended(-9) == "killed by SIGKILL: out of memory, most often"
     assert how_it_ended(-200) == "killed by signal 200"

@@ -798,7 +798,7 @@ def build(
             "'Ours' reads the mean of n values (± their standard deviation where shown); the "
             "verdict compares the 95% "
             "confidence interval of that mean (Student's t, n - 1 degrees of freedom), given "
-            "in the note, with the bound (a speedup's on the log scale). A number from one "
+            "in the note, with the bound (a mean speedup's on the log scale). A number from one "
             "seed or one measurement has no interval, so no verdict either way: it reads "
             "inconclusive (at the smoke scale every claim reads not judged). For a timed "
             "claim the "

@@ -183,16 +183,18 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-def sharing_cores(workers: int, cores: int) -> str | None:
-    """The note :func:`train_all` logs when its ``workers`` processes outnumber the ``cores``
-    (``--jobs`` over them): the runs then share cores, and the times per iteration they
-    record (the reports' measured times) are slower than the same runs alone. None otherwise."""
-    if workers <= cores:
+def sharing_cores(workers: int, cores: int, threads: int = 1) -> str | None:
+    """The note :func:`train_all` logs when its ``workers`` processes of ``threads`` torch
+    threads each outnumber the ``cores`` (``--jobs`` or ``--threads`` over them): the runs
+    then share cores, and the times per iteration they record (the reports' measured times)
+    are slower than the same runs alone. None otherwise."""
+    if workers * threads <= cores:
         return None
+    each = f" x {threads} threads" if threads > 1 else ""
     return (
-        f"note: {workers} processes on {cores} core{'s' if cores != 1 else ''}: the runs share "
-        "cores, so the times per iteration they record are slower than alone (--jobs "
-        f"{cores} or fewer for times that compare)"
+        f"note: {workers} processes{each} on {cores} core{'s' if cores != 1 else ''}: the runs "
+        "share cores, so the times per iteration they record are slower than alone (--jobs "
+        "times --threads at most the cores for times that compare)"
     )
 
 
@@ -256,7 +258,7 @@ def train_all(
         f"process{'es' if workers != 1 else ''} x {threads} thread{'s' if threads != 1 else ''}"
         "; each run's log: <run directory>.log"
     )
-    crowded = sharing_cores(workers, _cores())
+    crowded = sharing_cores(workers, _cores(), threads)
     if crowded:
         log(crowded)
     bar = _bar(len(todo), progress)
@@ -277,8 +279,14 @@ def train_all(
 
     work = [(p.config, threads) for p in todo]
     if jobs == 1 or len(todo) == 1:
-        for job in work:
-            done(*worker(job))
+        import torch
+
+        before = torch.get_num_threads()  # the training sets its own; measurements follow
+        try:
+            for job in work:
+                done(*worker(job))
+        finally:
+            torch.set_num_threads(before)
     else:
         # A pool that fails loudly: a worker killed from outside (out of memory, a signal)
         # breaks the executor, and every run not finished is reported, never waited on.

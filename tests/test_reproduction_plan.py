@@ -59,9 +59,27 @@ def test_more_processes_than_cores_is_said_with_what_it_does_to_times():
     assert sharing_cores(2, 2) is None and sharing_cores(1, 8) is None
     assert sharing_cores(4, 2) == (
         "note: 4 processes on 2 cores: the runs share cores, so the times per iteration they "
-        "record are slower than alone (--jobs 2 or fewer for times that compare)"
+        "record are slower than alone (--jobs times --threads at most the cores for times "
+        "that compare)"
     )
     assert sharing_cores(2, 1).startswith("note: 2 processes on 1 core: ")
+    assert sharing_cores(2, 8, threads=4) is None
+    assert sharing_cores(2, 2, threads=4).startswith("note: 2 processes x 4 threads on 2 cores")
+
+
+def test_training_in_this_process_leaves_its_thread_count_as_it_was(tmp_path):
+    """With one job the runs train in this process, which then times the measurements:
+    --threads 1 left it at one thread for them."""
+    import torch
+
+    def one_thread_worker(job):
+        torch.set_num_threads(job[1])  # as _train_one does
+        return str(job[0].out), None, 0.0
+
+    plan = plan_runs([_target("a.b", [Row("d", "dense", train=TINY)])], "smoke", tmp_path)
+    before = torch.get_num_threads()
+    train_all(plan, 1, before + 1, log=lambda s: None, progress=False, worker=one_thread_worker)
+    assert torch.get_num_threads() == before
 
 
 def test_train_all_rejects_no_jobs():

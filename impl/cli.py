@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from impl.cli_parser import OneLineParser
+from impl.cli_parser import OneLineParser, flag_text
 
 EXIT_FAILED = 1  # the work itself failed (training diverged)
 EXIT_USAGE = 2
@@ -50,13 +50,13 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _or_none(tp: type) -> Any:
-    """``tp`` (int or float) as an argparse type that also takes "none" (any case): None, the
-    option's default, which its help names "None". Not for str options, where "none" could
-    be a value of their own."""
+def _or_none(tp: type, none: Any = None) -> Any:
+    """``tp`` (int or float) as an argparse type that also takes "none" (any case), read as
+    ``none``: by default None, the option's default, which its help names "None". Not for
+    str options, where "none" could be a value of their own."""
 
     def parse(text: str) -> Any:
-        return None if text.strip().lower() == "none" else tp(text)
+        return none if text.strip().lower() == "none" else tp(text)
 
     parse.__name__ = tp.__name__  # argparse's "invalid int value" names the type by it
     return parse
@@ -65,15 +65,6 @@ def _or_none(tp: type) -> Any:
 #: ``--max-steps-per-epoch none``: every batch, over a scale's own limit (smoke's 3 steps),
 #: where an unset flag (None) takes the scale's.
 EVERY_BATCH = "every batch"
-
-
-def _steps_or_every_batch(text: str) -> int | str:
-    """``--max-steps-per-epoch``: a number of steps, or "none" (any case) for
-    :data:`EVERY_BATCH`."""
-    return EVERY_BATCH if text.strip().lower() == "none" else int(text)
-
-
-_steps_or_every_batch.__name__ = "int"  # argparse's "invalid int value" names the type by it
 
 
 def _str2bool(text: str) -> bool:
@@ -263,7 +254,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, help=say("memory_format"))
     p.add_argument("--threads", type=_or_none(int), help=say("threads", default=False))
     p.add_argument(
-        "--max-steps-per-epoch", type=_steps_or_every_batch, help=say("max_steps_per_epoch")
+        "--max-steps-per-epoch", type=_or_none(int, EVERY_BATCH), help=say("max_steps_per_epoch")
     )
     p.add_argument(
         "--out", help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)"
@@ -586,7 +577,7 @@ def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bo
             wanted = " or ".join(_flag_value(owner, v) for v in acting)
             return (
                 f"{_flag(name)} is a setting of {wanted}, and {_flag(owner)} is "
-                f"{_shown(value)}: give {wanted}, or leave {_flag(name)} out"
+                f"{flag_text(value)}: give {wanted}, or leave {_flag(name)} out"
             )
     return ""
 
@@ -611,13 +602,8 @@ OPTION_OWNERS: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = {
 }
 
 
-def _shown(value: Any) -> str:
-    """An option's value as its flag takes it (true/false for a bool)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _flag_value(name: str, value: Any) -> str:
-    return f"{_flag(name)} {_shown(value)}"
+    return f"{_flag(name)} {flag_text(value)}"
 
 
 # What --resume may be given with: how to run, not what to train.
@@ -1038,12 +1024,19 @@ def _main(argv: list[str] | None) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         return COMMANDS[command](rest)
-    except (UsageError, ValueError, OSError, ImportError, *_raised_by_loaded(
-        ("impl.train", "RunExistsError"), ("impl.rundir", "RunBusyError"),
-        ("impl.rundir", "CheckpointError"),
-    )) as err:  # fmt: skip
+    except (
+        UsageError,
+        ValueError,
+        OSError,
+        ImportError,
+        *_raised_by_loaded(
+            ("impl.rundir", "RunBusyError"),
+            ("impl.rundir", "CheckpointError"),
+        ),
+    ) as err:
         # OSError: an output path that cannot be made or written (not a directory, no
-        # permission, disk full); the message names the path. A broken pipe is one too,
+        # permission, disk full), or one that holds a run already (impl.train's
+        # RunExistsError, a FileExistsError); the message names the path. A broken pipe is one too,
         # unless it is our output's reader that left: main then stops quietly. ImportError:
         # an optional package a command needs (torchvision for ImageNet), named with how to
         # install it.

@@ -1,12 +1,12 @@
-"""The argument parser of pdtbench's commands (a usage error is one line, not the usage) and
-the hint for a mistyped name."""
+"""The argument parser of pdtbench's commands (a usage error is one line, not the usage),
+the hint for a mistyped name, and a value written as a flag takes it."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -34,3 +34,17 @@ def did_you_mean(name: str, valid: Sequence[str]) -> str:
     if close:
         return f" (did you mean {close[0]!r}?)"
     return ""
+
+
+def flag_text(value: Any) -> str:
+    """A value as ``pdtbench train``'s flags take it: true/false, none, a number in its
+    shortest form (6 significant digits), a list space-separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return " ".join(flag_text(v) for v in value)
+    return str(value)

@@ -210,17 +210,19 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     )
 
 
-def check_attackable(run_dir: str | os.PathLike) -> None:
+def check_attackable(run_dir: str | os.PathLike) -> dict[str, Any]:
     """Refuse, before any attack, what :func:`eval_fgsm_run` could attack but not save the
     rows of: a directory that is not a finished run (:func:`check_finished_run`), or one
-    that cannot be written (read-only). Raises ``ValueError`` naming the directory."""
+    that cannot be written (read-only). Raises ``ValueError`` naming the directory; returns
+    the finished run's summary."""
     run_dir = Path(run_dir)
-    check_finished_run(run_dir)
+    summary = check_finished_run(run_dir)
     if not os.access(run_dir, os.W_OK | os.X_OK):  # as impl.out_dir.check_out_dir
         raise ValueError(
             f"RUN_DIR {run_dir} is not writable, and the rows are saved to its {FGSM_FILE}: "
             "make it writable, or attack a copy of the run"
         )
+    return summary
 
 
 def eval_fgsm_run(
@@ -248,7 +250,7 @@ def eval_fgsm_run(
     """
     from impl.data import make_loaders
     from impl.env import git_state
-    from impl.rundir import complete_summary, write_json
+    from impl.rundir import write_json
     from impl.train import load_trained_model
 
     eps_values = [float(e) for e in eps_list]
@@ -259,7 +261,7 @@ def eval_fgsm_run(
             f"their [0, 1] scale), got {eps_values}"
         )
     run_dir = Path(run_dir)
-    check_attackable(run_dir)
+    summary = check_attackable(run_dir)
     model, cfg = load_trained_model(run_dir, device=device, data_dir=data_dir)
     _, test_loader, spec = make_loaders(
         cfg.data,
@@ -281,9 +283,7 @@ def eval_fgsm_run(
         "run_dir": str(run_dir),
         "method": cfg.method,
         # every option as the run trained with it (its config keeps only those given)
-        "method_options": (complete_summary(run_dir) or {}).get(
-            "method_options", cfg.method_options
-        ),
+        "method_options": summary.get("method_options", cfg.method_options),
         "model": cfg.model,
         "data": cfg.data,
         "scale": cfg.scale,

@@ -87,20 +87,17 @@ def plan_runs(targets: Iterable[Any], scale: str, runs_root: str | Path) -> list
     return list(plan.values())
 
 
-def _is_complete(run_dir: str, method: str) -> bool:
-    """Whether ``run_dir`` holds a complete run that stands for ``method`` as it is now."""
-    from reproductions.common import reusable_summary
-
-    return reusable_summary(Path(run_dir), method) is not None
-
-
-def _refusal(run_dir: str, method: str) -> str | None:
-    """Why the finished run in ``run_dir`` is not reused for ``method``
-    (:func:`reproductions.common.reuse_refusal`); None where it holds no finished run."""
+def _reuse_state(run_dir: str, method: str) -> tuple[bool, str | None]:
+    """Whether ``run_dir`` holds a finished run that stands for ``method`` as it is now, and
+    else why a finished run there does not (:func:`reproductions.common.reuse_refusal`;
+    None where it holds no finished run): one reading of its summary for both."""
     from reproductions.common import complete_summary, reuse_refusal
 
     summary = complete_summary(Path(run_dir))
-    return None if summary is None else reuse_refusal(summary, method)
+    if summary is None:
+        return False, None
+    why = reuse_refusal(summary, method)
+    return why is None, why
 
 
 def log_path(cfg: Any) -> Path:
@@ -230,9 +227,8 @@ def train_all(
     worker = worker or _train_one
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    todo = sorted(
-        (p for p in plan if not _is_complete(p.out, p.config.method)), key=lambda p: -p.cost
-    )
+    state = {p.out: _reuse_state(p.out, p.config.method) for p in plan}
+    todo = sorted((p for p in plan if not state[p.out][0]), key=lambda p: -p.cost)
     todo, failures = _with_data(todo, log)
     if not todo:
         return failures
@@ -244,7 +240,7 @@ def train_all(
 
     # A finished run that cannot stand for its method now (its code changed) is moved aside
     # by its worker, whose words go to the run's log: said here, and not counted as resumed.
-    refused = {p.out: why for p in todo if (why := _refusal(p.out, p.config.method))}
+    refused = {p.out: state[p.out][1] for p in todo if state[p.out][1]}
     for out, why in refused.items():
         log(f"not reusing {Path(out).name}: {why}; it is moved aside and trained again")
     partly = sum(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from impl.cli_parser import flag_text
 from impl.run_files import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -98,22 +99,8 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     if isinstance(opts, dict):
         row["method_options"] = json.dumps(opts, sort_keys=True)
         # what tells runs of one method apart in a table (SDGP's rules, Campfire's masks)
-        row["options"] = ", ".join(f"{k}={option_text(v)}" for k, v in sorted(opts.items()))
+        row["options"] = ", ".join(f"{k}={flag_text(v)}" for k, v in sorted(opts.items()))
     return row
-
-
-def option_text(value: Any) -> str:
-    """A method option's value as ``pdtbench train`` takes it: true/false, none, a number in
-    its shortest form (6 significant digits), a list space-separated."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "none"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (list, tuple)):
-        return " ".join(option_text(v) for v in value)
-    return str(value)
 
 
 def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:

@@ -459,6 +459,22 @@ def test_per_epoch_schedule_prunes_one_epoch_after_the_per_step_ramp() -> None:
     assert targets["epoch", START] == 0.0 < targets["step", START]
 
 
+def test_summary_names_the_epochs_the_masks_grew_in() -> None:
+    """The era is the schedule's under both granularities; the epochs pruned in are measured."""
+    for every, grew in (("epoch", [START + 1, START + ERA]), ("step", [START, START + ERA - 1])):
+        method = Campfire(CampfireConfig(start_epoch=START, era_epochs=ERA, schedule_every=every))
+        ctx = _run(method, Tiny(), START + ERA + 1, STEPS)
+        summary = method.summary(ctx)
+        assert summary["pruning_era"] == [START, START + ERA]
+        assert summary["pruned_in_epochs"] == grew and summary["schedule_every"] == every
+        other = Campfire(CampfireConfig(start_epoch=START, era_epochs=ERA, schedule_every=every))
+        other.setup(ctx)
+        other.load_state_dict(method.state_dict(), ctx)
+        assert other.pruned_epochs == grew  # a resumed run reports the epochs before it too
+    unpruned = Campfire(CampfireConfig(final_sparsity=0.0, start_epoch=0, era_epochs=1))
+    assert unpruned.summary(_run(unpruned, Tiny(), 2, STEPS))["pruned_in_epochs"] == []
+
+
 def test_metrics_summary_and_cost() -> None:
     model = Tiny()
     method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", start_epoch=0, era_epochs=1,
@@ -590,6 +606,7 @@ def test_smoke_run_through_trainer(tmp_path) -> None:
     summary = train(cfg, progress=False)
     assert summary["status"] == "complete"
     assert summary["pruning_era"] == [1, 1]  # 2 epochs: no room for a ramp, pruned at once
+    assert summary["pruned_in_epochs"] == [1, 1]
     assert summary["true_sparsity"] == pytest.approx(0.6, abs=0.01)
     assert summary["train_flops_nominal"] < summary["train_flops_executed"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]

@@ -223,6 +223,7 @@ class Campfire(Method):
         self.target = 0.0  # target sparsity of the masks in force
         self.fixed = False
         self._step_in_epoch = 0
+        self.pruned_epochs: list[int] = []  # first and last epoch whose steps raised the masks
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, train_config: Any) -> None:
@@ -296,6 +297,7 @@ class Campfire(Method):
         self.masks = MaskSet()
         self.target = 0.0
         self.fixed = False
+        self.pruned_epochs = []
 
     def on_epoch_start(self, ctx: TrainContext) -> None:
         """Restart the count of steps in the epoch (the schedule's step position)."""
@@ -317,6 +319,10 @@ class Campfire(Method):
             s = self.sparsity_at(epoch)
             if s > self.target:  # the schedule rises (every epoch, or every step)
                 self.update_masks(ctx.model, s)
+                self.pruned_epochs = [
+                    self.pruned_epochs[0] if self.pruned_epochs else ctx.epoch,
+                    ctx.epoch,
+                ]
             if epoch >= self.start + self.era:
                 self.fixed = True
         if len(self.masks):
@@ -423,7 +429,12 @@ class Campfire(Method):
         return row
 
     def summary(self, ctx: TrainContext) -> dict[str, Any]:
-        """Final true sparsity, the era, and the options that shaped the masks."""
+        """Final true sparsity, the era, and the options that shaped the masks.
+
+        ``pruning_era`` is the era of the schedule (Eq. (1): sparsity 0 at its first epoch, the
+        final one at its last); ``pruned_in_epochs`` the first and last epoch (0-based) in whose
+        steps the masks grew, as measured: ``start + 1 .. start + era`` under the per-epoch
+        schedule, one epoch earlier under the per-step ramp (``[]``: nothing was pruned)."""
         report = self.sparsity_report(ctx.model)
         return {
             "true_sparsity": report["true_sparsity"],
@@ -431,6 +442,8 @@ class Campfire(Method):
             "layer_sparsity": report["layer_sparsity"],
             "max_kernel_nonzeros": report["max_kernel_nonzeros"],
             "pruning_era": [self.start, self.start + self.era],
+            "pruned_in_epochs": list(self.pruned_epochs),
+            "schedule_every": self.config.schedule_every,
             "mask": self.config.mask,
             "dead_input_rule_layers": [f.linear for f in self.feeds],
         }
@@ -453,12 +466,13 @@ class Campfire(Method):
         return dict(self.masks.items()) if self.fixed and len(self.masks) else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Masks, the target they were built for, whether they are fixed, and the schedule's
-        granularity the run trains with."""
+        """Masks, the target they were built for, whether they are fixed, the epochs the masks
+        grew in, and the schedule's granularity the run trains with."""
         return {
             "masks": self.masks.state_dict(),
             "target": self.target,
             "fixed": self.fixed,
+            "pruned_epochs": list(self.pruned_epochs),
             "schedule_every": self.config.schedule_every,
         }
 
@@ -469,6 +483,7 @@ class Campfire(Method):
         self.masks.load_state_dict(state.get("masks", {}))
         self.target = float(state.get("target", 0.0))
         self.fixed = bool(state.get("fixed", False))
+        self.pruned_epochs = [int(e) for e in state.get("pruned_epochs", [])]
         known = {layer.param for layer in self.layers}
         unknown = sorted(set(self.masks) - known)
         if unknown:

@@ -2177,3 +2177,15 @@ def test_threads_per_training_process_reach_the_workers(tmp_path, monkeypatch):
     assert [k["threads"] for k in ran] == [1, 3]
     with pytest.raises(SystemExit):
         reproductions.main(["sdgp.table1", "--threads", "0"])
+
+
+def test_campfire_tables_3_and_8_note_the_start_20_row_only_where_it_runs():
+    """The note on the combined start-20 row stands only at scales whose grid runs that row."""
+    for key in ("campfire.table3", "campfire.table8"):
+        target = reproductions.load_target(key)
+        for scale in ("smoke", "cpu", "gpu"):
+            labels = {row.label for row in target.rows(scale)}
+            runs_it = "combined, start 20, sparsity 70%" in labels
+            noted = any("start-20" in note for note in target.notes(scale))
+            assert noted == runs_it, (key, scale)
+        assert "combined, start 20, sparsity 70%" not in {r.label for r in target.rows("smoke")}

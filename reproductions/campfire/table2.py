@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reproductions.campfire import campfire_row, dense_row
+from reproductions.campfire import NO_PAPER_COMBINED_START_20, campfire_row, dense_row
 from reproductions.common import (
     Row,
     Target,
@@ -39,6 +39,12 @@ def grid(scale: str) -> list[tuple[str, int, int, int]]:
         if not (m == "window" and sp == 40)
     ]
     return out + [(m, 40, sp, 30) for m in ("ck", "combined") for sp in (60, 70)]
+
+
+def combined_start_20_note(scale: str) -> list[str]:
+    """The note on the combined start-20 row at 70% (no paper number in Tables 3 and 8), where
+    the scale's grid runs that row."""
+    return [NO_PAPER_COMBINED_START_20] if ("combined", 20, 70, 20) in grid(scale) else []
 
 
 def rows(scale: str) -> list[Row]:

@@ -376,6 +376,15 @@ SCALE_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The settings only one learning-rate schedule reads, and that schedule.
+SCHEDULE_OWNERS: dict[str, str] = {
+    "milestones": "step",
+    "gamma": "step",
+    "warmup_fraction": "onecycle",
+    "warmup_start": "onecycle",
+}
+
+
 def resolve(scale: str, **overrides: Any) -> TrainConfig:
     """Build a config from a scale preset, then the caller's explicit values (None = unset)."""
     if scale not in SCALES:
@@ -392,13 +401,7 @@ def resolve(scale: str, **overrides: Any) -> TrainConfig:
             "is multiplied by gamma); without them use schedule 'constant'"
         )
     # a schedule's own settings given for another schedule would be silently ignored
-    owners = {
-        "milestones": "step",
-        "gamma": "step",
-        "warmup_fraction": "onecycle",
-        "warmup_start": "onecycle",
-    }
-    for name, schedule in owners.items():
+    for name, schedule in SCHEDULE_OWNERS.items():
         if overrides.get(name) not in (None, []) and cfg.schedule != schedule:  # [] clears
             raise ValueError(
                 f"{name} is a setting of schedule {schedule!r}, and the schedule is "

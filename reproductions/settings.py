@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from impl.config import TrainConfig
+from impl.config import SCHEDULE_OWNERS, TrainConfig
 
 if TYPE_CHECKING:
     from reproductions.common import RowResult
@@ -216,6 +216,16 @@ def options_text(method: str, options: dict[str, Any], scale: str) -> str:
     return ", ".join(parts + rest) or "the method's defaults"
 
 
+def _in_effect(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A saved config without the settings of schedules it did not train with (a step
+    schedule's run keeps its warm-up defaults in ``config.json``; they shaped nothing)."""
+    return {
+        k: v
+        for k, v in cfg.items()
+        if k not in SCHEDULE_OWNERS or cfg.get("schedule") in (None, SCHEDULE_OWNERS[k])
+    }
+
+
 def settings_lines(results: list[RowResult], scale: str) -> tuple[list[dict[str, str]], str]:
     """The settings table of a target's training rows (one line per row with runs: method,
     options as run (:func:`options_text`), seeds, and what of its setup differs from the
@@ -223,17 +233,17 @@ def settings_lines(results: list[RowResult], scale: str) -> tuple[list[dict[str,
     saved configs."""
     from impl.report.labels import seeds_text
 
-    runs = [(res, run) for res in results for run in res.runs if run.config]
+    runs = [_in_effect(run.config) for res in results for run in res.runs if run.config]
     if not runs:
         return [], ""
     shared = {
-        k: runs[0][1].config.get(k)
+        k: runs[0].get(k)
         for k in SETUP_FIELDS
-        if k in runs[0][1].config and all(r.config.get(k) == runs[0][1].config[k] for _, r in runs)
+        if k in runs[0] and all(k in cfg and cfg[k] == runs[0][k] for cfg in runs)
     }
     lines = []
     for res in results:
-        cfgs = [run.config for run in res.runs if run.config]
+        cfgs = [_in_effect(run.config) for run in res.runs if run.config]
         if not cfgs:
             continue
         cfg = cfgs[0]

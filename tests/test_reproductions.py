@@ -1416,6 +1416,22 @@ def test_a_setup_field_that_differs_between_rows_is_in_each_rows_differs_not_non
     ]
 
 
+def test_shared_setup_names_no_setting_of_a_schedule_some_rows_did_not_train_with():
+    """Step and one-cycle rows both save gamma and the warm-up defaults: neither is shared."""
+
+    def run(seed, **train):
+        return RunRecord(f"r{seed}", seed, {"top1": 90.0}, [], True, _cfg(**train))
+
+    step = {"schedule": "step", "milestones": [3, 6], "gamma": 0.1, "warmup_fraction": 0.2}
+    onecycle = {"schedule": "onecycle", "milestones": [], "gamma": 0.1, "warmup_fraction": 0.2}
+    results = [RowResult(Row("campfire"), runs=[run(0, **step)]),
+               RowResult(Row("prunetrain"), runs=[run(0, **onecycle)])]  # fmt: skip
+    lines, setup = settings.settings_lines(results, "cpu")
+    assert "decayed" not in setup and "warm-up" not in setup, setup
+    assert "0.1x at epochs [3, 6]" in lines[0]["differs"] and "warm-up" not in lines[0]["differs"]
+    assert "one-cycle, 20% warm-up" in lines[1]["differs"] and "0.1x" not in lines[1]["differs"]
+
+
 @pytest.mark.parametrize("field", settings.SETUP_FIELDS, ids=list(settings.SETUP_FIELDS))
 def test_every_setup_field_alone_reads_as_words_without_none(field):
     cfg = _cfg(schedule="step", milestones=[3, 5], gamma=0.2, max_steps_per_epoch=4,

@@ -636,6 +636,18 @@ def test_provenance_names_the_commits_a_results_runs_were_trained_at():
     assert rows[1]["commit"] == "a" * 12 and pd.isna(rows[0]["runs trained at"])
 
 
+def test_provenance_rows_name_the_results_each_holds_for_where_they_differ():
+    """Two results of one page whose runs were trained at different commits: each footer row
+    names its results; one row for the whole page needs no such column."""
+    later = {**ENV, "runs_trained_at": ["b" * 12]}
+    items = [("cpu", ENV, "campfire.table2"), ("cpu", later, "campfire.table3"),
+             ("cpu", ENV, "campfire.table8"), ("cpu", ENV, "campfire.table8")]  # fmt: skip
+    rows = provenance_rows(items).to_dict("records")
+    assert [r["results"] for r in rows] == ["campfire.table2, campfire.table8", "campfire.table3"]
+    alone = provenance_rows([("cpu", ENV, "campfire.table2"), ("cpu", ENV, "campfire.table8")])
+    assert "results" not in alone.columns and len(alone) == 1
+
+
 def test_provenance_device_names_the_cpus_vector_isa_so_two_cpus_of_one_model_differ():
     # Two "AMD EPYC" machines, one with AVX-512 and one without, trained the same commit to
     # different cpu-scale accuracies: the footer must tell them apart.

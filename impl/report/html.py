@@ -479,15 +479,19 @@ def scaled_title(title: str, scale: str | None) -> str:
     return f"{title} ({scale} scale)" if title else f"{scale} scale"
 
 
-def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
+def provenance_rows(environments: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
     """The provenance footer: one row per distinct (scale, commit, device, versions) seen.
 
-    ``environments`` yields ``(scale, environment)`` pairs (``environment`` as written by
-    :func:`impl.env.collect`; a reproduction's result adds ``runs_trained_at``, the commits
-    its runs were trained at, shown where it has runs).
+    ``environments`` yields ``(scale, environment)`` or ``(scale, environment, label)``
+    (``environment`` as written by :func:`impl.env.collect`; a reproduction's result adds
+    ``runs_trained_at``, the commits its runs were trained at, shown where it has runs).
+    Where labels are given and there is more than one row, a "results" column names the
+    labels (a page's targets) each row holds for.
     """
-    seen = []
-    for scale, env in environments:
+    seen: list[dict[str, Any]] = []
+    labels: list[list[str]] = []
+    for item in environments:
+        scale, env, label = (*item, None) if len(item) == 2 else item
         env = env or {}
         device = env.get("gpu_name")
         if not device:  # a CPU run: the model, and the vector ISA that can change rounding
@@ -514,7 +518,14 @@ def provenance_rows(environments: Iterable[tuple[str, dict[str, Any]]]) -> pd.Da
             row["runs trained at"] = ", ".join(trained)
         if row not in seen:
             seen.append(row)
-    return pd.DataFrame(seen)
+            labels.append([])
+        held = labels[seen.index(row)]
+        if label is not None and label not in held:
+            held.append(str(label))
+    frame = pd.DataFrame(seen)
+    if len(seen) > 1 and any(labels):
+        frame.insert(0, "results", [", ".join(held) for held in labels])
+    return frame
 
 
 _TEMPLATE = jinja2.Template(

@@ -213,7 +213,7 @@ def render_reports(
                         missing=[{"row": e["target"], "reason": why}],
                     )
                 )
-        prov = provenance_rows((r.scale, r.environment) for r in items)
+        prov = provenance_rows((r.scale, r.environment, r.target) for r in items)
         render_html(
             page_title(paper, items),
             sections,
@@ -294,7 +294,7 @@ def render_reports(
         )
     # The claims come first on the index: what a reader asks before any table.
     claims = [result_section(r) for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]
-    prov = provenance_rows((r.scale, r.environment) for r in results)
+    prov = provenance_rows((r.scale, r.environment, r.target) for r in results)
     return render_html(
         "pdtbench reproductions", [*claims, section], out_dir / "index.html", provenance=prov,
         nav=nav,

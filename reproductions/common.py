@@ -921,8 +921,8 @@ def run_target(
         notes=notes,
         description=description,
         environment={
-            **collect(),
-            **runs_backend_flags(results),
+            **(here := collect()),
+            **runs_backend_flags(results, here),
             "runs_trained_at": runs_trained_at(results),
         },
         duration_s=time.perf_counter() - t0,
@@ -950,12 +950,21 @@ def runs_trained_at(results: Sequence[RowResult]) -> list[str]:
 RUN_BACKEND_FLAGS: tuple[str, ...] = ("tf32_matmul", "tf32_cudnn", "cudnn_benchmark")
 
 
-def runs_backend_flags(results: Sequence[RowResult]) -> dict[str, Any]:
+def runs_backend_flags(
+    results: Sequence[RowResult], process: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The TF32 and cuDNN benchmark settings the runs behind ``results`` trained with, from
-    their summaries' environments: one value where they agree, "mixed" where not; none for a
-    result of no run (its measurements ran in this process, whose settings it keeps). The
-    result's provenance shows these, not this process's torch defaults (cuDNN TF32 on)."""
+    their summaries' environments, and, where some rows were measured in this process, this
+    process's (``process``, :func:`impl.env.collect`): one value where they agree, "mixed"
+    where not; none for a result of no run (its measurements ran in this process, whose
+    settings it keeps). The result's provenance shows these, not this process's torch defaults
+    (cuDNN TF32 on) alone."""
     seen: dict[str, set[Any]] = {k: set() for k in RUN_BACKEND_FLAGS}
+    trained = any(res.runs for res in results)
+    if trained and process and any(res.measured is not None for res in results):
+        for key in RUN_BACKEND_FLAGS:
+            if key in process:
+                seen[key].add(process[key])
     for res in results:
         for run in res.runs:
             env = run.summary.get("environment") or {}

@@ -1233,6 +1233,12 @@ def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
     results.append(RowResult(Row("b"), runs=[run(**{**off, "tf32_cudnn": True}), run()]))
     assert common.runs_backend_flags(results) == {**off, "tf32_cudnn": "mixed"}
     assert common.runs_backend_flags([RowResult(Row("m"), measured={"x": 1.0})]) == {}
+    # rows measured in this process ran with its flags: they count beside the runs'
+    here = {"tf32_matmul": False, "tf32_cudnn": True, "cudnn_benchmark": False}
+    mixed = [RowResult(Row("a"), runs=[run(**off)]), RowResult(Row("m"), measured={"x": 1.0})]
+    assert common.runs_backend_flags(mixed, here) == {**off, "tf32_cudnn": "mixed"}
+    assert common.runs_backend_flags(mixed[:1], here) == off  # no row measured here
+    assert common.runs_backend_flags(mixed[1:], here) == {}  # no run: the process's own stand
 
 
 def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():

@@ -249,11 +249,14 @@ def _relative_reader(
     metric: str,
     value: Callable[[float, float], float],
     show: Callable[[float], str],
+    log_scale: bool = False,
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
     """A reader of ``value(ours, base)`` of ``metric``, ``row`` against ``base_row``: the mean
     of the per-seed values with its 95% CI where both rows kept their per-seed values on at
     least two common seeds (paired by seed: each seed's runs shared the machine's load
-    alike), else ``value`` of the two means as one measurement. ``show`` formats a value."""
+    alike), else ``value`` of the two means as one measurement. ``show`` formats a value;
+    ``log_scale`` takes the interval of a positive ratio on the log scale (delta method, as
+    :func:`_mean_ci`), so that it cannot reach below 0."""
 
     def read(results: Mapping[str, ResultSet]) -> Evidence | None:
         ours, base = _stat(results, target, row, metric), _stat(results, target, base_row, metric)
@@ -267,10 +270,16 @@ def _relative_reader(
             text = f"{show(v)} against {base_row} (one measurement: {both}, {over})"
             return Evidence(v, None, 1, v, v, text)
         common, po, pb = paired
-        mean, low, high = mean_ci95(value(po[s], pb[s]) for s in common)
+        values = [value(po[s], pb[s]) for s in common]
+        mean, low, high = mean_ci95(values)
+        scale = ""
+        if log_scale and mean > 0:
+            half_log = ci95_half_width(statistics.stdev(values) / mean, len(values))
+            low, high = mean * math.exp(-half_log), mean * math.exp(half_log)
+            scale = ", on the log scale"
         text = (
             f"{show(mean)} against {base_row}, 95% CI [{show(low)}, {show(high)}] (per-seed "
-            f"values paired over seeds {common}; means: {both})"
+            f"values paired over seeds {common}{scale}; means: {both})"
         )
         return Evidence(mean, None, len(common), low, high, text)
 
@@ -284,7 +293,7 @@ def ratio_reader(
     """A reader of ``metric`` of ``row`` over that of ``base_row`` (x), paired by seed where
     it can be (:func:`_relative_reader`)."""
     return _relative_reader(
-        target, row, base_row, metric, lambda o, b: o / b, lambda v: f"{v:.2f}x"
+        target, row, base_row, metric, lambda o, b: o / b, lambda v: f"{v:.2f}x", log_scale=True
     )
 
 

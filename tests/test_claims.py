@@ -359,6 +359,26 @@ def test_time_ratio_is_paired_by_seed_with_its_interval(click, verdict):
     assert "paired over seeds [0, 1, 2, 3, 4]" in row["note"]
 
 
+def test_a_paired_ratios_interval_is_on_the_log_scale_and_stays_above_zero():
+    """Two noisy seeds: a linear interval of the per-seed ratios reached below 0."""
+    dense, click = [10.0, 10.0], [2.0, 14.0]  # ratios 0.2 and 1.4: mean 0.8, sd 0.8485
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "run_iter_ms", 10.0, 0.0, 2), "seeds": [0, 1], "values": dense},
+        {**_row("clicktrain", "run_iter_ms", 8.0, 8.5, 2), "seeds": [0, 1], "values": click},
+    ])  # fmt: skip
+    ev = C.ratio_reader("cross.methods", "clicktrain", "dense", "run_iter_ms")(
+        {"cross.methods": cross}
+    )
+    half_log = 12.706205 * (math.sqrt(0.72) / 0.8) / math.sqrt(2)
+    assert ev.mean == pytest.approx(0.8) and ev.low > 0
+    assert (ev.low, ev.high) == pytest.approx((0.8 * math.exp(-half_log), 0.8 * math.exp(half_log)))
+    assert "on the log scale" in ev.text
+    saved = C.time_saved_reader("cross.methods", "clicktrain", "dense", "run_iter_ms")(
+        {"cross.methods": cross}
+    )
+    assert saved.low < 0 < saved.high and "log scale" not in saved.text  # a saving: linear
+
+
 def test_time_ratio_without_per_seed_values_is_one_number():
     row = _by_claim(C.evaluate({"cross.methods": _cross()}, "cpu"))[NO_EXTRA_TIME]
     assert row["ours"] == pytest.approx(2.0) and row["n"] == 1

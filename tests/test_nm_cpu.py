@@ -465,3 +465,37 @@ def test_prune_stale_removes_only_what_aged_past_its_limit_and_never_keep(tmp_pa
     removed = nm_cpu.prune_stale(tmp_path, keep)
     assert sorted(p.name for p in removed) == ["nm_prune-a.so", "tmp1.so"]
     assert keep.exists() and (tmp_path / "nm_prune-b.so").exists()
+
+
+_TRACED = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from impl.ops import nm_prune
+with FakeTensorMode():
+    for impl in ("auto", "cpu", "ref"):
+        y = nm_prune(torch.randn(2, 8, 3, 3), 2, 4, impl=impl)
+        assert type(y).__name__ == "FakeTensor" and y.shape == (2, 8, 3, 3), impl
+print("traced")
+"""
+
+
+def test_a_fake_tensor_gets_a_shape_not_a_crash():
+    """The compiled kernel read a fake tensor's data pointer: the process died (SIGSEGV)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TRACED], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.returncode == 0 and "traced" in done.stdout, done.stderr[-2000:]
+
+
+def test_meta_vmap_and_a_wrong_generator():
+    x = torch.randn(2, 8, 3, 3, device="meta").to(memory_format=torch.channels_last)
+    y = nm_prune(x, 2, 4)
+    assert y.device.type == "meta" and y.shape == x.shape
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert not nm_cpu.has_storage(x) and nm_cpu.has_storage(torch.zeros(1))
+    with pytest.raises(ValueError, match="torch.func transforms"):
+        torch.vmap(lambda t: nm_prune(t, 2, 4, dim=0))(torch.randn(3, 8, 4))
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        nm_prune(torch.randn(2, 8), 2, 4, method="random", generator=5)

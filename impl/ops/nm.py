@@ -184,7 +184,11 @@ def nm_prune(
         ValueError: ``n``/``m`` outside ``1 <= n <= m <= 32``, a non-floating ``x``, an
             ``x`` that requires grad while grad mode is on, a bad ``dim``, an unknown
             ``method``, ``rescale`` (whatever the method) or ``impl``, an ``eps`` that is
-            not a finite number >= 0.
+            not a finite number >= 0, an ``x`` under a ``torch.func`` transform (vmap).
+        TypeError: a ``generator`` that is not a ``torch.Generator``.
+
+    A meta or fake ``x`` (shape inference, torch.compile's tracing) gives an empty tensor of
+    the result's shape, dtype and layout, as the CUDA op's fake implementation does.
         RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available, ``impl="cpu"``
             for a tensor not on the CPU or where the compiled CPU kernel does not build.
     """
@@ -194,10 +198,21 @@ def nm_prune(
     dim = _check_tensor(x, dim)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
     if impl == "cpu" and x.device.type != "cpu":
         raise RuntimeError(
             f"the compiled CPU path of nm_prune takes CPU tensors, got a tensor on "
             f"{x.device.type}; use impl='auto'"
+        )
+    if not x.is_cuda and not nm_cpu.has_storage(x):  # (CUDA tensors: the op's own fake)
+        from torch._subclasses.fake_tensor import is_fake
+
+        if x.device.type == "meta" or is_fake(x):  # tracing: the result's shape alone
+            return torch.empty_like(x)  # as the CUDA op's fake implementation
+        raise ValueError(
+            "nm_prune does not run under torch.func transforms (vmap, grad): its groups are "
+            "ranked with data-dependent branches; call it on the whole batched tensor"
         )
     if impl in ("auto", "cpu") and not x.is_cuda:
         return _prune_cpu(x, n, m, method, dim, rescale, generator, eps, impl=impl)[0]

@@ -269,6 +269,19 @@ class _SlicePool:
 _POOL = _SlicePool()
 
 
+def has_storage(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds memory the kernel may read: not a fake tensor (torch.compile's
+    tracing, ``FakeTensorMode``), not a meta tensor, not one wrapped by a ``torch.func``
+    transform (``vmap``, ``grad``). The kernel reads ``data_ptr()``; a fake's is no memory."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return (
+        x.device.type != "meta"
+        and not is_fake(x)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+    )
+
+
 def nm_prune_cpu(
     x: torch.Tensor,
     n: int,
@@ -291,7 +304,7 @@ def nm_prune_cpu(
     from impl.ops.nm import _as_oci, _random_scores, _rescale_dims  # the reference's own
 
     fn_name = _FUNCTIONS.get(x.dtype)
-    if fn_name is None or x.device.type != "cpu" or not is_available():
+    if fn_name is None or x.device.type != "cpu" or not has_storage(x) or not is_available():
         return None
     rule = rescale if method == "rescaled" else None
     if rule is not None:

@@ -117,6 +117,16 @@ def test_load_runs_reads_complete_runs_and_lists_the_others(runs_root):
     assert corrupt["reason"].startswith(str(runs_root / "corrupt" / "summary.json"))
 
 
+def test_load_runs_takes_one_path_as_well_as_a_list(runs_root):
+    """One path was read character by character ("t does not exist")."""
+    listed = sorted(load_runs([runs_root])["run"])
+    assert sorted(load_runs(runs_root)["run"]) == listed
+    assert sorted(load_runs(str(runs_root))["run"]) == listed
+    assert find_run_dirs(str(runs_root / "dense-s0")) == [runs_root / "dense-s0"]
+    with pytest.raises(TypeError, match=r"load_metrics\(load_runs\(paths\)\)"):
+        load_metrics([str(runs_root)])
+
+
 def test_load_runs_of_nothing_is_an_empty_frame(tmp_path):
     runs = load_runs([tmp_path])
     assert runs.empty and "top1" in runs.columns

@@ -54,9 +54,10 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 
 
-def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Every run directory at or under ``paths`` (a directory holding ``config.json`` or
-    ``summary.json``), sorted; a path that does not exist raises ``FileNotFoundError``.
+def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Every run directory at or under ``paths`` (one path, or several; a directory holding
+    ``config.json`` or ``summary.json``), sorted; a path that does not exist raises
+    ``FileNotFoundError``.
 
     A file stands for the run directory that holds it (its ``summary.json``, say); a
     reproduction's ``result.json`` holds no run. Any other file raises ``ValueError``: its
@@ -64,7 +65,7 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     from impl.report.results import RESULT_FILE
 
     found: set[Path] = set()
-    for p in paths:
+    for p in [paths] if isinstance(paths, str | Path) else paths:
         p = Path(p)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
@@ -103,8 +104,9 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def load_runs(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per *complete* run found at or under ``paths`` (its summary's scalar fields).
+def load_runs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """One row per *complete* run found at or under ``paths`` (one path or several; its
+    summary's scalar fields).
 
     Columns begin with :data:`SUMMARY_COLUMNS` (``run`` is the directory name, ``path`` the
     directory). Runs that are not complete are not rows: they are listed in
@@ -164,6 +166,11 @@ def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
     long form: one row per (run, epoch), with the run's method, model, data, scale and seed.
     A run whose metrics file is damaged (:class:`impl.rundir.MetricsError`) has no rows and
     is added to ``runs.attrs["incomplete"]`` with the reason."""
+    if not isinstance(runs, pd.DataFrame):
+        raise TypeError(
+            f"load_metrics takes the runs table of load_runs (a DataFrame), got "
+            f"{type(runs).__name__}: load_metrics(load_runs(paths))"
+        )
     frames = []
     keys = [k for k in ("run", "method", "model", "data", "scale", "seed") if k in runs.columns]
     for _, run in runs.iterrows():

@@ -232,6 +232,11 @@ def _nonzero_fraction(weight: torch.Tensor) -> float:
 
 
 def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    if not isinstance(input_shape, Sequence) and not isinstance(input_shape, torch.Size):
+        raise ValueError(
+            f"input_shape must be a tuple of positive ints (one sample, e.g. (3, 32, 32)), got "
+            f"{input_shape!r}"
+        )
     shape = tuple(input_shape)
     if not shape or not all(isinstance(s, int) and s > 0 for s in shape):
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {shape!r}")
@@ -334,7 +339,14 @@ def training_flops(
     try:
         model.eval()
         with torch.enable_grad():
-            model(torch.zeros((1, *shape), device=device, dtype=dtype))
+            try:
+                model(torch.zeros((1, *shape), device=device, dtype=dtype))
+            except RuntimeError as err:
+                raise ValueError(
+                    f"the model does not run on one sample of input_shape {shape} (a batch of "
+                    f"shape {(1, *shape)}); input_shape is one sample, without the batch "
+                    f"dimension, e.g. (3, 32, 32): {err}"
+                ) from err
     finally:
         for h in handles:
             h.remove()

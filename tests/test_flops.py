@@ -227,6 +227,11 @@ def test_bad_arguments_raise() -> None:
         training_flops(model, (3, 7, 7), density={"0": 0.5})
     with pytest.raises(ValueError, match="batch"):
         paper_training_cost(model, (3, 7, 7), batch=0)
+    # a batch dimension given with the sample, or one int: said so, not torch's conv error
+    with pytest.raises(ValueError, match="without the batch dimension"):
+        training_flops(model, (1, 3, 7, 7))
+    with pytest.raises(ValueError, match="one sample"):
+        training_flops(model, 8)
 
 
 def test_no_side_effects_on_the_model() -> None:

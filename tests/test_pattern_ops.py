@@ -842,6 +842,17 @@ def test_pattern_conv2d_refuses_the_geometry_conv2d_refuses(kwargs, message):
     torch.testing.assert_close(got, F.conv2d(x, weight * mask, stride=2, padding=1))
 
 
+@pytest.mark.parametrize("shape", [(3,), (4, 1), (1,)], ids=str)
+def test_pattern_conv2d_refuses_a_bias_conv2d_refuses(shape):
+    """A bias of another shape was broadcast into the output ([4, 1]: silently)."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 3, 3, 3, generator=gen)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(2, 3, 6, 6, generator=gen)
+    with pytest.raises(ValueError, match=r"bias must be \[F\] = \(4,\)"):
+        pattern_conv2d(x, weight, mask, torch.randn(shape, generator=gen))
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool], ids=str)
 def test_integer_operands_are_refused_not_rounded(dtype):
     # conv2d refuses an integer input; the pattern ops computed in float32 and cast the
@@ -871,3 +882,24 @@ def test_empty_filters_and_an_empty_batch_give_empty_results_not_reshape_errors(
     assert out.shape == (0, 4, 5)
     out.sum().backward()
     assert b.grad.shape == (0, 27, 5) and not values.grad.any()
+
+
+def test_meta_operands_give_the_results_shape():
+    """Shape inference on the meta device ran into autocast's 'unknown device type'."""
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(4, 3, 3, 3, generator=gen)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x, bias = torch.randn(2, 3, 8, 8, generator=gen), torch.randn(4, generator=gen)
+    want = F.conv2d(x, weight, bias, stride=2, padding=1).shape
+    got = pattern_conv2d(x.to("meta"), weight.to("meta"), mask.to("meta"), bias.to("meta"),
+                         stride=2, padding=1)  # fmt: skip
+    assert got.device.type == "meta" and got.shape == want
+    module = PatternConv2d(nn.Parameter(weight.clone()), mask, padding=1).to("meta")
+    assert module(x.to("meta")).shape == (2, 4, 8, 8)
+    with pytest.raises(ValueError, match="channels"):
+        pattern_conv2d(torch.randn(2, 5, 8, 8, device="meta"), weight.to("meta"), mask)
+    idx = pattern_index(mask.reshape(4, 27))
+    vals = torch.randn(idx.col_ind.numel(), generator=gen)
+    for b, shape in (((27, 10), (4, 10)), ((3, 27, 10), (3, 4, 10))):
+        out = pattern_spmm(vals.to("meta"), idx.row_ptr, idx.col_ind, torch.empty(b, device="meta"))
+        assert out.device.type == "meta" and out.shape == shape

@@ -488,6 +488,12 @@ def pattern_spmm(
     (:func:`check_floating`).
     """
     check_floating(values=values, dense_b=dense_b)
+    if "meta" in (values.device.type, dense_b.device.type):  # shape inference: the result's shape
+        if dense_b.dim() not in (2, 3):
+            raise ValueError(f"dense_b must be [K, N] or [B, K, N], got {tuple(dense_b.shape)}")
+        rows = (row_ptr.numel() - 1, dense_b.shape[-1])
+        dtype = torch.promote_types(values.dtype, dense_b.dtype)
+        return torch.empty((*dense_b.shape[:-2], *rows), dtype=dtype, device="meta")
     if torch.is_autocast_enabled(dense_b.device.type):  # float32, as pattern_conv2d does
         with torch.autocast(dense_b.device.type, enabled=False):
             return pattern_spmm(_f32(values), row_ptr, col_ind, _f32(dense_b), impl, index=index)
@@ -678,6 +684,16 @@ def pattern_conv2d(
     floating point are refused (:func:`check_floating`).
     """
     check_floating(x=x, weight=weight, bias=bias)
+    if bias is not None and tuple(bias.shape) != tuple(weight.shape[:1]):
+        raise ValueError(
+            f"bias must be [F] = {tuple(weight.shape[:1])} for weight "
+            f"{tuple(weight.shape)}, got {tuple(bias.shape)}"
+        )
+    if "meta" in (x.device.type, weight.device.type):  # shape inference: the result's shape
+        if x.dim() != 4 or weight.dim() != 4 or x.shape[1] != weight.shape[1]:
+            conv_pattern_index(x, weight, pattern)  # its ValueError
+        return F.conv2d(x.to("meta"), weight.to("meta"), None if bias is None else
+                        bias.to("meta"), *conv_geometry(stride, padding, dilation))  # fmt: skip
     if torch.is_autocast_enabled(x.device.type):
         # No 16-bit pattern kernels: under autocast the op runs as autocast runs the ops it
         # has no low-precision rule for, on float32 copies of 16-bit operands, autocast off

@@ -1189,7 +1189,8 @@ def make_loaders(
             None: where :data:`DATA_DIR_ENV` says, if it does.
         seed: the run's seed; shuffling and augmentation of epoch e depend on (seed, e).
             The train/test split of digits and mnist5k does not depend on it.
-        augment: training augmentation on (digits/mnist5k: 2-pixel random translation;
+        augment: training augmentation on (digits/mnist5k: random translation by up to
+            max(1, size // 16) pixels: 1 at the 16 px the cpu scale trains at, 2 at 32 px;
             cifar/synthetic: 4-pixel padded random crop + horizontal flip; imagenet:
             random-resized-crop + flip). The test loader is never augmented nor shuffled.
         augment_recipe: "standard" (the above) or "ffcv" (ffcv's CIFAR-10 augmentation, which

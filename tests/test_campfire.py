@@ -59,8 +59,16 @@ def test_schedule_era_zero_prunes_at_once() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(final=1.0), dict(final=-0.1), dict(era=-1), dict(start=-2), dict(r=0)],
-    ids=["final-1", "final-neg", "era-neg", "start-neg", "r-0"],
+    [
+        dict(final=1.0),
+        dict(final=-0.1),
+        dict(era=-1),
+        dict(start=-2),
+        dict(r=0),
+        dict(epoch=float("nan")),
+        dict(epoch=float("inf")),
+    ],
+    ids=["final-1", "final-neg", "era-neg", "start-neg", "r-0", "epoch-nan", "epoch-inf"],
 )
 def test_schedule_rejects_bad_arguments(kwargs) -> None:
     args = dict(epoch=1.0, start=0, era=2, final=0.5, r=3)

@@ -181,7 +181,8 @@ def test_best_candidate_pattern_on_a_crafted_kernel():
     assert reachable[0, 0].flatten().nonzero().flatten().tolist() == [1, 3, 4, 5, 7, 8]
 
 
-@pytest.mark.parametrize("size", [0, 127, -1], ids=["zero", "127", "negative"])
+@pytest.mark.parametrize("size", [0, 127, -1, True, 4.0], ids=["zero", "127", "negative",
+                                                                 "bool", "float"])  # fmt: skip
 def test_pattern_pool_rejects_sizes_outside_1_to_126(size):
     with pytest.raises(ValueError, match="1..126"):
         PatternPool(size)
@@ -213,6 +214,8 @@ def test_pattern_pool_with_fewer_candidates_than_size_and_resume():
         pool.finalize()
     pool.update(w, torch.ones_like(w))
     assert pool.finalize().shape[0] == 1  # every kernel chose the same pattern
+    with pytest.raises(RuntimeError, match="finalized"):  # it would change nothing
+        pool.update(w, torch.ones_like(w))
     restored = PatternPool(4)
     restored.load_state_dict(pool.state_dict())
     assert restored.size == 12 and torch.equal(restored.patterns(), pool.patterns())

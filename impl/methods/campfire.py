@@ -98,6 +98,8 @@ def sparsity_at(epoch: float, start: float, era: float, final: float, r: float =
         raise ValueError(f"start and era must be >= 0, got start={start!r}, era={era!r}")
     if not r > 0:
         raise ValueError(f"r must be > 0, got {r!r}")
+    if not math.isfinite(epoch):
+        raise ValueError(f"epoch must be a finite number, got {epoch!r}")
     if epoch < start:
         return 0.0
     if epoch >= start + era:

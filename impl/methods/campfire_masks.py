@@ -401,10 +401,12 @@ def ck_mask(weight: torch.Tensor, sparsity: float, *, scope: str = "layer") -> t
     """CK pruning (Sec. 2.1.1, Fig. 2b, Algorithm 1): remove whole kernels ranked by ``max |w|``.
 
     ``weight`` is ``[K, C, R, S]``; a kernel is one ``R x S`` slice ``w[k, c]`` and its score
-    is :func:`kernel_scores`. The ``round(s * K*C)`` lowest-scoring kernels of the layer are
-    removed (``scope="layer"``, default), or the ``round(s * K)`` lowest of each input channel
-    (``scope="input_channel"``, Algorithm 1's loops). A 1x1 convolution is pruned by the same
-    rule with single-weight kernels, which is magnitude pruning of its weights.
+    is this module's :func:`kernel_scores` (``max |w|``; not ClickTrain's Eq. (2) score of
+    the same name, :func:`impl.methods.clicktrain.kernel_scores`). The ``round(s * K*C)``
+    lowest-scoring kernels of the layer are removed (``scope="layer"``, default), or the
+    ``round(s * K)`` lowest of each input channel (``scope="input_channel"``, Algorithm 1's
+    loops). A 1x1 convolution is pruned by the same rule with single-weight kernels, which is
+    magnitude pruning of its weights.
 
     Returns:
         Boolean keep-mask shaped like ``weight``; each kernel is wholly kept or wholly removed.

@@ -72,7 +72,8 @@ def pattern_scores(
 
 
 def kernel_scores(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """Importance of every kernel, Eq. (2): ``sum_{r,s} (g*w)^2``, shape ``[F, C]``."""
+    """Importance of every kernel, Eq. (2): ``sum_{r,s} (g*w)^2``, shape ``[F, C]``, in the
+    squared units of ``g*w`` (weight times its gradient); Sec. 4.1 of ClickTrain."""
     return weight_importance(weight, grad).sum(dim=(2, 3))
 
 
@@ -189,7 +190,7 @@ class PatternPool:
     """
 
     def __init__(self, size: int = 12) -> None:
-        if not isinstance(size, int) or not 1 <= size <= N_PATTERNS:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= N_PATTERNS:
             raise ValueError(f"pool size must be an int in 1..{N_PATTERNS}, got {size!r}")
         self.size = size
         self.scores = torch.zeros(N_PATTERNS, dtype=torch.float64)
@@ -199,8 +200,11 @@ class PatternPool:
         """Add one layer's candidate patterns to the competitive scores (steps 1-5).
 
         Returns the ``[F, C, 3, 3]`` reachable positions of each kernel (see
-        :func:`best_candidate_patterns`).
+        :func:`best_candidate_patterns`). ``RuntimeError`` once the pool is finalized: its
+        patterns are fixed, and a score added then would change nothing.
         """
+        if self.pattern_ids is not None:
+            raise RuntimeError("the pattern pool is finalized: update() no longer changes it")
         ids, reachable = best_candidate_patterns(weight, grad)
         counts = torch.bincount(ids.flatten(), minlength=N_PATTERNS)
         self.scores += counts.to(device="cpu", dtype=torch.float64)

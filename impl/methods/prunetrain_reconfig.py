@@ -367,6 +367,10 @@ def reconfigure(
     A space that would lose every channel and is not inside a residual path (a VGG layer, a
     stage's shared node) keeps its one strongest channel, so the network stays connected.
 
+    Call it between steps, with no autograd graph of ``model`` alive: parameters are resized
+    in place (``.data``), so a graph built before, if kept and backpropagated through (or a
+    forward output computed with grad and held), expects the old shapes and fails there.
+
     Args:
         model: a model :func:`impl.methods.channel_graph.build_graph` supports.
         optimizer: the optimizer over ``model``'s parameters, or ``None``.

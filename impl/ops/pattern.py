@@ -934,8 +934,10 @@ class PatternConv2d(nn.Conv2d):
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, mask: torch.Tensor, impl: str = "auto") -> PatternConv2d:
-        """Wrap ``conv``'s parameters (shared) with the kept positions ``mask``; ``ValueError``
-        for a conv it cannot run (:func:`pattern_conv_unsupported`)."""
+        """Wrap ``conv``'s parameters (shared, not copied) with the kept positions ``mask``;
+        ``ValueError`` for a conv it cannot run (:func:`pattern_conv_unsupported`). The shared
+        weight is zeroed outside ``mask`` in place, so ``conv`` itself then computes the pruned
+        convolution too; pass a copy (``copy.deepcopy(conv)``) to keep ``conv`` dense."""
         why = pattern_conv_unsupported(conv)
         if why:
             raise ValueError(f"PatternConv2d {why}")

@@ -896,9 +896,14 @@ def run_target(
         note = METHOD_SCALE_NOTES[method](scale) if method in METHOD_SCALE_NOTES else None
         if note and note not in notes:
             notes.append(note)
-    trained = sum(1 for r in results for run in r.runs if not run.reused)
-    reused = sum(1 for r in results for run in r.runs if run.reused)
-    train_s = sum(float(run.summary.get("wall_seconds") or 0) for r in results for run in r.runs)
+    # a run two rows read (Campfire Table 4 reads each run at two epochs) counts once
+    first: dict[str, RunRecord] = {}  # (the second reading says "reused": counted as trained)
+    for run in (run for r in results for run in r.runs):
+        first.setdefault(run.path, run)
+    distinct = first.values()
+    trained = sum(1 for run in distinct if not run.reused)
+    reused = sum(1 for run in distinct if run.reused)
+    train_s = sum(float(run.summary.get("wall_seconds") or 0) for run in distinct)
     if trains:
         notes.append(
             f"{trained} runs trained and {reused} reused for this result; the runs' training "

@@ -61,7 +61,8 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     logs: list[str] = []
     unavailable = Row("campfire", "campfire", train=TINY, baseline="dense")
     failing = Row("bad option", "sdgp", options={"no_such_option": 1}, train=TINY)
-    target = _tiny_target([unavailable, failing])
+    twice = Row("dense read again", "dense", train=TINY)  # the dense row's run, read twice
+    target = _tiny_target([unavailable, failing, twice])
     real = common.unavailable_reason
     missing = "method 'campfire' is not available in this build"
     monkeypatch.setattr(
@@ -94,7 +95,8 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     # settings come from the runs' saved configs
     assert result.notes[0] == common.SMOKE_RESULT_NOTE
     assert rows[("dense", "top1")]["seeds"] == [0] and rows[("dense", "top1")]["n"] == 1
-    assert [s["row"] for s in result.settings] == ["dense", "sdgp"]
+    assert [s["row"] for s in result.settings] == ["dense", "sdgp", "dense read again"]
+    assert "2 runs trained and 0 reused" in result.notes[-1]  # the run read twice counts once
     assert result.settings[1]["options"].startswith("2:4 data-gradient pruning, rescaled")
     assert result.settings[1]["options"].endswith("profile False")
     assert result.setup.startswith("ResNet-20 on digits, 1 epoch of at most 1 step, batch 16")

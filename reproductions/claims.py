@@ -817,8 +817,10 @@ def build(
             *(
                 [
                     "At this scale the speed claims time CPU implementations (the reference "
-                    "paths) in runs of a few hundred SGD steps; the papers' speed claims are about "
-                    "GPU kernels and full-length runs, which the gpu and paper scales measure."
+                    "paths) in runs of "
+                    + ("a few SGD steps" if scale == "smoke" else "a few hundred SGD steps")
+                    + "; the papers' speed claims are about GPU kernels and full-length runs, "
+                    "which the gpu and paper scales measure."
                 ]
                 if scale in ("smoke", "cpu")
                 else []

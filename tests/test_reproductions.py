@@ -2213,3 +2213,28 @@ def test_campfire_tables_3_and_8_note_the_start_20_row_only_where_it_runs():
             noted = any("start-20" in note for note in target.notes(scale))
             assert noted == runs_it, (key, scale)
         assert "combined, start 20, sparsity 70%" not in {r.label for r in target.rows("smoke")}
+
+
+def test_campfire_tables_3_8_and_9_say_where_the_scale_cannot_compare():
+    """At smoke scale (4 epochs) epoch 90 of 100 is the last and the drop at 90 never comes;
+    Table 9's table is whole in the paper (no note of missing rows)."""
+    t3, t8, t9 = (reproductions.load_target(f"campfire.table{i}") for i in (3, 8, 9))
+    for target in (t3, t8):
+        assert any("last epoch" in n for n in target.notes("smoke"))
+        assert not any("last epoch" in n for n in target.notes("cpu"))
+    assert any("never take their last drop" in n for n in t9.notes("smoke"))
+    assert any("epochs 8 and 9 (counted from 0) of 10" in n for n in t9.notes("cpu"))
+    assert not any("missing" in n for scale in ("smoke", "cpu", "paper") for n in t9.notes(scale))
+
+
+def test_notes_name_only_rows_and_settings_the_scale_has():
+    t4 = reproductions.load_target("campfire.table4")
+    for scale, runs_window in (("smoke", False), ("cpu", False), ("gpu", True)):
+        has_row = any(r.label.startswith("window") for r in t4.rows(scale))
+        assert has_row == runs_window
+        assert any("window start-0 row" in n for n in t4.notes(scale)) == runs_window
+    from reproductions.claims import build
+
+    smoke, cpu = (" ".join(build({}, s, environment={}).notes) for s in ("smoke", "cpu"))
+    assert "a few SGD steps" in smoke and "a few hundred" not in smoke
+    assert "a few hundred SGD steps" in cpu

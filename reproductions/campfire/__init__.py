@@ -97,6 +97,29 @@ def dense_row(
                paper={"method": "dense"}, metrics=("top1",))  # fmt: skip
 
 
+def epoch_90_is_the_last(scale: str) -> bool:
+    """Whether :func:`top1_at` ``(0.9)`` reads the run's last epoch at ``scale`` (4 epochs:
+    round(3.6) = 4th), so a table read at epoch 90 reads what Table 2 reads at 100."""
+    epochs = EPOCHS[scale]
+    return max(0, round(0.9 * epochs) - 1) == epochs - 1
+
+
+def last_drop_note(scale: str) -> str:
+    """Where the scale's run takes the last learning-rate drop at paper epoch 80 and 90 (of
+    100): Table 9 compares the two."""
+    e80, e90, epochs = to_scale(80, scale), to_scale(90, scale), EPOCHS[scale]
+    if e90 >= epochs:
+        return (
+            f"At {scale} scale ({epochs} epochs) the drop at 90 of 100 falls on epoch {e90}, "
+            f"after the run's last: the rows with the drop at 80 (epoch {e80}) are compared "
+            "with runs that never take their last drop."
+        )
+    return (
+        f"At {scale} scale the drops at 80 and 90 of 100 fall on epochs {e80} and {e90} "
+        f"(counted from 0) of {epochs}."
+    )
+
+
 def top1_at(fraction: float) -> Callable[[RunRecord, RunRecord | None], float]:
     """A metric: test top-1 at ``fraction`` of the run (e.g. 0.9: epoch 90 of 100)."""
 

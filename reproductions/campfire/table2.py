@@ -103,7 +103,8 @@ TARGET = Target(
         "Rows the scale does not run are listed with the paper's numbers only.",
         "The paper prints no era for most rows (Sec. 3.1: 20 or 30 epochs); ours prune for "
         "20 of 100 epochs, the window start-0 row too (epochs 0-20, which Sec. 3.1 says "
-        "cost much accuracy, as this table's numbers show; Table 5 labels its row 0-30).",
+        "cost much accuracy, as the paper's numbers in this table show; Table 5 labels its "
+        "row 0-30).",
     ],
 )
 

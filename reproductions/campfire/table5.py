@@ -57,8 +57,8 @@ TARGET = Target(
             [
                 f"Digits has 1437 training images: batch 256 is 6 steps per epoch"
                 f"{_capped(scale)}, so a {scale}-scale run is "
-                f"{_steps_per_epoch(scale) * EPOCHS[scale]} SGD steps in all. A row tens of "
-                "points below dense here (CK at 70% at cpu scale) is a result about so few "
+                f"{_steps_per_epoch(scale) * EPOCHS[scale]} SGD steps in all. A row far below "
+                "dense here (at cpu scale CK at 70%, tens of points) is a result about so few "
                 "steps around the pruning era, not about Campfire at the paper's length; "
                 "Tables 2-3 run the same masks at batch 64."
             ]

@@ -52,7 +52,8 @@ TARGET = Target(
             "(reproductions.clicktrain.connectivity_for): the compression column checks the "
             "setting; top-1 and the FLOPs saved are the results.",
             "Epoch of hard pruning: at paper scale each row hard-prunes at its Table 1 epoch "
-            "(a setting there, shown to check it); below it, at half the run's epochs. At "
+            "(a setting there, shown to check it); below it, at half the run's epochs, or "
+            "later where stages 1-3 need more. At "
             "paper scale the bottleneck ResNets' 1x1 convs are pruned too (the authors' code "
             "prunes only the 3x3 convs of the residual stages, which cannot reach the paper's "
             "compression); the paper averages 10 runs, ours the scale's seeds.",

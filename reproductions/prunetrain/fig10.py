@@ -1,8 +1,9 @@
 """PruneTrain Fig. 10: inference FLOPs and validation accuracy for different reconfiguration
 intervals (ResNet-32 and ResNet-50, CIFAR-10): both are insensitive to the interval.
 
-Scales: smoke/cpu train ResNet-20 on digits with intervals 1, 2 and 4 epochs (of 8); gpu
-ResNet-32 on digits with 2, 5 and 10 (of 30); paper ResNet-50 on CIFAR-10 with 5, 10 and 20.
+Scales: smoke trains ResNet-20 on digits with intervals 1 and 2 epochs (of 4), cpu with 1, 2
+and 4 (of 8); gpu ResNet-32 on digits with 2, 5 and 10 (of 30); paper ResNet-50 on CIFAR-10
+with 5, 10 and 20.
 """
 
 from __future__ import annotations

@@ -882,7 +882,7 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
      ("train_flops_saved", "%", "training FLOPs saved (nominal, %)"),
      ("iter_ms", "ms", "time per iteration (forward + backward + step, ms)"),
      ("comm_bytes_per_iter", "B", "Allreduce bytes per iteration"),
-     ("train_flops_per_sample", "FLOPs", "training FLOPs per sample (nominal)"),
+     ("train_flops_per_sample", "FLOPs", "final model's training FLOPs per sample (nominal)"),
      ("not_a_metric_key", "x", "not_a_metric_key (x)"),
      ("speedup_vs_cusparse", "x", "speedup over the generic CSR routine (x)"),
      ("wall_seconds", "s", "wall time incl. evaluation (s)"),

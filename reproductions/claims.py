@@ -51,7 +51,8 @@ MIN_N = 2  # a verdict needs at least this many seeds (or sweeps): an interval
 class Evidence:
     """What our results say about one claim: the number shown (mean, sd over n seeds), its
     95% interval (``low``, ``high``; equal to the mean for a single measurement) and how it
-    was read."""
+    was read. ``n`` counts the values the verdict weighs; ``n_shown``, where it differs, those
+    the mean rests on (a sweep that never crossed counts in the range, not in the mean)."""
 
     mean: float
     sd: float | None
@@ -60,6 +61,7 @@ class Evidence:
     high: float
     text: str
     interval: str = "95% interval"  # what [low, high] is, as a verdict's reason names it
+    n_shown: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,8 @@ def sweep_range_reader(
         )
         mean = statistics.fmean(finite) if finite else math.nan
         sd = statistics.stdev(finite) if len(finite) > 1 else None
-        return Evidence(mean, sd, len(vals), min(vals), max(vals), text, "range over the sweeps")
+        return Evidence(mean, sd, len(vals), min(vals), max(vals), text, "range over the sweeps",
+                        n_shown=len(finite) or None)  # fmt: skip
 
     read.reads = ((target, row),)  # type: ignore[attr-defined]
     return read
@@ -764,7 +767,7 @@ def evaluate(results: Mapping[str, ResultSet], scale: str) -> list[dict[str, Any
                 "metric": c.metric,
                 "ours": None if ev is None else ev.mean,
                 "ours_sd": None if ev is None else ev.sd,
-                "n": 0 if ev is None else ev.n,
+                "n": 0 if ev is None else ev.n if ev.n_shown is None else ev.n_shown,
                 "scale": None if ev is None else scale,
                 "paper": c.paper_value,
                 "unit": c.unit,

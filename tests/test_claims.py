@@ -541,6 +541,8 @@ def test_the_crossover_claim_is_judged_sweep_by_sweep(per_sweep, verdict, shown)
     ])  # fmt: skip
     row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
     assert row["verdict"] == verdict
+    # the n beside the mean counts the sweeps it rests on, as the Fig. 10 row's own n does
+    assert row["n"] == (len(finite) or len(per_sweep))
     if verdict == "inconclusive":
         assert row["verdict_reason"] == "the range over the sweeps straddles 65"
     else:

@@ -1110,7 +1110,11 @@ def test_speed_measurements_give_one_headline_value_per_sweep():
     csr = csr_conversion(scale="smoke", context={}, repeats=3, sweeps=3)
     assert len(csr["speedup_vs_cusparse"]) == 3 and csr["sweeps"] == 3
     assert all(x > 0 for x in csr["speedup_vs_cusparse"])
-    assert csr["conversion_time"] > 0 and csr["pattern_conversion_time"] > 0  # pooled medians
+    # the times too, one per sweep (a sweep's median): the page shows their n and spread,
+    # and each sweep's speedup is the ratio of its two times
+    assert len(csr["conversion_time"]) == len(csr["pattern_conversion_time"]) == 3
+    ratios = [g / o for g, o in zip(csr["conversion_time"], csr["pattern_conversion_time"])]
+    assert ratios == pytest.approx(csr["speedup_vs_cusparse"])
 
     spmm = spmm_sweep(scale="smoke", context={}, sparsities=(0.6, 0.75), repeats=2, sweeps=2)
     assert len(spmm["speedup_vs_cusparse"]) == 2 and spmm["speedup_sparsity"] > 70
@@ -1871,7 +1875,10 @@ def test_clicktrain_fig9_names_the_matrix_it_timed_and_no_training_notes(tmp_pat
 
     result = run_target(fig9.TARGET, "smoke", tmp_path, log=lambda *a: None)
     assert "convert the 32 x 144 filter matrix (the paper's is 256 x 1152)" in result.description
-    assert result.figures[0].caption.startswith("32 x 144 filter matrix; ours the median over")
+    assert result.figures[0].caption.startswith("32 x 144 filter matrix; ours the mean over")
+    times = {r["metric"]: r for r in result.rows if r.get("ours") is not None}
+    # the times carry their sweeps' n, as the speedup beside them does
+    assert times["conversion_time"]["n"] == times["speedup_vs_cusparse"]["n"] == 2
     notes = " ".join(result.notes)
     assert result.notes[0] == common.SMOKE_MEASURE_NOTE
     assert "near chance" not in notes and "runs trained" not in notes
@@ -2014,6 +2021,11 @@ def test_clicktrain_fig9_draws_the_papers_conversion_times_beside_ours():
         ("paper (Quadro RTX 5000)", "pattern CSR"): 200.0,  # derived: 800 us / 4x
     }
     assert spec.hue == "source" and "derived" in spec.caption
+    # times saved one per sweep are drawn as their mean
+    per_sweep = {**measured, "conversion_time": [1100.0, 1300.0]}
+    res = RowResult(row=Row("generic dense->CSR"), measured=per_sweep)
+    (spec,) = fig9.figures([res], "cpu", paper_values("clicktrain", "fig9"))
+    assert spec.data[0]["time_us"] == pytest.approx(1200.0)
 
 
 def test_campfire_table6_draws_the_papers_fgsm_curves_for_the_models_ours_trained():

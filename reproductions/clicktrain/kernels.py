@@ -94,10 +94,10 @@ def csr_conversion(
 ) -> dict[str, Any]:
     """Fig. 9: dense -> CSR conversion time of the filter matrix, generic
     (:func:`generic_converter`: cuSPARSE's on a GPU, torch's ``to_sparse_csr`` on a CPU)
-    against predefined positions (:func:`impl.ops.pattern_csr`, Sec. 5.1). Times in
-    microseconds: medians over every timed call. The speedup is one value per sweep (each
-    sweep times both conversions ``repeats`` times, one after the other), so the report
-    carries its spread and a claim its confidence interval."""
+    against predefined positions (:func:`impl.ops.pattern_csr`, Sec. 5.1). Each sweep times
+    both conversions ``repeats`` times, one after the other; the times (microseconds, the
+    median of a sweep's calls) and the speedup (the ratio of those medians) are one value per
+    sweep, so the report carries their spread and n, and a claim its confidence interval."""
     from impl.ops import pattern_csr
     from impl.ops.pattern import pattern_index
 
@@ -112,17 +112,18 @@ def csr_conversion(
     generic, ours, speedups = [], [], []
     with _quiet_csr_beta():
         for _ in range(sweeps):
-            g = time_ms(convert, repeats=repeats)
-            o = time_ms(
-                lambda: pattern_csr(w, idx.row_ptr, idx.col_ind, index=idx), repeats=repeats
+            g = statistics.median(time_ms(convert, repeats=repeats))
+            o = statistics.median(
+                time_ms(
+                    lambda: pattern_csr(w, idx.row_ptr, idx.col_ind, index=idx), repeats=repeats
+                )
             )
-            generic += g
-            ours += o
-            speedups.append(statistics.median(g) / statistics.median(o))
-    g_us, o_us = statistics.median(generic) * 1e3, statistics.median(ours) * 1e3
+            generic.append(g * 1e3)
+            ours.append(o * 1e3)
+            speedups.append(g / o)
     return {
-        "conversion_time": g_us,
-        "pattern_conversion_time": o_us,
+        "conversion_time": per_sweep(generic),
+        "pattern_conversion_time": per_sweep(ours),
         "speedup_vs_cusparse": per_sweep(speedups),
         "sweeps": sweeps,
         "shape": filter_matrix(s),

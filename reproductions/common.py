@@ -194,6 +194,7 @@ class RowResult:
     measured: dict[str, Any] | None = None
     error: str | None = None
     table: dict[str, tuple[str, Callable]] | None = None  # the target's metric table
+    flags: dict[str, Any] | None = None  # a measurement's backend flags, as saved with it
 
     @property
     def ok(self) -> bool:
@@ -652,6 +653,15 @@ def _unit(target: Target, metric: str) -> str:
     return table[metric][0] if metric in table else ""
 
 
+def _saved_flags(path: Path) -> dict[str, Any] | None:
+    """The backend flags saved with the measurement at ``path`` (None where it has none)."""
+    try:
+        flags = json.loads(path.read_text()).get("flags")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return flags if isinstance(flags, dict) else None
+
+
 def execute_rows(
     target: Target, scale: str, runs_root: str | Path = RUNS_ROOT, *, log: Callable = print
 ) -> list[RowResult]:
@@ -670,6 +680,7 @@ def execute_rows(
                     row.measure, row.params, scale, context, runs_root
                 )
                 path = _measure_path(row.measure, row.params, scale, Path(runs_root))
+                res.flags = _saved_flags(path)
                 how = "measured" if not reused else "reused"
                 if reused and path.resolve() in _MEASURED_HERE:  # by a row above in this command
                     how = "measured above"
@@ -926,8 +937,8 @@ def run_target(
         notes=notes,
         description=description,
         environment={
-            **(here := collect()),
-            **runs_backend_flags(results, here),
+            **collect(),
+            **backend_flags(results),
             "runs_trained_at": runs_trained_at(results),
         },
         duration_s=time.perf_counter() - t0,
@@ -950,32 +961,26 @@ def runs_trained_at(results: Sequence[RowResult]) -> list[str]:
     return sorted(commits)
 
 
-#: The backend settings a run sets for itself (``TrainConfig.tf32``, ``cudnn_benchmark``),
-#: which the process comparing the runs holds at torch's defaults.
-RUN_BACKEND_FLAGS: tuple[str, ...] = ("tf32_matmul", "tf32_cudnn", "cudnn_benchmark")
+#: The backend settings a run sets for itself (``TrainConfig.tf32``, ``cudnn_benchmark``) and
+#: a measurement has pinned around it, which the process comparing them holds at torch's
+#: defaults.
+BACKEND_FLAGS: tuple[str, ...] = ("tf32_matmul", "tf32_cudnn", "cudnn_benchmark")
 
 
-def runs_backend_flags(
-    results: Sequence[RowResult], process: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The TF32 and cuDNN benchmark settings the runs behind ``results`` trained with, from
-    their summaries' environments, and, where some rows were measured in this process, this
-    process's (``process``, :func:`impl.env.collect`): one value where they agree, "mixed"
-    where not; none for a result of no run (its measurements ran in this process, whose
-    settings it keeps). The result's provenance shows these, not this process's torch defaults
-    (cuDNN TF32 on) alone."""
-    seen: dict[str, set[Any]] = {k: set() for k in RUN_BACKEND_FLAGS}
-    trained = any(res.runs for res in results)
-    if trained and process and any(res.measured is not None for res in results):
-        for key in RUN_BACKEND_FLAGS:
-            if key in process:
-                seen[key].add(process[key])
-    for res in results:
-        for run in res.runs:
-            env = run.summary.get("environment") or {}
-            for key in RUN_BACKEND_FLAGS:
-                if key in env:
-                    seen[key].add(env[key])
+def backend_flags(results: Sequence[RowResult]) -> dict[str, Any]:
+    """The TF32 and cuDNN benchmark settings the numbers of ``results`` were made with: each
+    run's (its summary's environment: ``TrainConfig.tf32``, ``cudnn_benchmark``) and each
+    measurement's (pinned around it, :func:`measure_or_reuse`, and saved beside its values):
+    one value where they agree, "mixed" where not; none where nothing recorded them (this
+    process's settings then stand). The result's provenance shows these, not this process's
+    torch defaults (cuDNN TF32 on), under which neither its runs nor its measurements ran."""
+    seen: dict[str, set[Any]] = {k: set() for k in BACKEND_FLAGS}
+    recorded = [r.flags for r in results if r.measured is not None and r.flags]
+    recorded += [run.summary.get("environment") or {} for res in results for run in res.runs]
+    for env in recorded:
+        for key in BACKEND_FLAGS:
+            if key in env:
+                seen[key].add(env[key])
     return {k: next(iter(v)) if len(v) == 1 else "mixed" for k, v in seen.items() if v}
 
 

@@ -1227,7 +1227,7 @@ def test_a_result_records_the_commits_its_runs_were_trained_at():
 
 def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
     """The footer showed tf32 False/True (torch's defaults in the comparing process) for
-    runs that all trained with cuDNN TF32 off."""
+    runs that all trained with cuDNN TF32 off, and for measurements pinned to TF32 off."""
 
     def run(**flags):
         return RunRecord("r", 0, {"environment": flags}, [], True)
@@ -1235,16 +1235,28 @@ def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
     off = {"tf32_matmul": False, "tf32_cudnn": False, "cudnn_benchmark": False}
     results = [RowResult(Row("a"), runs=[run(**off), run(**off)]),
                RowResult(Row("m"), measured={"x": 1.0})]  # fmt: skip
-    assert common.runs_backend_flags(results) == off
+    assert common.backend_flags(results) == off
     results.append(RowResult(Row("b"), runs=[run(**{**off, "tf32_cudnn": True}), run()]))
-    assert common.runs_backend_flags(results) == {**off, "tf32_cudnn": "mixed"}
-    assert common.runs_backend_flags([RowResult(Row("m"), measured={"x": 1.0})]) == {}
-    # rows measured in this process ran with its flags: they count beside the runs'
-    here = {"tf32_matmul": False, "tf32_cudnn": True, "cudnn_benchmark": False}
-    mixed = [RowResult(Row("a"), runs=[run(**off)]), RowResult(Row("m"), measured={"x": 1.0})]
-    assert common.runs_backend_flags(mixed, here) == {**off, "tf32_cudnn": "mixed"}
-    assert common.runs_backend_flags(mixed[:1], here) == off  # no row measured here
-    assert common.runs_backend_flags(mixed[1:], here) == {}  # no run: the process's own stand
+    assert common.backend_flags(results) == {**off, "tf32_cudnn": "mixed"}
+    assert common.backend_flags([RowResult(Row("m"), measured={"x": 1.0})]) == {}
+    # a measurement's flags, as saved beside its values, count as a run's do
+    measured = RowResult(Row("m"), measured={"x": 1.0}, flags=off)
+    assert common.backend_flags([measured]) == off
+    on = RowResult(Row("a"), runs=[run(**{**off, "tf32_matmul": True})])
+    assert common.backend_flags([on, measured]) == {**off, "tf32_matmul": "mixed"}
+
+
+def test_a_measurements_saved_flags_reach_its_results_provenance(tmp_path):
+    """Measurements run with TF32 pinned off; the footer said the process's cuDNN TF32 on."""
+    import torch
+
+    target = Target(key="sdgp.table1", title="t", description="t", metrics=("value",),
+                    rows=lambda scale: [Row("m", measure=f"{__name__}:counted_measure",
+                                            params={"x": 1.0})])  # fmt: skip
+    assert torch.backends.cudnn.allow_tf32  # torch's default in this process
+    result = run_target(target, "cpu", tmp_path, log=lambda *a: None)
+    assert result.environment["tf32_cudnn"] is False
+    assert result.environment["tf32_matmul"] is False
 
 
 def test_campfire_table4_dense_row_stands_beside_the_papers_v1_baseline():

@@ -61,6 +61,26 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def check_complete_metrics(
+    run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """Raise :class:`MetricsError` where a run whose summary says it completed ``epochs``
+    epochs does not hold one metrics row for each, epochs 0 to ``epochs - 1`` in order (a
+    file cut short, emptied or edited: its per-epoch numbers would be read as the run's)."""
+    epochs = summary.get("epochs")
+    if summary.get("status") != "complete" or not isinstance(epochs, int):
+        return
+    seen = [row.get("epoch") for row in rows]
+    if seen != list(range(epochs)):
+        path = Path(run_dir) / METRICS_FILE
+        held = f"{len(rows)} row(s)" + (f", epochs {seen[0]} to {seen[-1]}" if seen else "")
+        raise MetricsError(
+            f"{path}: the run's summary says it completed {epochs} epoch(s), the file holds "
+            f"{held}: it was cut short or edited; restore it, or remove the run directory to "
+            "train it again"
+        )
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON object from ``path``. Raises ``OSError`` where it cannot be read and
     ``ValueError`` naming the file where it is not JSON or not an object."""
@@ -80,6 +100,7 @@ __all__ = [
     "METRICS_FILE",
     "SUMMARY_FILE",
     "MetricsError",
+    "check_complete_metrics",
     "holds_run",
     "read_json",
     "read_metrics",

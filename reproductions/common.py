@@ -38,6 +38,7 @@ from impl.report.results import (
     save_result,
     warn_unreadable,
 )
+from impl.run_files import MetricsError
 from impl.rundir import complete_summary
 from reproductions.parallel import trained_here
 from reproductions.published import lookup, paper_values
@@ -303,10 +304,14 @@ def _read_config(run_dir: Path, cfg: Any) -> dict[str, Any]:
         return cfg.to_dict()
 
 
-def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    from impl.rundir import read_metrics
+def _read_metrics(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's metrics rows, checked against its summary
+    (:func:`impl.run_files.check_complete_metrics`: one row per epoch)."""
+    from impl.run_files import check_complete_metrics, read_metrics
 
-    return read_metrics(run_dir)
+    rows = read_metrics(run_dir)
+    check_complete_metrics(run_dir, rows, summary)
+    return rows
 
 
 def _measure_function(fn: str) -> Callable[..., dict[str, Any]]:
@@ -696,7 +701,8 @@ def execute_rows(
                     else:
                         how = "reused"
                     res.runs.append(
-                        RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out)), reused,
+                        RunRecord(cfg.out, cfg.seed, summary, _read_metrics(Path(cfg.out), summary),
+                                  reused,
                                   _read_config(Path(cfg.out), cfg))
                     )  # fmt: skip
                     log(
@@ -716,6 +722,9 @@ def execute_rows(
             short = f"{err.dataset}: {err.reason}"
             res.error = f"needs its dataset: {short}; {err.remedy}"
             log(f"  {target.key} | {row.label}: not run, {short}")
+        except MetricsError as err:  # a run's file damaged: its message names it and the remedy
+            res.error = f"failed: {err}"
+            log(f"  {target.key} | {row.label}: FAILED: {err}")
         except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
             res.error = f"failed: {type(err).__name__}: {err}"
             log(f"  {target.key} | {row.label}: FAILED\n{traceback.format_exc(limit=4)}")

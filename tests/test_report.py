@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -221,19 +222,26 @@ def test_load_metrics_long_form(runs_root):
     assert list(one["epoch"]) == [0, 1]
 
 
-def test_load_metrics_keeps_a_torn_files_whole_lines_and_skips_runs_with_none(tmp_path):
+def test_a_complete_runs_metrics_short_of_its_epochs_are_listed_not_plotted(tmp_path):
+    """A complete run writes its summary after its last metrics line: a file cut short,
+    emptied or missing beside it was damaged since, and its curves were drawn as the run's."""
     _run(tmp_path, "missing", epochs=2)
     _run(tmp_path, "torn", epochs=3, seed=1)
     _run(tmp_path, "unreadable", epochs=2, seed=2)
+    _run(tmp_path, "whole", epochs=2, seed=3)
     (tmp_path / "missing" / "metrics.jsonl").unlink()
     torn = tmp_path / "torn" / "metrics.jsonl"
-    torn.write_text(torn.read_text()[:-20])  # killed mid-write: the last line is cut
+    torn.write_text(torn.read_text()[:-20])  # the last line is cut
     (tmp_path / "unreadable" / "metrics.jsonl").write_text('{"epoch": 0, "test_')
     runs = load_runs([tmp_path])
     metrics = load_metrics(runs)
-    assert list(metrics["run"]) == ["torn", "torn"] and list(metrics["epoch"]) == [0, 1]
+    assert list(metrics["run"]) == ["whole", "whole"] and list(metrics["epoch"]) == [0, 1]
+    listed = {Path(r["path"]).name: r["reason"] for r in runs.attrs["incomplete"]}
+    assert set(listed) == {"missing", "torn", "unreadable"}
+    assert "completed 3 epoch(s), the file holds 2 row(s), epochs 0 to 1" in listed["torn"]
+    assert listed["missing"].startswith(str(tmp_path / "missing" / "metrics.jsonl"))
     # no run with a readable line: an empty frame that still has the columns to select on
-    none = load_metrics(runs[runs["run"] != "torn"])
+    none = load_metrics(runs[runs["run"] != "whole"])
     assert none.empty and {"run", "method", "seed", "epoch"} <= set(none.columns)
 
 

@@ -2262,3 +2262,29 @@ def test_notes_name_only_rows_and_settings_the_scale_has():
     smoke, cpu = (" ".join(build({}, s, environment={}).notes) for s in ("smoke", "cpu"))
     assert "a few SGD steps" in smoke and "a few hundred" not in smoke
     assert "a few hundred SGD steps" in cpu
+
+
+def test_a_reused_run_whose_metrics_are_short_fails_its_row_in_one_line(tmp_path, monkeypatch):
+    """A complete run with a metrics file cut short was reused, and its per-epoch numbers
+    (time per iteration, FLOPs saved) published from the epochs left; a damaged line gave a
+    traceback of some 30 lines."""
+    row = Row("dense", "dense", train=TINY)
+    target = Target(key="sdgp.table1", title="t", description="t", metrics=("top1",),
+                    rows=lambda scale: [row])  # fmt: skip
+    (cfg,) = row.configs("smoke", tmp_path)
+    Path(cfg.out).mkdir(parents=True)
+    metrics = Path(cfg.out) / "metrics.jsonl"
+    summary = {"status": "complete", "epochs": 2, "top1": 90.0}
+    monkeypatch.setattr(common, "run_or_reuse", lambda cfg, **kw: (summary, True))
+    for text, says in (
+        ('{"epoch": 0}\n', "completed 2 epoch(s), the file holds 1 row(s)"),
+        ('{"epoch": 0}\n{garbage\n{"epoch": 1}\n', "line 2 of 3 is not JSON"),
+    ):
+        metrics.write_text(text)
+        logs: list[str] = []
+        (res,) = common.execute_rows(target, "smoke", tmp_path, log=logs.append)
+        assert res.error.startswith(f"failed: {metrics}") and says in res.error
+        assert len(logs) == 1 and "\n" not in logs[0] and says in logs[0]
+    metrics.write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    (res,) = common.execute_rows(target, "smoke", tmp_path, log=lambda *a: None)
+    assert res.error is None and len(res.runs[0].metrics) == 2

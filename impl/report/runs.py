@@ -21,6 +21,7 @@ from impl.run_files import (
     CONFIG_FILE,
     SUMMARY_FILE,
     MetricsError,
+    check_complete_metrics,
     holds_run,
     read_json,
     read_metrics,
@@ -176,6 +177,11 @@ def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
     for _, run in runs.iterrows():
         try:
             records = read_metrics(Path(run["path"]))  # a torn last line is dropped
+            # every row of runs is a complete run: one metrics row per epoch it completed
+            epochs = run.get("epochs")
+            if isinstance(epochs, (int, float)) and not pd.isna(epochs):
+                done = {"status": "complete", "epochs": int(epochs)}
+                check_complete_metrics(Path(run["path"]), records, done)
         except MetricsError as err:  # listed with the runs not shown, instead of stopping all
             runs.attrs.setdefault("incomplete", []).append(
                 {"path": str(run["path"]), "status": "metrics unreadable", "reason": str(err)}

@@ -514,6 +514,15 @@ def _finished_run_to_resume(run_dir: Path) -> dict[str, Any] | None:
         summary = finished_summary_to_resume(run_dir)
     except Exception:  # reported by resume(), in its words
         return None
+    if summary is not None:
+        from impl.run_files import SUMMARY_FILE, summary_fields_wrong
+
+        wrong = summary_fields_wrong(summary)
+        if wrong:  # edited by hand: its result cannot be printed, nor trusted
+            raise UsageError(
+                f"{run_dir / SUMMARY_FILE} says the run finished, but {wrong}: remove it and "
+                "--resume again, which writes it anew from the last checkpoint"
+            )
     if summary is not None and (env_world() or (0,))[0] == 0:  # under torchrun: rank 0 only
         print(f"{run_dir} holds a finished run: its result (nothing trained)")
     return summary
@@ -724,15 +733,20 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
 
     if (env_world() or (0,))[0] != 0:
         return  # under torchrun only rank 0 reports
-    top1 = summary.get("top1")
+
+    def num(key: str, fmt: str, default: float | None = None) -> str:  # "?" where not a number
+        value = summary.get(key, default)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return format(value, fmt) if ok else "?"
+
     print(
         f"{summary.get('method')} {summary.get('model')} on {summary.get('data')} "
-        f"[{summary.get('scale')}]: top-1 {top1:.2f}%, compression "
-        f"{summary.get('compression_ratio', 1.0):.2f}x, "
-        f"fwd {summary.get('fwd_ms', float('nan')):.1f} ms, "
-        f"bwd {summary.get('bwd_ms', float('nan')):.1f} ms per iteration (last epoch's "
+        f"[{summary.get('scale')}]: top-1 {num('top1', '.2f')}%, compression "
+        f"{num('compression_ratio', '.2f', 1.0)}x, "
+        f"fwd {num('fwd_ms', '.1f')} ms, "
+        f"bwd {num('bwd_ms', '.1f')} ms per iteration (last epoch's "
         "medians), "
-        f"{summary.get('wall_seconds', float('nan')):.1f} s"
+        f"{num('wall_seconds', '.1f')} s"
     )
     print(f"results: {run_dir}/summary.json (metrics.jsonl, config.json, checkpoint.pt)")
     note = _result_note(summary)

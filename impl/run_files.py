@@ -81,6 +81,27 @@ def check_complete_metrics(
         )
 
 
+#: The fields every complete run's summary has, and their types (what the runs table and
+#: the reports select and compute on).
+REQUIRED_SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
+    "method": (str,), "model": (str,), "data": (str,), "scale": (str,), "seed": (int,),
+    "epochs": (int,), "top1": (int, float),
+}  # fmt: skip
+
+
+def summary_fields_wrong(summary: dict[str, Any]) -> str:
+    """What of :data:`REQUIRED_SUMMARY_FIELDS` a complete summary lacks or holds in another
+    type, in words ("" where nothing): a summary edited or written by hand."""
+    missing = [k for k in REQUIRED_SUMMARY_FIELDS if k not in summary]
+    typed = [
+        f"{k} is {summary[k]!r}"
+        for k, types in REQUIRED_SUMMARY_FIELDS.items()
+        if k in summary and (not isinstance(summary[k], types) or isinstance(summary[k], bool))
+    ]
+    parts = ([f"it lacks {', '.join(missing)}"] if missing else []) + typed
+    return "; ".join(parts)
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON object from ``path``. Raises ``OSError`` where it cannot be read and
     ``ValueError`` naming the file where it is not JSON or not an object."""
@@ -104,4 +125,6 @@ __all__ = [
     "holds_run",
     "read_json",
     "read_metrics",
+    "summary_fields_wrong",
+    "REQUIRED_SUMMARY_FIELDS",
 ]

@@ -1310,3 +1310,18 @@ def test_first_line_of_an_error_message():
     assert first_line(err, 10) == "CUDA error"
     assert first_line(RuntimeError()) == "" and first_line(AssertionError(), 5) == ""
     assert first_line(RuntimeError("x" * 300)) == "x" * 300  # no limit: the whole line
+
+
+def test_resume_of_a_summary_edited_bare_says_which_file_and_what_to_do(tmp_path, capsys):
+    """{"status": "complete"} alone was printed through a TypeError traceback."""
+    out = tmp_path / "run"
+    assert cli.main([*SMOKE, "--out", str(out)]) == 0
+    summary = out / "summary.json"
+    summary.write_text('{"status": "complete"}')
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{summary} says the run finished, but it lacks method" in err
+    summary.unlink()  # as the message says: resume writes it anew, training nothing
+    assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert json.loads(summary.read_text())["status"] == "complete"

@@ -1514,3 +1514,21 @@ def test_a_log_axis_over_more_than_a_decade_keeps_its_powers_of_ten():
     assert "10^" in ax.yaxis.get_major_formatter()(100.0, 0)
     narrow = draw("bar", data.assign(t=[6.0, 4.0, 3.0]), x="x", y="t", logy=True).axes[0]
     assert narrow.yaxis.get_major_formatter()(5.0, 0) == "5"  # under a decade: plain numbers
+
+
+def test_a_complete_summary_without_its_fields_is_listed_not_shown(tmp_path):
+    """A summary edited to {"status": "complete"} stopped the report on columns it lacked
+    (naming no file); one with a text top-1 showed the text as the run's top-1."""
+    from impl.run_files import summary_fields_wrong
+
+    _run(tmp_path, "good", epochs=2)
+    bare, text = _run(tmp_path, "bare", seed=1), _run(tmp_path, "text", seed=2)
+    (bare / "summary.json").write_text('{"status": "complete"}')
+    edited = json.loads((text / "summary.json").read_text())
+    (text / "summary.json").write_text(json.dumps({**edited, "top1": "abc", "seed": True}))
+    runs = load_runs(tmp_path)
+    assert list(runs["run"]) == ["good"]
+    listed = {Path(r["path"]).name: r["reason"] for r in runs.attrs["incomplete"]}
+    assert listed["bare"].startswith(f"{bare / 'summary.json'}: says complete, but it lacks ")
+    assert listed["text"].endswith("seed is True; top1 is 'abc'")
+    assert summary_fields_wrong(edited) == ""

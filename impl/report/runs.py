@@ -25,6 +25,7 @@ from impl.run_files import (
     holds_run,
     read_json,
     read_metrics,
+    summary_fields_wrong,
 )
 
 # The summary fields a run table shows first (README, "Run directories"); others follow.
@@ -143,6 +144,16 @@ def load_runs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
                     "path": str(run_dir),
                     "status": str(status),
                     "reason": str(why or "summary not complete"),
+                }
+            )
+            continue
+        wrong = summary_fields_wrong(summary)
+        if wrong:
+            incomplete.append(
+                {
+                    "path": str(run_dir),
+                    "status": "unreadable",
+                    "reason": f"{summary_path}: says complete, but {wrong}",
                 }
             )
             continue

@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from impl.cli_parser import OneLineParser, flag_text
+from impl.cli_parser import OneLineParser, directory, flag_text
 
 EXIT_FAILED = 1  # the work itself failed (training diverged)
 EXIT_USAGE = 2
@@ -877,7 +877,8 @@ def cmd_demo(argv: list[str]) -> int:
         help="smoke: seconds, for tests; cpu: digits and small models, minutes on 2 cores "
         "(default: cpu)",
     )
-    p.add_argument("--out", default="reports", help="where the HTML report goes (default: reports)")
+    p.add_argument("--out", default="reports", type=directory,
+                   help="where the HTML report goes (default: reports)")  # fmt: skip
     p.add_argument(
         "--runs-root",
         "--runs",

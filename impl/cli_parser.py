@@ -19,6 +19,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def directory(text: str) -> str:
+    """An argparse type for a directory option: refuses an empty (or blank) value, which
+    would write into the current directory (an unset ``"$OUT"``, say)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a directory; got an empty one")
+    return text
+
+
 def did_you_mean(name: str, valid: Sequence[str]) -> str:
     """A hint for an unknown ``name`` among ``valid``: ``" (did you mean 'x'?)"`` for a name
     that differs in case or by a typo (:func:`difflib.get_close_matches`), ``" (its items:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from impl.cli_parser import OneLineParser, did_you_mean
+from impl.cli_parser import OneLineParser, did_you_mean, directory
 from impl.out_dir import check_out_dir
 
 # Every target, in the order of the papers' numbering. (paper.item, the scale it needs to be
@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="runs/reproductions",
         help="where runs and results go (default: runs/reproductions)",
     )
-    p.add_argument("--out", default="reports", help="where the HTML reports go (default: reports)")
+    p.add_argument("--out", default="reports", type=directory,
+                   help="where the HTML reports go (default: reports)")  # fmt: skip
     p.add_argument(
         "--data-dir",
         action="append",

@@ -1325,3 +1325,18 @@ def test_resume_of_a_summary_edited_bare_says_which_file_and_what_to_do(tmp_path
     summary.unlink()  # as the message says: resume writes it anew, training nothing
     assert cli.main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert json.loads(summary.read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["report", "runs", "--out", ""], ["demo", "--out", " "], ["reproduce", "sdgp", "--out", ""]],
+    ids=["report", "demo", "reproduce"],
+)
+def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_path, monkeypatch):
+    """An empty --out (an unset "$OUT") wrote the pages into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == cli.EXIT_USAGE
+    assert "--out: needs a directory; got an empty one" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from impl.cli_parser import OneLineParser
+from impl.cli_parser import OneLineParser, directory
 from impl.out_dir import check_out_dir
 from impl.report.pages import render_reports
 from impl.report.results import load_results, warn_unreadable
@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="run directories, folders of runs or results, or result.json files",
     )
-    p.add_argument("--out", default="reports", help="output folder (default: reports)")
+    p.add_argument("--out", default="reports", type=directory,
+                   help="output folder (default: reports)")  # fmt: skip
     p.add_argument("--no-runs", action="store_true", help="omit the page of plain runs")
     return p
 

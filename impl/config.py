@@ -347,14 +347,19 @@ def _non_default_options(method: str, options: dict[str, Any]) -> dict[str, Any]
 def read_config(path: str | Path) -> TrainConfig:
     """The :class:`TrainConfig` a run directory's ``config.json`` at ``path`` holds. Raises
     ``OSError`` where it cannot be read and ``ValueError`` naming the file where it is not
-    a config pdtbench wrote (not JSON, keys of something else)."""
+    a config pdtbench wrote (not JSON, keys of something else, a value it refuses)."""
     from impl.run_files import read_json
 
     data = read_json(Path(path))
     try:
-        return TrainConfig.from_dict(data)
+        cfg = TrainConfig.from_dict(data)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path} is not the config.json of a pdtbench run ({err})") from err
+    try:
+        cfg.validate()  # a value edited into one pdtbench would not write
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+    return cfg
 
 
 # Per-scale defaults for the fields a user did not set. The "cpu" preset is the embedded

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from impl.config import TrainConfig, resolve
@@ -345,3 +348,15 @@ def test_field_types_are_read_from_resolved_annotations_too():
 
     with pytest.raises(ValueError, match="epochs must be an int, got None"):
         TrainConfig(epochs=None).validate()  # (resolve reads None as "the scale's default")
+
+
+def test_read_config_names_the_file_of_a_value_it_refuses(tmp_path):
+    """A config.json edited to "epochs": "six" said "epochs must be an int" naming no file."""
+    from impl.config import TrainConfig, read_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TrainConfig().to_dict(), "epochs": "six"}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: epochs must be an int"):
+        read_config(path)
+    path.write_text(json.dumps(TrainConfig().to_dict()))
+    assert read_config(path) == TrainConfig()

@@ -884,6 +884,7 @@ def cmd_demo(argv: list[str]) -> int:
         "--runs",
         dest="runs",
         default="runs/reproductions",
+        type=directory,
         help="where the runs go, as reproduce's --runs-root (default: runs/reproductions)",
     )
     add_jobs_argument(p, gpu_scales=False)

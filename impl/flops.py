@@ -232,7 +232,7 @@ def _nonzero_fraction(weight: torch.Tensor) -> float:
 
 
 def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
-    if not isinstance(input_shape, Sequence) and not isinstance(input_shape, torch.Size):
+    if not isinstance(input_shape, Sequence):
         raise ValueError(
             f"input_shape must be a tuple of positive ints (one sample, e.g. (3, 32, 32)), got "
             f"{input_shape!r}"
@@ -311,6 +311,12 @@ def training_flops(
             f"density names no conv/linear layer: {unknown}; valid names: {', '.join(valid)}"
         )
 
+    first_conv = next((m for m, kind in counted.values() if isinstance(m, nn.Conv2d)), None)
+    if first_conv is not None and len(shape) == 4 and shape[1] == first_conv.in_channels:
+        raise ValueError(
+            f"input_shape {shape} looks like a batch (N, C, H, W): it is one sample, without "
+            f"the batch dimension, e.g. {shape[1:]}"
+        )
     records: dict[str, dict] = {}
 
     def hook(name: str):
@@ -339,14 +345,7 @@ def training_flops(
     try:
         model.eval()
         with torch.enable_grad():
-            try:
-                model(torch.zeros((1, *shape), device=device, dtype=dtype))
-            except RuntimeError as err:
-                raise ValueError(
-                    f"the model does not run on one sample of input_shape {shape} (a batch of "
-                    f"shape {(1, *shape)}); input_shape is one sample, without the batch "
-                    f"dimension, e.g. (3, 32, 32): {err}"
-                ) from err
+            model(torch.zeros((1, *shape), device=device, dtype=dtype))
     finally:
         for h in handles:
             h.remove()

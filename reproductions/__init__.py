@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs-root",
         default="runs/reproductions",
+        type=directory,
         help="where runs and results go (default: runs/reproductions)",
     )
     p.add_argument("--out", default="reports", type=directory,

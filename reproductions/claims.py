@@ -152,6 +152,13 @@ def _stat(
     return None if r is None else (float(r["ours"]), r.get("ours_sd"), int(r.get("n") or 1))
 
 
+def _log_interval(mean: float, sd: float, n: int) -> tuple[float, float]:
+    """The 95% interval of a positive mean ratio on the log scale, its sd there by the delta
+    method (``sd / mean``): it cannot reach below 0, as a symmetric one did for noisy sweeps."""
+    half_log = ci95_half_width(sd / mean, n)
+    return mean * math.exp(-half_log), mean * math.exp(half_log)
+
+
 def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evidence:
     mean, sd, n = stat
     sep = "" if unit in ("x", "%") else " "
@@ -164,8 +171,7 @@ def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evid
         # A ratio's interval on the log scale (its sd there, by the delta method, sd / mean):
         # symmetric in the ratio's own scale it went below 0 for a few noisy sweeps, a
         # speedup no measurement can have.
-        half_log = ci95_half_width(sd / mean, n)
-        low, high = mean * math.exp(-half_log), mean * math.exp(half_log)
+        low, high = _log_interval(mean, sd, n)
         text = f"{mean:{fmt}}x, 95% CI [{low:{fmt}}, {high:{fmt}}] (n={n}, on the log scale)"
         return Evidence(mean, sd, n, low, high, text)
     text = f"{mean:{fmt}}{sep}{unit}, 95% CI [{mean - half:{fmt}}, {mean + half:{fmt}}] (n={n})"
@@ -277,8 +283,7 @@ def _relative_reader(
         mean, low, high = mean_ci95(values)
         scale = ""
         if log_scale and mean > 0:
-            half_log = ci95_half_width(statistics.stdev(values) / mean, len(values))
-            low, high = mean * math.exp(-half_log), mean * math.exp(half_log)
+            low, high = _log_interval(mean, statistics.stdev(values), len(values))
             scale = ", on the log scale"
         text = (
             f"{show(mean)} against {base_row}, 95% CI [{show(low)}, {show(high)}] (per-seed "

@@ -479,6 +479,9 @@ def test_summary_names_the_epochs_the_masks_grew_in() -> None:
         other.setup(ctx)
         other.load_state_dict(method.state_dict(), ctx)
         assert other.pruned_epochs == grew  # a resumed run reports the epochs before it too
+        older = {k: v for k, v in method.state_dict().items() if k != "pruned_epochs"}
+        other.load_state_dict(older, ctx)  # a checkpoint from before the record, masks grown
+        assert other.pruned_epochs is None and other.summary(ctx)["pruned_in_epochs"] is None
     unpruned = Campfire(CampfireConfig(final_sparsity=0.0, start_epoch=0, era_epochs=1))
     assert unpruned.summary(_run(unpruned, Tiny(), 2, STEPS))["pruned_in_epochs"] == []
 

@@ -1329,8 +1329,14 @@ def test_resume_of_a_summary_edited_bare_says_which_file_and_what_to_do(tmp_path
 
 @pytest.mark.parametrize(
     "argv",
-    [["report", "runs", "--out", ""], ["demo", "--out", " "], ["reproduce", "sdgp", "--out", ""]],
-    ids=["report", "demo", "reproduce"],
+    [
+        ["report", "runs", "--out", ""],
+        ["demo", "--out", " "],
+        ["reproduce", "sdgp", "--out", ""],
+        ["reproduce", "sdgp", "--runs-root", ""],
+        ["demo", "--runs-root", ""],
+    ],
+    ids=["report", "demo", "reproduce", "reproduce-runs-root", "demo-runs-root"],
 )
 def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_path, monkeypatch):
     """An empty --out (an unset "$OUT") wrote the pages into the current directory."""
@@ -1338,5 +1344,6 @@ def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_pat
     with pytest.raises(SystemExit) as stop:
         cli.main(argv)
     assert stop.value.code == cli.EXIT_USAGE
-    assert "--out: needs a directory; got an empty one" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"argument {argv[-2]}" in err and ": needs a directory; got an empty one" in err
     assert not list(tmp_path.iterdir())

@@ -233,6 +233,17 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="one sample"):
         training_flops(model, 8)
 
+    class Failing(nn.Module):  # an error of the model's own (out of memory, a kernel's)
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 2, 1)
+
+        def forward(self, x):
+            raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):  # not blamed on input_shape
+        training_flops(Failing(), (3, 7, 7))
+
 
 def test_no_side_effects_on_the_model() -> None:
     model = create("resnet20").train()

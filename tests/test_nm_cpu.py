@@ -495,6 +495,8 @@ def test_meta_vmap_and_a_wrong_generator():
     assert y.device.type == "meta" and y.shape == x.shape
     assert y.is_contiguous(memory_format=torch.channels_last)
     assert not nm_cpu.has_storage(x) and nm_cpu.has_storage(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="CUDA kernel of nm_prune is not available"):
+        nm_prune(x, 2, 4, impl="cuda")  # as for a CPU tensor with data
     with pytest.raises(ValueError, match="torch.func transforms"):
         torch.vmap(lambda t: nm_prune(t, 2, 4, dim=0))(torch.randn(3, 8, 4))
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):

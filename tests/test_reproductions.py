@@ -1246,14 +1246,14 @@ def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
     assert common.backend_flags([on, measured]) == {**off, "tf32_matmul": "mixed"}
 
 
-def test_a_measurements_saved_flags_reach_its_results_provenance(tmp_path):
+def test_a_measurements_saved_flags_reach_its_results_provenance(tmp_path, monkeypatch):
     """Measurements run with TF32 pinned off; the footer said the process's cuDNN TF32 on."""
     import torch
 
     target = Target(key="sdgp.table1", title="t", description="t", metrics=("value",),
                     rows=lambda scale: [Row("m", measure=f"{__name__}:counted_measure",
                                             params={"x": 1.0})])  # fmt: skip
-    assert torch.backends.cudnn.allow_tf32  # torch's default in this process
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # torch's default
     result = run_target(target, "cpu", tmp_path, log=lambda *a: None)
     assert result.environment["tf32_cudnn"] is False
     assert result.environment["tf32_matmul"] is False

@@ -225,7 +225,8 @@ class Campfire(Method):
         self.target = 0.0  # target sparsity of the masks in force
         self.fixed = False
         self._step_in_epoch = 0
-        self.pruned_epochs: list[int] = []  # first and last epoch whose steps raised the masks
+        # first and last epoch whose steps raised the masks (None: unknown, see load_state_dict)
+        self.pruned_epochs: list[int] | None = []
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, train_config: Any) -> None:
@@ -321,10 +322,9 @@ class Campfire(Method):
             s = self.sparsity_at(epoch)
             if s > self.target:  # the schedule rises (every epoch, or every step)
                 self.update_masks(ctx.model, s)
-                self.pruned_epochs = [
-                    self.pruned_epochs[0] if self.pruned_epochs else ctx.epoch,
-                    ctx.epoch,
-                ]
+                if self.pruned_epochs is not None:
+                    first = self.pruned_epochs[0] if self.pruned_epochs else ctx.epoch
+                    self.pruned_epochs = [first, ctx.epoch]
             if epoch >= self.start + self.era:
                 self.fixed = True
         if len(self.masks):
@@ -436,7 +436,9 @@ class Campfire(Method):
         ``pruning_era`` is the era of the schedule (Eq. (1): sparsity 0 at its first epoch, the
         final one at its last); ``pruned_in_epochs`` the first and last epoch (0-based) in whose
         steps the masks grew, as measured: ``start + 1 .. start + era`` under the per-epoch
-        schedule, one epoch earlier under the per-step ramp (``[]``: nothing was pruned)."""
+        schedule (``[start, start]`` for an era of 0), one epoch earlier under the per-step
+        ramp (``[]``: nothing was pruned; ``None``: unknown, a run resumed from a checkpoint
+        written before the record whose masks had grown already)."""
         report = self.sparsity_report(ctx.model)
         return {
             "true_sparsity": report["true_sparsity"],
@@ -444,7 +446,7 @@ class Campfire(Method):
             "layer_sparsity": report["layer_sparsity"],
             "max_kernel_nonzeros": report["max_kernel_nonzeros"],
             "pruning_era": [self.start, self.start + self.era],
-            "pruned_in_epochs": list(self.pruned_epochs),
+            "pruned_in_epochs": None if self.pruned_epochs is None else list(self.pruned_epochs),
             "schedule_every": self.config.schedule_every,
             "mask": self.config.mask,
             "dead_input_rule_layers": [f.linear for f in self.feeds],
@@ -474,7 +476,7 @@ class Campfire(Method):
             "masks": self.masks.state_dict(),
             "target": self.target,
             "fixed": self.fixed,
-            "pruned_epochs": list(self.pruned_epochs),
+            "pruned_epochs": None if self.pruned_epochs is None else list(self.pruned_epochs),
             "schedule_every": self.config.schedule_every,
         }
 
@@ -485,7 +487,9 @@ class Campfire(Method):
         self.masks.load_state_dict(state.get("masks", {}))
         self.target = float(state.get("target", 0.0))
         self.fixed = bool(state.get("fixed", False))
-        self.pruned_epochs = [int(e) for e in state.get("pruned_epochs", [])]
+        # a checkpoint from before the record: unknown where its masks had grown already
+        saved = state.get("pruned_epochs", [] if self.target == 0 else None)
+        self.pruned_epochs = None if saved is None else [int(e) for e in saved]
         known = {layer.param for layer in self.layers}
         unknown = sorted(set(self.masks) - known)
         if unknown:

@@ -186,11 +186,11 @@ def nm_prune(
             ``method``, ``rescale`` (whatever the method) or ``impl``, an ``eps`` that is
             not a finite number >= 0, an ``x`` under a ``torch.func`` transform (vmap).
         TypeError: a ``generator`` that is not a ``torch.Generator``.
+        RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available, ``impl="cpu"``
+            for a tensor not on the CPU or where the compiled CPU kernel does not build.
 
     A meta or fake ``x`` (shape inference, torch.compile's tracing) gives an empty tensor of
     the result's shape, dtype and layout, as the CUDA op's fake implementation does.
-        RuntimeError: ``impl="cuda"`` where the CUDA kernel is not available, ``impl="cpu"``
-            for a tensor not on the CPU or where the compiled CPU kernel does not build.
     """
     check_nm(n, m)
     check_method(method, rescale)
@@ -204,6 +204,11 @@ def nm_prune(
         raise RuntimeError(
             f"the compiled CPU path of nm_prune takes CPU tensors, got a tensor on "
             f"{x.device.type}; use impl='auto'"
+        )
+    if impl == "cuda" and not x.is_cuda:
+        raise RuntimeError(
+            f"the CUDA kernel of nm_prune is not available for a CPU tensor (expected module "
+            f"{_CUDA_MODULE}); use impl='ref' or impl='auto'"
         )
     if not x.is_cuda and not nm_cpu.has_storage(x):  # (CUDA tensors: the op's own fake)
         from torch._subclasses.fake_tensor import is_fake

@@ -187,7 +187,7 @@ def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in ("run", "method", "model", "data", "scale", "seed") if k in runs.columns]
     for _, run in runs.iterrows():
         try:
-            records = read_metrics(Path(run["path"]))  # a torn last line is dropped
+            records = read_metrics(Path(run["path"]))
             # every row of runs is a complete run: one metrics row per epoch it completed
             epochs = run.get("epochs")
             if isinstance(epochs, (int, float)) and not pd.isna(epochs):

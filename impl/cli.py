@@ -257,7 +257,9 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         "--max-steps-per-epoch", type=_or_none(int, EVERY_BATCH), help=say("max_steps_per_epoch")
     )
     p.add_argument(
-        "--out", help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)"
+        "--out",
+        type=directory,
+        help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -427,8 +429,6 @@ def cmd_train(argv: list[str]) -> int:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
     if args.dist_timeout is not None and not args.dist_timeout > 0:
         raise UsageError(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
-    if getattr(args, "out", None) is not None and not str(args.out).strip():
-        raise UsageError("--out needs a directory; got an empty one")
     conflict = _conflicting_flags(args, known.method, distributed.env_world() is not None)
     if conflict:
         parser.error(conflict)
@@ -734,10 +734,11 @@ def _print_result(run_dir: Path, summary: dict[str, Any]) -> None:
     if (env_world() or (0,))[0] != 0:
         return  # under torchrun only rank 0 reports
 
+    from impl.run_files import holds_type
+
     def num(key: str, fmt: str, default: float | None = None) -> str:  # "?" where not a number
         value = summary.get(key, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return format(value, fmt) if ok else "?"
+        return format(value, fmt) if holds_type(value, (int, float)) else "?"
 
     print(
         f"{summary.get('method')} {summary.get('model')} on {summary.get('data')} "

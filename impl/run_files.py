@@ -61,15 +61,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def check_complete_metrics(
-    run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any]
-) -> None:
-    """Raise :class:`MetricsError` where a run whose summary says it completed ``epochs``
-    epochs does not hold one metrics row for each, epochs 0 to ``epochs - 1`` in order (a
-    file cut short, emptied or edited: its per-epoch numbers would be read as the run's)."""
-    epochs = summary.get("epochs")
-    if summary.get("status") != "complete" or not isinstance(epochs, int):
-        return
+def check_complete_metrics(run_dir: Path, rows: list[dict[str, Any]], epochs: int) -> None:
+    """Raise :class:`MetricsError` where a run that completed ``epochs`` epochs does not hold
+    one metrics row for each, epochs 0 to ``epochs - 1`` in order (a file cut short, emptied
+    or edited: its per-epoch numbers would be read as the run's)."""
     seen = [row.get("epoch") for row in rows]
     if seen != list(range(epochs)):
         path = Path(run_dir) / METRICS_FILE
@@ -89,6 +84,12 @@ REQUIRED_SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 
 
+def holds_type(value: Any, types: tuple[type, ...]) -> bool:
+    """Whether ``value`` is an instance of ``types``, a bool never counting as a number
+    (a JSON ``true`` in a numeric field is an edit, not a 1)."""
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
 def summary_fields_wrong(summary: dict[str, Any]) -> str:
     """What of :data:`REQUIRED_SUMMARY_FIELDS` a complete summary lacks or holds in another
     type, in words ("" where nothing): a summary edited or written by hand."""
@@ -96,7 +97,7 @@ def summary_fields_wrong(summary: dict[str, Any]) -> str:
     typed = [
         f"{k} is {summary[k]!r}"
         for k, types in REQUIRED_SUMMARY_FIELDS.items()
-        if k in summary and (not isinstance(summary[k], types) or isinstance(summary[k], bool))
+        if k in summary and not holds_type(summary[k], types)
     ]
     parts = ([f"it lacks {', '.join(missing)}"] if missing else []) + typed
     return "; ".join(parts)
@@ -122,6 +123,7 @@ __all__ = [
     "SUMMARY_FILE",
     "MetricsError",
     "check_complete_metrics",
+    "holds_type",
     "holds_run",
     "read_json",
     "read_metrics",

@@ -310,7 +310,9 @@ def _read_metrics(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]
     from impl.run_files import check_complete_metrics, read_metrics
 
     rows = read_metrics(run_dir)
-    check_complete_metrics(run_dir, rows, summary)
+    epochs = summary.get("epochs")
+    if summary.get("status") == "complete" and isinstance(epochs, int):
+        check_complete_metrics(run_dir, rows, epochs)
     return rows
 
 
@@ -348,13 +350,24 @@ def measure_or_reuse(
     where it sets one). ``context["runs"]`` maps the labels of
     rows run before to their run directories (for measurements on trained models). A saved
     file that does not read (torn, edited) is measured again, with a line saying so.
+    Returns (values, reused).
     """
+    record, reused = _measurement_record(fn, params, scale, context, Path(root))
+    return record["values"], reused
+
+
+def _measurement_record(
+    fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: Path
+) -> tuple[dict[str, Any], bool]:
+    """The saved record of :func:`measure_or_reuse` (values, environment, flags), and reused."""
     from impl.env import collect
 
-    path = _measure_path(fn, params, scale, Path(root))
+    path = _measure_path(fn, params, scale, root)
     if path.exists():
         try:
-            return json.loads(path.read_text())["values"], True
+            record = json.loads(path.read_text())
+            record["values"]  # noqa: B018 (a record without values is not one)
+            return record, True
         except (ValueError, KeyError, TypeError) as err:  # a cache: measured again, said so
             print(f"not reusing {path}: unreadable ({err!r}); measuring again", file=sys.stderr)
     import torch
@@ -367,18 +380,14 @@ def measure_or_reuse(
     # tensor-core TF32 against them. Nothing changes on a CPU; the saved file records the flags.
     with pinned_flags(cudnn_benchmark=torch.backends.cudnn.benchmark) as flags:
         values = _measure_function(fn)(scale=scale, context=context, **params)
+    record = {"fn": fn, "params": params, "scale": scale, "values": values,
+              "environment": collect(), "flags": flags}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps(
-            {"fn": fn, "params": params, "scale": scale, "values": values,
-             "environment": collect(), "flags": flags},
-            indent=1, sort_keys=True, default=str,
-        )
-    )  # fmt: skip
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
     tmp.replace(path)
     _MEASURED_HERE.add(path.resolve())
-    return values, False
+    return record, False
 
 
 # ------------------------------------------------------------------------------------------
@@ -658,15 +667,6 @@ def _unit(target: Target, metric: str) -> str:
     return table[metric][0] if metric in table else ""
 
 
-def _saved_flags(path: Path) -> dict[str, Any] | None:
-    """The backend flags saved with the measurement at ``path`` (None where it has none)."""
-    try:
-        flags = json.loads(path.read_text()).get("flags")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return flags if isinstance(flags, dict) else None
-
-
 def execute_rows(
     target: Target, scale: str, runs_root: str | Path = RUNS_ROOT, *, log: Callable = print
 ) -> list[RowResult]:
@@ -681,11 +681,13 @@ def execute_rows(
             continue
         try:
             if row.measure is not None:
-                res.measured, reused = measure_or_reuse(
-                    row.measure, row.params, scale, context, runs_root
+                record, reused = _measurement_record(
+                    row.measure, row.params, scale, context, Path(runs_root)
                 )
+                res.measured = record["values"]
+                flags = record.get("flags")
+                res.flags = flags if isinstance(flags, dict) else None
                 path = _measure_path(row.measure, row.params, scale, Path(runs_root))
-                res.flags = _saved_flags(path)
                 how = "measured" if not reused else "reused"
                 if reused and path.resolve() in _MEASURED_HERE:  # by a row above in this command
                     how = "measured above"

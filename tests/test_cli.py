@@ -985,7 +985,6 @@ def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
     "argv, needle",
     [
         (["train", "--resume", ""], "--resume needs a run directory"),
-        (["train", "--scale", "smoke", "--out", ""], "--out needs a directory"),
         (["train", "--scale", "smoke", "--dist-timeout", "-5"], "--dist-timeout must be > 0"),
         (["train", "--scale", "smoke", "--nproc", "2", "--dist-timeout", "0"],
          "--dist-timeout must be > 0"),
@@ -993,7 +992,7 @@ def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
         (["train", "--scale", "smoke", "--nproc", "2", "--epochs", "0"], "--epochs must be"),
         (["train", "--scale", "smoke", "--nproc", "2", "--method", "sdgp", "--n", "9"], "n <= m"),
     ],
-    ids=["resume-empty", "out-empty", "dist-timeout", "dist-timeout-zero", "nproc-model",
+    ids=["resume-empty", "dist-timeout", "dist-timeout-zero", "nproc-model",
          "nproc-epochs", "nproc-sdgp"],
 )  # fmt: skip
 def test_bad_train_flags_are_refused_once_before_any_worker_starts(
@@ -1335,8 +1334,18 @@ def test_resume_of_a_summary_edited_bare_says_which_file_and_what_to_do(tmp_path
         ["reproduce", "sdgp", "--out", ""],
         ["reproduce", "sdgp", "--runs-root", ""],
         ["demo", "--runs-root", ""],
+        ["train", "--scale", "smoke", "--out", ""],
+        ["train", "--scale", "smoke", "--nproc", "2", "--out", " "],
     ],
-    ids=["report", "demo", "reproduce", "reproduce-runs-root", "demo-runs-root"],
+    ids=[
+        "report",
+        "demo",
+        "reproduce",
+        "reproduce-runs-root",
+        "demo-runs-root",
+        "train",
+        "train-nproc",
+    ],
 )
 def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_path, monkeypatch):
     """An empty --out (an unset "$OUT") wrote the pages into the current directory."""

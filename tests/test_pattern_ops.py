@@ -28,6 +28,15 @@ def _random_mask(shape, density: float, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(shape, generator=gen, dtype=F64) < density
 
 
+def _conv_case(size: int, batch: int = 2):
+    """A seeded 4x3x3x3 weight at half density and a [batch, 3, size, size] input."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 3, 3, 3, generator=gen)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    return gen, weight, mask, x
+
+
 def _csr_to_dense(values, row_ptr, col_ind, n_cols):
     dense = torch.zeros(row_ptr.numel() - 1, n_cols, dtype=values.dtype)
     for f in range(row_ptr.numel() - 1):
@@ -845,10 +854,7 @@ def test_pattern_conv2d_refuses_the_geometry_conv2d_refuses(kwargs, message):
 @pytest.mark.parametrize("shape", [(3,), (4, 1), (1,)], ids=str)
 def test_pattern_conv2d_refuses_a_bias_conv2d_refuses(shape):
     """A bias of another shape was broadcast into the output ([4, 1]: silently)."""
-    gen = torch.Generator().manual_seed(3)
-    weight = torch.randn(4, 3, 3, 3, generator=gen)
-    mask = _random_mask(weight.shape, 0.5, gen)
-    x = torch.randn(2, 3, 6, 6, generator=gen)
+    gen, weight, mask, x = _conv_case(size=6)
     with pytest.raises(ValueError, match=r"bias must be \[F\] = \(4,\)"):
         pattern_conv2d(x, weight, mask, torch.randn(shape, generator=gen))
 
@@ -857,10 +863,7 @@ def test_pattern_conv2d_refuses_a_bias_conv2d_refuses(shape):
 def test_integer_operands_are_refused_not_rounded(dtype):
     # conv2d refuses an integer input; the pattern ops computed in float32 and cast the
     # result back into the integer dtype (wrapped uint8 values, truncated int64 ones)
-    gen = torch.Generator().manual_seed(3)
-    weight = torch.randn(4, 3, 3, 3, generator=gen)
-    mask = _random_mask(weight.shape, 0.5, gen)
-    x = torch.randn(1, 3, 5, 5, generator=gen)
+    gen, weight, mask, x = _conv_case(size=5, batch=1)
     with pytest.raises(ValueError, match=rf"x \({dtype}\)"):
         pattern_conv2d(x.to(dtype), weight, mask)
     with pytest.raises(ValueError, match="bias"):

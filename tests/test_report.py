@@ -1532,3 +1532,14 @@ def test_a_complete_summary_without_its_fields_is_listed_not_shown(tmp_path):
     assert listed["bare"].startswith(f"{bare / 'summary.json'}: says complete, but it lacks ")
     assert listed["text"].endswith("seed is True; top1 is 'abc'")
     assert summary_fields_wrong(edited) == ""
+
+
+@pytest.mark.parametrize(
+    "value, types, held",
+    [(3, (int,), True), (2.5, (int, float), True), (True, (int,), False),
+     (False, (int, float), False), ("3", (int, float), False), (None, (int,), False)],
+)  # fmt: skip
+def test_holds_type_counts_no_bool_as_a_number(value, types, held):
+    from impl.run_files import holds_type
+
+    assert holds_type(value, types) is held

@@ -191,8 +191,7 @@ def load_metrics(runs: pd.DataFrame) -> pd.DataFrame:
             # every row of runs is a complete run: one metrics row per epoch it completed
             epochs = run.get("epochs")
             if isinstance(epochs, (int, float)) and not pd.isna(epochs):
-                done = {"status": "complete", "epochs": int(epochs)}
-                check_complete_metrics(Path(run["path"]), records, done)
+                check_complete_metrics(Path(run["path"]), records, int(epochs))
         except MetricsError as err:  # listed with the runs not shown, instead of stopping all
             runs.attrs.setdefault("incomplete", []).append(
                 {"path": str(run["path"]), "status": "metrics unreadable", "reason": str(err)}

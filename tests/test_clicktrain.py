@@ -414,6 +414,21 @@ def test_default_schedule_for_30_and_190_epochs():
 
 
 @pytest.mark.parametrize(
+    ("options", "epochs", "stage4"),
+    [({"dense_epochs": 12}, 30, 1), ({"dense_epochs": 75}, 190, 1),
+     ({"max_dense_epochs": 12}, 30, 1), ({"dense_epochs": 3}, 8, 1),
+     ({"dense_epochs": 0}, 8, 2), ({"dense_epochs": 2}, 30, 9),
+     ({"dense_epochs": 6}, 8, 0)],  # 6 + 1 + 1 fill the run: no room for stage 4
+)  # fmt: skip
+def test_a_set_stage_1_leaves_stage_4_an_epoch_where_the_run_has_room(options, epochs, stage4):
+    """dense_epochs=12 of 30 (or max_dense_epochs=12, when stage 1 ran to it) put hard
+    pruning right after finalization: no epoch of the modified group lasso (Sec. 4.4)."""
+    s = resolve_schedule(ClickTrainConfig(**options), epochs)
+    assert s.hard_prune_epoch - (s.max_dense_epochs + s.pool_epochs + s.finalize_epochs) == stage4
+    assert s.hard_prune_epoch <= epochs
+
+
+@pytest.mark.parametrize(
     ("options", "epochs", "match"),
     [
         ({"hard_prune_epoch": 5, "dense_epochs": 3, "pool_epochs": 2}, 30, "after finalization"),

@@ -111,9 +111,10 @@ class ClickTrainConfig(MethodConfig):
         finalize_epochs: length of stage 3 (pattern and kernel finalization); None: 5% of
             the epochs, at least 1.
         hard_prune_epoch: the epoch at whose start masked weights become exactly zero and
-            stage 5 begins (epochs count from 0; equal to the run's epochs prunes the final
-            model only); None: 50% of the epochs (paper Table 1: 90 to 98 of 190), moved
-            later if stages 1 to 3 need it, at most the run's epochs.
+            stage 5 begins (epochs count from 0: 98 hard-prunes after 98 whole epochs; equal
+            to the run's epochs prunes the final model only); None: 50% of the epochs (paper
+            Table 1: 90 to 98 of 190), moved later where stages 1 to 3 and one epoch of
+            stage 4 need it, at most the run's epochs.
         pool_size: number of patterns in the dynamic pool, 1 to 126 (paper: 12; 4 and 8
             also studied).
         connectivity: fraction of each layer's kernels removed whole (connectivity
@@ -186,8 +187,9 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
     Stages must come in order: stage 1 (fixed or at most ``max_dense_epochs``), then
     ``pool_epochs``, then ``finalize_epochs``, all ending by ``hard_prune_epoch <= epochs``.
     A stage left unset takes its fraction of the run (``*_FRACTION``), rounded half up; the
-    default bound of stage 1 leaves stage 4 at least one epoch before hard pruning where
-    the run has room for one (not in a 2-epoch run).
+    default bound of stage 1, and an unset ``hard_prune_epoch`` after a set stage 1, leave
+    stage 4 at least one epoch before hard pruning where the run has room for one (not in a
+    2-epoch run, nor where a set stage 1 and stages 2-3 fill the run).
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -221,7 +223,10 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
     if cfg.hard_prune_epoch is not None:
         hard = cfg.hard_prune_epoch
     else:
-        at_least = (1 if dense_max is None else dense_max) + pool + fin
+        # after stages 1-3 and one epoch of stage 4 (the modified group lasso that drives
+        # the weights outside the patterns towards zero before they are cut, Sec. 4.4), where
+        # the run has room: a set stage 1 (dense_epochs=12 of 30) left stage 4 no epoch
+        at_least = (1 if dense_max is None else dense_max + 1) + pool + fin
         hard = min(epochs, max(half_up(HARD_PRUNE_FRACTION * epochs), at_least))
     if dense_max is None:
         # the derivative rule's cap: 25%, shortened so that stage 4 (the modified group

@@ -1258,7 +1258,11 @@ def needs_paper(scale: str, what: str) -> str | None:
 
 def cifar_step_recipe(epochs: int, dataset: str = "cifar10", lr: float = 0.1) -> dict[str, Any]:
     """The CIFAR recipe the papers share: SGD momentum 0.9 (no Nesterov), batch 128, ``lr``
-    decayed 10x at 50% and 75% of ``epochs`` (PruneTrain Sec. 5; ClickTrain Sec. 6.1)."""
+    (0.1: PruneTrain Sec. 5; ClickTrain Sec. 6.1) decayed 10x at 50% and 75% of ``epochs``.
+
+    Neither paper's text names the decay: 50% and 75% are epochs 91 and 136 of 182 in the
+    authors' PruneTrain code (shared/PAPERS.md); for ClickTrain's 190 epochs (95 and 142,
+    the first inside Table 1's hard-pruning epochs 90-98) they are this project's choice."""
     return {
         "data": dataset,
         "epochs": epochs,

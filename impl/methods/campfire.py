@@ -12,10 +12,13 @@ What the method does (Sec. 2):
   reads (``e_c`` "the current epoch"; "Before or during the first epoch of pruning, we will
   have a sparsity threshold of zero", "setting the threshold ... in each epoch within the
   pruning window"): 0 in epoch ``start``, rising over epochs ``start + 1 ..``, the final
-  sparsity from epoch ``start + era`` on, which must be an epoch of the run. The masks are
-  recomputed after every optimizer step ("we evaluate the pruning mask after every training
-  step until we reach the final epoch of pruning"); with the threshold constant inside an
-  epoch, in practice at the epoch's first step, where it rises. Once the final sparsity is in
+  sparsity from epoch ``start + era`` on, which must be an epoch of the run. The paper
+  evaluates the masks after every optimizer step ("we evaluate the pruning mask after every
+  training step until we reach the final epoch of pruning"); here the schedule is evaluated
+  after every step and the masks recomputed where its target rises: with the target constant
+  inside an epoch, at the epoch's first step. At an unchanged target a
+  recomputation would rank weights already zero lowest and give the same masks (but for ties
+  among zeros), or, for "combined", could cut one kernel more. Once the final sparsity is in
   force the masks are fixed. ``schedule_every="step"`` instead evaluates the schedule at the
   fractional epoch ``epoch + steps_done / steps_per_epoch`` after every step: a smooth ramp
   one epoch ahead of the paper's, reaching the final sparsity on the last step of epoch

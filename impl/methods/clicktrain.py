@@ -118,7 +118,7 @@ class ClickTrainConfig(MethodConfig):
         pool_size: number of patterns in the dynamic pool, 1 to 126 (paper: 12; 4 and 8
             also studied).
         connectivity: fraction of each layer's kernels removed whole (connectivity
-            sparsity), in [0, 1). 0.75 with 4-of-9 patterns gives 9 x 4 / 4 = 9x on the
+            sparsity), in [0, 1). 0.75 with 4-of-9 patterns gives 9 / (4 x 0.25) = 9x on the
             pruned layers (the authors' code uses 0.55 to 0.75 per layer).
         kernel_ranking: "balanced" (default): every filter of a layer loses the same number
             of kernels, so the sparse filter matrix has equal row lengths (Sec. 5.2's load

@@ -94,9 +94,10 @@ def lasso_coefficient(
     Plausibility (not a test: it depends on the initialisation): the authors' stored values
     for CIFAR ResNet-32 are 8.5e-5 (r=0.1), 3.79e-4 (r=0.2), 1.01e-3 (r=0.4); the last two
     imply CE/GL = 1.52e-3 and the first 7.7e-4. This project's ResNet-32 has GL ~ 3.24e3 at
-    initialisation (seeds 0 and 1): with CE = ln 100 (CIFAR-100) for the last two and ln 10
-    (CIFAR-10) for the first, lambda = 3.51e-4, 9.37e-4 and 7.9e-5, each about 1.08 times
-    below the stored value (a first batch's cross-entropy a little above ln C would
+    initialisation with a 10-class head and ~ 3.28e3 with a 100-class one (seeds 0 and 1):
+    with CE = ln 100 and the 100-class GL for the last two and ln 10 and the 10-class GL for
+    the first, lambda = 3.51e-4, 9.37e-4 and 7.9e-5, each about 1.08 times below the stored
+    value (a first batch's cross-entropy a little above ln C would
     account for it); the authors' directory of coefficients does not say which dataset
     each is for.
 

@@ -25,8 +25,9 @@ a dtype other than fp16/bf16, ``n:m`` other than 2:4, grouped convs, ``K`` not a
 the backend's minimum, a library error at run time) the layer takes the reference path of
 :mod:`impl.methods.sdgp` for that call, logs the reason once per layer and reason
 (``logging.warning``) and lists it in the module's ``fallback_reasons``. The result is never
-computed another way: the reference is the same pruning followed by
-``torch.nn.grad.conv2d_input``.
+computed another way: the reference is the same pruning followed by the input gradient of
+:func:`impl.methods.sdgp.conv_grad` (``aten.convolution_backward``, the math of
+``torch.nn.grad.conv2d_input``).
 
 Pruning runs on the ``(N, Ho*Wo, K)`` view of dL/dO (contiguous when dL/dO is channels-last;
 for NCHW a strided view, read through one transpose copy) with the reference op

@@ -441,6 +441,10 @@ def combined_mask(
     weights. A kernel removed in the second phase holds several kept weights, so the total can
     exceed the target by less than one kernel. (Algorithm 4 as printed builds both masks with
     the CK routine at the full threshold and ANDs them; that is not what the text describes.)
+    Under the max score the paper defines, the window phase changes how many weights each
+    removed kernel frees, not which kernels go: they go in plain CK's order. Appendix A's
+    "guides the subsequent CK pruning towards the less important kernels" would need another
+    score (an L1 sum, say); this follows the definitions.
 
     Returns:
         Boolean keep-mask shaped like ``weight``.

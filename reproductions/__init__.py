@@ -305,9 +305,9 @@ def demo(
 ) -> Path:
     """The CPU-scale reproduction of ``make demo``: :data:`DEMO_TARGETS` at ``scale`` (``jobs``
     training processes of ``threads`` torch threads), then the HTML report of everything
-    saved under ``runs_root``; prints and returns the index path and the wall time in
-    seconds. Failed targets are
-    appended to ``failed`` when given; ``progress``: a progress bar (on a terminal)."""
+    saved under ``runs_root``; prints the index path and the wall time in seconds, and returns
+    the index path. Failed targets are appended to ``failed`` when given; ``progress``: a
+    progress bar (on a terminal)."""
     check_writable(runs_root, out)
     t0 = time.perf_counter()
     index = run(list(DEMO_TARGETS), scale, runs_root, out, jobs, progress=progress, failed=failed,

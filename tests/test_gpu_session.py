@@ -1529,3 +1529,17 @@ def test_racecheck_coverage_of_an_empty_or_shared_memory_free_compile_report(tmp
     # nothing required, but no test ended either: not a pass
     assert cov.main([str(no_record), "--tool", "racecheck", "--kernels", str(none_shared)]) == 1
     assert cov.main([str(log), "--tool", "racecheck", "--kernels", str(none_shared)]) == 0
+
+
+@pytest.mark.parametrize("var, tool", [("MEMCHECK_K", "memcheck"), ("RACECHECK_K", "racecheck")])
+def test_the_sanitizer_selections_docs_kernels_md_prints_are_the_scripts(var, tool):
+    """docs/kernels.md prints the by-hand sanitizer commands with kernels.sh's selections; its
+    racecheck one had stayed the selection the first H200 run found too large."""
+    expr = subprocess.run(
+        ["bash", "-c", f"eval \"$(sed -n '/^{var}=/,/}}$/p' kernels.sh)\"; printf %s \"${var}\""],
+        cwd=GPU_DIR, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "not dense-grads" in expr
+    doc = (ROOT / "docs" / "kernels.md").read_text()
+    commands = re.findall(rf"--tool {tool} \$SAN \\\n.*\\\n\s+-k \"(.*)\"", doc)
+    assert commands == [expr]

@@ -7,7 +7,8 @@ that produced it, beside the paper's number where the paper has one.
 - :func:`load_runs` / :func:`load_metrics`: run directories -> DataFrames (complete runs only;
   the others listed in ``frame.attrs["incomplete"]``).
 - :class:`ResultSet`, :func:`save_result`, :func:`load_result`: one reproduction's result.
-- :func:`render_html`: one page; :func:`render_reports`: a page per paper plus ``index.html``.
+- :func:`render_html`: one page; :func:`render_reports`: a page per paper plus ``index.html`` (and
+  ``runs.html`` where there are runs).
 - :func:`main`: ``pdtbench report PATHS... --out DIR``.
 """
 

@@ -126,8 +126,7 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(every, start,
         (dict(fc_block=0), "fc_block"),
         (dict(start_epoch=-1), "start_epoch"),
         (dict(start_epoch=12), "nothing would be pruned"),
-        (dict(ck_scope="input_channel"), "applies to mask='ck' only"),
-        (dict(ck_scope="input_channel", mask="window"), "applies to mask='ck' only"),
+        (dict(ck_scope="input_channel", mask="window"), "the masks with a CK phase"),
     ],
     ids=[
         "final-1",
@@ -149,7 +148,6 @@ def test_default_era_is_cut_to_the_epochs_left_after_a_given_start(every, start,
         "fc-block-0",
         "start-neg",
         "era-after-the-last-epoch",
-        "scope-with-combined",
         "scope-with-window",
     ],
 )
@@ -372,11 +370,12 @@ def test_a_conv_layer_gets_the_configured_mask_type(mask, cap) -> None:
 @pytest.mark.parametrize(
     ("mask", "scope", "expected"),
     [("ck", "input_channel", "input_channel"), ("ck", "layer", "layer"),
-     ("combined", "layer", "layer"), ("window", "layer", "layer")],
+     ("combined", "layer", "layer"), ("combined", "input_channel", "input_channel"),
+     ("window", "layer", "layer")],
 )  # fmt: skip
 def test_a_pointwise_conv_is_ck_pruned_in_the_ck_masks_scope(mask, scope, expected) -> None:
-    """A 1x1 conv is CK-pruned with single-weight kernels: per input channel where the ck mask
-    ranks so (Algorithm 1's loops), layer-wide otherwise (a window has nothing to keep)."""
+    """A 1x1 conv is CK-pruned with single-weight kernels: per input channel where the CK
+    phase ranks so (Algorithm 1's loops), layer-wide otherwise (a window has nothing to keep)."""
     from impl.methods.campfire_masks import ck_mask
 
     torch.manual_seed(0)

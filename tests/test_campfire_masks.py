@@ -162,6 +162,36 @@ def test_combined_mask_reaches_target_within_one_kernel(shape, s) -> None:
     assert bool(((per_kernel == 0) | (per_kernel == window_kernel)).all())
 
 
+@pytest.mark.parametrize("s", [0.3, 0.6, 0.9], ids=str)
+@pytest.mark.parametrize("shape", [(8, 5, 3, 3), (6, 4, 1, 1), (16, 3, 3, 3)], ids=str)
+def test_combined_mask_per_input_channel_is_algorithm_1s_loop(shape, s) -> None:
+    """scope="input_channel": after the window phase, each input channel c loses its kernels
+    of smallest max |w| until c's pruned weights reach round(s * K*R*S) (a loop over c here);
+    the combined mask could only rank a layer's kernels together."""
+    w = _w(shape, seed=11)
+    got = combined_mask(w, s, 0.8, scope="input_channel")
+    window = window_mask(w, 0.8 * s)
+    k, c, m = shape[0], shape[1], math.prod(shape[2:])
+    expected = window.clone()
+    for ch in range(c):
+        kept = window[:, ch].reshape(k, m).sum(dim=1)
+        need = count_at(s, k * m) - int((~window[:, ch]).sum())
+        for kk in torch.argsort(w[:, ch].abs().reshape(k, m).amax(dim=1), stable=True).tolist():
+            if need <= 0:
+                break
+            expected[kk, ch] = False
+            need -= int(kept[kk])
+    assert torch.equal(got, expected)
+    target = count_at(s, k * m)
+    pruned = (~got).transpose(0, 1).reshape(c, -1).sum(dim=1)
+    by_ck = (got != window).transpose(0, 1).reshape(c, -1).any(dim=1)  # (the window alone
+    assert bool((pruned >= target).all())  # may prune a channel past it: 1x1 kernels)
+    assert bool((pruned[by_ck] < target + m).all()) and bool(by_ck.any())
+    assert not torch.equal(got, combined_mask(w, s, 0.8))  # the layer scope differs here
+    with pytest.raises(ValueError, match="unknown scope"):
+        combined_mask(w, s, scope="filter")
+
+
 def test_combined_extremes() -> None:
     w = _w((9, 7, 3, 3), seed=6)
     assert torch.equal(combined_mask(w, 0.6, 1.0), window_mask(w, 0.6))

@@ -132,9 +132,10 @@ class CampfireConfig(MethodConfig):
         window_max_nonzero: optional cap on the nonzeros per kernel (Algorithm 3's
             ``max_non_zero``) of window pruning, alone or as the first phase of "combined";
             None for none.
-        ck_scope: "layer" (rank all kernels of a layer together, the text) or "input_channel"
-            (rank per input channel, Algorithm 1's loops); the latter with ``mask="ck"`` only,
-            where it applies to the 1x1 convolutions too.
+        ck_scope: the CK phase's ranking, of ``mask="ck"`` and of ``"combined"``'s second
+            phase: "layer" (all kernels of a layer together; Sec. 2.1's "examine each layer
+            individually") or "input_channel" (per input channel, Algorithm 1's loops, which
+            Algorithm 4 calls); it applies to the 1x1 convolutions too.
         prune_fc: prune linear layers too (Sec. 2.1.2).
         fc_block: block size n of block FC pruning, 1..4 (1: fine pruning only).
         fc_block_fraction: share of an FC layer's target reached by block pruning before fine
@@ -251,10 +252,10 @@ class Campfire(Method):
             raise ValueError(f"window_max_nonzero must be >= 1 or None, got {c.window_max_nonzero}")
         if c.ck_scope not in CK_SCOPES:
             raise ValueError(f"unknown ck_scope {c.ck_scope!r}; valid: {', '.join(CK_SCOPES)}")
-        if c.ck_scope != "layer" and c.mask != "ck":
+        if c.ck_scope != "layer" and c.mask == "window":
             raise ValueError(
-                f"ck_scope={c.ck_scope!r} applies to mask='ck' only (the combined mask ranks "
-                f"a layer's kernels together); got mask={c.mask!r}"
+                f"ck_scope={c.ck_scope!r} applies to the masks with a CK phase, 'ck' and "
+                f"'combined'; got mask={c.mask!r}"
             )
         if not isinstance(c.fc_block, int) or not 1 <= c.fc_block <= 4:
             raise ValueError(f"fc_block must be an int in 1..4 (n < 5), got {c.fc_block!r}")
@@ -352,8 +353,8 @@ class Campfire(Method):
             return fc_mask(
                 w, sparsity, block=c.fc_block, block_fraction=c.fc_block_fraction, dead_inputs=dead
             )
-        if layer.kind == "pointwise":  # CK on single-weight kernels (the ck mask's scope)
-            return ck_mask(w, sparsity, scope=c.ck_scope if c.mask == "ck" else "layer")
+        if layer.kind == "pointwise":  # CK on single-weight kernels (the CK phase's scope)
+            return ck_mask(w, sparsity, scope=c.ck_scope)
         if c.mask == "window":
             return window_mask(
                 w, sparsity, rounding=c.window_rounding, max_nonzero=c.window_max_nonzero
@@ -366,6 +367,7 @@ class Campfire(Method):
             c.window_fraction,
             rounding=c.window_rounding,
             max_nonzero=c.window_max_nonzero,
+            scope=c.ck_scope,
         )
 
     @torch.no_grad()

@@ -431,6 +431,7 @@ def combined_mask(
     *,
     rounding: str = "layer",
     max_nonzero: int | None = None,
+    scope: str = "layer",
 ) -> torch.Tensor:
     """Combined pruning (Sec. 2.1.1, Appendix A, Algorithm 4 as the text describes it).
 
@@ -438,8 +439,11 @@ def combined_mask(
     ``window_fraction * sparsity``; then CK
     pruning of the window-pruned weights removes whole kernels, ranked by the ``max |w|`` of
     what the window left, smallest first, until the layer reaches ``round(s * N)`` pruned
-    weights. A kernel removed in the second phase holds several kept weights, so the total can
-    exceed the target by less than one kernel. (Algorithm 4 as printed builds both masks with
+    weights (``scope="layer"``, default), or until each input channel reaches ``round(s * K
+    * R * S)`` of its own (``scope="input_channel"``: Algorithm 4 calls Algorithm 1's CK
+    routine, whose loops run over input channels). A kernel removed in the second phase holds
+    several kept weights, so the total (of the layer, or of each input channel) can exceed
+    the target by less than one kernel. (Algorithm 4 as printed builds both masks with
     the CK routine at the full threshold and ANDs them; that is not what the text describes.)
     Under the max score the paper defines, the window phase changes how many weights each
     removed kernel frees, not which kernels go: they go in plain CK's order. Appendix A's
@@ -451,8 +455,13 @@ def combined_mask(
     """
     s = _check_sparsity(sparsity)
     wf = _check_sparsity(window_fraction, "window_fraction")
+    if scope not in CK_SCOPES:
+        raise ValueError(f"unknown scope {scope!r}; valid: {', '.join(CK_SCOPES)}")
     at = _kernels_t(weight)
     keep = _window_keep_t(at, wf * s, rounding, max_nonzero)  # [R*S, K*C]
+    if scope == "input_channel":
+        _remove_kernels_per_input_channel(keep, at, weight.shape[0], s)
+        return keep.t().reshape(weight.shape).contiguous()
     need = count_at(s, keep.numel()) - (keep.numel() - int(torch.count_nonzero(keep)))
     if need > 0:
         small = torch.int16 if keep.shape[0] < 2**15 else torch.int64
@@ -461,6 +470,24 @@ def combined_mask(
         # that is the kernel's max |w| (where it kept nothing, the score does not matter)
         keep[:, _weighted_prefix(at.amax(dim=0), kept, need)] = False
     return keep.t().reshape(weight.shape).contiguous()
+
+
+def _remove_kernels_per_input_channel(
+    keep: torch.Tensor, at: torch.Tensor, k: int, sparsity: float
+) -> None:
+    """Combined pruning's CK phase per input channel, in place on ``keep`` (``[R*S, K*C]``,
+    column ``k * C + c`` the kernel ``w[k, c]``; ``at`` its ``|w|``): in every input channel
+    the kernels of smallest ``max |w|`` (stable order) are removed until the channel's pruned
+    weights reach ``round(s * K * R * S)``, as :func:`_weighted_prefix` does for the layer."""
+    rs = keep.shape[0]
+    kept = keep.sum(dim=0).reshape(k, -1)  # [K, C] weights the window kept, per kernel
+    need = count_at(sparsity, k * rs) - (k * rs - kept.sum(dim=0))  # [C] still to prune
+    order = torch.argsort(at.amax(dim=0).reshape(k, -1), dim=0, stable=True)
+    freed = kept.gather(0, order).cumsum(0)  # what removing the first j+1 kernels frees
+    length = torch.where(need > 0, (freed < need).sum(dim=0) + 1, 0).clamp(max=k)
+    first = torch.arange(k, device=keep.device).unsqueeze(1) < length  # sorted positions
+    remove = torch.zeros_like(first).scatter_(0, order, first)
+    keep[:, remove.reshape(-1)] = False
 
 
 # -- fully connected layers ------------------------------------------------------------------

@@ -668,3 +668,6 @@ def test_counted_batches_are_the_epochs_own(monkeypatch):
     _train({**FAST, "finalize_epochs": 2, "hard_prune_epoch": 4}, epochs=5, n_batches=3)
     counted = [r["clicktrain_counted_batches"] for r in rows if "clicktrain_counted_batches" in r]
     assert len(counted) == 2 and all(c <= 3 for c in counted)  # 3 batches an epoch
+    # beside it, of how many: a batch whose loss rose by more than delta is not counted
+    seen = [r["clicktrain_finalize_batches"] for r in rows if "clicktrain_counted_batches" in r]
+    assert seen == [3, 3]

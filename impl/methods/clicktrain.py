@@ -581,14 +581,16 @@ class ClickTrain(Method):
 
     # -- reporting ----------------------------------------------------------------------------
     def epoch_metrics(self, ctx: TrainContext) -> dict[str, Any]:
-        """Stage, loss derivative, mean penalty, counted batches, and sparsity once pruned."""
+        """Stage, loss derivative, mean penalty, counted batches (of the epoch's batches), and
+        sparsity once pruned."""
         out: dict[str, Any] = {"clicktrain_stage": self._epoch_stage}
         if self._last_derivative is not None:
             out["clicktrain_loss_derivative"] = self._last_derivative
         if self._penalty_sum is not None and self._batches:
             out["clicktrain_penalty"] = float(self._penalty_sum) / self._batches
-        if self._epoch_stage == "finalize":
-            out["clicktrain_counted_batches"] = self._counted
+        if self._epoch_stage == "finalize":  # counted of all: delta skips any batch whose
+            out["clicktrain_counted_batches"] = self._counted  # loss rose by more than it
+            out["clicktrain_finalize_batches"] = self._batches
         if self.stage == "sparse":
             total, nonzero = conv_weight_counts(ctx.model)
             out["clicktrain_conv_compression"] = total / max(nonzero, 1)

@@ -172,7 +172,10 @@ def _mean_ci(stat: tuple[float, float | None, int], fmt: str, unit: str) -> Evid
         # symmetric in the ratio's own scale it went below 0 for a few noisy sweeps, a
         # speedup no measurement can have.
         low, high = _log_interval(mean, sd, n)
-        text = f"{mean:{fmt}}x, 95% CI [{low:{fmt}}, {high:{fmt}}] (n={n}, on the log scale)"
+        text = (
+            f"{mean:{fmt}}x, 95% CI [{low:{fmt}}, {high:{fmt}}] "
+            f"(n={n}, on the log scale, delta method)"
+        )
         return Evidence(mean, sd, n, low, high, text)
     text = f"{mean:{fmt}}{sep}{unit}, 95% CI [{mean - half:{fmt}}, {mean + half:{fmt}}] (n={n})"
     return Evidence(mean, sd, n, mean - half, mean + half, text)
@@ -284,7 +287,7 @@ def _relative_reader(
         scale = ""
         if log_scale and mean > 0:
             low, high = _log_interval(mean, statistics.stdev(values), len(values))
-            scale = ", on the log scale"
+            scale = ", on the log scale, delta method"
         text = (
             f"{show(mean)} against {base_row}, 95% CI [{show(low)}, {show(high)}] (per-seed "
             f"values paired over seeds {common}{scale}; means: {both})"
@@ -792,8 +795,10 @@ def build(
 ) -> ResultSet:
     """The result ``claims.headline``: every claim judged against ``results`` (``{target:
     result}``, all of ``scale``), with the counts and how to read them; ``environment``
-    defaults to this machine's (:func:`impl.env.collect`)."""
+    defaults to this machine's (:func:`impl.env.collect`), without its TF32 and cuDNN
+    benchmark settings: the claims compute on other results, under none of them."""
     from impl.env import collect
+    from reproductions.common import BACKEND_FLAGS
 
     rows = evaluate(results, scale)
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
@@ -815,7 +820,8 @@ def build(
             "'Ours' reads the mean of n values (± their standard deviation where shown); the "
             "verdict compares the 95% "
             "confidence interval of that mean (Student's t, n - 1 degrees of freedom), given "
-            "in the note, with the bound (a mean speedup's on the log scale). A number from one "
+            "in the note, with the bound (a mean speedup's on the log scale, its standard "
+            "deviation there by the delta method, sd / mean). A number from one "
             "seed or one measurement has no interval, so no verdict either way: it reads "
             "inconclusive (at the smoke scale every claim reads not judged). For a timed "
             "claim the "
@@ -834,7 +840,9 @@ def build(
                 else []
             ),  # fmt: skip
         ],
-        environment=collect() if environment is None else environment,
+        environment={**collect(), **dict.fromkeys(BACKEND_FLAGS)}
+        if environment is None
+        else environment,
     )
     return result
 

@@ -984,7 +984,11 @@ def backend_flags(results: Sequence[RowResult]) -> dict[str, Any]:
     measurement's (pinned around it, :func:`measure_or_reuse`, and saved beside its values):
     one value where they agree, "mixed" where not; none where nothing recorded them (this
     process's settings then stand). The result's provenance shows these, not this process's
-    torch defaults (cuDNN TF32 on), under which neither its runs nor its measurements ran."""
+    torch defaults (cuDNN TF32 on), under which neither its runs nor its measurements ran.
+    A result with neither runs nor measurements (the paper's numbers only) has each flag
+    None: nothing of it ran under one."""
+    if not any(r.runs or r.measured is not None for r in results):
+        return dict.fromkeys(BACKEND_FLAGS)
     seen: dict[str, set[Any]] = {k: set() for k in BACKEND_FLAGS}
     recorded = [r.flags for r in results if r.measured is not None and r.flags]
     recorded += [run.summary.get("environment") or {} for res in results for run in res.runs]

@@ -410,7 +410,8 @@ def test_a_timing_measured_in_sweeps_is_judged_on_its_interval():
     row = _by_claim(C.evaluate({"clicktrain.fig9": fig9}, "cpu"))[
         "clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"
     ]
-    assert row["verdict"] == "inconclusive" and "(n=5, on the log scale)" in row["note"]
+    assert row["verdict"] == "inconclusive"
+    assert "(n=5, on the log scale, delta method)" in row["note"]
 
 
 def test_training_time_saved_is_paired_by_seed_from_wall_seconds():
@@ -631,7 +632,7 @@ def test_a_claims_unit_is_spaced_unless_it_is_x_or_percent():
     noisy = C._mean_ci((0.77, 0.097, 2), ".2f", "x")
     assert 0 < noisy.low < 0.77 < noisy.high
     assert noisy.low * noisy.high == pytest.approx(0.77**2)  # symmetric in log
-    assert noisy.text.endswith("(n=2, on the log scale)")
+    assert noisy.text.endswith("(n=2, on the log scale, delta method)")
     tight = C._mean_ci((3.44, 0.2, 5), ".2f", "x")  # close to the linear one when tight
     half = C.ci95_half_width(0.2, 5)
     assert tight.low == pytest.approx(3.44 - half, rel=0.01)

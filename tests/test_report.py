@@ -1293,6 +1293,19 @@ def test_a_bar_figures_caption_gains_the_error_bar_note_once(monkeypatch):
     assert captions[1] == "mean and sd"  # already said
 
 
+@pytest.mark.parametrize(
+    "n_of, over", [(None, "seeds"), ("seeds", "seeds"), ("repeats", "repeats")]
+)
+def test_error_bars_name_what_they_spread_over(n_of, over):
+    """SDGP Table I's bars, sd over 5 seeds, were captioned "over the repeats of a value"."""
+    spec = FigureSpec(kind="bar", x="row", y="v", data=[{"row": "a", "v": v} for v in (1, 2)],
+                      caption="ours")  # fmt: skip
+    row = {"label": "a", "metric": "v", "ours": 1.5, "n": 2, "n_of": n_of}
+    result = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[row], figures=[spec])
+    (caption,) = [f.caption for f in result_section(result).figures]
+    assert caption.endswith(f"the standard deviation over the {over} of a value (mean drawn).")
+
+
 def test_scatter_points_of_methods_take_the_methods_colours():
     data = pd.DataFrame({"f": [1.0, 2.0], "t": [90.0, 91.0], "m": ["sdgp", "dense"]})
     ax = draw("scatter", data, x="f", y="t", hue="m").axes[0]

@@ -1246,6 +1246,23 @@ def test_a_results_backend_flags_are_its_runs_not_this_processes_defaults():
     assert common.backend_flags([on, measured]) == {**off, "tf32_matmul": "mixed"}
 
 
+def test_a_result_that_ran_nothing_shows_no_tf32_setting(tmp_path):
+    """A result of the paper's numbers only (ClickTrain Fig. 14) and the claims showed this
+    process's torch defaults, tf32 False/True, on a CPU demo whose every run had them off."""
+    from impl.report.html import provenance_rows
+    from reproductions.claims import build
+
+    paper_only = [RowResult(Row("p", needs="needs the paper scale (4-16 GPUs)"))]
+    flags = common.backend_flags(paper_only)
+    assert flags == dict.fromkeys(common.BACKEND_FLAGS)
+    claims = build({}, "cpu")
+    assert all(claims.environment[k] is None for k in common.BACKEND_FLAGS)
+    shown = provenance_rows([("cpu", {**claims.environment, "commit": "c"}, "claims")])
+    assert list(shown["tf32 (matmul/cudnn)"]) == ["-"]
+    ran = provenance_rows([("cpu", {"tf32_matmul": False, "tf32_cudnn": False}, "x")])
+    assert list(ran["tf32 (matmul/cudnn)"]) == ["False/False"]
+
+
 def test_a_measurements_saved_flags_reach_its_results_provenance(tmp_path, monkeypatch):
     """Measurements run with TF32 pinned off; the footer said the process's cuDNN TF32 on."""
     import torch

@@ -185,10 +185,16 @@ def _scatter(
 
 
 def spread_note(
-    kind: str, data: pd.DataFrame, x: str, hue: str | None = None, style: str | None = None
+    kind: str,
+    data: pd.DataFrame,
+    x: str,
+    hue: str | None = None,
+    style: str | None = None,
+    over: str = "repeats",
 ) -> str:
     """What a bar or line figure's error bars or bands show, for its caption: the standard
-    deviation over the repeats of a value (:func:`draw` draws ``errorbar="sd"``), said only
+    deviation over the ``over`` ("seeds" of runs, "repeats" of a measurement, or "seeds or
+    repeats") of a value (:func:`draw` draws ``errorbar="sd"``), said only
     where some bar or point has repeats to spread over ("" otherwise, and for the other
     kinds, whose captions state their 95% intervals). A heatmap's cells: one value each
     ("one run, whose colour carries its seed's noise") or the mean of several."""
@@ -203,7 +209,7 @@ def spread_note(
     if not repeated:
         return ""
     what = "Error bars" if kind == "bar" else "Bands"
-    return f"{what}: the standard deviation over the repeats of a value (mean drawn)."
+    return f"{what}: the standard deviation over the {over} of a value (mean drawn)."
 
 
 #: Marker diameters (points) of the first and the last line of a line figure.

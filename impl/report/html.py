@@ -278,6 +278,13 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["Row", *metrics])
 
 
+def _counted_over(result: ResultSet) -> str:
+    """What the n of ``result``'s rows of ours count: "seeds" (runs), "repeats" (a
+    measurement's, ``n_of``), or "seeds or repeats" where its rows differ."""
+    kinds = {r.get("n_of") or "seeds" for r in result.rows if r.get("ours") is not None}
+    return kinds.pop() if len(kinds) == 1 else "seeds or repeats"
+
+
 def glance_subject(rows: Sequence[dict[str, Any]]) -> str:
     """What the cells of :func:`glance_frame` are, for its caption: "our means over 5 seeds"
     where every row of ours has the same ``n``, "our values (one seed each)" for 1, "our
@@ -428,7 +435,7 @@ def result_section(result: ResultSet) -> Section:
             y_from_zero=spec.y_from_zero,
         )
         caption = spec.caption or spec.title
-        note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style)
+        note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style, _counted_over(result))
         if note and not re.search(r"\bsd\b|standard deviation", caption, re.IGNORECASE):
             caption = f"{caption.rstrip()} {note}" if caption else note
         section.figures.append(FigureBlock(figure_data_uri(fig), caption, alt=spec.title))
@@ -479,6 +486,13 @@ def scaled_title(title: str, scale: str | None) -> str:
     return f"{title} ({scale} scale)" if title else f"{scale} scale"
 
 
+def _tf32(env: dict[str, Any]) -> str:
+    """The TF32 flags (matmul/cudnn) a result's numbers were made with; "-" where nothing of
+    it ran under them (a result of the paper's numbers only, or of other results: the claims)."""
+    flags = (env.get("tf32_matmul", "?"), env.get("tf32_cudnn", "?"))
+    return "-" if flags == (None, None) else f"{flags[0]}/{flags[1]}"
+
+
 def provenance_rows(environments: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
     """The provenance footer: one row per distinct (scale, commit, device, versions) seen.
 
@@ -510,7 +524,7 @@ def provenance_rows(environments: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
             "torch": env.get("torch") or "?",
             "cuda": env.get("cuda") or "-",
             "driver": env.get("gpu_driver") or env.get("driver") or "-",
-            "tf32 (matmul/cudnn)": f"{env.get('tf32_matmul', '?')}/{env.get('tf32_cudnn', '?')}",
+            "tf32 (matmul/cudnn)": _tf32(env),
             "date": (env.get("date") or "?")[:10],
         }
         trained = env.get("runs_trained_at")

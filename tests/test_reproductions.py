@@ -2305,3 +2305,29 @@ def test_a_reused_run_whose_metrics_are_short_fails_its_row_in_one_line(tmp_path
     metrics.write_text('{"epoch": 0}\n{"epoch": 1}\n')
     (res,) = common.execute_rows(target, "smoke", tmp_path, log=lambda *a: None)
     assert res.error is None and len(res.runs[0].metrics) == 2
+
+
+def test_a_metric_name_means_one_computation_in_every_target():
+    """PruneTrain Fig. 2 showed "training FLOPs (% of dense)" 99.29 by impl.flops for the
+    run that Table 1 and Fig. 8 showed at 99.38 by the authors' formula, under one label.
+    A metric computed otherwise in some target is so only where that table defines it so."""
+    from reproductions import TARGETS, load_target
+
+    # the paper's table reads its own quantity: Campfire Table 1 the best top-1, Table 3 the
+    # top-1 at epoch 90 of 100 (its page and note say so); Fig. 14 the hours of a GPU count
+    intended = {
+        ("top1", "campfire.table1"),
+        ("top1", "campfire.table3"),
+        ("delta_top1", "campfire.table3"),
+        ("train_hours_saved", "clicktrain.fig14"),
+    }
+    computed: dict[str, dict[tuple, list[str]]] = {}
+    for key in TARGETS:
+        target = load_target(key)
+        for metric in target.metrics:
+            if metric in target.metric_table and (metric, key) not in intended:
+                unit, fn = target.metric_table[metric]
+                computed.setdefault(metric, {}).setdefault((unit, fn), []).append(key)
+    twice = {m: list(by.values()) for m, by in computed.items() if len(by) > 1}
+    assert not twice, twice
+    assert len(computed["train_flops"]) == 1 and len(computed["top1"]) == 1

@@ -755,6 +755,15 @@ def _setting(claim: Claim, scale: str, results: Mapping[str, ResultSet]) -> str:
         text = _needs_setting(claim.needs, scale, result)
     if claim.timed and result is not None:
         text = "; ".join(t for t in (text, timed_on(result)) if t)
+    for target, row in getattr(claim.read, "reads", ()):
+        # what the read row's label alone would hide (a dynamic mini-batch row whose batch
+        # never grew: the claim's number is then a fixed-batch run's)
+        label = row_label(row, scale)
+        read = results.get(target)
+        flags = {r["row_flag"] for r in (read.rows if read else []) if r.get("row") == label
+                 and r.get("row_flag")}  # fmt: skip
+        if flags:
+            text = "; ".join(t for t in (text, f"{label}: {', '.join(sorted(flags))}") if t)
     return text
 
 

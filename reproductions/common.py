@@ -613,6 +613,9 @@ class Target:
         row_note: a note for the comparison rows of one row result, read from what it
             produced (e.g. the routines a measurement timed and the device it ran on), so
             that a row says what was measured where, not what the paper's hardware would run.
+        row_flag: a few words a row result's label needs where the label alone would mislead
+            (PruneTrain's dynamic mini-batch row whose batch never grew: "batch never grew"),
+            shown beside the label at a glance and in a claim that reads the row.
         heading: the result's (title, description) from its row results and scale, where
             they depend on what ran (e.g. how many methods a table shows); None: ``title``
             and ``description``.
@@ -631,6 +634,7 @@ class Target:
     )
     wide: bool = False
     row_note: Callable[[RowResult], str] | None = None
+    row_flag: Callable[[RowResult], str] | None = None
     heading: Callable[[list[RowResult], str], tuple[str, str]] | None = None
 
     @property
@@ -854,6 +858,9 @@ def compare_rows(target: Target, results: list[RowResult], scale: str) -> list[d
                 "note": note,
             }
             entry.update(setups(row, scale, res, matched))
+            flag = target.row_flag(res) if target.row_flag is not None and res.ok else ""
+            if flag:
+                entry["row_flag"] = flag
             seeds = [r.seed for r in res.runs]
             if n >= 1 and res.measured is None and len(seeds) == len(values) == n:
                 # per-seed values, so that two rows run on the same seeds can be paired (and a

@@ -1023,7 +1023,11 @@ def test_prunetrain_fig2_draws_the_one_time_overhead_per_epoch():
 
 
 def test_a_dynamic_batch_row_whose_batch_never_grew_says_so():
-    from reproductions.prunetrain import unchanged_batch_note
+    from impl.report.html import glance_frame
+    from impl.report.results import ResultSet
+    from reproductions import claims
+    from reproductions.common import compare_rows
+    from reproductions.prunetrain import unchanged_batch_flag, unchanged_batch_note
 
     def result(label: str, nexts: list[int]) -> RowResult:
         metrics = [
@@ -1044,6 +1048,32 @@ def test_a_dynamic_batch_row_whose_batch_never_grew_says_so():
         target = reproductions.load_target(key)
         assert any("dynamic" in r.label for r in target.rows("cpu")), key
         assert target.row_note is unchanged_batch_note, key
+        assert target.row_flag is unchanged_batch_flag, key
+    # and beside its label where the note is not shown: at a glance, and in the claim
+    # (Table 4 showed "dynamic mini-batch" beside "naive" as if the two runs differed)
+    assert unchanged_batch_flag(fixed) == "batch never grew"
+    assert unchanged_batch_flag(result("PruneTrain, dynamic mini-batch", [32, 64, 64])) == ""
+    target = Target(key="prunetrain.table4", title="t", description="d",
+                    rows=lambda scale: [fixed.row], metrics=("m", "k"),
+                    extra_metrics={"m": ("", lambda run, base: 1.0),
+                                   "k": ("", lambda run, base: 2.0)},
+                    row_flag=unchanged_batch_flag)  # fmt: skip
+    rows = [r for r in compare_rows(target, [fixed], "cpu") if r["row"] == fixed.row.label]
+    assert [r.get("row_flag") for r in rows] == ["batch never grew"] * 2
+    plain = [{**r, "row": "PruneTrain, naive"} for r in rows if r.pop("row_flag")]
+    ours = [r for r in compare_rows(target, [fixed], "cpu") if r["row"] == fixed.row.label]
+    glance = glance_frame([*plain, *ours])
+    assert list(glance["Row"]) == [
+        "PruneTrain, naive",
+        "PruneTrain, dynamic mini-batch (batch never grew)",
+    ]
+    label = claims._prunetrain_dynamic_row("cpu")
+    fig11 = ResultSet(target="prunetrain.fig11", title="t", scale="cpu", rows=[
+        {"row": label, "metric": "comm_cost_saved", "ours": 3.4, "ours_sd": 1.3, "n": 5,
+         "scale": "cpu", "row_flag": "batch never grew"}])  # fmt: skip
+    (row,) = [r for r in claims.evaluate({"prunetrain.fig11": fig11}, "cpu")
+              if "55% less" in r["row"]]  # fmt: skip
+    assert row["ours_setting"].endswith(f"{label}: batch never grew")
 
 
 def test_prunetrain_bn_cost_in_fig8_and_table1():

@@ -269,7 +269,10 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         if r.get("paper") is not None:
             text += f" (paper {format_number(r.get('paper'))})"
         metric = metric_label(str(r.get("metric", "")), r.get("unit") or "")
-        cells[(str(r.get("row", "")), metric)] = text
+        label = str(r.get("row", ""))
+        if r.get("row_flag"):  # what the label alone would hide ("batch never grew")
+            label = f"{label} ({r['row_flag']})"
+        cells[(label, metric)] = text
     labels = list(dict.fromkeys(label for label, _ in cells))
     metrics = list(dict.fromkeys(metric for _, metric in cells))
     if len(labels) < 2 or len(metrics) < 2:

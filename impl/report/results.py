@@ -25,7 +25,9 @@ SCALES: tuple[str, ...] = ("smoke", "cpu", "gpu", "paper")
 # paired comparisons and the "(n=1, seed s)" label; "values" alone: the per-sweep values of
 # a repeated measurement; "n_of": what "n" counts ("seeds" of runs, or a measurement's
 # "repeats"); "ours_setup" and "paper_setup": the model and data of our runs and
-# of the paper's row, e.g. "ResNet-20 on digits (16x16 px)" beside "ResNet-9 on CIFAR-10").
+# of the paper's row, e.g. "ResNet-20 on digits (16x16 px)" beside "ResNet-9 on CIFAR-10");
+# "row_flag": a few words the row's label needs where it alone would mislead ("batch never
+# grew" beside a dynamic mini-batch row), shown with the label at a glance and in a claim.
 COMPARISON_COLUMNS: tuple[str, ...] = (
     "row",
     "metric",
@@ -46,6 +48,7 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "values",
     "ours_setup",
     "paper_setup",
+    "row_flag",
 )
 # One line of a result's settings table: a row's method, its options as run (in words), its
 # seeds, and what of its training setup differs from the setup its target's runs share.

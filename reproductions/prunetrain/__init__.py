@@ -171,13 +171,21 @@ def unchanged_batch_note(result: Any) -> str:
     """A dynamic mini-batch row's note where no run's batch ever grew (the pruned model never
     freed enough memory for one more step of samples): the run then trained as a fixed-batch
     one, which the row's label alone would hide; "" otherwise."""
-    if "dynamic" not in result.row.label or not result.runs:
-        return ""
-    if any(len(set(epoch_batches(run))) > 1 for run in result.runs):
+    if not unchanged_batch_flag(result):
         return ""
     first = epoch_batches(result.runs[0])
     size = f" of {first[0]:g}" if first else ""
     return f"the batch{size} never grew in this run: it trained as a fixed-batch run"
+
+
+def unchanged_batch_flag(result: Any) -> str:
+    """ "batch never grew" for a dynamic mini-batch row none of whose runs' batch grew (the
+    label beside it at a glance and in the claim that reads it), "" otherwise."""
+    if "dynamic" not in result.row.label or not result.runs:
+        return ""
+    if any(len(set(epoch_batches(run))) > 1 for run in result.runs):
+        return ""
+    return "batch never grew"
 
 
 def bn_cost_pct(run: Any, base: Any = None) -> float | None:

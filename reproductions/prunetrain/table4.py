@@ -18,7 +18,12 @@ from reproductions.common import (
     reproduce,
     train_time_pct_of_dense,
 )
-from reproductions.prunetrain import dynamic_batch_options, pair, unchanged_batch_note
+from reproductions.prunetrain import (
+    dynamic_batch_options,
+    pair,
+    unchanged_batch_flag,
+    unchanged_batch_note,
+)
 
 
 def train_time_reduction(run: RunRecord, base: RunRecord | None) -> float:
@@ -60,6 +65,7 @@ TARGET = Target(
     metrics=("train_time_reduction", "inference_flops", "delta_top1"),
     figures=bar_vs_paper("train_time_reduction", "Training time saved vs dense", "%"),
     row_note=unchanged_batch_note,
+    row_flag=unchanged_batch_flag,
     notes=lambda scale: (
         [
             "Dynamic mini-batch grows the batch in steps of 32 while the iteration's memory stays "

@@ -935,8 +935,10 @@ def run_target(
     train_s = sum(float(run.summary.get("wall_seconds") or 0) for run in distinct)
     if trains:
         notes.append(
-            f"{trained} runs trained and {reused} reused for this result; the runs' training "
-            f"wall time, from their summaries: {train_s:.0f} s in total."
+            f"{trained} runs trained and {reused} reused for this result (a run other results "
+            "read too counts in each of them: the pages' counts do not add up to the runs "
+            f"trained); the runs' training wall time, from their summaries: {train_s:.0f} s "
+            "in total."
         )
     settings, setup = settings_lines(results, scale)
     title, description = target.title, target.description

@@ -97,6 +97,7 @@ def test_run_target_trains_then_reuses_and_lists_what_is_missing(tmp_path, monke
     assert rows[("dense", "top1")]["seeds"] == [0] and rows[("dense", "top1")]["n"] == 1
     assert [s["row"] for s in result.settings] == ["dense", "sdgp", "dense read again"]
     assert "2 runs trained and 0 reused" in result.notes[-1]  # the run read twice counts once
+    assert "counts in each of them" in result.notes[-1]  # as it does in other results
     assert result.settings[1]["options"].startswith("2:4 data-gradient pruning, rescaled")
     assert result.settings[1]["options"].endswith("profile False")
     assert result.setup.startswith("ResNet-20 on digits, 1 epoch of at most 1 step, batch 16")

@@ -31,7 +31,7 @@ METRIC_LABELS: dict[str, str] = {
     "bwd_ms": "backward time per iteration",
     "step_ms": "optimizer step and per-step method work per iteration",
     "iter_ms": "time per iteration (forward + backward + step)",
-    "run_iter_ms": "time per iteration over the whole run (mean of epoch medians)",
+    "run_iter_ms": "time per iteration over the whole run (epoch medians weighted by iterations)",
     "forward_speedup": "forward speedup vs dense",
     "backward_speedup": "backward speedup vs dense",
     "wall_seconds": "wall time incl. evaluation",
@@ -51,7 +51,7 @@ METRIC_LABELS: dict[str, str] = {
     "conversion_time": "dense-to-CSR conversion time (generic)",
     "pattern_conversion_time": "CSR conversion time (predefined positions)",
     "spmm_time": "SpMM time",
-    "speedup_vs_cusparse": "speedup over the generic CSR routine",
+    "speedup_vs_cusparse": "speedup over the generic CSR routine (mean of per-sweep speedups)",
     "crossover_sparsity_vs_cublas_cudnn": (
         "lowest achieved sparsity where the pattern SpMM beats dense"
     ),

@@ -275,8 +275,9 @@ def render_reports(
             Table(
                 index,
                 "one row per table or figure and scale; 'ours': rows with a number of ours at "
-                f"that scale; '{UNFILLED}': rows without one (they need another scale, data "
-                "set, model or method; the page says why)",
+                f"that scale; '{UNFILLED}': rows without one (most need another scale, data "
+                "set, model or method; some were measured and found nothing to report, as "
+                "a crossover never reached in the swept grid; the page says which)",
             )
         ],
     )

@@ -270,8 +270,8 @@ def notes(scale: str) -> list[str]:
         "(summary.json's inference_flops_executed): a masked dense conv counts whole, a "
         "pattern conv (ClickTrain) only its kept weights, a reconfigured network (PruneTrain) "
         "its smaller shapes.",
-        "Peak GPU memory: the most memory tensors held while training (the allocator's "
-        "statistics; runs on a GPU only).",
+        "Peak GPU memory (a row only where the runs trained on a GPU): the most memory "
+        "tensors held while training (the allocator's statistics).",
         "Bytes per iteration: what one rank all-reduces per iteration, from summary.json "
         "(comm_bytes_per_iter: the gradients kept by the method's communication masks, all "
         "gradients for a method that declares none; ClickTrain's pattern Allreduce is "

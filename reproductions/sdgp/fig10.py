@@ -125,7 +125,10 @@ TARGET = Target(
         "faster, so no SDGP time is measured; the relative speedup is T(16:32) / T(4:32) - 1 "
         "with T = epochs to the target x (1 - the iteration's saved fraction), every epoch "
         "taking the same time. The figure's seconds sum the dense run's measured epoch times "
-        "instead, so their ratio differs from it by the spread of those times.",
+        "instead, so their ratio differs from it by the spread of those times. Those epoch "
+        "times are the training steps' (train_seconds): the cross-method table's time to "
+        "accuracy of the same dense run also counts the work between epochs, so it reads a "
+        "little more.",
         "Epochs to the target are whole epochs (top-1 is tested once per epoch), so the "
         "relative speedup moves in coarse steps: a setting reaching the target one epoch "
         "sooner, 5 epochs against 6, already reads +20% before any saving is applied"

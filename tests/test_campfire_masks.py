@@ -41,6 +41,15 @@ def test_count_at_rounds_half_up() -> None:
     assert count_at(0.25, 2) == 1  # 0.5 rounds up
     assert count_at(0.7, 2304) == 1613  # 1612.8
     assert count_at(0.0, 5) == 0 and count_at(1.0, 5) == 5
+    assert count_at(0.58, 25) == 15  # 14.499999999999998 in binary floating point: 14.5
+
+
+def test_ck_mask_of_two_weight_kernels_removes_whole_kernels() -> None:
+    """A 1x2 kernel is neither a single weight nor a 3x3 one: CK still removes it whole."""
+    w = torch.randn(4, 4, 1, 2, generator=torch.Generator().manual_seed(0))
+    mask = ck_mask(w, 0.5)
+    assert mask.shape == w.shape and int((~mask).sum()) == 16
+    assert bool((mask.all(dim=-1) | ~mask.any(dim=-1)).all())
 
 
 # -- window ------------------------------------------------------------------------------------

@@ -675,3 +675,27 @@ def test_the_sdgp_claims_setting_counts_the_seeds_the_cpu_runs_use():
     from reproductions.sdgp.table1 import CPU_SEEDS
 
     assert C._needs_setting("sdgp.table1", "cpu").endswith(f", {len(CPU_SEEDS)} seeds")
+
+
+def test_an_unpaired_difference_with_a_one_seed_row_is_judged_as_one_value():
+    """The difference of a 3-seed row and a 1-seed one has no interval: a single seed is
+    never judged (its n is the smaller of the two)."""
+    rs = ResultSet(target="t", title="t", scale="cpu", rows=[
+        _row("a", "delta_top1", 1.0, 0.1, 3), _row("b", "delta_top1", -5.0, None, 1)])  # fmt: skip
+    ev = C.difference_reader("t", "a", "b")({"t": rs})
+    assert ev.n == 1 and ev.low == ev.high == ev.mean == 6.0
+
+
+def test_ratios_against_or_of_zero_read_no_division_by_zero():
+    """A baseline mean of 0 is no ratio (None, not ZeroDivisionError stopping every claim);
+    a paired ratio whose mean is 0 and a ratio row of mean 0 keep a linear interval."""
+    rs = ResultSet(target="t", title="t", scale="cpu", rows=[
+        _row("a", "ms", 3.0), _row("b", "ms", 0.0)])  # fmt: skip
+    assert C.ratio_reader("t", "a", "b", "ms")({"t": rs}) is None
+    paired = ResultSet(target="t", title="t", scale="cpu", rows=[
+        {**_row("a", "ms", 0.0, 0.0, 2), "seeds": [1, 2], "values": [0.0, 0.0]},
+        {**_row("b", "ms", 2.0, 0.1, 2), "seeds": [1, 2], "values": [1.0, 3.0]}])  # fmt: skip
+    ev = C.ratio_reader("t", "a", "b", "ms")({"t": paired})
+    assert ev.mean == 0 and ev.low == ev.high == 0
+    zero = C._mean_ci((0.0, 0.5, 4), ".2f", "x")
+    assert zero.low == pytest.approx(-zero.high) and zero.low < 0

@@ -397,6 +397,8 @@ def test_default_schedule_for_30_and_190_epochs():
         s = resolve_schedule(ClickTrainConfig(), epochs)
         stages_1_to_3 = s.max_dense_epochs + s.pool_epochs + s.finalize_epochs
         assert s.hard_prune_epoch - stages_1_to_3 >= 1, epochs
+    s44 = resolve_schedule(ClickTrainConfig(), 44)  # 5% of 44 = 2.2: half up, not up
+    assert (s44.pool_epochs, s44.finalize_epochs) == (2, 2)
     s8 = resolve_schedule(ClickTrainConfig(), 8)
     assert (s8.max_dense_epochs, s8.pool_epochs, s8.finalize_epochs, s8.hard_prune_epoch) == (
         1,

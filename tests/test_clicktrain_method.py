@@ -224,6 +224,15 @@ def _feed_epoch_losses(method: ClickTrain, ctx: TrainContext, losses):
         method.on_epoch_end(ctx)
 
 
+def test_a_loss_derivative_at_the_threshold_does_not_end_stage_one():
+    """The rule is strictly below: derivatives of exactly 0.25 against 0.25 go on."""
+    method = ClickTrain(ClickTrainConfig(loss_derivative_threshold=0.25))
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    _feed_epoch_losses(method, ctx, [2.0, 1.75, 1.5])  # 0.25 and 0.25 are exact in binary
+    assert "pool" not in method.stage_start
+
+
 def test_stage_one_ends_when_loss_derivative_falls_below_threshold():
     method = ClickTrain(ClickTrainConfig())
     ctx = _context(TinyNet(), 30)

@@ -139,6 +139,14 @@ def test_lasso_coefficient_solves_eq3(ratio: float) -> None:
     assert lam * gl / (ce + lam * gl) == pytest.approx(ratio)  # Eq. (3) recovered
 
 
+def test_lasso_coefficient_edges() -> None:
+    """A cross-entropy of 0 is allowed (lambda 0); an infinite group lasso (overflowed
+    weights) is refused, not turned into lambda 0 with the penalty silently off."""
+    assert lasso_coefficient(0.0, 10.0, 0.2) == 0.0
+    with pytest.raises(ValueError):
+        lasso_coefficient(2.3, math.inf, 0.2)
+
+
 def test_lasso_coefficient_plausible_against_authors_resnet32() -> None:
     # Authors' stored values for CIFAR ResNet-32 (public code): r=0.2 -> 3.79e-4. They depend on
     # the initialisation, so this only checks the order of magnitude with ours.

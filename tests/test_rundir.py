@@ -3,6 +3,8 @@ files and failed writes are reported, and who may read what is written."""
 
 from __future__ import annotations
 
+import pytest
+
 from impl import rundir
 
 
@@ -250,3 +252,31 @@ def test_an_unreadable_checkpoint_is_not_called_damaged(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", refuse)
     with pytest.raises(PermissionError):
         rundir.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("seen", [[0, 2, 1], [0, 0, 1], [0, 1, 2, 3]], ids=str)
+def test_a_complete_runs_metrics_hold_its_epochs_once_each_in_order(tmp_path, seen):
+    """Rows out of order, repeated or past the epochs the run completed are an edited file,
+    not the run's curve (a count of rows alone would pass the first two)."""
+    from impl.run_files import check_complete_metrics
+
+    with pytest.raises(rundir.MetricsError, match="completed 3 epoch"):
+        check_complete_metrics(tmp_path, [{"epoch": e} for e in seen], 3)
+    check_complete_metrics(tmp_path, [{"epoch": e} for e in range(3)], 3)  # the run's own
+
+
+def test_read_json_names_a_file_that_is_not_text(tmp_path):
+    from impl.run_files import read_json
+
+    path = tmp_path / "summary.json"
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ValueError, match="summary.json: not a JSON file"):
+        read_json(path)
+
+
+def test_summary_fields_take_an_int_top1_and_refuse_a_float_seed():
+    from impl.run_files import summary_fields_wrong
+
+    summary = dict(method="m", model="r", data="d", scale="cpu", seed=0, epochs=3, top1=90.5)
+    assert summary_fields_wrong({**summary, "top1": 90}) == ""
+    assert summary_fields_wrong({**summary, "seed": 1.0}) == "seed is 1.0"

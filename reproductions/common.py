@@ -307,11 +307,11 @@ def _read_config(run_dir: Path, cfg: Any) -> dict[str, Any]:
 def _read_metrics(run_dir: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """A run's metrics rows, checked against its summary
     (:func:`impl.run_files.check_complete_metrics`: one row per epoch)."""
-    from impl.run_files import check_complete_metrics, read_metrics
+    from impl.run_files import check_complete_metrics, holds_type, read_metrics
 
     rows = read_metrics(run_dir)
     epochs = summary.get("epochs")
-    if summary.get("status") == "complete" and isinstance(epochs, int):
+    if summary.get("status") == "complete" and holds_type(epochs, (int,)):
         check_complete_metrics(run_dir, rows, epochs)
     return rows
 
@@ -557,6 +557,9 @@ METRICS: dict[str, tuple[str, Callable[[RunRecord, RunRecord | None], float]]] =
     "inference_flops_per_sample": ("FLOPs", lambda r, b: r.summary.get("inference_flops")),
     "inference_flops_executed_per_sample": ("FLOPs", lambda r, b: inference_executed(r.summary)),
 }  # fmt: skip
+# By impl.flops, under a name of its own where a target's "train_flops" is another count
+# (PruneTrain Table 1 and Fig. 8: the authors' formula)
+METRICS["train_flops_impl"] = METRICS["train_flops"]
 
 
 def row_metric(
@@ -1274,8 +1277,8 @@ def cifar_step_recipe(epochs: int, dataset: str = "cifar10", lr: float = 0.1) ->
     (0.1: PruneTrain Sec. 5; ClickTrain Sec. 6.1) decayed 10x at 50% and 75% of ``epochs``.
 
     Neither paper's text names the decay: 50% and 75% are epochs 91 and 136 of 182 in the
-    authors' PruneTrain code (shared/PAPERS.md); for ClickTrain's 190 epochs (95 and 142,
-    the first inside Table 1's hard-pruning epochs 90-98) they are this project's choice."""
+    authors' public PruneTrain code; for ClickTrain's 190 epochs (95 and 142, the first
+    inside Table 1's hard-pruning epochs 90-98) they are this project's choice."""
     return {
         "data": dataset,
         "epochs": epochs,

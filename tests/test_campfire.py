@@ -367,6 +367,29 @@ def test_a_conv_layer_gets_the_configured_mask_type(mask, cap) -> None:
         assert int((got.flatten(2) != 0).sum(-1).max()) <= (9 if mask == "ck" else cap)
 
 
+@pytest.mark.parametrize("mask", ["ck", "combined"])
+def test_a_conv_layer_is_ranked_in_the_configured_ck_scope(mask) -> None:
+    """ck_scope="input_channel" reaches the 3x3 convs' CK phase, of ck and of combined."""
+    from impl.methods.campfire_masks import ck_mask, combined_mask
+
+    torch.manual_seed(0)
+    model = Tiny()
+    c = CampfireConfig(mask=mask, ck_scope="input_channel")
+    method = Campfire(c)
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=9), "cpu"))
+    conv = next(x for x in method.layers if x.module == "conv")
+    w = model.get_parameter(conv.param).detach()
+
+    def expected(scope: str) -> torch.Tensor:
+        if mask == "ck":
+            return ck_mask(w, 0.6, scope=scope)
+        return combined_mask(w, 0.6, c.window_fraction, rounding=c.window_rounding, scope=scope)
+
+    got = method.layer_mask(model, conv, 0.6)
+    assert torch.equal(got, expected("input_channel"))
+    assert not torch.equal(got, expected("layer"))  # the two scopes differ here
+
+
 @pytest.mark.parametrize(
     ("mask", "scope", "expected"),
     [("ck", "input_channel", "input_channel"), ("ck", "layer", "layer"),

@@ -193,12 +193,32 @@ def test_combined_mask_per_input_channel_is_algorithm_1s_loop(shape, s) -> None:
     assert torch.equal(got, expected)
     target = count_at(s, k * m)
     pruned = (~got).transpose(0, 1).reshape(c, -1).sum(dim=1)
-    by_ck = (got != window).transpose(0, 1).reshape(c, -1).any(dim=1)  # (the window alone
-    assert bool((pruned >= target).all())  # may prune a channel past it: 1x1 kernels)
+    # the window's layer-wide rounding may prune a channel past its target on its own
+    by_ck = (got != window).transpose(0, 1).reshape(c, -1).any(dim=1)
+    assert bool((pruned >= target).all())
     assert bool((pruned[by_ck] < target + m).all()) and bool(by_ck.any())
     assert not torch.equal(got, combined_mask(w, s, 0.8))  # the layer scope differs here
     with pytest.raises(ValueError, match="unknown scope"):
         combined_mask(w, s, scope="filter")
+
+
+def test_combined_per_input_channel_window_rounding_comes_first() -> None:
+    """A channel of small weights loses several kernels' worth to the window phase's layer
+    rounding (its spare kept weights go to the largest next weights), as the docstring says;
+    the other channel ends within one kernel of its target. With the window's per-kernel
+    rounding every channel loses the same count."""
+    w = _w((512, 2, 3, 3), seed=12)
+    w[:, 1] *= 0.01
+    target = count_at(0.1, 512 * 9)
+
+    def pruned(mask: torch.Tensor) -> list[int]:
+        return [int((~mask[:, ch]).sum()) for ch in range(2)]
+
+    layer = pruned(combined_mask(w, 0.1, 0.8, scope="input_channel"))
+    assert layer[1] >= target + 2 * 9  # past its target by kernels, in the window phase
+    assert target <= layer[0] < target + 9
+    kernel = pruned(combined_mask(w, 0.1, 0.8, rounding="kernel", scope="input_channel"))
+    assert kernel[0] == kernel[1] >= target
 
 
 def test_combined_extremes() -> None:

@@ -290,8 +290,9 @@ def test_samples_and_run_training_flops_per_method():
 EVERY_METRIC = {
     "top1": 85.0, "best_top1": 87.0, "base_top1": 90.0, "delta_top1": -5.0,
     "compression_ratio": 4.0, "conv_sparsity": 75.0, "inference_flops": 25.0,
-    "inference_flops_saved": 75.0, "train_flops": 50.0, "train_flops_saved": 50.0,
-    "train_flops_executed_saved": 100.0 / 3, "train_time": 80.0, "fwd_ms": 0.5,
+    "inference_flops_saved": 75.0, "train_flops": 50.0, "train_flops_impl": 50.0,
+    "train_flops_saved": 50.0, "train_flops_executed_saved": 100.0 / 3, "train_time": 80.0,
+    "fwd_ms": 0.5,
     "bwd_ms": 3.0, "step_ms": 0.5, "iter_ms": 4.5, "run_iter_ms": 7.0, "forward_speedup": 4.0,
     "backward_speedup": 4.0 / 3, "wall_seconds": 8.0, "comm_bytes_per_iter": 1000.0,
     "peak_gpu_memory_mib": 12.5, "true_sparsity": 60.0, "train_flops_per_sample": 150.0,
@@ -1292,6 +1293,11 @@ def test_a_result_that_ran_nothing_shows_no_tf32_setting(tmp_path):
     assert list(shown["tf32 (matmul/cudnn)"]) == ["-"]
     ran = provenance_rows([("cpu", {"tf32_matmul": False, "tf32_cudnn": False}, "x")])
     assert list(ran["tf32 (matmul/cudnn)"]) == ["False/False"]
+    # a CPU-only torch (no CUDA version) has no TF32: its results' defaults are not shown
+    cpu_only = {"cuda": None, "tf32_matmul": False, "tf32_cudnn": True}
+    assert list(provenance_rows([("cpu", cpu_only, "x")])["tf32 (matmul/cudnn)"]) == ["-"]
+    on_gpu = {**cpu_only, "cuda": "13.0"}
+    assert list(provenance_rows([("gpu", on_gpu, "x")])["tf32 (matmul/cudnn)"]) == ["False/True"]
 
 
 def test_a_measurements_saved_flags_reach_its_results_provenance(tmp_path, monkeypatch):

@@ -442,9 +442,15 @@ def combined_mask(
     weights (``scope="layer"``, default), or until each input channel reaches ``round(s * K
     * R * S)`` of its own (``scope="input_channel"``: Algorithm 4 calls Algorithm 1's CK
     routine, whose loops run over input channels). A kernel removed in the second phase holds
-    several kept weights, so the total (of the layer, or of each input channel) can exceed
-    the target by less than one kernel. (Algorithm 4 as printed builds both masks with
-    the CK routine at the full threshold and ANDs them; that is not what the text describes.)
+    several kept weights, so the CK phase takes the layer (or each input channel) past its
+    target by less than one kernel. Per input channel the window phase can overshoot first,
+    as its rounding comes before: with ``rounding="layer"`` its spare kept weights go to the
+    layer's largest next weights, so a channel of small weights can lose several kernels'
+    worth in the window phase alone; ``rounding="kernel"`` prunes every kernel alike, every
+    channel by the same count (past a low target by its per-kernel rounding, up to half a
+    weight a kernel).
+    (Algorithm 4 as printed builds both masks with the CK routine at the full threshold and
+    ANDs them; that is not what the text describes.)
     Under the max score the paper defines, the window phase changes how many weights each
     removed kernel frees, not which kernels go: they go in plain CK's order. Appendix A's
     "guides the subsequent CK pruning towards the less important kernels" would need another

@@ -588,8 +588,10 @@ class ClickTrain(Method):
             out["clicktrain_loss_derivative"] = self._last_derivative
         if self._penalty_sum is not None and self._batches:
             out["clicktrain_penalty"] = float(self._penalty_sum) / self._batches
-        if self._epoch_stage == "finalize":  # counted of all: delta skips any batch whose
-            out["clicktrain_counted_batches"] = self._counted  # loss rose by more than it
+        if self._epoch_stage == "finalize":
+            # counted of all the epoch's batches: a batch whose loss rose by more than delta
+            # over the one before is not counted
+            out["clicktrain_counted_batches"] = self._counted
             out["clicktrain_finalize_batches"] = self._batches
         if self.stage == "sparse":
             total, nonzero = conv_weight_counts(ctx.model)

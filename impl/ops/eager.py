@@ -1,7 +1,7 @@
 """Calling an op's implementation directly in plain eager calls, and its registered
 ``torch.library`` op everywhere else.
 
-Every CUDA op is a ``torch.library.custom_op`` (shared/DESIGN.md, Kernels), so that autograd,
+Every CUDA op is a ``torch.library.custom_op`` (docs/kernels.md), so that autograd,
 ``torch.compile``, fake tensors and the profiler see one op. In a plain eager call that needs
 none of them, going through the dispatcher costs 25-35 us of host time a call on the 2-core
 CPU machine (``grad_pack``: 54 us through the op, 29 us direct; ``grad_unpack_into``: 44 us

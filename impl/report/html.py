@@ -281,10 +281,10 @@ def glance_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["Row", *metrics])
 
 
-def _counted_over(result: ResultSet) -> str:
-    """What the n of ``result``'s rows of ours count: "seeds" (runs), "repeats" (a
-    measurement's, ``n_of``), or "seeds or repeats" where its rows differ."""
-    kinds = {r.get("n_of") or "seeds" for r in result.rows if r.get("ours") is not None}
+def _counted_over(rows: Sequence[dict[str, Any]]) -> str:
+    """What the n of the ``rows`` of ours count: "seeds" (runs), "repeats" (a measurement's,
+    ``n_of``), or "seeds or repeats" where they differ."""
+    kinds = {r.get("n_of") or "seeds" for r in rows if r.get("ours") is not None}
     return kinds.pop() if len(kinds) == 1 else "seeds or repeats"
 
 
@@ -295,8 +295,7 @@ def glance_subject(rows: Sequence[dict[str, Any]]) -> str:
     A measurement's rows count repeats, not seeds (``n_of``: "repeats"), and say so."""
     ours = [r for r in rows if r.get("ours") is not None]
     counts = {r.get("n") for r in ours}
-    kinds = {r.get("n_of") or "seeds" for r in ours}
-    what = kinds.pop() if len(kinds) == 1 else "seeds or repeats"
+    what = _counted_over(ours)
     one = {"seeds": "seed", "repeats": "repeat"}.get(what, "seed or repeat")
     if not counts or counts == {None}:
         return "our means"
@@ -438,7 +437,8 @@ def result_section(result: ResultSet) -> Section:
             y_from_zero=spec.y_from_zero,
         )
         caption = spec.caption or spec.title
-        note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style, _counted_over(result))
+        over = _counted_over(result.rows)
+        note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style, over)
         if note and not re.search(r"\bsd\b|standard deviation", caption, re.IGNORECASE):
             caption = f"{caption.rstrip()} {note}" if caption else note
         section.figures.append(FigureBlock(figure_data_uri(fig), caption, alt=spec.title))
@@ -491,9 +491,12 @@ def scaled_title(title: str, scale: str | None) -> str:
 
 def _tf32(env: dict[str, Any]) -> str:
     """The TF32 flags (matmul/cudnn) a result's numbers were made with; "-" where nothing of
-    it ran under them (a result of the paper's numbers only, or of other results: the claims)."""
+    it ran under them: a result of the paper's numbers only, or of other results (the
+    claims), or one made with a CPU-only torch (no CUDA version), which has no TF32."""
     flags = (env.get("tf32_matmul", "?"), env.get("tf32_cudnn", "?"))
-    return "-" if flags == (None, None) else f"{flags[0]}/{flags[1]}"
+    if flags == (None, None) or ("cuda" in env and not env["cuda"]):
+        return "-"
+    return f"{flags[0]}/{flags[1]}"
 
 
 def provenance_rows(environments: Iterable[tuple[Any, ...]]) -> pd.DataFrame:

@@ -22,8 +22,7 @@ from reproductions.prunetrain import (
     dynamic_batch_options,
     epoch_batches,
     pair,
-    unchanged_batch_flag,
-    unchanged_batch_note,
+    unchanged_batch_notes,
 )
 
 
@@ -94,8 +93,7 @@ TARGET = Target(
     metrics=("comm_cost_saved",),
     figures=figures,
     extra_metrics={"comm_cost_saved": ("%", comm_cost_saved)},
-    row_note=unchanged_batch_note,
-    row_flag=unchanged_batch_flag,
+    **unchanged_batch_notes(),
     notes=lambda scale: [
         "Projected from parameter counts and batch sizes, not measured on GPUs.",
         "The paper's dotted lines grow the mini-batch at both of its strong ratios (0.2 and "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import METRICS, Row, RowResult, RunRecord, Target, described, reproduce
+from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.prunetrain import pair, ratio_label
 
 RATIOS = (0.1, 0.2, 0.25)
@@ -102,10 +102,7 @@ TARGET = Target(
         "Fig. 2b (the prunable training FLOPs broken down over the epochs) is not drawn: the "
         "runs record each epoch's total, not its parts.",
     ],
-    extra_metrics={
-        "extra_train_flops_vs_prunetrain": ("%", one_time_extra),
-        "train_flops_impl": METRICS["train_flops"],
-    },
+    extra_metrics={"extra_train_flops_vs_prunetrain": ("%", one_time_extra)},
 )
 
 

@@ -21,8 +21,7 @@ from reproductions.common import (
 from reproductions.prunetrain import (
     dynamic_batch_options,
     pair,
-    unchanged_batch_flag,
-    unchanged_batch_note,
+    unchanged_batch_notes,
 )
 
 
@@ -64,8 +63,7 @@ TARGET = Target(
     rows=rows,
     metrics=("train_time_reduction", "inference_flops", "delta_top1"),
     figures=bar_vs_paper("train_time_reduction", "Training time saved vs dense", "%"),
-    row_note=unchanged_batch_note,
-    row_flag=unchanged_batch_flag,
+    **unchanged_batch_notes(),
     notes=lambda scale: (
         [
             "Dynamic mini-batch grows the batch in steps of 32 while the iteration's memory stays "

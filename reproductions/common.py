@@ -352,23 +352,25 @@ def measure_or_reuse(
     file that does not read (torn, edited) is measured again, with a line saying so.
     Returns (values, reused).
     """
-    record, reused = _measurement_record(fn, params, scale, context, Path(root))
+    path = _measure_path(fn, params, scale, Path(root))
+    record, reused = _measurement_record(fn, params, scale, context, path)
     return record["values"], reused
 
 
 def _measurement_record(
-    fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], root: Path
+    fn: str, params: dict[str, Any], scale: str, context: dict[str, Any], path: Path
 ) -> tuple[dict[str, Any], bool]:
-    """The saved record of :func:`measure_or_reuse` (values, environment, flags), and reused."""
+    """The record of :func:`measure_or_reuse` (values, environment, flags) saved at ``path``
+    (:func:`_measure_path`), measured where none reads, and whether it was reused."""
     from impl.env import collect
 
-    path = _measure_path(fn, params, scale, root)
     if path.exists():
         try:
             record = json.loads(path.read_text())
-            record["values"]  # noqa: B018 (a record without values is not one)
+            if not isinstance(record, dict) or "values" not in record:
+                raise ValueError("no values")
             return record, True
-        except (ValueError, KeyError, TypeError) as err:  # a cache: measured again, said so
+        except ValueError as err:  # a cache (torn, edited, not UTF-8): measured again, said so
             print(f"not reusing {path}: unreadable ({err!r}); measuring again", file=sys.stderr)
     import torch
 
@@ -688,13 +690,11 @@ def execute_rows(
             continue
         try:
             if row.measure is not None:
-                record, reused = _measurement_record(
-                    row.measure, row.params, scale, context, Path(runs_root)
-                )
+                path = _measure_path(row.measure, row.params, scale, Path(runs_root))
+                record, reused = _measurement_record(row.measure, row.params, scale, context, path)
                 res.measured = record["values"]
                 flags = record.get("flags")
                 res.flags = flags if isinstance(flags, dict) else None
-                path = _measure_path(row.measure, row.params, scale, Path(runs_root))
                 how = "measured" if not reused else "reused"
                 if reused and path.resolve() in _MEASURED_HERE:  # by a row above in this command
                     how = "measured above"

@@ -226,8 +226,7 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
         # after stages 1-3 and one epoch of stage 4 (the modified group lasso that drives
         # the weights outside the patterns towards zero before they are cut, Sec. 4.4), where
         # the run has room: a set stage 1 (dense_epochs=12 of 30) left stage 4 no epoch
-        at_least = (1 if dense_max is None else dense_max + 1) + pool + fin
-        hard = min(epochs, max(half_up(HARD_PRUNE_FRACTION * epochs), at_least))
+        hard = min(epochs, max(half_up(HARD_PRUNE_FRACTION * epochs), needed + 1))
     if dense_max is None:
         # the derivative rule's cap: 25%, shortened so that stage 4 (the modified group
         # lasso) keeps at least one epoch where the run has room (0 skips stage 1); without

@@ -415,6 +415,7 @@ def result_section(result: ResultSet) -> Section:
         )
     if result.settings:
         section.tables.append(Table(settings_frame(result.settings), settings_caption(result)))
+    over = _counted_over(result.rows)  # what the figures' error bars spread over
     for spec in [part for f in result.figures for part in paper_only_apart(f, result.scale)]:
         data = pd.DataFrame(spec.data)
         if data.empty:
@@ -437,7 +438,6 @@ def result_section(result: ResultSet) -> Section:
             y_from_zero=spec.y_from_zero,
         )
         caption = spec.caption or spec.title
-        over = _counted_over(result.rows)
         note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style, over)
         if note and not re.search(r"\bsd\b|standard deviation", caption, re.IGNORECASE):
             caption = f"{caption.rstrip()} {note}" if caption else note

@@ -178,12 +178,6 @@ def unchanged_batch_note(result: Any) -> str:
     return f"the batch{size} never grew in this run: it trained as a fixed-batch run"
 
 
-def unchanged_batch_notes() -> dict[str, Any]:
-    """The ``row_note`` and ``row_flag`` of a target with a dynamic mini-batch row (Table 4,
-    Figs. 9 and 11): :func:`unchanged_batch_note` and :func:`unchanged_batch_flag`."""
-    return {"row_note": unchanged_batch_note, "row_flag": unchanged_batch_flag}
-
-
 def unchanged_batch_flag(result: Any) -> str:
     """ "batch never grew" for a dynamic mini-batch row none of whose runs' batch grew (the
     label beside it at a glance and in the claim that reads it), "" otherwise."""
@@ -192,6 +186,14 @@ def unchanged_batch_flag(result: Any) -> str:
     if any(len(set(epoch_batches(run))) > 1 for run in result.runs):
         return ""
     return "batch never grew"
+
+
+#: The ``row_note`` and ``row_flag`` of a target with a dynamic mini-batch row (Table 4,
+#: Figs. 9 and 11).
+UNCHANGED_BATCH_NOTES: dict[str, Any] = {
+    "row_note": unchanged_batch_note,
+    "row_flag": unchanged_batch_flag,
+}
 
 
 def bn_cost_pct(run: Any, base: Any = None) -> float | None:

@@ -19,10 +19,10 @@ from impl.report.results import FigureSpec
 from reproductions.common import Row, RowResult, RunRecord, Target, described, reproduce
 from reproductions.cross.methods import SEEDS as CROSS_SEEDS
 from reproductions.prunetrain import (
+    UNCHANGED_BATCH_NOTES,
     dynamic_batch_options,
     epoch_batches,
     pair,
-    unchanged_batch_notes,
 )
 
 
@@ -93,7 +93,7 @@ TARGET = Target(
     metrics=("comm_cost_saved",),
     figures=figures,
     extra_metrics={"comm_cost_saved": ("%", comm_cost_saved)},
-    **unchanged_batch_notes(),
+    **UNCHANGED_BATCH_NOTES,
     notes=lambda scale: [
         "Projected from parameter counts and batch sizes, not measured on GPUs.",
         "The paper's dotted lines grow the mini-batch at both of its strong ratios (0.2 and "

@@ -15,8 +15,8 @@ from reproductions.common import Row, RowResult, RunRecord, Target, described, r
 from reproductions.prunetrain import (
     IMAGENET_GPUS,
     PAPER_CIFAR_EPOCHS,
+    UNCHANGED_BATCH_NOTES,
     epoch_batches,
-    unchanged_batch_notes,
 )
 from reproductions.prunetrain.table4 import rows as table4_rows
 
@@ -115,7 +115,7 @@ TARGET = Target(
         "batch_size": ("samples", final_batch),
         "batch_size_per_gpu": ("samples", final_batch_per_gpu),
     },
-    **unchanged_batch_notes(),
+    **UNCHANGED_BATCH_NOTES,
     notes=lambda scale: [
         "The batch of the last epoch is compared with the paper's final batch (CIFAR-100: "
         "320 from epoch 120; ImageNet: 128 per GPU from epoch 30, ours the global batch "

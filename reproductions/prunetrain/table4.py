@@ -19,9 +19,9 @@ from reproductions.common import (
     train_time_pct_of_dense,
 )
 from reproductions.prunetrain import (
+    UNCHANGED_BATCH_NOTES,
     dynamic_batch_options,
     pair,
-    unchanged_batch_notes,
 )
 
 
@@ -63,7 +63,7 @@ TARGET = Target(
     rows=rows,
     metrics=("train_time_reduction", "inference_flops", "delta_top1"),
     figures=bar_vs_paper("train_time_reduction", "Training time saved vs dense", "%"),
-    **unchanged_batch_notes(),
+    **UNCHANGED_BATCH_NOTES,
     notes=lambda scale: (
         [
             "Dynamic mini-batch grows the batch in steps of 32 while the iteration's memory stays "

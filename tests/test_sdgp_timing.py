@@ -11,6 +11,7 @@ from torch import nn
 from impl.methods.sdgp import sdgp_convert
 from impl.methods.sdgp_timing import (
     capture_conv_shapes,
+    layout_of,
     profile_conv_layers,
     time_accounting,
     time_ms,
@@ -40,6 +41,8 @@ def test_capture_conv_shapes_changes_no_state():
         "input_shape": [2, 3, 11, 13],
         "output_shape": [2, 8, 11, 13],
         "data_grad_needed": False,
+        "input_layout": "contiguous",
+        "output_layout": "contiguous",
     }
     assert shapes["3"]["output_shape"] == [2, 16, 6, 7] and shapes["3"]["data_grad_needed"]
     assert shapes["6"]["input_shape"] == [2, 16, 6, 7]
@@ -63,6 +66,52 @@ def test_profile_conv_layers_rows(n, m):
     density = {4: n / m, 8: 2 / 12}[m]
     assert last["data_grad_density"] == pytest.approx(density)
     assert last["est_saved_ms"] == pytest.approx(last["dgrad_ms"] * (1 - density))
+
+
+def test_layout_of_names_what_a_convolution_computes_in():
+    x = torch.randn(2, 8, 5, 5)
+    assert layout_of(x) == "contiguous"
+    assert layout_of(x.contiguous(memory_format=torch.channels_last)) == "channels_last"
+    # one channel, or a 1x1 plane, is laid out both ways: NCHW is what it computes in
+    assert layout_of(torch.randn(2, 1, 5, 5).contiguous(memory_format=torch.channels_last)) == (
+        "contiguous"
+    )
+    assert layout_of(torch.randn(2, 8, 1, 1)) == "contiguous"
+    assert layout_of(torch.randn(2, 8)) == "contiguous"
+
+
+def test_profile_lays_out_its_tensors_as_a_channels_last_model_trains(monkeypatch):
+    """In a model trained channels_last every convolution past the stem gets NHWC inputs and
+    NHWC output gradients: the profile times it on tensors laid out so, not on NCHW ones that
+    oneDNN / cuDNN would reorder first (a copy training never makes)."""
+    import impl.methods.sdgp_timing as timing
+
+    seen = []
+    real = timing.conv_grad
+
+    def spy(which, g, x, w, args):
+        seen.append((which, layout_of(g), layout_of(x)))
+        return real(which, g, x, w, args)
+
+    monkeypatch.setattr(timing, "conv_grad", spy)
+    model = sdgp_convert(_model(), 2, 4).to(memory_format=torch.channels_last)
+    shapes = capture_conv_shapes(model, (3, 11, 13), 2)
+    assert shapes["0"]["input_layout"] == "contiguous"  # the images, as the trainer feeds them
+    assert shapes["0"]["output_layout"] == "channels_last"
+    assert shapes["3"]["input_layout"] == shapes["6"]["input_layout"] == "channels_last"
+    rows = profile_conv_layers(model, (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [r["layout"] for r in rows] == ["contiguous", "channels_last", "channels_last"]
+    # stem: NCHW input, NHWC gradient; then NHWC both (two calls per layer after a warm-up)
+    assert seen[:4] == [
+        ("input", "channels_last", "contiguous"),
+        ("input", "channels_last", "contiguous"),
+        ("weight", "channels_last", "contiguous"),
+        ("weight", "channels_last", "contiguous"),
+    ]
+    assert all(call[1:] == ("channels_last", "channels_last") for call in seen[4:])
+    assert len(seen) == 12
+    plain = profile_conv_layers(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [r["layout"] for r in plain] == ["contiguous"] * 3
 
 
 def test_profile_times_the_backward_on_the_real_input_and_weight(monkeypatch):

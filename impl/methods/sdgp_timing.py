@@ -61,6 +61,21 @@ def time_ms(
     return float(statistics.median(times))
 
 
+def layout_of(t: torch.Tensor) -> str:
+    """``"channels_last"`` for a 4-D tensor laid out NHWC and not also NCHW (a tensor with
+    one channel, or a 1x1 plane, is both), else ``"contiguous"``: the layout a convolution
+    given ``t`` computes in."""
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return "contiguous" if t.is_contiguous() else "channels_last"
+    return "contiguous"
+
+
+def _laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """``t`` in ``layout`` (:func:`layout_of`'s names)."""
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    return t.contiguous(memory_format=fmt)
+
+
 def capture_conv_shapes(
     model: nn.Module, input_shape: tuple[int, ...], batch_size: int
 ) -> dict[str, dict[str, Any]]:
@@ -68,8 +83,10 @@ def capture_conv_shapes(
 
     The model runs once in eval mode under ``no_grad`` (no BatchNorm statistic changes) and
     its training flag is restored. Returns ``{name: {"input_shape", "output_shape",
-    "data_grad_needed"}}``, where ``data_grad_needed`` is False for a conv fed the network's
-    input (training never computes that data gradient).
+    "data_grad_needed", "input_layout", "output_layout"}}``, where ``data_grad_needed`` is
+    False for a conv fed the network's input (training never computes that data gradient)
+    and a layout is ``"channels_last"`` for a tensor laid out NHWC (a model trained
+    ``channels_last``: its convolutions pass NHWC tensors on), else ``"contiguous"``.
     """
     param = next(model.parameters())
     x = torch.randn((batch_size, *input_shape), device=param.device, dtype=param.dtype)
@@ -82,6 +99,8 @@ def capture_conv_shapes(
                 "input_shape": list(inputs[0].shape),
                 "output_shape": list(output.shape),
                 "data_grad_needed": inputs[0] is not x,
+                "input_layout": layout_of(inputs[0]),
+                "output_layout": layout_of(output),
             }
 
         return fn
@@ -118,11 +137,15 @@ def profile_conv_layers(
     """Per-conv times of the three passes and of the pruning, on the layer's real shapes.
 
     SDGP Fig. 9. For every ``nn.Conv2d`` of ``model`` (converted or not) returns a dict with
-    ``name``, channels, kernel, stride, ``input_shape``, ``output_shape``, ``sparse`` (SDGP
+    ``name``, channels, kernel, stride, ``input_shape``, ``output_shape``, ``layout`` (the
+    input's, :func:`layout_of`), ``sparse`` (SDGP
     prunes its dL/dO), ``data_grad_density`` (kept fraction of dL/dO), ``data_grad_needed``,
     ``fwd_ms``, ``dgrad_ms``, ``wgrad_ms``, ``prune_ms`` (0.0 for dense layers) and
     ``est_saved_ms`` = ``dgrad_ms * (1 - density)`` (the paper's estimate, Sec. IV-C; 0.0
     when the layer is dense or its data gradient is never computed). Times in ms.
+    The input and the output gradient are laid out as the layer's input and output were in
+    the captured forward pass (NHWC in a model trained ``channels_last``), so that each call
+    computes in the layout training does, without a reorder training never makes.
     ``amp_dtype``: the dtype a run's autocast gives its convolutions (``bf16`` / ``fp16``
     runs): inputs, weights and gradients are timed in it, as training ran them.
     """
@@ -140,7 +163,9 @@ def profile_conv_layers(
             continue
         shp = shapes[name]
         plan = plans[name]
-        x = torch.randn(shp["input_shape"], device=device, dtype=dtype)
+        x = _laid_out(
+            torch.randn(shp["input_shape"], device=device, dtype=dtype), shp["input_layout"]
+        )
         if mod.padding_mode != "zeros":
             x = F.pad(x, mod._reversed_padding_repeated_twice, mode=mod.padding_mode)
             padding: tuple[int, int] | None = (0, 0)
@@ -150,7 +175,9 @@ def profile_conv_layers(
             continue
         w = mod.weight.detach().to(dtype)
         b = None if mod.bias is None else mod.bias.detach().to(dtype)
-        g = torch.randn(shp["output_shape"], device=device, dtype=dtype)
+        g = _laid_out(
+            torch.randn(shp["output_shape"], device=device, dtype=dtype), shp["output_layout"]
+        )
         args = (mod.stride, padding, mod.dilation, mod.groups)
         with torch.no_grad():
             fwd = time_ms(lambda: F.conv2d(x, w, b, *args), device, repeats, warmup)  # noqa: B023
@@ -184,6 +211,7 @@ def profile_conv_layers(
                 "stride": list(mod.stride),
                 "input_shape": shp["input_shape"],
                 "output_shape": shp["output_shape"],
+                "layout": shp["input_layout"],
                 "sparse": plan.sparse,
                 "data_grad_density": plan.data_grad_density,
                 "data_grad_needed": shp["data_grad_needed"],
@@ -313,6 +341,7 @@ def time_accounting(
 
 __all__ = [
     "capture_conv_shapes",
+    "layout_of",
     "profile_conv_layers",
     "time_accounting",
     "time_iteration",

@@ -350,3 +350,32 @@ def test_an_iteration_is_sparse_if_any_of_its_buckets_was_packed():
     s.record(50)
     s.end_iteration()
     assert s.sparse == [True, False] and s.epoch_metrics()["comm_sparse_iters"] == 1
+
+
+def test_an_epoch_counts_each_sparse_iteration_and_sums_an_iterations_aux_bytes():
+    """``comm_sparse_iters`` counts iterations (two of three here), not whether any was;
+    two non-gradient collectives of one iteration add up (8 + 4 bytes)."""
+    s = comm.CommStats()
+    for sparse in (True, False, True):
+        s.record(10, sparse=sparse)
+        s.record_aux(8)
+        s.record_aux(4)
+        s.end_iteration()
+    row = s.epoch_metrics()
+    assert row["comm_sparse_iters"] == 2
+    assert row["comm_aux_bytes_per_iter"] == 12
+    assert s.aux_bytes == [12, 12, 12]
+
+
+@pytest.mark.parametrize("timing", [True, False], ids=["timed", "async"])
+def test_a_dense_iteration_is_not_sparse(one_rank_group, timing):
+    """Without masks the hook sends whole buckets: every parameter's bytes, not packed."""
+    m = small_model()
+    state = comm.CommState(timing=timing)
+    ddp = nn.parallel.DistributedDataParallel(m)
+    comm.register(ddp, state)
+    ddp(torch.randn(2, 3, 5, 5)).sum().backward()
+    state.stats.end_iteration()
+    assert state.stats.sparse == [False]
+    assert state.stats.bytes == [sum(p.numel() for p in m.parameters()) * 4]
+    assert state.stats.epoch_metrics(timed=timing)["comm_sparse_iters"] == 0

@@ -364,3 +364,26 @@ def test_the_module_fails_in_one_line_from_the_shell(tmp_path):
         f"python -m impl.comm_model: error: run directory {str(tmp_path / 'absent')!r} "
         "does not exist"
     ]
+
+
+def test_project_run_projects_the_algorithm_it_is_given():
+    """algorithm="ring" projects the flat ring: 16 GPUs on nodes of 8, a payload of 1024
+    bytes: each rank sends 2 * 15/16 * 1024 = 1920 bytes (as the hierarchical ring does), of
+    which 2 of 16 ranks' share, 240, crosses the network (the hierarchical ring: 2 * 1/2 *
+    1024 / 8 = 128)."""
+    rows = [{"epoch": 0, "batch_size": 8, "comm_bytes_per_iter": 1024}]
+    (ring,) = cm.project_run(rows, (16,), train_size=80, algorithm="ring", gpus_per_node=8)
+    assert ring["algorithm"] == "ring"
+    assert ring["bytes_per_iter"] == pytest.approx(1920)
+    assert ring["bytes_inter_per_iter"] == pytest.approx(240)
+    assert ring["bytes_per_epoch"] == pytest.approx(1920 * 10)
+    (hier,) = cm.project_run(rows, (16,), train_size=80, gpus_per_node=8)
+    assert hier["bytes_inter_per_iter"] == pytest.approx(128)
+
+
+def test_a_bool_is_not_a_rank_count():
+    """True is an int to Python, but not a number of GPUs."""
+    with pytest.raises(ValueError, match="ranks must be an int >= 1, got True"):
+        cm.ring_allreduce(10, True)
+    with pytest.raises(ValueError, match="gpus_per_node must be an int >= 1, got True"):
+        cm.hierarchical_ring_allreduce(10, 8, True)

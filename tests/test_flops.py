@@ -427,3 +427,71 @@ def test_an_executed_density_that_is_not_a_layer_density_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"1\.executed_density\(\) must return a LayerDensity"):
         training_flops(nn.Sequential(nn.Conv2d(2, 2, 1), Liar(2, 2, 1)), (2, 4, 4))
+
+
+def test_a_fully_pruned_layer_costs_only_its_bias() -> None:
+    # Conv2d(2, 3, 1) on 4x4 with every weight zero: density 0 is valid, and of its 48 outputs
+    # only the 48 bias additions (and the 48 bias-gradient additions) are left.
+    assert LayerDensity(0.0, 0.0, 0.0) == LayerDensity.uniform(0.0)
+    conv = nn.Conv2d(2, 3, 1)
+    with torch.no_grad():
+        conv.weight.zero_()
+    (layer,) = training_flops(conv, (2, 4, 4)).layers
+    assert layer.density == LayerDensity(0.0, 0.0, 0.0)
+    assert layer.nominal == FlopCounts(48, 0, 48)
+    assert layer.dense == FlopCounts(2 * 48 * 2 + 48, 0, 2 * 48 * 2 + 48)
+
+
+def test_a_layer_of_one_nonzero_weight_is_dense() -> None:
+    # Linear(1, 1) with its one weight kept: nonzero fraction 1, nominal = dense = 2 + 1 bias.
+    fc = nn.Linear(1, 1)
+    with torch.no_grad():
+        fc.weight.fill_(0.5)
+    (layer,) = training_flops(nn.Sequential(nn.Flatten(), fc), (1,)).layers
+    assert layer.density == LayerDensity.uniform(1.0)
+    assert layer.nominal == layer.dense == FlopCounts(3, 0, 3)
+
+
+def test_a_sparse_module_that_is_the_model_is_counted_once() -> None:
+    # The model itself is the counted layer: its inner nn.Conv2d is not counted again.
+    # 3 filters x 16 positions = 48 outputs of 27 multiply-adds each.
+    report = training_flops(Wrapper(), (3, 4, 4))
+    assert [(layer.name, layer.kind) for layer in report.layers] == [("", "conv")]
+    assert report.dense == FlopCounts(2 * 27 * 48, 0, 2 * 27 * 48)
+    assert report.executed.forward == 0.5 * 2 * 27 * 48
+
+
+def test_a_float64_model_is_counted_like_its_float32_twin() -> None:
+    # the zero sample takes the model's dtype: a float64 model runs, and counts the same
+    assert training_flops(tiny_model().double(), (3, 7, 7)).dense == (
+        training_flops(tiny_model(), (3, 7, 7)).dense
+    )
+
+
+def test_a_frozen_bias_still_costs_its_forward_additions_in_the_nominal_count() -> None:
+    # Conv2d(3, 4, 3, padding=1) on 8x8: 256 outputs of 27 MACs, the first input channel's
+    # weights zero (2/3 nonzero), the bias frozen: the nominal forward keeps the 256 bias
+    # additions, the nominal weight gradient has no bias gradient.
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    with torch.no_grad():
+        conv.weight[:, 0] = 0
+    conv.bias.requires_grad_(False)
+    (layer,) = training_flops(conv, (3, 8, 8)).layers
+    macs = 4 * 64 * 27
+    assert layer.nominal.forward == pytest.approx(2 * macs * 2 / 3 + 256)  # bias adds stay
+    assert layer.nominal.weight_grad == pytest.approx(2 * macs * 2 / 3)  # no bias gradient
+
+
+def test_a_layer_defined_but_not_run_is_left_out() -> None:
+    class Unused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Conv2d(2, 2, 1, bias=False)
+            self.spare = nn.Linear(5, 5)  # never called in forward
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used(x)
+
+    report = training_flops(Unused(), (2, 3, 3))
+    assert [layer.name for layer in report.layers] == ["used"]
+    assert report.dense == FlopCounts(2 * 18 * 2, 0, 2 * 18 * 2)

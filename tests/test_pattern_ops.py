@@ -906,3 +906,107 @@ def test_meta_operands_give_the_results_shape():
     for b, shape in (((27, 10), (4, 10)), ((3, 27, 10), (3, 4, 10))):
         out = pattern_spmm(vals.to("meta"), idx.row_ptr, idx.col_ind, torch.empty(b, device="meta"))
         assert out.device.type == "meta" and out.shape == shape
+
+
+def test_a_one_dim_mask_is_refused():
+    # a mask is [F, K] or [F, C, R, S]: a vector names no filters
+    with pytest.raises(ValueError, match="got 1 dims"):
+        pattern_positions(torch.ones(4))
+
+
+def test_check_csr_refuses_a_row_pointer_that_starts_below_zero():
+    # [-1, 0, 1] ends at nnz = 1 and never decreases, but claims 2 entries in 2 rows
+    with pytest.raises(ValueError, match=r"row_ptr\[0\] must be 0, got -1"):
+        check_csr(torch.tensor([-1, 0, 1]), torch.tensor([0]), 2, 4)
+
+
+def test_check_csr_reads_no_contents_unless_both_indices_are_on_the_cpu():
+    # one index off the CPU (meta standing in for a GPU): no contents are read, as the
+    # docstring says; bad contents pass unnoticed and no copy to the host is tried
+    ptr, bad_cols = torch.tensor([0, 2]), torch.tensor([5, 0])
+    check_csr(ptr, bad_cols.to("meta"), 1, 4)
+    check_csr(ptr.to("meta"), bad_cols, 1, 4)
+
+
+@pytest.mark.parametrize("needs", ["values", "dense_b"])
+def test_pattern_spmm_gives_each_operand_its_gradient_alone(needs):
+    """Only one operand requires a gradient: it gets the dense product's, sampled at the
+    stored positions for ``values`` (the SDDMM), ``A^T @ grad`` for ``dense_b``."""
+    gen = torch.Generator().manual_seed(13)
+    mask = _random_mask((6, 9), 0.4, gen)
+    dense = torch.randn(6, 9, generator=gen, dtype=F64) * mask
+    b = torch.randn(9, 4, generator=gen, dtype=F64)
+    grad_out = torch.randn(6, 4, generator=gen, dtype=F64)
+    row_ptr, col_ind = pattern_positions(mask)
+    values = pattern_csr(dense, row_ptr, col_ind).requires_grad_(needs == "values")
+    b1 = b.clone().requires_grad_(needs == "dense_b")
+    pattern_spmm(values, row_ptr, col_ind, b1, impl="ref").backward(grad_out)
+    if needs == "values":
+        assert b1.grad is None
+        torch.testing.assert_close(values.grad, (grad_out @ b.T)[mask], rtol=1e-12, atol=1e-12)
+    else:
+        assert values.grad is None
+        torch.testing.assert_close(b1.grad, dense.T @ grad_out, rtol=1e-12, atol=1e-12)
+
+
+def test_pattern_conv2d_with_unequal_dilations_matches_conv2d():
+    # dilation 1 down the rows and 2 across the columns: each dimension its own reach
+    gen = torch.Generator().manual_seed(14)
+    mask = _random_mask((4, 3, 3, 3), 0.5, gen)
+    weight = torch.randn(4, 3, 3, 3, generator=gen, dtype=F64)
+    x = torch.randn(2, 3, 7, 9, generator=gen, dtype=F64)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out1 = pattern_conv2d(x1, weight, mask, dilation=(1, 2), impl="ref")
+    out2 = F.conv2d(x2, weight * mask, dilation=(1, 2))
+    assert out1.shape == out2.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(out1, out2, rtol=1e-12, atol=1e-12)
+    grad_out = torch.randn(out2.shape, generator=gen, dtype=F64)
+    out1.backward(grad_out)
+    out2.backward(grad_out)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_im2col_with_unequal_paddings_is_unfold():
+    # padding 0 down the rows and 1 across the columns: 5 x 8 outputs of a 3x3 kernel on 7x6
+    x = torch.randn(2, 3, 7, 6, dtype=F64)
+    cols = im2col(x, (3, 3), padding=(0, 1))
+    want = F.unfold(x, (3, 3), padding=(0, 1)).permute(1, 0, 2).reshape(27, 2 * 5 * 6)
+    assert torch.equal(cols, want)
+
+
+def test_an_input_narrower_than_the_kernel_is_refused():
+    # tall enough (3 rows for 3) but 2 columns wide for a 3-column kernel
+    weight, mask = torch.randn(4, 2, 3, 3), torch.ones(4, 2, 3, 3)
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        pattern_conv2d(torch.randn(2, 2, 3, 2), weight, mask, impl="ref")
+
+
+@pytest.mark.parametrize(("batch", "filters"), [(1, 4), (3, 1)], ids=["batch1", "filter1"])
+def test_the_result_of_a_pattern_conv_can_be_edited_in_place(batch, filters):
+    """A batch or a filter count of 1 makes the product's reshape a view: the result is a
+    tensor of its own all the same, so an in-place ReLU is allowed and its gradient right."""
+    gen = torch.Generator().manual_seed(15)
+    weight = torch.randn(filters, 2, 3, 3, generator=gen, dtype=F64)
+    mask = _random_mask(weight.shape, 0.5, gen)
+    x = torch.randn(batch, 2, 5, 5, generator=gen, dtype=F64)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out1 = pattern_conv2d(x1, weight, mask, padding=1, impl="ref").relu_()
+    out2 = F.conv2d(x2, weight * mask, padding=1).relu_()
+    torch.testing.assert_close(out1, out2, rtol=1e-12, atol=1e-12)
+    out1.sum().backward()
+    out2.sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_pattern_conv2d_module_keeps_every_nonzero_position_of_a_valued_mask():
+    # a mask given by values (negative ones too): nonzero = kept, as pattern_positions reads it
+    gen = torch.Generator().manual_seed(16)
+    weight = torch.randn(3, 2, 3, 3, generator=gen, dtype=F64)
+    mask = torch.randn(3, 2, 3, 3, generator=gen, dtype=F64) * _random_mask(weight.shape, 0.6, gen)
+    kept = mask != 0
+    module = PatternConv2d(nn.Parameter(weight.clone()), mask, padding=1)
+    assert torch.equal(module.mask, kept)
+    assert torch.equal(module.weight.detach(), weight * kept)
+    x = torch.randn(2, 2, 5, 5, generator=gen, dtype=F64)
+    expected = F.conv2d(x, weight * kept, padding=1)
+    torch.testing.assert_close(module(x), expected, rtol=1e-12, atol=1e-12)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from impl.methods.sdgp import sdgp_convert
+from impl.methods.sdgp import conv_memory_format, sdgp_convert
 from impl.methods.sdgp_timing import (
     capture_conv_shapes,
     layout_of,
@@ -78,6 +78,11 @@ def test_layout_of_names_what_a_convolution_computes_in():
     )
     assert layout_of(torch.randn(2, 8, 1, 1)) == "contiguous"
     assert layout_of(torch.randn(2, 8)) == "contiguous"
+    # the torch format behind the names, which the 2:4 backend lays its data gradient out in
+    assert conv_memory_format(x.contiguous(memory_format=torch.channels_last)) == (
+        torch.channels_last
+    )
+    assert conv_memory_format(torch.randn(2, 8, 1, 1)) == torch.contiguous_format
 
 
 def test_profile_lays_out_its_tensors_as_a_channels_last_model_trains(monkeypatch):

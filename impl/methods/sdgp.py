@@ -84,6 +84,19 @@ def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
     return (int(conv.padding[0]), int(conv.padding[1]))
 
 
+def conv_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """The layout a convolution given ``t`` computes in: ``torch.channels_last`` for a 4-D
+    tensor laid out NHWC and not also NCHW (a tensor with one channel, or a 1x1 plane, is
+    both), else ``torch.contiguous_format``."""
+    if (
+        t.dim() == 4
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def conv_grad(
     which: str,
     grad_out: torch.Tensor,
@@ -853,6 +866,7 @@ __all__ = [
     "check_eps",
     "check_method",
     "check_nm",
+    "conv_memory_format",
     "data_grad_density",
     "nm_keep_mask",
     "nm_prune",

@@ -62,6 +62,7 @@ from impl.methods.sdgp import (
     SDGPConv2d,
     _set_submodule,
     conv_grad,
+    conv_memory_format,
     plain_conv,
     random_generator,
     sdgp_conv_backward,
@@ -489,16 +490,6 @@ def sparse_data_grad(
     return assemble_data_grad(col, input_shape, tuple(weight.shape[2:]), stride, padding, dilation)  # type: ignore[arg-type]
 
 
-def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    if (
-        x.dim() == 4
-        and not x.is_contiguous()
-        and x.is_contiguous(memory_format=torch.channels_last)
-    ):
-        return torch.channels_last
-    return torch.contiguous_format
-
-
 # --------------------------------------------------------------------------------------------
 # the converted convolution
 # --------------------------------------------------------------------------------------------
@@ -698,7 +689,7 @@ class SDGPSemiConv2d(SDGPConv2d):
             pruned = rows_to_nchw(rows, tuple(grad_out.shape[2:]))  # type: ignore[arg-type]
             return conv_grad("input", pruned, x, weight, conv_args)
         self.semi_calls += 1
-        return grad_x.contiguous(memory_format=_memory_format(x))
+        return grad_x.contiguous(memory_format=conv_memory_format(x))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled() or not self.training:  # as SDGPConv2d: training only

@@ -24,7 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impl.methods.sdgp import _explicit_padding, conv_grad, sdgp_plan, sdgp_restore
+from impl.methods.sdgp import (
+    _explicit_padding,
+    conv_grad,
+    conv_memory_format,
+    sdgp_plan,
+    sdgp_restore,
+)
 from impl.ops.nm import check_method, check_nm, nm_prune
 
 
@@ -62,12 +68,10 @@ def time_ms(
 
 
 def layout_of(t: torch.Tensor) -> str:
-    """``"channels_last"`` for a 4-D tensor laid out NHWC and not also NCHW (a tensor with
-    one channel, or a 1x1 plane, is both), else ``"contiguous"``: the layout a convolution
-    given ``t`` computes in."""
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        return "contiguous" if t.is_contiguous() else "channels_last"
-    return "contiguous"
+    """The layout a convolution given ``t`` computes in
+    (:func:`impl.methods.sdgp.conv_memory_format`), by name: ``"channels_last"`` or
+    ``"contiguous"``."""
+    return "channels_last" if conv_memory_format(t) == torch.channels_last else "contiguous"
 
 
 def _laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -138,11 +142,11 @@ def profile_conv_layers(
 
     SDGP Fig. 9. For every ``nn.Conv2d`` of ``model`` (converted or not) returns a dict with
     ``name``, channels, kernel, stride, ``input_shape``, ``output_shape``, ``layout`` (the
-    input's, :func:`layout_of`), ``sparse`` (SDGP
-    prunes its dL/dO), ``data_grad_density`` (kept fraction of dL/dO), ``data_grad_needed``,
-    ``fwd_ms``, ``dgrad_ms``, ``wgrad_ms``, ``prune_ms`` (0.0 for dense layers) and
-    ``est_saved_ms`` = ``dgrad_ms * (1 - density)`` (the paper's estimate, Sec. IV-C; 0.0
-    when the layer is dense or its data gradient is never computed). Times in ms.
+    input's, :func:`layout_of`), ``sparse`` (SDGP prunes its dL/dO), ``data_grad_density``
+    (kept fraction of dL/dO), ``data_grad_needed``, ``fwd_ms``, ``dgrad_ms``, ``wgrad_ms``,
+    ``prune_ms`` (0.0 for dense layers) and ``est_saved_ms`` = ``dgrad_ms * (1 - density)``
+    (the paper's estimate, Sec. IV-C; 0.0 when the layer is dense or its data gradient is
+    never computed). Times in ms.
     The input and the output gradient are laid out as the layer's input and output were in
     the captured forward pass (NHWC in a model trained ``channels_last``), so that each call
     computes in the layout training does, without a reorder training never makes.

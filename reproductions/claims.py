@@ -254,6 +254,18 @@ def _per_seed(
     return (common, po, pb) if len(common) >= 2 else None
 
 
+def _seed_counts(n_row: int, n_base: int) -> str:
+    """How many seeds the two means of a one-measurement ratio or difference are over: "one
+    seed", "means over 5 seeds", or each count where they differ ("means over one seed and 5
+    seeds", the row's first)."""
+    if max(n_row, n_base) < 2:
+        return "one seed"
+    if n_row == n_base:
+        return f"means over {n_row} seeds"
+    each = ("one seed" if k < 2 else f"{k} seeds" for k in (n_row, n_base))
+    return "means over " + " and ".join(each)
+
+
 def _relative_reader(
     target: str,
     row: str,
@@ -278,7 +290,7 @@ def _relative_reader(
         paired = _per_seed(results, target, row, base_row, metric)
         if paired is None:
             v = value(ours[0], base[0])
-            over = "one seed" if max(ours[2], base[2]) < 2 else f"means over {ours[2]} seeds"
+            over = _seed_counts(ours[2], base[2])
             text = f"{show(v)} against {base_row} (one measurement: {both}, {over})"
             return Evidence(v, None, 1, v, v, text)
         common, po, pb = paired

@@ -386,16 +386,19 @@ def test_time_ratio_without_per_seed_values_is_one_number():
     assert "means over 5 seeds" in row["note"]
 
 
-@pytest.mark.parametrize(("n", "said"), [(None, "one seed"), (2, "means over 2 seeds")],
-                         ids=["no-n", "two-seeds"])  # fmt: skip
+@pytest.mark.parametrize(("n", "said"), [
+    (None, "one seed"), (2, "means over 2 seeds"), ((5, 1), "means over one seed and 5 seeds"),
+    ((3, 5), "means over 5 seeds and 3 seeds"),
+], ids=["no-n", "two-seeds", "one-against-five", "five-against-three"])  # fmt: skip
 def test_a_ratio_of_means_says_how_many_seeds_each_mean_is_over(n, said):
+    # n: both rows' count, or (dense's, ClickTrain's); the ratio's own row is named first
     rows = [_row("dense", "run_iter_ms", 30.0), _row("clicktrain", "run_iter_ms", 45.0)]
-    for r in rows:
+    for k, r in enumerate(rows):
         r.pop("ours_sd")
         if n is None:
             r.pop("n")
         else:
-            r["n"] = n
+            r["n"] = n[k] if isinstance(n, tuple) else n
     cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=rows)
     row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
     assert row["ours"] == pytest.approx(1.5) and said in row["note"]
@@ -699,3 +702,64 @@ def test_ratios_against_or_of_zero_read_no_division_by_zero():
     assert ev.mean == 0 and ev.low == ev.high == 0
     zero = C._mean_ci((0.0, 0.5, 4), ".2f", "x")
     assert zero.low == pytest.approx(-zero.high) and zero.low < 0
+
+
+def test_a_seed_whose_compared_row_value_is_missing_is_left_out_of_the_pairing():
+    """A null per-seed value of the row compared (not only of its baseline) drops that seed
+    from a paired ratio and from a paired difference, rather than stopping the claims."""
+    from scipy.stats import t
+
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu", rows=[
+        {**_row("dense", "run_iter_ms", 30.25, 0.5, 4), "seeds": [0, 1, 2, 3],
+         "values": [30.0, 30.0, 31.0, 30.0]},
+        {**_row("clicktrain", "run_iter_ms", 61.0, 1.0, 3), "seeds": [0, 1, 2, 3],
+         "values": [60.0, None, 62.0, 61.0]},
+    ])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[NO_EXTRA_TIME]
+    assert "paired over seeds [0, 2, 3]" in row["note"] and row["n"] == 3
+    assert row["ours"] == pytest.approx((2.0 + 2.0 + 61.0 / 30.0) / 3)
+    table1 = ResultSet(target="sdgp.table1", title="t", scale="cpu", rows=[
+        {**_row("SDGP rescaled 2:4", "delta_top1", 0.4, 0.1, 2), "seeds": [0, 1, 2],
+         "values": [0.5, None, 0.3]},
+        {**_row("SDGP random 2:4", "delta_top1", -0.5, 0.1, 3), "seeds": [0, 1, 2],
+         "values": [-0.5, -0.4, -0.6]},
+    ])  # fmt: skip
+    ev = C.difference_reader("sdgp.table1", "SDGP rescaled 2:4", "SDGP random 2:4")(
+        {"sdgp.table1": table1}
+    )
+    # seeds 0 and 2: differences 1.0 and 0.9, mean 0.95, sd 0.0707
+    half = t.ppf(0.975, 1) * math.sqrt(0.005) / math.sqrt(2)
+    assert ev.n == 2 and "paired over seeds [0, 2]" in ev.text
+    assert (ev.mean, ev.low, ev.high) == pytest.approx((0.95, 0.95 - half, 0.95 + half))
+
+
+def test_a_sweep_saved_as_nan_counts_as_never_beating_dense():
+    # a NaN per-sweep crossover is a sweep with no swept point, as a null is: beyond the
+    # bound, so sweeps of 56% and 65% beside it straddle 65% rather than hold
+    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
+        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 60.5, None, 2),
+         "values": [56.0, math.nan, 65.0]},
+    ])  # fmt: skip
+    (claim,) = [c for c in C.CLAIMS if c.paper + ": " + c.claim == CROSSOVER]
+    ev = claim.read({"clicktrain.fig10": fig10})
+    assert (ev.low, ev.high, ev.n) == (56.0, math.inf, 3) and ev.mean == pytest.approx(60.5)
+    assert "56.0%, none, 65.0%" in ev.text
+    assert C.judge(claim, ev, "cpu") == "inconclusive"
+
+
+def test_an_interval_end_is_given_in_full_only_where_two_decimals_hide_it():
+    # an end exactly on the bound, or one that reads apart from it at two decimals, needs no
+    # more digits; one that reads as the bound but is not, high end as well as low, does
+    assert C.judge_why(_claim(paper_value=0.0, strict=True), _ev(0.0, 0.4), "cpu") == (
+        "inconclusive",
+        "the 95% interval straddles 0",
+    )
+    claim = _claim(paper_value=-0.3)
+    assert C.judge_why(claim, _ev(-0.34, 0.39), "cpu") == (
+        "inconclusive",
+        "the 95% interval straddles -0.3",
+    )
+    assert C.judge_why(_claim(paper_value=-0.3, higher_is_better=False), _ev(-0.9, -0.2996)) == (
+        "inconclusive",
+        "the 95% interval straddles -0.3 (high end -0.2996)",
+    )

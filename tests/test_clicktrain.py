@@ -32,6 +32,7 @@ from impl.methods.clicktrain_patterns import (
 )
 
 F64 = torch.float64
+COMBOS = list(itertools.combinations(range(9), 4))
 ODD_SHAPES = [(1, 1), (5, 3), (7, 11), (16, 16)]
 ODD_IDS = ["1x1", "5x3", "7x11", "16x16"]
 
@@ -181,6 +182,34 @@ def test_best_candidate_pattern_on_a_crafted_kernel():
     assert reachable[0, 0].flatten().nonzero().flatten().tolist() == [1, 3, 4, 5, 7, 8]
 
 
+def _kept(pattern):
+    return pattern.flatten().nonzero().flatten().tolist()
+
+
+def test_second_position_is_an_8_neighbour_even_when_every_neighbour_scores_zero():
+    # Only position 8 matters: its 8-neighbours 4, 5 and 7 all score zero, so the second
+    # position is the lowest of them (4), never a zero-scoring non-neighbour such as 0.
+    w = torch.zeros(2, 1, 3, 3, dtype=F64)
+    w[0, 0, 2, 2] = 1.0
+    g = torch.ones_like(w)  # kernel (1, 0) is all zero, as with a dead gradient
+    ids, reachable = best_candidate_patterns(w, g)
+    patterns = all_patterns()
+    # first 8, second 4, candidates 1 3 5 7 (all tied at zero): the lowest pattern id
+    assert _kept(patterns[ids[0, 0]]) == [1, 3, 4, 8]
+    assert _kept(reachable[0, 0]) == [1, 3, 4, 5, 7, 8]
+    # all zero: first 0, second 1 (its lowest 8-neighbour), candidates 2 3 4
+    assert _kept(patterns[ids[1, 0]]) == [0, 1, 2, 3]
+    assert _kept(reachable[1, 0]) == [0, 1, 2, 3, 4]
+
+
+def test_best_candidate_patterns_reject_kernels_other_than_3x3():
+    w = torch.ones(2, 3, 5, 5)
+    with pytest.raises(ValueError, match="3x3"):
+        best_candidate_patterns(w, w)
+    with pytest.raises(ValueError, match="3x3"):
+        PatternPool(4).update(w, w)
+
+
 @pytest.mark.parametrize("size", [0, 127, -1, True, 4.0], ids=["zero", "127", "negative",
                                                                  "bool", "float"])  # fmt: skip
 def test_pattern_pool_rejects_sizes_outside_1_to_126(size):
@@ -224,6 +253,41 @@ def test_pattern_pool_with_fewer_candidates_than_size_and_resume():
     assert single.finalize().shape[0] == 1
 
 
+def _kernel_choosing(first, second, extra):
+    """A 3x3 kernel whose steps 1-4 pick ``first``, ``second`` and the two ``extra``."""
+    imp = torch.zeros(9, dtype=F64)
+    imp[first], imp[second], imp[extra[0]], imp[extra[1]] = 8.0, 4.0, 2.0, 1.0
+    return imp.sqrt().view(3, 3)
+
+
+def test_pattern_pool_breaks_competitive_score_ties_by_the_lower_pattern_id():
+    a = (4, 1, (3, 5))  # keeps 1 3 4 5, chosen by three kernels
+    once = [(8, 7, (5, 6)), (6, 3, (0, 7)), (0, 1, (2, 3)), (2, 5, (1, 8)), (4, 8, (5, 7))]
+    kernels = [a, a, a, *once]
+    w = torch.stack([_kernel_choosing(*k) for k in kernels]).unsqueeze(0)  # [1, 8, 3, 3]
+    pool = PatternPool(3)
+    pool.update(w, torch.ones_like(w))
+    ids = [COMBOS.index(tuple(sorted((f, s, *e)))) for f, s, e in kernels]
+    counts = {i: ids.count(i) for i in set(ids)}
+    assert best_candidate_patterns(w, torch.ones_like(w))[0].flatten().tolist() == ids
+    expected = sorted(counts, key=lambda i: (-counts[i], i))[:3]
+    # (1,3,4,5) three times, then the lowest ids of the five tied at one: (0,1,2,3), (0,3,6,7)
+    assert [COMBOS[i] for i in expected] == [(1, 3, 4, 5), (0, 1, 2, 3), (0, 3, 6, 7)]
+    pool.finalize()
+    assert pool.pattern_ids.tolist() == expected
+
+
+def test_pattern_pool_state_dict_is_a_snapshot_later_updates_leave_alone():
+    w = torch.stack([_kernel_choosing(4, 1, (3, 5))]).unsqueeze(0)
+    pool = PatternPool(4)
+    pool.update(w, torch.ones_like(w))
+    state = pool.state_dict()
+    before = state["scores"].clone()
+    pool.update(w, torch.ones_like(w))
+    assert torch.equal(state["scores"], before)
+    assert float(pool.scores.sum()) == 2.0
+
+
 # -- finalization (Sec. 4.3) ------------------------------------------------------------------
 
 
@@ -239,6 +303,11 @@ def test_removal_count(n, fraction, expected):
 def test_removal_count_rejects_fraction_one():
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         removal_count(8, 1.0)
+
+
+def test_removal_count_rejects_a_negative_fraction():
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        removal_count(8, -0.25)
 
 
 @pytest.mark.parametrize("shape", [(7, 13), (16, 16), (3, 64)], ids=["7x13", "16x16", "3x64"])
@@ -269,6 +338,23 @@ def test_ranking_ties_go_to_the_secondary_key():
     secondary = torch.tensor([[5.0, 4.0, 3.0], [0.0, 1.0, 2.0]], dtype=F64)
     removed = rank_for_removal(primary, secondary, 0.5, balanced=False)
     assert removed.tolist() == [[False, False, False], [True, True, True]]
+
+
+def test_ranking_ties_without_a_secondary_key_go_to_the_lower_index():
+    # 40 equal scores: half go, and they are the first 20 (by index), in every filter
+    removed = rank_for_removal(torch.zeros(3, 40, dtype=F64), None, 0.5, balanced=True)
+    assert removed.tolist() == [[True] * 20 + [False] * 20] * 3
+    removed = rank_for_removal(torch.zeros(2, 20, dtype=F64), None, 0.5, balanced=False)
+    assert removed.tolist() == [[True] * 20, [False] * 20]
+
+
+def test_ranking_ties_in_both_keys_go_to_the_lower_index():
+    primary = torch.zeros(1, 40, dtype=F64)
+    secondary = torch.ones(1, 40, dtype=F64)
+    secondary[0, 30:] = 0.0  # the last ten rank lowest on the secondary key
+    removed = rank_for_removal(primary, secondary, 0.5, balanced=True)
+    # the ten of lower secondary score, then the first ten of the thirty tied ones
+    assert removed.tolist() == [[True] * 10 + [False] * 20 + [True] * 10]
 
 
 def test_loss_rose_margin():
@@ -324,6 +410,67 @@ def test_layer_finalizer_sums_every_batch_and_breaks_a_vote_tie_by_the_lower_sco
     tie.kernel_votes[0] = torch.tensor([3, 3, 3, 1])  # three kernels tied for the two places
     tie.kernel_score_sum[0] = torch.tensor([5.0, 1.0, 2.0, 0.0])
     assert tie.removed_kernels().tolist() == [[False, True, True, False]]
+
+
+def test_pattern_scores_of_skipped_batches_still_break_frequency_ties():
+    pool = torch.zeros(2, 3, 3, dtype=torch.bool)
+    pool[0].view(-1)[[0, 1, 2, 3]] = True
+    pool[1].view(-1)[[5, 6, 7, 8]] = True
+    fin = LayerFinalizer((1, 1), 2, 0.0)
+    g = torch.ones(1, 1, 3, 3, dtype=F64)
+
+    def batch(position, importance, count):
+        w = torch.zeros(1, 1, 3, 3, dtype=F64)
+        w.view(-1)[position] = importance**0.5
+        fin.update(w, g, pool, count)
+
+    batch(0, 1.0, True)  # pattern 0 best, scores 1
+    batch(8, 4.0, True)  # pattern 1 best, scores 4: one occurrence each
+    batch(0, 10.0, False)  # skipped by the loss margin, pattern 0 scores 10
+    # summed over every batch: pattern 0 has 11, pattern 1 has 4
+    assert fin.pattern_score_sum[0, 0].tolist() == pytest.approx([11.0, 4.0])
+    assert fin.final_patterns().tolist() == [[0]]
+
+
+def test_layer_finalizer_state_dict_is_a_snapshot_later_batches_leave_alone():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(2, 4, 3, 3, generator=gen, dtype=F64)
+    g = torch.randn(2, 4, 3, 3, generator=gen, dtype=F64)
+    pool = all_patterns()[:3]
+    fin = LayerFinalizer((2, 4), 3, 0.5, balanced=True)
+    fin.update(w, g, pool, count=True)
+    state = fin.state_dict()
+    saved = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    fin.update(w, g, pool, count=True)
+    for key, value in saved.items():
+        assert torch.equal(state[key], value), key
+    assert int(fin.kernel_votes.sum()) == 2 * int(saved["kernel_votes"].sum())
+
+
+def test_layer_finalizer_load_state_dict_restores_counters_and_ranking_options():
+    pool = all_patterns()[:3]
+    w, g = _pair((2, 4), seed=6)
+    w[0] *= 0.01  # filter 0's kernels are all less important than filter 1's
+    fin = LayerFinalizer((2, 4), 3, 0.5, balanced=False)
+    fin.update(w, g, pool, count=True)
+    fin.update(w, g, pool, count=False)
+    restored = LayerFinalizer((2, 4), 3, 0.25, balanced=True)  # other options, overwritten
+    restored.load_state_dict(fin.state_dict())
+    assert (restored.batches, restored.counted) == (2, 1)
+    assert (restored.fraction, restored.balanced) == (0.5, False)
+    # layer-wide, half of the layer: the whole of filter 0
+    assert restored.removed_kernels().tolist() == [[True] * 4, [False] * 4]
+    assert torch.equal(restored.final_patterns(), fin.final_patterns())
+    for finalizer in (fin, restored):
+        finalizer.update(w, g, pool, count=True)
+    assert restored.kernel_votes.tolist() == fin.kernel_votes.tolist() == [[2] * 4, [0] * 4]
+
+
+def test_layer_finalizer_rejects_a_fraction_outside_0_to_1():
+    for fraction in (1.0, -0.1):
+        for balanced in (True, False):
+            with pytest.raises(ValueError, match=r"\[0, 1\)"):
+                LayerFinalizer((2, 4), 3, fraction, balanced=balanced)
 
 
 def test_a_layer_wide_finalizer_votes_layer_wide():

@@ -406,9 +406,13 @@ def test_nm_prune_is_exported_by_impl_ops():
         ({"n": 2, "m": 4, "eps": math.nan}, r"eps must be a finite number >= 0; got nan"),
         ({"n": 2, "m": 4, "eps": math.inf}, r"eps must be a finite number >= 0; got inf"),
         ({"n": 2, "m": 4, "eps": "1e-4"}, r"eps must be a finite number >= 0; got '1e-4'"),
+        ({"n": True, "m": 4}, r"n must be an int with 1 <= n <= m <= 32; got True"),
+        ({"n": 1, "m": True}, r"m must be an int with 1 <= n <= m <= 32; got True"),
+        ({"n": 2, "m": 4, "dim": -5}, r"dim must be an int in \[-4, 3\]"),
+        ({"n": 2, "m": 4, "eps": True}, r"eps must be a finite number >= 0; got True"),
     ],
     ids=["n>m", "m>32", "n=0", "n<0", "float-n", "method", "rescale", "impl", "dim",
-         "eps<0", "eps-nan", "eps-inf", "eps-str"],
+         "eps<0", "eps-nan", "eps-inf", "eps-str", "bool-n", "bool-m", "dim<-4", "bool-eps"],
 )  # fmt: skip
 def test_bad_arguments_raise_value_error(kwargs, match):
     # nm_prune, its reference and the SDGP conv refuse the same arguments (a NaN eps made
@@ -663,3 +667,98 @@ def test_a_layers_prune_impl_it_cannot_use_is_refused_not_run_as_the_reference(i
     x = torch.randn(1, 8, 5, 5, requires_grad=True)
     with pytest.raises(ValueError, match=match):
         layer(x).sum().backward()
+
+
+def test_the_most_negative_dim_is_the_first():
+    # dim = -x.dim() names dim 0 (as torch counts dims), not an error
+    x = torch.randn(8, 3, 5)
+    want = loop_prune(x.reshape(1, 8, 15, 1), 2, 4, "magnitude").reshape(8, 3, 5)
+    assert torch.equal(nm_prune(x, 2, 4, "magnitude", dim=-3), want)
+    assert torch.equal(nm_prune_ref(x, 2, 4, "magnitude", dim=-3), want)
+
+
+def test_the_default_is_rescaled_by_the_plane_rule_with_the_authors_eps():
+    # nm_prune(x, n, m) prunes dim 1 by magnitude and rescales each (sample, channel) plane
+    # with eps = 1e-4: the rule of the authors' code (module docstring)
+    x = torch.randn(2, 8, 3, 4, dtype=torch.float64)
+    want = loop_prune(x, 2, 4, "rescaled", "plane")
+    torch.testing.assert_close(nm_prune(x, 2, 4), want, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(nm_prune_ref(x, 2, 4), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"]
+)
+@pytest.mark.parametrize("rule", ["plane", "channel"])
+@pytest.mark.parametrize("impl", ["ref", "auto"])
+def test_a_plane_with_nothing_kept_stays_zero_with_eps_zero(dtype, rule, impl):
+    # Channel 1 is never among the 2 largest of its group of 4: its planes (and the channel)
+    # keep nothing, so their rescale factor sum|x| / sum|y| would be x / 0; they stay zero,
+    # and every other plane keeps its L1 norm exactly (eps = 0).
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 8, 4, 5, generator=gen, dtype=torch.float64)
+    x = x.sign() * (x.abs() + 10.0)
+    x[:, 1] = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64) * 1e-2
+    x = x.to(dtype)
+    y = nm_prune(x, 2, 4, "rescaled", rescale=rule, eps=0.0, impl=impl)
+    assert not torch.isnan(y).any()
+    assert torch.equal(y[:, 1], torch.zeros_like(y[:, 1]))
+    sums = (2, 3) if rule == "plane" else (0, 2, 3)
+    l1_x = x.double().abs().sum(dim=sums)
+    l1_y = y.double().abs().sum(dim=sums)
+    others = [c for c in range(8) if c != 1]
+    rtol = {torch.float16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    torch.testing.assert_close(l1_y[..., others], l1_x[..., others], rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16], ids=["f32", "f64", "f16"]
+)
+@pytest.mark.parametrize("rule", ["plane", "channel"])
+@pytest.mark.parametrize("impl", ["ref", "auto"])
+def test_rescaled_1d_tensor_rescales_each_kept_element_by_itself(dtype, rule, impl):
+    # Grouped along its only dim, each element is a plane (and a channel) of its own: a kept
+    # x becomes x * |x| / (|x| + eps), the others 0.
+    x = torch.tensor([1.0, -4.0, 2.0, 3.0, 0.5, -0.25, 8.0, 1.0, -2.0, 0.75], dtype=dtype)
+    eps = 0.5
+    y = nm_prune(x, 2, 4, "rescaled", dim=0, rescale=rule, eps=eps, impl=impl)
+    kept = {1: -4.0, 3: 3.0, 6: 8.0, 7: 1.0, 8: -2.0, 9: 0.75}  # the last group: 2 of 2
+    want = [kept[j] * abs(kept[j]) / (abs(kept[j]) + eps) if j in kept else 0.0 for j in range(10)]
+    rtol = 1e-3 if dtype == torch.float16 else 1e-6
+    torch.testing.assert_close(y, torch.tensor(want, dtype=dtype), rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "ints", "one"),
+    [(torch.float32, torch.int32, 0x3F800000), (torch.float64, torch.int64, 0x3FF0000000000000)],
+    ids=["f32", "f64"],
+)
+@pytest.mark.parametrize("method", ["magnitude", "rescaled"])
+def test_nans_tie_whatever_their_payload_and_the_lowest_index_wins(dtype, ints, one, method):
+    # NaN ranks above every number as in torch.sort, where all NaNs are equal: of two NaNs
+    # with different bits (a quiet NaN with payload 1, then one with payload 2 and the sign
+    # set) the first is kept, whatever the magnitudes' bit patterns.
+    quiet = torch.tensor(math.nan, dtype=dtype).view(ints).item()
+    sign = -(2 ** (torch.iinfo(ints).bits - 1))
+    bits = torch.tensor([quiet | 1, (quiet | 2) + sign, one, one + 1], dtype=ints)
+    x = bits.view(dtype).view(1, 4, 1)
+    assert bool(x.isnan()[0, :2].all())
+    y = nm_prune(x, 1, 4, method)
+    assert y.isnan().flatten().tolist() == [True, False, False, False]
+    assert torch.equal(nm_prune_ref(x, 1, 4, method).isnan(), y.isnan())
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_random_keeps_the_largest_uniforms_drawn_along_the_grouped_dim_last(dim):
+    # The documented draw: float64 uniforms of x.movedim(dim, -1)'s shape from the generator,
+    # in that order; each group keeps the elements of its n largest draws.
+    x = torch.randn(3, 12, 5, 8)
+    u = torch.rand(
+        x.movedim(dim, -1).shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64
+    )
+    u = u.movedim(-1, dim).movedim(dim, 1)  # the grouped dim second, as loop_keep groups
+    keep = loop_keep(u, 2, 4).movedim(1, dim)
+    want = torch.where(keep, x, torch.zeros(()))
+    for impl in ("ref", "auto"):
+        y = nm_prune(x, 2, 4, "random", dim, generator=torch.Generator().manual_seed(7), impl=impl)
+        assert torch.equal(y, want)

@@ -44,6 +44,14 @@ def test_count_at_rounds_half_up() -> None:
     assert count_at(0.58, 25) == 15  # 14.499999999999998 in binary floating point: 14.5
 
 
+def test_count_at_clips_to_zero_and_the_item_count() -> None:
+    # a fraction outside [0, 1] counts no items, or all of them, never more or fewer
+    assert count_at(1.5, 4) == 4
+    assert count_at(2.0, 7) == 7
+    assert count_at(-0.5, 4) == 0
+    assert count_at(-3.0, 10) == 0
+
+
 def test_ck_mask_of_two_weight_kernels_removes_whole_kernels() -> None:
     """A 1x2 kernel is neither a single weight nor a 3x3 one: CK still removes it whole."""
     w = torch.randn(4, 4, 1, 2, generator=torch.Generator().manual_seed(0))
@@ -200,6 +208,19 @@ def test_combined_mask_per_input_channel_is_algorithm_1s_loop(shape, s) -> None:
     assert not torch.equal(got, combined_mask(w, s, 0.8))  # the layer scope differs here
     with pytest.raises(ValueError, match="unknown scope"):
         combined_mask(w, s, scope="filter")
+
+
+def test_combined_per_input_channel_removes_no_kernel_once_the_window_met_the_target() -> None:
+    """Per input channel, CK removes kernels only while the channel is short of its target:
+    at sparsity 0 nothing is pruned, and when the window phase alone prunes exactly each
+    channel's target (3 of every 9 weights, window_fraction 1) the mask is the window's."""
+    w = _w((6, 4, 3, 3), seed=13)
+    for scope in ("input_channel", "layer"):
+        assert bool(combined_mask(w, 0.0, 0.8, scope=scope).all()), scope
+        got = combined_mask(w, 1 / 3, 1.0, rounding="kernel", scope=scope)
+        window = window_mask(w, 1 / 3, rounding="kernel")
+        assert int((~window).sum()) == count_at(1 / 3, w.numel())  # 3 of 9 in every kernel
+        assert torch.equal(got, window), scope
 
 
 def test_combined_per_input_channel_window_rounding_comes_first() -> None:
@@ -414,6 +435,96 @@ def test_dead_inputs_need_zero_filter_and_nonpositive_constant() -> None:
     # the same in the real model that has such a classifier
     out = net(torch.randn(2, 2, 6, 6))
     assert out.shape == (2, 3)
+
+
+class ReluAfterBnNet(PlainNet):
+    """conv -> ReLU -> BN -> pool -> flatten -> linear: BN shifts the ReLU's zeros."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn(torch.relu(self.conv(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class ReluMethodNet(PlainNet):
+    """PlainNet's chain with the ReLU written as a tensor method."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn(self.conv(x)).relu()
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class NoReluNet(PlainNet):
+    """conv -> BN -> pool -> flatten -> linear: a negative constant reaches the classifier."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.bn(self.conv(x))), 1))
+
+
+class RegroupedNet(nn.Module):
+    """A linear layer over 2 features of a 4-channel conv's pooled output, regrouped by a
+    reshape: its inputs are not whole channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.conv(x)).reshape(-1, 2))
+
+
+def test_classifier_feeds_need_batchnorm_right_after_the_conv() -> None:
+    assert classifier_feeds(ReluAfterBnNet()) == []
+    feeds = classifier_feeds(NoReluNet())
+    assert [(f.linear, f.conv, f.steps) for f in feeds] == [("fc", "conv", (("bn", "bn"),))]
+
+
+def test_classifier_feeds_read_a_relu_method_as_a_relu_step() -> None:
+    feeds = classifier_feeds(ReluMethodNet())  # x.relu() as torch.relu(x)
+    assert [(f.linear, f.conv, f.steps) for f in feeds] == [
+        ("fc", "conv", (("bn", "bn"), ("relu", "")))
+    ]
+
+
+def test_classifier_feeds_skip_a_linear_whose_inputs_are_not_whole_channels() -> None:
+    net = RegroupedNet()
+    assert net(torch.randn(3, 2, 5, 5)).shape == (6, 3)  # the model runs as built
+    assert classifier_feeds(net) == []
+
+
+@torch.no_grad()
+def test_dead_inputs_without_relu_need_a_zero_constant() -> None:
+    # no ReLU clamps the constant: a negative one reaches the classifier, so only a zero
+    # constant (in both BatchNorm modes) silences an input
+    net = NoReluNet(bias=False)
+    feed = classifier_feeds(net)[0]
+    net.conv.weight[:2] = 0.0
+    net.bn.bias.copy_(torch.tensor([-0.5, 0.0, 0.0, 0.0, 0.0]))
+    per_channel = dead_inputs(net, feed).reshape(5, 4)
+    assert per_channel[:, 0].tolist() == [False, True, False, False, False]
+    assert bool((per_channel == per_channel[:, :1]).all())
+    net.eval()  # the model's output for channel 0 is indeed a nonzero constant
+    x = torch.randn(2, 2, 6, 6)
+    feats = torch.flatten(net.pool(net.bn(net.conv(x))), 1)
+    assert torch.allclose(feats[:, :4], torch.full((2, 4), -0.5))
+    assert bool((feats[:, 4:8] == 0).all())
+
+
+@torch.no_grad()
+def test_dead_inputs_of_a_channel_with_zero_running_variance() -> None:
+    # a zero filter without bias gives a constant 0 channel, whose running variance decays to
+    # exactly 0: eval-mode BN maps it to (0 - 0) / sqrt(0 + eps) * gamma + beta = beta = 0
+    net = PlainNet(bias=False)
+    feed = classifier_feeds(net)[0]
+    net.conv.weight[0] = 0.0
+    net.bn.running_mean[0] = 0.0
+    net.bn.running_var[0] = 0.0
+    net.bn.bias[0] = 0.0
+    assert dead_inputs(net, feed).reshape(5, 4)[:, 0].tolist() == [True] + [False] * 4
+    net.eval()
+    out = torch.relu(net.bn(net.conv(torch.randn(2, 2, 6, 6))))
+    assert bool((out[:, 0] == 0).all())
 
 
 @pytest.mark.gpu

@@ -20,7 +20,13 @@ from impl.methods.prunetrain import (
     lasso_coefficient,
     reconfigure,
 )
-from impl.methods.prunetrain_reconfig import apply_architecture, architecture
+from impl.methods.prunetrain_reconfig import (
+    apply_architecture,
+    architecture,
+    shrink_to_channels,
+)
+from impl.models.resnet import BasicBlock, Bottleneck
+from impl.models.resnet9 import Residual
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -218,6 +224,70 @@ def test_unsupported_model_class_is_an_error() -> None:
         build_graph(Net())
 
 
+def _head(channels: int) -> list[nn.Module]:
+    return [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 2)]
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(4, 5, 3), *_head(5)),
+         "reads 4 channels"),
+        # global pooling leaves one feature per channel: a linear of 2 per channel is wrong
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                       nn.Linear(8, 2)), "not a multiple"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(7, 2)), "not a multiple"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d((None, 1)), nn.Flatten(),
+                       nn.Linear(4, 2)), "free dimension"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), "does not end in a linear"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(5), *_head(4)), "does not match"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
+                       BasicBlock(4, 8, downsample=nn.Sequential(
+                           nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8), nn.ReLU())),
+                       *_head(8)), "unsupported shortcut"),
+        (nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4),
+                       ShortcutOnly(None, torch.zeros(3), True), *_head(4)), "path_bias"),
+        (nn.Sequential(Residual(3), nn.Conv2d(3, 4, 3), *_head(4)), "network input"),
+        (nn.Sequential(BasicBlock(3, 3), nn.Conv2d(3, 4, 3), *_head(4)), "network input"),
+    ],
+    ids=["conv-width", "linear-after-pool", "linear-width", "free-pool", "no-classifier",
+         "norm-width", "shortcut-with-relu", "path-bias-width", "residual-first", "block-first"],
+)  # fmt: skip
+def test_build_graph_refuses_sizes_or_structures_it_cannot_prune(bad: nn.Module, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_graph(bad)
+
+
+def test_a_linear_after_a_conv_reads_the_positions_that_conv_leaves_per_channel() -> None:
+    # the pooling before the last conv says nothing about the linear: 5 channels of 2x2
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(3), nn.Conv2d(4, 5, 2),
+        nn.Flatten(), nn.Linear(20, 2),
+    )  # fmt: skip
+    assert model(torch.randn(1, 3, 8, 8)).shape == (1, 2)
+    assert build_graph(model).spaces["2"].readers == [("4", 4)]
+
+
+def pooled_model() -> nn.Sequential:
+    """4 channels read by a linear at 2x2 positions each (fan 4)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 3),
+    )  # fmt: skip
+
+
+def test_zero_channels_zeroes_each_channels_run_of_linear_features() -> None:
+    torch.manual_seed(0)
+    model = pooled_model()
+    before = model[5].weight.detach().clone()
+    zero_channels(model, build_graph(model), "0", [1, 3])
+    for col in range(16):  # flatten keeps channel-major order: feature = channel * 4 + position
+        if col // 4 in (1, 3):
+            assert not model[5].weight[:, col].any(), col
+        else:
+            assert torch.equal(model[5].weight[:, col], before[:, col]), col
+
+
 # -- reconfiguration -------------------------------------------------------------------------
 def test_threshold_uses_absolute_value_and_removes_small_weights() -> None:
     model = tiny_model()
@@ -247,9 +317,16 @@ def test_a_channel_exactly_at_the_threshold_is_kept_and_threshold_zero_is_valid(
         model[3].weight[:, 2] = 0.0
     rep = reconfigure(model, None, threshold=0.25)
     assert rep.kept["0"] == [0, 1, 3, 4]
+    # nor is a group at the threshold zeroed: kept channel 1 is now index 1
+    assert bool((model[0].weight[1] == 0.25).all() and (model[3].weight[:, 1] == -0.25).all())
     assert rep.layers["0"].kept_out == [0, 1, 3, 4] and rep.layers["3"].kept_in == [0, 1, 3, 4]
     assert rep.layers["0"].kept_in is None  # the image's channels are never pruned
-    assert reconfigure(tiny_model(), None, threshold=0.0).params_after > 0  # only exact zeros
+    # |w| < 0 holds for no weight: at threshold 0 nothing is removed, not even exact zeros
+    zeroed = tiny_model()
+    with torch.no_grad():
+        zeroed[0].weight[2] = 0.0
+        zeroed[3].weight[:, 2] = 0.0
+    assert reconfigure(zeroed, None, threshold=0.0).kept["0"] == [0, 1, 2, 3, 4]
 
 
 def test_nothing_removed_on_a_dense_model() -> None:
@@ -400,6 +477,7 @@ def test_layer_removal(name: str, kind: str) -> None:
     assert rep.removed_paths == [path.block]
     block = model.get_submodule(path.block)
     assert isinstance(block, ShortcutOnly) and block.post_relu == (kind != "residual")
+    assert not block.training  # the replacement follows the model's evaluation mode
     assert rep.removed_layers == path.convs
     assert rel_err(after, before) < 1e-5
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
@@ -408,10 +486,68 @@ def test_layer_removal(name: str, kind: str) -> None:
     assert not any(k.startswith(f"{path.block}.conv") for k in model.state_dict())
 
 
+def bottleneck_net(gen: torch.Generator) -> nn.Sequential:
+    """A stem, one Bottleneck (16 -> 4 -> 16) and a classifier, BatchNorms randomised."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        Bottleneck(16, 4), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 3),
+    )  # fmt: skip
+    randomize_bn(model, gen)
+    return model
+
+
+def test_a_bottleneck_path_emptied_at_its_first_space_leaves_what_its_later_layers_give():
+    """The second 3x3 conv reads nothing, so the path outputs conv3 and bn3 applied to the
+    rectified constant of bn2; with that constant negative in some channels, the removed
+    block must keep the ReLU between them to leave the eval output unchanged."""
+    gen = torch.Generator().manual_seed(8)
+    model = bottleneck_net(gen)
+    block = model[3]
+    with torch.no_grad():
+        block.bn2.bias.copy_(torch.tensor([-1.0, 0.8, -0.6, 0.5]))
+        block.bn2.running_mean.zero_()
+    graph = build_graph(model)
+    (path,) = graph.paths
+    zero_channels(model, graph, path.internal[0], torch.arange(4))
+    model.eval()
+    x = torch.randn(2, 3, 8, 8, generator=gen)
+    with torch.no_grad():
+        want = model(x)
+        rep = reconfigure(model, None)
+        got = model(x)
+    assert rep.removed_paths == ["3"] and isinstance(model[3], ShortcutOnly)
+    assert rel_err(got, want) < 1e-5
+
+
+def test_a_bottleneck_path_whose_first_space_is_below_the_threshold_is_removed_as_if_zeroed():
+    """conv1's rows and conv2's columns (all of conv2) are small but not zero: the path is
+    removed, and the model computes what it computed with both convs zeroed."""
+    gen = torch.Generator().manual_seed(9)
+    model = bottleneck_net(gen)
+    block = model[3]
+    with torch.no_grad():
+        block.conv1.weight.uniform_(-5e-3, 5e-3, generator=gen)
+        block.conv2.weight.uniform_(-5e-3, 5e-3, generator=gen)
+    zeroed = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        zeroed[3].conv1.weight.zero_()
+        zeroed[3].conv2.weight.zero_()
+    model.eval()
+    x = torch.randn(2, 3, 8, 8, generator=gen)
+    with torch.no_grad():
+        want = zeroed(x)
+        rep = reconfigure(model, None, threshold=0.01)
+        got = model(x)
+    assert rep.removed_paths == ["3"]
+    assert rel_err(got, want) < 1e-5
+
+
 @pytest.mark.parametrize("name", ["resnet20", "resnet50"])
 def test_a_removed_path_keeps_its_projection_shortcut_training(name: str) -> None:
     """Removing a residual path whose block has a projection shortcut (Sec. 4.1): the
-    shortcut's parameters stay in the optimizer, momentum included, and keep training."""
+    shortcut's parameters stay in the optimizer, momentum included, and keep training (its
+    BatchNorm in training mode); the removed convs leave the optimizer's state too, and the
+    report names them, not the shortcut's conv."""
     model = M.create(name)
     graph = build_graph(model)
     path = next(p for p in graph.paths if getattr(model.get_submodule(p.block), "downsample", None))
@@ -422,12 +558,17 @@ def test_a_removed_path_keeps_its_projection_shortcut_training(name: str) -> Non
     short = list(model.get_submodule(path.block).downsample.parameters())
     rep = reconfigure(model, opt)
     assert path.block in rep.removed_paths
+    assert rep.removed_layers == path.convs
     block = model.get_submodule(path.block)
     assert isinstance(block, ShortcutOnly)
+    assert block.training and all(m.training for m in block.downsample.modules())
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
     assert {id(p) for p in block.parameters()} == {id(p) for p in short}
     assert all(id(p) in in_opt and "momentum_buffer" in opt.state[p] for p in short)
     assert in_opt == {id(p) for p in model.parameters()}
+    assert {id(p) for p in opt.state} <= in_opt
+    fresh = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fresh.load_state_dict(opt.state_dict())  # the state packs against the param groups
 
 
 def test_path_with_all_zero_last_conv_is_removed() -> None:
@@ -502,6 +643,13 @@ def test_architecture_replays_on_a_fresh_model() -> None:
     with torch.no_grad():
         torch.testing.assert_close(fresh(x), model(x))
     assert sum(isinstance(m, ShortcutOnly) for m in fresh.modules()) == 3
+    # the replayed layers describe their new sizes, so the next reconfiguration can walk them
+    sizes = {n: (m.in_channels, m.out_channels) for n, m in model.named_modules()
+             if isinstance(m, nn.Conv2d)}  # fmt: skip
+    assert sizes == {n: (m.in_channels, m.out_channels) for n, m in fresh.named_modules()
+                     if isinstance(m, nn.Conv2d)}  # fmt: skip
+    assert fresh.fc.in_features == model.fc.in_features
+    build_graph(fresh)
 
 
 def test_architecture_naming_a_missing_block_is_an_error() -> None:
@@ -631,3 +779,195 @@ def test_a_removed_path_without_a_relu_after_it_keeps_none_through_its_architect
     apply_architecture(fresh, architecture(model))
     block = fresh.get_submodule(path.block)
     assert isinstance(block, ShortcutOnly) and block.post_relu is False
+
+
+def test_a_kept_channel_whose_linear_features_are_below_the_threshold_has_them_zeroed() -> None:
+    """Channel union keeps channel 2 (its conv row is large); its four linear input features,
+    all below the threshold, are set to zero, and no other feature is touched."""
+    torch.manual_seed(0)
+    model = pooled_model()
+    fc = model[5]
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+        fc.weight.uniform_(0.5, 1.0)
+        fc.weight[:, 8:12] = 5e-5
+    before = fc.weight.detach().clone()
+    rep = reconfigure(model, None, threshold=1e-4)
+    assert rep.spaces["0"] == (4, 4) and rep.zeroed_groups == 1
+    assert not fc.weight[:, 8:12].any()
+    torch.testing.assert_close(fc.weight[:, :8], before[:, :8], rtol=0, atol=0)
+    torch.testing.assert_close(fc.weight[:, 12:], before[:, 12:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("threshold", [-1e-4, float("nan")], ids=["negative", "nan"])
+def test_reconfigure_refuses_a_threshold_that_is_not_a_magnitude(threshold: float) -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        reconfigure(tiny_model(), None, threshold=threshold)
+
+
+def test_reconfigure_slices_the_gradients_that_a_step_will_read() -> None:
+    """Gradients computed before a reconfiguration follow their parameters: a step taken
+    right after it (no new backward) uses each kept channel's own gradient."""
+    torch.manual_seed(0)
+    model = tiny_model()
+    model(torch.randn(4, 3, 6, 6)).sum().backward()
+    with torch.no_grad():
+        model[0].weight[2] = 0
+        model[3].weight[:, 2] = 0
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    rep = reconfigure(model, None)
+    assert rep.kept["0"] == [0, 1, 3, 4]
+    kept = torch.tensor(rep.kept["0"])
+    got = dict(model.named_parameters())
+    torch.testing.assert_close(got["0.weight"].grad, grads["0.weight"][kept])
+    torch.testing.assert_close(got["1.bias"].grad, grads["1.bias"][kept])
+    torch.testing.assert_close(got["3.weight"].grad, grads["3.weight"][:, kept])
+    torch.testing.assert_close(got["8.weight"].grad, grads["8.weight"])
+
+
+def test_a_conv_bias_is_sliced_with_its_output_channels() -> None:
+    gen = torch.Generator().manual_seed(2)
+    model = tiny_model()
+    model[3] = nn.Conv2d(5, 7, 3, padding=1, bias=True)
+    randomize_bn(model, gen)
+    zero_channels(model, build_graph(model), "3", [1, 4], zero_norms=False)
+    model.eval()
+    x = torch.randn(2, 3, 6, 6, generator=gen)
+    with torch.no_grad():
+        want = model(x)
+        rep = reconfigure(model, None)
+        got = model(x)
+    assert rep.kept["3"] == [0, 2, 3, 5, 6] and model[3].bias.shape == (5,)
+    torch.testing.assert_close(got, want)
+
+
+def test_the_report_names_kept_indices_only_for_the_side_of_a_layer_that_changed() -> None:
+    model = tiny_model()
+    with torch.no_grad():
+        model[0].weight[2] = 0
+        model[3].weight[:, 2] = 0
+    rep = reconfigure(model, None)
+    assert (rep.layers["0"].kept_in, rep.layers["0"].kept_out) == (None, [0, 1, 3, 4])
+    assert (rep.layers["3"].kept_in, rep.layers["3"].kept_out) == ([0, 1, 3, 4], None)
+    assert (rep.layers["8"].kept_in, rep.layers["8"].kept_out) == (None, None)
+    plain = rep.to_dict()
+    assert "kept" not in plain and "kept_in" not in plain["layers"]["3"]
+    full = rep.to_dict(indices=True)
+    assert full["kept"]["0"] == [0, 1, 3, 4] and full["layers"]["3"]["kept_in"] == [0, 1, 3, 4]
+    assert (plain["channels_before"], plain["channels_after"]) == (12, 11)
+
+
+def test_a_second_reconfiguration_slices_the_constant_a_removed_path_left() -> None:
+    """After layer removal, the stage's shared node loses channels at the next
+    reconfiguration: the removed path's per-channel constant loses them too, the report
+    names the removal, and the eval output is unchanged."""
+    gen = torch.Generator().manual_seed(4)
+    model = M.create("resnet20")
+    randomize_bn(model, gen)
+    graph = build_graph(model)
+    path = graph.paths[1]
+    zero_channels(model, graph, path.internal[0], torch.arange(16))
+    model.eval()
+    x = torch.randn(2, 3, 32, 32, generator=gen)
+    with torch.no_grad():
+        first = reconfigure(model, None)
+    assert first.to_dict()["removed_paths"] == [path.block]
+    bias = model.get_submodule(path.block).path_bias.clone()
+    graph = build_graph(model)
+    zero_channels(model, graph, path.output, [0, 5, 9])
+    with torch.no_grad():
+        want = model(x)
+        second = reconfigure(model, None)
+        got = model(x)
+    keep = [c for c in range(16) if c not in (0, 5, 9)]
+    assert second.kept[path.output] == keep
+    torch.testing.assert_close(model.get_submodule(path.block).path_bias, bias[keep])
+    assert rel_err(got, want) < 1e-5
+
+
+def test_shrink_to_channels_keeps_the_first_channels_of_each_space() -> None:
+    torch.manual_seed(0)
+    model = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rep = shrink_to_channels(model, {"0": 3})
+    assert rep.kept["0"] == [0, 1, 2] and rep.kept["3"] == list(range(7))
+    assert torch.equal(model[0].weight, before["0.weight"][:3])
+    assert torch.equal(model[3].weight, before["3.weight"][:, :3])
+
+
+def test_replaying_a_models_own_architecture_changes_nothing() -> None:
+    """The architecture of a reconfigured model, applied to that model again, keeps its
+    removed paths' constants and every tensor."""
+    gen = torch.Generator().manual_seed(6)
+    model = M.create("resnet20")
+    randomize_bn(model, gen)
+    zero_random(model, gen, fraction=0.3, dead_paths=2)
+    reconfigure(model, None)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert any(k.endswith("path_bias") and v.any() for k, v in before.items())
+    apply_architecture(model, architecture(model))
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in after.items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def test_reconfigure_slices_a_factored_optimizer_state_along_the_dims_it_spans() -> None:
+    # Adafactor keeps, per conv weight [out, in, kh, kw], a row statistic [out, in, kh, 1] and
+    # a column one [out, in, 1, kw]: both follow the kept channels, and training goes on
+    # exactly as an optimizer over the smaller model holding the sliced state would
+    gen = torch.Generator().manual_seed(3)
+    model = tiny_model()
+    x = torch.randn(4, 3, 6, 6, generator=gen)
+    opt = torch.optim.Adafactor(model.parameters(), lr=1e-2)
+    _step(model, opt, x)
+    with torch.no_grad():
+        model[0].weight[2] = 0.0
+        model[3].weight[:, 2] = 0.0
+    w3 = model[3].weight
+    before = {k: v.clone() for k, v in opt.state[w3].items() if torch.is_tensor(v)}
+    assert before["row_var"].shape == (7, 5, 3, 1) and before["col_var"].shape == (7, 5, 1, 3)
+    rep = reconfigure(model, opt)
+    assert rep.kept["0"] == [0, 1, 3, 4]
+    kept = torch.tensor([0, 1, 3, 4])
+    after = opt.state[w3]
+    assert torch.equal(after["row_var"], before["row_var"][:, kept])
+    assert torch.equal(after["col_var"], before["col_var"][:, kept])
+    assert torch.equal(after["step"], before["step"])
+    twin = copy.deepcopy(model)
+    twin_opt = torch.optim.Adafactor(twin.parameters(), lr=1e-2)
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # a state of its own
+    _step(model, opt, x)
+    _step(twin, twin_opt, x)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+class _FlatStateSGD(torch.optim.SGD):
+    """SGD that also keeps a flattened copy of each weight: a state no slicing can follow."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["flat"] = p.detach().flatten().clone()
+        return loss
+
+
+def test_reconfigure_refuses_an_optimizer_state_it_cannot_slice_before_changing_anything():
+    model = tiny_model()
+    opt = _FlatStateSGD(model.parameters(), lr=0.1)
+    _step(model, opt, torch.randn(2, 3, 6, 6))
+    with torch.no_grad():
+        model[0].weight[2] = 0.0
+        model[3].weight[:, 2] = 0.0
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"_FlatStateSGD state 'flat' of shape \(135,\)"):
+        reconfigure(model, opt)
+    assert [tuple(p.shape) for p in model.parameters()] == shapes

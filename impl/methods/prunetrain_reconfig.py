@@ -206,6 +206,33 @@ def _dead_paths(
 
 
 # -- in-place slicing ------------------------------------------------------------------------
+def check_optimizer_state(optimizer: torch.optim.Optimizer | None) -> None:
+    """Raise ``ValueError`` where a tensor of ``optimizer``'s state could not follow its
+    parameter through :func:`reconfigure`: each must be a scalar (a step count) or have the
+    parameter's dims, each of the parameter's size or 1 (a momentum buffer; a factored second
+    moment such as Adafactor's row and column statistics, which span a dim of size 1). Such a
+    tensor is sliced along the dims it spans; any other would keep its old size and fail the
+    next ``step()``, after the model had changed."""
+    if optimizer is None:
+        return
+    for param, state in optimizer.state.items():
+        if not torch.is_tensor(param):
+            continue
+        for key, value in state.items():
+            if not torch.is_tensor(value) or value.dim() == 0:
+                continue
+            fits = value.dim() == param.dim() and all(
+                v in (p, 1) for v, p in zip(value.shape, param.shape)
+            )
+            if not fits:
+                raise ValueError(
+                    f"{type(optimizer).__name__} state {key!r} of shape {tuple(value.shape)} "
+                    f"for a parameter of shape {tuple(param.shape)} cannot be sliced with it; "
+                    "reconfigure needs each state tensor to be a scalar or shaped like its "
+                    "parameter, with dims of size 1 allowed"
+                )
+
+
 def _slice_tensor_param(
     owner: nn.Module,
     attr: str,
@@ -216,7 +243,6 @@ def _slice_tensor_param(
     t = getattr(owner, attr)
     if t is None:
         return
-    old_shape = t.shape
     if isinstance(t, nn.Parameter):
         t.data = t.data.index_select(dim, idx.to(t.device)).contiguous()
         if t.grad is not None:
@@ -224,7 +250,7 @@ def _slice_tensor_param(
         if optimizer is not None and t in optimizer.state:
             state = optimizer.state[t]
             for key, value in list(state.items()):
-                if torch.is_tensor(value) and value.shape == old_shape:
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape[dim] > 1:
                     state[key] = value.index_select(dim, idx.to(value.device)).contiguous()
     else:  # a buffer
         setattr(owner, attr, t.index_select(dim, idx.to(t.device)).contiguous())
@@ -362,7 +388,10 @@ def reconfigure(
     ``ShortcutOnly.path_bias`` are sliced, and a residual path left with no channel is
     removed whole (see the module docstring). ``optimizer`` (any ``torch.optim`` optimizer,
     or ``None``) is updated in place: removed parameters leave its param_groups and state,
-    and every state tensor shaped like a parameter (momentum buffer) is sliced with it.
+    and every state tensor is sliced with its parameter along the dims it spans (a momentum
+    buffer along all; a factored statistic, such as Adafactor's, not along its dims of size
+    1). A state tensor of another shape is refused before anything changes
+    (:func:`check_optimizer_state`).
 
     A space that would lose every channel and is not inside a residual path (a VGG layer, a
     stage's shared node) keeps its one strongest channel, so the network stays connected.
@@ -382,6 +411,7 @@ def reconfigure(
     """
     if not threshold >= 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
+    check_optimizer_state(optimizer)
     params_before = _count(model)
     graph = build_graph(model)
     keep = _keep_masks(graph, model, threshold)
@@ -562,6 +592,7 @@ __all__ = [
     "ReconfigReport",
     "apply_architecture",
     "architecture",
+    "check_optimizer_state",
     "reconfigure",
     "shrink_to_channels",
     "sync_attributes",

@@ -23,6 +23,7 @@ from impl.methods.prunetrain import (
 from impl.methods.prunetrain_reconfig import (
     apply_architecture,
     architecture,
+    check_optimizer_state,
     shrink_to_channels,
 )
 from impl.models.resnet import BasicBlock, Bottleneck
@@ -971,3 +972,21 @@ def test_reconfigure_refuses_an_optimizer_state_it_cannot_slice_before_changing_
     with pytest.raises(ValueError, match=r"_FlatStateSGD state 'flat' of shape \(135,\)"):
         reconfigure(model, opt)
     assert [tuple(p.shape) for p in model.parameters()] == shapes
+
+
+def test_an_optimizer_state_of_a_parameter_outside_the_model_is_left_to_it():
+    # only the model's parameters are sliced, so only their state has to follow them: an
+    # optimizer that also steps a parameter of its own with a flattened state still works
+    model = tiny_model()
+    other = nn.Parameter(torch.randn(2, 3))
+    opt = _FlatStateSGD([*model.parameters(), other], lr=0.1)
+    _step(model, opt, torch.randn(2, 3, 6, 6))
+    for p in model.parameters():
+        del opt.state[p]["flat"]
+    with torch.no_grad():
+        model[0].weight[2] = 0.0
+        model[3].weight[:, 2] = 0.0
+    assert reconfigure(model, opt).kept["0"] == [0, 1, 3, 4]
+    assert opt.state[other]["flat"].shape == (6,)
+    with pytest.raises(ValueError, match=r"state 'flat' of shape \(6,\)"):
+        check_optimizer_state(opt)  # over every parameter the optimizer holds

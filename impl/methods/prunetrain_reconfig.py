@@ -46,7 +46,7 @@ parameter, so a Trainer's optimizer and scheduler stay valid.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -206,17 +206,21 @@ def _dead_paths(
 
 
 # -- in-place slicing ------------------------------------------------------------------------
-def check_optimizer_state(optimizer: torch.optim.Optimizer | None) -> None:
-    """Raise ``ValueError`` where a tensor of ``optimizer``'s state could not follow its
-    parameter through :func:`reconfigure`: each must be a scalar (a step count) or have the
-    parameter's dims, each of the parameter's size or 1 (a momentum buffer; a factored second
-    moment such as Adafactor's row and column statistics, which span a dim of size 1). Such a
-    tensor is sliced along the dims it spans; any other would keep its old size and fail the
-    next ``step()``, after the model had changed."""
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer | None, params: Iterable[torch.Tensor] | None = None
+) -> None:
+    """Raise ``ValueError`` where a tensor of ``optimizer``'s state (of ``params`` only, when
+    given: the parameters :func:`reconfigure` may slice) could not follow its parameter through
+    :func:`reconfigure`: each must be a scalar (a step count) or have the parameter's dims,
+    each of the parameter's size or 1 (a momentum buffer; a factored second moment such as
+    Adafactor's row and column statistics, which span a dim of size 1). Such a tensor is
+    sliced along the dims it spans; any other would keep its old size and fail the next
+    ``step()``, after the model had changed."""
     if optimizer is None:
         return
+    only = None if params is None else {id(p) for p in params}
     for param, state in optimizer.state.items():
-        if not torch.is_tensor(param):
+        if not torch.is_tensor(param) or (only is not None and id(param) not in only):
             continue
         for key, value in state.items():
             if not torch.is_tensor(value) or value.dim() == 0:
@@ -411,7 +415,7 @@ def reconfigure(
     """
     if not threshold >= 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
-    check_optimizer_state(optimizer)
+    check_optimizer_state(optimizer, model.parameters())
     params_before = _count(model)
     graph = build_graph(model)
     keep = _keep_masks(graph, model, threshold)

@@ -21,6 +21,7 @@ from impl.methods.prunetrain import (
     reconfigure,
 )
 from impl.methods.prunetrain_reconfig import (
+    ReconfigReport,
     apply_architecture,
     architecture,
     check_optimizer_state,
@@ -446,10 +447,7 @@ def test_zero_then_reconfigure_is_equivalent(name: str, zero_norms: bool) -> Non
     assert len(dead) == (0 if name == "vgg11" else 2)
     model.eval()
     x = torch.randn(3, 3, 32, 32, generator=gen)
-    with torch.no_grad():
-        before = model(x)
-        rep = reconfigure(model, None)
-        after = model(x)
+    before, rep, after = outputs_around_reconfigure(model, x)
     assert rep.params_after < 0.5 * rep.params_before
     assert sorted(rep.removed_paths) == sorted(dead)
     assert rel_err(after, before) < 1e-5
@@ -487,6 +485,16 @@ def test_layer_removal(name: str, kind: str) -> None:
     assert not any(k.startswith(f"{path.block}.conv") for k in model.state_dict())
 
 
+@torch.no_grad()
+def outputs_around_reconfigure(
+    model: nn.Module, x: torch.Tensor
+) -> tuple[torch.Tensor, ReconfigReport, torch.Tensor]:
+    """``(model(x), reconfigure(model, None), model(x))``: the outputs before and after."""
+    before = model(x)
+    report = reconfigure(model, None)
+    return before, report, model(x)
+
+
 def bottleneck_net(gen: torch.Generator) -> nn.Sequential:
     """A stem, one Bottleneck (16 -> 4 -> 16) and a classifier, BatchNorms randomised."""
     model = nn.Sequential(
@@ -512,10 +520,7 @@ def test_a_bottleneck_path_emptied_at_its_first_space_leaves_what_its_later_laye
     zero_channels(model, graph, path.internal[0], torch.arange(4))
     model.eval()
     x = torch.randn(2, 3, 8, 8, generator=gen)
-    with torch.no_grad():
-        want = model(x)
-        rep = reconfigure(model, None)
-        got = model(x)
+    want, rep, got = outputs_around_reconfigure(model, x)
     assert rep.removed_paths == ["3"] and isinstance(model[3], ShortcutOnly)
     assert rel_err(got, want) < 1e-5
 
@@ -834,10 +839,7 @@ def test_a_conv_bias_is_sliced_with_its_output_channels() -> None:
     zero_channels(model, build_graph(model), "3", [1, 4], zero_norms=False)
     model.eval()
     x = torch.randn(2, 3, 6, 6, generator=gen)
-    with torch.no_grad():
-        want = model(x)
-        rep = reconfigure(model, None)
-        got = model(x)
+    want, rep, got = outputs_around_reconfigure(model, x)
     assert rep.kept["3"] == [0, 2, 3, 5, 6] and model[3].bias.shape == (5,)
     torch.testing.assert_close(got, want)
 
@@ -876,10 +878,7 @@ def test_a_second_reconfiguration_slices_the_constant_a_removed_path_left() -> N
     bias = model.get_submodule(path.block).path_bias.clone()
     graph = build_graph(model)
     zero_channels(model, graph, path.output, [0, 5, 9])
-    with torch.no_grad():
-        want = model(x)
-        second = reconfigure(model, None)
-        got = model(x)
+    want, second, got = outputs_around_reconfigure(model, x)
     keep = [c for c in range(16) if c not in (0, 5, 9)]
     assert second.kept[path.output] == keep
     torch.testing.assert_close(model.get_submodule(path.block).path_bias, bias[keep])

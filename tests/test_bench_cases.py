@@ -674,6 +674,13 @@ def test_sector_bytes_counts_each_touched_sector_once():
         measure.sector_bytes(torch.tensor([8, 0]), 4)
 
 
+def test_sector_bytes_accepts_a_repeated_position_and_counts_its_sector_once():
+    """A gather may read one element twice: the positions are still in order (only an
+    unsorted index is an error) and the sector is read once; 64-byte lines on a CPU."""
+    assert measure.sector_bytes(torch.tensor([3, 3, 3]), 4) == 32.0
+    assert measure.sector_bytes(torch.tensor([0, 0, 20, 20]), 4, 64) == 2 * 64.0  # lines 0, 1
+
+
 def test_csr_rows_count_the_bytes_each_moves_and_the_sparsity_made():
     """pattern_csr reads a value and a column and writes a value per kept position (4 + 8 +
     4 bytes) and reads the row pointers (8 each); torch's to_sparse_csr reads the whole

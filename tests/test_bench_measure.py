@@ -493,3 +493,84 @@ def test_cpu_rounds_of_an_unknown_call_time():
     asked (nothing says the minimum is reached sooner), else the plain repeats."""
     assert measure.cpu_rounds(0.0, 5, 0.25, 50) == 50
     assert measure.cpu_rounds(0.0, 5, 0.0, 50) == 5
+
+
+class _TwoClockGpu:
+    """A GPU stand-in whose calls take ``host_s`` seconds of the host's clock
+    (``time.perf_counter``) and ``device_ms`` of the device's, the clock CUDA events read.
+    Both steps are powers of two, so that every sum of them is exact."""
+
+    def __init__(self, host_s: float, device_ms: float) -> None:
+        self.host_s, self.device_ms = host_s, device_ms
+        self.host = self.device = 0.0
+        self.calls: list[int] = []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.device
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        self.Event = Event
+
+    def __call__(self, i: int) -> None:
+        self.calls.append(i)
+        self.host += self.host_s
+        self.device += self.device_ms
+
+
+@pytest.fixture
+def two_clock_gpu(monkeypatch):
+    """Installs a :class:`_TwoClockGpu` in torch.cuda's and time's place: returns the installer
+    and the list of sleep lengths (cycles) requested."""
+    slept: list[int] = []
+
+    def install(host_s: float, device_ms: float) -> _TwoClockGpu:
+        gpu = _TwoClockGpu(host_s, device_ms)
+        monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
+        monkeypatch.setattr(time, "perf_counter", lambda: gpu.host)
+        return gpu
+
+    return install, slept
+
+
+@pytest.mark.parametrize(
+    ("host_s", "host_bound"),
+    [(2**-14, True), (2**-16, False)],
+    ids=["host-slower", "host-faster"],
+)
+def test_cuda_timing_counts_and_per_call_figures_on_exact_clocks(two_clock_gpu, host_s, host_bound):
+    """Each call takes 1/32 ms of device time: the estimate is 1/32 ms, so 0.25 ms of warm-up
+    is 8 calls and 0.5 ms of timing 16; the batch is amortize=4 calls. host_ms, issue_ms and
+    amortized_ms are per call; the sleep kernel lasts 1.5x the host's time to queue the batch
+    plus 0.1 ms, at 2e6 cycles a ms; host-bound where issuing a call takes at least as long
+    as running it (here 0.061 ms against 0.031 ms), not where the host is faster (0.015 ms)."""
+    install, slept = two_clock_gpu
+    gpu = install(host_s, 2**-5)
+    t = measure.cuda_timing(gpu, warmup_ms=0.25, rep_ms=0.5, min_reps=5, amortize=4)
+    assert gpu.calls == list(range(1 + 3 + 8 + 16 + 4))
+    assert (t.n, t.median_ms, t.min_ms, t.p20_ms, t.p80_ms) == (16, 2**-5, 2**-5, 2**-5, 2**-5)
+    host_ms = host_s * 1e3  # 0.061 ms or 0.015 ms
+    assert t.host_ms == pytest.approx(host_ms) and t.issue_ms == pytest.approx(host_ms)
+    assert t.amortized_ms == 2**-5
+    assert slept == [pytest.approx(int((1.5 * 4 * host_ms + 0.1) * 2e6), abs=1)]
+    assert t.host_bound is host_bound
+
+
+def test_cuda_timing_batches_a_call_of_exactly_the_amortize_limit(two_clock_gpu, monkeypatch):
+    """A call estimated at AMORTIZE_MAX_MS ("at most") gets the back-to-back batch; one
+    estimated just above it does not."""
+    install, slept = two_clock_gpu
+    monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 2**-5)
+    t = measure.cuda_timing(install(2**-14, 2**-5), warmup_ms=0.0, rep_ms=0.0, min_reps=2)
+    assert t.amortized_ms == 2**-5 and len(slept) == 1
+    monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 2**-5 - 2**-20)
+    t = measure.cuda_timing(install(2**-14, 2**-5), warmup_ms=0.0, rep_ms=0.0, min_reps=2)
+    assert t.amortized_ms is None and len(slept) == 1

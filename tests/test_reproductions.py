@@ -153,6 +153,21 @@ def test_outdated_summary_names_what_each_later_version_added():
     assert last is not None and f"version {SUMMARY_VERSION - 1}" in last
 
 
+def test_outdated_summary_names_only_the_versions_after_its_own():
+    """A summary one version behind lacks the newest version's change alone; a summary
+    without the field (version 1) lacks those of versions 2 on, not its own."""
+    from impl.rundir import SUMMARY_VERSION, SUMMARY_VERSIONS, outdated_summary
+
+    last = outdated_summary({"summary_version": SUMMARY_VERSION - 1})
+    assert last == (
+        f"its summary (version {SUMMARY_VERSION - 1}) was written before "
+        f"{SUMMARY_VERSIONS[SUMMARY_VERSION]}"
+    )
+    first = outdated_summary({})
+    assert first is not None and SUMMARY_VERSIONS[1] not in first
+    assert all(SUMMARY_VERSIONS[v] in first for v in range(2, SUMMARY_VERSION + 1))
+
+
 def test_run_or_reuse_reports_a_missing_method(tmp_path, monkeypatch):
     monkeypatch.setattr(
         common, "unavailable_reason", lambda n: f"method {n!r} is not available in this build"

@@ -280,3 +280,113 @@ def test_summary_fields_take_an_int_top1_and_refuse_a_float_seed():
     summary = dict(method="m", model="r", data="d", scale="cpu", seed=0, epochs=3, top1=90.5)
     assert summary_fields_wrong({**summary, "top1": 90}) == ""
     assert summary_fields_wrong({**summary, "seed": 1.0}) == "seed is 1.0"
+
+
+def test_the_lock_file_holds_the_holders_pid_alone_and_a_second_taker_is_told_it(tmp_path):
+    """The lock file is rewritten with this process's pid, whatever a longer pid of an
+    earlier holder left there; a second taking of the lock (another open file: flock is per
+    open file) is refused with RunBusyError naming that pid."""
+    import os
+
+    (tmp_path / rundir.LOCK_FILE).write_text("123456789012\n")
+    with rundir.locked(tmp_path):
+        assert (tmp_path / rundir.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        with pytest.raises(rundir.RunBusyError, match=rf"pid {os.getpid()}\); wait") as busy:
+            with rundir.locked(tmp_path):
+                pass
+        assert busy.value.holder == str(os.getpid())
+    with rundir.locked(tmp_path):  # released at the end of the block
+        pass
+
+
+def test_a_file_system_without_locks_runs_unlocked_with_a_warning(tmp_path, monkeypatch, caplog):
+    """flock failing with ENOLCK (an NFS mount without a lock daemon) is not a busy run:
+    the block runs, unlocked, after a warning."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ran = []
+    with caplog.at_level("WARNING", logger="impl.rundir"), rundir.locked(tmp_path):
+        ran.append(True)
+    assert ran == [True]
+    assert "cannot lock" in caplog.text and "No locks available" in caplog.text
+
+
+def test_an_interrupted_atomic_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    """Ctrl-C (KeyboardInterrupt, not an Exception) while the new content is written: the
+    file keeps its previous content and the temporary file is removed."""
+    path = tmp_path / "summary.json"
+    rundir.write_json(path, {"a": 1})
+
+    def interrupted(f):
+        f.write(b'{"a": ')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rundir.atomic_write(path, interrupted)
+    assert rundir.read_json(path) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_torch_file_that_is_not_a_checkpoint_is_refused(tmp_path):
+    """A file torch saved, but not by save_checkpoint (no format mark), is not a checkpoint."""
+    import torch
+
+    torch.save({"epoch": 2}, tmp_path / rundir.CHECKPOINT_FILE)
+    with pytest.raises(rundir.CheckpointError, match="not a pdtbench checkpoint"):
+        rundir.load_checkpoint(tmp_path)
+
+
+def test_a_lock_is_released_at_the_end_of_its_block_though_a_forked_child_lives_on(tmp_path):
+    """A child forked while the lock is held (a data-loader worker) shares the lock's open
+    file; the end of the block releases the lock all the same, so the run can be taken
+    again while the child still runs."""
+    import multiprocessing
+    import time
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    try:
+        with rundir.locked(tmp_path):
+            child.start()
+        with rundir.locked(tmp_path):
+            assert child.is_alive()
+    finally:
+        child.terminate()
+        child.join(10)
+
+
+def test_a_file_error_that_names_its_file_passes_as_it_is(tmp_path):
+    """An OSError that already names a file (here the temporary file in a directory that
+    does not exist) is not rewritten: its file name stays."""
+    import errno
+
+    missing = tmp_path / "missing"
+    with pytest.raises(FileNotFoundError) as caught:
+        rundir.write_json(missing / "summary.json", {"a": 1})
+    assert caught.value.errno == errno.ENOENT
+    assert caught.value.filename is not None
+    assert caught.value.filename.startswith(str(missing / ".summary.json."))
+    assert "writing" not in str(caught.value)
+
+
+def test_a_summary_is_complete_or_diverged_only_as_its_status_says(tmp_path):
+    """complete_summary and diverged_summary each give the summary only for their own
+    status, and None for a summary that is missing, not JSON, or of another status."""
+    assert rundir.complete_summary(tmp_path) is None
+    path = tmp_path / rundir.SUMMARY_FILE
+    path.write_text('{"status": "comp')  # not JSON
+    assert rundir.complete_summary(tmp_path) is None
+    assert rundir.diverged_summary(tmp_path) is None
+    rundir.write_json(path, {"status": "diverged", "epoch": 4})
+    assert rundir.complete_summary(tmp_path) is None
+    assert rundir.diverged_summary(tmp_path) == {"status": "diverged", "epoch": 4}
+    rundir.write_json(path, {"top1": 91.0})  # no status: neither
+    assert rundir.complete_summary(tmp_path) is None
+    assert rundir.diverged_summary(tmp_path) is None
+    rundir.write_json(path, {"status": "complete", "top1": 91.0})
+    assert rundir.complete_summary(tmp_path) == {"status": "complete", "top1": 91.0}
+    assert rundir.diverged_summary(tmp_path) is None

@@ -239,6 +239,27 @@ def test_pruned_layers_of_resnet20() -> None:
     assert sum(k == "conv" for k in kinds.values()) == 18
 
 
+def test_a_conv_with_a_one_by_n_kernel_is_a_conv_not_a_pointwise_layer() -> None:
+    """Only single-weight kernels are "pointwise": a 1x3 kernel holds three weights."""
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, (1, 3)), nn.Conv2d(4, 4, (3, 1)), nn.Conv2d(4, 4, 1)
+    )
+    layers = pruned_layers(model, prune_fc=True, prune_stem=False)
+    assert [(x.module, x.kind) for x in layers] == [
+        ("1", "conv"),
+        ("2", "conv"),
+        ("3", "pointwise"),
+    ]
+
+
+def test_a_bare_layer_model_names_its_own_weight() -> None:
+    """A model that is itself a Linear or Conv2d prunes the parameter named "weight"."""
+    for model, kind in ((nn.Linear(6, 4), "fc"), (nn.Conv2d(3, 4, 3), "conv")):
+        layers = pruned_layers(model, prune_fc=True, prune_stem=True)
+        assert [(x.module, x.param, x.kind) for x in layers] == [("", "weight", kind)]
+        assert model.get_parameter(layers[0].param) is model.weight
+
+
 # -- the training loop through the hooks -------------------------------------------------------
 START, ERA, EPOCHS, STEPS = 1, 2, 9, 10  # 60 steps after the era
 
@@ -538,6 +559,41 @@ def test_metrics_summary_and_cost() -> None:
     assert summary["pruning_era"] == [0, 1] and summary["mask"] == "ck"
 
 
+def test_cost_is_the_kept_fraction_of_each_pruned_layer() -> None:
+    """Every density of a layer's cost is its fraction of nonzero weights (0.3 at 70%)."""
+    torch.manual_seed(0)
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.7, mask="ck", fc_block=1))
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=9), "cpu"))
+    method.update_masks(model, 0.7)
+    cost = method.cost(model)
+    assert set(cost) == {"conv", "point", "fc"}
+    for name, density in cost.items():
+        w = model.get_submodule(name).weight
+        kept = int(torch.count_nonzero(w)) / w.numel()
+        assert kept == pytest.approx(0.3, abs=0.05), name
+        assert (density.forward, density.data_grad, density.weight_grad) == pytest.approx(
+            (kept, kept, kept)
+        )
+
+
+def test_pruned_gradients_are_zeroed_after_backward() -> None:
+    """Sec. 2: once a weight is pruned its gradient is set to zero (the kept ones untouched)."""
+    torch.manual_seed(0)
+    model = Tiny()
+    method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", start_epoch=0, era_epochs=0))
+    ctx = TrainContext(model, None, TrainConfig(method="campfire", epochs=2), "cpu")
+    method.setup(ctx)
+    method.update_masks(model, 0.5)
+    F.cross_entropy(model(torch.randn(4, 1, 6, 6)), torch.tensor([0, 1, 2, 3])).backward()
+    before = {x.param: model.get_parameter(x.param).grad.clone() for x in method.layers}
+    method.after_backward(ctx)
+    for name, keep in method.masks.items():
+        grad = model.get_parameter(name).grad
+        assert bool((grad[~keep] == 0).all()) and bool((before[name][~keep] != 0).any()), name
+        assert torch.equal(grad[keep], before[name][keep]), name
+
+
 def test_state_dict_round_trip_restores_masks() -> None:
     model = Tiny()
     method = Campfire(CampfireConfig(mask="combined", start_epoch=0, era_epochs=1))
@@ -620,6 +676,26 @@ def test_fc_inputs_of_removed_filters_are_pruned() -> None:
     method.update_masks(model, 0.2)
     assert bool((model.fc.weight[:, :2] == 0).all())  # pruned unscored: more than 20%
     assert bool((model.fc.weight[:, 2:] != 0).all())
+
+
+@torch.no_grad()
+def test_fc_inputs_of_filters_removed_in_the_same_update_are_pruned() -> None:
+    """The convolutions are masked (and zeroed) before the FC layers in one update, so an FC
+    layer already sees the filters that update removes as dead inputs."""
+    torch.manual_seed(0)
+    model = Plain()
+    model.conv.weight.copy_(torch.rand_like(model.conv.weight) + 0.5)
+    model.conv.weight[:2] *= 1e-3  # filters 0 and 1: the 8 lowest of the 24 kernels
+    model.conv.bias[:2] = 0.0
+    model.bn.bias[:2] = -0.1
+    model.fc.weight.copy_(torch.rand_like(model.fc.weight) + 0.5)
+    model.fc.weight[:, :2] += 1.0  # the largest FC weights: kept unless their inputs are dead
+    method = Campfire(CampfireConfig(final_sparsity=0.5, mask="ck", fc_block=1))
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=3), "cpu"))
+    method.update_masks(model, 8 / 24)
+    assert bool((model.conv.weight[:2] == 0).all()) and bool((model.conv.weight[2:] != 0).all())
+    assert bool((model.fc.weight[:, :2] == 0).all())
+    assert not bool(method.masks["fc.weight"][:, :2].any())
 
 
 # -- through the Trainer -----------------------------------------------------------------------

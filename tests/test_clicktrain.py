@@ -601,6 +601,20 @@ def test_inconsistent_schedule_raises(options, epochs, match):
         resolve_schedule(ClickTrainConfig(**options), epochs)
 
 
+def test_hard_pruning_may_come_right_when_finalization_ends_but_not_before():
+    """Stages 1-3 of 2 + 1 + 1 epochs end at epoch 4: hard pruning at 4 fits, at 3 does not."""
+    options = {"dense_epochs": 2, "pool_epochs": 1, "finalize_epochs": 1}
+    s = resolve_schedule(ClickTrainConfig(**options, hard_prune_epoch=4), 10)
+    assert (s.max_dense_epochs, s.pool_epochs, s.finalize_epochs, s.hard_prune_epoch) == (
+        2,
+        1,
+        1,
+        4,
+    )
+    with pytest.raises(ValueError, match="end at epoch 4, after hard_prune_epoch=3"):
+        resolve_schedule(ClickTrainConfig(**options, hard_prune_epoch=3), 10)
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [

@@ -130,6 +130,18 @@ def test_prunable_layers_skip_stem_and_1x1():
     assert prunable_layers(TinyNet()) == ["block_a", "block_b"]
 
 
+def test_prunable_layers_skip_grouped_convs():
+    """Grouped and depthwise 3x3 convs (groups > 1) stay dense: only groups=1 is pruned."""
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3),
+        nn.Conv2d(8, 8, 3, groups=8),
+        nn.Conv2d(8, 8, 3, groups=2),
+        nn.Conv2d(8, 8, 3),
+    )
+    assert prunable_layers(model) == ["3"]
+    assert prunable_layers(model, pointwise=True) == ["3"]
+
+
 def test_setup_rejects_a_model_without_3x3_convs():
     method = ClickTrain()
     with pytest.raises(ValueError, match="3x3"):
@@ -263,6 +275,21 @@ def test_stage_one_does_not_end_on_a_rising_loss():
     _feed_epoch_losses(method, ctx, [2.0, 0.3, 0.8, 0.5, 0.4])  # -0.5 and 0.3 do not count
     assert method.stage_start["pool"] == 5
     assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
+
+
+def test_the_loss_derivative_is_reported_in_stage_one_epochs_only():
+    """The derivative that ends stage 1 is that stage's metric: a later epoch's row has none."""
+    method = ClickTrain(ClickTrainConfig())
+    ctx = _context(TinyNet(), 30)
+    method.setup(ctx)
+    _feed_epoch_losses(method, ctx, [2.0, 1.9])  # 0.1 < 0.27: stage 2 from epoch 2
+    assert method.epoch_metrics(ctx)["clicktrain_loss_derivative"] == pytest.approx(0.1)
+    ctx.epoch = 2
+    method.on_epoch_start(ctx)
+    method.loss(ctx, torch.tensor(1.0), None, None)
+    method.on_epoch_end(ctx)
+    row = method.epoch_metrics(ctx)
+    assert row["clicktrain_stage"] == "pool" and "clicktrain_loss_derivative" not in row
 
 
 def test_two_epoch_run_skips_stage_one_and_prunes_at_the_end():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from impl.methods.masking import MaskSet, true_sparsity
+from impl.methods.masking import MaskSet, conv_weight_counts, true_sparsity
 
 
 def _model() -> nn.Module:
@@ -253,3 +253,59 @@ def test_zero_pruned_zeroes_any_tensor_shaped_like_the_parameter_and_checks_its_
         masks.zero_pruned("fc.weight", torch.ones(3, 2))
     with pytest.raises(KeyError):
         masks.zero_pruned("other.weight", buf)
+
+
+def test_zero_pruned_zeroes_an_integer_tensor_too() -> None:
+    """A dtype without a same-width integer view (here int64) is zeroed by a masked fill."""
+    keep = torch.tensor([[True, False, True], [False, True, True]])
+    masks = MaskSet({"fc.weight": keep})
+    t = torch.arange(1, 7, dtype=torch.int64).reshape(2, 3)
+    masks.zero_pruned("fc.weight", t)
+    assert t.tolist() == [[1, 0, 3], [0, 5, 6]]
+    c = torch.full((2, 3), 2.0 + 1.0j)  # complex: no integer view either
+    masks.zero_pruned("fc.weight", c)
+    assert torch.equal(c, torch.where(keep, 2.0 + 1.0j, 0.0 + 0.0j))
+
+
+def test_optimizer_state_of_another_shape_is_left_alone() -> None:
+    """Only state tensors shaped like the parameter are masked: a per-row statistic (as a
+    factored optimizer keeps) is neither zeroed nor checked against the mask's shape."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3, 5, 5)).square().sum().backward()
+    opt.step()
+    p = model.get_parameter("0.weight")
+    row = torch.arange(1.0, 6.0)  # one value per output filter: shape [5], not [5, 3, 3, 3]
+    opt.state[p]["row_stat"] = row.clone()
+    keep = torch.zeros(p.shape, dtype=torch.bool)
+    keep[0] = True
+    masks = MaskSet({"0.weight": keep})
+    masks.apply_to_optimizer(opt, model)
+    assert torch.equal(opt.state[p]["row_stat"], row)
+    buf = opt.state[p]["momentum_buffer"]
+    assert int(torch.count_nonzero(buf[1:])) == 0 and bool((buf[0] != 0).any())
+
+
+def test_sparsity_accounting_skips_empty_masks_and_counts_negatives_as_nonzero() -> None:
+    """An empty mask has no sparsity to report; true sparsity counts exact zeros only."""
+    masks = MaskSet({"a": torch.tensor([True, False]), "empty": torch.zeros(0, dtype=torch.bool)})
+    assert masks.mask_sparsity() == {"a": pytest.approx(0.5)}
+    assert true_sparsity(torch.tensor([-1.0, 0.0, -2.5, 3.0])) == pytest.approx(0.25)
+
+
+def test_state_dict_is_a_snapshot_later_changes_leave_alone() -> None:
+    """Changing a tensor of a saved state changes neither the set nor a later state."""
+    masks = MaskSet({"w": torch.tensor([True, True, False])})
+    saved = masks.state_dict()
+    saved["w"].zero_()
+    assert masks["w"].tolist() == [True, True, False]
+    assert masks.state_dict()["w"].tolist() == [True, True, False]
+
+
+def test_conv_weight_counts_totals_and_nonzeros_over_convs_only() -> None:
+    """``(total, nonzero)`` over every Conv2d weight; linear layers and biases do not count."""
+    model = _model()  # conv 5x3x3x3 = 135 weights, linear 45x7
+    with torch.no_grad():
+        model[0].weight.view(-1)[:40] = 0.0
+        model[2].weight.zero_()
+    assert conv_weight_counts(model) == (135, 135 - 40)

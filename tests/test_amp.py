@@ -278,6 +278,23 @@ def test_sdgps_l1_ratio_leaves_out_an_overflowed_gradient():
     assert sd.l1_ratio() == pytest.approx(float(pruned.abs().sum() / g.abs().sum()))
 
 
+def test_sdgps_l1_ratio_leaves_out_a_call_whose_rescaled_gradient_overflowed():
+    """A finite fp16 dL/dO can overflow once rescaled (sum|x| / sum|y| > 1 lifts a kept 60000
+    past fp16's 65504): that call's pruned sum is inf, so it is left out like an overflowed
+    dL/dO, not added as an infinite ratio."""
+    from impl.methods.sdgp import SDGPConv2d
+
+    sd = SDGPConv2d.from_conv(nn.Conv2d(4, 4, 1), 2, 4, "rescaled")
+    g = torch.zeros(1, 4, 1, 2, dtype=torch.float16)
+    g[0, :, 0, 0] = torch.tensor([60000.0, 60000.0, 0.0, 0.0])
+    g[0, :, 0, 1] = torch.tensor([30000.0, 40000.0, 40000.0, 0.0])
+    pruned = sd.prune_grad(g)
+    # channel 0's plane: 60000 kept, 30000 pruned -> 60000 * 90000 / 60000 overflows
+    assert torch.isinf(pruned[0, 0, 0, 0]) and torch.isfinite(g).all()
+    assert math.isnan(sd.l1_ratio())
+    assert sd.l1_sums() == (0.0, 0.0, 0)
+
+
 def test_an_optimizer_replaced_in_after_backward_is_refused_under_fp16(tmp_path, monkeypatch):
     """Its gradients were never unscaled (GradScaler.unscale_ ran on the old one): stepping it
     would apply gradients 2**16 times too large or, unscaled twice, too small."""

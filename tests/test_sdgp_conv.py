@@ -692,3 +692,194 @@ def test_a_resumed_run_reports_the_whole_runs_pruning_paths(tmp_path):
     train(cfg(tmp_path / "cut"), progress=False)
     (tmp_path / "cut" / SUMMARY_FILE).unlink()  # killed after its last checkpoint
     assert resume(tmp_path / "cut", progress=False)["sdgp_prune_paths"] == whole
+
+
+def test_a_trainable_bias_of_a_frozen_weight_gets_its_dense_gradient():
+    """dL/db is the dense dL/dO summed over batch and space even when the weight is frozen
+    (only the bias trains): it is asked for on its own, not only beside dL/dW."""
+    conv = nn.Conv2d(8, 8, 3, padding=1, bias=True).double()
+    conv.weight.requires_grad_(False)
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    x = torch.randn(2, 8, 5, 5, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 8, 5, 5, dtype=torch.float64)
+    sd(x).backward(g)
+    assert conv.weight.grad is None
+    torch.testing.assert_close(conv.bias.grad, g.sum(dim=(0, 2, 3)), rtol=1e-12, atol=1e-12)
+
+
+def test_a_conv_converted_in_eval_mode_stays_in_eval_mode_and_prunes_nothing():
+    """from_conv keeps the conv's training flag: a model converted after ``.eval()`` (e.g.
+    loaded for an attack) gives the dense input gradient until it is put in train mode."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1, bias=False).eval()
+    sd = SDGPConv2d.from_conv(conv, 2, 4, "magnitude")
+    assert not sd.training
+    x = torch.randn(2, 8, 5, 5)
+    g = torch.randn(2, 8, 5, 5)
+    _, gx, _, _ = _grads(sd, x, g)
+    assert sd.prune_calls == 0
+    torch.testing.assert_close(gx, explicit_grad_input(g, conv, x.shape), rtol=1e-5, atol=1e-5)
+
+
+def test_from_conv_prunes_rescaled_by_the_plane_rule_by_default():
+    """Without a method, an SDGP conv prunes by rescaled magnitude, per-plane rule, with the
+    authors' eps (the paper's default pruning function, Sec. III-B)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(6, 8, 3, padding=1, bias=False).double()
+    sd = SDGPConv2d.from_conv(conv, 2, 4)
+    assert (sd.prune_method, sd.rescale, sd.eps) == ("rescaled", "plane", 1e-4)
+    x = torch.randn(2, 6, 5, 5, dtype=torch.float64)
+    g = torch.randn(2, 8, 5, 5, dtype=torch.float64)
+    _, gx, _, _ = _grads(sd, x, g)
+    want = explicit_grad_input(loop_prune(g, 2, 4, "rescaled", "plane"), conv, x.shape)
+    torch.testing.assert_close(gx, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"n": 3, "m": 2}, "1 <= n <= m <= 32"), ({"eps": -1.0}, "eps")],
+    ids=["n>m", "eps-neg"],
+)
+def test_from_conv_and_configure_refuse_bad_pruning_arguments(kwargs, match):
+    """A layer built or reconfigured directly (not through sdgp_convert) checks n, m and eps
+    itself, before any gradient is pruned."""
+    args = {"n": 2, "m": 4, "eps": 1e-4} | kwargs
+    with pytest.raises(ValueError, match=match):
+        SDGPConv2d.from_conv(nn.Conv2d(4, 8, 3), args["n"], args["m"], eps=args["eps"])
+    sd = SDGPConv2d.from_conv(nn.Conv2d(4, 8, 3), 2, 4)
+    with pytest.raises(ValueError, match=match):
+        sd.configure(args["n"], args["m"], eps=args["eps"])
+
+
+def test_reset_stats_forgets_the_calls_and_both_l1_sums():
+    """After ``reset_stats`` the layer has counted no call, and its sums are those of the
+    calls made since: each of sum|pruned| and sum|dense| starts again from zero."""
+    sd = SDGPConv2d.from_conv(nn.Conv2d(4, 8, 3), 2, 4, "magnitude")
+    sd.prune_grad(torch.randn(2, 8, 3, 3))
+    sd.reset_stats()
+    assert sd.prune_calls == 0 and sd.l1_sums() == (0.0, 0.0, 0)
+    g = torch.randn(2, 8, 3, 3, dtype=torch.float64)
+    pruned = sd.prune_grad(g)
+    assert sd.prune_calls == 1
+    sums = (float(pruned.abs().sum()), float(g.abs().sum()), 1)
+    assert sd.l1_sums() == pytest.approx(sums, rel=1e-12)
+
+
+def test_convert_seeds_the_random_pruning_generator_with_seed():
+    """Without a generator, ``sdgp_convert(..., seed=s)`` draws random pruning from a generator
+    seeded with ``s``: the same positions as ``nm_prune`` with ``manual_seed(s)``."""
+    conv = nn.Conv2d(6, 16, 3, padding=1, bias=False)
+    model = nn.Sequential(copy.deepcopy(conv))
+    sdgp_convert(model, 2, 4, "random", seed=3)
+    g = torch.randn(2, 16, 5, 5)
+    got = model[0].prune_grad(g)
+    want = nm_prune(g, 2, 4, "random", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(got, want)
+
+
+def test_reconverting_applies_the_new_eps_to_converted_layers():
+    model = _tiny(cout=12)
+    sdgp_convert(model, 2, 4, eps=1e-4)
+    sdgp_convert(model, 2, 4, eps=0.0)
+    assert [v.eps for v in sdgp_modules(model).values()] == [0.0, 0.0]
+
+
+def test_a_bare_conv_model_is_refused_by_convert_and_restore():
+    """A model that is itself a conv cannot be replaced in place: both directions say so
+    instead of leaving it silently unchanged."""
+    with pytest.raises(ValueError, match="the model itself is a Conv2d"):
+        sdgp_convert(nn.Conv2d(8, 8, 3), 2, 4)
+    with pytest.raises(ValueError, match="the model itself is an SDGP conv"):
+        sdgp_restore(SDGPConv2d.from_conv(nn.Conv2d(8, 8, 3), 2, 4))
+
+
+def test_prune_path_counts_add_every_layers_calls():
+    from impl.methods.sdgp import prune_path_counts
+
+    model = _tiny(cout=12)
+    sdgp_convert(model, 2, 4, "magnitude")
+    layers = list(sdgp_modules(model).values())
+    layers[0].prune_paths = {"reference": 2, "cpu kernel": 5}
+    layers[1].prune_paths = {"reference": 3}
+    assert prune_path_counts(model) == {"cpu kernel": 5, "reference": 5}
+
+
+def test_l1_ratio_of_an_all_zero_gradient_is_zero_not_an_error():
+    """A layer whose counted output gradients were all zero (a dead ReLU branch) reports a
+    ratio of 0.0; NaN only where no call was counted."""
+    from impl.methods.sdgp import l1_ratio_of
+
+    assert l1_ratio_of(0.0, 0.0, 3) == 0.0
+    assert math.isnan(l1_ratio_of(0.0, 0.0, 0))
+    assert l1_ratio_of(1.5, 6.0, 2) == 0.25
+
+
+def test_prune_seed_seeds_the_generator_and_is_validated():
+    method = SDGP(SDGPConfig(prune_method="random", prune_seed=11, profile=False))
+    method.setup(_ctx(_tiny(), seed=5))
+    assert torch.equal(method.generator.get_state(), torch.Generator().manual_seed(11).get_state())
+    with pytest.raises(ValueError, match="prune_seed must be an integer"):
+        SDGP(SDGPConfig(prune_seed=-1)).validate(SimpleNamespace(seed=0))
+
+
+def test_load_state_dict_restores_each_layers_pruning_path_counts():
+    method = SDGP(SDGPConfig(profile=False))
+    model = _tiny(cout=12)
+    method.setup(_ctx(model))
+    paths = {"3": {"reference": 4}, "6": {"cpu kernel": 2, "reference": 1}}
+    fresh = SDGP(SDGPConfig(profile=False))
+    other = _tiny(cout=12)
+    fresh.load_state_dict({"prune_paths": paths}, _ctx(other))
+    assert {k: v.prune_paths for k, v in sdgp_modules(other).items()} == paths
+    assert fresh.state_dict()["prune_paths"] == paths
+
+
+def test_summary_times_the_configured_pruning_rule_and_repeats(monkeypatch):
+    """The end-of-run profile (Fig. 9) times what the run trained with: its pruning method,
+    its nondivisible rule (a layer left dense is timed as dense) and ``profile_repeats``."""
+    import impl.methods.sdgp_timing as timing
+
+    methods = []
+    real = timing.nm_prune
+
+    def spy(g, n, m, method, *args, **kwargs):
+        methods.append(method)
+        return real(g, n, m, method, *args, **kwargs)
+
+    monkeypatch.setattr(timing, "nm_prune", spy)
+    cfg = SDGPConfig(prune_method="magnitude", nondivisible="dense", profile_repeats=2)
+    method = SDGP(cfg)
+    model = _tiny(cout=10)  # 10 output channels: not a multiple of m = 4
+    ctx = _ctx(model)
+    method.setup(ctx)
+    t = method.summary(ctx)["sdgp_time"]
+    assert t["repeats"] == 2
+    assert [(r["name"], r["sparse"]) for r in t["layers"]] == [
+        ("0", False),
+        ("3", True),
+        ("6", False),
+    ]
+    assert methods and set(methods) == {"magnitude"}
+
+
+def test_a_conv_with_asymmetric_same_padding_stays_dense_with_density_one():
+    """sdgp_plan marks a conv whose ``padding="same"`` pads asymmetrically dense (its full
+    dL/dO used, density 1.0) and sdgp_convert leaves it a plain conv instead of failing."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 4, padding="same"))
+    plan = sdgp_plan(model, 2, 4)
+    assert [p.sparse for p in plan] == [True, False]
+    assert "asymmetric" in plan[1].reason
+    assert [p.data_grad_density for p in plan] == [0.5, 1.0]
+    sdgp_convert(model, 2, 4)
+    assert isinstance(model[0], SDGPConv2d) and type(model[1]) is nn.Conv2d
+
+
+def test_load_state_dict_converts_an_unconverted_model_of_a_set_up_method():
+    """A method already set up on one model converts the unconverted model it is resumed
+    into, rather than restoring counts into layers that do not exist."""
+    method = SDGP(SDGPConfig(profile=False))
+    method.setup(_ctx(_tiny(cout=12)))
+    other = _tiny(cout=12)
+    method.load_state_dict({"prune_paths": {"3": {"reference": 1}}}, _ctx(other))
+    assert list(sdgp_modules(other)) == ["3", "6"]
+    assert sdgp_modules(other)["3"].prune_paths == {"reference": 1}

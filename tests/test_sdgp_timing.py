@@ -288,3 +288,163 @@ def test_the_iteration_is_timed_in_the_runs_arithmetic(monkeypatch, amp):
     monkeypatch.setattr(torch, "autocast", recording)
     time_iteration(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, repeats=1, amp_dtype=amp)
     assert seen and all(s == (amp is not None, amp) for s in seen)
+
+
+def test_time_ms_reads_each_gpu_time_after_its_end_event_completes(monkeypatch):
+    """The elapsed time of a call is read only once its end event has completed (reading it
+    before raises on a real GPU): one end-event sync per call, before each read."""
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.done = False
+
+        def record(self, stream=None) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            self.done = True
+            log.append("sync")
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            log.append("read" if end.done else "read-too-early")
+            return 4.0
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    assert time_ms(lambda: None, "cuda:0", repeats=2, warmup=0) == 4.0
+    assert log == ["sync", "read", "sync", "read"]
+
+
+def test_capture_conv_shapes_leaves_an_eval_model_in_eval_and_removes_its_hooks():
+    model = _model().eval()
+    capture_conv_shapes(model, (3, 11, 13), 2)
+    assert not model.training and not any(mod.training for mod in model.modules())
+    convs = [mod for mod in model.modules() if isinstance(mod, nn.Conv2d)]
+    assert all(not conv._forward_hooks for conv in convs)
+
+
+def test_profile_skips_a_conv_the_forward_never_runs():
+    """A conv registered but unused by forward (no captured shape) has no row, and does not
+    stop the others from being timed."""
+
+    class WithUnused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = _model()
+            self.unused = nn.Conv2d(16, 16, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    model = sdgp_convert(WithUnused(), 2, 4)
+    rows = profile_conv_layers(model, (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [r["name"] for r in rows] == ["body.0", "body.3", "body.6"]
+
+
+def test_profile_times_a_reflect_padded_conv_on_its_real_shapes(monkeypatch):
+    """A non-zero padding mode is applied to the input up front and the convolution then pads
+    nothing, as the layer runs it: the timed data gradient has the padded input's shape."""
+    import impl.methods.sdgp_timing as timing
+
+    shapes = []
+    real = timing.conv_grad
+
+    def spy(which, g, x, w, args):
+        out = real(which, g, x, w, args)
+        shapes.append((which, list(out.shape), args[1]))
+        return out
+
+    monkeypatch.setattr(timing, "conv_grad", spy)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect"), nn.Flatten())
+    rows = profile_conv_layers(sdgp_convert(model, 2, 4), (4, 6, 5), 2, 2, 4, repeats=1)
+    assert [r["output_shape"] for r in rows] == [[2, 8, 6, 5]]
+    assert ("input", [2, 4, 8, 7], (0, 0)) in shapes  # the reflect-padded 6x5 input
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+def test_profile_leaves_out_a_conv_with_asymmetric_same_padding():
+    """Only its forward could be timed as written (no integer padding for the backward): it
+    has no row, the others do."""
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 4, padding="same"), nn.Flatten()
+    )
+    rows = profile_conv_layers(sdgp_convert(model, 2, 4), (4, 6, 6), 2, 2, 4, repeats=1)
+    assert [r["name"] for r in rows] == ["0"]
+
+
+def test_profile_prunes_along_the_channel_dim(monkeypatch):
+    """The pruning timed is that of dL/dO's channels (dim 1), as SDGP prunes in training."""
+    import impl.methods.sdgp_timing as timing
+
+    dims = []
+    real = timing.nm_prune
+
+    def spy(g, n, m, method, dim, *args, **kwargs):
+        dims.append(dim)
+        return real(g, n, m, method, dim, *args, **kwargs)
+
+    monkeypatch.setattr(timing, "nm_prune", spy)
+    profile_conv_layers(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert dims and set(dims) == {1}
+
+
+def test_a_pruned_conv_fed_the_network_input_saves_nothing():
+    """A first conv with more than 3 input channels is SDGP-sparse, but training never computes
+    the data gradient of the network's input: no saving is estimated for it, and neither its
+    data-gradient nor its pruning time counts in the totals."""
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    )
+    sdgp_convert(model, 2, 4)
+    acc = time_accounting(model, (4, 6, 6), 2, 2, 4, repeats=1)
+    first, second = acc["layers"]
+    assert first["sparse"] and not first["data_grad_needed"] and first["prune_ms"] > 0
+    assert first["est_saved_ms"] == 0.0
+    assert acc["est_saved_ms"] == pytest.approx(second["dgrad_ms"] / 2)
+    assert acc["prune_ms"] == pytest.approx(second["prune_ms"])
+    assert acc["dgrad_ms"] == pytest.approx(second["dgrad_ms"])
+
+
+def test_time_accounting_divides_by_a_dense_iteration_and_names_the_amp_dtype(monkeypatch):
+    """``iteration_ms_dense`` is timed with the SDGP convs restored, ``iteration_ms_measured``
+    with them pruning; under bf16 every time, and the ``dtype`` reported, is bfloat16."""
+    import impl.methods.sdgp_timing as timing
+
+    calls = []
+
+    def fake_iteration(model, input_shape, batch_size, repeats=3, *, dense=False, amp_dtype=None):
+        calls.append((dense, amp_dtype))
+        return 10.0 if dense else 20.0
+
+    monkeypatch.setattr(timing, "time_iteration", fake_iteration)
+    model = sdgp_convert(_model(), 2, 4)
+    acc = time_accounting(model, (3, 11, 13), 2, 2, 4, repeats=1, amp_dtype=torch.bfloat16)
+    assert sorted(calls, key=str) == [(False, torch.bfloat16), (True, torch.bfloat16)]
+    assert acc["iteration_ms_dense"] == 10.0 and acc["iteration_ms_measured"] == 20.0
+    assert acc["est_saved_fraction_of_iteration"] == pytest.approx(acc["est_saved_ms"] / 10.0)
+    assert acc["dtype"] == "bfloat16" and acc["batch_size"] == 2
+
+
+def test_profile_times_every_pass_in_the_amp_dtype(monkeypatch):
+    """Under ``amp_dtype=bfloat16`` the input, the output gradient, the weight and the bias are
+    all bfloat16, as the convolutions of a bf16 run compute (the bias-carrying 1x1 conv too)."""
+    import impl.methods.sdgp_timing as timing
+
+    dtypes = set()
+    real = timing.conv_grad
+
+    def spy(which, g, x, w, args):
+        dtypes.update({g.dtype, x.dtype, w.dtype})
+        return real(which, g, x, w, args)
+
+    monkeypatch.setattr(timing, "conv_grad", spy)
+    model = sdgp_convert(_model(), 2, 4)
+    rows = profile_conv_layers(model, (3, 11, 13), 2, 2, 4, repeats=1, amp_dtype=torch.bfloat16)
+    assert [r["name"] for r in rows] == ["0", "3", "6"]
+    assert dtypes == {torch.bfloat16}
+    assert model[0].weight.dtype == torch.float32  # the model itself is left as it was

@@ -448,3 +448,29 @@ def test_profile_times_every_pass_in_the_amp_dtype(monkeypatch):
     assert [r["name"] for r in rows] == ["0", "3", "6"]
     assert dtypes == {torch.bfloat16}
     assert model[0].weight.dtype == torch.float32  # the model itself is left as it was
+
+
+def test_profile_times_the_forward_with_the_layers_bias(monkeypatch):
+    """The forward timed is the layer's own: with its bias where it has one, without where
+    it has none."""
+    import types
+
+    import torch.nn.functional as F
+
+    import impl.methods.sdgp_timing as timing
+
+    biases = []
+
+    def conv2d(x, w, b=None, *args):
+        biases.append(b)
+        return F.conv2d(x, w, b, *args)
+
+    monkeypatch.setattr(timing, "F", types.SimpleNamespace(conv2d=conv2d, pad=F.pad))
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.Flatten()
+    )
+    sdgp_convert(model, 2, 4)
+    profile_conv_layers(model, (4, 6, 6), 2, 2, 4, repeats=1)
+    with_bias = [b for b in biases if b is not None]
+    assert with_bias and all(torch.equal(b, model[0].bias) for b in with_bias)
+    assert None in biases

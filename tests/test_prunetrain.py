@@ -13,7 +13,7 @@ from torch import nn
 
 import impl.models as M
 from impl.methods import create_method
-from impl.methods.channel_graph import ShortcutOnly, build_graph, zero_channels
+from impl.methods.channel_graph import ShortcutOnly, build_graph, path_forward, zero_channels
 from impl.methods.prunetrain import (
     PruneTrainConfig,
     group_lasso,
@@ -251,9 +251,14 @@ def _head(channels: int) -> list[nn.Module]:
                        ShortcutOnly(None, torch.zeros(3), True), *_head(4)), "path_bias"),
         (nn.Sequential(Residual(3), nn.Conv2d(3, 4, 3), *_head(4)), "network input"),
         (nn.Sequential(BasicBlock(3, 3), nn.Conv2d(3, 4, 3), *_head(4)), "network input"),
+        # no projection: the path's 4 channels would be added to the block's 8 input channels
+        (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), BasicBlock(8, 4),
+                       *_head(4)), "'2.conv2' writes 4 channels into space '0' of 8"),
+        (nn.Sequential(nn.Flatten(), nn.Linear(12, 2)), "no convolution"),
     ],
     ids=["conv-width", "linear-after-pool", "linear-width", "free-pool", "no-classifier",
-         "norm-width", "shortcut-with-relu", "path-bias-width", "residual-first", "block-first"],
+         "norm-width", "shortcut-with-relu", "path-bias-width", "residual-first", "block-first",
+         "path-width", "no-conv"],
 )  # fmt: skip
 def test_build_graph_refuses_sizes_or_structures_it_cannot_prune(bad: nn.Module, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -989,3 +994,28 @@ def test_an_optimizer_state_of_a_parameter_outside_the_model_is_left_to_it():
     assert opt.state[other]["flat"].shape == (6,)
     with pytest.raises(ValueError, match=r"state 'flat' of shape \(6,\)"):
         check_optimizer_state(opt)  # over every parameter the optimizer holds
+
+
+def test_a_shortcut_only_block_adds_its_own_copy_of_the_path_bias() -> None:
+    """The block copies the constant it is given (a later change to that tensor changes
+    nothing) and, without a ReLU after the addition, passes negative values through."""
+    bias = torch.tensor([0.5, -1.0, 2.0])
+    block = ShortcutOnly(None, bias, post_relu=False)
+    bias.zero_()
+    x = torch.zeros(1, 3, 2, 2)
+    x[0, 0] = 1.0
+    expected = torch.tensor([1.5, -1.0, 2.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2)
+    assert torch.equal(block(x), expected)
+
+
+@pytest.mark.parametrize("kind", ["basic", "bottleneck"])
+def test_path_forward_is_the_block_without_its_shortcut(kind: str) -> None:
+    """A block without projection computes ``relu(path(x) + x)``: the path alone, with the
+    ReLUs between its convolutions, gives the block's output once the input is added back."""
+    torch.manual_seed(0)
+    block = BasicBlock(16, 16) if kind == "basic" else Bottleneck(16, 4)
+    randomize_bn(block, torch.Generator().manual_seed(1))
+    block.eval()
+    x = torch.randn(2, 16, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(F.relu(path_forward(block, kind, x) + x), block(x))

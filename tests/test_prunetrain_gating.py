@@ -179,3 +179,60 @@ def test_a_grouped_conv_counts_the_same_under_both():
     (layer,) = conv_flops_union_vs_gating(net, (4, 5, 5))["layers"]
     assert layer["gating_channels"] == layer["union_channels"] == (1, 4)
     assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * 4 * 1
+
+
+def test_bad_input_shapes_and_a_nan_threshold_are_refused():
+    """A zero-sized dimension or a fourth (batch) dimension is not one sample's shape; a NaN
+    threshold is no magnitude (it would compare false with every weight)."""
+    for shape in ((3, 0, 7), (1, 3, 5, 7)):  # a zero size; a batch dimension
+        with pytest.raises(ValueError, match="input_shape"):
+            conv_flops_union_vs_gating(_net(), shape)
+    with pytest.raises(ValueError, match="threshold"):
+        conv_flops_union_vs_gating(_net(), (3, 5, 7), threshold=float("nan"))
+
+
+def test_a_conv_with_two_groups_counts_whole_even_with_a_zero_filter():
+    net = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2, bias=False))
+    with torch.no_grad():
+        net[0].weight[1].zero_()
+    (layer,) = conv_flops_union_vs_gating(net, (4, 5, 5))["layers"]
+    assert layer["gating_channels"] == layer["union_channels"] == (2, 6)
+    assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * 6 * 2
+
+
+def test_a_non_square_kernel_counts_its_height_times_its_width():
+    """A 1x3 kernel (padding 0, 1) on 4x6: 4x6 outputs, 3 multiply-adds per pair."""
+    net = nn.Sequential(nn.Conv2d(2, 3, (1, 3), padding=(0, 1), bias=False))
+    res = conv_flops_union_vs_gating(net, (2, 4, 6))
+    assert res["union"] == res["gating"] == 2 * (1 * 3) * (4 * 6) * 3 * 2
+
+
+def test_a_conv_the_forward_pass_does_not_reach_is_not_counted():
+    """A conv registered on the model but not called by its forward (as a removed path's
+    would be) computes nothing: it is left out of the layers and of both totals."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Conv2d(2, 3, 1)
+            self.unused = nn.Conv2d(3, 5, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used(x)
+
+    res = conv_flops_union_vs_gating(Net(), (2, 4, 4))
+    assert [layer["name"] for layer in res["layers"]] == ["used"]
+    assert res["union"] == res["gating"] == 2 * 16 * 3 * 2
+
+
+def test_gated_conv_keeps_the_dilation_of_the_conv():
+    from impl.methods.prunetrain_gating import GatedConv
+
+    torch.manual_seed(2)
+    conv = nn.Conv2d(4, 5, 3, padding=2, dilation=2, bias=False)
+    with torch.no_grad():
+        conv.weight[:, 1] = 0
+        conv.weight[3] = 0
+    gated = GatedConv(conv)
+    x = torch.randn(1, 4, 9, 9)
+    torch.testing.assert_close(gated(x), conv(x), rtol=1e-5, atol=1e-6)

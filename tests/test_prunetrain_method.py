@@ -593,3 +593,44 @@ def test_dynamic_batch_options_budget_and_samples() -> None:
     assert method.train_flops_run == pytest.approx(per_sample * 1000)
     assert method.history[-1]["removed_paths"]  # it did reconfigure at the end ...
     assert ctx.batch_size == 64 and method.history[-1]["batch_size_after"] == 64  # ... only
+
+
+def test_choose_batch_takes_its_step_and_stops_at_the_first_batch_over_the_budget():
+    """Candidates are ``initial + k * step`` for the given step (16 here, not the default 32);
+    a batch whose memory equals the budget fits; the search asks for no candidate after the
+    first one over the budget (a later, smaller reading does not count)."""
+    calls = []
+    readings = {36: 200.0, 52: 200.5, 68: 10.0}
+
+    def memory(b: int) -> float:
+        calls.append(b)
+        return readings[b]
+
+    assert choose_batch(20, 20, 200.0, memory, step=16, max_batch=512) == 36
+    assert calls == [36, 52]
+
+
+def test_iteration_bytes_count_three_copies_of_the_parameters_at_their_element_size() -> None:
+    """At batch 0 the analytic estimate is weights, gradients and momentum: 3 x the parameter
+    bytes, 8 per value for a float64 model (3 * 4 * 9 + 4 + 144 * 2 + 2 = 402 values)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).double()
+    assert estimate_iteration_bytes(model, (3, 8, 8), 0) == 3 * 402 * 8
+
+
+def _fake_clock(monkeypatch, name: str, seconds: list[float]) -> None:
+    ticks = iter(seconds)
+    monkeypatch.setattr(time, name, lambda: next(ticks))
+
+
+def test_probe_cpu_clock_reads_process_time_and_bad_arguments_are_refused(monkeypatch) -> None:
+    """``clock="cpu"`` reads ``time.process_time`` (the wall clock is not read at all); an
+    unknown clock and a batch or repeat count below one are refused."""
+    _fake_clock(monkeypatch, "process_time", [0.0, 0.002, 0.005, 1.0, 1.003, 1.010])
+    _fake_clock(monkeypatch, "perf_counter", [])
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 10))
+    fwd, bwd = probe_iteration_ms(model, (3, 8, 8), 2, repeats=1, clock="cpu")
+    assert fwd == pytest.approx(3.0) and bwd == pytest.approx(7.0)
+    with pytest.raises(ValueError, match="clock must be 'wall' or 'cpu', got 'gpu'"):
+        probe_iteration_ms(model, (3, 8, 8), 2, clock="gpu")
+    with pytest.raises(ValueError, match="got 1, 0"):
+        probe_iteration_ms(model, (3, 8, 8), 0, repeats=1)

@@ -115,3 +115,44 @@ def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
     assert timer.times("mm") == [10.0, 10.0, 10.0]  # a later event added once
     assert set(recorded) == {"stream of cuda:3"} and len(recorded) == 6
     assert synced == [torch.device("cuda:3")] * 2
+
+
+def test_a_device_other_than_cuda_is_timed_by_the_clock(monkeypatch):
+    """Only a CUDA device is timed by events; any other (here ``meta``) reads the host clock."""
+    ticks = iter([1.0, 1.125])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    timer = PhaseTimer("meta")
+    assert not timer.cuda
+    timer.start("fwd")
+    timer.stop("fwd")
+    assert timer.times("fwd") == [125.0]
+
+
+def test_reset_forgets_cuda_events_not_yet_read(monkeypatch):
+    """Events recorded on CUDA and not read yet are forgotten by ``reset`` like read times:
+    the next ``times`` holds only what was recorded after it (fake events on any machine)."""
+
+    class FakeEvent:
+        made = 0
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            FakeEvent.made += 1
+            self.at = float(FakeEvent.made)
+
+        def record(self, stream=None) -> None:
+            pass
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return 10.0 * (end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    timer = PhaseTimer("cuda")
+    timer.start("mm")
+    timer.stop("mm")
+    timer.reset()
+    assert timer.times("mm") == []
+    timer.start("mm")
+    timer.stop("mm")
+    assert timer.times("mm") == [10.0]

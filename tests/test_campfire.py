@@ -771,6 +771,22 @@ def test_an_epoch_pruned_on_its_first_step_counts_its_steps_at_the_new_cost(tmp_
     assert epoch_step_cost(123456789.0, same, 12) == 123456789.0
 
 
+def test_epoch_step_cost_averages_the_first_step_and_the_curve_through_the_read_costs() -> None:
+    """The first step counts at the epoch's starting cost, steps 1 to n-1 along the
+    polynomial through the sampled costs, each step once."""
+    from impl.train import epoch_step_cost
+
+    # unchanged after a first-step drop to 4: (10 + 3 * 4) / 4
+    assert epoch_step_cost(10.0, [(1, 4.0), (2, 4.0), (3, 4.0)], 4) == pytest.approx(5.5)
+    # a line through two costs, 10 - 2k at steps 1..4: (10 + 8 + 6 + 4 + 2) / 5
+    assert epoch_step_cost(10.0, [(1, 8.0), (3, 4.0)], 5) == pytest.approx(6.0)
+    # a parabola k^2 through three costs: (0 + 1 + 4 + 9 + 16) / 5
+    assert epoch_step_cost(0.0, [(1, 1.0), (2, 4.0), (4, 16.0)], 5) == pytest.approx(6.0)
+    # one step, or none: the starting cost whatever was read
+    assert epoch_step_cost(7.0, [(1, 1.0), (2, 4.0)], 1) == 7.0
+    assert epoch_step_cost(7.0, [(1, 1.0)], 0) == 7.0
+
+
 @pytest.mark.slow
 def test_a_per_step_ramp_epoch_counts_its_flops_along_its_costs(tmp_path, monkeypatch) -> None:
     """Under the per-step target the cost falls along a cubic within an era epoch: the epoch's

@@ -185,3 +185,11 @@ def test_a_skipped_fp16_step_with_an_infinite_loss_is_counted_not_averaged(tmp_p
     (row,) = rundir.read_metrics(tmp_path / "run")
     assert row["nonfinite_loss_steps"] == 1 and row["amp_skipped_steps"] == 1
     assert row["train_loss"] == pytest.approx(seen[1], rel=1e-6)
+
+
+def test_an_epoch_of_no_step_is_no_divergence():
+    """An epoch that ran no step (an empty loader) has no loss at all: with finite weights
+    that is not "every step had a non-finite loss"."""
+    model = nn.Linear(2, 2)
+    assert divergence_reason(model, {"iterations": 0, "nonfinite_loss_steps": 0}) is None
+    assert divergence_reason(model, {}) is None

@@ -630,3 +630,200 @@ def test_a_gpu_run_resumes_where_fewer_gpus_are_visible(monkeypatch):
     T.restore_cuda_rng(None, torch.device("cuda:0"))
     T.restore_cuda_rng(states[1], torch.device("cpu"))
     assert len(set_calls) == 2
+
+
+def test_the_input_check_leaves_a_model_in_eval_mode_in_eval_mode():
+    """check_input_fits restores the mode the model had, not training mode."""
+    from types import SimpleNamespace
+
+    from impl.train import check_input_fits
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3), torch.nn.BatchNorm2d(2)).eval()
+    cfg = SimpleNamespace(model="tiny", data="digits")
+    check_input_fits(model, cfg, SimpleNamespace(in_channels=3, image_size=8))
+    assert not model.training and not any(m.training for m in model.modules())
+
+
+def test_evaluate_restores_the_mode_the_model_had():
+    """evaluate() scores in eval mode and hands the model back in the mode it came in."""
+    from impl.train import evaluate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    x, y = torch.randn(6, 1, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    modes: list[bool] = []
+    model.register_forward_hook(lambda m, i, o: modes.append(m.training))
+    for mode in (True, False):
+        model.train(mode)
+        loss, top1 = evaluate(model, [(x[:4], y[:4]), (x[4:], y[4:])], torch.device("cpu"))
+        assert model.training is mode
+    assert modes == [False] * 4  # every batch scored in eval mode
+    with torch.no_grad():
+        out = model(x)
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), rel=1e-6)
+    assert top1 == pytest.approx(100.0 * int((out.argmax(1) == y).sum()) / 6)
+
+
+def test_pick_device_refuses_a_cuda_index_the_machine_does_not_have(monkeypatch):
+    """With N CUDA devices, indices 0 to N-1 are taken and index N is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert pick_device("cuda:1") == torch.device("cuda:1")
+    assert pick_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match="this machine has 2 CUDA device"):
+        pick_device("cuda:2")
+    with pytest.raises(ValueError, match="is not a device"):
+        pick_device("nonsense")
+
+
+def test_an_old_checkpoints_per_gpu_states_restore_the_resuming_gpus_own(monkeypatch):
+    """A checkpoint holding one random state per visible GPU gives the resuming GPU the state
+    at its index, the last one included; an index past the list sets none."""
+    from impl import train as T
+
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(3)]
+    set_calls: list[tuple[torch.Tensor, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((s, d)))
+    T.restore_cuda_rng(states, torch.device("cuda:2"))
+    assert len(set_calls) == 1 and set_calls[0][0] is states[2]
+    T.restore_cuda_rng(states, torch.device("cuda:3"))
+    assert len(set_calls) == 1
+
+
+def test_plain_sgd_without_momentum_takes_no_nesterov_flag(tmp_path):
+    """Nesterov (the default) needs momentum: a config of momentum 0 trains with plain SGD
+    instead of being refused by torch's optimizer."""
+    from impl.train import Trainer
+
+    cfg = _smoke_cfg(tmp_path / "run", momentum=0.0, weight_decay=1e-3)
+    assert cfg.nesterov
+    model = torch.nn.Linear(3, 2)
+    opt = Trainer(cfg, progress=False)._optimizer(model)
+    (group,) = opt.param_groups
+    assert (group["nesterov"], group["momentum"], group["lr"]) == (False, 0.0, cfg.lr)
+    assert group["weight_decay"] == 1e-3
+    with_momentum = Trainer(_smoke_cfg(tmp_path / "b", momentum=0.5), progress=False)
+    assert with_momentum._optimizer(model).param_groups[0]["nesterov"] is True
+
+
+def test_a_resumed_run_continues_the_step_count_and_the_wall_clock(tmp_path, monkeypatch):
+    """A run stopped after its first epoch and resumed ends at the step count of its three
+    epochs, and its wall clock goes on from the first epoch's: each row's wall_seconds is the
+    previous row's plus its own epoch_seconds, and the summary's is the last row's."""
+    from impl.methods.dense import Dense
+
+    stop = {"once": True}
+
+    def on_epoch_start(self, ctx):
+        if ctx.epoch == 1 and stop.pop("once", False):
+            raise RuntimeError("stopped at epoch 1")
+
+    monkeypatch.setattr(Dense, "on_epoch_start", on_epoch_start)
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=3, batch_size=8, max_steps_per_epoch=2,
+                     data_options={"image_size": 8})  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped at epoch 1"):
+        train(cfg, progress=False)
+    assert rundir.load_checkpoint(run)["step"] == 2
+    summary = resume(run, progress=False)
+    assert rundir.load_checkpoint(run)["step"] == 6  # three epochs of two steps
+    rows = rundir.read_metrics(run)
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert rows[0]["wall_seconds"] == pytest.approx(rows[0]["epoch_seconds"])
+    for before, row in zip(rows, rows[1:]):
+        assert row["wall_seconds"] == pytest.approx(before["wall_seconds"] + row["epoch_seconds"])
+    assert summary["wall_seconds"] == pytest.approx(rows[-1]["wall_seconds"])
+
+
+def test_an_epochs_cost_is_read_at_its_start_step_1_the_middle_step_and_the_last(
+    tmp_path, monkeypatch
+):
+    """The per-sample training cost of an epoch of five steps is read as it begins and at the
+    start of steps 1, 2 (the middle) and 4 (the last), and the row's figure is the first step
+    at the starting cost plus steps 1-4 along the parabola through the three read costs."""
+    read_at: list[int] = []
+
+    def cubic_cost(ctx, method):  # a cost that changes every step, along k**3
+        read_at.append(ctx.step)
+        return float(ctx.step**3), 2.0 * ctx.step**3
+
+    monkeypatch.setattr("impl.train._step_cost", cubic_cost)
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=1, batch_size=8, max_steps_per_epoch=5,
+                     data_options={"image_size": 8})  # fmt: skip
+    train(cfg, progress=False)
+    assert read_at == [0, 1, 2, 4]
+    (row,) = rundir.read_metrics(run)
+    # the parabola through (1, 1), (2, 8), (4, 64) is 29 at step 3: (0 + 1 + 8 + 29 + 64) / 5
+    assert row["train_flops_nominal"] == pytest.approx(20.4)
+    assert row["train_flops_executed"] == pytest.approx(40.8)
+
+
+def test_the_compression_ratio_is_dense_conv_weights_over_the_nonzero_ones(tmp_path, monkeypatch):
+    """A run whose method zeroes the first convolution reports its convolution weights before
+    and after, and a compression ratio of the dense count over the nonzero count (above 1)."""
+    from impl.methods.dense import Dense
+
+    def zero_conv1(self, ctx):
+        with torch.no_grad():
+            ctx.model.conv1.weight.zero_()
+
+    monkeypatch.setattr(Dense, "after_step", zero_conv1)
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=1, batch_size=8, max_steps_per_epoch=1,
+                     data_options={"image_size": 8})  # fmt: skip
+    summary = train(cfg, progress=False)
+    state = rundir.load_checkpoint(run)["model"]
+    convs = [v for k, v in state.items() if k.endswith("weight") and v.dim() == 4]
+    dense = sum(v.numel() for v in convs)
+    nonzero = sum(int(torch.count_nonzero(v)) for v in convs)
+    assert nonzero == dense - state["conv1.weight"].numel()
+    assert (summary["conv_weights_dense"], summary["conv_weights_nonzero"]) == (dense, nonzero)
+    assert summary["compression_ratio"] == pytest.approx(dense / nonzero)
+    assert summary["compression_ratio"] > 1.0
+
+
+def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path, monkeypatch):
+    """A loader that delivers 4 of the 5 batches its length promised: the step-4 read never
+    happens in the loop, so the cost is read after the last step, and the epoch's figure runs
+    along the parabola through steps 1, 2 and 4 over its 4 steps."""
+    import itertools
+
+    from impl import data
+
+    read_at: list[int] = []
+
+    def cubic_cost(ctx, method):
+        read_at.append(ctx.step)
+        return float(ctx.step**3), float(ctx.step**3)
+
+    class EndsEarly:
+        def __init__(self, loader):
+            self._loader = loader
+
+        def __getattr__(self, name):
+            return getattr(self._loader, name)
+
+        def __len__(self):
+            return 5
+
+        def __iter__(self):
+            return itertools.islice(iter(self._loader), 4)
+
+    real = data.make_loaders
+
+    def make_loaders(*args, **kwargs):
+        train_loader, test_loader, spec = real(*args, **kwargs)
+        return EndsEarly(train_loader), test_loader, spec
+
+    monkeypatch.setattr("impl.train._step_cost", cubic_cost)
+    monkeypatch.setattr(data, "make_loaders", make_loaders)
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=1, batch_size=8, data_options={"image_size": 8})
+    cfg.max_steps_per_epoch = None
+    train(cfg, progress=False)
+    (row,) = rundir.read_metrics(run)
+    assert row["iterations"] == 4 and read_at == [0, 1, 2, 4]
+    # the parabola through (1, 1), (2, 8), (4, 64) is 29 at step 3: (0 + 1 + 8 + 29) / 4
+    assert row["train_flops_nominal"] == pytest.approx(9.5)

@@ -666,6 +666,26 @@ def test_provenance_rows_name_the_results_each_holds_for_where_they_differ():
     assert "results" not in alone.columns and len(alone) == 1
 
 
+def test_provenance_tf32_is_blank_where_nothing_ran_under_it():
+    """A result of the paper's numbers only (both flags None) and a CPU-only torch (no CUDA
+    version) show "-" for TF32; a CUDA build shows its matmul/cuDNN flags."""
+    none = {**ENV, "tf32_matmul": None, "tf32_cudnn": None}
+    cpu_only = {**ENV, "cuda": None, "date": "2025-02-01"}
+    cuda = {**ENV, "cuda": "12.4", "date": "2025-03-01"}
+    rows = provenance_rows([("cpu", none), ("cpu", cpu_only), ("gpu", cuda)])
+    assert list(rows["tf32 (matmul/cudnn)"]) == ["-", "-", "False/True"]
+
+
+def test_a_figure_title_naming_its_scale_word_elsewhere_still_gets_its_scale():
+    """Only a title that says "<scale> scale" keeps its own wording; one that merely holds the
+    scale's word (a "gpu" kernel) is still labelled with the scale of its numbers."""
+    from impl.report.html import scaled_title
+
+    assert scaled_title("Time of the gpu kernels", "gpu") == "Time of the gpu kernels (gpu scale)"
+    assert scaled_title("Fig. 9 (cpu scale)", "cpu") == "Fig. 9 (cpu scale)"
+    assert scaled_title("", "smoke") == "smoke scale" and scaled_title("Fig. 9", None) == "Fig. 9"
+
+
 def test_provenance_device_names_the_cpus_vector_isa_so_two_cpus_of_one_model_differ():
     # Two "AMD EPYC" machines, one with AVX-512 and one without, trained the same commit to
     # different cpu-scale accuracies: the footer must tell them apart.
@@ -687,6 +707,29 @@ def test_render_html_is_self_contained_and_escaped(tmp_path):
     assert "scale: smoke" in text and "95.3" in text and "1.5G" in text
     assert "needs the paper scale (ImageNet)" in text
     assert "aaaaaaaaaaaa" in text and "Test CPU" in text  # provenance: commit and device
+
+
+def test_an_empty_cell_of_a_page_table_is_marked_not_available(tmp_path):
+    """A missing number reads "-" in a cell of its own class, so that it shows as not
+    available rather than as a value."""
+    frame = pd.DataFrame({"Row": ["dense", "sdgp"], "Ours": [97.0, None]})
+    out = render_html("t", [Section(title="s", tables=[Table(frame)])], tmp_path / "p.html")
+    text = out.read_text()
+    assert text.count('<td class="na">-</td>') == 1 and "<td>97</td>" in text
+
+
+def test_a_missing_rows_reason_is_listed_escaped(tmp_path):
+    """What is not shown is listed under its section with its reason as text: markup in a
+    reason (an error message quoting a type) is escaped, never read as HTML."""
+    missing = [{"row": "resnet<50>", "reason": "failed: TypeError: <class 'int'> & more"}]
+    section = Section(title="s", missing=missing)
+    text = render_html("t", [section], tmp_path / "p.html").read_text()
+    assert "Not shown here:" in text
+    assert (
+        "<li>resnet&lt;50&gt;: failed: TypeError: &lt;class &#x27;int&#x27;&gt; &amp; more</li>"
+        in text
+    )
+    assert "<class" not in text
 
 
 def test_the_papers_bars_of_rows_not_run_here_are_drawn_in_a_figure_of_their_own():
@@ -840,6 +883,20 @@ def test_wide_frame_one_line_per_metric_one_column_per_row_with_scale():
     assert wide.loc["top-1 (%)", "sdgp"] == "96.00 ± 0.50 (n=3)"
     assert wide.loc["top-1 change vs dense (pp)", "dense"] == "-"
     assert list(wide.loc["Scale"]) == ["cpu", "cpu", "-"]
+
+
+def test_wide_frame_takes_its_metric_order_from_the_row_with_the_most_metrics():
+    """The row with the most metrics sets the lines' order, whatever row comes first."""
+    from impl.report.html import wide_frame
+
+    rows = [
+        {"row": "dense", "metric": "delta_top1", "ours": 0.0, "scale": "cpu", "unit": "pp"},
+        {"row": "sdgp", "metric": "top1", "ours": 96.0, "scale": "cpu", "unit": "%"},
+        {"row": "sdgp", "metric": "delta_top1", "ours": -1.0, "scale": "cpu", "unit": "pp"},
+    ]  # fmt: skip
+    wide = wide_frame(rows)
+    assert list(wide["Metric"]) == ["top-1 (%)", "top-1 change vs dense (pp)", "Scale"]
+    assert list(wide["dense"]) == ["-", "0.00", "cpu"]
 
 
 def test_index_links_pages_and_tells_filled_from_paper_only(tmp_path):
@@ -1189,6 +1246,23 @@ def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance()
     assert len(result_section(one).tables) == 1  # one metric: the long table alone
     claims = [{**r, "verdict": "holds"} for r in rows]
     assert glance_frame(claims).empty  # each claim its own metric: no grid
+
+
+def test_a_glance_cell_of_ten_or_more_keeps_its_significant_digits():
+    """Only a mean between 0.01 and 10 is written to two decimals at a glance; from 10 on it
+    reads as the long table's numbers, to four significant digits (12.5, not 12.50)."""
+    from impl.report.html import glance_frame
+
+    rows = [
+        {"row": "dense", "metric": "top1", "ours": 12.5, "unit": "%", "scale": "cpu"},
+        {"row": "dense", "metric": "speedup", "ours": 1.5, "unit": "x", "scale": "cpu"},
+        {"row": "sdgp", "metric": "top1", "ours": 98.25, "unit": "%", "scale": "cpu"},
+        {"row": "sdgp", "metric": "speedup", "ours": 2.0, "unit": "x", "scale": "cpu"},
+    ]  # fmt: skip
+    frame = glance_frame(rows)
+    assert [list(r) for r in frame.itertuples(index=False)] == [
+        ["dense", "12.5", "1.50"], ["sdgp", "98.25", "2"]
+    ]  # fmt: skip
 
 
 def test_runs_page_counts_epochs_from_one_as_every_epoch_axis(monkeypatch):

@@ -432,6 +432,18 @@ def test_compare_rows_mean_sd_and_paper_value():
     assert all(r["n"] == 0 and r["ours"] is None and r["scale"] is None for r in paper_only)
 
 
+def test_a_row_that_failed_after_some_seeds_ran_shows_no_number_and_says_why():
+    """A row whose seed 1 failed after seed 0 trained is a failed row: no mean of the seeds
+    that ran stands in the table, and its note gives the failure."""
+    partial = RowResult(Row("dense", paper={"model": "resnet9", "method": "dense"}),
+                        runs=[_run(0, top1=96.0)], error="failed: RuntimeError: boom")  # fmt: skip
+    assert not partial.ok
+    rows = compare_rows(_tiny_target(), [partial], "cpu")
+    top1 = next(r for r in rows if r["row"] == "dense" and r["metric"] == "top1")
+    assert (top1["ours"], top1["n"], top1["scale"], top1["paper"]) == (None, 0, None, 95.3)
+    assert top1["note"].startswith("failed: RuntimeError: boom")
+
+
 def test_compare_rows_says_when_several_paper_rows_match_and_lists_them():
     target = _tiny_target()
     vague = RowResult(Row("vague", paper={"model": "resnet9"}), runs=[_run(0, top1=96.0)])
@@ -583,6 +595,25 @@ def test_a_broken_figure_is_listed_and_the_table_kept(tmp_path):
     assert result.rows[0]["ours"] == 10.0 and result.rows[0]["unit"] == "u"
     assert result.rows[0]["n_of"] == "repeats"  # a measurement's n counts its repeats
     assert result.missing == [{"row": "figures", "reason": "failed: KeyError: 'no such column'"}]
+
+
+def test_a_row_that_cannot_run_at_the_scale_is_listed_as_missing_with_its_reason(tmp_path):
+    """A row that needs another scale runs nothing, yet the result lists it as missing with
+    its reason beside the rows that did run."""
+    target = Target(
+        key="cross.test", title="t", description="d",
+        rows=lambda scale: [
+            Row("m", measure="test_reproductions:counted_measure", params={"x": 2},
+                metrics=("value",)),
+            Row("imagenet row", needs="needs the paper scale (ImageNet)", metrics=("value",)),
+        ],
+        metrics=("value",),
+    )  # fmt: skip
+    result = run_target(target, "smoke", tmp_path, log=lambda *a: None)
+    assert result.missing == [{"row": "imagenet row", "reason": "needs the paper scale (ImageNet)"}]
+    rows = {r["row"]: r for r in result.rows}
+    assert rows["m"]["ours"] == 4.0 and rows["imagenet row"]["ours"] is None
+    assert rows["imagenet row"]["note"] == "needs the paper scale (ImageNet)"
 
 
 def test_run_keeps_going_past_a_failing_target(tmp_path, monkeypatch, capsys):
@@ -935,6 +966,36 @@ def test_a_change_figure_draws_the_papers_change_derived_from_its_top1s_and_name
     same = [dataclasses.replace(r, runs=[dataclasses.replace(r.runs[0], config={
         "model": "resnet50", "data": "imagenet"})]) for r in results]  # fmt: skip
     assert common.setup_caption(same, "cpu", paper) == ""
+
+
+def test_a_published_change_is_read_as_printed_and_several_setups_are_not_named_as_one():
+    """Where the paper prints the change itself, that number stands beside ours, not one
+    derived from its two top-1s; a figure whose rows compare several pairs of setups says
+    they differ by row rather than naming one pair."""
+    import pandas as pd
+
+    paper = pd.DataFrame(
+        [{"model": "resnet50", "dataset": "imagenet", "method": m, "setting": "", "metric": k,
+          "value": v, "source": "Table 1"}
+         for m, k, v in (("dense", "top1", 76.0), ("sdgp", "top1", 75.0),
+                         ("sdgp", "delta_top1", -1.3))]
+    )  # fmt: skip
+
+    def res(label, method, model, baseline=None):
+        run = RunRecord(path=label, seed=0, summary={"top1": 90.0}, metrics=[], reused=True,
+                        config={"model": model, "data": "digits"})  # fmt: skip
+        return RowResult(Row(label, method, baseline=baseline, paper={"method": method}),
+                         runs=[run])  # fmt: skip
+
+    dense, sdgp = res("dense", "dense", "resnet20"), res("sdgp", "sdgp", "resnet32", "dense")
+    printed = common.lookup(paper, metric="delta_top1", method="sdgp")
+    assert common.paper_number(paper, printed, "delta_top1", sdgp.row, dense) == (-1.3, "Table 1")
+    assert common.setup_caption([dense, sdgp], "cpu", paper) == (
+        "ours and the paper's models or data differ by row (see the table)"
+    )
+    assert common.setup_caption([dense], "cpu", paper) == (
+        "ours: ResNet-20 on digits; the paper's: ResNet-50 on ImageNet"
+    )
 
 
 def test_a_description_says_what_each_scale_runs():
@@ -1984,6 +2045,22 @@ def test_execute_rows_says_how_each_run_came_and_counts_only_older_runs_as_reuse
     (res,) = common.execute_rows(target, "smoke", tmp_path, log=lines.append)
     assert [run.reused for run in res.runs] == [False, False, True]
     assert "(trained in " in lines[0] and "(trained above)" in lines[1] and "(reused)" in lines[2]
+
+
+def test_a_builtin_method_left_out_of_the_build_is_not_available_not_failed(tmp_path, monkeypatch):
+    """A built-in method this build cannot construct is reported as not available (a build
+    choice), not as a failure of the command, and the row says why."""
+
+    def unavailable(cfg):
+        raise MethodUnavailable("method 'campfire' is not available in this build")
+
+    monkeypatch.setattr(common, "run_or_reuse", unavailable)
+    target = Target(key="x.y", title="x", description="x",
+                    rows=lambda scale: [Row("campfire", "campfire", train=TINY)])  # fmt: skip
+    lines: list[str] = []
+    (res,) = common.execute_rows(target, "smoke", tmp_path, log=lines.append)
+    assert res.error == "not available: method 'campfire' is not available in this build"
+    assert not res.ok and lines == []
 
 
 def test_execute_rows_says_a_measurement_a_row_above_made_was_measured_above(tmp_path, monkeypatch):

@@ -525,20 +525,17 @@ class _TwoClockGpu:
 
 
 @pytest.fixture
-def two_clock_gpu(monkeypatch):
-    """Installs a :class:`_TwoClockGpu` in torch.cuda's and time's place: returns the installer
-    and the list of sleep lengths (cycles) requested."""
-    slept: list[int] = []
+def two_clock_gpu(host_clock_cuda, monkeypatch):
+    """:func:`host_clock_cuda` with a :class:`_TwoClockGpu`'s events and host clock in place of
+    the host's: returns the installer and the list of sleep lengths (cycles) requested."""
 
     def install(host_s: float, device_ms: float) -> _TwoClockGpu:
         gpu = _TwoClockGpu(host_s, device_ms)
         monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-        monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
         monkeypatch.setattr(time, "perf_counter", lambda: gpu.host)
         return gpu
 
-    return install, slept
+    return install, host_clock_cuda
 
 
 @pytest.mark.parametrize(

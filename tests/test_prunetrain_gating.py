@@ -169,16 +169,20 @@ def test_gating_keeps_a_channel_at_the_threshold_as_the_reconfiguration_does():
     assert idx_out.tolist() == [0, 1] and idx_in.tolist() == [0, 1]
 
 
-def test_a_grouped_conv_counts_the_same_under_both():
+@pytest.mark.parametrize(
+    ("out_channels", "groups"), [(4, 4), (6, 2)], ids=["depthwise", "two-groups"]
+)
+def test_a_grouped_conv_counts_the_same_under_both(out_channels: int, groups: int):
     """Gating skips a (filter, input channel) pair of a dense conv; a grouped or depthwise
     conv has no such pairs to skip (each filter reads its own group): it counts whole, even
     with a zero filter."""
-    net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False))
+    net = nn.Sequential(nn.Conv2d(4, out_channels, 3, padding=1, groups=groups, bias=False))
     with torch.no_grad():
         net[0].weight[1].zero_()
     (layer,) = conv_flops_union_vs_gating(net, (4, 5, 5))["layers"]
-    assert layer["gating_channels"] == layer["union_channels"] == (1, 4)
-    assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * 4 * 1
+    per_group = 4 // groups  # the input channels each filter reads
+    assert layer["gating_channels"] == layer["union_channels"] == (per_group, out_channels)
+    assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * out_channels * per_group
 
 
 def test_bad_input_shapes_and_a_nan_threshold_are_refused():
@@ -189,15 +193,6 @@ def test_bad_input_shapes_and_a_nan_threshold_are_refused():
             conv_flops_union_vs_gating(_net(), shape)
     with pytest.raises(ValueError, match="threshold"):
         conv_flops_union_vs_gating(_net(), (3, 5, 7), threshold=float("nan"))
-
-
-def test_a_conv_with_two_groups_counts_whole_even_with_a_zero_filter():
-    net = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2, bias=False))
-    with torch.no_grad():
-        net[0].weight[1].zero_()
-    (layer,) = conv_flops_union_vs_gating(net, (4, 5, 5))["layers"]
-    assert layer["gating_channels"] == layer["union_channels"] == (2, 6)
-    assert layer["gating_flops"] == layer["union_flops"] == 2 * 9 * 25 * 6 * 2
 
 
 def test_a_non_square_kernel_counts_its_height_times_its_width():

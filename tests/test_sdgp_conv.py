@@ -823,9 +823,6 @@ def test_prune_seed_seeds_the_generator_and_is_validated():
 
 
 def test_load_state_dict_restores_each_layers_pruning_path_counts():
-    method = SDGP(SDGPConfig(profile=False))
-    model = _tiny(cout=12)
-    method.setup(_ctx(model))
     paths = {"3": {"reference": 4}, "6": {"cpu kernel": 2, "reference": 1}}
     fresh = SDGP(SDGPConfig(profile=False))
     other = _tiny(cout=12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -187,29 +188,41 @@ def test_time_ms_median_and_errors():
     assert len(calls) == 1
 
 
-def test_time_ms_times_on_the_gpu_it_is_given(monkeypatch):
-    # Its events went on the current GPU's stream: for work on another GPU they timed how
-    # long the host took to queue it (fake events on any machine).
-    recorded, synced = [], []
+@pytest.fixture
+def fake_cuda_events(monkeypatch) -> SimpleNamespace:
+    """torch.cuda's events, streams and synchronisation on any machine, every elapsed time
+    2.5 ms. Returns the streams events were recorded on (``recorded``), the devices
+    synchronised (``synced``) and, in order, each event's ``"sync"`` and each elapsed-time
+    ``"read"`` (``"read-too-early"`` before its end event synchronised) as ``reads``."""
+    log = SimpleNamespace(recorded=[], synced=[], reads=[])
 
     class FakeEvent:
         def __init__(self, enable_timing: bool = False) -> None:
-            pass
+            self.done = False
 
         def record(self, stream=None) -> None:
-            recorded.append(stream)
+            log.recorded.append(stream)
 
         def synchronize(self) -> None:
-            pass
+            self.done = True
+            log.reads.append("sync")
 
         def elapsed_time(self, end: FakeEvent) -> float:
+            log.reads.append("read" if end.done else "read-too-early")
             return 2.5
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.synced.append(device))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
+    return log
+
+
+def test_time_ms_times_on_the_gpu_it_is_given(fake_cuda_events):
+    # Its events went on the current GPU's stream: for work on another GPU they timed how
+    # long the host took to queue it (fake events on any machine).
+    log = fake_cuda_events
     assert time_ms(lambda: None, torch.device("cuda:3"), repeats=2, warmup=0) == 2.5
-    assert recorded == ["stream of cuda:3"] * 4 and synced == [torch.device("cuda:3")]
+    assert log.recorded == ["stream of cuda:3"] * 4 and log.synced == [torch.device("cuda:3")]
 
 
 def test_time_ms_is_in_milliseconds_per_call():
@@ -290,31 +303,11 @@ def test_the_iteration_is_timed_in_the_runs_arithmetic(monkeypatch, amp):
     assert seen and all(s == (amp is not None, amp) for s in seen)
 
 
-def test_time_ms_reads_each_gpu_time_after_its_end_event_completes(monkeypatch):
+def test_time_ms_reads_each_gpu_time_after_its_end_event_completes(fake_cuda_events):
     """The elapsed time of a call is read only once its end event has completed (reading it
     before raises on a real GPU): one end-event sync per call, before each read."""
-    log = []
-
-    class FakeEvent:
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.done = False
-
-        def record(self, stream=None) -> None:
-            pass
-
-        def synchronize(self) -> None:
-            self.done = True
-            log.append("sync")
-
-        def elapsed_time(self, end: FakeEvent) -> float:
-            log.append("read" if end.done else "read-too-early")
-            return 4.0
-
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    assert time_ms(lambda: None, "cuda:0", repeats=2, warmup=0) == 4.0
-    assert log == ["sync", "read", "sync", "read"]
+    assert time_ms(lambda: None, "cuda:0", repeats=2, warmup=0) == 2.5
+    assert fake_cuda_events.reads == ["sync", "read", "sync", "read"]
 
 
 def test_capture_conv_shapes_leaves_an_eval_model_in_eval_and_removes_its_hooks():
@@ -343,23 +336,30 @@ def test_profile_skips_a_conv_the_forward_never_runs():
     assert [r["name"] for r in rows] == ["body.0", "body.3", "body.6"]
 
 
-def test_profile_times_a_reflect_padded_conv_on_its_real_shapes(monkeypatch):
-    """A non-zero padding mode is applied to the input up front and the convolution then pads
-    nothing, as the layer runs it: the timed data gradient has the padded input's shape."""
+@pytest.fixture
+def conv_grad_calls(monkeypatch) -> list[tuple]:
+    """Every call of the profile's ``conv_grad``, as ``(which, g, x, w, args, result)``."""
     import impl.methods.sdgp_timing as timing
 
-    shapes = []
+    calls = []
     real = timing.conv_grad
 
     def spy(which, g, x, w, args):
         out = real(which, g, x, w, args)
-        shapes.append((which, list(out.shape), args[1]))
+        calls.append((which, g, x, w, args, out))
         return out
 
     monkeypatch.setattr(timing, "conv_grad", spy)
+    return calls
+
+
+def test_profile_times_a_reflect_padded_conv_on_its_real_shapes(conv_grad_calls):
+    """A non-zero padding mode is applied to the input up front and the convolution then pads
+    nothing, as the layer runs it: the timed data gradient has the padded input's shape."""
     model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect"), nn.Flatten())
     rows = profile_conv_layers(sdgp_convert(model, 2, 4), (4, 6, 5), 2, 2, 4, repeats=1)
     assert [r["output_shape"] for r in rows] == [[2, 8, 6, 5]]
+    shapes = [(which, list(out.shape), args[1]) for which, _, _, _, args, out in conv_grad_calls]
     assert ("input", [2, 4, 8, 7], (0, 0)) in shapes  # the reflect-padded 6x5 input
 
 
@@ -430,22 +430,13 @@ def test_time_accounting_divides_by_a_dense_iteration_and_names_the_amp_dtype(mo
     assert acc["dtype"] == "bfloat16" and acc["batch_size"] == 2
 
 
-def test_profile_times_every_pass_in_the_amp_dtype(monkeypatch):
+def test_profile_times_every_pass_in_the_amp_dtype(conv_grad_calls):
     """Under ``amp_dtype=bfloat16`` the input, the output gradient, the weight and the bias are
     all bfloat16, as the convolutions of a bf16 run compute (the bias-carrying 1x1 conv too)."""
-    import impl.methods.sdgp_timing as timing
-
-    dtypes = set()
-    real = timing.conv_grad
-
-    def spy(which, g, x, w, args):
-        dtypes.update({g.dtype, x.dtype, w.dtype})
-        return real(which, g, x, w, args)
-
-    monkeypatch.setattr(timing, "conv_grad", spy)
     model = sdgp_convert(_model(), 2, 4)
     rows = profile_conv_layers(model, (3, 11, 13), 2, 2, 4, repeats=1, amp_dtype=torch.bfloat16)
     assert [r["name"] for r in rows] == ["0", "3", "6"]
+    dtypes = {t.dtype for _, g, x, w, _, _ in conv_grad_calls for t in (g, x, w)}
     assert dtypes == {torch.bfloat16}
     assert model[0].weight.dtype == torch.float32  # the model itself is left as it was
 
@@ -453,8 +444,6 @@ def test_profile_times_every_pass_in_the_amp_dtype(monkeypatch):
 def test_profile_times_the_forward_with_the_layers_bias(monkeypatch):
     """The forward timed is the layer's own: with its bias where it has one, without where
     it has none."""
-    import types
-
     import torch.nn.functional as F
 
     import impl.methods.sdgp_timing as timing
@@ -465,7 +454,7 @@ def test_profile_times_the_forward_with_the_layers_bias(monkeypatch):
         biases.append(b)
         return F.conv2d(x, w, b, *args)
 
-    monkeypatch.setattr(timing, "F", types.SimpleNamespace(conv2d=conv2d, pad=F.pad))
+    monkeypatch.setattr(timing, "F", SimpleNamespace(conv2d=conv2d, pad=F.pad))
     model = nn.Sequential(
         nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.Flatten()
     )

@@ -80,11 +80,11 @@ def test_cpu_durations_are_the_clocks_seconds_times_1000(monkeypatch):
     assert timer.times("fwd") == [250.0, 500.0] and timer.median("fwd") == 375.0
 
 
-def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
-    """On CUDA each phase's pair of events is read at the first ``times`` and kept: a second
-    call returns the same durations, not them counted again (fake events on any machine).
-    The events go on the timer's GPU's stream and its synchronisation waits for that GPU,
-    whatever the current GPU is (they were the current GPU's)."""
+@pytest.fixture
+def fake_cuda_events(monkeypatch) -> tuple[list, list]:
+    """torch.cuda's events, streams and synchronisation on any machine: the n-th event made
+    stands at 10 * n ms. Returns the streams events were recorded on and the devices
+    synchronised."""
     recorded, synced = [], []
 
     class FakeEvent:
@@ -103,6 +103,15 @@ def test_cuda_event_times_are_read_once_and_kept(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
+    return recorded, synced
+
+
+def test_cuda_event_times_are_read_once_and_kept(fake_cuda_events):
+    """On CUDA each phase's pair of events is read at the first ``times`` and kept: a second
+    call returns the same durations, not them counted again (fake events on any machine).
+    The events go on the timer's GPU's stream and its synchronisation waits for that GPU,
+    whatever the current GPU is (they were the current GPU's)."""
+    recorded, synced = fake_cuda_events
     timer = PhaseTimer("cuda:3")
     assert timer.cuda
     for _ in range(2):
@@ -128,26 +137,9 @@ def test_a_device_other_than_cuda_is_timed_by_the_clock(monkeypatch):
     assert timer.times("fwd") == [125.0]
 
 
-def test_reset_forgets_cuda_events_not_yet_read(monkeypatch):
+def test_reset_forgets_cuda_events_not_yet_read(fake_cuda_events):
     """Events recorded on CUDA and not read yet are forgotten by ``reset`` like read times:
     the next ``times`` holds only what was recorded after it (fake events on any machine)."""
-
-    class FakeEvent:
-        made = 0
-
-        def __init__(self, enable_timing: bool = False) -> None:
-            FakeEvent.made += 1
-            self.at = float(FakeEvent.made)
-
-        def record(self, stream=None) -> None:
-            pass
-
-        def elapsed_time(self, end: FakeEvent) -> float:
-            return 10.0 * (end.at - self.at)
-
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     timer = PhaseTimer("cuda")
     timer.start("mm")
     timer.stop("mm")

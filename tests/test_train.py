@@ -736,19 +736,26 @@ def test_a_resumed_run_continues_the_step_count_and_the_wall_clock(tmp_path, mon
     assert summary["wall_seconds"] == pytest.approx(rows[-1]["wall_seconds"])
 
 
+def _cubic_step_cost(monkeypatch) -> list[int]:
+    """Makes the Trainer's per-sample training cost one that changes every step: ``k**3``
+    nominal and ``2 * k**3`` executed at step k. Returns the steps it is read at."""
+    read_at: list[int] = []
+
+    def cubic_cost(ctx, method):
+        read_at.append(ctx.step)
+        return float(ctx.step**3), 2.0 * ctx.step**3
+
+    monkeypatch.setattr("impl.train._step_cost", cubic_cost)
+    return read_at
+
+
 def test_an_epochs_cost_is_read_at_its_start_step_1_the_middle_step_and_the_last(
     tmp_path, monkeypatch
 ):
     """The per-sample training cost of an epoch of five steps is read as it begins and at the
     start of steps 1, 2 (the middle) and 4 (the last), and the row's figure is the first step
     at the starting cost plus steps 1-4 along the parabola through the three read costs."""
-    read_at: list[int] = []
-
-    def cubic_cost(ctx, method):  # a cost that changes every step, along k**3
-        read_at.append(ctx.step)
-        return float(ctx.step**3), 2.0 * ctx.step**3
-
-    monkeypatch.setattr("impl.train._step_cost", cubic_cost)
+    read_at = _cubic_step_cost(monkeypatch)
     run = tmp_path / "run"
     cfg = _smoke_cfg(run, epochs=1, batch_size=8, max_steps_per_epoch=5,
                      data_options={"image_size": 8})  # fmt: skip
@@ -792,12 +799,6 @@ def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path
 
     from impl import data
 
-    read_at: list[int] = []
-
-    def cubic_cost(ctx, method):
-        read_at.append(ctx.step)
-        return float(ctx.step**3), float(ctx.step**3)
-
     class EndsEarly:
         def __init__(self, loader):
             self._loader = loader
@@ -817,7 +818,7 @@ def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path
         train_loader, test_loader, spec = real(*args, **kwargs)
         return EndsEarly(train_loader), test_loader, spec
 
-    monkeypatch.setattr("impl.train._step_cost", cubic_cost)
+    read_at = _cubic_step_cost(monkeypatch)
     monkeypatch.setattr(data, "make_loaders", make_loaders)
     run = tmp_path / "run"
     cfg = _smoke_cfg(run, epochs=1, batch_size=8, data_options={"image_size": 8})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -173,6 +174,13 @@ def test_assemble_rejects_wrong_col_shape():
         assemble_data_grad(torch.zeros(10, 9), (1, 1, 4, 4), (3, 3), (1, 1), (1, 1), (1, 1))
 
 
+def test_assemble_rejects_a_transposed_col_of_the_right_size():
+    """A col with the right number of elements but not (N*Ho*Wo, C*R*S) is refused."""
+    col = torch.zeros(9, 16)  # (C*R*S, N*Ho*Wo) for N=1, C=1, 3x3 kernel, 4x4 output
+    with pytest.raises(ValueError, match=r"col must be \(16, 9\)"):
+        assemble_data_grad(col, (1, 1, 4, 4), (3, 3), (1, 1), (1, 1), (1, 1))
+
+
 def test_semi_matmul_pads_and_slices_dense_operand():
     # A dense stand-in for the compressed operand checks the padding and slicing logic
     # (the sparse product itself needs a GPU: see the gpu tests).
@@ -284,6 +292,25 @@ def test_unsupported_reason(change, expected):
         assert reason == ""
 
 
+@pytest.mark.parametrize(
+    ("hip", "rocm"), [("6.2.41133", True), (None, False)], ids=["rocm", "cuda"]
+)
+def test_unsupported_reason_reads_a_rocm_build_from_torch(monkeypatch, hip, rocm):
+    """Left to read the build itself (``hip=None``), a ROCm torch is refused, a CUDA one not."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    reason = unsupported_reason(**{**OK, "hip": None})
+    assert ("ROCm" in reason) is rocm and (reason == "") is not rocm
+
+
+@pytest.mark.parametrize(
+    ("rows", "too_large"), [(2**27, True), (2**27 - 1, False)], ids=["2^31", "below"]
+)
+def test_unsupported_reason_limit_is_2_to_the_31_minus_1_elements(rows, too_large):
+    """A (rows x 16) operand of 2**31 elements is refused, one row fewer is not."""
+    reason = unsupported_reason(**{**OK, "rows": rows, "out_channels": 16, "cols": 8})
+    assert ("exceeds 2**31 - 1" in reason) is too_large and (reason == "") is not too_large
+
+
 def test_unsupported_reason_checks_pattern_before_device():
     # On this CPU machine every rule that needs no GPU answers without touching one.
     kw = {**OK, "device": torch.device("cpu"), "capability": None, "hip": None, "api": None}
@@ -299,6 +326,41 @@ def test_shape_constraints_follow_torch_tables():
         shape_constraints("cublas", torch.float16)
 
 
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("cusparselt", (16, 16, 8, 8)), ("cutlass", (32, 64, 8, 8))],
+    ids=["cslt", "cutlass"],
+)
+def test_shape_constraints_default_per_backend_without_a_table(monkeypatch, backend, expected):
+    """Without torch's table (no API, or a dtype it lacks) each backend has its own minimums:
+    cuSPARSELt 16, 16, 8, 8; CUTLASS 32, 64, 8, 8."""
+    assert shape_constraints(backend, torch.float64) == expected
+    monkeypatch.setattr(semi, "has_semi_structured_api", lambda: False)
+    assert shape_constraints(backend, torch.bfloat16) == expected
+
+
+def test_device_capability_asks_the_devices_own_gpu(monkeypatch):
+    """A device with an index is asked for its own capability; one without, the current GPU's."""
+    monkeypatch.setattr(semi, "_capability", lambda index: (index, 7))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert semi.device_capability(torch.device("cuda", 3)) == (3, 7)
+    assert semi.device_capability(torch.device("cuda", 0)) == (0, 7)
+    assert semi.device_capability(torch.device("cuda")) == (2, 7)
+
+
+@pytest.mark.parametrize("available", [True, False], ids=["cslt", "no-cslt"])
+def test_library_status_reports_the_cusparselt_version_where_it_ships(monkeypatch, available):
+    """The cuSPARSELt version is read only where cuSPARSELt is available (None otherwise)."""
+    monkeypatch.setattr(semi, "cusparselt_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fake = SimpleNamespace(version=lambda: 602, is_available=lambda: available)
+    monkeypatch.setattr(torch.backends, "cusparselt", fake, raising=False)
+    status = semi.library_status()
+    assert status["cusparselt_available"] is available
+    assert status["cusparselt_version"] == (602 if available else None)
+    assert status["gpu_name"] is None and status["gpu_capability"] is None
+
+
 def test_resolve_backend():
     assert resolve_backend("cutlass") == "cutlass"
     assert resolve_backend("cusparselt") == "cusparselt"
@@ -306,6 +368,44 @@ def test_resolve_backend():
     assert resolve_backend("auto") == expected
     with pytest.raises(ValueError, match="unknown sparse backend"):
         resolve_backend("sputnik")
+
+
+def test_the_api_needs_every_semi_structured_class(monkeypatch):
+    """The semi-structured API counts as present only with the base class and both backends'."""
+    for name in (
+        "SparseSemiStructuredTensor",
+        "SparseSemiStructuredTensorCUSPARSELT",
+        "SparseSemiStructuredTensorCUTLASS",
+    ):
+        monkeypatch.setattr(torch.sparse, name, object, raising=False)
+    assert semi.has_semi_structured_api()
+    monkeypatch.delattr(torch.sparse, "SparseSemiStructuredTensorCUTLASS")
+    assert not semi.has_semi_structured_api()
+
+
+def _raises():
+    raise RuntimeError("broken build")
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        (None, False),
+        (SimpleNamespace(is_available=lambda: True), True),
+        (SimpleNamespace(is_available=lambda: False), False),
+        (SimpleNamespace(is_available=_raises), False),
+    ],
+    ids=["no-module", "available", "unavailable", "broken"],
+)
+def test_cusparselt_is_available_only_where_torch_says_so(monkeypatch, module, expected):
+    """No ``torch.backends.cusparselt`` or an ``is_available`` that raises reads as absent."""
+    semi.cusparselt_available.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.backends, "cusparselt", module, raising=False)
+            assert semi.cusparselt_available() is expected
+    finally:
+        semi.cusparselt_available.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,6 +605,42 @@ def test_a_failed_shape_is_remembered_by_its_input_shape(monkeypatch):
     for size in (9, 10, 9, 10):
         mod(torch.randn(2, 8, size, size, requires_grad=True)).sum().backward()
     assert tried == [9, 10]
+
+
+def test_setting_the_backend_again_retries_a_failed_shape(monkeypatch):
+    """A shape the library failed on is skipped until the backend is set again."""
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+    tried = []
+
+    def fails(*args, **kwargs):
+        tried.append(1)
+        raise RuntimeError("not this shape")
+
+    monkeypatch.setattr(semi, "sparse_data_grad", fails)
+    mod = SDGPSemiConv2d.from_conv(nn.Conv2d(8, 16, 3, padding=1, bias=False), 2, 4, "magnitude")
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    for _ in range(2):
+        mod(x).sum().backward()
+    assert len(tried) == 1
+    mod.set_backend("auto")
+    mod(x).sum().backward()
+    assert len(tried) == 2
+
+
+def test_reset_stats_logs_a_reason_again_and_state_is_a_copy(caplog):
+    """After ``reset_semi_stats`` a reason met again is logged again; the reasons that
+    ``semi_state`` returns do not change with later calls or edits of the copy."""
+    mod = SDGPSemiConv2d.from_conv(nn.Conv2d(8, 16, 3, padding=1), 2, 4, "magnitude", name="c")
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="impl.methods.sdgp_semi"):
+        mod(x).sum().backward()
+        state = mod.semi_state()
+        state["fallback_reasons"].append("edited")
+        assert mod.fallback_reasons == [state["fallback_reasons"][0]]
+        mod.reset_semi_stats()
+        assert mod.semi_state() == {"semi_calls": 0, "fallback_calls": 0, "fallback_reasons": []}
+        mod(x).sum().backward()
+    assert sum("layer c" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_sparse_rows_prune_with_the_configured_eps():

@@ -1,5 +1,9 @@
 """impl.ops.timed_choice: the fastest path, timed once per problem; pinning; what it picked."""
 
+import contextlib
+from collections import Counter
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -11,6 +15,8 @@ def fresh(monkeypatch):
     monkeypatch.setattr(timed_choice, "_CHOICE", {})
     monkeypatch.setattr(timed_choice, "_TIMES", {})
     monkeypatch.setattr(timed_choice, "_PATHS", {})
+    monkeypatch.setattr(timed_choice, "_USES", Counter())
+    monkeypatch.setattr(timed_choice, "_HOW", {})
     timed_choice.register("spmm", ("row_tiled", "warp_row"), same_bits=True)
 
 
@@ -80,7 +86,6 @@ def test_cuda_ms_measures_device_time():
 
 
 def test_uses_count_each_path_an_op_ran(monkeypatch):
-    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
     assert timed_choice.uses() == {}
     timed_choice.record_use("spmm", "row_tiled")
     timed_choice.record_use("spmm", "row_tiled")
@@ -110,9 +115,6 @@ def test_registered_ops_name_their_paths_and_pick_checks_the_op(monkeypatch):
 def test_a_graph_capture_is_looked_for_on_the_tensors_gpu(monkeypatch):
     # It asked the current GPU's stream: a capture on the tensor's GPU (not the current one)
     # was timed through, and its synchronisation broke the capture.
-    import contextlib
-    from types import SimpleNamespace
-
     current, capturing = [0], {0: False, 2: True}
 
     @contextlib.contextmanager
@@ -139,7 +141,6 @@ def test_no_timing_of_fake_tensors_that_torch_compile_traces():
 
 
 def test_calls_made_while_timing_are_not_uses(monkeypatch):
-    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
 
     def time_ms(p):
         timed_choice.record_use("spmm", p)  # an inner op run by the candidate being timed
@@ -173,8 +174,6 @@ def test_pick_says_how_each_path_was_chosen(monkeypatch):
     """``how_chosen``: forced where the pinned path ran, fallback where it could not run this
     problem, timed only where candidates were compared, default for a lone candidate; and a
     remembered choice is used only when it can run this problem."""
-    monkeypatch.setattr(timed_choice, "_USES", __import__("collections").Counter())
-    monkeypatch.setattr(timed_choice, "_HOW", {})
     monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
     monkeypatch.setattr(timed_choice, "cuda_ms", lambda fn, device=None: fn())
     costs = {"row_tiled": 2.0, "warp_row": 1.0}
@@ -230,3 +229,169 @@ def test_cuda_ms_is_per_call(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     assert timed_choice.cuda_ms(call, reps=3) == pytest.approx(10.0)
+
+
+def test_readings_list_op_and_path_in_sorted_order(monkeypatch):
+    """``uses`` and ``how_chosen`` list ``"op path"`` in sorted order, whatever order the
+    calls came in."""
+    for op, path in (("spmm", "warp_row"), ("grad", "dense"), ("spmm", "row_tiled")):
+        timed_choice.record_use(op, path, "timed")
+    want = ["grad dense", "spmm row_tiled", "spmm warp_row"]
+    assert list(timed_choice.uses()) == want
+    assert list(timed_choice.how_chosen()) == want
+
+
+def test_a_forced_path_that_cannot_run_falls_back_to_the_first_candidate(monkeypatch):
+    """Where the pinned path is not among the candidates, the first candidate runs (not
+    any other), and it is counted as a fallback."""
+    timed_choice.register("demo", ("a", "b", "c"), same_bits=True)
+    with timed_choice.forced("demo", "c"):
+        assert timed_choice.pick("demo", "p", ("b", "a"), lambda p: None, torch.zeros(1)) == "b"
+    assert timed_choice.how_chosen() == {"demo b": "fallback"}
+
+
+def test_a_remembered_choice_among_one_candidate_counts_as_default(monkeypatch):
+    """A choice remembered from an earlier timing, picked where it is the only candidate,
+    was not compared with anything: ``default``, not ``timed``."""
+    both = ("row_tiled", "warp_row")
+    timed_choice.choose_timed("spmm", "p", both, {"row_tiled": 2.0, "warp_row": 1.0}.get)
+    cpu = torch.zeros(1)
+    assert timed_choice.pick("spmm", "p", ("warp_row",), lambda p: None, cpu) == "warp_row"
+    assert timed_choice.how_chosen() == {"spmm warp_row": "default"}
+    assert timed_choice.pick("spmm", "p", both, lambda p: None, cpu) == "warp_row"
+    assert timed_choice.how_chosen() == {"spmm warp_row": "timed"}
+
+
+def test_pick_times_the_candidates_on_the_tensors_device(monkeypatch):
+    """The candidates are timed on the stream of the GPU that holds ``like`` (the ops'
+    kernels run there), not on the current GPU."""
+    devices = []
+
+    def cuda_ms(fn, device=None):
+        devices.append(device)
+        return {"row_tiled": 2.0, "warp_row": 1.0}[fn()]
+
+    monkeypatch.setattr(timed_choice, "can_time", lambda t: True)
+    monkeypatch.setattr(timed_choice, "cuda_ms", cuda_ms)
+    like = SimpleNamespace(device=torch.device("cuda", 1))
+    both = ("row_tiled", "warp_row")
+    assert timed_choice.pick("spmm", "d", both, lambda p: p, like) == "warp_row"
+    assert devices == [torch.device("cuda", 1)] * 2
+
+
+def test_an_unknown_op_is_a_value_error_naming_the_registered_ones():
+    """``check_path`` and ``forced`` reject an op that was never registered with a
+    ValueError listing the registered ops."""
+    with pytest.raises(ValueError, match="unknown op 'nope'; valid: spmm"):
+        timed_choice.check_path("nope", "row_tiled")
+    with pytest.raises(ValueError, match="unknown op 'nope'; valid: spmm"):
+        timed_choice.forced("nope", "row_tiled")
+
+
+def test_a_remembered_choice_outside_the_candidates_gives_way_to_them():
+    """A problem timed before whose choice cannot run this call takes a candidate that
+    can (a lone one, untimed), and the earlier choice stays remembered."""
+    both = ("row_tiled", "warp_row")
+    timed_choice.choose_timed("spmm", "p", both, {"row_tiled": 2.0, "warp_row": 1.0}.get)
+    untimed = lambda p: pytest.fail("timed")  # noqa: E731
+    assert timed_choice.choose_timed("spmm", "p", ("row_tiled",), untimed) == "row_tiled"
+    assert timed_choice.timed_choices()["spmm: p"]["path"] == "warp_row"
+
+
+def test_a_timing_that_fails_leaves_later_calls_counted(monkeypatch):
+    """A candidate that raises while being timed ends the timing: calls after it are
+    counted as uses again."""
+
+    def time_ms(p):
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        timed_choice.choose_timed("spmm", "q", ("row_tiled", "warp_row"), time_ms)
+    timed_choice.record_use("spmm", "row_tiled")
+    assert timed_choice.uses() == {"spmm row_tiled": 1}
+
+
+def test_cuda_ms_warms_up_once_outside_the_timed_span(monkeypatch):
+    """One untimed call before the start event, then ``reps`` calls between the events."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 6.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert timed_choice.cuda_ms(lambda: log.append("call"), reps=2) == pytest.approx(3.0)
+    assert log == ["call", "event", "call", "call", "event"]
+
+
+@pytest.mark.parametrize(("device", "entered"), [(torch.device("cuda", 1), 1), (None, None)])
+def test_cuda_ms_runs_and_times_on_the_given_device(monkeypatch, device, entered):
+    """With ``device`` the calls and both events run with that GPU current; without it on
+    the current GPU (no device switch)."""
+    current = [None]
+    seen = []
+
+    @contextlib.contextmanager
+    def on(d):
+        before, current[0] = current[0], torch.device(d).index
+        yield
+        current[0] = before
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            seen.append(current[0])
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "device", on)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    timed_choice.cuda_ms(lambda: seen.append(current[0]), reps=1, device=device)
+    assert seen == [entered] * 4 and current == [None]
+
+
+def test_no_timing_while_torch_compile_traces(monkeypatch):
+    """Inside a torch.compile trace nothing runs, so even a real GPU tensor is not timed."""
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    t = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    assert timed_choice.can_time(t)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not timed_choice.can_time(t)
+
+
+def test_timed_choices_is_a_copy_of_the_times(monkeypatch):
+    """Changing what ``timed_choices`` returned does not change what a later reading says."""
+    both = ("row_tiled", "warp_row")
+    timed_choice.choose_timed("spmm", "p", both, {"row_tiled": 2.0, "warp_row": 1.0}.get)
+    timed_choice.timed_choices()["spmm: p"]["ms"]["warp_row"] = 99.0
+    assert timed_choice.timed_choices()["spmm: p"]["ms"] == {"row_tiled": 2.0, "warp_row": 1.0}
+
+
+def test_calls_made_while_an_inner_op_is_timed_within_a_timing_are_not_uses(monkeypatch):
+    """A candidate being timed may run an op that times its own candidates: calls of the
+    outer candidate after the inner timing ended are still not uses."""
+    timed_choice.register("inner", ("x", "y"), same_bits=True)
+
+    def outer_ms(p):
+        timed_choice.choose_timed("inner", p, ("x", "y"), {"x": 1.0, "y": 2.0}.get)
+        timed_choice.record_use("spmm", p)
+        return {"row_tiled": 2.0, "warp_row": 1.0}[p]
+
+    assert timed_choice.choose_timed("spmm", "q", ("row_tiled", "warp_row"), outer_ms) == "warp_row"
+    assert timed_choice.uses() == {}

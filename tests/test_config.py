@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
 
-from impl.config import TrainConfig, resolve
+from impl.config import TrainConfig, check_field_types, resolve
 from impl.schedules import lr_multiplier
 
 
@@ -325,8 +326,6 @@ def test_field_types_are_read_from_resolved_annotations_too():
     import dataclasses
     from typing import Optional
 
-    from impl.config import check_field_types
-
     # its annotations are type objects, not the text this module's own annotations are
     Config = dataclasses.make_dataclass(
         "Config",
@@ -360,3 +359,109 @@ def test_read_config_names_the_file_of_a_value_it_refuses(tmp_path):
         read_config(path)
     path.write_text(json.dumps(TrainConfig().to_dict()))
     assert read_config(path) == TrainConfig()
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        ({"lr": True}, "lr must be a number, got True"),
+        ({"milestones": [1, True]}, r"milestones must be a list of ints, got \[1, True\]"),
+        ({"data_options": []}, r"data_options must be a dict, got \[\]"),
+        ({"seed": None}, "seed must be an int, got None"),
+    ],
+    ids=["bool-rate", "bool-milestone", "list-options", "none-seed"],
+)
+def test_field_types_refuse_bools_for_numbers_and_check_dicts(values, said):
+    """A bool is not a number here, a dict field takes only a dict, and None only where the
+    field allows it."""
+    with pytest.raises(ValueError, match=said):
+        check_field_types(TrainConfig, values)
+
+
+def test_field_types_take_tuples_of_ints_and_leave_wider_unions_unchecked():
+    """A tuple of ints is a list of ints; an annotation of several types is not checked."""
+    check_field_types(TrainConfig, {"milestones": (1, 2), "threads": None, "out": None})
+    Config = dataclasses.make_dataclass("Config", [("either", int | str | None, None)])
+    check_field_types(Config, {"either": "x"})
+    check_field_types(Config, {"either": 1.5})
+
+
+def test_validate_refuses_an_unknown_scale():
+    """A config read back with a scale no preset has is refused by validate itself."""
+    with pytest.raises(ValueError, match="unknown scale 'huge'; valid scales: smoke, cpu"):
+        TrainConfig(scale="huge").validate()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"warmup_start": 0.0},
+        {"warmup_start": 1.0},
+        {"weight_decay": 0.0},
+        {"momentum": 0.0},
+        {"label_smoothing": 0.0},
+        {"max_steps_per_epoch": 1},
+    ],
+    ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()),
+)
+def test_the_edges_of_the_valid_ranges_are_accepted(values):
+    """Closed ends of the ranges: warm-up from 0 or from the peak itself, no weight decay,
+    no momentum, no smoothing, one step per epoch."""
+    cfg = resolve("cpu", **values)
+    assert all(getattr(cfg, k) == v for k, v in values.items())
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        ({"warmup_start": -0.1}, r"warmup_start must be in \[0, 1\]"),
+        ({"warmup_start": 1.5}, r"warmup_start must be in \[0, 1\]"),
+        ({"bf16": True, "fp16": True}, "bf16 and fp16 exclude each other"),
+    ],
+    ids=["warmup-start-neg", "warmup-start-1.5", "bf16-and-fp16"],
+)
+def test_validate_refuses_a_warm_up_start_outside_zero_to_one_and_two_autocasts(values, said):
+    with pytest.raises(ValueError, match=said):
+        TrainConfig(**values).validate()
+
+
+def test_resolve_reads_none_as_the_presets_value_and_an_empty_list_as_no_milestones():
+    """An override of None leaves the scale's value; milestones=[] (clearing them) is no
+    step-schedule setting, so the one-cycle schedule accepts it."""
+    cfg = resolve("smoke", epochs=None, batch_size=None, max_steps_per_epoch=None)
+    assert (cfg.epochs, cfg.batch_size, cfg.max_steps_per_epoch) == (2, 32, 3)
+    assert resolve("smoke", milestones=[]).milestones == []
+    with pytest.raises(ValueError, match="warmup_start is a setting of schedule 'onecycle'"):
+        resolve("smoke", schedule="cosine", warmup_start=0.5)
+
+
+def test_the_smoke_and_cpu_presets():
+    """smoke: 2 epochs of 3 steps of batch 32, evaluated in batches of 256; cpu: 15 epochs of
+    batch 128, the memory format chosen per method ("auto"); gpu: 30 epochs."""
+    smoke = resolve("smoke")
+    assert (smoke.epochs, smoke.batch_size, smoke.max_steps_per_epoch) == (2, 32, 3)
+    assert smoke.eval_batch_size == 256 and smoke.memory_format == "contiguous"
+    cpu = resolve("cpu")
+    assert (cpu.epochs, cpu.batch_size, cpu.memory_format) == (15, 128, "auto")
+    assert cpu.max_steps_per_epoch is None and cpu.eval_batch_size == 512
+    assert (resolve("gpu").epochs, resolve("gpu").memory_format) == (30, "contiguous")
+
+
+def test_digest_keeps_an_unknown_method_option_even_when_it_is_none():
+    """Only options equal to the method's default drop out of the digest: an option the
+    method does not have defines the run, whatever its value."""
+    plain = resolve("cpu", method="clicktrain")
+    odd = resolve("cpu", method="clicktrain", method_options={"no_such_option": None})
+    assert odd.digest() != plain.digest()
+
+
+def test_field_types_fall_back_to_the_annotations_text_where_it_does_not_resolve():
+    """Where a dataclass's annotations do not resolve, their text is read: "int | None"
+    takes None and refuses a float; a type unknown here is not checked."""
+    Config = dataclasses.make_dataclass(
+        "Config", [("cap", "int | None", None), ("thing", "NoSuchType", None)]
+    )
+    check_field_types(Config, {"cap": None, "thing": object()})
+    check_field_types(Config, {"cap": 3})
+    with pytest.raises(ValueError, match=r"cap must be an int or None, got 2.5 \(float\)"):
+        check_field_types(Config, {"cap": 2.5})

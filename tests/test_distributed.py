@@ -8,6 +8,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -667,3 +668,479 @@ def test_sum_over_ranks_reduces_in_float64_for_the_job_it_is_given(monkeypatch):
     assert D.sum_over_ranks([2**24 + 1, 0.1], job) == [2 * (2**24 + 1), 0.2]
     assert seen == [torch.float64]
     assert D.sum_over_ranks([3.0]) == [3.0] and seen == [torch.float64]  # no job: no reduce
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0], ids=["inf", "nan", "neg"])
+def test_timeout_seconds_refuses_an_infinite_or_undefined_timeout(monkeypatch, bad):
+    """A timeout must be a finite positive number, given or read from the environment."""
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        D.timeout_seconds(bad)
+    monkeypatch.setenv(D.TIMEOUT_ENV, str(bad))
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        D.timeout_seconds()
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"RANK": "1"}, None),  # no WORLD_SIZE: not a torchrun worker
+        ({"WORLD_SIZE": "2"}, None),  # no RANK
+        ({"RANK": "2", "WORLD_SIZE": "3"}, (2, 3, 2)),  # no LOCAL_RANK: one node, the rank
+        ({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}, (2, 3, 0)),
+    ],
+    ids=["rank-only", "world-only", "local-from-rank", "local-given"],
+)
+def test_env_world_needs_both_rank_and_world_size(monkeypatch, env, expected):
+    """Both RANK and WORLD_SIZE make a torchrun worker; LOCAL_RANK defaults to the rank."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert D.env_world() == expected
+
+
+class _FakeGroup:
+    """Records the calls init_process_group makes of torch.distributed (no real group)."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[str, Any]] = []
+        monkeypatch.setattr(D.dist, "is_initialized", lambda: False)
+        monkeypatch.setattr(
+            D.dist, "init_process_group", lambda *a, **k: self.calls.append(("init", (a, k)))
+        )
+        monkeypatch.setattr(D.dist, "barrier", lambda *a, **k: self.calls.append(("barrier", a)))
+        monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", None)
+
+
+def test_init_process_group_joins_with_its_timeout_then_waits_for_every_rank(monkeypatch):
+    """The group is created with the rank, size, backend and timeout asked for, every rank
+    then meets the others at a barrier, and the timeout is remembered for current()."""
+    group = _FakeGroup(monkeypatch)
+    info = D.init_process_group(2, 3, device="cpu", init_method="file:///x", timeout_s=9)
+    assert info == D.DistInfo(2, 3, 2, "gloo", 9.0)  # local rank: the rank when unsaid
+    assert [c[0] for c in group.calls] == ["init", "barrier"]
+    args, kwargs = group.calls[0][1]
+    assert args == ("gloo",)
+    assert kwargs == dict(
+        init_method="file:///x", rank=2, world_size=3, timeout=D.datetime.timedelta(seconds=9)
+    )
+    assert D._GROUP_TIMEOUT_S == 9.0
+    with pytest.raises(ValueError, match="outside world_size 3"):
+        D.init_process_group(3, 3, device="cpu")
+
+
+def test_init_process_group_on_a_gpu_selects_the_local_gpu_and_keeps_a_users_nccl_setting(
+    monkeypatch,
+):
+    """NCCL: the process takes the GPU of its local rank, and the asynchronous error
+    handling is set to 3 only where the user has not set it."""
+    _FakeGroup(monkeypatch)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "unset")  # restored afterwards
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    info = D.init_process_group(3, 4, device="cuda", local_rank=3)
+    assert info.backend == "nccl" and chosen == [1]  # local rank 3 of 2 GPUs: GPU 1
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    D.init_process_group(0, 4, device="cuda")
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and chosen == [1, 0]
+
+
+def test_local_gpu_without_visible_gpus_is_zero(monkeypatch):
+    """With no GPU counted, every local rank maps to index 0 (no division by zero)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert [D.local_gpu(r) for r in range(4)] == [0, 0, 0, 0]
+
+
+def test_init_from_env_joins_with_torchruns_local_rank_and_skips_a_world_of_one(monkeypatch):
+    """A world of one joins no group; otherwise the group is joined with the environment's
+    rank, size and local rank."""
+    seen = []
+    monkeypatch.setattr(D, "init_process_group", lambda *a, **k: seen.append((a, k)) or "joined")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert D.init_from_env("cpu") == D.DistInfo() and seen == []
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert D.init_from_env("cpu", 7.0) == "joined"
+    assert seen == [((5, 8), dict(device="cpu", timeout_s=7.0, local_rank=1))]
+
+
+def test_current_reads_the_group_and_shutdown_forgets_its_timeout(monkeypatch):
+    """Without torchrun's variables the local rank is the group's rank; after shutdown no
+    timeout is remembered."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(D.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(D.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", 11.0)
+    assert D.current() == D.DistInfo(1, 2, 1, "gloo", 11.0)
+    destroyed = []
+    monkeypatch.setattr(D.dist, "destroy_process_group", lambda: destroyed.append(1))
+    D.shutdown()
+    assert destroyed == [1] and D._GROUP_TIMEOUT_S is None
+
+
+@pytest.mark.parametrize(
+    "local_world, backend, ok",
+    [(None, "nccl", True), ("many", "nccl", True), ("2", "gloo", True), ("2", "nccl", False)],
+    ids=["unsaid", "unreadable", "gloo", "several-nccl"],
+)
+def test_naming_another_gpu_is_refused_only_for_several_nccl_processes_on_a_node(
+    monkeypatch, local_world, backend, ok
+):
+    """``cuda:N`` other than the local rank's GPU is refused only where NCCL runs several
+    processes on the node (LOCAL_WORLD_SIZE > 1; unset or unreadable counts as one)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    if local_world is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    info = D.DistInfo(rank=1, world_size=2, local_rank=1, backend=backend, timeout_s=30.0)
+    if ok:
+        assert D.rank_device(torch.device("cuda", 3), info) == torch.device("cuda", 3)
+    else:
+        with pytest.raises(ValueError, match="whose GPU is cuda:1"):
+            D.rank_device(torch.device("cuda", 3), info)
+
+
+def test_describe_failure_reads_resets_as_a_peers_failure_and_the_default_timeout(monkeypatch):
+    """A reset connection is a peer's failure; without a group timeout the message names the
+    configured one."""
+    monkeypatch.setenv(D.TIMEOUT_ENV, "45")
+    info = D.DistInfo(rank=0, world_size=3, backend="gloo")
+    msg = D.describe_failure(OSError("Connection reset by peer"), info)
+    assert msg.startswith("distributed training stopped on rank 0 of 3 because a peer")
+    assert "45 s timeout" in msg
+
+
+class _Job:
+    """A torchrun job that never ends on its own (for launch's timeout)."""
+
+    def __init__(self, cmd, env=None, **kwargs):
+        self.waits: list[Any] = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        raise subprocess.TimeoutExpired("torchrun", timeout)
+
+
+def test_launch_kills_a_job_past_its_timeout(monkeypatch):
+    """Past ``timeout_s`` the whole job is killed and DistributedError says so."""
+    jobs, killed = [], []
+
+    def start(*a, **k):
+        jobs.append(_Job(*a, **k))
+        return jobs[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", start)
+    monkeypatch.setattr(D, "_kill_job", killed.append)
+    with pytest.raises(D.DistributedError, match="2-process job did not finish within 5 s"):
+        D.launch(["x"], 2, timeout_s=5.0)
+    assert jobs[0].waits == [5.0] and killed == [jobs[0]]
+
+
+def test_all_reduce_sum_sums_values_and_gradients_over_the_ranks(monkeypatch):
+    """Forward is the sum over the ranks, backward the sum of the ranks' gradients; both
+    collectives are counted in bytes. (Two ranks holding the same values: each sum doubles.)"""
+
+    def two_equal_ranks(t, *a, **k):
+        t.mul_(2)
+
+    monkeypatch.setattr(D.dist, "all_reduce", two_equal_ranks)
+    stats = D.comm.CommStats()
+    x = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    out = D.all_reduce_sum(x, stats)
+    assert out.tolist() == [2.0, -4.0, 6.0]
+    (out * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum().backward()
+    assert x.grad.tolist() == [2.0, 4.0, 6.0]
+    stats.end_iteration()
+    assert stats.aux_bytes == [2 * 3 * 8]
+
+
+def test_global_batchnorm_refuses_a_single_value_per_channel(one_rank_group, monkeypatch):
+    """One value per channel over the whole global batch has no variance: refused."""
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    bn = nn.BatchNorm2d(3)
+    D.sync_batchnorm(bn)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(torch.randn(1, 3, 1, 1))
+    assert bn(torch.randn(2, 3, 1, 1)).shape == (2, 3, 1, 1)
+
+
+def test_sync_batchnorm_takes_the_latest_statistics_and_unsync_forgets_them():
+    """Synchronising again points every batch norm at the new tally; undoing removes it."""
+    m = bn_model()
+    first, second = D.comm.CommStats(), D.comm.CommStats()
+    D.sync_batchnorm(m, first)
+    assert D.sync_batchnorm(m, second) == 0
+    assert m[1]._pdt_comm_stats is second and m[3]._pdt_comm_stats is second
+    D.unsync_batchnorm(m)
+    assert not hasattr(m[1], "_pdt_comm_stats") and not hasattr(m[3], "_pdt_comm_stats")
+
+
+def test_ddp_does_not_broadcast_buffers_before_each_forward():
+    """Running statistics are already the same on every rank: no buffer broadcast."""
+    kwargs = D._ddp_buffer_kwargs()
+    assert len(kwargs) == 1 and list(kwargs.values()) == [False]
+
+
+@pytest.mark.parametrize("value, timing", [(None, True), ("1", True), ("0", False)])
+def test_comm_timing_defaults_from_the_environment(monkeypatch, value, timing):
+    """Timing is on unless PDTBENCH_COMM_TIMING is "0"; an explicit argument wins."""
+    if value is None:
+        monkeypatch.delenv(D.COMM_TIMING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(D.COMM_TIMING_ENV, value)
+    assert D.DataParallel(D.DistInfo(), torch.device("cpu")).state.timing is timing
+    assert D.DataParallel(D.DistInfo(), torch.device("cpu"), timing=not timing).state.timing is (
+        not timing
+    )
+
+
+def _active_dp(monkeypatch, rank: int = 1) -> tuple[D.DataParallel, list[nn.Module]]:
+    """A DataParallel of rank ``rank`` of 2 whose wrapper is a stand-in (no DDP, no group)."""
+    info = D.DistInfo(rank=rank, world_size=2, local_rank=rank, backend="gloo", timeout_s=30.0)
+    dp = D.DataParallel(info, torch.device("cpu"), timing=False)
+    wrapped: list[nn.Module] = []
+
+    def wrap(model):
+        wrapped.append(model)
+        dp._ddp = nn.Sequential(model)
+        dp._sig = D._parameter_signature(model)
+        dp.rebuilds += 1
+
+    monkeypatch.setattr(dp, "_wrap", wrap)
+    return dp, wrapped
+
+
+def test_refresh_rebuilds_the_wrapper_only_when_parameters_change(monkeypatch):
+    """The wrapper is rebuilt when a parameter is replaced, reshaped or frozen, and not
+    when nothing changed."""
+    dp, wrapped = _active_dp(monkeypatch)
+    m = nn.Linear(3, 2)
+    ctx = types.SimpleNamespace(model=m, extra={})
+    dp.prepare(ctx)
+    assert len(wrapped) == 1 and dp.module(ctx) is not m
+    dp.refresh(ctx)
+    assert len(wrapped) == 1
+    m.bias.requires_grad_(False)
+    dp.refresh(ctx)
+    assert len(wrapped) == 2
+    m.weight = nn.Parameter(torch.zeros(1, 3))
+    dp.refresh(ctx)
+    assert len(wrapped) == 3
+    dp.release(ctx)
+    assert dp.module(ctx) is m  # no wrapper after training
+
+
+@pytest.mark.parametrize("differ", [False, True], ids=["same", "different"])
+def test_ranks_compare_their_masks_by_min_and_max(monkeypatch, differ):
+    """Two all-reduces (min and max) of the mask digest: equal means every rank holds the
+    same masks; the check's bytes are counted."""
+    dp, _ = _active_dp(monkeypatch)
+    ops = []
+
+    def all_reduce(t, op=None):
+        ops.append(op)
+        if differ and op == dist.ReduceOp.MAX:
+            t.add_(1)  # another rank holds other masks
+
+    monkeypatch.setattr(D.dist, "all_reduce", all_reduce)
+    m = nn.Linear(3, 2)
+    keep = torch.ones(2, 3, dtype=torch.bool)
+    ctx = types.SimpleNamespace(model=m, extra={"comm_masks": {"weight": keep}})
+    if differ:
+        with pytest.raises(D.DistributedError, match="masks differ between ranks"):
+            dp.prepare(ctx)
+    else:
+        dp.prepare(ctx)
+    assert ops == [dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    dp.stats.end_iteration()
+    assert dp.stats.aux_bytes == [2 * 3 * 8]  # two int64 digests of 3 values
+
+
+def test_a_share_as_large_as_its_batch_is_accepted():
+    """A single rank's share may be the whole batch (a batch of one sample on two ranks)."""
+    dp = D.DataParallel(ACTIVE, torch.device("cpu"), timing=False)
+    x, y = torch.ones(1, 2), torch.zeros(1, dtype=torch.long)
+    assert dp.shard(x, y, n_global=1)[0] is x and (dp._n_local, dp._n_global) == (1, 1)
+
+
+def test_global_loss_of_an_empty_share_is_the_others_mean_and_counts_its_bytes(one_rank_group):
+    """A rank with no samples contributes zero (not its NaN mean) and still reaches every
+    parameter; the loss value's all-reduce (one float64) is counted."""
+    dp = D.DataParallel(D.DistInfo(world_size=2, backend="gloo"), torch.device("cpu"), False)
+    w = nn.Parameter(torch.ones(2))
+    x = torch.empty(0, 2)
+    dp.shard(x, torch.empty(0, dtype=torch.long), n_global=4)
+    out = x * w
+    local = out.mean()  # NaN: the mean of nothing
+    loss = dp.global_loss(local, out)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert w.grad is not None and w.grad.tolist() == [0.0, 0.0]
+    dp.stats.end_iteration()
+    assert dp.stats.aux_bytes == [8]
+
+
+@pytest.mark.parametrize(
+    "n_local, n_global, expected",
+    [(4, 9, 5.0 - 2.0 / 9), (5, 9, 5.0 + 2.0 / 9), (3, 6, 5.0), (0, 1, 5.0)],
+    ids=["smaller-share", "larger-share", "equal-shares", "empty-share"],
+)
+def test_backward_loss_weights_the_local_loss_by_its_share(n_local, n_global, expected):
+    """total + (share - 1) * local with share = n_local * world / n_global (two ranks; a
+    total of 5 and a local loss of 2); an empty share adds nothing."""
+    dp = D.DataParallel(ACTIVE, torch.device("cpu"), timing=False)
+    x = torch.zeros(n_local, 1)
+    dp.shard(x, torch.zeros(n_local, dtype=torch.long), n_global=n_global)
+    total, local = torch.tensor(5.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)
+    assert dp.backward_loss(total, local).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_broadcast_takes_rank_zeros_value(monkeypatch):
+    """Every rank gets rank 0's value (here rank 1 of 2, rank 0 holding 7 and True)."""
+    sources = []
+
+    def broadcast(t, src):
+        sources.append(src)
+        t.fill_(7 if t.item() > 1 else 1)  # rank 0's decisions
+
+    monkeypatch.setattr(D.dist, "broadcast", broadcast)
+    dp, _ = _active_dp(monkeypatch)
+    assert dp.broadcast_int(3) == 7
+    assert dp.broadcast_flag(False) is True
+    assert sources == [0, 0]
+    assert D.DataParallel(D.DistInfo(), torch.device("cpu"), False).broadcast_flag(False) is False
+
+
+def test_barrier_is_a_collective_only_with_several_processes(monkeypatch):
+    """A barrier all-reduces once in a job, and does nothing in one process."""
+    calls = []
+    monkeypatch.setattr(D.dist, "all_reduce", lambda t, *a, **k: calls.append(t.clone()))
+    D.DataParallel(D.DistInfo(), torch.device("cpu"), False).barrier()
+    assert calls == []
+    dp, _ = _active_dp(monkeypatch)
+    dp.barrier()
+    assert len(calls) == 1
+
+
+def test_epoch_metrics_of_a_job_are_measured_and_start_afresh(monkeypatch):
+    """With several processes the epoch's bytes are the hook's ("measured"), each epoch's
+    tally is its own, and the summary reports the job's settings."""
+    dp, _ = _active_dp(monkeypatch)
+    m = nn.Linear(3, 2)
+    ctx = types.SimpleNamespace(model=m, extra={})
+    dp.stats.record(100)
+    dp.end_iteration(ctx)
+    row = dp.epoch_metrics(ctx)
+    assert row["world_size"] == 2 and row["comm_bytes_source"] == "measured"
+    assert row["comm_bytes_per_iter"] == 100
+    dp.stats.record(40)
+    dp.end_iteration(ctx)
+    row = dp.epoch_metrics(ctx)
+    assert row["comm_bytes_per_iter"] == 40 and row["comm_bytes_epoch"] == 40
+    summary = dp.summary(row, ctx)
+    assert summary["global_batchnorm"] is True and summary["comm_timing"] is False
+    assert summary["distributed_backend"] == "gloo" and summary["comm_bytes_source"] == "measured"
+    one = D.DataParallel(D.DistInfo(), torch.device("cpu"), timing=True)
+    assert one.summary({}, ctx)["comm_timing"] is None  # nothing is timed in one process
+
+
+def test_comm_masks_of_none_or_empty_are_none():
+    """A hook returning an empty dict means dense: None."""
+    ctx = types.SimpleNamespace(extra={})
+    assert D.comm_masks(ctx, types.SimpleNamespace(comm_masks=lambda c: {})) is None
+    assert D.comm_masks(types.SimpleNamespace(extra={"comm_masks": {}})) is None
+
+
+class _Exit(Exception):
+    """os._exit, made an exception so that the test sees the status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, as the command line raises it for a worker."""
+
+    exit_code = 143
+
+
+class _Agreed(RuntimeError):
+    """A failure every rank finds at the same step (as a divergence)."""
+
+    same_on_every_rank = True
+
+
+def _worker_run(monkeypatch, capfd, rank: int, fn, launched: bool = False):
+    """run_worker on rank ``rank`` of 2 (no group): ``(status or result, stderr, shut down)``."""
+    info = D.DistInfo(rank=rank, world_size=2, local_rank=rank, backend="gloo", timeout_s=30.0)
+    monkeypatch.setattr(D, "init_from_env", lambda *a: info)
+    shut = []
+    monkeypatch.setattr(D, "shutdown", lambda: shut.append(1))
+
+    def exit_(code):
+        raise _Exit(code)
+
+    monkeypatch.setattr(D.os, "_exit", exit_)
+    if launched:
+        monkeypatch.setenv(D.LAUNCHED_ENV, "1")
+    else:
+        monkeypatch.delenv(D.LAUNCHED_ENV, raising=False)
+    capfd.readouterr()
+    try:
+        outcome = D.run_worker(fn, "cpu", prog="job")
+    except _Exit as stop:
+        outcome = stop.code
+    return outcome, capfd.readouterr().err, bool(shut)
+
+
+def _raise(err: BaseException):
+    def fn():
+        raise err
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "rank, fn, launched, status, said, traceback",
+    [
+        (1, lambda: "done", False, "done", "", False),
+        (1, _raise(KeyboardInterrupt()), False, 130, "job: stopped (Ctrl-C) on rank 1 of 2", False),
+        (0, _raise(_Stopped()), False, 143, "job: stopped (SIGTERM) on rank 0 of 2", False),
+        (1, _raise(KeyboardInterrupt()), True, 130, "", False),
+        (0, _raise(_Agreed("diverged")), False, D.EXIT_DIST_FAILURE, "job: error: diverged", False),
+        (1, _raise(_Agreed("diverged")), False, D.EXIT_DIST_FAILURE, "", False),
+        (1, _raise(RuntimeError("[gloo] Connection closed by peer")), False,
+         D.EXIT_PEER_STOPPED, "job: error: distributed training stopped on rank 1 of 2", False),
+        (0, _raise(ValueError("bad")), False, D.EXIT_DIST_FAILURE,
+         "job: error: distributed training failed on rank 0 of 2: ValueError: bad", True),
+    ],
+    ids=["success", "ctrl-c", "sigterm", "ctrl-c-launched", "agreed-rank0", "agreed-rank1",
+         "peer", "own"],
+)  # fmt: skip
+def test_run_worker_ends_a_rank_with_a_status_and_one_line(
+    monkeypatch, capfd, rank, fn, launched, status, said, traceback
+):
+    """How a rank ends: a success leaves the group and returns the result; a stop by a
+    signal exits with its status (130 Ctrl-C, 143 SIGTERM) and names the rank, except under
+    launch(); a failure every rank finds is said once, by rank 0; a peer's failure exits 4
+    without a traceback; a rank's own failure exits 3 after its traceback."""
+    outcome, err, shut = _worker_run(monkeypatch, capfd, rank, fn, launched)
+    assert outcome == status
+    assert shut is (status == "done")
+    lines = [line for line in err.splitlines() if line.startswith("job:")]
+    if said:
+        assert len(lines) == 1 and lines[0].startswith(said)
+    else:
+        assert lines == []
+    assert ("Traceback" in err) is traceback

@@ -36,6 +36,7 @@ from impl.report import (
 from impl.report.figures import crowded_axis, figure_width, group_palette, t_interval
 from impl.report.html import Section, Table, provenance_rows
 from impl.report.pages import unfilled
+from impl.report.results import load_results
 
 ENV = {"commit": "a" * 40, "dirty": False, "date": "2025-01-02T03:04:05+00:00", "torch": "2.x",
        "cpu_model": "Test CPU", "tf32_matmul": False, "tf32_cudnn": True}  # fmt: skip
@@ -283,6 +284,29 @@ def test_time_to_accuracy(target, expected):
     assert (math.isnan(got) and math.isnan(less)) or got == less
 
 
+@pytest.mark.parametrize(
+    ("eval_seconds", "expected"),
+    [([1.0, None, 2.0], 19.0), ([None, None, None], 20.0)],
+    ids=["one-missing", "all-missing"],
+)
+def test_time_to_accuracy_counts_an_epoch_without_its_eval_time_as_no_evaluation(
+    eval_seconds, expected
+):
+    """An epoch whose ``eval_seconds`` is missing subtracts nothing, and the evaluations of
+    the epochs before it are still left out (60% first reached at 20 s, after 1 s of
+    evaluation)."""
+    m = pd.DataFrame({"epoch": [0, 1, 2], "test_top1": [30.0, 60.0, 90.0],
+                      "wall_seconds": [10.0, 20.0, 30.0],
+                      "eval_seconds": eval_seconds})  # fmt: skip
+    assert time_to_accuracy(m, 50.0) == expected
+
+
+def test_time_to_accuracy_of_metrics_without_test_accuracy_is_nan():
+    """Metrics that hold no ``test_top1`` never reach an accuracy."""
+    m = pd.DataFrame({"epoch": [0, 1], "wall_seconds": [10.0, 20.0]})
+    assert math.isnan(time_to_accuracy(m, 10.0))
+
+
 @pytest.mark.parametrize("fmt", ["png", "svg"], ids=["png", "svg"])
 def test_figure_data_uri_embeds_the_image(fmt):
     data = pd.DataFrame({"m": ["a", "b", "b"], "v": [1.0, 2.0, 3.0]})
@@ -383,6 +407,30 @@ def test_coinciding_scatter_points_of_two_groups_both_show():
     assert not np.array_equal(first.get_paths()[0].vertices, second.get_paths()[0].vertices)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0.05", "0.1", "0.2"]
     assert ax.get_legend().get_title().get_text() == "ratio"
+
+
+def test_scatter_markers_shrink_in_equal_steps_from_the_first_group_to_the_last():
+    """Three groups' markers: 140, 97.5 and 55 points^2, the first and last the given areas
+    and the middle one halfway."""
+    data = pd.DataFrame({"f": [1.0, 2.0, 3.0], "t": [1.0, 2.0, 3.0], "g": ["a", "b", "c"]})
+    ax = draw("scatter", data, x="f", y="t", hue="g").axes[0]
+    assert [c.get_sizes()[0] for c in ax.collections] == pytest.approx([140.0, 97.5, 55.0])
+
+
+def test_category_labels_stand_right_aligned_and_an_empty_x_label_is_kept():
+    """Tilted category labels end under their bar (right-aligned); an x label given as ""
+    leaves the axis unlabelled instead of naming the column."""
+    data = pd.DataFrame({"row": ["dense", "sdgp"], "top1": [90.0, 89.0]})
+    ax = draw("bar", data, x="row", y="top1", xlabel="").axes[0]
+    assert {t.get_horizontalalignment() for t in ax.get_xticklabels()} == {"right"}
+    assert ax.get_xlabel() == ""
+
+
+def test_two_paper_sources_get_no_fixed_colours():
+    """The paper's colour is fixed for one paper source; with two (two GPUs' numbers, say)
+    the groups keep seaborn's order of appearance."""
+    assert group_palette(["ours (cpu)", "paper", "paper (V100)"]) is None
+    assert group_palette(["ours (cpu)", "paper (V100)"]) is not None
 
 
 def test_a_schedule_is_drawn_in_steps():
@@ -627,6 +675,65 @@ def test_result_roundtrip_and_validation(tmp_path):
         save_result(_result(scale="huge"), tmp_path / "bad")
     with pytest.raises(ValueError, match="<paper>.<item>"):
         save_result(_result(target="nodot"), tmp_path / "bad")
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "message"),
+    [("rows", [["row", "metric"]], "rows must be a list of objects"),
+     ("settings", [["row"]], "settings must be a list of objects"),
+     ("missing", "none", "missing must be a list of objects"),
+     ("rows", [{"row": "x", "metric": "top1", "bogus": 1}], r"unknown keys \['bogus'\]"),
+     ("rows", [{"row": "x"}], "without 'row' and 'metric'"),
+     ("rows", [{"metric": "top1"}], "without 'row' and 'metric'")],
+    ids=["row-not-object", "settings-not-object", "missing-not-list", "unknown-key",
+         "no-metric", "no-row"],
+)  # fmt: skip
+def test_a_result_of_a_wrong_shape_is_refused(part, value, message):
+    """Rows, missing entries and settings lines must be lists of objects; a comparison row
+    needs its row and its metric and no key outside the comparison columns."""
+    bad = _result()
+    setattr(bad, part, value)
+    with pytest.raises(ValueError, match=message):
+        bad.validate()
+
+
+def test_a_row_of_the_papers_number_alone_needs_no_scale():
+    """Only a number of ours carries a scale: a row with the paper's number and none of ours
+    is valid without one."""
+    res = _result()
+    res.rows.append({"row": "imagenet", "metric": "top1", "paper": 91.0, "unit": "%"})
+    res.validate()
+
+
+def test_a_result_saves_tuples_numpy_values_and_keys_as_plain_json(tmp_path):
+    """Tuples are saved as lists with their NaNs as null, numpy keys as strings, and a numpy
+    value with no single Python value as its text."""
+    res = _result()
+    res.rows[0]["values"] = (1.5, math.nan, np.float32(2.5))
+    res.environment = {np.int64(16): "batch", "shape": np.array([1, 2])}
+    path = save_result(res, tmp_path / "r")
+    data = json.loads(path.read_text())
+    assert data["rows"][0]["values"] == [1.5, None, 2.5]
+    assert data["environment"] == {"16": "batch", "shape": "[1 2]"}
+    assert load_result(path).environment == {"16": "batch", "shape": "[1 2]"}
+
+
+def test_a_result_of_the_wrong_types_names_the_error_and_a_folder_named_like_one_is_listed(
+    tmp_path,
+):
+    """A result whose figure is no object is refused naming the error type and the file;
+    a folder named result.json is listed as unreadable, not raised."""
+    path = save_result(_result(), tmp_path / "results" / "sdgp.table1" / "smoke")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "figures": [1]}))
+    with pytest.raises(ValueError, match=f"^{path}: TypeError: "):
+        load_result(path)
+    path.write_text(json.dumps(data))
+    odd = tmp_path / "results" / "sdgp.fig9" / "smoke" / "result.json"
+    odd.mkdir(parents=True)
+    results, unreadable = load_results([tmp_path / "results"])
+    assert [r.target for r in results] == ["sdgp.table1"]
+    assert [(u["path"], u["target"]) for u in unreadable] == [(str(odd), "sdgp.fig9")]
 
 
 def _assert_self_contained(text: str) -> None:
@@ -1570,6 +1677,24 @@ def test_run_options_are_listed_in_name_order_and_an_old_gpu_key_is_read(tmp_pat
     (d / "summary.json").write_text(json.dumps(summary))
     options = load_runs([tmp_path]).loc[0, "options"]
     assert options == "cap=none, eps=1.52588e-09, mask=ck, prune_fc=true, sizes=1 2"
+
+
+def test_runs_are_found_in_name_order_and_read_with_null_fields_and_sorted_options(tmp_path):
+    """Run directories come sorted by path; a summary field saved as null is still a column;
+    the options' JSON has its keys sorted; an environment that is not an object is read as
+    an empty one."""
+    for name in ("b", "c", "a"):
+        _run(tmp_path, name)
+    assert find_run_dirs(tmp_path) == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    summary.update(method_options={"n": 2, "m": 1}, comm_bytes_per_iter=None, environment="n/a")
+    (tmp_path / "b" / "summary.json").write_text(json.dumps(summary))
+    runs = load_runs(tmp_path).set_index("run")
+    assert list(runs.index) == ["a", "b", "c"]
+    assert runs.loc["b", "method_options"] == '{"m": 1, "n": 2}'
+    assert "comm_bytes_per_iter" in runs.columns and pd.isna(runs.loc["b", "comm_bytes_per_iter"])
+    assert runs.attrs["environments"][str(tmp_path / "b")] == {}
+    assert runs.attrs["environments"][str(tmp_path / "a")] == ENV
 
 
 def test_bars_and_lines_show_the_standard_deviation_their_captions_name():

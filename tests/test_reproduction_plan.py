@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+import reproductions.common
 from reproductions import parallel
 from reproductions.common import Row, Target
 from reproductions.parallel import PlannedRun, default_jobs, log_path, plan_runs, train_all
@@ -389,3 +392,156 @@ def test_the_resource_trackers_warning_is_filtered_and_a_users_filters_kept(monk
     parallel.quiet_resource_tracker()
     assert parallel.os.environ["PYTHONWARNINGS"].split(",") == [
         "error::DeprecationWarning", parallel.TRACKER_WARNINGS]  # fmt: skip
+
+
+def _fake_cfg(root, name, method="dense", epochs=1, batch_size=128, data="digits"):
+    """A config with only what planning and train_all read of one (no model is built)."""
+    return SimpleNamespace(out=str(root / name), method=method, epochs=epochs,
+                           batch_size=batch_size, data=data, data_dir=None, seed=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "epochs", "batch_size", "cost"),
+    [("dense", 2, 128, 2.0), ("clicktrain", 1, 128, 1.5), ("sdgp", 3, 128, 3.9),
+     ("campfire", 4, 128, 4.0), ("dense", 1, 16, 8**0.1), ("dense", 1, 1024, 8**-0.1)],
+    ids=["dense", "clicktrain", "sdgp", "other-method", "small-batch", "large-batch"],
+)  # fmt: skip
+def test_cost_is_epochs_times_method_cost_times_a_tenth_power_of_the_batch_ratio(
+    tmp_path, method, epochs, batch_size, cost
+):
+    """A run's cost: epochs x the method's relative cost (1 for a method not listed) x
+    (128 / batch size) ** 0.1 (smaller batches take longer per epoch)."""
+    cfg = _fake_cfg(tmp_path, "r", method, epochs, batch_size)
+    assert PlannedRun(cfg, ["a.b"]).cost == pytest.approx(cost)
+
+
+TRAINED: list[tuple[str, int]] = []
+
+
+def listing_worker(job):
+    """A worker that trains nothing, records each run's name and threads, and fails the runs
+    named ``bad*``."""
+    cfg, threads = job
+    name = Path(cfg.out).name
+    TRAINED.append((name, threads))
+    return str(cfg.out), ("ValueError: bad" if name.startswith("bad") else None), 0.0
+
+
+def test_in_process_training_goes_longest_first_skips_complete_runs_and_reports_each(
+    tmp_path, monkeypatch
+):
+    """One job: the runs train in this process, longest first; a complete run that stands for
+    its method is not trained, one that no longer does is said and trained again; each run
+    is logged, a failure is returned and does not stop the others, and only the runs that
+    finished count as trained here."""
+    monkeypatch.setattr(parallel, "_TRAINED_HERE", set())
+    done = {"complete", "stale"}
+    monkeypatch.setattr(reproductions.common, "complete_summary",
+                        lambda d: {"method": "x"} if d.name in done else None)  # fmt: skip
+    monkeypatch.setattr(reproductions.common, "reuse_refusal",
+                        lambda s, m: "its code changed" if m == "sdgp" else None)  # fmt: skip
+    configs = [
+        _fake_cfg(tmp_path, "complete"),
+        _fake_cfg(tmp_path, "stale", "sdgp", epochs=2),  # cost 2.6
+        _fake_cfg(tmp_path, "short"),  # cost 1
+        _fake_cfg(tmp_path, "bad", "clicktrain", epochs=2),  # cost 3
+        _fake_cfg(tmp_path, "long", epochs=5),  # cost 5
+        _fake_cfg(tmp_path, "resumed", batch_size=16),  # cost 8 ** 0.1 = 1.23
+    ]
+    for name in ("stale", "resumed"):  # both left a checkpoint; only "resumed" resumes it
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "checkpoint.pt").write_bytes(b"")
+    plan = [PlannedRun(c, ["a.b"]) for c in configs]
+    TRAINED.clear()
+    lines: list[str] = []
+    failures = train_all(plan, 1, 1, log=lines.append, progress=False, worker=listing_worker)
+    assert TRAINED == [("long", 1), ("bad", 1), ("stale", 1), ("resumed", 1), ("short", 1)]
+    assert failures == {str(tmp_path / "bad"): "ValueError: bad"}
+    assert lines == [
+        "not reusing stale: its code changed; it is moved aside and trained again",
+        "training 5 runs, 1 of them from a checkpoint (1 of 6 already complete) in 1 process "
+        "x 1 thread; each run's log: <run directory>.log",
+        "  trained long in 0 s",
+        "  FAILED bad: ValueError: bad",
+        "  trained stale in 0 s",
+        "  trained resumed in 0 s",
+        "  trained short in 0 s",
+        lines[-1],
+    ]
+    assert lines[-1].startswith("trained 4 runs in ")
+    here = [parallel.trained_here(tmp_path / "x" / ".." / c.out.split("/")[-1]) for c in configs]
+    assert here == [False, True, True, False, True, True]
+
+
+def test_one_run_trains_in_this_process_with_the_cores_shared_among_the_jobs(tmp_path, monkeypatch):
+    """A single run to train is trained in this process even with more jobs, as one process;
+    its threads default to the cores divided by the jobs."""
+    monkeypatch.setattr(parallel, "_cores", lambda: 4)
+    TRAINED.clear()
+    lines: list[str] = []
+    plan = [PlannedRun(_fake_cfg(tmp_path, "only"), ["a.b"])]
+    assert train_all(plan, 2, log=lines.append, progress=False, worker=listing_worker) == {}
+    assert TRAINED == [("only", 2)]
+    assert lines[0] == (
+        "training 1 run (0 of 1 already complete) in 1 process x 2 threads; each run's log: "
+        "<run directory>.log"
+    )
+
+
+def test_a_run_of_an_unknown_dataset_is_started_to_report_its_own_error(tmp_path):
+    """An unknown dataset name is no missing dataset: the run is handed to a worker, whose
+    error says what is wrong."""
+    TRAINED.clear()
+    plan = [PlannedRun(_fake_cfg(tmp_path, "odd", data="no-such-data"), ["a.b"])]
+    assert train_all(plan, 1, 1, log=lambda s: None, progress=False, worker=listing_worker) == {}
+    assert TRAINED == [("odd", 1)]
+
+
+@pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (3, 3), (8, 8), (16, 8)])
+def test_default_jobs_on_cpu_scales_is_the_cores_up_to_eight(monkeypatch, cores, jobs):
+    """On the CPU scales, one process per core, at most 8."""
+    monkeypatch.setattr(parallel, "_cores", lambda: cores)
+    assert default_jobs("cpu") == jobs and default_jobs("smoke") == jobs
+
+
+def test_plan_lists_a_target_once_for_a_config_it_uses_twice_and_skips_a_row_that_fails(
+    tmp_path,
+):
+    """Two rows of one target with one config give one run naming the target once; a row
+    whose configs cannot be built is left out, the target's other rows kept."""
+
+    def fails(scale, runs_root):
+        raise ValueError("bad option")
+
+    broken = SimpleNamespace(needs=None, measure=None, configs=fails)
+    target = _target("a.b", [Row("d", "dense", train=TINY), broken,
+                             Row("d again", "dense", train=TINY)])  # fmt: skip
+    (p,) = plan_runs([target], "smoke", tmp_path)
+    assert p.targets == ["a.b"] and p.config.method == "dense"
+
+
+def test_a_worker_logs_the_run_and_returns_its_error_with_the_log(tmp_path, monkeypatch):
+    """A worker writes a header and the outcome of a run to ``<run dir>.log``; a run that
+    raises gives ``"<type>: <message> (log: <path>)"`` and its traceback in the log."""
+    cfg = _fake_cfg(tmp_path, "run")
+    before = torch.get_num_threads()
+
+    def ok(c, progress):
+        return {"top1": 12.345}, False
+
+    def broken(c, progress):
+        raise ValueError("m must be below n")
+
+    try:
+        monkeypatch.setattr(reproductions.common, "run_or_reuse", ok)
+        out, err, _ = parallel._train_one((cfg, 1))
+        assert (out, err) == (cfg.out, None)
+        monkeypatch.setattr(reproductions.common, "run_or_reuse", broken)
+        out, err, _ = parallel._train_one((cfg, 1))
+    finally:
+        torch.set_num_threads(before)
+    log = log_path(cfg)
+    assert (out, err) == (cfg.out, f"ValueError: m must be below n (log: {log})")
+    text = log.read_text()
+    assert f"dense seed 0 -> {cfg.out}" in text and "complete: top-1 12.35% in " in text
+    assert "Traceback" in text and "ValueError: m must be below n" in text

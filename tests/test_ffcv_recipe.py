@@ -54,6 +54,16 @@ def test_cutout_fills_one_square_inside_the_image():
         crop.draw(1, torch.Generator(), (3, 3))
 
 
+def test_cutout_of_non_square_images_fits_each_side():
+    """On H x W = 3 x 8 images a 2 x 2 cutout's corner takes every row 0..1 and column 0..6;
+    a 4 x 4 one fits the width but not the height, and is refused."""
+    crop = CropFlip(pad=1, flip=False, cutout=2)
+    *_, cy, cx = crop.draw(500, torch.Generator().manual_seed(0), (3, 8))
+    assert set(cy.tolist()) == {0, 1} and set(cx.tolist()) == set(range(7))
+    with pytest.raises(ValueError, match="cutout 4 does not fit images of 3x8"):
+        CropFlip(pad=1, flip=False, cutout=4).draw(1, torch.Generator(), (3, 8))
+
+
 def test_the_standard_recipe_draws_what_it_drew_before():
     # a cutout is drawn after the other draws, so they stay those of the standard recipe
     g1, g2 = (torch.Generator().manual_seed(5) for _ in range(2))

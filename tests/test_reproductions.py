@@ -1926,7 +1926,7 @@ def test_reproduce_blames_its_flag_for_a_bad_data_dir_entry(tmp_path, capsys):
     assert "error: --data-dir: 'bogus' is not a dataset" in capsys.readouterr().err
 
 
-def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path):
+def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path, monkeypatch):
     from impl.data import dataset_dir_for
 
     assert dataset_dir_for(None, "cifar10") is None
@@ -1939,6 +1939,8 @@ def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path):
     literal = tmp_path / "cifar10=old"  # a directory whose name has the form is itself
     literal.mkdir()
     assert dataset_dir_for(str(literal), "cifar100") == str(literal)
+    monkeypatch.chdir(tmp_path)  # the same directory given by its relative name
+    assert dataset_dir_for("cifar10=old", "cifar100") == "cifar10=old"
     assert dataset_dir_for("other=/x", "cifar10") == "other=/x"  # not a dataset's name
     # embedded data is read from no directory: a --data-dir for it (a new run's, a resume's,
     # eval-fgsm's, written NAME=DIR or not) is refused rather than saved and read by nothing

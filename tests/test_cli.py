@@ -985,6 +985,8 @@ def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
     "argv, needle",
     [
         (["train", "--resume", ""], "--resume needs a run directory"),
+        (["train", "--resume", "  "], "--resume needs a run directory"),
+        (["train", "--scale", "smoke", "--nproc", "0"], "--nproc must be >= 1, got 0"),
         (["train", "--scale", "smoke", "--dist-timeout", "-5"], "--dist-timeout must be > 0"),
         (["train", "--scale", "smoke", "--nproc", "2", "--dist-timeout", "0"],
          "--dist-timeout must be > 0"),
@@ -992,8 +994,8 @@ def test_dist_timeout_with_several_processes_is_accepted(tmp_path, monkeypatch):
         (["train", "--scale", "smoke", "--nproc", "2", "--epochs", "0"], "--epochs must be"),
         (["train", "--scale", "smoke", "--nproc", "2", "--method", "sdgp", "--n", "9"], "n <= m"),
     ],
-    ids=["resume-empty", "dist-timeout", "dist-timeout-zero", "nproc-model",
-         "nproc-epochs", "nproc-sdgp"],
+    ids=["resume-empty", "resume-blank", "nproc-zero", "dist-timeout", "dist-timeout-zero",
+         "nproc-model", "nproc-epochs", "nproc-sdgp"],
 )  # fmt: skip
 def test_bad_train_flags_are_refused_once_before_any_worker_starts(
     argv, needle, capsys, monkeypatch, tmp_path
@@ -1356,3 +1358,383 @@ def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_pat
     err = capsys.readouterr().err
     assert f"argument {argv[-2]}" in err and ": needs a directory; got an empty one" in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], {"scale": "cpu", "epochs": 15, "batch_size": 128, "nesterov": True, "seed": 0}),
+        (["--scale", "paper", "--nesterov"], {"scale": "paper", "nesterov": True}),
+        (["--no-nesterov"], {"nesterov": False}),
+        (["--seed", "7", "--lr", "0.05", "--epochs", "3", "--batch-size", "64"],
+         {"seed": 7, "lr": 0.05, "epochs": 3, "batch_size": 64}),
+        (["--momentum", "0.8", "--weight-decay", "0.001"],
+         {"momentum": 0.8, "weight_decay": 0.001}),
+        (["--label-smoothing", "0.1", "--eval-flip"], {"label_smoothing": 0.1, "eval_flip": True}),
+        (["--no-bn-weight-decay"], {"bn_weight_decay": False}),
+        (["--warmup-start", "0.01", "--warmup-fraction", "0.3"],
+         {"warmup_start": 0.01, "warmup_fraction": 0.3}),
+        (["--schedule", "step", "--milestones", "3", "5", "--gamma", "0.5"],
+         {"schedule": "step", "milestones": [3, 5], "gamma": 0.5}),
+        (["--threads", "2", "--image-size", "16"],
+         {"threads": 2, "data_options": {"image_size": 16}}),
+    ],
+    ids=["defaults", "nesterov-over-preset", "no-nesterov", "seed-lr-epochs-batch",
+         "momentum-decay", "smoothing-flip", "no-bn-decay", "warmup", "step", "threads-size"],
+)  # fmt: skip
+def test_each_train_flag_sets_its_field_of_the_config_and_unset_ones_keep_the_scales(
+    argv, expected
+):
+    """Every flag reaches the config as given; an unset one leaves the scale's preset (cpu by
+    default: 15 epochs, batch 128) or the config's own default (Nesterov on, seed 0)."""
+    cfg = cli._resolve_from_args(cli._train_parser(None).parse_args(argv), {})
+    assert {name: getattr(cfg, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [(True, "true"), (False, "false"), (None, "none"), (0.1, "0.1"), (1 / 3, "0.333333"),
+     (2.0, "2"), (5, "5"), ("window", "window"), ([3, 0.5], "3 0.5"), ((True, None), "true none")],
+)  # fmt: skip
+def test_flag_text_writes_a_value_as_train_flags_take_it(value, text):
+    from impl.cli_parser import flag_text
+
+    assert flag_text(value) == text
+
+
+def test_an_out_dir_is_checked_through_every_missing_level(tmp_path):
+    """A file several levels above the directory is named; a directory several levels below
+    the nearest existing, writable one is fine; the message names the flag given."""
+    from impl.out_dir import check_out_dir
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    deep = afile / "a" / "b" / "run"
+    with pytest.raises(ValueError) as err:
+        check_out_dir(deep)
+    assert str(err.value) == f"--out {deep}: {afile} is a file, not a directory"
+    with pytest.raises(ValueError) as err:
+        check_out_dir(afile, "--runs-root")
+    assert str(err.value) == f"--runs-root {afile}: {afile} is a file, not a directory"
+    check_out_dir(tmp_path / "new" / "deeper" / "run")  # made later, level by level
+
+
+@pytest.mark.parametrize("denied", [os.W_OK, os.X_OK], ids=["not-writable", "not-searchable"])
+def test_an_out_dir_under_a_directory_without_write_or_search_permission_is_refused(
+    tmp_path, monkeypatch, denied
+):
+    """Writing a new entry in a directory takes both its write and its search permission."""
+    from pathlib import Path
+
+    from impl.out_dir import check_out_dir
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda p, mode: not (Path(p) == locked and mode & denied) and real_access(p, mode),
+    )
+    with pytest.raises(ValueError) as err:
+        check_out_dir(locked / "run", "--runs-root")
+    assert str(err.value) == f"--runs-root {locked / 'run'}: {locked} is not writable"
+
+
+@pytest.mark.parametrize(
+    "dest, value, saved, repeats",
+    [
+        ("out", "./r/../r", {}, True),
+        ("out", "other", {}, False),
+        ("method__max_batch", int("1000"),
+         {"method": "prunetrain", "method_options": {"dynamic_batch": True, "max_batch": 1000}},
+         True),
+        ("method__max_batch", 999,
+         {"method": "prunetrain", "method_options": {"dynamic_batch": True, "max_batch": 1000}},
+         False),
+        ("method__dynamic_batch", False, {"method": "prunetrain"}, True),
+        ("method__dynamic_batch", True, {"method": "prunetrain"}, False),
+        ("image_size", 16, {"data_options": {"image_size": 16}}, True),
+        ("image_size", 16, {}, False),
+        ("no_augment", True, {"augment": False}, True),
+        ("no_augment", True, {}, False),
+        ("no_bn_weight_decay", True, {"bn_weight_decay": False}, True),
+        ("no_bn_weight_decay", True, {}, False),
+        ("epochs", 2, {}, True),
+        ("epochs", 3, {}, False),
+    ],
+    ids=["out-same-dir", "out-other", "option-as-saved", "option-changed",
+         "option-at-its-default", "option-off-its-default", "image-size-as-saved",
+         "image-size-unsaved", "no-augment-as-saved", "no-augment-changed",
+         "no-bn-decay-as-saved", "no-bn-decay-changed", "epochs-as-saved", "epochs-changed"],
+)  # fmt: skip
+def test_a_flag_given_with_resume_repeats_the_saved_run_only_with_its_saved_value(
+    dest, value, saved, repeats, tmp_path, monkeypatch
+):
+    """--out the resumed directory however written, a method option as saved (or at the
+    method's default, which a run does not save), the image size, --no-augment and
+    --no-bn-weight-decay of a run saved without them are repeats; other values change it."""
+    from impl.config import resolve
+
+    monkeypatch.chdir(tmp_path)
+    assert cli._is_saved_value(dest, value, resolve("smoke", **saved), "r") is repeats
+
+
+def test_resume_with_the_device_its_auto_picked_is_a_repeat(monkeypatch):
+    """A run saved with --device auto, which picked the CPU, is resumed as saved with --device
+    cpu; a device it did not pick changes it."""
+    import impl.train
+    from impl.config import resolve
+
+    monkeypatch.setattr(
+        impl.train, "pick_device", lambda name: torch.device("cpu" if name == "auto" else name)
+    )
+    saved = resolve("smoke", device="auto")
+    assert cli._is_saved_value("device", "cpu", saved, "r") is True
+    assert cli._is_saved_value("device", "meta", saved, "r") is False
+
+
+def test_an_option_of_several_other_methods_names_them_all(monkeypatch):
+    import impl.methods
+
+    @dataclasses.dataclass
+    class Shared(MethodConfig):
+        ratio: float = 0.5
+
+    owners = {"dense": impl.methods.method_class("dense"), "alpha": None, "beta": None}
+    monkeypatch.setattr(impl.methods, "available_methods", lambda: list(owners))
+    monkeypatch.setattr(
+        impl.methods,
+        "method_class",
+        lambda name: owners[name] or type(name, (), {"Config": Shared}),
+    )
+    assert cli._other_methods_options(["--ratio", "0.2", "--nope"], "dense") == (
+        "--ratio is an option of --method alpha or beta, not of --method dense"
+    )
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["new-run", "resume"])
+def test_the_worker_gets_the_progress_data_dir_and_timeout_given(
+    resumed, tmp_path, monkeypatch, capsys
+):
+    """--no-progress, --data-dir (of a resumed run) and --dist-timeout reach the training
+    itself, under torchrun (where --dist-timeout applies without --nproc)."""
+    import impl.train
+    from impl import distributed, rundir
+    from impl.config import resolve
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    seen = {}
+
+    def run_worker(fn, device, timeout_s=None, **kwargs):
+        seen["timeout"] = timeout_s
+        return fn()
+
+    def train(cfg, progress=True):
+        seen.update(progress=progress, out=cfg.out)
+        return {"method": "dense"}
+
+    def resume(run_dir, progress=True, data_dir=None):
+        seen.update(progress=progress, out=str(run_dir), data_dir=data_dir)
+        return {"method": "dense"}
+
+    monkeypatch.setattr(distributed, "run_worker", run_worker)
+    monkeypatch.setattr(impl.train, "train", train)
+    monkeypatch.setattr(impl.train, "resume", resume)
+    run = tmp_path / "run"
+    flags = ["--dist-timeout", "7", "--no-progress"]
+    if resumed:
+        run.mkdir()
+        rundir.write_json(run / rundir.CONFIG_FILE, resolve("smoke", out=str(run)).to_dict())
+        argv = ["train", "--resume", str(run), "--data-dir", str(tmp_path / "moved"), *flags]
+        expected = {"timeout": 7.0, "progress": False, "out": str(run),
+                    "data_dir": str(tmp_path / "moved")}  # fmt: skip
+    else:
+        argv = ["train", "--scale", "smoke", "--out", str(run), *flags]
+        expected = {"timeout": 7.0, "progress": False, "out": str(run)}
+    assert cli.main(argv) == 0
+    assert seen == expected
+    assert f"results: {run}/summary.json" in capsys.readouterr().out
+
+
+def test_the_result_line_says_what_the_summary_holds_and_a_question_mark_for_what_it_lacks(
+    capsys, tmp_path
+):
+    summary = {"method": "sdgp", "model": "resnet20", "data": "digits", "scale": "smoke",
+               "top1": 91.234, "fwd_ms": 1.5, "bwd_ms": "n/a", "wall_seconds": 12.0}  # fmt: skip
+    cli._print_result(tmp_path, summary)
+    assert capsys.readouterr().out.splitlines() == [
+        "sdgp resnet20 on digits [smoke]: top-1 91.23%, compression 1.00x, fwd 1.5 ms, "
+        "bwd ? ms per iteration (last epoch's medians), 12.0 s",
+        f"results: {tmp_path}/summary.json (metrics.jsonl, config.json, checkpoint.pt)",
+    ]
+
+
+def test_a_finished_run_to_resume_is_announced_by_rank_0_only(tmp_path, monkeypatch, capsys):
+    import impl.train
+
+    summary = {"status": "complete"}
+    monkeypatch.setattr(impl.train, "finished_summary_to_resume", lambda run_dir: summary)
+    monkeypatch.setattr("impl.run_files.summary_fields_wrong", lambda s: "")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli._finished_run_to_resume(tmp_path) is summary
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    assert cli._finished_run_to_resume(tmp_path) is summary
+    assert (
+        capsys.readouterr().out
+        == f"{tmp_path} holds a finished run: its result (nothing trained)\n"
+    )
+
+
+def test_eval_fgsm_checks_every_run_first_and_passes_on_its_device_and_data_dir(
+    tmp_path, monkeypatch, capsys
+):
+    import impl.robustness
+    import impl.train
+
+    calls = []
+    monkeypatch.setattr(impl.robustness, "check_attackable", lambda d: calls.append(("check", d)))
+    monkeypatch.setattr(impl.train, "pick_device", lambda name: torch.device("cuda", 3))
+
+    def attack(run_dir, eps, device, data_dir):
+        calls.append(("attack", run_dir, device, data_dir))
+        return [{"eps": e, "top1": 12.5} for e in eps]
+
+    monkeypatch.setattr(impl.robustness, "eval_fgsm_run", attack)
+    argv = ["eval-fgsm", "a", "b", "--eps", "0", "0.25", "--device", "cuda:3", "--data-dir", "d"]
+    assert cli.main(argv) == 0
+    assert calls == [("check", "a"), ("check", "b"), ("attack", "a", "cuda:3", "d"),
+                     ("attack", "b", "cuda:3", "d")]  # fmt: skip
+    assert capsys.readouterr().out.splitlines() == [
+        "a: eps 0: top-1 12.50%", "a: eps 0.25: top-1 12.50%",
+        "b: eps 0: top-1 12.50%", "b: eps 0.25: top-1 12.50%",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", ["gpu", "paper"])
+def test_demo_runs_the_cpu_scales_only(scale, monkeypatch, capsys):
+    import reproductions
+
+    monkeypatch.setattr(reproductions, "demo", lambda **kw: pytest.fail("the demo ran"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["demo", "--scale", scale])
+    assert stop.value.code == cli.EXIT_USAGE
+    assert f"argument --scale: invalid choice: '{scale}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failed", [[], ["sdgp.table1"]], ids=["all-done", "one-failed"])
+def test_demo_passes_its_options_on_and_exits_1_when_a_target_failed(failed, monkeypatch, capsys):
+    import reproductions
+
+    seen = {}
+
+    def demo(**kwargs):
+        seen.update(kwargs)
+        kwargs["failed"].extend(failed)
+
+    monkeypatch.setattr(reproductions, "demo", demo)
+    assert cli.main(["demo", "--scale", "smoke", "--jobs", "2", "--threads", "1"]) == len(failed)
+    assert {k: v for k, v in seen.items() if k != "failed"} == {
+        "scale": "smoke", "out": "reports", "runs_root": "runs/reproductions", "jobs": 2,
+        "progress": True, "threads": 1,
+    }  # fmt: skip
+
+
+def test_ctrl_c_before_an_unknown_command_is_named_says_only_pdtbench(monkeypatch, capsys):
+    def stopped(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", stopped)
+    assert cli.main(["frobnicate"]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "pdtbench: interrupted\n"
+    assert cli.main(["env"]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "pdtbench env: interrupted\n"
+
+
+@pytest.mark.parametrize("setting, shown", [("1", True), ("0", False)])
+def test_the_traceback_of_an_error_is_printed_only_when_the_variable_is_1(
+    setting, shown, monkeypatch, capsys
+):
+    def failing(argv):
+        raise OSError("disk gone")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", failing)
+    monkeypatch.setenv(cli.TRACEBACK_VARIABLE, setting)
+    assert cli.main(["report"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.endswith("pdtbench report: error: disk gone\n")
+    assert ("Traceback (most recent call last)" in err) is shown
+
+
+@pytest.mark.parametrize(
+    "stop, code",
+    [(KeyboardInterrupt, 130), (cli.Terminated, 143)],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_command_stopped_by_a_signal_exits_with_the_shells_status_for_it(
+    stop, code, monkeypatch, capsys, tmp_path
+):
+    """Ctrl-C exits 130 and SIGTERM 143, whether the command or the training was stopped."""
+    import impl.train
+
+    def stopped(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setitem(cli.COMMANDS, "report", stopped)
+    assert cli.main(["report"]) == code
+    assert capsys.readouterr().err == "pdtbench report: interrupted\n"
+    monkeypatch.setattr(impl.train, "train", stopped)
+    assert cli.main([*SMOKE, "--out", str(tmp_path / "r")]) == code
+    assert "interrupted before the run began" in capsys.readouterr().err
+
+
+def test_a_broken_pipe_while_the_reader_is_still_there_is_raised(monkeypatch):
+    """Only a reader that left turns a broken pipe into a quiet exit 141; another broken
+    pipe is a real error."""
+
+    def broken(argv):
+        raise BrokenPipeError("another pipe")
+
+    monkeypatch.setattr(cli, "_main", broken)
+    monkeypatch.setattr(cli, "stdout_reader_gone", lambda: False)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["report"])
+
+
+def test_a_module_attribute_that_is_no_exception_class_is_not_caught(monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("impl.train")
+    module.RunExistsError = int  # a class, but no exception
+    monkeypatch.setitem(sys.modules, "impl.train", module)
+    assert cli._raised_by_loaded(("impl.train", "RunExistsError")) == ()
+
+
+def test_field_help_stops_where_the_args_section_ends():
+    class Cfg:
+        """A config.
+
+        Args:
+            alpha: the first.
+                More on it.
+
+        Returns:
+            beta: not a field.
+        """
+
+    assert cli.field_help(Cfg) == {"alpha": "the first. More on it."}
+
+
+@pytest.mark.parametrize("text, value", [("false", False), ("no", False), ("true", True)])
+def test_a_method_boolean_flag_reads_false_words_as_false(text, value):
+    @dataclasses.dataclass
+    class Cfg(MethodConfig):
+        dynamic_batch: bool = True
+
+    parser = argparse.ArgumentParser()
+    cli.add_method_arguments(parser, Cfg)
+    assert parser.parse_args(["--dynamic-batch", text]).method__dynamic_batch is value

@@ -211,8 +211,8 @@ SCALE_CONFIGS: dict[str, ScaleConfig] = {
         iter_repeats=3,
     ),
     # The layer shapes of the CSR grid at one sparsity at the gpu scale (the paper's shape
-    # keeps all six): 145 pairs, not 375, so that the rows fit one device call of
-    # scripts/gpu/bench.sh (docs/gpu-session.md).
+    # keeps all six): 174 pairs (29 cases x 6 implementations), not 864, so that the rows
+    # fit one device call of scripts/gpu/bench.sh (docs/gpu-session.md).
     "gpu": ScaleConfig(
         name="gpu",
         devices=("cuda",),

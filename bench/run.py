@@ -401,14 +401,16 @@ def check_device(scale: str, suites: Sequence[str]) -> None:
     """
     if scale != "gpu" or cases._gpu_visible():
         return
-    cuda_only = [
-        s
-        for s in suites
-        if s != "calibration"
-        and all(impl.device == "cuda" for _, impl in cases.select_pairs(s, scale))
-    ]
+
+    def cuda_only_suite(s: str) -> bool:
+        return s != "calibration" and all(
+            impl.device == "cuda" for _, impl in cases.select_pairs(s, scale)
+        )
+
+    cuda_only = [s for s in suites if cuda_only_suite(s)]
     if cuda_only:
-        can_run = [s for s in cases.SUITES if s != "calibration" and s not in cuda_only]
+        # every suite with CPU pairs at this scale, not only those outside the chosen ones
+        can_run = [s for s in cases.SUITES if s != "calibration" and not cuda_only_suite(s)]
         raise ValueError(
             f"--scale gpu: suite(s) {', '.join(cuda_only)} time CUDA implementations only and "
             f"torch sees no GPU here (torch {torch.__version__}); on this machine use "

@@ -25,8 +25,19 @@ def _no_scale_env(monkeypatch):
         ({"PDTBENCH_BENCH_SCALE": "gpu"}, "gpu"),
         ({"PDTBENCH_BENCH_SMALL": "1", "PDTBENCH_BENCH_SCALE": "gpu"}, "smoke"),
         ({"PDTBENCH_BENCH_SMALL": "0", "PDTBENCH_BENCH_SCALE": "cpu"}, "cpu"),
+        ({"PDTBENCH_BENCH_SMALL": "on"}, "smoke"),
+        ({"PDTBENCH_BENCH_SMALL": " TRUE "}, "smoke"),
     ],
-    ids=["small", "small-yes", "scale-cpu", "scale-gpu", "small-wins", "small-off"],
+    ids=[
+        "small",
+        "small-yes",
+        "scale-cpu",
+        "scale-gpu",
+        "small-wins",
+        "small-off",
+        "small-on",
+        "small-padded",
+    ],
 )
 def test_small_switch_and_scale_env(monkeypatch, env, expected):
     for key, value in env.items():
@@ -696,6 +707,7 @@ def test_csr_rows_count_the_bytes_each_moves_and_the_sparsity_made():
         "pattern_csr[ref]@cpu": nnz * 16 + (f + 1) * 8,
         "torch_to_sparse_csr@cpu": f * k * 4 + nnz * 12 + (f + 1) * 8,
         "copy@cpu": 2 * nnz * 4,
+        "scipy_csr@cpu": f * k * 4 + nnz * 8 + (f + 1) * 4,  # int32 columns and row pointers
     }
     for name, nbytes in expected.items():
         assert cases.prepare(case, impls[name], "smoke").bytes == nbytes, name
@@ -917,3 +929,255 @@ def test_launch_levels_run_the_gather_kernel_on_a_gpu(level):
     torch.cuda.synchronize()
     w = cases._randn((1, 1, 3, 3), torch.device("cuda"), 0)
     assert torch.equal(out.cpu(), w.reshape(-1).cpu())  # the kernel gathered all nine values
+
+
+def test_smoke_case_names_and_parameters():
+    """The names say the sizes: the calibration copy in MiB, the GEMM's n, SpMM's F x K x N,
+    the paper's shapes prefixed ``paper-``, the sparsity in percent on two digits."""
+    calib = cases.grid("calibration", "smoke")
+    assert [c.name for c in calib] == ["copy-16MiB", "gemm-256", "launch-1x9"]
+    assert calib[0].params == {"kind": "copy", "bytes": 16 * 2**20}
+    assert calib[1].params == {"kind": "gemm", "n": 256}
+    assert [c.name for c in cases.grid("spmm", "smoke")] == [
+        f"{shape}-s{s}"
+        for shape in ("paper-256x1152x196", "37x117x101")
+        for s in ("00", "75", "95")
+    ]
+    assert [c.name for c in cases.grid("csr", "smoke")] == [
+        "paper-256x128x3x3-s50", "paper-256x128x3x3-s95", "37x13x3x3-s50", "37x13x3x3-s95"
+    ]  # fmt: skip
+    conv = cases.grid("conv", "smoke")
+    assert conv[0].name == "paper-1x128x14x14-fwd-s00"
+    assert {(c.params["padding"], c.params["stride"]) for c in conv} == {(1, 1)}
+
+
+def test_gpu_csr_grid_keeps_six_sparsities_for_the_paper_and_95_percent_for_layers():
+    csr = cases.grid("csr", "gpu")
+    paper = [c.params["sparsity"] for c in csr if c.params["source"] == "paper"]
+    assert paper == [0.5, 0.65, 0.75, 0.8, 0.9, 0.95]
+    assert {c.params["sparsity"] for c in csr if c.params["source"] != "paper"} == {0.95}
+
+
+def test_iteration_cases_have_the_classes_of_their_stem():
+    got = {(c.params["stem"], c.params["num_classes"]) for c in cases.grid("iteration", "gpu")}
+    assert got == {("cifar", 10), ("imagenet", 1000)}
+
+
+@pytest.mark.parametrize(
+    ("suite", "expected"),
+    [
+        ("calibration", set()),
+        ("csr", {"torch_to_sparse_csr", "copy", "copy_moved", "scipy_csr", "cusparse_dense2csr"}),
+        ("spmm", {"torch_csr_spmm", "torch_mm", "cublas_fp32", "cublas_tf32"}),
+        ("conv", {"torch_conv2d", "cudnn_fp32", "cudnn_tf32"}),
+        ("nm_prune", {"nm_prune[ref]", "copy"}),
+        ("pack", {"grad_pack[ref]", "grad_unpack[ref]"}),
+        ("iteration", {"dense"}),
+        ("allreduce", {"dense"}),
+    ],
+)
+def test_the_baselines_of_each_suite(suite, expected):
+    """The library (or reference, or copy) rows the others get a ``speedup_vs_`` column of."""
+    impls = cases.implementations(suite, "smoke")
+    assert {n.split("@")[0] for n, i in impls.items() if i.baseline} == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on machines without GPU")
+@pytest.mark.parametrize(
+    ("name", "tf32"), [("cublas_fp32@cuda", False), ("cublas_tf32@cuda", True)]
+)
+def test_skipped_cublas_rows_carry_their_tf32_flag_and_no_cudnn_benchmark(name, tf32):
+    case, impl = cases.find("spmm", cases.grid("spmm", "smoke")[0].name, name, "smoke")
+    row = cases.run_pair(case, impl, "smoke")
+    assert row["status"] == "skipped" and row["reason"]
+    assert row["tf32_matmul"] is tf32 and row["tf32_cudnn"] is tf32
+    assert row["cudnn_benchmark"] is False  # spmm runs no cuDNN
+
+
+def test_a_row_names_the_device_it_ran_on(monkeypatch):
+    prov = {"gpu_name": "Some GPU", "cpu_model": "Some CPU", "scale": "smoke"}
+    monkeypatch.setattr(cases, "provenance", lambda scale=None: dict(prov))
+    case = cases.grid("spmm", "smoke")[0]
+    impls = cases.implementations("spmm", "smoke")
+    assert cases.base_row(case, impls["torch_mm@cpu"], "smoke")["device_name"] == "Some CPU"
+    assert cases.base_row(case, impls["cublas_fp32@cuda"], "smoke")["device_name"] == "Some GPU"
+    assert cases.base_row(case, impls["torch_csr_spmm@cpu"], "smoke")["baseline"] is True
+
+
+def test_calibration_rows_count_the_copy_bytes_and_the_gemm_flops():
+    """The copy reads and writes its 16 MiB; an n x n GEMM executes 2 n^3 FLOPs and moves
+    three n x n float32 matrices."""
+    impls = cases.implementations("calibration", "smoke")
+    copy, gemm, _ = cases.grid("calibration", "smoke")
+    assert cases.prepare(copy, impls["copy@cpu"], "smoke").bytes == 2 * 16 * 2**20
+    prepared = cases.prepare(gemm, impls["torch_mm@cpu"], "smoke")
+    assert prepared.flops == prepared.flops_nominal == 2 * 256**3
+    assert prepared.bytes == 3 * 256 * 256 * 4
+
+
+def test_spmm_rows_count_flops_and_bytes_of_what_each_executes():
+    """F x K sparse times K x N dense: the dense GEMM executes 2 F K N FLOPs and reads the
+    whole filter matrix; the sparse ones 2 nnz N and read the kept values (4), their columns
+    (8) and the row pointers (8 each); every one reads B and writes the F x N result."""
+    f, k, n = 37, 117, 101
+    case = next(c for c in cases.grid("spmm", "smoke") if c.name == "37x117x101-s75")
+    impls = cases.implementations("spmm", "smoke")
+    io = (k * n + f * n) * 4
+    dense = cases.prepare(case, impls["torch_mm@cpu"], "smoke")
+    nnz = dense.info["nnz"]
+    assert dense.flops == 2 * f * k * n and dense.bytes == io + f * k * 4
+    for name in ("torch_csr_spmm@cpu", "pattern_spmm[ref]@cpu"):
+        prepared = cases.prepare(case, impls[name], "smoke")
+        assert prepared.flops == 2 * nnz * n, name
+        assert prepared.bytes == io + nnz * 12 + (f + 1) * 8, name
+        assert prepared.flops_nominal == dense.flops_nominal == 2 * nnz * n
+
+
+@pytest.mark.parametrize(("which", "passes"), [("fwd", 1), ("fwdbwd", 3)])
+def test_conv_rows_count_the_flops_of_a_padded_3x3_conv(which, passes):
+    """1 x 128 x 14 x 14 input, 256 filters 3x3, padding 1: a 14 x 14 output; dense FLOPs
+    2 B P Q F C R S, sparse 2 B P Q nnz; forward plus backward three times that."""
+    case = next(c for c in cases.grid("conv", "smoke") if c.name.endswith(f"-{which}-s75"))
+    impls = cases.implementations("conv", "smoke")
+    dense = cases.prepare(case, impls["torch_conv2d@cpu"], "smoke")
+    assert dense.flops == 2 * 14 * 14 * 256 * 128 * 9 * passes
+    sparse = cases.prepare(case, impls["pattern_conv2d[ref]@cpu"], "smoke")
+    nnz = sparse.info["nnz"]
+    assert sparse.flops == dense.flops_nominal == 2 * 14 * 14 * nnz * passes
+    assert sparse.info["sparsity_actual"] == pytest.approx(1 - nnz / (256 * 128 * 9), abs=1e-4)
+    assert sparse.info["sparsity_actual"] > 0.7
+
+
+@pytest.mark.parametrize("name", ["nm_prune[ref]@cpu", "copy@cpu"])
+def test_nm_rows_count_the_gradient_read_and_written(name):
+    case = cases.grid("nm_prune", "smoke")[0]
+    prepared = cases.prepare(case, cases.implementations("nm_prune", "smoke")[name], "smoke")
+    numel = 4 * 64 * 8 * 8
+    assert prepared.info["numel"] == numel and prepared.bytes == 2 * numel * 4
+
+
+def _timing(median, p20, p80, **more):
+    return measure.Timing(median, p20, p80, p20, 7, "perf_counter", **more)
+
+
+def test_fill_row_keeps_percentiles_apart_and_rates_over_the_timed_phases():
+    """p20 and p80 go to their own columns; an iteration row's TFLOP/s counts the FLOPs of
+    the timed phases (forward and backward) over their summed median, not the step's."""
+    impl = cases.Impl("x@cpu", "x", "cpu")
+    op = cases.Prepared([("op", None)], torch.device("cpu"), flops=4e9, bytes=2e6)
+    row = cases.fill_row({}, op, {"op": _timing(2.0, 1.0, 3.0)}, impl)
+    assert (row["median_ms"], row["p20_ms"], row["p80_ms"]) == (2.0, 1.0, 3.0)
+    assert row["tflops"] == pytest.approx(2.0) and row["gbps"] == pytest.approx(1.0)
+    assert "host_bound" not in row  # CPU timings have no host columns
+    phases = cases.Prepared(
+        [("forward", None), ("backward", None), ("step", None)],
+        torch.device("cpu"),
+        flops=9e9,
+        phase_flops={"forward": 1e9, "backward": 2e9, "step": 6e9},
+        timed_phases=("forward", "backward"),
+    )
+    timings = {
+        "forward": _timing(1.0, 0.5, 1.5),
+        "backward": _timing(2.0, 1.5, 2.5),
+        "step": _timing(3.0, 2.0, 4.0),
+    }
+    row = cases.fill_row({}, phases, timings, impl)
+    assert row["median_ms"] == 3.0 and row["iteration_ms"] == 6.0
+    assert (row["backward_p20_ms"], row["backward_p80_ms"]) == (1.5, 2.5)
+    assert row["tflops"] == pytest.approx(1.0)  # 3e9 FLOPs in 3 ms
+
+
+def test_fill_row_keeps_the_host_columns_of_a_gpu_timing_that_is_not_host_bound():
+    impl = cases.Impl("x@cpu", "x", "cpu")
+    t = _timing(2.0, 1.0, 3.0, host_ms=2.5, amortized_ms=1.9, issue_ms=0.01, host_bound=False)
+    row = cases.fill_row({}, cases.Prepared([("op", None)], torch.device("cpu")), {"op": t}, impl)
+    assert row["host_bound"] is False
+    assert (row["host_ms"], row["amortized_ms"], row["issue_ms"]) == (2.5, 1.9, 0.01)
+
+
+def test_calibration_rows_are_not_fractions_of_themselves():
+    rows = [
+        _row("calibration", "copy", "copy", 1.0, kind="copy", gbps=10.0, tflops=None),
+        _row("calibration", "gemm", "torch_mm", 1.0, kind="gemm", tflops=0.2, gbps=2.0),
+    ]
+    cases.add_derived(rows)
+    assert not any(k.startswith("frac_") for r in rows for k in r)
+
+
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    [("smoke", (1, 3, 0.0, None)), ("cpu", (1, 5, 0.25, 50))],
+)
+def test_cpu_kernels_are_timed_with_the_scales_budget(monkeypatch, scale, expected):
+    got = {}
+
+    def cpu_timing(fn, warmup, repeats, min_time_s, max_repeats):
+        got["args"] = (warmup, repeats, min_time_s, max_repeats)
+        return _timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(measure, "cpu_timing", cpu_timing)
+    prepared = cases.Prepared([("op", lambda i: None)], torch.device("cpu"))
+    assert set(cases.measure_prepared(prepared, scale)) == {"op"}
+    assert got["args"] == expected
+
+
+def test_iteration_phases_are_timed_with_the_scales_iterations(monkeypatch):
+    got = {}
+
+    def phase_timing(phases, device, warmup, repeats, after_warmup=None):
+        got["args"] = (warmup, repeats, after_warmup)
+        return {}
+
+    monkeypatch.setattr(measure, "phase_timing", phase_timing)
+    phases = [("forward", lambda i: None), ("backward", lambda i: None)]
+    cases.measure_prepared(cases.Prepared(phases, torch.device("cpu")), "smoke")
+    assert got["args"] == (1, 2, None)  # smoke: one warm-up, two timed; no CUDA peak reset
+    cases.measure_prepared(cases.Prepared(phases, torch.device("cpu")), "gpu")
+    assert got["args"] == (3, 10, None)
+
+
+def test_run_suites_reports_each_row_and_returns_them_with_speedups(monkeypatch):
+    def pair(case, impl, scale=None):
+        ms = 4.0 if impl.baseline else 2.0
+        return _row(case.suite, case.name, impl.name.split("@")[0], ms, impl.device,
+                    impl.baseline)  # fmt: skip
+
+    monkeypatch.setattr(cases, "run_pair", pair)
+    seen = []
+    rows = cases.run_suites(
+        ["nm_prune"], "smoke", case_names=["4x64x8x8-2of4"], progress=seen.append
+    )
+    assert [r["impl"] for r in seen] == [r["impl"] for r in rows]
+    assert len(rows) == len(cases.implementations("nm_prune", "smoke"))
+    kernel = next(r for r in rows if r["impl"] == "nm_prune[cpu]@cpu")
+    assert kernel["speedup_vs_copy"] == 2.0 and kernel["speedup_vs_nm_prune[ref]"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("match", "impls"),
+    [
+        ("scipy", {"scipy_csr@cpu"}),
+        ("csr/37x13x3x3-s95/copy", {"copy@cpu", "copy_moved@cpu", "copy@cuda", "copy_moved@cuda"}),
+        ("@cuda", None),
+    ],
+    ids=["impl", "suite-case-impl", "device"],
+)
+def test_match_is_tested_against_suite_case_and_impl(match, impls):
+    """``match`` is a substring of ``<suite>/<case>/<impl>``: an implementation's name, a
+    device, or the whole path select pairs."""
+    got = cases.select_pairs("csr", "smoke", match=match)
+    assert got
+    if impls is not None:
+        assert {i.name for _, i in got} == impls
+        if "/" in match:
+            assert {c.name for c, _ in got} == {"37x13x3x3-s95"}
+    else:
+        assert all(i.device == "cuda" for _, i in got)
+        assert len(got) == len([p for p in cases.pairs("csr", "smoke") if p[1].device == "cuda"])
+
+
+def test_a_cpu_row_gets_no_gpu_data_sheet_figures_even_where_a_gpu_is_named():
+    row = {"gpu_name": "NVIDIA H100 80GB HBM3", "tflops": 1.0, "gbps": 10.0}
+    cases._peak_columns(row, cases.Impl("x@cpu", "x", "cpu"))
+    assert row == {"gpu_name": "NVIDIA H100 80GB HBM3", "tflops": 1.0, "gbps": 10.0,
+                   "frac_peak_spec": None, "frac_bw_spec": None}  # fmt: skip

@@ -557,3 +557,261 @@ def test_an_infinite_value_is_written_as_null_in_strict_json(tmp_path, monkeypat
     assert "Infinity" not in text and "NaN" not in text
     rows = json.loads(text)["rows"]
     assert rows and all(r["speedup"] is None and r["gbps"] is None for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "-"),
+        ("", "-"),
+        (float("inf"), "-"),
+        (float("nan"), "-"),
+        (1234.5, "1.23e+03"),
+        (0.5, "0.5"),
+        (2, "2"),
+        (False, "False"),
+        ("x@cpu", "x@cpu"),
+    ],
+    ids=["none", "empty", "inf", "nan", "large", "half", "int", "bool", "text"],
+)
+def test_summary_cells_show_three_significant_digits_and_a_dash_for_no_value(value, text):
+    """A missing, empty or non-finite value is a dash; floats keep three significant digits."""
+    assert run._fmt(value) == text
+
+
+def test_summary_table_columns_and_the_rows_not_measured():
+    """Per suite: one table of the ok rows (times, host columns, values, rates, speedups, in
+    that order; a column where any ok row has it), then a count of the other rows per status
+    and reason, sorted; rows of suites not asked for are left out."""
+    ok = {"suite": "s", "case": "a", "status": "ok"}
+    rows = [
+        ok | {"impl": "x@cpu", "median_ms": 2.0, "host_bound": False, "payload_bytes": 100,
+              "tflops": 0.5, "speedup_vs_b": 1.5, "iteration_speedup_vs_b": 2.0},
+        ok | {"impl": "b@cpu", "median_ms": 3.0, "host_bound": None, "payload_bytes": None,
+              "tflops": None},
+        {"suite": "s", "case": "a", "impl": "g@cuda", "status": "skipped", "reason": "no GPU"},
+        {"suite": "s", "case": "b", "impl": "g@cuda", "status": "skipped", "reason": "no GPU"},
+        {"suite": "s", "case": "b", "impl": "y@cpu", "status": "error", "reason": "KeyError: w"},
+        {"suite": "t", "case": "z", "impl": "q@cpu", "status": "ok", "median_ms": 9.0},
+    ]  # fmt: skip
+    meta = {"scale": "cpu", "suites": ["s"], "provenance": {}, "complete": True}
+    text = run.summary(rows, meta)
+    expected = [
+        "## s",
+        "",
+        "| case | impl | median_ms | host_bound | payload_bytes | tflops "
+        "| iteration_speedup_vs_b | speedup_vs_b |",
+        "|" + "---|" * 8,
+        "| a | x@cpu | 2 | False | 100 | 0.5 | 2 | 1.5 |",
+        "| a | b@cpu | 3 | - | - | - | - | - |",
+        "",
+        "Not measured (3 rows):",
+        "",
+        "- 1 x error: KeyError: w",
+        "- 2 x skipped: no GPU",
+        "",
+    ]
+    lines = text.splitlines()
+    start = lines.index("## s")
+    assert lines[start : start + len(expected)] == expected
+    assert "q@cpu" not in text and "## t" not in text
+
+
+@pytest.mark.parametrize(
+    ("meta", "note"),
+    [
+        ({}, None),
+        ({"complete": True, "cut_at": None}, None),
+        ({"complete": False, "cut_at": None}, "the run was cut (unknown) at between pairs;"),
+        (
+            {"complete": False, "cut_at": {"pair": "csr/c/i@cpu", "reason": "SIGTERM (x)"}},
+            "the run was cut (SIGTERM (x)) at csr/c/i@cpu;",
+        ),
+    ],
+    ids=["no-flag", "complete", "cut-between-pairs", "cut-in-a-pair"],
+)
+def test_summary_says_where_an_incomplete_run_was_cut(meta, note):
+    """Rows written without ``complete`` (older files) or complete carry no note; a cut run
+    names the reason and the pair that was running, or says it was cut between pairs."""
+    text = run.summary([], {"scale": "cpu", "suites": [], "provenance": {}, **meta})
+    if note is None:
+        assert "Incomplete" not in text
+    else:
+        assert f"**Incomplete**: {note}" in text
+
+
+def test_rows_json_writes_non_finite_values_as_null(tmp_path):
+    """rows.json and the partial file stay strict JSON: inf, -inf and NaN are null, the CSV
+    cell of a missing value is empty."""
+    row = {"suite": "s", "case": "c", "impl": "i", "status": "ok", "a": float("inf"),
+           "b": float("-inf"), "c": float("nan"), "d": 1.5, "e": None}  # fmt: skip
+    run.write_rows([row], tmp_path, {"scale": "smoke"})
+    text = (tmp_path / "rows.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    (got,) = json.loads(text)["rows"]
+    assert [got[k] for k in "abcde"] == [None, None, None, 1.5, None]
+    with open(tmp_path / "rows.csv") as fh:
+        (cells,) = list(csv.DictReader(fh))
+    assert cells["d"] == "1.5" and cells["e"] == ""
+    partial = run.PartialRows(tmp_path)
+    partial.append(row)
+    partial.close()
+    line = json.loads((tmp_path / run.PARTIAL_NAME).read_text())
+    assert [line[k] for k in "abcde"] == [None, None, None, 1.5, None]
+
+
+def test_partial_rows_are_flushed_at_once_truncated_when_opened_and_removed_on_request(tmp_path):
+    """Each appended row is on disk before the file is closed (a SIGKILL keeps it); a new
+    file starts empty; ``close(remove=True)`` deletes it, ``close()`` keeps it."""
+    (tmp_path / run.PARTIAL_NAME).write_text('{"old": 1}\n')
+    partial = run.PartialRows(tmp_path)
+    assert (tmp_path / run.PARTIAL_NAME).read_text() == ""
+    partial.append({"x": 1})
+    assert (tmp_path / run.PARTIAL_NAME).read_text() == '{"x": 1}\n'
+    partial.close()
+    assert (tmp_path / run.PARTIAL_NAME).exists()
+    run.PartialRows(tmp_path).close(remove=True)
+    assert not (tmp_path / run.PARTIAL_NAME).exists()
+
+
+def test_keep_cut_run_moves_every_file_of_a_cut_run_aside(tmp_path):
+    """A cut run (its partial file there) has the partial file, the CSV, the JSON and the
+    summary moved into ``cut-<time>/``; other files stay; without a partial file nothing
+    moves and None is returned."""
+    names = (run.PARTIAL_NAME, "rows.csv", "rows.json", "summary.md")
+    for name in (*names, "notes.txt"):
+        (tmp_path / name).write_text(name)
+    kept = run.keep_cut_run(tmp_path)
+    assert kept is not None and kept.parent == tmp_path and kept.name.startswith("cut-")
+    assert sorted(p.name for p in kept.iterdir()) == sorted(names)
+    assert all((kept / n).read_text() == n for n in names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["notes.txt", kept.name])
+    for name in names[1:]:
+        (tmp_path / name).write_text(name)
+    assert run.keep_cut_run(tmp_path) is None
+    assert all((tmp_path / n).exists() for n in names[1:])
+
+
+def test_cut_reason_keeps_the_first_300_characters_of_an_error():
+    assert run.cut_reason(RuntimeError("e" * 400)) == "RuntimeError: " + "e" * 300
+
+
+def _fake_pair(case, impl, scale=None):
+    return {
+        "suite": case.suite,
+        "case": case.name,
+        "impl": impl.name,
+        "device": impl.device,
+        "status": "ok",
+        "reason": "",
+        "median_ms": 4.0 if impl.baseline else 2.0,
+        "baseline": impl.baseline,
+        "math": impl.math,
+    }
+
+
+def test_run_writes_each_suite_and_each_row_as_it_goes(tmp_path, monkeypatch):
+    """While the second suite runs, rows.json already holds the first suite's rows and the
+    partial file every row measured so far; the complete run records its filter, returns
+    the rows with their speedups, and removes the partial file."""
+    out = tmp_path / "out"
+    seen = []
+
+    def pair(case, impl, scale=None):
+        if case.suite == "csr":
+            written = json.loads((out / "rows.json").read_text())["rows"]
+            partial = (out / run.PARTIAL_NAME).read_text().splitlines()
+            seen.append((len(written), len(partial)))
+        return _fake_pair(case, impl, scale)
+
+    monkeypatch.setattr(cases, "run_pair", pair)
+    n_calib = len(cases.pairs("calibration", "smoke"))
+    rows = run.run("smoke", out, ["calibration", "csr"], match="s95", case_names=["37x13x3x3-s95"])
+    n_csr = len(cases.select_pairs("csr", "smoke", match="s95", case_names=["37x13x3x3-s95"]))
+    assert n_csr > 1 and len(rows) == n_calib + n_csr
+    assert seen == [(n_calib, n_calib + k) for k in range(n_csr)]
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["match"] == "s95" and payload["cases"] == ["37x13x3x3-s95"]
+    assert payload["complete"] is True and payload["cut_at"] is None
+    assert 0 <= payload["wall_seconds"] < 60
+    assert not (out / run.PARTIAL_NAME).exists()
+    ref = next(r for r in rows if r["impl"] == "pattern_csr[ref]@cpu")
+    assert ref["speedup_vs_scipy_csr"] == 2.0  # a baseline's 4 ms over this row's 2 ms
+
+
+def test_a_run_cut_in_a_pair_records_the_pair_and_the_rows_before_it(tmp_path, monkeypatch):
+    calls = []
+
+    def pair(case, impl, scale=None):
+        calls.append(impl.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return _fake_pair(case, impl, scale)
+
+    monkeypatch.setattr(cases, "run_pair", pair)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run.run("smoke", out, ["calibration"])
+    payload = json.loads((out / "rows.json").read_text())
+    assert payload["complete"] is False
+    case = cases.select_pairs("calibration", "smoke")[2][0].name
+    assert payload["cut_at"] == {
+        "pair": f"calibration/{case}/{calls[2]}",
+        "reason": "interrupted (SIGINT)",
+        "rows": 2,
+    }
+    assert len(payload["rows"]) == 2
+    assert len((out / run.PARTIAL_NAME).read_text().splitlines()) == 2  # kept: not complete
+
+
+def test_a_run_cut_between_pairs_names_no_pair(tmp_path, monkeypatch):
+    """A cut while the rows of a finished suite are written is not put on its last pair."""
+    monkeypatch.setattr(cases, "run_pair", _fake_pair)
+    real = run.write_rows
+    writes = []
+
+    def write_rows(rows, out, meta):
+        writes.append(len(rows))
+        if len(writes) == 1:
+            raise KeyboardInterrupt
+        return real(rows, out, meta)
+
+    monkeypatch.setattr(run, "write_rows", write_rows)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run.run("smoke", out, ["calibration"])
+    cut = json.loads((out / "rows.json").read_text())["cut_at"]
+    assert cut["pair"] is None and cut["rows"] == len(cases.pairs("calibration", "smoke"))
+    assert "cut (interrupted (SIGINT)) at between pairs" in (out / "summary.md").read_text()
+
+
+def test_run_rejects_an_unknown_suite_before_writing_anything(tmp_path):
+    out = tmp_path / "none"
+    with pytest.raises(ValueError, match="unknown suite 'sorting'; valid: calibration, csr"):
+        run.run("smoke", out, ["csr", "sorting"])
+    assert not out.exists()
+
+
+def test_gpu_scale_without_a_gpu_names_only_the_suites_that_can_run(monkeypatch):
+    """Calibration does not count as a CUDA-only suite; the message offers only the suites
+    with CPU pairs at the gpu scale (the Allreduce byte counts)."""
+    monkeypatch.setattr(run.cases, "_gpu_visible", lambda: False)
+    run.check_device("gpu", ["calibration", "allreduce"])
+    with pytest.raises(ValueError) as info:
+        run.check_device("gpu", ["calibration", "csr", "spmm"])
+    msg = str(info.value)
+    assert "suite(s) csr, spmm time CUDA" in msg
+    assert msg.endswith("or --suite allreduce at the gpu scale")
+
+
+@pytest.mark.parametrize(
+    ("load", "cores", "warned"),
+    [(1.0, 2, False), (1.01, 2, True), (3.0, 64, False), (40.0, 64, True)],
+    ids=["at-half", "over-half", "many-cores", "many-cores-busy"],
+)
+def test_a_cpu_is_busy_above_half_its_cores(load, cores, warned):
+    """The warning starts above a load of half the cores given (not this machine's)."""
+    text = run.load_warning("cpu", load_1m=load, cores=cores)
+    assert bool(text) is warned
+    if warned:
+        assert f"{load:.2f} on {cores} cores" in text

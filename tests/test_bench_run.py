@@ -739,7 +739,17 @@ def test_run_writes_each_suite_and_each_row_as_it_goes(tmp_path, monkeypatch):
     assert ref["speedup_vs_scipy_csr"] == 2.0  # a baseline's 4 ms over this row's 2 ms
 
 
+def _interrupted_calibration(tmp_path):
+    """Run the smoke calibration suite into ``tmp_path/out``, which Ctrl-C cuts; the out dir."""
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run.run("smoke", out, ["calibration"])
+    return out
+
+
 def test_a_run_cut_in_a_pair_records_the_pair_and_the_rows_before_it(tmp_path, monkeypatch):
+    """Ctrl-C in the third pair: the two rows before it are kept, in rows.json and the
+    partial file, and the cut names that pair and the signal."""
     calls = []
 
     def pair(case, impl, scale=None):
@@ -749,9 +759,7 @@ def test_a_run_cut_in_a_pair_records_the_pair_and_the_rows_before_it(tmp_path, m
         return _fake_pair(case, impl, scale)
 
     monkeypatch.setattr(cases, "run_pair", pair)
-    out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
-        run.run("smoke", out, ["calibration"])
+    out = _interrupted_calibration(tmp_path)
     payload = json.loads((out / "rows.json").read_text())
     assert payload["complete"] is False
     case = cases.select_pairs("calibration", "smoke")[2][0].name
@@ -777,9 +785,7 @@ def test_a_run_cut_between_pairs_names_no_pair(tmp_path, monkeypatch):
         return real(rows, out, meta)
 
     monkeypatch.setattr(run, "write_rows", write_rows)
-    out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
-        run.run("smoke", out, ["calibration"])
+    out = _interrupted_calibration(tmp_path)
     cut = json.loads((out / "rows.json").read_text())["cut_at"]
     assert cut["pair"] is None and cut["rows"] == len(cases.pairs("calibration", "smoke"))
     assert "cut (interrupted (SIGINT)) at between pairs" in (out / "summary.md").read_text()

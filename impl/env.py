@@ -51,6 +51,21 @@ _GPU_FIELDS = (
 #: git pathspecs of what ``dirty`` leaves out: results, not code (:func:`git_state`).
 _NOT_CODE = (":(exclude)reports",)
 
+#: Environment variables recorded with every result where set: the GPUs and threads a run
+#: sees, those that change float32 math or memory behind torch's flags, and which N:M
+#: pruning path runs on the CPU (impl.ops.nm_cpu).
+RECORDED_ENV_VARS: tuple[str, ...] = (
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PDT_CPU_KERNELS",
+    "CC",
+)
+
 
 def git_state(root: str | Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git checkout at ``root``; outside a checkout (None, None), or
@@ -471,23 +486,7 @@ def collect(gpu: int | None = None) -> dict[str, Any]:
         }
     )
     info.update(gpu_info(gpu))
-    info["env_vars"] = {
-        k: os.environ[k]
-        for k in (
-            "CUDA_VISIBLE_DEVICES",
-            "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS",
-            # these change float32 math or memory behind torch's flags
-            "NVIDIA_TF32_OVERRIDE",
-            "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-            "CUBLAS_WORKSPACE_CONFIG",
-            "PYTORCH_NO_CUDA_MEMORY_CACHING",
-            # which N:M pruning path runs on the CPU (impl.ops.nm_cpu)
-            "PDT_CPU_KERNELS",
-            "CC",
-        )
-        if k in os.environ
-    }
+    info["env_vars"] = {k: os.environ[k] for k in RECORDED_ENV_VARS if k in os.environ}
     return info
 
 

@@ -486,3 +486,195 @@ def test_env_vars_record_what_changes_timings_or_paths(monkeypatch: pytest.Monke
     got = env.collect()["env_vars"]
     assert got["OMP_NUM_THREADS"] == "1" and got["PDT_CPU_KERNELS"] == "0"
     assert "CC" not in got
+
+
+def test_git_state_of_a_copy_without_git_names_the_commit_it_was_copied_at(
+    tmp_path, monkeypatch
+) -> None:
+    """Outside a checkout, ``$PDTBENCH_COMMIT`` (stripped) is the commit and ``dirty`` is
+    unknown (None); unset or blank, both are None."""
+    monkeypatch.setenv("PDTBENCH_COMMIT", "  " + "ab" * 20 + "\n")
+    assert env.git_state(tmp_path) == ("ab" * 20, None)
+    monkeypatch.setenv("PDTBENCH_COMMIT", "   ")
+    assert env.git_state(tmp_path) == (None, None)
+    monkeypatch.delenv("PDTBENCH_COMMIT")
+    assert env.git_state(tmp_path) == (None, None)
+
+
+def test_git_state_dirty_is_unknown_where_git_status_fails(tmp_path, monkeypatch) -> None:
+    """A git that gives HEAD but fails ``status``: the commit, with ``dirty`` None (not
+    False: a clean tree is not known)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    git = bindir / "git"
+    git.write_text(
+        '#!/bin/sh\ncase "$*" in *rev-parse*) echo ' + "cd" * 20 + " ;; *) exit 128 ;; esac\n"
+    )
+    git.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    assert env.git_state(tmp_path) == ("cd" * 20, None)
+
+
+def test_version_is_that_of_the_first_installed_distribution(monkeypatch) -> None:
+    """``_version`` skips names that are not installed; CuPy is found under any
+    ``cupy-cudaXXx`` wheel name, and is None where none is installed."""
+    from importlib import metadata
+
+    assert env._version("no-such-distribution-pdt", "numpy") == metadata.version("numpy")
+    assert env._version("no-such-distribution-pdt") is None
+
+    def dist(name: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(metadata={"Name": name})
+
+    versions = {"cupy-cuda12x": "13.3.0"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(
+        metadata, "distributions", lambda: [dist("numpy"), dist("cupy-cuda12x"), dist("torch")]
+    )
+    assert env._cupy_version() == "13.3.0"
+    monkeypatch.setattr(metadata, "distributions", lambda: [dist("numpy")])
+    assert env._cupy_version() is None
+
+
+def test_cpu_model_is_the_text_after_the_first_colon(monkeypatch) -> None:
+    """The ``model name`` line of /proc/cpuinfo, everything after its first colon, stripped."""
+    text = "processor\t: 0\nvendor_id\t: Fake\nmodel name\t: Fake CPU @ 2.00GHz: rev 1  \n"
+
+    class FakePath:
+        def __init__(self, path: str) -> None:
+            assert path == "/proc/cpuinfo"
+
+        def read_text(self) -> str:
+            return text
+
+    monkeypatch.setattr(env, "Path", FakePath)
+    assert env._cpu_model() == "Fake CPU @ 2.00GHz: rev 1"
+
+
+@pytest.mark.parametrize(
+    "uuid",
+    [UUID_B + "0", "x" + UUID_B, UUID_B.replace("-", "_"), ""],
+    ids=["trailing-digit", "leading-char", "underscores", "empty"],
+)
+def test_a_torch_uuid_not_exactly_8_4_4_4_12_hex_names_no_card(monkeypatch, uuid) -> None:
+    """Only a whole 8-4-4-4-12 hex UUID from torch becomes an NVML name ``GPU-<uuid>``."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _torch_running_on(monkeypatch, {0: UUID_B})
+    assert env._torch_gpu_uuid(0) == f"GPU-{UUID_B}"
+    _torch_running_on(monkeypatch, {0: uuid})
+    assert env._torch_gpu_uuid(0) is None
+
+
+def test_a_uuid_lookup_nvml_refuses_falls_back_to_the_visible_entry(monkeypatch) -> None:
+    """NVML refusing the UUID torch gives (its own error type, a MIG UUID say) is no failure:
+    the ``CUDA_VISIBLE_DEVICES`` entry names the card."""
+
+    def not_found(uuid: bytes) -> None:
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+    _fake_nvml(monkeypatch, 2, nvmlDeviceGetHandleByUUID=not_found)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    _torch_running_on(monkeypatch, {0: UUID_A})
+    info = env.gpu_info(0)
+    assert info["gpu_name"] == "Fake GPU 1" and info["nvml_error"] is None
+
+
+def test_an_index_equal_to_the_gpu_count_is_past_the_last(monkeypatch) -> None:
+    """NVML numbers GPUs from 0: with two, entry ``2`` names none; the reason names it."""
+    _fake_nvml(monkeypatch, 2)
+    _no_fallbacks(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    info = env.gpu_info(0)
+    assert info["gpu_name"] is None
+    assert info["nvml_error"] == "CUDA_VISIBLE_DEVICES names GPU 2 and NVML sees 2: CUDA sees none"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert env.gpu_info(0)["gpu_name"] == "Fake GPU 1"
+
+
+def test_a_hidden_gpu_other_than_the_first_is_said_as_every_gpu_hidden(monkeypatch) -> None:
+    """Every GPU hidden: that reason whichever GPU was asked for; one GPU shown and GPU 1
+    asked for: no such GPU."""
+    _fake_nvml(monkeypatch, 2)
+    _no_fallbacks(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    want = "CUDA_VISIBLE_DEVICES hides every GPU from this process"
+    assert env.gpu_info(1)["nvml_error"] == want
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert env.gpu_info(1)["nvml_error"] == "CUDA_VISIBLE_DEVICES shows this process no GPU 1"
+
+
+def test_fallbacks_nvidia_smi_first_and_only_one_that_names_a_gpu(monkeypatch) -> None:
+    """Without NVML: nvidia-smi before torch; a fallback that names no GPU is passed over; a
+    field the fallback leaves None keeps what NVML had read (the driver of a count of 0)."""
+    _fake_nvml(monkeypatch, 0)
+    smi = {"gpu_name": "SMI GPU", "gpu_driver": None, "gpu_count": 1, "gpus": ["SMI GPU"]}
+    torch_found = {"gpu_name": "Torch GPU", "gpu_count": 1, "gpus": ["Torch GPU"]}
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda **kw: dict(smi))
+    monkeypatch.setattr(env, "gpu_info_torch", lambda **kw: dict(torch_found))
+    info = env.gpu_info(0)
+    assert (info["gpu_name"], info["gpu_source"]) == ("SMI GPU", "nvidia-smi")
+    assert info["gpu_driver"] == "999.01" and info["gpu_count"] == 1
+    assert info["nvml_error"] == "NVML sees no GPU"
+    smi["gpu_name"] = None  # nvidia-smi answered, but named no GPU
+    info = env.gpu_info(0)
+    assert (info["gpu_name"], info["gpu_source"]) == ("Torch GPU", "torch")
+
+
+def test_torch_fallback_describes_the_gpu_asked_for(monkeypatch) -> None:
+    """``gpu_info_torch(gpu=i)``: GPU ``i``'s name and memory, not the current device's."""
+    _fake_torch_cuda(monkeypatch, ["NVIDIA A100", "NVIDIA H100"], 3 * 2**30)
+    info = env.gpu_info_torch(gpu=1)
+    assert info["gpu_name"] == "NVIDIA H100" and info["gpu_memory_mib"] == 3 * 1024
+    assert info["gpus"] == ["NVIDIA A100", "NVIDIA H100"]
+    assert env.gpu_info_torch()["gpu_name"] == "NVIDIA A100"  # the current device, 0
+
+
+def test_python_executable_under_a_symlinked_checkout(tmp_path, monkeypatch) -> None:
+    """An interpreter reached through a link to the checkout, with the checkout named by that
+    link, is relative to it too."""
+    real = tmp_path / "real"
+    (real / ".venv" / "bin").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setattr(sys, "executable", str(link / ".venv" / "bin" / "python"))
+    assert env.python_executable(link) == ".venv/bin/python"
+    monkeypatch.setattr(sys, "executable", str(real / ".venv" / "bin" / "python"))
+    assert env.python_executable(link) == ".venv/bin/python"
+
+
+def test_env_vars_record_each_variable_that_is_set(monkeypatch) -> None:
+    """Every thread, float-math, memory and CPU-path variable that is set is recorded with
+    its value; one that is unset, or not among them, is left out."""
+    # those that change a result's threads, float32 math or CPU path, named by hand
+    assert {"OMP_NUM_THREADS", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+            "PDT_CPU_KERNELS", "CUDA_VISIBLE_DEVICES"} <= set(env.RECORDED_ENV_VARS)  # fmt: skip
+    monkeypatch.setattr(env, "gpu_info", lambda gpu=None: {})
+    for i, name in enumerate(env.RECORDED_ENV_VARS):
+        monkeypatch.setenv(name, f"v{i}")
+    monkeypatch.setenv("PDT_UNRELATED_VARIABLE", "x")
+    got = env.collect()["env_vars"]
+    assert got == {name: f"v{i}" for i, name in enumerate(env.RECORDED_ENV_VARS)}
+    for name in env.RECORDED_ENV_VARS:
+        monkeypatch.delenv(name)
+    assert env.collect()["env_vars"] == {}
+
+
+def test_cpu_affinity_counts_the_cores_this_process_may_use(monkeypatch) -> None:
+    """``cpu_affinity``: the cores of the process's affinity mask, not every core."""
+    monkeypatch.setattr(env, "gpu_info", lambda gpu=None: {})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    info = env.collect()
+    assert info["cpu_affinity"] == 1 and info["cpu_count"] == 64
+
+
+def test_format_env_renders_empty_lists_and_dicts_as_a_dash() -> None:
+    """An empty list or dict is shown as ``-``, as None is."""
+    text = env.format_env({"gpus": [], "env_vars": {}, "x": ()})
+    assert text.splitlines() == ["gpus      -", "env_vars  -", "x         -"]

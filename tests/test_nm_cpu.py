@@ -501,3 +501,144 @@ def test_meta_vmap_and_a_wrong_generator():
         torch.vmap(lambda t: nm_prune(t, 2, 4, dim=0))(torch.randn(3, 8, 4))
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         nm_prune(torch.randn(2, 8), 2, 4, method="random", generator=5)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(None, True), ("1", True), ("yes", True), ("", True), ("0", False)],
+    ids=["unset", "1", "yes", "empty", "0"],
+)
+def test_only_pdt_cpu_kernels_0_turns_the_path_off(monkeypatch, value, on) -> None:
+    """``PDT_CPU_KERNELS``: the compiled path is enabled unless it is exactly ``0``."""
+    if value is None:
+        monkeypatch.delenv("PDT_CPU_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("PDT_CPU_KERNELS", value)
+    assert nm_cpu.enabled() is on
+
+
+def test_the_fallback_cache_is_per_user_under_the_temporary_directory(tmp_path, monkeypatch):
+    """``<tmp>/pdtbench-cpu-kernels-<uid>``: users sharing a machine do not share it."""
+    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert nm_cpu.fallback_cache_dir() == tmp_path / f"pdtbench-cpu-kernels-{os.getuid()}"
+
+
+def test_a_blank_cc_is_unset(monkeypatch) -> None:
+    """``CC`` of only spaces names no compiler: cc or gcc on the PATH is used; a set ``CC``
+    is taken stripped."""
+    import shutil
+
+    monkeypatch.setenv("CC", "   ")
+    assert nm_cpu.compiler() == (shutil.which("cc") or shutil.which("gcc"))
+    monkeypatch.setenv("CC", "  ccache gcc ")
+    assert nm_cpu.compiler() == "ccache gcc"
+
+
+def test_library_name_changes_with_source_flags_and_machine(tmp_path, monkeypatch) -> None:
+    """The cached library's name hashes the kernel's source, the compiler, the flags and the
+    machine type: a change to any builds a new library; it is a ``nm_prune-<16 hex>.so``
+    that :func:`nm_cpu.prune_stale` recognises."""
+    import re
+
+    base = nm_cpu.library_name("gcc")
+    assert re.fullmatch(r"nm_prune-[0-9a-f]{16}\.so", base)
+    assert nm_cpu.library_name("gcc") == base
+    source = tmp_path / "nm_prune.c"
+    source.write_bytes(nm_cpu.SOURCE.read_bytes() + b"\n/* changed */\n")
+    names = {base, nm_cpu.library_name("clang")}
+    with monkeypatch.context() as patch:
+        patch.setattr(nm_cpu, "SOURCE", source)
+        names.add(nm_cpu.library_name("gcc"))
+    with monkeypatch.context() as patch:
+        patch.setattr(nm_cpu, "CFLAGS", (*nm_cpu.CFLAGS, "-g"))
+        names.add(nm_cpu.library_name("gcc"))
+    with monkeypatch.context() as patch:
+        patch.setattr(nm_cpu.platform, "machine", lambda: "some-other-arch")
+        names.add(nm_cpu.library_name("gcc"))
+    assert len(names) == 5
+
+
+@pytest.mark.parametrize(
+    ("name", "days", "removed"),
+    [
+        ("nm_prune-a.so", 30.5, True),
+        ("nm_prune-a.so", 29.5, False),
+        ("tmpab.so", 1.5, True),
+        ("tmpab.so", 0.9, False),
+    ],
+    ids=["lib-30.5d", "lib-29.5d", "tmp-1.5d", "tmp-0.9d"],
+)
+def test_stale_limits_are_thirty_days_for_libraries_and_one_for_temporaries(
+    tmp_path, name, days, removed
+) -> None:
+    """A library unused for more than 30 days goes, a killed build's temporary after 1 day."""
+    import time
+
+    path = tmp_path / name
+    path.write_bytes(b"x")
+    then = time.time() - days * 86400
+    os.utime(path, (then, then))
+    assert nm_cpu.prune_stale(tmp_path, tmp_path / "nm_prune-kept.so") == (
+        [path] if removed else []
+    )
+    assert path.exists() is not removed
+
+
+def test_prune_stale_leaves_a_file_it_cannot_remove_and_goes_on(tmp_path, monkeypatch) -> None:
+    """Best effort: a stale library whose removal is refused (another user's, say) stays, and
+    the others are still removed."""
+    locked, other = tmp_path / "nm_prune-locked.so", tmp_path / "nm_prune-other.so"
+    for path in (locked, other):
+        path.write_bytes(b"x")
+        os.utime(path, (0, 0))  # 1970
+    unlink = Path.unlink
+
+    def refuse(self, *args, **kwargs):
+        if self.name == locked.name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert nm_cpu.prune_stale(tmp_path, tmp_path / "nm_prune-kept.so") == [other]
+    assert locked.exists() and not other.exists()
+
+
+def test_a_failing_compiler_is_not_retried_in_the_fallback_cache(tmp_path, monkeypatch) -> None:
+    """Only an unwritable default cache moves the build under the temporary directory; a
+    compiler that fails is run once, its failure is the reason, and no other cache is made."""
+    calls = tmp_path / "calls.log"
+    cc = tmp_path / "failing-cc"
+    cc.write_text(f'#!/bin/sh\necho run >> {calls}\necho "syntax error" >&2\nexit 1\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.delenv("PDT_CPU_KERNEL_CACHE", raising=False)
+    monkeypatch.delenv("PDT_CPU_KERNELS", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path / "home"))
+    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    nm_cpu._library.cache_clear()
+    try:
+        reason = nm_cpu.unavailable_reason()
+    finally:
+        nm_cpu._library.cache_clear()
+    assert reason is not None and "failed" in reason and "syntax error" in reason
+    assert calls.read_text().splitlines() == ["run"]
+    assert not nm_cpu.fallback_cache_dir().exists()
+
+
+@needs_kernel
+def test_without_stats_the_sums_are_none() -> None:
+    """``stats=False``: ``(y, None, None)``, the sums not computed."""
+    x = torch.randn(2, 8, 3, 3, generator=torch.Generator().manual_seed(4))
+    y, l1_x, l1_y = nm_cpu.nm_prune_cpu(x, 2, 4, "magnitude", 1, "plane", None, 1e-4)
+    assert l1_x is None and l1_y is None
+    assert torch.equal(y, nm_prune_ref(x, 2, 4, "magnitude"))
+
+
+def test_build_without_a_compiler_says_so(tmp_path, monkeypatch) -> None:
+    """No ``CC`` and no cc or gcc on the PATH: ``build`` raises, naming what to install."""
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert nm_cpu.compiler() is None
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        nm_cpu.build(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

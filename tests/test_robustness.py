@@ -12,6 +12,8 @@ from torch import nn
 
 from impl.robustness import (
     FGSM_FILE,
+    _with_earlier_rows,
+    check_attackable,
     check_finished_run,
     eval_fgsm_run,
     fgsm_accuracies,
@@ -288,3 +290,173 @@ def test_eval_fgsm_refuses_a_read_only_run_before_attacking_any(tmp_path, monkey
     assert cli.main(["eval-fgsm", *map(str, runs), "--device", "cpu"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert f"error: RUN_DIR {runs[1]} is not writable" in err and FGSM_FILE in err
+
+
+def _threshold_model() -> nn.Module:
+    """One pixel in, two logits: class 1 where the pixel is above 0.45 (logits 0 and x - 0.45)."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(1, 2))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.tensor([[0.0], [1.0]]))
+        model[1].bias.copy_(torch.tensor([0.0, -0.45]))
+    return model
+
+
+def test_fgsm_clips_to_the_given_pixel_range() -> None:
+    """A pixel of 0.55 of class 1 is pushed down by eps = 0.3: to 0.25 on [0, 1] (now class
+    0), to 0.5 on [0.5, 1] (still class 1); the accuracies follow the range given."""
+    model = _threshold_model()
+    x, y = torch.tensor([0.55]).view(1, 1, 1, 1), torch.tensor([1])
+    adv = fgsm_attack(model, x, y, 0.3)
+    assert adv.flatten().tolist() == pytest.approx([0.25])
+    adv = fgsm_attack(model, x, y, 0.3, pixel_range=(0.5, 1.0))
+    assert adv.flatten().tolist() == pytest.approx([0.5])
+    loader = [(x, y)]
+    assert fgsm_accuracy(model, loader, 0.3) == 0.0
+    assert fgsm_accuracy(model, loader, 0.3, pixel_range=(0.5, 1.0)) == 100.0
+    assert fgsm_accuracies(model, loader, [0.0, 0.3], pixel_range=(0.5, 1.0)) == [100.0, 100.0]
+
+
+def test_fgsm_eps_zero_returns_a_detached_copy() -> None:
+    """``eps = 0``: the same values in a tensor of its own, outside the autograd graph."""
+    model = _linear()
+    x = torch.rand(3, 2, 5, 3).requires_grad_(True)
+    adv = fgsm_attack(model, x, torch.tensor([0, 1, 0]), 0.0)
+    assert torch.equal(adv, x.detach()) and adv is not x and not adv.requires_grad
+    adv.zero_()
+    assert float(x.detach().abs().sum()) > 0
+
+
+@pytest.mark.parametrize(
+    ("mean", "std"),
+    [((0.5,), (0.2, 0.2)), ((0.5, 0.5), (0.2,)), ((0.5, 0.5, 0.5), (0.2, 0.2))],
+    ids=["short-mean", "short-std", "long-mean"],
+)
+def test_fgsm_refuses_statistics_of_another_channel_count(mean, std) -> None:
+    """mean and std need one value per channel of ``x``, each checked."""
+    model = _linear()
+    x, y = torch.randn(2, 2, 5, 3), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="mean/std need 2 values"):
+        fgsm_attack(model, x, y, 0.1, mean=mean, std=std)
+
+
+def test_eps_of_exactly_1_is_a_valid_budget(tmp_path) -> None:
+    """The budget range [0, 1] is closed: 0 and 1 pass the eps check, and the call goes on to
+    refuse the directory instead."""
+    with pytest.raises(ValueError, match="is not a run directory"):
+        eval_fgsm_run(tmp_path / "missing", [0.0, 1.0])
+    with pytest.raises(ValueError, match=r"--eps needs values in \[0, 1\]"):
+        eval_fgsm_run(tmp_path / "missing", [1.0 + 1e-9])
+
+
+HEADER = {"run_dir": "/a/run", "device": "cpu", "image_size": 16, "commit": "c" * 40}
+
+
+def _earlier(path: Path, header: dict, rows: list) -> Path:
+    path.write_text(json.dumps({**header, "rows": rows}))
+    return path
+
+
+def test_earlier_rows_of_the_same_attack_are_kept_sorted_and_replaced(tmp_path) -> None:
+    """Rows of an earlier identical attack at other eps are kept (even from a copy of the run
+    at another path), a repeated eps takes the new value, and all come sorted by eps."""
+    copied = {**HEADER, "run_dir": "/elsewhere/run"}
+    earlier = [{"eps": 0.3, "top1": 10.0}, {"eps": 0.1, "top1": 50.0}, {"eps": 0.0, "top1": 90.0}]
+    path = _earlier(tmp_path / FGSM_FILE, copied, earlier)
+    rows = [{"eps": 0.1, "top1": 55.0}, {"eps": 0.05, "top1": 70.0}]
+    assert _with_earlier_rows(path, rows, HEADER) == [
+        {"eps": 0.0, "top1": 90.0},
+        {"eps": 0.05, "top1": 70.0},
+        {"eps": 0.1, "top1": 55.0},
+        {"eps": 0.3, "top1": 10.0},
+    ]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"commit": None}, {"device": "cuda:0"}, {"image_size": 32}],
+    ids=["no-commit", "other-device", "other-images"],
+)
+def test_earlier_rows_of_another_or_unknown_attack_are_dropped(tmp_path, change) -> None:
+    """An earlier file of another device or images, or of a tree without a commit (its code
+    unknown), contributes no row."""
+    header = {**HEADER, **change}
+    earlier = header if change.get("commit", "") is None else HEADER
+    path = _earlier(tmp_path / FGSM_FILE, earlier, [{"eps": 0.3, "top1": 10.0}])
+    rows = [{"eps": 0.1, "top1": 55.0}]
+    assert _with_earlier_rows(path, rows, header) == rows
+
+
+def test_check_attackable_asks_for_write_and_search_access(tmp_path, monkeypatch) -> None:
+    """A run directory is attackable only with both write and search (execute) permission,
+    the rights that creating fgsm.json in it needs; read access alone is not enough."""
+    import os
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
+    for missing in (os.W_OK, os.X_OK):
+        monkeypatch.setattr(os, "access", lambda p, mode, missing=missing: not mode & missing)
+        with pytest.raises(ValueError, match="is not writable"):
+            check_attackable(tmp_path)
+    monkeypatch.setattr(os, "access", lambda p, mode: mode & (os.W_OK | os.X_OK) == mode)
+    assert check_attackable(tmp_path)["top1"] == 91.5
+
+
+def test_unfinished_run_without_configured_epochs_names_the_epochs_done(tmp_path) -> None:
+    """A config.json without ``epochs``: the message names the epochs done alone."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    with pytest.raises(ValueError, match=r"no complete summary\.json; 2 epochs done\)"):
+        check_finished_run(tmp_path)
+
+
+def test_eval_fgsm_run_attacks_with_the_datasets_normalisation(tmp_path, monkeypatch) -> None:
+    """The attack gets the test set's mean and std as the loaders give them (None where the
+    dataset has none), so eps stays in pixel units."""
+    import types
+
+    import impl.data
+    import impl.robustness
+    import impl.train
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
+    cfg = types.SimpleNamespace(
+        data="digits", batch_size=8, data_dir=None, seed=0, eval_batch_size=8,
+        data_options={}, method="dense", method_options={}, model="m", scale="smoke",
+    )  # fmt: skip
+    monkeypatch.setattr(impl.train, "load_trained_model", lambda *a, **k: (None, cfg))
+    seen = []
+
+    def accuracies(model, loader, eps, *, mean=None, std=None):
+        seen.append((mean, std))
+        return [50.0 for _ in eps]
+
+    monkeypatch.setattr(impl.robustness, "fgsm_accuracies", accuracies)
+    for mean, std, want in (
+        ((0.1, 0.2), (0.3, 0.4), ((0.1, 0.2), (0.3, 0.4))),
+        ((), (), (None, None)),
+    ):
+        spec = types.SimpleNamespace(mean=mean, std=std, test_size=4, image_size=8)
+        monkeypatch.setattr(impl.data, "make_loaders", lambda *a, spec=spec, **k: (None, [], spec))
+        assert eval_fgsm_run(tmp_path, [0.1]) == [{"eps": 0.1, "top1": 50.0}]
+        assert seen.pop() == want
+
+
+class _Well(nn.Module):
+    """One pixel in; logits ``0`` and ``0.05 - (x - 0.5)^2``: class 1 within about 0.22 of 0.5,
+    and its loss rises as the pixel moves away from 0.5."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        return torch.cat([torch.zeros_like(x), 0.05 - (x - 0.5) ** 2], dim=1)
+
+
+def test_fgsm_gradient_is_taken_at_the_image_itself() -> None:
+    """On a nonlinear model the step follows the loss gradient at ``x`` (not at any other
+    point): class-1 pixels at 0.3 and 0.7 are pushed away from 0.5, to 0.2 and 0.8, where
+    class 0 wins."""
+    x = torch.tensor([0.3, 0.7]).view(2, 1, 1, 1)
+    y = torch.tensor([1, 1])
+    adv = fgsm_attack(_Well(), x, y, 0.1)
+    assert adv.flatten().tolist() == pytest.approx([0.2, 0.8])
+    assert fgsm_accuracies(_Well(), [(x, y)], [0.0, 0.1]) == [100.0, 0.0]

@@ -1059,9 +1059,14 @@ def test_tradeoff_figure_puts_one_labelled_point_per_group_with_both_intervals()
      ("speedup_vs_cusparse", "x",
       "speedup over the generic CSR routine (mean of per-sweep speedups, x)"),
      ("wall_seconds", "s", "wall time incl. evaluation (s)"),
-     ("top1", "", "top-1")],
+     ("top1", "", "top-1"),
+     ("train_flops_per_sample", "flops", "final model's training FLOPs per sample (nominal)"),
+     ("bn_cost", "%", "BN-layer memory traffic (% of dense)"),
+     ("wall (ms)", "ms", "wall (ms)"),
+     ("wall (ms, median)", "ms", "wall (ms, median)")],
     ids=["delta", "saved-nominal", "ms", "bytes-named", "flops-named", "unknown-key",
-         "clicktrain-speedup", "wall-incl-eval", "no-unit"],
+         "clicktrain-speedup", "wall-incl-eval", "no-unit", "named-in-other-case",
+         "named-after-parenthesis", "named-before-parenthesis", "named-before-comma"],
 )  # fmt: skip
 def test_metric_labels_are_words_with_their_unit(metric, unit, label):
     from impl.report.labels import metric_label
@@ -1084,6 +1089,28 @@ def test_model_data_seed_and_n_labels():
         "(n=1, seed 3)", "(n=1)", "(n=5)", "")  # fmt: skip
     assert (n_label(1, [0, 1]), n_label(1, [])) == ("(n=1)", "(n=1)")  # seeds that are not one
     assert (model_name("vgg8"), model_name("resnet8")) == ("VGG-8", "ResNet-8")  # not listed
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "words"),
+    [("data", "tiny_imagenet", "Tiny-ImageNet"),
+     ("data", "tinyimagenet", "Tiny-ImageNet"),
+     ("data", "synthetic", "synthetic data"),
+     ("data", None, "?"),
+     ("data", "", "?"),
+     ("model", "resnet18_cifar", "resnet18_cifar"),
+     ("model", "vgg16bn", "vgg16bn"),
+     ("model", "resnet50_v1", "ResNet-50 v1"),
+     ("model", "alexnet", "AlexNet")],
+    ids=["tiny-imagenet", "tinyimagenet", "synthetic", "no-data", "empty-data",
+         "resnet-variant", "vgg-variant", "resnet50-v1", "alexnet"],
+)  # fmt: skip
+def test_model_and_data_keys_read_as_the_papers_spell_them(name, key, words):
+    """Model and data keys read as the papers spell them; a key that merely starts like a
+    known family stays as given, and a missing key reads "?"."""
+    from impl.report.labels import data_name, model_name
+
+    assert {"data": data_name, "model": model_name}[name](key) == words
 
 
 def test_settings_table_is_shown_under_the_numbers_with_the_shared_setup(tmp_path):
@@ -1297,10 +1324,16 @@ def test_a_result_without_numbers_of_ours_says_why_in_the_index():
 def test_the_index_lists_papers_in_their_order_before_their_items(tmp_path):
     """ClickTrain comes before SDGP although its item (a figure) sorts after SDGP's table."""
     index = render_reports(
-        [_result(target="sdgp.table1"), _result(target="clicktrain.fig10")], tmp_path
-    )
+        [_result(target="sdgp.table1"), _result(target="prunetrain.table2"),
+         _result(target="clicktrain.fig10")],
+        tmp_path,
+    )  # fmt: skip
     text = index.read_text().split("<footer>")[0]
-    assert text.index("clicktrain.fig10</") < text.index("sdgp.table1</")
+    assert (
+        text.index("clicktrain.fig10</")
+        < text.index("prunetrain.table2</")
+        < text.index("sdgp.table1</")
+    )
 
 
 def test_a_comparison_table_opens_with_our_means_beside_the_papers_at_a_glance():

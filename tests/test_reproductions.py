@@ -1493,9 +1493,22 @@ def _cfg(method="dense", options=None, **train):
       "pool of 12, group-lasso penalty 0.00025, hard pruning at half the epochs, or later "
       "where stages 1-3 need more"),
      ("dense", {}, "cpu", "no pruning (the baseline)"),
-     ("no_such_method", {"alpha": 3}, "cpu", "alpha 3")],
+     ("no_such_method", {"alpha": 3}, "cpu", "alpha 3"),
+     ("prunetrain", {"penalty_ratio": 0.2, "dynamic_batch": True, "batch_step": 16,
+                     "max_batch": 256}, "smoke",
+      "penalty ratio 0.2, zero threshold 0.0001, reconfigured every 10 epoch(s), dynamic "
+      "mini-batch (step 16, max 256)"),
+     ("clicktrain", {"hard_prune_epoch": 5}, "cpu", "connectivity sparsity 0.75 (kernels "
+      "removed whole), pattern pool of 12, group-lasso penalty 0.00025, hard pruning at epoch 5"),
+     ("campfire", {"final_sparsity": 0.5, "mask": "ck"}, "cpu", "50% final sparsity, CK masks"),
+     ("campfire", {"final_sparsity": "most", "mask": "ck"}, "cpu",
+      "final sparsity most, mask ck"),
+     ("campfire", {"final_sparsity": None}, "cpu", "final sparsity None"),
+     ("no_such_method", {}, "cpu", "the method's defaults")],
     ids=["prunetrain-mapped", "prunetrain-smoke", "sdgp-2of4", "sdgp-3of7-odd", "campfire",
-         "clicktrain-defaults", "dense", "unknown-method"],
+         "clicktrain-defaults", "dense", "unknown-method", "prunetrain-dynamic-batch",
+         "clicktrain-hard-epoch", "campfire-ck", "option-of-unexpected-type", "option-of-no-value",
+         "no-options"],
 )  # fmt: skip
 def test_options_text_words_each_methods_options_as_run(method, options, scale, words):
     assert settings.options_text(method, options, scale) == words
@@ -1526,6 +1539,35 @@ def test_setup_text_reads_a_saved_config_in_words():
         "SGD lr 0.5 (one-cycle, 2% warm-up from 0.0001 of the peak), weight decay "
         "0.0005, none on BatchNorm, ffcv augmentation, flip test-time averaging"
     )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "words"),
+    [({"data_options": {"image_size": 16}}, "input 16x16 px"),
+     ({"stem": "cifar"}, ""),
+     ({"stem": "imagenet"}, "imagenet stem"),
+     ({"epochs": 1, "max_steps_per_epoch": 1}, "1 epoch of at most 1 step"),
+     ({"epochs": 2, "max_steps_per_epoch": 5}, "2 epochs of at most 5 steps"),
+     ({"momentum": 0.9, "nesterov": False}, "momentum 0.9"),
+     ({"nesterov": False}, "no Nesterov momentum"),
+     ({"nesterov": True}, "Nesterov momentum"),
+     ({"augment_recipe": "standard"}, ""),
+     ({"augment": False, "augment_recipe": "ffcv"}, "no augmentation"),
+     ({"schedule": "cosine", "lr": 0.1, "warmup_fraction": 0.2}, "SGD lr 0.1 (cosine)"),
+     ({"schedule": "constant", "lr": 0.05}, "SGD lr 0.05 (constant)"),
+     ({"schedule": "step"}, "SGD (step decay)"),
+     ({"gamma": 0.2}, "lr decayed 0.2x"),
+     ({"warmup_fraction": 0.05}, "5% warm-up"),
+     ({"weight_decay": 1e-4, "bn_weight_decay": True}, "weight decay 0.0001")],
+    ids=["input-size-alone", "cifar-stem", "imagenet-stem", "one-epoch-one-step",
+         "epochs-steps", "momentum-no-nesterov", "no-nesterov", "nesterov", "standard-recipe",
+         "no-augment-over-recipe", "cosine-no-warm-up", "constant", "step-bare", "row-gamma",
+         "row-warm-up", "bn-decayed"],
+)  # fmt: skip
+def test_setup_text_words_each_setting_as_it_reads(cfg, words):
+    """Each setup setting reads in words, with singular/plural counts and the defaults (the
+    CIFAR stem, the standard recipe, BatchNorm decayed) left unsaid."""
+    assert settings.setup_text(cfg) == words
 
 
 def test_settings_lines_read_the_runs_configs_and_name_what_differs():
@@ -1584,6 +1626,19 @@ def test_shared_setup_names_no_setting_of_a_schedule_some_rows_did_not_train_wit
     assert "decayed" not in setup and "warm-up" not in setup, setup
     assert "0.1x at epochs [3, 6]" in lines[0]["differs"] and "warm-up" not in lines[0]["differs"]
     assert "one-cycle, 20% warm-up" in lines[1]["differs"] and "0.1x" not in lines[1]["differs"]
+
+
+def test_settings_lines_take_the_method_as_run_and_keep_the_warm_up_of_a_config_without_schedule():
+    """A row's method is the one its runs' configs name, and a config saved without a schedule
+    keeps its warm-up setting in the shared setup."""
+    partial = {"method": "sdgp", "epochs": 4, "warmup_fraction": 0.2}
+    results = [
+        RowResult(Row("pruned"), runs=[RunRecord("r0", 0, {}, [], True, partial)]),
+        RowResult(Row("again"), runs=[RunRecord("r1", 1, {}, [], True, partial)]),
+    ]
+    lines, setup = settings.settings_lines(results, "cpu")
+    assert setup == "4 epochs, 20% warm-up"
+    assert [line["method"] for line in lines] == ["sdgp", "sdgp"]
 
 
 @pytest.mark.parametrize("field", settings.SETUP_FIELDS, ids=list(settings.SETUP_FIELDS))

@@ -401,16 +401,14 @@ def check_device(scale: str, suites: Sequence[str]) -> None:
     """
     if scale != "gpu" or cases._gpu_visible():
         return
-
-    def cuda_only_suite(s: str) -> bool:
-        return s != "calibration" and all(
-            impl.device == "cuda" for _, impl in cases.select_pairs(s, scale)
-        )
-
-    cuda_only = [s for s in suites if cuda_only_suite(s)]
+    # per suite, once: whether any of its pairs at this scale runs without a GPU
+    named = [s for s in dict.fromkeys((*suites, *cases.SUITES)) if s != "calibration"]
+    cpu_pairs = {
+        s: any(impl.device != "cuda" for _, impl in cases.select_pairs(s, scale)) for s in named
+    }
+    cuda_only = [s for s in suites if s != "calibration" and not cpu_pairs[s]]
     if cuda_only:
-        # every suite with CPU pairs at this scale, not only those outside the chosen ones
-        can_run = [s for s in cases.SUITES if s != "calibration" and not cuda_only_suite(s)]
+        can_run = [s for s in cases.SUITES if s != "calibration" and cpu_pairs[s]]
         raise ValueError(
             f"--scale gpu: suite(s) {', '.join(cuda_only)} time CUDA implementations only and "
             f"torch sees no GPU here (torch {torch.__version__}); on this machine use "

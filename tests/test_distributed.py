@@ -78,9 +78,14 @@ def test_timeout_seconds(monkeypatch):
         D.timeout_seconds(0)
 
 
-def test_env_world(monkeypatch):
+@pytest.fixture
+def no_torchrun_env(monkeypatch):
+    """No torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK) in the environment."""
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
+
+
+def test_env_world(monkeypatch, no_torchrun_env):
     assert D.env_world() is None
     assert D.init_from_env("cpu") == D.DistInfo()  # no torchrun: one process, no group
     monkeypatch.setenv("RANK", "3")
@@ -690,10 +695,8 @@ def test_timeout_seconds_refuses_an_infinite_or_undefined_timeout(monkeypatch, b
     ],
     ids=["rank-only", "world-only", "local-from-rank", "local-given"],
 )
-def test_env_world_needs_both_rank_and_world_size(monkeypatch, env, expected):
+def test_env_world_needs_both_rank_and_world_size(monkeypatch, no_torchrun_env, env, expected):
     """Both RANK and WORLD_SIZE make a torchrun worker; LOCAL_RANK defaults to the rank."""
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert D.env_world() == expected
@@ -770,11 +773,9 @@ def test_init_from_env_joins_with_torchruns_local_rank_and_skips_a_world_of_one(
     assert seen == [((5, 8), dict(device="cpu", timeout_s=7.0, local_rank=1))]
 
 
-def test_current_reads_the_group_and_shutdown_forgets_its_timeout(monkeypatch):
+def test_current_reads_the_group_and_shutdown_forgets_its_timeout(monkeypatch, no_torchrun_env):
     """Without torchrun's variables the local rank is the group's rank; after shutdown no
     timeout is remembered."""
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(D.dist, "get_rank", lambda: 1)
     monkeypatch.setattr(D.dist, "get_world_size", lambda: 2)

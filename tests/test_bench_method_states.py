@@ -138,3 +138,114 @@ def test_build_state_follows_its_seed_stem_classes_and_trains():
     assert torch.equal(a.model.conv1.weight, b.model.conv1.weight)
     assert a.model.conv1.kernel_size == (7, 7) and a.model.fc.out_features == 100
     assert a.model.training
+
+
+def test_clicktrain_layers_keep_only_dense_3x3_convs_off_the_shortcut():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3)  # 3 inputs: stays dense
+            self.four = nn.Conv2d(4, 8, 3)  # 4 inputs: pruned
+            self.grouped = nn.Conv2d(8, 8, 3, groups=2)
+            self.point = nn.Conv2d(8, 8, 1)
+            self.downsample = nn.Sequential(nn.Conv2d(8, 8, 3))  # a shortcut
+            self.downsampler = nn.Conv2d(8, 8, 3)  # only its name looks like one
+
+    assert ms.clicktrain_layers(Net()) == ["four", "downsampler"]
+
+
+def test_clicktrain_first_layer_mask_follows_the_seed():
+    from bench.sparsity import pattern_mask
+
+    for seed in (0, 3):
+        state = ms.build_state("clicktrain", "resnet20", seed=seed)
+        name = ms.clicktrain_layers(create("resnet20"))[0]
+        mask = state.masks[f"{name}.weight"]
+        assert torch.equal(mask, pattern_mask((16, 16, 3, 3), ms.CLICKTRAIN_SPARSITY, seed))
+    assert state.info["layer_sparsity"] == 0.8444  # 1 - 0.35 * 4 / 9 = 0.84444...
+
+
+def test_zero_channels_clears_writer_bias_norm_and_reader_inputs():
+    torch.manual_seed(0)
+    writer, norm, reader = nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6), nn.Conv2d(6, 5, 3)
+    with torch.no_grad():  # nonzero everywhere before
+        norm.weight.uniform_(1.0, 2.0)
+        norm.bias.uniform_(1.0, 2.0)
+        writer.bias.uniform_(1.0, 2.0)
+    ms._zero_channels(writer, norm, reader, torch.tensor([1, 4]))
+    zero, kept = [1, 4], [0, 2, 3, 5]
+    for t in (writer.weight, writer.bias, norm.weight, norm.bias):
+        assert (t[zero] == 0).all() and (t[kept] != 0).all()
+    assert (reader.weight[:, zero] == 0).all() and (reader.weight[:, kept] != 0).all()
+    assert int((writer.weight == 0).sum()) == 2 * 4 * 9
+
+
+def test_prunable_spaces_of_basic_blocks_pair_conv1_bn1_conv2():
+    model = create("resnet20")
+    spaces = ms.prunable_spaces(model)
+    assert len(spaces) == 9  # 3 stages x 3 BasicBlocks
+    first = model.layer1[0]
+    assert spaces[0] == (first.conv1, first.bn1, first.conv2)
+
+
+def test_prunetrain_removes_channels_chosen_at_random_per_seed():
+    def kept(seed):
+        dense = ms.build_state("dense", "resnet20", seed=seed).model.layer1[0].conv1.weight
+        pruned = ms.build_state("prunetrain", "resnet20", seed=seed).model.layer1[0].conv1.weight
+        rows = [i for i in range(16) if any(torch.equal(dense[i], w) for w in pruned)]
+        assert len(rows) == 8
+        return rows
+
+    assert kept(0) != kept(1)
+
+
+def test_campfire_state_masks_momentum_and_counts_its_masks():
+    state = ms.build_state("campfire", "resnet20")
+    assert state.info["masked_params"] == len(state.masks) > 0
+    model = state.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()  # gradients left unmasked
+    opt.step()
+    state.after_step(opt)
+    weight = model.layer1[0].conv1.weight
+    pruned = weight.detach() == 0
+    assert pruned.any() and (opt.state[weight]["momentum_buffer"][pruned] == 0).all()
+
+
+def test_build_state_seeds_the_models_initialisation():
+    torch.manual_seed(6)
+    want = create("resnet20").conv1.weight
+    assert torch.equal(ms.build_state("dense", "resnet20", seed=6).model.conv1.weight, want)
+    assert not torch.equal(ms.build_state("dense", "resnet20", seed=7).model.conv1.weight, want)
+
+
+def test_allreduce_payload_counts_each_parameters_element_size_and_trainable_reference():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1)).double()  # 8 + 3 values
+    state = ms.MethodState("dense", model)
+    payload = ms.allreduce_payload(state)
+    assert payload["payload_bytes"] == payload["dense_bytes"] == 11 * 8
+    reference = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))  # float32
+    reference[0].weight.requires_grad_(False)  # 6 values not all-reduced
+    payload = ms.allreduce_payload(state, dense_model=reference)
+    assert payload["dense_bytes"] == 5 * 4 and payload["payload_fraction"] == 88 / 20
+    for p in model.parameters():
+        p.requires_grad_(False)
+    payload = ms.allreduce_payload(state)
+    assert payload["payload_bytes"] == payload["dense_bytes"] == 0
+    assert payload["payload_fraction"] != payload["payload_fraction"]  # NaN: nothing is sent
+
+
+def test_a_missing_part_of_the_build_is_unavailable():
+    with pytest.raises(ms.Unavailable, match="has no nothing_here"):
+        ms._import("math", "sqrt", "nothing_here")
+    with pytest.raises(ms.Unavailable, match="not available"):
+        ms._import("impl.no_such_module", "x")
+
+
+def test_conv_sparsity_counts_zero_conv_weights_only():
+    model = nn.Sequential(nn.Conv2d(1, 1, 1, bias=False), nn.Linear(4, 4))
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[1].weight.zero_()
+    assert ms._conv_sparsity(model) == 1.0  # the one conv weight, zero
+    assert ms._conv_sparsity(nn.Linear(2, 2)) == 0.0

@@ -1481,3 +1481,244 @@ def test_bench_main_makes_the_gpu_it_is_given_the_current_one(monkeypatch, tmp_p
     )
     assert bs.main(["--out", str(tmp_path), "--device", "cuda:3"]) == 0
     assert seen == [("current", torch.device("cuda:3")), ("run", torch.device("cuda:3"))]
+
+
+@pytest.mark.parametrize(
+    ("value", "small"),
+    [(" Yes ", True), ("on", True), ("TRUE", True), ("1", True), ("0", False), ("", False)],
+)
+def test_bench_small_sizes_follow_the_environment(monkeypatch, value, small):
+    from bench import sdgp_semi as bs
+
+    monkeypatch.setenv(bs.ENV_SMALL, value)
+    assert bs.small_enabled() is small
+    cfg = bs.default_config()
+    assert cfg.small is small
+    assert (cfg.batch, cfg.resolution) == ((2, 32) if small else (256, 224))
+    assert bs.default_config(small=True).small is True
+    assert bs.default_config(small=False).batch == 256
+
+
+def test_bench_cpu_timing_repeats_twice_at_small_sizes_and_three_times_otherwise():
+    from bench import sdgp_semi as bs
+
+    for small, timed in ((True, 2), (False, 3)):
+        calls = []
+        cfg = bs.BenchConfig(**{**SMALL_BENCH, "small": small})
+        t = bs._timed(calls.append, torch.device("cpu"), cfg)
+        assert t.n == timed and calls == list(range(1 + timed))  # one warm-up call first
+
+
+def test_bench_attempt_records_the_time_host_time_clock_and_runs():
+    from bench import sdgp_semi as bs
+
+    t = bs.measure.Timing(2.0, 1.0, 3.0, 1.0, n=7, clock="cuda-events", host_ms=0.5)
+    row = {}
+    assert bs._attempt(row, "spmm", lambda: t) is True
+    assert row == {"spmm_ms": 2.0, "spmm_host_ms": 0.5, "clock": "cuda-events", "n_runs": 7}
+    later = bs.measure.Timing(4.0, 4.0, 4.0, 4.0, n=3, clock="perf_counter")
+    assert bs._attempt(row, "prune", lambda: later) is True
+    assert row["prune_ms"] == 4.0 and "prune_host_ms" not in row
+    assert (row["clock"], row["n_runs"]) == ("cuda-events", 7)  # the row's first timing
+
+
+def test_bench_memory_format_of_the_config():
+    from bench import sdgp_semi as bs
+
+    assert bs._memory_format(bs.BenchConfig()) is torch.channels_last
+    cfg = bs.BenchConfig(memory_format="contiguous")
+    assert bs._memory_format(cfg) is torch.contiguous_format
+
+
+def test_bench_grouped_padded_1x1_layer_row_columns():
+    from bench import sdgp_semi as bs
+
+    # input 2x16x6x6, 8 outputs, 1x1 kernel, stride 2x1, padding 1, groups 2:
+    # Ho = (6 + 2 - 1) // 2 + 1 = 4, Wo = (6 + 2 - 1) // 1 + 1 = 8
+    layer = bs.LayerShape(("a", "b"), (2, 16, 6, 6), 8, (1, 1), (2, 1), (1, 1), (1, 1), 2)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert (row["layer"], row["layers"], row["count"]) == ("a", "a;b", 2)
+    assert (row["Ho"], row["Wo"], row["stride"], row["padding"]) == (4, 8, "2x1", "1x1")
+    assert row["path"] == "fold"  # padded: not the plain 1x1 path
+    assert (row["gemm_m"], row["gemm_k"], row["gemm_n"]) == (2 * 4 * 8, 8, 16 // 2)
+    assert row["flops"] == 2 * 64 * 8 * 8
+    assert row["prune_impl"] == "reference (torch ops)"
+    assert row["status"] == "fallback" and row["fallback_ms"] == row["reference_ms"] > 0
+    assert "dense_mm_ms" not in row and "dense_gemm_ms" not in row  # grouped: no GEMM row
+
+
+def test_bench_failed_timings_are_listed_in_order(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    def no_timer(fn, device, cfg, *, iteration=False):
+        raise RuntimeError("no timer")
+
+    monkeypatch.setattr(bs, "_timed", no_timer)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    keys = ("dense_dgrad", "reference", "dense_mm", "dense_gemm")
+    assert row["errors"] == " | ".join(f"{k}: error: RuntimeError: no timer" for k in keys)
+    assert row["dense_dgrad_ms"] is None and row["est_sparse_ms"] is None
+
+
+def test_bench_sparse_row_times_every_phase(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    _library_as_dense_algebra(monkeypatch)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["status"] == "ok" and row["reason"] == ""
+    for key in ("sparse_dgrad", "prune", "compress", "spmm", "assemble", "dense_mm"):
+        assert row[f"{key}_ms"] > 0, key
+    assert row["speedup"] == row["dense_dgrad_ms"] / row["sparse_dgrad_ms"]
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "oom"])
+def test_bench_a_library_failure_before_timing_is_the_rows_status(monkeypatch, error):
+    from bench import sdgp_semi as bs
+
+    _library_as_dense_algebra(monkeypatch)
+
+    def fails(a, backend="auto"):
+        if error == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        raise RuntimeError("no compression here")
+
+    monkeypatch.setattr(semi, "compress", fails)
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    if error == "oom":
+        assert row["status"] == "oom" and row["reason"].startswith("OutOfMemoryError")
+    else:
+        assert (row["status"], row["reason"]) == ("error", "RuntimeError: no compression here")
+    assert row.get("sparse_dgrad_ms") is None and row["dense_dgrad_ms"] > 0
+
+
+def test_bench_derived_columns_of_an_even_and_a_failed_row():
+    from bench import sdgp_semi as bs
+
+    even = {"status": "ok", "dense_dgrad_ms": 2.0, "sparse_dgrad_ms": 2.0, "flops": 1}
+    bs._derive(even)
+    assert even["sparse_faster"] is False and even["speedup"] == 1.0  # a tie is not faster
+    failed = {"status": "error", "dense_dgrad_ms": 2.0, "sparse_dgrad_ms": 1.0, "flops": 1}
+    bs._derive(failed)  # a sparse time of a row that failed its check is not used
+    assert failed["speedup"] is None and failed["sparse_tflops_equiv"] is None
+
+
+def test_bench_iteration_row_of_sparse_error_and_fallback_layers():
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(**{**SMALL_BENCH, "iteration": False})
+    layers = [
+        _layer("ok", 2, dense=1.0, sparse=0.4, reference=1.2),
+        _layer("error", 1, dense=3.0, sparse=None, reference=2.0, reason="differs"),
+        _layer("fallback", 1, dense=0.5, reference=0.9, reason="stride"),
+        _layer("fallback", 3, dense=0.5, reference=0.9, reason="stride"),
+    ]
+    row = bs.iteration_row("resnet18", "bf16", layers, torch.device("cpu"), cfg)
+    assert row["status"] == "partial" and row["reason"] == "differs; stride"
+    assert (row["convs"], row["convs_sparse"], row["convs_fallback"]) == (7, 2, 5)
+    assert row["sparse_dgrad_ms_sparse_layers"] == pytest.approx(0.8)
+    assert row["dense_dgrad_ms_sparse_layers"] == pytest.approx(2.0)
+    assert row["semi_backend_dgrad_ms"] == pytest.approx(0.8 + 2.0 + 4 * 0.9)
+    only_fallback = bs.iteration_row("resnet18", "bf16", layers[2:], torch.device("cpu"), cfg)
+    assert only_fallback["status"] == "fallback"
+    assert only_fallback["sparse_dgrad_ms_sparse_layers"] is None
+
+
+def test_bench_iteration_row_gives_each_whole_iteration_per_epoch(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    times = {"dense": 100.0, "sdgp_reference": 90.0, "sdgp_semi": 80.0}
+    monkeypatch.setattr(
+        bs,
+        "training_iteration_times",
+        lambda model_name, variant, dtype_name, device, cfg: {f"{variant}_iter_ms": times[variant]},
+    )
+    cfg = bs.BenchConfig(**SMALL_BENCH)  # batch 2: 640,584 iterations per epoch
+    row = bs.iteration_row(
+        "resnet18", "bf16", [_layer("ok", 1, 1.0, 0.4)], torch.device("cpu"), cfg
+    )
+    for variant, ms in times.items():
+        assert row[f"{variant}_iter_epoch_s"] == pytest.approx(ms * 640_584 / 1e3)
+    assert "measured_saved_fraction" not in row  # no sparse call was counted
+
+
+def test_bench_formats_of_the_summary():
+    from bench import sdgp_semi as bs
+
+    assert [bs._fmt(v) for v in (None, "", True, False, math.nan, math.inf)] == [
+        "-", "-", "yes", "no", "-", "-"
+    ]  # fmt: skip
+    assert [bs._fmt(v) for v in (1234.5, 0.5, 3, "x")] == ["1.23e+03", "0.5", "3", "x"]
+    assert [bs._saves(v) for v in (-2.0, 2.0, None)] == ["slower by 2", "saves 2", "saves -"]
+
+
+def test_bench_phase_verdict_counts_an_equal_gemm_as_not_slower():
+    from bench import sdgp_semi as bs
+
+    row = {"spmm_ms": 1.0, "dense_mm_ms": 1.0, "prune_ms": 2.0, "compress_ms": 2.0}
+    text = bs.phase_verdict([{**row, "dense_dgrad_ms": 2.0}])
+    assert (
+        "on 0 of 1 layers; pruning alone takes longer than the whole dense data gradient on 0 "
+        "of 1, compression alone on 0 of 1." in text
+    )
+
+
+def test_bench_summary_says_cpu_only_from_the_gpu_seen_and_incomplete_only_if_cut():
+    from bench import sdgp_semi as bs
+
+    meta = _summary_meta()
+    meta.pop("complete", None)
+    text = bs.summary([], meta)
+    assert "CPU only" not in text and "Incomplete" not in text  # an H100 named
+    meta["provenance"]["gpu_available"] = False  # named, but not seen by this run
+    assert "**CPU only**" in bs.summary([], meta)
+    meta.update(complete=False, cut_at={"reason": "SIGTERM", "model": "resnet18"})
+    assert "**Incomplete**: the run was cut (SIGTERM) at resnet18" in bs.summary([], meta)
+
+
+def test_bench_write_leaves_missing_values_empty_in_csv_and_null_in_json(tmp_path):
+    import json
+
+    from bench import sdgp_semi as bs
+
+    rows = [{"kind": "x", "status": "ok", "a": None, "b": math.nan, "c": 1.5}]
+    bs.write(rows, _summary_meta(), tmp_path / "out")
+    lines = (tmp_path / "out" / "rows.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    values = dict(zip(header, lines[1].split(",")))
+    assert values["a"] == "" and values["c"] == "1.5"
+    saved = json.loads((tmp_path / "out" / "rows.json").read_text())["rows"][0]
+    assert saved["b"] is None and saved["a"] is None and saved["c"] == 1.5
+
+
+def test_bench_main_passes_its_options_to_the_run(monkeypatch, tmp_path):
+    from bench import sdgp_semi as bs
+
+    monkeypatch.setenv(bs.ENV_SMALL, "1")
+    seen = []
+    monkeypatch.setattr(
+        bs,
+        "run",
+        lambda cfg, device, out: seen.append((cfg, device, out)) or ([], {"wall_seconds": 0}),
+    )
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--no-iteration", "--batch", "4"]
+    argv += ["--memory-format", "contiguous", "--prune-method", "magnitude", "--models", "vgg11"]
+    assert bs.main(argv) == 0
+    ((cfg, device, out),) = seen
+    assert (cfg.iteration, cfg.batch, cfg.memory_format) == (False, 4, "contiguous")
+    assert (cfg.prune_method, cfg.models, cfg.small) == ("magnitude", ("vgg11",), True)
+    assert device == torch.device("cpu") and out == tmp_path
+
+
+def test_bench_check_is_relative_to_the_largest_value(monkeypatch):
+    # A product 3% off everywhere is within CHECK_REL_TOL (5%) of the largest value,
+    # whatever that value's size (here of order 1, so the absolute error passes 0.05).
+    from bench import sdgp_semi as bs
+
+    _library_as_dense_algebra(monkeypatch, lambda sa, b, rows: 1.03 * torch.mm(sa, b)[:rows])
+    layer = bs.LayerShape(("conv",), (2, 16, 6, 6), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
+    assert row["status"] == "ok", row.get("reason")
+    assert 0.02 < row["check_rel_max_err"] < bs.CHECK_REL_TOL

@@ -351,6 +351,34 @@ def test_nvcc_command_uses_the_loader_options(tmp_path):
     assert not any("fast-math" in c or "fast_math" in c for c in cmd)
 
 
+def test_nvcc_command_writes_cubins_where_asked_with_the_kernel_headers_and_ptxas_report(
+    tmp_path,
+):
+    cmd = loader.nvcc_command(["x.cu", "y.cu"], "sm_80", tmp_path / "out", nvcc="/opt/nvcc")
+    assert cmd[0] == "/opt/nvcc" and cmd[-2:] == ["x.cu", "y.cu"]
+    assert f"-I{loader.KERNEL_DIR}" in cmd
+    assert cmd[cmd.index("-odir") + 1] == str(tmp_path / "out")
+    assert cmd[cmd.index("-Xptxas") + 1] == "-v"
+    if NVCC is None:
+        pytest.skip("nvcc is not on the PATH")
+    # A kernel that needs the kernel directory on the include path and a loader define.
+    src = tmp_path / "probe.cu"
+    src.write_text(
+        '#include "pdt_common.cuh"\n'
+        'extern "C" __global__ void pdt_probe(int* x) { x[threadIdx.x] = PDT_NM_BLOCK; }\n'
+    )
+    (tmp_path / "out").mkdir()
+    res = subprocess.run(
+        loader.nvcc_command([src], "sm_80", tmp_path / "out", nvcc=NVCC),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "out" / "probe.cubin").is_file()
+    assert _parse_ptxas(res.stdout + res.stderr) == {"pdt_probe": (0, 0, 0)}
+
+
 def test_header_defaults_equal_the_loader_defines():
     """The kernels' #define defaults and the host's launch constants are the same numbers."""
     text = (loader.KERNEL_DIR / "pdt_common.cuh").read_text()

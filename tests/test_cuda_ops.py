@@ -206,6 +206,129 @@ def test_compile_options_carry_every_define_and_no_fast_math():
     assert not any("fast" in o for o in opts)
 
 
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on ``cuda:<gpu>`` (only ``device`` and ``is_cuda`` are
+    read by the checks below): device checks without a GPU."""
+
+    gpu = 0
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def device(self):
+        return torch.device("cuda", self.gpu)
+
+
+def _on_gpu(index: int) -> torch.Tensor:
+    t = torch.zeros(4).as_subclass(_OnGpu)
+    t.gpu = index
+    return t
+
+
+def test_kernel_args_are_pointers_null_and_numpy_scalars_only():
+    t = _on_gpu(1)
+    args = loader.kernel_args([t, None, np.int32(7), np.float64(0.5)], 1, "k")
+    assert [type(a) for a in args] == [np.uint64, np.uint64, np.int32, np.float64]
+    assert args[0] == t.data_ptr() and args[1] == 0 and args[2] == 7
+    with pytest.raises(ValueError, match=r"k: tensor on cuda:1, expected cuda:0"):
+        loader.kernel_args([t], 0, "k")
+    with pytest.raises(ValueError, match=r"k: tensor on cpu, expected cuda:0"):
+        loader.kernel_args([torch.zeros(2)], 0, "k")
+    for bad in (3, 0.5):
+        with pytest.raises(TypeError, match="pass numpy scalars"):
+            loader.kernel_args([bad], 0, "k")
+
+
+def test_require_cuda_names_the_op_and_what_is_wrong():
+    with pytest.raises(
+        RuntimeError, match=r"op: the CUDA implementation needs CUDA tensors, got cpu, cuda:0"
+    ):
+        loader.require_cuda("op", torch.zeros(2), _on_gpu(0))
+    with pytest.raises(
+        RuntimeError, match=r"op: tensors on several devices: \['cuda:0', 'cuda:1'\]"
+    ):
+        loader.require_cuda("op", _on_gpu(0), _on_gpu(1))
+    assert loader.require_cuda("op", _on_gpu(2), _on_gpu(2), sources=()) == 2
+    if NO_GPU:
+        with pytest.raises(RuntimeError, match="^op: CUDA kernels unavailable: no CUDA GPU"):
+            loader.require_cuda("op", _on_gpu(0), sources=("pack.cu",))
+
+
+def test_device_index_of_ints_devices_and_the_current_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    assert loader._device_index(3) == 3
+    assert loader._device_index(torch.device("cuda", 2)) == 2
+    assert loader._device_index("cuda:1") == 1
+    assert loader._device_index("cuda") == 5
+    assert loader._device_index(None) == 5
+    with pytest.raises(ValueError, match="not a CUDA device: cpu"):
+        loader._device_index(torch.device("cpu"))
+
+
+def test_environment_check_names_a_missing_cupy_and_is_kept_once_it_passes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    loader.clear_caches()
+    try:
+        reason = loader._environment_error()
+        assert re.fullmatch(
+            r"CuPy could not be imported \(\w*Error: .+\); pip install cupy\S*", reason
+        )
+        monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+        assert loader._environment_error() is None
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert loader._environment_error() is None  # found once: not asked again
+        loader.clear_caches()
+        assert "torch.cuda.is_available() is False" in loader._environment_error()
+    finally:
+        loader.clear_caches()
+
+
+def test_clear_caches_forgets_modules_functions_failures_and_limits(monkeypatch):
+    attrs = {"MaxSharedMemoryPerBlockOptin": 1234}
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=lambda i: types.SimpleNamespace(attributes=attrs))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    try:
+        loader.clear_caches()
+        assert loader.max_shared_per_block(0) == 1234
+        key = ("pack.cu", 0)
+        loader._modules[("pack.cu", "hash", 0, (9, 0))] = object()
+        loader._loaded[key] = object()
+        loader._errors[key] = "failed"
+        loader._functions[("pack.cu", "k", 0)] = object()
+        loader._dynamic_smem_set[("pack.cu", "k", 0)] = 1024
+        monkeypatch.setattr(loader, "_last_error", "failed")
+        monkeypatch.setattr(loader, "_environment_ok", True)
+        loader.clear_caches()
+        for cache in (loader._modules, loader._loaded, loader._errors, loader._functions,
+                      loader._dynamic_smem_set):  # fmt: skip
+            assert cache == {}
+        assert loader._last_error is None and loader._environment_ok is False
+        attrs["MaxSharedMemoryPerBlockOptin"] = 4321
+        assert loader.max_shared_per_block(0) == 4321  # asked again, not the cached 1234
+    finally:
+        loader.clear_caches()  # nothing of the fake CuPy stays cached
+
+
+def test_source_hash_follows_the_compile_options(tmp_path, monkeypatch):
+    (tmp_path / "k.cu").write_text("int f() { return 1; }\n")
+    before = loader.source_hash("k.cu", tmp_path)
+    assert loader.source_hash("k.cu", tmp_path) == before
+    monkeypatch.setitem(loader.DEFINES, "PDT_NM_BLOCK", loader.DEFINES["PDT_NM_BLOCK"] * 2)
+    assert loader.source_hash("k.cu", tmp_path) != before
+
+
+def test_launched_is_a_copy_of_the_launch_record(monkeypatch):
+    monkeypatch.setattr(loader, "_launches", collections.Counter({"k": 2}))
+    record = loader.launched()
+    assert record == {"k": 2}
+    record["k"] = 99
+    assert loader.launched() == {"k": 2}
+
+
 # -- fake implementations ---------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from impl.models import MODELS, STEMS, create
 from impl.models.resnet import BasicBlock, Bottleneck
@@ -427,3 +428,153 @@ def test_a_model_built_on_the_meta_device_draws_no_initial_values(name, monkeypa
     assert drawn == []
     create(name)
     assert drawn and all(d.type == "cpu" for d in drawn)
+
+
+# -- forward computations against the papers' formulas ----------------------------------------
+
+
+def _randomise_batchnorms(model: nn.Module) -> nn.Module:
+    """Eval mode with BatchNorm statistics and affine values away from the identity, so that
+    each BatchNorm changes what flows through it."""
+    gen = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            c = m.num_features
+            m.running_mean.copy_(torch.randn(c, generator=gen) * 0.1)
+            m.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+            with torch.no_grad():
+                m.weight.copy_(torch.rand(c, generator=gen) + 0.5)
+                m.bias.copy_(torch.randn(c, generator=gen) * 0.1)
+    return model.eval()
+
+
+def _bn(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
+    return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
+
+
+def _conv_bn(x, conv, bn, stride, padding):
+    return _bn(F.conv2d(x, conv.weight, conv.bias, stride, padding), bn)
+
+
+def _basic_block(b, x, stride):
+    # He et al. (2016), Fig. 2 left: relu(BN(conv3x3(relu(BN(conv3x3(x))))) + shortcut)
+    out = F.relu(_conv_bn(x, b.conv1, b.bn1, stride, 1))
+    out = _conv_bn(out, b.conv2, b.bn2, 1, 1)
+    shortcut = x if b.downsample is None else _conv_bn(x, *b.downsample, stride, 0)
+    return F.relu(out + shortcut)
+
+
+def _bottleneck(b, x, stride):
+    # Fig. 5 right, stride on the 3x3 ("v1.5"): 1x1 -> 3x3 -> 1x1, ReLU after each but the last,
+    # which comes after the sum with the shortcut.
+    out = F.relu(_conv_bn(x, b.conv1, b.bn1, 1, 0))
+    out = F.relu(_conv_bn(out, b.conv2, b.bn2, stride, 1))
+    out = _conv_bn(out, b.conv3, b.bn3, 1, 0)
+    shortcut = x if b.downsample is None else _conv_bn(x, *b.downsample, stride, 0)
+    return F.relu(out + shortcut)
+
+
+@pytest.mark.parametrize(
+    ("name", "stem", "size"),
+    [("resnet20", "cifar", 16), ("prunetrain_resnet50", "cifar", 16), ("resnet18", "imagenet", 40)],
+)
+def test_resnet_forward_is_the_papers_residual_computation(name, stem, size) -> None:
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(create(name, num_classes=5, stem=stem))
+    x = torch.randn(2, 3, size, size)
+    if stem == "imagenet":  # 7x7 stride-2 conv, BN, ReLU, 3x3 stride-2 max-pool
+        h = F.relu(_conv_bn(x, model.conv1, model.bn1, 2, 3))
+        h = F.max_pool2d(h, 3, 2, 1)
+    else:  # 3x3 stride-1 conv, BN, ReLU
+        h = F.relu(_conv_bn(x, model.conv1, model.bn1, 1, 1))
+    stages = [model.layer1, model.layer2, model.layer3] + (
+        [model.layer4] if hasattr(model, "layer4") else []
+    )
+    for i, stage in enumerate(stages):
+        for j, b in enumerate(stage):
+            stride = 2 if i > 0 and j == 0 else 1
+            h = (
+                _basic_block(b, h, stride)
+                if isinstance(b, BasicBlock)
+                else _bottleneck(b, h, stride)
+            )
+    expected = F.linear(h.mean((2, 3)), model.fc.weight, model.fc.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_resnet9_forward_is_ffcvs_computation() -> None:
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(create("resnet9", num_classes=7))
+    x = torch.randn(2, 3, 32, 32)
+
+    def cbr(x, m, stride=1, padding=1):
+        return F.relu(_conv_bn(x, m.conv, m.bn, stride, padding))
+
+    def residual(x, r):
+        return x + cbr(cbr(x, r.conv_bn1), r.conv_bn2)
+
+    h = cbr(x, model.prep)
+    h = residual(cbr(h, model.layer1[0], 2, 2), model.layer1[1])
+    h = residual(F.max_pool2d(cbr(h, model.layer2[0]), 2), model.layer2[2])
+    h = cbr(h, model.layer3[0], padding=0)
+    expected = 0.2 * F.linear(h.amax((2, 3)), model.fc.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["vgg11", "vgg16"])
+def test_vgg_forward_is_conv_bn_relu_stacks_with_max_pools(name) -> None:
+    from impl.models.vgg import CONFIGS
+
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(create(name, num_classes=4))
+    x = torch.randn(2, 3, 32, 32)
+    h = x
+    layers = iter(m for m in model.features if not isinstance(m, nn.ReLU | nn.MaxPool2d))
+    for v in CONFIGS[name]:
+        if v == "M":
+            h = F.max_pool2d(h, 2, 2)
+        else:
+            conv, bn = next(layers), next(layers)
+            assert conv.out_channels == v
+            h = F.relu(_conv_bn(h, conv, bn, 1, 1))
+    expected = F.linear(h.mean((2, 3)), model.classifier[0].weight, model.classifier[0].bias)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_vgg_linear_layers_start_at_small_normal_weights_and_zero_bias() -> None:
+    torch.manual_seed(0)
+    for stem in ("cifar", "imagenet"):
+        model = create("vgg11", num_classes=1000, stem=stem)
+        linears = [m for m in model.classifier if isinstance(m, nn.Linear)]
+        assert len(linears) == (1 if stem == "cifar" else 3)
+        for m in linears:
+            assert torch.equal(m.bias, torch.zeros_like(m.bias))
+            assert m.weight.std().item() == pytest.approx(0.01, rel=0.1)
+
+
+def test_builders_refuse_unknown_names_stems_and_layouts() -> None:
+    from impl.models.resnet import ResNet, imagenet_resnet
+    from impl.models.vgg import vgg
+
+    with pytest.raises(ValueError, match="unknown ResNet 'resnet152'; valid: resnet18"):
+        imagenet_resnet("resnet152")
+    with pytest.raises(ValueError, match="unknown VGG 'vgg19'; valid: vgg11"):
+        vgg("vgg19")
+    with pytest.raises(ValueError, match="unknown stem 'tiny'"):
+        ResNet(BasicBlock, [1, 1], [16, 32], stem="tiny")
+    with pytest.raises(ValueError, match="differ in length"):
+        ResNet(BasicBlock, [1, 1, 1], [16, 32])
+
+
+def test_cifar_resnet_depths_are_exactly_6n_plus_2() -> None:
+    from impl.models.resnet import cifar_resnet
+
+    for depth in (11, 17, 23, 21, 57):
+        with pytest.raises(ValueError, match="6n\\+2"):
+            cifar_resnet(depth)
+    for depth, n in ((8, 1), (14, 2), (44, 7)):
+        model = cifar_resnet(depth)
+        assert [len(s) for s in (model.layer1, model.layer2, model.layer3)] == [n, n, n]

@@ -35,7 +35,7 @@ from impl.report import (
 )
 from impl.report.figures import crowded_axis, figure_width, group_palette, t_interval
 from impl.report.html import Section, Table, provenance_rows
-from impl.report.pages import unfilled
+from impl.report.pages import run_environment, runs_section, unfilled
 from impl.report.results import load_results
 
 ENV = {"commit": "a" * 40, "dirty": False, "date": "2025-01-02T03:04:05+00:00", "torch": "2.x",
@@ -1789,3 +1789,137 @@ def test_holds_type_counts_no_bool_as_a_number(value, types, held):
     from impl.run_files import holds_type
 
     assert holds_type(value, types) is held
+
+
+def _index_rows(html: str) -> list[list[str]]:
+    """The cells of the index table's body rows, as text."""
+    table = html.split("<footer>")[0].split('<table class="dataframe data">')[1]
+    table = table.split("</table>")[0]
+    return [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    ]
+
+
+def test_index_rows_of_targets_without_a_result_say_what_they_need_or_which_file_is_unreadable(
+    tmp_path,
+):
+    expected = [
+        {"target": "sdgp.fig9", "title": "SDGP Fig. 9", "needs": "gpu scale"},
+        {"target": "sdgp.fig8", "title": "SDGP Fig. 8", "needs": "paper scale"},
+        {"target": "sdgp.table1", "title": "SDGP Table I", "needs": "cpu scale"},  # has one
+    ]
+    unreadable = [{"target": "sdgp.fig8", "path": "/r/sdgp.fig8.json", "reason": "bad JSON"}]
+    index = render_reports(
+        [_result("smoke", target="sdgp.fig10"), _result("smoke")],
+        tmp_path,
+        expected=expected,
+        unreadable=unreadable,
+    )
+    filled = "filled (some rows need more; see the page)"  # one row of ours, one item not shown
+    assert _index_rows(index.read_text()) == [
+        ["sdgp.html", "sdgp.table1", "SDGP Table I", "smoke", "1", "1", filled],
+        ["sdgp.html", "sdgp.fig8", "SDGP Fig. 8", "-", "0", "all",
+         "unreadable: /r/sdgp.fig8.json"],
+        ["sdgp.html", "sdgp.fig9", "SDGP Fig. 9", "-", "0", "all", "not run: gpu scale"],
+        ["sdgp.html", "sdgp.fig10", "SDGP Table I", "smoke", "1", "1", filled],
+    ]  # fmt: skip
+    text = index.read_text()
+    assert "/r/sdgp.fig8.json: unreadable result, not shown: bad JSON" in text
+    # the paper page: its results by number, then the targets without one, each under the
+    # anchor the index links to, saying why
+    page = (tmp_path / "sdgp.html").read_text().split("<footer>")[0]
+    anchors = re.findall(r'<section id="([^"]*)"', page)
+    assert anchors == ["sdgp-table1", "sdgp-fig10", "sdgp-fig8", "sdgp-fig9"]
+    assert "<h2>SDGP Fig. 8</h2>" in page and "<h2>SDGP Fig. 9</h2>" in page
+    assert "sdgp.fig8: its result is unreadable (/r/sdgp.fig8.json)" in page
+    assert "sdgp.fig9: gpu scale" in page
+
+
+def test_an_expected_target_without_title_or_needs_is_named_by_its_key_and_not_run(tmp_path):
+    index = render_reports([_result()], tmp_path, expected=[{"target": "sdgp.fig9"}])
+    assert _index_rows(index.read_text())[1] == [
+        "sdgp.html", "sdgp.fig9", "", "-", "0", "all", "not run"]  # fmt: skip
+    page = (tmp_path / "sdgp.html").read_text()
+    assert "<h2>sdgp.fig9</h2>" in page and "sdgp.fig9: not run" in page
+
+
+def test_runs_section_lists_incomplete_runs_by_path_and_says_when_none_is_complete():
+    runs = pd.DataFrame()
+    runs.attrs["incomplete"] = [
+        {"path": "/r/killed-s0", "status": "killed", "reason": "no summary.json"}
+    ]
+    section = runs_section(runs)
+    assert section.missing == [
+        {"row": "/r/killed-s0", "reason": "killed: no summary.json (not shown)"}
+    ]
+    assert section.text == "No complete run was found."
+    assert section.tables == [] and section.figures == []
+
+
+def test_runs_table_leaves_out_provenance_and_best_top1_and_names_fields_in_words():
+    runs = pd.DataFrame([{"run": "a", "method": "dense", "scale": "cpu", "top1": 90.0,
+                          "best_top1": 91.0, "fwd_ms": 2.5, "device": "cpu", "commit": "c",
+                          "path": "/r/a"}])  # fmt: skip
+    frame = runs_section(runs).tables[0].frame
+    assert list(frame.columns) == ["run", "method", "scale", "top-1 (%)", "forward (ms)"]
+    assert frame.iloc[0].tolist() == ["a", "dense", "cpu", 90.0, 2.5]
+
+
+def test_runs_section_skips_unknown_scales_and_draws_top1_when_some_run_has_it():
+    runs = pd.DataFrame([{"run": "a", "method": "dense", "scale": "cpu", "top1": 90.0},
+                         {"run": "b", "method": "sdgp", "scale": math.nan,
+                          "top1": math.nan}])  # fmt: skip
+    section = runs_section(runs)
+    assert section.scale == "cpu"
+    assert [f.alt for f in section.figures] == ["Final top-1 per method"]
+    # no top-1 at all: the table alone; metrics without a row: no epoch figure
+    no_top1 = runs_section(runs.drop(columns="top1"), pd.DataFrame(columns=["epoch", "test_top1"]))
+    assert no_top1.figures == [] and len(no_top1.tables) == 1
+
+
+def test_run_environment_is_the_saved_one_else_the_text_fields_of_its_row():
+    runs = pd.DataFrame([{"path": "/r/a", "commit": "c" * 40},
+                         {"path": "/r/b", "commit": math.nan, "date": math.nan, "torch": "2.x",
+                          "gpu_name": math.nan, "cpu_model": "Test CPU"}])  # fmt: skip
+    saved = {"commit": "c" * 40, "cuda": "12.4", "dirty": True, "tf32_matmul": False}
+    runs.attrs["environments"] = {"/r/a": saved}
+    first, second = runs.to_dict("records")
+    assert run_environment(runs, first) == saved
+    assert run_environment(runs, second) == {"torch": "2.x", "cpu_model": "Test CPU"}
+
+
+def test_an_index_without_results_points_to_the_runs_page_only_when_there_are_runs(tmp_path):
+    runs = pd.DataFrame([{"run": "a", "method": "dense", "scale": "cpu", "top1": 90.0}])
+    with_runs = render_reports([], tmp_path / "a", runs=runs).read_text().split("<footer>")[0]
+    assert (
+        "No reproduction results: the paths given held no result.json; the training runs are "
+        "on the runs page (runs.html)." in with_runs
+    )
+    without = render_reports([], tmp_path / "b").read_text().split("<footer>")[0]
+    assert "No reproduction results: the paths given held no result.json." in without
+    assert "runs.html" not in without
+
+
+def test_papers_keep_the_papers_order_and_others_follow_by_name(tmp_path):
+    """SDGP before Campfire, as the papers are numbered, though Campfire sorts first."""
+    targets = ["zz.table1", "campfire.table1", "aa.table1", "sdgp.table1"]
+    index = render_reports([_result(target=t) for t in targets], tmp_path)
+    text = index.read_text()
+    order = ["sdgp.table1", "campfire.table1", "aa.table1", "zz.table1"]
+    assert [row[1] for row in _index_rows(text)] == order
+    nav = re.findall(r'<a href="(\w+)\.html">', text.split("<h1>")[0])
+    assert nav == ["index", "sdgp", "campfire", "aa", "zz"]
+
+
+def test_runs_page_footer_gives_each_runs_scale(tmp_path):
+    runs = pd.DataFrame(
+        [
+            {"run": "a", "method": "dense", "scale": "cpu", "top1": 90.0, "path": "/r/a"},
+            {"run": "b", "method": "dense", "scale": "smoke", "top1": 80.0, "path": "/r/b"},
+        ]
+    )
+    runs.attrs["environments"] = {"/r/a": ENV, "/r/b": ENV}
+    render_reports([], tmp_path, runs=runs)
+    footer = (tmp_path / "runs.html").read_text().split("<footer>")[1]
+    assert re.findall(r"<td>(cpu|smoke|\?)</td>", footer) == ["cpu", "smoke"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 import types
 from pathlib import Path
@@ -2517,3 +2518,150 @@ def test_a_metric_name_means_one_computation_in_every_target():
     twice = {m: list(by.values()) for m, by in computed.items() if len(by) > 1}
     assert not twice, twice
     assert len(computed["train_flops"]) == 1 and len(computed["top1"]) == 1
+
+
+def test_a_key_prefix_that_is_not_a_paper_is_unknown_not_the_keys_it_begins():
+    """'clicktrain.fig1' begins clicktrain.fig10 to fig15: it names none of them."""
+    with pytest.raises(ValueError, match=r"^unknown reproduction 'clicktrain.fig1'"):
+        reproductions.resolve_targets(["clicktrain.fig1"])
+    assert reproductions.resolve_targets(["clicktrain.fig10"]) == ["clicktrain.fig10"]
+
+
+def test_expected_targets_give_each_title_and_the_command_at_the_scale(monkeypatch):
+    sdgp = {e["target"]: e for e in reproductions.expected_targets("gpu")}["sdgp.table1"]
+    assert sdgp == {
+        "target": "sdgp.table1",
+        "title": "SDGP Table I: top-1 with pruned data gradients (2:4)",
+        "needs": "pdtbench reproduce sdgp.table1 --scale gpu",
+    }
+    first = reproductions.expected_targets()[0]
+    assert first["needs"] == "pdtbench reproduce clicktrain.table1 --scale cpu"
+
+    def missing_module(key):
+        raise ModuleNotFoundError(key)
+
+    monkeypatch.setattr(reproductions, "load_target", missing_module)
+    unloaded = {"target": "cross.methods", "title": "cross.methods", "needs": "not implemented"}
+    assert reproductions.expected_targets()[-1] == unloaded
+
+
+def test_list_prints_each_target_with_its_title(capsys):
+    assert reproductions.main(["--list", "sdgp.table1"]) == 0
+    assert capsys.readouterr().out == (
+        "sdgp.table1          SDGP Table I: top-1 with pruned data gradients (2:4)\n"
+    )
+
+
+def test_reproduce_defaults_to_the_cpu_scale_and_the_usual_folders():
+    args = reproductions.build_parser().parse_args(["sdgp.table1"])
+    assert (args.scale, args.runs_root, args.out) == ("cpu", "runs/reproductions", "reports")
+    assert args.data_dir is None and args.list is False and args.no_progress is False
+
+
+def test_reproduce_passes_its_flags_to_run(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(keys, scale, runs_root, out, jobs=None, progress=True, failed=None, threads=None):
+        seen.update(keys=keys, scale=scale, runs_root=runs_root, out=out, jobs=jobs,
+                    progress=progress, threads=threads)  # fmt: skip
+        failed.extend(["sdgp.fig8", "sdgp.fig9"])
+        return tmp_path / "o" / "index.html"
+
+    monkeypatch.setattr(reproductions, "run", fake_run)
+    monkeypatch.setenv("PDTBENCH_DATA_DIR", "")  # restored after the test, as main sets it
+    argv = ["sdgp.table1", "--scale", "smoke", "--runs-root", str(tmp_path / "r"),
+            "--out", str(tmp_path / "o"), "--jobs", "2", "--no-progress",
+            "--data-dir", "cifar10=/d/c10", "--data-dir", "/d/rest"]  # fmt: skip
+    assert reproductions.main(argv) == 1
+    assert seen == {
+        "keys": ["sdgp.table1"],
+        "scale": "smoke",
+        "runs_root": str(tmp_path / "r"),
+        "out": str(tmp_path / "o"),
+        "jobs": 2,
+        "progress": False,
+        "threads": None,
+    }
+    assert os.environ["PDTBENCH_DATA_DIR"] == f"cifar10=/d/c10{os.pathsep}/d/rest"
+    out = capsys.readouterr().out
+    assert f"report: {tmp_path / 'o' / 'index.html'}" in out
+    assert "2 target(s) failed: sdgp.fig8, sdgp.fig9 (see the report)" in out
+
+
+def test_demo_passes_jobs_threads_and_the_failed_list_to_run(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(keys, scale, runs_root, out, jobs=None, progress=True, failed=None, threads=None):
+        seen.update(runs_root=runs_root, out=out, jobs=jobs, failed=failed, threads=threads)
+        return out / "index.html"
+
+    monkeypatch.setattr(reproductions, "run", fake_run)
+    failed: list[str] = []
+    path = reproductions.demo("smoke", out=tmp_path / "o", runs_root=tmp_path / "r", jobs=3,
+                              failed=failed, threads=2)  # fmt: skip
+    assert seen == {"runs_root": tmp_path / "r", "out": tmp_path / "o", "jobs": 3,
+                    "failed": failed, "threads": 2}  # fmt: skip
+    assert seen["failed"] is failed and path == tmp_path / "o" / "index.html"
+
+
+def test_run_plans_every_loaded_target_then_judges_the_claims_and_renders(
+    tmp_path, monkeypatch, capsys
+):
+    import reproductions.claims
+    import reproductions.parallel
+    from impl.report.results import ResultSet
+
+    good = Target(key="sdgp.table1", title="T1", description="d", rows=lambda scale: [])
+    broken = Target(key="sdgp.fig8", title="F8", description="d", rows=lambda scale: [])
+
+    def load(key):
+        if key == "sdgp.fig9":
+            raise SyntaxError("bad module")
+        return broken if key == "sdgp.fig8" else good
+
+    def run_target(target, scale, root):
+        if target is broken:
+            raise RuntimeError("no rows")
+        return ResultSet(target=target.key, title=target.title, scale=scale)
+
+    calls = {}
+    monkeypatch.setattr(reproductions, "load_target", load)
+    monkeypatch.setattr(reproductions, "expected_targets", lambda scale="cpu": [{"at": scale}])
+    monkeypatch.setattr(reproductions.parallel, "default_jobs", lambda scale: 5)
+
+    def plan_runs(targets, scale, root):
+        calls["plan"] = (list(targets), scale)
+        return ["p"]
+
+    def train_all(plan, jobs, threads, progress):
+        calls["train"] = (plan, jobs, threads, progress)
+
+    monkeypatch.setattr(reproductions.parallel, "plan_runs", plan_runs)
+    monkeypatch.setattr(reproductions.parallel, "train_all", train_all)
+    monkeypatch.setattr(common, "run_target", run_target)
+    monkeypatch.setattr(reproductions.claims, "save", lambda scale, root: f"claims-{scale}")
+    monkeypatch.setattr(
+        reproductions.claims,
+        "summary_lines",
+        lambda claims, keys: [f"{claims} for {', '.join(keys)}"],
+    )
+    monkeypatch.setattr(common, "render", lambda runs, reports, expected: (runs, reports, expected))
+    failed: list[str] = []
+    runs_root, reports = tmp_path / "r", tmp_path / "o"
+    keys = ["sdgp.table1", "sdgp.fig8", "sdgp.fig9"]
+    got = reproductions.run(keys, "smoke", runs_root, reports, progress=False, failed=failed)
+    assert got == (runs_root, reports, [{"at": "smoke"}])
+    assert calls == {"plan": ([good, broken], "smoke"), "train": (["p"], 5, None, False)}
+    assert failed == ["sdgp.fig8", "sdgp.fig9"]
+    out = capsys.readouterr().out
+    assert "[sdgp.fig9] FAILED to load: SyntaxError: bad module" in out
+    assert (
+        "[sdgp.fig9] FAILED: ImportError: reproductions module of sdgp.fig9 failed to load" in out
+    )
+    assert "[sdgp.table1] done in" in out and "[sdgp.fig9] done in" not in out
+    assert "claims-smoke for sdgp.table1, sdgp.fig8, sdgp.fig9" in out
+    saved = json.loads((runs_root / "results/sdgp.fig8/smoke/result.json").read_text())
+    assert saved["title"] == "F8"
+    assert saved["missing"] == [{"row": "sdgp.fig8", "reason": "failed: RuntimeError: no rows"}]
+    reproductions.run([], "smoke", runs_root, reports, jobs=1, progress=True)
+    assert calls["train"] == (["p"], 1, None, True)

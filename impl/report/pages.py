@@ -234,20 +234,23 @@ def render_reports(
                 }
             )
         for e in expected_by_paper.get(paper, []):
-            if e["target"] not in have:
-                index_rows.append(
-                    {
-                        "page": f"{paper}.html",
-                        "target": e["target"],
-                        "title": e.get("title", ""),
-                        "scale": "-",
-                        "ours": 0,
-                        UNFILLED: "all",
-                        "status": f"unreadable: {broken[e['target']]['path']}"
-                        if e["target"] in broken
-                        else f"not run: {e.get('needs', '')}",
-                    }
-                )
+            if e["target"] in have:
+                continue
+            if e["target"] in broken:
+                status = f"unreadable: {broken[e['target']]['path']}"
+            else:
+                status = f"not run: {e['needs']}" if e.get("needs") else "not run"
+            index_rows.append(
+                {
+                    "page": f"{paper}.html",
+                    "target": e["target"],
+                    "title": e.get("title", ""),
+                    "scale": "-",
+                    "ours": 0,
+                    UNFILLED: "all",
+                    "status": status,
+                }
+            )
     if runs is not None:
         envs = [(str(r.get("scale")), run_environment(runs, r)) for r in runs.to_dict("records")]
         render_html(

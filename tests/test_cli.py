@@ -558,6 +558,19 @@ def test_resume_refuses_flags_that_would_change_the_run(tmp_path, capsys):
     assert "--out cannot change it" in capsys.readouterr().err
 
 
+def test_resume_refuses_a_changing_flag_written_with_an_equals_sign(tmp_path, capsys):
+    from impl import rundir
+    from impl.config import resolve
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = resolve("smoke", out=str(run))
+    assert saved.epochs != 9 and saved.lr != 0.5
+    rundir.write_json(run / rundir.CONFIG_FILE, saved.to_dict())
+    assert cli.main(["train", "--resume", str(run), "--epochs=9", "--lr=0.5"]) == 2
+    assert "--epochs, --lr cannot change it" in capsys.readouterr().err
+
+
 def test_resume_reads_a_resumed_runs_method_options_as_its_flags(tmp_path, capsys):
     out = tmp_path / "sdgp"
     assert cli.main([*SMOKE, "--method", "sdgp", "--m", "8", "--out", str(out)]) == 0
@@ -605,6 +618,28 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
     monkeypatch.setattr(impl.train, "train", interrupted_while_loading)
     assert cli.main([*SMOKE, "--out", str(tmp_path / "other")]) == 130
     assert "before the run began; nothing was written" in capsys.readouterr().err
+
+
+def test_sigterm_during_training_names_the_resume_command_and_exits_143(
+    tmp_path, capsys, monkeypatch
+):
+    import impl.train
+    from impl import rundir
+
+    out = tmp_path / "run"
+
+    def terminated_after_one_epoch(cfg, progress=True):
+        out.mkdir(exist_ok=True)
+        rundir.write_json(out / rundir.CONFIG_FILE, cfg.to_dict())
+        rundir.save_checkpoint(out, {"epoch": 1}, cfg.digest())
+        raise cli.Terminated
+
+    monkeypatch.setattr(impl.train, "train", terminated_after_one_epoch)
+    assert cli.main([*SMOKE, "--out", str(out)]) == cli.EXIT_TERMINATED == 143
+    assert capsys.readouterr().err.strip() == (
+        f"pdtbench train: interrupted; 1 finished epoch(s) are saved: continue with "
+        f"`pdtbench train --resume {out}`"
+    )
 
 
 def test_ctrl_c_while_the_first_imports_load_exits_130_without_a_traceback(monkeypatch, capsys):
@@ -1013,6 +1048,27 @@ def test_bad_train_flags_are_refused_once_before_any_worker_starts(
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
     assert not list(tmp_path.iterdir())  # no run directory made
+
+
+def test_resume_under_nproc_refuses_the_one_gpu_its_run_was_saved_with(
+    tmp_path, capsys, monkeypatch
+):
+    from impl import distributed, rundir
+    from impl.config import resolve
+
+    def launch(*args, **kwargs):
+        raise AssertionError("torchrun was started for a run that cannot start")
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_json(
+        run / rundir.CONFIG_FILE, resolve("smoke", out=str(run), device="cuda:1").to_dict()
+    )
+    assert cli.main(["train", "--resume", str(run), "--nproc", "2"]) == 2
+    assert "--device cuda:1 with --nproc 2 would put every process on that one GPU" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -1528,7 +1584,7 @@ def test_the_worker_gets_the_progress_data_dir_and_timeout_given(
     seen = {}
 
     def run_worker(fn, device, timeout_s=None, **kwargs):
-        seen["timeout"] = timeout_s
+        seen.update(timeout=timeout_s, device=device)
         return fn()
 
     def train(cfg, progress=True):
@@ -1546,13 +1602,14 @@ def test_the_worker_gets_the_progress_data_dir_and_timeout_given(
     flags = ["--dist-timeout", "7", "--no-progress"]
     if resumed:
         run.mkdir()
-        rundir.write_json(run / rundir.CONFIG_FILE, resolve("smoke", out=str(run)).to_dict())
+        saved = resolve("smoke", out=str(run), device="cpu")  # the run's own device
+        rundir.write_json(run / rundir.CONFIG_FILE, saved.to_dict())
         argv = ["train", "--resume", str(run), "--data-dir", str(tmp_path / "moved"), *flags]
-        expected = {"timeout": 7.0, "progress": False, "out": str(run),
+        expected = {"timeout": 7.0, "progress": False, "out": str(run), "device": "cpu",
                     "data_dir": str(tmp_path / "moved")}  # fmt: skip
     else:
         argv = ["train", "--scale", "smoke", "--out", str(run), *flags]
-        expected = {"timeout": 7.0, "progress": False, "out": str(run)}
+        expected = {"timeout": 7.0, "progress": False, "out": str(run), "device": "auto"}
     assert cli.main(argv) == 0
     assert seen == expected
     assert f"results: {run}/summary.json" in capsys.readouterr().out
@@ -1569,6 +1626,16 @@ def test_the_result_line_says_what_the_summary_holds_and_a_question_mark_for_wha
         "bwd ? ms per iteration (last epoch's medians), 12.0 s",
         f"results: {tmp_path}/summary.json (metrics.jsonl, config.json, checkpoint.pt)",
     ]
+
+
+def test_the_result_line_is_printed_by_rank_0_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    cli._print_result(tmp_path, {"method": "dense"})
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    cli._print_result(tmp_path, {"method": "dense"})
+    assert f"results: {tmp_path}/summary.json" in capsys.readouterr().out
 
 
 def test_a_finished_run_to_resume_is_announced_by_rank_0_only(tmp_path, monkeypatch, capsys):

@@ -561,6 +561,41 @@ def test_a_library_error_without_a_message_falls_back_too(monkeypatch):
     assert mod.fallback_reasons == ["library error RuntimeError: " + long[:200]]
 
 
+def test_the_sparse_paths_data_gradient_is_laid_out_as_its_input(monkeypatch):
+    # a channels-last input gets a channels-last dL/dD, as the reference's conv backward gives
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+
+    def library(rows, weight, input_shape, stride, padding, dilation, backend="auto"):
+        grad = rows_to_nchw(rows, (5, 7)).contiguous()
+        return torch.nn.grad.conv2d_input(input_shape, weight, grad, stride, padding, dilation)
+
+    monkeypatch.setattr(semi, "sparse_data_grad", library)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, "magnitude")
+    x = torch.randn(2, 8, 5, 7, dtype=torch.float64).to(memory_format=torch.channels_last)
+    g = torch.randn(2, 16, 5, 7, dtype=torch.float64)
+    w = conv.weight.detach()
+    gx = mod.data_grad(g, x, w, ((1, 1), (1, 1), (1, 1), 1))
+    assert gx.is_contiguous(memory_format=torch.channels_last) and not gx.is_contiguous()
+    want = torch.nn.grad.conv2d_input(x.shape, w, nm_prune(g, 2, 4, "magnitude", 1), 1, 1)
+    torch.testing.assert_close(gx, want, rtol=1e-12, atol=1e-12)
+    assert mod.semi_calls == 1
+
+
+def test_running_out_of_host_memory_is_raised_not_a_fallback(monkeypatch):
+    # MemoryError usually has no message: its type alone says what happened
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+
+    def oom(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(semi, "sparse_data_grad", oom)
+    mod = SDGPSemiConv2d.from_conv(nn.Conv2d(8, 16, 3, padding=1, bias=False), 2, 4)
+    with pytest.raises(MemoryError):
+        _grads(mod, torch.randn(2, 8, 5, 7), torch.randn(2, 16, 5, 7))
+    assert mod.fallback_calls == 0 and not mod._failed
+
+
 def test_an_out_of_memory_message_in_any_case_is_raised(monkeypatch):
     monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
 
@@ -605,6 +640,39 @@ def test_a_failed_shape_is_remembered_by_its_input_shape(monkeypatch):
     for size in (9, 10, 9, 10):
         mod(torch.randn(2, 8, size, size, requires_grad=True)).sum().backward()
     assert tried == [9, 10]
+
+
+@pytest.mark.parametrize("method", ["rescaled", "random"])
+def test_the_sparse_path_prunes_with_the_layers_eps_generator_and_prune_impl(monkeypatch, method):
+    # The rows the library multiplies are the layer's own pruning of dL/dO: nm_prune with its
+    # eps (which matters at this gradient scale) and, for "random", its generator's draw.
+    monkeypatch.setattr(semi, "unsupported_reason", lambda **kw: "")
+    impls, multiplied = [], []
+    pruning = semi.prune_rows
+
+    def spy_prune(*args, **kwargs):
+        impls.append(kwargs.get("impl"))
+        return pruning(*args, **kwargs)
+
+    def library(rows, weight, input_shape, stride, padding, dilation, backend="auto"):
+        multiplied.append(rows.clone())
+        grad = rows_to_nchw(rows, (5, 7))
+        return torch.nn.grad.conv2d_input(input_shape, weight, grad, stride, padding, dilation)
+
+    monkeypatch.setattr(semi, "prune_rows", spy_prune)
+    monkeypatch.setattr(semi, "sparse_data_grad", library)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
+    gen = torch.Generator().manual_seed(3)
+    mod = SDGPSemiConv2d.from_conv(conv, 2, 4, method, "plane", gen, 0.5, prune_impl="ref")
+    x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
+    g = torch.randn(2, 16, 5, 7, dtype=torch.float64) * 1e-2
+    torch.manual_seed(0)  # the global generator draws otherwise than the layer's
+    gx = _grads(mod, x, g)[1]
+    want = nm_prune(g, 2, 4, method, 1, "plane", torch.Generator().manual_seed(3), eps=0.5)
+    torch.testing.assert_close(multiplied[0], grad_rows(want), rtol=1e-12, atol=0)
+    dense = torch.nn.grad.conv2d_input(x.shape, conv.weight.detach(), want, 1, 1, 1)
+    torch.testing.assert_close(gx, dense, rtol=1e-12, atol=1e-12)
+    assert impls == ["ref"] and mod.semi_calls == 1 and mod.fallback_calls == 0
 
 
 def test_setting_the_backend_again_retries_a_failed_shape(monkeypatch):
@@ -656,6 +724,7 @@ def test_summary_names_the_sparse_backend_of_the_layers():
     model = nn.Sequential(nn.Conv2d(8, 16, 3))
     sdgp_semi_convert(model, 2, 4, "magnitude", sparse_backend="cutlass")
     assert semi_summary(model)["sdgp_semi_backend"] == ["cutlass"]
+    assert "semi_structured=cutlass" in repr(model[0])
 
 
 def test_assemble_1x1_with_unequal_strides_is_the_conv_input_gradient():
@@ -744,6 +813,44 @@ def test_convert_replaces_reference_layers_and_reconfigures():
     assert first.sparse_backend == "auto" and first.generator is not None
     with pytest.raises(ValueError, match="unknown sparse backend"):
         sdgp_semi_convert(model, sparse_backend="x")
+
+
+def test_convert_gives_each_new_layer_its_eps_prune_impl_and_seeded_generator():
+    model = nn.Sequential(nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 1))
+    sdgp_semi_convert(model, 2, 4, "random", seed=5, eps=0.5, prune_impl="ref")
+    for layer in (model[0], model[2]):
+        assert isinstance(layer, SDGPSemiConv2d)
+        assert (layer.eps, layer.prune_impl) == (0.5, "ref")
+    assert model[0].generator is model[2].generator  # one generator, seeded with the seed
+    want = torch.rand(8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.rand(8, generator=model[0].generator), want)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"eps": -1.0}, {"sparse_backend": "x"}, {"prune_impl": "x"}],
+    ids=["eps", "sparse-backend", "prune-impl"],
+)
+def test_convert_refuses_a_bad_setting_even_where_no_layer_is_converted(bad):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3))  # 3 input channels: the plan leaves it dense
+    with pytest.raises(ValueError, match="eps|sparse backend|prune impl"):
+        sdgp_semi_convert(model, 2, 4, **bad)
+    assert type(model[0]) is nn.Conv2d
+
+
+def test_convert_refuses_a_model_that_is_itself_a_conv():
+    with pytest.raises(ValueError, match="wrap it in a module"):
+        sdgp_semi_convert(nn.Conv2d(8, 16, 3), 2, 4)
+
+
+def test_semi_modules_are_the_semi_structured_layers_only():
+    # a reference SDGPConv2d next to a semi-structured one: only the latter is the backend's
+    model = nn.Sequential(
+        SDGPConv2d.from_conv(nn.Conv2d(8, 16, 3), 2, 4, "magnitude"),
+        SDGPSemiConv2d.from_conv(nn.Conv2d(16, 16, 1), 2, 4, "magnitude", name="1"),
+    )
+    assert list(semi_modules(model)) == ["1"]
+    assert semi_summary(model)["sdgp_semi_layers"] == 1
 
 
 def test_eval_mode_is_the_plain_conv():

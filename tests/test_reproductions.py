@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 import types
 from pathlib import Path
@@ -931,6 +932,30 @@ def test_a_reproductions_index_lists_the_other_figures_and_a_plain_one_does_not(
     assert "no one-time selection variant" not in plain
 
 
+def test_the_other_figures_point_at_targets_and_paper_values_that_exist():
+    from reproductions import TARGETS
+    from reproductions.other_figures import other_figures
+
+    rows = other_figures()
+    named = [k for r in rows for k in re.findall(r"\((\w+\.\w+)\)", r["where"])]
+    assert named and all(k in TARGETS for k in named)
+    # "Table 2 (campfire.table2)": the table named in words is the target's
+    roman = {"I": "1", "II": "2", "III": "3"}
+    for r in rows:
+        for number, paper, key in re.findall(r"Table (\w+) \((\w+)\.table(\d+)\)", r["where"]):
+            assert (roman.get(number, number), paper) == (key, r["paper"]), r
+    for r in rows:
+        for csv in re.findall(r"paper_values/(\w+\.csv)", r["where"]):
+            assert (Path(reproductions.__file__).parent / "paper_values" / csv).is_file()
+    # ClickTrain Fig. 8: dynamic patterns 2 points above one-time selection (Sec. 4.3)
+    fig8 = next(r for r in rows if (r["paper"], r["figure"]) == ("clicktrain", "Fig. 8"))
+    gain = paper_values("clicktrain", "fig8")["value"].iloc[0]
+    assert f"+{gain:g} points on CIFAR-10, Sec. 4.3" in fig8["shows"]
+    assert "paper_values/clicktrain_fig8.csv" in fig8["where"]
+    rows[0]["where"] = "changed"  # a copy: the module's rows stay as they are
+    assert other_figures()[0]["where"] != "changed"
+
+
 def test_a_change_figure_draws_the_papers_change_derived_from_its_top1s_and_names_setups():
     import pandas as pd
 
@@ -1748,6 +1773,121 @@ def test_cross_title_and_description_count_registered_methods(monkeypatch):
     assert description.startswith("Dense, ClickTrain, PruneTrain, SDGP, Campfire and "
                                   "gradual_magnitude train the same model")  # fmt: skip
     assert "five" not in title + description
+
+
+def test_cross_table_trains_each_scale_as_its_docstring_says():
+    # the module docstring: smoke one seed; cpu ResNet-20 on digits, 8 epochs, 5 seeds; gpu
+    # ResNet-32 on digits, 30 epochs, 5 seeds; paper ResNet-32 on CIFAR-10, 182 epochs, step
+    # schedule at 91 and 136, 3 seeds
+    from reproductions.cross import methods
+
+    expected = {
+        "smoke": ("resnet20", "digits", None, 1),
+        "cpu": ("resnet20", "digits", 8, 5),
+        "gpu": ("resnet32", "digits", 30, 5),
+        "paper": ("resnet32", "cifar10", 182, 3),
+    }
+    for scale, (model, data, epochs, n_seeds) in expected.items():
+        for row in methods.rows(scale):
+            assert (row.train["model"], row.train["data"]) == (model, data), (scale, row.label)
+            assert row.train.get("epochs") == epochs, (scale, row.label)
+            assert tuple(row.seeds) == tuple(range(n_seeds)), (scale, row.label)
+            assert row.baseline == (None if row.method == "dense" else "dense")
+    assert "ResNet-32 on CIFAR-10, 182 epochs" in methods.shared_setup("paper")
+    assert "[91, 136]" in methods.shared_setup("paper")
+    assert "ResNet-20 on digits (16x16 px), 8 epochs, batch 32" in methods.shared_setup("cpu")
+
+
+def test_cross_table_runs_each_method_at_its_papers_defaults():
+    # PruneTrain: penalty ratio 0.2 (docs/methods.md), at cpu/gpu scale run at 0.8 with the
+    # short-run threshold, reconfiguring every epoch (cpu), 3 epochs (gpu), 10 (paper, CIFAR);
+    # SDGP: rescaled 2:4, profiled; Campfire: combined mask to 70%; dense and ClickTrain: none
+    from reproductions.cross import methods
+
+    by = {s: {r.method: r.options for r in methods.rows(s)} for s in ("cpu", "gpu", "paper")}
+    assert by["cpu"]["prunetrain"] == {"penalty_ratio": 0.8, "threshold": 0.01,
+                                       "reconfig_interval": 1}  # fmt: skip
+    assert by["gpu"]["prunetrain"]["reconfig_interval"] == 3
+    assert by["paper"]["prunetrain"] == {"penalty_ratio": 0.2, "reconfig_interval": 10}
+    for opts in by.values():
+        assert opts["sdgp"] == {"n": 2, "m": 4, "prune_method": "rescaled", "profile": True}
+        assert opts["campfire"] == {"final_sparsity": 0.7, "mask": "combined"}
+        assert opts["dense"] == {} and opts["clicktrain"] == {}
+
+
+def test_cross_table_time_to_accuracy_targets_and_their_note():
+    from reproductions.cross import methods
+
+    # smoke proves the pipeline: chance level on digits' 10 classes
+    assert methods.TTA_TARGET["smoke"] == 100 / 10
+    # the paper scale reads it a little below PruneTrain's dense ResNet-32 on CIFAR-10 (93.6%,
+    # Table 1), which a dense run reaches
+    table1 = paper_values("prunetrain", "table1")
+    query = "model == 'resnet32' and dataset == 'cifar10' and metric == 'base_top1'"
+    dense = float(table1.query(query)["value"].iloc[0])
+    assert dense == 93.6 and dense - 2 <= methods.TTA_TARGET["paper"] < dense
+    for scale, target in methods.TTA_TARGET.items():
+        note = next(n for n in methods.notes(scale) if n.startswith("Time to accuracy"))
+        assert f"reaches {target}%" in note
+
+
+def test_cross_table_notes_name_the_seeds_and_the_size_of_one_digits_test_image():
+    from reproductions.cross import methods
+
+    def same(scale):
+        return next(n for n in methods.notes(scale) if n.startswith("Same setup"))
+
+    assert same("smoke").endswith("; seed 0. Each method's options as run: the settings "
+                                  "table under the results.")  # fmt: skip
+    assert "; seeds 0-4. " in same("cpu") and "; seeds 0-2. " in same("paper")
+    # digits' test split: 360 images, so one image is 100/360 = 0.28 points
+    cpu = next(n for n in methods.notes("cpu") if n.startswith("Top-1 change"))
+    assert cpu.endswith(f"one test image is {100 / 360:.2f} points (360 test images).")
+    paper = next(n for n in methods.notes("paper") if n.startswith("Top-1 change"))
+    assert "test image" not in paper  # CIFAR-10 is not digits
+
+
+def test_cross_heading_for_one_method_and_for_none():
+    from reproductions.cross import methods
+
+    title, description = methods.heading([RowResult(Row("dense", "dense"))], "cpu")
+    assert title == "Cross-method table: 1 method on equal terms (dense)"
+    assert description.startswith("Dense trains the same model on the same data for ")
+    title, description = methods.heading(
+        [RowResult(Row("sdgp", "sdgp")), RowResult(Row("campfire", "campfire"))], "cpu"
+    )
+    assert title == "Cross-method table: 2 methods on equal terms (SDGP, Campfire)"
+    assert description.startswith("SDGP and Campfire train the same model on the same data")
+    title, description = methods.heading([], "cpu")
+    assert title == "Cross-method table: 0 methods on equal terms"
+    assert description == methods.DESCRIPTION
+    assert methods.TARGET.extra_metrics["time_to_accuracy"][0] == "s" and methods.TARGET.wide
+
+
+def test_cross_figures_plot_delta_against_flops_saved_and_test_top1_per_epoch():
+    from reproductions.cross.methods import figures, seed_pairs
+
+    dense = RowResult(Row("dense", "dense"), runs=[_run(0, top1=99.0)])
+    half = RowResult(Row("x", "x", baseline="dense"),
+                     runs=[_run(0, top1=97.0, train_flops_nominal=150.0)])  # fmt: skip
+    measured = RowResult(Row("m", baseline="dense", measure_keys={"top1": "t"}),
+                         runs=[_run(0, top1=98.0)], measured={"t": [1.0]})  # fmt: skip
+    figs = {f.kind: f for f in figures([dense, half, measured], "gpu", None)}
+    trade = figs["tradeoff"]
+    assert (trade.x, trade.y) == ("train_flops_saved", "delta_top1")
+    # 300 -> 150 FLOPs per sample: 50% saved; 97 - 99 = -2 points; the measured row has no runs
+    assert [(d["row"], d["train_flops_saved"], d["delta_top1"], d["source"])
+            for d in trade.data] == [("x", 50.0, -2.0, "ours (gpu)")]  # fmt: skip
+    assert [p["row"] for p in seed_pairs([dense, half, measured], "top1", "top1", "gpu")] == [
+        "dense", "x"]  # fmt: skip
+    # last epoch: the summary's median iteration; whole run: the epochs' 6 and 8 ms weighted
+    # by their 3 iterations each, 7 ms
+    slow = RowResult(Row("s", "s", baseline="dense"), runs=[_run(0, iter_ms=9.0)])
+    (it,) = [f for f in figures([dense, slow], "gpu", None) if f.y == "iter_ms"]
+    assert {(d["kind"], d["iter_ms"]) for d in it.data if d["row"] == "s"} == {
+        ("last epoch", 9.0), ("whole run", 7.0)}  # fmt: skip
+    line = figs["line"]
+    assert line.y == "test_top1" and {d["test_top1"] for d in line.data} == {80.0}
 
 
 def test_a_target_heading_titles_its_saved_result(tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -231,3 +234,109 @@ def test_gated_conv_keeps_the_dilation_of_the_conv():
     gated = GatedConv(conv)
     x = torch.randn(1, 4, 9, 9)
     torch.testing.assert_close(gated(x), conv(x), rtol=1e-5, atol=1e-6)
+
+
+def test_inference_throughput_is_images_per_second_and_speedup_is_pruned_over_dense(monkeypatch):
+    import impl.train
+    from reproductions.prunetrain import measure
+
+    # dense steps take 20 ms, the pruned model's 10 ms: at batch 10, 500 and 1000 images/s
+    ms, current = {"d": 20.0, "p": 10.0}, []
+
+    def load(run_dir, device):
+        current.append(run_dir)
+        return (lambda x: None), None
+
+    monkeypatch.setattr(impl.train, "load_trained_model", load)
+    monkeypatch.setattr(measure, "_sample_shape", lambda run_dir: (1, 2, 2))
+    monkeypatch.setattr(measure, "time_ms",
+                        lambda step, repeats, warmup: [ms[current[-1]]] * repeats)  # fmt: skip
+    runs = {"dense": ["d"], "pt": ["p"]}
+    out = measure.inference_throughput(
+        scale="cpu", context={"runs": runs}, row="pt", dense_row="dense", batch=10
+    )
+    assert out["dense"] == pytest.approx(500.0) and out["prunetrain"] == pytest.approx(1000.0)
+    assert out["speedup"] == pytest.approx(2.0) and out["batch"] == 10
+
+
+def test_union_vs_gating_normalises_to_dense_and_spans_the_rows(monkeypatch):
+    import impl.methods.prunetrain_gating as gating
+    import impl.train
+    from reproductions.prunetrain import measure
+
+    cfg = SimpleNamespace(method_options={})
+    counts = {"dense": {"union": 200.0, "gating": 200.0}, "a": {"union": 100.0, "gating": 98.0},
+              "b": {"union": 60.0, "gating": 48.0}}  # fmt: skip
+    monkeypatch.setattr(impl.train, "load_trained_model", lambda run_dir, device: (run_dir, cfg))
+    monkeypatch.setattr(measure, "_sample_shape", lambda run_dir: (3, 8, 8))
+    monkeypatch.setattr(gating, "conv_flops_union_vs_gating",
+                        lambda model, shape, threshold: counts[model])  # fmt: skip
+    out = measure.union_vs_gating(
+        scale="cpu",
+        context={"runs": {"dense": ["dense"], "ra": ["a"], "rb": ["b"]}},
+        rows=["ra", "rb"],
+        dense_row="dense",
+    )
+    assert out["per_row"]["ra"] == pytest.approx({"union": 50.0, "gating": 49.0})
+    assert out["per_row"]["rb"] == pytest.approx({"union": 30.0, "gating": 24.0})
+    assert out["difference_min"] == pytest.approx(1.0)
+    assert out["difference_max"] == pytest.approx(6.0)
+
+
+def test_unuse_shared_outputs_zeroes_a_fraction_of_each_last_convs_filters():
+    from reproductions.prunetrain.measure import unuse_shared_outputs
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(4, 6, 3)
+            self.conv2 = nn.Conv2d(6, 8, 3)
+
+    model = nn.Module()
+    model.layer1 = nn.Sequential(Block(), Block())
+    # half of 8 filters of each block's last conv (conv2): 4 + 4; conv1 untouched
+    assert unuse_shared_outputs(model, 0.5) == 8
+    for block in model.layer1:
+        zero = (block.conv2.weight.flatten(1).abs().sum(1) == 0) & (block.conv2.bias == 0)
+        assert int(zero.sum()) == 4
+        assert bool((block.conv1.weight != 0).any(dim=(1, 2, 3)).all())
+
+
+def test_a_runs_sample_shape_is_read_from_its_data_spec(tmp_path):
+
+    from reproductions.prunetrain.measure import _sample_shape
+
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"data_spec": {"image_size": 16, "in_channels": 1}})
+    )
+    assert _sample_shape(str(tmp_path)) == (1, 16, 16)
+    (tmp_path / "summary.json").write_text(json.dumps({}))
+    assert _sample_shape(str(tmp_path)) == (3, 32, 32)  # CIFAR's, where none is saved
+
+
+def test_layer_times_sum_each_scheme_and_divide_by_union(monkeypatch):
+    from reproductions.prunetrain import measure
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv2(self.conv1(x))
+
+    def model():
+        m = nn.Module()
+        m.layer1 = nn.Sequential(Block())
+        m.forward = lambda x: m.layer1(x)
+        return m
+
+    # each layer is timed dense, union, gating in turn: 4, 2 and 3 ms
+    times = iter([4.0, 2.0, 3.0])
+    monkeypatch.setattr(measure, "time_ms", lambda step, repeats, warmup: [next(times)])
+    out = measure._layer_times(model(), model(), 1e-4, torch.randn(2, 3, 8, 8), repeats=1)
+    assert [layer["name"] for layer in out["layers"]] == ["layer1.0.conv2"]
+    assert out["conv_speedup_vs_dense"] == pytest.approx(2.0)
+    assert out["gating_over_union"] == pytest.approx(1.5)
+    assert out["batch"] == 2

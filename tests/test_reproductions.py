@@ -2805,3 +2805,209 @@ def test_run_plans_every_loaded_target_then_judges_the_claims_and_renders(
     assert saved["missing"] == [{"row": "sdgp.fig8", "reason": "failed: RuntimeError: no rows"}]
     reproductions.run([], "smoke", runs_root, reports, jobs=1, progress=True)
     assert calls["train"] == (["p"], 1, None, True)
+
+
+def test_prunetrain_short_run_label_names_both_ratios_at_gpu_scale_too():
+    from reproductions.prunetrain import ratio_label
+
+    assert ratio_label("gpu", 0.25) == "ratio 0.25, run at 0.85"
+    assert ratio_label("smoke", 0.2) == "ratio 0.2"
+    assert ratio_label("cpu", 0.3) == "ratio 0.3"  # a ratio the map does not know
+
+
+def test_a_dynamic_batch_row_is_flagged_only_when_no_seed_grew_its_batch():
+    from reproductions.prunetrain import unchanged_batch_flag
+
+    def run(nexts):
+        metrics = [
+            {"epoch": e, "batch_size": 32, "next_batch_size": b} for e, b in enumerate(nexts)
+        ]
+        return RunRecord("p", 0, {}, metrics, True, {"batch_size": 32})
+
+    label = "PruneTrain, dynamic mini-batch"
+    grew, fixed = run([32, 64, 64]), run([32, 32, 32])
+    assert unchanged_batch_flag(RowResult(row=Row(label), runs=[fixed, grew])) == ""
+    assert unchanged_batch_flag(RowResult(row=Row(label), runs=[fixed, fixed])) == (
+        "batch never grew"
+    )
+    assert unchanged_batch_flag(RowResult(row=Row(label), runs=[])) == ""
+
+
+def test_prunetrain_table2_times_resnet32_on_cifar100_at_batches_10_and_100():
+    from reproductions.prunetrain import table2
+
+    rows = table2.rows("paper")
+    dense, pt, *timed = rows
+    assert dense.train["data"] == pt.train["data"] == "cifar100"
+    assert dense.train["model"] == "resnet32"
+    assert [r.group["batch"] for r in timed] == [10, 10, 100, 100]
+    for r in timed:
+        b = r.group["batch"]
+        assert r.params == {"row": pt.label, "dense_row": dense.label, "batch": b}
+        if r.label.startswith("dense"):
+            assert r.measure_keys == {f"images_per_second_bs{b}": "dense"}
+            assert r.paper["method"] == "dense"
+        else:
+            assert r.measure_keys == {f"images_per_second_bs{b}": "prunetrain",
+                                      f"speedup_bs{b}": "speedup"}  # fmt: skip
+            assert r.paper == {"model": "resnet32", "dataset": "cifar100", "method": "prunetrain"}
+    # one bar of ours per batch: the dense rows' measurement is the same one
+    measured = {"dense": 100.0, "prunetrain": 150.0, "speedup": 1.5}
+    results = [RowResult(row=r, measured=measured) for r in timed]
+    _, speedup = table2.figures(results, "paper", paper_values("prunetrain", "table2"))
+    ours = [(d["batch"], d["speedup"]) for d in speedup.data if d["source"] == "ours (paper)"]
+    assert ours == [(10, 1.5), (100, 1.5)]
+
+
+def test_prunetrain_table3_trains_resnet56_and_counts_removed_layers():
+    from reproductions.prunetrain import table3
+
+    for scale in ("gpu", "paper"):
+        dense, pt = table3.rows(scale)
+        assert dense.train["model"] == pt.train["model"] == "resnet56", scale
+        assert pt.paper == {"model": "resnet56", "method": "prunetrain"} and not dense.paper
+    assert table3.rows("paper")[0].train["epochs"] == 182
+    # two reconfigurations removed one BasicBlock path each: 2 conv layers apiece
+    run = RunRecord("p", 0, {"reconfigurations": [
+        {"removed_layers": ["layer1.0.conv1", "layer1.0.conv2"]}, {"removed_layers": []},
+        {"removed_layers": ["layer3.4.conv1", "layer3.4.conv2"]}]}, [], True)  # fmt: skip
+    unit, fn = table3.TARGET.metric_table["removed_layers"]
+    assert unit == "layers" and fn(run, None) == 4.0
+
+
+def test_prunetrain_table4_training_time_saved_is_100_minus_the_time_share():
+    from reproductions.prunetrain import table4
+
+    def run(steps):
+        return RunRecord("r", 0, {}, [{"epoch": e, "train_seconds": s}
+                                      for e, s in enumerate(steps)], True)  # fmt: skip
+
+    # 6 of dense's 10 seconds: 40% saved (the paper's 34% for CIFAR-100's naive row)
+    assert table4.train_time_reduction(run([3.0, 3.0]), run([5.0, 5.0])) == pytest.approx(40.0)
+
+
+def test_prunetrain_fig2_rows_sweep_three_ratios_and_the_paper_reads_ratio_02():
+    from reproductions.prunetrain import fig2
+
+    rows = fig2.rows("paper")
+    assert rows[0].method == "dense" and rows[0].train["model"] == "prunetrain_resnet50"
+    pts = rows[1:]
+    assert [r.options["penalty_ratio"] for r in pts] == [0.1, 0.2, 0.25]
+    assert [r.paper for r in pts] == [{}, {"method": "one-time reconfiguration"}, {}]
+    # at cpu scale the paper's ratios are named beside the one run
+    assert [r.group["ratio"] for r in fig2.rows("cpu")[1:]] == [
+        "ratio 0.1, run at 0.7",
+        "ratio 0.2, run at 0.8",
+        "ratio 0.25, run at 0.85",
+    ]
+
+
+def test_prunetrain_fig6_counts_every_ratio_of_the_fig8_sweep():
+    from reproductions.prunetrain import fig6, fig8
+
+    rows = fig6.rows("cpu")
+    *sweep, count = rows
+    assert [r.label for r in sweep] == [r.label for r in fig8.rows("cpu")]
+    assert count.params == {"rows": [r.label for r in sweep[1:]], "dense_row": sweep[0].label}
+    assert len(count.params["rows"]) == 4
+    assert count.measure_keys == {"inference_flops_difference_min": "difference_min",
+                                  "inference_flops_difference_max": "difference_max"}  # fmt: skip
+    # the note names the model and the data the sweep trained (the docstring's scales)
+    assert fig6.sweep_model("gpu") == "ResNet-32 on digits"
+    paper = fig6.sweep_model("paper")
+    assert paper.startswith("ResNet-50") and paper.endswith("on CIFAR-10")
+    measured = {"per_row": {sweep[1].label: {"union": 60.0, "gating": 57.0}},
+                "difference_min": 3.0, "difference_max": 3.0}  # fmt: skip
+    (fig,) = fig6.figures([RowResult(row=count, measured=measured)], "cpu", None)
+    assert sorted((d["scheme"], d["flops"]) for d in fig.data) == [
+        ("gating", 57.0),
+        ("union", 60.0),
+    ]
+
+
+def test_prunetrain_fig7_times_the_papers_shapes_at_gpu_scale():
+    from reproductions.prunetrain import fig7
+
+    (row,) = fig7.rows("gpu")
+    assert row.params == {"model": "resnet50", "image": 224, "stem": "imagenet",
+                          "num_classes": 1000, "batch": 64}  # fmt: skip
+    dense, pt, timing = fig7.rows("paper")
+    assert dense.train["data"] == "imagenet" and dense.train["model"] == "resnet50"
+    assert timing.params == {"row": pt.label, "dense_row": dense.label, "batch": 64}
+    layers = [{"name": "layer1.0.conv3", "dense_ms": 3.0, "union_ms": 2.0, "gating_ms": 2.5}]
+    (fig,) = fig7.figures([RowResult(row=timing, measured={"layers": layers, "batch": 64})],
+                          "paper", None)  # fmt: skip
+    assert [(d["scheme"], d["ms"]) for d in fig.data] == [
+        ("dense", 3.0),
+        ("union", 2.0),
+        ("gating", 2.5),
+    ]
+
+
+def test_prunetrain_fig8_sweeps_four_ratios_beside_the_dense_230_mflops():
+    from reproductions.prunetrain import fig8
+
+    rows = fig8.rows("paper")
+    assert [r.options["penalty_ratio"] for r in rows[1:]] == [0.05, 0.1, 0.15, 0.2]
+    paper = paper_values("prunetrain", "fig8")
+    dense_paper = lookup(paper, metric="inference_mflops", **rows[0].paper)
+    assert list(dense_paper["value"]) == [230]  # Sec. 5.2: 'the dense 230 MFLOPs/inference'
+    run = RunRecord("p", 0, {"inference_flops": 230e6}, [], True)
+    assert fig8.inference_mflops(run, None) == pytest.approx(230.0)
+    unit, fn = fig8.TARGET.metric_table["bn_cost"]
+    pt = RunRecord("p", 0, {"method": "prunetrain", "bn_traffic_pct_of_dense": 64.0,
+                            "paper_train_flops_pct_of_dense": 50.0}, [], True)  # fmt: skip
+    assert fn(pt, None) == 64.0
+
+
+def test_prunetrain_fig9_compares_the_last_epochs_batch_with_the_papers_final_one():
+    from reproductions.prunetrain import fig9
+
+    run = RunRecord("r", 0, {}, [{"epoch": e, "batch_size": 128, "next_batch_size": b}
+                                 for e, b in enumerate([128, 192, 320])], True,
+                    {"batch_size": 128})  # fmt: skip
+    assert fig9.final_batch(run) == 192.0  # the last epoch trained at what epoch 1 set
+    assert fig9.final_batch_per_gpu(run) == 48.0  # over the paper's 4 GPUs
+    rows = {r.label: r for r in fig9.rows("paper")}
+    assert not any("naive" in label for label in rows)
+    paper = paper_values("prunetrain", "fig9")
+    for label, final in (("cifar100 PruneTrain, dynamic mini-batch", 320),
+                         ("imagenet PruneTrain, dynamic mini-batch", 128)):  # fmt: skip
+        r = rows[label]
+        (m,) = r.metrics
+        assert list(lookup(paper, metric=m, **r.paper)["value"]) == [final]
+
+
+def test_prunetrain_fig10_runs_each_interval_it_names():
+    from reproductions.prunetrain import fig10
+
+    for scale, intervals in (("smoke", [1, 2]), ("cpu", [1, 2, 4]), ("gpu", [2, 5, 10]),
+                             ("paper", [5, 10, 20])):  # fmt: skip
+        dense, *pts = fig10.rows(scale)
+        assert [r.options["reconfig_interval"] for r in pts] == intervals, scale
+        assert [r.label for r in pts] == [f"PruneTrain, interval {k}" for k in intervals]
+    assert fig10.rows("paper")[0].train["model"] == "prunetrain_resnet50"
+
+
+def test_prunetrain_fig11_projects_the_cost_from_params_and_batch():
+    from reproductions.prunetrain import fig11
+
+    # 1000 parameters dense; after epoch 0: 500, after epoch 1: 250. The batch doubles from
+    # epoch 2. Per iteration: 1, 0.5, 0.25; per epoch (x 32 / batch): 1, 0.5, 0.125
+    metrics = [{"epoch": 0, "params": 500, "batch_size": 32, "next_batch_size": 32},
+               {"epoch": 1, "params": 250, "batch_size": 32, "next_batch_size": 64},
+               {"epoch": 2, "params": 250, "batch_size": 64, "next_batch_size": 64}]  # fmt: skip
+    run = RunRecord("r", 0, {"params_dense": 1000}, metrics, True, {"batch_size": 32})
+    assert fig11.comm_cost_saved(run) == pytest.approx(100 * (1 - 1.625 / 3))
+    (fig,) = fig11.figures([RowResult(row=Row("pt"), runs=[run])], "cpu", None)
+    got = {(d["kind"], d["epoch"]): d["cost"] for d in fig.data}
+    assert [got["per iteration", e] for e in (1, 2, 3)] == [1.0, 0.5, 0.25]
+    assert [got["per epoch", e] for e in (1, 2, 3)] == [1.0, 0.5, 0.125]
+    rows = fig11.rows("paper")
+    assert [(r.options["penalty_ratio"], bool(r.options.get("dynamic_batch"))) for r in rows] == [
+        (0.2, False),
+        (0.25, False),
+        (0.25, True),
+    ]
+    assert all(r.train["data"] == "imagenet" for r in rows)
+    assert rows[2].paper == {"setting": "penalty ratio 0.25, 16-256 GPUs"}

@@ -301,3 +301,70 @@ def test_clicktrains_paper_rows_follow_each_published_rows_protocol():
     table2 = clicktrain_options("paper", train, "higher compression", "resnet50", "imagenet")
     table1 = clicktrain_options("paper", train, "higher compression", "resnet50", "cifar10")
     assert ct.options["connectivity"] == table2["connectivity"] != table1["connectivity"]
+
+
+def test_prunetrains_paper_recipes_are_the_papers():
+    from reproductions.prunetrain import train_for
+
+    # Sec. 5.1: CIFAR 182 epochs, batch 128, lr 0.1 (decayed at 91 and 136 in the authors'
+    # code); ResNet-50 on CIFAR is PruneTrain's own 3-stage bottleneck layout
+    cifar = train_for("paper", "resnet50", "cifar100")
+    assert cifar["model"] == "prunetrain_resnet50" and cifar["data"] == "cifar100"
+    assert (cifar["epochs"], cifar["batch_size"], cifar["lr"]) == (182, 128, 0.1)
+    assert cifar["milestones"] == [91, 136]
+    assert train_for("paper", "vgg13", "cifar10")["model"] == "vgg13"
+    # ImageNet: 90 epochs, batch 256 (64 per GPU on 4 GPUs), lr 0.1, decay at 30 and 60
+    imagenet = train_for("paper", "resnet50", "imagenet")
+    assert imagenet["model"] == "resnet50" and imagenet["stem"] == "imagenet"
+    assert (imagenet["epochs"], imagenet["batch_size"], imagenet["lr"]) == (90, 256, 0.1)
+    assert imagenet["milestones"] == [30, 60] and imagenet["weight_decay"] == 1e-4
+    # the short scales: their own defaults, ResNet-32 on digits at gpu unless a CIFAR ResNet
+    assert train_for("smoke", "resnet50") == {} and train_for("cpu", "resnet50") == {}
+    assert train_for("gpu", "resnet50") == {"model": "resnet32"}
+    assert train_for("gpu", "resnet56") == {"model": "resnet56"}
+
+
+def test_prunetrain_table1_paper_rows_are_the_papers_rows():
+    from reproductions.common import RunRecord
+    from reproductions.prunetrain import table1
+
+    rows = table1.rows("paper")
+    # dense and PruneTrain for ResNet-32/50 and VGG-11/13 on CIFAR-10 and CIFAR-100, then
+    # ImageNet ResNet-50's dense row and its three penalty ratios (Table 1)
+    assert len(rows) == 2 * 4 * 2 + 1 + 3
+    cifar = {(r.paper["model"], r.paper["dataset"], r.paper["method"]) for r in rows
+             if r.paper["dataset"] != "imagenet"}  # fmt: skip
+    assert cifar == {(m, d, k) for m in ("resnet32", "resnet50", "vgg11", "vgg13")
+                     for d in ("cifar10", "cifar100") for k in ("dense", "prunetrain")}  # fmt: skip
+    imagenet = [r for r in rows if r.paper["dataset"] == "imagenet"]
+    assert [r.method for r in imagenet] == ["dense", "prunetrain", "prunetrain", "prunetrain"]
+    for r, ratio in zip(imagenet[1:], (0.25, 0.2, 0.1)):
+        assert r.paper["setting"] == f"penalty ratio {ratio}"
+        assert r.options["penalty_ratio"] == ratio and r.options["reconfig_interval"] == 5
+        assert r.train["epochs"] == 90 and r.baseline == imagenet[0].label
+    # the smaller scales stand beside the paper's ResNet-32 CIFAR-10 row
+    for scale in ("smoke", "cpu", "gpu"):
+        dense, pt = table1.rows(scale)
+        assert pt.paper == {"model": "resnet32", "dataset": "cifar10", "method": "prunetrain"}
+        assert dense.paper["method"] == "dense" and pt.baseline == dense.label
+    # Table 1's "BN traffic saved" column: the ratio 0.25 model keeps 63% of it -> 37% saved
+    _, saved = table1.TARGET.metric_table["bn_traffic_saved"]
+    run = RunRecord("p", 0, {"method": "prunetrain", "bn_traffic_pct_of_dense": 63.0}, [], True)
+    assert saved(run, None) == pytest.approx(37.0)
+
+
+def test_prunetrain_table4_rows_compare_naive_and_dynamic_per_dataset():
+    from reproductions.prunetrain import table4
+
+    rows = {r.label: r for r in table4.rows("paper")}
+    assert list(rows) == [f"{d} {k}" for d in ("cifar100", "imagenet")
+                          for k in ("dense", "PruneTrain, naive",
+                                    "PruneTrain, dynamic mini-batch")]  # fmt: skip
+    for d in ("cifar100", "imagenet"):
+        naive, dyn = rows[f"{d} PruneTrain, naive"], rows[f"{d} PruneTrain, dynamic mini-batch"]
+        assert naive.paper == {"model": "resnet50", "dataset": d, "setting": "naive"}
+        assert dyn.paper == {"model": "resnet50", "dataset": d, "setting": "dynamic mini-batch"}
+        assert naive.train == dyn.train and not naive.options.get("dynamic_batch")
+        assert naive.baseline == dyn.baseline == f"{d} dense"
+    assert rows["cifar100 dense"].train["model"] == "prunetrain_resnet50"
+    assert rows["imagenet dense"].train["model"] == "resnet50"

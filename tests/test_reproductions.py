@@ -3011,3 +3011,292 @@ def test_prunetrain_fig11_projects_the_cost_from_params_and_batch():
     ]
     assert all(r.train["data"] == "imagenet" for r in rows)
     assert rows[2].paper == {"setting": "penalty ratio 0.25, 16-256 GPUs"}
+
+
+def test_sdgp_table1_trains_the_scales_network_and_smooths_labels_as_the_paper():
+    """ResNet-20 stands in for ResNet-9 at smoke and cpu; gpu trains ResNet-9 with the paper
+    recipe's label smoothing 0.1; the three pruning functions each prune 2:4 against dense."""
+    from reproductions.sdgp.table1 import rows
+
+    for scale, model in (("smoke", "resnet20"), ("cpu", "resnet20"), ("gpu", "resnet9")):
+        trained = [r for r in rows(scale) if not r.needs]
+        assert [r.label for r in trained] == [
+            "dense", "SDGP random 2:4", "SDGP magnitude 2:4", "SDGP rescaled 2:4"]  # fmt: skip
+        assert {r.train["model"] for r in trained} == {model}
+        assert all(r.train.get("label_smoothing", 0.0) == (0.1 if scale == "gpu" else 0.0)
+                   for r in trained)  # fmt: skip
+        for r in trained[1:]:
+            assert (r.options["n"], r.options["m"], r.baseline) == (2, 4, "dense")
+            assert r.options["prune_method"] in r.label and "rescale_eps" not in r.options
+
+
+def test_sdgp_fig8_runs_the_settings_each_scale_names():
+    """r = m/n = 2 and 4 for m in {4, 8, 16, 32} (cpu), r = 8 added for m >= 8 (gpu, paper);
+    the 4:32 row is read against 2:4, as Sec. V's -0.4 pp."""
+    from reproductions.sdgp.fig8 import rows, settings
+
+    assert settings("smoke") == [(2, 4), (4, 32)]
+    assert sorted(settings("cpu")) == sorted(
+        [(2, 4), (1, 4), (4, 8), (2, 8), (8, 16), (4, 16), (16, 32), (8, 32), (4, 32)]
+    )
+    assert sorted(settings("gpu")) == sorted(settings("cpu") + [(1, 8), (2, 16)])
+    for scale in ("smoke", "cpu", "gpu"):
+        out = {r.label: r for r in rows(scale)}
+        for r in out.values():
+            n, m = r.options["n"], r.options["m"]
+            assert r.label == f"{n}:{m}" and r.group == {"m": m, "ratio": f"r={m // n}"}
+            assert r.options["prune_method"] == "rescaled"
+        assert out["4:32"].baseline == "2:4" and "2:4" in out
+        assert out["4:32"].paper == {"setting": "rescaled 4:32 vs 2:4"}
+        assert out["4:32"].group["ratio"] == "r=8" and out["2:4"].group["ratio"] == "r=2"
+
+
+def test_sdgp_fig9_rows_read_the_estimate_at_their_ratio():
+    from reproductions.sdgp.fig9 import MEASURE, TARGET
+
+    share, r2, r4 = TARGET.rows("cpu")
+    assert {r.measure for r in (share, r2, r4)} == {MEASURE}
+    assert r2.measure_keys == {"estimated_runtime_reduction": "reduction_ratio2"}
+    assert r4.measure_keys == {"estimated_runtime_reduction": "reduction_ratio4"}
+    # the paper's rows: 16.6% at ratio 2 and 24.9% at ratio 4 (Sec. IV-C)
+    paper = paper_values("sdgp", "fig9")
+    assert lookup(paper, metric="data_grad_time_share", **share.paper).value.tolist() == [33.17]
+    assert lookup(paper, metric="estimated_runtime_reduction", **r2.paper).value.tolist() == [16.6]
+    assert lookup(paper, metric="estimated_runtime_reduction", **r4.paper).value.tolist() == [24.9]
+    for scale, dtype in (("cpu", "float32"), ("gpu", "float16"), ("paper", "float16")):
+        assert any(f"Timed in {dtype}" in n for n in TARGET.notes(scale))
+
+
+def test_sdgp_fig9_times_the_papers_shape_and_counts_no_first_conv_data_gradient(monkeypatch):
+    """The paper's shape: ResNet-18, batch 256 of 3 x 224 x 224, in float16 on the GPU; the
+    share leaves out the data gradient of a layer that never computes one."""
+    import impl.methods.sdgp_timing
+    from reproductions.sdgp import measure
+
+    for scale in ("gpu", "paper"):
+        assert measure.SHAPES[scale] == {"model": "resnet18", "stem": "imagenet", "batch": 256,
+                                         "image": 224}  # fmt: skip
+        assert measure.DTYPES[scale] == torch.float16
+    layers = [{"name": "conv1", "data_grad_needed": False, "fwd_ms": 1.0, "dgrad_ms": 5.0,
+               "wgrad_ms": 1.0, "prune_ms": 0.0},
+              {"name": "conv2", "data_grad_needed": True, "fwd_ms": 2.0, "dgrad_ms": 2.0,
+               "wgrad_ms": 2.0, "prune_ms": 0.0}]  # fmt: skip
+    seen = []
+
+    def profile(model, shape, batch, n, m, repeats, amp_dtype=None):
+        seen.append((shape, batch, amp_dtype))
+        return [dict(layer) for layer in layers]
+
+    monkeypatch.setattr(impl.methods.sdgp_timing, "profile_conv_layers", profile)
+    out = measure.conv_times(scale="smoke", context={}, repeats=1, sweeps=1)
+    # data gradient 2 of 1 + 2 + 1 + 2 + 2 = 8 ms: 25%; x 1/2 and x 3/4 at ratios 2 and 4
+    assert out["data_grad_time_share"] == pytest.approx(25.0)  # one sweep: the number
+    assert out["reduction_ratio2"] == pytest.approx(12.5)
+    assert out["reduction_ratio4"] == pytest.approx(18.75)
+    assert seen == [((3, 32, 32), 4, None)] and out["dtype"] == "float32"
+
+
+def test_sdgp_fig10_reads_the_target_of_the_paper_and_saves_nothing_for_dense():
+    """Fig. 10's target is 94.5% on CIFAR-10; an epoch reaching exactly the target counts; a
+    dense run saves nothing whatever its profile says."""
+    from reproductions.sdgp.fig10 import TARGET_TOP1, estimated_tta, relative_speedup
+
+    paper = paper_values("sdgp", "fig10")
+    assert lookup(paper, metric="target_top1").value.tolist() == [94.5]
+    assert TARGET_TOP1["paper"] == TARGET_TOP1["gpu"] == 94.5
+    exact = _curve([80.0, 94.5, 96.0], scale="paper", method="sdgp", seconds=[4.0, 4.0, 4.0],
+                   saved=0.5)  # fmt: skip
+    assert estimated_tta(exact, None) == pytest.approx(4.0)  # 2 epochs of 4 s, half saved
+    dense = _curve([80.0, 94.5], scale="paper", seconds=[4.0, 6.0], saved=0.5)
+    assert estimated_tta(dense, None) == pytest.approx(10.0)
+    assert relative_speedup(exact, dense) == pytest.approx(100.0)  # 2 x 1 against 2 x 0.5
+
+
+def test_sdgp_fig10_compares_4_32_with_16_32_and_profiles_every_setting():
+    from reproductions.sdgp.fig10 import rows
+
+    for scale in ("smoke", "cpu", "gpu"):
+        out = rows(scale)
+        assert out[0].label == "dense" and out[0].method == "dense"
+        for r in out[1:]:
+            assert r.options["profile"] is True and r.method == "sdgp"
+            assert r.options["prune_method"] == "rescaled"
+        (rel,) = [r for r in out if r.metrics == ("tta_relative_speedup",)]
+        assert rel.baseline == "16:32" and (rel.options["n"], rel.options["m"]) == (4, 32)
+        assert rel.paper == {"setting": "rescaled 4:32 vs 16:32"}
+    assert [r.label for r in rows("cpu")][1:4] == ["2:4", "16:32", "4:32"]
+    assert len(rows("gpu")) == 1 + 8 + 1
+
+
+def test_campfire_timeline_maps_the_papers_epochs_onto_the_scale():
+    """Sec. 3 / App. B.3: 100 epochs, lr 0.05 at batch 64 (0.1 at batch 256), momentum 0.9,
+    weight decay 1e-4, the rate x0.1 at epochs 30, 60 and 90."""
+    from reproductions.campfire import campfire_row, dense_row, to_scale, top1_at, train_for
+
+    cpu = train_for("cpu")
+    assert (cpu["epochs"], cpu["milestones"], cpu["lr"], cpu["weight_decay"]) == (
+        10, [3, 6, 9], 0.05, 1e-4)  # fmt: skip
+    assert train_for("cpu", last_drop=80)["milestones"] == [3, 6, 8]
+    assert (train_for("cpu", batch=256)["batch_size"], train_for("cpu", batch=256)["lr"]) == (
+        256, 0.1)  # fmt: skip
+    assert train_for("cpu", batch=128)["lr"] == 0.05
+    assert train_for("gpu")["epochs"] == 30 and train_for("gpu")["milestones"] == [9, 18, 27]
+    assert dense_row("cpu").train == cpu and to_scale(45, "cpu") == 4
+    # at smoke (4 epochs) an era of 20 of 100 is under one epoch: it still prunes for one
+    row = campfire_row("smoke", "ck", 40, 70)
+    assert (row.options["start_epoch"], row.options["era_epochs"]) == (2, 1)
+    assert row.options["final_sparsity"] == 0.7 and row.label == "ck, start 40, sparsity 70%"
+    long = campfire_row("cpu", "combined", 40, 60, era=30)
+    assert long.label == "combined, start 40, era 40-70, sparsity 60%"
+    assert (long.options["start_epoch"], long.options["era_epochs"]) == (4, 3)
+    # epoch 90 of a 4-epoch run is its 4th (round(3.6)), not its 3rd
+    assert top1_at(0.9)(_curve([10.0, 20.0, 30.0, 40.0])) == 40.0
+
+
+def test_campfire_fgsm_measure_reads_each_seeds_run_per_epsilon(monkeypatch):
+    import impl.robustness
+    from reproductions.campfire.measure import fgsm
+
+    top1 = {"a": {0.1: 50.0, 0.2: 30.0}, "b": {0.1: 40.0, 0.2: 20.0}}
+
+    def attack(path, eps, device):
+        return [{"eps": e, "top1": top1[path][e]} for e in eps]
+
+    monkeypatch.setattr(impl.robustness, "eval_fgsm_run", attack)
+    out = fgsm(scale="cpu", context={"runs": {"ck": ["a", "b"]}}, row="ck", eps=[0.1, 0.2])
+    assert out["eps_0.1"] == [50.0, 40.0] and out["eps_0.2"] == [30.0, 20.0]
+    assert out["mean"] == {"eps_0.1": 45.0, "eps_0.2": 25.0}
+    with pytest.raises(ValueError, match="'ck' has no finished run"):
+        fgsm(scale="cpu", context={"runs": {"ck": []}}, row="ck", eps=[0.1])
+
+
+def test_campfire_table1_rows_prune_the_first_quarter_at_the_scales_targets():
+    from reproductions.campfire.table1 import TARGET
+
+    for scale, sparsities, era in (("smoke", [60], 1), ("cpu", [40, 80], 2),
+                                   ("gpu", [20, 40, 60, 80], 7)):  # fmt: skip
+        rows = TARGET.rows(scale)
+        assert rows[0].label == "dense" and not rows[0].needs
+        for mask in ("window", "ck"):
+            mine = [r for r in rows if r.group.get("mask") == mask]
+            assert [r.options["final_sparsity"] for r in mine] == [s / 100 for s in sparsities]
+            assert {(r.options["start_epoch"], r.options["era_epochs"]) for r in mine} == {
+                (0, era)}  # fmt: skip
+    best = _curve([50.0, 70.0, 60.0], best_top1=70.0)
+    assert TARGET.extra_metrics["top1"][1](best, None) == 70.0  # the best, not the last
+
+
+def test_campfire_table2_grid_at_each_scale():
+    from reproductions.campfire.table2 import TARGET, _ck_starts, _start_30, grid
+
+    cpu = grid("cpu")
+    assert len(cpu) == 10 and {sp for _, _, sp, _ in cpu[:8]} == {70}
+    assert ("window", 30, 70, 20) in cpu and ("window", 0, 70, 20) in cpu
+    assert cpu[8:] == [("ck", 40, 60, 20), ("combined", 40, 60, 20)]
+    gpu = grid("gpu")
+    assert ("window", 0, 40, 20) not in gpu and ("window", 30, 40, 20) not in gpu
+    assert ("ck", 40, 40, 20) in gpu and len(gpu) == 6 * 4 + 2 * 3 + 4
+    assert [g for g in gpu if g[3] == 30] == [
+        ("ck", 40, 60, 30),
+        ("ck", 40, 70, 30),
+        ("combined", 40, 60, 30),
+        ("combined", 40, 70, 30),
+    ]
+    rows = TARGET.rows("cpu")
+    assert [r.label for r in rows if _start_30(r)] == [
+        "dense",
+        "ck, start 30, sparsity 70%",
+        "combined, start 30, sparsity 70%",
+        "window, start 30, sparsity 70%",
+    ]
+    assert [r.label for r in rows if _ck_starts(r)] == [
+        "dense",
+        "ck, start 40, sparsity 70%",
+        "ck, start 30, sparsity 70%",
+        "ck, start 20, sparsity 70%",
+    ]
+
+
+def test_campfire_tables_3_and_8_read_table_2s_runs_at_epoch_90():
+    from reproductions.campfire import table3, table8
+
+    run = _curve([10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 91.0, 95.0])
+    dense = _curve([11.0, 21.0, 31.0, 41.0, 51.0, 61.0, 71.0, 81.0, 90.0, 99.0])
+    assert table3.TARGET.extra_metrics["top1"][1](run, None) == 91.0
+    assert table3.delta_at_90(run, dense) == pytest.approx(1.0)
+    assert table8.gain(run) == pytest.approx(4.0)
+    rows = table8.rows("cpu")
+    assert rows[0].label == "dense" and rows[0].paper == {"method": "dense"}
+    assert rows[0].metrics is None  # the dense row's gain is in the paper's table
+    paper = paper_values("campfire", "table8")
+    assert lookup(paper, metric="top1_gain_90_to_100", **rows[0].paper).value.tolist() == [1.04]
+
+
+def test_campfire_table4_reads_each_case_at_epochs_90_and_100():
+    from reproductions.campfire.table4 import TARGET
+
+    rows = {r.label: r for r in TARGET.rows("cpu")}
+    r90, r100 = (
+        rows["ck, start 40, sparsity 60% (epoch 90)"],
+        rows["ck, start 40, sparsity 60% (epoch 100)"],
+    )
+    assert r90.measure_keys["top1"] == "top1_at_90" and r100.measure_keys["top1"] == "top1"
+    assert r90.paper["setting"] == "ck, start 40, epoch 90"
+    assert r90.measure_keys["sparsity"] == "sparsity_pct"
+    run = _curve([1.0] * 9 + [2.0], true_sparsity=0.6)
+    assert TARGET.extra_metrics["sparsity_pct"][1](run, None) == pytest.approx(60.0)
+    assert TARGET.extra_metrics["top1_at_90"][1](run, None) == 1.0
+    pt = next(r for r in rows.values() if r.method == "prunetrain")
+    assert pt.measure_keys == {"sparsity": "inference_flops_saved"}
+    paper_pt = next(r for r in TARGET.rows("paper") if r.method == "prunetrain")
+    assert (paper_pt.train["model"], paper_pt.train["data"]) == ("resnet50", "imagenet")
+
+
+def test_campfire_table5_trains_dense_and_campfire_at_batch_256():
+    from reproductions.campfire.table5 import TARGET
+
+    rows = TARGET.rows("cpu")
+    assert [r.label for r in rows] == ["dense", "ck, start 30, sparsity 70%",
+                                       "window, start 30, sparsity 70%",
+                                       "combined, start 30, sparsity 70%"]  # fmt: skip
+    assert {(r.train["batch_size"], r.train["lr"]) for r in rows} == {(256, 0.1)}
+    assert len(TARGET.rows("gpu")) == 10
+
+
+def test_campfire_table6_attacks_each_model_at_the_papers_epsilons():
+    from reproductions.campfire.table6 import EPS, MEASURE, TARGET
+
+    paper = paper_values("campfire", "table6")
+    assert sorted(EPS) == sorted({float(s.rsplit("eps ", 1)[1]) for s in paper.setting})
+    rows = TARGET.rows("cpu")
+    models = [r.label for r in rows if not r.measure]
+    assert models == ["dense", "combined, start 40, sparsity 60%",
+                      "combined, start 40, sparsity 70%", "window, start 30, sparsity 70%",
+                      "ck, start 40, sparsity 60%", "ck, start 30, sparsity 70%"]  # fmt: skip
+    assert [r.label for r in TARGET.rows("smoke") if not r.measure] == [
+        "dense", "ck, start 30, sparsity 70%"]  # fmt: skip
+    attacks = [r for r in rows if r.measure == MEASURE]
+    assert len(attacks) == len(models) * 6
+    for r in attacks:
+        e = r.group["eps"]
+        assert r.measure_keys == {"fgsm_top1": f"eps_{e}"} and r.params["row"] == r.group["model"]
+        assert len(lookup(paper, metric="fgsm_top1", **r.paper)) == 1, r.label
+    dense_05 = next(r for r in attacks if r.group == {"model": "dense", "eps": 0.05})
+    assert lookup(paper, metric="fgsm_top1", **dense_05.paper).value.tolist() == [41.71]
+
+
+def test_campfire_table9_rows_drop_the_rate_at_80_against_table_2s_run():
+    from reproductions.campfire.table9 import TARGET
+
+    rows = TARGET.rows("cpu")
+    pairs = [(r.baseline, r.label) for r in rows if r.label.endswith("last drop at 80")]
+    assert pairs == [
+        ("ck, start 40, sparsity 60%", "ck, start 40, sparsity 60%, last drop at 80"),
+        ("combined, start 40, sparsity 60%", "combined, start 40, sparsity 60%, last drop at 80"),
+        ("window, start 0, sparsity 60%", "window, start 0, sparsity 60%, last drop at 80"),
+    ]
+    by = {r.label: r for r in rows}
+    for ref, early in pairs:
+        assert by[early].train["milestones"] == [3, 6, 8]
+        assert by[ref].train["milestones"] == [3, 6, 9]
+        assert by[early].options == by[ref].options

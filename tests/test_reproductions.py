@@ -1060,6 +1060,66 @@ def test_clicktrain_fig13_draws_the_papers_times_then_the_saving():
         "ours, ResNet-20 on digits, projected (cpu)", "paper resnet50"}  # fmt: skip
 
 
+def test_clicktrain_fig13_projects_each_clicktrain_run_on_4_8_and_16_gpus():
+    from reproductions.clicktrain import fig13
+
+    # paper scale: ImageNet ClickTrain runs of the three models Fig. 13 plots, each projected
+    # on every GPU count the paper measured
+    rows = fig13.rows("paper")
+    runs = {r.label: r for r in rows if r.method == "clicktrain"}
+    assert {r.train["data"] for r in runs.values()} == {"imagenet"}
+    projected = {(r.paper["model"], r.paper["setting"]) for r in rows if r.measure}
+    published = {(p["model"], p["setting"]) for p in
+                 paper_values("clicktrain", "fig13").to_dict("records")}  # fmt: skip
+    assert projected == published and len(projected) == 9
+    for r in rows:
+        if r.measure:
+            g = r.group["gpus"]
+            assert r.params["row"] in runs and r.params["row"].startswith(r.paper["model"] + " ")
+            assert r.measure_keys == {"comm_time_saved": f"comm_time_saved_{g}"}
+    # below it, the scale's run stands for the paper's ResNet-50, and the labels say so
+    cpu = fig13.rows("cpu")
+    assert [r.label for r in cpu if r.measure] == [
+        "projection, 4 GPUs (paper: resnet50)",
+        "projection, 8 GPUs (paper: resnet50)",
+        "projection, 16 GPUs (paper: resnet50)",
+    ]
+    (run,) = [r for r in cpu if not r.measure]
+    assert run.method == "clicktrain" and "higher compression" in run.label
+    assert run.metrics == ("compression_ratio",) and not run.paper and run.baseline is None
+
+
+def test_clicktrain_fig13_projects_the_kept_gradients_of_the_pruned_convs_only(
+    tmp_path, monkeypatch
+):
+    import impl.train
+    from impl.comm_model import hierarchical_ring_allreduce
+    from reproductions.clicktrain import kernels
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, bias=False), torch.nn.Linear(2, 2))
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].weight.view(-1)[:8] = 1.0  # 8 of the pruned conv's 18 weights kept
+        net[1].weight.view(-1)[:1] = 0.0  # a zero in a layer not pruned is still sent
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"clicktrain": {"pruned_layers": ["0"]}}))
+    monkeypatch.setattr(impl.train, "load_trained_model", lambda path: (net, None))
+    got = kernels.comm_projection(scale="cpu", context={"runs": {"ct": [str(run)]}}, row="ct",
+                                  gpus=(4, 16))  # fmt: skip
+    # float32: dense 18 + 4 + 2 weights, the pattern Allreduce 8 + 4 + 2
+    assert got["dense_bytes_per_iter"] == 96 and got["pattern_bytes_per_iter"] == 56
+    assert got["bytes_saved"] == pytest.approx(100 * (1 - 56 / 96))
+    for g in (4, 16):
+        dense, pattern = (hierarchical_ring_allreduce(b, g).seconds for b in (96, 56))
+        assert got[f"comm_ms_dense_{g}"] == [pytest.approx(1e3 * dense)]
+        assert got[f"comm_ms_clicktrain_{g}"] == [pytest.approx(1e3 * pattern)]
+        assert got[f"comm_time_saved_{g}"] == [pytest.approx(100 * (1 - pattern / dense))]
+    assert "comm_time_saved_8" not in got
+    with pytest.raises(ValueError, match="no finished run"):
+        kernels.comm_projection(scale="cpu", context={"runs": {}}, row="ct")
+
+
 def test_prunetrain_fig9_draws_the_memory_of_an_iteration_then_the_batch():
     import pandas as pd
 
@@ -1235,6 +1295,51 @@ def test_the_pattern_spmm_beats_dense_only_when_faster_than_gemm_and_convolution
     assert not pattern_beats_dense(times(2.0, 0.5, 1.0), 75.0)  # cuDNN's Winograd, say
     assert not pattern_beats_dense(times(0.5, 3.0, 1.0), 75.0)
     assert not pattern_beats_dense(times(1.0, 1.0, 1.0), 75.0)
+
+
+def test_figs_9_and_10_pattern_masks_keep_equal_kernels_per_filter_of_4_of_9_patterns():
+    from reproductions.clicktrain.kernels import pattern_mask
+
+    # 75% asked of 18 channels: round(0.25 * 9 * 18 / 4) = 10 kernels kept per filter,
+    # 40 of each filter's 162 weights
+    mask = pattern_mask(8, 18, 0.75)
+    assert mask.shape == (8, 18, 3, 3) and mask.dtype == torch.bool
+    per_kernel = mask.flatten(2).sum(dim=2)
+    assert set(per_kernel.unique().tolist()) == {0, 4}
+    assert (per_kernel > 0).sum(dim=1).tolist() == [10] * 8
+    assert float(1 - mask.float().mean()) == pytest.approx(1 - 40 / 162)
+    assert len({tuple(k.tolist()) for k in mask.flatten(2)[per_kernel > 0]}) <= 12
+    # 90% of 128 channels (Fig. 10's highest): round(0.1 * 9 * 128 / 4) = 29 kernels
+    assert (pattern_mask(2, 128, 0.9).flatten(2).any(dim=2).sum(dim=1) == 29).all()
+    with pytest.raises(ValueError, match="sparsity in"):
+        pattern_mask(2, 9, 0.5)  # a 4-of-9 kernel alone is 5/9 sparse
+
+
+def test_figs_9_and_10_time_the_papers_filter_matrix_and_read_the_speedup_near_75_percent():
+    from reproductions.clicktrain.kernels import (
+        PAPER_SHAPE,
+        SCALE_SHAPES,
+        filter_matrix,
+        pattern_beats_dense,
+        spmm_sweep,
+    )
+
+    # Sec. 5.1: 256 filters of 128 channels, 3x3 (256 x 1152) times a 224 x 224 map's im2col;
+    # cpu the same filters times a 56 x 56 map, smoke 32 x 144 times a 28 x 28 one
+    assert PAPER_SHAPE == {"filters": 256, "channels": 128, "columns": 224 * 224}
+    assert SCALE_SHAPES["gpu"] == SCALE_SHAPES["paper"] == PAPER_SHAPE
+    assert SCALE_SHAPES["cpu"] == {"filters": 256, "channels": 128, "columns": 56 * 56}
+    assert filter_matrix(PAPER_SHAPE) == "256x1152"
+    assert filter_matrix(SCALE_SHAPES["smoke"]) == "32x144"
+    spmm = spmm_sweep(scale="smoke", context={}, sparsities=(0.6, 0.75, 0.9), repeats=1)
+    assert spmm["shape"] == "32x144 times 144x784"
+    # 16 channels at 75%: 9 kernels of 4 weights kept of 144 weights a filter, 75.0% exactly
+    assert spmm["speedup_sparsity"] == 75.0
+    at = {(p["impl"], p["sparsity"]): p["time_ms"] for p in spmm["points"]}
+    beaten = [sp for sp in sorted({p["sparsity"] for p in spmm["points"]})
+              if pattern_beats_dense(at, sp)]  # fmt: skip
+    pooled = spmm["crossover_sparsity_pooled"]
+    assert pooled == beaten[0] if beaten else math.isnan(pooled)
 
 
 def test_speed_measurements_give_one_headline_value_per_sweep():
@@ -1466,6 +1571,60 @@ def test_clicktrain_fig12_shows_the_share_of_wall_time_saved_beside_the_hours():
     assert saved["train_hours_saved"]["ours"] == pytest.approx(100 / 3600)
     notes = " ".join(target.notes("cpu"))
     assert "wall time incl. evaluation" in notes and "not the hours" in notes
+
+
+def test_clicktrain_fig14_shows_hours_of_training_and_hours_saved_per_gpu_count():
+    from reproductions.clicktrain import fig14
+
+    dense = RunRecord("d", 0, {"wall_seconds": 5.5 * 3600}, [], True)
+    clicktrain = RunRecord("c", 0, {"wall_seconds": 4.0 * 3600}, [], True)
+    assert fig14.train_hours(clicktrain) == pytest.approx(4.0)
+    assert fig14.hours_saved(clicktrain, dense) == pytest.approx(1.5)
+    # every model and GPU count the paper plots (Fig. 14: ResNet-50, ResNet-101, VGG-16 on
+    # 4, 8 and 16 GPUs), each ClickTrain row beside its own dense run and the paper's bar
+    rows = fig14.rows("paper")
+    plotted = {(p["model"], p["setting"]) for p in
+               paper_values("clicktrain", "fig14").to_dict("records")}  # fmt: skip
+    ours = {(r.paper["model"], r.paper["setting"]) for r in rows if r.method == "clicktrain"}
+    assert ours == plotted and len(ours) == 9
+    for r in rows:
+        assert r.needs and "GPUs" in r.needs
+        if r.method == "clicktrain":
+            g = int(r.paper["setting"].split()[0])
+            assert r.baseline == f"{r.paper['model']} dense, {g} GPUs"
+
+
+def test_clicktrain_fig12_and_fig15_compare_the_higher_compression_run_with_its_dense_run():
+    from reproductions.clicktrain import fig12, fig15
+
+    # Fig. 12: dense and ClickTrain for every model and dataset whose hours the paper states
+    # (Sec. 6.3), each ClickTrain row beside the dense run of its own recipe
+    rows = fig12.rows("paper")
+    ours = {(r.paper["model"], r.paper["dataset"]) for r in rows if r.method == "clicktrain"}
+    stated = {(p["model"], p["dataset"]) for p in
+              paper_values("clicktrain", "fig12").to_dict("records")}  # fmt: skip
+    assert ours == stated and len(ours) == 8
+    assert {r.method for r in rows} == {"dense", "clicktrain"}
+    labels = {r.label for r in rows}
+    for r in rows:
+        assert "lower" not in r.label and "PruneTrain" not in r.label
+        if r.method == "clicktrain":
+            assert r.baseline in labels
+            # Fig. 12's values have no compression setting: the selector names none
+            assert r.paper == {"model": r.paper["model"], "dataset": r.paper["dataset"],
+                               "method": "clicktrain"}  # fmt: skip
+    assert [(r.label, r.method) for r in fig12.rows("cpu")] == [
+        ("dense", "dense"), ("ClickTrain (higher compression)", "clicktrain")]  # fmt: skip
+    # Fig. 15: dense, PruneTrain and ClickTrain (higher compression) on ResNet-50, each
+    # against the paper's number of its own method (CIFAR-10; ImageNet at paper scale)
+    cpu = fig15.rows("cpu")
+    assert [r.label for r in cpu] == ["dense", "PruneTrain", "ClickTrain (higher compression)"]
+    assert [r.paper.get("method") for r in cpu] == [None, "prunetrain", "clicktrain"]
+    paper = [r for r in fig15.rows("paper") if r.paper]
+    assert sorted((r.paper["dataset"], r.paper["method"]) for r in paper) == [
+        ("cifar10", "clicktrain"), ("cifar10", "prunetrain"),
+        ("imagenet", "clicktrain"), ("imagenet", "prunetrain")]  # fmt: skip
+    assert {r.paper["model"] for r in paper} == {"resnet50"}
 
 
 def test_speed_claim_targets_ask_for_the_scales_sweeps():
@@ -2034,6 +2193,16 @@ def test_fig11_gpu_rows_time_the_benchmarks_method_states():
     assert any(r.method == "clicktrain" for r in fig11.rows("paper"))  # paper scale trains
 
 
+def test_fig11_takes_times_only_from_benchmark_rows_that_ran():
+    from reproductions.clicktrain import fig11
+
+    ok = {"status": "ok", "forward_ms": 1.5, "backward_ms": 2.5}
+    assert fig11._phases(ok) == {"fwd_ms": 1.5, "bwd_ms": 2.5, "iter_ms": 4.0}
+    # a row that failed (out of memory, say) part way is no time, whatever it holds
+    assert fig11._phases({**ok, "status": "error"}) is None
+    assert fig11._phases({"status": "ok", "forward_ms": None}) is None
+
+
 def test_fig11_reads_a_gpu_benchmark_run_instead_of_measuring_again(tmp_path):
     from reproductions.clicktrain import fig11
 
@@ -2225,6 +2394,11 @@ def test_clicktrain_fig9_names_the_matrix_it_timed_and_no_training_notes(tmp_pat
     # before anything is measured, the scale's shape; the paper's own shape says so
     _, described = fig9.heading([], "cpu")
     assert "the 256 x 1152 filter matrix (the paper's shape)" in described
+    # a reused measurement names the shape it timed, whatever the scale's shape is now
+    reused = RowResult(row=fig9.rows("cpu")[0], measured={"shape": "64x288"})
+    assert fig9.matrix_shape([reused], "cpu") == "64 x 288"
+    _, described = fig9.heading([reused], "cpu")
+    assert "the 64 x 288 filter matrix (the paper's is 256 x 1152)" in described
 
 
 def test_execute_rows_says_how_each_run_came_and_counts_only_older_runs_as_reused(

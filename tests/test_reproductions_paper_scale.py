@@ -443,3 +443,65 @@ def test_campfire_table1_paper_rows_follow_appendix_b1():
     pruned = [r for r in rows if r.method == "campfire"]
     assert {(r.options["start_epoch"], r.options["era_epochs"]) for r in pruned} == {(0, 10)}
     assert {r.paper["setting"] for r in pruned} == _paper_settings("table1")
+
+
+def test_clicktrains_accuracy_rows_train_the_papers_recipe():
+    """Sec. 6.1: 190 CIFAR epochs at lr 0.1 and batch 128; 90 ImageNet epochs at batch 64
+    per GPU and lr 0.1 (the decays at 95/142 and 30/60 and ImageNet's weight decay 1e-4 are
+    this project's choices, named in the module's docstring)."""
+    from reproductions.clicktrain import train_for
+
+    cifar = train_for("paper", "resnet34", "cifar100")
+    assert cifar["model"] == "resnet32" and cifar["data"] == "cifar100"
+    assert (cifar["epochs"], cifar["batch_size"], cifar["lr"]) == (190, 128, 0.1)
+    assert cifar["schedule"] == "step" and cifar["milestones"] == [95, 142]
+    imagenet = train_for("paper", "resnet50", "imagenet")
+    assert imagenet["model"] == "resnet50" and imagenet["stem"] == "imagenet"
+    assert (imagenet["epochs"], imagenet["batch_size"], imagenet["lr"]) == (90, 64, 0.1)
+    assert imagenet["milestones"] == [30, 60] and imagenet["weight_decay"] == 1e-4
+    # below paper scale: the scale's defaults, and at gpu a CIFAR ResNet (ResNet-32 unless
+    # the paper's model is one of them)
+    assert train_for("cpu", "resnet50") == train_for("smoke", "resnet50") == {}
+    assert train_for("gpu", "resnet56") == {"model": "resnet56"}
+    assert train_for("gpu", "resnet20") == {"model": "resnet20"}
+    assert train_for("gpu", "resnet50") == {"model": "resnet32"}
+
+
+def test_a_clicktrain_row_the_paper_gives_no_compression_keeps_the_default_connectivity():
+    """Where the paper prints no compression for a row, the connectivity is the authors' code's
+    range, 0.55 (lower compression) to 0.75 (higher)."""
+    from reproductions.clicktrain import clicktrain_options, fig11
+
+    assert clicktrain_options("paper", {"model": "vgg16"}, "lower compression", "vgg16",
+                              "cifar10") == {"connectivity": 0.55}  # fmt: skip
+    assert clicktrain_options("paper", {"model": "vgg16"}, "higher compression", "vgg16",
+                              "cifar10") == {"connectivity": 0.75}  # fmt: skip
+    # Fig. 11's ResNet-34: Table 2 has no ResNet-34 row
+    resnet34 = [r for r in fig11.rows("paper") if r.label.startswith("resnet34 ")
+                and r.method == "clicktrain"]  # fmt: skip
+    assert len(resnet34) == 2 and {r.options["connectivity"] for r in resnet34} == {0.75}
+
+
+def test_a_compression_beyond_the_networks_reach_by_more_than_3_percent_is_refused():
+    from reproductions.clicktrain import compression_at, connectivity_for
+
+    # ImageNet ResNet-50 pruned at its 3x3 convs only tops out at the highest connectivity
+    top = compression_at("resnet50", "imagenet", 0.99)
+    assert 1.8 < top < 2.0
+    assert connectivity_for("resnet50", "imagenet", top * 1.02) == 0.99  # within 3%
+    with pytest.raises(ValueError, match=r"cannot be hard-pruned to .*at connectivity 0.99"):
+        connectivity_for("resnet50", "imagenet", top * 1.05)
+
+
+def test_table1s_hard_pruning_epoch_is_when_clicktrains_sparse_stage_began():
+    """Stage 5 of ClickTrain (Sec. 4) is the sparse one: hard pruning starts it."""
+    from reproductions.clicktrain import hard_prune_epoch, table1
+
+    starts = {"dense": 0, "pool": 10, "finalize": 20, "regularize": 30, "sparse": 95}
+    run = SimpleNamespace(summary={"clicktrain": {"stage_start_epoch": starts}})
+    assert hard_prune_epoch(run) == 95.0
+    unpruned = SimpleNamespace(summary={"clicktrain": {"stage_start_epoch": {"dense": 0}}})
+    assert hard_prune_epoch(unpruned) is None
+    assert hard_prune_epoch(SimpleNamespace(summary={})) is None
+    assert "hard_prune_epoch" in table1.TARGET.metrics
+    assert table1.TARGET.metric_table["hard_prune_epoch"] == ("epoch", hard_prune_epoch)

@@ -1805,3 +1805,100 @@ def test_a_method_boolean_flag_reads_false_words_as_false(text, value):
     parser = argparse.ArgumentParser()
     cli.add_method_arguments(parser, Cfg)
     assert parser.parse_args(["--dynamic-batch", text]).method__dynamic_batch is value
+
+
+def test_a_steps_per_epoch_flag_with_resume_repeats_the_saved_number_only():
+    """--max-steps-per-epoch 3 repeats a smoke run (3 steps an epoch); 5 changes it."""
+    from impl.config import resolve
+
+    smoke = resolve("smoke")
+    assert cli._is_saved_value("max_steps_per_epoch", 3, smoke, "r") is True
+    assert cli._is_saved_value("max_steps_per_epoch", 5, smoke, "r") is False
+
+
+@pytest.mark.parametrize("error", [ValueError, RuntimeError])
+def test_resume_with_a_device_this_machine_cannot_pick_changes_the_run(error, monkeypatch):
+    """A device that cannot be picked here (no such GPU, a bad name) is no repeat of the
+    saved one: it is refused as a change, not raised."""
+    import impl.train
+    from impl.config import resolve
+
+    def pick_device(name):
+        if name == "cuda:7":
+            raise error("no cuda:7 here")
+        return torch.device("cpu")
+
+    monkeypatch.setattr(impl.train, "pick_device", pick_device)
+    assert cli._is_saved_value("device", "cuda:7", resolve("smoke", device="auto"), "r") is False
+
+
+def test_the_result_line_is_followed_by_the_note_a_reader_should_not_miss(capsys, tmp_path):
+    summary = {"method": "dense", "model": "resnet20", "data": "synthetic", "scale": "smoke",
+               "top1": 10.0, "compression_ratio": 2.5, "fwd_ms": 1.0, "bwd_ms": 2.0,
+               "wall_seconds": 3.0, "data_synthetic": True}  # fmt: skip
+    cli._print_result(tmp_path, summary)
+    assert capsys.readouterr().out.splitlines() == [
+        "dense resnet20 on synthetic [smoke]: top-1 10.00%, compression 2.50x, fwd 1.0 ms, "
+        "bwd 2.0 ms per iteration (last epoch's medians), 3.0 s",
+        f"results: {tmp_path}/summary.json (metrics.jsonl, config.json, checkpoint.pt)",
+        "note: synthetic data (random labels): the top-1 is meaningless; use it for timing only",
+    ]
+
+
+def test_resume_under_nproc_checks_the_moved_data_once_and_names_its_own_resume_command(
+    tmp_path, monkeypatch, capsys
+):
+    """--resume with --nproc 2 checks the run (with the --data-dir it was given) before
+    torchrun starts; stopped, it names the same resume with its processes and timeout."""
+    import impl.train
+    from impl import distributed, rundir
+    from impl.config import resolve
+
+    checked = []
+    monkeypatch.setattr(impl.train, "check_before_workers", lambda *args: checked.append(args))
+
+    def launch(argv, nproc, **kwargs):
+        assert checked, "torchrun started before the run was checked"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    run.mkdir()
+    rundir.write_json(
+        run / rundir.CONFIG_FILE, resolve("smoke", out=str(run), device="cpu").to_dict()
+    )
+    argv = ["train", "--resume", str(run), "--nproc", "2", "--dist-timeout", "7.5",
+            "--data-dir", str(moved)]  # fmt: skip
+    assert cli.main(argv) == cli.EXIT_INTERRUPTED
+    assert checked == [(None, str(run), str(moved))]
+    assert capsys.readouterr().err.strip() == (
+        f"pdtbench train: interrupted; no epoch had finished: continue with "
+        f"`pdtbench train --resume {run} --nproc 2 --dist-timeout 7.5`"
+    )
+
+
+def test_ctrl_c_in_a_resumed_run_names_the_same_resume(tmp_path, monkeypatch, capsys):
+    """A resume of one process, stopped, names `--resume RUN` alone: no --nproc it was not
+    given."""
+    import impl.train
+    from impl import rundir
+    from impl.config import resolve
+
+    def stopped(run_dir, progress=True, data_dir=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(impl.train, "resume", stopped)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_json(
+        run / rundir.CONFIG_FILE, resolve("smoke", out=str(run), device="cpu").to_dict()
+    )
+    assert cli.main(["train", "--resume", str(run)]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == (
+        f"pdtbench train: interrupted; no epoch had finished: continue with "
+        f"`pdtbench train --resume {run}`"
+    )

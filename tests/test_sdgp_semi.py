@@ -1829,3 +1829,144 @@ def test_bench_check_is_relative_to_the_largest_value(monkeypatch):
     row = bs.measure_layer(layer, "bf16", torch.device("cpu"), bs.BenchConfig(**SMALL_BENCH))
     assert row["status"] == "ok", row.get("reason")
     assert 0.02 < row["check_rel_max_err"] < bs.CHECK_REL_TOL
+
+
+def test_bench_defaults_are_the_papers_setup_and_small_sizes_run_bf16_only():
+    # docs/sdgp_semi.md: ResNet-18 and ResNet-50, batch 256, 224 x 224, bf16 and fp16,
+    # channels-last, rescaled pruning (plane rule), backend auto; the smoke run: bf16 only.
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig()
+    assert (cfg.models, cfg.dtypes) == (("resnet18", "resnet50"), ("bf16", "fp16"))
+    assert (cfg.batch, cfg.resolution, cfg.memory_format) == (256, 224, "channels_last")
+    assert (cfg.prune_method, cfg.rescale, cfg.backend) == ("rescaled", "plane", "auto")
+    assert cfg.iteration is True and cfg.small is False
+    assert bs.default_config(small=True).dtypes == ("bf16",)
+
+
+def test_bench_main_passes_resolution_dtypes_backend_and_rescale(monkeypatch, tmp_path):
+    from bench import sdgp_semi as bs
+
+    monkeypatch.setenv(bs.ENV_SMALL, "1")
+    seen = []
+    monkeypatch.setattr(
+        bs, "run", lambda cfg, device, out: seen.append(cfg) or ([], {"wall_seconds": 0})
+    )
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--resolution", "64", "--dtypes", "fp16"]
+    argv += ["--backend", "cutlass", "--rescale", "channel"]
+    assert bs.main(argv) == 0
+    (cfg,) = seen
+    assert (cfg.resolution, cfg.dtypes, cfg.backend, cfg.rescale) == (64, ("fp16",), "cutlass",
+                                                                      "channel")  # fmt: skip
+    assert cfg.batch == 2  # the smoke batch where --batch is not given
+
+
+def test_bench_layer_row_names_its_configuration_and_input_sizes():
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(**{**SMALL_BENCH, "memory_format": "contiguous", "prune_method": "random"})
+    # a 6x8 input (height 6, width 8), 3x3 kernel, padding 1: the output keeps 6x8
+    layer = bs.LayerShape(("c",), (2, 16, 6, 8), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1)
+    row = bs.measure_layer(layer, "fp16", torch.device("cpu"), cfg)
+    assert (row["dtype"], row["memory_format"], row["prune_method"]) == (
+        "fp16", "contiguous", "random"
+    )  # fmt: skip
+    assert (row["N"], row["C"], row["K"], row["H"], row["W"]) == (2, 16, 16, 6, 8)
+    assert (row["Ho"], row["Wo"], row["gemm_m"]) == (6, 8, 2 * 6 * 8)
+
+
+def test_bench_iteration_row_records_its_sizes_and_every_total_per_epoch():
+    from bench import sdgp_semi as bs
+
+    cfg = bs.BenchConfig(**{**SMALL_BENCH, "resolution": 48, "iteration": False})
+    layers = [_layer("ok", 2, dense=1.0, sparse=0.4, reference=1.2),
+              _layer("fallback", 3, dense=0.5, reference=0.9, reason="stride")]  # fmt: skip
+    row = bs.iteration_row("resnet18", "bf16", layers, torch.device("cpu"), cfg)
+    assert (row["batch"], row["resolution"], row["distinct_layers"]) == (2, 48, 2)
+    ipe = 640_584  # ceil(1,281,167 / 2)
+    assert row["dense_dgrad_epoch_s"] == pytest.approx((2 * 1.0 + 3 * 0.5) * ipe / 1e3)
+    assert row["est_sparse_epoch_s"] == pytest.approx((2 * 0.5 + 3 * 0.25) * ipe / 1e3)
+    assert row["semi_backend_dgrad_epoch_s"] == pytest.approx((2 * 0.4 + 3 * 0.9) * ipe / 1e3)
+
+
+def test_bench_run_records_the_pattern_and_names_the_gpu_on_every_row(monkeypatch):
+    from bench import sdgp_semi as bs
+
+    layer = bs.LayerShape(("c",), (2, 16, 6, 6), 16, (1, 1), (1, 1), (0, 0), (1, 1), 1)
+    monkeypatch.setattr(bs, "model_layers", lambda model, batch, resolution: [layer])
+    prov = {"commit": "abc", "gpu_name": "NVIDIA H200", "cpu_model": "Xeon", "scale": "smoke"}
+    monkeypatch.setattr(bs, "provenance", lambda scale: dict(prov))
+    cfg = bs.BenchConfig(**{**SMALL_BENCH, "iteration": False})
+    rows, meta = bs.run(cfg, torch.device("cpu"))
+    assert (meta["n"], meta["m"], meta["complete"]) == (2, 4, True)  # 2:4 sparsity
+    assert [r["kind"] for r in rows] == ["layer", "iteration"]
+    assert all(r["device_name"] == "NVIDIA H200" and r["commit"] == "abc" for r in rows)
+
+
+def test_bench_a_saving_of_zero_is_not_slower():
+    from bench import sdgp_semi as bs
+
+    assert bs._saves(0.0) == "saves 0" and bs._saves(0) == "saves 0"
+    assert bs._saves(-0.5) == "slower by 0.5"
+
+
+def _summary_layer(name, dense, sparse):
+    row = {"kind": "layer", "model": "resnet50", "dtype": "fp16", "layer": name, "count": 3}
+    row.update(C=256, K=64, kernel="1x1", stride="1x1", H=56, W=56, status="ok", flops=1e9)
+    row.update(dense_dgrad_ms=dense, sparse_dgrad_ms=sparse)
+    return row
+
+
+def test_bench_summary_header_table_whole_iteration_and_epoch_lines():
+    from bench import sdgp_semi as bs
+
+    meta = _summary_meta()
+    meta["library"].update(cusparselt_available=True, cusparselt_version=602)
+    layer = _summary_layer("layer1.0.conv1", 4.0, 3.0)
+    bs._derive(layer)  # est 2.0, speedup 1.33
+    it = {"kind": "iteration", "model": "resnet50", "dtype": "fp16", "convs": 3}
+    it.update(convs_sparse=3, convs_fallback=0, iterations_per_epoch=5005)
+    it.update(dense_dgrad_ms=12.0, est_sparse_ms=6.0, est_saved_ms=6.0, reference_ms=13.0)
+    it.update(semi_backend_dgrad_ms=9.0, measured_saved_ms=3.0)
+    it.update(dense_iter_ms=100.0, est_iter_ms=94.0, sdgp_semi_iter_ms=97.0)
+    it.update(sdgp_reference_iter_ms=110.0, semi_calls=48, semi_fallback_calls=0)
+    it.update(dense_dgrad_epoch_s=60.1, est_sparse_epoch_s=30.0, semi_backend_dgrad_epoch_s=45.0)
+    it.update(dense_iter_epoch_s=500.0, est_iter_epoch_s=470.0, sdgp_semi_iter_epoch_s=485.0)
+    text = bs.summary([layer, it], meta)
+    assert "cuSPARSELt 602; batch 256, 224x224, nchw, pruning rescaled; 1 s." in text
+    assert "| layer1.0.conv1 | 3 | 256->64, 1x1, s1x1, 56x56 | 4 | 2 | 3 | 1.33 |" in text
+    assert "\n|" + "---|" * 13 + "\n" in text  # a separator cell under each of 13 heads
+    assert (
+        "Whole training iteration: dense 100 ms, estimated SDGP 94 ms, SDGP semi-structured "
+        "backend 97 ms (48 sparse calls, 0 reference-path calls), reference SDGP 110 ms."
+    ) in text
+    assert (
+        "Per epoch (5005 iterations): dense data gradients 60.1 s, estimate 30 s, "
+        "semi-structured backend 45 s; whole epoch dense 500 s, estimated 470 s, "
+        "semi-structured backend 485 s."
+    ) in text
+    assert "semi-structured backend 9 ms (saves 3; 0 convs on the reference path)" in text
+
+
+def test_bench_summary_says_when_a_blocks_iteration_row_is_missing():
+    from bench import sdgp_semi as bs
+
+    meta = {**_summary_meta(), "complete": False, "cut_at": {"reason": "SIGTERM"}}
+    text = bs.summary([_summary_layer("layer1.0.conv1", 4.0, None)], meta)
+    assert "## resnet50, fp16" in text
+    assert "The run was cut before this model and dtype's iteration row." in text
+    assert "Per epoch" not in text
+
+
+def test_bench_summary_of_a_block_with_no_sparse_conv_gives_the_reason_and_no_sparse_time():
+    from bench import sdgp_semi as bs
+
+    it = {"kind": "iteration", "model": "resnet50", "dtype": "fp16", "convs": 3}
+    it.update(convs_sparse=0, convs_fallback=3, iterations_per_epoch=5005, reason="device cpu")
+    it.update(semi_backend_dgrad_ms=9.0)
+    text = bs.summary([_summary_layer("layer1.0.conv1", 4.0, None), it], _summary_meta())
+    assert (
+        "semi-structured backend: every conv took the reference path (device cpu), so no "
+        "sparse time" in text
+    )
+    assert "semi-structured backend 9 ms" not in text

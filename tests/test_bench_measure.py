@@ -389,34 +389,6 @@ def test_loader_wraps_torchs_current_stream_afresh_each_time(monkeypatch):
     assert first is not second and made == [(111, 0), (111, 0), (222, 0)]
 
 
-class _CudaLooking(torch.Tensor):
-    @property
-    def is_cuda(self):
-        return True
-
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-
-
-def test_kernel_args_pass_pointers_and_exact_scalars():
-    import numpy as np
-
-    from impl.cuda import loader
-
-    t = torch.arange(5.0)
-    fake = torch.Tensor._make_subclass(_CudaLooking, t)
-    args = loader.kernel_args([fake, None, np.int32(7), np.float64(0.5)], 0, "k")
-    assert args == (np.uint64(t.data_ptr()), np.uint64(0), np.int32(7), np.float64(0.5))
-    assert all(isinstance(a, np.generic) for a in args)
-    with pytest.raises(ValueError, match="expected cuda:1"):
-        loader.kernel_args([fake], 1, "k")
-    with pytest.raises(ValueError, match="tensor on cpu"):
-        loader.kernel_args([t], 0, "k")
-    with pytest.raises(TypeError, match="exact types"):
-        loader.kernel_args([3], 0, "k")
-
-
 def test_cpu_timing_adds_calls_until_the_minimum_time_within_the_cap():
     seen = []
 

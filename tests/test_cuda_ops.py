@@ -231,13 +231,16 @@ def test_kernel_args_are_pointers_null_and_numpy_scalars_only():
     t = _on_gpu(1)
     args = loader.kernel_args([t, None, np.int32(7), np.float64(0.5)], 1, "k")
     assert [type(a) for a in args] == [np.uint64, np.uint64, np.int32, np.float64]
+    assert args == (np.uint64(t.data_ptr()), np.uint64(0), np.int32(7), np.float64(0.5))
     assert args[0] == t.data_ptr() and args[1] == 0 and args[2] == 7
     with pytest.raises(ValueError, match=r"k: tensor on cuda:1, expected cuda:0"):
         loader.kernel_args([t], 0, "k")
+    with pytest.raises(ValueError, match=r"k: tensor on cuda:0, expected cuda:1"):
+        loader.kernel_args([_on_gpu(0)], 1, "k")
     with pytest.raises(ValueError, match=r"k: tensor on cpu, expected cuda:0"):
         loader.kernel_args([torch.zeros(2)], 0, "k")
     for bad in (3, 0.5):
-        with pytest.raises(TypeError, match="pass numpy scalars"):
+        with pytest.raises(TypeError, match="pass numpy scalars of the kernel's exact types"):
             loader.kernel_args([bad], 0, "k")
 
 

@@ -1255,11 +1255,21 @@ def test_report_out_that_cannot_be_written_is_refused_before_anything_is_read(
         main([str(runs_root), "--out", str(read_only / "rep")])
 
 
+def _index_rows(html: str) -> list[list[str]]:
+    """The cells of the index table's body rows, as text."""
+    table = html.split("<footer>")[0].split('<table class="dataframe data">')[1]
+    table = table.split("</table>")[0]
+    return [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    ]
+
+
 def _index_cells(text, target):
-    """The cells of ``target``'s row in the index table."""
-    row = re.search(rf"<td>(?:<a [^>]*>)?{re.escape(target)}(?:</a>)?</td>(.*?)</tr>", text, re.S)
-    assert row, target
-    return re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    """The cells of ``target``'s row in the index table after its target cell, as text."""
+    rows = [row for row in _index_rows(text) if row[1] == target]
+    assert len(rows) == 1, target
+    return rows[0][2:]
 
 
 def test_index_counts_paper_rows_without_ours_whether_or_not_listed_as_missing(tmp_path):
@@ -1789,16 +1799,6 @@ def test_holds_type_counts_no_bool_as_a_number(value, types, held):
     from impl.run_files import holds_type
 
     assert holds_type(value, types) is held
-
-
-def _index_rows(html: str) -> list[list[str]]:
-    """The cells of the index table's body rows, as text."""
-    table = html.split("<footer>")[0].split('<table class="dataframe data">')[1]
-    table = table.split("</table>")[0]
-    return [
-        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
-        for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)
-    ]
 
 
 def test_index_rows_of_targets_without_a_result_say_what_they_need_or_which_file_is_unreadable(

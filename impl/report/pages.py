@@ -202,17 +202,33 @@ def render_reports(
         sections = [result_section(r) for r in items]
         have = {r.target for r in items}
         for e in sorted(expected_by_paper.get(paper, []), key=lambda e: _item_key(e["target"])):
-            if e["target"] not in have:
-                why = e.get("needs", "not run")
-                if e["target"] in broken:
-                    why = f"its result is unreadable ({broken[e['target']]['path']})"
-                sections.append(
-                    Section(
-                        title=e.get("title", e["target"]),
-                        anchor=e["target"].replace(".", "-"),
-                        missing=[{"row": e["target"], "reason": why}],
-                    )
+            if e["target"] in have:
+                continue
+            # the page says why in a sentence, the index in its status column
+            if e["target"] in broken:
+                why = f"its result is unreadable ({broken[e['target']]['path']})"
+                status = f"unreadable: {broken[e['target']]['path']}"
+            else:
+                why = e.get("needs") or "not run"
+                status = f"not run: {e['needs']}" if e.get("needs") else "not run"
+            sections.append(
+                Section(
+                    title=e.get("title", e["target"]),
+                    anchor=e["target"].replace(".", "-"),
+                    missing=[{"row": e["target"], "reason": why}],
                 )
+            )
+            index_rows.append(
+                {
+                    "page": f"{paper}.html",
+                    "target": e["target"],
+                    "title": e.get("title", ""),
+                    "scale": "-",
+                    "ours": 0,
+                    UNFILLED: "all",
+                    "status": status,
+                }
+            )
         prov = provenance_rows((r.scale, r.environment, r.target) for r in items)
         render_html(
             page_title(paper, items),
@@ -231,24 +247,6 @@ def render_reports(
                     "ours": sum(1 for x in r.rows if x.get("ours") is not None),
                     UNFILLED: unfilled(r),
                     "status": _status(r),
-                }
-            )
-        for e in expected_by_paper.get(paper, []):
-            if e["target"] in have:
-                continue
-            if e["target"] in broken:
-                status = f"unreadable: {broken[e['target']]['path']}"
-            else:
-                status = f"not run: {e['needs']}" if e.get("needs") else "not run"
-            index_rows.append(
-                {
-                    "page": f"{paper}.html",
-                    "target": e["target"],
-                    "title": e.get("title", ""),
-                    "scale": "-",
-                    "ours": 0,
-                    UNFILLED: "all",
-                    "status": status,
                 }
             )
     if runs is not None:

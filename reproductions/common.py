@@ -584,18 +584,23 @@ def row_metric(
     metric = result.row.measure_keys.get(metric, metric)
     if metric not in table:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(sorted(table))}")
-    _, fn = table[metric]
     base_runs = _by_seed(baseline)
     out = []
     for run in result.runs:
-        base = base_runs.get(run.seed)  # None where the baseline's run of it is missing
-        try:
-            v = fn(run, base)
-        except (AttributeError, KeyError, TypeError, ZeroDivisionError, IndexError):
-            v = None  # the metric does not apply (no baseline, a key the method does not write)
+        v = _run_metric(table[metric][1], run, base_runs.get(run.seed))
         if v is not None:
-            out.append(float(v))
+            out.append(v)
     return out
+
+
+def _run_metric(fn: Callable, run: RunRecord, base: RunRecord | None) -> float | None:
+    """``fn(run, base)`` as a float, or None where the metric does not apply to the run (no
+    baseline run of its seed, a key the method does not write)."""
+    try:
+        v = fn(run, base)
+    except (AttributeError, KeyError, TypeError, ZeroDivisionError, IndexError):
+        return None
+    return None if v is None else float(v)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1072,6 +1077,42 @@ def figure_rows(
             if extra:
                 rec.update(extra(res.row))
             out.append(rec)
+    return out
+
+
+def figure_points(
+    results: list[RowResult],
+    metrics: tuple[str, ...],
+    scale: str,
+    *,
+    table: dict[str, tuple[str, Callable]] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per run of each training row that has a value of every metric in
+    ``metrics`` (a scatter's x and y, read from the same run: a run lacking one is left out,
+    never paired with another run's value), with the row's label and group, labelled
+    ``source = "ours (<scale>)"``. Metrics needing a baseline use the baseline's run of the
+    same seed. A row that lists its ``metrics`` appears only if it lists them all."""
+    out = []
+    for res in results:
+        if not res.ok or res.measured is not None:
+            continue
+        if res.row.metrics is not None and not set(metrics) <= set(res.row.metrics):
+            continue
+        tab = table or res.table or METRICS
+        fns = {}
+        for m in metrics:
+            key = res.row.measure_keys.get(m, m)
+            if key not in tab:
+                raise ValueError(f"unknown metric {key!r}; valid: {', '.join(sorted(tab))}")
+            fns[m] = tab[key][1]
+        base_runs = _by_seed(next((r for r in results if r.row.label == res.row.baseline), None))
+        for run in res.runs:
+            base = base_runs.get(run.seed)
+            values = {m: _run_metric(fn, run, base) for m, fn in fns.items()}
+            if None in values.values():
+                continue
+            out.append({"row": res.row.label, **values, "source": f"ours ({scale})",
+                        **res.row.group})  # fmt: skip
     return out
 
 

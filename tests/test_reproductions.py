@@ -1270,6 +1270,80 @@ def test_prunetrain_bn_cost_in_fig8_and_table1():
         ("dense", 100.0, 90.0), ("pt", 64.0, 80.0)]  # fmt: skip
 
 
+def test_prunetrain_fig8_panels_pair_each_runs_cost_with_its_own_top1():
+    from reproductions.prunetrain import fig8
+
+    def run(seed, top1, **summary):
+        return RunRecord(path=f"p{seed}", seed=seed, summary={"method": "prunetrain",
+                         "top1": top1, **summary}, metrics=[], reused=True)  # fmt: skip
+
+    dense = RunRecord(path="d", seed=0, summary={"method": "dense", "top1": 90.0,
+                      "inference_flops": 9e6}, metrics=[], reused=True)  # fmt: skip
+    pt = [
+        run(1, 80.0, inference_flops=5e6),  # saved before its training FLOPs were written
+        run(2, 81.0, inference_flops=6e6, paper_train_flops_pct_of_dense=70.0),
+        run(3, 82.0, paper_train_flops_pct_of_dense=60.0),  # no inference FLOPs
+    ]
+    results = [
+        RowResult(row=Row("dense", "dense", group={"ratio": "dense"}), runs=[dense]),
+        RowResult(row=Row("pt", "prunetrain", group={"ratio": "0.2"}), runs=pt),
+    ]
+    for r in results:
+        r.table = fig8.TARGET.metric_table
+    inference, training, _ = fig8.figures(results, "cpu", None)
+    drawn = sorted((d["row"], d["ratio"], d["inference_mflops"], d["top1"]) for d in inference.data)
+    assert drawn == [("dense", "dense", 9.0, 90.0), ("pt", "0.2", 5.0, 80.0),
+                     ("pt", "0.2", 6.0, 81.0)]  # fmt: skip
+    assert sorted((d["row"], d["train_flops"], d["top1"]) for d in training.data) == [
+        ("dense", 100.0, 90.0), ("pt", 60.0, 82.0), ("pt", 70.0, 81.0)]  # fmt: skip
+    assert {d["source"] for d in inference.data + training.data} == {"ours (cpu)"}
+
+
+def test_prunetrain_fig10_pairs_inference_flops_with_the_same_seeds_top1():
+    from reproductions.prunetrain import fig10
+
+    def run(seed, method, top1, **summary):
+        return RunRecord(path=f"{method}{seed}", seed=seed, summary={"method": method,
+                         "top1": top1, **summary}, metrics=[], reused=True)  # fmt: skip
+
+    dense = [run(s, "dense", 90.0 + s, inference_flops=8e6) for s in (0, 1)]
+    pt = [run(0, "prunetrain", 70.0), run(1, "prunetrain", 71.0, inference_flops=2e6)]
+    results = [
+        RowResult(row=Row("dense", "dense", baseline="dense"), runs=dense),
+        RowResult(
+            row=Row(
+                "PruneTrain, interval 2", "prunetrain", baseline="dense", group={"interval": 2}
+            ),
+            runs=pt,
+        ),  # fmt: skip
+    ]
+    (spec,) = fig10.figures(results, "cpu", None)
+    assert (spec.x, spec.y) == ("inference_flops", "top1")
+    drawn = sorted((d["row"], d["inference_flops"], d["top1"]) for d in spec.data)
+    assert drawn == [("PruneTrain, interval 2", 25.0, 71.0), ("dense", 100.0, 90.0),
+                     ("dense", 100.0, 91.0)]  # fmt: skip
+    (point,) = [d for d in spec.data if d["row"] != "dense"]
+    assert point["interval"] == 2
+
+
+def test_figure_points_needs_every_metric_from_one_run():
+    def res(label, runs, **kw):
+        return RowResult(row=Row(label, "dense", **kw), runs=runs)
+
+    a = RunRecord(path="a", seed=0, summary={"top1": 50.0, "inference_flops": 4.0},
+                  metrics=[], reused=True)  # fmt: skip
+    b = RunRecord(path="b", seed=1, summary={"top1": 60.0}, metrics=[], reused=True)
+    listed = res("listed", [a], metrics=("top1",))  # lists top1 only: not drawn
+    measured = RowResult(row=Row("m", measure="x:y"), measured={"top1": 1.0})
+    table = {"top1": ("%", lambda r, _: r.summary["top1"]),
+             "flops": ("FLOPs", lambda r, _: r.summary.get("inference_flops"))}  # fmt: skip
+    points = common.figure_points([res("r", [a, b]), listed, measured], ("flops", "top1"),
+                                  "gpu", table=table)  # fmt: skip
+    assert points == [{"row": "r", "flops": 4.0, "top1": 50.0, "source": "ours (gpu)"}]
+    with pytest.raises(ValueError, match="unknown metric 'nope'"):
+        common.figure_points([res("r", [a])], ("nope",), "cpu", table=table)
+
+
 def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
     from reproductions.sdgp.fig9 import figures
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from impl.report.results import FigureSpec
-from reproductions.common import Row, RowResult, Target, described, figure_rows, reproduce
+from reproductions.common import Row, RowResult, Target, described, figure_points, reproduce
 from reproductions.prunetrain import pair
 
 INTERVALS = {"smoke": (1, 2), "cpu": (1, 2, 4), "gpu": (2, 5, 10), "paper": (5, 10, 20)}
@@ -35,10 +35,7 @@ def rows(scale: str) -> list[Row]:
 
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 against inference FLOPs, one point per interval."""
-    acc = figure_rows(results, "top1", scale)
-    inf = figure_rows(results, "inference_flops", scale)
-    for a, i in zip(acc, inf):
-        a["inference_flops"] = i["inference_flops"]
+    acc = figure_points(results, ("inference_flops", "top1"), scale)
     return [FigureSpec(kind="scatter", x="inference_flops", y="top1", hue="row", data=acc,
                        title="Top-1 against inference FLOPs per interval",
                        xlabel="inference FLOPs (% of dense)", ylabel="top-1 (%)")]  # fmt: skip

@@ -18,7 +18,7 @@ from reproductions.common import (
     RunRecord,
     Target,
     described,
-    figure_rows,
+    figure_points,
     reproduce,
 )
 from reproductions.prunetrain import (
@@ -55,13 +55,8 @@ def rows(scale: str) -> list[Row]:
 def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec]:
     """Top-1 against inference MFLOPs (Fig. 8a), against training FLOPs and against BN
     cost (Fig. 8b)."""
-    table = {"inference_mflops": ("MFLOPs", inference_mflops)}
-    inf = figure_rows(results, "inference_mflops", scale, table=table)
-    acc = figure_rows(results, "top1", scale)
-    train = figure_rows(results, "train_flops", scale)
-    for a, i, t in zip(acc, inf, train, strict=True):  # a run lacking one is an error
-        a["inference_mflops"] = i["inference_mflops"]
-        a["train_flops"] = t["train_flops"]
+    by_inference = figure_points(results, ("inference_mflops", "top1"), scale)
+    by_training = figure_points(results, ("train_flops", "top1"), scale)
     bn_acc = [  # a run saved before the BN cost was written has none: left out
         {"row": r.row.label, **r.row.group, "top1": float(run.summary["top1"]),
          "bn_cost": cost, "source": f"ours ({scale})"}
@@ -71,10 +66,10 @@ def figures(results: list[RowResult], scale: str, paper: Any) -> list[FigureSpec
         if (cost := bn_cost_pct(run)) is not None
     ]  # fmt: skip
     return [
-        FigureSpec(kind="scatter", x="inference_mflops", y="top1", hue="ratio", data=acc,
+        FigureSpec(kind="scatter", x="inference_mflops", y="top1", hue="ratio", data=by_inference,
                    title="Top-1 against inference MFLOPs", xlabel="inference MFLOPs",
                    ylabel="top-1 (%)", caption=f"ours at scale {scale}"),
-        FigureSpec(kind="scatter", x="train_flops", y="top1", hue="ratio", data=acc,
+        FigureSpec(kind="scatter", x="train_flops", y="top1", hue="ratio", data=by_training,
                    title="Top-1 against training FLOPs", xlabel="training FLOPs (% of dense)",
                    ylabel="top-1 (%)", caption=f"ours at scale {scale}"),
         FigureSpec(kind="scatter", x="bn_cost", y="top1", hue="ratio", data=bn_acc,

@@ -287,8 +287,9 @@ def time_accounting(
     ``iteration_ms_dense`` (forward + backward of the whole model as dense training runs it,
     timed here), ``iteration_ms_measured`` (the same with SDGP on, its pruning included) and
     ``iteration_ms_trainer`` (the Trainer's median fwd + bwd of the last epoch, when given).
-    ``est_saved_fraction_of_iteration`` is ``est_saved_ms`` over the dense iteration: the share
-    of a dense epoch's time the estimate removes (Fig. 10 rescales dense epoch times by it).
+    ``est_saved_fraction_of_iteration`` is ``est_saved_ms`` over the dense forward + backward
+    (no optimizer step, no data loading); Fig. 10 rescales dense epoch times by it, which
+    include both, so there it slightly overstates the share of the epoch it removes.
     ``est_saved_net_ms`` subtracts the measured pruning time, which the paper's estimate omits.
     ``amp_dtype``: the run's autocast dtype (``bf16`` / ``fp16``): every time is taken in it,
     so that the estimate and the Trainer's iteration speak of the same arithmetic; ``dtype``

@@ -6,13 +6,14 @@ data-gradient time times 1 - 1/ratio: an N:M-pruned product takes 1/ratio of the
 time, ratio = M/N), but the share differs: the paper applies
 the data gradient's share of the *convolution* time (33.31%, Sec. IV-C) to the epoch time;
 ours divides the saving by a whole dense iteration (forward and backward, BatchNorm and ReLU
-included), a smaller share, so a smaller, more conservative saving. Ours take the dense run's
+included; not the optimizer step, which the epoch times hold), a smaller share, so a
+smaller, more conservative saving. Ours take the dense run's
 epoch times on the same machine and each setting's own accuracy curve, and the share
 measured by the SDGP run's profile at the end of training: the data-gradient time saved over
 a dense iteration's time (timed with the convs made plain again; the profiles of runs before
 this rule divided by the iteration with SDGP's pruning on, which understated the share).
-Scales: smoke/cpu train ResNet-20 on digits (target 90%); gpu ResNet-9 on digits and paper
-ResNet-9 on CIFAR-10 (94.5%).
+Scales: smoke and cpu train ResNet-20 on digits (targets 10%, a pipeline check, and 90%);
+gpu ResNet-9 on digits and paper ResNet-9 on CIFAR-10 (94.5%).
 """
 
 from __future__ import annotations

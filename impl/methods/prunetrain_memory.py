@@ -11,7 +11,7 @@ Two ways to know the memory of an iteration at batch ``B``:
 
 * analytic (any device): ``3 * parameter bytes`` (weights, gradients, SGD momentum) plus
   ``B *`` the bytes autograd saves for backward per sample, counted exactly by running
-  batches of 1 and 2 under ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages,
+  batches of 2 and 3 under ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages,
   parameters excluded). Workspace and transient gradients are not in it.
 * measured (CUDA): the peak allocated bytes of one forward + backward on a copy of the model,
   plus resident weights and momentum.

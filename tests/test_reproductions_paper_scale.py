@@ -389,8 +389,9 @@ def test_sdgp_paper_rows_train_the_authors_epochs_batch_and_rate():
 def _paper_settings(item: str, method: str = "campfire") -> set[str]:
     from reproductions.published import paper_values
 
-    p = paper_values("campfire", item)
-    return set(p[p.method == method].setting)
+    p = paper_values("campfire", item)  # the table's own rows cite it first ("Table 2, ...");
+    printed = p.source.str.startswith("Table")  # the text's statements about it cite a section
+    return set(p[(p.method == method) & printed].setting)
 
 
 def test_campfire_paper_rows_run_the_papers_imagenet_timeline():

@@ -183,3 +183,11 @@ def test_no_value_files_give_an_empty_frame_that_lookups_still_read(tmp_path):
     frame = paper_values(directory=tmp_path)
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 0
     assert len(lookup(frame, metric="top1")) == 0
+
+
+def test_every_published_metric_has_words_on_the_page(values):
+    """A paper row no reproduction row compares is shown by its metric's label alone: an
+    internal key such as ``top1_loss_vs_dense_max`` would be all a reader sees of it."""
+    from impl.report.labels import METRIC_LABELS
+
+    assert sorted(set(values["metric"]) - set(METRIC_LABELS)) == []

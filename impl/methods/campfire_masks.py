@@ -15,9 +15,14 @@ step per era epoch under Campfire's default per-epoch target, after every step u
 (``torch.kthvalue`` finds the threshold, then ties at the threshold are taken by position):
 exactly the set a stable sort would give, in linear rather than ``n log n`` time.
 
-Counting rule, shared by all functions: a layer of ``N`` weights at sparsity ``s`` prunes
-``round_half_up(s * N)`` weights (``floor(s * N + 0.5)``). Where whole kernels or blocks are
-removed the count is met to within one kernel or block (never below it).
+Counting rule: a layer of ``N`` weights at sparsity ``s`` prunes ``round_half_up(s * N)``
+weights (``floor(s * N + 0.5)``): exactly for window pruning at its default layer rounding
+(``rounding="kernel"`` counts per kernel instead) and for the FC layers (below it only where
+the target exceeds what their protected weights allow: :func:`fc_mask`); combined pruning
+meets it to within one kernel, never below it. CK pruning alone counts kernels, not
+weights: it removes ``round_half_up(s * K*C)`` whole kernels (or ``round_half_up(s * K)``
+per input channel), which can miss the weight count either way by up to half a kernel's
+weights per ranking group.
 
 Readings of the paper's garbled parts (see also docs/methods.md, "Campfire"):
 

@@ -64,6 +64,7 @@ METRIC_LABELS: dict[str, str] = {
     "end_to_end_time_longer_vs_prunetrain": "end-to-end time longer than PruneTrain's",
     "end_to_end_time_saved_vs_clicktrain": "end-to-end time saved vs ClickTrain",
     "top1_gain_vs_prunetrain": "top-1 gain over PruneTrain",
+    "top1_gain": "top-1 gain",
     "computation_time_saved_vs_pat_max": (
         "most computation time saved vs prune-after-training methods"
     ),
@@ -82,6 +83,9 @@ METRIC_LABELS: dict[str, str] = {
     "removed_layers_fraction": "share of conv layers removed",
     "train_time_reduction": "training time saved vs dense (training steps)",
     "train_time_reduction_v100": "training time saved vs dense on V100s",
+    "train_time_improvement_vs_naive": "training time saved vs naive PruneTrain",
+    "train_time_improvement_vs_naive_v100": "training time saved vs naive PruneTrain on V100s",
+    "train_cost_vs_dense": "training cost vs dense",
     "extra_train_flops_vs_prunetrain": "extra training FLOPs of one-time pruning vs PruneTrain",
     "pruned_flops_phase": "epoch by which most FLOPs are pruned",
     "inference_flops_difference_min": "inference FLOPs, union minus gating (least)",
@@ -111,6 +115,13 @@ METRIC_LABELS: dict[str, str] = {
     "top1_at_90": "top-1 at 90% of the epochs",
     "fgsm_top1": "top-1 under FGSM attack",
     "top1_gain_90_to_100": "top-1 gained in the last 10% of the epochs",
+    "top1_gain_90_to_100_min": "top-1 gained in the last 10% of the epochs (low end)",
+    "top1_gain_90_to_100_max": "top-1 gained in the last 10% of the epochs (high end)",
+    "top1_lower_bound": "top-1, at least",
+    "top1_loss_vs_dense_min": "top-1 lost vs dense (low end)",
+    "top1_loss_vs_dense_max": "top-1 lost vs dense (high end)",
+    "fgsm_top1_drop_min": "FGSM top-1 lost vs dense (low end)",
+    "fgsm_top1_drop_max": "FGSM top-1 lost vs dense (high end)",
     "top1_improvement": "top-1 gain of the last lr drop at epoch 80 over 90",
 }
 

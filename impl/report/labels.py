@@ -65,6 +65,15 @@ METRIC_LABELS: dict[str, str] = {
     "end_to_end_time_saved_vs_clicktrain": "end-to-end time saved vs ClickTrain",
     "top1_gain_vs_prunetrain": "top-1 gain over PruneTrain",
     "top1_gain": "top-1 gain",
+    "train_flops_saved_min": "training FLOPs saved (low end)",
+    "train_flops_saved_max": "training FLOPs saved (high end)",
+    "inference_flops_saved_min": "inference FLOPs saved (low end)",
+    "inference_flops_saved_max": "inference FLOPs saved (high end)",
+    "compression_ratio_lower_bound": "compression ratio, at least",
+    "compression_ratio_min": "compression ratio (low end)",
+    "compression_ratio_max": "compression ratio (high end)",
+    "train_speedup_vs_pat": "training time speedup vs pruning after training",
+    "train_speedup_vs_pat_max": "training time speedup vs pruning after training (the most)",
     "computation_time_saved_vs_pat_max": (
         "most computation time saved vs prune-after-training methods"
     ),

@@ -475,6 +475,51 @@ def test_expand_starts_count_the_positions_below_each_tile_and_check_cpu_indices
         pack_cuda.expand_starts(torch.tensor([1, 10]), 10)
 
 
+def test_expand_starts_of_an_int32_index_count_tiles_past_2_31():
+    numel = 2**31 + 2 * pack_cuda.EXPAND_TILE  # positions past int32, tile bounds with them
+    idx = torch.tensor([5, 2**31 - 1], dtype=torch.int32)  # in the last tile below 2**31
+    starts = pack_cuda.expand_starts(idx, numel)
+    first_past = 2**31 // pack_cuda.EXPAND_TILE  # the tile bound at exactly 2**31
+    assert starts.numel() == first_past + 3
+    assert starts[:2].tolist() == [0, 1]
+    assert starts[first_past - 1 : first_past + 1].tolist() == [1, 2]  # 2**31 - 1 below 2**31
+    assert starts[-1].item() == 2
+
+
+def test_nm_prune_cuda_checks_its_arguments_as_nm_prune_does():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        nm_cuda.nm_prune_cuda(x, 2, 4, eps=-1.0)
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        nm_cuda.nm_prune_cuda(x, 2, 4, eps=float("nan"))
+    with pytest.raises(ValueError, match="dim must be an int"):
+        nm_cuda.nm_prune_cuda(x, 2, 4, dim=True)
+    with pytest.raises(ValueError, match="not differentiable"):
+        nm_cuda.nm_prune_cuda(x.requires_grad_(), 2, 4)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        nm_cuda.nm_prune_cuda(x.detach(), 2, 4, "random", generator=7)
+
+
+def test_nm_counts_must_fit_32_bits_with_c_rounded_up_to_whole_groups():
+    def view(o, c, i):
+        return nm_cuda.NMView(o, c, i, c * i, i, 1, 1, o)
+
+    nm_cuda.check_counts("nm_prune", view(1, 2**31 - 4, 1), 4)  # C + 3 = 2**31 - 1 fits
+    for shape in ((1, 2**31 - 3, 1), (2**31, 1, 1), (1, 4, 2**31), (2**16, 2**16, 2**16)):
+        with pytest.raises(ValueError, match="exceed the kernels' 32-bit counts"):
+            nm_cuda.check_counts("nm_prune", view(*shape), 4)
+
+
+def test_csr_scatter_refuses_an_index_of_another_shape_before_any_launch():
+    row_ptr, col_ind = torch.tensor([0, 1, 2]), torch.tensor([0, 3])
+    with pytest.raises(ValueError, match=r"row_ptr has 3 entries for shape \[8, 9\]"):
+        pattern_cuda._csr_scatter(torch.ones(2), row_ptr, col_ind, [8, 9])
+    with pytest.raises(ValueError, match="3 values for 2 columns"):
+        pattern_cuda._csr_scatter(torch.ones(3), row_ptr, col_ind, [2, 9])
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        pattern_cuda._csr_scatter(torch.ones(2), row_ptr, col_ind, [2, 9])
+
+
 def test_expand_refuses_a_wrong_tile_table_before_any_launch():
     idx = torch.tensor([1, 4], dtype=torch.int64)
     out = torch.zeros(10)

@@ -31,6 +31,7 @@ import torch
 
 from impl.cuda import loader
 from impl.ops import device_check, eager, timed_choice
+from impl.ops.nm import _check_tensor, check_eps
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -147,6 +148,15 @@ def nm_view(
         nb = 1
     o2 = o // nb if nb else 0
     return NMView(o, c, i, so, sc, si, nb, o2)
+
+
+def check_counts(op: str, view: NMView, m: int) -> None:
+    """Raise ``ValueError`` where the kernels' 32-bit counts cannot hold ``view``: the group
+    count, each of ``O``, ``C``, ``I``, and ``C + m - 1`` (the kernels round ``C`` up to whole
+    groups in 32-bit arithmetic)."""
+    groups = view.O * _cdiv(view.C, m) * view.I
+    if max(groups, view.O, view.C + m - 1, view.I) > _MAX_U31:
+        raise ValueError(f"{op}: {groups} groups of {m} exceed the kernels' 32-bit counts")
 
 
 def sub_warp_width(m: int) -> int:
@@ -281,9 +291,8 @@ def _nm_launch(
         dst = torch.empty_like(src)
         view = nm_view(src.shape, src.stride(), dim, rescale)
         assert view is not None
+    check_counts(op, view, m)
     groups = view.O * _cdiv(view.C, m) * view.I
-    if max(groups, view.O, view.C, view.I) > _MAX_U31:
-        raise ValueError(f"{op}: {groups} groups of {m} exceed the kernels' 32-bit counts")
     suf = _SUFFIX[x.dtype]
     w = sub_warp_width(m)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -441,6 +450,10 @@ def nm_prune_cuda(
     constant of the rescale denominator. Returns a new tensor of ``x``'s shape, dtype and
     memory format. Not differentiable (SDGP applies it to gradients).
     """
+    check_eps(eps)
+    _check_tensor(x, dim)  # a floating tensor outside autograd; an int dim in range
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
     dim = _check_args(x, n, m, method, dim, rescale)
     mode = METHODS[method]
     seed = draw_seed(generator, x.device) if mode == METHODS["random"] else None

@@ -126,7 +126,7 @@ def expand_starts(index: torch.Tensor, numel: int) -> torch.Tensor:
         raise ValueError("expand needs a strictly ascending index (mask_index builds one)")
     tiles = -(-numel // EXPAND_TILE)
     bounds = torch.arange(tiles + 1, device=index.device, dtype=torch.int64) * EXPAND_TILE
-    bounds = bounds.clamp_(max=numel).to(index.dtype)
+    bounds = bounds.clamp_(max=numel)  # int64: an int32 index may address 2**31 positions
     return torch.searchsorted(index, bounds)
 
 

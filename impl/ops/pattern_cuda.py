@@ -285,6 +285,10 @@ def _csr_scatter(
     op = "pattern_csr (backward)"
     suf = _suffix(values.dtype, op)
     _check_index(op, row_ptr, col_ind)
+    if row_ptr.numel() != (shape[0] if len(shape) else 0) + 1:
+        raise ValueError(f"{op}: row_ptr has {row_ptr.numel()} entries for shape {list(shape)}")
+    if values.numel() != col_ind.numel():
+        raise ValueError(f"{op}: {values.numel()} values for {col_ind.numel()} columns")
     dev = device_check.require_cuda(op, _PUBLIC[op], values, row_ptr, col_ind, sources=(_SRC,))
     out = torch.zeros(list(shape), dtype=values.dtype, device=values.device)
     n_rows = out.shape[0] if out.dim() else 0

@@ -1034,7 +1034,8 @@ def _main(argv: list[str] | None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(
-            f"pdtbench: unknown command {command!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr
+            f"pdtbench: error: unknown command {command!r}; valid: {', '.join(COMMANDS)}",
+            file=sys.stderr,
         )
         return EXIT_USAGE
     on_main_thread = threading.current_thread() is threading.main_thread()  # signals reach it

@@ -31,6 +31,7 @@ def test_unknown_name_is_one_line_listing_valid_names_exit_2(argv, needle, capsy
     err = capsys.readouterr().err.strip()
     assert needle in err
     assert len(err.splitlines()) == 1
+    assert re.match(r"pdtbench( \w+)?: error: ", err)  # the README's form of a usage error
 
 
 def test_resume_of_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
@@ -1495,6 +1496,20 @@ def test_an_out_dir_under_a_directory_without_write_or_search_permission_is_refu
     with pytest.raises(ValueError) as err:
         check_out_dir(locked / "run", "--runs-root")
     assert str(err.value) == f"--runs-root {locked / 'run'}: {locked} is not writable"
+
+
+def test_an_out_dir_where_no_directory_can_be_made_is_refused_whatever_the_permissions_say(
+    tmp_path, monkeypatch
+):
+    """Root passes every permission check, and /proc refuses a new directory whatever they
+    say: the check makes (and removes) one, and leaves nothing behind where it can."""
+    from impl.out_dir import check_out_dir
+
+    monkeypatch.setattr(os, "access", lambda p, mode: True)  # as for root
+    with pytest.raises(ValueError, match=r"^--out /proc/pdt-run: cannot write in /proc \("):
+        check_out_dir("/proc/pdt-run")
+    check_out_dir(tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

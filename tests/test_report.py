@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import json
 import math
 import re
@@ -677,6 +679,54 @@ def test_result_roundtrip_and_validation(tmp_path):
         save_result(_result(target="nodot"), tmp_path / "bad")
 
 
+def test_a_results_rows_as_csv_carry_ours_the_papers_the_scale_and_provenance():
+    from impl.report.results import rows_csv
+
+    result = _result(scale="cpu")
+    result.rows.append(
+        {
+            "row": "sdgp",
+            "metric": "top1",
+            "ours": 96.5,
+            "n": 2,
+            "scale": "cpu",
+            "paper": None,
+            "unit": "%",
+            "seeds": [0, 1],
+            "values": [96.0, 97.0],
+        }
+    )
+    text = rows_csv(result)
+    header, *lines = list(csv.reader(io.StringIO(text)))
+    assert header == ["target", "row", "metric", "ours", "ours_sd", "n", "scale", "paper",
+                      "unit", "paper_source", "note", "seeds", "values",
+                      "commit", "date", "device", "torch"]  # fmt: skip
+    rows = [dict(zip(header, line, strict=True)) for line in lines]
+    assert rows[0]["target"] == "sdgp.table1" and rows[0]["ours"] == "97.0"
+    assert rows[0]["ours_sd"] == "" and rows[0]["paper"] == "95.3"  # NaN and None: empty
+    assert rows[0]["note"] == "<b>digits</b>" and rows[0]["seeds"] == ""
+    assert json.loads(rows[1]["values"]) == [96.0, 97.0] and rows[1]["paper"] == ""
+    assert {(r["commit"], r["device"], r["torch"], r["scale"]) for r in rows} == {
+        ("a" * 40, "Test CPU", "2.x", "cpu")}  # fmt: skip
+    result.environment = {**ENV, "gpu_name": "NVIDIA H200"}
+    assert "NVIDIA H200" in rows_csv(result) and "Test CPU" not in rows_csv(result)
+
+
+def test_report_pages_link_each_results_csv_and_write_none_for_a_result_of_no_row(tmp_path):
+    from impl.report.pages import render_reports
+
+    empty = _result(target="sdgp.fig8")
+    empty.rows = []
+    render_reports([_result(scale="cpu"), empty], tmp_path / "out")
+    written = sorted(p.name for p in (tmp_path / "out" / "csv").iterdir())
+    assert written == ["sdgp.table1.cpu.csv"]  # no temporary file left, no empty file
+    page = (tmp_path / "out" / "sdgp.html").read_text()
+    assert page.count('The rows as CSV: <a href="csv/sdgp.table1.cpu.csv">') == 1
+    assert "csv/sdgp.fig8" not in page
+    text = (tmp_path / "out" / "csv" / "sdgp.table1.cpu.csv").read_text()
+    assert text.splitlines()[1].startswith("sdgp.table1,dense,top1,97.0,")
+
+
 @pytest.mark.parametrize(
     ("part", "value", "message"),
     [("rows", [["row", "metric"]], "rows must be a list of objects"),
@@ -861,7 +911,7 @@ def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
         expected=[{"target": "sdgp.fig9", "title": "SDGP Fig. 9", "needs": "gpu scale"}],
     )
     names = sorted(p.name for p in index.parent.iterdir())
-    assert names == ["cross.html", "index.html", "runs.html", "sdgp.html"]
+    assert names == ["cross.html", "csv", "index.html", "runs.html", "sdgp.html"]
     text = index.read_text()
     _assert_self_contained(text)
     assert "sdgp.fig9" in text and "not run: gpu scale" in text

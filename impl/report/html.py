@@ -78,6 +78,7 @@ class Section:
     notes: list[str] = field(default_factory=list)
     missing: list[dict[str, str]] = field(default_factory=list)
     scale: str = ""
+    data: str = ""  # a relative link to the section's rows as CSV
 
 
 #: The multiples a table cell writes with a letter (:func:`format_number`), largest first.
@@ -580,6 +581,8 @@ td.v-holds{background:#e6f4ea} td.v-not{background:#fce8e6} td.v-open{background
 {% if s.text %}<p>{{ s.text }}</p>{% endif %}
 {% for t in s.tables %}{{ t.html }}{% if t.caption %}<p class="sub">{{ t.caption }}</p>
 {% endif %}{% endfor %}
+{% if s.data %}<p class="sub">The rows as CSV: <a href="{{ s.data }}">{{ s.data }}</a></p>
+{% endif %}
 {% for f in s.figures %}<figure><img src="{{ f.uri }}" alt="{{ f.alt }}">
 <figcaption>{{ f.caption }}</figcaption></figure>{% endfor %}
 {% if s.notes %}<ul>{% for n in s.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
@@ -641,6 +644,7 @@ def render_html(
                     for m in s.missing
                 ],
                 "scale": html.escape(s.scale),
+                "data": html.escape(s.data),
             }
         )
     prov = "" if provenance is None or provenance.empty else _frame_html(provenance)

@@ -19,7 +19,7 @@ from impl.report.html import (
     render_html,
     result_section,
 )
-from impl.report.results import ResultSet
+from impl.report.results import ResultSet, rows_csv_name, write_rows_csv
 from impl.report.runs import SUMMARY_COLUMNS
 
 # A page's run table: the summary fields of impl.report.runs without best_top1 and the
@@ -156,6 +156,18 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
     return section
 
 
+def section_with_csv(result: ResultSet, out_dir: Path) -> Section:
+    """:func:`impl.report.html.result_section` of ``result``, with its rows written to
+    ``<out_dir>/csv/<target>.<scale>.csv`` and linked from the section (a result of no row
+    writes nothing)."""
+    section = result_section(result)
+    if result.rows:
+        name = f"csv/{rows_csv_name(result)}"
+        write_rows_csv(result, out_dir / name)
+        section.data = name
+    return section
+
+
 def render_reports(
     results: Sequence[ResultSet],
     out_dir: str | Path,
@@ -167,7 +179,8 @@ def render_reports(
     others: Sequence[dict[str, str]] = (),
 ) -> Path:
     """Write ``<out_dir>/<paper>.html`` per paper, ``runs.html`` for ``runs``, and
-    ``index.html``; return the index's path.
+    ``index.html``, and each result's rows as ``<out_dir>/csv/<target>.<scale>.csv``;
+    return the index's path.
 
     ``expected`` lists every target a complete report should hold (``{"target", "title",
     "needs"}``); one without a result is shown in the index as missing, with the scale it
@@ -199,7 +212,7 @@ def render_reports(
     index_rows: list[dict[str, Any]] = []
     for paper in papers:
         items = sorted(by_paper.get(paper, []), key=lambda r: (_item_key(r.target), r.scale))
-        sections = [result_section(r) for r in items]
+        sections = [section_with_csv(r, out_dir) for r in items]
         have = {r.target for r in items}
         for e in sorted(expected_by_paper.get(paper, []), key=lambda e: _item_key(e["target"])):
             if e["target"] in have:
@@ -295,7 +308,8 @@ def render_reports(
             "; the training runs are on the runs page (runs.html)." if runs is not None else "."
         )
     # The claims come first on the index: what a reader asks before any table.
-    claims = [result_section(r) for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]
+    claims = [section_with_csv(r, out_dir)
+              for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]  # fmt: skip
     prov = provenance_rows((r.scale, r.environment, r.target) for r in results)
     return render_html(
         "pdtbench reproductions", [*claims, section], out_dir / "index.html", provenance=prov,
@@ -308,6 +322,7 @@ __all__ = [
     "UNFILLED",
     "render_reports",
     "run_environment",
+    "section_with_csv",
     "runs_section",
     "unfilled",
 ]

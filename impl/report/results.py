@@ -8,7 +8,9 @@ Reports are rendered from these files alone.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import math
 import sys
@@ -183,6 +185,53 @@ def save_result(result: ResultSet, directory: str | Path) -> Path:
     return path
 
 
+#: The provenance each CSV row carries beside the comparison row's own keys.
+CSV_PROVENANCE: tuple[str, ...] = ("commit", "date", "device", "torch")
+
+
+def rows_csv_name(result: ResultSet) -> str:
+    """The file name of ``result``'s rows as CSV: ``<target>.<scale>.csv``."""
+    return f"{result.target}.{result.scale}.csv"
+
+
+def rows_csv(result: ResultSet) -> str:
+    """``result``'s comparison rows as CSV text: ``target``, then every key the rows hold
+    (those of :data:`COMPARISON_COLUMNS` in its order: ours and the paper's number side by
+    side, each row's ``scale``, empty where ours has no value; then the others by name),
+    then the provenance of :data:`CSV_PROVENANCE` (the commit, the date, the GPU or else the
+    CPU, the torch version). A list or dict cell is written as JSON; None as empty."""
+    env = result.environment
+    prov = {
+        "commit": env.get("commit") or "",
+        "date": env.get("date") or "",
+        "device": env.get("gpu_name") or env.get("cpu_model") or "",
+        "torch": env.get("torch") or "",
+    }
+    held = set(k for row in result.rows for k in row)
+    keys = [k for k in COMPARISON_COLUMNS if k in held] + sorted(held - set(COMPARISON_COLUMNS))
+    columns = ["target", *(k for k in keys if k not in CSV_PROVENANCE), *CSV_PROVENANCE]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, lineterminator="\n")
+    writer.writeheader()
+    for row in result.rows:
+        cells = {k: _clean(v) for k, v in row.items()}  # NaN -> None, as in result.json
+        cells = {k: "" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v
+                 for k, v in cells.items()}  # fmt: skip
+        writer.writerow({**cells, "target": result.target, **prov})
+    return buf.getvalue()
+
+
+def write_rows_csv(result: ResultSet, path: str | Path) -> Path:
+    """Write :func:`rows_csv` of ``result`` to ``path`` (through a temporary file, so that a
+    crash never leaves half a file); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(rows_csv(result), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
 #: Keys a result file cannot be read without: a file lacking ``rows`` read as a result of no
 #: row, and its page showed neither the paper's numbers nor a line saying they were missing.
 REQUIRED_KEYS = ("target", "title", "scale", "rows")
@@ -255,6 +304,7 @@ def find_results(paths: list[str | Path]) -> list[Path]:
 
 __all__ = [
     "COMPARISON_COLUMNS",
+    "CSV_PROVENANCE",
     "RESULT_FILE",
     "SETTINGS_COLUMNS",
     "FigureSpec",
@@ -262,6 +312,9 @@ __all__ = [
     "find_results",
     "load_result",
     "load_results",
+    "rows_csv",
+    "rows_csv_name",
     "warn_unreadable",
+    "write_rows_csv",
     "save_result",
 ]

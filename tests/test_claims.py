@@ -7,7 +7,7 @@ import math
 import pytest
 
 from impl.report import render_reports
-from impl.report.results import ResultSet, load_result, load_results, save_result
+from impl.report.results import FigureSpec, ResultSet, load_result, load_results, save_result
 from reproductions import claims as C
 from reproductions.common import result_dir
 
@@ -523,51 +523,72 @@ def test_a_difference_of_single_seeds_gives_no_interval():
     assert "interval [" not in row["note"] and "one seed: no interval" in row["note"]
 
 
-CROSSOVER = "clicktrain: pattern SpMM beats dense GEMM and convolution from 65% sparsity on"
+CROSSOVER = "clicktrain: pattern SpMM beats dense GEMM and convolution above 65% sparsity"
+GRID = [55.9, 64.9, 75.0, 85.1, 89.9]  # the achieved sparsities of the cpu sweep
+
+
+def _fig10(rows, grid=GRID) -> ResultSet:
+    points = [{"sparsity": sp, "impl": "pattern SpMM", "time_ms": 1.0} for sp in grid]
+    figure = FigureSpec(kind="line", x="sparsity", y="time_ms", data=points)
+    return ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=rows,
+                     figures=[figure])  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("per_sweep", "verdict", "shown"),
-    [([56.0, 65.0, 56.0], "holds", "per sweep: 56.0%, 65.0%, 56.0% (3 sweeps)"),
-     ([75.0, 85.0, None], "does not hold", "none: no swept point in 1 of them"),
-     ([56.0, 75.0, 65.0], "inconclusive", ""),
-     ([56.0, None, 65.0], "inconclusive", "none"),
-     ([None, None, None], "does not hold", "per sweep: none, none, none")],
-    ids=["every-sweep-at-or-below", "none-at-or-below", "both-sides", "one-sweep-never",
-         "never"],
+    [([1.0, 1.0, 1.0], "holds", "in 3 of 3 sweeps"),
+     ([0.0, 0.0, 0.0], "does not hold", "in 0 of 3 sweeps, lost at one of them in 3"),
+     ([1.0, 0.0, 1.0], "inconclusive", "in 2 of 3 sweeps, lost at one of them in 1"),
+     ([1.0, None, 1.0], "inconclusive", "in 2 of 3 sweeps, 1 not known")],
+    ids=["every-sweep", "no-sweep", "some-sweeps", "one-unknown"],
 )  # fmt: skip
 def test_the_crossover_claim_is_judged_sweep_by_sweep(per_sweep, verdict, shown):
-    finite = [v for v in per_sweep if v is not None]
-    mean = sum(finite) / len(finite) if finite else None
-    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
-        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", mean, None,
-                len(finite)), "values": per_sweep},
-    ])  # fmt: skip
+    """Sec. 5.2: faster than both dense ways 'when the sparsity ratio is higher than 65%':
+    each sweep passes only if the pattern SpMM won at every swept sparsity above 65%."""
+    known = [v for v in per_sweep if v is not None]
+    fig10 = _fig10([{**_row("sparsity sweep", "beats_dense_above_65", sum(known) / len(known),
+                            None, len(known)), "values": per_sweep}])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == verdict and shown in row["note"]
+    assert row["n"] == len(known)  # the sweeps the share rests on
+    if verdict == "inconclusive":
+        assert row["verdict_reason"] == "the range over the sweeps straddles 1"
+
+
+@pytest.mark.parametrize(
+    ("crossovers", "verdict"),
+    [([None, None, 89.9, None, None], "does not hold"),  # every sweep lost at 75.0
+     ([75.0, None, None], "inconclusive"),  # won at 75.0: the points above it are not known
+     ([55.9, 64.9, 75.0], "inconclusive")],
+    ids=["all-lost-at-75", "one-won-at-75", "all-won-low"],
+)  # fmt: skip
+def test_a_result_saved_before_the_test_was_measured_is_judged_from_its_crossovers(
+    crossovers, verdict
+):
+    """A sweep whose first win lies above 75.0 (the lowest swept point above 65) lost there,
+    so it fails the claim; a sweep that won at or below it says nothing of the points above."""
+    fig10 = _fig10([{**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 70.0,
+                            None, 1), "values": crossovers}])  # fmt: skip
     row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
     assert row["verdict"] == verdict
-    # the n beside the mean counts the sweeps it rests on, as the Fig. 10 row's own n does
-    assert row["n"] == (len(finite) or len(per_sweep))
-    if verdict == "inconclusive":
-        assert row["verdict_reason"] == "the range over the sweeps straddles 65"
-    else:
-        assert shown in row["note"]
+    assert "read from each sweep's crossover: one above 75% (or none) lost there" in row["note"]
+    lost = sum(c is None or c > 75.0 for c in crossovers)
+    assert f"in 0 of {len(crossovers)} sweeps" in row["note"]
+    assert (f"lost at one of them in {lost}" in row["note"]) == bool(lost)
 
 
-def test_a_single_crossover_is_one_number_without_a_verdict():
-    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
-        _row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 56.0, None, 1)])  # fmt: skip
+def test_the_crossover_claim_is_not_measured_without_a_swept_point_above_65():
+    fig10 = _fig10([{**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", None,
+                            None, 0), "values": [None, None]}], grid=[50.0, 60.0])  # fmt: skip
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == "not measured at this scale"
+
+
+def test_a_single_sweep_of_the_crossover_test_gives_no_verdict():
+    fig10 = _fig10([_row("sparsity sweep", "beats_dense_above_65", 1.0, None, 1)])
     row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
     assert row["verdict"] == "inconclusive" and row["verdict_reason"] == C.NO_INTERVAL
-    assert "(one measurement)" in row["note"] and row["ours_sd"] is None
-
-
-def test_two_sweeps_give_a_range_and_a_spread():
-    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
-        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 60.0, None, 2),
-         "values": [55.0, 65.0]}])  # fmt: skip
-    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
-    assert row["verdict"] == "holds" and "(2 sweeps)" in row["note"]
-    assert row["ours"] == 60.0 and row["ours_sd"] == pytest.approx(math.sqrt(50.0))
+    assert "in 1 of 1 sweeps" in row["note"]
 
 
 def test_an_interval_end_that_reads_as_the_bound_is_shown_in_full():
@@ -733,17 +754,19 @@ def test_a_seed_whose_compared_row_value_is_missing_is_left_out_of_the_pairing()
     assert (ev.mean, ev.low, ev.high) == pytest.approx((0.95, 0.95 - half, 0.95 + half))
 
 
-def test_a_sweep_saved_as_nan_counts_as_never_beating_dense():
-    # a NaN per-sweep crossover is a sweep with no swept point, as a null is: beyond the
-    # bound, so sweeps of 56% and 65% beside it straddle 65% rather than hold
-    fig10 = ResultSet(target="clicktrain.fig10", title="t", scale="cpu", rows=[
-        {**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 60.5, None, 2),
-         "values": [56.0, math.nan, 65.0]},
-    ])  # fmt: skip
+def test_a_sweep_saved_as_nan_is_read_as_a_null_one():
+    # a NaN per-sweep value is a sweep with no value, as a null is: a crossover that never
+    # happened lost at the first point above 65%; a test with no swept point above it is
+    # not known
     (claim,) = [c for c in C.CLAIMS if c.paper + ": " + c.claim == CROSSOVER]
-    ev = claim.read({"clicktrain.fig10": fig10})
-    assert (ev.low, ev.high, ev.n) == (56.0, math.inf, 3) and ev.mean == pytest.approx(60.5)
-    assert "56.0%, none, 65.0%" in ev.text
+    old = _fig10([{**_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 89.9, None,
+                          1), "values": [math.nan, None, 89.9]}])  # fmt: skip
+    ev = claim.read({"clicktrain.fig10": old})
+    assert (ev.low, ev.high, ev.n) == (0.0, 0.0, 3) and "lost at one of them in 3" in ev.text
+    new = _fig10([{**_row("sparsity sweep", "beats_dense_above_65", 1.0, None, 2),
+                   "values": [1.0, math.nan, 1.0]}])  # fmt: skip
+    ev = claim.read({"clicktrain.fig10": new})
+    assert (ev.low, ev.high, ev.n, ev.mean) == (0.0, 1.0, 3, 1.0) and "1 not known" in ev.text
     assert C.judge(claim, ev, "cpu") == "inconclusive"
 
 

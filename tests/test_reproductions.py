@@ -1371,6 +1371,22 @@ def test_the_pattern_spmm_beats_dense_only_when_faster_than_gemm_and_convolution
     assert not pattern_beats_dense(times(1.0, 1.0, 1.0), 75.0)
 
 
+def test_the_pattern_spmm_passes_the_papers_test_only_winning_at_every_sparsity_above_65():
+    from reproductions.clicktrain.kernels import wins_above
+
+    grid = [55.9, 64.9, 75.0, 85.1, 89.9]
+    wins = {75.0, 85.1, 89.9}  # from 75% on, as Sec. 5.2 says it should
+    times = {}
+    for sp in grid:
+        times[("dense GEMM", sp)], times[("dense conv", sp)] = 2.0, 3.0
+        times[("pattern SpMM", sp)] = 1.0 if sp in wins else 5.0
+    assert wins_above(times, grid) == 1.0  # no win at 64.9 asked for: it is not above 65
+    times[("pattern SpMM", 85.1)] = 9.0
+    assert wins_above(times, grid) == 0.0  # a loss at one point above 65% fails the sweep
+    assert wins_above(times, grid, bound=85.1) == 1.0  # only 89.9 lies above 85.1
+    assert math.isnan(wins_above(times, [55.9, 64.9]))  # nothing swept above 65%
+
+
 def test_figs_9_and_10_pattern_masks_keep_equal_kernels_per_filter_of_4_of_9_patterns():
     from reproductions.clicktrain.kernels import pattern_mask
 

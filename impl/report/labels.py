@@ -72,6 +72,7 @@ METRIC_LABELS: dict[str, str] = {
     "compression_ratio_lower_bound": "compression ratio, at least",
     "compression_ratio_min": "compression ratio (low end)",
     "compression_ratio_max": "compression ratio (high end)",
+    "beats_dense_above_65": "beat dense GEMM and conv at every sparsity above 65%",
     "train_speedup_vs_pat": "training time speedup vs pruning after training",
     "train_speedup_vs_pat_max": "training time speedup vs pruning after training (the most)",
     "computation_time_saved_vs_pat_max": (

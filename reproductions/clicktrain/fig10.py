@@ -41,9 +41,13 @@ TARGET = Target(
     title="ClickTrain Fig. 10: SpMM time against sparsity",
     description=described(__doc__),
     rows=rows,
-    metrics=("speedup_vs_cusparse", "crossover_sparsity_vs_cublas_cudnn"),
+    metrics=("speedup_vs_cusparse", "crossover_sparsity_vs_cublas_cudnn", "beats_dense_above_65"),
     figures=figures,
-    metric_units={"speedup_vs_cusparse": "x", "crossover_sparsity_vs_cublas_cudnn": "%"},
+    metric_units={
+        "speedup_vs_cusparse": "x",
+        "crossover_sparsity_vs_cublas_cudnn": "%",
+        "beats_dense_above_65": "share of sweeps",
+    },  # fmt: skip
     row_note=spmm_note,
     notes=lambda scale: [
         "The sweep asks for sparsities of 56, 65, 75, 85 and 90%; the 4-of-9 pattern masks "
@@ -54,7 +58,9 @@ TARGET = Target(
         "both dense GEMM and the dense convolution of the same layer (cuDNN on a GPU: it may "
         "run Winograd or an implicit GEMM, faster than the explicit GEMM); the table shows its "
         "mean over the sweeps that found one (n counts them), and the claims page lists every "
-        "sweep, 'none' where it never beat dense.",
+        "sweep, 'none' where it never beat dense. The paper's claim (faster above 65%) is "
+        "judged on whether, in each sweep, the pattern SpMM beat both at every achieved "
+        "sparsity above 65% (the table shows the share of sweeps where it did).",
         "The paper's numbers are from a Quadro RTX 5000; the row's note names the routines we "
         "timed and the device they ran on.",
     ],

@@ -517,6 +517,8 @@ def test_summary_and_cost_report_the_pruned_model():
     # forward, data gradient and weight gradient all run on the kept kernels only
     assert cost["block_a"].forward == pytest.approx(kept)
     assert (cost["block_a"].data_grad, cost["block_a"].weight_grad) == pytest.approx((kept, kept))
+    mask = method.masks["block_a.weight"]  # exactly the kept count over the weights: nominal
+    assert cost["block_a"].forward == int(mask.sum()) / mask.numel()  # = executed FLOPs
 
 
 def test_summary_flops_over_the_run_and_per_layer_kernel_counts():

@@ -562,7 +562,7 @@ class ClickTrain(Method):
         self.sparse_layers = {}
         for name in self.layers:
             keep = self.masks[f"{name}.weight"]
-            sparsity = 1.0 - float(keep.float().mean())
+            sparsity = 1.0 - float(keep.double().mean())
             use = self.cfg.sparse_impl != "none" and sparsity > self.cfg.sparse_threshold
             conv = model.get_submodule(name)
             why = None if isinstance(conv, PatternConv2d) else pattern_conv_unsupported(conv)
@@ -606,7 +606,7 @@ class ClickTrain(Method):
         from impl.flops import LayerDensity
 
         return {
-            name: LayerDensity.uniform(float(self.masks[f"{name}.weight"].float().mean()))
+            name: LayerDensity.uniform(float(self.masks[f"{name}.weight"].double().mean()))
             for name in self.layers
         }
 

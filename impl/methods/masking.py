@@ -159,7 +159,7 @@ class MaskSet:
     # -- accounting --------------------------------------------------------------------------
     def mask_sparsity(self) -> dict[str, float]:
         """Fraction of entries each mask prunes (0 = dense, 1 = all pruned)."""
-        return {n: 1.0 - float(m.float().mean()) for n, m in self._masks.items() if m.numel()}
+        return {n: 1.0 - float(m.double().mean()) for n, m in self._masks.items() if m.numel()}
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -591,6 +591,45 @@ def test_a_single_sweep_of_the_crossover_test_gives_no_verdict():
     assert "in 1 of 1 sweeps" in row["note"]
 
 
+@pytest.mark.parametrize(
+    ("delta", "sd", "verdict"),
+    [(-0.1, 0.05, "holds"), (-0.5, 0.4, "inconclusive"), (-1.0, 0.1, "does not hold")],
+    ids=["within", "straddles", "below"],
+)
+def test_clicktrains_cifar_margin_of_0_3_points_is_a_non_inferiority_claim(delta, sd, verdict):
+    """Sec. 6.2: 'within -0.3%' on CIFAR: the whole interval must lie at or above -0.3."""
+    row = _by_claim(C.evaluate({"cross.methods": _cross(click_delta=delta, sd=sd)}, "cpu"))[
+        "clicktrain: accuracy drop within 0.3 points on CIFAR"
+    ]
+    assert row["verdict"] == verdict and row["paper"] == -0.3
+
+
+@pytest.mark.parametrize(
+    ("pruned", "verdict"),
+    [([10.0, 10.1, 10.2], "holds"), ([11.0, 11.1, 11.2], "inconclusive"),
+     ([15.0, 15.1, 15.2], "does not hold")],
+    ids=["half-saved", "about-44", "a-quarter-saved"],
+)  # fmt: skip
+def test_prunetrains_inference_flops_saved_are_paired_by_seed_against_dense(pruned, verdict):
+    """Table 1 at ratio 0.2: 56% of dense, 44% saved; ours 100 (1 - pruned / dense) by seed."""
+
+    def flops(row, values):
+        return {
+            **_row(row, "inference_flops_per_sample", sum(values) / 3, None, 3),
+            "seeds": [0, 1, 2],
+            "values": values,
+        }
+
+    cross = ResultSet(target="cross.methods", title="t", scale="cpu",
+                      rows=[flops("dense", [20.0] * 3), flops("prunetrain", pruned)])  # fmt: skip
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[
+        "prunetrain: 44% fewer inference FLOPs at penalty ratio 0.2 (53% at ratio 0.25)"
+    ]
+    saved = [100 * (1 - p / 20.0) for p in pruned]
+    assert row["verdict"] == verdict and row["ours"] == pytest.approx(sum(saved) / 3)
+    assert "paired over seeds [0, 1, 2]" in row["note"]
+
+
 def test_an_interval_end_that_reads_as_the_bound_is_shown_in_full():
     """Printed to two decimals, -0.3004 reads -0.30 beside "straddles -0.3": the reason
     then gives the end in full."""

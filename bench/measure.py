@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from impl.env import tf32_enabled
+
 #: Bytes the rotated inputs of one benchmark should span on a GPU (over twice an H100's L2).
 ROTATE_BYTES_CUDA = 128 * 2**20
 #: The same on the CPU (over a typical last-level cache).
@@ -150,10 +152,12 @@ def summarize(times_ms: Sequence[float], clock: str) -> Timing:
 
 
 def flags() -> dict[str, Any]:
-    """The flags that change float32 math: TF32 for matmul and cuDNN, cuDNN benchmark mode."""
+    """The flags that change float32 math: TF32 for matmul and cuDNN (as torch's either way
+    of setting them leaves them: :func:`impl.env.tf32_enabled`), cuDNN benchmark mode."""
+    matmul, conv = tf32_enabled()
     return {
-        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "tf32_matmul": matmul,
+        "tf32_cudnn": conv,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
 

@@ -31,6 +31,7 @@ __all__ = [
     "gpu_info_nvidia_smi",
     "gpu_info_torch",
     "python_executable",
+    "tf32_enabled",
 ]
 
 #: The checkout this package was imported from (its parent of ``impl/``).
@@ -408,6 +409,23 @@ def _nvml_handle_by_uuid(pynvml: Any, uuid: str | None) -> Any:
         return None
 
 
+def tf32_enabled() -> tuple[bool, bool]:
+    """Whether float32 matmuls (cuBLAS) and cuDNN convolutions may run in TF32: torch's
+    ``allow_tf32`` flags, or, where the process set torch's per-backend ``fp32_precision``
+    instead (after which reading the old flag raises), that setting being ``"tf32"``."""
+    import torch
+
+    try:
+        matmul = bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        matmul = torch.backends.cuda.matmul.fp32_precision == "tf32"
+    try:
+        conv = bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        conv = torch.backends.cudnn.conv.fp32_precision == "tf32"
+    return matmul, conv
+
+
 def _torch_info() -> dict[str, Any]:
     try:
         import torch
@@ -428,8 +446,8 @@ def _torch_info() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "torch_threads": torch.get_num_threads(),
-        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "tf32_matmul": tf32_enabled()[0],
+        "tf32_cudnn": tf32_enabled()[1],
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }

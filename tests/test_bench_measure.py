@@ -88,6 +88,24 @@ def test_pinned_flags_set_and_restore():
     assert measure.flags() == before
 
 
+def test_flags_read_tf32_set_through_torchs_per_backend_precision():
+    """After ``fp32_precision`` is set, reading ``allow_tf32`` raises (torch refuses a mix of
+    its two ways); the flags, and every result's environment, read the newer setting."""
+    from impl.env import tf32_enabled
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        assert tf32_enabled() == (True, False)
+        assert measure.flags()["tf32_matmul"] is True and measure.flags()["tf32_cudnn"] is False
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        assert tf32_enabled()[0] is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
 def test_pinned_flags_restore_each_flag_to_its_own_value(monkeypatch):
     # Start from three values no two of which agree by chance, so that a flag restored from
     # another's saved value is seen.

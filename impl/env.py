@@ -446,8 +446,7 @@ def _torch_info() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "torch_threads": torch.get_num_threads(),
-        "tf32_matmul": tf32_enabled()[0],
-        "tf32_cudnn": tf32_enabled()[1],
+        **dict(zip(("tf32_matmul", "tf32_cudnn"), tf32_enabled(), strict=True)),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }

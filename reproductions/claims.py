@@ -341,11 +341,12 @@ def ratio_reader(
     )
 
 
-def time_saved_reader(
+def saved_reader(
     target: str, row: str, base_row: str, metric: str = "wall_seconds"
 ) -> Callable[[Mapping[str, ResultSet]], Evidence | None]:
-    """A reader of the time (or any cost: ``metric``) ``row`` saves against ``base_row``, in %:
-    ``100 (1 - t / t_base)``, paired by seed where it can be (:func:`_relative_reader`)."""
+    """A reader of the cost ``metric`` (a time by default; FLOPs, bytes) ``row`` saves against
+    ``base_row``, in %: ``100 (1 - c / c_base)``, paired by seed where it can be
+    (:func:`_relative_reader`)."""
     return _relative_reader(
         target, row, base_row, metric, lambda o, b: 100.0 * (1.0 - o / b), lambda v: f"{v:.1f}%"
     )
@@ -652,7 +653,7 @@ CLAIMS: tuple[Claim, ...] = (
         'reduced inference FLOPs" for 0.25, 0.2 and 0.1)',
         AT_LEAST,
         "cross.methods",
-        time_saved_reader("cross.methods", "prunetrain", "dense", "inference_flops_per_sample"),
+        saved_reader("cross.methods", "prunetrain", "dense", "inference_flops_per_sample"),
         published="44% at ratio 0.2; 53% at 0.25 (ResNet-50 ImageNet, Table 1, Sec. 5.1)",
         setting=_cross_setting("prunetrain"),
     ),
@@ -668,7 +669,7 @@ CLAIMS: tuple[Claim, ...] = (
         "four V100); Table 4 for the 39%",
         AT_LEAST,
         "cross.methods",
-        time_saved_reader("cross.methods", "prunetrain", "dense"),
+        saved_reader("cross.methods", "prunetrain", "dense"),
         published="24% at ratio 0.2 (28% on V100, Table 1); 39% at 0.25 with dynamic "
         "mini-batch on V100 (abstract, Table 4)",
         setting=_cross_setting("prunetrain"),
@@ -995,7 +996,7 @@ __all__ = [
     "NOT_JUDGED",
     "metric_reader",
     "ratio_reader",
-    "time_saved_reader",
+    "saved_reader",
     "save",
     "summary_lines",
 ]

@@ -581,16 +581,30 @@ def row_metric(
         if v is None:
             return []
         return [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)]
-    metric = result.row.measure_keys.get(metric, metric)
-    if metric not in table:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(sorted(table))}")
+    fn = _metric_fn(result, metric, table)
     base_runs = _by_seed(baseline)
     out = []
     for run in result.runs:
-        v = _run_metric(table[metric][1], run, base_runs.get(run.seed))
+        v = _run_metric(fn, run, base_runs.get(run.seed))
         if v is not None:
             out.append(v)
     return out
+
+
+def _metric_fn(
+    result: RowResult, metric: str, table: dict[str, tuple[str, Callable]]
+) -> Callable[[RunRecord, RunRecord | None], Any]:
+    """The function of ``metric`` (as ``result``'s row names it in its ``measure_keys``) in
+    ``table``; ``ValueError`` naming the valid metrics where it has none."""
+    key = result.row.measure_keys.get(metric, metric)
+    if key not in table:
+        raise ValueError(f"unknown metric {key!r}; valid: {', '.join(sorted(table))}")
+    return table[key][1]
+
+
+def _baseline(results: list[RowResult], result: RowResult) -> RowResult | None:
+    """The result of ``result``'s baseline row among ``results``; None where it has none."""
+    return next((r for r in results if r.row.label == result.row.baseline), None)
 
 
 def _run_metric(fn: Callable, run: RunRecord, base: RunRecord | None) -> float | None:
@@ -1070,7 +1084,7 @@ def figure_rows(
     for res in results:
         if res.row.metrics is not None and metric not in res.row.metrics:
             continue  # a row that shows other metrics (e.g. a ratio against another row)
-        base = next((r for r in results if r.row.label == res.row.baseline), None)
+        base = _baseline(results, res)
         for v in row_metric(res, metric, base, table or res.table) if res.ok else []:
             rec = {"row": res.row.label, metric: v, "source": f"ours ({scale})"}
             rec.update(res.row.group)
@@ -1098,14 +1112,8 @@ def figure_points(
             continue
         if res.row.metrics is not None and not set(metrics) <= set(res.row.metrics):
             continue
-        tab = table or res.table or METRICS
-        fns = {}
-        for m in metrics:
-            key = res.row.measure_keys.get(m, m)
-            if key not in tab:
-                raise ValueError(f"unknown metric {key!r}; valid: {', '.join(sorted(tab))}")
-            fns[m] = tab[key][1]
-        base_runs = _by_seed(next((r for r in results if r.row.label == res.row.baseline), None))
+        fns = {m: _metric_fn(res, m, table or res.table or METRICS) for m in metrics}
+        base_runs = _by_seed(_baseline(results, res))
         for run in res.runs:
             base = base_runs.get(run.seed)
             values = {m: _run_metric(fn, run, base) for m, fn in fns.items()}
@@ -1137,7 +1145,7 @@ def ours_vs_paper_records(
         if not res.row.paper:
             continue
         matched = lookup(paper, metric=metric, **res.row.paper)
-        base = next((r for r in results if r.row.label == res.row.baseline), None)
+        base = _baseline(results, res)
         value, _ = paper_number(paper, matched, metric, res.row, base)
         if value is not None:
             rec = {"row": res.row.label, metric: value, "source": "paper"}

@@ -373,7 +373,7 @@ def test_a_paired_ratios_interval_is_on_the_log_scale_and_stays_above_zero():
     assert ev.mean == pytest.approx(0.8) and ev.low > 0
     assert (ev.low, ev.high) == pytest.approx((0.8 * math.exp(-half_log), 0.8 * math.exp(half_log)))
     assert "on the log scale" in ev.text
-    saved = C.time_saved_reader("cross.methods", "clicktrain", "dense", "run_iter_ms")(
+    saved = C.saved_reader("cross.methods", "clicktrain", "dense", "run_iter_ms")(
         {"cross.methods": cross}
     )
     assert saved.low < 0 < saved.high and "log scale" not in saved.text  # a saving: linear

@@ -93,6 +93,13 @@ def check_eps(eps: float, name: str = "eps") -> None:
         raise ValueError(f"{name} must be a finite number >= 0; got {eps!r}")
 
 
+def check_generator(generator: torch.Generator | None) -> None:
+    """Raise ``TypeError`` unless ``generator`` (the random source of ``method="random"``) is
+    a ``torch.Generator`` or None."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
+
+
 def _check_tensor(x: torch.Tensor, dim: int) -> int:
     """``dim`` as a non-negative index after checking ``x`` (a floating tensor with a dim to
     group along, not part of an autograd graph) and ``dim``; ``ValueError`` otherwise."""
@@ -198,8 +205,7 @@ def nm_prune(
     dim = _check_tensor(x, dim)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
+    check_generator(generator)
     if impl == "cpu" and x.device.type != "cpu":
         raise RuntimeError(
             f"the compiled CPU path of nm_prune takes CPU tensors, got a tensor on "

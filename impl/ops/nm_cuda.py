@@ -31,12 +31,17 @@ import torch
 
 from impl.cuda import loader
 from impl.ops import device_check, eager, timed_choice
-from impl.ops.nm import _check_tensor, check_eps
+from impl.ops.nm import (
+    _check_tensor,
+    check_eps,
+    check_generator,
+    check_method,
+    check_nm,
+)
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
 METHODS: dict[str, int] = {"magnitude": 0, "random": 1, "rescaled": 2}  # kernel modes
-RESCALE_RULES: tuple[str, ...] = ("plane", "channel")
 WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # sub-warp widths compiled (W >= m)
 #: The widest group of the thread path (its selection, statistics and the fused kernel):
 #: wider ones spill the statistics' sums and elements out of registers, and their unrolled
@@ -241,25 +246,29 @@ def stats_groups_per_block(view: NMView, m: int) -> int:
     return gt
 
 
-def _check_args(x: torch.Tensor, n: int, m: int, method: str, dim: int, rescale: str) -> int:
-    for name, v in (("n", n), ("m", m)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an int with 1 <= n <= m <= 32; got {v!r}")
-    if not 1 <= n <= m <= 32:
-        raise ValueError(f"need 1 <= n <= m <= 32; got n={n}, m={m}")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
-    if rescale not in RESCALE_RULES:
-        raise ValueError(f"unknown rescale {rescale!r}; valid: {', '.join(RESCALE_RULES)}")
+def _check_args(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    method: str,
+    dim: int,
+    rescale: str,
+    eps: float,
+    generator: torch.Generator | None,
+) -> int:
+    """``dim`` as a non-negative index after the checks :func:`impl.ops.nm.nm_prune` makes,
+    and that ``x``'s dtype is one the kernels take; ``ValueError`` (``TypeError`` for the
+    generator) before anything touches a device."""
+    check_nm(n, m)
+    check_method(method, rescale)
+    check_eps(eps)
+    dim = _check_tensor(x, dim)  # a floating tensor outside autograd; an int dim in range
+    check_generator(generator)
     if x.dtype not in _SUFFIX:
         raise ValueError(
             f"x must be float32, float64, float16 or bfloat16 for the CUDA kernel; got {x.dtype}"
         )
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension to group along")
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}]; got {dim}")
-    return dim % x.dim()
+    return dim
 
 
 # -- the kernels ------------------------------------------------------------------------------
@@ -450,11 +459,7 @@ def nm_prune_cuda(
     constant of the rescale denominator. Returns a new tensor of ``x``'s shape, dtype and
     memory format. Not differentiable (SDGP applies it to gradients).
     """
-    check_eps(eps)
-    _check_tensor(x, dim)  # a floating tensor outside autograd; an int dim in range
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
-    dim = _check_args(x, n, m, method, dim, rescale)
+    dim = _check_args(x, n, m, method, dim, rescale, eps, generator)
     mode = METHODS[method]
     seed = draw_seed(generator, x.device) if mode == METHODS["random"] else None
     channel = rescale == "channel"

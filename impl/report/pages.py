@@ -210,9 +210,12 @@ def render_reports(
     if runs is not None:
         nav.append(("runs.html", "runs"))
     index_rows: list[dict[str, Any]] = []
+    built: dict[int, Section] = {}  # each result's section, drawn and written once (the
+    # claims' are shown again on the index)
     for paper in papers:
         items = sorted(by_paper.get(paper, []), key=lambda r: (_item_key(r.target), r.scale))
-        sections = [section_with_csv(r, out_dir) for r in items]
+        built.update((id(r), section_with_csv(r, out_dir)) for r in items)
+        sections = [built[id(r)] for r in items]
         have = {r.target for r in items}
         for e in sorted(expected_by_paper.get(paper, []), key=lambda e: _item_key(e["target"])):
             if e["target"] in have:
@@ -308,8 +311,7 @@ def render_reports(
             "; the training runs are on the runs page (runs.html)." if runs is not None else "."
         )
     # The claims come first on the index: what a reader asks before any table.
-    claims = [section_with_csv(r, out_dir)
-              for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]  # fmt: skip
+    claims = [built[id(r)] for r in sorted(by_paper.get("claims", []), key=lambda r: r.scale)]
     prov = provenance_rows((r.scale, r.environment, r.target) for r in results)
     return render_html(
         "pdtbench reproductions", [*claims, section], out_dir / "index.html", provenance=prov,

@@ -207,7 +207,7 @@ def rows_csv(result: ResultSet) -> str:
         "device": env.get("gpu_name") or env.get("cpu_model") or "",
         "torch": env.get("torch") or "",
     }
-    held = set(k for row in result.rows for k in row)
+    held = {k for row in result.rows for k in row}
     keys = [k for k in COMPARISON_COLUMNS if k in held] + sorted(held - set(COMPARISON_COLUMNS))
     columns = ["target", *(k for k in keys if k not in CSV_PROVENANCE), *CSV_PROVENANCE]
     buf = io.StringIO()

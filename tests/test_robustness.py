@@ -460,3 +460,76 @@ def test_fgsm_gradient_is_taken_at_the_image_itself() -> None:
     adv = fgsm_attack(_Well(), x, y, 0.1)
     assert adv.flatten().tolist() == pytest.approx([0.2, 0.8])
     assert fgsm_accuracies(_Well(), [(x, y)], [0.0, 0.1]) == [100.0, 0.0]
+
+
+def test_a_diverged_run_is_refused_naming_its_epoch_one_based(tmp_path) -> None:
+    """A run whose summary records a divergence in epoch index 2 (0-based, as in
+    ``metrics.jsonl``) is refused as having diverged in its third epoch, with the reason."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"epochs": 5, "method": "dense"}))
+    diverged = {"status": "diverged", "diverged_epoch": 2, "reason": "non-finite weights"}
+    (run / "summary.json").write_text(json.dumps(diverged))
+    with pytest.raises(ValueError, match=r"diverged in epoch 3 \(non-finite weights\)") as err:
+        eval_fgsm_run(run, [0.1])
+    assert "no trained model to attack" in str(err.value)
+    assert not (run / FGSM_FILE).exists()
+
+
+def test_eval_fgsm_refuses_an_empty_list_of_eps(tmp_path) -> None:
+    """No ``eps`` at all is refused like a bad one, before the run is looked at (no rows of
+    nothing written)."""
+    with pytest.raises(ValueError, match=r"--eps needs values in \[0, 1\].*got \[\]"):
+        eval_fgsm_run(tmp_path / "absent", [])
+
+
+def test_the_eps_0_row_is_the_clean_accuracy_of_the_images_as_given() -> None:
+    """``eps = 0`` among others reads the images as they are, unclipped (the clean top-1, as
+    :func:`fgsm_attack` returns them at ``eps = 0``). Pixels at 2.0, above the range, are
+    class 1 (``x > 1.5``): 100% clean; clipped to 1.0 they would read as class 0. At
+    ``eps = 0.1`` the step (down, away from class 1) is clipped to 1.0: 0%."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(1, 2))
+    with torch.no_grad():  # logits 0 and x - 1.5
+        model[1].weight.copy_(torch.tensor([[0.0], [1.0]]))
+        model[1].bias.copy_(torch.tensor([0.0, -1.5]))
+    x = torch.full((4, 1, 1, 1), 2.0)
+    y = torch.ones(4, dtype=torch.long)
+    assert fgsm_accuracies(model, [(x, y)], [0.0, 0.1]) == [100.0, 0.0]
+    assert fgsm_accuracy(model, [(x, y)], 0.0) == 100.0
+
+
+def test_eval_fgsm_run_attacks_the_runs_own_test_loader(tmp_path, monkeypatch) -> None:
+    """The test loader is rebuilt as the run trained: its data, batch sizes, seed and data
+    options (e.g. digits at 16x16), never augmented."""
+    import types
+
+    import impl.data
+    import impl.robustness
+    import impl.train
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text('{"status": "complete", "top1": 91.5}')
+    cfg = types.SimpleNamespace(
+        data="digits", batch_size=8, data_dir="/data/here", seed=3, eval_batch_size=32,
+        data_options={"image_size": 16}, method="dense", method_options={}, model="m",
+        scale="smoke",
+    )  # fmt: skip
+    monkeypatch.setattr(impl.train, "load_trained_model", lambda *a, **k: (None, cfg))
+    monkeypatch.setattr(
+        impl.robustness, "fgsm_accuracies", lambda m, loader, eps, **k: [1.0] * len(eps)
+    )
+    calls = []
+    spec = types.SimpleNamespace(mean=(), std=(), test_size=4, image_size=16)
+
+    def loaders(*args, **kwargs):
+        calls.append((args, kwargs))
+        return None, [], spec
+
+    monkeypatch.setattr(impl.data, "make_loaders", loaders)
+    eval_fgsm_run(tmp_path, [0.1])
+    ((args, kwargs),) = calls
+    assert args == ("digits", 8)
+    assert kwargs == {
+        "data_dir": "/data/here", "seed": 3, "augment": False, "device": "cpu",
+        "eval_batch_size": 32, "image_size": 16,
+    }  # fmt: skip

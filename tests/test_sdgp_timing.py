@@ -463,3 +463,112 @@ def test_profile_times_the_forward_with_the_layers_bias(monkeypatch):
     with_bias = [b for b in biases if b is not None]
     assert with_bias and all(torch.equal(b, model[0].bias) for b in with_bias)
     assert None in biases
+
+
+def test_time_ms_is_the_median_of_the_timed_calls_by_the_clock(monkeypatch):
+    """The warm-up call is not timed; the three timed calls last 5, 1 and 2 ms on a fake
+    clock: their median is 2 ms (not the minimum 1, nor the mean 8/3). A device other than
+    CUDA (here ``meta``) is timed by the same host clock."""
+    for device in ("cpu", "meta"):
+        # warm-up (not read), then (start, end) pairs in seconds: 5 ms, 1 ms, 2 ms
+        ticks = iter([1.0, 1.005, 2.0, 2.001, 3.0, 3.002])
+        monkeypatch.setattr(time, "perf_counter", lambda t=ticks: next(t))
+        assert time_ms(lambda: None, device, repeats=3, warmup=1) == pytest.approx(2.0)
+
+
+def test_every_pass_and_the_iteration_are_timed_with_the_repeats_and_warmup_asked(monkeypatch):
+    """Each conv's forward, data and weight gradients and pruning are medians over the
+    ``repeats`` asked after the ``warmup`` asked, and each iteration over the same repeats
+    (after one warm-up): no pass is timed with fewer calls than the others."""
+    import impl.methods.sdgp_timing as timing
+
+    asked = []
+
+    def clock(fn, device, repeats=3, warmup=1):
+        asked.append((repeats, warmup))
+        return 1.0
+
+    monkeypatch.setattr(timing, "time_ms", clock)
+    model = sdgp_convert(_model(), 2, 4)
+    profile_conv_layers(model, (3, 11, 13), 2, 2, 4, repeats=5, warmup=2)
+    # 3 convs x (fwd, dgrad, wgrad) + pruning of the 2 sparse ones
+    assert asked == [(5, 2)] * 11
+    asked.clear()
+    time_accounting(model, (3, 11, 13), 2, 2, 4, repeats=4)
+    assert asked == [(4, 1)] * 13  # 11 conv passes, then the SDGP and the dense iteration
+
+
+def test_profile_rows_name_each_convs_kernel_and_stride():
+    """The row of a conv reports its own kernel size and stride: the 3x3 stride-2 middle conv
+    of the model and the 1x1 stride-1 last one."""
+    rows = profile_conv_layers(sdgp_convert(_model(), 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [(r["kernel_size"], r["stride"]) for r in rows] == [
+        ([3, 3], [1, 1]),
+        ([3, 3], [2, 2]),
+        ([1, 1], [1, 1]),
+    ]
+    assert [(r["in_channels"], r["out_channels"]) for r in rows] == [(3, 8), (8, 16), (16, 12)]
+
+
+def test_the_pruning_timed_uses_the_runs_rescale_rule(monkeypatch):
+    """A run pruning with ``rescale="channel"`` has that rule timed: :func:`time_accounting`
+    hands it on to the pruning :func:`profile_conv_layers` times."""
+    import impl.methods.sdgp_timing as timing
+
+    rules = []
+    real = timing.nm_prune
+
+    def spy(g, n, m, method, dim, rescale, *args, **kwargs):
+        rules.append(rescale)
+        return real(g, n, m, method, dim, rescale, *args, **kwargs)
+
+    monkeypatch.setattr(timing, "nm_prune", spy)
+    monkeypatch.setattr(timing, "time_iteration", lambda *args, **kwargs: 1.0)
+    model = sdgp_convert(_model(), 2, 4)
+    time_accounting(model, (3, 11, 13), 2, 2, 4, rescale="channel", repeats=1)
+    assert rules and set(rules) == {"channel"}
+
+
+def _fake_layers() -> list[dict]:
+    """Two profiled convs: a stem (never computes its data gradient) and a 2:4 layer."""
+    return [
+        {"name": "stem", "data_grad_needed": False, "fwd_ms": 1.0, "dgrad_ms": 5.0,
+         "wgrad_ms": 2.0, "prune_ms": 0.5, "est_saved_ms": 0.0},
+        {"name": "mid", "data_grad_needed": True, "fwd_ms": 2.0, "dgrad_ms": 4.0,
+         "wgrad_ms": 3.0, "prune_ms": 0.25, "est_saved_ms": 2.0},
+    ]  # fmt: skip
+
+
+def test_time_accounting_totals_worked_out_by_hand(monkeypatch):
+    """Totals of two layers: forward 1 + 2 = 3 ms, data gradient only the second's 4 ms (the
+    stem never computes one), weight gradient 2 + 3 = 5 ms (the stem's is computed), pruning
+    only the second's 0.25 ms; the conv total 3 + 4 + 5 = 12 ms; the saving 2 ms is 2/12 of it
+    and 2/8 of the 8 ms dense iteration (1.75/8 net of the pruning)."""
+    import impl.methods.sdgp_timing as timing
+
+    monkeypatch.setattr(timing, "profile_conv_layers", lambda *args, **kwargs: _fake_layers())
+    its = {True: 8.0, False: 9.0}
+    monkeypatch.setattr(timing, "time_iteration", lambda *args, dense=False, **kwargs: its[dense])
+    acc = time_accounting(_model(), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert (acc["fwd_ms"], acc["dgrad_ms"], acc["wgrad_ms"]) == (3.0, 4.0, 5.0)
+    assert acc["prune_ms"] == 0.25 and acc["conv_total_ms"] == 12.0
+    assert acc["est_saved_ms"] == 2.0 and acc["est_saved_net_ms"] == 1.75
+    assert acc["dgrad_fraction_of_conv"] == pytest.approx(4 / 12)
+    assert acc["est_saved_fraction_of_conv"] == pytest.approx(2 / 12)
+    assert acc["est_saved_fraction_of_iteration"] == pytest.approx(2 / 8)
+    assert acc["est_saved_net_fraction_of_iteration"] == pytest.approx(1.75 / 8)
+    assert acc["iteration_ms_dense"] == 8.0 and acc["iteration_ms_measured"] == 9.0
+
+
+def test_a_share_of_a_zero_time_is_unknown_not_zero(monkeypatch):
+    """A dense iteration or conv total timed at 0 ms (below the clock's resolution) gives no
+    share (None): a saving of 0% would read like a measured result."""
+    import impl.methods.sdgp_timing as timing
+
+    zero = [dict(r, fwd_ms=0.0, dgrad_ms=0.0, wgrad_ms=0.0) for r in _fake_layers()]
+    monkeypatch.setattr(timing, "profile_conv_layers", lambda *args, **kwargs: zero)
+    monkeypatch.setattr(timing, "time_iteration", lambda *args, **kwargs: 0.0)
+    acc = time_accounting(_model(), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert acc["dgrad_fraction_of_conv"] is None and acc["est_saved_fraction_of_conv"] is None
+    assert acc["est_saved_fraction_of_iteration"] is None
+    assert acc["est_saved_net_fraction_of_iteration"] is None

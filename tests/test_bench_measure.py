@@ -198,9 +198,11 @@ def test_cuda_timing_on_a_gpu():
         (0.020, None, None, False),  # exactly 20 us is not under 20 us
         (0.060, 0.055, 0.055, True),  # issuing takes as long as running: the GPU may wait
         (0.750, 0.050, 0.500, False),  # exactly 1.5x is within the ratio
+        (0.800, 0.050, 0.500, True),  # 1.6x: past the ratio
     ],
     ids=["3us", "19us", "21us", "host-ahead", "host-behind", "amortized-fast",
-         "amortized-near", "no-amortized", "20us-exact", "issue-equal", "ratio-exact"],
+         "amortized-near", "no-amortized", "20us-exact", "issue-equal", "ratio-exact",
+         "ratio-past"],
 )  # fmt: skip
 def test_host_bound_flags_timings_that_may_be_host_time(event_ms, issue_ms, amortized_ms, expected):
     assert measure.host_bound(event_ms, issue_ms, amortized_ms) is expected
@@ -561,3 +563,9 @@ def test_cuda_timing_batches_a_call_of_exactly_the_amortize_limit(two_clock_gpu,
     monkeypatch.setattr(measure, "AMORTIZE_MAX_MS", 2**-5 - 2**-20)
     t = measure.cuda_timing(install(2**-14, 2**-5), warmup_ms=0.0, rep_ms=0.0, min_reps=2)
     assert t.amortized_ms is None and len(slept) == 1
+
+
+def test_the_sleep_kernel_is_sized_at_two_million_cycles_a_ms_up_to_50_ms(host_clock_cuda):
+    """2 GHz: 0.5 ms is 1e6 cycles; a longer sleep than 50 ms is cut to 50 ms (1e8 cycles)."""
+    assert measure._sleep_kernel(0.5) is True and measure._sleep_kernel(200.0) is True
+    assert host_clock_cuda == [1_000_000, 100_000_000]

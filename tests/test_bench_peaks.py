@@ -113,3 +113,44 @@ def test_every_row_is_its_data_sheets_dense_figures():
     for r in peaks.TABLE:
         if r.tf32_tflops is not None:
             assert r.bf16_tflops == r.fp16_tflops == pytest.approx(2 * r.tf32_tflops, rel=1e-3)
+
+
+def test_a_gpu_without_bf16_tensor_cores_says_so_for_bf16_too():
+    """The Quadro RTX 5000 (Turing) has fp16 tensor cores but neither TF32 nor BF16 ones."""
+    for math in ("tf32", "bf16"):
+        with pytest.raises(ValueError, match=f"no {math} unit"):
+            peaks.peak_tflops("Quadro RTX 5000", math)
+    assert peaks.peak_tflops("Quadro RTX 5000", "fp16") == 89.2
+
+
+def test_peak_tflops_defaults_to_fp32_on_the_cuda_cores():
+    """Without a math named, the peak is the FP32 CUDA-core figure (67 TFLOP/s on an H100
+    SXM5), not a tensor-core one."""
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3") == 67.0
+    assert peaks.peak_tflops("NVIDIA A100-SXM4-40GB") == 19.5
+
+
+def test_a_name_spelled_with_underscores_matches_as_with_spaces():
+    assert peaks.lookup("NVIDIA_H100_PCIe").key == "H100-PCIe"
+    assert peaks.lookup("NVIDIA_A100_80GB_PCIe").key == "A100-PCIe-80GB"
+
+
+@pytest.mark.parametrize("name", ["   ", "\t"], ids=["spaces", "tab"])
+def test_a_blank_gpu_name_is_said_to_be_missing(name):
+    with pytest.raises(peaks.UnknownGPUError, match="no GPU name given"):
+        peaks.lookup(name)
+
+
+def test_an_a100_named_without_its_form_factor_is_not_guessed():
+    """The 80 GB A100 comes as SXM4 (2039 GB/s) and as PCIe (1935 GB/s): a name that says
+    neither matches no row."""
+    with pytest.raises(peaks.UnknownGPUError):
+        peaks.lookup("NVIDIA A100 80GB")
+
+
+def test_only_the_hopper_rows_say_their_tensor_figures_were_halved():
+    """The H100 and H200 data sheets print tensor-core figures with sparsity only; the A100's
+    prints the dense figures beside them, and Turing (Quadro RTX 5000) has no sparsity."""
+    for row in peaks.TABLE:
+        halved = "halved" in row.source
+        assert halved == row.key.startswith(("H100", "H200")), row.key

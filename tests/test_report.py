@@ -1973,3 +1973,66 @@ def test_runs_page_footer_gives_each_runs_scale(tmp_path):
     render_reports([], tmp_path, runs=runs)
     footer = (tmp_path / "runs.html").read_text().split("<footer>")[1]
     assert re.findall(r"<td>(cpu|smoke|\?)</td>", footer) == ["cpu", "smoke"]
+
+
+# ------------------------------------------------------------------ labels and saved results
+
+
+def test_metric_labels_say_the_batch_gpu_epoch_share_and_end_their_keys_name():
+    """A key's batch size, GPU, share of epochs and low or high end read in its words: the
+    PruneTrain Table 2 speedups at batch 10 and 100 are two columns, "_v100" rows ran on
+    V100s, "_min" is the low end of a range and "_max" the high end."""
+    from impl.report.labels import METRIC_LABELS
+
+    for key, label in METRIC_LABELS.items():
+        if m := re.search(r"_bs(\d+)$", key):
+            assert re.search(rf"\bbatch {m.group(1)}\b", label), key
+            word = "speedup" if key.startswith("speedup") else "throughput"
+            assert word in label, key
+        if key.endswith("_v100"):
+            assert "V100" in label, key
+        if key.endswith("_min"):
+            assert re.search(r"low end|least", label) and not re.search(r"high|most", label), key
+        if key.endswith("_max"):
+            assert re.search(r"high end|most|largest", label) and "low" not in label, key
+    assert "90% of the epochs" in METRIC_LABELS["top1_at_90"]
+    # SDGP Fig. 8: each N:M setting's top-1 against that of 2:4, not against dense
+    assert METRIC_LABELS["top1_change"] == "top-1 change vs 2:4"
+    # a compression ratio is above 1: all weights over the nonzero ones
+    assert "total / nonzero" in METRIC_LABELS["compression_ratio"]
+
+
+def test_every_listed_resnet_and_vgg_keeps_its_depth():
+    from impl.report.labels import MODEL_NAMES
+
+    for key, name in MODEL_NAMES.items():
+        if m := re.match(r"(resnet|vgg)(\d+)", key):
+            family = "ResNet" if m.group(1) == "resnet" else "VGG"
+            assert name.startswith(f"{family}-{m.group(2)}"), key
+            assert not name[len(family) + 1 + len(m.group(2)) :][:1].isdigit(), key
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu", "paper"])
+def test_a_result_of_every_scale_is_saved_and_read_back(tmp_path, scale):
+    back = load_result(save_result(_result(scale=scale), tmp_path / scale))
+    assert back.scale == scale and back.rows[0]["scale"] == scale
+
+
+def test_a_crash_while_writing_rows_csv_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    from impl.report.results import write_rows_csv
+
+    path = tmp_path / "sdgp.table1.cpu.csv"
+    path.write_text("previous\n")
+    real = Path.write_text
+
+    def half_then_crash(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half_then_crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_rows_csv(_result(scale="cpu"), path)
+    monkeypatch.undo()
+    assert path.read_text() == "previous\n"
+    write_rows_csv(_result(scale="cpu"), path)
+    assert path.read_text().startswith("target,row,metric,ours,")

@@ -678,12 +678,23 @@ def test_fc_inputs_of_removed_filters_are_pruned() -> None:
     assert bool((model.fc.weight[:, 2:] != 0).all())
 
 
+class FcFirst(Plain):
+    """:class:`Plain` with its linear layer registered before the convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        fc = self._modules.pop("fc")
+        self._modules = {"fc": fc, **self._modules}
+
+
 @torch.no_grad()
-def test_fc_inputs_of_filters_removed_in_the_same_update_are_pruned() -> None:
-    """The convolutions are masked (and zeroed) before the FC layers in one update, so an FC
-    layer already sees the filters that update removes as dead inputs."""
+@pytest.mark.parametrize("net", [Plain, FcFirst], ids=["fc-last", "fc-registered-first"])
+def test_fc_inputs_of_filters_removed_in_the_same_update_are_pruned(net) -> None:
+    """The convolutions are masked (and zeroed) before the FC layers in one update, whatever
+    the order the model registers them in, so an FC layer already sees the filters that
+    update removes as dead inputs."""
     torch.manual_seed(0)
-    model = Plain()
+    model = net()
     model.conv.weight.copy_(torch.rand_like(model.conv.weight) + 0.5)
     model.conv.weight[:2] *= 1e-3  # filters 0 and 1: the 8 lowest of the 24 kernels
     model.conv.bias[:2] = 0.0
@@ -696,6 +707,51 @@ def test_fc_inputs_of_filters_removed_in_the_same_update_are_pruned() -> None:
     assert bool((model.conv.weight[:2] == 0).all()) and bool((model.conv.weight[2:] != 0).all())
     assert bool((model.fc.weight[:, :2] == 0).all())
     assert not bool(method.masks["fc.weight"][:, :2].any())
+
+
+class StemOnly(nn.Module):
+    """stem conv -> BN -> ReLU -> pool -> linear: the classifier is fed by the stem alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_the_dead_input_rule_applies_only_to_a_classifier_fed_by_a_pruned_conv() -> None:
+    """A dense stem removes no filter, so the classifier it feeds gets no dead-input rule;
+    with ``prune_stem`` it does. The summary names the linear layers the rule applies to."""
+    config = TrainConfig(method="campfire", epochs=3)
+    dense_stem = Campfire(CampfireConfig(mask="ck"))
+    dense_stem.setup(TrainContext(StemOnly(), None, config, "cpu"))
+    assert dense_stem.feeds == []
+    pruned_stem = Campfire(CampfireConfig(mask="ck", prune_stem=True))
+    pruned_stem.setup(TrainContext(StemOnly(), None, config, "cpu"))
+    assert [(f.conv, f.linear) for f in pruned_stem.feeds] == [("stem", "fc")]
+    method = Campfire(CampfireConfig(mask="ck"))
+    ctx = TrainContext(Plain(), None, config, "cpu")
+    method.setup(ctx)
+    assert method.summary(ctx)["dead_input_rule_layers"] == ["fc"]
+
+
+@torch.no_grad()
+def test_max_kernel_nonzeros_counts_the_kernels_of_more_than_one_weight_only() -> None:
+    """A 1x1 kernel's single weight is no kernel of R*S > 1: a model pruning only a 1x1
+    conv reports 0, and one 3x3 kernel with 5 nonzeros among empty ones reports 5."""
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 2, 3))
+    method = Campfire(CampfireConfig(mask="ck", prune_fc=False))
+    method.setup(TrainContext(model, None, TrainConfig(method="campfire", epochs=3), "cpu"))
+    assert [x.kind for x in method.layers] == ["pointwise", "conv"]
+    model[2].weight.zero_()
+    model[2].weight[1, 3].view(-1)[:5] = 1.0
+    assert method.sparsity_report(model)["max_kernel_nonzeros"] == 5
+    model[2].weight.zero_()
+    assert method.sparsity_report(model)["max_kernel_nonzeros"] == 0
 
 
 # -- through the Trainer -----------------------------------------------------------------------

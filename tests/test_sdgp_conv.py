@@ -492,6 +492,38 @@ def test_l1_metrics_sum_every_ranks_share_before_the_ratio(monkeypatch):
     assert metrics["sdgp_l1_ratio_mean"] != pytest.approx(sum(alone) / 2)
 
 
+def _magnitude_grad() -> torch.Tensor:
+    """dL/dO of 8 channels |1, 2, 3, 4| twice: 2:4 magnitude keeps 3 and 4 of each group,
+    sum|pruned| / sum|dense| = 14 / 20 = 0.7."""
+    return torch.tensor([1.0, -2.0, 3.0, -4.0, 1.0, 2.0, -3.0, 4.0]).reshape(1, 8, 1, 1)
+
+
+def test_l1_metrics_average_only_the_layers_that_pruned_this_epoch():
+    """A layer that pruned nothing this epoch has no ratio: the mean is over the others."""
+    method = SDGP(SDGPConfig(prune_method="magnitude", profile=False))
+    model = _tiny(cout=12)
+    ctx = _ctx(model)
+    method.setup(ctx)
+    method.on_epoch_start(ctx)
+    layers = sdgp_modules(model)
+    assert list(layers) == ["3", "6"]
+    layers["3"].prune_grad(_magnitude_grad())
+    metrics = method.epoch_metrics(ctx)
+    assert metrics["sdgp_l1_ratio_mean"] == pytest.approx(0.7)
+    assert metrics["sdgp_l1_ratio_min"] == pytest.approx(0.7)
+
+
+def test_l1_ratio_leaves_out_the_calls_whose_gradients_overflowed():
+    """An fp16 step whose dL/dO overflowed is skipped: its sums do not count, and a layer
+    that saw only such calls has no ratio (NaN), not 0."""
+    conv = SDGPConv2d.from_conv(nn.Conv2d(8, 8, 1), 2, 4, "magnitude")
+    conv.prune_grad(torch.full((1, 8, 1, 1), float("inf")))
+    assert conv.prune_calls == 1 and math.isnan(conv.l1_ratio())
+    conv.prune_grad(_magnitude_grad())
+    assert conv.l1_sums() == (pytest.approx(14.0), pytest.approx(20.0), 1)
+    assert conv.l1_ratio() == pytest.approx(0.7)
+
+
 def test_method_registry_setup_train_and_summary():
     method = create_method("sdgp", {"n": 2, "m": 4, "prune_method": "random", "profile_repeats": 1})
     assert isinstance(method, SDGP) and method.name == "sdgp"
@@ -640,6 +672,17 @@ def test_method_cost_densities():
     assert set(cost) == {"3", "6"}
     assert cost["3"] == LayerDensity(forward=1.0, data_grad=1 / 8, weight_grad=1.0)
     assert cost["6"].data_grad == pytest.approx(2 / 12)  # 12 channels: 8 + a padded 4
+
+
+def test_method_defaults_are_the_papers_2_of_4_rescaled_magnitude():
+    """SDGP Sec. III-B and Table I: 2:4 along the channels, rescaled magnitude pruning; the
+    authors' per-plane rescale; the partial-group rule; Fig. 9's accounting on, 3 repeats."""
+    c = SDGPConfig()
+    assert (c.n, c.m, c.prune_method, c.rescale) == (2, 4, "rescaled", "plane")
+    assert (c.nondivisible, c.backend, c.prune_seed) == ("pad", "reference", None)
+    assert (c.profile, c.profile_repeats) == (True, 3)
+    summary = SDGP(SDGPConfig(profile=False)).summary(_ctx(_tiny()))
+    assert (summary["sdgp_n"], summary["sdgp_m"]) == (2, 4)
 
 
 def test_method_default_eps_is_the_authors_constant_unscaled():
@@ -818,6 +861,10 @@ def test_prune_seed_seeds_the_generator_and_is_validated():
     method = SDGP(SDGPConfig(prune_method="random", prune_seed=11, profile=False))
     method.setup(_ctx(_tiny(), seed=5))
     assert torch.equal(method.generator.get_state(), torch.Generator().manual_seed(11).get_state())
+    # a prune_seed of 0 is a seed like any other, not "unset": the run's seed 5 is not used
+    zero = SDGP(SDGPConfig(prune_method="random", prune_seed=0, profile=False))
+    zero.setup(_ctx(_tiny(), seed=5))
+    assert torch.equal(zero.generator.get_state(), torch.Generator().manual_seed(0).get_state())
     with pytest.raises(ValueError, match="prune_seed must be an integer"):
         SDGP(SDGPConfig(prune_seed=-1)).validate(SimpleNamespace(seed=0))
 

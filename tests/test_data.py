@@ -19,8 +19,6 @@ from sklearn.datasets import load_digits
 from impl.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
-    CIFAR100_MEAN,
-    CIFAR100_STD,
     DATASETS,
     LOCAL_DATASETS,
     CropFlip,
@@ -401,9 +399,14 @@ def _fake_cifar(root: Path, name: str, rng: np.random.Generator) -> dict[str, np
     }
 
 
+# The per-channel mean and per-pixel std of the 50,000 training images of each dataset, in
+# [0, 1] (the constants in common use).
 @pytest.mark.parametrize(
     ("name", "mean", "std", "classes"),
-    [("cifar10", CIFAR10_MEAN, CIFAR10_STD, 10), ("cifar100", CIFAR100_MEAN, CIFAR100_STD, 100)],
+    [
+        ("cifar10", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 10),
+        ("cifar100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 100),
+    ],
     ids=["cifar10", "cifar100"],
 )
 @pytest.mark.parametrize("use_parent", [False, True], ids=["dir", "parent"])
@@ -413,6 +416,7 @@ def test_cifar_round_trip(tmp_path: Path, name, mean, std, classes, use_parent: 
     data_dir = tmp_path if use_parent else tmp_path / folder
     train, test, spec = make_loaders(name, 5, data_dir=data_dir, augment=False)
     n_train = len(raw["train_y"])
+    assert spec.mean == mean and spec.std == std
     assert (spec.num_classes, spec.in_channels, spec.image_size) == (classes, 3, 32)
     assert (spec.train_size, spec.test_size) == (n_train, 4)
     assert spec.class_names[:2] == ("class0", "class1") and len(spec.class_names) == classes
@@ -440,7 +444,9 @@ def test_cifar_round_trip(tmp_path: Path, name, mean, std, classes, use_parent: 
 def test_cifar_augmentation_crop_flip(tmp_path: Path) -> None:
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(1))
     train, _, spec = make_loaders("cifar10", 32, data_dir=tmp_path, seed=2)
-    assert "flip" in spec.augmentation and "4-pixel" in spec.augmentation
+    # the standard CIFAR recipe: 4-pixel zero padding, random 32x32 crop, horizontal flip
+    assert spec.augmentation == "random crop with 4-pixel zero padding + horizontal flip"
+    assert train.augment == CropFlip(pad=4, flip=True)
     x, _ = next(iter(train))
     assert x.shape == (25, 3, 32, 32)
     # Padded pixels are raw 0, i.e. -mean/std after normalisation; some crops show them.
@@ -695,6 +701,10 @@ def test_imagenet_wraps_imagefolder(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert spec.class_names == ("n01", "n02", "n03") and not spec.synthetic
     assert calls[0].startswith("RandomResizedCrop(224,) RandomHorizontalFlip")
     assert calls[1].startswith("Resize(256,) CenterCrop(224,)")
+    # both normalised with the ImageNet training set's per-channel mean and std
+    imagenet = "Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))"
+    assert calls[0].endswith(imagenet) and calls[1].endswith(imagenet)
+    assert spec.mean == (0.485, 0.456, 0.406) and spec.std == (0.229, 0.224, 0.225)
     assert len(train) == 3 and len(test) == 1
     train.set_epoch(1)
     _, ya = _all(train)

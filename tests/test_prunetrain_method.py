@@ -414,6 +414,55 @@ def test_dynamic_batch_grows_after_pruning_within_the_budget() -> None:
     assert ctx.batch_size == before_last
 
 
+def test_dynamic_batch_stops_at_max_batch_and_never_shrinks() -> None:
+    """Sec. 4.3's growth is ``B0 + step * k`` capped at ``max_batch``: from 64 in steps of 16
+    under a budget nothing reaches, the cap of 96 is the batch; and a batch already grown
+    (96 here, from B0 = 64) stays where it is when not even it fits the budget."""
+    model = prezeroed_resnet20(seed=6)
+    ctx = make_ctx(model, epochs=3, batch=64)
+    config = PruneTrainConfig(
+        reconfig_interval=1, dynamic_batch=True, batch_step=16, max_batch=96, memory_budget_mb=1e6
+    )
+    method = PruneTrain(config)
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    run_epoch(method, ctx, batches(1, 4, seed=7), 0)
+    assert ctx.batch_size == 96 and method.history[-1]["batch_size_after"] == 96
+    run_epoch(method, ctx, batches(1, 4, seed=8), 1)
+    # each stage is timed at the batch it trained with: 64 before the growth, 96 after
+    assert [s["batch_size"] for s in method.stage_timing()] == [64, 96]
+
+    model = prezeroed_resnet20(seed=6)
+    ctx = make_ctx(model, epochs=3, batch=64)
+    method = PruneTrain(
+        PruneTrainConfig(reconfig_interval=1, dynamic_batch=True, memory_budget_mb=1e-6)
+    )
+    method.setup(ctx)
+    assert method.initial_batch == 64
+    ctx.batch_size = 96  # grown at an earlier reconfiguration
+    ctx.optimizer = optimizer(model)
+    run_epoch(method, ctx, batches(1, 4, seed=7), 0)
+    assert ctx.batch_size == 96 and method.history[-1]["batch_size_before"] == 96
+    assert method.history[-1]["batch_size_after"] == 96
+
+
+def test_only_epochs_whose_end_reconfigured_say_so_and_the_summary_keeps_the_dense_size():
+    """Every 2nd epoch of 4 reconfigures: epochs 1 and 3, not epoch 2 that follows a
+    reconfiguration; the summary's dense parameter count is the unpruned model's."""
+    model = prezeroed_resnet20()
+    ctx = make_ctx(model, epochs=4)
+    method = PruneTrain(PruneTrainConfig(reconfig_interval=2))
+    method.setup(ctx)
+    ctx.optimizer = optimizer(model)
+    rows = [run_epoch(method, ctx, batches(1, 4, seed=e), e) for e in range(4)]
+    assert [r["reconfigured"] for r in rows] == [False, True, False, True]
+    assert "removed_paths" not in rows[2] and "removed_paths" in rows[3]
+    summary = method.summary(ctx)
+    dense = sum(p.numel() for p in M.create("resnet20", in_channels=1).parameters())
+    assert summary["params_dense"] == dense
+    assert summary["params_final"] == sum(p.numel() for p in model.parameters()) < dense
+
+
 @pytest.mark.gpu
 def test_analytic_activation_memory_matches_measured_peak_on_gpu() -> None:
     """Per-sample slope of the measured CUDA peak against the analytic estimate."""

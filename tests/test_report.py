@@ -428,11 +428,32 @@ def test_category_labels_stand_right_aligned_and_an_empty_x_label_is_kept():
     assert ax.get_xlabel() == ""
 
 
+def test_two_scales_of_ours_beside_the_paper_each_get_their_own_colour():
+    """The paper keeps the second colour; ours at two scales take the first and the third,
+    never the paper's."""
+    import seaborn as sns
+
+    colours = sns.color_palette(n_colors=4)
+    palette = group_palette(["paper", "ours (gpu)", "ours (cpu)"])
+    assert palette["paper"] == colours[1]
+    assert palette["ours (cpu)"] == colours[0] and palette["ours (gpu)"] == colours[2]
+
+
 def test_two_paper_sources_get_no_fixed_colours():
     """The paper's colour is fixed for one paper source; with two (two GPUs' numbers, say)
     the groups keep seaborn's order of appearance."""
     assert group_palette(["ours (cpu)", "paper", "paper (V100)"]) is None
     assert group_palette(["ours (cpu)", "paper (V100)"]) is not None
+
+
+def test_two_equal_lines_differ_in_dashes_so_the_one_drawn_first_shows():
+    """Without a style column each group gets its own dashes: a line drawn over an equal one
+    shows the first through its gaps."""
+    data = pd.DataFrame({"epoch": [1, 2, 1, 2], "top1": [50.0, 60.0, 50.0, 60.0],
+                         "row": ["dense", "dense", "campfire", "campfire"]})  # fmt: skip
+    ax = draw("line", data, x="epoch", y="top1", hue="row").axes[0]
+    drawn = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
+    assert len(drawn) == 2 and drawn[0].get_linestyle() != drawn[1].get_linestyle()
 
 
 def test_a_schedule_is_drawn_in_steps():
@@ -450,6 +471,26 @@ def test_a_log_axis_under_a_decade_labels_plain_numbers():
     wide = pd.DataFrame({"s": [55, 75, 90], "t": [290.0, 17.0, 0.9]})
     axis = draw("line", wide, x="s", y="t", logy=True).axes[0].yaxis
     assert "10^" in axis.get_major_formatter()(100.0, 0)  # decades keep their powers
+
+
+def test_a_log_x_axis_under_a_decade_labels_plain_numbers_whatever_y_spans():
+    """Whether the x ticks read as plain numbers depends on the x values (55 to 90: under a
+    decade), not on y (0.9 to 290)."""
+    data = pd.DataFrame({"s": [55, 75, 90], "t": [290.0, 17.0, 0.9]})
+    axis = draw("line", data, x="s", y="t", logx=True).axes[0].xaxis
+    assert axis.get_minor_formatter()(60.0, 0) == "60"
+    assert axis.get_major_formatter()(100.0, 0) == "100"
+
+
+def test_a_log_x_axis_of_whole_numbers_keeps_its_log_ticks():
+    """Batch sizes 32 to 1024 on a log axis: the ticks stay at powers, not the whole-number
+    ticks of a linear epoch axis."""
+    from matplotlib.ticker import LogLocator
+
+    data = pd.DataFrame({"batch": [32, 128, 512, 1024], "ms": [1.0, 3.0, 11.0, 20.0]})
+    for kind in ("line", "scatter"):
+        ax = draw(kind, data, x="batch", y="ms", logx=True).axes[0]
+        assert isinstance(ax.xaxis.get_major_locator(), LogLocator)
 
 
 def test_an_epoch_axis_has_whole_ticks_and_a_long_title_wraps():
@@ -500,6 +541,15 @@ def test_a_crowded_axis_widens_the_figure():
     assert {t.get_rotation() for t in draw("bar", few, x="x", y="y").axes[0].get_xticklabels()} == {
         20.0
     }
+
+
+def test_eight_short_categories_are_not_crowded_and_nine_are():
+    """CROWDED_X is 8: "more than 8" categories stand steeper, exactly 8 do not."""
+    eight = pd.DataFrame({"x": list("abcdefgh"), "y": [1.0] * 8})
+    nine = pd.DataFrame({"x": list("abcdefghi"), "y": [1.0] * 9})
+    assert not crowded_axis(eight, "bar", "x") and crowded_axis(nine, "bar", "x")
+    labels = draw("bar", eight, x="x", y="y").axes[0].get_xticklabels()
+    assert {t.get_rotation() for t in labels} == {20.0}
 
 
 def test_t_interval_is_the_students_t_interval_of_the_mean():

@@ -769,6 +769,41 @@ def test_figure_rows_leave_out_a_row_that_shows_other_metrics():
     assert [r["row"] for r in common.figure_rows(results, "delta_top1", "cpu")] == ["a vs b"]
 
 
+def test_the_papers_point_of_a_sweep_row_stands_at_the_rows_group():
+    """A sweep figure places ours and the paper's number of a row at the row's group (its
+    sparsity): the paper's 91.5 at 70% beside ours, not off the sweep's axis."""
+    import pandas as pd
+
+    paper = pd.DataFrame(
+        [{"model": "m", "dataset": "d", "method": "sdgp", "setting": "70%", "metric": "top1",
+          "value": 91.5, "source": "Fig. 8"}]
+    )  # fmt: skip
+    res = _record("sdgp 70%", 90.0)
+    res.row.group = {"sparsity": 70}
+    res.row.paper = {"method": "sdgp", "setting": "70%"}
+    records = common.ours_vs_paper_records([res], "cpu", paper, "top1")
+    assert sorted((r["source"], r["top1"], r["sparsity"]) for r in records) == [
+        ("ours (cpu)", 90.0, 70),
+        ("paper", 91.5, 70),
+    ]
+
+
+def test_a_bar_figure_puts_the_rows_across_and_tells_ours_from_the_papers_by_colour():
+    import pandas as pd
+
+    paper = pd.DataFrame(
+        [{"model": "m", "dataset": "d", "method": "dense", "setting": "", "metric": "top1",
+          "value": 70.0, "source": "Fig. 1"}]
+    )  # fmt: skip
+    res = _record("a", 90.0)
+    res.row.paper = {"method": "dense"}
+    (fig,) = common.bar_vs_paper("top1", "Top-1", "%")([res], "cpu", paper)
+    assert (fig.kind, fig.x, fig.y, fig.hue) == ("bar", "row", "top1", "source")
+    assert common.paper_figure_rows(paper, "top1", lambda p: p["method"]) == [
+        {"row": "dense", "top1": 70.0, "source": "paper"}
+    ]
+
+
 def test_a_paper_figure_of_several_panels_draws_one_figure_each_in_the_papers_axes():
     import pandas as pd
 
@@ -1342,6 +1377,24 @@ def test_figure_points_needs_every_metric_from_one_run():
     assert points == [{"row": "r", "flops": 4.0, "top1": 50.0, "source": "ours (gpu)"}]
     with pytest.raises(ValueError, match="unknown metric 'nope'"):
         common.figure_points([res("r", [a])], ("nope",), "cpu", table=table)
+
+
+def test_figure_points_take_each_runs_change_against_the_baseline_run_of_its_seed():
+    """A pruned run's top-1 change is against the dense run of the same seed (89 - 90 and
+    81 - 80), never another seed's; a seed the baseline lacks gives no point."""
+
+    def run(seed, top1):
+        return RunRecord(path=f"r{seed}", seed=seed, summary={"top1": top1}, metrics=[],
+                         reused=True)  # fmt: skip
+
+    dense = RowResult(row=Row("dense"), runs=[run(0, 90.0), run(1, 80.0)])
+    pruned = RowResult(row=Row("pruned", "sdgp", baseline="dense"),
+                       runs=[run(0, 89.0), run(1, 81.0), run(2, 70.0)])  # fmt: skip
+    points = common.figure_points([dense, pruned], ("delta_top1", "top1"), "cpu")
+    assert [(p["row"], p["top1"], p["delta_top1"]) for p in points] == [
+        ("pruned", 89.0, -1.0),
+        ("pruned", 81.0, 1.0),
+    ]
 
 
 def test_sdgp_fig9_draws_no_data_gradient_for_the_first_conv():
@@ -2590,6 +2643,25 @@ def test_a_rows_number_is_the_mean_of_its_seeds():
     rows = common.compare_rows(_tiny_target(), results, "cpu")
     top1 = next(r for r in rows if r["metric"] == "top1" and r["row"] == "dense")
     assert top1["ours"] == pytest.approx(280.0 / 3) and top1["n"] == 3  # not the median, 91
+
+
+def test_a_plain_row_trains_each_scales_documented_setup(tmp_path):
+    """docs/reproductions.md's scale table: cpu is ResNet-20 on digits at 16x16, batch 32, 8
+    epochs, 1 seed; gpu is ResNet-32 on digits, 30 epochs, 3 seeds."""
+    (cpu,) = Row("dense").configs("cpu", tmp_path)
+    assert (cpu.model, cpu.data, cpu.batch_size, cpu.epochs, cpu.seed) == (
+        "resnet20", "digits", 32, 8, 0)  # fmt: skip
+    assert cpu.data_options["image_size"] == 16
+    gpu = Row("dense").configs("gpu", tmp_path)
+    assert [c.seed for c in gpu] == [0, 1, 2]
+    assert {(c.model, c.data, c.epochs) for c in gpu} == {("resnet32", "digits", 30)}
+    assert all(Path(c.out).parent == tmp_path for c in gpu + [cpu])
+
+
+def test_a_row_needing_the_paper_scale_runs_only_there():
+    assert common.needs_paper("paper", "ImageNet") is None
+    for scale in ("smoke", "cpu", "gpu"):
+        assert common.needs_paper(scale, "ImageNet") == "needs the paper scale (ImageNet)"
 
 
 def test_the_cifar_recipe_drops_at_half_and_three_quarters_rounded_down():

@@ -465,3 +465,17 @@ def test_field_types_fall_back_to_the_annotations_text_where_it_does_not_resolve
     check_field_types(Config, {"cap": 3})
     with pytest.raises(ValueError, match=r"cap must be an int or None, got 2.5 \(float\)"):
         check_field_types(Config, {"cap": 2.5})
+
+
+def test_the_default_recipe_is_one_cycle_nesterov_sgd_and_the_paper_preset_plain_momentum():
+    """The cpu preset trains as docs/clicktrain.md states (batch 128, lr 0.2 one-cycle
+    warmed up over 20% of training from 0.04 of the peak (the DAWNBench recipes'), SGD with
+    Nesterov momentum 0.9, weight decay 5e-4); the gpu preset keeps batch 128; the paper
+    preset is the authors' PruneTrain code: plain momentum, no Nesterov."""
+    cpu = resolve("cpu")
+    assert (cpu.batch_size, cpu.lr, cpu.schedule) == (128, 0.2, "onecycle")
+    assert (cpu.warmup_fraction, cpu.warmup_start) == (0.2, 0.04)
+    assert (cpu.momentum, cpu.nesterov, cpu.weight_decay) == (0.9, True, 5e-4)
+    assert resolve("gpu").batch_size == 128
+    paper = resolve("paper")
+    assert (paper.momentum, paper.nesterov) == (0.9, False)

@@ -828,3 +828,46 @@ def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path
     assert row["iterations"] == 4 and read_at == [0, 1, 2, 4]
     # the parabola through (1, 1), (2, 8), (4, 64) is 29 at step 3: (0 + 1 + 8 + 29) / 4
     assert row["train_flops_nominal"] == pytest.approx(9.5)
+
+
+def test_each_phase_time_is_the_median_of_its_own_iterations(tmp_path, monkeypatch):
+    """fwd_ms, bwd_ms and step_ms are the medians of their own phase; iter_ms the median of
+    the iterations' sums (here 263 ms, not 3 + 40 + 200); the summary takes the last epoch's."""
+    phase_ms = {"fwd": [1.0, 5.0, 3.0], "bwd": [20.0, 40.0, 60.0], "step": [300.0, 100.0, 200.0]}
+
+    class FixedTimer:
+        def __init__(self, device):
+            self.stopped: dict[str, int] = {}
+
+        def start(self, phase):
+            pass
+
+        def stop(self, phase):
+            self.stopped[phase] = self.stopped.get(phase, 0) + 1
+
+        def times(self, phase):
+            return phase_ms[phase][: self.stopped.get(phase, 0)]
+
+    monkeypatch.setattr("impl.train.PhaseTimer", FixedTimer)
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(run, epochs=1, batch_size=4, data_options={"image_size": 8})
+    summary = train(cfg, progress=False)
+    (row,) = rundir.read_metrics(run)
+    assert row["iterations"] == 3  # the smoke preset's step cap
+    got = (row["fwd_ms"], row["bwd_ms"], row["step_ms"], row["iter_ms"])
+    assert got == (3.0, 40.0, 200.0, 263.0)  # iterations of 321, 145 and 263 ms
+    assert tuple(summary[k] for k in ("fwd_ms", "bwd_ms", "step_ms", "iter_ms")) == got
+
+
+def test_the_summary_keeps_the_last_epochs_accuracy_and_the_best_one(tmp_path, monkeypatch):
+    """top1 is the last epoch's test accuracy, best_top1 the highest of any epoch, even where
+    accuracy fell after it."""
+    scores = iter([(1.0, 70.0), (2.0, 40.0)])
+    monkeypatch.setattr("impl.train.evaluate", lambda *a, **k: next(scores))
+    run = tmp_path / "run"
+    cfg = _smoke_cfg(
+        run, epochs=2, batch_size=4, max_steps_per_epoch=1, data_options={"image_size": 8}
+    )
+    summary = train(cfg, progress=False)
+    assert [r["test_top1"] for r in rundir.read_metrics(run)] == [70.0, 40.0]
+    assert (summary["top1"], summary["best_top1"]) == (40.0, 70.0)

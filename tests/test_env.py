@@ -678,3 +678,79 @@ def test_format_env_renders_empty_lists_and_dicts_as_a_dash() -> None:
     """An empty list or dict is shown as ``-``, as None is."""
     text = env.format_env({"gpus": [], "env_vars": {}, "x": ()})
     assert text.splitlines() == ["gpus      -", "env_vars  -", "x         -"]
+
+
+def test_cpu_model_is_the_model_name_not_the_model_number(monkeypatch) -> None:
+    """/proc/cpuinfo lists ``model`` (a number) before ``model name``: the name is recorded."""
+    text = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480+\nstepping\t: 8\n"
+    )
+
+    class FakePath:
+        def __init__(self, path: str) -> None:
+            assert path == "/proc/cpuinfo"
+
+        def read_text(self) -> str:
+            return text
+
+    monkeypatch.setattr(env, "Path", FakePath)
+    assert env._cpu_model() == "Intel(R) Xeon(R) Platinum 8480+"
+
+
+def test_tf32_flags_read_fp32_precision_per_backend_where_allow_tf32_is_refused(
+    monkeypatch,
+) -> None:
+    """A process that set ``fp32_precision`` per backend (reading ``allow_tf32`` then raises):
+    matmul in IEEE and convolutions in TF32 is recorded as (False, True), each from its own
+    backend."""
+
+    class Refused:
+        def __init__(self, precision: str) -> None:
+            self.fp32_precision = precision
+
+        @property
+        def allow_tf32(self) -> bool:
+            raise RuntimeError("mixing allow_tf32 and fp32_precision")
+
+    matmul = Refused("ieee")
+    cudnn = Refused("none")
+    cudnn.conv = types.SimpleNamespace(fp32_precision="tf32")
+    monkeypatch.setattr(torch.backends, "cuda", types.SimpleNamespace(matmul=matmul))
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    assert env.tf32_enabled() == (False, True)
+    matmul.fp32_precision, cudnn.conv.fp32_precision = "tf32", "ieee"
+    assert env.tf32_enabled() == (True, False)
+
+
+def test_torch_settings_recorded_are_those_the_process_set(monkeypatch) -> None:
+    """``cudnn_benchmark`` and ``float32_matmul_precision`` follow what the process set, not
+    torch's defaults (False, ``"highest"``)."""
+    before = torch.get_float32_matmul_precision()
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    torch.set_float32_matmul_precision("medium")
+    try:
+        info = env._torch_info()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert info["cudnn_benchmark"] is True
+    assert info["float32_matmul_precision"] == "medium"
+
+
+def test_collect_dates_a_result_to_the_second_in_utc(monkeypatch) -> None:
+    """``date``: ISO 8601 with seconds and the UTC offset, e.g. 2026-01-02T03:04:05+00:00."""
+    monkeypatch.setattr(env, "gpu_info", lambda gpu=None: {})
+    date = env.collect()["date"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", date), date
+
+
+def test_a_fallbacks_fields_nvml_never_had_are_recorded_even_when_none(monkeypatch) -> None:
+    """A field only the fallback knows (torch's CUDA runtime) is in the record, None or not,
+    so that every record of one source has the same keys."""
+    _fake_nvml(monkeypatch, 0)
+    found = {"gpu_name": "Torch GPU", "gpu_count": 1, "gpus": ["Torch GPU"]}
+    monkeypatch.setattr(env, "gpu_info_nvidia_smi", lambda **kw: None)
+    monkeypatch.setattr(env, "gpu_info_torch", lambda **kw: {**found, "gpu_cuda_runtime": None})
+    info = env.gpu_info(0)
+    assert info["gpu_source"] == "torch"
+    assert "gpu_cuda_runtime" in info and info["gpu_cuda_runtime"] is None

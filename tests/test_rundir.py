@@ -390,3 +390,94 @@ def test_a_summary_is_complete_or_diverged_only_as_its_status_says(tmp_path):
     rundir.write_json(path, {"status": "complete", "top1": 91.0})
     assert rundir.complete_summary(tmp_path) == {"status": "complete", "top1": 91.0}
     assert rundir.diverged_summary(tmp_path) is None
+
+
+def test_taking_the_lock_removes_the_temporaries_of_each_file_a_run_writes(tmp_path):
+    """A kill can interrupt the atomic write of any of the run's own files: the config, the
+    metrics (rewritten on resume), the checkpoint, the summary and the FGSM record."""
+    names = ("config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "fgsm.json")
+    stale = [tmp_path / f".{name}.a1b2.tmp" for name in names]
+    for path in stale:
+        path.write_bytes(b"partial")
+    with rundir.locked(tmp_path):
+        assert [p.name for p in stale if p.exists()] == []
+
+
+def test_a_lock_held_by_a_process_that_wrote_no_pid_names_an_unknown_holder(tmp_path):
+    """Taken but its pid not yet written (or a holder that writes none): refused all the
+    same, naming the holder "?"."""
+    import fcntl
+    import os
+
+    fd = os.open(tmp_path / rundir.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(rundir.RunBusyError, match=r"\(pid \?\)") as busy:
+            with rundir.locked(tmp_path):
+                pass
+        assert busy.value.holder == "?"
+    finally:
+        os.close(fd)
+
+
+def test_a_resume_refuses_a_metrics_line_that_names_no_epoch(tmp_path):
+    """A line without ``epoch`` among those kept is damage, not a line to drop: the resume
+    is refused and the file left as it is."""
+    rundir.append_metrics(tmp_path, {"epoch": 0, "test_top1": 10.0})
+    rundir.append_metrics(tmp_path, {"test_top1": 20.0})
+    rundir.append_metrics(tmp_path, {"epoch": 1, "test_top1": 30.0})
+    before = (tmp_path / rundir.METRICS_FILE).read_bytes()
+    with pytest.raises(rundir.MetricsError, match="epochs"):
+        rundir.truncate_metrics(tmp_path, epochs_done=2)
+    assert (tmp_path / rundir.METRICS_FILE).read_bytes() == before
+
+
+def test_a_long_checkpoint_read_error_is_cut_at_a_word_near_200_characters(tmp_path, monkeypatch):
+    """torch's first line, where longer than 200 characters, is cut after the last whole
+    word of its first 200 (words ``w000``..: 5 characters each, so ``w039`` ends the cut)."""
+    import torch
+
+    (tmp_path / rundir.CHECKPOINT_FILE).write_bytes(b"x" * 64)
+    line = " ".join(f"w{i:03d}" for i in range(60))
+
+    def long_error(*args, **kwargs):
+        raise RuntimeError(line)
+
+    monkeypatch.setattr(torch, "load", long_error)
+    with pytest.raises(rundir.CheckpointError) as caught:
+        rundir.load_checkpoint(tmp_path)
+    message = str(caught.value)
+    assert "RuntimeError: w000 w001" in message
+    assert "w038 w039 ...)" in message and "w040" not in message
+
+
+def test_a_run_without_a_checkpoint_has_none_to_load(tmp_path):
+    assert rundir.load_checkpoint(tmp_path) is None
+    assert rundir.load_checkpoint(tmp_path, config_digest="abc") is None
+
+
+def test_a_summary_before_prunetrains_cost_formula_is_outdated_for_it():
+    """Version 4 of the summary brought PruneTrain's training FLOPs by the authors' cost
+    formula: a version-3 summary lacks it, a version-4 one does not."""
+    why = rundir.outdated_summary({"summary_version": 3})
+    assert why is not None and why.startswith("its summary (version 3) was written before")
+    assert "PruneTrain's training FLOPs by the authors' cost formula" in why
+    assert "the step phase" not in why  # version 2's change it already has
+    later = rundir.outdated_summary({"summary_version": 4}) or ""
+    assert "PruneTrain's training FLOPs by the authors' cost formula" not in later
+
+
+def test_a_summary_version_that_is_not_an_integer_is_not_called_outdated():
+    """A hand-edited or foreign ``summary_version`` (text, None) is not compared: the run is
+    not trained again for it, and reading it does not fail."""
+    assert rundir.outdated_summary({"summary_version": "2"}) is None
+    assert rundir.outdated_summary({"summary_version": None}) is None
+
+
+def test_a_stale_run_says_to_train_it_again_elsewhere(tmp_path):
+    err = rundir.StaleRunError(tmp_path, "m:M has changed since it was trained")
+    assert isinstance(err, rundir.CheckpointError) and err.why.startswith("m:M has changed")
+    assert str(err) == (
+        f"{tmp_path} cannot be continued: m:M has changed since it was trained; train it "
+        "again into another --out (or remove the directory)"
+    )

@@ -440,13 +440,15 @@ def _torch_info() -> dict[str, Any]:
         cpu_capability = torch.backends.cpu.get_cpu_capability()
     except Exception:
         cpu_capability = None
+    tf32_matmul, tf32_cudnn = tf32_enabled()
     return {
         "torch": torch.__version__,
         "cpu_capability": cpu_capability,
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "torch_threads": torch.get_num_threads(),
-        **dict(zip(("tf32_matmul", "tf32_cudnn"), tf32_enabled(), strict=True)),
+        "tf32_matmul": tf32_matmul,
+        "tf32_cudnn": tf32_cudnn,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }

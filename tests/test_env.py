@@ -542,9 +542,8 @@ def test_version_is_that_of_the_first_installed_distribution(monkeypatch) -> Non
     assert env._cupy_version() is None
 
 
-def test_cpu_model_is_the_text_after_the_first_colon(monkeypatch) -> None:
-    """The ``model name`` line of /proc/cpuinfo, everything after its first colon, stripped."""
-    text = "processor\t: 0\nvendor_id\t: Fake\nmodel name\t: Fake CPU @ 2.00GHz: rev 1  \n"
+def _fake_cpuinfo(monkeypatch, text: str) -> None:
+    """``env`` reads ``text`` as /proc/cpuinfo (and no other file)."""
 
     class FakePath:
         def __init__(self, path: str) -> None:
@@ -554,6 +553,12 @@ def test_cpu_model_is_the_text_after_the_first_colon(monkeypatch) -> None:
             return text
 
     monkeypatch.setattr(env, "Path", FakePath)
+
+
+def test_cpu_model_is_the_text_after_the_first_colon(monkeypatch) -> None:
+    """The ``model name`` line of /proc/cpuinfo, everything after its first colon, stripped."""
+    text = "processor\t: 0\nvendor_id\t: Fake\nmodel name\t: Fake CPU @ 2.00GHz: rev 1  \n"
+    _fake_cpuinfo(monkeypatch, text)
     assert env._cpu_model() == "Fake CPU @ 2.00GHz: rev 1"
 
 
@@ -686,15 +691,7 @@ def test_cpu_model_is_the_model_name_not_the_model_number(monkeypatch) -> None:
         "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
         "model name\t: Intel(R) Xeon(R) Platinum 8480+\nstepping\t: 8\n"
     )
-
-    class FakePath:
-        def __init__(self, path: str) -> None:
-            assert path == "/proc/cpuinfo"
-
-        def read_text(self) -> str:
-            return text
-
-    monkeypatch.setattr(env, "Path", FakePath)
+    _fake_cpuinfo(monkeypatch, text)
     assert env._cpu_model() == "Intel(R) Xeon(R) Platinum 8480+"
 
 

@@ -642,3 +642,33 @@ def test_build_without_a_compiler_says_so(tmp_path, monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="no C compiler"):
         nm_cpu.build(tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_every_entry_point_checks_the_same_options_and_tensor():
+    """nm_prune, its reference, an SDGP layer's configuration and the conversion refuse the
+    same bad options with the same words (one set of checks, :func:`check_prune_args`), a
+    generator that is not a ``torch.Generator`` included; the dim comes back non-negative."""
+    from impl.methods.sdgp import SDGPConv2d, sdgp_convert
+    from impl.ops.nm import check_options, check_prune_args, nm_prune_ref
+
+    x = torch.randn(2, 8, 3)
+    assert check_prune_args(x, 2, 4, "rescaled", -2, "plane", 0.0) == 1
+    assert check_options(2, 4, "random", "channel", 0.0, torch.Generator()) is None
+    conv = SDGPConv2d.from_conv(torch.nn.Conv2d(8, 8, 1), 2, 4)
+    entries = {
+        "nm_prune": lambda **kw: nm_prune(x, **kw),
+        "nm_prune_ref": lambda **kw: nm_prune_ref(x, **kw),
+        "configure": lambda **kw: conv.configure(**kw),
+        "convert": lambda **kw: sdgp_convert(torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1)), **kw),
+    }
+    for call in entries.values():
+        with pytest.raises(ValueError, match="need 1 <= n <= m"):
+            call(n=5, m=4)
+        with pytest.raises(ValueError, match="unknown rescale"):
+            call(n=2, m=4, rescale="row")
+        with pytest.raises(ValueError, match="eps must be a finite number"):
+            call(n=2, m=4, eps=-1.0)
+        with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+            call(n=2, m=4, method="random", generator=5)
+    with pytest.raises(ValueError, match=r"dim must be an int in \[-3, 2\]"):
+        check_prune_args(x, 2, 4, "rescaled", 3, "plane", 0.0)

@@ -50,11 +50,12 @@ from impl.ops.nm import (
     PRUNE_METHODS,
     RESCALE_EPS,
     RESCALE_RULES,
-    _check_tensor,
     _prune_cpu,
     check_eps,
     check_method,
     check_nm,
+    check_options,
+    check_prune_args,
     nm_keep_mask,
     nm_prune,
     nm_prune_ref,
@@ -305,9 +306,7 @@ class SDGPConv2d(nn.Conv2d):
         eps: float = RESCALE_EPS,
     ) -> None:
         """Set the pruning of this layer's output gradient."""
-        check_nm(n, m)
-        check_method(method, rescale)
-        check_eps(eps)
+        check_options(n, m, method, rescale, eps, generator)
         self.n, self.m, self.prune_method, self.rescale = n, m, method, rescale
         self.generator, self.eps = generator, eps
         # Calls of prune_grad per path that pruned ("cpu kernel", "reference", "cuda tensor":
@@ -356,9 +355,8 @@ class SDGPConv2d(nn.Conv2d):
                 eps=self.eps,
             )
         else:  # compiled or reference; each also returns the L1 sums when it has them
-            check_nm(self.n, self.m)
-            check_method(self.prune_method, self.rescale)
-            dim = _check_tensor(grad_out, 1)
+            dim = check_prune_args(grad_out, self.n, self.m, self.prune_method, 1, self.rescale,
+                                   self.eps, self.generator)  # fmt: skip
             args = (self.n, self.m, self.prune_method, dim, self.rescale, self.generator)
             pruned, l1_dense, l1_pruned, path = _prune_cpu(
                 grad_out, *args, self.eps, impl=self.prune_impl, stats=True, option="prune_impl"
@@ -546,9 +544,7 @@ def sdgp_convert(
 
     Returns ``model``; :func:`sdgp_plan` (same arguments) lists the layers left dense.
     """
-    check_nm(n, m)
-    check_method(method, rescale)
-    check_eps(eps)
+    check_options(n, m, method, rescale, eps, generator)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "semi_structured":

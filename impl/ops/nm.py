@@ -100,6 +100,40 @@ def check_generator(generator: torch.Generator | None) -> None:
         raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
 
 
+def check_options(
+    n: int,
+    m: int,
+    method: str,
+    rescale: str,
+    eps: float,
+    generator: torch.Generator | None = None,
+) -> None:
+    """The checks of :func:`nm_prune`'s options, for every path and for a layer configured
+    with them (:func:`check_nm`, :func:`check_method`, :func:`check_eps`,
+    :func:`check_generator`): ``ValueError`` (``TypeError`` for the generator)."""
+    check_nm(n, m)
+    check_method(method, rescale)
+    check_eps(eps)
+    check_generator(generator)
+
+
+def check_prune_args(
+    x: torch.Tensor,
+    n: int,
+    m: int,
+    method: str,
+    dim: int,
+    rescale: str,
+    eps: float,
+    generator: torch.Generator | None = None,
+) -> int:
+    """``dim`` as a non-negative index after :func:`check_options` and the check of ``x`` (a
+    floating tensor outside autograd with ``dim`` in range): what every path of
+    :func:`nm_prune` checks before it touches ``x``."""
+    check_options(n, m, method, rescale, eps, generator)
+    return _check_tensor(x, dim)
+
+
 def _check_tensor(x: torch.Tensor, dim: int) -> int:
     """``dim`` as a non-negative index after checking ``x`` (a floating tensor with a dim to
     group along, not part of an autograd graph) and ``dim``; ``ValueError`` otherwise."""
@@ -199,13 +233,9 @@ def nm_prune(
     A meta or fake ``x`` (shape inference, torch.compile's tracing) gives an empty tensor of
     the result's shape, dtype and layout, as the CUDA op's fake implementation does.
     """
-    check_nm(n, m)
-    check_method(method, rescale)
-    check_eps(eps)
-    dim = _check_tensor(x, dim)
+    dim = check_prune_args(x, n, m, method, dim, rescale, eps, generator)
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
-    check_generator(generator)
     if impl == "cpu" and x.device.type != "cpu":
         raise RuntimeError(
             f"the compiled CPU path of nm_prune takes CPU tensors, got a tensor on "
@@ -436,10 +466,7 @@ def nm_prune_ref(
     stays zero. A strided ``x`` (channels-last) is pruned as its contiguous copy and the
     result takes its layout, so the memory format changes neither the sums nor the values.
     """
-    check_nm(n, m)
-    check_method(method, rescale)
-    check_eps(eps)
-    dim = _check_tensor(x, dim)
+    dim = check_prune_args(x, n, m, method, dim, rescale, eps, generator)
     return _prune_ref(x, n, m, method, dim, rescale, generator, eps, stats=False)[0]
 
 
@@ -643,8 +670,11 @@ __all__ = [
     "RESCALE_EPS",
     "RESCALE_RULES",
     "check_eps",
+    "check_generator",
     "check_method",
     "check_nm",
+    "check_options",
+    "check_prune_args",
     "nm_keep_mask",
     "nm_prune",
     "nm_prune_ref",

@@ -31,13 +31,7 @@ import torch
 
 from impl.cuda import loader
 from impl.ops import device_check, eager, timed_choice
-from impl.ops.nm import (
-    _check_tensor,
-    check_eps,
-    check_generator,
-    check_method,
-    check_nm,
-)
+from impl.ops.nm import check_prune_args
 
 _SRC = "nm_prune.cu"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -259,11 +253,7 @@ def _check_args(
     """``dim`` as a non-negative index after the checks :func:`impl.ops.nm.nm_prune` makes,
     and that ``x``'s dtype is one the kernels take; ``ValueError`` (``TypeError`` for the
     generator) before anything touches a device."""
-    check_nm(n, m)
-    check_method(method, rescale)
-    check_eps(eps)
-    dim = _check_tensor(x, dim)  # a floating tensor outside autograd; an int dim in range
-    check_generator(generator)
+    dim = check_prune_args(x, n, m, method, dim, rescale, eps, generator)
     if x.dtype not in _SUFFIX:
         raise ValueError(
             f"x must be float32, float64, float16 or bfloat16 for the CUDA kernel; got {x.dtype}"

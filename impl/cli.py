@@ -196,8 +196,8 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         default="dense",
-        help="dense, clicktrain, prunetrain, sdgp, campfire, or a registered method "
-        "(docs/new-method.md)",
+        help="dense (the default), clicktrain, prunetrain, sdgp, campfire, or a registered "
+        "method (docs/new-method.md); 'pdtbench train --method M --help' lists M's options",
     )
     p.add_argument("--model", help="model name (default from --scale: resnet20)")
     p.add_argument("--stem", choices=["cifar", "imagenet"], help=_train_field_help("stem"))
@@ -409,6 +409,7 @@ def cmd_train(argv: list[str]) -> int:
     saved_cfg = None
     if known.resume and (Path(known.resume) / CONFIG_FILE).is_file():
         saved_cfg = read_config(Path(known.resume) / CONFIG_FILE)
+    method_named = known.method is not None
     if known.method is None:  # a resumed run's own method options are its flags
         known.method = saved_cfg.method if saved_cfg is not None else "dense"
     try:
@@ -423,6 +424,8 @@ def cmd_train(argv: list[str]) -> int:
         hint = _other_methods_options(unknown, known.method)
         if hint:
             raise UsageError(hint)
+        if method_named and known.method != "dense":  # its options are in its own --help
+            parser.prog = f"pdtbench train --method {known.method}"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     progress = not args.no_progress
     if args.nproc < 1:

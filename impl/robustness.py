@@ -200,9 +200,14 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
             except rundir.RunBusyError as err:
                 raise ValueError(str(err)) from None
     done = len(rundir.read_metrics(run_dir))
-    total: Any = None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        total = rundir.read_json(run_dir / rundir.CONFIG_FILE).get("epochs")
+    try:
+        config = rundir.read_json(run_dir / rundir.CONFIG_FILE)
+    except (OSError, ValueError) as err:  # --resume would refuse it too: say why
+        raise ValueError(
+            f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}) and its "
+            f"config cannot be read, so it cannot be resumed either: {err}"
+        ) from None
+    total = config.get("epochs")
     epochs = f"{done} of {total}" if total is not None else str(done)
     raise ValueError(
         f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}; {epochs} "

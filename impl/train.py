@@ -1019,7 +1019,12 @@ def finished_summary_to_resume(run_dir: Path) -> dict[str, Any] | None:
     :class:`TrainingDiverged` where it diverged (resuming would repeat the same steps from
     the same state)."""
     if not (run_dir / rundir.CONFIG_FILE).exists():
-        why = "does not exist" if not run_dir.exists() else f"has no {rundir.CONFIG_FILE}"
+        if not run_dir.exists():
+            why = "does not exist"
+        elif not run_dir.is_dir():
+            why = "is a file, not a directory"
+        else:
+            why = f"has no {rundir.CONFIG_FILE}"
         raise FileNotFoundError(f"{run_dir} is not a run directory (it {why})")
     summary = rundir.complete_summary(run_dir)
     if summary is not None:

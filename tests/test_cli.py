@@ -44,6 +44,30 @@ def test_resume_of_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
         assert f"{tmp_path / 'nope'} is not a run directory (it does not exist)" in err
 
 
+def test_resume_of_a_file_says_it_is_not_a_directory(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    for command in (["train", "--resume"], ["eval-fgsm"]):
+        assert cli.main([*command, str(config)]) == 2
+        err = capsys.readouterr().err
+        assert f"{config} is not a run directory (it is a file, not a directory)" in err
+
+
+def test_an_unknown_option_of_a_named_method_points_at_that_methods_help(tmp_path, capsys):
+    """A method's options are listed by ``pdtbench train --method M --help`` only."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--method", "clicktrain", "--pattern-count", "0", "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --pattern-count 0" in err
+    assert "(see pdtbench train --method clicktrain --help)" in err
+    with pytest.raises(SystemExit):  # dense has no options of its own: the plain help
+        cli.main(["train", "--pattern-count", "0", "--out", str(out)])
+    assert "(see pdtbench train --help)" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_method_config_fields_become_flags():
     @dataclasses.dataclass
     class Cfg(MethodConfig):

@@ -709,3 +709,19 @@ def test_counted_batches_are_the_epochs_own(monkeypatch):
     # beside it, of how many: a batch whose loss rose by more than delta is not counted
     seen = [r["clicktrain_finalize_batches"] for r in rows if "clicktrain_counted_batches" in r]
     assert seen == [3, 3]
+
+
+def test_a_run_that_never_hard_pruned_counts_every_epoch_dense():
+    """Before hard pruning every epoch trains at the dense cost (Sec. 6.2): a run summarised
+    before the sparse stage saved no training FLOPs and reports the stage it is in."""
+    torch.manual_seed(0)
+    method = ClickTrain(ClickTrainConfig(**FAST))
+    ctx = _context(TinyNet(), 5)
+    method.setup(ctx)
+    summary = method.summary(ctx)["clicktrain"]
+    assert summary["final_stage"] == method.stage != "sparse"
+    flops = summary["flops"]
+    dense_train = flops["per_sample_final"]["dense"]["train"]
+    run = flops["train_flops_run_per_sample"]
+    assert run["dense"] == run["nominal"] == run["executed"] == pytest.approx(5 * dense_train)
+    assert flops["train_flops_saved_nominal"] == flops["train_flops_saved_executed"] == 0.0

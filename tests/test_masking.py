@@ -309,3 +309,30 @@ def test_conv_weight_counts_totals_and_nonzeros_over_convs_only() -> None:
         model[0].weight.view(-1)[:40] = 0.0
         model[2].weight.zero_()
     assert conv_weight_counts(model) == (135, 135 - 40)
+
+
+def test_a_masked_bias_has_its_gradient_zeroed_too() -> None:
+    """A 1-D parameter (a bias) is masked like a weight: its pruned entries' gradient is 0."""
+    model = _model()
+    model(torch.randn(2, 3, 5, 5)).sum().backward()  # d(sum)/d(bias) = 2 for every output
+    keep = torch.tensor([True, False, True, False, False, True, True])
+    MaskSet({"2.bias": keep}).apply_to_grads(model)
+    assert model[2].bias.grad.tolist() == [2.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+
+
+def test_optimizer_state_with_as_many_dimensions_but_another_shape_is_left_alone() -> None:
+    """A per-filter statistic kept with its dimensions ([5, 1, 1, 1] for a [5, 3, 3, 3] conv
+    weight) is not shaped like the parameter: neither zeroed nor refused for its shape."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = model.get_parameter("0.weight")
+    stat = torch.arange(1.0, 6.0).view(5, 1, 1, 1)
+    opt.state[p]["filter_stat"] = stat.clone()
+    MaskSet({"0.weight": torch.zeros(p.shape, dtype=torch.bool)}).apply_to_optimizer(opt, model)
+    assert torch.equal(opt.state[p]["filter_stat"], stat)
+
+
+def test_true_sparsity_of_a_single_entry_is_one_when_it_is_zero() -> None:
+    assert true_sparsity(torch.zeros(1)) == 1.0
+    assert true_sparsity(torch.ones(1)) == 0.0
+    assert true_sparsity(torch.zeros(0)) == 0.0

@@ -340,3 +340,22 @@ def test_layer_times_sum_each_scheme_and_divide_by_union(monkeypatch):
     assert out["conv_speedup_vs_dense"] == pytest.approx(2.0)
     assert out["gating_over_union"] == pytest.approx(1.5)
     assert out["batch"] == 2
+
+
+def test_the_default_threshold_is_prunetrains_1e_4():
+    """Without a threshold, union/gating counting and GatedConv use the paper's 1e-4
+    (Sec. 4.1): an input channel whose weights are all 5e-5 is gated away, one at 2e-4 is not."""
+    from impl.methods.prunetrain_gating import GatedConv
+
+    conv = nn.Conv2d(3, 2, 1, bias=False)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[:, 0] = 1.0
+        conv.weight[:, 1] = 2e-4  # above the threshold: dense
+        conv.weight[:, 2] = 5e-5  # below it: gated away
+    (layer,) = conv_flops_union_vs_gating(nn.Sequential(conv), (3, 2, 2))["layers"]
+    assert layer["union_channels"] == (3, 2) and layer["gating_channels"] == (2, 2)
+    assert layer["gating_flops"] == 2 * 1 * 4 * 2 * 2
+    gated = GatedConv(conv)
+    assert gated.idx_in.tolist() == [0, 1] and gated.idx_out.tolist() == [0, 1]
+    assert tuple(gated.inner.weight.shape) == (2, 2, 1, 1)

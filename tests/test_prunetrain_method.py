@@ -683,3 +683,43 @@ def test_probe_cpu_clock_reads_process_time_and_bad_arguments_are_refused(monkey
         probe_iteration_ms(model, (3, 8, 8), 2, clock="gpu")
     with pytest.raises(ValueError, match="got 1, 0"):
         probe_iteration_ms(model, (3, 8, 8), 0, repeats=1)
+
+
+def test_choose_batch_defaults_to_steps_of_32_up_to_512() -> None:
+    """Sec. 4.3's step of 32 samples and the documented cap of 512 (docs/methods.md) are the
+    defaults: from 100 with memory never over the budget, the batch is 100 + 32 * 12 = 484
+    (484 + 32 = 516 is over the cap), reached through 132, 164, ..."""
+    calls = []
+
+    def memory(b: int) -> float:
+        calls.append(b)
+        return 0.0
+
+    assert choose_batch(100, 100, 1.0, memory) == 484
+    assert calls == [100 + 32 * k for k in range(1, 13)]
+
+
+def test_the_iteration_probe_takes_three_repetitions_by_default(monkeypatch) -> None:
+    """Without ``repeats`` the probe runs a warm-up and three repetitions and keeps each
+    phase's fastest: here the third (2 / 4 ms)."""
+    import impl.methods.prunetrain_memory as PM
+
+    starts = (0.0, 10.0, 20.0, 30.0)
+    steps = ((0.001, 0.001), (0.005, 0.010), (0.003, 0.007), (0.002, 0.004))
+    readings = iter(v for s0, (f, b) in zip(starts, steps) for v in (s0, s0 + f, s0 + f + b))
+    monkeypatch.setattr(PM.time, "perf_counter", lambda: next(readings))
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 3))
+    fwd, bwd = probe_iteration_ms(model, (1, 8, 8), 2)
+    assert (fwd, bwd) == (pytest.approx(2.0), pytest.approx(4.0))
+
+
+def test_activation_bytes_of_a_model_in_eval_mode_are_those_of_training() -> None:
+    """The probe measures a training iteration whatever mode the model is left in (after an
+    evaluation, say): dropout, a no-op in eval mode, saves its mask per sample in training;
+    the model itself stays in eval mode."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.5),
+                          nn.Flatten(), nn.Linear(8 * 4 * 4, 2))  # fmt: skip
+    trained = activation_bytes_per_sample(model.train(), (3, 4, 4))
+    model.eval()
+    assert activation_bytes_per_sample(model, (3, 4, 4)) == trained
+    assert not model.training

@@ -225,6 +225,21 @@ def test_load_metrics_long_form(runs_root):
     assert list(one["epoch"]) == [0, 1]
 
 
+def test_load_metrics_leaves_out_per_layer_lists_and_dicts(tmp_path):
+    """A metrics line's per-layer fields (a list of densities, a dict of channels) are no
+    column of the long form: one row per epoch holds the run's numbers only."""
+    d = _run(tmp_path, "r", epochs=2)
+    lines = [
+        {"epoch": e, "test_top1": 50.0 + e, "wall_seconds": 10.0 * (e + 1),
+         "densities": [1.0, 0.5], "channels": {"a": 1}}
+        for e in range(2)
+    ]  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    metrics = load_metrics(load_runs([tmp_path]))
+    assert "densities" not in metrics.columns and "channels" not in metrics.columns
+    assert list(metrics["test_top1"]) == [50.0, 51.0] and list(metrics["epoch"]) == [0, 1]
+
+
 def test_a_complete_runs_metrics_short_of_its_epochs_are_listed_not_plotted(tmp_path):
     """A complete run writes its summary after its last metrics line: a file cut short,
     emptied or missing beside it was damaged since, and its curves were drawn as the run's."""
@@ -984,7 +999,10 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
     save_result(_result(), runs_root / "reproductions" / "sdgp.table1" / "smoke")
     assert main([str(runs_root), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert "1 results, 3 complete runs, 3 incomplete" in printed
+    assert (
+        "1 results, 3 complete runs, 3 incomplete (listed: 1 failed, 1 running or killed, "
+        "1 unreadable)" in printed
+    )  # the page's words for each
     assert (tmp_path / "out" / "index.html").exists() and (tmp_path / "out" / "sdgp.html").exists()
     # A target without a saved result is listed, with the command that makes it at the
     # results' scale, not dropped (here every target but sdgp.table1).
@@ -1006,6 +1024,32 @@ def test_main_renders_from_saved_files_only(tmp_path, runs_root, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no result.json"):
         main([str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
+
+
+def test_report_lists_missing_targets_with_the_command_at_the_results_scale():
+    """The missing targets' commands name the scale of the reproduction results read; results
+    of several scales get `pdtbench reproduce`'s default (cpu); results of no reproduction
+    target list nothing missing."""
+    from types import SimpleNamespace
+
+    from impl.report.cli import _reproduction_index
+    from reproductions.other_figures import other_figures
+
+    def needs(results):
+        expected, others = _reproduction_index(results)
+        return {e["target"]: e["needs"] for e in expected}, others
+
+    one = [SimpleNamespace(target="sdgp.table1", scale="smoke")]
+    got, others = needs(one)
+    assert got["sdgp.table1"] == "pdtbench reproduce sdgp.table1 --scale smoke"
+    assert got["clicktrain.fig9"] == "pdtbench reproduce clicktrain.fig9 --scale smoke"
+    assert others == other_figures() and others
+    two = [*one, SimpleNamespace(target="prunetrain.table1", scale="gpu")]
+    assert needs(two)[0]["sdgp.table1"] == "pdtbench reproduce sdgp.table1 --scale cpu"
+    # a result of no reproduction target, beside one, does not change the scale
+    mine = SimpleNamespace(target="mine.table1", scale="gpu")
+    assert needs([*one, mine])[0]["sdgp.table1"].endswith("--scale smoke")
+    assert needs([mine]) == ({}, [])
 
 
 def test_report_writes_reports_by_default_and_no_runs_leaves_the_runs_out(

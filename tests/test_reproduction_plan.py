@@ -545,3 +545,23 @@ def test_a_worker_logs_the_run_and_returns_its_error_with_the_log(tmp_path, monk
     text = log.read_text()
     assert f"dense seed 0 -> {cfg.out}" in text and "complete: top-1 12.35% in " in text
     assert "Traceback" in text and "ValueError: m must be below n" in text
+
+
+def test_a_worker_trains_its_run_with_the_threads_of_its_job(tmp_path, monkeypatch):
+    """Each worker process sets the torch threads its job names (--threads, or the cores
+    divided among the jobs) before it trains, and says which reuse it found in its log."""
+    cfg = _fake_cfg(tmp_path, "run")
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def reused(c, progress):
+        seen.append(torch.get_num_threads())
+        return {"top1": 50.0}, True
+
+    monkeypatch.setattr(reproductions.common, "run_or_reuse", reused)
+    try:
+        out, err, _ = parallel._train_one((cfg, 3))
+    finally:
+        torch.set_num_threads(before)
+    assert (out, err, seen) == (cfg.out, None, [3])
+    assert "reused a complete run: top-1 50.00% in " in log_path(cfg).read_text()

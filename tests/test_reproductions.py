@@ -1922,6 +1922,30 @@ def test_settings_lines_read_the_runs_configs_and_name_what_differs():
         [], "")  # fmt: skip
 
 
+def test_a_rows_warm_up_start_reads_as_a_fraction_of_the_peak_lr():
+    """A row whose warm-up starts elsewhere than the shared setup's says where, as a fraction
+    of the peak learning rate."""
+    assert settings.setup_text({"warmup_start": 1e-4}) == "warm-up from 0.0001 of the peak lr"
+    assert settings.setup_text({"warmup_fraction": 0.1, "warmup_start": 0.5}) == (
+        "10% warm-up, warm-up from 0.5 of the peak lr"
+    )
+
+
+def test_a_row_without_runs_between_rows_with_runs_leaves_the_later_rows_their_lines():
+    def run(seed, cfg):
+        return RunRecord(f"r{seed}", seed, {"top1": 90.0}, [], True, cfg)
+
+    results = [
+        RowResult(Row("dense"), runs=[run(0, _cfg())]),
+        RowResult(Row("not run", needs="the paper scale"), error="the paper scale"),
+        RowResult(Row("campfire", "campfire"),
+                  runs=[run(1, _cfg("campfire", {"final_sparsity": 0.5, "mask": "ck"}))]),
+    ]  # fmt: skip
+    lines, _ = settings.settings_lines(results, "cpu")
+    assert [line["row"] for line in lines] == ["dense", "campfire"]
+    assert lines[1]["options"] == "50% final sparsity, CK masks" and lines[1]["seeds"] == "1"
+
+
 def test_a_setup_field_that_differs_between_rows_is_in_each_rows_differs_not_none():
     def run(seed, **train):
         step = {"schedule": "step", "lr": 0.05, "gamma": 0.1, "warmup_fraction": 0.0}
@@ -2132,6 +2156,23 @@ def test_cross_table_time_to_accuracy_targets_and_their_note():
     for scale, target in methods.TTA_TARGET.items():
         note = next(n for n in methods.notes(scale) if n.startswith("Time to accuracy"))
         assert f"reaches {target}%" in note
+
+
+def test_cross_table_shows_the_rows_of_the_documented_table_and_reads_time_to_90_at_cpu():
+    # docs/reproductions.md's cross-method table (cpu scale): top-1, its change against dense,
+    # conv compression, training FLOPs saved (nominal / executed), inference FLOPs, bytes
+    # all-reduced, fwd / bwd / step, time per iteration (last epoch, whole run) and the time
+    # to 90% top-1
+    from reproductions.cross import methods
+
+    documented = {"top1", "delta_top1", "compression_ratio", "train_flops_saved",
+                  "train_flops_executed_saved", "inference_flops_per_sample",
+                  "comm_bytes_per_iter", "fwd_ms", "bwd_ms", "step_ms", "iter_ms",
+                  "run_iter_ms", "time_to_accuracy"}  # fmt: skip
+    assert documented <= set(methods.TARGET.metrics)
+    assert methods.TTA_TARGET["cpu"] == 90.0
+    note = next(n for n in methods.notes("cpu") if n.startswith("Time to accuracy"))
+    assert "first reaches 90.0% " in note
 
 
 def test_cross_table_notes_name_the_seeds_and_the_size_of_one_digits_test_image():

@@ -169,6 +169,25 @@ def test_one_papers_values_and_one_items_are_selected_exactly():
         lookup(table1, colour="red")
 
 
+def test_lookup_compares_every_column_as_text():
+    """A selector is matched as text, so a number given as written in the CSV finds its row:
+    SDGP Table I's dense ResNet-9 on CIFAR-10 at 95.3%."""
+    table1 = paper_values("sdgp", "table1")
+    rows = lookup(table1, value="95.3", method="dense")
+    assert len(rows) == 1 and rows["dataset"].iloc[0] == "cifar10"
+    assert len(lookup(table1, value=95.3, method="dense")) == 1
+
+
+def test_values_of_several_files_are_numbered_as_one_table():
+    """The rows read from several CSVs are labelled 0, 1, ... through the whole frame, so a
+    row's label names one published number (not one per file)."""
+    sdgp = paper_values("sdgp")
+    assert len(paper_values("sdgp", "table1")) < len(sdgp)  # several files
+    assert list(sdgp.index) == list(range(len(sdgp)))
+    first = sdgp.loc[0]
+    assert first["paper"] == "sdgp" and first["item"] == sdgp["item"].iloc[0]
+
+
 def test_a_value_file_with_an_extra_column_is_refused(tmp_path):
     path = tmp_path / "sdgp_table1.csv"
     row = "sdgp,table1,resnet9,cifar10,dense,,top1,95.3,%,Table I p. 5,"

@@ -409,6 +409,16 @@ def test_unfinished_run_without_configured_epochs_names_the_epochs_done(tmp_path
         check_finished_run(tmp_path)
 
 
+def test_unfinished_run_with_an_unreadable_config_does_not_advise_resume(tmp_path) -> None:
+    """A torn config.json: --resume refuses such a run, so the message says why instead."""
+    (tmp_path / "config.json").write_text('{"epochs": 3, "meth')
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 0}\n')
+    with pytest.raises(ValueError, match=r"config\.json: not a JSON file") as err:
+        check_finished_run(tmp_path)
+    assert "cannot be resumed" in str(err.value)
+    assert "--resume" not in str(err.value)
+
+
 def test_eval_fgsm_run_attacks_with_the_datasets_normalisation(tmp_path, monkeypatch) -> None:
     """The attack gets the test set's mean and std as the loaders give them (None where the
     dataset has none), so eps stays in pixel units."""

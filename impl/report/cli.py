@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 from impl.cli_parser import OneLineParser, directory
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     n_bad = sum(r["status"] != "metrics unreadable" for r in listed)  # the others are complete
     damaged = len(listed) - n_bad
     also = f", {damaged} of them with unreadable metrics (listed)" if damaged else ""
-    print(f"{len(results)} results, {n_runs} complete runs{also}, {n_bad} incomplete (listed)")
+    kinds = Counter(r["status"] for r in listed if r["status"] != "metrics unreadable")
+    why = ", ".join(f"{n} {status}" for status, n in sorted(kinds.items()))
+    why = f": {why}" if why else ""
+    print(f"{len(results)} results, {n_runs} complete runs{also}, {n_bad} incomplete (listed{why})")
     print(f"report: {index}")
     return 0
 

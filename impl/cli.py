@@ -852,10 +852,15 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
         help="where the runs' dataset is now, if it moved since training (default: the run's)",
     )
     args = p.parse_args(argv)
-    for run_dir in args.run_dirs:  # every one, before the first attack
+    # a run named twice (a repeated glob, "run" and "./run/") is attacked once
+    named: dict[str, str] = {}
+    for run_dir in args.run_dirs:
+        named.setdefault(os.path.realpath(run_dir), run_dir)
+    run_dirs = list(named.values())
+    for run_dir in run_dirs:  # every one, before the first attack
         check_attackable(run_dir)
     device = str(pick_device(args.device))
-    for run_dir in args.run_dirs:
+    for run_dir in run_dirs:
         rows = eval_fgsm_run(run_dir, args.eps, device=device, data_dir=args.data_dir)
         for row in rows:
             print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")

@@ -1718,6 +1718,10 @@ def test_eval_fgsm_checks_every_run_first_and_passes_on_its_device_and_data_dir(
         "a: eps 0: top-1 12.50%", "a: eps 0.25: top-1 12.50%",
         "b: eps 0: top-1 12.50%", "b: eps 0.25: top-1 12.50%",
     ]  # fmt: skip
+    calls.clear()  # a run named twice, in two spellings, is attacked once (its first)
+    assert cli.main(["eval-fgsm", "a", "b", "./a/", "a", "--device", "cpu"]) == 0
+    assert [c[:2] for c in calls] == [("check", "a"), ("check", "b"), ("attack", "a"),
+                                      ("attack", "b")]  # fmt: skip
 
 
 @pytest.mark.parametrize("scale", ["gpu", "paper"])

@@ -204,7 +204,7 @@ def resolve_schedule(cfg: ClickTrainConfig, epochs: int) -> Schedule:
         value = getattr(cfg, name)
         if value is not None and value < (0 if name == "dense_epochs" else 1):
             low = 0 if name == "dense_epochs" else 1
-            raise ValueError(f"ClickTrain {name} must be >= {low}, got {value}")
+            raise ValueError(f"{name} must be >= {low} in ClickTrain's schedule, got {value}")
     pool = cfg.pool_epochs if cfg.pool_epochs is not None else frac(POOL_FRACTION)
     fin = cfg.finalize_epochs if cfg.finalize_epochs is not None else frac(FINALIZE_FRACTION)
     if cfg.dense_epochs is not None:

@@ -262,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         value = os.pathsep.join(args.data_dir)
         dataset_dirs(value, "--data-dir")  # a bad entry is a ValueError now, before any work
         os.environ[DATA_DIR_ENV] = value  # the runs' configs read it, in this process
+        if args.scale in ("smoke", "cpu"):  # accepted (a shared command line), but said
+            print(f"--data-dir is not read at scale {args.scale}: its runs train on the "
+                  "embedded digits", file=sys.stderr)  # fmt: skip
     failed: list[str] = []
     index = run(keys, args.scale, args.runs_root, args.out, args.jobs, not args.no_progress,
                 failed, threads=args.threads)  # fmt: skip

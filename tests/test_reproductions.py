@@ -2537,6 +2537,24 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     assert res.runs[0].config["data_dir"] == str(tmp_path / "data")
 
 
+def test_reproduce_says_a_data_dir_is_not_read_at_the_cpu_scales(tmp_path, monkeypatch, capsys):
+    """Every run of the smoke and cpu scales trains on digits: a --data-dir there is said to
+    be unused (and still passed on), at the gpu scales it is not."""
+    import impl.data
+
+    monkeypatch.delenv(impl.data.DATA_DIR_ENV, raising=False)
+    monkeypatch.setattr(reproductions, "run", lambda *a, **k: tmp_path / "index.html")
+    monkeypatch.setattr(reproductions, "check_scale_device", lambda scale: None)
+    where = ["--runs-root", str(tmp_path / "r"), "--out", str(tmp_path / "o")]
+    for scale in ("smoke", "cpu", "gpu"):
+        argv = ["sdgp.table1", "--scale", scale, "--data-dir", "cifar10=/nowhere", *where]
+        assert reproductions.main(argv) == 0
+        err = capsys.readouterr().err
+        said = f"--data-dir is not read at scale {scale}: its runs train on the embedded digits"
+        assert (said in err) == (scale != "gpu")
+        assert os.environ[impl.data.DATA_DIR_ENV] == "cifar10=/nowhere"
+
+
 def test_reproduce_refuses_a_data_dir_that_names_no_local_dataset(capsys):
     from impl import cli
 

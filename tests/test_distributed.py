@@ -937,6 +937,7 @@ def test_refresh_rebuilds_the_wrapper_only_when_parameters_change(monkeypatch):
     m.weight = nn.Parameter(torch.zeros(1, 3))
     dp.refresh(ctx)
     assert len(wrapped) == 3
+    assert dp.summary({"comm_bytes_per_iter": 0}, ctx)["ddp_rebuilds"] == 3  # as built
     dp.release(ctx)
     assert dp.module(ctx) is m  # no wrapper after training
 
@@ -1145,3 +1146,231 @@ def test_run_worker_ends_a_rank_with_a_status_and_one_line(
     else:
         assert lines == []
     assert ("Traceback" in err) is traceback
+
+
+def test_the_default_collective_timeout_is_five_minutes(monkeypatch):
+    """docs/distributed.md: ``--dist-timeout`` / ``PDTBENCH_DIST_TIMEOUT`` default to 300 s."""
+    monkeypatch.delenv(D.TIMEOUT_ENV, raising=False)
+    assert D.timeout_seconds() == 300.0
+    monkeypatch.setenv(D.TIMEOUT_ENV, "")  # set but empty: the default too
+    assert D.timeout_seconds() == 300.0
+
+
+def test_current_takes_the_local_rank_torchrun_gives(monkeypatch, no_torchrun_env):
+    """Under torchrun the local rank is LOCAL_RANK (rank 3 of 4 is local rank 1 on the second
+    node of two), not the global rank."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(D.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(D.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", 20.0)
+    assert D.current() == D.DistInfo(3, 4, 1, "gloo", 20.0)
+
+
+def test_global_batchnorm_cumulative_average_over_different_batches(one_rank_group, monkeypatch):
+    """``momentum=None``: the running statistics are the plain average of every batch's
+    (batch k weighted 1/k), as in torch's batch norm. Two batches of one channel, means 1 and
+    3, unbiased variances 1 and 4: running mean 2, running variance 2.5."""
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    bn = nn.BatchNorm2d(1, momentum=None)
+    D.sync_batchnorm(bn)
+    bn(torch.tensor([0.0, 1.0, 2.0]).view(3, 1, 1, 1))  # mean 1, unbiased variance 1
+    bn(torch.tensor([1.0, 3.0, 5.0]).view(3, 1, 1, 1))  # mean 3, unbiased variance 4
+    assert torch.allclose(bn.running_mean, torch.tensor([2.0]))
+    assert torch.allclose(bn.running_var, torch.tensor([2.5]))
+    assert int(bn.num_batches_tracked) == 2
+
+
+def test_one_process_reports_no_collective_columns():
+    """One process sends nothing: its epoch rows have no time, auxiliary bytes or calls of
+    collectives, and a summary without a measured figure gives the computed payload (a
+    Linear(3, 2): 8 float32 values, 32 bytes)."""
+    m = nn.Linear(3, 2)
+    dp = D.DataParallel(D.DistInfo(), torch.device("cpu"), timing=True)
+    ctx = types.SimpleNamespace(model=m, extra={})
+    dp.prepare(ctx)
+    dp.end_iteration(ctx)
+    row = dp.epoch_metrics(ctx)
+    for key in ("comm_ms", "comm_aux_bytes_per_iter", "comm_calls_per_iter"):
+        assert key not in row
+    summary = dp.summary({}, ctx)
+    assert summary["comm_bytes_per_iter"] == 32 and summary["comm_bytes_source"] == "computed"
+    assert summary["ddp_rebuilds"] == 0
+
+
+class _Stubborn:
+    """A job that ignores SIGTERM and ends only when killed."""
+
+    pid = 12345
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def wait(self, timeout=None):
+        import signal
+
+        if self.sent[-1] != signal.SIGKILL:
+            raise subprocess.TimeoutExpired("torchrun", timeout)
+        return -9
+
+
+def test_a_job_that_ignores_sigterm_is_killed(monkeypatch):
+    """Stopping a job asks its process group to stop (SIGTERM), then kills it (SIGKILL)."""
+    import signal
+
+    job = _Stubborn()
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: job.sent.append(sig))
+    D._kill_job(job)
+    assert job.sent == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_a_rank_that_raised_is_named_before_one_killed_earlier():
+    """The rank that raised is the cause even when a rank killed by a signal failed first."""
+    from types import SimpleNamespace as F
+
+    from impl.launch_agent import first_failure
+
+    raised = F(exitcode=3, timestamp=101)
+    killed = F(exitcode=-11, timestamp=100)
+    assert first_failure({0: killed, 1: raised}) == (1, raised)
+
+
+def test_a_worker_that_exited_with_status_zero_is_said_so():
+    from impl.launch_agent import how_it_ended
+
+    assert how_it_ended(0) == "exit status 0"
+
+
+def test_the_agent_exits_128_plus_the_signal_or_1_naming_the_failed_rank(monkeypatch, capsys):
+    """Stopped by SIGTERM the agent exits 143 (SIGINT: 130); when a worker failed it exits 1
+    and names the rank that raised, with how it ended."""
+    import signal
+    from types import SimpleNamespace as F
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from impl import launch_agent
+
+    monkeypatch.setenv("LOGLEVEL", "WARNING")  # the test process's loggers left as they are
+
+    def stopped(sig):
+        def main(args):
+            raise SignalException("stopped", sig)
+
+        return main
+
+    monkeypatch.setattr(torchrun, "main", stopped(signal.SIGTERM))
+    assert launch_agent.main([]) == 143
+    monkeypatch.setattr(torchrun, "main", stopped(signal.SIGINT))
+    assert launch_agent.main([]) == 130
+
+    failed = ChildFailedError.__new__(ChildFailedError)
+    failed.failures = {
+        0: F(exitcode=4, timestamp=100),
+        1: F(exitcode=-9, timestamp=100),
+    }
+
+    def fail(args):
+        raise failed
+
+    monkeypatch.setattr(torchrun, "main", fail)
+    assert launch_agent.main([]) == 1
+    err = capsys.readouterr().err
+    assert "torchrun: rank 1 failed first (killed by SIGKILL: out of memory, most often)" in err
+    monkeypatch.setattr(torchrun, "main", lambda args: None)
+    assert launch_agent.main([]) == 0
+
+
+def test_the_agent_quiets_torchruns_loggers_unless_loglevel_is_set(monkeypatch):
+    """Without LOGLEVEL every torch.distributed logger of the agent logs at ERROR; with it,
+    the levels are left as they were."""
+    import logging
+
+    from impl.launch_agent import quiet_agent_logs
+
+    names = ["torch.distributed", "torch.distributed.elastic.agent.server.api"]
+    loggers = [logging.getLogger(n) for n in names]
+    every = [logging.getLogger(n) for n in logging.root.manager.loggerDict]
+    every = [lg for lg in every if lg.name.startswith("torch.distributed")]
+    saved = [(lg, lg.level) for lg in every]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)
+        monkeypatch.setenv("LOGLEVEL", "INFO")
+        quiet_agent_logs()
+        assert [lg.level for lg in loggers] == [logging.NOTSET, logging.NOTSET]
+        monkeypatch.delenv("LOGLEVEL")
+        quiet_agent_logs()
+        assert [lg.level for lg in loggers] == [logging.ERROR, logging.ERROR]
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def test_init_process_group_keeps_the_local_rank_it_is_given(monkeypatch):
+    """Rank 3 of 4 on the second node of two is local rank 1 there."""
+    _FakeGroup(monkeypatch)
+    info = D.init_process_group(3, 4, device="cpu", timeout_s=9, local_rank=1)
+    assert info == D.DistInfo(3, 4, 1, "gloo", 9.0)
+
+
+def test_a_launch_interrupted_by_ctrl_c_kills_its_job(monkeypatch):
+    """Ctrl-C in the launching process stops the whole job before it goes on."""
+
+    class Interrupted(_Job):
+        def wait(self, timeout=None):
+            raise KeyboardInterrupt
+
+    jobs, killed = [], []
+
+    def start(*a, **k):
+        jobs.append(Interrupted(*a, **k))
+        return jobs[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", start)
+    monkeypatch.setattr(D, "_kill_job", killed.append)
+    with pytest.raises(KeyboardInterrupt):
+        D.launch(["x"], 2)
+    assert killed == [jobs[0]]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+@pytest.mark.parametrize("parent_alive", [True, False], ids=["alive", "already-dead"])
+def test_a_worker_asks_to_stop_with_its_launcher(monkeypatch, parent_alive):
+    """The job asks Linux for SIGTERM when its launcher dies, and stops at once when the
+    launcher died before it asked."""
+    import ctypes
+    import signal
+
+    asked, sent = [], []
+
+    class Libc:
+        def __init__(self, *a, **k):
+            pass
+
+        def prctl(self, option, sig):
+            asked.append((option, sig))
+
+    monkeypatch.setattr(ctypes, "CDLL", Libc)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    parent = os.getppid() if parent_alive else os.getppid() + 1
+    D._stop_with_parent(parent)()
+    assert asked == [(1, signal.SIGTERM)]  # PR_SET_PDEATHSIG
+    assert sent == ([] if parent_alive else [(os.getpid(), signal.SIGTERM)])
+
+
+def test_release_restores_the_models_own_batch_norm(monkeypatch):
+    """At the end of training of a job the model's batch norm computes its own statistics
+    again."""
+    dp, _ = _active_dp(monkeypatch)
+    m = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    ctx = types.SimpleNamespace(model=m, extra={})
+    D.sync_batchnorm(m)
+    dp.prepare(ctx)
+    dp.release(ctx)
+    assert "forward" not in m[1].__dict__

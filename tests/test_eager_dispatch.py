@@ -161,3 +161,32 @@ def test_host_overhead_script_times_every_call(through_op):
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 5
     assert all(line.endswith(" us") and float(line.split()[-2]) > 0 for line in lines)
+
+
+def test_a_direct_call_bumps_the_version_of_each_argument_it_writes_and_no_other():
+    """``mutated`` names argument positions: a kernel writing its second and third
+    arguments bumps those two version counters, not the first argument's."""
+    a, b, c = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+    before = [t._version for t in (a, b, c)]
+
+    def impl(x, y, z, v):
+        y.data.fill_(v)
+        z.data.fill_(v)
+
+    eager.call(impl, impl, a, b, c, 1.0, mutated=(1, 2))
+    assert [t._version - v for t, v in zip((a, b, c), before, strict=True)] == [0, 1, 1]
+
+
+def test_forward_mode_ad_leaves_plain_calls_with_non_tensor_arguments_alone():
+    """Under a forward-mode AD level, a call with no dual tensor runs as usual, numbers
+    and None among its arguments included; a dual one is refused with the op's name."""
+    import torch.autograd.forward_ad as fwAD
+
+    def scale(x, k, out):
+        return x * k
+
+    with fwAD.dual_level():
+        assert eager.call(scale, scale, torch.ones(2), 3, None).tolist() == [3.0, 3.0]
+        dual = fwAD.make_dual(torch.ones(2), torch.ones(2))
+        with pytest.raises(NotImplementedError, match="^scale: the CUDA kernels have no"):
+            eager.call(scale, scale, dual, 3, None)

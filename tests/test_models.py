@@ -578,3 +578,77 @@ def test_cifar_resnet_depths_are_exactly_6n_plus_2() -> None:
     for depth, n in ((8, 1), (14, 2), (44, 7)):
         model = cifar_resnet(depth)
         assert [len(s) for s in (model.layer1, model.layer2, model.layer3)] == [n, n, n]
+
+
+def test_basic_blocks_ignore_the_v1_stride_placement() -> None:
+    """``stride_in_1x1`` concerns bottlenecks only: a basic-block ResNet built with it is the
+    same network (BasicBlock has no 1x1 convolution to carry a stride)."""
+    from impl.models.resnet import ResNet
+
+    model = ResNet(BasicBlock, [1, 1], [16, 32], num_classes=10, stride_in_1x1=True)
+    assert not model.stride_in_1x1
+    # stem 3*16*9 + 32; block 2*16*16*9 + 64; block 16*32*9 + 32*32*9 + 128 + proj 16*32 + 64;
+    # fc 32*10 + 10
+    assert n_params(model) == (432 + 32) + (4_608 + 64) + (13_824 + 128 + 576) + 330
+    assert model.layer2[0].conv1.stride == (2, 2)
+    with torch.no_grad():
+        assert model.eval()(torch.randn(1, 3, 8, 8)).shape == (1, 10)
+
+
+def test_imagenet_resnet_builds_the_cifar_stem_by_default() -> None:
+    from impl.models.resnet import imagenet_resnet
+
+    with torch.device("meta"):
+        model = imagenet_resnet("resnet18")
+    assert model.conv1.weight.shape == (64, 3, 3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, nn.Identity) and model.fc.out_features == 10
+
+
+@pytest.mark.parametrize(
+    ("name", "stem"),
+    [("resnet20", "cifar"), ("prunetrain_resnet50", "cifar"), ("resnet18", "imagenet"),
+     ("vgg11", "cifar"), ("resnet9", "cifar")],
+)  # fmt: skip
+def test_a_hook_keeps_a_batchnorms_output_as_it_was_computed(name, stem) -> None:
+    """The ReLUs are not in-place: an activation a forward hook keeps (a BatchNorm's output,
+    with its negative values) is not overwritten by the ReLU that follows it."""
+    torch.manual_seed(0)
+    model = create(name, stem=stem).eval()
+    kept = []
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.register_forward_hook(lambda m, i, o: kept.append((o, o.clone())))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 40, 40))
+    assert kept and all(torch.equal(o, copy) for o, copy in kept)
+    assert all(copy.min() < 0 for _, copy in kept)
+
+
+def test_init_weights_zeroes_conv_biases_and_resets_group_norms() -> None:
+    """``init_weights`` on layers the model zoo's ResNets lack but a converted model may hold:
+    a convolution's bias starts at 0, a GroupNorm at weight 1 and bias 0 as a BatchNorm does."""
+    from impl.models.resnet import init_weights
+
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, bias=True), nn.GroupNorm(2, 8))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+    init_weights(model)
+    conv, gn = model
+    assert torch.equal(conv.bias, torch.zeros(8))
+    assert torch.equal(gn.weight, torch.ones(8)) and torch.equal(gn.bias, torch.zeros(8))
+    assert conv.weight.std().item() > 0  # redrawn, no longer the constant 0.5
+
+
+def test_a_vgg_heads_width_is_its_last_convolutions() -> None:
+    """A VGG of another layout (the class takes any ``cfg``) heads its classifier with the
+    channels of its last convolution: 32 here, 32 * 7 * 7 = 1568 for the ImageNet head."""
+    from impl.models.vgg import VGG
+
+    small = VGG([16, "M", 32, "M"], num_classes=3)
+    assert (small.classifier[0].in_features, small.classifier[0].out_features) == (32, 3)
+    with torch.no_grad():
+        assert small.eval()(torch.randn(1, 3, 8, 8)).shape == (1, 3)
+    with torch.device("meta"):
+        big = VGG([16, "M", 32, "M"], num_classes=3, stem="imagenet")
+    assert big.classifier[0].in_features == 1568

@@ -1151,6 +1151,7 @@ def test_clicktrain_fig13_projects_the_kept_gradients_of_the_pruned_convs_only(
         assert got[f"comm_ms_clicktrain_{g}"] == [pytest.approx(1e3 * pattern)]
         assert got[f"comm_time_saved_{g}"] == [pytest.approx(100 * (1 - pattern / dense))]
     assert "comm_time_saved_8" not in got
+    assert got["device"] == "model (impl.comm_model), not measured"  # Fig. 13 is projected
     with pytest.raises(ValueError, match="no finished run"):
         kernels.comm_projection(scale="cpu", context={"runs": {}}, row="ct")
 
@@ -1593,6 +1594,111 @@ def test_fig9_times_cusparse_on_a_gpu_and_says_so_where_it_cannot(monkeypatch):
     assert impl == "torch.Tensor.to_sparse_csr (not cuSPARSE: CuPy is not usable here)"
     monkeypatch.setattr(cases, "cusparse_dense_to_csr", lambda m: "cuSPARSE's call")
     assert kernels.generic_converter(on_gpu) == ("cuSPARSE's call", kernels.CUSPARSE_IMPL)
+
+
+def _scripted_times(monkeypatch, ms):
+    """Replace the kernel module's timer: the i-th timed case takes ``ms[i]`` ms (each call
+    still runs once); returns the results the timed calls gave, in order."""
+    from reproductions.clicktrain import kernels
+
+    order, ran = iter(ms), []
+
+    def fake_time_ms(fn, *, repeats=5, warmup=1):
+        ran.append(fn())
+        return [next(order)] * repeats
+
+    monkeypatch.setattr(kernels, "time_ms", fake_time_ms)
+    return ran
+
+
+def test_fig10_derives_speedup_crossover_and_the_65_percent_test_from_its_times(monkeypatch):
+    from reproductions.clicktrain.kernels import spmm_sweep
+
+    # smoke: 16 channels, 4-of-9 kernels. Kept kernels round((1 - s) * 9 * 16 / 4): 56% -> 16
+    # (1 - 64/144 = 55.6%), 68% -> 12 (66.7%), 80% -> 7 (1 - 28/144 = 80.6%), 90% -> 4 (88.9%)
+    # per sparsity: dense GEMM, dense conv, generic CSR SpMM, pattern SpMM (ms)
+    ms = [2.0, 3.0, 4.0, 5.0,  # 55.6: the pattern SpMM loses
+          2.0, 3.0, 4.0, 1.5,  # 66.7: it wins, the lowest win
+          2.0, 3.0, 6.0, 1.0,  # 80.6: it wins, 6x the generic CSR product
+          2.0, 1.0, 4.0, 1.5]  # 88.9: cuDNN's convolution beats it  # fmt: skip
+    _scripted_times(monkeypatch, ms)
+    got = spmm_sweep(scale="smoke", context={}, sparsities=(0.56, 0.68, 0.8, 0.9), repeats=1)
+    assert sorted({p["sparsity"] for p in got["points"]}) == [55.6, 66.7, 80.6, 88.9]
+    assert got["speedup_sparsity"] == 80.6  # nearest 75% (66.7 is 8.3 away, 80.6 5.6)
+    assert got["speedup_vs_cusparse"] == pytest.approx(6.0)  # generic CSR over pattern
+    assert got["crossover_sparsity_vs_cublas_cudnn"] == 66.7
+    assert got["crossover_sparsity_pooled"] == 66.7
+    assert got["beats_dense_above_65"] == 0.0  # lost at 88.9, above 65%
+
+
+def test_fig10_times_the_dense_convolution_of_the_same_layer_as_the_gemm(monkeypatch):
+    from reproductions.clicktrain.kernels import spmm_sweep
+
+    ran = _scripted_times(monkeypatch, [1.0] * 4)
+    spmm_sweep(scale="smoke", context={}, sparsities=(0.75,), repeats=1)
+    gemm, conv, csr, pattern = ran
+    # 32 filters of 16 x 3 x 3 over a 16 x 28 x 28 map, padding 1: 32 x 784 outputs, as the
+    # GEMM of the 32 x 144 filter matrix and the map's 144 x 784 im2col matrix
+    assert tuple(gemm.shape) == (32, 784) and tuple(conv.shape) == (1, 32, 28, 28)
+    assert torch.allclose(csr, gemm, atol=1e-4) and torch.allclose(pattern, gemm, atol=1e-4)
+
+
+def test_fig9_and_10_sweep_the_papers_sparsities_by_default(monkeypatch):
+    from reproductions.clicktrain.kernels import csr_conversion, spmm_sweep
+
+    # Fig. 10's axis (the target's note: 56, 65, 75, 85 and 90%); smoke's 16 channels keep
+    # 16, 13, 9, 5 and 4 kernels of 4 weights of 144: 55.6, 63.9, 75.0, 86.1, 88.9%
+    _scripted_times(monkeypatch, [1.0] * 20)
+    got = spmm_sweep(scale="smoke", context={}, repeats=1)
+    assert sorted({p["sparsity"] for p in got["points"]}) == [55.6, 63.9, 75.0, 86.1, 88.9]
+    # Fig. 9 converts the 75% sparse filter matrix (9 of 16 kernels kept: 36 of 144 weights)
+    _scripted_times(monkeypatch, [0.09, 0.03])
+    csr = csr_conversion(scale="smoke", context={}, repeats=1)
+    assert csr["sparsity"] == pytest.approx(0.75) and csr["shape"] == "32x144"
+    # microseconds, the generic conversion over the pattern's
+    assert csr["conversion_time"] == pytest.approx(90.0)
+    assert csr["pattern_conversion_time"] == pytest.approx(30.0)
+    assert csr["speedup_vs_cusparse"] == pytest.approx(3.0)
+    assert csr["device_type"] == "cpu" and csr["generic_impl"] == "torch.Tensor.to_sparse_csr"
+    assert csr["pattern_impl"] == "impl.ops.pattern_csr (ref)"
+
+
+def test_fig9_rows_name_their_own_routines_and_the_generic_row_the_papers_gpu():
+    from reproductions.clicktrain.kernels import conversion_note
+
+    published = paper_values("clicktrain", "fig9")
+    (paper,) = published[published["metric"] == "conversion_time"]["note"].tolist()
+    gpu = paper.split(", ")[-1]  # "NVIDIA Quadro RTX 5000"
+    generic, pattern = reproductions.load_target("clicktrain.fig9").rows("cpu")
+    note = conversion_note(RowResult(generic, measured=dict(CPU_FIG9)))
+    assert note.startswith("measured on AMD EPYC 7B13: torch's CPU dense-to-CSR converter")
+    assert note.endswith(f"the paper's: cuSPARSE dense2csr on an {gpu}")
+    note = conversion_note(RowResult(pattern, measured=dict(CPU_FIG9)))
+    assert note.startswith("measured on AMD EPYC 7B13: impl.ops.pattern_csr's reference path")
+    assert "; speedup over torch's CPU dense-to-CSR converter" in note and gpu not in note
+    note = conversion_note(RowResult(pattern, measured=dict(GPU_FIG9)))
+    assert note.startswith("measured on NVIDIA H100: impl.ops.pattern_csr's CUDA kernel;")
+
+
+def test_fig10_cpu_note_names_no_gpu_library_for_the_dense_products():
+    from reproductions.clicktrain.kernels import spmm_note
+
+    (row,) = reproductions.load_target("clicktrain.fig10").rows("cpu")
+    cpu = {**GPU_FIG10, "device": "AMD EPYC 7B13", "device_type": "cpu"}
+    note = spmm_note(RowResult(row, measured=cpu))
+    dense = note.split("; dense: ")[1].split(";")[0]
+    assert "not cuBLAS" in dense and "cuDNN" not in dense and "cuBLAS GEMM" not in dense
+
+
+def test_pattern_masks_draw_from_a_pool_of_12_distinct_4_of_9_patterns():
+    from reproductions.clicktrain.kernels import pattern_mask
+
+    # 64 filters keeping round(0.44 * 9 * 128 / 4) = 127 kernels each: 8128 kernels, each a
+    # pattern of the pool of 12 (Sec. 5.1), so all 12 distinct patterns show
+    mask = pattern_mask(64, 128, 0.56).flatten(2)
+    kept = mask[mask.any(dim=2)]
+    assert len(kept) == 64 * 127 and set(kept.sum(dim=1).tolist()) == {4}
+    assert len({tuple(k.tolist()) for k in kept}) == 12
 
 
 def test_a_result_records_the_commits_its_runs_were_trained_at():

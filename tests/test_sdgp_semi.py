@@ -339,6 +339,45 @@ def test_shape_constraints_default_per_backend_without_a_table(monkeypatch, back
     assert shape_constraints(backend, torch.bfloat16) == expected
 
 
+def test_shape_constraints_follow_a_torch_whose_table_changes(monkeypatch):
+    """A torch whose class lists other minimums for a dtype is followed; a dtype it does not
+    list keeps the backend's default (cuSPARSELt 16, 16, 8, 8)."""
+    table = {torch.bfloat16: (32, 32, 16, 16)}
+    monkeypatch.setattr(semi, "has_semi_structured_api", lambda: True)
+    monkeypatch.setattr(
+        semi, "_semi_class", lambda backend: SimpleNamespace(_DTYPE_SHAPE_CONSTRAINTS=table)
+    )
+    assert shape_constraints("cusparselt", torch.bfloat16) == (32, 32, 16, 16)
+    assert shape_constraints("cusparselt", torch.float16) == (16, 16, 8, 8)
+
+
+@pytest.mark.parametrize("shipped", [True, False], ids=["cslt", "no-cslt"])
+def test_auto_backend_is_cusparselt_where_torch_ships_it(monkeypatch, shipped):
+    monkeypatch.setattr(semi, "cusparselt_available", lambda: shipped)
+    assert resolve_backend("auto") == ("cusparselt" if shipped else "cutlass")
+
+
+def test_semi_matmul_hands_the_product_a_dense_operand_of_whole_column_multiples(monkeypatch):
+    """13 columns reach the product as 16 (the dense operand's multiple of 8 for 16-bit
+    types), zero in the 3 added, so that no torch version pads it its own way."""
+    seen = []
+    mm = torch.mm
+
+    def recording_mm(x, y):
+        seen.append(y.clone())
+        return mm(x, y)
+
+    monkeypatch.setattr(torch, "mm", recording_mm)
+    a = torch.randn(40, 16, dtype=torch.bfloat16)
+    b = torch.randn(16, 13, dtype=torch.bfloat16)
+    sa = torch.cat([a, torch.zeros(88, 16, dtype=torch.bfloat16)])
+    sa.BACKEND = "cusparselt"
+    out = semi_matmul(sa, b, 40)
+    (dense,) = seen
+    assert dense.shape == (16, 16) and torch.equal(dense[:, :13], b)
+    assert not dense[:, 13:].any() and out.shape == (40, 13)
+
+
 def test_device_capability_asks_the_devices_own_gpu(monkeypatch):
     """A device with an index is asked for its own capability; one without, the current GPU's."""
     monkeypatch.setattr(semi, "_capability", lambda index: (index, 7))
@@ -851,6 +890,21 @@ def test_semi_modules_are_the_semi_structured_layers_only():
     )
     assert list(semi_modules(model)) == ["1"]
     assert semi_summary(model)["sdgp_semi_layers"] == 1
+
+
+def test_summary_lists_every_distinct_reason_of_every_layer():
+    model = nn.Sequential(nn.Conv2d(8, 16, 3), nn.Conv2d(16, 16, 1))
+    sdgp_semi_convert(model, 2, 4, "magnitude")
+    first, second = semi_modules(model).values()
+    first.load_semi_state({"fallback_calls": 3, "fallback_reasons": ["device cpu", "groups=2"]})
+    second.load_semi_state({"fallback_calls": 1, "fallback_reasons": ["device cpu"]})
+    s = semi_summary(model)
+    assert s["sdgp_semi_fallback_calls"] == 4
+    assert s["sdgp_semi_fallback_reasons"] == [
+        {"layer": "0", "reason": "device cpu"},
+        {"layer": "0", "reason": "groups=2"},
+        {"layer": "1", "reason": "device cpu"},
+    ]
 
 
 def test_eval_mode_is_the_plain_conv():

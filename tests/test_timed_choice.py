@@ -395,3 +395,27 @@ def test_calls_made_while_an_inner_op_is_timed_within_a_timing_are_not_uses(monk
 
     assert timed_choice.choose_timed("spmm", "q", ("row_tiled", "warp_row"), outer_ms) == "warp_row"
     assert timed_choice.uses() == {}
+
+
+def test_cuda_ms_waits_for_the_end_event_before_reading_the_time(monkeypatch):
+    """The events are read only once the end event has completed (an unfinished event has no
+    time to give): the one synchronisation comes after the last call and before the reading."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            log.append("synchronize")
+
+        def elapsed_time(self, end):
+            log.append("read")
+            return 4.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert timed_choice.cuda_ms(lambda: log.append("call"), reps=1) == pytest.approx(4.0)
+    assert log == ["call", "record", "call", "record", "synchronize", "read"]

@@ -1181,3 +1181,131 @@ def test_a_cpu_row_gets_no_gpu_data_sheet_figures_even_where_a_gpu_is_named():
     cases._peak_columns(row, cases.Impl("x@cpu", "x", "cpu"))
     assert row == {"gpu_name": "NVIDIA H100 80GB HBM3", "tflops": 1.0, "gbps": 10.0,
                    "frac_peak_spec": None, "frac_bw_spec": None}  # fmt: skip
+
+
+def _sizes(scale):
+    """The sizes docs/benchmarks.md's scale table lists, read off the grid's cases."""
+    spmm = {c.name.rsplit("-", 1)[0] for c in cases.grid("spmm", scale)}
+    conv = {tuple(c.params["input_shape"]) for c in cases.grid("conv", scale)}
+    nm = {tuple(c.params["shape"]) for c in cases.grid("nm_prune", scale)}
+    pack = {tuple(c.params["weight_shape"]) for c in cases.grid("pack", scale)}
+    return spmm, conv, nm, pack
+
+
+@pytest.mark.parametrize(
+    ("scale", "spmm", "conv", "nm", "pack"),
+    [
+        ("smoke", "paper-256x1152x196", (1, 128, 14, 14), (4, 64, 8, 8), (64, 32, 3, 3)),
+        ("cpu", "paper-256x1152x3136", (1, 128, 56, 56), (16, 256, 28, 28), (512, 256, 3, 3)),
+        (
+            "gpu",
+            "paper-256x1152x50176",
+            (1, 128, 224, 224),
+            (128, 256, 56, 56),
+            (1024, 2048, 3, 3),
+        ),
+    ],
+    ids=["smoke", "cpu", "gpu"],
+)
+def test_each_scale_has_the_documented_kernel_sizes(scale, spmm, conv, nm, pack):
+    """docs/benchmarks.md: SpMM's dense operand 1152 x 196 / 3136 / 50176 (= 56 * 56 and the
+    paper's 224 * 224), the conv input, the N:M gradient and the packed gradient per scale."""
+    got_spmm, got_conv, got_nm, got_pack = _sizes(scale)
+    assert spmm in got_spmm
+    assert (got_conv, got_nm, got_pack) == ({conv}, {nm}, {pack})
+
+
+def test_gpu_sizes_are_the_documented_bytes():
+    """The N:M gradient of the gpu scale is 411 MB and the packed one 72 MiB of float32; the
+    calibration copy is 1 GiB there and 64 MiB at the cpu scale."""
+    _, _, (nm,), (pack,) = _sizes("gpu")
+    assert round(math.prod(nm) * 4 / 1e6) == 411
+    assert math.prod(pack) * 4 == 72 * 2**20
+    copy = {s: cases.grid("calibration", s)[0] for s in ("cpu", "gpu")}
+    assert copy["gpu"].params["bytes"] == 2**30 and copy["gpu"].name == "copy-1024MiB"
+    assert copy["cpu"].params["bytes"] == 64 * 2**20 and copy["cpu"].name == "copy-64MiB"
+
+
+def test_cpu_iteration_cases_are_the_documented_models_resolutions_and_batches():
+    """ResNet-18/34 and VGG-16 at 32 px, ResNet-50 at 64 px (ImageNet head), batch 4-8."""
+    got = {
+        (c.params["model"], c.params["stem"], c.params["resolution"])
+        for c in cases.grid("iteration", "cpu")
+    }
+    assert got == {
+        ("resnet18", "cifar", 32),
+        ("resnet34", "cifar", 32),
+        ("vgg16", "cifar", 32),
+        ("resnet50", "imagenet", 64),
+    }
+    assert {c.params["batch"] for c in cases.grid("iteration", "cpu")} <= set(range(4, 9))
+    (smoke,) = cases.grid("iteration", "smoke")
+    assert smoke.name == "resnet20-cifar32-b4"
+
+
+def test_gpu_iteration_grid_holds_every_case_clicktrain_fig11_reads():
+    from reproductions.clicktrain.fig11 import GPU_CASES
+
+    names = {c.name for c in cases.grid("iteration", "gpu")}
+    assert set(GPU_CASES.values()) <= names
+    assert {"resnet18-cifar32-b128", "vgg16-imagenet224-b64"} <= names
+
+
+@pytest.mark.parametrize("scale", ["cpu", "gpu"])
+def test_allreduce_counts_four_models_with_cifar_and_imagenet_heads(scale):
+    got = {
+        (c.params["model"], c.params["stem"], c.params["num_classes"])
+        for c in cases.grid("allreduce", scale)
+    }
+    assert got == {
+        (m, stem, classes)
+        for m in ("resnet18", "resnet34", "resnet50", "vgg16")
+        for stem, classes in (("cifar", 10), ("imagenet", 1000))
+    }
+    assert "resnet50-imagenet-c1000" in {c.name for c in cases.grid("allreduce", scale)}
+
+
+def test_nm_cases_keep_half_of_each_group_along_the_channels():
+    """n:m = 2:4, 4:8, 8:16, 16:32 grouped along dim 1 (channels) of the NCHW gradient; the
+    channels-last cases at 2:4; names ``<shape>-<n>of<m>[-magnitude][-nhwc]``."""
+    grid = cases.grid("nm_prune", "smoke")
+    assert [c.name for c in grid] == [
+        "4x64x8x8-2of4", "4x64x8x8-4of8", "4x64x8x8-8of16", "4x64x8x8-16of32",
+        "4x64x8x8-2of4-magnitude", "4x64x8x8-4of8-magnitude", "4x64x8x8-8of16-magnitude",
+        "4x64x8x8-16of32-magnitude", "4x64x8x8-2of4-nhwc", "4x64x8x8-2of4-magnitude-nhwc",
+    ]  # fmt: skip
+    assert {(c.params["n"], c.params["m"]) for c in grid} == {(2, 4), (4, 8), (8, 16), (16, 32)}
+    assert {c.params["dim"] for c in grid} == {1}
+
+
+def test_pack_cases_are_named_by_op_shape_and_sparsity():
+    assert [c.name for c in cases.grid("pack", "smoke")] == [
+        "pack-64x32x3x3-s50", "pack-64x32x3x3-s75", "unpack-64x32x3x3-s50", "unpack-64x32x3x3-s75",
+    ]  # fmt: skip
+
+
+def test_layer_shapes_equal_to_the_papers_join_the_csr_grid_only_as_the_paper():
+    """ResNet-18 and VGG-16 both have a 256 x 128 x 3 x 3 conv: its cases are the paper's."""
+    csr = cases.grid("csr", "gpu")
+    assert [c.name for c in csr if c.params["weight_shape"] == [256, 128, 3, 3]] == [
+        f"paper-256x128x3x3-s{p}" for p in (50, 65, 75, 80, 90, 95)
+    ]
+    assert [c.name for c in csr if c.params["weight_shape"] == [512, 512, 3, 3]] == [
+        "512x512x3x3-s95"
+    ]
+    # docs/gpu-session.md: 174 pairs, the paper's shape at six sparsities and the layer
+    # shapes of ResNet-18/50 and VGG-16 at 95%
+    assert len(cases.pairs("csr", "gpu")) == 174
+
+
+@pytest.mark.parametrize("scale", ["cpu", "gpu"])
+def test_gpu_kernels_are_timed_with_about_25_ms_of_warmup_and_100_ms_of_calls(scale):
+    cfg = cases.SCALE_CONFIGS[scale]
+    assert (cfg.cuda_warmup_ms, cfg.cuda_rep_ms) == (25.0, 100.0)
+
+
+def test_conv_cases_are_the_papers_padded_stride_one_layer_at_every_scale():
+    for scale in cases.SCALES:
+        for c in cases.grid("conv", scale):
+            assert (c.params["padding"], c.params["stride"]) == (1, 1)
+            assert c.params["weight_shape"] == [256, 128, 3, 3]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -821,3 +822,102 @@ def test_a_cpu_is_busy_above_half_its_cores(load, cores, warned):
     assert bool(text) is warned
     if warned:
         assert f"{load:.2f} on {cores} cores" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "arith", "row", "expected"),
+    [
+        ("NMPruneFraction", "fp32", {"gbps": 2400.0, "tflops": 9.0}, 0.5),
+        ("GradPackFraction", "fp32", {"gbps": 1200.0, "tflops": 9.0}, 0.25),
+        ("CSRConversionFraction", "fp32", {"gbps": 480.0, "tflops": 9.0}, 0.1),
+        ("SpMMFraction", "fp32", {"gbps": 9.0, "tflops": 33.5}, 0.5),
+        ("SpMMFraction", "tf32", {"gbps": 9.0, "tflops": 247.25}, 0.5),
+        ("Conv2dFraction", "fp32", {"gbps": 9.0, "tflops": 6.7}, 0.1),
+    ],
+    ids=["nm", "pack", "csr", "spmm-fp32", "spmm-tf32", "conv"],
+)
+def test_asv_fraction_of_peak_is_the_rate_over_the_data_sheet_figure(
+    monkeypatch, name, arith, row, expected
+):
+    """H200 SXM data sheet: 4.8 TB/s of HBM3e, 67 TFLOP/s FP32, 989 TFLOP/s TF32 with
+    sparsity (494.5 dense): the bandwidth-bound suites over the first, the others over their
+    math's peak."""
+    from types import SimpleNamespace
+
+    from bench import asv_kernels
+
+    bench_obj = getattr(asv_kernels, name)()
+    bench_obj.impl = SimpleNamespace(math=arith)
+    monkeypatch.setattr(bench_obj, "_row", lambda: {**row, "gpu_name": "NVIDIA H200"})
+    got = bench_obj.track_fraction_of_peak("case", "impl")
+    assert got == pytest.approx(expected)
+
+
+def test_asv_kernel_suites_track_the_rate_each_is_bound_by():
+    """GB/s for the copy, the CSR conversion, N:M pruning and the pack; TFLOP/s for the
+    GEMM, SpMM and the convolution; the fractions only over GPU implementations."""
+    from bench import asv_kernels
+
+    gbps = ("CalibrationCopy", "CSRConversion", "NMPrune", "GradPack")
+    tflops = ("CalibrationGemm", "SpMM", "Conv2d")
+    for name in gbps:
+        cls = getattr(asv_kernels, name)
+        assert hasattr(cls, "track_gbps") and not hasattr(cls, "track_tflops"), name
+    for name in tflops:
+        cls = getattr(asv_kernels, name)
+        assert hasattr(cls, "track_tflops") and not hasattr(cls, "track_gbps"), name
+    assert [n.split("-")[0] for n in asv_kernels.CalibrationCopy.params[0]] == ["copy"]
+    assert [n.split("-")[0] for n in asv_kernels.CalibrationGemm.params[0]] == ["gemm"]
+    for name in ("CSRConversion", "SpMM", "Conv2d", "NMPrune", "GradPack"):
+        impls = getattr(asv_kernels, f"{name}Fraction").params[1]
+        assert impls and all(i.endswith("@cuda") for i in impls), name
+
+
+def test_asv_fraction_skips_a_cpu_implementation_and_a_pair_that_does_not_apply():
+    from bench import asv_kernels
+
+    case = asv_kernels.SpMM.params[0][0]
+    with pytest.raises(NotImplementedError, match="only for GPUs"):
+        asv_kernels.SpMMFraction().setup(case, "torch_mm@cpu")
+    conv = asv_kernels.Conv2d()
+    fwd = next(c for c in conv.params[0] if "-fwd-" in c)
+    with pytest.raises(NotImplementedError, match="does not apply"):
+        conv.setup(fwd, "pattern_conv2d[cuda,sparse_grads]@cuda")
+
+
+def test_asv_iteration_warms_up_once_and_tracks_each_phase_under_its_name(monkeypatch):
+    """setup runs one untimed iteration; each ``track_*_ms`` reads its own phase (in ms), the
+    TFLOP/s the forward + backward rate, and a missing figure is NaN, not a zero."""
+    import torch
+
+    from bench import asv_iteration
+
+    monkeypatch.setattr(asv_iteration, "_SCALE", "smoke")
+    made = []
+    prepared = cases.Prepared([("forward", made.append)], torch.device("cpu"))
+    monkeypatch.setattr(cases, "prepare", lambda *a, **kw: prepared)
+    case = cases.grid("iteration", "smoke")[0].name
+    bench_obj = asv_iteration.Iteration()
+    bench_obj.setup(case, "dense@cpu")
+    try:
+        assert made == [0]
+        row = {"forward_ms": 1.5, "backward_ms": 2.5, "step_ms": 0.5, "tflops": 0.25}
+        monkeypatch.setattr(bench_obj, "_row", lambda: dict(row))
+        got = {
+            k: getattr(bench_obj, f"track_{k}")(case, "dense@cpu")
+            for k in ("forward_ms", "backward_ms", "step_ms", "forward_backward_tflops")
+        }
+        assert got == {
+            "forward_ms": 1.5,
+            "backward_ms": 2.5,
+            "step_ms": 0.5,
+            "forward_backward_tflops": 0.25,
+        }
+        monkeypatch.setattr(bench_obj, "_row", lambda: {"forward_ms": None})
+        assert math.isnan(bench_obj.track_forward_ms(case, "dense@cpu"))
+        assert math.isnan(bench_obj.track_step_ms(case, "dense@cpu"))
+    finally:
+        bench_obj.teardown(case, "dense@cpu")
+    for k in ("forward", "backward", "step"):
+        assert getattr(asv_iteration.Iteration, f"track_{k}_ms").unit == "ms"
+    assert asv_iteration.Iteration.track_forward_backward_tflops.unit == "TFLOP/s"

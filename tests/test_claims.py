@@ -504,6 +504,10 @@ def test_claims_table_names_the_bound_apart_from_the_published_number_and_our_se
     frame = comparison_frame(list(rows.values()))
     assert "Paper" not in frame.columns and "Tested against" in frame.columns
     assert {"Published", "Paper source", "Our setting", "Verdict"} <= set(frame.columns)
+    assert list(frame.columns[:2]) == ["Claim", "Verdict"]  # the verdict beside its claim
+    shown = frame.set_index("Claim").loc["prunetrain: costs about 1.5 points of top-1 (ratio 0.2)"]
+    assert "penalty ratio 0.8 (the paper's 0.2" in shown["Our setting"]
+    assert "-1.47 pp" in shown["Published"] and shown["Tested against"] == "-1.47"
     sdgp = frame[frame["Claim"].str.startswith("sdgp: 2:4")].iloc[0]
     assert sdgp["Tested against"] == "-0.3" and "95.2 vs 95.3" in sdgp["Published"]
     slow = frame[frame["Claim"] == NO_EXTRA_TIME].iloc[0]

@@ -693,6 +693,17 @@ def test_every_single_seed_number_says_so_in_every_table():
     assert wide.loc["conv compression (total / nonzero, x)", "ClickTrain"] == "1.703 (n=1, seed 0)"
 
 
+def test_the_long_table_gives_each_number_its_scale_unit_and_source_in_their_columns():
+    row = {"row": "PruneTrain", "metric": "top1", "ours": 91.234, "ours_sd": 0.1234, "n": 3,
+           "scale": "gpu", "paper": 91.8, "unit": "%", "paper_source": "Table 2",
+           "note": "ratio 0.2"}  # fmt: skip
+    frame = comparison_frame([row])
+    assert frame.to_dict("records") == [{
+        "Row": "PruneTrain", "Metric": "top-1", "Ours": "91.23 ± 0.12 (n=3)", "Scale": "gpu",
+        "Paper": "91.8", "Unit": "%", "Paper source": "Table 2", "Note": "ratio 0.2",
+    }]  # fmt: skip
+
+
 def test_comparison_frame_adds_the_ci_to_delta_metrics_only():
     frame = comparison_frame([
         {"row": "sdgp", "metric": "delta_top1", "ours": -0.37, "ours_sd": 0.42, "n": 3},
@@ -940,6 +951,35 @@ def test_an_empty_cell_of_a_page_table_is_marked_not_available(tmp_path):
     assert text.count('<td class="na">-</td>') == 1 and "<td>97</td>" in text
 
 
+def test_a_page_of_several_sections_opens_with_links_to_each_and_its_scale(tmp_path):
+    """A page of two sections or more lists them first, each linked to its anchor with the
+    scale of its numbers; a page of one section has no such list."""
+    sections = [Section(title="SDGP Table I", anchor="sdgp-table1", scale="cpu"),
+                Section(title="SDGP Fig. 9", anchor="sdgp-fig9", scale="gpu")]  # fmt: skip
+    page = render_html("t", sections, tmp_path / "two.html").read_text()
+    head = page.split("<section")[0]
+    assert '<li><a href="#sdgp-table1">SDGP Table I</a><span class="scale">cpu' in head
+    assert '<li><a href="#sdgp-fig9">SDGP Fig. 9</a><span class="scale">gpu' in head
+    assert '<section id="sdgp-fig9">' in page and "scale: gpu</span></h2>" in page
+    one = render_html("t", sections[:1], tmp_path / "one.html").read_text()
+    assert '<a href="#' not in one
+
+
+def test_a_glance_cell_shows_a_papers_number_of_zero():
+    """A paper's number of 0 (no change) is a number: it is shown in brackets as any other."""
+    from impl.report.html import glance_frame
+
+    rows = [
+        {"row": "dense", "metric": "top1", "ours": 97.25, "paper": 93.6, "unit": "%"},
+        {"row": "dense", "metric": "delta_top1", "ours": 0.0, "paper": 0.0, "unit": "pp"},
+        {"row": "sdgp", "metric": "top1", "ours": 96.5, "unit": "%"},
+        {"row": "sdgp", "metric": "delta_top1", "ours": -0.75, "paper": -0.2, "unit": "pp"},
+    ]  # fmt: skip
+    frame = glance_frame(rows).set_index("Row")
+    assert list(frame.loc["dense"]) == ["97.25 (paper 93.6)", "0 (paper 0)"]
+    assert list(frame.loc["sdgp"]) == ["96.5", "-0.75 (paper -0.2)"]
+
+
 def test_a_missing_rows_reason_is_listed_escaped(tmp_path):
     """What is not shown is listed under its section with its reason as text: markup in a
     reason (an error message quoting a type) is escaped, never read as HTML."""
@@ -964,6 +1004,22 @@ def test_the_papers_bars_of_rows_not_run_here_are_drawn_in_a_figure_of_their_own
     assert len(result_section(_result("cpu")).figures) == 1
     result.figures[0].data = [r for r in result.figures[0].data if r["source"] == "paper"]
     assert len(result_section(result).figures) == 1
+
+
+def test_only_a_bar_figure_of_ours_beside_the_papers_is_split():
+    """The paper's bars move to a figure of their own only in a figure coloured by source
+    (ours against the paper's); a figure coloured otherwise is drawn as one."""
+    from impl.report.html import paper_only_apart
+
+    data = [{"row": "dense", "top1": 97.0, "source": "ours (cpu)", "method": "dense"},
+            {"row": "resnet50", "top1": 76.1, "source": "paper", "method": "dense"}]  # fmt: skip
+    by_method = FigureSpec(kind="bar", x="row", y="top1", hue="method", data=data, title="t")
+    assert paper_only_apart(by_method, "cpu") == [by_method]
+    line = FigureSpec(kind="line", x="row", y="top1", hue="source", data=data, title="t")
+    assert paper_only_apart(line, "cpu") == [line]
+    by_source = FigureSpec(kind="bar", x="row", y="top1", hue="source", data=data, title="t")
+    parts = paper_only_apart(by_source, "cpu")
+    assert [[r["row"] for r in p.data] for p in parts] == [["dense"], ["resnet50"]]
 
 
 def test_render_reports_pages_index_and_missing_targets(tmp_path, runs_root):
@@ -1287,6 +1343,36 @@ def test_settings_table_is_shown_under_the_numbers_with_the_shared_setup(tmp_pat
         bad.validate()
 
 
+def test_every_verdict_of_a_claims_table_is_coloured_with_or_without_its_reason(tmp_path):
+    from impl.report.html import _frame_html
+
+    rows = [{"row": f"claim {v}", "metric": "m", "ours": 1.0, "n": 3, "scale": "cpu",
+             "verdict": v, "verdict_reason": reason}
+            for v, reason in (("holds", ""), ("does not hold", "below the bound"),
+                              ("inconclusive", "the intervals overlap"))]  # fmt: skip
+    body = _frame_html(comparison_frame(rows))
+    assert '<td class="verdict v-holds">holds</td>' in body
+    assert '<td class="verdict v-not">does not hold: below the bound</td>' in body
+    assert '<td class="verdict v-open">inconclusive: the intervals overlap</td>' in body
+    page = render_html("t", [Section(title="s", tables=[Table(comparison_frame(rows))])],
+                       tmp_path / "p.html").read_text()  # fmt: skip
+    # three colours a reader can tell apart
+    colours = {c: re.search(rf"td\.{c}\{{background:(#[0-9a-f]+)\}}", page).group(1)
+               for c in ("v-holds", "v-not", "v-open")}  # fmt: skip
+    assert len(set(colours.values())) == 3
+
+
+def test_a_settings_table_caption_names_the_target_and_its_scale():
+    from impl.report.html import settings_caption
+
+    res = _result("cpu", "cross.methods")
+    assert settings_caption(res) == (
+        "Settings of the runs of cross.methods at scale cpu, from their saved configs."
+    )
+    res.setup = "ResNet-20 on digits, 8 epochs"
+    assert settings_caption(res).endswith(" Shared by every run: ResNet-20 on digits, 8 epochs.")
+
+
 def test_row_label_names_both_models_and_data_where_they_differ():
     from impl.report.html import row_label
 
@@ -1336,6 +1422,24 @@ def test_cross_page_title_counts_the_methods_shown(tmp_path, n):
     title = re.search(r"<title>(.*?)</title>", page).group(1)
     assert title.startswith(f"{n} method{'s' if n > 1 else ''} on equal terms")
     assert "five" not in page.lower().split("<body")[0]
+
+
+def test_page_titles_cite_each_paper_and_count_two_methods_in_the_plural():
+    from impl.report.html import page_title
+
+    # the venues of docs/methods.md: ClickTrain (ICS 2021), PruneTrain (SC 2019)
+    assert page_title("clicktrain") == "ClickTrain (ICS 2021)"
+    assert page_title("prunetrain") == "PruneTrain (SC 2019)"
+    assert page_title("sdgp") == "SDGP: Structured Data Gradient Pruning (2022)"
+    assert page_title("campfire") == "Campfire (2020)"
+    two = ResultSet(target="cross.methods", title="t", scale="cpu", wide=True,
+                    rows=[{"row": m, "metric": "top1", "ours": 1.0, "n": 1, "scale": "cpu"}
+                          for m in ("dense", "sdgp")])  # fmt: skip
+    assert page_title("cross", [two]) == "2 methods on equal terms (no paper has this table)"
+    one = ResultSet(target="cross.methods", title="t", scale="cpu", wide=True,
+                    rows=two.rows[:1] * 2)  # fmt: skip
+    assert page_title("cross", [one]) == "1 method on equal terms (no paper has this table)"
+    assert page_title("cross") == "Every method on equal terms (no paper has this table)"
 
 
 def test_report_of_plain_runs_says_there_are_no_reproductions(tmp_path, runs_root):

@@ -832,16 +832,24 @@ class _Job:
         raise subprocess.TimeoutExpired("torchrun", timeout)
 
 
-def test_launch_kills_a_job_past_its_timeout(monkeypatch):
-    """Past ``timeout_s`` the whole job is killed and DistributedError says so."""
-    jobs, killed = [], []
+def _fake_jobs(monkeypatch, job_class: type = _Job) -> tuple[list[Any], list[Any]]:
+    """Make ``launch`` start ``job_class`` jobs in place of torchrun and record the jobs it
+    kills: returns the lists of the jobs started and killed."""
+    jobs: list[Any] = []
+    killed: list[Any] = []
 
     def start(*a, **k):
-        jobs.append(_Job(*a, **k))
+        jobs.append(job_class(*a, **k))
         return jobs[-1]
 
     monkeypatch.setattr(subprocess, "Popen", start)
     monkeypatch.setattr(D, "_kill_job", killed.append)
+    return jobs, killed
+
+
+def test_launch_kills_a_job_past_its_timeout(monkeypatch):
+    """Past ``timeout_s`` the whole job is killed and DistributedError says so."""
+    jobs, killed = _fake_jobs(monkeypatch)
     with pytest.raises(D.DistributedError, match="2-process job did not finish within 5 s"):
         D.launch(["x"], 2, timeout_s=5.0)
     assert jobs[0].waits == [5.0] and killed == [jobs[0]]
@@ -1326,14 +1334,7 @@ def test_a_launch_interrupted_by_ctrl_c_kills_its_job(monkeypatch):
         def wait(self, timeout=None):
             raise KeyboardInterrupt
 
-    jobs, killed = [], []
-
-    def start(*a, **k):
-        jobs.append(Interrupted(*a, **k))
-        return jobs[-1]
-
-    monkeypatch.setattr(subprocess, "Popen", start)
-    monkeypatch.setattr(D, "_kill_job", killed.append)
+    jobs, killed = _fake_jobs(monkeypatch, Interrupted)
     with pytest.raises(KeyboardInterrupt):
         D.launch(["x"], 2)
     assert killed == [jobs[0]]

@@ -311,26 +311,33 @@ def test_a_timing_that_fails_leaves_later_calls_counted(monkeypatch):
     assert timed_choice.uses() == {"spmm row_tiled": 1}
 
 
-def test_cuda_ms_warms_up_once_outside_the_timed_span(monkeypatch):
-    """One untimed call before the start event, then ``reps`` calls between the events."""
-    log = []
+def _logged_events(monkeypatch, log: list[str], elapsed_ms: float) -> None:
+    """Replace torch.cuda.Event by events that log each record, synchronize and read into
+    ``log``, and read ``elapsed_ms`` between any two."""
 
     class Event:
         def __init__(self, enable_timing=False):
             pass
 
         def record(self):
-            log.append("event")
+            log.append("record")
 
         def synchronize(self):
-            pass
+            log.append("synchronize")
 
         def elapsed_time(self, end):
-            return 6.0
+            log.append("read")
+            return elapsed_ms
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+def test_cuda_ms_warms_up_once_outside_the_timed_span(monkeypatch):
+    """One untimed call before the start event, then ``reps`` calls between the events."""
+    log: list[str] = []
+    _logged_events(monkeypatch, log, 6.0)
     assert timed_choice.cuda_ms(lambda: log.append("call"), reps=2) == pytest.approx(3.0)
-    assert log == ["call", "event", "call", "call", "event"]
+    assert log == ["call", "record", "call", "call", "record", "synchronize", "read"]
 
 
 @pytest.mark.parametrize(("device", "entered"), [(torch.device("cuda", 1), 1), (None, None)])
@@ -400,22 +407,7 @@ def test_calls_made_while_an_inner_op_is_timed_within_a_timing_are_not_uses(monk
 def test_cuda_ms_waits_for_the_end_event_before_reading_the_time(monkeypatch):
     """The events are read only once the end event has completed (an unfinished event has no
     time to give): the one synchronisation comes after the last call and before the reading."""
-    log = []
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            log.append("record")
-
-        def synchronize(self):
-            log.append("synchronize")
-
-        def elapsed_time(self, end):
-            log.append("read")
-            return 4.0
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    log: list[str] = []
+    _logged_events(monkeypatch, log, 4.0)
     assert timed_choice.cuda_ms(lambda: log.append("call"), reps=1) == pytest.approx(4.0)
     assert log == ["call", "record", "call", "record", "synchronize", "read"]

@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     listed = [] if runs is None else runs.attrs.get("incomplete", [])
     n_runs = 0 if runs is None else len(runs)
-    n_bad = sum(r["status"] != "metrics unreadable" for r in listed)  # the others are complete
+    kinds = Counter(r["status"] for r in listed if r["status"] != "metrics unreadable")
+    n_bad = sum(kinds.values())  # the others are complete
     damaged = len(listed) - n_bad
     also = f", {damaged} of them with unreadable metrics (listed)" if damaged else ""
-    kinds = Counter(r["status"] for r in listed if r["status"] != "metrics unreadable")
     why = ", ".join(f"{n} {status}" for status, n in sorted(kinds.items()))
     why = f": {why}" if why else ""
     print(f"{len(results)} results, {n_runs} complete runs{also}, {n_bad} incomplete (listed{why})")

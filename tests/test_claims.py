@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 
@@ -829,3 +830,225 @@ def test_an_interval_end_is_given_in_full_only_where_two_decimals_hide_it():
         "inconclusive",
         "the 95% interval straddles -0.3 (high end -0.2996)",
     )
+
+
+def _named(prefix: str) -> C.Claim:
+    (claim,) = [c for c in C.CLAIMS if c.claim.startswith(prefix)]
+    return claim
+
+
+def test_each_claims_bound_is_the_number_its_paper_publishes():
+    """The bounds, from the papers' numbers (reproductions/paper_values): PruneTrain Table 1
+    gives ResNet-50 ImageNet at penalty ratio 0.2 as % of dense, whose complements are the
+    savings claimed; the abstracts' ranges ("15-25%", "under 1%") are tested at their ends."""
+    from reproductions.published import lookup, paper_values
+
+    def published(paper, item, **match):
+        (value,) = lookup(paper_values(paper, item), **match)["value"]
+        return value
+
+    table1 = dict(
+        paper="prunetrain",
+        item="table1",
+        model="resnet50",
+        dataset="imagenet",
+        setting="penalty ratio 0.2",
+    )
+    assert _named("30% fewer training FLOPs").paper_value == 100 - published(
+        **table1, metric="train_flops"
+    )  # 70% of dense
+    assert _named("44% fewer inference FLOPs").paper_value == 100 - published(
+        **table1, metric="inference_flops"
+    )  # 56% of dense
+    assert _named("24% less end-to-end").paper_value == 100 - published(
+        **table1, metric="train_time"
+    )  # 76% of dense (four 1080 Ti)
+    assert _named("costs about 1.5 points").paper_value == published(**table1, metric="delta_top1")
+    assert _named("55% less inter-accelerator").paper_value == published(
+        "prunetrain", "fig11", metric="comm_cost_saved"
+    )
+    assert _named("CSR conversion").paper_value == published(
+        "clicktrain", "fig9", metric="speedup_vs_cusparse"
+    )
+    assert _named("pattern SpMM 3.2x").paper_value == published(
+        "clicktrain", "fig10", metric="speedup_vs_cusparse"
+    )
+    sdgp = _named("15-25% less training time")
+    assert sdgp.paper_value == 15.0  # the abstract's range at its low end
+    assert f"{published('sdgp', 'fig9', setting='ratio 2 (2:4)'):g}%" in sdgp.published
+    campfire = _named("under 1% accuracy loss at 70% sparsity")
+    assert campfire.paper_value == -1.0 and campfire.strict  # "under 1%": -1 itself misses
+    for table, epochs in (("table3", "90 epochs"), ("table2", "100 epochs")):
+        rows = paper_values("campfire", table)
+        at70 = rows[(rows["metric"] == "delta_top1") & rows["setting"].str.endswith("sparsity 70%")]
+        best = f"{at70['value'].max():.2f} pp (Table {table[-1]}, {epochs})"
+        assert best in campfire.published
+
+
+@pytest.mark.parametrize(
+    ("saved", "verdict"),
+    [(60.0, "holds"), (54.0, "inconclusive"), (50.0, "does not hold")],
+    ids=["above-55", "straddles-55", "below-55"],
+)
+def test_communication_saved_is_read_from_the_dynamic_batch_row_of_fig11(saved, verdict):
+    """Fig. 11: 55% less communication; ours over five seeds (sd 1: 95% CI +-1.24 pp)."""
+    fig11 = ResultSet(
+        target="prunetrain.fig11",
+        title="t",
+        scale="cpu",
+        rows=[_row(C._prunetrain_dynamic_row("cpu"), "comm_cost_saved", saved, 1.0, 5)],
+    )
+    row = _by_claim(C.evaluate({"prunetrain.fig11": fig11}, "cpu"))[
+        "prunetrain: 55% less inter-accelerator communication"
+    ]
+    half = 2.776445 / math.sqrt(5)
+    assert row["verdict"] == verdict and row["paper"] == 55.0
+    assert f"95% CI [{saved - half:.2f}, {saved + half:.2f}] (n=5)" in row["note"]
+
+
+def test_a_row_saved_with_no_number_of_ours_is_not_measured():
+    """A metric saved as null (the run never produced it) is no number to judge: the claim is
+    not measured, rather than stopping every claim on it."""
+    cross = ResultSet(
+        target="cross.methods",
+        title="t",
+        scale="cpu",
+        rows=[
+            _row("clicktrain", "delta_top1", None, None, 0),
+            _row("dense", "run_iter_ms", 30.0),
+            _row("clicktrain", "run_iter_ms", None),
+        ],
+    )
+    rows = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))
+    for claim in ("accuracy drop within 0.3 points on CIFAR", "no extra training time over"):
+        (row,) = [r for k, r in rows.items() if k.startswith("clicktrain: " + claim)]
+        assert row["verdict"] == "not measured at this scale" and row["ours"] is None
+
+
+def test_a_swept_point_at_exactly_65_is_not_above_65():
+    """Sec. 5.2: 'higher than 65%'. With 65.0 swept, the first point above it is 75.0: a
+    sweep whose crossover is 75.0 won there, which says nothing of the points above."""
+    crossovers = {
+        **_row("sparsity sweep", "crossover_sparsity_vs_cublas_cudnn", 75.0, None, 2),
+        "values": [75.0, 75.0],
+    }
+    fig10 = _fig10([crossovers], grid=[55.0, 65.0, 75.0, 85.0])
+    row = _by_claim(C.evaluate({"clicktrain.fig10": fig10}, "cpu"))[CROSSOVER]
+    assert row["verdict"] == "inconclusive"
+    assert "one above 75% (or none) lost there" in row["note"] and "2 not known" in row["note"]
+
+
+@pytest.mark.parametrize(
+    ("scale", "setup"),
+    [
+        ("smoke", "ResNet-20 on digits, 4 epochs of at most 2 steps, 1 seed"),
+        ("cpu", "ResNet-20 on digits (16x16 px), 8 epochs, 5 seeds"),
+        ("gpu", "ResNet-32 on digits, 30 epochs, 5 seeds"),
+        ("paper", "ResNet-32 on CIFAR-10, 182 epochs, 3 seeds"),
+    ],
+)
+def test_the_cross_tables_setting_names_its_model_epochs_and_seeds_at_each_scale(scale, setup):
+    # the cross-method table's runs (docs/reproductions.md): one seed on the smoke scale's
+    # few steps, five at cpu and gpu, three at paper scale on CIFAR-10 for 182 epochs
+    assert C._needs_setting("cross.methods", scale) == setup
+
+
+def test_each_methods_claims_name_that_methods_options_as_run():
+    """The setting of a claim is that of its own method's runs, options included: SDGP's 2:4
+    pruning, Campfire's 70% sparsity, ClickTrain's pattern pool, PruneTrain's ratio."""
+    rows = _by_claim(C.evaluate({}, "cpu"))
+    said = {
+        "sdgp: 2:4 rescaled gradient pruning without significant loss of accuracy": "2:4",
+        "campfire: under 1% accuracy loss at 70% sparsity": "70% final sparsity",
+        "clicktrain: accuracy drop within 0.3 points on CIFAR": "pattern pool",
+        "prunetrain: costs about 1.5 points of top-1 (ratio 0.2)": "penalty ratio",
+    }
+    for claim, option in said.items():
+        setting = rows[claim]["ours_setting"]
+        assert setting.startswith("ResNet-20 on digits (16x16 px), 8 epochs, 5 seeds; ")
+        assert option in setting, (claim, setting)
+        others = [o for o in said.values() if o != option]
+        assert not any(o in setting for o in others), (claim, setting)
+
+
+def test_a_timed_claim_not_measured_names_no_device():
+    # with no result there is no environment to name: nothing was timed
+    rows = _by_claim(C.evaluate({}, "cpu"))
+    csr = rows["clicktrain: CSR conversion with predefined positions 4x faster than dense-to-CSR"]
+    assert csr["verdict"] == "not measured at this scale" and csr["ours_setting"] == ""
+
+
+def test_summary_lines_give_each_claims_verdict_number_and_reason(tmp_path):
+    """One line per claim: the verdict padded to the longest verdict's width, the claim, our
+    number without the rule, and the verdict's reason in brackets; at the smoke scale the
+    pipeline-check note comes first."""
+    path = save_result(C.build({"cross.methods": _cross()}, "cpu", environment={}), tmp_path)
+    lines = C.summary_lines(path, targets=["cross.methods"])
+    width = len("not judged (smoke scale: pipeline check)")
+    slow = (
+        f"  {'inconclusive':<{width}}  {NO_EXTRA_TIME}: 2.00x against dense (one measurement: "
+        "run_iter_ms 60 vs 30, means over 5 seeds) [one seed or measurement (n=1): no interval]"
+    )
+    assert slow in lines
+    campfire = [line for line in lines if "campfire: under 1%" in line]
+    # 0.00 +- 2.776445 * 0.4 / sqrt(5) = 0.4967
+    assert campfire == [
+        f"  {'holds':<{width}}  campfire: under 1% accuracy loss at 70% sparsity: 0.00 pp, "
+        "95% CI [-0.50, 0.50] (n=5)"
+    ]
+    build = C.build({"cross.methods": _cross()}, "smoke", environment={})
+    smoke = C.summary_lines(save_result(build, tmp_path / "smoke"))
+    assert smoke[1] == f"  {C.SMOKE_NOTE}"
+    assert "runs of a few SGD steps" in " ".join(build.notes)
+    cpu = C.build({}, "cpu", environment={})
+    assert "runs of a few hundred SGD steps" in " ".join(cpu.notes)
+
+
+def test_a_claims_row_carries_our_sd_its_unit_and_the_papers_citation():
+    rows = _by_claim(C.evaluate({"cross.methods": _cross()}, "cpu"))
+    campfire = rows["campfire: under 1% accuracy loss at 70% sparsity"]
+    assert (campfire["ours"], campfire["ours_sd"], campfire["n"]) == (0.0, 0.4, 5)
+    assert campfire["unit"] == "pp" and campfire["paper"] == -1.0
+    assert campfire["paper_source"].startswith("abstract; Sec. 1, contribution 6")
+    assert "Tables 2-3" in campfire["paper_source"]
+    pt = rows["prunetrain: costs about 1.5 points of top-1 (ratio 0.2)"]
+    # PruneTrain's own change, -2.3 +- 0.50 (not ClickTrain's -0.5): wholly below -1.47
+    assert pt["ours"] == -2.3 and pt["verdict"] == "does not hold"
+    comm = rows["prunetrain: 55% less inter-accelerator communication"]
+    assert comm["unit"] == "%" and comm["paper_source"] == "abstract; Fig. 11, Sec. 5.3"
+
+
+def test_saved_claims_alone_are_no_results_to_judge_again(tmp_path):
+    runs = tmp_path / "runs"
+    cross_dir = result_dir("cross.methods", "cpu", runs)
+    save_result(_cross(), cross_dir)
+    assert C.save("cpu", runs) is not None
+    shutil.rmtree(cross_dir)
+    assert C.save("cpu", runs) is None  # only the claims saved before: nothing to judge
+
+
+def test_more_accuracy_without_the_compression_ratios_is_not_measured():
+    cross = _cross()
+    cross.rows = [r for r in cross.rows if r["metric"] != "compression_ratio"]
+    row = _by_claim(C.evaluate({"cross.methods": cross}, "cpu"))[
+        "clicktrain: more accuracy and more compression than PruneTrain"
+    ]
+    assert row["verdict"] == "not measured at this scale" and row["ours"] is None
+
+
+def test_a_claims_setting_names_only_the_flags_of_the_row_it_reads():
+    # Fig. 11's dynamic mini-batch row trained as one; a flag on another row of the same
+    # result (the naive run) says nothing of the claim's number
+    label = C._prunetrain_dynamic_row("cpu")
+    naive = {**_row("PruneTrain, naive", "comm_cost_saved", 0.0, 0.0, 5), "row_flag": "other"}
+    rows = [_row(label, "comm_cost_saved", 60.0, 1.0, 5), naive]
+    fig11 = ResultSet(target="prunetrain.fig11", title="t", scale="cpu", setup="s", rows=rows)
+    row = _by_claim(C.evaluate({"prunetrain.fig11": fig11}, "cpu"))[
+        "prunetrain: 55% less inter-accelerator communication"
+    ]
+    assert row["ours_setting"] == "s"
+    fig11.rows[0]["row_flag"] = "batch never grew"
+    row = _by_claim(C.evaluate({"prunetrain.fig11": fig11}, "cpu"))[
+        "prunetrain: 55% less inter-accelerator communication"
+    ]
+    assert row["ours_setting"] == f"s; {label}: batch never grew"

@@ -3173,3 +3173,33 @@ def test_preflight_fails_on_a_gpu_the_kernels_cannot_use(monkeypatch, capsys):
     assert "EXTRAS=dev,cuda make setup" in err
     monkeypatch.setattr(preflight, "kernels_environment_error", lambda: None)
     assert preflight.main([]) == 0
+
+
+def test_the_device_check_names_the_op_and_hands_the_kernels_sources_to_the_loader(monkeypatch):
+    """Each error starts with the op's name and names each device once; meta tensors pass,
+    and the loader is then asked for the op's kernels (``sources``) on the tensors given,
+    never for CPU tensors."""
+    on = types.SimpleNamespace  # only .device is read: no GPU needed
+    cpu, gpu = on(device=torch.device("cpu")), on(device=torch.device("cuda", 1))
+    match = r"^grad_pack: the CUDA implementation needs CUDA tensors, got cpu; use impl='ref'"
+    with pytest.raises(RuntimeError, match=match + r" \(or 'auto'\) of impl\.ops\.grad_pack, "):
+        device_check.check_devices("grad_pack", "impl.ops.grad_pack", cpu, cpu)
+    with pytest.raises(RuntimeError, match=r"^nm_prune: .* on the GPU, got cpu, cuda:1; move"):
+        device_check.check_devices("nm_prune", "impl.ops.nm_prune", cpu, gpu, cpu)
+    asked = []
+
+    def require_cuda(op, *tensors, sources):
+        asked.append((op, tensors, tuple(sources)))
+        return 3
+
+    monkeypatch.setattr(loader, "require_cuda", require_cuda)
+    meta = torch.empty(2, device="meta")
+    got = device_check.require_cuda(
+        "grad_pack", "impl.ops.grad_pack", meta, meta, sources=("pack.cu",)
+    )
+    assert got == 3 and asked == [("grad_pack", (meta, meta), ("pack.cu",))]
+    with pytest.raises(RuntimeError, match="^grad_pack: .* needs CUDA tensors, got cpu;"):
+        device_check.require_cuda(
+            "grad_pack", "impl.ops.grad_pack", torch.zeros(2), sources=("pack.cu",)
+        )
+    assert len(asked) == 1  # CPU tensors: the loader is not asked

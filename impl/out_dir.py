@@ -19,7 +19,8 @@ def check_out_dir(run_dir: str | Path, flag: str = "--out") -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{flag} {run_dir}: {parent} is a file, not a directory")
+        what = "is a file, not a directory" if parent.is_file() else "is not a directory"
+        raise ValueError(f"{flag} {run_dir}: {parent} {what}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {run_dir}: {parent} is not writable")
     try:

@@ -65,6 +65,9 @@ def test_an_unknown_option_of_a_named_method_points_at_that_methods_help(tmp_pat
     with pytest.raises(SystemExit):  # dense has no options of its own: the plain help
         cli.main(["train", "--pattern-count", "0", "--out", str(out)])
     assert "(see pdtbench train --help)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # so too with --method dense named
+        cli.main(["train", "--method", "dense", "--pattern-count", "0", "--out", str(out)])
+    assert "(see pdtbench train --help)" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -102,8 +105,8 @@ def test_reproduce_lists_every_paper_target(capsys):
 def test_help_lists_the_commands(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("train", "demo", "env", "eval-fgsm", "reproduce", "report"):
-        assert command in out
+    described = [line.split()[0] for line in out.splitlines()[1:]]
+    assert described == ["train", "demo", "env", "eval-fgsm", "reproduce", "report"]
 
 
 @pytest.mark.slow
@@ -714,6 +717,8 @@ def test_the_errors_caught_are_those_of_modules_loaded_whole(monkeypatch):
     [("train", "interrupted before the run began; nothing was written"),
      ("reproduce", "interrupted; what finished is kept (runs, results): the same command "
                    "continues from there"),
+     ("demo", "interrupted; what finished is kept (runs, results): the same command "
+              "continues from there"),
      ("report", "interrupted")],
     ids=str,
 )  # fmt: skip
@@ -1023,6 +1028,47 @@ def test_resume_repeating_a_dependent_option_as_saved_is_accepted(tmp_path, caps
     assert "--max-batch cannot change it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "method, option, owner, refused",
+    [
+        # campfire.py: window pruning (--mask window) and the combined mask both round and
+        # cap each kernel's nonzeros; the CK mask does neither
+        ("campfire", "window_rounding", {"mask": "window"}, False),
+        ("campfire", "window_rounding", {"mask": "combined"}, False),
+        ("campfire", "window_rounding", {"mask": "ck"}, True),
+        ("campfire", "window_max_nonzero", {"mask": "window"}, False),
+        # PruneTrain's mini-batch grows to --max-batch only with --dynamic-batch true
+        ("prunetrain", "max_batch", {"dynamic_batch": True}, False),
+        ("prunetrain", "max_batch", {"dynamic_batch": False}, True),
+        ("prunetrain", "max_batch", {}, True),  # --dynamic-batch's default is false
+        ("campfire", "fc_block_fraction", {"prune_fc": False}, True),
+    ],
+)  # fmt: skip
+def test_a_dependent_option_is_refused_only_where_its_owner_turns_it_off(
+    method, option, owner, refused
+):
+    options = {f"method__{option}": 4, **{f"method__{k}": v for k, v in owner.items()}}
+    args = argparse.Namespace(
+        no_augment=False, augment_recipe=None, dist_timeout=None, nproc=1, resume=None, **options
+    )
+    why = cli._conflicting_flags(args, method, under_torchrun=False)
+    flag = "--" + option.replace("_", "-")
+    if refused:
+        assert why.startswith(f"{flag} is a setting of ") and why.endswith(f"or leave {flag} out")
+    else:
+        assert why == ""
+
+
+def test_every_flag_typed_with_the_resume_of_no_saved_run_is_a_change():
+    """Without a saved config to compare with, each typed flag but how to run is a change."""
+    from impl.methods import method_class
+
+    parser = cli._train_parser(method_class("dense").Config)
+    argv = ["--resume", "r", "--epochs=3", "--lr", "0.1", "--no-progress"]
+    args, _ = parser.parse_known_args(argv)
+    assert sorted(cli._resume_changes(parser, args, argv, None)) == ["--epochs", "--lr"]
+
+
 def test_every_option_owner_names_real_options_and_values():
     """OPTION_OWNERS names each option, the option it depends on, and values that option
     takes, of the method's own config (a renamed field would turn a check off silently)."""
@@ -1227,6 +1273,50 @@ def test_the_same_train_command_again_prints_its_finished_run_instead_of_refusin
     here["commit"] = "b" * 40  # other code since: refused as before, never trained over
     assert cli.main(argv) == 2
     assert "already holds a finished run" in capsys.readouterr().err
+
+
+def test_a_finished_run_is_the_same_only_from_this_clean_commit_its_processes_and_device(
+    tmp_path, monkeypatch, capsys
+):
+    import impl.env
+
+    here = {"commit": "c" * 40, "dirty": False}
+    monkeypatch.setattr(impl.env, "collect", lambda gpu=None: dict(here))
+
+    def saved(**fields):
+        environment = {"commit": "c" * 40, "dirty": False}
+        summary = {"status": "complete", "environment": environment, "world_size": 1}
+        summary.update({"device": "cpu", **fields})
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    summary = saved()
+    assert cli._same_finished_run(tmp_path, 1, "cpu") == summary
+    assert capsys.readouterr().out == (
+        f"{tmp_path} already holds this config's finished run, trained by this commit: its "
+        "result (--seed or --out trains another)\n"
+    )
+    # trained from a tree with changes: not this commit's code, whatever the tree is now
+    saved(environment={"commit": "c" * 40, "dirty": True})
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    saved()
+    here["dirty"] = True  # this tree has changes now
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    here.update(dirty=False, commit=None)  # not a git checkout: no commit to compare
+    saved(environment={"commit": None, "dirty": False})
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    here["commit"] = "c" * 40
+    # two processes trained it: the same only for --nproc 2
+    summary = saved(world_size=2)
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    assert cli._same_finished_run(tmp_path, 2, "cpu") == summary
+    assert "already holds" in capsys.readouterr().out
+    # trained on a GPU: not what --device cpu trains
+    saved(device="cuda:0")
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "training"}))
+    assert cli._same_finished_run(tmp_path, 1, "cpu") is None
+    assert "already holds" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -1503,6 +1593,11 @@ def test_an_out_dir_is_checked_through_every_missing_level(tmp_path):
         check_out_dir(afile, "--runs-root")
     assert str(err.value) == f"--runs-root {afile}: {afile} is a file, not a directory"
     check_out_dir(tmp_path / "new" / "deeper" / "run")  # made later, level by level
+    fifo = tmp_path / "fifo"  # neither a regular file nor a directory
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as err:  # a FIFO is no file: it says what it is not
+        check_out_dir(fifo / "run")
+    assert str(err.value) == f"--out {fifo / 'run'}: {fifo} is not a directory"
 
 
 @pytest.mark.parametrize("denied", [os.W_OK, os.X_OK], ids=["not-writable", "not-searchable"])
@@ -1546,6 +1641,7 @@ def test_an_out_dir_where_no_directory_can_be_made_is_refused_whatever_the_permi
     [
         ("out", "./r/../r", {}, True),
         ("out", "other", {}, False),
+        ("out", "elsewhere/r", {}, False),
         ("method__max_batch", int("1000"),
          {"method": "prunetrain", "method_options": {"dynamic_batch": True, "max_batch": 1000}},
          True),
@@ -1563,7 +1659,8 @@ def test_an_out_dir_where_no_directory_can_be_made_is_refused_whatever_the_permi
         ("epochs", 2, {}, True),
         ("epochs", 3, {}, False),
     ],
-    ids=["out-same-dir", "out-other", "option-as-saved", "option-changed",
+    ids=["out-same-dir", "out-other", "out-same-name-elsewhere", "option-as-saved",
+         "option-changed",
          "option-at-its-default", "option-off-its-default", "image-size-as-saved",
          "image-size-unsaved", "no-augment-as-saved", "no-augment-changed",
          "no-bn-decay-as-saved", "no-bn-decay-changed", "epochs-as-saved", "epochs-changed"],
@@ -1768,6 +1865,13 @@ def test_ctrl_c_before_an_unknown_command_is_named_says_only_pdtbench(monkeypatc
     assert cli.main(["env"]) == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err == "pdtbench env: interrupted\n"
 
+    def terminated(argv):  # SIGTERM as early: the shell's status for it, 143
+        raise cli.Terminated
+
+    monkeypatch.setattr(cli, "_main", terminated)
+    assert cli.main(["env"]) == 143
+    assert capsys.readouterr().err == "pdtbench env: interrupted\n"
+
 
 @pytest.mark.parametrize("setting, shown", [("1", True), ("0", False)])
 def test_the_traceback_of_an_error_is_printed_only_when_the_variable_is_1(
@@ -1862,6 +1966,10 @@ def test_a_steps_per_epoch_flag_with_resume_repeats_the_saved_number_only():
     smoke = resolve("smoke")
     assert cli._is_saved_value("max_steps_per_epoch", 3, smoke, "r") is True
     assert cli._is_saved_value("max_steps_per_epoch", 5, smoke, "r") is False
+    # "every batch" repeats a run saved without a cap only
+    assert cli._is_saved_value("max_steps_per_epoch", cli.EVERY_BATCH, smoke, "r") is False
+    uncapped = dataclasses.replace(smoke, max_steps_per_epoch=None)
+    assert cli._is_saved_value("max_steps_per_epoch", cli.EVERY_BATCH, uncapped, "r") is True
 
 
 @pytest.mark.parametrize("error", [ValueError, RuntimeError])

@@ -34,6 +34,13 @@ def test_unknown_name_is_one_line_listing_valid_names_exit_2(argv, needle, capsy
     assert re.match(r"pdtbench( \w+)?: error: ", err)  # the README's form of a usage error
 
 
+def test_an_unknown_model_or_dataset_is_quoted_as_typed():
+    with pytest.raises(cli.UsageError, match=r"^unknown model 'ResNet20'; valid models: resnet20"):
+        cli._checked_config(cli._train_parser(None).parse_args(["--model", "ResNet20"]), None)
+    with pytest.raises(cli.UsageError, match=r"^unknown dataset 'mnist'; valid datasets: digits"):
+        cli._checked_config(cli._train_parser(None).parse_args(["--data", "mnist"]), None)
+
+
 def test_resume_of_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
     assert cli.main(["train", "--resume", str(tmp_path)]) == 2
     assert f"{tmp_path} is not a run directory (it has no config.json)" in capsys.readouterr().err
@@ -93,6 +100,36 @@ def test_method_config_fields_become_flags():
     assert args.method__fixed_epoch == 7
     assert args.method__sizes == [4, 12]
     assert args.method__mask is None  # unset flags leave the method's default in force
+    shown = " ".join(parser.format_help().split())
+    assert "--penalty-ratio PENALTY_RATIO" in shown and "--dynamic-batch BOOL" in shown
+    with pytest.raises(SystemExit):  # a list option takes one value at least
+        parser.parse_args(["--sizes"])
+
+
+def test_a_method_field_of_several_types_is_read_as_text():
+    @dataclasses.dataclass
+    class Cfg(MethodConfig):
+        budget: int | str | None = None
+
+    parser = argparse.ArgumentParser()
+    cli.add_method_arguments(parser, Cfg)
+    assert parser.parse_args(["--budget", "half"]).method__budget == "half"
+
+
+def test_none_is_refused_for_an_optional_number_whose_default_is_a_number(capsys):
+    """Only an option whose default is None takes "none" (its help says "(default: None)");
+    for one with a number as its default, "none" is no value."""
+
+    @dataclasses.dataclass
+    class Cfg(MethodConfig):
+        window: int | None = 5
+
+    parser = argparse.ArgumentParser()
+    cli.add_method_arguments(parser, Cfg)
+    assert parser.parse_args(["--window", "3"]).method__window == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--window", "none"])
+    assert "invalid int value: 'none'" in capsys.readouterr().err
 
 
 def test_reproduce_lists_every_paper_target(capsys):
@@ -288,6 +325,14 @@ def test_train_names_the_method_that_owns_a_foreign_option(capsys):
     assert cli._other_methods_options(["--typo-flag", "1"], "dense") == ""
 
 
+def test_every_foreign_option_is_named_also_when_written_with_an_equals_sign():
+    message = cli._other_methods_options(["--final-sparsity=0.5", "--m", "4"], "dense")
+    assert message.split("; ") == [
+        "--final-sparsity is an option of --method campfire, not of --method dense",
+        "--m is an option of --method sdgp, not of --method dense",
+    ]
+
+
 @pytest.mark.parametrize("flag", ["--m", "--n"])
 def test_sdgps_short_options_under_another_method_name_their_owner(capsys, flag):
     # argparse took --m for an abbreviation ("ambiguous option: --m could match --method,
@@ -447,6 +492,7 @@ def test_none_for_threads_and_steps_per_epoch_as_their_help_says(capsys):
     assert cfg("--max-steps-per-epoch", "5").max_steps_per_epoch == 5
     assert cfg("--max-steps-per-epoch", "None").max_steps_per_epoch is None  # every batch
     assert cfg("--threads", "none").threads is None and cfg("--threads", "1").threads == 1
+    assert cfg("--threads", " None ").threads is None  # as a boolean takes " True "
     for flag in ("--threads", "--max-steps-per-epoch"):
         with pytest.raises(SystemExit):
             parser.parse_args([flag, "many"])
@@ -869,6 +915,12 @@ def test_every_train_flag_says_what_it_sets_and_its_default_at_each_scale():
     assert f"number of training epochs (default by --scale: {presets})" in text
     assert "SGD momentum (default: 0.9)" in text  # no preset sets it
     assert "(default by --scale: smoke none, cpu none, gpu none, paper 91 136)" in text
+    # smoke stops each epoch after 3 steps; the other scales train on every batch
+    assert "(default by --scale: smoke 3, cpu none, gpu none, paper none)" in text
+    # a switch says what it turns on or off, with no "(default: False)" after it
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["no_augment"].endswith(", on by default")
+    assert "(default" not in helps["eval_flip"] and "(default" not in helps["bf16"]
 
 
 @pytest.mark.parametrize("argv", [["reproduce", "--list"], ["env"], ["--help"], ["--version"]])
@@ -1554,9 +1606,13 @@ def test_an_empty_out_is_refused_not_the_current_directory(argv, capsys, tmp_pat
          {"schedule": "step", "milestones": [3, 5], "gamma": 0.5}),
         (["--threads", "2", "--image-size", "16"],
          {"threads": 2, "data_options": {"image_size": 16}}),
+        (["--model", "resnet18", "--stem", "imagenet", "--dist-timeout", "0.5"],
+         {"model": "resnet18", "stem": "imagenet"}),
+        (["--no-augment"], {"augment": False}),
     ],
     ids=["defaults", "nesterov-over-preset", "no-nesterov", "seed-lr-epochs-batch",
-         "momentum-decay", "smoothing-flip", "no-bn-decay", "warmup", "step", "threads-size"],
+         "momentum-decay", "smoothing-flip", "no-bn-decay", "warmup", "step", "threads-size",
+         "model-stem", "no-augment"],
 )  # fmt: skip
 def test_each_train_flag_sets_its_field_of_the_config_and_unset_ones_keep_the_scales(
     argv, expected
@@ -1565,6 +1621,11 @@ def test_each_train_flag_sets_its_field_of_the_config_and_unset_ones_keep_the_sc
     default: 15 epochs, batch 128) or the config's own default (Nesterov on, seed 0)."""
     cfg = cli._resolve_from_args(cli._train_parser(None).parse_args(argv), {})
     assert {name: getattr(cfg, name) for name in expected} == expected
+
+
+def test_dist_timeout_takes_seconds_with_a_fraction():
+    args = cli._train_parser(None).parse_args(["--dist-timeout", "0.5"])
+    assert args.dist_timeout == 0.5
 
 
 @pytest.mark.parametrize(
@@ -1946,6 +2007,22 @@ def test_field_help_stops_where_the_args_section_ends():
         """
 
     assert cli.field_help(Cfg) == {"alpha": "the first. More on it."}
+
+
+def test_field_help_joins_a_wrapped_line_at_the_entrys_depth_even_with_a_colon():
+    class Cfg:
+        """A config.
+
+        Args:
+            alpha: the ratio of
+            Table 2 (CIFAR-10: 0.5).
+            beta: the second.
+        """
+
+    assert cli.field_help(Cfg) == {
+        "alpha": "the ratio of Table 2 (CIFAR-10: 0.5).",
+        "beta": "the second.",
+    }
 
 
 @pytest.mark.parametrize("text, value", [("false", False), ("no", False), ("true", True)])

@@ -2234,3 +2234,68 @@ def test_a_crash_while_writing_rows_csv_leaves_the_previous_file_whole(tmp_path,
     assert path.read_text() == "previous\n"
     write_rows_csv(_result(scale="cpu"), path)
     assert path.read_text().startswith("target,row,metric,ours,")
+
+
+def test_a_half_width_of_no_values_or_of_a_missing_sd_is_nan():
+    """No interval from fewer than two values, nor from an sd that was never measured (None,
+    as a row without a spread carries it): NaN, not an error."""
+    assert math.isnan(ci95_half_width(1.0, 0))
+    assert math.isnan(ci95_half_width(None, 3)) and math.isnan(ci95_half_width(None, 1))
+    # two values, sd 1: t(0.975, 1) = 12.706205 (t table), over sqrt(2)
+    assert ci95_half_width(1.0, 2) == pytest.approx(12.706205 / math.sqrt(2), rel=1e-6)
+
+
+def test_timing_labels_name_their_phase():
+    """The per-iteration timings read as the phase each one times: forward, backward, and the
+    optimizer step, in milliseconds."""
+    from impl.report.labels import metric_label
+
+    assert metric_label("fwd_ms", "ms") == "forward time per iteration (ms)"
+    assert metric_label("bwd_ms", "ms") == "backward time per iteration (ms)"
+    assert metric_label("step_ms", "ms") == (
+        "optimizer step and per-step method work per iteration (ms)"
+    )
+
+
+def test_campfire_labels_give_the_papers_epochs_and_the_convergence_threshold():
+    """Campfire Table 9 moves the last learning-rate drop to epoch 80 instead of 90
+    (reproductions/paper_values/campfire_table9.csv); Table 1's "epoch of convergence" is read
+    as the first epoch within 0.5 pp of the run's best top-1 (docs/reproductions.md)."""
+    from impl.report.labels import metric_label
+
+    assert metric_label("top1_improvement", "pp") == (
+        "top-1 gain of the last lr drop at epoch 80 over 90 (pp)"
+    )
+    # the label names its unit already ("epoch ..."): it is not repeated
+    assert metric_label("epoch_of_convergence", "epoch") == (
+        "epoch of convergence (within 0.5 pp of the best top-1)"
+    )
+
+
+def test_prunetrains_cifar_resnet50_is_named_apart_from_the_imagenet_one():
+    """PruneTrain's CIFAR ResNet-50 has its own layout: its name says so, so that it is not
+    read as the ImageNet ResNet-50 (v1 or v1.5) of the other papers."""
+    from impl.report.labels import model_name
+
+    assert model_name("prunetrain_resnet50") == "ResNet-50 (PruneTrain's CIFAR layout)"
+    assert model_name("resnet50") == "ResNet-50"
+
+
+def test_trillions_read_as_t_and_their_sd_in_the_same_multiple():
+    """A training-FLOPs count of trillions reads "3.2T", not "3200G"; its sd of 3e11 is
+    0.3 of a trillion, to two significant digits: "0.30T"."""
+    assert format_number(3.2e12) == "3.2T" and format_number(-1.25e12) == "-1.25T"
+    assert format_number(999e9) == "999G"
+    assert format_mean_sd(2.5e12, 3e11, 3) == "2.5T ± 0.30T (n=3)"
+
+
+def test_what_our_numbers_count_leaves_the_papers_rows_out():
+    """A timing result counts repeats; the paper's rows beside it (no number of ours) count
+    nothing, so the error bars still read "over repeats", not "over seeds or repeats"."""
+    from impl.report.html import _counted_over
+
+    timed = {"row": "2:4", "metric": "iter_ms", "ours": 3.1, "n": 5, "n_of": "repeats"}
+    paper = {"row": "paper: 2:4", "metric": "iter_ms", "ours": None, "paper": 2.0}
+    assert _counted_over([timed, paper]) == "repeats"
+    assert _counted_over([paper, {**timed, "n_of": None}]) == "seeds"
+    assert _counted_over([timed, {**timed, "n_of": None}]) == "seeds or repeats"

@@ -543,3 +543,61 @@ def test_eval_fgsm_run_attacks_the_runs_own_test_loader(tmp_path, monkeypatch) -
         "data_dir": "/data/here", "seed": 3, "augment": False, "device": "cpu",
         "eval_batch_size": 32, "image_size": 16,
     }  # fmt: skip
+
+
+def test_eval_fgsm_run_pairs_each_eps_with_its_own_top1_and_records_the_attack(
+    tmp_path, monkeypatch
+) -> None:
+    """Each row holds its eps's top-1, in the order the eps were given; fgsm.json says what
+    was attacked (the run's method, its options as the summary records them, model, data,
+    scale, test set, device) and in which units eps is."""
+    import types
+
+    import impl.data
+    import impl.robustness
+    import impl.train
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"status": "complete", "top1": 91.5, "method_options": {"m": 8, "n": 2}})
+    )
+    cfg = types.SimpleNamespace(
+        data="cifar10", batch_size=8, data_dir=None, seed=0, eval_batch_size=8,
+        data_options={}, method="sdgp", method_options={"m": 8}, model="resnet20", scale="cpu",
+    )  # fmt: skip
+    monkeypatch.setattr(impl.train, "load_trained_model", lambda *a, **k: (None, cfg))
+    top1 = {0.0: 90.0, 0.1: 40.0, 0.3: 10.0}  # falling with eps, as under attack
+    monkeypatch.setattr(
+        impl.robustness, "fgsm_accuracies", lambda m, loader, eps, **k: [top1[e] for e in eps]
+    )
+    spec = types.SimpleNamespace(mean=(), std=(), test_size=10000, image_size=32)
+    monkeypatch.setattr(impl.data, "make_loaders", lambda *a, **k: (None, [], spec))
+    rows = eval_fgsm_run(tmp_path, [0.3, 0.0, 0.1])
+    assert rows == [
+        {"eps": 0.3, "top1": 10.0},
+        {"eps": 0.0, "top1": 90.0},
+        {"eps": 0.1, "top1": 40.0},
+    ]
+    record = json.loads((tmp_path / FGSM_FILE).read_text())
+    assert record["rows"] == sorted(rows, key=lambda r: r["eps"])
+    assert record["attack"].startswith("FGSM against the model itself (Goodfellow et al. 2014")
+    assert record["eps_units"].startswith("pixel intensity on [0, 1], before normalisation")
+    assert {k: record[k] for k in ("method", "model", "data", "scale", "device")} == {
+        "method": "sdgp", "model": "resnet20", "data": "cifar10", "scale": "cpu", "device": "cpu"
+    }  # fmt: skip
+    assert record["method_options"] == {"m": 8, "n": 2}  # the summary's, not the config's
+    assert (record["test_size"], record["image_size"]) == (10000, 32)
+    assert record["run_dir"] == str(tmp_path)
+
+
+def test_fgsm_step_worked_by_hand_on_a_two_pixel_linear_model() -> None:
+    """Logits W x with W = [[1, -1], [0, 2]] and label 0: d CE / d x = W^T (p - e_0)
+    = (p0 - 1) [1, -1] + p1 [0, 2] = p1 [-1, 3], of sign [-1, +1]. Pixels [0.5, 0.98]
+    under mean 0.5 and std 0.25 (x = [0, 1.92]) move by eps = 0.1 to [0.4, 1.08], the second
+    clipped to 1: normalised again, [-0.4, 2.0]."""
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -1.0], [0.0, 2.0]]))
+    x = torch.tensor([[0.0, 1.92]])
+    adv = fgsm_attack(model, x, torch.tensor([0]), 0.1, mean=(0.5, 0.5), std=(0.25, 0.25))
+    assert torch.allclose(adv, torch.tensor([[-0.4, 2.0]]), atol=1e-6)

@@ -59,7 +59,7 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error_not_a_silent_cut(tmp
     with pytest.raises(rundir.MetricsError, match="line 3 is a JSON list, not an object"):
         rundir.read_metrics(tmp_path)
     path.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(rundir.MetricsError, match="not a text file"):
+    with pytest.raises(rundir.MetricsError, match=r"metrics.jsonl: not a text file"):
         rundir.read_metrics(tmp_path)
 
 
@@ -195,8 +195,9 @@ def test_a_write_error_without_a_file_name_gets_the_path(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(OSError, match=r"No space left on device: writing .*summary.json"):
+    with pytest.raises(OSError, match=r"No space left on device: writing .*summary.json") as full:
         rundir.write_json(tmp_path / "summary.json", {"a": 1})
+    assert full.value.errno == errno.ENOSPC  # still a full disk to whoever tells them apart
     with pytest.raises(OSError, match=r"No space left on device: writing .*metrics.jsonl"):
         rundir.append_metrics(tmp_path, {"epoch": 0})
 
@@ -481,3 +482,77 @@ def test_a_stale_run_says_to_train_it_again_elsewhere(tmp_path):
         f"{tmp_path} cannot be continued: m:M has changed since it was trained; train it "
         "again into another --out (or remove the directory)"
     )
+
+
+@pytest.mark.parametrize(
+    "seen, held",
+    [([0, 1, 2], "3 row(s), epochs 0 to 2"), ([], "0 row(s)"), ([1, 3], "2 row(s), epochs 1 to 3")],
+    ids=str,
+)
+def test_a_complete_runs_short_metrics_are_named_by_their_count_and_first_and_last_epoch(
+    tmp_path, seen, held
+):
+    """A run whose summary says 4 epochs, and a metrics file that holds fewer: the message
+    names how many rows there are and the first and last epoch they hold."""
+    from impl.run_files import check_complete_metrics
+
+    with pytest.raises(rundir.MetricsError) as caught:
+        check_complete_metrics(tmp_path, [{"epoch": e} for e in seen], 4)
+    assert f"completed 4 epoch(s), the file holds {held}: it was cut short" in str(caught.value)
+
+
+def test_a_summary_edited_by_hand_is_told_each_missing_field_and_each_wrong_type():
+    """Every field the runs table reads is required; a field that is there but null, or a
+    JSON true where a number goes, is named with its value, not called missing."""
+    from impl.run_files import summary_fields_wrong
+
+    assert summary_fields_wrong({}) == "it lacks method, model, data, scale, seed, epochs, top1"
+    edited = dict(method="sdgp", model="resnet20", data="cifar10", seed=True, epochs=3, top1=None)
+    assert summary_fields_wrong(edited) == "it lacks scale; seed is True; top1 is None"
+    assert summary_fields_wrong({**edited, "scale": "cpu", "seed": 0, "top1": 91}) == ""
+
+
+def test_a_summary_of_the_current_version_is_not_outdated_and_an_old_one_lists_each_later_change():
+    """A summary written now (version SUMMARY_VERSION) is current; one without the field is
+    version 1 and lacks what versions 2 to SUMMARY_VERSION added, and no more; the version
+    before the current one lacks only the current one's."""
+    now = rundir.SUMMARY_VERSION
+    assert now >= 2 and set(rundir.SUMMARY_VERSIONS) == set(range(1, now + 1))
+    assert rundir.outdated_summary({"summary_version": now}) is None
+    assert rundir.outdated_summary({"summary_version": now + 1}) is None
+    first = rundir.outdated_summary({"status": "complete"})
+    assert first is not None and first.startswith("its summary (version 1) was written before")
+    assert rundir.SUMMARY_VERSIONS[1] not in first  # what version 1 had is not missing
+    for version in range(2, now + 1):
+        assert rundir.SUMMARY_VERSIONS[version] in first
+    last = rundir.outdated_summary({"summary_version": now - 1})
+    assert last == (
+        f"its summary (version {now - 1}) was written before {rundir.SUMMARY_VERSIONS[now]}"
+    )
+
+
+def test_a_runs_json_files_are_written_with_sorted_keys_summary_indented_metrics_a_line_each(
+    tmp_path,
+):
+    """summary.json and config.json are read by people: indented by two spaces, keys in
+    order; each metrics line is one object on one line, keys in order."""
+    rundir.write_json(tmp_path / rundir.SUMMARY_FILE, {"top1": 91.5, "status": "complete"})
+    assert (tmp_path / rundir.SUMMARY_FILE).read_text() == (
+        '{\n  "status": "complete",\n  "top1": 91.5\n}\n'
+    )
+    rundir.append_metrics(tmp_path, {"test_top1": 10.0, "epoch": 0})
+    rundir.append_metrics(tmp_path, {"loss": 2.5, "epoch": 1})
+    assert (tmp_path / rundir.METRICS_FILE).read_text() == (
+        '{"epoch": 0, "test_top1": 10.0}\n{"epoch": 1, "loss": 2.5}\n'
+    )
+
+
+def test_a_checkpoint_is_read_back_by_its_own_config_and_refused_by_another(tmp_path):
+    import torch
+
+    rundir.save_checkpoint(tmp_path, {"epoch": 2, "w": torch.ones(2)}, config_digest="abc")
+    state = rundir.load_checkpoint(tmp_path, config_digest="abc")
+    assert state is not None and state["epoch"] == 2 and state["w"].tolist() == [1.0, 1.0]
+    assert state["config_digest"] == "abc" and state["format"] == rundir.CHECKPOINT_FORMAT
+    with pytest.raises(rundir.CheckpointError, match=r"another run \(config abc, this run xyz\)"):
+        rundir.load_checkpoint(tmp_path, config_digest="xyz")

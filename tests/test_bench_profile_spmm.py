@@ -72,3 +72,34 @@ def test_on_a_gpu_it_launches_the_plan_and_names_each_launch(capsys):
         ["warp_row", "pdt_spmm", "call 1"],
     ]
     assert all(line.startswith("sparsity 0.95 (pattern mask)") for line in lines)
+
+
+def test_defaults_profile_the_papers_problem_with_every_variant():
+    """256 filters of 128 3x3 kernels: the 256 x 1152 filter matrix of Sec. 5.2, times a
+    1152 x 50176 (224 * 224) matrix; 65% and 95% sparsity, each variant 3 times."""
+    f, c, r, s = profile_spmm.PAPER_SHAPE
+    assert (f, c * r * s) == (256, 1152)
+    args = profile_spmm._parser().parse_args([])
+    assert args.sparsity == [0.65, 0.95]
+    assert args.variants == ["row_tiled", "warp_row", "pipelined"]
+    assert (args.calls, args.n) == (3, 224 * 224)
+
+
+def test_an_unknown_variant_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        profile_spmm.main(["--variants", "row_tiled", "tiled"])
+    assert stop.value.code == 2 and "invalid choice: 'tiled'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--n", "0"], "--calls and --n must be >= 1"),
+        (["--sparsity", "-0.1"], r"--sparsity must lie in \[0, 1\)"),
+        (["--sparsity", "0.65", "1.0"], r"--sparsity must lie in \[0, 1\)"),
+    ],
+    ids=["no-columns", "negative-sparsity", "second-sparsity-1"],
+)
+def test_every_bad_argument_exits_2_with_the_reason(argv, message, capsys):
+    assert profile_spmm.main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)

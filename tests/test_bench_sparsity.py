@@ -121,3 +121,67 @@ def test_masks_draw_their_positions_per_row_not_one_layout_for_all():
     kept = sparsity.pattern_mask((64, 32, 3, 3), 0.9, seed=0).flatten(2).any(dim=2)  # [F, C]
     assert len({tuple(k.nonzero().flatten().tolist()) for k in kept}) == 64
     assert kept.any(dim=0).all()  # every input channel kept by some filter
+
+
+def test_a_sparsity_that_is_not_a_number_is_refused():
+    for bad in ("0.5", None):
+        with pytest.raises(ValueError, match=r"\[0, 1\)"):
+            sparsity.row_uniform_mask(4, 4, bad)
+        with pytest.raises(ValueError, match=r"\[0, 1\)"):
+            sparsity.benchmark_mask((4, 4, 3, 3), bad)
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 3, 1), (4, 4, 1, 3), (4, 4, 3, 5)])
+def test_pattern_mask_needs_both_kernel_sides_3(shape):
+    with pytest.raises(ValueError, match="3x3"):
+        sparsity.pattern_mask(shape, 0.9)
+
+
+def test_pattern_mask_refuses_a_sparsity_just_below_five_ninths():
+    """5/9 = 0.5556 is the sparsity of a kernel keeping 4 of 9 positions: 0.55 is below it."""
+    with pytest.raises(ValueError, match="sparsity >="):
+        sparsity.pattern_mask((4, 4, 3, 3), 0.55)
+    assert sparsity.pattern_mask((4, 4, 3, 3), 0.5556).sum().item() == 4 * 4 * 4  # all kept
+
+
+def test_pattern_mask_nonzeros_hand_counted():
+    """64 filters of 16 3x3 kernels at 90%: round(0.1 * 9 * 16 / 4) = round(3.6) = 4 kernels
+    kept per filter, 4 positions each: 16 nonzeros per filter, 1024 of 9216 in all."""
+    mask = sparsity.pattern_mask((64, 16, 3, 3), 0.9, seed=5)
+    assert mask.sum().item() == 1024
+    assert (mask.flatten(1).sum(1) == 16).all()
+
+
+def test_pattern_pool_and_masks_follow_their_seed():
+    def patterns(pool):
+        return {tuple(p.flatten().tolist()) for p in pool}
+
+    assert patterns(sparsity.pattern_pool(seed=0)) == patterns(sparsity.pattern_pool(seed=0))
+    assert patterns(sparsity.pattern_pool(seed=0)) != patterns(sparsity.pattern_pool(seed=1))
+    # the kept kernels of each filter, not only the patterns, change with the seed
+    kept = [sparsity.pattern_mask((16, 32, 3, 3), 0.9, seed=s).flatten(2).any(2) for s in (1, 2)]
+    assert not torch.equal(kept[0], kept[1])
+
+
+def test_pattern_mask_draws_a_pattern_per_kernel_not_per_input_channel():
+    """At 5/9 every kernel is kept; the 64 filters' kernels of one input channel draw their
+    patterns on their own (64 draws of 12 patterns use far more than one)."""
+    mask = sparsity.pattern_mask((64, 8, 3, 3), 5 / 9, seed=0).flatten(2)  # [F, C, 9]
+    assert mask.sum().item() == 64 * 8 * 4
+    for c in range(8):
+        assert len({tuple(k.tolist()) for k in mask[:, c]}) > 6
+
+
+def test_benchmark_mask_of_a_non_3x3_kernel_is_row_uniform():
+    """A 3x1 kernel has no 4-of-9 pattern: each of the 4 filters keeps round(0.25 * 27) = 7
+    of its 9 * 3 = 27 weights."""
+    mask, kind = sparsity.benchmark_mask((4, 9, 3, 1), 0.75)
+    assert kind == "row-uniform" and mask.shape == (4, 9, 3, 1)
+    assert mask.flatten(1).sum(1).tolist() == [7, 7, 7, 7]
+
+
+@pytest.mark.parametrize(("shape", "s"), [((8, 9, 3, 3), 0.75), ((16, 32, 1, 1), 0.5)])
+def test_benchmark_mask_follows_its_seed(shape, s):
+    one, _ = sparsity.benchmark_mask(shape, s, seed=1)
+    assert torch.equal(one, sparsity.benchmark_mask(shape, s, seed=1)[0])
+    assert not torch.equal(one, sparsity.benchmark_mask(shape, s, seed=2)[0])

@@ -200,18 +200,18 @@ def check_finished_run(run_dir: str | os.PathLike) -> dict[str, Any]:
             except rundir.RunBusyError as err:
                 raise ValueError(str(err)) from None
     done = len(rundir.read_metrics(run_dir))
+    unfinished = f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}"
     try:
         config = rundir.read_json(run_dir / rundir.CONFIG_FILE)
     except (OSError, ValueError) as err:  # --resume would refuse it too: say why
         raise ValueError(
-            f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}) and its "
-            f"config cannot be read, so it cannot be resumed either: {err}"
+            f"{unfinished}) and its config cannot be read, so it cannot be resumed either: {err}"
         ) from None
     total = config.get("epochs")
     epochs = f"{done} of {total}" if total is not None else str(done)
     raise ValueError(
-        f"{run_dir} is not a finished run (no complete {rundir.SUMMARY_FILE}; {epochs} "
-        f"epochs done): finish it with `pdtbench train --resume {run_dir}` before attacking it"
+        f"{unfinished}; {epochs} epochs done): finish it with "
+        f"`pdtbench train --resume {run_dir}` before attacking it"
     )
 
 

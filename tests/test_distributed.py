@@ -773,14 +773,19 @@ def test_init_from_env_joins_with_torchruns_local_rank_and_skips_a_world_of_one(
     assert seen == [((5, 8), dict(device="cpu", timeout_s=7.0, local_rank=1))]
 
 
+def _joined_group(monkeypatch, rank: int, world_size: int, timeout_s: float) -> None:
+    """torch.distributed as a gloo group of ``world_size`` joined as ``rank`` would answer."""
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "get_rank", lambda: rank)
+    monkeypatch.setattr(D.dist, "get_world_size", lambda: world_size)
+    monkeypatch.setattr(D.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", timeout_s)
+
+
 def test_current_reads_the_group_and_shutdown_forgets_its_timeout(monkeypatch, no_torchrun_env):
     """Without torchrun's variables the local rank is the group's rank; after shutdown no
     timeout is remembered."""
-    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(D.dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(D.dist, "get_world_size", lambda: 2)
-    monkeypatch.setattr(D.dist, "get_backend", lambda: "gloo")
-    monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", 11.0)
+    _joined_group(monkeypatch, rank=1, world_size=2, timeout_s=11.0)
     assert D.current() == D.DistInfo(1, 2, 1, "gloo", 11.0)
     destroyed = []
     monkeypatch.setattr(D.dist, "destroy_process_group", lambda: destroyed.append(1))
@@ -1170,11 +1175,7 @@ def test_current_takes_the_local_rank_torchrun_gives(monkeypatch, no_torchrun_en
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(D.dist, "get_rank", lambda: 3)
-    monkeypatch.setattr(D.dist, "get_world_size", lambda: 4)
-    monkeypatch.setattr(D.dist, "get_backend", lambda: "gloo")
-    monkeypatch.setattr(D, "_GROUP_TIMEOUT_S", 20.0)
+    _joined_group(monkeypatch, rank=3, world_size=4, timeout_s=20.0)
     assert D.current() == D.DistInfo(3, 4, 1, "gloo", 20.0)
 
 

@@ -2643,22 +2643,38 @@ def test_a_row_without_its_dataset_says_so_and_trains_once_pointed_at_it(
     assert res.runs[0].config["data_dir"] == str(tmp_path / "data")
 
 
-def test_reproduce_says_a_data_dir_is_not_read_at_the_cpu_scales(tmp_path, monkeypatch, capsys):
-    """Every run of the smoke and cpu scales trains on digits: a --data-dir there is said to
-    be unused (and still passed on), at the gpu scales it is not."""
+def test_reproduce_says_a_data_dir_is_not_read_where_no_run_reads_a_local_dataset(
+    tmp_path, monkeypatch
+):
+    """Every run of the smoke, cpu and gpu scales trains on digits: a --data-dir there is
+    said to be unused (and still passed on); at paper scale SDGP Table I trains on CIFAR, and
+    a target that trains no run reads no directory either."""
     import impl.data
+    from reproductions.parallel import plan_runs
 
-    monkeypatch.delenv(impl.data.DATA_DIR_ENV, raising=False)
-    monkeypatch.setattr(reproductions, "run", lambda *a, **k: tmp_path / "index.html")
     monkeypatch.setattr(reproductions, "check_scale_device", lambda scale: None)
+    said = {}
+
+    def run(keys, scale, runs_root, *a, **k):
+        plan = plan_runs([reproductions.load_target(key) for key in keys], scale, runs_root)
+        said[scale] = reproductions.unread_data_dir_note(plan, scale)
+        return tmp_path / "index.html"
+
+    monkeypatch.setattr(reproductions, "run", run)
+    monkeypatch.delenv(impl.data.DATA_DIR_ENV, raising=False)
     where = ["--runs-root", str(tmp_path / "r"), "--out", str(tmp_path / "o")]
-    for scale in ("smoke", "cpu", "gpu"):
+    for scale in ("smoke", "cpu", "gpu", "paper"):
         argv = ["sdgp.table1", "--scale", scale, "--data-dir", "cifar10=/nowhere", *where]
         assert reproductions.main(argv) == 0
-        err = capsys.readouterr().err
-        said = f"--data-dir is not read at scale {scale}: its runs train on the embedded digits"
-        assert (said in err) == (scale != "gpu")
         assert os.environ[impl.data.DATA_DIR_ENV] == "cifar10=/nowhere"
+    for scale in ("smoke", "cpu", "gpu"):
+        assert said[scale] == f"--data-dir is not read at scale {scale}: its runs train on digits"
+    assert said["paper"] is None  # Table I's runs read CIFAR-10 and CIFAR-100
+    assert reproductions.unread_data_dir_note([], "cpu") == (
+        "--data-dir is not read at scale cpu: it trains no run"
+    )
+    monkeypatch.delenv(impl.data.DATA_DIR_ENV)  # no directory given: nothing to say
+    assert reproductions.unread_data_dir_note([], "cpu") is None
 
 
 def test_reproduce_refuses_a_data_dir_that_names_no_local_dataset(capsys):

@@ -941,10 +941,18 @@ _SANITIZE = [
 ]
 
 
+#: The kernels as the race checker builds them (pdt_host_emulation.cuh: every emulated
+#: thread a ThreadSanitizer fiber, ordered only by the barriers the GPU guarantees).
+_RACECHECK = ["-g", "-fsanitize=thread"]
+
+
 def _emu_flags() -> list[str]:
     flags = ["-std=c++17", f"-I{loader.KERNEL_DIR}", *loader.compile_options()[1:]]
-    if os.environ.get("PDT_EMU_SANITIZE") == "1":  # set by the sanitizer run below
+    sanitize = os.environ.get("PDT_EMU_SANITIZE")  # set by the sanitizer runs below
+    if sanitize == "1":
         flags += _SANITIZE
+    elif sanitize == "thread":
+        flags += _RACECHECK
     return flags
 
 
@@ -2040,6 +2048,88 @@ def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_p
     assert lib.run() == 1 and b"deadlock" in lib.err()
 
 
+#: Small kernels for the race checker's own test: (kernel body, launch, a race expected).
+#: Each runs in `blocks` blocks of `threads` threads; `out` has 256 floats, `word` one unsigned.
+_RACE_CASES = {
+    "shared-no-barrier": ("tile[t] = t; out[t] = tile[63 - t];", (1, 64), True),
+    "shared-syncthreads": ("tile[t] = t; __syncthreads(); out[t] = tile[63 - t];", (1, 64), False),
+    "warp-no-syncwarp": ("tile[t] = t; out[t] = tile[31 - t];", (1, 32), True),
+    "warp-syncwarp": ("tile[t] = t; __syncwarp(); out[t] = tile[31 - t];", (1, 32), False),
+    "warp-shuffle": (
+        "tile[t] = t; (void)__shfl_sync(0xffffffffu, 0, 0); out[t] = tile[31 - t];",
+        (1, 32),
+        False,
+    ),
+    "syncwarp-across-warps": (
+        "tile[t] = t; __syncwarp(); out[t] = tile[63 - t];",
+        (1, 64),
+        True,
+    ),
+    "global-same-element": ("out[0] = t;", (1, 32), True),
+    "global-own-element": ("out[t] = t;", (1, 64), False),
+    "atomic-or": ("atomicOr(word, 1u << (t & 31));", (1, 64), False),
+    "second-writer-after-barrier": (
+        "if (t == 0) out[0] = 1; __syncthreads(); if (t == 1) out[0] += 1;",
+        (1, 64),
+        False,
+    ),
+    "blocks-same-element": ("if (t == 0) out[0] = blockIdx.x;", (2, 64), False),
+}
+
+
+@pytest.fixture(scope="module")
+def race_checker(tmp_path_factory):
+    """The emulation built as a race checker (g++ -fsanitize=thread) around _RACE_CASES."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on the PATH: the kernels' race checker needs it")
+    root = tmp_path_factory.mktemp("race")
+    lines = ['#include "pdt_host_emulation.cuh"', "#include <string>"]
+    calls = []
+    for i, (name, (body, (blocks, threads), _)) in enumerate(_RACE_CASES.items()):
+        lines.append(
+            f"__global__ void k{i}(float* out, unsigned* word) {{\n"
+            f"  __shared__ float tile[64];\n  const unsigned t = threadIdx.x;\n  {body}\n}}"
+        )
+        calls.append(
+            f'  if (which == "{name}") rc = pdt_emu::launch({blocks}, 1, 1, {threads}, 1, 1, '
+            f"[] {{ k{i}(out, &word); }});"
+        )
+    lines += [
+        "static float out[256];",
+        "static unsigned word;",
+        "int main(int argc, char** argv) {",
+        "  const std::string which = argv[1];",
+        "  int rc = 2;",
+        *calls,
+        '  printf("rc=%d out0=%g word=%x\\n", rc, out[0], word);',
+        "  return rc;",
+        "}",
+    ]
+    (root / "race.cpp").write_text("\n".join(lines) + "\n")
+    cmd = [gxx, "-O1", *_emu_flags(), *_RACECHECK, str(root / "race.cpp"), "-o", str(root / "race")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 and "tsan" in res.stderr.lower():
+        pytest.skip(f"g++ cannot link ThreadSanitizer here: {res.stderr.strip()[-300:]}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root / "race"
+
+
+@pytest.mark.parametrize("case", list(_RACE_CASES))
+def test_race_checker_reports_exactly_the_accesses_no_gpu_barrier_orders(race_checker, case):
+    """The emulation under ThreadSanitizer (the CPU counterpart of racecheck) reports two
+    threads of a block touching one address, one writing, with no __syncthreads between them
+    (or, within a warp, no __syncwarp or collective): and nothing where the GPU orders them,
+    atomics, or between blocks (run one after another, as racecheck reports none there)."""
+    expect_race = _RACE_CASES[case][2]
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0:exitcode=66")
+    res = subprocess.run([str(race_checker), case], capture_output=True, text=True, env=env)
+    raced = "WARNING: ThreadSanitizer: data race" in res.stderr
+    assert raced == expect_race, res.stderr[-3000:]
+    assert res.returncode == (66 if expect_race else 0), (res.returncode, res.stderr[-2000:])
+    assert "rc=0" in res.stdout  # every case ran to its end: no deadlock, no crash
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_emulated_kernels_under_address_and_undefined_behaviour_sanitizers():
@@ -2104,6 +2194,33 @@ GPU_DEV = "cpu" if EMULATE_GPU_TESTS else "cuda"
 gpu = (lambda f: f) if EMULATE_GPU_TESTS else pytest.mark.gpu
 
 
+def _racecheck_selection(tmp_path, also: str = "", env: dict | None = None):
+    """Run the GPU tests scripts/gpu/kernels.sh hands to racecheck ($RACECHECK_K), ``and``
+    the selection ``also``, in the kernels' CPU emulation with the launch log on; return the
+    run and whether its log shows every kernel family with shared memory launched."""
+    root = loader.KERNEL_DIR.parents[1]
+    k = subprocess.run(
+        ["bash", "-c", "eval \"$(sed -n '/^RACECHECK_K=/,/}$/p' scripts/gpu/kernels.sh)\"; "
+         'printf %s "$RACECHECK_K"'],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "spmm" in k and "rescaled" in k
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, **(env or {}), PDT_EMU_GPU_TESTS="1", PDT_KERNEL_LAUNCH_LOG=str(log))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
+    cmd += ["-p", "no:cacheprovider", "-m", "not slow", "-k", f"({k}) and not emulated {also}"]
+    cmd += ["--basetemp", str(tmp_path / "run"), "tests/test_cuda_ops.py"]
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    sys.path.insert(0, str(root / "scripts" / "gpu"))
+    import sanitizer_coverage as cov
+
+    absent = tmp_path / "no-kernels.json"  # the families ptxas gives shared memory
+    covered = (
+        log.is_file() and cov.main([str(log), "--tool", "racecheck", "--kernels", str(absent)]) == 0
+    )
+    return run, covered
+
+
 @pytest.mark.skipif(
     not EMULATE_GPU_TESTS,
     reason="runs the racecheck selection in the kernels' CPU emulation: needs PDT_EMU_GPU_TESTS=1 "
@@ -2113,26 +2230,47 @@ def test_racecheck_selection_launches_every_kernel_family_with_shared_memory(tmp
     """The GPU tests that scripts/gpu/kernels.sh runs under racecheck ($RACECHECK_K) launch
     every kernel family that has shared memory (run here in the emulation, which launches what
     the GPU would): a family the selection misses is never checked for races."""
-    root = loader.KERNEL_DIR.parents[1]
-    k = subprocess.run(
-        ["bash", "-c", "eval \"$(sed -n '/^RACECHECK_K=/,/}$/p' scripts/gpu/kernels.sh)\"; "
-         'printf %s "$RACECHECK_K"'],
-        cwd=root, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert "spmm" in k and "rescaled" in k
-    log = tmp_path / "launches.jsonl"
-    env = dict(os.environ, PDT_EMU_GPU_TESTS="1", PDT_KERNEL_LAUNCH_LOG=str(log))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
-    cmd += ["-p", "no:cacheprovider", "-m", "not slow", "-k", f"({k}) and not emulated"]
-    run = subprocess.run(
-        [*cmd, "tests/test_cuda_ops.py"], cwd=root, env=env, capture_output=True, text=True
-    )
+    run, covered = _racecheck_selection(tmp_path)
     assert run.returncode == 0, run.stdout[-2000:]
-    sys.path.insert(0, str(root / "scripts" / "gpu"))
-    import sanitizer_coverage as cov
+    assert covered
 
-    absent = tmp_path / "no-kernels.json"  # the families ptxas gives shared memory
-    assert cov.main([str(log), "--tool", "racecheck", "--kernels", str(absent)]) == 0
+
+@pytest.mark.skipif(
+    not EMULATE_GPU_TESTS,
+    reason="runs the racecheck selection under the CPU race checker: needs PDT_EMU_GPU_TESTS=1 "
+    "(make test-emulated)",
+)
+@pytest.mark.timeout(1800)
+def test_racecheck_selection_shows_no_race_under_the_cpu_race_checker(tmp_path):
+    """The CPU counterpart of the GPU's racecheck step: the same selection of GPU tests, run in
+    the emulation built as a race checker (ThreadSanitizer preloaded, the emulated threads
+    ordered only by __syncthreads, __syncwarp and the warp collectives), reports no race, and
+    launches every kernel family with shared memory. Leaves out the one 64x576x1024 shape
+    (four of its nine minutes on a 2-core machine); it launches no family the others miss."""
+    gxx = shutil.which("g++")
+    runtime = (
+        gxx
+        and subprocess.run(
+            [gxx, "-print-file-name=libtsan.so"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    if not runtime or not os.path.isabs(runtime):
+        pytest.skip(
+            "g++ has no ThreadSanitizer runtime here (libtsan.so): the race checker needs it"
+        )
+    reports = tmp_path / "tsan"
+    env = {
+        "PDT_EMU_SANITIZE": "thread",
+        "LD_PRELOAD": runtime,
+        # Only the kernels are instrumented: torch's and Python's own accesses are not checked.
+        "TSAN_OPTIONS": f"ignore_noninstrumented_modules=1:halt_on_error=1:log_path={reports}",
+        "OMP_NUM_THREADS": "1",
+    }
+    run, covered = _racecheck_selection(tmp_path, "and not 64x576x1024", env)
+    found = {p.name: p.read_text()[:3000] for p in tmp_path.glob("tsan*")}
+    assert not found, found
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "passed" in run.stdout and covered
 
 
 # kernel error vs float64 reference <= K * (same-precision reference's error vs float64)

@@ -13,6 +13,16 @@
 // Shared memory is a function-local static (blocks do not run concurrently). What it does
 // not model: the memory model (data races run in one fixed interleaving), warp divergence
 // costs, timing.
+//
+// Built with -fsanitize=thread (g++ defines __SANITIZE_THREAD__), it is a race checker, the
+// CPU counterpart of compute-sanitizer racecheck: each emulated thread is a ThreadSanitizer
+// fiber, switched to without synchronisation, and the only happens-before edges between the
+// threads of a block are the ones the GPU guarantees: __syncthreads (over the block), and
+// __syncwarp and the warp collectives (over the warp). Two threads of a block that touch the
+// same byte of shared or global memory, one of them writing, with no such barrier between
+// them, are reported as a data race, whatever order the fibers happen to run in. Atomics are
+// real atomics there. Blocks are ordered one after another (the launcher acquires each
+// finished block), so races between blocks are not reported, as racecheck reports none.
 #pragma once
 #include <setjmp.h>
 #include <ucontext.h>
@@ -27,6 +37,15 @@
 #include <vector>
 
 #define PDT_HOST_EMULATION 1
+
+#if defined(__SANITIZE_THREAD__)
+#define PDT_EMU_RACECHECK 1
+#include <sanitizer/tsan_interface.h>
+// The emulation's own bookkeeping (barrier counters, the scheduler) is not what is checked.
+#define PDT_EMU_UNCHECKED __attribute__((no_sanitize_thread, noinline))
+#else
+#define PDT_EMU_UNCHECKED
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -79,10 +98,8 @@ template <class A, class B>
 inline auto max(A a, B b) -> decltype(a + b) {
   return a < b ? b : a;
 }
-inline unsigned atomicOr(unsigned* p, unsigned v) {  // one OS thread: no real atomics needed
-  const unsigned old = *p;
-  *p = old | v;
-  return old;
+inline unsigned atomicOr(unsigned* p, unsigned v) {  // an atomic, as the race checker must see
+  return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
 }
 
 namespace pdt_emu {
@@ -98,6 +115,9 @@ struct Fiber {
   bool done = false;
   pdt_uint3 tid{0, 0, 0};
   unsigned lin = 0;
+#ifdef PDT_EMU_RACECHECK
+  void* race_fiber = nullptr;  // the fiber's ThreadSanitizer context
+#endif
 };
 
 struct State {
@@ -111,6 +131,12 @@ struct State {
   unsigned char slot[kMaxThreads][8];
   char error[256] = {0};
   std::vector<unsigned char> dynamic_smem;  // the launch's dynamic shared memory, per block
+  // Addresses that stand for the happens-before edges of the race checker.
+  char block_sync = 0, block_done = 0, w_sync[kMaxThreads / 32] = {0};
+#ifdef PDT_EMU_RACECHECK
+  ucontext_t sched_ctx;
+  void* sched_fiber = nullptr;  // the launching thread's ThreadSanitizer context
+#endif
 };
 
 inline State& st() {
@@ -118,53 +144,91 @@ inline State& st() {
   return s;
 }
 
+// Under the race checker a barrier is a release by every arriving thread and an acquire by
+// every leaving one: all that each did before it happens before all that any does after it.
+PDT_EMU_UNCHECKED inline void sync_release(char* edge) {
+#ifdef PDT_EMU_RACECHECK
+  __tsan_release(edge);
+#else
+  (void)edge;
+#endif
+}
+
+PDT_EMU_UNCHECKED inline void sync_acquire(char* edge) {
+#ifdef PDT_EMU_RACECHECK
+  __tsan_acquire(edge);
+#else
+  (void)edge;
+#endif
+}
+
+#ifdef PDT_EMU_RACECHECK
+// Fibers switch by swapcontext (ThreadSanitizer follows no _longjmp between stacks), and
+// without synchronisation: a fiber's accesses are ordered before another's only by barriers.
+PDT_EMU_UNCHECKED inline void yield_() {
+  State& s = st();
+  __tsan_switch_to_fiber(s.sched_fiber, __tsan_switch_to_fiber_no_sync);
+  swapcontext(&s.fibers[s.cur].ctx, &s.sched_ctx);
+}
+#else
 inline void yield_() {
   State& s = st();
   if (!_setjmp(s.fibers[s.cur].jb)) _longjmp(s.sched, 1);
 }
+#endif
 
-inline void entry() {
+PDT_EMU_UNCHECKED inline void entry() {
   State& s = st();
   (*s.body)();
   Fiber& f = s.fibers[s.cur];
   f.done = true;
   s.events++;
+  sync_release(&s.block_done);  // the launcher acquires the finished block
+#ifdef PDT_EMU_RACECHECK
+  __tsan_switch_to_fiber(s.sched_fiber, __tsan_switch_to_fiber_no_sync);
+  setcontext(&s.sched_ctx);
+#else
   _longjmp(s.sched, 1);  // never returns: the fiber's stack is reused by the next block
+#endif
 }
 
-inline void block_barrier() {
+PDT_EMU_UNCHECKED inline void block_barrier() {
   State& s = st();
   const unsigned g = s.gen;
   s.arrived++;
   s.events++;
+  sync_release(&s.block_sync);
   for (;;) {
-    if (s.gen != g) return;
+    if (s.gen != g) break;
     if (s.arrived >= s.nthreads) {
       s.arrived = 0;
       s.gen++;
       s.events++;
-      return;
+      break;
     }
     yield_();
   }
+  sync_acquire(&s.block_sync);
 }
 
-inline void warp_barrier() {
+PDT_EMU_UNCHECKED inline void warp_barrier() {
   State& s = st();
   const unsigned w = s.fibers[s.cur].lin / 32;
   const unsigned g = s.w_gen[w];
   s.w_arrived[w]++;
   s.events++;
+  sync_release(&s.w_sync[w]);
   for (;;) {
-    if (s.w_gen[w] != g) return;
+    if (s.w_gen[w] != g) break;
     if (s.w_arrived[w] >= s.w_size[w]) {
       s.w_arrived[w] = 0;
       s.w_gen[w]++;
       s.events++;
-      return;
+      break;
     }
     yield_();
   }
+  sync_acquire(&s.w_sync[w]);
 }
 
 template <class T>
@@ -181,7 +245,7 @@ inline T exchange(T v, unsigned src_lane) {
   return r;
 }
 
-inline int run_block(unsigned nthreads) {
+PDT_EMU_UNCHECKED inline int run_block(unsigned nthreads) {
   State& s = st();
   if (nthreads > (unsigned)kMaxThreads) {
     snprintf(s.error, sizeof s.error, "block of %u threads > %d", nthreads, kMaxThreads);
@@ -207,7 +271,13 @@ inline int run_block(unsigned nthreads) {
     f.ctx.uc_stack.ss_size = f.stack.size();
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, (void (*)())entry, 0);
+#ifdef PDT_EMU_RACECHECK
+    if (!f.race_fiber) f.race_fiber = __tsan_create_fiber(0);
+#endif
   }
+#ifdef PDT_EMU_RACECHECK
+  s.sched_fiber = __tsan_get_current_fiber();
+#endif
   for (;;) {
     const unsigned long long before = s.events;
     bool any = false;
@@ -217,6 +287,12 @@ inline int run_block(unsigned nthreads) {
       s.cur = (int)i;
       threadIdx = s.fibers[i].tid;
       Fiber& f = s.fibers[i];
+#ifdef PDT_EMU_RACECHECK
+      // With synchronisation: what the launcher did (the last block included) happens before.
+      f.started = true;
+      __tsan_switch_to_fiber(f.race_fiber, 0);
+      swapcontext(&s.sched_ctx, &f.ctx);
+#else
       if (!_setjmp(s.sched)) {
         if (!f.started) {
           f.started = true;
@@ -224,8 +300,12 @@ inline int run_block(unsigned nthreads) {
         }
         _longjmp(f.jb, 1);
       }
+#endif
     }
-    if (!any) return 0;
+    if (!any) {
+      sync_acquire(&s.block_done);  // the block's threads happen before what follows it
+      return 0;
+    }
     if (s.events == before) {
       snprintf(s.error, sizeof s.error,
                "deadlock in block (%u,%u,%u): a barrier or warp collective is never completed",
@@ -238,8 +318,8 @@ inline int run_block(unsigned nthreads) {
 // Dynamic shared memory (PDT_DYNAMIC_SHARED): `smem_bytes` of it, refilled with 0xA5 before
 // each block so that a read before any write sees garbage, as on a GPU.
 template <class F>
-inline int launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                  F body, size_t smem_bytes = 0) {
+PDT_EMU_UNCHECKED inline int launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, F body, size_t smem_bytes = 0) {
   std::function<void()> fn = body;
   st().body = &fn;
   st().error[0] = 0;

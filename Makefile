@@ -37,8 +37,8 @@ test-all: test test-slow test-emulated
 
 ## The kernels' GPU tests against their CPU emulation (impl/cuda/pdt_host_emulation.cuh): their
 ## inputs, references, tolerances and path choices, checked on any machine before a GPU run;
-## and racecheck's selection of them under the emulation built as a race checker
-## (ThreadSanitizer, when g++ has it).
+## racecheck's selection of them under the emulation built as a race checker (ThreadSanitizer,
+## when g++ has it); and the emulated kernel tests with blocks and threads run last first.
 test-emulated: $(STAMP)
 	PDT_EMU_GPU_TESTS=1 $(PY) -m pytest -q -n $(TEST_JOBS) -p no:benchmark -m "not slow" tests/test_cuda_ops.py
 

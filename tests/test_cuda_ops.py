@@ -2048,6 +2048,35 @@ def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_p
     assert lib.run() == 1 and b"deadlock" in lib.err()
 
 
+def test_emulator_runs_blocks_and_threads_last_first_under_reverse_order(tmp_path):
+    """PDT_EMU_ORDER=reverse visits a launch's blocks, and a block's threads between two
+    barriers, in the reverse of the usual order: a result that depends on either changes."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on the PATH: the kernels' CPU emulation needs it")
+    (tmp_path / "order.cpp").write_text(
+        '#include "pdt_host_emulation.cuh"\n'
+        "static int seen[6], next_block, last_thread;\n"
+        "int main() {\n"
+        "  const int rc = pdt_emu::launch(3, 2, 1, 64, 1, 1, [] {\n"
+        "    last_thread = threadIdx.x;\n"
+        "    __syncthreads();\n"
+        "    if (threadIdx.x == 0) seen[blockIdx.x + 3 * blockIdx.y] = next_block++; });\n"
+        '  printf("rc=%d last_thread=%d", rc, last_thread);\n'
+        '  for (int b = 0; b < 6; ++b) printf(" %d", seen[b]);\n'
+        "}\n"
+    )
+    binary = tmp_path / "order"
+    cmd = [gxx, "-O1", *_emu_flags(), str(tmp_path / "order.cpp"), "-o", str(binary)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    runs = {}
+    for order in ("", "reverse"):
+        env = dict(os.environ, PDT_EMU_ORDER=order)
+        runs[order] = subprocess.run([str(binary)], env=env, capture_output=True, text=True).stdout
+    assert runs[""] == "rc=0 last_thread=63 0 1 2 3 4 5"
+    assert runs["reverse"] == "rc=0 last_thread=0 5 4 3 2 1 0"
+
+
 #: Small kernels for the race checker's own test: (kernel body, launch, a race expected).
 #: Each runs in `blocks` blocks of `threads` threads; `out` has 256 floats, `word` one unsigned.
 _RACE_CASES = {
@@ -2271,6 +2300,31 @@ def test_racecheck_selection_shows_no_race_under_the_cpu_race_checker(tmp_path):
     assert not found, found
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "passed" in run.stdout and covered
+
+
+@pytest.mark.skipif(
+    not EMULATE_GPU_TESTS,
+    reason="reruns the emulated kernel tests with blocks and threads in reverse order: needs "
+    "PDT_EMU_GPU_TESTS=1 (make test-emulated)",
+)
+@pytest.mark.timeout(1800)
+def test_emulated_kernels_give_the_same_results_with_blocks_and_threads_in_reverse_order(tmp_path):
+    """The emulated kernel tests again with PDT_EMU_ORDER=reverse: no kernel's result depends
+    on the order its blocks run in, which the race checker (blocks ordered) cannot see."""
+    root = loader.KERNEL_DIR.parents[1]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
+    cmd += [
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not slow",
+        "-k",
+        "emulated and not sanitizers and not reverse_order",
+    ]
+    cmd += ["--basetemp", str(tmp_path / "run"), "tests/test_cuda_ops.py"]
+    env = dict(os.environ, PDT_EMU_ORDER="reverse", PDT_EMU_GPU_TESTS="0", OMP_NUM_THREADS="1")
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and " passed" in run.stdout, (run.stdout + run.stderr)[-3000:]
 
 
 # kernel error vs float64 reference <= K * (same-precision reference's error vs float64)

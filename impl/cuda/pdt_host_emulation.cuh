@@ -144,6 +144,18 @@ inline State& st() {
   return s;
 }
 
+// PDT_EMU_ORDER=reverse (read at the first launch) runs a launch's blocks last first, and
+// the threads of a block, between two barriers, last first too. A result that changes with it
+// depends on an order the GPU does not promise: between blocks (which the race checker does
+// not see) as well as within one.
+inline bool reverse_order() {
+  static const bool reverse = [] {
+    const char* order = getenv("PDT_EMU_ORDER");
+    return order != nullptr && strcmp(order, "reverse") == 0;
+  }();
+  return reverse;
+}
+
 // Under the race checker a barrier is a release by every arriving thread and an acquire by
 // every leaving one: all that each did before it happens before all that any does after it.
 PDT_EMU_UNCHECKED inline void sync_release(char* edge) {
@@ -278,10 +290,12 @@ PDT_EMU_UNCHECKED inline int run_block(unsigned nthreads) {
 #ifdef PDT_EMU_RACECHECK
   s.sched_fiber = __tsan_get_current_fiber();
 #endif
+  const bool reverse = reverse_order();
   for (;;) {
     const unsigned long long before = s.events;
     bool any = false;
-    for (unsigned i = 0; i < nthreads; ++i) {
+    for (unsigned j = 0; j < nthreads; ++j) {
+      const unsigned i = reverse ? nthreads - 1 - j : j;
       if (s.fibers[i].done) continue;
       any = true;
       s.cur = (int)i;
@@ -326,13 +340,13 @@ PDT_EMU_UNCHECKED inline int launch(unsigned gx, unsigned gy, unsigned gz, unsig
   st().dynamic_smem.assign(smem_bytes + 16, 0xA5);
   gridDim = {gx, gy, gz};
   blockDim = {bx, by, bz};
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {
-        blockIdx = {x, y, z};
-        std::fill(st().dynamic_smem.begin(), st().dynamic_smem.end(), 0xA5);
-        if (run_block(bx * by * bz)) return 1;
-      }
+  const unsigned long long blocks = (unsigned long long)gx * gy * gz;
+  for (unsigned long long j = 0; j < blocks; ++j) {
+    const unsigned long long b = reverse_order() ? blocks - 1 - j : j;
+    blockIdx = {(unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / gx / gy)};
+    std::fill(st().dynamic_smem.begin(), st().dynamic_smem.end(), 0xA5);
+    if (run_block(bx * by * bz)) return 1;
+  }
   return 0;
 }
 

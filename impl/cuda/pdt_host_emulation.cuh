@@ -11,8 +11,8 @@
 // barrier that can never complete (divergent __syncthreads or shuffles, or an exit before
 // one) is reported as a deadlock instead of hanging.
 // Shared memory is a function-local static (blocks do not run concurrently). What it does
-// not model: the memory model (data races run in one fixed interleaving), warp divergence
-// costs, timing.
+// not model: the memory model (data races run in one fixed interleaving, and are found by the
+// race checker below), warp divergence costs, timing.
 //
 // Built with -fsanitize=thread (g++ defines __SANITIZE_THREAD__), it is a race checker, the
 // CPU counterpart of compute-sanitizer racecheck: each emulated thread is a ThreadSanitizer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -197,8 +198,6 @@ def unread_data_dir_note(plan: list[Any], scale: str) -> str | None:
     ``PDTBENCH_DATA_DIR``) is not read, where no run of ``plan``
     (:func:`reproductions.parallel.plan_runs`) trains on a local dataset: the smoke, cpu and
     gpu scales train on the embedded digits. None where one does, or where none is given."""
-    import os
-
     from impl.data import DATA_DIR_ENV, LOCAL_DATASETS
 
     if not os.environ.get(DATA_DIR_ENV):
@@ -276,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     check_scale_device(args.scale)
     check_writable(args.runs_root, args.out)
     if args.data_dir:
-        import os
-
         from impl.data import DATA_DIR_ENV, dataset_dirs
 
         value = os.pathsep.join(args.data_dir)

@@ -2020,30 +2020,32 @@ def test_emulated_pack_unpack_round_trip(emulated, index_dtype):
         assert torch.equal(out[~mask], torch.full_like(out[~mask], 3))
 
 
+def _compile_emulated(directory, name: str, text: str, *flags: str):
+    """g++ builds ``text`` (C++ against pdt_host_emulation.cuh) with the emulation's flags and
+    ``flags`` into ``directory / name``: (the compiler's run, that path). Skips without g++."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on the PATH: the kernels' CPU emulation needs it")
+    source, out = directory / f"{name}.cpp", directory / name
+    source.write_text(text)
+    cmd = [gxx, "-O1", *_emu_flags(), *flags, str(source), "-o", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True), out
+
+
 def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_path):
     """The emulation's own check: a kernel whose lanes skip a shuffle must be reported."""
-    gxx = shutil.which("g++")
-    (tmp_path / "bad.cpp").write_text(
+    built, library = _compile_emulated(
+        tmp_path,
+        "bad.so",
         '#include "pdt_host_emulation.cuh"\n'
         'extern "C" const char* err() { return pdt_emu::st().error; }\n'
         'extern "C" int run() { return pdt_emu::launch(1, 1, 1, 32, 1, 1, [] {\n'
-        "  if (threadIdx.x < 16) (void)__shfl_sync(0xffffffffu, 1, 0); }); }\n"
+        "  if (threadIdx.x < 16) (void)__shfl_sync(0xffffffffu, 1, 0); }); }\n",
+        "-fPIC",
+        "-shared",
     )
-    subprocess.run(
-        [
-            gxx,
-            "-O1",
-            "-fPIC",
-            "-shared",
-            *_emu_flags(),
-            str(tmp_path / "bad.cpp"),
-            "-o",
-            str(tmp_path / "bad.so"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    lib = ctypes.CDLL(str(tmp_path / "bad.so"))
+    assert built.returncode == 0, built.stderr[-3000:]
+    lib = ctypes.CDLL(str(library))
     lib.err.restype = ctypes.c_char_p
     assert lib.run() == 1 and b"deadlock" in lib.err()
 
@@ -2051,10 +2053,9 @@ def test_emulator_reports_a_divergent_barrier_instead_of_hanging(emulator, tmp_p
 def test_emulator_runs_blocks_and_threads_last_first_under_reverse_order(tmp_path):
     """PDT_EMU_ORDER=reverse visits a launch's blocks, and a block's threads between two
     barriers, in the reverse of the usual order: a result that depends on either changes."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not on the PATH: the kernels' CPU emulation needs it")
-    (tmp_path / "order.cpp").write_text(
+    built, binary = _compile_emulated(
+        tmp_path,
+        "order",
         '#include "pdt_host_emulation.cuh"\n'
         "static int seen[6], next_block, last_thread;\n"
         "int main() {\n"
@@ -2064,11 +2065,9 @@ def test_emulator_runs_blocks_and_threads_last_first_under_reverse_order(tmp_pat
         "    if (threadIdx.x == 0) seen[blockIdx.x + 3 * blockIdx.y] = next_block++; });\n"
         '  printf("rc=%d last_thread=%d", rc, last_thread);\n'
         '  for (int b = 0; b < 6; ++b) printf(" %d", seen[b]);\n'
-        "}\n"
+        "}\n",
     )
-    binary = tmp_path / "order"
-    cmd = [gxx, "-O1", *_emu_flags(), str(tmp_path / "order.cpp"), "-o", str(binary)]
-    subprocess.run(cmd, check=True, capture_output=True)
+    assert built.returncode == 0, built.stderr[-3000:]
     runs = {}
     for order in ("", "reverse"):
         env = dict(os.environ, PDT_EMU_ORDER=order)
@@ -2109,10 +2108,6 @@ _RACE_CASES = {
 @pytest.fixture(scope="module")
 def race_checker(tmp_path_factory):
     """The emulation built as a race checker (g++ -fsanitize=thread) around _RACE_CASES."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not on the PATH: the kernels' race checker needs it")
-    root = tmp_path_factory.mktemp("race")
     lines = ['#include "pdt_host_emulation.cuh"', "#include <string>"]
     calls = []
     for i, (name, (body, (blocks, threads), _)) in enumerate(_RACE_CASES.items()):
@@ -2135,13 +2130,12 @@ def race_checker(tmp_path_factory):
         "  return rc;",
         "}",
     ]
-    (root / "race.cpp").write_text("\n".join(lines) + "\n")
-    cmd = [gxx, "-O1", *_emu_flags(), *_RACECHECK, str(root / "race.cpp"), "-o", str(root / "race")]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    text = "\n".join(lines) + "\n"
+    res, binary = _compile_emulated(tmp_path_factory.mktemp("race"), "race", text, *_RACECHECK)
     if res.returncode != 0 and "tsan" in res.stderr.lower():
         pytest.skip(f"g++ cannot link ThreadSanitizer here: {res.stderr.strip()[-300:]}")
     assert res.returncode == 0, res.stderr[-3000:]
-    return root / "race"
+    return binary
 
 
 @pytest.mark.parametrize("case", list(_RACE_CASES))
@@ -2223,6 +2217,18 @@ GPU_DEV = "cpu" if EMULATE_GPU_TESTS else "cuda"
 gpu = (lambda f: f) if EMULATE_GPU_TESTS else pytest.mark.gpu
 
 
+def _run_tests_of_this_file(tmp_path, selection: str, env: dict):
+    """This file's tests but the slow ones, chosen by ``selection`` (``-k``), in a process of
+    their own with ``env`` added to the environment and temporary files under ``tmp_path``."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
+    cmd += ["-p", "no:cacheprovider", "-m", "not slow", "-k", selection]
+    cmd += ["--basetemp", str(tmp_path / "run"), "tests/test_cuda_ops.py"]
+    root = loader.KERNEL_DIR.parents[1]
+    return subprocess.run(
+        cmd, cwd=root, env=dict(os.environ, **env), capture_output=True, text=True
+    )
+
+
 def _racecheck_selection(tmp_path, also: str = "", env: dict | None = None):
     """Run the GPU tests scripts/gpu/kernels.sh hands to racecheck ($RACECHECK_K), ``and``
     the selection ``also``, in the kernels' CPU emulation with the launch log on; return the
@@ -2235,11 +2241,8 @@ def _racecheck_selection(tmp_path, also: str = "", env: dict | None = None):
     ).stdout  # fmt: skip
     assert "spmm" in k and "rescaled" in k
     log = tmp_path / "launches.jsonl"
-    env = dict(os.environ, **(env or {}), PDT_EMU_GPU_TESTS="1", PDT_KERNEL_LAUNCH_LOG=str(log))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
-    cmd += ["-p", "no:cacheprovider", "-m", "not slow", "-k", f"({k}) and not emulated {also}"]
-    cmd += ["--basetemp", str(tmp_path / "run"), "tests/test_cuda_ops.py"]
-    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    env = dict(env or {}, PDT_EMU_GPU_TESTS="1", PDT_KERNEL_LAUNCH_LOG=str(log))
+    run = _run_tests_of_this_file(tmp_path, f"({k}) and not emulated {also}", env)
     sys.path.insert(0, str(root / "scripts" / "gpu"))
     import sanitizer_coverage as cov
 
@@ -2311,19 +2314,10 @@ def test_racecheck_selection_shows_no_race_under_the_cpu_race_checker(tmp_path):
 def test_emulated_kernels_give_the_same_results_with_blocks_and_threads_in_reverse_order(tmp_path):
     """The emulated kernel tests again with PDT_EMU_ORDER=reverse: no kernel's result depends
     on the order its blocks run in, which the race checker (blocks ordered) cannot see."""
-    root = loader.KERNEL_DIR.parents[1]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:benchmark"]
-    cmd += [
-        "-p",
-        "no:cacheprovider",
-        "-m",
-        "not slow",
-        "-k",
-        "emulated and not sanitizers and not reverse_order",
-    ]
-    cmd += ["--basetemp", str(tmp_path / "run"), "tests/test_cuda_ops.py"]
-    env = dict(os.environ, PDT_EMU_ORDER="reverse", PDT_EMU_GPU_TESTS="0", OMP_NUM_THREADS="1")
-    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    env = dict(PDT_EMU_ORDER="reverse", PDT_EMU_GPU_TESTS="0", OMP_NUM_THREADS="1")
+    run = _run_tests_of_this_file(
+        tmp_path, "emulated and not sanitizers and not reverse_order", env
+    )
     assert run.returncode == 0 and " passed" in run.stdout, (run.stdout + run.stderr)[-3000:]
 
 

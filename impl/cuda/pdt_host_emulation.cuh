@@ -303,7 +303,7 @@ PDT_EMU_UNCHECKED inline int run_block(unsigned nthreads) {
       Fiber& f = s.fibers[i];
 #ifdef PDT_EMU_RACECHECK
       // With synchronisation: what the launcher did (the last block included) happens before.
-      f.started = true;
+      // (swapcontext starts a fiber from makecontext's context and resumes one from yield_'s.)
       __tsan_switch_to_fiber(f.race_fiber, 0);
       swapcontext(&s.sched_ctx, &f.ctx);
 #else

@@ -106,18 +106,29 @@ def test_flags_read_tf32_set_through_torchs_per_backend_precision():
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
-def test_pinned_flags_restore_each_flag_to_its_own_value(monkeypatch):
+def _set_flags(tf32_matmul: bool, tf32_cudnn: bool, cudnn_benchmark: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = tf32_matmul
+    torch.backends.cudnn.allow_tf32 = tf32_cudnn
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
+def test_pinned_flags_restore_each_flag_to_its_own_value():
     # Start from three values no two of which agree by chance, so that a flag restored from
-    # another's saved value is seen.
-    for on in (True, False):
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", on)
-        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", not on)
-        monkeypatch.setattr(torch.backends.cudnn, "benchmark", on)
-        before = measure.flags()
-        assert before == {"tf32_matmul": on, "tf32_cudnn": not on, "cudnn_benchmark": on}
-        with measure.pinned_flags(not on, on, not on):
-            assert measure.flags() == {k: not v for k, v in before.items()}
-        assert measure.flags() == before
+    # another's saved value is seen. The flags are saved and set by hand: torch's matmul
+    # module serves allow_tf32 through __setattr__, which pytest's monkeypatch (9.2) cannot
+    # undo.
+    saved = measure.flags()
+    try:
+        for on in (True, False):
+            _set_flags(on, not on, on)
+            before = measure.flags()
+            assert before == {"tf32_matmul": on, "tf32_cudnn": not on, "cudnn_benchmark": on}
+            with measure.pinned_flags(not on, on, not on):
+                assert measure.flags() == {k: not v for k, v in before.items()}
+            assert measure.flags() == before
+    finally:
+        _set_flags(saved["tf32_matmul"], saved["tf32_cudnn"], saved["cudnn_benchmark"])
+    assert measure.flags() == saved
 
 
 def test_pinned_flags_restore_after_an_error():

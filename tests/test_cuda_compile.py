@@ -5,7 +5,10 @@ with the loader's options, without errors, warnings or register spills, and ever
 ops launch is among the compiled entry points. Where a ``libnvrtc`` is found (CUDA toolkit,
 the ``nvidia-cuda-nvrtc`` wheel that CUDA builds of torch and CuPy bring, or
 ``PDT_NVRTC_LIB``): NVRTC compiles the loader's expanded sources with the loader's options,
-the exact path the loader takes at run time.
+the exact path the loader takes at run time. Where a ``cuobjdump`` is found (CUDA toolkit,
+the ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels, or ``CUOBJDUMP``): no
+kernel's machine code reads and writes one shared word between two barriers
+(``impl.cuda.sass_hazards``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from impl.cuda import loader
+from impl.cuda import loader, sass_hazards
 from impl.ops import nm_cuda, pack_cuda, pattern_cuda
 
 ARCHS = ("sm_75", "sm_80", "sm_90")  # Turing (T4) is the oldest GPU the kernels take
@@ -123,6 +126,26 @@ def test_every_kernel_the_ops_launch_is_compiled(nvcc_logs, arch):
     compiled = {name for name, a in _ENTRY_RE.findall(log) if a == arch}
     wanted = set(pattern_cuda.KERNELS) | set(nm_cuda.KERNELS) | set(pack_cuda.KERNELS)
     assert wanted <= compiled, f"launched but not compiled: {sorted(wanted - compiled)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=ARCHS)
+@NVCC_GROUP
+def test_no_kernel_reads_and_writes_one_shared_word_between_barriers_in_its_machine_code(
+    nvcc_logs, nvcc_root, arch
+):
+    """The hazard racecheck found on the H200 was in the machine code only (a load hoisted out
+    of a one-thread branch): scan every kernel's SASS for that class (impl.cuda.sass_hazards)."""
+    rc, log, _ = nvcc_logs[arch]
+    assert rc == 0, log
+    if sass_hazards.find_cuobjdump() is None:
+        pytest.skip("no cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump/nvdisasm wheels)")
+    cubins = sorted((nvcc_root / arch).glob("*.cubin"))
+    assert len(cubins) == len(loader.SOURCES), cubins
+    hazards, kernels = sass_hazards.file_hazards(cubins)
+    compiled = {name for name, a in _ENTRY_RE.findall(log) if a == arch}
+    assert kernels == len(compiled), (kernels, len(compiled))
+    assert not hazards, "\n".join(map(str, hazards))
 
 
 _SMEM_RE = re.compile(r"(\d+) bytes smem")

@@ -1,0 +1,244 @@
+"""``python -m impl.cuda.sass_hazards FILE...``: shared-memory hazards in the kernels' machine
+code that compute-sanitizer's racecheck would report, found without a GPU.
+
+The race checker of the CPU emulation (docs/kernels.md, "Races, checked on the CPU") checks
+the accesses the C++ source makes; the GPU's compiler may add its own. On the H200, racecheck
+reported read/write hazards in eight SpMM kernels whose source had none: ptxas had hoisted a
+load of a shared word (the mask of used rows) out of a ``threadIdx.x == 0`` branch, so every
+thread loaded the word that thread 0 then stored, with no barrier between. This module reads
+the SASS of a cubin (``cuobjdump -sass``) and reports that class of hazard: within one
+interval between two block barriers (``BAR.SYNC`` / ``BAR.RED``), in program order, two
+accesses to one **uniform** shared address (the same operand built from uniform registers
+``URn`` and constants only, so the same address in every thread; none of its registers
+written between the two), at least one a write (``STS``, ``ATOMS``, ``LDGSTS``'s shared
+destination), which different threads can make: not both unpredicated stores (every thread
+writing one word, each the same store), not two shared atomics, and not both under one
+predicate register read in the same sense (which may select a single thread).
+
+What it does not see: accesses through per-thread addresses (``Rn``), which differ between
+threads in general; one address spelled through two different registers; order along
+branches and loop back edges (it walks the instructions in address order); warp-level
+synchronisation (``WARPSYNC``, shuffles), which it does not count as a barrier. No report
+is evidence about that class only; racecheck on a GPU is the check.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# "/*02b0*/   @!P1 STS [UR11+0x8000], RZ ;"
+_INSTRUCTION = re.compile(
+    r"/\*(?P<offset>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)"
+    r"(?P<operands>[^;]*);"
+)
+_FUNCTION = re.compile(r"Function : (\S+)")
+_REGISTER = re.compile(r"\bU?R\d+\b|\bURZ\b|\bRZ\b")
+_PER_THREAD_REGISTER = re.compile(r"(?<![U\w])R\d+\b")
+
+SHARED_LOADS = frozenset({"LDS", "LDSM"})
+SHARED_STORES = frozenset({"STS", "LDGSTS"})  # LDGSTS: an async copy into shared memory
+SHARED_READ_WRITES = frozenset({"ATOMS"})
+BARRIERS = frozenset({"BAR.SYNC", "BAR.RED"})
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One SASS instruction: byte offset in its kernel, guard predicate (``""`` when none,
+    else e.g. ``"@!P1"``), opcode with its modifiers, operand text."""
+
+    offset: int
+    predicate: str
+    opcode: str
+    operands: str
+
+    @property
+    def base(self) -> str:
+        """The opcode without its modifiers (``LDS.U8`` -> ``LDS``)."""
+        return self.opcode.split(".")[0]
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """Two accesses to one uniform shared address in one barrier interval, one a write."""
+
+    kernel: str
+    address: str
+    first: Instruction
+    second: Instruction
+
+    def __str__(self) -> str:
+        def show(i: Instruction) -> str:
+            pred = f"{i.predicate} " if i.predicate else ""
+            return f"+{i.offset:#x} {pred}{i.opcode} [{self.address}]"
+
+        return f"{self.kernel}: {show(self.first)} and {show(self.second)}, no barrier between"
+
+
+def parse_sass(text: str) -> dict[str, list[Instruction]]:
+    """The instructions of each kernel (``Function : name``) of ``cuobjdump -sass`` output, in
+    address order."""
+    kernels: dict[str, list[Instruction]] = {}
+    current: list[Instruction] | None = None
+    for line in text.splitlines():
+        function = _FUNCTION.search(line)
+        if function:
+            current = kernels.setdefault(function.group(1), [])
+            continue
+        match = _INSTRUCTION.search(line)
+        if match and current is not None:
+            current.append(
+                Instruction(
+                    offset=int(match.group("offset"), 16),
+                    predicate=(match.group("pred") or "").strip(),
+                    opcode=match.group("op"),
+                    operands=match.group("operands").strip(),
+                )
+            )
+    return kernels
+
+
+def _is_barrier(ins: Instruction) -> bool:
+    return any(ins.opcode == b or ins.opcode.startswith(b + ".") for b in BARRIERS)
+
+
+def _shared_access(ins: Instruction) -> tuple[str, bool] | None:
+    """``(address, writes)`` of a shared-memory access at a uniform address; ``None`` for any
+    other instruction (a per-thread address included)."""
+    if ins.base not in SHARED_LOADS | SHARED_STORES | SHARED_READ_WRITES:
+        return None
+    address = re.search(r"\[([^\]]*)\]", ins.operands)  # the first [...]: the shared side
+    if address is None:
+        return None
+    text = address.group(1).replace(" ", "")
+    if _PER_THREAD_REGISTER.search(text):
+        return None
+    return text, ins.base not in SHARED_LOADS
+
+
+def _written_registers(ins: Instruction) -> set[str]:
+    """The registers an instruction writes, as far as this scan needs: its first operand
+    (SASS puts the destination first), unless that is a memory address (a store) or the
+    instruction is a barrier or a branch."""
+    if ins.base in {"BAR", "BRA", "EXIT", "RET", "CALL"}:
+        return set()
+    first = ins.operands.split(",")[0].strip()
+    if "[" in first:
+        return set()
+    return {r for r in _REGISTER.findall(first) if r not in ("RZ", "URZ")}
+
+
+def _same_guard(a: Instruction, b: Instruction) -> bool:
+    return bool(a.predicate) and a.predicate == b.predicate
+
+
+def kernel_hazards(name: str, instructions: Sequence[Instruction]) -> list[Hazard]:
+    """The hazards (see the module docstring) of one kernel's instructions."""
+    hazards: list[Hazard] = []
+    open_accesses: list[tuple[Instruction, str, bool, set[str]]] = []
+    for ins in instructions:
+        if _is_barrier(ins):
+            open_accesses = []
+            continue
+        access = _shared_access(ins)
+        if access is not None:
+            address, writes = access
+            for earlier, addr, earlier_writes, _ in open_accesses:
+                if addr != address or not (writes or earlier_writes):
+                    continue
+                both_plain_stores = (
+                    writes and earlier_writes and not ins.predicate and not earlier.predicate
+                    and ins.base == earlier.base == "STS"
+                )  # fmt: skip
+                both_atomic = ins.base == earlier.base == "ATOMS"  # atomics do not race
+                if both_plain_stores or both_atomic or _same_guard(earlier, ins):
+                    continue
+                hazards.append(Hazard(name, address, earlier, ins))
+            regs = set(_REGISTER.findall(address)) - {"RZ", "URZ"}
+            open_accesses.append((ins, address, writes, regs))
+        written = _written_registers(ins)
+        if written:  # an address register rewritten: later text no longer names that address
+            open_accesses = [a for a in open_accesses if not (a[3] & written)]
+    return hazards
+
+
+def sass_hazards(text: str) -> list[Hazard]:
+    """The hazards of every kernel in ``cuobjdump -sass`` output ``text``."""
+    return [h for name, body in parse_sass(text).items() for h in kernel_hazards(name, body)]
+
+
+def find_cuobjdump() -> str | None:
+    """``cuobjdump``: ``$CUOBJDUMP``, the PATH, or the ``nvidia-cuda-cuobjdump`` wheel's copy
+    on ``sys.path`` (``nvidia/<cuda>/bin/cuobjdump``); ``None`` where there is none."""
+    env = os.environ.get("CUOBJDUMP")
+    if env:
+        return env
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for base in sys.path:
+        for cand in sorted(Path(base or ".").glob("nvidia/*/bin/cuobjdump")):
+            if os.access(cand, os.X_OK):
+                return str(cand)
+    return None
+
+
+def disassemble(cubin: str | Path, cuobjdump: str | None = None) -> str:
+    """``cuobjdump -sass`` of ``cubin`` (it needs ``nvdisasm``: on the PATH or beside it, as
+    the ``nvidia-cuda-nvdisasm`` wheel puts it). Raises ``FileNotFoundError`` without a
+    cuobjdump and ``RuntimeError`` when it fails."""
+    tool = cuobjdump or find_cuobjdump()
+    if tool is None:
+        raise FileNotFoundError(
+            "no cuobjdump (set CUOBJDUMP, put the CUDA toolkit's on the PATH, or pip install "
+            "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+        )
+    # cuobjdump runs nvdisasm from the PATH: the wheels put the two side by side
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(tool).parent), env.get("PATH", "")])
+    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} -sass {cubin} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def file_hazards(paths: Iterable[str | Path]) -> tuple[list[Hazard], int]:
+    """The hazards of each file (a ``.cubin``, disassembled; anything else read as SASS text)
+    and the number of kernels read."""
+    hazards: list[Hazard] = []
+    count = 0
+    for path in paths:
+        text = disassemble(path) if str(path).endswith(".cubin") else Path(path).read_text()
+        kernels = parse_sass(text)
+        count += len(kernels)
+        for name, body in kernels.items():
+            hazards += kernel_hazards(name, body)
+    return hazards, count
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print each hazard of the files given; exit 1 if there is one, 2 on a usage error."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[0].replace("``", ""))
+        print("usage: python -m impl.cuda.sass_hazards FILE.cubin|FILE.sass ...")
+        return 0 if args else 2
+    try:
+        hazards, count = file_hazards(args)
+    except (OSError, RuntimeError) as err:
+        print(f"sass_hazards: {err}", file=sys.stderr)
+        return 2
+    for hazard in hazards:
+        print(hazard)
+    print(f"{len(hazards)} hazard(s) in {count} kernel(s)")
+    return 1 if hazards else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,5 +131,13 @@ def test_find_cuobjdump_takes_the_environment_first(monkeypatch, tmp_path):
     wheel.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     with pytest.raises(RuntimeError, match="broken"):
         sh.disassemble(tmp_path / "k.cubin")
+    triton = tmp_path / "t" / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump"
+    triton.parent.mkdir(parents=True)
+    triton.write_text("#!/bin/sh\n")
+    triton.chmod(0o755)
+    monkeypatch.setattr("sys.path", [str(tmp_path / "t")])
+    assert sh.find_cuobjdump() == str(triton)
+    triton.chmod(0o644)  # not executable: not taken
+    assert sh.find_cuobjdump() is None
     monkeypatch.setattr("sys.path", [])
     assert sh.find_cuobjdump() is None

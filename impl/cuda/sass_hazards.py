@@ -174,8 +174,10 @@ def sass_hazards(text: str) -> list[Hazard]:
 
 
 def find_cuobjdump() -> str | None:
-    """``cuobjdump``: ``$CUOBJDUMP``, the PATH, or the ``nvidia-cuda-cuobjdump`` wheel's copy
-    on ``sys.path`` (``nvidia/<cuda>/bin/cuobjdump``); ``None`` where there is none."""
+    """``cuobjdump``: ``$CUOBJDUMP``, the PATH, the ``nvidia-cuda-cuobjdump`` wheel's copy on
+    ``sys.path`` (``nvidia/<cuda>/bin/cuobjdump``), or the one Triton bundles (with CUDA builds
+    of torch: ``triton/backends/nvidia/bin/cuobjdump``, nvdisasm beside it); ``None`` where
+    there is none."""
     env = os.environ.get("CUOBJDUMP")
     if env:
         return env
@@ -183,7 +185,11 @@ def find_cuobjdump() -> str | None:
     if found:
         return found
     for base in sys.path:
-        for cand in sorted(Path(base or ".").glob("nvidia/*/bin/cuobjdump")):
+        root = Path(base or ".")
+        for cand in [
+            *sorted(root.glob("nvidia/*/bin/cuobjdump")),
+            root / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump",
+        ]:
             if os.access(cand, os.X_OK):
                 return str(cand)
     return None

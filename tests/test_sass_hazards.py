@@ -88,6 +88,24 @@ def test_an_address_register_written_between_names_another_address():
     assert len(sh.sass_hazards(kept)) == 1
 
 
+def test_a_branch_joins_the_code_before_it_to_the_code_at_its_target():
+    # +0x10 reads the word at the loop's head; +0x30 writes it at the tail, the branch at
+    # +0x40 goes back to +0x10 with no barrier on the way: the next iteration's read races
+    loop = ("BAR.SYNC 0x0", "LDS R3, [UR4+0x10]", "BAR.SYNC 0x0", "@!P1 STS [UR4+0x10], RZ")
+    (hazard,) = sh.sass_hazards(_kernel(*loop, "BRA 0x10"))
+    assert (hazard.first.offset, hazard.second.offset) == (0x30, 0x10)
+    assert sh.sass_hazards(_kernel(*loop, "BAR.SYNC 0x0", "BRA 0x10")) == []  # closed by one
+    assert sh.sass_hazards(_kernel(*loop, "BRA 0x60", "NOP", "NOP")) == []  # to no access
+    # a branch over the barrier: the path that takes it has none between the two
+    skip = ("LDS R3, [UR4+0x10]", "@P0 BRA 0x30", "BAR.SYNC 0x0", "@!P1 STS [UR4+0x10], RZ")
+    (hazard,) = sh.sass_hazards(_kernel(*skip))
+    assert (hazard.first.offset, hazard.second.offset) == (0x0, 0x30)
+    assert sh.sass_hazards(_kernel(*skip[:1], "@P0 BRA 0x20", *skip[2:])) == []  # onto it
+    # a loop with no barrier at all: a write and a read of one iteration already pair, once
+    (hazard,) = sh.sass_hazards(_kernel("LDS R3, [UR4]", "@!P1 STS [UR4], RZ", "BRA 0x0"))
+    assert (hazard.first.offset, hazard.second.offset) == (0x0, 0x10)
+
+
 def test_kernels_are_scanned_apart_and_in_address_order():
     text = _kernel("LDS R3, [UR4+0x10]", name="a") + _kernel("@P0 STS [UR4+0x10], R2", name="b")
     kernels = sh.parse_sass(text)

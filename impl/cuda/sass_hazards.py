@@ -15,10 +15,13 @@ destination), which different threads can make: not both unpredicated stores (ev
 writing one word, each the same store), not two shared atomics, and not both under one
 predicate register read in the same sense (which may select a single thread).
 
-What it does not see: accesses through per-thread addresses (``Rn``), which differ between
-threads in general; one address spelled through two different registers; order along
-branches and loop back edges (it walks the instructions in address order); warp-level
-synchronisation (``WARPSYNC``, shuffles), which it does not count as a barrier. No report
+It walks each kernel's instructions in address order, and for each branch the path that
+takes it: the accesses open at the branch (since the last barrier) against those from its
+target up to the next barrier (so a loop's tail meets its head, and a branch around a barrier
+is seen). What it does not see: accesses through per-thread addresses (``Rn``), which differ
+between threads in general; one address spelled through two different registers; paths that
+take two or more branches between the accesses; warp-level synchronisation (``WARPSYNC``,
+shuffles), which it does not count as a barrier. No report
 is evidence about that class only; racecheck on a GPU is the check.
 """
 
@@ -138,12 +141,25 @@ def _same_guard(a: Instruction, b: Instruction) -> bool:
     return bool(a.predicate) and a.predicate == b.predicate
 
 
-def kernel_hazards(name: str, instructions: Sequence[Instruction]) -> list[Hazard]:
-    """The hazards (see the module docstring) of one kernel's instructions."""
-    hazards: list[Hazard] = []
-    open_accesses: list[tuple[Instruction, str, bool, set[str]]] = []
-    for ins in instructions:
+_Open = list[tuple[Instruction, str, bool, set[str]]]  # accesses since the last barrier
+
+
+def _scan(
+    name: str,
+    instructions: Sequence[Instruction],
+    hazards: list[Hazard],
+    open_accesses: _Open,
+    *,
+    until_barrier: bool = False,
+    states: dict[int, _Open] | None = None,
+) -> None:
+    """Walk ``instructions`` as one path from ``open_accesses``, appending each hazard to
+    ``hazards``; a block barrier ends an interval (and the walk, ``until_barrier``).
+    ``states``: filled with the accesses open after each branch, by its index."""
+    for k, ins in enumerate(instructions):
         if _is_barrier(ins):
+            if until_barrier:
+                return
             open_accesses = []
             continue
         access = _shared_access(ins)
@@ -161,11 +177,41 @@ def kernel_hazards(name: str, instructions: Sequence[Instruction]) -> list[Hazar
                     continue
                 hazards.append(Hazard(name, address, earlier, ins))
             regs = set(_REGISTER.findall(address)) - {"RZ", "URZ"}
-            open_accesses.append((ins, address, writes, regs))
+            open_accesses = [*open_accesses, (ins, address, writes, regs)]
         written = _written_registers(ins)
         if written:  # an address register rewritten: later text no longer names that address
             open_accesses = [a for a in open_accesses if not (a[3] & written)]
-    return hazards
+        if states is not None and ins.base == "BRA":
+            states[k] = open_accesses
+
+
+_BRANCH_TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
+
+
+def _branches(instructions: Sequence[Instruction]) -> list[tuple[int, int]]:
+    """``(branch, target)`` indices of the branches to an instruction of the kernel."""
+    index = {ins.offset: k for k, ins in enumerate(instructions)}
+    edges = []
+    for k, ins in enumerate(instructions):
+        target = _BRANCH_TARGET.search(ins.operands) if ins.base == "BRA" else None
+        if target and int(target.group(1), 16) in index:
+            edges.append((k, index[int(target.group(1), 16)]))
+    return edges
+
+
+def kernel_hazards(name: str, instructions: Sequence[Instruction]) -> list[Hazard]:
+    """The hazards (see the module docstring) of one kernel's instructions: in address order,
+    and along each branch (the code up to it, then the code from its target)."""
+    hazards: list[Hazard] = []
+    states: dict[int, _Open] = {}
+    _scan(name, instructions, hazards, [], states=states)
+    for branch, target in _branches(instructions):
+        if states.get(branch):  # accesses open at the branch meet those from its target
+            _scan(name, instructions[target:], hazards, states[branch], until_barrier=True)
+    unique: dict[frozenset[int], Hazard] = {}  # one per pair of instructions
+    for h in hazards:
+        unique.setdefault(frozenset((h.first.offset, h.second.offset)), h)
+    return list(unique.values())
 
 
 def sass_hazards(text: str) -> list[Hazard]:

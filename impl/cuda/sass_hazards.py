@@ -48,7 +48,10 @@ _PER_THREAD_REGISTER = re.compile(r"(?<![U\w])R\d+\b")
 SHARED_LOADS = frozenset({"LDS", "LDSM"})
 SHARED_STORES = frozenset({"STS", "LDGSTS"})  # LDGSTS: an async copy into shared memory
 SHARED_READ_WRITES = frozenset({"ATOMS"})
+SHARED_ACCESSES = SHARED_LOADS | SHARED_STORES | SHARED_READ_WRITES
 BARRIERS = frozenset({"BAR.SYNC", "BAR.RED"})
+_BARRIER_PREFIXES = tuple(b + "." for b in BARRIERS)
+_ADDRESS = re.compile(r"\[([^\]]*)\]")  # the first [...] of a shared access: the shared side
 
 
 @dataclass(frozen=True)
@@ -108,15 +111,15 @@ def parse_sass(text: str) -> dict[str, list[Instruction]]:
 
 
 def _is_barrier(ins: Instruction) -> bool:
-    return any(ins.opcode == b or ins.opcode.startswith(b + ".") for b in BARRIERS)
+    return ins.opcode in BARRIERS or ins.opcode.startswith(_BARRIER_PREFIXES)
 
 
 def _shared_access(ins: Instruction) -> tuple[str, bool] | None:
     """``(address, writes)`` of a shared-memory access at a uniform address; ``None`` for any
     other instruction (a per-thread address included)."""
-    if ins.base not in SHARED_LOADS | SHARED_STORES | SHARED_READ_WRITES:
+    if ins.base not in SHARED_ACCESSES:
         return None
-    address = re.search(r"\[([^\]]*)\]", ins.operands)  # the first [...]: the shared side
+    address = _ADDRESS.search(ins.operands)
     if address is None:
         return None
     text = address.group(1).replace(" ", "")
@@ -178,7 +181,7 @@ def _scan(
                 hazards.append(Hazard(name, address, earlier, ins))
             regs = set(_REGISTER.findall(address)) - {"RZ", "URZ"}
             open_accesses = [*open_accesses, (ins, address, writes, regs)]
-        written = _written_registers(ins)
+        written = _written_registers(ins) if open_accesses else None
         if written:  # an address register rewritten: later text no longer names that address
             open_accesses = [a for a in open_accesses if not (a[3] & written)]
         if states is not None and ins.base == "BRA":
@@ -214,9 +217,13 @@ def kernel_hazards(name: str, instructions: Sequence[Instruction]) -> list[Hazar
     return list(unique.values())
 
 
+def _hazards_of(kernels: dict[str, list[Instruction]]) -> list[Hazard]:
+    return [h for name, body in kernels.items() for h in kernel_hazards(name, body)]
+
+
 def sass_hazards(text: str) -> list[Hazard]:
     """The hazards of every kernel in ``cuobjdump -sass`` output ``text``."""
-    return [h for name, body in parse_sass(text).items() for h in kernel_hazards(name, body)]
+    return _hazards_of(parse_sass(text))
 
 
 def find_cuobjdump() -> str | None:
@@ -269,8 +276,7 @@ def file_hazards(paths: Iterable[str | Path]) -> tuple[list[Hazard], int]:
         text = disassemble(path) if str(path).endswith(".cubin") else Path(path).read_text()
         kernels = parse_sass(text)
         count += len(kernels)
-        for name, body in kernels.items():
-            hazards += kernel_hazards(name, body)
+        hazards += _hazards_of(kernels)
     return hazards, count
 
 

@@ -7,17 +7,12 @@ the ``nvidia-cuda-nvrtc`` wheel that CUDA builds of torch and CuPy bring, or
 ``PDT_NVRTC_LIB``): NVRTC compiles the loader's expanded sources with the loader's options,
 the exact path the loader takes at run time. Where a ``cuobjdump`` is found (CUDA toolkit,
 the ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels, or ``CUOBJDUMP``): no
-kernel's machine code reads and writes one shared word between two barriers
-(``impl.cuda.sass_hazards``).
+kernel's machine code, nvcc's for the three archs and NVRTC's for sm_90, reads and writes
+one shared word between two barriers (``impl.cuda.sass_hazards``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import glob
-import os
 import re
 import shutil
 import subprocess
@@ -27,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from impl.cuda import loader, sass_hazards
+from impl.cuda import loader, nvrtc, sass_hazards
 from impl.ops import nm_cuda, pack_cuda, pattern_cuda
 
 ARCHS = ("sm_75", "sm_80", "sm_90")  # Turing (T4) is the oldest GPU the kernels take
@@ -423,59 +418,37 @@ def test_every_source_is_listed_and_self_contained():
 # -- NVRTC (the loader's own compile path) ----------------------------------------------------
 
 
-def _find_nvrtc() -> str | None:
-    env = os.environ.get("PDT_NVRTC_LIB")
-    if env:
-        return env
-    candidates = []
-    found = ctypes.util.find_library("nvrtc")
-    if found:
-        candidates.append(found)
-    for base in {sys.prefix, *sys.path}:
-        candidates += sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libnvrtc.so*")))
-    candidates += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
-    for cand in candidates:
-        if "builtins" in Path(cand).name:
-            continue
-        try:
-            ctypes.CDLL(cand)
-        except OSError:
-            continue
-        return cand
-    return None
+NVRTC_GROUP = pytest.mark.xdist_group("nvrtc-compile")
 
 
-def _nvrtc_compile(lib: ctypes.CDLL, source: str, name: str, options: list[str]) -> tuple[int, str]:
-    prog = ctypes.c_void_p()
-    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
-    assert rc == 0, f"nvrtcCreateProgram failed ({rc})"
-    opts = [o.encode() for o in options]
-    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, buf.value.decode(errors="replace")
+@pytest.fixture(scope="module")
+def nvrtc_cubins(tmp_path_factory) -> list[Path]:
+    """The loader's sources compiled once by NVRTC for sm_90, as CuPy compiles them there:
+    ``<stem>.cubin`` with NVRTC's log beside it (``<stem>.log``)."""
+    if nvrtc.find_library() is None:
+        pytest.skip("no libnvrtc found (set PDT_NVRTC_LIB, or install nvidia-cuda-nvrtc)")
+    return nvrtc.compile_loader_sources("sm_90", tmp_path_factory.mktemp("nvrtc"))
 
 
 @pytest.mark.slow
-def test_nvrtc_compiles_the_expanded_sources_with_the_loader_options():
-    path = _find_nvrtc()
-    if path is None:
-        pytest.skip("no libnvrtc found (set PDT_NVRTC_LIB, or install nvidia-cuda-nvrtc)")
-    # NVRTC opens its builtins library by name at the first compile: load it first from the
-    # same directory, so that a copy outside the loader's search path (a wheel) works too.
-    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
-        with contextlib.suppress(OSError):
-            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(path)
-    for src in loader.SOURCES:
-        rc, log = _nvrtc_compile(
-            lib,
-            loader.expand_source(src),
-            src,
-            [*loader.compile_options(), *loader.CUPY_NVRTC_OPTIONS, "-arch=sm_90"],
-        )
-        assert rc == 0, f"NVRTC ({path}) failed on {src}:\n{log}"
-        assert "warning" not in log.lower(), f"NVRTC warnings on {src}:\n{log}"
+@NVRTC_GROUP
+def test_nvrtc_compiles_the_expanded_sources_with_the_loader_options(nvrtc_cubins):
+    assert [p.stem for p in nvrtc_cubins] == [Path(s).stem for s in loader.SOURCES]
+    for cubin in nvrtc_cubins:
+        assert cubin.stat().st_size > 0, cubin
+        log = cubin.with_suffix(".log").read_text()
+        assert "warning" not in log.lower(), f"NVRTC warnings on {cubin.stem}:\n{log}"
+
+
+@pytest.mark.slow
+@NVRTC_GROUP
+def test_no_kernel_nvrtc_compiles_reads_and_writes_one_shared_word_between_barriers(nvrtc_cubins):
+    """The scan of nvcc's cubins, on the code NVRTC makes from the loader's sources: the
+    compiler the kernels are built with at run time (its machine code differs from nvcc's
+    in places, as the H200's did)."""
+    if sass_hazards.find_cuobjdump() is None:
+        pytest.skip("no cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump/nvdisasm wheels)")
+    hazards, kernels = sass_hazards.file_hazards(nvrtc_cubins)
+    launched = set(pattern_cuda.KERNELS) | set(nm_cuda.KERNELS) | set(pack_cuda.KERNELS)
+    assert not hazards, "\n".join(map(str, hazards))
+    assert kernels >= len(launched), kernels  # every kernel read

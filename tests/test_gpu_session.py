@@ -315,7 +315,10 @@ def _doc_table(title: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("script", "order"),
     [
-        ("kernels", ["compile", "tests", "kernel-bench", "tests-other", "racecheck", "memcheck"]),
+        (
+            "kernels",
+            ["compile", "sass", "tests", "kernel-bench", "tests-other", "racecheck", "memcheck"],
+        ),
         ("sdgp_semi", ["tests", "r18-bf16", "r50-bf16", "fp16"]),
     ],
     ids=["kernels", "sdgp_semi"],
@@ -968,6 +971,62 @@ def test_compile_kernels_on_a_gpu_reads_every_kernel():
     assert all(
         a["num_regs"] > 0 and a["max_threads_per_block"] > 0 for a in report["kernels"].values()
     )
+    major, minor = torch.cuda.get_device_capability(0)
+    assert report["arch"] == f"sm_{major}{minor}"
+    assert "libnvrtc.so" in report["nvrtc_library"]  # the library CuPy compiled with
+
+
+def test_compile_kernels_scans_the_machine_code_for_the_device(tmp_path, monkeypatch, capsys):
+    """--sass compiles the sources again with the library CuPy used, for the device's
+    architecture (here a stand-in writing SASS text), and writes the scan; exit 1 on a
+    hazard, 0 without, 2 when the scan cannot run, and no scan when the compile failed."""
+    from impl.cuda import nvrtc
+
+    ck = _module("compile_kernels")
+    report = {"sources": {}, "kernels": {}, "errors": [], "arch": "sm_90",
+              "nvrtc_library": "/site/nvidia/cu13/lib/libnvrtc.so.13"}  # fmt: skip
+    monkeypatch.setattr(ck, "compile_all", lambda: report)
+    sass = {"text": ""}
+    compiled = []
+
+    def fake_compile(arch, out_dir, library=None):
+        compiled.append((arch, library))
+        path = Path(out_dir) / "pattern.sass"
+        path.write_text(sass["text"])
+        return [path]
+
+    monkeypatch.setattr(nvrtc, "compile_loader_sources", fake_compile)
+    monkeypatch.setattr(nvrtc, "load", lambda library=None: library)
+    monkeypatch.setattr(nvrtc, "version", lambda lib: (13, 0))
+    racy = (
+        "\t\tFunction : pdt_k\n        /*0000*/ LDS R3, [UR11+0x8000] ;\n"
+        "        /*0010*/ @!P1 STS [UR11+0x8000], RZ ;\n"
+    )
+    sass["text"] = racy
+    out = tmp_path / "sass.json"
+    assert ck.main(["--sass", str(out)]) == 1
+    assert compiled == [("sm_90", "/site/nvidia/cu13/lib/libnvrtc.so.13")]
+    scan = json.loads(out.read_text())
+    assert scan["nvrtc"]["version"] == "13.0" and scan["kernels"] == 1
+    assert len(scan["hazards"]) == 1 and "pdt_k: +0x0 LDS" in scan["hazards"][0]
+    assert "HAZARD: pdt_k" in capsys.readouterr().out
+    sass["text"] = racy.replace("STS", "STG.E")
+    assert ck.main(["--sass", str(out)]) == 0
+    assert json.loads(out.read_text())["hazards"] == []
+    assert "(NVRTC 13.0, sm_90, /site/nvidia/cu13/lib/libnvrtc.so.13): 0 hazard(s) in 1" in (
+        capsys.readouterr().out
+    )
+    assert ck.main([]) == 0 and len(compiled) == 2  # no --sass: no scan
+
+    def no_tool(*a, **k):
+        raise FileNotFoundError("no cuobjdump")
+
+    monkeypatch.setattr(ck, "sass_scan", no_tool)
+    assert ck.main(["--sass", str(tmp_path / "none.json")]) == 2
+    assert "scan could not run: no cuobjdump" in capsys.readouterr().out
+    assert not (tmp_path / "none.json").exists()
+    report["errors"] = ["pattern.cu: nvrtc: error"]
+    assert ck.main(["--sass", str(out)]) == 1
 
 
 # -- what a sanitizer run launched -------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from impl.cuda import sass_hazards as sh
@@ -159,3 +162,53 @@ def test_find_cuobjdump_takes_the_environment_first(monkeypatch, tmp_path):
     assert sh.find_cuobjdump() is None
     monkeypatch.setattr("sys.path", [])
     assert sh.find_cuobjdump() is None
+
+
+def test_the_command_writes_its_result_as_json(tmp_path, capsys):
+    bad = tmp_path / "bad.sass"
+    bad.write_text(HOISTED)
+    out = tmp_path / "out" / "scan.json"
+    assert sh.main([str(bad), "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["files"] == [str(bad)]
+    assert report["kernels"] == 1
+    assert report["hazards"] == [str(sh.sass_hazards(HOISTED)[0])]
+    assert "nvrtc" not in report
+
+
+def test_the_command_scans_the_loader_sources_nvrtc_compiles(tmp_path, monkeypatch, capsys):
+    """--nvrtc ARCH compiles the loader's sources for ARCH (here a stand-in that writes SASS
+    text) and scans what it wrote, with the compiler's library, version and options."""
+    from impl.cuda import nvrtc
+
+    calls = []
+
+    def fake_compile(arch, out_dir, library=None):
+        calls.append((arch, library))
+        path = Path(out_dir) / "pattern.sass"
+        path.write_text(HOISTED)
+        return [path]
+
+    monkeypatch.setattr(nvrtc, "compile_loader_sources", fake_compile)
+    monkeypatch.setattr(nvrtc, "find_library", lambda: "/opt/nvrtc/libnvrtc.so.13")
+    monkeypatch.setattr(nvrtc, "load", lambda library=None: library)
+    monkeypatch.setattr(nvrtc, "version", lambda lib: (13, 0))
+    good = tmp_path / "good.sass"
+    good.write_text(HOISTED.replace("@!P1 STS", "@!P1 STG.E"))
+    out = tmp_path / "scan.json"
+    assert sh.main(["--nvrtc", "sm_90", str(good), "--json", str(out)]) == 1
+    assert calls == [("sm_90", "/opt/nvrtc/libnvrtc.so.13")]
+    assert "1 hazard(s) in 2 kernel(s)" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["nvrtc"]["arch"] == "sm_90"
+    assert report["nvrtc"]["library"] == "/opt/nvrtc/libnvrtc.so.13"
+    assert report["nvrtc"]["version"] == "13.0"
+    assert report["nvrtc"]["options"][-1] == "-arch=sm_90"
+    assert report["kernels"] == 2 and len(report["hazards"]) == 1
+    # a malformed architecture, or no library at all, is a usage error
+    assert sh.main(["--nvrtc", "90"]) == 2
+    assert "arch must look like 'sm_90'" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setattr(nvrtc, "find_library", lambda: None)
+    assert sh.main(["--nvrtc", "sm_90"]) == 2
+    assert "no libnvrtc found" in capsys.readouterr().err

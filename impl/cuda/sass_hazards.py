@@ -1,5 +1,6 @@
-"""``python -m impl.cuda.sass_hazards FILE...``: shared-memory hazards in the kernels' machine
-code that compute-sanitizer's racecheck would report, found without a GPU.
+"""``python -m impl.cuda.sass_hazards [--nvrtc ARCH] [--json PATH] [FILE ...]``: shared-memory
+hazards in the kernels' machine code that compute-sanitizer's racecheck would report, found
+without a GPU.
 
 The race checker of the CPU emulation (docs/kernels.md, "Races, checked on the CPU") checks
 the accesses the C++ source makes; the GPU's compiler may add its own. On the H200, racecheck
@@ -23,18 +24,26 @@ between threads in general; one address spelled through two different registers;
 take two or more branches between the accesses; warp-level synchronisation (``WARPSYNC``,
 shuffles), which it does not count as a barrier. No report
 is evidence about that class only; racecheck on a GPU is the check.
+
+The files are cubins (disassembled with ``cuobjdump``, :func:`find_cuobjdump`) or SASS text.
+``--nvrtc ARCH`` scans, besides, the code the kernels run as: the loader's sources compiled
+by NVRTC for ``ARCH`` with the options CuPy gives it (:mod:`impl.cuda.nvrtc`); on a GPU
+machine, with the library CuPy loaded there (``PDT_NVRTC_LIB``), the very code it launches.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # "/*02b0*/   @!P1 STS [UR11+0x8000], RZ ;"
 _INSTRUCTION = re.compile(
@@ -280,22 +289,70 @@ def file_hazards(paths: Iterable[str | Path]) -> tuple[list[Hazard], int]:
     return hazards, count
 
 
+def scan_report(
+    files: Sequence[str | Path], arch: str | None = None, nvrtc_library: str | None = None
+) -> dict[str, Any]:
+    """Scan ``files`` and, with ``arch`` (``sm_90``), the loader's sources compiled by NVRTC
+    for it (:func:`impl.cuda.nvrtc.compile_loader_sources`, the options CuPy gives it; from
+    ``nvrtc_library``, default :func:`impl.cuda.nvrtc.find_library`): the hazards, the
+    kernels read, the tools. Raises ``OSError`` / ``RuntimeError`` where a file, a tool or a
+    compile fails, ``ValueError`` for a malformed ``arch``."""
+    report: dict[str, Any] = {"files": [str(f) for f in files], "cuobjdump": find_cuobjdump()}
+    paths = list(files)
+    with tempfile.TemporaryDirectory(prefix="pdt-nvrtc-") as tmp:
+        if arch is not None:
+            from impl.cuda import nvrtc
+
+            library = nvrtc_library or nvrtc.find_library()
+            report["nvrtc"] = {"arch": arch, "library": library}
+            paths += nvrtc.compile_loader_sources(arch, tmp, library)
+            report["nvrtc"]["version"] = ".".join(map(str, nvrtc.version(nvrtc.load(library))))
+            report["nvrtc"]["options"] = nvrtc.loader_options(arch)
+        hazards, count = file_hazards(paths)
+    report["kernels"] = count
+    report["hazards"] = [str(h) for h in hazards]
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print each hazard of the files given; exit 1 if there is one, 2 on a usage error."""
+    """Print each hazard of the files given (and, with ``--nvrtc ARCH``, of the loader's
+    sources as NVRTC compiles them for ARCH); exit 1 if there is one, 2 on a usage error or
+    a file, tool or compile that fails."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m impl.cuda.sass_hazards",
+        description="S" + " ".join(__doc__.split("\n\n")[0].split("``: s", 1)[1].split()),
+    )
+    parser.add_argument("files", nargs="*", metavar="FILE", help="a .cubin, or SASS text")
+    parser.add_argument(
+        "--nvrtc",
+        metavar="ARCH",
+        help="also compile the loader's sources with NVRTC for ARCH (e.g. sm_90), with the "
+        "options CuPy gives it, and scan them (libnvrtc: PDT_NVRTC_LIB, else found)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0].replace("``", ""))
-        print("usage: python -m impl.cuda.sass_hazards FILE.cubin|FILE.sass ...")
-        return 0 if args else 2
     try:
-        hazards, count = file_hazards(args)
-    except (OSError, RuntimeError) as err:
+        opts = parser.parse_args(args)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    if not opts.files and opts.nvrtc is None:
+        parser.print_usage(sys.stderr)
+        print("sass_hazards: give a FILE or --nvrtc ARCH", file=sys.stderr)
+        return 2
+    try:
+        report = scan_report(opts.files, opts.nvrtc)
+    except (OSError, RuntimeError, ValueError) as err:
         print(f"sass_hazards: {err}", file=sys.stderr)
         return 2
-    for hazard in hazards:
+    for hazard in report["hazards"]:
         print(hazard)
-    print(f"{len(hazards)} hazard(s) in {count} kernel(s)")
-    return 1 if hazards else 0
+    print(f"{len(report['hazards'])} hazard(s) in {report['kernels']} kernel(s)")
+    if opts.json:
+        Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if report["hazards"] else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Compile the CUDA kernels through the loader (CuPy RawModule, NVRTC) and record what ran.
 
-    python scripts/gpu/compile_kernels.py [--json PATH]
+    python scripts/gpu/compile_kernels.py [--json PATH] [--sass PATH]
 
 On the GPU machine: loads every source of :data:`impl.cuda.loader.SOURCES` (timing each
 compile), looks up every kernel the ops launch (``KERNELS`` of ``impl.ops.pattern_cuda``,
@@ -8,7 +8,13 @@ compile), looks up every kernel the ops launch (``KERNELS`` of ``impl.ops.patter
 local memory bytes: non-zero means spills or a stack array, static shared memory, the most
 threads per block it can launch with). Exit status 1 when a source does not load or a kernel
 is missing, with the loader's reason. It fills CuPy's on-disk kernel cache, so the test steps
-after it do not compile again. Used by ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
+after it do not compile again. It records the device's architecture and the ``libnvrtc``
+CuPy compiled with (read from the process's memory map). With ``--sass PATH`` it then
+compiles the sources once more with that very library for that architecture, directly
+(:mod:`impl.cuda.nvrtc`), scans their machine code for the shared-memory hazard racecheck
+found on the H200 (:mod:`impl.cuda.sass_hazards`) and writes the result to PATH: exit
+status 1 on a hazard, 2 when the scan cannot run (no ``cuobjdump``). Used by
+``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
 """
 
 from __future__ import annotations
@@ -45,16 +51,20 @@ def kernels_by_source() -> dict[str, tuple[str, ...]]:
 
 
 def compile_all() -> dict[str, Any]:
-    """Load each source and read each kernel's attributes; ``{"sources", "kernels", "errors"}``."""
+    """Load each source and read each kernel's attributes: ``{"sources", "kernels", "errors"}``,
+    and with a GPU ``"device"``, ``"arch"`` (``sm_90``), ``"compile_options"`` and
+    ``"nvrtc_library"`` (the ``libnvrtc`` CuPy compiled with; ``None`` where none is mapped)."""
     import torch
 
-    from impl.cuda import loader
+    from impl.cuda import loader, nvrtc
 
     report: dict[str, Any] = {"sources": {}, "kernels": {}, "errors": []}
     if not torch.cuda.is_available():
         report["errors"].append("no CUDA GPU visible to torch")
         return report
     report["device"] = torch.cuda.get_device_name(0)
+    major, minor = torch.cuda.get_device_capability(0)
+    report["arch"] = f"sm_{major}{minor}"
     report["compile_options"] = list(loader.compile_options())
     for source, names in kernels_by_source().items():
         t0 = time.perf_counter()
@@ -71,13 +81,31 @@ def compile_all() -> dict[str, Any]:
                 report["errors"].append(f"{source}:{name}: {type(err).__name__}: {err}")
                 continue
             report["kernels"][name] = {k: attrs.get(k) for k in ATTRIBUTES}
+    report["nvrtc_library"] = nvrtc.loaded_library()
     return report
 
 
+def sass_scan(report: dict[str, Any]) -> dict[str, Any]:
+    """The hazard scan (:func:`impl.cuda.sass_hazards.scan_report`) of the loader's sources as
+    NVRTC compiles them for ``report``'s architecture, with the library CuPy loaded (else the
+    one :func:`impl.cuda.nvrtc.find_library` finds). Raises ``OSError`` / ``RuntimeError``
+    where the compile or the disassembly fails, ``KeyError`` without an architecture."""
+    from impl.cuda import sass_hazards
+
+    return sass_hazards.scan_report([], report["arch"], report.get("nvrtc_library"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line; prints a table of the kernels, returns 1 on any error."""
+    """Command line; prints a table of the kernels (and, with ``--sass``, the hazards of their
+    machine code); returns 1 on any error or hazard, 2 when the scan cannot run."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument(
+        "--sass",
+        type=Path,
+        metavar="PATH",
+        help="then scan the machine code NVRTC makes for this device, write the result here",
+    )
     args = p.parse_args(argv)
     report = compile_all()
     for source, info in report["sources"].items():
@@ -97,7 +125,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return 1 if report["errors"] else 0
+    if report["errors"]:
+        return 1
+    if args.sass is None:
+        return 0
+    try:
+        scan = sass_scan(report)
+    except (OSError, RuntimeError) as err:
+        print(f"ERROR: the machine-code scan could not run: {err}")
+        return 2
+    for hazard in scan["hazards"]:
+        print(f"HAZARD: {hazard}")
+    nv = scan["nvrtc"]
+    print(
+        f"machine code (NVRTC {nv['version']}, {nv['arch']}, {nv['library']}): "
+        f"{len(scan['hazards'])} hazard(s) in {scan['kernels']} kernel(s)"
+    )
+    args.sass.parent.mkdir(parents=True, exist_ok=True)
+    args.sass.write_text(json.dumps(scan, indent=1) + "\n")
+    return 1 if scan["hazards"] else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@
 # Steps (each under a time limit, in order of value; a failure is recorded and the next runs):
 #   compile      NVRTC compile of impl/cuda/*.cu through the loader, per-kernel registers and
 #                local memory -> reports/gpu/kernels.json
+#   sass         the same sources compiled by the same libnvrtc for this GPU's architecture,
+#                their machine code scanned for the shared-memory hazard racecheck found on the
+#                H200 (impl/cuda/sass_hazards.py; about 20 s, on the CPU)
+#                -> reports/gpu/sass-hazards.json
 #   tests        pytest -m gpu tests/test_cuda_ops.py (slow ones too) -> reports/gpu/tests.{xml,log}
 #   kernel-bench bench.run --scale gpu, suites spmm, nm_prune and pack (with calibration; the rows
 #                carry host_bound) -> reports/gpu/kernel-bench/ (bench.sh leaves these suites out);
@@ -36,7 +40,8 @@
 NAME=kernels
 REPORT=reports/gpu
 DEFAULT_BUDGET_S=480
-PREFLIGHT="impl.cuda.loader impl.ops.pattern_cuda impl.ops.nm_cuda impl.ops.pack_cuda pytest"
+PREFLIGHT="impl.cuda.loader impl.cuda.nvrtc impl.cuda.sass_hazards impl.ops.pattern_cuda \
+impl.ops.nm_cuda impl.ops.pack_cuda pytest"
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
@@ -83,6 +88,7 @@ need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/c
 
 common_steps
 step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
+step sass gpu 60 "\"$PY\" scripts/gpu/compile_kernels.py --sass \"$DEST/sass-hazards.json\""
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
 # (140 s: the suites' 45-75 s, and up to 25 s per conv case; a session's part budget clamps it)

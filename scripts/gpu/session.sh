@@ -10,7 +10,7 @@
 #
 # It runs the four device scripts (kernels.sh, bench.sh, sdgp_semi.sh, reproduce.sh) part by
 # part, after one environment report, wheel install and git restore for all of them:
-#   compile       kernels.sh compile (fills CuPy's kernel cache before the tests run)
+#   compile       kernels.sh compile (fills CuPy's kernel cache before the tests run) and sass
 #   check         at the same time, since none of them times anything: the CUDA kernels' GPU
 #                 tests, the other GPU tests, SDGP's GPU tests, and racecheck then memcheck
 #   kernel-bench  kernels.sh kernel-bench   (alone on the GPU, like every part below)
@@ -35,7 +35,8 @@ RUN_TAG=${RUN_TAG:-session-$(date -u +%Y%m%dT%H%M%SZ)}
 DEFAULT_PARTS="compile check kernel-bench rows iteration pytest asv figs fig7 sdgp-r18 \
 sdgp-r50 sdgp-fp16"
 # every module the four scripts import-check (their PREFLIGHT), checked once here
-PREFLIGHT="impl.cuda.loader impl.ops.pattern_cuda impl.ops.nm_cuda impl.ops.pack_cuda pytest \
+PREFLIGHT="impl.cuda.loader impl.cuda.nvrtc impl.cuda.sass_hazards impl.ops.pattern_cuda \
+impl.ops.nm_cuda impl.ops.pack_cuda pytest \
 bench.run bench.cases pytest_benchmark bench.sdgp_semi impl.methods.sdgp_semi reproductions \
 reproductions.common impl.cli impl.report reproductions.clicktrain.fig9 \
 reproductions.clicktrain.fig10 reproductions.sdgp.fig9 reproductions.clicktrain.fig11 \
@@ -207,7 +208,8 @@ SELECTED=${PARTS[*]:-$DEFAULT_PARTS}
 for p in $DEFAULT_PARTS; do
   [[ " $SELECTED " == *" $p "* ]] || continue
   case $p in
-    compile) part compile 90 "ONLY_STEPS=compile RUN_TAG=kernels-compile sub compile kernels" ;;
+    compile) part compile 130 "ONLY_STEPS='compile sass' RUN_TAG=kernels-compile \
+sub compile kernels" ;;
     check) part check 240 check ;;
     kernel-bench) part kernel-bench 110 "ONLY_STEPS=kernel-bench RUN_TAG=kernels-bench \
 sub kernel-bench kernels" ;;

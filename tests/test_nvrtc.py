@@ -3,6 +3,8 @@ compiling a program to a cubin, and reading which library a process has loaded."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from impl.cuda import loader, nvrtc
@@ -68,6 +70,12 @@ def lib():
     if nvrtc.find_library() is None:
         pytest.skip("no libnvrtc found (set PDT_NVRTC_LIB, or install nvidia-cuda-nvrtc)")
     return nvrtc.load()
+
+
+def test_the_loaded_library_is_found_in_this_process_maps(lib):
+    loaded = nvrtc.loaded_library()
+    assert loaded is not None and Path(loaded).name.startswith("libnvrtc.so")
+    assert Path(loaded).is_file()  # a path from the maps, not a bare name
 
 
 def test_compile_program_returns_a_cubin_or_the_log_of_the_error(lib):

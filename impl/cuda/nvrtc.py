@@ -20,6 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,9 +163,15 @@ def compile_loader_sources(
     lib = load(library)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # one thread per source: NVRTC compiles distinct programs concurrently, and ctypes lets
+    # go of the GIL during each call (the longest source then sets the time, not the sum)
+    with ThreadPoolExecutor(max_workers=len(loader.SOURCES)) as pool:
+        results = pool.map(
+            lambda src: compile_program(lib, loader.expand_source(src), src, options),
+            loader.SOURCES,
+        )
     paths = []
-    for src in loader.SOURCES:
-        done = compile_program(lib, loader.expand_source(src), src, options)
+    for src, done in zip(loader.SOURCES, results):
         if done.status != 0 or done.cubin is None:
             raise RuntimeError(f"NVRTC failed on {src} for {arch}:\n{done.log}")
         path = out / (Path(src).stem + ".cubin")

@@ -222,6 +222,10 @@ def test_wheel_list_pins_one_version_of_each_package():
     names = [r.split("==")[0].lower().replace("_", "-") for r in reqs]
     assert all("==" in r for r in reqs) and len(names) == len(set(names))
     assert {"asv", "asv-runner", "mlxtend", "nvidia-ml-py"} <= set(names)  # pynvml: GPU name
+    # the machine-code scan's disassembler: cuobjdump runs nvdisasm, one CUDA release for both
+    disasm = ("nvidia-cuda-cuobjdump==", "nvidia-cuda-nvdisasm==")
+    tools = [r.split("==")[1] for r in reqs if r.startswith(disasm)]
+    assert len(tools) == 2 and tools[0] == tools[1], tools
     wheels = _wheels()
     if not wheels:
         pytest.skip("no .whl/ here: scripts/gpu/fetch_wheels.sh fetches it")

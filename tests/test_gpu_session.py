@@ -1031,6 +1031,21 @@ def test_compile_kernels_scans_the_machine_code_for_the_device(tmp_path, monkeyp
     assert not (tmp_path / "none.json").exists()
     report["errors"] = ["pattern.cu: nvrtc: error"]
     assert ck.main(["--sass", str(out)]) == 1
+    # --report: the arch and library of an earlier --json, the kernels not loaded again
+    monkeypatch.undo()  # the real sass_scan
+    monkeypatch.setattr(ck, "compile_all", lambda: pytest.fail("compiled again"))
+    monkeypatch.setattr(nvrtc, "compile_loader_sources", fake_compile)
+    monkeypatch.setattr(nvrtc, "load", lambda library=None: library)
+    monkeypatch.setattr(nvrtc, "version", lambda lib: (13, 0))
+    earlier = tmp_path / "kernels.json"
+    earlier.write_text(json.dumps(dict(report, errors=[], arch="sm_80")))
+    assert ck.main(["--sass", str(out), "--report", str(earlier)]) == 0
+    assert compiled[-1] == ("sm_80", "/site/nvidia/cu13/lib/libnvrtc.so.13")
+    assert json.loads(out.read_text())["nvrtc"]["arch"] == "sm_80"
+    assert ck.main(["--sass", str(out), "--report", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the report" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ck.main(["--report", str(earlier)])  # read only for --sass
 
 
 # -- what a sanitizer run launched -------------------------------------------------------------

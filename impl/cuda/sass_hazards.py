@@ -276,13 +276,20 @@ def disassemble(cubin: str | Path, cuobjdump: str | None = None) -> str:
     return proc.stdout
 
 
-def file_hazards(paths: Iterable[str | Path]) -> tuple[list[Hazard], int]:
-    """The hazards of each file (a ``.cubin``, disassembled; anything else read as SASS text)
-    and the number of kernels read."""
+def file_hazards(
+    paths: Iterable[str | Path], cuobjdump: str | None = None
+) -> tuple[list[Hazard], int]:
+    """The hazards of each file (a ``.cubin``, disassembled with ``cuobjdump``, default
+    :func:`find_cuobjdump`, looked up once; anything else read as SASS text) and the number of
+    kernels read."""
     hazards: list[Hazard] = []
     count = 0
     for path in paths:
-        text = disassemble(path) if str(path).endswith(".cubin") else Path(path).read_text()
+        if str(path).endswith(".cubin"):
+            cuobjdump = cuobjdump or find_cuobjdump()
+            text = disassemble(path, cuobjdump)
+        else:
+            text = Path(path).read_text()
         kernels = parse_sass(text)
         count += len(kernels)
         hazards += _hazards_of(kernels)
@@ -308,7 +315,7 @@ def scan_report(
             paths += nvrtc.compile_loader_sources(arch, tmp, library)
             report["nvrtc"]["version"] = ".".join(map(str, nvrtc.version(nvrtc.load(library))))
             report["nvrtc"]["options"] = nvrtc.loader_options(arch)
-        hazards, count = file_hazards(paths)
+        hazards, count = file_hazards(paths, report["cuobjdump"])
     report["kernels"] = count
     report["hazards"] = [str(h) for h in hazards]
     return report

@@ -1,6 +1,6 @@
 """Compile the CUDA kernels through the loader (CuPy RawModule, NVRTC) and record what ran.
 
-    python scripts/gpu/compile_kernels.py [--json PATH] [--sass PATH]
+    python scripts/gpu/compile_kernels.py [--json PATH] [--sass PATH [--report PATH]]
 
 On the GPU machine: loads every source of :data:`impl.cuda.loader.SOURCES` (timing each
 compile), looks up every kernel the ops launch (``KERNELS`` of ``impl.ops.pattern_cuda``,
@@ -13,7 +13,9 @@ CuPy compiled with (read from the process's memory map). With ``--sass PATH`` it
 compiles the sources once more with that very library for that architecture, directly
 (:mod:`impl.cuda.nvrtc`), scans their machine code for the shared-memory hazard racecheck
 found on the H200 (:mod:`impl.cuda.sass_hazards`) and writes the result to PATH: exit
-status 1 on a hazard, 2 when the scan cannot run (no ``cuobjdump``). Used by
+status 1 on a hazard, 2 when the scan cannot run (no ``cuobjdump``). ``--report`` names the
+JSON an earlier ``--json`` wrote, whose architecture and library the scan then takes without
+loading the kernels again (kernels.sh's ``sass`` step reads the ``compile`` step's). Used by
 ``scripts/gpu/kernels.sh`` (docs/gpu-session.md).
 """
 
@@ -97,7 +99,8 @@ def sass_scan(report: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; prints a table of the kernels (and, with ``--sass``, the hazards of their
-    machine code); returns 1 on any error or hazard, 2 when the scan cannot run."""
+    machine code); returns 1 on any error or hazard, 2 when the scan cannot run or the
+    ``--report`` cannot be read."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument(
@@ -106,8 +109,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PATH",
         help="then scan the machine code NVRTC makes for this device, write the result here",
     )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="PATH",
+        help="with --sass: the report an earlier --json wrote, read instead of compiling again",
+    )
     args = p.parse_args(argv)
-    report = compile_all()
+    if args.report is not None and args.sass is None:
+        p.error("--report is read only for --sass")
+    try:
+        report = compile_all() if args.report is None else json.loads(args.report.read_text())
+    except (OSError, ValueError) as err:
+        print(f"ERROR: cannot read the report {args.report}: {err}")
+        return 2
     for source, info in report["sources"].items():
         print(f"{source}: loaded in {info['load_seconds']} s")
     spills = []

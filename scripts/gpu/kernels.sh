@@ -8,7 +8,8 @@
 # Steps (each under a time limit, in order of value; a failure is recorded and the next runs):
 #   compile      NVRTC compile of impl/cuda/*.cu through the loader, per-kernel registers and
 #                local memory -> reports/gpu/kernels.json
-#   sass         the same sources compiled by the same libnvrtc for this GPU's architecture,
+#   sass         the same sources compiled by the same libnvrtc for this GPU's architecture
+#                (both read from kernels.json),
 #                their machine code scanned for the shared-memory hazard racecheck found on the
 #                H200 (impl/cuda/sass_hazards.py; about 20 s, on the CPU)
 #                -> reports/gpu/sass-hazards.json
@@ -88,7 +89,8 @@ need_cs='[ -n "$CS" ] || { echo "compute-sanitizer not found (PATH, /usr/local/c
 
 common_steps
 step compile gpu 90 "\"$PY\" scripts/gpu/compile_kernels.py --json \"$DEST/kernels.json\""
-step sass gpu 60 "\"$PY\" scripts/gpu/compile_kernels.py --sass \"$DEST/sass-hazards.json\""
+step sass gpu 60 "\"$PY\" scripts/gpu/compile_kernels.py --sass \"$DEST/sass-hazards.json\" \
+  --report \"$DEST/kernels.json\""
 step tests gpu 150 "$PYTEST -q -m gpu tests/test_cuda_ops.py $XDIST \
   --junitxml=\"$DEST/tests.xml\" | tee \"$DEST/tests.log\""
 # (140 s: the suites' 45-75 s, and up to 25 s per conv case; a session's part budget clamps it)

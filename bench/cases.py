@@ -534,9 +534,15 @@ def _conv_impls(dev: str) -> list[Impl]:
         ),
     ]
     if dev == "cpu":
-        out.append(
-            _impl("torch_conv2d", "torch conv2d float32, dense (oneDNN)", dev, baseline=True)
-        )
+        out += [
+            _impl(
+                "pattern_conv2d[cpu]",
+                "impl.ops.pattern_conv2d, compiled direct sparse conv (on torch's threads)",
+                dev,
+                impl="cpu",
+            ),
+            _impl("torch_conv2d", "torch conv2d float32, dense (oneDNN)", dev, baseline=True),
+        ]
     else:
         out += [
             _impl(

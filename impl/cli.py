@@ -794,12 +794,12 @@ def _result_note(summary: dict[str, Any]) -> str | None:
 # -- env -------------------------------------------------------------------------------------------
 def cmd_env(argv: list[str]) -> int:
     """``pdtbench env``: print what this machine is (versions, CPU, GPU, clocks) and which
-    N:M pruning runs on CPU tensors (``nm_prune_cpu``: the compiled kernel or the reference,
-    with the reason)."""
+    N:M pruning and pattern conv run on CPU tensors (``nm_prune_cpu``, ``pattern_conv_cpu``:
+    the compiled kernel or the reference, with the reason)."""
     import json
 
     from impl.env import collect, format_env
-    from impl.ops import nm_cpu
+    from impl.ops import nm_cpu, pattern_cpu
 
     p = OneLineParser(prog="pdtbench env", description="Describe this machine.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -809,6 +809,10 @@ def cmd_env(argv: list[str]) -> int:
     why = nm_cpu.unavailable_reason()
     info["nm_prune_cpu"] = (
         "compiled kernel (impl/cpu/nm_prune.c)" if why is None else f"torch reference: {why}"
+    )
+    why = pattern_cpu.unavailable_reason()  # the pattern conv's default on CPU tensors
+    info["pattern_conv_cpu"] = (
+        "compiled kernel (impl/cpu/pattern_conv.c)" if why is None else f"torch reference: {why}"
     )
     if args.json:
         print(json.dumps(info, indent=2, default=str))

@@ -388,6 +388,10 @@ def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
 
     want = "compiled kernel" if nm_cpu.is_available() else "torch reference"
     assert info["nm_prune_cpu"].startswith(want)
+    from impl.ops import pattern_cpu
+
+    want = "compiled kernel" if pattern_cpu.is_available() else "torch reference"
+    assert info["pattern_conv_cpu"].startswith(want)
 
 
 def test_env_says_the_reference_prunes_when_the_kernel_is_off(capsys, monkeypatch):
@@ -397,6 +401,7 @@ def test_env_says_the_reference_prunes_when_the_kernel_is_off(capsys, monkeypatc
     assert cli.main(["env", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["nm_prune_cpu"] == "torch reference: turned off by PDT_CPU_KERNELS=0"
+    assert info["pattern_conv_cpu"] == "torch reference: turned off by PDT_CPU_KERNELS=0"
 
 
 @pytest.mark.slow

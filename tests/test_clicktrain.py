@@ -664,6 +664,19 @@ def test_validate_refuses_cuda_pattern_convs_where_they_cannot_run(monkeypatch):
         method.validate(TrainConfig(model="resnet20", epochs=30, device="auto"))
 
 
+def test_validate_refuses_the_compiled_cpu_conv_where_it_cannot_run(monkeypatch):
+    """sparse_impl='cpu' is refused before training when the compiled path is off or does
+    not build, and accepted where it runs."""
+    from impl.ops import pattern_cpu
+
+    method = ClickTrain(ClickTrainConfig(sparse_impl="cpu"))
+    monkeypatch.setattr(pattern_cpu, "unavailable_reason", lambda: "no C compiler")
+    with pytest.raises(ValueError, match="sparse_impl='cpu' cannot run here: no C compiler"):
+        method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
+    monkeypatch.setattr(pattern_cpu, "unavailable_reason", lambda: None)
+    method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
+
+
 def test_validate_accepts_cuda_pattern_convs_where_the_kernels_load(monkeypatch):
     import impl.ops.pattern as pattern
 

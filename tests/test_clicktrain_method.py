@@ -170,7 +170,9 @@ def test_stages_run_in_order_and_final_kernels_match_one_pool_pattern():
                 assert (not keep[f, c].any()) or matches == 1
 
 
-@pytest.mark.parametrize("sparse_impl", ["none", "auto"], ids=["masked_dense", "pattern_conv"])
+@pytest.mark.parametrize(
+    "sparse_impl", ["none", "auto", "ref"], ids=["masked_dense", "pattern_conv", "pattern_ref"]
+)
 def test_pruned_weights_stay_exactly_zero_for_50_steps(sparse_impl):
     checked = []
 
@@ -190,7 +192,10 @@ def test_pruned_weights_stay_exactly_zero_for_50_steps(sparse_impl):
     method, ctx = _train(options, epochs=13, on_step=check, n_batches=5)
     assert len(checked) == 50
     is_pattern = [isinstance(ctx.model.get_submodule(n), PatternConv2d) for n in method.layers]
-    assert all(is_pattern) == (sparse_impl == "auto")
+    assert all(is_pattern) == (sparse_impl != "none")
+    assert sparse_impl == "none" or all(
+        ctx.model.get_submodule(n).impl == sparse_impl for n in method.layers
+    )
     for name in method.layers:  # the optimizer kept updating the kept weights
         p = ctx.model.get_submodule(name).weight
         keep = method.masks[f"{name}.weight"]
@@ -508,6 +513,11 @@ def test_summary_and_cost_report_the_pruned_model():
     assert sum(usage["kept_kernels_per_pattern"]) + usage["removed_kernels"] == kernels
     assert len(summary["pool"]) == len(usage["kept_kernels_per_pattern"])
     assert summary["layers"]["block_a"]["pattern_conv"] is True
+    from impl.ops import pattern_cpu
+
+    n_pattern = sum(summary["layers"][n]["pattern_conv"] for n in method.layers)
+    path = "cpu" if pattern_cpu.is_available() else "ref"
+    assert summary["pattern_conv_paths"] == {path: n_pattern}
     flops = summary["flops"]
     assert 0 < flops["inference_flops_saved_nominal"] < 1
     assert flops["train_flops_saved_nominal"] < flops["inference_flops_saved_nominal"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from impl.methods.sdgp import SDGPConv2d
-from impl.ops import nm_cpu
+from impl.ops import cpu_kernels, nm_cpu
 from impl.ops.nm import nm_prune, nm_prune_ref
 
 needs_kernel = pytest.mark.skipif(
@@ -281,7 +281,7 @@ def test_an_unwritable_default_cache_builds_under_the_temporary_directory(tmp_pa
     monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
     monkeypatch.delenv("PDT_CPU_KERNEL_CACHE", raising=False)
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     nm_cpu._library.cache_clear()
     try:
         assert nm_cpu.is_available(), nm_cpu.unavailable_reason()
@@ -422,7 +422,7 @@ def test_one_pool_per_process_grows_to_the_most_slices_and_no_further(monkeypatc
     import time
 
     monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)
-    pool = nm_cpu._SlicePool()  # a fresh one, as a process starts with
+    pool = cpu_kernels.SlicePool()  # a fresh one, as a process starts with
     monkeypatch.setattr(nm_cpu, "_POOL", pool)
     existing = set(threading.enumerate())
     x = torch.randn(12, 8, 3, 3, generator=torch.Generator().manual_seed(2))
@@ -440,7 +440,7 @@ def test_one_pool_per_process_grows_to_the_most_slices_and_no_further(monkeypatc
     def ours():
         return [
             t for t in threading.enumerate()
-            if t not in existing and t.name.startswith("pdt-nm-prune")
+            if t not in existing and t.name.startswith("pdt-cpu-kernel")
         ]  # fmt: skip
 
     deadline = time.monotonic() + 10
@@ -519,7 +519,7 @@ def test_only_pdt_cpu_kernels_0_turns_the_path_off(monkeypatch, value, on) -> No
 
 def test_the_fallback_cache_is_per_user_under_the_temporary_directory(tmp_path, monkeypatch):
     """``<tmp>/pdtbench-cpu-kernels-<uid>``: users sharing a machine do not share it."""
-    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path))
     assert nm_cpu.fallback_cache_dir() == tmp_path / f"pdtbench-cpu-kernels-{os.getuid()}"
 
 
@@ -553,7 +553,7 @@ def test_library_name_changes_with_source_flags_and_machine(tmp_path, monkeypatc
         patch.setattr(nm_cpu, "CFLAGS", (*nm_cpu.CFLAGS, "-g"))
         names.add(nm_cpu.library_name("gcc"))
     with monkeypatch.context() as patch:
-        patch.setattr(nm_cpu.platform, "machine", lambda: "some-other-arch")
+        patch.setattr(cpu_kernels.platform, "machine", lambda: "some-other-arch")
         names.add(nm_cpu.library_name("gcc"))
     assert len(names) == 5
 
@@ -614,7 +614,7 @@ def test_a_failing_compiler_is_not_retried_in_the_fallback_cache(tmp_path, monke
     monkeypatch.delenv("PDT_CPU_KERNEL_CACHE", raising=False)
     monkeypatch.delenv("PDT_CPU_KERNELS", raising=False)
     monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path / "home"))
-    monkeypatch.setattr(nm_cpu.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     nm_cpu._library.cache_clear()
     try:
         reason = nm_cpu.unavailable_reason()

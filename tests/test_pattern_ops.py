@@ -312,12 +312,12 @@ def _spmm_then_reshape(module: PatternConv2d, x: torch.Tensor) -> torch.Tensor:
 def test_pattern_conv2d_module_bit_equal_to_im2col_then_spmm(
     batch, c_in, c_out, hw, stride, bias, dtype
 ):
-    # The module runs one fused autograd function with reused buffers: its output and all
-    # gradients must be those of im2col -> pattern_spmm -> reshape, bit for bit, and the
-    # output strides the same, step after step.
+    # The module's reference path runs one fused autograd function with reused buffers: its
+    # output and all gradients must be those of im2col -> pattern_spmm -> reshape, bit for
+    # bit, and the output strides the same, step after step.
     gen = torch.Generator().manual_seed(batch + c_in)
     conv = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=bias).to(dtype)
-    module = PatternConv2d.from_conv(conv, _random_mask(conv.weight.shape, 0.35, gen))
+    module = PatternConv2d.from_conv(conv, _random_mask(conv.weight.shape, 0.35, gen), "ref")
     params = [p for p in (module.weight, module.bias) if p is not None]
     for _ in range(3):
         x = torch.randn(batch, c_in, hw, hw, generator=gen, dtype=dtype, requires_grad=True)
@@ -512,7 +512,7 @@ def test_the_conv_dispatch_weighs_the_bias_too(monkeypatch):
         seen.append(operands)
         return "ref"
 
-    monkeypatch.setattr(pattern_mod, "_resolve_impl", record)
+    monkeypatch.setattr(pattern_mod, "_resolve_conv_impl", record)
     x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
     pattern_mod.pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), b)
     assert len(seen) == 1 and seen[0][2] is b

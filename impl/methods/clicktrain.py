@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 STAGES: tuple[str, ...] = ("dense", "pool", "finalize", "regularize", "sparse")
 KERNEL_RANKINGS: tuple[str, ...] = ("balanced", "layer")
-SPARSE_IMPLS: tuple[str, ...] = ("auto", "ref", "cuda", "none")
+SPARSE_IMPLS: tuple[str, ...] = ("auto", "ref", "cuda", "cpu", "none")
 
 # Default stage lengths as fractions of the run's epochs (used when a field is None). The
 # paper's CIFAR runs (190 epochs) hard-prune at epoch 90 to 98 (Table 1), about half-way.
@@ -131,8 +131,10 @@ class ClickTrainConfig(MethodConfig):
             optimizations").
         sparse_threshold: after hard pruning, a pruned conv whose fraction of zero weights
             exceeds this runs as a pattern-sparse conv (paper: 0.65, Sec. 5.2).
-        sparse_impl: implementation of the pattern-sparse conv: "auto", "ref", "cuda", or
-            "none" to keep every conv dense (masked) after hard pruning.
+        sparse_impl: implementation of the pattern-sparse conv: "auto" (the CUDA kernels on a
+            GPU, the compiled direct sparse conv on a CPU, where each can run), "ref" (im2col
+            and torch's CSR SpMM, the paper's formulation), "cuda", "cpu", or "none" to keep
+            every conv dense (masked) after hard pruning.
         prune_pointwise: also prune the 1x1 convs (``groups=1``, all but the first conv;
             shortcuts included) by connectivity alone: the ``connectivity`` fraction of their
             kernels (single weights) removed whole, chosen by the same Eq. (2) votes in stage
@@ -352,6 +354,15 @@ class ClickTrain(Method):
                 raise ValueError(
                     f"sparse_impl='cuda' cannot run here: {reason}; use 'auto' (the CUDA "
                     "kernels where they run, the reference elsewhere) or 'ref'"
+                )
+        if c.sparse_impl == "cpu":
+            from impl.ops import pattern_cpu
+
+            reason = pattern_cpu.unavailable_reason()
+            if reason is not None:
+                raise ValueError(
+                    f"sparse_impl='cpu' cannot run here: {reason}; use 'auto' (the compiled "
+                    "path where it runs, the reference elsewhere) or 'ref'"
                 )
         if not c.loss_derivative_threshold > 0:
             raise ValueError(

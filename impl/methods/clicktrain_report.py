@@ -129,4 +129,22 @@ def clicktrain_summary(method: ClickTrain, ctx: TrainContext) -> dict[str, Any]:
         out["pool_pattern_ids"] = method.pool.pattern_ids.tolist()  # type: ignore[union-attr]
     out["pattern_usage"] = _usage(method)
     out["flops"] = _flops(method, ctx)
+    out["pattern_conv_paths"] = pattern_conv_paths(model)
     return {"clicktrain": out}
+
+
+def pattern_conv_paths(model: torch.nn.Module) -> dict[str, int]:
+    """How many of ``model``'s pattern convs run on each implementation, as their ``impl``
+    resolves for their weight now: ``"cpu"`` (the compiled direct sparse conv,
+    impl/cpu/pattern_conv.c), ``"ref"`` (im2col and torch's CSR SpMM) or ``"cuda"``. Timings
+    of the sparse stage depend on it."""
+    from impl.ops import PatternConv2d
+    from impl.ops.pattern import _resolve_conv_impl
+
+    paths: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, PatternConv2d):
+            operands = [module.weight] + ([] if module.bias is None else [module.bias])
+            path = _resolve_conv_impl(module.impl, *operands)
+            paths[path] = paths.get(path, 0) + 1
+    return dict(sorted(paths.items()))

@@ -44,21 +44,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from impl.ops import cpu_kernels
 
 log = logging.getLogger(__name__)
 
@@ -79,132 +70,43 @@ _FUNCTIONS = {torch.float32: "pdt_nm_prune_float", torch.float64: "pdt_nm_prune_
 PARALLEL_MIN_ELEMENTS = 1 << 18
 
 
-def enabled() -> bool:
-    """Whether the compiled path may be used (``PDT_CPU_KERNELS`` is not ``0``)."""
-    return os.environ.get("PDT_CPU_KERNELS", "1") != "0"
-
-
-def cache_dir() -> Path:
-    """Where the compiled library is kept: ``$PDT_CPU_KERNEL_CACHE``, else
-    ``~/.cache/pdtbench/cpu-kernels`` (:func:`fallback_cache_dir` where that cannot be
-    written and the variable is unset)."""
-    env = os.environ.get("PDT_CPU_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "pdtbench" / "cpu-kernels"
-
-
-def fallback_cache_dir() -> Path:
-    """The per-user directory under the system's temporary directory used when the default
-    cache cannot be written (a read-only home)."""
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"pdtbench-cpu-kernels-{uid}"
-
-
-def compiler() -> str | None:
-    """The C compiler command: ``$CC`` when set (it may carry arguments, e.g. ``ccache gcc``),
-    else ``cc`` or ``gcc`` on the PATH (``None``: none)."""
-    cc = os.environ.get("CC", "").strip()
-    if cc:
-        return cc
-    return shutil.which("cc") or shutil.which("gcc")
+enabled = cpu_kernels.enabled
+cache_dir = cpu_kernels.cache_dir
+fallback_cache_dir = cpu_kernels.fallback_cache_dir
+compiler = cpu_kernels.compiler
+has_storage = cpu_kernels.has_storage
+STALE_DAYS = cpu_kernels.STALE_DAYS
+_STEM = "nm_prune"
 
 
 def library_name(cc: str) -> str:
-    """File name of the library built by ``cc``: hashes the source, compiler and flags."""
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(CFLAGS).encode()):
-        h.update(part)
-        h.update(b"\0")
-    h.update(platform.machine().encode())
-    return f"nm_prune-{h.hexdigest()[:16]}.so"
-
-
-# A cached library not loaded for this many days is removed when another is built there
-# (each source change builds a new one, ~50 KB; loading marks a library used).
-STALE_DAYS = 30
+    """File name of the library built by ``cc``: hashes the source, compiler and flags
+    (:func:`impl.ops.cpu_kernels.library_name`)."""
+    return cpu_kernels.library_name(_STEM, SOURCE, cc, CFLAGS)
 
 
 def prune_stale(directory: Path, keep: Path) -> list[Path]:
     """Remove, from ``directory``, the libraries of this kernel (``nm_prune-*.so``) not
     loaded or built for :data:`STALE_DAYS` days and temporary files of builds killed over a
-    day ago, all but ``keep``; returns what it removed. Best effort: a file it cannot
-    remove is left."""
-    now, removed = time.time(), []
-    for pattern, days in (("nm_prune-*.so", STALE_DAYS), ("tmp*.so", 1)):
-        for path in directory.glob(pattern):
-            try:
-                if path != keep and now - path.stat().st_mtime > days * 86400:
-                    path.unlink()
-                    removed.append(path)
-            except OSError:
-                continue
-    return removed
+    day ago, all but ``keep``; returns what it removed
+    (:func:`impl.ops.cpu_kernels.prune_stale`)."""
+    return cpu_kernels.prune_stale(directory, keep, _STEM)
 
 
 def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
     """Compile ``impl/cpu/nm_prune.c`` into ``directory`` (default :func:`cache_dir`) unless
-    the library of this source, compiler and flags is there already; returns its path.
-
-    The library is written under a temporary name and renamed, so processes building at once
-    never load a partial file; it is made readable by every user (mode 0755: a shared
-    cache). ``rebuild=True`` replaces a library that is there (one that failed to load).
-    Raises ``RuntimeError`` (with the compiler's message) when there is no compiler, it
-    cannot run, or it fails."""
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
-    directory = cache_dir() if directory is None else directory
-    target = directory / library_name(cc)
-    if target.exists() and not rebuild:
-        return target
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-        os.close(fd)
-    except OSError as err:
-        raise RuntimeError(f"cannot write the kernel cache {directory}: {err}") from err
-    try:
-        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(SOURCE), "-lm"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        except (OSError, subprocess.SubprocessError) as err:
-            raise RuntimeError(f"{' '.join(cmd)} could not run: {err}") from err
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
-        os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache load it
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    prune_stale(directory, target)
-    return target
+    the library of this source, compiler and flags is there already; returns its path
+    (:func:`impl.ops.cpu_kernels.build`: written under a temporary name and renamed, mode
+    0755; ``RuntimeError`` with the compiler's message when it cannot be built)."""
+    return cpu_kernels.build(_STEM, SOURCE, CFLAGS, directory, rebuild=rebuild)
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The loaded library, or the reason it could not be built or loaded (logged once)."""
-    directory = cache_dir()
-    try:
-        try:
-            path = build(directory)
-        except RuntimeError as err:
-            if "cannot write the kernel cache" not in str(err):
-                raise
-            if os.environ.get("PDT_CPU_KERNEL_CACHE"):
-                raise  # the user's choice: say why it failed rather than build elsewhere
-            directory = fallback_cache_dir()
-            path = build(directory)
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:  # a cached library that does not load (truncated, foreign): rebuild
-            path = build(directory, rebuild=True)
-            lib = ctypes.CDLL(str(path))
-        try:
-            os.utime(path)  # used now: prune_stale keeps it
-        except OSError:
-            pass  # a cache of another user's, read-only here
-    except (OSError, RuntimeError) as err:
-        log.warning("the compiled CPU N:M pruning is unavailable, using the reference: %s", err)
-        return str(err)
+    lib = cpu_kernels.load(_STEM, SOURCE, CFLAGS, "N:M pruning")
+    if isinstance(lib, str):
+        return lib
     i64, c_int, ptr, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
     for name in _FUNCTIONS.values():
         fn = getattr(lib, name)
@@ -236,50 +138,7 @@ def slices(total: int, o: int, rule: str | None) -> list[tuple[int, int]]:
     return [(o * k // count, o * (k + 1) // count) for k in range(count)]
 
 
-class _SlicePool:
-    """The threads that run the kernel's slices beyond the caller's: one pool per process,
-    grown (the smaller one shut down) when a call needs more threads than it has.
-
-    A forked child forgets the parent's pool (``os.register_at_fork``): the copy has none of
-    the parent's threads, so work submitted to it would never run. Submission holds a lock,
-    so a pool is never shut down between another caller's choice of it and its submit."""
-
-    def __init__(self) -> None:
-        self.forget()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self.forget)
-
-    def forget(self) -> None:
-        """Drop the pool (without touching its threads) and the lock: a fresh start."""
-        self.lock = threading.Lock()
-        self.pool: ThreadPoolExecutor | None = None
-        self.workers = 0
-
-    def submit(self, tasks: list[Callable[[], int]]) -> list[Future[int]]:
-        """Start ``tasks`` on the pool, each on a thread of its own; their futures."""
-        with self.lock:
-            if self.pool is None or self.workers < len(tasks):
-                if self.pool is not None:
-                    self.pool.shutdown(wait=False)  # its running tasks still finish
-                self.pool = ThreadPoolExecutor(len(tasks), thread_name_prefix="pdt-nm-prune")
-                self.workers = len(tasks)
-            return [self.pool.submit(task) for task in tasks]
-
-
-_POOL = _SlicePool()
-
-
-def has_storage(x: torch.Tensor) -> bool:
-    """Whether ``x`` holds memory the kernel may read: not a fake tensor (torch.compile's
-    tracing, ``FakeTensorMode``), not a meta tensor, not one wrapped by a ``torch.func``
-    transform (``vmap``, ``grad``). The kernel reads ``data_ptr()``; a fake's is no memory."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    return (
-        x.device.type != "meta"
-        and not is_fake(x)
-        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-    )
+_POOL = cpu_kernels.POOL
 
 
 def nm_prune_cpu(

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from impl.flops import LayerDensity
 
 IMPLS: tuple[str, ...] = ("auto", "ref", "cuda")
+#: The pattern conv's implementations: :data:`IMPLS` and ``"cpu"``, the compiled direct
+#: sparse convolution of :mod:`impl.ops.pattern_cpu`.
+CONV_IMPLS: tuple[str, ...] = (*IMPLS, "cpu")
 
 # dtypes torch's CPU sparse CSR routines accept; others are computed in float32 and cast back.
 _CPU_SPARSE_DTYPES = (torch.float32, torch.float64)
@@ -57,6 +60,33 @@ def has_cuda_kernels(device: torch.device | int | None = None) -> bool:
 
 
 _CUDA_DTYPES = (torch.float32, torch.float64)
+
+
+def _resolve_conv_impl(impl: str, *tensors: torch.Tensor) -> str:
+    """``"ref"``, ``"cuda"`` or ``"cpu"`` for the pattern conv's ``impl`` and operands:
+    "auto" takes the compiled CPU path when :func:`impl.ops.pattern_cpu.applies` to the
+    operands (CPU tensors of one dtype, float32 or float64, the library built), the CUDA
+    kernels or the reference as :func:`_resolve_impl` says otherwise; ``"cpu"`` where it does
+    not apply raises ``RuntimeError`` naming the reason."""
+    if impl not in CONV_IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(CONV_IMPLS)}")
+    if impl not in ("auto", "cpu") or (tensors and tensors[0].is_cuda):
+        if impl == "cpu":
+            raise RuntimeError("impl='cpu' takes CPU tensors; use impl='auto' or 'cuda'")
+        return _resolve_impl(impl, *tensors)
+    if not tensors:  # a module being configured: checked again when it runs
+        return impl
+    from impl.ops import pattern_cpu
+
+    reason = pattern_cpu.applies(*tensors)
+    if reason is None:
+        return "cpu"
+    if impl == "cpu":
+        raise RuntimeError(
+            f"the compiled CPU pattern conv cannot run these operands ({reason}); "
+            "use impl='ref' or impl='auto'"
+        )
+    return "ref"
 
 
 def _resolve_impl(impl: str, *tensors: torch.Tensor) -> str:
@@ -703,7 +733,8 @@ def pattern_conv2d(
                                   dilation, impl, workspace=workspace)  # fmt: skip
     index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = conv_geometry(stride, padding, dilation)
-    if _resolve_impl(impl, x, weight, *([] if bias is None else [bias])) == "cuda":
+    path = _resolve_conv_impl(impl, x, weight, *([] if bias is None else [bias]))
+    if path == "cuda":
         from impl.ops.pattern_cuda import pattern_conv2d_cuda
 
         return pattern_conv2d_cuda(x, weight, index, bias, stride, padding, dilation)
@@ -716,9 +747,14 @@ def pattern_conv2d(
         check_csr(index.row_ptr, index.col_ind, flat.shape[0], flat.shape[1], width="C*R*S")
     else:
         workspace.check(index, flat.shape[0], flat.shape[1])
-    values = flat[csr_rows(index.row_ptr, index.col_ind.numel()), index.col_ind]  # pattern_csr
     geometry = ((r, s), stride, padding, dilation, (h_out, w_out))
-    out = _PatternConvRef.apply(values, x, index, geometry, workspace)  # [B, F, P, Q]
+    if path == "cpu" and x.numel() > 0 and weight.numel() > 0:
+        from impl.ops.pattern_cpu import pattern_conv_cpu
+
+        out = pattern_conv_cpu(weight, x, index, geometry)  # [B, F, P, Q]
+    else:
+        values = flat[csr_rows(index.row_ptr, index.col_ind.numel()), index.col_ind]  # pattern_csr
+        out = _PatternConvRef.apply(values, x, index, geometry, workspace)  # [B, F, P, Q]
     if bias is not None:
         out = out + bias.view(1, -1, 1, 1)
     return out
@@ -903,7 +939,7 @@ class PatternConv2d(nn.Conv2d):
             raise ValueError(f"weight must be [F, C, R, S], got {tuple(weight.shape)}")
         if mask.shape != weight.shape:
             raise ValueError(f"mask {tuple(mask.shape)} must match weight {tuple(weight.shape)}")
-        _resolve_impl(impl)
+        _resolve_conv_impl(impl)
         stride, padding, dilation = conv_geometry(stride, padding, dilation)
         f_out, c_in, r, s = weight.shape
         # Built on the meta device: no memory, the real parameters are assigned right after.

@@ -1,0 +1,293 @@
+"""The compiled CPU pattern conv (impl.ops.pattern_cpu, impl/cpu/pattern_conv.c) against the
+dense convolution of the masked weight and against the reference path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impl.ops import PatternConv2d, cpu_kernels, pattern_conv2d, pattern_cpu, pattern_index
+from impl.ops.pattern import PatternIndex
+
+F64 = torch.float64
+
+needs_kernel = pytest.mark.skipif(
+    not pattern_cpu.is_available(),
+    reason=f"the compiled CPU pattern conv is unavailable: {pattern_cpu.unavailable_reason()}",
+)
+
+
+def _case(batch, c_in, c_out, hw, kernel, dtype, seed=0, density=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, c_in, *hw, generator=gen, dtype=dtype)
+    weight = torch.randn(c_out, c_in, *kernel, generator=gen, dtype=dtype)
+    mask = torch.rand(weight.shape, generator=gen, dtype=F64) < density
+    return gen, x, weight, mask
+
+
+def _dense_grads(x, weight, mask, bias, g, **geometry):
+    xd = x.clone().requires_grad_()
+    wd = (weight * mask).requires_grad_()
+    bd = None if bias is None else bias.clone().requires_grad_()
+    out = F.conv2d(xd, wd, bd, **geometry)
+    grads = torch.autograd.grad(out, [t for t in (xd, wd, bd) if t is not None], g)
+    return out, grads
+
+
+GEOMETRIES = [
+    # batch, c_in, c_out, (H, W), kernel, stride, padding, dilation
+    (32, 16, 16, (16, 16), (3, 3), 1, 1, 1),  # ResNet-20's first stage at cpu scale
+    (33, 8, 12, (10, 7), (3, 3), 2, 1, 1),  # a lane remainder, stride 2 (the scatter)
+    (7, 5, 7, (9, 11), (3, 3), 1, 1, 1),  # fewer samples than a vector's lanes
+    (8, 4, 6, (12, 12), (3, 5), (2, 1), (0, 2), (1, 2)),
+    (9, 6, 5, (8, 8), (3, 3), 1, 3, 1),  # padding wider than the kernel
+    (17, 6, 5, (13, 13), (3, 3), 3, 2, 2),
+    (1, 3, 2, (5, 5), (1, 1), 1, 0, 1),  # a pointwise conv, one sample
+    (40, 16, 32, (8, 8), (3, 3), 2, 1, 1),  # ResNet-20's downsampling conv
+    (64, 3, 4, (20, 3), (3, 3), 1, 1, 1),  # more output columns than one staged block
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", GEOMETRIES, ids=[str(i) for i in range(len(GEOMETRIES))])
+def test_output_and_gradients_are_the_masked_dense_convolution(case, dtype):
+    batch, c_in, c_out, hw, kernel, stride, padding, dilation = case
+    gen, x, weight, mask = _case(batch, c_in, c_out, hw, kernel, dtype)
+    bias = torch.randn(c_out, generator=gen, dtype=dtype)
+    geometry = {"stride": stride, "padding": padding, "dilation": dilation}
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, weight, bias))
+    out = pattern_conv2d(xs, ws, mask, bs, impl="cpu", **geometry)
+    g = torch.randn(out.shape, generator=gen, dtype=dtype)
+    want, want_grads = _dense_grads(x, weight, mask, bias, g, **geometry)
+    got_grads = torch.autograd.grad(out, [xs, ws, bs], g)
+    tol = pattern_cpu.RTOL if dtype == torch.float32 else 1e-13
+    assert out.dtype == dtype and out.is_contiguous()
+    for got, ref in zip((out, *got_grads), (want, *want_grads), strict=True):
+        ref = ref * mask if got.shape == mask.shape else ref
+        # sums of up to B*P*Q products in another order than oneDNN's
+        assert (got - ref).abs().max() <= tol * ref.abs().max(), (got - ref).abs().max()
+    assert torch.all(got_grads[1][~mask] == 0)  # nothing outside the kept positions
+
+
+@needs_kernel
+def test_gradcheck_in_float64():
+    gen, x, weight, mask = _case(3, 3, 4, (6, 5), (3, 3), F64, seed=4, density=0.4)
+    index = pattern_index(mask)
+
+    def f(x, w):
+        return pattern_conv2d(x, w, index, stride=(1, 2), padding=1, impl="cpu")
+
+    assert torch.autograd.gradcheck(f, (x.requires_grad_(), weight.requires_grad_()))
+
+
+@needs_kernel
+def test_equals_the_reference_path_to_rounding_on_a_clicktrain_layer():
+    # 4-of-9 patterns on a quarter of the kernels, ResNet-20's stage 2 at the cpu scale
+    gen = torch.Generator().manual_seed(7)
+    c = 32
+    mask = torch.zeros(c, c, 9, dtype=torch.bool)
+    for f in range(c):
+        for k in torch.randperm(c, generator=gen)[: c // 4]:
+            mask[f, k, torch.randperm(9, generator=gen)[:4]] = True
+    mask = mask.view(c, c, 3, 3)
+    conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+    paths = {impl: PatternConv2d.from_conv(conv, mask, impl) for impl in ("cpu", "ref")}
+    x = torch.randn(32, c, 8, 8, generator=gen)
+    g = torch.randn(32, c, 8, 8, generator=gen)
+    results = {}
+    for impl, module in paths.items():
+        xs = x.clone().requires_grad_()
+        out = module(xs)
+        results[impl] = (out, *torch.autograd.grad(out, [xs, module.weight], g))
+    for got, want in zip(results["cpu"], results["ref"], strict=True):
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= pattern_cpu.RTOL * scale
+    assert not torch.equal(results["cpu"][0], x.new_zeros(1))  # it computed something
+
+
+@needs_kernel
+def test_results_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(pattern_cpu, "PARALLEL_MIN_ELEMENTS", 1)
+    gen, x, weight, mask = _case(12, 7, 10, (9, 9), (3, 3), torch.float32, seed=5)
+    calls = []
+    original = cpu_kernels.run_slices
+
+    def counted(call, parts):
+        calls.append(len(parts))
+        return original(call, parts)
+
+    monkeypatch.setattr(cpu_kernels, "run_slices", counted)
+    g = torch.randn(12, 10, 5, 5, generator=gen)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
+            out = pattern_conv2d(xs, ws, mask, stride=2, padding=1, impl="cpu")
+            results.append((out, *torch.autograd.grad(out, [xs, ws], g)))
+    finally:
+        torch.set_num_threads(before)
+    assert set(calls) == {1, 3}  # one slice, then three, per kernel call
+    for one, three in zip(*results, strict=True):
+        assert torch.equal(one, three)
+
+
+@needs_kernel
+def test_takes_channels_last_and_non_contiguous_inputs():
+    gen, x, weight, mask = _case(6, 4, 5, (7, 7), (3, 3), F64, seed=6)
+    want = F.conv2d(x, weight * mask, padding=1)
+    for variant in (
+        x.to(memory_format=torch.channels_last),
+        x.transpose(2, 3).contiguous().transpose(2, 3),
+        torch.cat([x, x], dim=1)[:, ::2],
+    ):
+        got = pattern_conv2d(variant, weight, mask, padding=1, impl="cpu")
+        want_v = F.conv2d(variant, weight * mask, padding=1)
+        torch.testing.assert_close(got, want_v, rtol=1e-12, atol=1e-12)
+    w_nhwc = weight.to(memory_format=torch.channels_last)
+    got = pattern_conv2d(x, w_nhwc, mask, padding=1, impl="cpu")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_kernel
+def test_auto_takes_the_compiled_path_on_cpu_and_the_reference_where_it_cannot(monkeypatch):
+    from impl.ops import pattern as pattern_mod
+
+    x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    assert pattern_mod._resolve_conv_impl("auto", x, w) == "cpu"
+    assert pattern_mod._resolve_conv_impl("auto", x, w.double()) == "ref"  # two dtypes
+    assert pattern_mod._resolve_conv_impl("auto", x.half(), w.half()) == "ref"
+    assert pattern_mod._resolve_conv_impl("ref", x, w) == "ref"
+    assert pattern_mod._resolve_conv_impl("auto") == "auto"  # a module being configured
+    assert pattern_cpu.applies(x, w.double()) == "operands are not all float32 or all float64"
+    assert pattern_cpu.applies(x.to("meta"), w.to("meta")) == "operands are not CPU tensors"
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert "no memory" in pattern_cpu.applies(fake, mode.from_tensor(w))
+    with pytest.raises(RuntimeError, match="cannot run these operands.*float32 or all float64"):
+        pattern_mod._resolve_conv_impl("cpu", x, w.double())
+    with pytest.raises(ValueError, match="unknown impl 'gpu'.*cpu"):
+        pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), impl="gpu")
+    calls = []
+    monkeypatch.setattr(
+        pattern_cpu, "pattern_conv_cpu", lambda *a: calls.append(a) or F.conv2d(a[1], a[0])
+    )
+    pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool))
+    assert len(calls) == 1  # the default on a CPU
+    pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), impl="ref")
+    pattern_conv2d(x[:0], w, torch.ones_like(w, dtype=torch.bool), impl="cpu")  # empty batch
+    assert len(calls) == 1
+
+
+def test_turned_off_the_default_is_the_reference_and_cpu_says_why(monkeypatch):
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    gen, x, weight, mask = _case(3, 4, 5, (6, 6), (3, 3), torch.float32, seed=8)
+    assert not pattern_cpu.is_available()
+    assert "PDT_CPU_KERNELS=0" in pattern_cpu.unavailable_reason()
+    got = pattern_conv2d(x, weight, mask, padding=1)
+    want = pattern_conv2d(x, weight, mask, padding=1, impl="ref")
+    assert torch.equal(got, want)  # the reference's bits
+    with pytest.raises(RuntimeError, match="PDT_CPU_KERNELS=0"):
+        pattern_conv2d(x, weight, mask, padding=1, impl="cpu")
+    with pytest.raises(RuntimeError, match="PDT_CPU_KERNELS=0"):
+        PatternConv2d(nn.Parameter(weight), mask, padding=1, impl="cpu")(x)
+
+
+@needs_kernel
+def test_an_index_out_of_range_or_of_the_wrong_size_is_refused_not_read():
+    _, x, weight, mask = _case(2, 3, 4, (5, 5), (3, 3), torch.float32, seed=9, density=0.5)
+    index = pattern_index(mask)
+    geometry = ((3, 3), (1, 1), (1, 1), (1, 1), (5, 5))
+    bad_filter = index.t_col_ind.clone()
+    bad_filter[0] = 4  # one filter past the last
+    broken = index._replace(t_col_ind=bad_filter)
+    x.requires_grad_()  # the input gradient reads the transposed structure
+    out = pattern_cpu.pattern_conv_cpu(weight, x, broken, geometry)
+    with pytest.raises(ValueError, match="out of range"):
+        out.sum().backward()  # the transposed structure is read by the input gradient
+    bad_ptr = index.t_row_ptr.clone()
+    bad_ptr[-1] = index.col_ind.numel() + 5
+    with pytest.raises(ValueError, match="out of range"):
+        out = pattern_cpu.pattern_conv_cpu(weight, x, index._replace(t_row_ptr=bad_ptr), geometry)
+        out.sum().backward()
+    bad_col = index.col_ind.clone()
+    bad_col[-1] = 27
+    with pytest.raises(ValueError, match="out of range"):
+        pattern_cpu.pattern_conv_cpu(weight, x, index._replace(col_ind=bad_col), geometry)
+    with pytest.raises(ValueError, match="t_row_ptr must have 28 entries"):
+        pattern_cpu.pattern_conv_cpu(weight, x, index._replace(t_row_ptr=bad_ptr[:-1]), geometry)
+    with pytest.raises(ValueError, match="row_ptr must be a contiguous int64"):
+        pattern_cpu.pattern_conv_cpu(
+            weight, x, index._replace(row_ptr=index.row_ptr.to(torch.int32)), geometry
+        )
+    assert isinstance(index, PatternIndex)
+
+
+@needs_kernel
+def test_the_module_trains_on_the_compiled_path():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 6, 3, padding=1)
+    mask = torch.rand(conv.weight.shape) < 0.3
+    layer = PatternConv2d.from_conv(conv, mask, impl="cpu")
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = torch.randn(8, 3, 6, 6)
+    target = F.conv2d(x, torch.randn(conv.weight.shape) * mask, padding=1)  # reachable
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = F.mse_loss(layer(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert torch.all(layer.weight[~layer.mask] == 0)  # gradients kept the pruned weights at 0
+
+
+def test_library_name_hashes_the_cpu_for_native_builds(monkeypatch, tmp_path):
+    source = tmp_path / "k.c"
+    source.write_text("int f(void) { return 0; }\n")
+    native = ("-O3", "-march=native")
+    plain = ("-O3",)
+    base = {f: cpu_kernels.library_name("k", source, "gcc", f) for f in (native, plain)}
+    cpu_kernels.machine_identity.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "machine_identity", lambda: "another cpu")
+    assert cpu_kernels.library_name("k", source, "gcc", native) != base[native]
+    assert cpu_kernels.library_name("k", source, "gcc", plain) == base[plain]
+    assert base[native].startswith("k-") and base[native].endswith(".so")
+
+
+def test_machine_identity_names_the_architecture():
+    import platform
+
+    cpu_kernels.machine_identity.cache_clear()
+    identity = cpu_kernels.machine_identity()
+    assert identity.splitlines()[0] == platform.machine()
+
+
+def test_even_slices_cover_the_range_once():
+    assert cpu_kernels.even_slices(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert cpu_kernels.even_slices(2, 8) == [(0, 1), (1, 2)]
+    assert cpu_kernels.even_slices(0, 3) == [(0, 0)]
+    assert cpu_kernels.even_slices(5, 0) == [(0, 5)]
+
+
+@pytest.mark.skipif(cpu_kernels.compiler() is None, reason="no C compiler")
+def test_the_source_builds_without_warnings(tmp_path, monkeypatch):
+    import shlex
+    import subprocess
+
+    cmd = [*shlex.split(cpu_kernels.compiler()), *pattern_cpu.CFLAGS, "-Wextra", "-Werror"]
+    proc = subprocess.run(
+        [*cmd, "-o", str(tmp_path / "k.so"), str(pattern_cpu.SOURCE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.delenv("CC", raising=False)
+    built = pattern_cpu.build(tmp_path / "cache")
+    assert built.name.startswith("pattern_conv-") and built.exists()

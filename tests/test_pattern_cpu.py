@@ -47,6 +47,10 @@ GEOMETRIES = [
     (1, 3, 2, (5, 5), (1, 1), 1, 0, 1),  # a pointwise conv, one sample
     (40, 16, 32, (8, 8), (3, 3), 2, 1, 1),  # ResNet-20's downsampling conv
     (64, 3, 4, (20, 3), (3, 3), 1, 1, 1),  # more output columns than one staged block
+    (5, 4, 6, (9, 10), (3, 3), 1, 2, 2),  # dilation at stride 1 (the input-gradient gather)
+    (6, 3, 4, (7, 9), (5, 3), 1, (1, 0), 1),  # uneven kernel and padding at stride 1
+    (600, 2, 3, (3, 4), (3, 3), 1, 1, 1),  # more samples than one staged tile
+    (1, 16, 8, (30, 30), (3, 3), 1, 1, 1),  # one sample: rows of the plane as the vectors
 ]
 
 

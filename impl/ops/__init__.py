@@ -1,7 +1,10 @@
 """Sparse operations: each has a reference (torch) path and a CUDA path behind one signature.
 
 ``impl="auto"`` picks the CUDA kernels when the tensors are on a GPU and the kernels load,
-the reference otherwise; ``"ref"`` and ``"cuda"`` force one.
+the reference otherwise; ``"ref"`` and ``"cuda"`` force one. Two ops also have a compiled
+CPU path, which ``"auto"`` picks for CPU tensors where it builds and ``"cpu"`` forces:
+:func:`nm_prune` (:mod:`impl.ops.nm_cpu`) and :func:`pattern_conv2d`
+(:mod:`impl.ops.pattern_cpu`, :data:`CONV_IMPLS`).
 
 * ClickTrain's pattern ops (Sec. 5.1, 5.2): :func:`pattern_positions`, :func:`pattern_index`,
   :func:`pattern_csr`, :func:`pattern_spmm`, :func:`pattern_conv2d`, :class:`PatternConv2d`
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from impl.ops.nm import nm_prune
 from impl.ops.pattern import (
+    CONV_IMPLS,
     IMPLS,
     PatternConv2d,
     PatternIndex,
@@ -61,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CONV_IMPLS",
     "IMPLS",
     "PatternConv2d",
     "PatternIndex",

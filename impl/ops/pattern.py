@@ -14,7 +14,10 @@ The filter matrix of a conv with weight ``[F, C, R, S]`` is ``F x (C*R*S)`` in i
 Every op takes ``impl``: ``"auto"`` (the default) picks the CUDA kernels when the tensors are
 on a GPU and the kernels load, the reference otherwise; ``"ref"`` forces the reference;
 ``"cuda"`` forces the kernels (:mod:`impl.ops.pattern_cuda`; without a GPU or kernels that
-load it raises a ``RuntimeError`` naming the reason). The reference multiplies with torch's
+load it raises a ``RuntimeError`` naming the reason). The conv (:func:`pattern_conv2d`,
+:class:`PatternConv2d`) also takes ``"cpu"``, the compiled direct sparse convolution of
+:mod:`impl.ops.pattern_cpu` (no im2col matrix), which its ``"auto"`` picks for CPU tensors
+where it builds. The reference multiplies with torch's
 own sparse CSR routines (MKL on CPU, cuSPARSE on GPU), which only ever touch the nonzero
 positions: its executed work is the sparse work.
 
@@ -707,8 +710,11 @@ def pattern_conv2d(
     gradient is the transposed sparse filter matrix times the output gradient, folded back
     (col2im); the weight gradient is computed only at the kept positions (SDDMM) and is
     exactly zero elsewhere. Equals ``conv2d(x, weight * mask, ...)``. Groups are not
-    supported. ``workspace`` (the reference path on the CPU): the buffers of a
-    :class:`PatternConv2d`, reused across calls. The reference path checks ``pattern``'s
+    supported. ``impl``: :data:`CONV_IMPLS`; ``"cpu"`` (and ``"auto"`` on CPU tensors where
+    it builds) computes the same three products by the direct sparse convolution of
+    :mod:`impl.ops.pattern_cpu`, without the im2col matrix, equal to the reference to
+    rounding. ``workspace`` (the reference path on the CPU): the buffers of a
+    :class:`PatternConv2d`, reused across calls. The CPU paths check ``pattern``'s
     ``row_ptr``/``col_ind`` with :func:`check_csr` (with a ``workspace``, once per
     structure: again only after the index tensors are written). Operands that are not
     floating point are refused (:func:`check_floating`).
@@ -922,7 +928,7 @@ class PatternConv2d(nn.Conv2d):
         mask: kept positions, ``weight``'s shape.
         bias: optional bias parameter (shared).
         stride, padding, dilation: as for :class:`torch.nn.Conv2d`.
-        impl: ``"auto"``, ``"ref"`` or ``"cuda"`` (see the module docstring).
+        impl: ``"auto"``, ``"ref"``, ``"cuda"`` or ``"cpu"`` (see the module docstring).
     """
 
     def __init__(

@@ -1367,6 +1367,12 @@ def _prepare_conv(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     if sparse:
         index = pattern_index(mask)
         mode = impl.options["impl"]
+        if mode == "cpu":
+            from impl.ops import pattern_cpu
+
+            reason = pattern_cpu.unavailable_reason()
+            if reason is not None:
+                raise Unavailable(f"the compiled CPU pattern conv is not available: {reason}")
 
         def conv(x, weight):
             return pattern_conv2d(x, weight, index, stride=stride, padding=pad, impl=mode)

@@ -907,8 +907,8 @@ def build(
             "days, and its setting names the device that timed it.",
             *(
                 [
-                    "At this scale the speed claims time CPU implementations (the reference "
-                    "paths) in runs of "
+                    "At this scale the speed claims time CPU implementations (torch "
+                    "references and the compiled CPU kernels of impl/cpu) in runs of "
                     + ("a few SGD steps" if scale == "smoke" else "a few hundred SGD steps")
                     + "; the papers' speed claims are about GPU kernels and full-length runs, "
                     "which the gpu and paper scales measure."

@@ -1309,3 +1309,14 @@ def test_conv_cases_are_the_papers_padded_stride_one_layer_at_every_scale():
         for c in cases.grid("conv", scale):
             assert (c.params["padding"], c.params["stride"]) == (1, 1)
             assert c.params["weight_shape"] == [256, 128, 3, 3]
+
+
+def test_the_compiled_cpu_conv_row_skips_with_the_reason_where_it_cannot_build(monkeypatch):
+    from impl.ops import pattern_cpu
+
+    case = next(c for c in cases.grid("conv", "smoke") if c.name.endswith("fwd-s75"))
+    impl = cases.implementations("conv", "smoke")["pattern_conv2d[cpu]@cpu"]
+    assert impl.options["impl"] == "cpu"
+    monkeypatch.setattr(pattern_cpu, "unavailable_reason", lambda: "no C compiler")
+    with pytest.raises(Unavailable, match="compiled CPU pattern conv.*no C compiler"):
+        cases.prepare(case, impl, "smoke")

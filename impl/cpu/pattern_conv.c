@@ -222,9 +222,11 @@ int NAME(pdt_pconv_forward)(const T *xt, const T *weight, const int64_t *row_ptr
             off[k - k0] = ((c * hp + r * dh) * wp + s * dw) * B;
             val[k - k0] = weight[f * K + col];
         }
-    for (int64_t f = f0; f < f1 && !code; f++)
-        NAME(gather_plane)(xt, val, off, row_ptr[f] - k0, row_ptr[f + 1] - k0, P, Q, B,
-                           sh * wp * B, 0, 0, sw, out + f * P * Q, Q, F * P * Q);
+    /* output rows outermost: the filters of the slice reuse one row's input rows from cache */
+    for (int64_t p = 0; p < P && !code; p++)
+        for (int64_t f = f0; f < f1; f++)
+            NAME(gather_plane)(xt, val, off, row_ptr[f] - k0, row_ptr[f + 1] - k0, 1, Q, B, 0,
+                               p * sh * wp * B, 0, sw, out + (f * P + p) * Q, Q, F * P * Q);
     free(off);
     free(val);
     return code;
@@ -268,9 +270,11 @@ static void NAME(input_grad_gather)(const T *gp, const T *tval, int64_t *off,
         const int64_t f = off[e] / RS, r = off[e] % RS / S, s = off[e] % S;
         off[e] = ((f * pp + (R - 1 - r) * dh) * qp + (S - 1 - s) * dw) * B;
     }
-    for (int64_t c = c0; c < c1; c++)
-        NAME(gather_plane)(gp, tval, off, t_row_ptr[c * RS] - e0, t_row_ptr[(c + 1) * RS] - e0,
-                           H, W, B, qp * B, ph * qp * B, pw, 1, gx + c * H * W, W, C * H * W);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t c = c0; c < c1; c++)
+            NAME(gather_plane)(gp, tval, off, t_row_ptr[c * RS] - e0,
+                               t_row_ptr[(c + 1) * RS] - e0, 1, W, B, 0, (h + ph) * qp * B, pw,
+                               1, gx + (c * H + h) * W, W, C * H * W);
 }
 
 /* Input gradient, any stride: each kept (f, r, s) of channel c adds weight * gp[f, p, q, :]

@@ -315,8 +315,8 @@ def _prune_with_threads(threads, x, method, rule):
 def test_slices_on_threads_give_the_bits_of_one_call(monkeypatch, method, rule):
     monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)  # slice even a small tensor
     pools = []  # the number of slices handed to the pool, per call
-    original = nm_cpu._POOL.submit
-    monkeypatch.setattr(nm_cpu._POOL, "submit", lambda t: pools.append(len(t)) or original(t))
+    original = cpu_kernels.POOL.submit
+    monkeypatch.setattr(cpu_kernels.POOL, "submit", lambda t: pools.append(len(t)) or original(t))
     x = torch.randn(7, 12, 3, 5, generator=torch.Generator().manual_seed(3))  # 7 = 2 + 2 + 3
     one, (y1, sx1, sy1) = _prune_with_threads(1, x, method, rule)
     assert one == [(0, 7)] and pools == []
@@ -423,7 +423,7 @@ def test_one_pool_per_process_grows_to_the_most_slices_and_no_further(monkeypatc
 
     monkeypatch.setattr(nm_cpu, "PARALLEL_MIN_ELEMENTS", 1)
     pool = cpu_kernels.SlicePool()  # a fresh one, as a process starts with
-    monkeypatch.setattr(nm_cpu, "_POOL", pool)
+    monkeypatch.setattr(cpu_kernels, "POOL", pool)
     existing = set(threading.enumerate())
     x = torch.randn(12, 8, 3, 3, generator=torch.Generator().manual_seed(2))
     want = nm_prune_ref(x, 2, 4, "magnitude")

@@ -295,3 +295,17 @@ def test_the_source_builds_without_warnings(tmp_path, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     built = pattern_cpu.build(tmp_path / "cache")
     assert built.name.startswith("pattern_conv-") and built.exists()
+
+
+def test_unavailable_reason_is_the_switch_then_the_loaders_reason(monkeypatch):
+    calls = []
+
+    def library(result):
+        return lambda: calls.append(result) or result
+
+    monkeypatch.delenv("PDT_CPU_KERNELS", raising=False)
+    assert cpu_kernels.unavailable_reason(library("no C compiler")) == "no C compiler"
+    assert cpu_kernels.unavailable_reason(library(object())) is None  # a loaded library
+    monkeypatch.setenv("PDT_CPU_KERNELS", "0")
+    reason = cpu_kernels.unavailable_reason(library("never asked"))
+    assert reason == "turned off by PDT_CPU_KERNELS=0" and len(calls) == 2  # nothing built

@@ -198,6 +198,16 @@ def load(stem: str, source: Path, cflags: Sequence[str], what: str) -> ctypes.CD
     return lib
 
 
+def unavailable_reason(library: Callable[[], ctypes.CDLL | str]) -> str | None:
+    """Why a compiled path cannot run (``None`` when it can): turned off by
+    ``PDT_CPU_KERNELS=0`` (checked first, so nothing is built then), else the reason
+    ``library()`` (a kernel module's cached :func:`load`) returned instead of a library."""
+    if not enabled():
+        return "turned off by PDT_CPU_KERNELS=0"
+    lib = library()
+    return lib if isinstance(lib, str) else None
+
+
 def has_storage(x: torch.Tensor) -> bool:
     """Whether ``x`` holds memory a kernel may read: not a fake tensor (torch.compile's
     tracing, ``FakeTensorMode``), not a meta tensor, not one wrapped by a ``torch.func``
@@ -277,4 +287,5 @@ __all__ = [
     "machine_identity",
     "prune_stale",
     "run_slices",
+    "unavailable_reason",
 ]

@@ -122,10 +122,7 @@ def is_available() -> bool:
 
 def unavailable_reason() -> str | None:
     """Why the compiled path cannot run (``None`` when it can)."""
-    if not enabled():
-        return "turned off by PDT_CPU_KERNELS=0"
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return cpu_kernels.unavailable_reason(_library)
 
 
 def slices(total: int, o: int, rule: str | None) -> list[tuple[int, int]]:
@@ -134,11 +131,7 @@ def slices(total: int, o: int, rule: str | None) -> list[tuple[int, int]]:
     total // PARALLEL_MIN_ELEMENTS)`` near-equal ranges (at least one), and one range for
     the channel rule, whose sums span every ``o``. ``total`` is the tensor's element count."""
     workers = 1 if rule == "channel" else torch.get_num_threads()
-    count = max(1, min(workers, o, total // PARALLEL_MIN_ELEMENTS))
-    return [(o * k // count, o * (k + 1) // count) for k in range(count)]
-
-
-_POOL = cpu_kernels.POOL
+    return cpu_kernels.even_slices(o, min(workers, total // PARALLEL_MIN_ELEMENTS))
 
 
 def nm_prune_cpu(
@@ -184,10 +177,9 @@ def nm_prune_cpu(
     fn, step = getattr(lib, fn_name), c * i  # elements per o
     size, key_size = xc.element_size(), 8  # the keys are float64
     parts = slices(xc.numel(), o, rule)
-    sums = [(ctypes.c_double * 2)() if stats else None for _ in parts]
+    sums = {start: (ctypes.c_double * 2)() if stats else None for start, _ in parts}
 
-    def run(k: int) -> int:
-        start, stop = parts[k]
+    def run(start: int, stop: int) -> int:
         return fn(
             xc.data_ptr() + start * step * size,
             None if keys is None else keys.data_ptr() + start * step * key_size,
@@ -199,14 +191,10 @@ def nm_prune_cpu(
             m,
             _RESCALE_CODES[rule],
             float(eps),
-            None if sums[k] is None else ctypes.addressof(sums[k]),
+            None if sums[start] is None else ctypes.addressof(sums[start]),
         )
 
-    if len(parts) == 1:
-        codes = [run(0)]
-    else:  # the first slice on this thread, the others on the pool's
-        pending = _POOL.submit([functools.partial(run, k) for k in range(1, len(parts))])
-        codes = [run(0), *(f.result() for f in pending)]
+    codes = cpu_kernels.run_slices(run, parts)  # the first slice here, the others on the pool
     if any(code in _FALLBACK for code in codes):
         return None
     for code in codes:
@@ -216,7 +204,9 @@ def nm_prune_cpu(
         out = torch.empty_like(x).copy_(out)
     if not stats:
         return out, None, None
-    l1_x, l1_y = (torch.tensor(sum(s[j] for s in sums), dtype=torch.float64) for j in (0, 1))
+    l1_x, l1_y = (
+        torch.tensor(sum(s[j] for s in sums.values()), dtype=torch.float64) for j in (0, 1)
+    )
     return out, l1_x, l1_y
 
 

@@ -81,10 +81,7 @@ def build(directory: Path | None = None, *, rebuild: bool = False) -> Path:
 
 def unavailable_reason() -> str | None:
     """Why the compiled pattern conv cannot run here (``None`` when it can)."""
-    if not cpu_kernels.enabled():
-        return "turned off by PDT_CPU_KERNELS=0"
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return cpu_kernels.unavailable_reason(_library)
 
 
 def is_available() -> bool:

@@ -309,3 +309,71 @@ def test_unavailable_reason_is_the_switch_then_the_loaders_reason(monkeypatch):
     monkeypatch.setenv("PDT_CPU_KERNELS", "0")
     reason = cpu_kernels.unavailable_reason(library("never asked"))
     assert reason == "turned off by PDT_CPU_KERNELS=0" and len(calls) == 2  # nothing built
+
+
+def _compiler_refusing_native(tmp_path, log):
+    """A ``CC`` that logs each run's native flag and fails on ``-march=native``, else runs the
+    system compiler."""
+    real = cpu_kernels.compiler()
+    cc = tmp_path / "cc-without-native"
+    cc.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" -march=native "*) echo native >> ' + str(log) + "\n"
+        '  echo "error: unknown value native for -march" >&2; exit 1;; esac\n'
+        "echo portable >> " + str(log) + "\n"
+        f'exec {real} "$@"\n'
+    )
+    cc.chmod(0o755)
+    return cc
+
+
+@pytest.mark.skipif(cpu_kernels.compiler() is None, reason="no C compiler")
+def test_a_compiler_refusing_native_flags_builds_the_portable_library(
+    tmp_path, monkeypatch, caplog
+):
+    """-march=native rejected: one more build without it, logged, and the kernel runs from
+    that library (its name hashes the portable flags, not the CPU)."""
+    runs = tmp_path / "runs.log"
+    monkeypatch.setenv("CC", str(_compiler_refusing_native(tmp_path, runs)))
+    monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("PDT_CPU_KERNELS", raising=False)
+    portable = cpu_kernels.portable_flags(pattern_cpu.CFLAGS)
+    assert "-march=native" in pattern_cpu.CFLAGS and "-march=native" not in portable
+    assert [f for f in pattern_cpu.CFLAGS if f != "-march=native"] == list(portable)
+    pattern_cpu._library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="impl.ops.cpu_kernels"):
+            assert pattern_cpu.unavailable_reason() is None
+        built = sorted(p.name for p in (tmp_path / "cache").glob("pattern_conv-*.so"))
+        name = cpu_kernels.library_name("pattern_conv", pattern_cpu.SOURCE,
+                                        str(tmp_path / "cc-without-native"), portable)  # fmt: skip
+        assert built == [name]
+        assert runs.read_text().split() == ["native", "portable"]
+        assert any("-march=native failed" in r.getMessage() for r in caplog.records)
+        gen, x, weight, mask = _case(3, 4, 5, (6, 6), (3, 3), torch.float32)
+        out = pattern_conv2d(x, weight, pattern_index(mask), padding=1, impl="cpu")
+        ref = F.conv2d(x, weight * mask, padding=1)
+        torch.testing.assert_close(out, ref, rtol=pattern_cpu.RTOL, atol=1e-5)
+    finally:
+        pattern_cpu._library.cache_clear()
+
+
+def test_a_compiler_failing_both_ways_gives_both_reasons(tmp_path, monkeypatch):
+    """A source the compiler rejects with and without the native flags: two runs, and the
+    reason holds both messages; flags with nothing native are not built twice."""
+    runs = tmp_path / "runs.log"
+    cc = tmp_path / "failing-cc"
+    cc.write_text(f'#!/bin/sh\necho run >> {runs}\necho "syntax error $#" >&2\nexit 1\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("PDT_CPU_KERNEL_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "k.c"
+    source.write_text("int f(void) { return 0; }\n")
+    reason = cpu_kernels.load("k", source, ("-O3", "-march=native", "-shared"), "test kernel")
+    assert isinstance(reason, str) and "and without the native flags" in reason
+    assert runs.read_text().split() == ["run", "run"]
+    assert reason.count("syntax error") == 2
+    runs.unlink()
+    reason = cpu_kernels.load("k", source, ("-O3", "-shared"), "test kernel")
+    assert isinstance(reason, str) and "without the native flags" not in reason
+    assert runs.read_text().split() == ["run"]

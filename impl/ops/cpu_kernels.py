@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 STALE_DAYS = 30
 
 
+class CompileError(RuntimeError):
+    """The compiler ran and rejected the source or its flags (its message is the text)."""
+
+
 def enabled() -> bool:
     """Whether the compiled CPU paths may be used (``PDT_CPU_KERNELS`` is not ``0``)."""
     return os.environ.get("PDT_CPU_KERNELS", "1") != "0"
@@ -135,8 +139,8 @@ def build(
     The library is written under a temporary name and renamed, so processes building at once
     never load a partial file; it is made readable by every user (mode 0755: a shared
     cache). ``rebuild=True`` replaces a library that is there (one that failed to load).
-    Raises ``RuntimeError`` (with the compiler's message) when there is no compiler, it
-    cannot run, or it fails."""
+    Raises ``RuntimeError`` when there is no compiler, it cannot run or the directory cannot
+    be written, and :class:`CompileError` (with the compiler's message) when it fails."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
@@ -157,7 +161,7 @@ def build(
         except (OSError, subprocess.SubprocessError) as err:
             raise RuntimeError(f"{' '.join(cmd)} could not run: {err}") from err
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
+            raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
         os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache load it
         os.replace(tmp, target)
     finally:
@@ -167,26 +171,62 @@ def build(
     return target
 
 
+#: Flags that ask for the building machine's own instruction set.
+NATIVE_FLAGS: tuple[str, ...] = ("-march=native", "-mcpu=native", "-mtune=native")
+
+
+def portable_flags(cflags: Sequence[str]) -> tuple[str, ...]:
+    """``cflags`` without :data:`NATIVE_FLAGS`: the build for a compiler that rejects them
+    (older GCC on some ARM machines, compilers for another target), at the baseline
+    instruction set of the architecture."""
+    return tuple(flag for flag in cflags if flag not in NATIVE_FLAGS)
+
+
+def _build_here_or_fallback(stem: str, source: Path, cflags: Sequence[str]) -> Path:
+    """:func:`build` in :func:`cache_dir`, or in :func:`fallback_cache_dir` where the default
+    cache cannot be written (never in place of a cache the user named)."""
+    try:
+        return build(stem, source, cflags, cache_dir())
+    except RuntimeError as err:
+        if "cannot write the kernel cache" not in str(err):
+            raise
+        if os.environ.get("PDT_CPU_KERNEL_CACHE"):
+            raise  # the user's choice: say why it failed rather than build elsewhere
+        return build(stem, source, cflags, fallback_cache_dir())
+
+
+def _build_native_or_portable(stem: str, source: Path, cflags: Sequence[str]) -> Path:
+    """:func:`_build_here_or_fallback` with ``cflags``; where the compiler fails and
+    ``cflags`` ask for the native instruction set, once more with :func:`portable_flags`
+    (logged: the kernel then runs at the architecture's baseline). A compiler that cannot
+    run, an unwritable cache, or a second failure raises."""
+    try:
+        return _build_here_or_fallback(stem, source, cflags)
+    except CompileError as err:
+        portable = portable_flags(cflags)
+        if portable == tuple(cflags):
+            raise
+        log.warning("building %s with %s failed; building it without: %s", source.name,
+                    " ".join(f for f in cflags if f in NATIVE_FLAGS), err)  # fmt: skip
+        try:
+            return _build_here_or_fallback(stem, source, portable)
+        except RuntimeError as again:
+            raise RuntimeError(f"{err}\nand without the native flags: {again}") from again
+
+
 def load(stem: str, source: Path, cflags: Sequence[str], what: str) -> ctypes.CDLL | str:
     """The library of ``source`` built (:func:`build`) and loaded, or the reason it could not
     be (logged as a warning naming ``what``, whose reference then runs). An unwritable
     default cache builds under :func:`fallback_cache_dir` (not a cache the user named); a
-    cached library that does not load is rebuilt once."""
-    directory = cache_dir()
+    compiler that fails on ``-march=native`` (:data:`NATIVE_FLAGS`) builds with
+    :func:`portable_flags`; a cached library that does not load is rebuilt once."""
     try:
-        try:
-            path = build(stem, source, cflags, directory)
-        except RuntimeError as err:
-            if "cannot write the kernel cache" not in str(err):
-                raise
-            if os.environ.get("PDT_CPU_KERNEL_CACHE"):
-                raise  # the user's choice: say why it failed rather than build elsewhere
-            directory = fallback_cache_dir()
-            path = build(stem, source, cflags, directory)
+        path = _build_native_or_portable(stem, source, cflags)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError:  # a cached library that does not load (truncated, foreign): rebuild
-            path = build(stem, source, cflags, directory, rebuild=True)
+            path.unlink()
+            path = _build_native_or_portable(stem, source, cflags)
             lib = ctypes.CDLL(str(path))
         try:
             os.utime(path)  # used now: prune_stale keeps it
@@ -272,8 +312,10 @@ def run_slices(call: Callable[[int, int], int], parts: Sequence[tuple[int, int]]
 
 
 __all__ = [
+    "NATIVE_FLAGS",
     "POOL",
     "STALE_DAYS",
+    "CompileError",
     "SlicePool",
     "build",
     "cache_dir",
@@ -285,6 +327,7 @@ __all__ = [
     "library_name",
     "load",
     "machine_identity",
+    "portable_flags",
     "prune_stale",
     "run_slices",
     "unavailable_reason",

@@ -23,7 +23,8 @@ order, so its results equal the reference's to rounding (a relative difference o
 units in the last place; :data:`RTOL`). Each output element is summed by one thread in a
 fixed order: the results do not depend on the thread count. Compiled with ``-O3
 -march=native`` (:mod:`impl.ops.cpu_kernels`; the library's name hashes the machine's CPU):
-vector width and fused multiply-add follow the machine.
+vector width and fused multiply-add follow the machine. A compiler that rejects
+``-march=native`` builds it without (logged; the architecture's baseline vectors).
 
 It applies to float32 and float64 CPU tensors of one dtype that hold memory
 (:func:`impl.ops.cpu_kernels.has_storage`); :func:`applies` says why not otherwise, and the

@@ -159,21 +159,23 @@ def test_takes_channels_last_and_non_contiguous_inputs():
 
 @needs_kernel
 def test_auto_takes_the_compiled_path_on_cpu_and_the_reference_where_it_cannot(monkeypatch):
-    from impl.ops import pattern as pattern_mod
+    from impl.ops import resolve_conv_impl
 
     x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
-    assert pattern_mod._resolve_conv_impl("auto", x, w) == "cpu"
-    assert pattern_mod._resolve_conv_impl("auto", x, w.double()) == "ref"  # two dtypes
-    assert pattern_mod._resolve_conv_impl("auto", x.half(), w.half()) == "ref"
-    assert pattern_mod._resolve_conv_impl("ref", x, w) == "ref"
-    assert pattern_mod._resolve_conv_impl("auto") == "auto"  # a module being configured
+    assert resolve_conv_impl("auto", x, w) == "cpu"
+    assert resolve_conv_impl("auto", x, w.double()) == "ref"  # two dtypes
+    assert resolve_conv_impl("auto", x.half(), w.half()) == "ref"
+    assert resolve_conv_impl("ref", x, w) == "ref"
+    assert resolve_conv_impl("auto") == "auto"  # a module being configured
+    with pytest.raises(ValueError, match="unknown impl 'gpu'"):
+        resolve_conv_impl("gpu", x, w)
     assert pattern_cpu.applies(x, w.double()) == "operands are not all float32 or all float64"
     assert pattern_cpu.applies(x.to("meta"), w.to("meta")) == "operands are not CPU tensors"
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fake = mode.from_tensor(x)
         assert "no memory" in pattern_cpu.applies(fake, mode.from_tensor(w))
     with pytest.raises(RuntimeError, match="cannot run these operands.*float32 or all float64"):
-        pattern_mod._resolve_conv_impl("cpu", x, w.double())
+        resolve_conv_impl("cpu", x, w.double())
     with pytest.raises(ValueError, match="unknown impl 'gpu'.*cpu"):
         pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), impl="gpu")
     calls = []

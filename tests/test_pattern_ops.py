@@ -512,7 +512,7 @@ def test_the_conv_dispatch_weighs_the_bias_too(monkeypatch):
         seen.append(operands)
         return "ref"
 
-    monkeypatch.setattr(pattern_mod, "_resolve_conv_impl", record)
+    monkeypatch.setattr(pattern_mod, "resolve_conv_impl", record)
     x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
     pattern_mod.pattern_conv2d(x, w, torch.ones_like(w, dtype=torch.bool), b)
     assert len(seen) == 1 and seen[0][2] is b

@@ -138,13 +138,12 @@ def pattern_conv_paths(model: torch.nn.Module) -> dict[str, int]:
     resolves for their weight now: ``"cpu"`` (the compiled direct sparse conv,
     impl/cpu/pattern_conv.c), ``"ref"`` (im2col and torch's CSR SpMM) or ``"cuda"``. Timings
     of the sparse stage depend on it."""
-    from impl.ops import PatternConv2d
-    from impl.ops.pattern import _resolve_conv_impl
+    from impl.ops import PatternConv2d, resolve_conv_impl
 
     paths: dict[str, int] = {}
     for module in model.modules():
         if isinstance(module, PatternConv2d):
             operands = [module.weight] + ([] if module.bias is None else [module.bias])
-            path = _resolve_conv_impl(module.impl, *operands)
+            path = resolve_conv_impl(module.impl, *operands)
             paths[path] = paths.get(path, 0) + 1
     return dict(sorted(paths.items()))

@@ -38,6 +38,7 @@ from impl.ops.pattern import (
     pattern_index,
     pattern_positions,
     pattern_spmm,
+    resolve_conv_impl,
 )
 
 if TYPE_CHECKING:
@@ -81,4 +82,5 @@ __all__ = [
     "pattern_index",
     "pattern_positions",
     "pattern_spmm",
+    "resolve_conv_impl",
 ]

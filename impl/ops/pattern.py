@@ -65,12 +65,14 @@ def has_cuda_kernels(device: torch.device | int | None = None) -> bool:
 _CUDA_DTYPES = (torch.float32, torch.float64)
 
 
-def _resolve_conv_impl(impl: str, *tensors: torch.Tensor) -> str:
-    """``"ref"``, ``"cuda"`` or ``"cpu"`` for the pattern conv's ``impl`` and operands:
-    "auto" takes the compiled CPU path when :func:`impl.ops.pattern_cpu.applies` to the
-    operands (CPU tensors of one dtype, float32 or float64, the library built), the CUDA
-    kernels or the reference as :func:`_resolve_impl` says otherwise; ``"cpu"`` where it does
-    not apply raises ``RuntimeError`` naming the reason."""
+def resolve_conv_impl(impl: str, *tensors: torch.Tensor) -> str:
+    """The path :func:`pattern_conv2d` takes for ``impl`` and its operands: ``"ref"``,
+    ``"cuda"`` or ``"cpu"`` ("auto" and ``"cpu"`` without operands: returned as given, a
+    module being configured). "auto" takes the compiled CPU path when
+    :func:`impl.ops.pattern_cpu.applies` to the operands (CPU tensors of one dtype, float32
+    or float64, the library built), the CUDA kernels or the reference as
+    :func:`_resolve_impl` says otherwise; ``"cpu"`` where it does not apply raises
+    ``RuntimeError`` naming the reason; an unknown ``impl`` raises ``ValueError``."""
     if impl not in CONV_IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(CONV_IMPLS)}")
     if impl not in ("auto", "cpu") or (tensors and tensors[0].is_cuda):
@@ -739,7 +741,7 @@ def pattern_conv2d(
                                   dilation, impl, workspace=workspace)  # fmt: skip
     index = conv_pattern_index(x, weight, pattern)
     stride, padding, dilation = conv_geometry(stride, padding, dilation)
-    path = _resolve_conv_impl(impl, x, weight, *([] if bias is None else [bias]))
+    path = resolve_conv_impl(impl, x, weight, *([] if bias is None else [bias]))
     if path == "cuda":
         from impl.ops.pattern_cuda import pattern_conv2d_cuda
 
@@ -945,7 +947,7 @@ class PatternConv2d(nn.Conv2d):
             raise ValueError(f"weight must be [F, C, R, S], got {tuple(weight.shape)}")
         if mask.shape != weight.shape:
             raise ValueError(f"mask {tuple(mask.shape)} must match weight {tuple(weight.shape)}")
-        _resolve_conv_impl(impl)
+        resolve_conv_impl(impl)
         stride, padding, dilation = conv_geometry(stride, padding, dilation)
         f_out, c_in, r, s = weight.shape
         # Built on the meta device: no memory, the real parameters are assigned right after.

@@ -3,6 +3,8 @@ dense convolution of the masked weight and against the reference path."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,61 @@ def test_output_and_gradients_are_the_masked_dense_convolution(case, dtype):
         # sums of up to B*P*Q products in another order than oneDNN's
         assert (got - ref).abs().max() <= tol * ref.abs().max(), (got - ref).abs().max()
     assert torch.all(got_grads[1][~mask] == 0)  # nothing outside the kept positions
+
+
+@contextlib.contextmanager
+def _threads(count):
+    """torch's intra-op thread count set to ``count`` inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _random_geometries(count, seed):
+    """``count`` geometries drawn at random (seeded): kernels 1-4 on each side, strides 1-3,
+    paddings 0-4, dilations 1-3, planes 1-14, 1 to 33 samples, densities 0 to 1; those whose
+    output would be empty are drawn again."""
+    import random
+
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        kernel = (rng.randint(1, 4), rng.randint(1, 4))
+        stride, padding, dilation = ((rng.randint(1, hi), rng.randint(1, hi)) for hi in (3, 4, 3))
+        hw = (rng.randint(1, 14), rng.randint(1, 14))
+        size = [(hw[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+                for i in (0, 1)]  # fmt: skip
+        if min(size) < 1:
+            continue
+        batch = rng.choice([1, 2, 3, 5, 8, 9, 17, 33])
+        density = rng.choice([0.0, 0.1, 0.5, 0.9, 1.0])
+        out.append((batch, rng.randint(1, 6), rng.randint(1, 6), hw, kernel, stride, padding,
+                    dilation, density))  # fmt: skip
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_random_geometries_match_the_masked_dense_convolution(dtype, monkeypatch):
+    """60 geometries drawn at random (combinations of stride, padding, dilation and uneven
+    kernels the hand-picked ones leave out), every other one split over 2 threads."""
+    monkeypatch.setattr(pattern_cpu, "PARALLEL_MIN_ELEMENTS", 1)  # small ones split too
+    for i, case in enumerate(_random_geometries(60, seed=2026)):
+        batch, c_in, c_out, hw, kernel, stride, padding, dilation, density = case
+        gen, x, weight, mask = _case(batch, c_in, c_out, hw, kernel, dtype, i, density)
+        geometry = {"stride": stride, "padding": padding, "dilation": dilation}
+        xs, ws = (t.clone().requires_grad_() for t in (x, weight))
+        with _threads(1 + i % 2):
+            out = pattern_conv2d(xs, ws, mask, impl="cpu", **geometry)
+            g = torch.randn(out.shape, generator=gen, dtype=dtype)
+            got = (out, *torch.autograd.grad(out, [xs, ws], g))
+        want, (gx, gw) = _dense_grads(x, weight, mask, None, g, **geometry)
+        tol = pattern_cpu.RTOL if dtype == torch.float32 else 1e-13
+        for name, a, b in zip(("output", "input grad", "weight grad"), got, (want, gx, gw * mask)):
+            err, scale = (a - b).abs().max(), b.abs().max()
+            assert err <= tol * scale, f"{name} of case {i} {case}: {err} (max {scale})"
 
 
 @needs_kernel

@@ -805,15 +805,12 @@ def cmd_env(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     info = collect()
-    # Which N:M pruning runs on CPU tensors (builds the compiled kernel when it can).
-    why = nm_cpu.unavailable_reason()
-    info["nm_prune_cpu"] = (
-        "compiled kernel (impl/cpu/nm_prune.c)" if why is None else f"torch reference: {why}"
-    )
-    why = pattern_cpu.unavailable_reason()  # the pattern conv's default on CPU tensors
-    info["pattern_conv_cpu"] = (
-        "compiled kernel (impl/cpu/pattern_conv.c)" if why is None else f"torch reference: {why}"
-    )
+    # Which N:M pruning and pattern conv run on CPU tensors by default (builds the compiled
+    # kernels where they can).
+    for key, module in (("nm_prune_cpu", nm_cpu), ("pattern_conv_cpu", pattern_cpu)):
+        why = module.unavailable_reason()
+        source = f"impl/cpu/{module.SOURCE.name}"
+        info[key] = f"compiled kernel ({source})" if why is None else f"torch reference: {why}"
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0

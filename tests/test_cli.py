@@ -392,6 +392,10 @@ def test_env_prints_the_machine_as_json_and_as_a_table(capsys):
 
     want = "compiled kernel" if pattern_cpu.is_available() else "torch reference"
     assert info["pattern_conv_cpu"].startswith(want)
+    for key, source, module in (("nm_prune_cpu", "nm_prune.c", nm_cpu),
+                                ("pattern_conv_cpu", "pattern_conv.c", pattern_cpu)):  # fmt: skip
+        if module.is_available():  # each names its own source
+            assert info[key] == f"compiled kernel (impl/cpu/{source})"
 
 
 def test_env_says_the_reference_prunes_when_the_kernel_is_off(capsys, monkeypatch):

@@ -675,6 +675,12 @@ def test_validate_refuses_the_compiled_cpu_conv_where_it_cannot_run(monkeypatch)
         method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
     monkeypatch.setattr(pattern_cpu, "unavailable_reason", lambda: None)
     method.validate(TrainConfig(model="resnet20", epochs=30, device="cpu"))
+    # a run on a GPU: its pattern convs would get CUDA tensors, which the CPU path refuses
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"sparse_impl='cpu' cannot run here: the run trains on "
+                       r"the GPU \(--device auto\); use 'auto' \(the compiled path"):  # fmt: skip
+        method.validate(TrainConfig(model="resnet20", epochs=30, device="auto"))
 
 
 def test_validate_accepts_cuda_pattern_convs_where_the_kernels_load(monkeypatch):

@@ -91,6 +91,29 @@ def cuda_pattern_kernels_missing(device: str) -> str | None:
     return cuda_kernels_error() or "the CUDA pattern kernels do not load"
 
 
+def sparse_impl_missing(sparse_impl: str, device: str) -> str | None:
+    """Why the pattern convs' ``sparse_impl`` cannot run for a run on ``device`` (resolved as
+    the Trainer does), or None when it can: ``"cuda"`` needs the CUDA kernels on a GPU
+    (:func:`cuda_pattern_kernels_missing`), ``"cpu"`` a run on the CPU and the compiled
+    pattern conv built (:func:`impl.ops.pattern_cpu.unavailable_reason`); ``"auto"``,
+    ``"ref"`` and ``"none"`` run anywhere."""
+    if sparse_impl == "cuda":
+        return cuda_pattern_kernels_missing(device)
+    if sparse_impl != "cpu":
+        return None
+    from impl.train import pick_device
+
+    try:
+        resolved = pick_device(str(device))
+    except ValueError as err:
+        return str(err)
+    if resolved.type != "cpu":
+        return f"the run trains on the GPU (--device {device})"
+    from impl.ops import pattern_cpu
+
+    return pattern_cpu.unavailable_reason()
+
+
 @dataclass
 class ClickTrainConfig(MethodConfig):
     """Options of ClickTrain (defaults: the paper's, Sec. 6.1, unless noted).
@@ -346,24 +369,15 @@ class ClickTrain(Method):
             raise ValueError(
                 f"sparse_impl must be one of {', '.join(SPARSE_IMPLS)}, got {c.sparse_impl!r}"
             )
-        if c.sparse_impl == "cuda":
-            # The pattern convs are built at hard pruning, half-way through the run: say now,
-            # not then, that the kernels asked for cannot run.
-            reason = cuda_pattern_kernels_missing(getattr(train_config, "device", "auto"))
-            if reason is not None:
-                raise ValueError(
-                    f"sparse_impl='cuda' cannot run here: {reason}; use 'auto' (the CUDA "
-                    "kernels where they run, the reference elsewhere) or 'ref'"
-                )
-        if c.sparse_impl == "cpu":
-            from impl.ops import pattern_cpu
-
-            reason = pattern_cpu.unavailable_reason()
-            if reason is not None:
-                raise ValueError(
-                    f"sparse_impl='cpu' cannot run here: {reason}; use 'auto' (the compiled "
-                    "path where it runs, the reference elsewhere) or 'ref'"
-                )
+        # The pattern convs are built at hard pruning, half-way through the run: say now, not
+        # then, that the kernels asked for cannot run.
+        reason = sparse_impl_missing(c.sparse_impl, getattr(train_config, "device", "auto"))
+        if reason is not None:
+            kernels = "CUDA kernels" if c.sparse_impl == "cuda" else "compiled path"
+            raise ValueError(
+                f"sparse_impl={c.sparse_impl!r} cannot run here: {reason}; use 'auto' (the "
+                f"{kernels} where they run, the reference elsewhere) or 'ref'"
+            )
         if not c.loss_derivative_threshold > 0:
             raise ValueError(
                 f"loss_derivative_threshold must be > 0, got {c.loss_derivative_threshold}"

@@ -65,18 +65,29 @@ FINALIZE_FRACTION = 0.05
 HARD_PRUNE_FRACTION = 0.5
 
 
-def cuda_pattern_kernels_missing(device: str) -> str | None:
-    """Why the CUDA pattern kernels cannot run for a run on ``device`` ("auto", "cpu",
-    "cuda[:N]", resolved as the Trainer does: :func:`impl.train.pick_device`), or None when
-    they load (compiling them on first use)."""
+def sparse_impl_missing(sparse_impl: str, device: str) -> str | None:
+    """Why the pattern convs' ``sparse_impl`` cannot run for a run on ``device`` ("auto",
+    "cpu", "cuda[:N]", resolved as the Trainer does: :func:`impl.train.pick_device`), or None
+    when it can: ``"cuda"`` needs a run on a GPU whose CUDA pattern kernels load (compiling
+    them on first use; a torchrun worker's GPU is that of its local rank), ``"cpu"`` a run on
+    the CPU and the compiled pattern conv built
+    (:func:`impl.ops.pattern_cpu.unavailable_reason`); ``"auto"``, ``"ref"`` and ``"none"``
+    run anywhere."""
+    if sparse_impl not in ("cuda", "cpu"):
+        return None
     from impl.train import pick_device
 
     try:
         resolved = pick_device(str(device))
     except ValueError as err:
         return str(err)
-    if resolved.type != "cuda":
-        return f"the run trains on the CPU (--device {device})"
+    if resolved.type != sparse_impl:
+        where = "CPU" if resolved.type == "cpu" else "GPU"
+        return f"the run trains on the {where} (--device {device})"
+    if sparse_impl == "cpu":
+        from impl.ops import pattern_cpu
+
+        return pattern_cpu.unavailable_reason()
     from impl import distributed
     from impl.ops.pattern import has_cuda_kernels
 
@@ -89,29 +100,6 @@ def cuda_pattern_kernels_missing(device: str) -> str | None:
     from impl.cuda import cuda_kernels_error
 
     return cuda_kernels_error() or "the CUDA pattern kernels do not load"
-
-
-def sparse_impl_missing(sparse_impl: str, device: str) -> str | None:
-    """Why the pattern convs' ``sparse_impl`` cannot run for a run on ``device`` (resolved as
-    the Trainer does), or None when it can: ``"cuda"`` needs the CUDA kernels on a GPU
-    (:func:`cuda_pattern_kernels_missing`), ``"cpu"`` a run on the CPU and the compiled
-    pattern conv built (:func:`impl.ops.pattern_cpu.unavailable_reason`); ``"auto"``,
-    ``"ref"`` and ``"none"`` run anywhere."""
-    if sparse_impl == "cuda":
-        return cuda_pattern_kernels_missing(device)
-    if sparse_impl != "cpu":
-        return None
-    from impl.train import pick_device
-
-    try:
-        resolved = pick_device(str(device))
-    except ValueError as err:
-        return str(err)
-    if resolved.type != "cpu":
-        return f"the run trains on the GPU (--device {device})"
-    from impl.ops import pattern_cpu
-
-    return pattern_cpu.unavailable_reason()
 
 
 @dataclass

@@ -550,6 +550,9 @@ def test_library_error_falls_back_once_and_keeps_pruning_once(monkeypatch):
     assert len(mod.fallback_reasons) == 1
     assert mod.fallback_reasons[0].startswith("library error")
     assert mod.prune_calls == 3  # one pruning per backward, never two
+    # each pruning counted under its path, the first one (rows for the library) too
+    assert sum(mod.prune_paths.values()) == 3
+    assert set(mod.prune_paths) <= {"reference", "cpu kernel"}
 
 
 @pytest.mark.parametrize(
@@ -619,6 +622,7 @@ def test_the_sparse_paths_data_gradient_is_laid_out_as_its_input(monkeypatch):
     want = torch.nn.grad.conv2d_input(x.shape, w, nm_prune(g, 2, 4, "magnitude", 1), 1, 1)
     torch.testing.assert_close(gx, want, rtol=1e-12, atol=1e-12)
     assert mod.semi_calls == 1
+    assert mod.prune_paths == {"reference": 1}  # the run's summary counts the sparse path's pruning
 
 
 def test_running_out_of_host_memory_is_raised_not_a_fallback(monkeypatch):

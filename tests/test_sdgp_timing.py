@@ -52,6 +52,19 @@ def test_capture_conv_shapes_changes_no_state():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_conv_behind_frozen_layers_only_needs_no_data_gradient():
+    # training computes no dL/dD for conv "3" when everything before it is frozen, so its
+    # estimate saves nothing there (as the SDGP layer skips pruning, and the FLOP count)
+    model = _model()
+    for p in model[:3].parameters():
+        p.requires_grad_(False)
+    shapes = capture_conv_shapes(model, (3, 11, 13), 2)
+    assert [shapes[k]["data_grad_needed"] for k in ("0", "3", "6")] == [False, False, True]
+    assert all(p.grad is None for p in model.parameters())  # the capture leaves no gradients
+    rows = profile_conv_layers(sdgp_convert(model, 2, 4), (3, 11, 13), 2, 2, 4, repeats=1)
+    assert [r["est_saved_ms"] > 0 for r in rows] == [False, False, True]
+
+
 @pytest.mark.parametrize(("n", "m"), [(2, 4), (1, 8)], ids=["2of4", "1of8"])
 def test_profile_conv_layers_rows(n, m):
     model = sdgp_convert(_model(), n, m)

@@ -309,9 +309,10 @@ class SDGPConv2d(nn.Conv2d):
         check_options(n, m, method, rescale, eps, generator)
         self.n, self.m, self.prune_method, self.rescale = n, m, method, rescale
         self.generator, self.eps = generator, eps
-        # Calls of prune_grad per path that pruned ("cpu kernel", "reference", "cuda tensor":
-        # nm_prune's dispatch by prune_impl) since the layer was configured: compiled and
-        # reference rescaled values differ in their last bits, so a run says which ran.
+        # Calls of prune_grad (and of the semi-structured layer's prune_rows_grad) per path
+        # that pruned ("cpu kernel", "reference", "cuda tensor": nm_prune's dispatch by
+        # prune_impl) since the layer was configured: compiled and reference rescaled values
+        # differ in their last bits, so a run says which ran.
         self.prune_paths: dict[str, int] = {}
         self.reset_stats()
 

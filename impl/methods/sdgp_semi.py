@@ -620,8 +620,11 @@ class SDGPSemiConv2d(SDGPConv2d):
             )
 
     def prune_rows_grad(self, grad_out: torch.Tensor) -> torch.Tensor:
-        """The pruned dL/dO as ``(N, Ho*Wo, K)`` rows; updates the L1 statistics as prune_grad."""
+        """The pruned dL/dO as ``(N, Ho*Wo, K)`` rows; updates the L1 statistics and the
+        pruning path's count (``prune_paths``) as prune_grad: ``"cuda tensor"`` (the N:M
+        kernel where it loads), ``"reference"`` for CPU rows."""
         rows = grad_rows(grad_out)
+        self._count_path("cuda tensor" if rows.is_cuda else "reference")
         pruned = prune_rows(
             rows,
             self.n,

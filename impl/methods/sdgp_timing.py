@@ -85,12 +85,14 @@ def capture_conv_shapes(
 ) -> dict[str, dict[str, Any]]:
     """Input and output shapes of every ``nn.Conv2d`` on one random batch.
 
-    The model runs once in eval mode under ``no_grad`` (no BatchNorm statistic changes) and
-    its training flag is restored. Returns ``{name: {"input_shape", "output_shape",
-    "data_grad_needed", "input_layout", "output_layout"}}``, where ``data_grad_needed`` is
-    False for a conv fed the network's input (training never computes that data gradient)
-    and a layout is ``"channels_last"`` for a tensor laid out NHWC (a model trained
-    ``channels_last``: its convolutions pass NHWC tensors on), else ``"contiguous"``.
+    The model runs once in eval mode (no BatchNorm statistic changes) with autograd on, so
+    that ``data_grad_needed`` is whether the conv's input requires a gradient, as in
+    training: False for a conv fed the network's input and for one behind frozen layers only
+    (training never computes that data gradient); its training flag is restored. Returns
+    ``{name: {"input_shape", "output_shape", "data_grad_needed", "input_layout",
+    "output_layout"}}``, where a layout is ``"channels_last"`` for a tensor laid out NHWC (a
+    model trained ``channels_last``: its convolutions pass NHWC tensors on), else
+    ``"contiguous"``.
     """
     param = next(model.parameters())
     x = torch.randn((batch_size, *input_shape), device=param.device, dtype=param.dtype)
@@ -102,7 +104,7 @@ def capture_conv_shapes(
             shapes[name] = {
                 "input_shape": list(inputs[0].shape),
                 "output_shape": list(output.shape),
-                "data_grad_needed": inputs[0] is not x,
+                "data_grad_needed": inputs[0].requires_grad,
                 "input_layout": layout_of(inputs[0]),
                 "output_layout": layout_of(output),
             }
@@ -115,8 +117,8 @@ def capture_conv_shapes(
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad():
-            model(x)
+        with torch.enable_grad():
+            model(x)  # the graph is dropped at once
     finally:
         model.train(was_training)
         for h in hooks:

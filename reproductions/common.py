@@ -1323,18 +1323,21 @@ def needs_paper(scale: str, what: str) -> str | None:
 
 def cifar_step_recipe(epochs: int, dataset: str = "cifar10", lr: float = 0.1) -> dict[str, Any]:
     """The CIFAR recipe the papers share: SGD momentum 0.9 (no Nesterov), batch 128, ``lr``
-    (0.1: PruneTrain Sec. 5; ClickTrain Sec. 6.1) decayed 10x at 50% and 75% of ``epochs``.
+    (0.1: PruneTrain Sec. 5; ClickTrain Sec. 6.1) decayed 10x from the epochs at half and
+    three quarters of ``epochs`` (rounded down), counted from 1.
 
-    Neither paper's text names the decay: 50% and 75% are epochs 91 and 136 of 182 in the
-    authors' public PruneTrain code; for ClickTrain's 190 epochs (95 and 142, the first
-    inside Table 1's hard-pruning epochs 90-98) they are this project's choice."""
+    Neither paper's text names the decay: the authors' public PruneTrain code lowers the rate
+    from its epochs 91 and 136 of 182, counted from 1 (``epoch >= 91``), so after 90 and 135
+    epochs done, the milestones here (a step schedule's milestones are epochs done); for
+    ClickTrain's 190 epochs (from epochs 95 and 142, the first inside Table 1's hard-pruning
+    epochs 90-98) they are this project's choice."""
     return {
         "data": dataset,
         "epochs": epochs,
         "batch_size": 128,
         "lr": lr,
         "schedule": "step",
-        "milestones": [epochs // 2, (3 * epochs) // 4],
+        "milestones": [epochs // 2 - 1, (3 * epochs) // 4 - 1],
         "nesterov": False,
     }
 

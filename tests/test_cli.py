@@ -923,7 +923,7 @@ def test_every_train_flag_says_what_it_sets_and_its_default_at_each_scale():
     presets = ", ".join(f"{s} {SCALE_PRESETS[s]['epochs']}" for s in SCALE_PRESETS)
     assert f"number of training epochs (default by --scale: {presets})" in text
     assert "SGD momentum (default: 0.9)" in text  # no preset sets it
-    assert "(default by --scale: smoke none, cpu none, gpu none, paper 91 136)" in text
+    assert "(default by --scale: smoke none, cpu none, gpu none, paper 90 135)" in text
     # smoke stops each epoch after 3 steps; the other scales train on every batch
     assert "(default by --scale: smoke 3, cpu none, gpu none, paper none)" in text
     # a switch says what it turns on or off, with no "(default: False)" after it

@@ -147,10 +147,11 @@ def test_the_smallest_valid_values_are_accepted():
 
 def test_paper_preset_is_the_shared_cifar_recipe():
     """PruneTrain's CIFAR recipe (p. 7), which the papers share: 182 epochs of batch 128 at
-    lr 0.1, divided by 10 at 50% and 75% of training (epochs 91 and 136)."""
+    lr 0.1, divided by 10 from epochs 91 and 136 counted from 1, as the authors' code: after
+    90 and 135 epochs done, the milestones."""
     cfg = resolve("paper")
     assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.schedule) == (182, 128, 0.1, "step")
-    assert cfg.milestones == [91, 136] and cfg.gamma == pytest.approx(0.1)
+    assert cfg.milestones == [90, 135] and cfg.gamma == pytest.approx(0.1)
     assert (resolve("cpu").epochs, resolve("smoke").epochs) == (15, 2)
 
 
@@ -166,7 +167,7 @@ def test_step_schedule_needs_only_one_milestone_inside_the_run():
     assert cfg.milestones == [1, 4]
     assert lr_multiplier("step", 1.5, 4, milestones=cfg.milestones) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="give --milestones below --epochs"):
-        resolve("paper", epochs=50)  # the paper's drops at 91 and 136 would never come
+        resolve("paper", epochs=50)  # the paper's drops after 90 and 135 would never come
 
 
 def test_onecycle_rises_then_falls_to_zero():

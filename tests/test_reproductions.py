@@ -2211,7 +2211,7 @@ def test_cross_title_and_description_count_registered_methods(monkeypatch):
 def test_cross_table_trains_each_scale_as_its_docstring_says():
     # the module docstring: smoke one seed; cpu ResNet-20 on digits, 8 epochs, 5 seeds; gpu
     # ResNet-32 on digits, 30 epochs, 5 seeds; paper ResNet-32 on CIFAR-10, 182 epochs, step
-    # schedule at 91 and 136, 3 seeds
+    # schedule from epochs 91 and 136 counted from 1, 3 seeds
     from reproductions.cross import methods
 
     expected = {
@@ -2227,7 +2227,7 @@ def test_cross_table_trains_each_scale_as_its_docstring_says():
             assert tuple(row.seeds) == tuple(range(n_seeds)), (scale, row.label)
             assert row.baseline == (None if row.method == "dense" else "dense")
     assert "ResNet-32 on CIFAR-10, 182 epochs" in methods.shared_setup("paper")
-    assert "[91, 136]" in methods.shared_setup("paper")
+    assert "[90, 135]" in methods.shared_setup("paper")
     assert "ResNet-20 on digits (16x16 px), 8 epochs, batch 32" in methods.shared_setup("cpu")
 
 
@@ -2845,9 +2845,15 @@ def test_a_row_needing_the_paper_scale_runs_only_there():
         assert common.needs_paper(scale, "ImageNet") == "needs the paper scale (ImageNet)"
 
 
-def test_the_cifar_recipe_drops_at_half_and_three_quarters_rounded_down():
-    assert common.cifar_step_recipe(182)["milestones"] == [91, 136]
-    assert common.cifar_step_recipe(190)["milestones"] == [95, 142]
+def test_the_cifar_recipe_drops_from_the_epochs_at_half_and_three_quarters():
+    # the authors' code lowers the rate from its epochs 91 and 136 of 182, counted from 1
+    # (epoch >= 91): milestones are epochs done, so the first lower epoch is the 91st
+    from impl.schedules import lr_multiplier
+
+    assert common.cifar_step_recipe(182)["milestones"] == [90, 135]
+    assert common.cifar_step_recipe(190)["milestones"] == [94, 141]
+    steps = [lr_multiplier("step", e, 182, milestones=[90, 135]) for e in (89, 90, 134, 135)]
+    assert steps == pytest.approx([1.0, 0.1, 0.1, 0.01])
 
 
 def test_time_ms_is_in_milliseconds():

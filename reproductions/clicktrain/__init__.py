@@ -200,9 +200,10 @@ def clicktrain_options(
 def train_for(scale: str, model: str | None = None, dataset: str = "cifar10") -> dict[str, Any]:
     """TrainConfig fields of a ClickTrain accuracy row: the scale's defaults at smoke/cpu,
     ResNet-32 on digits at gpu, the paper's 190 epochs (CIFAR, lr 0.1, batch 128) or 90
-    (ImageNet, batch 64 per GPU) at paper. The learning-rate decay (CIFAR: 95 and 142, see
-    :func:`reproductions.common.cifar_step_recipe`; ImageNet: 30 and 60) and ImageNet's
-    weight decay 1e-4 are this project's choices: the text names neither. ``model`` is the
+    (ImageNet, batch 64 per GPU) at paper. The learning-rate decay (CIFAR: from epochs 95
+    and 142 counted from 1, see :func:`reproductions.common.cifar_step_recipe`; ImageNet: 30
+    and 60) and ImageNet's weight decay 1e-4 are this project's choices: the text names
+    neither. ``model`` is the
     paper's name; on CIFAR, its ResNet34 and ResNet50 train PruneTrain's CIFAR networks
     (:data:`CIFAR_MODELS`)."""
     if scale in ("smoke", "cpu"):

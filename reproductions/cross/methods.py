@@ -11,7 +11,7 @@ target accuracy, and the bytes a data-parallel step all-reduces.
 
 Scales: smoke (pipeline, one seed), cpu (ResNet-20 on digits, 8 epochs, 5 seeds), gpu
 (ResNet-32 on digits, 30 epochs, 5 seeds), paper (ResNet-32 on CIFAR-10, 182 epochs with
-the step schedule at epochs 91 and 136, 3 seeds).
+the step schedule from epochs 91 and 136 counted from 1, 3 seeds).
 """
 
 from __future__ import annotations

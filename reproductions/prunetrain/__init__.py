@@ -13,17 +13,18 @@ from reproductions.common import METHOD_SCALE_NOTES, Row, cifar_step_recipe
 # (impl.models.resnet.prunetrain_resnet50, 230 MFLOPs per inference, Sec. 5.2), not the
 # ImageNet ResNet-50 on a CIFAR stem (11x the FLOPs).
 CIFAR_MODELS: dict[str, str] = {"resnet50": "prunetrain_resnet50"}
-#: Epochs of the paper's CIFAR runs (Sec. 5.1: 182; the authors' code decays the rate at 91
-#: and 136, which the text does not say).
+#: Epochs of the paper's CIFAR runs (Sec. 5.1: 182; the authors' code decays the rate from
+#: its epochs 91 and 136, counted from 1, which the text does not say).
 PAPER_CIFAR_EPOCHS = 182
 
 
 def train_for(scale: str, model: str | None = None, dataset: str = "cifar10") -> dict[str, Any]:
     """TrainConfig fields: the scale's defaults at smoke/cpu, ResNet-32 on digits at gpu,
-    the paper's recipe at paper (CIFAR: 182 epochs, batch 128, lr 0.1, decayed at 91 and 136
-    as the authors' code does; ImageNet: 90 epochs, batch 256, lr 0.1, and, as the text does
-    not say them, the usual ImageNet ResNet decay at 30 and 60 and weight decay 1e-4). ``model``
-    is the paper's name; on CIFAR, ResNet-50 trains PruneTrain's layout (:data:`CIFAR_MODELS`)."""
+    the paper's recipe at paper (CIFAR: 182 epochs, batch 128, lr 0.1, decayed from epochs 91
+    and 136 counted from 1 as the authors' code does; ImageNet: 90 epochs, batch 256, lr 0.1,
+    and, as the text does not say them, the usual ImageNet ResNet decay at 30 and 60 and
+    weight decay 1e-4). ``model`` is the paper's name; on CIFAR, ResNet-50 trains
+    PruneTrain's layout (:data:`CIFAR_MODELS`)."""
     if scale in ("smoke", "cpu"):
         return {}
     if scale == "gpu":

@@ -94,6 +94,7 @@ def loop_group_lasso(model: nn.Module) -> float:
     """Plain-loop reference of Eq. (2) in float64."""
     total = 0.0
     first = True
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             w = m.weight.detach().double()
@@ -107,12 +108,21 @@ def loop_group_lasso(model: nn.Module) -> float:
             w = m.weight.detach().double()
             for i in range(w.shape[1]):
                 total += math.sqrt(float((w[:, i] ** 2).sum()) + 1e-8)
+            if m is not last:  # output neurons of all but the last FC layer (Sec. 4.1)
+                for j in range(w.shape[0]):
+                    total += math.sqrt(float((w[j] ** 2).sum()) + 1e-8)
     return total
 
 
-@pytest.mark.parametrize("name", ["tiny", "resnet20", "vgg11"], ids=["tiny", "resnet20", "vgg11"])
+def two_fc_head_model() -> nn.Sequential:
+    """tiny_model with a hidden linear layer: 7 -> 6 -> 3."""
+    return nn.Sequential(*tiny_model()[:-1], nn.Linear(7, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("name", ["tiny", "two-fc", "resnet20", "vgg11"])
 def test_group_lasso_matches_plain_loop(name: str) -> None:
-    model = tiny_model() if name == "tiny" else M.create(name)
+    models = {"tiny": tiny_model, "two-fc": two_fc_head_model}
+    model = models[name]() if name in models else M.create(name)
     got = float(group_lasso(model).detach())
     assert got == pytest.approx(loop_group_lasso(model), rel=1e-5)
 

@@ -61,12 +61,17 @@ def group_lasso(model: nn.Module) -> torch.Tensor:
     Sum over groups of ``sqrt(||W_g||^2 + 1e-8)``; the groups are every convolution's output
     channels (``W[k]``), every convolution's input channels (``W[:, c]``) except those of the
     first convolution (the one reading the network input: the first ``nn.Conv2d`` in
-    ``model.modules()`` order, the stem of every model of :mod:`impl.models`), and every
-    linear layer's input features (``W[:, i]``). No group-size scaling: one global
-    coefficient multiplies the sum. Returns a scalar tensor that carries gradients.
+    ``model.modules()`` order, the stem of every model of :mod:`impl.models`), every linear
+    layer's input features (``W[:, i]``) and the output neurons (``W[j]``) of every linear
+    layer but the last (the classifier; Sec. 4.1: "We do not apply group lasso to the input
+    channels of the first convolution layer and the output neurons of the last
+    fully-connected layer": the hidden layers of a multi-layer head, VGG's ImageNet one). No
+    group-size scaling: one global coefficient multiplies the sum. Returns a scalar tensor
+    that carries gradients.
     """
     terms: list[torch.Tensor] = []
     first = True
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             sq = m.weight.pow(2)
@@ -76,7 +81,10 @@ def group_lasso(model: nn.Module) -> torch.Tensor:
             else:
                 terms.append((sq.sum(dim=(0, 2, 3)) + GROUP_EPS).sqrt().sum())
         elif isinstance(m, nn.Linear):
-            terms.append((m.weight.pow(2).sum(dim=0) + GROUP_EPS).sqrt().sum())
+            sq = m.weight.pow(2)
+            terms.append((sq.sum(dim=0) + GROUP_EPS).sqrt().sum())
+            if m is not linears[-1]:
+                terms.append((sq.sum(dim=1) + GROUP_EPS).sqrt().sum())
     if not terms:
         raise ValueError("group_lasso: the model has no Conv2d or Linear layer")
     return torch.stack(terms).sum()

@@ -706,6 +706,7 @@ def run(
     def finish_row(r: dict[str, Any]) -> None:
         r.setdefault("model", "")
         r.update({k: v for k, v in prov.items() if k not in r})
+        r.update({k: v for k, v in meta.get("flags", {}).items() if k not in r})  # TF32 etc.
         r.setdefault("device_name", prov.get("gpu_name") or prov.get("cpu_model"))
         rows.append(r)
         if partial is not None:

@@ -234,6 +234,8 @@ def test_sdgp_semi_cut_by_sigterm_keeps_its_rows(tmp_path):
     assert meta["cut_at"]["model"] in ("resnet18", "resnet50")
     assert len(payload["rows"]) == len(partial) >= 3
     assert "**Incomplete**" in (out / "summary.md").read_text()
+    flags = {"tf32_matmul": False, "tf32_cudnn": False, "cudnn_benchmark": False}
+    assert all(flags.items() <= r.items() for r in payload["rows"])  # each row says its flags
 
 
 @pytest.mark.slow

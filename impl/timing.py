@@ -12,6 +12,14 @@ import time
 import torch
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait until ``device`` has finished the work queued on it (a GPU's; nothing on the CPU,
+    whose work is done when its call returns): a host clock read after it counts that work."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class PhaseTimer:
     """Times named phases (e.g. "fwd", "bwd") of each iteration, in milliseconds."""
 

@@ -41,7 +41,7 @@ from impl.methods.masking import conv_weight_counts
 from impl.out_dir import check_out_dir
 from impl.run_files import holds_run
 from impl.schedules import lr_multiplier
-from impl.timing import PhaseTimer
+from impl.timing import PhaseTimer, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,30 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 (seeds third-party global-state users)
     torch.manual_seed(seed)
+
+
+def python_rng_states() -> dict[str, Any]:
+    """The states of Python's and NumPy's global generators, which :func:`seed_everything`
+    seeds, in types a ``weights_only`` checkpoint holds (a method drawing from them goes on
+    where it was after a resumption, :func:`restore_python_rngs`)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002
+    return {
+        "python": random.getstate(),
+        "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)},
+    }  # fmt: skip
+
+
+def restore_python_rngs(states: dict[str, Any] | None) -> None:
+    """Set Python's and NumPy's global generators to :func:`python_rng_states`' ``states``
+    (nothing for ``None``: a checkpoint written before they were kept)."""
+    if not states:
+        return
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    n = states["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["gauss"]))  # noqa: NPY002
 
 
 def rank_rng_seed(seed: int, epoch: int, rank: int) -> int:
@@ -577,6 +601,8 @@ class Trainer:
                 self.scaler.load_state_dict(state["grad_scaler"])
             torch.set_rng_state(state["rng_cpu"])
             restore_cuda_rng(state.get("rng_cuda"), self.device)
+            restore_python_rngs(state.get("rng_python"))
+            ctx.last_loss = float(state.get("last_loss", float("nan")))
             start_epoch = int(state["epoch"])
             ctx.step = int(state["step"])
             ctx.batch_size = int(state["batch_size"])
@@ -663,6 +689,8 @@ class Trainer:
                     **method_identity(type(method)),
                     "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": cuda_rng_state(self.device),
+                    "rng_python": python_rng_states(),
+                    "last_loss": ctx.last_loss,
                     "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
@@ -714,6 +742,7 @@ class Trainer:
         lr = float("nan")
         bar = _progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", self.progress)
         peak.open()
+        synchronize(self.device)  # the clock starts with nothing of before still running
         t0 = time.perf_counter()
         # the cost at the start of steps 1, the middle one and the last (epoch_step_cost)
         sampled = sorted({1, steps // 2, steps - 1} - {0}) if steps > 1 else []
@@ -724,7 +753,9 @@ class Trainer:
             if i in sampled:
                 # after the first step a method's masks may change (Campfire's per-epoch
                 # target); they may change every step (its per-step ramp): the cost is read
-                # at three steps, and reading it is not training time
+                # at three steps, and reading it is not training time (the steps before
+                # finish first: their queued GPU work is training time)
+                synchronize(self.device)
                 t_cost = time.perf_counter()
                 costs.append((i, _step_cost(ctx, method)))
                 t0 += time.perf_counter() - t_cost
@@ -782,6 +813,7 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
             model = dp.module(ctx)  # a method may have replaced it
+        synchronize(self.device)  # the last steps' queued GPU work is training time
         train_seconds = time.perf_counter() - t0
         epoch_peak = peak.close()  # before on_epoch_end, which may probe (and reset) memory
         if bar is not None:
@@ -980,9 +1012,11 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     # disable=None: no bar when stderr is not a terminal (logs, CI), a live bar otherwise.
-    return tqdm(
+    bar = tqdm(
         total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=0.5, disable=None
     )
+    # None where it would show nothing: the loop then reads no loss for it (a device sync)
+    return None if bar.disable else bar
 
 
 def check_run_method(run_dir: Path, cfg: TrainConfig) -> None:

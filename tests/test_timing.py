@@ -148,3 +148,14 @@ def test_reset_forgets_cuda_events_not_yet_read(fake_cuda_events):
     timer.start("mm")
     timer.stop("mm")
     assert timer.times("mm") == [10.0]
+
+
+def test_synchronize_waits_for_a_gpu_and_not_for_the_cpu(monkeypatch):
+    from impl.timing import synchronize
+
+    waited: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    synchronize("cpu")
+    assert waited == []
+    synchronize("cuda:1")
+    assert waited == [torch.device("cuda", 1)]

@@ -871,3 +871,69 @@ def test_the_summary_keeps_the_last_epochs_accuracy_and_the_best_one(tmp_path, m
     summary = train(cfg, progress=False)
     assert [r["test_top1"] for r in rundir.read_metrics(run)] == [70.0, 40.0]
     assert (summary["top1"], summary["best_top1"]) == (40.0, 70.0)
+
+
+def test_a_resumed_run_goes_on_with_the_last_loss_and_pythons_and_numpys_generators(
+    tmp_path, monkeypatch
+):
+    """What a method reads at an epoch's start (``ctx.last_loss``, draws from Python's and
+    NumPy's global generators, which the run seeds) is the same in a run stopped after two
+    epochs and resumed as in the run that was never stopped."""
+    import random
+
+    import numpy as np
+
+    from impl.methods.dense import Dense
+
+    seen: list[tuple[int, float, float, float]] = []
+    stop: dict[str, bool] = {}
+
+    def on_epoch_start(self, ctx):
+        if ctx.epoch == 2 and stop.pop("once", False):
+            raise RuntimeError("stopped at epoch 2")
+        seen.append((ctx.epoch, ctx.last_loss, random.random(), float(np.random.rand())))  # noqa: NPY002
+
+    monkeypatch.setattr(Dense, "on_epoch_start", on_epoch_start)
+    values = dict(epochs=3, batch_size=8, max_steps_per_epoch=2, data_options={"image_size": 8})
+    train(_smoke_cfg(tmp_path / "whole", **values), progress=False)
+    whole = list(seen)
+    seen.clear()
+    stop["once"] = True
+    with pytest.raises(RuntimeError, match="stopped at epoch 2"):
+        train(_smoke_cfg(tmp_path / "cut", **values), progress=False)
+    seen.clear()
+    resume(tmp_path / "cut", progress=False)
+    assert [s[0] for s in whole] == [0, 1, 2] and math.isfinite(whole[2][1])
+    assert seen == [whole[2]]  # the loss of epoch 1, and the third draws, not the first
+
+
+def test_training_time_waits_for_the_devices_queued_work(tmp_path, monkeypatch):
+    """An epoch's clock starts and stops, and each reading of the step cost begins, after the
+    device has finished what was queued (on a GPU the work of earlier steps would otherwise
+    be counted as cost reading or left out): 1 + 3 + 1 waits for 4 steps."""
+    from impl import train as train_module
+
+    waits: list[str] = []
+    monkeypatch.setattr(train_module, "synchronize", lambda d: waits.append(str(d)))
+    cfg = _smoke_cfg(tmp_path / "run", epochs=1, batch_size=8, max_steps_per_epoch=4,
+                     data_options={"image_size": 8})  # fmt: skip
+    train(cfg, progress=False)
+    assert waits == ["cpu"] * 5
+
+
+def test_the_progress_bar_is_none_where_it_would_show_nothing(monkeypatch):
+    import io
+
+    from impl.train import _progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file: no bar, no loss read
+    assert _progress(3, "epoch 1/1", True) is None
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = _progress(3, "epoch 1/1", True)
+    assert bar is not None and not bar.disable
+    bar.close()
+    assert _progress(3, "epoch 1/1", False) is None

@@ -62,8 +62,10 @@ class TrainContext:
             rebuilds its loader and rescales the learning rate linearly when it does).
         input_shape: shape of one input sample, ``(C, H, W)``.
         last_loss: the mean training cross-entropy (before regularisation) of the last
-            finished epoch; NaN during the first. Set once per epoch, whatever the progress
-            display (a per-step value would cost a device sync every step).
+            finished epoch, over its steps (each batch's mean counted once, the short last
+            batch too, as the metrics' ``train_loss``); NaN during the first. Set once per
+            epoch, whatever the progress display (a per-step value would cost a device sync
+            every step); a resumed run restores it from the checkpoint.
         extra: free-form per-run scratch space for the method. The Trainer writes ``seed``
             at setup and, before ``on_epoch_end``, the epoch's ``epoch_samples`` (training
             samples over every rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per

@@ -1277,6 +1277,30 @@ def _dense_gradient_calls(ran: dict[str, int]) -> int:
     return sum(n for key, n in ran.items() if key in ("weight_grad dense", "input_grad dense"))
 
 
+def dense_gradient_flops(
+    report: Any, pattern_layers: set[str], ran: dict[str, int]
+) -> float | None:
+    """FLOPs per sample that the pattern layers' gradients executed beyond what ``report``
+    (:func:`impl.flops.training_flops`, which counts them sparse whichever path ran) counts,
+    from the picks ``ran`` of one iteration (:func:`_uses_since`): for each gradient op
+    (``input_grad`` -> data gradient, ``weight_grad``) whose every call ran dense (cuBLAS /
+    cuDNN), each pattern layer's dense count less its sparse one; 0.0 where none ran dense.
+    None where some calls of an op ran dense and others sparse: which layers did is not
+    known, so the executed FLOPs are not either."""
+    extra = 0.0
+    for op, part in (("input_grad", "data_grad"), ("weight_grad", "weight_grad")):
+        dense = ran.get(f"{op} dense", 0)
+        calls = sum(n for key, n in ran.items() if key.split(" ", 1)[0] == op)
+        if dense == 0:
+            continue
+        if dense != calls:
+            return None
+        for layer in report.layers:
+            if layer.name in pattern_layers:
+                extra += getattr(layer.dense, part) - getattr(layer.executed, part)
+    return extra
+
+
 def _prepare_spmm(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     dev = _device(impl)
     _cuda_kernels_check(impl)
@@ -1589,12 +1613,24 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
             ran = _uses_since(held.pop("uses"))
             if ran:
                 info["paths_per_iteration"] = "; ".join(f"{k} x{n}" for k, n in ran.items())
-                # impl.flops counts a pattern layer's gradients as sparse whichever path ran;
-                # how many ran dense (cuBLAS / cuDNN: dense FLOPs) says how far that is off
+                # impl.flops counts a pattern layer's gradients as sparse whichever path ran:
+                # the gradients that ran dense (cuBLAS / cuDNN) executed dense FLOPs
                 info["dense_gradient_calls"] = _dense_gradient_calls(ran)
+                if report is not None and info["dense_gradient_calls"]:
+                    extra = dense_gradient_flops(report, _pattern_layer_names(model), ran)
+                    if extra is None:
+                        prepared.flops = None
+                        prepared.phase_flops.pop("backward", None)
+                        info["flops_unknown"] = (
+                            "some pattern layers' gradients ran dense and others sparse; "
+                            "which did is not recorded, so neither is the executed work"
+                        )
+                    elif prepared.flops is not None:
+                        prepared.flops += extra * p["batch"]
+                        prepared.phase_flops["backward"] += extra * p["batch"]
 
     phase_flops: dict[str, float] = {}
-    flops = nominal = None
+    flops = nominal = report = None
     try:
         from impl.flops import training_flops
 
@@ -1609,7 +1645,7 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
     except Exception as exc:  # the counter may not know a module of some build
         state.info["flops_error"] = f"{type(exc).__name__}: {exc}"
     info.update({f"state_{k}": v for k, v in state.info.items()})
-    return Prepared(
+    prepared = Prepared(
         [("forward", forward), ("backward", backward), ("step", step)],
         dev,
         flops=flops,
@@ -1619,6 +1655,14 @@ def _prepare_iteration(case: Case, impl: Impl, cfg: ScaleConfig) -> Prepared:
         info=info,
         timed_phases=("forward", "backward"),
     )
+    return prepared
+
+
+def _pattern_layer_names(model: torch.nn.Module) -> set[str]:
+    """Names of the pattern convolutions (:class:`impl.ops.PatternConv2d`) of ``model``."""
+    from impl.ops import PatternConv2d
+
+    return {name for name, m in model.named_modules() if isinstance(m, PatternConv2d)}
 
 
 @functools.lru_cache(maxsize=16)

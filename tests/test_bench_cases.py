@@ -380,6 +380,48 @@ def test_iteration_rows_count_gradients_that_ran_dense(monkeypatch):
         phase(0)
     assert prepared.info["dense_gradient_calls"] == 5
     assert "weight_grad dense x3" in prepared.info["paths_per_iteration"]
+    # some weight gradients dense, others sparse: which layers is not known, nor the work
+    assert prepared.flops is None and "backward" not in prepared.phase_flops
+    assert "ran dense and others sparse" in prepared.info["flops_unknown"]
+
+
+def test_iteration_rows_count_every_pattern_layers_dense_gradients_as_dense(monkeypatch):
+    # every input gradient of ClickTrain's pattern layers ran on cuDNN, every weight gradient
+    # on the SDDMM: the row's executed FLOPs add each layer's dense data gradient less its
+    # sparse one, and nothing for the weight gradients
+    from bench import method_states
+    from impl.flops import training_flops
+    from impl.ops import PatternConv2d
+
+    built = []
+    real = method_states.build_state
+    monkeypatch.setattr(
+        method_states, "build_state", lambda *a, **k: built.append(real(*a, **k)) or built[-1]
+    )
+    case = cases.grid("iteration", "smoke")[0]
+    _, impl = cases.find("iteration", case.name, "clicktrain@cpu", "smoke")
+    prepared = cases.prepare(case, impl, "smoke")
+    model = built[0].model
+    size = case.params["resolution"]
+    report = training_flops(model, (3, size, size), built[0].cost or None)
+    sparse_total, sparse_backward = prepared.flops, prepared.phase_flops["backward"]
+    layers = {n for n, m in model.named_modules() if isinstance(m, PatternConv2d)}
+    assert len(layers) > 0
+    ran = {"input_grad dense": len(layers), "weight_grad sddmm": len(layers)}
+    monkeypatch.setattr(cases, "_uses_since", lambda before: dict(ran))
+    for _, phase in prepared.phases:
+        phase(0)
+    extra = sum(
+        layer.dense.data_grad - layer.executed.data_grad
+        for layer in report.layers
+        if layer.name in layers
+    )
+    assert extra > 0
+    batch = case.params["batch"]
+    assert prepared.flops == pytest.approx(sparse_total + extra * batch)
+    assert prepared.phase_flops["backward"] == pytest.approx(sparse_backward + extra * batch)
+    assert "flops_unknown" not in prepared.info
+    assert cases.dense_gradient_flops(report, layers, {"input_grad spmm": 3}) == 0.0
 
 
 def test_iteration_speedups_cover_the_step_and_the_whole_iteration():

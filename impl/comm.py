@@ -389,19 +389,19 @@ def _all_reduce_timed(state: CommState, payload: torch.Tensor) -> float:
 
 
 def allreduce_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future:
-    """DDP communication hook: average the bucket's gradients over the ranks.
+    """DDP communication hook: sum the bucket's gradients over the ranks.
 
     Dense: the whole bucket buffer is the payload. With masks: the kept entries, packed
     (:func:`pack`), are the payload, and the result is unpacked with zeros at pruned
-    positions. The payload is divided by the world size before the sum, as DDP's default
-    hook does. Its bytes (and, when ``state.timing``, the collective's time) are recorded in
-    ``state.stats``.
+    positions. The sum is the global batch's mean gradient: each rank's backward already
+    weighs its share by ``1 / n_global`` (:meth:`impl.distributed.DataParallel.backward_loss`),
+    so no division by the world size follows, unlike DDP's default hook. Its bytes (and, when
+    ``state.timing``, the collective's time) are recorded in ``state.stats``.
     """
     buf = bucket.buffer()
     params = list(bucket.parameters())
     index = state.bucket_index(params)
     payload = buf if index is None else pack(buf, index, state.impl)
-    payload.div_(state.world_size)
     nbytes = payload.numel() * payload.element_size()
 
     def finish(reduced: torch.Tensor) -> torch.Tensor:

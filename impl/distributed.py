@@ -698,17 +698,23 @@ class DataParallel:
         return value + (local - local.detach())
 
     def backward_loss(self, total: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-        """``total`` plus ``(share - 1) * local``, ``share = n_local * world / n_global``:
-        with unequal shares, the average of the ranks' gradients is then the global batch's
-        mean gradient (and regularisers added by a method count once)."""
+        """What this rank differentiates: ``total / world + (n_local / n_global - 1 / world)
+        * local``. Its cross-entropy gradient is then this rank's samples' part of the global
+        batch's mean, ``(1 / n_global) * grad(sum of local losses)``, the scale one process
+        sees (what a backward hook sees, SDGP's pruning of dL/dO with its additive rescale
+        eps among them), and a regulariser a method adds counts ``1 / world`` on each rank:
+        the ranks' gradients are summed (:func:`impl.comm.allreduce_hook`) to the global
+        batch's mean gradient with the regulariser's once. An empty share adds
+        ``total / world``."""
         if not self.active or self._n_global == 0:
             return total
-        share = self._n_local * self.info.world_size / self._n_global
-        if share == 1.0:
-            return total
+        world = self.info.world_size
         if self._n_local == 0:
-            return total
-        return total + (share - 1.0) * local
+            return total / world
+        weight = self._n_local / self._n_global - 1.0 / world
+        if weight == 0.0:  # equal shares
+            return total / world
+        return total / world + weight * local
 
     def end_iteration(self, ctx: Any) -> None:
         """Close this iteration's communication tally. With one process, count the bytes

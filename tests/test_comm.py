@@ -323,9 +323,10 @@ def test_hook_on_one_rank_sends_kept_gradients_only(one_rank_group, timing, layo
     assert (state.stats.seconds[0] > 0) is timing
 
 
-def test_the_hook_averages_over_the_ranks(one_rank_group, monkeypatch):
-    """Each rank's payload is divided by the world size before the sum (DDP's mean): with
-    a world of 2 standing in, the one rank's gradients come back halved, kept ones only."""
+def test_the_hook_sums_over_the_ranks_and_divides_by_nothing(one_rank_group, monkeypatch):
+    """Each rank's backward already weighs its share by 1 / global batch
+    (DataParallel.backward_loss), so the hook sums: with a world of 2 standing in, the one
+    rank's gradients come back as they were, not halved as DDP's mean would, kept ones only."""
     monkeypatch.setattr(comm.CommState, "world_size", property(lambda self: 2))
     m, ref = small_model(), small_model()
     g = torch.Generator().manual_seed(2)
@@ -339,7 +340,7 @@ def test_the_hook_averages_over_the_ranks(one_rank_group, monkeypatch):
     ref(x).square().sum().backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         keep = masks.get(name, torch.ones_like(p, dtype=torch.bool))
-        assert torch.allclose(p.grad, q.grad * keep / 2, rtol=1e-6, atol=1e-7), name
+        assert torch.allclose(p.grad, q.grad * keep, rtol=1e-6, atol=1e-7), name
 
 
 def test_an_iteration_is_sparse_if_any_of_its_buckets_was_packed():

@@ -1007,12 +1007,13 @@ def test_global_loss_of_an_empty_share_is_the_others_mean_and_counts_its_bytes(o
 
 @pytest.mark.parametrize(
     "n_local, n_global, expected",
-    [(4, 9, 5.0 - 2.0 / 9), (5, 9, 5.0 + 2.0 / 9), (3, 6, 5.0), (0, 1, 5.0)],
+    [(4, 9, 2.5 - 1.0 / 9), (5, 9, 2.5 + 1.0 / 9), (3, 6, 2.5), (0, 1, 2.5)],
     ids=["smaller-share", "larger-share", "equal-shares", "empty-share"],
 )
 def test_backward_loss_weights_the_local_loss_by_its_share(n_local, n_global, expected):
-    """total + (share - 1) * local with share = n_local * world / n_global (two ranks; a
-    total of 5 and a local loss of 2); an empty share adds nothing."""
+    """total / world + (n_local / n_global - 1 / world) * local (two ranks; a total of 5 and
+    a local loss of 2): the local mean's gradient weighted n_local / n_global, the rest of
+    the total's 1 / 2; an empty share adds total / world."""
     dp = D.DataParallel(ACTIVE, torch.device("cpu"), timing=False)
     x = torch.zeros(n_local, 1)
     dp.shard(x, torch.zeros(n_local, dtype=torch.long), n_global=n_global)

@@ -125,6 +125,16 @@ def test_dense_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
     assert all(0 < r["comm_ms"] < 1e3 * r["train_seconds"] for r in a)  # a part of the epoch
 
 
+def test_sdgp_ddp_equals_one_process_float64(job, tmp_path, monkeypatch):
+    """SDGP prunes each rank's dL/dO inside the backward pass, before the Allreduce, and its
+    rescale adds an eps (the authors' 1e-4 here): the weights equal one process's only if each
+    rank's gradient has one process's scale there (unequal shares of 9 and 8 too)."""
+    result(job, "sdgp64")
+    single_run(tmp_path / "one", worker.SDGP64, True, monkeypatch)
+    rel = worker.weights_rel_diff(job["out"] / "sdgp64", tmp_path / "one")
+    assert rel <= 1e-5, rel
+
+
 def test_only_rank_zero_writes_the_run_directory(job):
     assert job["ranks"][1]["rank_writes"] == []
     for name in ("dense64", "clicktrain64", "prunetrain64", "campfire", "sdgp", "cli"):

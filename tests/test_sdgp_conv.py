@@ -660,6 +660,21 @@ def test_method_validate(options, match):
         method.validate(SimpleNamespace(seed=0))
 
 
+def test_channel_rescale_is_refused_with_several_processes(monkeypatch):
+    # a rank's backward holds its share of the batch only; the per-sample plane rule and
+    # one process are fine
+    channel = create_method("sdgp", {"rescale": "channel"})
+    channel.validate(SimpleNamespace(seed=0))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match="with 2 processes each one's backward sees its share"):
+        channel.validate(SimpleNamespace(seed=0))
+    create_method("sdgp", {"rescale": "plane"}).validate(SimpleNamespace(seed=0))
+    create_method("sdgp", {"rescale": "channel", "prune_method": "magnitude"}).validate(
+        SimpleNamespace(seed=0)
+    )
+
+
 def test_method_validate_accepts_a_zero_rescale_eps():
     create_method("sdgp", {"rescale_eps": 0.0}).validate(SimpleNamespace(seed=0))
 

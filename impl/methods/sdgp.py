@@ -702,6 +702,16 @@ class SDGP(Method):
             raise ValueError(f"profile_repeats must be >= 1; got {c.profile_repeats}")
         if c.backend not in BACKENDS:
             raise ValueError(f"unknown backend {c.backend!r}; valid: {', '.join(BACKENDS)}")
+        from impl.distributed import env_world
+
+        world = env_world()
+        if c.prune_method == "rescaled" and c.rescale == "channel" and world and world[1] > 1:
+            raise ValueError(
+                "rescale='channel' scales each channel by sums over the whole batch, and with "
+                f"{world[1]} processes each one's backward sees its share only: use "
+                "rescale='plane' (per sample, the same with any number of processes) or one "
+                "process"
+            )
 
     def _seed(self, ctx: TrainContext) -> int:
         if self.config.prune_seed is not None:

@@ -156,7 +156,10 @@ class TrainConfig:
         cudnn_benchmark: ``torch.backends.cudnn.benchmark`` for the run: cuDNN picks its
             convolution algorithms by timing on the first call of each shape, and so do the
             pattern ops between their gradient paths (:mod:`impl.ops.timed_choice`). Faster on
-            a GPU; off (the default), every choice is fixed and a rerun gives the same bits.
+            a GPU; off (the default), every choice is fixed, so a rerun runs the same
+            algorithms (on a CPU the same bits; on a GPU some of them, adaptive pooling's
+            backward and some of cuDNN's weight gradients among them, add by atomics in no
+            fixed order, so a rerun may differ in the last bits).
         tf32: TF32 tensor-core math for float32 matmuls and convolutions for the run
             (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``;
             GPUs since Ampere). Off (the default), float32 is computed in float32 by every

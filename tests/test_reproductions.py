@@ -2442,12 +2442,33 @@ def test_a_measurement_that_changes_form_is_measured_again(tmp_path, monkeypatch
 
     fn, params = "reproductions.clicktrain.kernels:spmm_sweep", {"sweeps": 5}
     now = common._measure_path(fn, params, "cpu", tmp_path)
-    monkeypatch.setattr(kernels.spmm_sweep, "measure_version", 4)
+    monkeypatch.setattr(kernels.spmm_sweep, "measure_version", 99)
     assert common._measure_path(fn, params, "cpu", tmp_path) != now
     monkeypatch.delattr(kernels.spmm_sweep, "measure_version")
     # without a version the key is (fn, params, scale) alone, as files saved before it was
     unversioned = common._measure_path(fn, params, "cpu", tmp_path)
     assert unversioned != now and unversioned.parent == now.parent
+
+
+@pytest.mark.parametrize(
+    ("fn", "older"),
+    [
+        # saved before each sweep judged beats_dense_above_65 (version 3)
+        ("reproductions.clicktrain.kernels:spmm_sweep", 3),
+        # saved before gpu and paper timed in float16 (unversioned)
+        ("reproductions.sdgp.measure:conv_times", None),
+    ],
+    ids=["spmm-without-beats-above-65", "sdgp-float32-at-gpu"],
+)
+def test_a_measurement_saved_in_an_older_form_is_not_read_back(tmp_path, monkeypatch, fn, older):
+    module, name = fn.split(":")
+    func = getattr(__import__(module, fromlist=[name]), name)
+    now = common._measure_path(fn, {}, "gpu", tmp_path)
+    if older is None:
+        monkeypatch.delattr(func, "measure_version")
+    else:
+        monkeypatch.setattr(func, "measure_version", older)
+    assert common._measure_path(fn, {}, "gpu", tmp_path) != now
 
 
 def test_fig7_gpu_state_with_unused_shared_channels_is_not_read_from_an_older_file(

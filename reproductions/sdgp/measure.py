@@ -74,3 +74,8 @@ def conv_times(
         "dtype": str(DTYPES[scale] or torch.float32).removeprefix("torch."),
         "device": device_name(),
     }
+
+
+# 2: timed in the scale's dtype, float16 at gpu and paper (1, unversioned: float32 everywhere,
+# no "dtype" in the values; such a file read back would stand under the float16 notes)
+conv_times.measure_version = 2

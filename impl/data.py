@@ -960,6 +960,12 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
     return root
 
 
+#: Endings of the image files an ImageFolder tree reads (torchvision's, lower case).
+IMAGE_SUFFIXES: tuple[str, ...] = (
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"
+)  # fmt: skip
+
+
 def _imagenet_classes(split_dir: Path) -> list[str]:
     """The class folders of one split of an ImageFolder tree, sorted; folders whose names
     begin with '.' (``.ipynb_checkpoints``, ``.cache``) are not classes. Lists folders only,
@@ -967,15 +973,29 @@ def _imagenet_classes(split_dir: Path) -> list[str]:
 
     Raises:
         DatasetMissingError: no class folder (the validation images as ILSVRC ships them, in
-            one flat folder, are named as such).
+            one flat folder, are named as such), or images beside the class folders (a
+            sorting left half done: the loader reads class folders only, and would score a
+            smaller split without a word).
     """
-    classes, loose = [], 0
+    classes, loose, loose_images = [], 0, 0
     with os.scandir(split_dir) as entries:
         for entry in entries:
             if entry.is_dir() and not entry.name.startswith("."):
                 classes.append(entry.name)
             elif entry.is_file():
                 loose += 1
+                loose_images += entry.name.lower().endswith(IMAGE_SUFFIXES)
+    if classes and loose_images:
+        reason = (
+            f"{split_dir} holds {loose_images} images beside its {len(classes)} class folders, "
+            "which would not be read"
+        )
+        raise DatasetMissingError(
+            f"imagenet: {reason}. {_IMAGENET_HOW}",
+            dataset="imagenet",
+            reason=reason,
+            remedy=f"move the images at the top of {split_dir} into their class folders",
+        )
     if not classes:
         reason = f"{split_dir} holds no class folder" + (
             f" ({loose} files at its top level: sort them into one folder per class)"

@@ -771,6 +771,23 @@ def test_imagenet_flat_val_folder_is_refused_before_any_run(
     )
 
 
+def test_imagenet_images_left_beside_the_class_folders_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a sorting script stopped half-way: the loader reads class folders only, so the three
+    # loose images would leave the validation split smaller without a word; a README is no image
+    monkeypatch.setitem(sys.modules, "torchvision", _fake_torchvision([]))
+    _image_tree(tmp_path, {"n01": (2, 1), "n02": (2, 1)})
+    (tmp_path / "val" / "README.txt").write_text("ILSVRC-2012 validation")
+    spec = make_loaders("imagenet", 5, data_dir=tmp_path, num_workers=0)[2]
+    assert (spec.train_size, spec.test_size) == (4, 2)
+    for i in range(3):
+        (tmp_path / "val" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(b"")
+    with pytest.raises(DatasetMissingError, match="holds 3 images beside its 2 class") as err:
+        check_dataset("imagenet", tmp_path)
+    assert err.value.remedy.startswith("move the images at the top of")
+
+
 def test_imagenet_hidden_folders_are_not_classes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -592,10 +592,12 @@ def test_interval_figure_draws_the_ci_of_each_group_and_the_zero_line():
     [(None, "-"), (math.nan, "-"), (3, "3"), (95.25, "95.25"), (0.000123456, "0.0001235"),
      (2.5e9, "2.5G"), (41_000_000.0, "41M"), (123_457.0, "123,457"), (1.0, "1"), ("x", "x"),
      (True, "True"), (math.inf, "inf"), (-math.inf, "-inf"), (10_000.0, "10,000"),
-     (9_999.0, "9999"), (1e6, "1M"), (999_999.0, "999,999"), (-2.5e9, "-2.5G")],
+     (9_999.0, "9999"), (1e6, "1M"), (999_999.0, "999,999"), (-2.5e9, "-2.5G"),
+     (9_999.5, "10,000"), (-9_999.7, "-10,000"), (9_999.4, "9999")],
     ids=["none", "nan", "int", "float", "small", "giga", "mega", "thousands", "whole", "str",
          "bool", "inf", "minus-inf", "ten-thousand", "under-ten-thousand", "one-million",
-         "under-a-million", "minus-giga"],
+         "under-a-million", "minus-giga", "rounds-to-ten-thousand", "minus-rounds-up",
+         "rounds-down"],
 )  # fmt: skip
 def test_format_number(value, text):
     assert format_number(value) == text
@@ -755,6 +757,60 @@ def test_result_roundtrip_and_validation(tmp_path):
         save_result(_result(target="nodot"), tmp_path / "bad")
 
 
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda d: d.update(target="/abs/place.x"), "is not '<paper>.<item>'"),
+        (lambda d: d.update(target="a/../../up.x"), "is not '<paper>.<item>'"),
+        (lambda d: d["rows"][0].update(ours="n/a"), "'ours' is not a number"),
+        (lambda d: d["rows"][0].update(ours_sd="0.3"), "'ours_sd' is not a number"),
+        (lambda d: d["rows"][0].update(n="5"), "'n' is not a count"),
+        (lambda d: d.update(environment=None), "environment must be an object"),
+        (lambda d: d.update(notes="one text"), "notes must be a list of texts"),
+        (lambda d: d["figures"][0].update(kind="pie"), "unknown figure kind 'pie'"),
+        (lambda d: d["figures"][0].update(data={"row": "dense"}), "data must be a list"),
+        (lambda d: d.update(figures={"kind": "bar"}), "figures must be a list"),
+    ],
+    ids=["absolute-target", "climbing-target", "ours-text", "sd-text", "n-text", "env-null",
+         "notes-text", "figure-kind", "figure-data", "figures-object"],
+)  # fmt: skip
+def test_a_result_of_the_wrong_form_is_refused_and_listed_not_rendered(tmp_path, damage, match):
+    """A result.json that parses but whose fields have the wrong form is refused when read,
+    naming the field, and `load_results` lists it beside the others instead of stopping the
+    report (a target naming a path would have written a page outside --out)."""
+    good = save_result(_result(), tmp_path / "results" / "sdgp.table1" / "smoke")
+    data = json.loads(good.read_text())
+    damage(data)
+    bad = tmp_path / "results" / "sdgp.fig9" / "smoke" / "result.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=re.escape(match)):
+        load_result(bad)
+    results, unreadable = load_results([tmp_path / "results"])
+    assert [r.target for r in results] == ["sdgp.table1"]
+    assert [u["target"] for u in unreadable] == ["sdgp.fig9"]
+
+
+def test_a_figure_whose_data_lacks_a_column_is_listed_and_the_page_goes_on():
+    result = _result()
+    result.figures[0].y = "top5"
+    section = result_section(result)
+    assert section.figures == []
+    assert section.missing[-1]["row"] == "top-1"
+    assert section.missing[-1]["reason"].startswith("figure could not be drawn: columns")
+
+
+def test_dollar_signs_in_labels_are_drawn_as_themselves_not_as_mathtext():
+    # a run named with dollars made matplotlib parse mathtext: an unknown symbol stopped the
+    # report, and "$5 and $6" came out in italics without its dollars
+    data = pd.DataFrame({"method": ["dense$\\foo$", "run $5 and $6"], "top1": [90.0, 80.0]})
+    fig = draw("bar", data, x="method", y="top1", title="a_$^$", xlabel="$x$")
+    figure_data_uri(fig)  # renders every text
+    ax = fig.axes[0]
+    assert ax.get_title() == "a_\\$^\\$" and ax.get_xlabel() == "\\$x\\$"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["dense\\$\\foo\\$", "run \\$5 and \\$6"]
+
+
 def test_a_results_rows_as_csv_carry_ours_the_papers_the_scale_and_provenance():
     from impl.report.results import rows_csv
 
@@ -847,12 +903,16 @@ def test_a_result_saves_tuples_numpy_values_and_keys_as_plain_json(tmp_path):
 def test_a_result_of_the_wrong_types_names_the_error_and_a_folder_named_like_one_is_listed(
     tmp_path,
 ):
-    """A result whose figure is no object is refused naming the error type and the file;
-    a folder named result.json is listed as unreadable, not raised."""
+    """A result whose figure has a key no figure has is refused naming the error type and
+    the file, one whose figure is no object naming what it must be; a folder named
+    result.json is listed as unreadable, not raised."""
     path = save_result(_result(), tmp_path / "results" / "sdgp.table1" / "smoke")
     data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "figures": [{**data["figures"][0], "colour": "red"}]}))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: TypeError: "):
+        load_result(path)
     path.write_text(json.dumps({**data, "figures": [1]}))
-    with pytest.raises(ValueError, match=f"^{path}: TypeError: "):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: figures must be a list of"):
         load_result(path)
     path.write_text(json.dumps(data))
     odd = tmp_path / "results" / "sdgp.fig9" / "smoke" / "result.json"
@@ -2090,6 +2150,18 @@ def test_an_expected_target_without_title_or_needs_is_named_by_its_key_and_not_r
         "sdgp.html", "sdgp.fig9", "", "-", "0", "all", "not run"]  # fmt: skip
     page = (tmp_path / "sdgp.html").read_text()
     assert "<h2>sdgp.fig9</h2>" in page and "sdgp.fig9: not run" in page
+
+
+def test_runs_section_says_a_run_with_unreadable_metrics_misses_only_its_curve():
+    # such a run is complete: its row and top-1 are shown, its per-epoch curve is not
+    runs = pd.DataFrame([{"run": "a", "method": "dense", "scale": "cpu", "top1": 90.0,
+                          "path": "/r/a"}])  # fmt: skip
+    runs.attrs["incomplete"] = [
+        {"path": "/r/a", "status": "metrics unreadable", "reason": "line 2 torn"}
+    ]
+    assert runs_section(runs).missing == [
+        {"row": "/r/a", "reason": "metrics unreadable: line 2 torn (its per-epoch curve not shown)"}
+    ]
 
 
 def test_runs_section_lists_incomplete_runs_by_path_and_says_when_none_is_complete():

@@ -18,9 +18,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
+from impl.report.results import FIGURE_KINDS
 from impl.report.stats import mean_ci95
 
-FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval", "tradeoff")
 IMAGE_FORMATS: tuple[str, ...] = ("png", "svg")
 #: One colour per method wherever a figure's groups are methods, so that a method keeps its
 #: colour from figure to figure (seaborn's default gives the first group drawn the first
@@ -280,6 +280,12 @@ def _plain_short_log_ticks(axis: Any, values: pd.Series) -> None:
     axis.set_minor_formatter(plain)
 
 
+def plain_text(text: str) -> str:
+    """``text`` as matplotlib draws it literally: each ``$`` escaped, so that a label such as
+    a run named ``a$b$`` is not read as mathtext (italics, or an error that stops the page)."""
+    return text.replace("$", r"\$")
+
+
 def draw(
     kind: str,
     data: pd.DataFrame,
@@ -323,6 +329,11 @@ def draw(
         raise ValueError(f"columns {missing} not in the data (have {list(data.columns)})")
     data = data.copy()
     data[y] = pd.to_numeric(data[y], errors="coerce")
+    for column in {x, hue, style} - {None, y}:  # category labels: ticks, legend, annotations
+        data[column] = data[column].map(lambda v: plain_text(v) if isinstance(v, str) else v)
+    title = plain_text(title)
+    xlabel = plain_text(xlabel if xlabel is not None else x)
+    ylabel = plain_text(ylabel if ylabel is not None else y)
     width = figure_width(data, kind, x)
     fig, ax = _new_figure(width)
     palette = group_palette(data[hue]) if hue is not None else None
@@ -376,8 +387,8 @@ def draw(
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs: 1, 2, 3, not 1.5
-    ax.set_xlabel(xlabel if xlabel is not None else x)
-    ax.set_ylabel(ylabel if ylabel is not None else y)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     if ax.get_legend() is not None and kind != "heatmap":
         # Beside the axes, not over them: a legend inside hid bars and points. With a style
         # too, seaborn's legend holds a heading per mapping; one title would repeat hue's.
@@ -393,6 +404,7 @@ def draw(
 
 __all__ = [
     "CROWDED_CHARS",
+    "plain_text",
     "CROWDED_X",
     "FIGURE_KINDS",
     "IMAGE_FORMATS",

@@ -99,11 +99,12 @@ def format_number(value: Any, digits: int = 4) -> str:
     for factor, suffix in SUFFIXES:
         if a >= factor:
             return f"{v / factor:.{digits}g}{suffix}"
-    if a >= 1e5 or a >= 10**digits:
+    short = f"{v:.{digits}g}"
+    if a >= 1e5 or abs(float(short)) >= 10**digits:  # 9999.5 rounds to 1e+04: write 10,000
         return f"{v:,.0f}"
     if v == int(v):
         return str(int(v))
-    return f"{v:.{digits}g}"
+    return short
 
 
 # Units whose single values are shown to two decimals (an accuracy or a change of one).
@@ -422,22 +423,27 @@ def result_section(result: ResultSet) -> Section:
         if data.empty:
             section.missing.append({"row": spec.title or "figure", "reason": "no data to plot"})
             continue
-        fig = draw(
-            spec.kind,
-            data,
-            x=spec.x,
-            y=spec.y,
-            hue=spec.hue,
-            style=spec.style,
-            # the scale in the picture itself, so that it stays labelled wherever it is shown
-            title=scaled_title(spec.title, figure_scale(data, result.scale)),
-            xlabel=spec.xlabel,
-            ylabel=spec.ylabel,
-            logy=spec.logy,
-            logx=spec.logx,
-            steps=spec.steps,
-            y_from_zero=spec.y_from_zero,
-        )
+        try:
+            fig = draw(
+                spec.kind,
+                data,
+                x=spec.x,
+                y=spec.y,
+                hue=spec.hue,
+                style=spec.style,
+                # the scale in the picture itself, so that it stays labelled wherever shown
+                title=scaled_title(spec.title, figure_scale(data, result.scale)),
+                xlabel=spec.xlabel,
+                ylabel=spec.ylabel,
+                logy=spec.logy,
+                logx=spec.logx,
+                steps=spec.steps,
+                y_from_zero=spec.y_from_zero,
+            )
+        except ValueError as err:  # a column the saved data lacks: listed, the page goes on
+            reason = f"figure could not be drawn: {err}"
+            section.missing.append({"row": spec.title or "figure", "reason": reason})
+            continue
         caption = spec.caption or spec.title
         note = spread_note(spec.kind, data, spec.x, spec.hue, spec.style, over)
         if note and not re.search(r"\bsd\b|standard deviation", caption, re.IGNORECASE):

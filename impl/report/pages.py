@@ -99,10 +99,17 @@ def runs_section(runs: pd.DataFrame, metrics: pd.DataFrame | None = None) -> Sec
     epoch; the incomplete runs of ``runs.attrs["incomplete"]`` are listed as missing."""
     section = Section(title="Runs", anchor="runs")
     incomplete = runs.attrs.get("incomplete", [])
+    # a run whose metrics do not read is complete: its summary's row and top-1 are shown,
+    # its per-epoch curve is not
     section.missing = [
-        {"row": r["path"], "reason": f"{r['status']}: {r['reason']} (not shown)"}
+        {
+            "row": r["path"],
+            "reason": f"{r['status']}: {r['reason']} ("
+            + ("its per-epoch curve not shown)" if r["status"] == "metrics unreadable"
+               else "not shown)"),
+        }
         for r in incomplete
-    ]
+    ]  # fmt: skip
     if runs.empty:
         section.text = "No complete run was found."
         return section

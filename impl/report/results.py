@@ -13,6 +13,8 @@ import dataclasses
 import io
 import json
 import math
+import numbers
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,34 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
 # One line of a result's settings table: a row's method, its options as run (in words), its
 # seeds, and what of its training setup differs from the setup its target's runs share.
 SETTINGS_COLUMNS: tuple[str, ...] = ("row", "method", "options", "seeds", "differs")
+
+
+#: The kinds of figure :func:`impl.report.figures.draw` draws.
+FIGURE_KINDS: tuple[str, ...] = ("bar", "line", "scatter", "heatmap", "interval", "tradeoff")
+#: A target's form: "<paper>.<item>", each part letters, digits, "_" or "-" (the paper part
+#: names a page file, so no path can hide in it).
+TARGET_FORM = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+#: The comparison-row keys that hold a number of ours or the paper's, or none.
+NUMBER_COLUMNS: tuple[str, ...] = ("ours", "ours_sd", "paper")
+
+
+def _is_number(value: Any) -> bool:
+    """A real number (numpy's too, which save_result then writes as Python's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_figure(spec: Any) -> None:
+    """``ValueError`` unless ``spec`` is a :class:`FigureSpec` that can be drawn: a known
+    kind, column names as text, and data rows as objects."""
+    if not isinstance(spec, FigureSpec):
+        raise ValueError(f"a figure must be an object of FigureSpec's keys, not {spec!r}")
+    if spec.kind not in FIGURE_KINDS:
+        raise ValueError(f"unknown figure kind {spec.kind!r}; valid: {', '.join(FIGURE_KINDS)}")
+    names = [spec.x, spec.y] + [c for c in (spec.hue, spec.style) if c is not None]
+    if not all(isinstance(c, str) for c in names):
+        raise ValueError(f"figure {spec.title!r}: x, y, hue and style must be column names")
+    if not isinstance(spec.data, list) or not all(isinstance(r, dict) for r in spec.data):
+        raise ValueError(f"figure {spec.title!r}: data must be a list of objects")
 
 
 @dataclass
@@ -130,14 +160,26 @@ class ResultSet:
     def validate(self) -> None:
         """Raise ``ValueError`` on a bad target, scale, comparison row, missing entry or
         settings line."""
-        if "." not in self.target:
-            raise ValueError(f"target {self.target!r} is not '<paper>.<item>'")
+        if not isinstance(self.target, str) or not TARGET_FORM.fullmatch(self.target):
+            raise ValueError(
+                f"target {self.target!r} is not '<paper>.<item>' (letters, digits, '_', '-')"
+            )
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; valid scales: {', '.join(SCALES)}")
         for part in ("rows", "missing", "settings"):
             entries = getattr(self, part)
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise ValueError(f"{part} must be a list of objects")
+        for part in ("notes", "runs"):
+            entries = getattr(self, part)
+            if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+                raise ValueError(f"{part} must be a list of texts")
+        if not isinstance(self.environment, dict):
+            raise ValueError("environment must be an object")
+        if not isinstance(self.figures, list):
+            raise ValueError("figures must be a list")
+        for spec in self.figures:
+            _check_figure(spec)
         for entry in self.missing:
             if "row" not in entry or "reason" not in entry:
                 raise ValueError(f"missing entry without 'row' and 'reason': {entry}")
@@ -149,6 +191,14 @@ class ResultSet:
                 raise ValueError(f"comparison row without 'row' and 'metric': {row}")
             if row.get("ours") is not None and row.get("scale") not in SCALES:
                 raise ValueError(f"a number of ours without its scale: {row}")
+            for key in NUMBER_COLUMNS:
+                if row.get(key) is not None and not _is_number(row[key]):
+                    raise ValueError(f"comparison row's {key!r} is not a number: {row}")
+            n = row.get("n")
+            if n is not None and (
+                not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 0
+            ):
+                raise ValueError(f"comparison row's 'n' is not a count: {row}")
         for line in self.settings:
             unknown = sorted(set(line) - set(SETTINGS_COLUMNS))
             if unknown or "row" not in line:
@@ -256,7 +306,10 @@ def load_result(path: str | Path) -> ResultSet:
         missing = sorted(set(REQUIRED_KEYS) - set(data))  # save_result writes every key
         if missing:
             raise ValueError(f"missing keys {missing}")
-        data["figures"] = [FigureSpec(**f) for f in data.get("figures", [])]
+        figures = data.get("figures", [])
+        if not isinstance(figures, list) or not all(isinstance(f, dict) for f in figures):
+            raise ValueError("figures must be a list of objects")
+        data["figures"] = [FigureSpec(**f) for f in figures]
         result = ResultSet(**data)
         result.validate()
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # JSON, or its shape

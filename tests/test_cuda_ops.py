@@ -500,6 +500,13 @@ def test_nm_prune_cuda_checks_its_arguments_as_nm_prune_does():
         nm_cuda.nm_prune_cuda(x.detach(), 2, 4, "random", generator=7)
 
 
+def test_the_nm_prune_op_refuses_random_pruning_without_a_seed():
+    # the kernel reads the seed tensor's one value: without one it read address 0
+    with pytest.raises(ValueError, match="random pruning needs a seed tensor"):
+        torch.ops.pdtbench.nm_prune(torch.zeros(2, 4), 2, 4, nm_cuda.METHODS["random"], 1, False,
+                                    None, 1e-4)  # fmt: skip
+
+
 def test_nm_counts_must_fit_32_bits_with_c_rounded_up_to_whole_groups():
     def view(o, c, i):
         return nm_cuda.NMView(o, c, i, c * i, i, 1, 1, o)
@@ -508,6 +515,11 @@ def test_nm_counts_must_fit_32_bits_with_c_rounded_up_to_whole_groups():
     for shape in ((1, 2**31 - 3, 1), (2**31, 1, 1), (1, 4, 2**31), (2**16, 2**16, 2**16)):
         with pytest.raises(ValueError, match="exceed the kernels' 32-bit counts"):
             nm_cuda.check_counts("nm_prune", view(*shape), 4)
+    # I rounded up to whole units of 8 half-precision positions (4 single-precision ones)
+    nm_cuda.check_counts("nm_prune", view(1, 2, 2**31 - 8), 2, itemsize=2)
+    nm_cuda.check_counts("nm_prune", view(1, 2, 2**31 - 4), 2, itemsize=4)
+    with pytest.raises(ValueError, match="exceed the kernels' 32-bit counts"):
+        nm_cuda.check_counts("nm_prune", view(1, 2, 2**31 - 7), 2, itemsize=2)
 
 
 def test_csr_scatter_refuses_an_index_of_another_shape_before_any_launch():
@@ -1583,6 +1595,11 @@ def test_emulated_pattern_conv2d_refuses_operands_the_kernels_would_misread(emul
         torch.ops.pdtbench.pattern_conv2d(x32, w32, idx.row_ptr, idx.col_ind, idx.t_row_ptr,
                                           idx.t_col_ind, idx.t_perm, b32[:2], [1, 1], [1, 1],
                                           [1, 1])  # fmt: skip
+    for x in (torch.randn(2, 4, 8, 8), torch.randn(2, 2, 8, 8)):  # the weight's 3 channels not
+        with pytest.raises(ValueError, match="for a weight of 3 input channels"):
+            torch.ops.pdtbench.pattern_conv2d(x, w32, idx.row_ptr, idx.col_ind, idx.t_row_ptr,
+                                              idx.t_col_ind, idx.t_perm, None, [1, 1], [1, 1],
+                                              [1, 1])  # fmt: skip
     with pytest.raises(ValueError, match="grad torch.float32 and dense_b torch.float64 differ"):
         torch.ops.pdtbench.sddmm(idx.row_ptr, idx.col_ind, torch.randn(4, 5),
                                  torch.randn(27, 5, dtype=torch.float64))  # fmt: skip

@@ -149,12 +149,14 @@ def nm_view(
     return NMView(o, c, i, so, sc, si, nb, o2)
 
 
-def check_counts(op: str, view: NMView, m: int) -> None:
+def check_counts(op: str, view: NMView, m: int, itemsize: int = 2) -> None:
     """Raise ``ValueError`` where the kernels' 32-bit counts cannot hold ``view``: the group
-    count, each of ``O``, ``C``, ``I``, and ``C + m - 1`` (the kernels round ``C`` up to whole
-    groups in 32-bit arithmetic)."""
+    count, each of ``O``, ``C``, ``I``, ``C + m - 1`` (the kernels round ``C`` up to whole
+    groups in 32-bit arithmetic) and ``I + V - 1`` (the ``thread`` selection rounds ``I`` up to
+    whole units of ``V`` positions, at most 16 bytes of elements of ``itemsize`` bytes)."""
     groups = view.O * _cdiv(view.C, m) * view.I
-    if max(groups, view.O, view.C + m - 1, view.I) > _MAX_U31:
+    units = view.I + 16 // itemsize - 1
+    if max(groups, view.O, view.C + m - 1, view.I, units) > _MAX_U31:
         raise ValueError(f"{op}: {groups} groups of {m} exceed the kernels' 32-bit counts")
 
 
@@ -277,6 +279,8 @@ def _nm_launch(
 ) -> torch.Tensor:
     """Run the kernels; ``out`` (tests poison it) must be ``torch.empty_like(x)``-shaped."""
     op = "nm_prune"
+    if mode == METHODS["random"] and seed is None:  # the kernel reads the seed's one value
+        raise ValueError(f"{op}: random pruning needs a seed tensor (draw_seed)")
     tensors = [x] + ([seed] if seed is not None else [])
     dev = device_check.require_cuda(op, "impl.ops.nm_prune", *tensors, sources=(_SRC,))
     if out is None:
@@ -290,7 +294,7 @@ def _nm_launch(
         dst = torch.empty_like(src)
         view = nm_view(src.shape, src.stride(), dim, rescale)
         assert view is not None
-    check_counts(op, view, m)
+    check_counts(op, view, m, x.element_size())
     groups = view.O * _cdiv(view.C, m) * view.I
     suf = _SUFFIX[x.dtype]
     w = sub_warp_width(m)

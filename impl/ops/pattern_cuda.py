@@ -531,6 +531,11 @@ def _conv_implicit(
     suf = _suffix(x.dtype, op)
     _check_index(op, row_ptr, col_ind)
     _check_conv_operands(op, x, values.dtype, int(weight_shape[0]), bias)
+    if x.dim() != 4 or x.shape[1] != int(weight_shape[1]):  # the kernels stride by the weight's
+        raise ValueError(
+            f"{op}: input of shape {tuple(x.shape)} for a weight of {int(weight_shape[1])} "
+            "input channels (N, C, H, W with C the weight's)"
+        )
     tensors = [x, values, row_ptr, col_ind] + ([bias] if bias is not None else [])
     dev = device_check.require_cuda(op, _PUBLIC[op], *tensors, sources=(_SRC,))
     f_out, c, r, s = (int(v) for v in weight_shape)

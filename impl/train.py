@@ -354,16 +354,18 @@ def step_overflowed(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
 def epoch_step_cost(start: float, points: Sequence[tuple[int, float]], steps: int) -> float:
     """Per-sample training FLOPs of an epoch of ``steps`` steps: the first step (step 0) at
     ``start``, the model's cost as the epoch began; steps 1 to ``steps - 1`` at the polynomial
-    through ``points`` (``(step, cost at that step's start)``, up to three: the Trainer samples
-    step 1, the middle one and the last), averaged over exactly those steps; no point: all at
-    ``start``.
+    through ``points`` (``(step, cost at that step's start)``, up to four: the Trainer samples
+    step 1, the middle one, or the two middle ones of an odd count, and the last), averaged
+    over exactly those steps; no point: all at ``start``.
 
     Exact for a cost that changes once, on the first step (Campfire's per-epoch target) or not
     within the epoch (dense, SDGP, PruneTrain and ClickTrain, which change between epochs),
-    and for one that changes step by step along a quadratic (a cubic nearly: Campfire's
-    per-step ramp, within 0.1% where a trapezoid over the epoch's two ends overstated an era
-    epoch by 5%). The mean of ``start`` and the end alone counted half of a per-epoch Campfire
-    epoch at the previous epoch's density, understating its saving."""
+    and for one that changes step by step along a cubic (Campfire's per-step ramp; three
+    points, a quadratic, left 0.24% of an era epoch of 45 steps, and a trapezoid over the
+    epoch's two ends 5%). A cost that changes in jumps within the epoch (masks updated every
+    few steps) is approximated by the cubic. The mean of ``start`` and the end alone counted
+    half of a per-epoch Campfire epoch at the previous epoch's density, understating its
+    saving."""
     if steps <= 1:
         return float(start)
     pts = sorted(dict(points).items())
@@ -744,8 +746,9 @@ class Trainer:
         peak.open()
         synchronize(self.device)  # the clock starts with nothing of before still running
         t0 = time.perf_counter()
-        # the cost at the start of steps 1, the middle one and the last (epoch_step_cost)
-        sampled = sorted({1, steps // 2, steps - 1} - {0}) if steps > 1 else []
+        # the cost at the start of steps 1, the middle one (two for an odd count of steps 1 to
+        # steps - 1, so a cubic is exact) and the last (epoch_step_cost)
+        sampled = sorted({1, steps // 2, (steps + 1) // 2, steps - 1} - {0}) if steps > 1 else []
         costs: list[tuple[int, tuple[float, float]]] = []
         for i, (x, y) in enumerate(loader):
             if i >= steps:
@@ -864,7 +867,7 @@ class Trainer:
             "samples_per_second": seen / max(train_seconds, 1e-9),
             # Per-sample cost of this epoch's training steps (before on_epoch_end reconfigures
             # anything): the first step at the cost as the epoch began, the others along the
-            # costs read at three of them (epoch_step_cost).
+            # costs read at three or four of them (epoch_step_cost).
             "train_flops_nominal": epoch_step_cost(
                 cost_start[0], [(k, c[0]) for k, c in costs], len(fwd)
             ),

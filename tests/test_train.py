@@ -753,18 +753,19 @@ def test_an_epochs_cost_is_read_at_its_start_step_1_the_middle_step_and_the_last
     tmp_path, monkeypatch
 ):
     """The per-sample training cost of an epoch of five steps is read as it begins and at the
-    start of steps 1, 2 (the middle) and 4 (the last), and the row's figure is the first step
-    at the starting cost plus steps 1-4 along the parabola through the three read costs."""
+    start of steps 1, 2 and 3 (the two middle ones of steps 1-4) and 4 (the last), and the
+    row's figure is the first step at the starting cost plus steps 1-4 along the cubic through
+    the four read costs: exact for a cost that is cubic in the step."""
     read_at = _cubic_step_cost(monkeypatch)
     run = tmp_path / "run"
     cfg = _smoke_cfg(run, epochs=1, batch_size=8, max_steps_per_epoch=5,
                      data_options={"image_size": 8})  # fmt: skip
     train(cfg, progress=False)
-    assert read_at == [0, 1, 2, 4]
+    assert read_at == [0, 1, 2, 3, 4]
     (row,) = rundir.read_metrics(run)
-    # the parabola through (1, 1), (2, 8), (4, 64) is 29 at step 3: (0 + 1 + 8 + 29 + 64) / 5
-    assert row["train_flops_nominal"] == pytest.approx(20.4)
-    assert row["train_flops_executed"] == pytest.approx(40.8)
+    # k^3 at every step: (0 + 1 + 8 + 27 + 64) / 5
+    assert row["train_flops_nominal"] == pytest.approx(20.0)
+    assert row["train_flops_executed"] == pytest.approx(40.0)
 
 
 def test_the_compression_ratio_is_dense_conv_weights_over_the_nonzero_ones(tmp_path, monkeypatch):

@@ -424,9 +424,9 @@ class Campfire(Method):
         """True sparsity per layer and overall; the inference FLOPs of the model as the epoch
         ends. The epoch's training FLOPs are the Trainer's (:func:`impl.train.epoch_step_cost`:
         the first step at the cost as the epoch began, the others along the costs read at the
-        start of steps 1, the middle one and the last), exact for the per-epoch target, whose
-        masks change on an era epoch's first step, and within 0.1% for the per-step ramp; the
-        cost at the epoch's end alone overstated the run's saving."""
+        start of steps 1, the middle one or two and the last), exact for the per-epoch target,
+        whose masks change on an era epoch's first step, and for the per-step ramp (a cubic in
+        the step); the cost at the epoch's end alone overstated the run's saving."""
         row = self.sparsity_report(ctx.model)
         try:
             from impl.flops import training_flops

@@ -793,9 +793,9 @@ def test_the_compression_ratio_is_dense_conv_weights_over_the_nonzero_ones(tmp_p
 
 
 def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path, monkeypatch):
-    """A loader that delivers 4 of the 5 batches its length promised: the step-4 read never
-    happens in the loop, so the cost is read after the last step, and the epoch's figure runs
-    along the parabola through steps 1, 2 and 4 over its 4 steps."""
+    """A loader that delivers 3 of the 7 batches its length promised: the reads at steps 3, 4
+    and 6 never happen in the loop, so the cost is read after the last step (at step 3), and
+    the epoch's figure runs along the line through steps 1 and 3 over its 3 steps."""
     import itertools
 
     from impl import data
@@ -808,10 +808,10 @@ def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path
             return getattr(self._loader, name)
 
         def __len__(self):
-            return 5
+            return 7
 
         def __iter__(self):
-            return itertools.islice(iter(self._loader), 4)
+            return itertools.islice(iter(self._loader), 3)
 
     real = data.make_loaders
 
@@ -826,9 +826,9 @@ def test_a_loader_that_ends_early_has_its_cost_read_after_its_last_step(tmp_path
     cfg.max_steps_per_epoch = None
     train(cfg, progress=False)
     (row,) = rundir.read_metrics(run)
-    assert row["iterations"] == 4 and read_at == [0, 1, 2, 4]
-    # the parabola through (1, 1), (2, 8), (4, 64) is 29 at step 3: (0 + 1 + 8 + 29) / 4
-    assert row["train_flops_nominal"] == pytest.approx(9.5)
+    assert row["iterations"] == 3 and read_at == [0, 1, 3]
+    # the line through (1, 1), (3, 27) is 14 at step 2: (0 + 1 + 14) / 3
+    assert row["train_flops_nominal"] == pytest.approx(5.0)
 
 
 def test_each_phase_time_is_the_median_of_its_own_iterations(tmp_path, monkeypatch):

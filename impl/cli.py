@@ -204,6 +204,7 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
     p.add_argument("--data", help="dataset (default from --scale: digits)")
     p.add_argument(
         "--data-dir",
+        type=directory,
         help="directory of a local dataset (CIFAR, ImageNet), as DIR or NAME=DIR (default: "
         "where the PDTBENCH_DATA_DIR variable says, NAME=DIR or DIR entries joined by ':')",
     )
@@ -261,7 +262,12 @@ def _train_parser(method_config: type | None) -> argparse.ArgumentParser:
         type=directory,
         help="run directory (default: runs/<method>-<model>-<data>-<scale>-<hash>)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar and no line per epoch on standard error (the run's "
+        "metrics.jsonl keeps them)",
+    )
     p.add_argument(
         "--nproc",
         type=int,
@@ -400,7 +406,8 @@ def cmd_train(argv: list[str]) -> int:
         train,
     )
 
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --m is not --method
+    # --m is not --method; a missing value is the one-line error of pdtbench train
+    pre = OneLineParser(prog="pdtbench train", add_help=False, allow_abbrev=False)
     pre.add_argument("--method")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
@@ -419,13 +426,13 @@ def cmd_train(argv: list[str]) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     parser = _train_parser(config_cls)
+    if method_named and known.method != "dense":  # its options are in its own --help
+        parser.help_command = f"pdtbench train --method {known.method}"
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # another method's option is named as such; anything else, argparse's error
         hint = _other_methods_options(unknown, known.method)
         if hint:
             raise UsageError(hint)
-        if method_named and known.method != "dense":  # its options are in its own --help
-            parser.prog = f"pdtbench train --method {known.method}"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     progress = not args.no_progress
     if args.nproc < 1:
@@ -568,6 +575,11 @@ def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bo
         return (
             "--augment-recipe chooses the augmentation that --no-augment turns off: give one "
             "of them"
+        )
+    if args.nesterov and args.momentum is not None and args.momentum == 0:
+        return (
+            "--nesterov is a kind of momentum, and --momentum is 0 (none): give a momentum "
+            "> 0, or leave --nesterov out"
         )
     if args.dist_timeout is not None and args.nproc == 1 and not under_torchrun:
         return (
@@ -850,6 +862,7 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument(
         "--data-dir",
+        type=directory,
         help="where the runs' dataset is now, if it moved since training (default: the run's)",
     )
     args = p.parse_args(argv)

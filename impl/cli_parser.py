@@ -11,12 +11,17 @@ from typing import Any, NoReturn
 
 class OneLineParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose usage errors print one line,
-    ``<prog>: error: <message> (see <prog> --help)``, and exit with status 2, instead of the
-    whole usage block before it; ``--help`` prints the usage as ever."""
+    ``<prog>: error: <message> (see <help_command> --help)``, and exit with status 2, instead
+    of the whole usage block before it; ``--help`` prints the usage as ever.
+    ``help_command`` is ``prog`` unless set: the command whose help lists the options given
+    (``pdtbench train --method sdgp`` for SDGP's own options)."""
+
+    help_command: str | None = None
 
     def error(self, message: str) -> NoReturn:
         """Print ``message`` as one line on standard error and exit with status 2."""
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        where = self.help_command or self.prog
+        self.exit(2, f"{self.prog}: error: {message} (see {where} --help)\n")
 
 
 def directory(text: str) -> str:

@@ -1043,7 +1043,8 @@ def dataset_dir_for(value: str | None, dataset: str) -> str | None:
 
     Raises ``ValueError`` where ``dataset`` is not read from a directory (embedded or
     synthetic data: the directory would be saved, and read by nothing), ``NAME`` is another
-    local dataset (the directory given is not this run's) or ``DIR`` is empty."""
+    local dataset (the directory given is not this run's) or no local dataset at all (and
+    ``value`` no directory), or ``DIR`` is empty."""
     if not value:
         return value
     if dataset not in LOCAL_DATASETS:
@@ -1054,8 +1055,13 @@ def dataset_dir_for(value: str | None, dataset: str) -> str | None:
     if Path(value).expanduser().exists():
         return value
     name, sep, directory = value.partition("=")
-    if not sep or name not in LOCAL_DATASETS:
+    if not sep:
         return value
+    if name not in LOCAL_DATASETS:  # no such directory, and no dataset's NAME=DIR either
+        raise ValueError(
+            f"--data-dir {value!r}: no such directory, and {name!r} is not a dataset read "
+            f"from a directory ({', '.join(LOCAL_DATASETS)})"
+        )
     if name != dataset:
         raise ValueError(
             f"--data-dir {value!r} names {name}, and the run reads {dataset}: give "

@@ -756,7 +756,7 @@ class Trainer:
             if i in sampled:
                 # after the first step a method's masks may change (Campfire's per-epoch
                 # target); they may change every step (its per-step ramp): the cost is read
-                # at three steps, and reading it is not training time (the steps before
+                # at the sampled steps, and reading it is not training time (the steps before
                 # finish first: their queued GPU work is training time)
                 synchronize(self.device)
                 t_cost = time.perf_counter()

@@ -1110,8 +1110,9 @@ def test_a_dependent_option_is_refused_only_where_its_owner_turns_it_off(
 ):
     options = {f"method__{option}": 4, **{f"method__{k}": v for k, v in owner.items()}}
     args = argparse.Namespace(
-        no_augment=False, augment_recipe=None, dist_timeout=None, nproc=1, resume=None, **options
-    )
+        no_augment=False, augment_recipe=None, dist_timeout=None, nproc=1, resume=None,
+        nesterov=None, momentum=None, **options
+    )  # fmt: skip
     why = cli._conflicting_flags(args, method, under_torchrun=False)
     flag = "--" + option.replace("_", "-")
     if refused:
@@ -2144,3 +2145,54 @@ def test_ctrl_c_in_a_resumed_run_names_the_same_resume(tmp_path, monkeypatch, ca
         f"pdtbench train: interrupted; no epoch had finished: continue with "
         f"`pdtbench train --resume {run}`"
     )
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--method"])
+def test_a_flag_of_train_without_its_value_is_train_s_one_line_error(flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", flag])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"pdtbench train: error: argument {flag}: expected one argument (see pdtbench train --help)"
+    )
+
+
+def test_a_method_options_bad_value_points_at_the_help_that_lists_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--method", "sdgp", "--n", "two", "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --n: invalid int value: 'two'" in err
+    assert err.rstrip().endswith("(see pdtbench train --method sdgp --help)")
+    assert err.startswith("pdtbench train: error: ")
+    assert not out.exists()
+
+
+def test_nesterov_with_no_momentum_is_refused_naming_both(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--scale", "smoke", "--momentum", "0", "--nesterov", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--no-progress"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--nesterov is a kind of momentum, and --momentum is 0 (none)" in err
+    assert not out.exists()
+    # a momentum, or no --nesterov typed, is no conflict
+    parser = cli._train_parser(None)
+    for given in (["--momentum", "0.5", "--nesterov"], ["--momentum", "0"], ["--nesterov"]):
+        assert cli._conflicting_flags(parser.parse_args(given), "dense", False) == ""
+
+
+@pytest.mark.parametrize("command", [["train", "--scale", "smoke"], ["eval-fgsm", "run"]])
+def test_an_empty_data_dir_is_refused_not_read_as_the_current_directory(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command, "--data-dir", ""])
+    assert exc.value.code == 2
+    assert "argument --data-dir: needs a directory; got an empty one" in capsys.readouterr().err
+
+
+def test_no_progress_says_it_also_hides_the_epoch_lines():
+    help_text = cli._train_parser(None).format_help()
+    assert "no progress bar and no line per epoch" in " ".join(help_text.split())

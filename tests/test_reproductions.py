@@ -2618,7 +2618,11 @@ def test_one_runs_data_dir_may_be_written_as_the_variables_entry(tmp_path, monke
     assert dataset_dir_for(str(literal), "cifar100") == str(literal)
     monkeypatch.chdir(tmp_path)  # the same directory given by its relative name
     assert dataset_dir_for("cifar10=old", "cifar100") == "cifar10=old"
-    assert dataset_dir_for("other=/x", "cifar10") == "other=/x"  # not a dataset's name
+    # not a dataset's name, nor a directory: a mistyped NAME, said as one
+    with pytest.raises(ValueError, match="no such directory, and 'other' is not a dataset"):
+        dataset_dir_for("other=/x", "cifar10")
+    (tmp_path / "other=x").mkdir()  # where it is a directory, it is one
+    assert dataset_dir_for("other=x", "cifar10") == "other=x"
     # embedded data is read from no directory: a --data-dir for it (a new run's, a resume's,
     # eval-fgsm's, written NAME=DIR or not) is refused rather than saved and read by nothing
     assert dataset_dir_for(None, "digits") is None

@@ -36,8 +36,11 @@ Derived figures and their formulas (next to each benchmark, as a row's columns):
 * ``tflops = flops / (median_ms * 1e-3) / 1e12``, ``flops`` the FLOPs the implementation
   executes (one multiply-add = 2 FLOPs): SpMM ``2 * nnz * N`` (sparse) or ``2 * F * K * N``
   (dense); conv forward ``2 * B * P * Q * nnz`` (sparse) or ``2 * B * P * Q * F * C * R *
-  S`` (dense), three times that with the backward (data and weight gradient); an iteration
-  the executed count of :func:`impl.flops.training_flops` times the batch. ``flops_nominal``
+  S`` (dense), three times that with the backward (data and weight gradient), a gradient
+  that ran on the dense cuBLAS/cuDNN path counted dense; an iteration the executed count of
+  :func:`impl.flops.training_flops` times the batch, plus :func:`dense_gradient_flops` where
+  every call of a pattern layer's gradient ran dense (``flops`` empty, and
+  ``flops_unknown`` saying why, where the calls were mixed). ``flops_nominal``
   is the useful (sparse) work, the same for every implementation of a case.
 * ``gbps = bytes / (median_ms * 1e-3) / 1e9``, ``bytes`` the least traffic the operation
   needs (each operand read once, each result written once).

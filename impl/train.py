@@ -309,7 +309,7 @@ def apply_memory_format(model: nn.Module, memory_format: str) -> bool:
 
 def check_input_fits(model: nn.Module, cfg: TrainConfig, spec: Any) -> None:
     """Refuse, before a run directory is written, a model that cannot take the dataset's
-    images (ffcv's ResNet-9, for one, needs 12 px or more): one forward pass of one image of
+    images (ffcv's ResNet-9, for one, needs 11 px or more): one forward pass of one image of
     zeros through ``model`` (just built, on the CPU) in eval mode without gradients, which
     changes no parameter, no running statistic and no random state. A meta-device pass would
     hold no memory, but its first use loads torch's meta kernels and decompositions: about 2 s
@@ -746,8 +746,9 @@ class Trainer:
         peak.open()
         synchronize(self.device)  # the clock starts with nothing of before still running
         t0 = time.perf_counter()
-        # the cost at the start of steps 1, the middle one (two for an odd count of steps 1 to
-        # steps - 1, so a cubic is exact) and the last (epoch_step_cost)
+        # the cost at the start of steps 1, the middle one of steps 1 to steps - 1 (the middle
+        # two where that count is even, i.e. steps odd), and the last: a cubic through them is
+        # exact either way (with one middle point the rule is Simpson's; epoch_step_cost)
         sampled = sorted({1, steps // 2, (steps + 1) // 2, steps - 1} - {0}) if steps > 1 else []
         costs: list[tuple[int, tuple[float, float]]] = []
         for i, (x, y) in enumerate(loader):

@@ -430,9 +430,9 @@ def run_training_flops(
     ``train_flops_run_per_sample`` (dense epochs then sparse epochs), else the per-epoch
     ``train_flops_nominal``/``_executed`` of metrics.jsonl times that epoch's samples (the
     Trainer writes them for every method: :func:`impl.train.epoch_step_cost`, the first step
-    at the cost as the epoch began, the others along the costs read at three steps); for runs
-    without them, the
-    final per-sample ``train_flops_<kind>`` of the summary times all samples.
+    at the cost as the epoch began, the others along the costs read at three or four
+    steps); for runs without them, the final per-sample ``train_flops_<kind>`` of the summary
+    times all samples.
     """
     if kind not in ("nominal", "executed"):
         raise ValueError(f"kind must be 'nominal' or 'executed', got {kind!r}")

@@ -460,7 +460,7 @@ def cmd_train(argv: list[str]) -> int:
         done = (
             None
             if cfg.out is not None
-            else _same_finished_run(Path(cfg.default_out()), args.nproc, cfg.device)
+            else _same_finished_run(Path(cfg.default_out()), args.nproc, cfg.device, cfg.method)
         )
         if done is not None:  # the same command again: its result, not an error
             _print_result(Path(cfg.default_out()), done)
@@ -538,15 +538,24 @@ def _finished_run_to_resume(run_dir: Path) -> dict[str, Any] | None:
     return summary
 
 
-def _same_finished_run(run_dir: Path, nproc: int, device: str) -> dict[str, Any] | None:
+def _same_finished_run(
+    run_dir: Path, nproc: int, device: str, method: str = "dense"
+) -> dict[str, Any] | None:
     """The summary of the finished run in ``run_dir``, the default ``--out`` of a config (its
     name holds the config's digest), where this code trained it the way asked now: the same
     command given again prints its result instead of refusing the directory. None where
     there is no finished run, or one of another commit or of a tree with changes, of another
     number of processes (``--nproc`` is not in the digest) or, with ``device`` "auto", of
     another kind of device than this machine picks (it is then refused as before: a finished
-    run is never trained over)."""
+    run is never trained over).
+
+    Raises:
+        UsageError: the run is of a registered ``method`` whose class or source file has
+            changed since (:func:`impl.methods.identity_change`; a plug-in outside the
+            repository leaves the commit as it was): its result is not this code's.
+    """
     from impl.env import collect
+    from impl.methods import identity_change
     from impl.rundir import complete_summary
     from impl.train import pick_device
 
@@ -562,6 +571,12 @@ def _same_finished_run(run_dir: Path, nproc: int, device: str) -> dict[str, Any]
     ran_on = str(summary.get("device") or "")
     if ran_on.split(":")[0] != pick_device(device).type:
         return None
+    changed = identity_change(summary, method)
+    if changed is not None:
+        raise UsageError(
+            f"{run_dir} holds this config's finished run, but {changed}: its result is not "
+            f"this code's; remove {run_dir} to train it again, or give another --out"
+        )
     print(f"{run_dir} already holds this config's finished run, trained by this commit: its "
           "result (--seed or --out trains another)")  # fmt: skip
     return summary

@@ -510,6 +510,7 @@ class Trainer:
             input_shape=(spec.in_channels, spec.image_size, spec.image_size),
         )
         ctx.extra["seed"] = cfg.seed
+        ctx.extra["progress"] = self.progress  # whether this process shows what it does
         return ctx, method, train_loader, test_loader, spec
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -693,7 +694,10 @@ class Trainer:
                     "rng_cuda": cuda_rng_state(self.device),
                     "rng_python": python_rng_states(),
                     "last_loss": ctx.last_loss,
-                    "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
+                    # how this process runs (progress) is not the run's state
+                    "ctx_extra": {
+                        k: v for k, v in ctx.extra.items() if _plain(v) and k != "progress"
+                    },
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
                     "peak_gpu_memory_bytes": peak.bytes,

@@ -4,6 +4,7 @@ worked example of docs/new-method.md (examples/gradual_magnitude.py) trained end
 from __future__ import annotations
 
 import dataclasses
+import json
 from importlib import metadata
 from pathlib import Path
 
@@ -423,6 +424,28 @@ def test_a_run_of_a_registered_method_whose_code_changed_is_trained_again(
     err = capsys.readouterr().err
     assert "the source of mine_method:Mine has changed since it was trained" in err
     assert len(list((tmp_path / "runs").glob("mine.stale-*"))) == 1  # kept, not deleted
+
+
+def test_train_refuses_to_print_the_result_of_a_registered_method_whose_code_changed(
+    tmp_path, edit_mine, monkeypatch, capsys
+):
+    """The same ``pdtbench train`` command again prints a finished run's result when this
+    commit trained it; a plug-in outside the repository changes no commit, so its source
+    digest decides: an edited method's old result is refused, naming why."""
+    import impl.env
+    from impl import cli
+    from impl.methods import method_class, method_identity
+
+    monkeypatch.setattr(impl.env, "collect", lambda gpu=None: {"commit": "c" * 40})
+    summary = {"status": "complete", "environment": {"commit": "c" * 40}, "device": "cpu"}
+    summary.update(method_identity(method_class("mine")))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert cli._same_finished_run(tmp_path, 1, "cpu", "mine") == summary
+    assert "already holds this config's finished run" in capsys.readouterr().out
+    edit_mine(2)
+    with pytest.raises(cli.UsageError, match="the source of mine_method:Mine has changed"):
+        cli._same_finished_run(tmp_path, 1, "cpu", "mine")
+    assert "already holds" not in capsys.readouterr().out
 
 
 def test_reproduce_says_why_a_finished_run_is_trained_again_and_not_that_it_resumes(

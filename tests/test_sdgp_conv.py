@@ -524,7 +524,7 @@ def test_l1_ratio_leaves_out_the_calls_whose_gradients_overflowed():
     assert conv.l1_ratio() == pytest.approx(0.7)
 
 
-def test_method_registry_setup_train_and_summary():
+def test_method_registry_setup_train_and_summary(capsys):
     method = create_method("sdgp", {"n": 2, "m": 4, "prune_method": "random", "profile_repeats": 1})
     assert isinstance(method, SDGP) and method.name == "sdgp"
     model = _tiny(cout=12)
@@ -556,6 +556,10 @@ def test_method_registry_setup_train_and_summary():
     assert t["iteration_ms_trainer"] is None  # no Trainer medians in this context
     ctx.extra.update(epoch_fwd_ms=3.0, epoch_bwd_ms=4.5)
     assert method.summary(ctx)["sdgp_time"]["iteration_ms_trainer"] == 7.5  # fwd + bwd
+    assert "sdgp: timing every conv" not in capsys.readouterr().err  # no progress: quiet
+    ctx.extra["progress"] = True  # a run that shows what it does says what takes the time
+    method.summary(ctx)
+    assert "sdgp: timing every conv's forward and gradients" in capsys.readouterr().err
     assert t["est_saved_ms"] == pytest.approx(
         sum(r["dgrad_ms"] * 0.5 for r in t["layers"] if r["sparse"])
     )

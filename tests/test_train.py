@@ -938,3 +938,27 @@ def test_the_progress_bar_is_none_where_it_would_show_nothing(monkeypatch):
     assert bar is not None and not bar.disable
     bar.close()
     assert _progress(3, "epoch 1/1", False) is None
+
+
+def test_whether_a_process_shows_progress_is_told_to_the_method_and_not_checkpointed(tmp_path):
+    """``ctx.extra["progress"]`` is how this process runs: the method reads it (SDGP says so
+    before its end-of-run profile), and a resumed run takes the resuming process's."""
+    from impl.methods import Method, register_method, unregister_method
+
+    seen: list[bool] = []
+
+    class Watches(Method):
+        name = "watches_progress"
+
+        def on_epoch_start(self, ctx):
+            seen.append(ctx.extra["progress"])
+
+    register_method("watches_progress", Watches)
+    try:
+        run = tmp_path / "run"
+        train(_smoke_cfg(run, method="watches_progress", epochs=1), progress=True)
+        state = torch.load(run / "checkpoint.pt", weights_only=True)
+        assert seen == [True]
+        assert state["ctx_extra"]["seed"] == 0 and "progress" not in state["ctx_extra"]
+    finally:
+        unregister_method("watches_progress")

@@ -67,9 +67,11 @@ class TrainContext:
             epoch, whatever the progress display (a per-step value would cost a device sync
             every step); a resumed run restores it from the checkpoint.
         extra: free-form per-run scratch space for the method. The Trainer writes ``seed``
-            at setup and, before ``on_epoch_end``, the epoch's ``epoch_samples`` (training
-            samples over every rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per
-            iteration) and ``epoch_train_loss``.
+            and ``progress`` (whether this process shows what it does on standard error, so
+            a long end-of-run measurement can say it is running) at setup and, before
+            ``on_epoch_end``, the epoch's ``epoch_samples`` (training samples over every
+            rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per iteration) and
+            ``epoch_train_loss``.
     """
 
     model: nn.Module

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -807,6 +808,14 @@ class SDGP(Method):
         if c.profile:
             from impl.methods.sdgp_timing import time_accounting
             from impl.train import autocast_dtype
+
+            if ctx.extra.get("progress"):  # it can take as long as a short run's training
+                print(
+                    "sdgp: timing every conv's forward and gradients for the summary's "
+                    "sdgp_time (not in wall_seconds; --profile false skips it)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
             trainer_ms = None
             fwd, bwd = ctx.extra.get("epoch_fwd_ms"), ctx.extra.get("epoch_bwd_ms")

@@ -812,6 +812,11 @@ def _result_note(summary: dict[str, Any]) -> str | None:
         f"top-1 {top1:.2f}% is within twice chance ({chance:.1f}% for {classes} classes): "
         f"{summary.get('epochs')} epoch(s) were too few steps to learn"
     )
+    if summary.get("scale") == "smoke":  # a few steps an epoch: more epochs do not learn
+        return (
+            f"{text}; --scale smoke checks that the pipeline runs (a few steps an epoch) and "
+            "is not meant to learn: --scale cpu trains to accuracy on the CPU"
+        )
     preset = SCALE_PRESETS.get(str(summary.get("scale")), {}).get("epochs")
     if preset and preset > (summary.get("epochs") or 0):
         text += f"; --scale {summary.get('scale')} trains {preset} epochs unless --epochs is given"
@@ -858,6 +863,7 @@ ENV_FLAGS_NOTE = (
 def cmd_eval_fgsm(argv: list[str]) -> int:
     """``pdtbench eval-fgsm RUN_DIR --eps ...``: top-1 under FGSM (Campfire Table 6)."""
     from impl.robustness import check_attackable, eval_fgsm_run
+    from impl.rundir import complete_summary
     from impl.train import pick_device
 
     p = OneLineParser(
@@ -893,6 +899,12 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
         rows = eval_fgsm_run(run_dir, args.eps, device=device, data_dir=args.data_dir)
         for row in rows:
             print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")
+        if (complete_summary(Path(run_dir)) or {}).get("data_synthetic"):
+            print(
+                f"note: {run_dir} trained on synthetic data (random labels): its top-1 under "
+                "attack is as meaningless as its top-1",
+                file=sys.stderr,
+            )
     return 0
 
 

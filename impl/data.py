@@ -648,15 +648,16 @@ def _load_pickle(path: Path) -> dict:
 def _missing_cifar(name: str, data_dir: str | Path | None, detail: str) -> DatasetMissingError:
     folder, tarball = _CIFAR[name][0], _CIFAR[name][-1]
     where = (
-        f"no data_dir was given, nor {DATA_DIR_ENV}"
+        f"no --data-dir (data_dir) was given, nor {DATA_DIR_ENV}"
         if data_dir is None
         else f"looked in {Path(data_dir)}"
     )
     return DatasetMissingError(
         f"{name}: {detail} ({where}). Expected the extracted official python version: a "
         f"directory '{folder}' holding {', '.join(_cifar_files(name))}; pass it, or its "
-        f"parent, as data_dir. Obtain it from {CIFAR_URL} (file {tarball}) and extract it "
-        f"with `tar xzf {tarball.rsplit('/', 1)[-1]}`. Nothing is downloaded automatically.",
+        f"parent, as --data-dir (data_dir). Obtain it from {CIFAR_URL} (file {tarball}) and "
+        f"extract it with `tar xzf {tarball.rsplit('/', 1)[-1]}`. Nothing is downloaded "
+        "automatically.",
         dataset=name,
         reason=detail,
     )
@@ -923,7 +924,7 @@ def _find_imagenet_dir(data_dir: str | Path | None) -> Path:
         data_dir = default_data_dir("imagenet")
     if data_dir is None:
         raise DatasetMissingError(
-            f"imagenet: no data_dir was given, nor {DATA_DIR_ENV}. {_IMAGENET_HOW}",
+            f"imagenet: no --data-dir (data_dir) was given, nor {DATA_DIR_ENV}. {_IMAGENET_HOW}",
             dataset="imagenet",
             reason="no data directory",
         )

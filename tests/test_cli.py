@@ -832,6 +832,11 @@ def test_ctrl_c_under_nproc_names_the_resume_with_its_processes(tmp_path, monkey
         ),  # fmt: skip
         ({"data_spec": {"num_classes": 10}, "top1": 20.0, "epochs": 2, "scale": "cpu"}, None),
         (
+            {"data_spec": {"num_classes": 10}, "top1": 10.0, "epochs": 1, "scale": "smoke"},
+            "1 epoch(s) were too few steps to learn; --scale smoke checks that the pipeline "
+            "runs (a few steps an epoch) and is not meant to learn: --scale cpu trains to",
+        ),  # fmt: skip
+        (
             {
                 "data_spec": {"num_classes": 10, "train_size": 1437, "name": "digits"},
                 "batch_size": 5000,
@@ -850,7 +855,15 @@ def test_ctrl_c_under_nproc_names_the_resume_with_its_processes(tmp_path, monkey
             None,
         ),  # fmt: skip
     ],
-    ids=["synthetic", "short-run", "many-classes", "learned", "batch-over-data", "full-batch"],
+    ids=[
+        "synthetic",
+        "short-run",
+        "many-classes",
+        "learned",
+        "smoke",
+        "batch-over-data",
+        "full-batch",
+    ],  # fmt: skip
 )
 def test_result_note_flags_what_a_top1_does_not_mean(summary, needle):
     note = cli._result_note(summary)
@@ -860,6 +873,8 @@ def test_result_note_flags_what_a_top1_does_not_mean(summary, needle):
         assert needle in note
     if summary.get("epochs") == 30:
         assert "trains 15 epochs" not in note  # more epochs than the preset: no advice
+    if summary.get("scale") == "smoke":
+        assert "trains 2 epochs" not in note  # more epochs of a few steps would not learn
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"], ids=["zero", "negative", "word"])
@@ -1516,7 +1531,15 @@ def test_eval_fgsm_attacks_at_0_005_and_01_by_default(tmp_path, monkeypatch, cap
     monkeypatch.setattr(impl.robustness, "eval_fgsm_run", attack)
     assert cli.main(["eval-fgsm", str(tmp_path), "--device", "cpu"]) == 0
     assert seen == [[0.0, 0.05, 0.1]]
-    assert f"{tmp_path}: eps 0.05: top-1 10.00%" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"{tmp_path}: eps 0.05: top-1 10.00%" in printed.out
+    assert "synthetic" not in printed.err
+    # a run on synthetic data (random labels): its attacked top-1 is said to mean nothing
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"status": "complete", "data_synthetic": True})
+    )
+    assert cli.main(["eval-fgsm", str(tmp_path), "--device", "cpu"]) == 0
+    assert f"note: {tmp_path} trained on synthetic data (random labels)" in capsys.readouterr().err
 
 
 def test_a_command_restores_the_callers_sigterm_handler(monkeypatch):

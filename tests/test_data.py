@@ -461,7 +461,7 @@ def test_cifar_missing_directory_names_it(tmp_path: Path, name: str) -> None:
         make_loaders(name, 8, data_dir=missing)
     assert "cs.toronto.edu" in str(err.value)
     assert isinstance(err.value, FileNotFoundError)
-    with pytest.raises(DatasetMissingError, match="no data_dir"):
+    with pytest.raises(DatasetMissingError, match=r"no --data-dir \(data_dir\)"):
         make_loaders(name, 8)
 
 
@@ -564,7 +564,9 @@ def test_without_a_data_dir_the_environment_says_where_the_dataset_is(tmp_path, 
 
     _fake_cifar(tmp_path, "cifar10", np.random.default_rng(0))
     monkeypatch.setenv(DATA_DIR_ENV, f"cifar100={tmp_path / 'elsewhere'}")
-    with pytest.raises(DatasetMissingError, match=f"no data_dir was given, nor {DATA_DIR_ENV}"):
+    with pytest.raises(
+        DatasetMissingError, match=f"no --data-dir \\(data_dir\\) was given, nor {DATA_DIR_ENV}"
+    ):
         make_loaders("cifar10", 5)  # an entry for another dataset does not stand for this one
     monkeypatch.setenv(DATA_DIR_ENV, f"cifar10={tmp_path}")
     _, test, spec = make_loaders("cifar10", 5, augment=False)
@@ -590,7 +592,7 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
     check_dataset("cifar10", tmp_path / "cifar-10-batches-py")
     with pytest.raises(DatasetMissingError, match="cifar-100-python"):
         check_dataset("cifar100", tmp_path)
-    with pytest.raises(DatasetMissingError, match="no data_dir") as err:
+    with pytest.raises(DatasetMissingError, match=r"no --data-dir \(data_dir\)") as err:
         check_dataset("imagenet", None)
     assert (err.value.dataset, err.value.reason) == ("imagenet", "no data directory")
     assert err.value.remedy == "give it with --data-dir imagenet=DIR (or PDTBENCH_DATA_DIR)"
@@ -624,7 +626,7 @@ def test_check_dataset_finds_the_files_without_reading_them(tmp_path: Path) -> N
 def test_imagenet_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(DatasetMissingError, match="train"):
         make_loaders("imagenet", 8, data_dir=tmp_path)
-    with pytest.raises(DatasetMissingError, match="no data_dir"):
+    with pytest.raises(DatasetMissingError, match=r"no --data-dir \(data_dir\)"):
         make_loaders("imagenet", 8)
 
 

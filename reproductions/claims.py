@@ -944,12 +944,12 @@ def rejudge(results: list[ResultSet]) -> list[ResultSet]:
     """``results`` with each saved ``claims.headline`` judged again against the other results
     of its scale in the list: a report shows the verdicts its own results give (a result
     removed, or made again, since the claims were saved would leave them stale). A scale
-    with claims but no other result keeps its saved claims; the saved claims' environment
-    is kept."""
+    with claims but no other result has every claim not measured: its saved verdicts read
+    results this report does not hold. The saved claims' environment is kept."""
     out = [r for r in results if r.target != TARGET_KEY]
     for saved in (r for r in results if r.target == TARGET_KEY):
         mine = {r.target: r for r in out if r.scale == saved.scale}
-        out.append(build(mine, saved.scale, saved.environment) if mine else saved)
+        out.append(build(mine, saved.scale, saved.environment))
     return out
 
 

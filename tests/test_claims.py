@@ -733,10 +733,18 @@ def test_claims_not_measured_carry_no_scale_and_a_summary_counts_those_left_out(
 
 
 def test_rejudged_claims_read_only_results_of_their_own_scale():
-    saved = C.build({}, "cpu", environment={"x": 1})
+    """Claims saved from a cpu result, reported with a gpu result only: no cpu result is
+    there to stand for their verdicts, so none is shown (the saved ones read results that
+    have been removed)."""
+    saved = C.build({"cross.methods": _cross()}, "cpu", environment={"x": 1})
+    campfire = "campfire: under 1% accuracy loss at 70% sparsity"
+    assert _by_claim(saved.rows)[campfire]["verdict"] == "holds"
     gpu = ResultSet(target="cross.methods", title="t", scale="gpu", rows=[])
     out = C.rejudge([gpu, saved])
-    assert out[-1] is saved  # no cpu result to judge again with: the saved claims stay
+    assert out[0] is gpu and out[-1].environment == {"x": 1}
+    rows = _by_claim(out[-1].rows)
+    assert {r["verdict"] for r in rows.values()} == {"not measured at this scale"}
+    assert all(r["ours"] is None for r in rows.values())
 
 
 def test_the_sdgp_claims_setting_counts_the_seeds_the_cpu_runs_use():

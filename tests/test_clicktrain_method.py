@@ -157,6 +157,13 @@ def test_stages_run_in_order_and_final_kernels_match_one_pool_pattern():
         "regularize": 3,
         "sparse": 3,
     }
+    # the summary says so (ClickTrain Table 1's hard-pruning epoch is read from it), with
+    # each epoch's mean training loss
+    summary = method.summary(ctx)["clicktrain"]
+    assert summary["stage_start_epoch"] == method.stage_start
+    assert summary["final_stage"] == "sparse"
+    assert len(summary["epoch_train_loss"]) == 5
+    assert summary["epoch_train_loss"] == method.epoch_losses
     pool = method.pool.patterns()
     assert bool((pool.flatten(1).sum(1) == 4).all())
     assert len({tuple(p.flatten().tolist()) for p in pool}) == pool.shape[0]

@@ -318,6 +318,14 @@ def test_a_masked_bias_has_its_gradient_zeroed_too() -> None:
     keep = torch.tensor([True, False, True, False, False, True, True])
     MaskSet({"2.bias": keep}).apply_to_grads(model)
     assert model[2].bias.grad.tolist() == [2.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+    # and its momentum: a pruned bias entry would otherwise grow back through it
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model[2].bias.grad.fill_(2.0)
+    opt.step()
+    MaskSet({"2.bias": keep}).enforce(model, opt)
+    momentum = opt.state[model[2].bias]["momentum_buffer"]
+    assert momentum.tolist() == [2.0, 0.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+    assert model[2].bias[~keep].eq(0).all()
 
 
 def test_optimizer_state_with_as_many_dimensions_but_another_shape_is_left_alone() -> None:
@@ -336,3 +344,6 @@ def test_true_sparsity_of_a_single_entry_is_one_when_it_is_zero() -> None:
     assert true_sparsity(torch.zeros(1)) == 1.0
     assert true_sparsity(torch.ones(1)) == 0.0
     assert true_sparsity(torch.zeros(0)) == 0.0
+    # exactly zero, not small: the least normal and subnormal floats are weights too
+    tiny = torch.tensor([0.0, 1e-40, -1e-45, torch.finfo(torch.float32).tiny])
+    assert true_sparsity(tiny) == 0.25

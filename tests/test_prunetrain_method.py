@@ -320,8 +320,24 @@ def test_setup_refuses_an_unsupported_model() -> None:
 
 @pytest.mark.parametrize("name,stem", [("resnet50", "imagenet"), ("resnet9", "cifar")],
                          ids=["resnet50-imagenet", "resnet9"])  # fmt: skip
-def test_validate_checks_the_model_without_building_weights(name: str, stem: str) -> None:
+def test_validate_checks_the_model_without_building_weights(
+    name: str, stem: str, monkeypatch
+) -> None:
+    """Every parameter of the model the check builds is on the meta device (no memory, no
+    time)."""
+    import impl.models
+
+    devices: list[str] = []
+    create = impl.models.create
+
+    def recording(*args, **kwargs):
+        model = create(*args, **kwargs)
+        devices.extend(p.device.type for p in model.parameters())
+        return model
+
+    monkeypatch.setattr(impl.models, "create", recording)
     PruneTrain().validate(SimpleNamespace(model=name, stem=stem))
+    assert devices and set(devices) == {"meta"}
 
 
 def test_validate_rejects_an_unknown_model() -> None:

@@ -542,6 +542,8 @@ def test_a_crowded_axis_widens_the_figure():
     many = pd.DataFrame({"x": [f"layer{i}" for i in range(20)], "y": [1.0] * 20})
     assert figure_width(few, "bar", "x") == 6.4 and figure_width(many, "line", "x") == 6.4
     assert figure_width(many, "bar", "x") == pytest.approx(9.0)
+    crowd = pd.DataFrame({"x": [f"layer{i}" for i in range(50)], "y": [1.0] * 50})
+    assert figure_width(crowd, "interval", "x") == 14.0  # 22.5 in for 50 at most 14
     fig = draw("bar", many, x="x", y="y")
     assert fig.get_figwidth() == pytest.approx(9.0)
     assert {t.get_rotation() for t in fig.axes[0].get_xticklabels()} == {45.0}
@@ -1813,6 +1815,10 @@ def test_a_figures_caption_says_what_its_error_bars_show(kind, values, want):
     data = pd.DataFrame({"x": ["a"] * len(values), "y": values})
     note = spread_note(kind, data, "x")
     assert note.startswith(want) if want else note == ""
+    # beside a bar or cell of one value (the paper's number beside our seeds), the note is
+    # the one of the group that has repeats: some bar, not every bar, decides
+    mixed = pd.concat([data, pd.DataFrame({"x": ["paper"], "y": [9.0]})], ignore_index=True)
+    assert spread_note(kind, mixed, "x") == note
 
 
 def test_a_bar_figures_caption_gains_the_error_bar_note_once(monkeypatch):

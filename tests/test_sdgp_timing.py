@@ -201,6 +201,16 @@ def test_time_ms_median_and_errors():
     assert len(calls) == 1
 
 
+def test_time_ms_is_the_median_of_the_repeats_in_milliseconds(monkeypatch):
+    """Calls of 3, 1 and 2 s on a CPU clock (the warm-up's read never): 2000 ms."""
+    import impl.methods.sdgp_timing as timing
+
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # the three timed calls' start and end
+    clock = SimpleNamespace(perf_counter=lambda: next(ticks))  # this module's clock alone
+    monkeypatch.setattr(timing, "time", clock)
+    assert time_ms(lambda: None, torch.device("cpu"), repeats=3, warmup=1) == 2000.0
+
+
 @pytest.fixture
 def fake_cuda_events(monkeypatch) -> SimpleNamespace:
     """torch.cuda's events, streams and synchronisation on any machine, every elapsed time

@@ -1,4 +1,9 @@
-"""pytest-benchmark: one training iteration per method (the cases of bench/asv_iteration.py)."""
+"""pytest-benchmark: one training iteration per method (the cases of bench/asv_iteration.py).
+
+With ``--benchmark-disable`` (``make test``) each iteration runs once and nothing is timed, so
+the check on the timed phases runs only when benchmarking (``pytest --benchmark-only``); the
+phases' timing and the row's columns are checked in tests/test_bench_cases.py either way.
+"""
 
 from __future__ import annotations
 

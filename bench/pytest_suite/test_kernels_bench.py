@@ -1,4 +1,12 @@
-"""pytest-benchmark: the kernel suites of bench.cases (the same cases as bench/asv_kernels.py)."""
+"""pytest-benchmark: the kernel suites of bench.cases (the same cases as bench/asv_kernels.py).
+
+These time the kernels; they do not check what the kernels compute. That is the work of the
+tests under tests/, against references: the pattern ops in tests/test_pattern_ops.py and
+tests/test_pattern_cpu.py, N:M in tests/test_nm_cpu.py and tests/test_sdgp.py, every CUDA
+kernel (its emulation on a CPU) in tests/test_cuda_ops.py, and the rows' derived columns in
+tests/test_bench_cases.py. With ``--benchmark-disable`` (``make test``) each pair runs once,
+to show that it runs here; a pair that raises fails its test.
+"""
 
 from __future__ import annotations
 

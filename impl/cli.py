@@ -591,7 +591,7 @@ def _conflicting_flags(args: argparse.Namespace, method: str, under_torchrun: bo
             "--augment-recipe chooses the augmentation that --no-augment turns off: give one "
             "of them"
         )
-    if args.nesterov and args.momentum is not None and args.momentum == 0:
+    if args.nesterov and args.momentum == 0:
         return (
             "--nesterov is a kind of momentum, and --momentum is 0 (none): give a momentum "
             "> 0, or leave --nesterov out"
@@ -863,7 +863,6 @@ ENV_FLAGS_NOTE = (
 def cmd_eval_fgsm(argv: list[str]) -> int:
     """``pdtbench eval-fgsm RUN_DIR --eps ...``: top-1 under FGSM (Campfire Table 6)."""
     from impl.robustness import check_attackable, eval_fgsm_run
-    from impl.rundir import complete_summary
     from impl.train import pick_device
 
     p = OneLineParser(
@@ -891,15 +890,14 @@ def cmd_eval_fgsm(argv: list[str]) -> int:
     named: dict[str, str] = {}
     for run_dir in args.run_dirs:
         named.setdefault(os.path.realpath(run_dir), run_dir)
-    run_dirs = list(named.values())
-    for run_dir in run_dirs:  # every one, before the first attack
-        check_attackable(run_dir)
+    # every one, before the first attack; their summaries, read once
+    summaries = {run_dir: check_attackable(run_dir) for run_dir in named.values()}
     device = str(pick_device(args.device))
-    for run_dir in run_dirs:
+    for run_dir, summary in summaries.items():
         rows = eval_fgsm_run(run_dir, args.eps, device=device, data_dir=args.data_dir)
         for row in rows:
             print(f"{run_dir}: eps {row['eps']:g}: top-1 {row['top1']:.2f}%")
-        if (complete_summary(Path(run_dir)) or {}).get("data_synthetic"):
+        if (summary or {}).get("data_synthetic"):
             print(
                 f"note: {run_dir} trained on synthetic data (random labels): its top-1 under "
                 "attack is as meaningless as its top-1",

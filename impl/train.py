@@ -508,9 +508,9 @@ class Trainer:
             device=self.device,
             batch_size=cfg.batch_size,
             input_shape=(spec.in_channels, spec.image_size, spec.image_size),
+            progress=self.progress,
         )
         ctx.extra["seed"] = cfg.seed
-        ctx.extra["progress"] = self.progress  # whether this process shows what it does
         return ctx, method, train_loader, test_loader, spec
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -694,10 +694,7 @@ class Trainer:
                     "rng_cuda": cuda_rng_state(self.device),
                     "rng_python": python_rng_states(),
                     "last_loss": ctx.last_loss,
-                    # how this process runs (progress) is not the run's state
-                    "ctx_extra": {
-                        k: v for k, v in ctx.extra.items() if _plain(v) and k != "progress"
-                    },
+                    "ctx_extra": {k: v for k, v in ctx.extra.items() if _plain(v)},
                     "wall_seconds": wall,
                     "dense_conv_total": dense_conv_total,
                     "peak_gpu_memory_bytes": peak.bytes,

@@ -61,14 +61,21 @@ def test_resume_of_a_file_says_it_is_not_a_directory(tmp_path, capsys):
 
 
 def test_an_unknown_option_of_a_named_method_points_at_that_methods_help(tmp_path, capsys):
-    """A method's options are listed by ``pdtbench train --method M --help`` only."""
+    """A method's options are listed by ``pdtbench train --method M --help`` only: an
+    option of another method, or a bad value of one of its own, points there."""
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["train", "--method", "clicktrain", "--pattern-count", "0", "--out", str(out)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "unrecognized arguments: --pattern-count 0" in err
-    assert "(see pdtbench train --method clicktrain --help)" in err
+    bad_value = ["--method", "sdgp", "--n", "two"]
+    for given, said in [
+        (["--method", "clicktrain", "--pattern-count", "0"],
+         "unrecognized arguments: --pattern-count 0"),
+        (bad_value, "argument --n: invalid int value: 'two'"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["train", *given, "--out", str(out)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pdtbench train: error: ") and said in err
+        assert err.rstrip().endswith(f"(see pdtbench train --method {given[1]} --help)")
     with pytest.raises(SystemExit):  # dense has no options of its own: the plain help
         cli.main(["train", "--pattern-count", "0", "--out", str(out)])
     assert "(see pdtbench train --help)" in capsys.readouterr().err
@@ -1522,7 +1529,8 @@ def test_eval_fgsm_attacks_at_0_005_and_01_by_default(tmp_path, monkeypatch, cap
     import impl.robustness
 
     seen = []
-    monkeypatch.setattr(impl.robustness, "check_attackable", lambda run_dir: None)
+    summary: dict = {"status": "complete"}  # what check_attackable returns of the run
+    monkeypatch.setattr(impl.robustness, "check_attackable", lambda run_dir: summary)
 
     def attack(run_dir, eps, device, data_dir):
         seen.append(list(eps))
@@ -1535,9 +1543,7 @@ def test_eval_fgsm_attacks_at_0_005_and_01_by_default(tmp_path, monkeypatch, cap
     assert f"{tmp_path}: eps 0.05: top-1 10.00%" in printed.out
     assert "synthetic" not in printed.err
     # a run on synthetic data (random labels): its attacked top-1 is said to mean nothing
-    (tmp_path / "summary.json").write_text(
-        json.dumps({"status": "complete", "data_synthetic": True})
-    )
+    summary["data_synthetic"] = True
     assert cli.main(["eval-fgsm", str(tmp_path), "--device", "cpu"]) == 0
     assert f"note: {tmp_path} trained on synthetic data (random labels)" in capsys.readouterr().err
 
@@ -2179,18 +2185,6 @@ def test_a_flag_of_train_without_its_value_is_train_s_one_line_error(flag, capsy
     assert err == (
         f"pdtbench train: error: argument {flag}: expected one argument (see pdtbench train --help)"
     )
-
-
-def test_a_method_options_bad_value_points_at_the_help_that_lists_it(tmp_path, capsys):
-    out = tmp_path / "run"
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["train", "--method", "sdgp", "--n", "two", "--out", str(out)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "argument --n: invalid int value: 'two'" in err
-    assert err.rstrip().endswith("(see pdtbench train --method sdgp --help)")
-    assert err.startswith("pdtbench train: error: ")
-    assert not out.exists()
 
 
 def test_nesterov_with_no_momentum_is_refused_naming_both(tmp_path, capsys):

@@ -557,7 +557,7 @@ def test_method_registry_setup_train_and_summary(capsys):
     ctx.extra.update(epoch_fwd_ms=3.0, epoch_bwd_ms=4.5)
     assert method.summary(ctx)["sdgp_time"]["iteration_ms_trainer"] == 7.5  # fwd + bwd
     assert "sdgp: timing every conv" not in capsys.readouterr().err  # no progress: quiet
-    ctx.extra["progress"] = True  # a run that shows what it does says what takes the time
+    ctx.progress = True  # a run that shows what it does says what takes the time
     method.summary(ctx)
     assert "sdgp: timing every conv's forward and gradients" in capsys.readouterr().err
     assert t["est_saved_ms"] == pytest.approx(

@@ -941,7 +941,7 @@ def test_the_progress_bar_is_none_where_it_would_show_nothing(monkeypatch):
 
 
 def test_whether_a_process_shows_progress_is_told_to_the_method_and_not_checkpointed(tmp_path):
-    """``ctx.extra["progress"]`` is how this process runs: the method reads it (SDGP says so
+    """``ctx.progress`` is how this process runs: the method reads it (SDGP says so
     before its end-of-run profile), and a resumed run takes the resuming process's."""
     from impl.methods import Method, register_method, unregister_method
 
@@ -951,14 +951,18 @@ def test_whether_a_process_shows_progress_is_told_to_the_method_and_not_checkpoi
         name = "watches_progress"
 
         def on_epoch_start(self, ctx):
-            seen.append(ctx.extra["progress"])
+            seen.append(ctx.progress)
+            if ctx.epoch == 1 and len(seen) == 2:  # the first process stops in epoch 2
+                raise RuntimeError("stopped at epoch 1")
 
     register_method("watches_progress", Watches)
     try:
         run = tmp_path / "run"
-        train(_smoke_cfg(run, method="watches_progress", epochs=1), progress=True)
+        with pytest.raises(RuntimeError, match="stopped at epoch 1"):
+            train(_smoke_cfg(run, method="watches_progress", epochs=2), progress=True)
         state = torch.load(run / "checkpoint.pt", weights_only=True)
-        assert seen == [True]
         assert state["ctx_extra"]["seed"] == 0 and "progress" not in state["ctx_extra"]
+        resume(run, progress=False)
+        assert seen == [True, True, False]  # the resuming process's, not the saved one's
     finally:
         unregister_method("watches_progress")

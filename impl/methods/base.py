@@ -66,12 +66,13 @@ class TrainContext:
             batch too, as the metrics' ``train_loss``); NaN during the first. Set once per
             epoch, whatever the progress display (a per-step value would cost a device sync
             every step); a resumed run restores it from the checkpoint.
+        progress: whether this process shows what it does on standard error (a long
+            end-of-run measurement can say it is running); how the process runs, not the
+            run's state: never checkpointed.
         extra: free-form per-run scratch space for the method. The Trainer writes ``seed``
-            and ``progress`` (whether this process shows what it does on standard error, so
-            a long end-of-run measurement can say it is running) at setup and, before
-            ``on_epoch_end``, the epoch's ``epoch_samples`` (training samples over every
-            rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per iteration) and
-            ``epoch_train_loss``.
+            at setup and, before ``on_epoch_end``, the epoch's ``epoch_samples`` (training
+            samples over every rank), ``epoch_fwd_ms`` and ``epoch_bwd_ms`` (median ms per
+            iteration) and ``epoch_train_loss``.
     """
 
     model: nn.Module
@@ -84,6 +85,7 @@ class TrainContext:
     batch_size: int = 0
     input_shape: tuple[int, int, int] = (3, 32, 32)
     last_loss: float = float("nan")
+    progress: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -809,7 +809,7 @@ class SDGP(Method):
             from impl.methods.sdgp_timing import time_accounting
             from impl.train import autocast_dtype
 
-            if ctx.extra.get("progress"):  # it can take as long as a short run's training
+            if ctx.progress:  # it can take as long as a short run's training
                 print(
                     "sdgp: timing every conv's forward and gradients for the summary's "
                     "sdgp_time (not in wall_seconds; --profile false skips it)",
